@@ -1,0 +1,118 @@
+//! Lane items: [`Batch`], [`LaneItem`] and [`Request`], and the [`Item`] trait the lanes need.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Envelope, IndexName, Position, SinkName};
+
+/// What a lane needs to know about the values it carries.
+///
+/// The lanes are generic so that tests can carry instrumented values; the stream carries
+/// [`LaneItem`] on sink lanes and [`Request`] on the request lane.
+pub trait Item {
+    /// The value's position: `Some` for a positioned batch, which must be strictly greater than
+    /// the previous positioned value on its lane (DESIGN.md L4) and which the lane's acked
+    /// position and the watermark follow once it is acked; `None` for anything else.
+    fn position(&self) -> Option<Position>;
+}
+
+/// One committed source transaction (or a chunk of snapshot rows), built once and shared by every
+/// lane and every redelivery.
+///
+/// Cloning a batch moves a reference count; the envelopes are never copied.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lanestream::{Batch, Position};
+/// let b = Batch::new(Some(Position(10)), Arc::from(Vec::new()));
+/// assert_eq!(b.position, Some(Position(10)));
+/// assert_eq!(b.changes, 0); // an empty transaction still carries its position (I2)
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    /// The position of the batch's last change (the commit LSN); `None` for snapshot rows.
+    pub position: Option<Position>,
+    /// How many changes the source transaction held (for wal2json input: its I/U/D/T actions).
+    pub changes: u64,
+    /// The envelopes, shared: cloning the batch clones this `Arc`, not the documents.
+    pub envelopes: Arc<[Envelope]>,
+}
+
+impl Batch {
+    /// A batch whose `changes` is the number of envelopes.
+    pub fn new(position: Option<Position>, envelopes: Arc<[Envelope]>) -> Batch {
+        Batch { position, changes: envelopes.len() as u64, envelopes }
+    }
+}
+
+/// What travels on a sink's lane. Serde form: externally tagged, snake_case
+/// (`{"batch":{…}}`, `{"snapshot_complete":{"indexes":[…]}}`).
+///
+/// ```
+/// use lanestream::{IndexName, LaneItem};
+/// let done = LaneItem::SnapshotComplete { indexes: vec![IndexName::new("users").unwrap()] };
+/// assert_eq!(done.position(), None); // I1
+/// assert_eq!(serde_json::to_string(&done).unwrap(), r#"{"snapshot_complete":{"indexes":["users"]}}"#);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LaneItem {
+    /// A batch of changes.
+    Batch(Batch),
+    /// Every snapshot batch for these indexes has been published (answers a
+    /// [`Request::Backfill`]).
+    SnapshotComplete {
+        /// The indexes whose snapshot is complete.
+        indexes: Vec<IndexName>,
+    },
+}
+
+impl LaneItem {
+    /// The batch's position; `None` for a snapshot batch and for `SnapshotComplete` (I1).
+    pub fn position(&self) -> Option<Position> {
+        match self {
+            LaneItem::Batch(b) => b.position,
+            LaneItem::SnapshotComplete { .. } => None,
+        }
+    }
+}
+
+impl Item for LaneItem {
+    fn position(&self) -> Option<Position> {
+        LaneItem::position(self)
+    }
+}
+
+impl From<Batch> for LaneItem {
+    fn from(b: Batch) -> Self {
+        LaneItem::Batch(b)
+    }
+}
+
+/// What travels on the request lane, from sink engines up to the ingest engine. Serde form:
+/// externally tagged, snake_case (`{"backfill":{"sink":"search","indexes":["users"]}}`).
+///
+/// ```
+/// use lanestream::{IndexName, Request, SinkName};
+/// let r = Request::Backfill { sink: SinkName::new("search").unwrap(), indexes: vec![IndexName::new("users").unwrap()] };
+/// assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"backfill":{"sink":"search","indexes":["users"]}}"#);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    /// Send a snapshot of these indexes to this sink, then `SnapshotComplete`.
+    Backfill {
+        /// The sink that asks.
+        sink: SinkName,
+        /// The indexes to snapshot.
+        indexes: Vec<IndexName>,
+    },
+}
+
+impl Item for Request {
+    /// Requests are never positioned: they never move the watermark (W2).
+    fn position(&self) -> Option<Position> {
+        None
+    }
+}
