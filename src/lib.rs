@@ -1,12 +1,70 @@
 //! lanestream: the lock-free, in-process stream port of a change-processing pipeline.
+//!
+//! An ingest engine builds each committed source transaction into one [`Batch`] (an
+//! `Arc<[Envelope]>`, built once, shared zero-copy) and publishes it into one bounded
+//! single-producer/single-consumer [`Lane`] per sink. Sink engines receive a [`Delivery`], apply
+//! it and ack it; each ack advances that lane's acked position, and the [`watermark`] — the
+//! minimum acked position over all lanes, computed lock-free on read — is what the source may
+//! confirm, so nothing is lost when anything crashes. A [`RequestLane`] carries backfill
+//! requests back up.
+//!
+//! [`watermark`]: Stream::watermark
+//!
+//! ```
+//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+//! use std::thread;
+//!
+//! let stream = MemoryStream::builder().capacity(64).sinks(["search", "cache"]).build()?;
+//! let sinks: Vec<_> = stream
+//!     .lanes()
+//!     .map(|lane| {
+//!         let mut consumer = lane.consumer();
+//!         thread::spawn(move || {
+//!             while let Some(delivery) = consumer.recv().unwrap() {
+//!                 // apply the batch to the sink, then:
+//!                 delivery.ack().unwrap();
+//!             }
+//!         })
+//!     })
+//!     .collect();
+//! let mut producers: Vec<_> = stream.lanes().map(|l| l.producer().unwrap()).collect();
+//! for lsn in 1..=100 {
+//!     let batch = LaneItem::Batch(Batch::new(Some(Position(lsn)), Vec::new().into()));
+//!     for p in &mut producers {
+//!         p.publish(batch.clone())?; // moves a reference count, not the envelopes
+//!     }
+//! }
+//! producers.iter().for_each(|p| p.close());
+//! sinks.into_iter().for_each(|t| t.join().unwrap());
+//! assert_eq!(stream.watermark(), Some(Position(100)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![warn(missing_docs)]
 
+mod consumer;
+mod delivery;
 mod envelope;
+mod error;
 mod item;
 mod name;
 mod position;
+mod producer;
+mod ring;
+mod stats;
+mod stream;
+mod sync;
+mod wait;
+#[cfg(feature = "wal2json")]
+pub mod wal2json;
+mod watermark;
 
+pub use consumer::{Consumer, Recv};
+pub use delivery::{AckHandle, Delivery};
 pub use envelope::{Envelope, Op};
+pub use error::{AckError, BuildError, PublishError, RecvError, StreamError, TryRecvError};
 pub use item::{Batch, Item, LaneItem, Request};
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
+pub use producer::{Producer, Publish};
+pub use stats::LaneStats;
+pub use stream::{Lane, MemoryStream, RequestLane, RequestSender, Stream, StreamBuilder};

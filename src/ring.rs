@@ -1,0 +1,689 @@
+//! The ring: a bounded single-producer/single-consumer ring of items whose slots are reused only
+//! after their item is acked, with out-of-order acks, releases, redelivery and consumer re-attach.
+//!
+//! # Indices
+//! Three monotonically increasing `u64` counters (they never wrap in practice: 2^64 items) split
+//! the published items into ranges; item `i` lives in slot `i % capacity`:
+//!
+//! ```text
+//!   free          next           tail
+//!    |  delivered  |   queued     |   (empty slots)
+//!    |  released   |              |
+//!    |  acked (*)  |              |
+//! ```
+//! - `tail`: items published. Written only by the producer.
+//! - `next`: the first never-delivered item. Written only by the seated consumer.
+//! - `free`: the end of the contiguous acked prefix: every item below it was acked and its slot
+//!   emptied. Written only by the advancer (see below). The producer may fill slot `tail` while
+//!   `tail - free < capacity`.
+//!
+//! (*) an acked item inside `free..next` waits there until every item before it is acked (L5).
+//!
+//! # Slot states
+//! Each slot has a state word `gen:40 | attempt:16 | tag:8`. Tags: `EMPTY` (free, or published
+//! and not yet delivered: `tail`/`next` tell which), `DELIVERED` (a handle holds it), `RELEASED`
+//! (nacked or taken back by a re-attach: waits for redelivery) and `ACKED`. `gen` counts the
+//! slot's deliveries, so a handle's expected word names exactly one delivery: an ack or nack from
+//! a handle whose delivery was taken back fails its compare-and-swap instead of touching a later
+//! delivery (ABA needs 2^40 deliveries of one slot while the stale handle lives).
+//!
+//! `holders` counts live handles reading the slot's item. A re-attach can release an item while
+//! the detached consumer's handle still reads it; the slot is emptied only when it is acked **and**
+//! `holders == 0`, so no slot is reused while a redelivery (or a stale delivery) reads it.
+//!
+//! # The advancer
+//! Acks come from any thread. Moving `free` forward is done by one thread at a time, the
+//! advancer, chosen without a lock by the `advance` counter: every thread that may have made
+//! progress possible adds one; the thread that moved it from 0 advances, then tries to swap back
+//! the count it saw; if more requests arrived meanwhile it advances again. A request is never
+//! lost because all of them are RMWs on one atomic, totally ordered (no `SeqCst` needed).
+//!
+//! # The seat
+//! `seat` holds the consumer epoch (`epoch << 1`) and a `BUSY` bit. A consumer takes the seat
+//! with a compare-and-swap from its own epoch for each non-blocking receive step; a re-attach
+//! waits for the seat to be idle, takes it with the next epoch, releases every `DELIVERED` slot
+//! and gives the seat back. The old consumer's next step fails its swap: `Detached`.
+//!
+//! The memory-ordering pairs are named at each atomic operation (`Release` ... pairs with ...).
+
+use std::mem::MaybeUninit;
+use std::panic::{self, AssertUnwindSafe};
+use std::ptr;
+use std::sync::Arc as StdArc;
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use crate::item::Item;
+use crate::stats::LaneStats;
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
+use crate::wait::WaitList;
+use crate::Position;
+
+/// "No position": also the value of a lane's acked mark before its first positioned ack.
+pub(crate) const NO_POSITION: u64 = u64::MAX;
+
+const TAG_MASK: u64 = 0xFF;
+const ATTEMPT_SHIFT: u32 = 8;
+const ATTEMPT_MASK: u64 = 0xFFFF << ATTEMPT_SHIFT;
+const GEN_ONE: u64 = 1 << 24;
+
+pub(crate) const EMPTY: u64 = 0;
+pub(crate) const DELIVERED: u64 = 1;
+pub(crate) const RELEASED: u64 = 2;
+pub(crate) const ACKED: u64 = 3;
+
+#[inline]
+pub(crate) fn tag(word: u64) -> u64 {
+    word & TAG_MASK
+}
+
+#[inline]
+fn with_tag(word: u64, t: u64) -> u64 {
+    (word & !TAG_MASK) | t
+}
+
+/// The attempt number (1 = first delivery) recorded in a state word.
+#[inline]
+pub(crate) fn attempt(word: u64) -> u32 {
+    ((word & ATTEMPT_MASK) >> ATTEMPT_SHIFT) as u32
+}
+
+/// The word of the next delivery of a slot whose current word is `word`: next generation,
+/// `attempt` (saturating at 16 bits), `DELIVERED`.
+#[inline]
+fn delivered_word(word: u64, attempt: u32) -> u64 {
+    let gen = (word & !(GEN_ONE - 1)).wrapping_add(GEN_ONE);
+    gen | (u64::from(attempt.min(0xFFFF)) << ATTEMPT_SHIFT) | DELIVERED
+}
+
+/// The acked marks of a set of lanes, one cache line each, read together by the watermark.
+pub(crate) type Marks = StdArc<[CachePadded<AtomicU64>]>;
+
+struct Slot<T> {
+    /// `gen | attempt | tag` (module docs).
+    state: AtomicU64,
+    /// Live handles reading `item`.
+    holders: AtomicU32,
+    /// The item's position, or `NO_POSITION`. Written by the producer with the item.
+    position: UnsafeCell<u64>,
+    /// Initialised for items in `free..tail`.
+    item: UnsafeCell<MaybeUninit<T>>,
+}
+
+/// What the seated consumer found.
+pub(crate) enum Take {
+    /// A delivery of item `index`, with the slot's new state word.
+    Item {
+        index: u64,
+        word: u64,
+    },
+    Empty,
+    Closed,
+    Detached,
+}
+
+/// One lane's shared state.
+pub(crate) struct Ring<T> {
+    // Producer line.
+    tail: CachePadded<AtomicU64>,
+    // Consumer line.
+    next: CachePadded<AtomicU64>,
+    seat: AtomicU64,
+    released: AtomicUsize,
+    delivered: AtomicU64,
+    redelivered: AtomicU64,
+    // Advancer line.
+    free: CachePadded<AtomicU64>,
+    advance: AtomicUsize,
+    // Cold fields.
+    last_published: AtomicU64,
+    closed: AtomicBool,
+    producer_live: AtomicBool,
+    marks: Marks,
+    mark: usize,
+    slots: Box<[Slot<T>]>,
+    capacity: u64,
+    /// `capacity - 1` when the capacity is a power of two, else `u64::MAX` (use `%`).
+    mask: u64,
+    /// Consumers wait here for items; notified by publish, nack, close and re-attach.
+    pub(crate) items: WaitList,
+    /// Producers wait here for room; notified when `free` advances and by close.
+    pub(crate) room: WaitList,
+}
+
+const BUSY: u64 = 1;
+
+// SAFETY: the ring hands out `&T` to handles on other threads (needs `T: Sync`) and moves `T`
+// between the producer, the consumer's threads and the advancer (needs `T: Send`). All other
+// fields are atomics, or cells whose accesses the protocol in the module docs serialises.
+unsafe impl<T: Send + Sync> Sync for Ring<T> {}
+// SAFETY: as above; the ring owns `T`s and drops them on whatever thread drops it last.
+unsafe impl<T: Send + Sync> Send for Ring<T> {}
+
+impl<T> Ring<T> {
+    /// A ring of `capacity` (>= 1) slots whose acked position is `marks[mark]`.
+    pub(crate) fn new(capacity: usize, marks: Marks, mark: usize) -> Ring<T> {
+        assert!(capacity > 0, "ring capacity must be at least 1");
+        let slots = (0..capacity)
+            .map(|_| Slot {
+                state: AtomicU64::new(EMPTY),
+                holders: AtomicU32::new(0),
+                position: UnsafeCell::new(NO_POSITION),
+                item: UnsafeCell::new(MaybeUninit::uninit()),
+            })
+            .collect();
+        let capacity = capacity as u64;
+        Ring {
+            tail: CachePadded::new(AtomicU64::new(0)),
+            next: CachePadded::new(AtomicU64::new(0)),
+            seat: AtomicU64::new(0),
+            released: AtomicUsize::new(0),
+            delivered: AtomicU64::new(0),
+            redelivered: AtomicU64::new(0),
+            free: CachePadded::new(AtomicU64::new(0)),
+            advance: AtomicUsize::new(0),
+            last_published: AtomicU64::new(NO_POSITION),
+            closed: AtomicBool::new(false),
+            producer_live: AtomicBool::new(false),
+            marks,
+            mark,
+            slots,
+            capacity,
+            mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
+            items: WaitList::new(2),
+            room: WaitList::new(2),
+        }
+    }
+
+    #[inline]
+    fn slot(&self, index: u64) -> &Slot<T> {
+        let i = if self.mask != u64::MAX { index & self.mask } else { index % self.capacity };
+        debug_assert!(i < self.capacity);
+        // SAFETY: `i < capacity == slots.len()` by the mask/modulo above.
+        unsafe { self.slots.get_unchecked(i as usize) }
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    // ----- producer side -------------------------------------------------------------------
+
+    /// Claims the producer role. `None` if a live producer holds it (L9).
+    pub(crate) fn claim_producer(&self) -> Option<ProducerState> {
+        // Acquire: pairs with `release_producer`'s Release, so a restarted producer sees the
+        // previous producer's `tail` and `last_published`.
+        self.producer_live.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok()?;
+        Some(ProducerState {
+            // Relaxed: written only by producers, ordered by the claim above.
+            tail: self.tail.load(Ordering::Relaxed),
+            cached_free: self.free.load(Ordering::Acquire),
+            last: self.last_published.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Gives the producer role back.
+    pub(crate) fn release_producer(&self) {
+        // Release: pairs with `claim_producer`'s Acquire.
+        self.producer_live.store(false, Ordering::Release);
+    }
+
+    /// Publishes `item` unless the lane is closed, full, or the position regresses.
+    ///
+    /// The caller must hold the producer role (the `ProducerState` came from `claim_producer`
+    /// and is used by one thread at a time).
+    pub(crate) fn try_push(&self, p: &mut ProducerState, item: T) -> Result<(), crate::PublishError<T>>
+    where
+        T: Item,
+    {
+        use crate::PublishError;
+        // Acquire: pairs with `close`'s Release (only for a restarted producer's sake; the closing
+        // producer is usually this one).
+        if self.closed.load(Ordering::Acquire) {
+            return Err(PublishError::Closed(item));
+        }
+        let position = match item.position() {
+            Some(Position(u64::MAX)) => return Err(PublishError::InvalidPosition(item)),
+            Some(pos) => {
+                if p.last != NO_POSITION && pos.0 <= p.last {
+                    return Err(PublishError::PositionRegressed {
+                        item,
+                        position: pos,
+                        last: Position(p.last),
+                    });
+                }
+                pos.0
+            }
+            None => NO_POSITION,
+        };
+        if p.tail - p.cached_free >= self.capacity {
+            // Acquire: pairs with the advancer's Release store of `free`: the slot's old item
+            // was moved out before we overwrite it.
+            p.cached_free = self.free.load(Ordering::Acquire);
+            if p.tail - p.cached_free >= self.capacity {
+                return Err(PublishError::Full(item));
+            }
+        }
+        let slot = self.slot(p.tail);
+        // SAFETY: item `tail` is not published, and `tail - free < capacity` means the slot's
+        // previous item (`tail - capacity`) was moved out by the advancer, which then stored
+        // `free` with Release (acquired above). No other thread touches the slot's cells until
+        // the `tail` store below publishes them.
+        unsafe {
+            slot.item.with_mut(|c| (*c).write(item));
+            slot.position.with_mut(|c| *c = position);
+        }
+        p.tail += 1;
+        // Release: pairs with the consumer's Acquire load of `tail`: publishes the slot's item
+        // and position.
+        self.tail.store(p.tail, Ordering::Release);
+        if position != NO_POSITION {
+            p.last = position;
+            // Relaxed: statistics, and a restarted producer reads it after `claim_producer`.
+            self.last_published.store(position, Ordering::Relaxed);
+        }
+        self.items.notify();
+        Ok(())
+    }
+
+    /// Whether a publish could make progress now: room in the ring, or the lane closed.
+    pub(crate) fn writable(&self, p: &ProducerState) -> bool {
+        // Acquire: as in `try_push`.
+        self.closed.load(Ordering::Acquire) || p.tail - self.free.load(Ordering::Acquire) < self.capacity
+    }
+
+    /// Whether the ring has room (for producers whose state sits behind a lock).
+    pub(crate) fn has_room(&self) -> bool {
+        // Acquire loads: `free` as in `try_push`; `tail` pairs with the producer's Release. Loading
+        // `free` first keeps `tail - free` from underflowing (both only grow, `free <= tail`).
+        let free = self.free.load(Ordering::Acquire);
+        self.closed.load(Ordering::Acquire) || self.tail.load(Ordering::Acquire) - free < self.capacity
+    }
+
+    /// Closes the lane (L10): publishing fails with `Closed` from now on, consumers drain what
+    /// is queued or released and then see the end. Takes no slot. Wakes every waiter.
+    pub(crate) fn close(&self) {
+        // Release: pairs with the consumer's Acquire load of `closed`, which it makes before
+        // re-reading `tail`, so a consumer that sees the close also sees every item published
+        // before it.
+        self.closed.store(true, Ordering::Release);
+        self.items.notify();
+        self.room.notify();
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    // ----- consumer side -------------------------------------------------------------------
+
+    /// Attaches a new consumer (L8): detaches the previous one, releases every delivered item
+    /// for redelivery, and returns the new epoch.
+    pub(crate) fn attach(&self) -> u64 {
+        let backoff = Backoff::new();
+        // Relaxed: the compare-and-swap below is what synchronises.
+        let mut seat = self.seat.load(Ordering::Relaxed);
+        loop {
+            if seat & BUSY != 0 {
+                // The old consumer is inside a non-blocking receive step; it ends shortly.
+                crate::sync::spin(&backoff);
+                seat = self.seat.load(Ordering::Relaxed);
+                continue;
+            }
+            // Acquire: pairs with the old consumer's Release when it left the seat, so its
+            // `next` and slot writes are visible here.
+            match self.seat.compare_exchange_weak(
+                seat,
+                (seat + 2) | BUSY,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => seat = now,
+            }
+        }
+        let epoch = (seat >> 1) + 1;
+        let next = self.next.load(Ordering::Relaxed);
+        // Acquire: pairs with the advancer's Release store of `free` (slots below are empty).
+        let mut i = self.free.load(Ordering::Acquire);
+        while i < next {
+            let slot = self.slot(i);
+            let word = slot.state.load(Ordering::Acquire);
+            // AcqRel: races a late ack or nack of the same delivery word; exactly one wins (L8).
+            if tag(word) == DELIVERED
+                && slot
+                    .state
+                    .compare_exchange(word, with_tag(word, RELEASED), Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // Release: pairs with the consumer's Acquire load of `released`.
+                self.released.fetch_add(1, Ordering::Release);
+            }
+            i += 1;
+        }
+        // Release: pairs with the next seat-taker's Acquire.
+        self.seat.store(epoch << 1, Ordering::Release);
+        // Wake a detached consumer parked in `recv`, so it returns `Detached`.
+        self.items.notify();
+        epoch
+    }
+
+    /// One non-blocking receive step for the consumer of `epoch`: a redelivery first (L2, L6),
+    /// else the next queued item, else `Empty`/`Closed`. Never blocks (L12).
+    pub(crate) fn take(&self, epoch: u64, cached_tail: &mut u64) -> Take {
+        // Acquire: pairs with the Release that gave the seat back (a re-attach or our own
+        // previous step). Fails if another consumer was attached: our epoch is gone.
+        if self
+            .seat
+            .compare_exchange(epoch << 1, (epoch << 1) | BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Take::Detached;
+        }
+        let taken = self.take_seated(cached_tail);
+        // Release: pairs with the next seat-taker's Acquire (re-attach reads `next` and the slot
+        // words we wrote).
+        self.seat.store(epoch << 1, Ordering::Release);
+        taken
+    }
+
+    fn take_seated(&self, cached_tail: &mut u64) -> Take {
+        // Relaxed: `next` is written only by the seated consumer; the seat's Acquire ordered us
+        // after the last writer.
+        let next = self.next.load(Ordering::Relaxed);
+        // Acquire: pairs with the Release increments by nack and re-attach, which follow their
+        // slot's switch to RELEASED.
+        if self.released.load(Ordering::Acquire) > 0 {
+            if let Some(t) = self.take_released(next) {
+                return t;
+            }
+        }
+        if next == *cached_tail {
+            // Acquire: pairs with the producer's Release store of `tail` (the slot's item and
+            // position are initialised).
+            *cached_tail = self.tail.load(Ordering::Acquire);
+            if next == *cached_tail {
+                // Acquire on `closed` then re-read `tail`: `close` stores with Release after the
+                // producer's last `tail` store, so a close we see brings every item before it.
+                if !self.closed.load(Ordering::Acquire) {
+                    return Take::Empty;
+                }
+                *cached_tail = self.tail.load(Ordering::Acquire);
+                if next == *cached_tail {
+                    return Take::Closed;
+                }
+            }
+        }
+        let slot = self.slot(next);
+        // Relaxed: the slot's last writer (the advancer emptying it) is ordered before us by the
+        // `free` -> producer -> `tail` chain acquired above.
+        let word = delivered_word(slot.state.load(Ordering::Relaxed), 1);
+        // Relaxed: handles are handed to other threads by the user's own synchronisation; the
+        // decrements (Release) are what the advancer acquires.
+        slot.holders.fetch_add(1, Ordering::Relaxed);
+        // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing else
+        // can change a queued slot's word, so a plain store suffices.
+        slot.state.store(word, Ordering::Release);
+        // Release: `next` is read by re-attach (after the seat) and by statistics.
+        self.next.store(next + 1, Ordering::Release);
+        // Relaxed: statistics; only the seated consumer writes.
+        self.delivered.store(self.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        Take::Item { index: next, word }
+    }
+
+    /// Redelivers the lowest released item below `next`, if any.
+    fn take_released(&self, next: u64) -> Option<Take> {
+        // Acquire: pairs with the advancer's Release of `free`.
+        let mut i = self.free.load(Ordering::Acquire);
+        while i < next {
+            let slot = self.slot(i);
+            // Acquire: pairs with the Release (AcqRel) switch to RELEASED by nack or re-attach.
+            let word = slot.state.load(Ordering::Acquire);
+            if tag(word) == RELEASED {
+                // Re-read `free` after the state: if item `i` was still unreclaimed then, the
+                // slot held item `i` (a later item enters only after `i` is reclaimed), and a
+                // released item is never reclaimed. Otherwise start again from the new prefix.
+                let free = self.free.load(Ordering::Acquire);
+                if free > i {
+                    i = free;
+                    continue;
+                }
+                let new = delivered_word(word, attempt(word).saturating_add(1));
+                slot.holders.fetch_add(1, Ordering::Relaxed);
+                // Release: as for a first delivery. Only the seated consumer changes a
+                // RELEASED word (acks and nacks expect DELIVERED), so a store suffices.
+                slot.state.store(new, Ordering::Release);
+                // Relaxed: we only ever decrement after seeing the count >= 1 (Acquire above).
+                self.released.fetch_sub(1, Ordering::Relaxed);
+                self.delivered.store(self.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                self.redelivered.store(self.redelivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                return Some(Take::Item { index: i, word: new });
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// The epoch of the current consumer (during a re-attach, of the one being attached).
+    pub(crate) fn epoch(&self) -> u64 {
+        // Acquire: pairs with the Release that gave the seat back.
+        self.seat.load(Ordering::Acquire) >> 1
+    }
+
+    /// Whether a receive could make progress now (for waiting): something queued or released,
+    /// the lane closed, or this consumer detached.
+    pub(crate) fn readable(&self, epoch: u64) -> bool {
+        // Acquire loads, as in `take_seated`.
+        (self.seat.load(Ordering::Acquire) >> 1) != epoch
+            || self.released.load(Ordering::Acquire) > 0
+            || self.next.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+            || self.closed.load(Ordering::Acquire)
+    }
+
+    /// L11: nothing queued and nothing released.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.released.load(Ordering::Acquire) == 0
+            && self.next.load(Ordering::Acquire) == self.tail.load(Ordering::Acquire)
+    }
+
+    // ----- handles ---------------------------------------------------------------------------
+
+    /// The item of a live delivery.
+    ///
+    /// # Safety
+    /// The caller holds a live handle on item `index` (so `holders > 0`: the item stays
+    /// initialised and is not moved until the handle ends).
+    pub(crate) unsafe fn item(&self, index: u64) -> &T {
+        let slot = self.slot(index);
+        // SAFETY: per the contract, the slot holds initialised item `index` and nothing writes
+        // it while `holders > 0`; shared reads are fine (`T: Sync` for cross-thread handles).
+        slot.item.with(|c| unsafe { (*c).assume_init_ref() })
+    }
+
+    /// Acks delivery `word` of item `index`; ends the handle either way.
+    pub(crate) fn ack(&self, index: u64, word: u64) -> Result<(), crate::AckError> {
+        let slot = self.slot(index);
+        // Release: the sink's writes before the ack are published to the advancer (which
+        // acquires the ACKED word) and from there to watermark readers (W4). Relaxed on
+        // failure: nothing is read.
+        let landed = slot
+            .state
+            .compare_exchange(word, with_tag(word, ACKED), Ordering::Release, Ordering::Relaxed)
+            .is_ok();
+        self.end_handle(slot, landed);
+        if landed {
+            Ok(())
+        } else {
+            Err(crate::AckError::Detached)
+        }
+    }
+
+    /// Releases delivery `word` of item `index` for redelivery (L6); ends the handle. A no-op
+    /// on the slot if a re-attach already took the delivery back.
+    pub(crate) fn nack(&self, index: u64, word: u64) {
+        let slot = self.slot(index);
+        // Release: pairs with the consumer's Acquire load of the RELEASED word.
+        let released = slot
+            .state
+            .compare_exchange(word, with_tag(word, RELEASED), Ordering::Release, Ordering::Relaxed)
+            .is_ok();
+        if released {
+            // Release: pairs with the consumer's Acquire load of `released`.
+            self.released.fetch_add(1, Ordering::Release);
+        }
+        self.end_handle(slot, false);
+        if released {
+            self.items.notify();
+        }
+    }
+
+    fn end_handle(&self, slot: &Slot<T>, acked: bool) {
+        // Release: our reads of the item happen before the advancer (Acquire) may move it out.
+        let before = slot.holders.fetch_sub(1, Ordering::Release);
+        debug_assert!(before > 0, "handle ended on a slot with no holders");
+        // An ack may complete the prefix; the last stale holder of an acked item may too.
+        if acked || before == 1 {
+            self.request_advance();
+        }
+    }
+
+    /// Asks for the acked prefix to be advanced; advances it if no other thread is doing so.
+    fn request_advance(&self) {
+        // AcqRel: Release hands our ACKED word and holder decrement to the advancer; Acquire
+        // (when we become the advancer) takes the previous advancer's `free` and slot writes.
+        if self.advance.fetch_add(1, Ordering::AcqRel) != 0 {
+            return; // the current advancer will see our request and go round again
+        }
+        let mut seen = 1;
+        let mut advanced = false;
+        let mut first_panic = None;
+        loop {
+            advanced |= self.advance_prefix(&mut first_panic);
+            // AcqRel: success hands the role back (Release for the next advancer); failure
+            // acquires the requests that arrived meanwhile, and we go round again.
+            match self.advance.compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(now) => seen = now,
+            }
+        }
+        if advanced {
+            self.room.notify();
+        }
+        if let Some(p) = first_panic {
+            panic::resume_unwind(p);
+        }
+    }
+
+    /// Empties acked slots from `free` on while they form a contiguous prefix with no holders.
+    /// Must be called only by the advancer. Item drops that panic are caught (the bookkeeping
+    /// is already done) and the first panic is returned to be resumed.
+    fn advance_prefix(&self, first_panic: &mut Option<Box<dyn std::any::Any + Send>>) -> bool {
+        // Relaxed: only the advancer writes `free`, and the role's Acquire ordered us after the
+        // previous advancer.
+        let mut free = self.free.load(Ordering::Relaxed);
+        let start = free;
+        loop {
+            let slot = self.slot(free);
+            // Acquire: pairs with the ack's Release (W4 chain) — an ACKED word is always the
+            // current item's, because only the advancer empties slots and it stops at `free`.
+            let word = slot.state.load(Ordering::Acquire);
+            // Acquire on holders: pairs with every handle's Release decrement.
+            if tag(word) != ACKED || slot.holders.load(Ordering::Acquire) != 0 {
+                break;
+            }
+            // SAFETY: item `free` is acked and no handle reads it, so the slot is ours: the
+            // consumer never touches an ACKED slot and the producer waits for `free` to pass it.
+            let (item, position) =
+                unsafe { (slot.item.with(|c| ptr::read(c).assume_init()), slot.position.with(|c| *c)) };
+            // Relaxed: published to the producer by the Release store of `free` below.
+            slot.state.store(with_tag(word & !ATTEMPT_MASK, EMPTY), Ordering::Relaxed);
+            free += 1;
+            // Release: pairs with the producer's Acquire load of `free` (the slot may be reused).
+            self.free.store(free, Ordering::Release);
+            if position != NO_POSITION {
+                // Release: pairs with the watermark's Acquire loads (W4). Positions grow along
+                // the lane, so the mark only grows (W3).
+                self.marks[self.mark].store(position, Ordering::Release);
+            }
+            // M3: the item is dropped exactly once, here, on its final ack; a panic in its Drop
+            // is held back until the role is handed back.
+            if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {
+                first_panic.get_or_insert(p);
+            }
+        }
+        free != start
+    }
+
+    // ----- statistics --------------------------------------------------------------------------
+
+    /// W5 for one lane: nothing queued, released, or delivered-but-unacked.
+    pub(crate) fn is_idle(&self) -> bool {
+        // Load `free` before `tail`: both grow and `free <= tail`, so equality means that at the
+        // moment of the first load everything published was acked.
+        let free = self.free.load(Ordering::Acquire);
+        free == self.tail.load(Ordering::Acquire)
+    }
+
+    /// The lane's acked position (L5).
+    pub(crate) fn acked(&self) -> Option<Position> {
+        match self.marks[self.mark].load(Ordering::Acquire) {
+            NO_POSITION => None,
+            p => Some(Position(p)),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> LaneStats {
+        // Lower bounds first (free <= next <= tail at every instant, all growing), so the
+        // differences never underflow; `released` is read separately and clamped.
+        let free = self.free.load(Ordering::Acquire);
+        let next = self.next.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        let released = (self.released.load(Ordering::Relaxed) as u64).min(next - free);
+        let last = self.last_published.load(Ordering::Relaxed);
+        LaneStats {
+            capacity: self.capacity as usize,
+            queued: tail - next,
+            released,
+            in_flight: next - free - released,
+            delivered: self.delivered.load(Ordering::Relaxed),
+            redelivered: self.redelivered.load(Ordering::Relaxed),
+            published: tail,
+            acked_items: free,
+            last_published: (last != NO_POSITION).then_some(Position(last)),
+            acked: self.acked(),
+            closed: self.is_closed(),
+        }
+    }
+}
+
+impl<T> Drop for Ring<T> {
+    /// M3: drops every item still in the ring (published and not yet emptied by an ack). Keeps
+    /// going when an item's Drop panics, then resumes the first panic.
+    fn drop(&mut self) {
+        // `&mut self`: no other thread can hold a handle (each holds an `Arc` of the ring).
+        let free = self.free.load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Relaxed);
+        let cap = self.slots.len() as u64;
+        let mut first_panic = None;
+        for i in free..tail {
+            let slot = &self.slots[(i % cap) as usize];
+            // SAFETY: items `free..tail` are initialised and nothing else references them now.
+            let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
+            if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {
+                first_panic.get_or_insert(p);
+            }
+        }
+        if let Some(p) = first_panic {
+            if !std::thread::panicking() {
+                panic::resume_unwind(p);
+            }
+        }
+    }
+}
+
+/// The producer's private view: its `tail`, its cached `free`, its last position.
+pub(crate) struct ProducerState {
+    pub(crate) tail: u64,
+    cached_free: u64,
+    last: u64,
+}

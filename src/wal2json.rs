@@ -1,0 +1,1059 @@
+//! Reads PostgreSQL logical decoding output in wal2json **format-version 2** and builds one
+//! [`Batch`] per committed transaction (feature `wal2json`, on by default).
+//!
+//! # Input
+//! One JSON object per line, as `pg_recvlogical --start -o format-version=2 -o include-lsn=true
+//! -o include-pk=true …` writes it. The `action` field says what the line is:
+//!
+//! | action | meaning | used fields |
+//! |---|---|---|
+//! | `B` | begin | `xid` (optional) |
+//! | `I` / `U` / `D` | insert / update / delete of one row | `schema`, `table`, `columns` (I, U), `identity` (D; U when the key changed or the table has `REPLICA IDENTITY FULL`), `pk` |
+//! | `T` | truncate of one table | `schema`, `table` |
+//! | `C` | commit | `lsn` (required: run wal2json with `include-lsn=true`), `xid` (optional) |
+//! | `M` | logical message (`pg_logical_emit_message`) | ignored, inside or outside a transaction |
+//!
+//! Other fields (`timestamp`, `type`, `nextlsn`, …) are accepted and ignored.
+//!
+//! # Output
+//! Each transaction `B … C` becomes one positioned [`Batch`]:
+//!
+//! - **position**: the C line's `lsn`, parsed with [`Position::from_lsn`]. In format-version 2
+//!   that is the *commit LSN* (where the commit record starts, PostgreSQL's `commit_lsn`; the B line
+//!   carries the same value), while `nextlsn` is the LSN just past the commit record (`end_lsn`).
+//!   Commit LSNs strictly increase in commit order, which is the order wal2json emits
+//!   transactions in, so batch positions strictly increase (a regression is refused with
+//!   [`Wal2JsonErrorKind::LsnRegressed`]). A replication client that confirms a batch's position
+//!   to the server may have the last transaction re-sent after a restart (at-least-once).
+//! - **changes**: the number of I/U/D/T lines in the transaction.
+//! - **envelopes**, one per change, all carrying the batch's position:
+//!   - `index`: `schema_table` as an [`IndexName`]. When that is not a valid name it is
+//!     normalised: ASCII letters are lower-cased, every other character outside `[a-z0-9_]`
+//!     becomes `_`, a leading digit gets a `_` prefix, and the result is cut to
+//!     [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes (so `"Inventory"."Stock Items"` becomes
+//!     `inventory_stock_items`). Distinct tables may collide after normalisation.
+//!   - `id`: the primary-key values (named by the `pk` field, taken from `columns`, or from
+//!     `identity` for deletes and the old side of updates) joined with `:`. String values are
+//!     used unescaped with `\` and `:` escaped as `\\` and `\:` (so the id is unambiguous);
+//!     other values are their JSON text (`42`, `true`, `null`). For a table without a primary key
+//!     (`"pk":[]`, e.g. `REPLICA IDENTITY FULL`) every column value is used. Without a `pk`
+//!     field at all (wal2json run without `include-pk=true`) the same all-columns fallback
+//!     applies, which only gives consistent ids for `REPLICA IDENTITY FULL` tables: use
+//!     `include-pk=true`.
+//!   - `op`: [`Op::Upsert`] for I and U, [`Op::Delete`] for D, [`Op::Truncate`] for T (empty id
+//!     and document).
+//!   - `document`: the row as a JSON object `{"column":value,…}` whose values are copied byte for
+//!     byte from the input (numerics keep their exact digits). I and U give the new row; D gives
+//!     the `identity` object (the old key, or the whole old row under `REPLICA IDENTITY FULL`),
+//!     or empty bytes if the line has no identity. An update that leaves a TOASTed value unchanged
+//!     does not carry that column (wal2json omits it), so its document lacks it: sinks should
+//!     merge updates into what they hold rather than replace.
+//!
+//!   Every document of a transaction is written into one buffer, frozen into a [`Bytes`] at the
+//!   commit; each envelope's document is a [`Bytes::slice`] of it, so a transaction costs one
+//!   allocation for all its documents and lanes share them without copying.
+//! - An **update that changes the key** (its `identity` gives a different id than its new
+//!   `columns`) yields two envelopes: a [`Op::Delete`] of the old id (document: the identity)
+//!   then an [`Op::Upsert`] of the new id. It still counts as **one** change, so `changes` is
+//!   always the number of I/U/D/T lines while `envelopes.len()` may be larger.
+//! - An **empty transaction** (`B` then `C`, e.g. a DDL-only transaction) gives a positioned
+//!   batch with no envelopes; acking it still moves the watermark.
+//!
+//! # Errors and recovery
+//! Nothing here panics on any input. Every error is a [`Wal2JsonError`] naming the line number
+//! and a [`Wal2JsonErrorKind`]. After an error the [`TransactionBuilder`] stays usable; the bad
+//! line is treated as skipped:
+//!
+//! - a bad change line (malformed JSON, unknown action, missing or mistyped field) inside a
+//!   transaction is dropped and the transaction goes on without it (it is not counted in
+//!   `changes`);
+//! - a change, `C` or malformed line outside a transaction is dropped;
+//! - a `B` inside an open transaction (its `C` was lost) discards the open transaction and begins
+//!   the new one ([`Wal2JsonErrorKind::BeginInsideTransaction`]);
+//! - a `C` that cannot position its transaction (missing or invalid `lsn`, LSN not after the
+//!   previous commit, `xid` different from its `B`'s) discards the transaction.
+//!
+//! So a caller that wants to skip bad lines just logs the error and keeps pushing lines; a caller
+//! that wants to stop just stops.
+//!
+//! # Example
+//! ```
+//! use lanestream::wal2json::Wal2JsonReader;
+//! use lanestream::{Op, Position};
+//!
+//! let input = br#"{"action":"B","xid":7}
+//! {"action":"I","xid":7,"schema":"public","table":"users","columns":[{"name":"id","type":"integer","value":1},{"name":"name","type":"text","value":"Ann"}],"pk":[{"name":"id","type":"integer"}]}
+//! {"action":"D","xid":7,"schema":"public","table":"users","identity":[{"name":"id","type":"integer","value":2}],"pk":[{"name":"id","type":"integer"}]}
+//! {"action":"C","xid":7,"lsn":"0/16B3748","nextlsn":"0/16B3778"}
+//! "#;
+//! let batches: Vec<_> = Wal2JsonReader::new(&input[..]).collect::<Result<_, _>>()?;
+//! assert_eq!(batches.len(), 1);
+//! let batch = &batches[0];
+//! assert_eq!(batch.position, Some(Position::from_lsn("0/16B3748")?));
+//! assert_eq!(batch.changes, 2);
+//! assert_eq!(batch.envelopes[0].index.as_str(), "public_users");
+//! assert_eq!(batch.envelopes[0].id, "1");
+//! assert_eq!(batch.envelopes[0].document, &br#"{"id":1,"name":"Ann"}"#[..]);
+//! assert_eq!(batch.envelopes[1].op, Op::Delete);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, BufRead};
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::{Batch, Envelope, IndexName, Op, ParseLsnError, Position};
+
+/// An error while reading wal2json input: the 1-based line number and what is wrong.
+///
+/// ```
+/// use lanestream::wal2json::{TransactionBuilder, Wal2JsonErrorKind};
+/// let mut b = TransactionBuilder::new();
+/// let err = b.push_line(3, br#"{"action":"I","schema":"s","table":"t","columns":[]}"#).unwrap_err();
+/// assert_eq!(err.line(), 3);
+/// assert!(matches!(err.kind(), Wal2JsonErrorKind::OutsideTransaction { action: 'I' }));
+/// assert_eq!(err.to_string(), "wal2json line 3: I outside a transaction (no B before it)");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("wal2json line {line}: {kind}")]
+pub struct Wal2JsonError {
+    line: u64,
+    #[source]
+    kind: Wal2JsonErrorKind,
+}
+
+impl Wal2JsonError {
+    /// Builds an error for `line` (1-based).
+    pub fn new(line: u64, kind: Wal2JsonErrorKind) -> Self {
+        Wal2JsonError { line, kind }
+    }
+
+    /// The 1-based number of the offending line (for an end-of-input error, the number of lines
+    /// read).
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> &Wal2JsonErrorKind {
+        &self.kind
+    }
+
+    /// Whether reading may go on after this error (everything but I/O errors). See the module
+    /// docs for what happens to the open transaction.
+    pub fn is_recoverable(&self) -> bool {
+        !matches!(self.kind, Wal2JsonErrorKind::Io(_))
+    }
+}
+
+/// What is wrong with a wal2json line (see [`Wal2JsonError`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Wal2JsonErrorKind {
+    /// The line is not one well-formed JSON object.
+    #[error("malformed JSON at byte {offset}: {reason}")]
+    Malformed {
+        /// Byte offset in the line where the problem was found.
+        offset: usize,
+        /// What the parser expected.
+        reason: &'static str,
+    },
+    /// The `action` field is not one of B, I, U, D, T, C, M.
+    #[error("unknown action {0:?} (expected one of B, I, U, D, T, C, M)")]
+    UnknownAction(String),
+    /// A required field is missing.
+    #[error("{action} line without {field}{hint}")]
+    MissingField {
+        /// The line's action (`?` when the action itself is missing).
+        action: char,
+        /// The missing field.
+        field: &'static str,
+        /// A hint on how to produce it, or empty.
+        hint: &'static str,
+    },
+    /// A field has the wrong JSON type.
+    #[error("field {field} should be {expected}")]
+    WrongType {
+        /// The field.
+        field: &'static str,
+        /// What it should be.
+        expected: &'static str,
+    },
+    /// A primary-key column named by `pk` is not among the row's columns.
+    #[error("primary-key column {column:?} not in the row's {side}")]
+    MissingKeyColumn {
+        /// The primary-key column.
+        column: String,
+        /// `columns` or `identity`.
+        side: &'static str,
+    },
+    /// A change (I, U, D, T) or a C arrived while no transaction was open.
+    #[error("{action} outside a transaction (no B before it)")]
+    OutsideTransaction {
+        /// The line's action.
+        action: char,
+    },
+    /// A B arrived while a transaction was open: the open one was discarded.
+    #[error("B inside the transaction begun at line {begun} (its C is missing); that transaction, with {dropped} changes, was discarded")]
+    BeginInsideTransaction {
+        /// The line of the discarded transaction's B.
+        begun: u64,
+        /// How many changes it held.
+        dropped: u64,
+    },
+    /// The C's `lsn` is not a valid LSN; the transaction was discarded.
+    #[error("invalid commit LSN: {0}; the transaction was discarded")]
+    BadLsn(#[source] ParseLsnError),
+    /// The C's `lsn` is not after the previous commit's; the transaction was discarded.
+    #[error("commit LSN {lsn} is not after the previous commit LSN {previous}; the transaction was discarded")]
+    LsnRegressed {
+        /// This commit's LSN.
+        lsn: Position,
+        /// The previous commit's LSN.
+        previous: Position,
+    },
+    /// The C's `xid` differs from the B's; the transaction was discarded.
+    #[error("C has xid {commit} but the transaction began with xid {begin}; the transaction was discarded")]
+    XidMismatch {
+        /// The B's xid.
+        begin: u64,
+        /// The C's xid.
+        commit: u64,
+    },
+    /// The input ended inside a transaction (its C never came); it was discarded.
+    #[error("input ended inside the transaction begun at line {begun}; it was discarded")]
+    Truncated {
+        /// The line of its B.
+        begun: u64,
+    },
+    /// A line is longer than the reader's limit; it was skipped.
+    #[error("line longer than {limit} bytes")]
+    LineTooLong {
+        /// The limit.
+        limit: usize,
+    },
+    /// Reading the input failed; the reader stops.
+    #[error("I/O error: {0}")]
+    Io(#[source] io::Error),
+}
+
+fn malformed(offset: usize, reason: &'static str) -> Wal2JsonErrorKind {
+    Wal2JsonErrorKind::Malformed { offset, reason }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A small validating JSON scanner that records byte ranges instead of building values, so that
+// row values are copied verbatim into documents and nothing is allocated per value.
+
+const MAX_DEPTH: usize = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Object,
+    Array,
+    Str,
+    Number,
+    Bool,
+    Null,
+}
+
+/// A JSON value inside the line: its kind and byte range (strings include their quotes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Val {
+    kind: Kind,
+    span: Range<usize>,
+}
+
+/// One `{"name":…,"value":…}` element of `columns` / `identity` (name: a string token).
+#[derive(Clone, Debug)]
+struct Col {
+    name: Range<usize>,
+    value: Val,
+}
+
+/// The fields of one line this module uses. The vectors are reused from line to line; the
+/// `has_*` flags say whether the current line had the field.
+#[derive(Default, Debug)]
+struct Fields {
+    action: Option<Val>,
+    xid: Option<Val>,
+    lsn: Option<Val>,
+    schema: Option<Val>,
+    table: Option<Val>,
+    columns: Vec<Col>,
+    identity: Vec<Col>,
+    pk: Vec<Range<usize>>,
+    has_columns: bool,
+    has_identity: bool,
+    has_pk: bool,
+}
+
+impl Fields {
+    fn reset(&mut self) {
+        self.action = None;
+        self.xid = None;
+        self.lsn = None;
+        self.schema = None;
+        self.table = None;
+        self.columns.clear();
+        self.identity.clear();
+        self.pk.clear();
+        self.has_columns = false;
+        self.has_identity = false;
+        self.has_pk = false;
+    }
+
+    fn columns(&self) -> Option<&[Col]> {
+        self.has_columns.then_some(self.columns.as_slice())
+    }
+
+    fn identity(&self) -> Option<&[Col]> {
+        self.has_identity.then_some(self.identity.as_slice())
+    }
+
+    fn pk(&self) -> Option<&[Range<usize>]> {
+        self.has_pk.then_some(self.pk.as_slice())
+    }
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+type ScanResult<T> = Result<T, Wal2JsonErrorKind>;
+
+impl<'a> Scanner<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.pos).copied()
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn expect(&mut self, byte: u8, reason: &'static str) -> ScanResult<()> {
+        self.ws();
+        if self.peek() == Some(byte) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(malformed(self.pos, reason))
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> ScanResult<Val> {
+        self.ws();
+        let start = self.pos;
+        let kind = match self.peek() {
+            Some(b'{') => {
+                self.skip_object(depth + 1)?;
+                Kind::Object
+            }
+            Some(b'[') => {
+                self.skip_array(depth + 1)?;
+                Kind::Array
+            }
+            Some(b'"') => {
+                self.string()?;
+                Kind::Str
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                self.number()?;
+                Kind::Number
+            }
+            Some(b't') => {
+                self.literal(b"true")?;
+                Kind::Bool
+            }
+            Some(b'f') => {
+                self.literal(b"false")?;
+                Kind::Bool
+            }
+            Some(b'n') => {
+                self.literal(b"null")?;
+                Kind::Null
+            }
+            Some(_) => return Err(malformed(start, "expected a JSON value")),
+            None => return Err(malformed(start, "unexpected end of line")),
+        };
+        Ok(Val { kind, span: start..self.pos })
+    }
+
+    fn literal(&mut self, lit: &'static [u8]) -> ScanResult<()> {
+        if self.b.get(self.pos..self.pos + lit.len()) == Some(lit) {
+            self.pos += lit.len();
+            Ok(())
+        } else {
+            Err(malformed(self.pos, "expected true, false or null"))
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> ScanResult<()> {
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(malformed(self.pos, "expected a digit")),
+        }
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            if self.digits() == 0 {
+                return Err(malformed(self.pos, "expected a digit after the decimal point"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return Err(malformed(self.pos, "expected a digit in the exponent"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A string token starting at `"`; the line is already known to be UTF-8.
+    fn string(&mut self) -> ScanResult<()> {
+        self.pos += 1; // opening quote
+        loop {
+            match self.peek() {
+                None => return Err(malformed(self.pos, "unterminated string")),
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    match self.peek() {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.pos += 1,
+                        Some(b'u') => {
+                            self.pos += 1;
+                            let hex = self.b.get(self.pos..self.pos + 4);
+                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                                return Err(malformed(self.pos, "expected 4 hex digits after \\u"));
+                            }
+                            self.pos += 4;
+                        }
+                        _ => return Err(malformed(self.pos, "invalid escape in string")),
+                    }
+                }
+                Some(0..=0x1f) => return Err(malformed(self.pos, "control character in string")),
+                Some(_) => self.pos += 1,
+            }
+        }
+    }
+
+    /// Iterates an object's members: calls `member(self, key_span, depth)` positioned at the
+    /// value, which must consume it.
+    fn object(
+        &mut self,
+        depth: usize,
+        mut member: impl FnMut(&mut Self, Range<usize>, usize) -> ScanResult<()>,
+    ) -> ScanResult<()> {
+        if depth > MAX_DEPTH {
+            return Err(malformed(self.pos, "nested too deeply"));
+        }
+        self.expect(b'{', "expected an object")?;
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            self.ws();
+            if self.peek() != Some(b'"') {
+                return Err(malformed(self.pos, "expected a string key"));
+            }
+            let start = self.pos;
+            self.string()?;
+            let key = start..self.pos;
+            self.expect(b':', "expected ':' after a key")?;
+            member(self, key, depth)?;
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return Err(malformed(self.pos, "expected ',' or '}' in an object")),
+            }
+        }
+    }
+
+    /// Iterates an array's elements: calls `element(self, depth)` positioned before the
+    /// element, which must consume it.
+    fn array(
+        &mut self,
+        depth: usize,
+        mut element: impl FnMut(&mut Self, usize) -> ScanResult<()>,
+    ) -> ScanResult<()> {
+        if depth > MAX_DEPTH {
+            return Err(malformed(self.pos, "nested too deeply"));
+        }
+        self.expect(b'[', "expected an array")?;
+        self.ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            element(self, depth)?;
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return Err(malformed(self.pos, "expected ',' or ']' in an array")),
+            }
+        }
+    }
+
+    fn skip_object(&mut self, depth: usize) -> ScanResult<()> {
+        self.object(depth, |s, _, d| s.value(d).map(drop))
+    }
+
+    fn skip_array(&mut self, depth: usize) -> ScanResult<()> {
+        self.array(depth, |s, d| s.value(d).map(drop))
+    }
+
+    /// `[{"name":"…","value":…}, …]`; other members of the elements are skipped.
+    fn columns(&mut self, depth: usize, field: &'static str, out: &mut Vec<Col>) -> ScanResult<()> {
+        self.ws();
+        if self.peek() != Some(b'[') {
+            return Err(Wal2JsonErrorKind::WrongType { field, expected: "an array of column objects" });
+        }
+        self.array(depth + 1, |s, d| {
+            s.ws();
+            if s.peek() != Some(b'{') {
+                return Err(Wal2JsonErrorKind::WrongType { field, expected: "an array of column objects" });
+            }
+            let (mut name, mut value) = (None, None);
+            s.object(d + 1, |s, key, d| {
+                let v = s.value(d)?;
+                match key_name(s.b, &key) {
+                    Some(b"name") => name = Some(v),
+                    Some(b"value") => value = Some(v),
+                    _ => {}
+                }
+                Ok(())
+            })?;
+            match (name, value) {
+                (Some(name), Some(value)) if name.kind == Kind::Str => {
+                    out.push(Col { name: name.span, value });
+                    Ok(())
+                }
+                (Some(_), Some(_)) => Err(Wal2JsonErrorKind::WrongType { field, expected: "columns with a string name" }),
+                (None, _) => Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column name", hint: "" }),
+                (_, None) => Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column value", hint: "" }),
+            }
+        })
+    }
+
+    /// `[{"name":"…"}, …]` (wal2json's `pk`).
+    fn pk(&mut self, depth: usize, out: &mut Vec<Range<usize>>) -> ScanResult<()> {
+        const WRONG: Wal2JsonErrorKind =
+            Wal2JsonErrorKind::WrongType { field: "pk", expected: "an array of {\"name\":…} objects" };
+        self.ws();
+        if self.peek() != Some(b'[') {
+            return Err(WRONG);
+        }
+        self.array(depth + 1, |s, d| {
+            s.ws();
+            if s.peek() != Some(b'{') {
+                return Err(WRONG);
+            }
+            let mut name = None;
+            s.object(d + 1, |s, key, d| {
+                let v = s.value(d)?;
+                if key_name(s.b, &key) == Some(b"name") {
+                    name = Some(v);
+                }
+                Ok(())
+            })?;
+            match name {
+                Some(v) if v.kind == Kind::Str => {
+                    out.push(v.span);
+                    Ok(())
+                }
+                _ => Err(WRONG),
+            }
+        })
+    }
+}
+
+/// A key's bytes between its quotes when it has no escapes (wal2json never escapes its keys);
+/// `None` for escaped keys, which then match nothing.
+fn key_name<'a>(b: &'a [u8], key: &Range<usize>) -> Option<&'a [u8]> {
+    let inner = b.get(key.start + 1..key.end.checked_sub(1)?)?;
+    (!inner.contains(&b'\\')).then_some(inner)
+}
+
+fn parse_fields(line: &[u8], f: &mut Fields) -> ScanResult<()> {
+    f.reset();
+    if let Err(e) = std::str::from_utf8(line) {
+        return Err(malformed(e.valid_up_to(), "not valid UTF-8"));
+    }
+    let mut s = Scanner { b: line, pos: 0 };
+    s.ws();
+    if s.peek() != Some(b'{') {
+        return Err(malformed(s.pos, "expected a JSON object"));
+    }
+    s.object(0, |s, key, depth| {
+        match key_name(s.b, &key) {
+            Some(b"columns") => {
+                f.columns.clear();
+                s.columns(depth, "columns", &mut f.columns)?;
+                f.has_columns = true;
+            }
+            Some(b"identity") => {
+                f.identity.clear();
+                s.columns(depth, "identity", &mut f.identity)?;
+                f.has_identity = true;
+            }
+            Some(b"pk") => {
+                f.pk.clear();
+                s.pk(depth, &mut f.pk)?;
+                f.has_pk = true;
+            }
+            other => {
+                let v = s.value(depth)?;
+                match other {
+                    Some(b"action") => f.action = Some(v),
+                    Some(b"xid") => f.xid = Some(v),
+                    Some(b"lsn") => f.lsn = Some(v),
+                    Some(b"schema") => f.schema = Some(v),
+                    Some(b"table") => f.table = Some(v),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    })?;
+    s.ws();
+    if s.pos != line.len() {
+        return Err(malformed(s.pos, "trailing characters after the object"));
+    }
+    Ok(())
+}
+
+/// The text of a string token (span including quotes), unescaped when needed.
+fn str_value<'a>(line: &'a [u8], span: &Range<usize>) -> Option<Cow<'a, str>> {
+    let token = line.get(span.clone())?;
+    let inner = token.get(1..token.len().checked_sub(1)?)?;
+    if inner.contains(&b'\\') {
+        serde_json::from_slice::<String>(token).ok().map(Cow::Owned)
+    } else {
+        std::str::from_utf8(inner).ok().map(Cow::Borrowed)
+    }
+}
+
+fn string_field<'a>(
+    line: &'a [u8],
+    v: Option<&Val>,
+    action: char,
+    field: &'static str,
+    hint: &'static str,
+) -> ScanResult<Cow<'a, str>> {
+    let v = v.ok_or(Wal2JsonErrorKind::MissingField { action, field, hint })?;
+    if v.kind != Kind::Str {
+        return Err(Wal2JsonErrorKind::WrongType { field, expected: "a string" });
+    }
+    str_value(line, &v.span).ok_or(Wal2JsonErrorKind::WrongType { field, expected: "a valid string" })
+}
+
+/// `xid` as a number; `None` when absent or null.
+fn xid_field(line: &[u8], v: Option<&Val>) -> ScanResult<Option<u64>> {
+    match v {
+        None => Ok(None),
+        Some(v) if v.kind == Kind::Null => Ok(None),
+        Some(v) => line
+            .get(v.span.clone())
+            .filter(|_| v.kind == Kind::Number)
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(Some)
+            .ok_or(Wal2JsonErrorKind::WrongType { field: "xid", expected: "an unsigned integer" }),
+    }
+}
+
+/// Whether two name tokens denote the same string.
+fn same_name(line: &[u8], a: &Range<usize>, b: &Range<usize>) -> bool {
+    let (ta, tb) = (line.get(a.clone()), line.get(b.clone()));
+    if ta == tb {
+        return ta.is_some();
+    }
+    let escaped = |t: Option<&[u8]>| t.is_some_and(|t| t.contains(&b'\\'));
+    if escaped(ta) || escaped(tb) {
+        return matches!((str_value(line, a), str_value(line, b)), (Some(x), Some(y)) if x == y);
+    }
+    false
+}
+
+/// Appends one id component: strings unescaped with `\` and `:` escaped, others as JSON text.
+fn push_id_part(id: &mut String, line: &[u8], v: &Val) -> ScanResult<()> {
+    match v.kind {
+        Kind::Str => {
+            let s = str_value(line, &v.span)
+                .ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
+            for c in s.chars() {
+                if c == '\\' || c == ':' {
+                    id.push('\\');
+                }
+                id.push(c);
+            }
+        }
+        _ => {
+            let text = line
+                .get(v.span.clone())
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .ok_or(malformed(v.span.start, "bad value span"))?;
+            id.push_str(text);
+        }
+    }
+    Ok(())
+}
+
+/// The id of a row: its primary-key values (or all values without a key), joined with `:`.
+fn row_id(line: &[u8], row: &[Col], pk: Option<&[Range<usize>]>, side: &'static str) -> ScanResult<String> {
+    let mut id = String::new();
+    match pk {
+        Some(pk) if !pk.is_empty() => {
+            for (i, key) in pk.iter().enumerate() {
+                let col = row.iter().find(|c| same_name(line, &c.name, key)).ok_or_else(|| {
+                    Wal2JsonErrorKind::MissingKeyColumn {
+                        column: str_value(line, key).map(Cow::into_owned).unwrap_or_default(),
+                        side,
+                    }
+                })?;
+                if i > 0 {
+                    id.push(':');
+                }
+                push_id_part(&mut id, line, &col.value)?;
+            }
+        }
+        _ => {
+            for (i, col) in row.iter().enumerate() {
+                if i > 0 {
+                    id.push(':');
+                }
+                push_id_part(&mut id, line, &col.value)?;
+            }
+        }
+    }
+    Ok(id)
+}
+
+/// Writes `{"name":value,…}` into `buf`, returning the range written.
+fn write_row(buf: &mut Vec<u8>, line: &[u8], row: &[Col]) -> Range<usize> {
+    let start = buf.len();
+    buf.push(b'{');
+    for (i, col) in row.iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        buf.extend_from_slice(line.get(col.name.clone()).unwrap_or(b"\"\""));
+        buf.push(b':');
+        buf.extend_from_slice(line.get(col.value.span.clone()).unwrap_or(b"null"));
+    }
+    buf.push(b'}');
+    start..buf.len()
+}
+
+/// `schema_table` as an index name, normalised when needed (see the module docs).
+pub fn index_name(schema: &str, table: &str) -> IndexName {
+    let joined = format!("{schema}_{table}");
+    if let Ok(name) = IndexName::new(joined.as_str()) {
+        return name;
+    }
+    let mut out = String::with_capacity(joined.len() + 1);
+    if joined.starts_with(|c: char| c.is_ascii_digit()) {
+        out.push('_');
+    }
+    for c in joined.chars() {
+        let c = c.to_ascii_lowercase();
+        out.push(if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' { c } else { '_' });
+    }
+    out.truncate(crate::MAX_NAME_LEN); // all ASCII now, so any cut is a char boundary
+    // `out` is non-empty, starts with [a-z_] and holds only [a-z0-9_]: always valid.
+    IndexName::new(out).unwrap_or_else(|_| unreachable_index_name())
+}
+
+#[cold]
+fn unreachable_index_name() -> IndexName {
+    // Never reached (see `index_name`); a fixed valid name rather than a panic.
+    IndexName::new("_").unwrap_or_else(|_| unreachable!("\"_\" is a valid index name"))
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Pending {
+    index: IndexName,
+    id: String,
+    op: Op,
+    doc: Range<usize>,
+}
+
+struct OpenTxn {
+    begun: u64,
+    xid: Option<u64>,
+    changes: u64,
+    pending: Vec<Pending>,
+    docs: Vec<u8>,
+}
+
+/// Turns wal2json format-version 2 lines into batches, one line at a time.
+///
+/// Push every line with [`push_line`](Self::push_line); a `C` line returns the finished
+/// transaction's [`Batch`]. At the end of the input call [`finish`](Self::finish) to learn whether
+/// a transaction was left open. See the [module docs](self) for the mapping and for how the
+/// builder recovers after an error; no input makes it panic.
+///
+/// ```
+/// use lanestream::wal2json::TransactionBuilder;
+/// let mut b = TransactionBuilder::new();
+/// assert!(b.push_line(1, br#"{"action":"B"}"#)?.is_none());
+/// let batch = b.push_line(2, br#"{"action":"C","lsn":"0/10"}"#)?.expect("a batch");
+/// assert_eq!(batch.changes, 0); // an empty transaction still gives a positioned batch
+/// assert_eq!(batch.position.map(|p| p.0), Some(0x10));
+/// b.finish(2)?;
+/// # Ok::<(), lanestream::wal2json::Wal2JsonError>(())
+/// ```
+pub struct TransactionBuilder {
+    open: Option<OpenTxn>,
+    last_commit: Option<Position>,
+    fields: Fields,
+    names: HashMap<Vec<u8>, IndexName>,
+    name_key: Vec<u8>,
+    transactions: u64,
+}
+
+impl fmt::Debug for TransactionBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransactionBuilder")
+            .field("open_since_line", &self.open.as_ref().map(|t| t.begun))
+            .field("last_commit", &self.last_commit)
+            .field("transactions", &self.transactions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for TransactionBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The index-name cache is cleared when it grows past this many tables (hostile input).
+const MAX_CACHED_NAMES: usize = 4096;
+
+impl TransactionBuilder {
+    /// A builder with no open transaction and no previous commit.
+    pub fn new() -> Self {
+        TransactionBuilder {
+            open: None,
+            last_commit: None,
+            fields: Fields::default(),
+            names: HashMap::new(),
+            name_key: Vec::new(),
+            transactions: 0,
+        }
+    }
+
+    /// The line number of the open transaction's B, if a transaction is open.
+    pub fn open_since(&self) -> Option<u64> {
+        self.open.as_ref().map(|t| t.begun)
+    }
+
+    /// The position of the last batch returned, if any.
+    pub fn last_commit(&self) -> Option<Position> {
+        self.last_commit
+    }
+
+    /// How many batches (committed transactions) were returned so far.
+    pub fn transactions(&self) -> u64 {
+        self.transactions
+    }
+
+    /// Feeds one line (without its newline; surrounding whitespace is allowed). `line_no` is used
+    /// in errors only.
+    ///
+    /// Returns `Ok(Some(batch))` for a `C` line, `Ok(None)` for any other accepted line.
+    ///
+    /// # Errors
+    /// A [`Wal2JsonError`] for `line_no` when the line is malformed or out of place; the builder
+    /// stays usable (see the [module docs](self) for what happens to the open transaction).
+    pub fn push_line(&mut self, line_no: u64, line: &[u8]) -> Result<Option<Batch>, Wal2JsonError> {
+        let mut f = std::mem::take(&mut self.fields);
+        let result = parse_fields(line, &mut f).and_then(|()| self.apply(line_no, line, &f));
+        self.fields = f;
+        result.map_err(|kind| Wal2JsonError::new(line_no, kind))
+    }
+
+    /// Ends the input at line `line_no`.
+    ///
+    /// # Errors
+    /// [`Wal2JsonErrorKind::Truncated`] when a transaction is still open; it is discarded, and the
+    /// builder can be used again.
+    pub fn finish(&mut self, line_no: u64) -> Result<(), Wal2JsonError> {
+        match self.open.take() {
+            Some(t) => Err(Wal2JsonError::new(line_no, Wal2JsonErrorKind::Truncated { begun: t.begun })),
+            None => Ok(()),
+        }
+    }
+
+    fn apply(&mut self, line_no: u64, line: &[u8], f: &Fields) -> ScanResult<Option<Batch>> {
+        let action = {
+            let v = f.action.as_ref().ok_or(Wal2JsonErrorKind::MissingField {
+                action: '?',
+                field: "action",
+                hint: "",
+            })?;
+            if v.kind != Kind::Str {
+                return Err(Wal2JsonErrorKind::WrongType { field: "action", expected: "a string" });
+            }
+            let s = str_value(line, &v.span)
+                .ok_or(Wal2JsonErrorKind::WrongType { field: "action", expected: "a valid string" })?;
+            let mut chars = s.chars();
+            match (chars.next(), chars.next()) {
+                (Some(c @ ('B' | 'I' | 'U' | 'D' | 'T' | 'C' | 'M')), None) => c,
+                _ => return Err(Wal2JsonErrorKind::UnknownAction(s.into_owned())),
+            }
+        };
+        match action {
+            'M' => Ok(None),
+            'B' => {
+                let xid = xid_field(line, f.xid.as_ref())?;
+                let new = OpenTxn { begun: line_no, xid, changes: 0, pending: Vec::new(), docs: Vec::new() };
+                match self.open.replace(new) {
+                    Some(old) => Err(Wal2JsonErrorKind::BeginInsideTransaction {
+                        begun: old.begun,
+                        dropped: old.changes,
+                    }),
+                    None => Ok(None),
+                }
+            }
+            'C' => self.commit(line, f),
+            _ => {
+                let txn = self.open.as_mut().ok_or(Wal2JsonErrorKind::OutsideTransaction { action })?;
+                let schema = string_field(line, f.schema.as_ref(), action, "schema", "")?;
+                let table = string_field(line, f.table.as_ref(), action, "table", "")?;
+                let (pk, columns, identity) = (f.pk(), f.columns(), f.identity());
+                // Compute everything that can fail before touching the transaction.
+                let mut out: [Option<(String, Op, Option<&[Col]>)>; 2] = [None, None];
+                match action {
+                    'T' => out[0] = Some((String::new(), Op::Truncate, None)),
+                    'D' => {
+                        let old = identity.ok_or(Wal2JsonErrorKind::MissingField {
+                            action,
+                            field: "identity",
+                            hint: " (the table needs a primary key or REPLICA IDENTITY FULL)",
+                        })?;
+                        out[0] = Some((row_id(line, old, pk, "identity")?, Op::Delete, Some(old)));
+                    }
+                    _ => {
+                        let new = columns.ok_or(Wal2JsonErrorKind::MissingField { action, field: "columns", hint: "" })?;
+                        let new_id = row_id(line, new, pk, "columns")?;
+                        if let (Some(old), 'U') = (identity, action) {
+                            let old_id = row_id(line, old, pk, "identity")?;
+                            if old_id != new_id {
+                                out[0] = Some((old_id, Op::Delete, Some(old)));
+                            }
+                        }
+                        out[1] = Some((new_id, Op::Upsert, Some(new)));
+                    }
+                }
+                let index = self.index(&schema, &table);
+                let txn_docs = &mut txn.docs;
+                for (id, op, row) in out.into_iter().flatten() {
+                    let doc = match row {
+                        Some(row) => write_row(txn_docs, line, row),
+                        None => txn_docs.len()..txn_docs.len(),
+                    };
+                    txn.pending.push(Pending { index: index.clone(), id, op, doc });
+                }
+                txn.changes += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    fn commit(&mut self, line: &[u8], f: &Fields) -> ScanResult<Option<Batch>> {
+        let txn = self.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
+        // From here on, any error discards the transaction (it cannot be positioned).
+        let lsn = string_field(line, f.lsn.as_ref(), 'C', "lsn", " (run wal2json with include-lsn=true)")?;
+        let position = Position::from_lsn(&lsn).map_err(Wal2JsonErrorKind::BadLsn)?;
+        if position == Position::RESERVED {
+            return Err(Wal2JsonErrorKind::BadLsn(ParseLsnError(lsn.into_owned())));
+        }
+        if let Some(previous) = self.last_commit {
+            if position <= previous {
+                return Err(Wal2JsonErrorKind::LsnRegressed { lsn: position, previous });
+            }
+        }
+        if let (Some(begin), Some(commit)) = (txn.xid, xid_field(line, f.xid.as_ref())?) {
+            if begin != commit {
+                return Err(Wal2JsonErrorKind::XidMismatch { begin, commit });
+            }
+        }
+        let docs = Bytes::from(txn.docs);
+        let envelopes: Vec<Envelope> = txn
+            .pending
+            .into_iter()
+            .map(|p| Envelope {
+                index: p.index,
+                id: p.id,
+                op: p.op,
+                position: Some(position),
+                document: if p.doc.is_empty() || p.doc.end > docs.len() {
+                    Bytes::new()
+                } else {
+                    docs.slice(p.doc)
+                },
+                built_at_micros: None,
+            })
+            .collect();
+        self.last_commit = Some(position);
+        self.transactions += 1;
+        Ok(Some(Batch { position: Some(position), changes: txn.changes, envelopes: Arc::from(envelopes) }))
+    }
+
+    fn index(&mut self, schema: &str, table: &str) -> IndexName {
+        self.name_key.clear();
+        self.name_key.extend_from_slice(schema.as_bytes());
+        self.name_key.push(0);
+        self.name_key.extend_from_slice(table.as_bytes());
+        if let Some(name) = self.names.get(self.name_key.as_slice()) {
+            return name.clone();
+        }
+        if self.names.len() >= MAX_CACHED_NAMES {
+            self.names.clear();
+        }
+        let name = index_name(schema, table);
+        self.names.insert(self.name_key.clone(), name.clone());
+        name
+    }
+}
