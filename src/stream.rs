@@ -10,8 +10,8 @@ use crossbeam_utils::CachePadded;
 use crate::ring::{Marks, ProducerState, Ring, NO_POSITION};
 use crate::sync::{lock, Arc, AtomicU64, Mutex};
 use crate::{
-    wait, watermark, BuildError, Consumer, LaneItem, LaneStats, Position, Producer, PublishError, Request,
-    SinkName, StreamError,
+    wait, watermark, BuildError, Consumer, Item, LaneItem, LaneStats, Position, Producer, PublishError,
+    Request, SinkName, StreamError,
 };
 
 /// The stream port: what a sink engine and an ingest engine need from a stream, whatever backs
@@ -215,15 +215,49 @@ impl fmt::Debug for MemoryStream {
     }
 }
 
-/// A handle on one sink's lane: get its [`Producer`] and [`Consumer`], read its statistics.
-/// Cheap to clone.
-#[derive(Clone)]
-pub struct Lane {
+/// A handle on one lane: get its [`Producer`] and [`Consumer`], read its statistics. Cheap to
+/// clone.
+///
+/// A stream's lanes carry [`LaneItem`]s. [`Lane::standalone`] builds a lane outside any stream,
+/// for any [`Item`] type (its acked position counts for no watermark).
+pub struct Lane<T = LaneItem> {
     name: SinkName,
-    ring: Arc<Ring<LaneItem>>,
+    ring: Arc<Ring<T>>,
 }
 
-impl Lane {
+impl<T> Clone for Lane<T> {
+    fn clone(&self) -> Self {
+        Lane { name: self.name.clone(), ring: self.ring.clone() }
+    }
+}
+
+impl<T: Item> Lane<T> {
+    /// A lane of `capacity` slots outside any stream, carrying `T`.
+    ///
+    /// ```
+    /// use lanestream::{Item, Lane, Position, SinkName};
+    /// #[derive(Debug)]
+    /// struct Tick(u64);
+    /// impl Item for Tick {
+    ///     fn position(&self) -> Option<Position> { Some(Position(self.0)) }
+    /// }
+    /// let lane = Lane::standalone(SinkName::new("ticks").unwrap(), 3).unwrap();
+    /// let (mut tx, mut rx) = (lane.producer().unwrap(), lane.consumer());
+    /// tx.publish(Tick(5)).unwrap();
+    /// rx.try_recv().unwrap().ack().unwrap();
+    /// assert_eq!(lane.acked(), Some(Position(5)));
+    /// ```
+    ///
+    /// # Errors
+    /// [`BuildError::ZeroCapacity`] for a capacity of 0.
+    pub fn standalone(name: SinkName, capacity: usize) -> Result<Lane<T>, BuildError> {
+        if capacity == 0 {
+            return Err(BuildError::ZeroCapacity("a standalone lane"));
+        }
+        let marks: Marks = StdArc::new([CachePadded::new(AtomicU64::new(NO_POSITION))]);
+        Ok(Lane { name, ring: Arc::new(Ring::new(capacity, marks, 0)) })
+    }
+
     /// The sink this lane feeds.
     pub fn name(&self) -> &SinkName {
         &self.name
@@ -235,18 +269,18 @@ impl Lane {
     /// [`StreamError::ProducerBusy`] while another producer of this lane is alive. Once it is
     /// dropped (a restarted ingest engine), this succeeds at once and publishing continues after
     /// the last published item and position.
-    pub fn producer(&self) -> Result<Producer<LaneItem>, StreamError> {
+    pub fn producer(&self) -> Result<Producer<T>, StreamError> {
         let state = self.ring.claim_producer().ok_or_else(|| StreamError::ProducerBusy(self.name.clone()))?;
         Ok(Producer::new(self.ring.clone(), state))
     }
 
     /// A consumer of the lane. Never fails: if a consumer is already attached, it is detached
     /// and every unacked item is redelivered to the new one, in order (L8).
-    pub fn consumer(&self) -> Consumer<LaneItem> {
+    pub fn consumer(&self) -> Consumer<T> {
         Consumer::attach(self.ring.clone())
     }
 
-    /// The lane's acked position (L5): the position of the last positioned batch in the
+    /// The lane's acked position (L5): the position of the last positioned item in the
     /// contiguous acked prefix.
     pub fn acked(&self) -> Option<Position> {
         self.ring.acked()
@@ -263,7 +297,7 @@ impl Lane {
     }
 }
 
-impl fmt::Debug for Lane {
+impl<T: Item> fmt::Debug for Lane<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lane").field("name", &self.name).field("stats", &self.stats()).finish()
     }
