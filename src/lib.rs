@@ -68,3 +68,8 @@ pub use position::{ParseLsnError, Position};
 pub use producer::{Producer, Publish};
 pub use stats::LaneStats;
 pub use stream::{Lane, MemoryStream, RequestLane, RequestSender, Stream, StreamBuilder};
+
+/// The README's examples, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
