@@ -398,7 +398,8 @@ impl<T> Ring<T> {
                 return t;
             }
         }
-        if next == *cached_tail {
+        // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
+        if next >= *cached_tail {
             // Acquire: pairs with the producer's Release store of `tail` (the slot's item and
             // position are initialised).
             *cached_tail = self.tail.load(Ordering::Acquire);
