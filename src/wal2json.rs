@@ -210,7 +210,9 @@ pub enum Wal2JsonErrorKind {
     #[error("invalid commit LSN: {0}; the transaction was discarded")]
     BadLsn(#[source] ParseLsnError),
     /// The C's `lsn` is not after the previous commit's; the transaction was discarded.
-    #[error("commit LSN {lsn} is not after the previous commit LSN {previous}; the transaction was discarded")]
+    #[error(
+        "commit LSN {lsn} is not after the previous commit LSN {previous}; the transaction was discarded"
+    )]
     LsnRegressed {
         /// This commit's LSN.
         lsn: Position,
@@ -566,9 +568,15 @@ impl<'a> Scanner<'a> {
                     out.push(Col { name: name.span, value });
                     Ok(())
                 }
-                (Some(_), Some(_)) => Err(Wal2JsonErrorKind::WrongType { field, expected: "columns with a string name" }),
-                (None, _) => Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column name", hint: "" }),
-                (_, None) => Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column value", hint: "" }),
+                (Some(_), Some(_)) => {
+                    Err(Wal2JsonErrorKind::WrongType { field, expected: "columns with a string name" })
+                }
+                (None, _) => {
+                    Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column name", hint: "" })
+                }
+                (_, None) => {
+                    Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column value", hint: "" })
+                }
             }
         })
     }
@@ -798,7 +806,7 @@ pub fn index_name(schema: &str, table: &str) -> IndexName {
         out.push(if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' { c } else { '_' });
     }
     out.truncate(crate::MAX_NAME_LEN); // all ASCII now, so any cut is a char boundary
-    // `out` is non-empty, starts with [a-z_] and holds only [a-z0-9_]: always valid.
+                                       // `out` is non-empty, starts with [a-z_] and holds only [a-z0-9_]: always valid.
     IndexName::new(out).unwrap_or_else(|_| unreachable_index_name())
 }
 
@@ -809,6 +817,9 @@ fn unreachable_index_name() -> IndexName {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+/// An envelope to add for a change line: id, op, and the row for its document.
+type Planned<'r> = Option<(String, Op, Option<&'r [Col]>)>;
 
 struct Pending {
     index: IndexName,
@@ -958,12 +969,14 @@ impl TransactionBuilder {
             }
             'C' => self.commit(line, f),
             _ => {
-                let txn = self.open.as_mut().ok_or(Wal2JsonErrorKind::OutsideTransaction { action })?;
+                if self.open.is_none() {
+                    return Err(Wal2JsonErrorKind::OutsideTransaction { action });
+                }
                 let schema = string_field(line, f.schema.as_ref(), action, "schema", "")?;
                 let table = string_field(line, f.table.as_ref(), action, "table", "")?;
                 let (pk, columns, identity) = (f.pk(), f.columns(), f.identity());
                 // Compute everything that can fail before touching the transaction.
-                let mut out: [Option<(String, Op, Option<&[Col]>)>; 2] = [None, None];
+                let mut out: [Planned<'_>; 2] = [None, None];
                 match action {
                     'T' => out[0] = Some((String::new(), Op::Truncate, None)),
                     'D' => {
@@ -975,7 +988,11 @@ impl TransactionBuilder {
                         out[0] = Some((row_id(line, old, pk, "identity")?, Op::Delete, Some(old)));
                     }
                     _ => {
-                        let new = columns.ok_or(Wal2JsonErrorKind::MissingField { action, field: "columns", hint: "" })?;
+                        let new = columns.ok_or(Wal2JsonErrorKind::MissingField {
+                            action,
+                            field: "columns",
+                            hint: "",
+                        })?;
                         let new_id = row_id(line, new, pk, "columns")?;
                         if let (Some(old), 'U') = (identity, action) {
                             let old_id = row_id(line, old, pk, "identity")?;
@@ -987,6 +1004,9 @@ impl TransactionBuilder {
                     }
                 }
                 let index = self.index(&schema, &table);
+                let Some(txn) = self.open.as_mut() else {
+                    return Err(Wal2JsonErrorKind::OutsideTransaction { action });
+                };
                 let txn_docs = &mut txn.docs;
                 for (id, op, row) in out.into_iter().flatten() {
                     let doc = match row {
@@ -1055,5 +1075,517 @@ impl TransactionBuilder {
         let name = index_name(schema, table);
         self.names.insert(self.name_key.clone(), name.clone());
         name
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// The default longest line a [`Wal2JsonReader`] accepts: 256 MiB.
+pub const DEFAULT_MAX_LINE_LEN: usize = 256 << 20;
+
+/// Reads wal2json format-version 2 from a [`BufRead`], one batch per committed transaction.
+///
+/// An [`Iterator`] of `Result<Batch, Wal2JsonError>`: each `C` line yields `Ok(batch)`; a bad line
+/// yields `Err` and iteration may go on (the line is skipped, see the [module docs](self));
+/// an I/O error yields `Err` and ends the iteration ([`Wal2JsonError::is_recoverable`] is false).
+/// At the end of the input, a transaction left open yields one
+/// [`Wal2JsonErrorKind::Truncated`] error. Blank lines are skipped (but counted in line
+/// numbers); a trailing `\r` is allowed.
+///
+/// ```
+/// use lanestream::wal2json::{Wal2JsonErrorKind, Wal2JsonReader};
+/// let input = "{\"action\":\"B\"}\nnot json\n{\"action\":\"C\",\"lsn\":\"0/A\"}\n";
+/// let mut reader = Wal2JsonReader::new(input.as_bytes());
+/// let err = reader.next().unwrap().unwrap_err(); // line 2 is skipped...
+/// assert_eq!(err.line(), 2);
+/// assert!(matches!(err.kind(), Wal2JsonErrorKind::Malformed { .. }));
+/// let batch = reader.next().unwrap()?; // ...and the transaction goes on
+/// assert_eq!(batch.changes, 0);
+/// assert!(reader.next().is_none());
+/// # Ok::<(), lanestream::wal2json::Wal2JsonError>(())
+/// ```
+#[derive(Debug)]
+pub struct Wal2JsonReader<R> {
+    input: R,
+    builder: TransactionBuilder,
+    line: Vec<u8>,
+    line_no: u64,
+    max_line_len: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Wal2JsonReader<R> {
+    /// A reader over `input` with a fresh [`TransactionBuilder`].
+    pub fn new(input: R) -> Self {
+        Wal2JsonReader {
+            input,
+            builder: TransactionBuilder::new(),
+            line: Vec::new(),
+            line_no: 0,
+            max_line_len: DEFAULT_MAX_LINE_LEN,
+            done: false,
+        }
+    }
+
+    /// Sets the longest line accepted (default [`DEFAULT_MAX_LINE_LEN`]); a longer line is
+    /// skipped with [`Wal2JsonErrorKind::LineTooLong`].
+    pub fn with_max_line_len(mut self, max: usize) -> Self {
+        self.max_line_len = max;
+        self
+    }
+
+    /// How many lines were read so far (the number of the last line read).
+    pub fn lines_read(&self) -> u64 {
+        self.line_no
+    }
+
+    /// The builder, for its counters ([`TransactionBuilder::transactions`], …).
+    pub fn builder(&self) -> &TransactionBuilder {
+        &self.builder
+    }
+
+    /// Reads the next line into `self.line` (without its `\n`); `Ok(false)` at the end of input.
+    /// A line longer than the limit is consumed and reported as `Ok(true)` with `too_long`.
+    fn read_line(&mut self, too_long: &mut bool) -> io::Result<bool> {
+        self.line.clear();
+        *too_long = false;
+        let mut any = false;
+        loop {
+            let (done, used) = {
+                let buf = match self.input.fill_buf() {
+                    Ok(buf) => buf,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                if buf.is_empty() {
+                    return Ok(any);
+                }
+                any = true;
+                let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+                    Some(i) => (&buf[..i], i + 1),
+                    None => (buf, 0),
+                };
+                if !*too_long {
+                    if self.line.len() + chunk.len() > self.max_line_len {
+                        *too_long = true;
+                        self.line.clear();
+                    } else {
+                        self.line.extend_from_slice(chunk);
+                    }
+                }
+                if done > 0 {
+                    (true, done)
+                } else {
+                    (false, buf.len())
+                }
+            };
+            self.input.consume(used);
+            if done {
+                return Ok(true);
+            }
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for Wal2JsonReader<R> {
+    type Item = Result<Batch, Wal2JsonError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.done {
+            let mut too_long = false;
+            match self.read_line(&mut too_long) {
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(Wal2JsonError::new(self.line_no + 1, Wal2JsonErrorKind::Io(e))));
+                }
+                Ok(false) => {
+                    self.done = true;
+                    return self.builder.finish(self.line_no).err().map(Err);
+                }
+                Ok(true) => {}
+            }
+            self.line_no += 1;
+            if too_long {
+                let kind = Wal2JsonErrorKind::LineTooLong { limit: self.max_line_len };
+                return Some(Err(Wal2JsonError::new(self.line_no, kind)));
+            }
+            if self.line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match self.builder.push_line(self.line_no, &self.line) {
+                Ok(Some(batch)) => return Some(Ok(batch)),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::strategy::Strategy;
+
+    fn push_all(b: &mut TransactionBuilder, lines: &[&str]) -> Vec<Result<Option<Batch>, Wal2JsonError>> {
+        lines.iter().enumerate().map(|(i, l)| b.push_line(i as u64 + 1, l.as_bytes())).collect()
+    }
+
+    fn one_batch(lines: &[&str]) -> Batch {
+        let mut b = TransactionBuilder::new();
+        let mut out = None;
+        for r in push_all(&mut b, lines) {
+            if let Some(batch) = r.expect("line accepted") {
+                assert!(out.replace(batch).is_none(), "more than one batch");
+            }
+        }
+        b.finish(lines.len() as u64).expect("no open transaction");
+        out.expect("a batch")
+    }
+
+    const PK_ID: &str = r#""pk":[{"name":"id","type":"integer"}]"#;
+
+    fn doc(e: &Envelope) -> &str {
+        std::str::from_utf8(&e.document).expect("UTF-8 document")
+    }
+
+    #[test]
+    fn maps_each_action() {
+        let i = format!(
+            r#"{{"action":"I","xid":9,"lsn":"0/1","schema":"public","table":"users","columns":[{{"name":"id","type":"integer","value":1}},{{"name":"name","type":"text","value":"Zoë \"Z\""}},{{"name":"n","type":"numeric","value":12345678901234567890.123456789}},{{"name":"e","type":"text","value":null}}],{PK_ID}}}"#
+        );
+        let u = format!(
+            r#"{{"action":"U","schema":"public","table":"users","columns":[{{"name":"id","type":"integer","value":1}},{{"name":"name","type":"text","value":"Z"}}],{PK_ID}}}"#
+        );
+        let d = format!(
+            r#"{{"action":"D","schema":"public","table":"users","identity":[{{"name":"id","type":"integer","value":2}}],{PK_ID}}}"#
+        );
+        let t = r#"{"action":"T","schema":"public","table":"users"}"#;
+        let batch = one_batch(&[
+            r#"{"action":"B","xid":9,"lsn":"1/2","nextlsn":"1/3"}"#,
+            &i,
+            r#"{"action":"M","xid":9,"transactional":true,"prefix":"p","content":"c"}"#,
+            &u,
+            &d,
+            t,
+            r#"{"action":"C","xid":9,"lsn":"1/2","nextlsn":"1/3"}"#,
+        ]);
+        let pos = Position((1 << 32) | 2);
+        assert_eq!(batch.position, Some(pos));
+        assert_eq!(batch.changes, 4);
+        let e = &batch.envelopes;
+        assert_eq!(e.len(), 4);
+        assert!(e.iter().all(|e| e.position == Some(pos) && e.index.as_str() == "public_users"));
+        assert_eq!((e[0].op, e[0].id.as_str()), (Op::Upsert, "1"));
+        assert_eq!(doc(&e[0]), r#"{"id":1,"name":"Zoë \"Z\"","n":12345678901234567890.123456789,"e":null}"#);
+        assert_eq!((e[1].op, e[1].id.as_str(), doc(&e[1])), (Op::Upsert, "1", r#"{"id":1,"name":"Z"}"#));
+        assert_eq!((e[2].op, e[2].id.as_str(), doc(&e[2])), (Op::Delete, "2", r#"{"id":2}"#));
+        assert_eq!((e[3].op, e[3].id.as_str(), doc(&e[3])), (Op::Truncate, "", ""));
+        // All documents of the transaction live in one buffer, back to back.
+        let end0 = e[0].document.as_ptr() as usize + e[0].document.len();
+        assert_eq!(end0, e[1].document.as_ptr() as usize);
+    }
+
+    #[test]
+    fn key_change_is_delete_then_upsert_and_one_change() {
+        let u = format!(
+            r#"{{"action":"U","schema":"public","table":"users","columns":[{{"name":"id","type":"integer","value":7}},{{"name":"v","type":"text","value":"x"}}],"identity":[{{"name":"id","type":"integer","value":3}}],{PK_ID}}}"#
+        );
+        let batch = one_batch(&[r#"{"action":"B"}"#, &u, r#"{"action":"C","lsn":"0/5"}"#]);
+        assert_eq!(batch.changes, 1);
+        let e = &batch.envelopes;
+        assert_eq!(e.len(), 2);
+        assert_eq!((e[0].op, e[0].id.as_str(), doc(&e[0])), (Op::Delete, "3", r#"{"id":3}"#));
+        assert_eq!((e[1].op, e[1].id.as_str(), doc(&e[1])), (Op::Upsert, "7", r#"{"id":7,"v":"x"}"#));
+    }
+
+    #[test]
+    fn update_with_same_key_identity_is_one_upsert() {
+        // REPLICA IDENTITY FULL with a primary key: identity is the whole old row, same key.
+        let u = format!(
+            r#"{{"action":"U","schema":"s","table":"t","columns":[{{"name":"id","type":"integer","value":7}},{{"name":"v","type":"text","value":"new"}}],"identity":[{{"name":"id","type":"integer","value":7}},{{"name":"v","type":"text","value":"old"}}],{PK_ID}}}"#
+        );
+        let batch = one_batch(&[r#"{"action":"B"}"#, &u, r#"{"action":"C","lsn":"0/5"}"#]);
+        assert_eq!(batch.envelopes.len(), 1);
+        assert_eq!(batch.envelopes[0].op, Op::Upsert);
+    }
+
+    #[test]
+    fn composite_keys_and_id_escaping() {
+        let i = r#"{"action":"I","schema":"s","table":"t","columns":[{"name":"a","type":"text","value":"x:y\\z"},{"name":"b","type":"integer","value":5},{"name":"c","type":"text","value":"\u00e9"}],"pk":[{"name":"c","type":"text"},{"name":"a","type":"text"},{"name":"b","type":"integer"}]}"#;
+        let batch = one_batch(&[r#"{"action":"B"}"#, i, r#"{"action":"C","lsn":"0/5"}"#]);
+        assert_eq!(batch.envelopes[0].id, r"é:x\:y\\z:5");
+    }
+
+    #[test]
+    fn tables_without_a_key_use_every_value() {
+        let i = r#"{"action":"I","schema":"public","table":"log","columns":[{"name":"at","type":"text","value":"t1"},{"name":"n","type":"integer","value":null}],"pk":[]}"#;
+        let u = r#"{"action":"U","schema":"public","table":"log","columns":[{"name":"at","type":"text","value":"t1"},{"name":"n","type":"integer","value":2}],"identity":[{"name":"at","type":"text","value":"t1"},{"name":"n","type":"integer","value":null}],"pk":[]}"#;
+        let d = r#"{"action":"D","schema":"public","table":"log","identity":[{"name":"at","type":"text","value":"t1"},{"name":"n","type":"integer","value":2}],"pk":[]}"#;
+        let batch = one_batch(&[r#"{"action":"B"}"#, i, u, d, r#"{"action":"C","lsn":"0/5"}"#]);
+        let ids: Vec<_> = batch.envelopes.iter().map(|e| (e.op, e.id.as_str())).collect();
+        assert_eq!(
+            ids,
+            [(Op::Upsert, "t1:null"), (Op::Delete, "t1:null"), (Op::Upsert, "t1:2"), (Op::Delete, "t1:2")]
+        );
+        assert_eq!(batch.changes, 3);
+    }
+
+    #[test]
+    fn index_names_are_normalised() {
+        assert_eq!(index_name("public", "users").as_str(), "public_users");
+        assert_eq!(index_name("Inventory", "Stock Items").as_str(), "inventory_stock_items");
+        assert_eq!(index_name("1s", "t-é").as_str(), "_1s_t__");
+        let long = index_name("s", &"x".repeat(100));
+        assert_eq!(long.as_str().len(), crate::MAX_NAME_LEN);
+    }
+
+    #[test]
+    fn empty_transactions_and_messages() {
+        let mut b = TransactionBuilder::new();
+        assert!(b
+            .push_line(1, br#"{"action":"M","xid":null,"transactional":false,"prefix":"p","content":"c"}"#)
+            .unwrap()
+            .is_none());
+        assert!(b.push_line(2, br#"  {"action":"B","xid":1}  "#).unwrap().is_none());
+        let batch = b.push_line(3, b"{\"action\":\"C\",\"xid\":1,\"lsn\":\"0/10\"}\r").unwrap().unwrap();
+        assert_eq!((batch.position, batch.changes, batch.envelopes.len()), (Some(Position(16)), 0, 0));
+        assert_eq!(b.transactions(), 1);
+    }
+
+    fn kind_of(r: Result<Option<Batch>, Wal2JsonError>) -> Wal2JsonErrorKind {
+        r.expect_err("an error").kind
+    }
+
+    /// After each error, a good transaction still goes through.
+    fn assert_recovers(b: &mut TransactionBuilder, lsn: &str) {
+        if b.open_since().is_some() {
+            b.push_line(99, br#"{"action":"C","lsn":"0/0"}"#).ok();
+            b.finish(99).ok();
+        }
+        b.push_line(100, br#"{"action":"B"}"#).expect("B");
+        let i = format!(
+            r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","type":"integer","value":1}}],{PK_ID}}}"#
+        );
+        b.push_line(101, i.as_bytes()).expect("I");
+        let c = format!(r#"{{"action":"C","lsn":"{lsn}"}}"#);
+        let batch = b.push_line(102, c.as_bytes()).expect("C").expect("batch");
+        assert_eq!(batch.changes, 1);
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_builder_recovers() {
+        use Wal2JsonErrorKind as K;
+        let mut b = TransactionBuilder::new();
+        let e = b.push_line(7, b"{not json").unwrap_err();
+        assert_eq!(e.line(), 7);
+        assert!(e.to_string().starts_with("wal2json line 7: malformed JSON at byte 1"), "{e}");
+        assert_recovers(&mut b, "0/1");
+
+        assert!(matches!(kind_of(b.push_line(1, br#"{"action":"X"}"#)), K::UnknownAction(a) if a == "X"));
+        assert!(matches!(kind_of(b.push_line(1, br#"{"action":"BB"}"#)), K::UnknownAction(_)));
+        assert!(matches!(kind_of(b.push_line(1, br#"{"xid":1}"#)), K::MissingField { field: "action", .. }));
+        assert!(matches!(kind_of(b.push_line(1, br#"{"action":1}"#)), K::WrongType { field: "action", .. }));
+        assert!(matches!(kind_of(b.push_line(1, br#"[1]"#)), K::Malformed { .. }));
+        assert!(matches!(kind_of(b.push_line(1, br#"{"action":"B"} x"#)), K::Malformed { .. }));
+        assert!(matches!(kind_of(b.push_line(1, b"{\"action\":\"B\xff\"}")), K::Malformed { .. }));
+        assert!(matches!(
+            kind_of(b.push_line(1, br#"{"action":"I","schema":"s","table":"t","columns":[]}"#)),
+            K::OutsideTransaction { action: 'I' }
+        ));
+        assert!(matches!(
+            kind_of(b.push_line(1, br#"{"action":"C","lsn":"0/9"}"#)),
+            K::OutsideTransaction { action: 'C' }
+        ));
+        assert_recovers(&mut b, "0/2");
+
+        // Inside a transaction: a bad change line is skipped, the transaction goes on.
+        b.push_line(1, br#"{"action":"B"}"#).unwrap();
+        assert!(matches!(
+            kind_of(b.push_line(2, br#"{"action":"I","table":"t","columns":[]}"#)),
+            K::MissingField { field: "schema", .. }
+        ));
+        assert!(matches!(
+            kind_of(b.push_line(3, br#"{"action":"D","schema":"s","table":"t"}"#)),
+            K::MissingField { field: "identity", .. }
+        ));
+        assert!(matches!(
+            kind_of(b.push_line(4, br#"{"action":"I","schema":"s","table":"t","columns":[{"name":"a","value":1}],"pk":[{"name":"id"}]}"#)),
+            K::MissingKeyColumn { column, side: "columns" } if column == "id"
+        ));
+        assert!(matches!(
+            kind_of(b.push_line(5, br#"{"action":"I","schema":"s","table":"t","columns":{}}"#)),
+            K::WrongType { field: "columns", .. }
+        ));
+        assert!(matches!(
+            kind_of(b.push_line(6, br#"{"action":"I","schema":"s","table":"t","columns":[{"value":1}]}"#)),
+            K::MissingField { .. }
+        ));
+        let batch = b.push_line(7, br#"{"action":"C","lsn":"0/3"}"#).unwrap().unwrap();
+        assert_eq!((batch.changes, batch.envelopes.len()), (0, 0));
+
+        // C problems discard the transaction.
+        for (c, check) in [
+            (
+                r#"{"action":"C"}"#,
+                &(|k: &K| matches!(k, K::MissingField { field: "lsn", .. })) as &dyn Fn(&K) -> bool,
+            ),
+            (r#"{"action":"C","lsn":"nope"}"#, &|k: &K| matches!(k, K::BadLsn(_))),
+            (r#"{"action":"C","lsn":"FFFFFFFF/FFFFFFFF"}"#, &|k: &K| matches!(k, K::BadLsn(_))),
+            (r#"{"action":"C","lsn":"0/3"}"#, &|k: &K| matches!(k, K::LsnRegressed { .. })),
+            (r#"{"action":"C","lsn":"0/4","xid":2}"#, &|k: &K| {
+                matches!(k, K::XidMismatch { begin: 1, commit: 2 })
+            }),
+            (r#"{"action":"C","lsn":"0/4","xid":"2"}"#, &|k: &K| {
+                matches!(k, K::WrongType { field: "xid", .. })
+            }),
+        ] {
+            b.push_line(10, br#"{"action":"B","xid":1}"#).unwrap();
+            let k = kind_of(b.push_line(11, c.as_bytes()));
+            assert!(check(&k), "{c}: {k}");
+            assert_eq!(b.open_since(), None, "{c}: transaction not discarded");
+        }
+        assert_recovers(&mut b, "0/4");
+
+        // B inside a transaction: the open one is discarded, the new one begun.
+        b.push_line(20, br#"{"action":"B"}"#).unwrap();
+        let k = kind_of(b.push_line(21, br#"{"action":"B"}"#));
+        assert!(matches!(k, K::BeginInsideTransaction { begun: 20, dropped: 0 }), "{k}");
+        assert_eq!(b.open_since(), Some(21));
+        let e = b.finish(22).unwrap_err();
+        assert!(matches!(e.kind(), K::Truncated { begun: 21 }));
+        assert_eq!(b.open_since(), None);
+        assert_recovers(&mut b, "0/5");
+    }
+
+    #[test]
+    fn reader_counts_lines_skips_blanks_and_limits_length() {
+        let input = b"\n{\"action\":\"B\"}\n\n{\"action\":\"C\",\"lsn\":\"0/1\"}\n{\"action\":\"B\"}\n";
+        let mut r = Wal2JsonReader::new(&input[..]);
+        assert_eq!(r.next().unwrap().unwrap().position, Some(Position(1)));
+        let e = r.next().unwrap().unwrap_err();
+        assert_eq!((e.line(), e.is_recoverable()), (5, true));
+        assert!(matches!(e.kind(), Wal2JsonErrorKind::Truncated { begun: 5 }));
+        assert!(r.next().is_none());
+
+        let long = format!("{{\"action\":\"M\",\"content\":\"{}\"}}\n{{\"action\":\"B\"}}\n{{\"action\":\"C\",\"lsn\":\"0/1\"}}", "x".repeat(100));
+        let mut r =
+            Wal2JsonReader::new(std::io::BufReader::with_capacity(8, long.as_bytes())).with_max_line_len(50);
+        let e = r.next().unwrap().unwrap_err();
+        assert!(matches!(e.kind(), Wal2JsonErrorKind::LineTooLong { limit: 50 }) && e.line() == 1);
+        assert_eq!(r.next().unwrap().unwrap().position, Some(Position(1))); // no final newline
+        assert!(r.next().is_none());
+        assert_eq!(r.lines_read(), 3);
+    }
+
+    #[test]
+    fn io_errors_end_the_iteration() {
+        struct Broken;
+        impl std::io::Read for Broken {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("boom"))
+            }
+        }
+        let mut r = Wal2JsonReader::new(std::io::BufReader::new(Broken));
+        let e = r.next().unwrap().unwrap_err();
+        assert!(!e.is_recoverable() && e.to_string().contains("boom"));
+        assert!(r.next().is_none());
+    }
+
+    fn validates(bytes: &[u8]) -> bool {
+        if std::str::from_utf8(bytes).is_err() {
+            return false;
+        }
+        let mut s = Scanner { b: bytes, pos: 0 };
+        s.value(0).is_ok() && {
+            s.ws();
+            s.pos == bytes.len()
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// The scanner accepts exactly what serde_json accepts (ASCII inputs, shallow nesting).
+        #[test]
+        fn scanner_agrees_with_serde_json(s in r#"[\[\]{}",:0-9a-z\\. +\-eE]{0,24}"#) {
+            let ours = validates(s.as_bytes());
+            let theirs = serde_json::from_str::<serde::de::IgnoredAny>(&s).is_ok();
+            proptest::prop_assert_eq!(ours, theirs, "{:?}", s);
+        }
+
+        /// Arbitrary lines never panic the builder, and it keeps working afterwards.
+        #[test]
+        fn arbitrary_lines_never_panic(lines in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+                r#"\{"action":"[BIUDTCMX]"(,"(lsn|xid|schema|table|columns|identity|pk)":("0/[0-9A-F]{1,3}"|[0-9]{1,3}|"s"|\[\{"name":"id","value":[0-9]\}\]|\[\]|null))*\}"#
+                    .prop_map(String::into_bytes),
+            ], 0..20)) {
+            let mut b = TransactionBuilder::new();
+            for (n, l) in lines.iter().enumerate() {
+                let _ = b.push_line(n as u64 + 1, l);
+            }
+            let _ = b.finish(lines.len() as u64);
+            let last = b.last_commit().map_or(0, |p| p.0);
+            let begin = b.push_line(1000, br#"{"action":"B"}"#);
+            proptest::prop_assert!(begin.is_ok());
+            let c = format!(r#"{{"action":"C","lsn":"{}"}}"#, Position(last + 1));
+            let commit = b.push_line(1001, c.as_bytes());
+            proptest::prop_assert!(matches!(commit, Ok(Some(_))));
+        }
+    }
+
+    /// Counts of the bundled capture, checked independently with serde_json.
+    #[test]
+    fn bundled_capture_parses_completely() {
+        use std::io::BufReader;
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/wal2json-sample.jsonl.gz");
+        let file = std::fs::File::open(path).expect("data/wal2json-sample.jsonl.gz");
+        let text = {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut s).expect("gunzip");
+            s
+        };
+        // Expected: per transaction, the commit LSN and the number of I/U/D/T lines.
+        let mut expected = Vec::new();
+        let mut count = 0u64;
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("capture line is JSON");
+            match v["action"].as_str().expect("action") {
+                "B" => count = 0,
+                "I" | "U" | "D" | "T" => count += 1,
+                "C" => expected.push((Position::from_lsn(v["lsn"].as_str().expect("lsn")).unwrap(), count)),
+                _ => {}
+            }
+        }
+        let batches: Vec<Batch> = Wal2JsonReader::new(BufReader::new(text.as_bytes()))
+            .collect::<Result<_, _>>()
+            .expect("every line of the capture parses");
+        let got: Vec<_> = batches.iter().map(|b| (b.position.unwrap(), b.changes)).collect();
+        assert_eq!(got, expected);
+        assert!(batches.windows(2).all(|w| w[0].position < w[1].position), "positions strictly increase");
+        assert!(batches.iter().any(|b| b.changes == 0), "an empty transaction");
+        assert!(batches.iter().any(|b| b.changes > 10_000), "a large transaction");
+        assert!(batches.iter().any(|b| b.envelopes.len() as u64 > b.changes), "a key change");
+        let mut indexes = std::collections::BTreeSet::new();
+        for e in batches.iter().flat_map(|b| b.envelopes.iter()) {
+            indexes.insert(e.index.as_str());
+            match e.op {
+                Op::Truncate => assert!(e.id.is_empty() && e.document.is_empty()),
+                _ => {
+                    let doc: serde_json::Value =
+                        serde_json::from_slice(&e.document).expect("document is JSON");
+                    assert!(doc.is_object() && !e.id.is_empty());
+                }
+            }
+        }
+        for name in ["public_customers", "public_audit_log", "inventory_stock_items", "public_order_lines"] {
+            assert!(indexes.contains(name), "{name} missing from {indexes:?}");
+        }
+        assert!(
+            batches.iter().flat_map(|b| b.envelopes.iter()).any(|e| e.document.len() > 2048),
+            "the TOASTed document"
+        );
     }
 }
