@@ -1,0 +1,148 @@
+//! Helpers shared by the integration tests (`mod common;` in each test file): item builders,
+//! wakers that count, and a watchdog so a lost wake-up fails a test instead of hanging CI.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::{Wake, Waker};
+use std::thread;
+use std::time::Duration;
+
+use bytes::Bytes;
+use lanestream::{
+    Batch, Consumer, Delivery, Envelope, IndexName, Item, LaneItem, MemoryStream, Op, Position, Request,
+    SinkName,
+};
+
+/// A positioned batch with no envelopes.
+pub fn batch(position: u64) -> LaneItem {
+    LaneItem::Batch(Batch::new(Some(Position(position)), Vec::new().into()))
+}
+
+/// A snapshot batch (no position) with no envelopes.
+pub fn snapshot() -> LaneItem {
+    LaneItem::Batch(Batch::new(None, Vec::new().into()))
+}
+
+/// `SnapshotComplete` for one index.
+pub fn complete(index: &str) -> LaneItem {
+    LaneItem::SnapshotComplete { indexes: vec![IndexName::new(index).unwrap()] }
+}
+
+/// `Backfill { sink, indexes: [index] }`.
+pub fn backfill(sink: &str, index: &str) -> Request {
+    Request::Backfill { sink: SinkName::new(sink).unwrap(), indexes: vec![IndexName::new(index).unwrap()] }
+}
+
+/// One upsert envelope.
+pub fn envelope(index: &str, id: &str, position: Option<u64>, document: &'static [u8]) -> Envelope {
+    Envelope {
+        index: IndexName::new(index).unwrap(),
+        id: id.into(),
+        op: Op::Upsert,
+        position: position.map(Position),
+        document: Bytes::from_static(document),
+        built_at_micros: None,
+    }
+}
+
+/// Envelopes to share between batches; `Arc::strong_count` on them counts live copies of the
+/// batches built with [`tracked`].
+pub fn shared_envelopes(tag: u64) -> Arc<[Envelope]> {
+    vec![envelope("docs", &tag.to_string(), Some(tag), b"{}")].into()
+}
+
+/// A batch sharing `envelopes` (one more strong count while it lives).
+pub fn tracked(position: Option<u64>, envelopes: &Arc<[Envelope]>) -> LaneItem {
+    LaneItem::Batch(Batch::new(position.map(Position), envelopes.clone()))
+}
+
+/// A stream of `capacity` slots per lane over `sinks`.
+pub fn stream(capacity: usize, sinks: &[&str]) -> MemoryStream {
+    MemoryStream::builder().capacity(capacity).sinks(sinks.iter().copied()).build().unwrap()
+}
+
+/// The position of a delivered positioned item (panics if it has none).
+pub fn pos<T: Item>(delivery: &Delivery<T>) -> u64 {
+    delivery.item().position().expect("a positioned item").0
+}
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+pub struct CountingWaker {
+    wakes: AtomicUsize,
+}
+
+impl CountingWaker {
+    pub fn new() -> (Arc<CountingWaker>, Waker) {
+        let w = Arc::new(CountingWaker::default());
+        (w.clone(), Waker::from(w))
+    }
+
+    pub fn wakes(&self) -> usize {
+        self.wakes.load(Ordering::SeqCst)
+    }
+}
+
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs `f` on its own thread and returns its result, failing the test if it takes longer than
+/// `secs` seconds (a lost wake-up would otherwise hang the test run). Panics in `f` propagate.
+pub fn within<R: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    let handle = thread::spawn(move || {
+        let r = f();
+        let _ = tx.send(());
+        r
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: still running after {secs} s (lost wake-up?)")
+        }
+    }
+}
+
+/// Waits until `cond` holds, polling every millisecond, for at most 10 s.
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if cond() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    panic!("{what}: not reached within 10 s");
+}
+
+/// Receives with `try_recv` until the lane has nothing more, acking each delivery; returns the
+/// positions in delivery order.
+pub fn drain_try<T: Item>(consumer: &mut Consumer<T>) -> Vec<Option<u64>> {
+    let mut got = Vec::new();
+    while let Ok(d) = consumer.try_recv() {
+        got.push(d.item().position().map(|p| p.0));
+        d.ack().unwrap();
+    }
+    got
+}
+
+/// Receives with `recv` until it returns `None` (closed and drained), acking each delivery;
+/// returns the positions and attempts in delivery order.
+pub fn drain_closed<T: Item>(consumer: &mut Consumer<T>) -> Vec<(Option<u64>, u32)> {
+    let mut got = Vec::new();
+    while let Some(d) = consumer.recv().unwrap() {
+        got.push((d.item().position().map(|p| p.0), d.attempt()));
+        d.ack().unwrap();
+    }
+    got
+}
