@@ -41,6 +41,8 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(feature = "codec")]
+pub mod codec;
 mod consumer;
 mod delivery;
 mod envelope;

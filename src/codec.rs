@@ -1,0 +1,754 @@
+//! The wire form of lane items and requests: [rkyv] archives, validated on read (feature `codec`,
+//! on by default).
+//!
+//! - [`encode_item`] / [`encode_request`] write a [`LaneItem`] / [`Request`] into an aligned buffer
+//!   ([`AlignedVec`]). Envelope documents are written straight from their [`Bytes`]; nothing else is
+//!   copied but names and ids.
+//! - [`decode_item`] / [`decode_request`] validate the bytes (every offset, length, UTF-8 string and
+//!   enum tag with `bytecheck`, then every [`SinkName`] / [`IndexName`] against its rules) and build
+//!   the owned value. Corrupt, truncated, misaligned or foreign bytes give a [`CodecError`]; no input
+//!   makes them panic or read out of bounds (DESIGN.md I3).
+//! - [`view_item`] / [`view_batch`] validate the same way, then read the archive in place, without
+//!   deserializing: a [`BatchView`]'s envelopes hand out `&str` and `&[u8]` borrowed from the buffer.
+//!
+//! # Format
+//! The root is a small frame: a 4-byte magic (`LSI1` for a lane item, `LSR1` for a request; the
+//! digit is the format version) and the value, in rkyv 0.8's default layout (little-endian, 32-bit
+//! relative pointers, aligned). Names travel as strings and are re-validated on read; positions as
+//! `u64`; an envelope's document as a byte vector. The buffer must start at an address aligned to
+//! [`REQUIRED_ALIGN`] bytes (an [`AlignedVec`] is); copy unaligned input into an [`AlignedVec`]
+//! first.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use lanestream::codec::{decode_item, encode_item, view_batch};
+//! use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position};
+//!
+//! let envelope = Envelope {
+//!     index: IndexName::new("public_users").unwrap(),
+//!     id: "42".into(),
+//!     op: Op::Upsert,
+//!     position: Some(Position(7)),
+//!     document: Bytes::from_static(br#"{"id":42}"#),
+//!     built_at_micros: None,
+//! };
+//! let item = LaneItem::Batch(Batch::new(Some(Position(7)), vec![envelope].into()));
+//! let bytes = encode_item(&item)?;
+//!
+//! // Zero-copy: read the archive in place.
+//! let view = view_batch(&bytes)?;
+//! assert_eq!(view.position(), Some(Position(7)));
+//! let e = view.envelopes().next().unwrap();
+//! assert_eq!((e.index(), e.id(), e.op()), ("public_users", "42", Op::Upsert));
+//! assert_eq!(e.document(), br#"{"id":42}"#);
+//!
+//! // Or build the owned value back.
+//! assert_eq!(decode_item(&bytes)?, item);
+//!
+//! // Hostile bytes are an error, never a panic.
+//! assert!(decode_item(&bytes[..bytes.len() - 1]).is_err());
+//! # Ok::<(), lanestream::codec::CodecError>(())
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rkyv::rancor;
+pub use rkyv::util::AlignedVec;
+
+use crate::{Batch, Envelope, IndexName, LaneItem, NameError, Op, Position, Request, SinkName};
+
+/// The alignment, in bytes, the start of an encoded buffer must have. [`AlignedVec`] has it.
+pub const REQUIRED_ALIGN: usize = 8;
+
+/// Magic of an encoded [`LaneItem`] (`LSI1`, format version 1).
+const ITEM_MAGIC: u32 = u32::from_le_bytes(*b"LSI1");
+/// Magic of an encoded [`Request`] (`LSR1`, format version 1).
+const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"LSR1");
+
+/// Why bytes could not be encoded, decoded or viewed. Decoding and viewing never change anything;
+/// the input is left as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// The buffer does not start at an address aligned to [`REQUIRED_ALIGN`]; copy it into an
+    /// [`AlignedVec`] and retry.
+    #[error("buffer at {address:#x} is not aligned to {required} bytes (copy it into an AlignedVec)")]
+    Misaligned {
+        /// The buffer's start address.
+        address: usize,
+        /// The alignment needed.
+        required: usize,
+    },
+    /// The bytes are not a valid archive: truncated, corrupt (an offset or length out of bounds,
+    /// invalid UTF-8, an unknown enum tag...), or of another type.
+    #[error("invalid archive of {len} bytes: {source}")]
+    Invalid {
+        /// The buffer's length.
+        len: usize,
+        /// What the validator found.
+        #[source]
+        source: rancor::Error,
+    },
+    /// The archive is valid but is not the kind asked for: a request where a lane item was
+    /// expected, another format version, or something else altogether.
+    #[error("not a lanestream {expected} archive (magic {found:#010x})")]
+    WrongMagic {
+        /// What was expected: `"lane item"` or `"request"`.
+        expected: &'static str,
+        /// The magic found.
+        found: u32,
+    },
+    /// A decoded sink or index name breaks the name rules (`^[a-z_][a-z0-9_]*$`, at most 63
+    /// bytes).
+    #[error("invalid {field} name in archive: {source}")]
+    InvalidName {
+        /// Which name: `"sink"` or `"index"`.
+        field: &'static str,
+        /// Why it was refused.
+        #[source]
+        source: NameError,
+    },
+    /// [`view_batch`] was given a `SnapshotComplete`.
+    #[error("archived lane item is a snapshot_complete, not a batch")]
+    NotABatch,
+    /// Encoding failed (the archive would exceed rkyv's 32-bit relative pointers, about 2 GiB).
+    #[error("could not encode: {0}")]
+    Encode(#[source] rancor::Error),
+}
+
+// ----- wire mirrors --------------------------------------------------------------------------------
+//
+// The public types derive serde only; these mirrors carry the rkyv derives, so the archived layout
+// is defined here, in one place, and names are re-validated when read back.
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct ItemFrame {
+    magic: u32,
+    item: WireItem,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct RequestFrame {
+    magic: u32,
+    request: WireRequest,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+enum WireItem {
+    Batch(WireBatch),
+    SnapshotComplete { indexes: Vec<String> },
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct WireBatch {
+    position: Option<u64>,
+    changes: u64,
+    envelopes: Vec<WireEnvelope>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct WireEnvelope {
+    index: String,
+    id: String,
+    op: WireOp,
+    position: Option<u64>,
+    document: Bytes,
+    built_at_micros: Option<u64>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+#[rkyv(derive(Clone, Copy))]
+enum WireOp {
+    Upsert,
+    Delete,
+    Truncate,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+enum WireRequest {
+    Backfill { sink: String, indexes: Vec<String> },
+}
+
+// Every archived type needs at most `REQUIRED_ALIGN`; a buffer aligned to it places each of them
+// where the serializer did.
+const _: () = assert!(
+    std::mem::align_of::<ArchivedItemFrame>() <= REQUIRED_ALIGN
+        && std::mem::align_of::<ArchivedRequestFrame>() <= REQUIRED_ALIGN
+        && std::mem::align_of::<ArchivedWireEnvelope>() <= REQUIRED_ALIGN
+);
+
+fn wire_names(names: &[IndexName]) -> Vec<String> {
+    names.iter().map(|n| n.as_str().to_owned()).collect()
+}
+
+fn wire_op(op: Op) -> WireOp {
+    match op {
+        Op::Upsert => WireOp::Upsert,
+        Op::Delete => WireOp::Delete,
+        Op::Truncate => WireOp::Truncate,
+    }
+}
+
+fn wire_envelope(e: &Envelope) -> WireEnvelope {
+    WireEnvelope {
+        index: e.index.as_str().to_owned(),
+        id: e.id.clone(),
+        op: wire_op(e.op),
+        position: e.position.map(|p| p.0),
+        document: e.document.clone(), // a reference count; the bytes are written from it
+        built_at_micros: e.built_at_micros,
+    }
+}
+
+// ----- encoding ----------------------------------------------------------------------------------------
+
+/// Encodes `item` into an aligned buffer (see the [module docs](self) for the format).
+///
+/// # Errors
+/// [`CodecError::Encode`] only if the archive would not fit rkyv's 32-bit relative pointers.
+pub fn encode_item(item: &LaneItem) -> Result<AlignedVec, CodecError> {
+    let item = match item {
+        LaneItem::Batch(b) => WireItem::Batch(WireBatch {
+            position: b.position.map(|p| p.0),
+            changes: b.changes,
+            envelopes: b.envelopes.iter().map(wire_envelope).collect(),
+        }),
+        LaneItem::SnapshotComplete { indexes } => WireItem::SnapshotComplete { indexes: wire_names(indexes) },
+    };
+    rkyv::to_bytes::<rancor::Error>(&ItemFrame { magic: ITEM_MAGIC, item }).map_err(CodecError::Encode)
+}
+
+/// Encodes `request` into an aligned buffer.
+///
+/// # Errors
+/// [`CodecError::Encode`] only if the archive would not fit rkyv's 32-bit relative pointers.
+///
+/// ```
+/// use lanestream::codec::{decode_request, encode_request};
+/// use lanestream::{IndexName, Request, SinkName};
+/// let r = Request::Backfill { sink: SinkName::new("search")?, indexes: vec![IndexName::new("users")?] };
+/// assert_eq!(decode_request(&encode_request(&r)?)?, r);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn encode_request(request: &Request) -> Result<AlignedVec, CodecError> {
+    let request = match request {
+        Request::Backfill { sink, indexes } => {
+            WireRequest::Backfill { sink: sink.as_str().to_owned(), indexes: wire_names(indexes) }
+        }
+    };
+    rkyv::to_bytes::<rancor::Error>(&RequestFrame { magic: REQUEST_MAGIC, request })
+        .map_err(CodecError::Encode)
+}
+
+// ----- validation ------------------------------------------------------------------------------------
+
+fn check_aligned(bytes: &[u8]) -> Result<(), CodecError> {
+    let address = bytes.as_ptr() as usize;
+    // An empty slice has a dangling address; it is refused as too short, not as misaligned.
+    if !bytes.is_empty() && address % REQUIRED_ALIGN != 0 {
+        return Err(CodecError::Misaligned { address, required: REQUIRED_ALIGN });
+    }
+    Ok(())
+}
+
+fn index_name(name: &rkyv::string::ArchivedString) -> Result<&str, CodecError> {
+    check_name(name.as_str(), "index")
+}
+
+/// The name rules (`^[a-z_][a-z0-9_]*$`, at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes),
+/// checked without allocating; a refused name is handed to `IndexName::new` for the canonical
+/// error (the unit tests pin that both agree).
+fn name_is_valid(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= crate::MAX_NAME_LEN
+        && !bytes[0].is_ascii_digit()
+        && bytes.iter().all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+fn check_name<'a>(name: &'a str, field: &'static str) -> Result<&'a str, CodecError> {
+    if name_is_valid(name) {
+        return Ok(name);
+    }
+    match IndexName::new(name) {
+        Err(source) => Err(CodecError::InvalidName { field, source }),
+        Ok(_) => Ok(name),
+    }
+}
+
+/// Validates the archive's structure, its magic and every name in it.
+fn access_item(bytes: &[u8]) -> Result<&ArchivedWireItem, CodecError> {
+    check_aligned(bytes)?;
+    let frame = rkyv::access::<ArchivedItemFrame, rancor::Error>(bytes)
+        .map_err(|source| CodecError::Invalid { len: bytes.len(), source })?;
+    let found = frame.magic.to_native();
+    if found != ITEM_MAGIC {
+        return Err(CodecError::WrongMagic { expected: "lane item", found });
+    }
+    match &frame.item {
+        ArchivedWireItem::Batch(b) => {
+            for e in b.envelopes.iter() {
+                index_name(&e.index)?;
+            }
+        }
+        ArchivedWireItem::SnapshotComplete { indexes } => {
+            for n in indexes.iter() {
+                index_name(n)?;
+            }
+        }
+    }
+    Ok(&frame.item)
+}
+
+fn access_request(bytes: &[u8]) -> Result<&ArchivedWireRequest, CodecError> {
+    check_aligned(bytes)?;
+    let frame = rkyv::access::<ArchivedRequestFrame, rancor::Error>(bytes)
+        .map_err(|source| CodecError::Invalid { len: bytes.len(), source })?;
+    let found = frame.magic.to_native();
+    if found != REQUEST_MAGIC {
+        return Err(CodecError::WrongMagic { expected: "request", found });
+    }
+    Ok(&frame.request)
+}
+
+// ----- decoding ----------------------------------------------------------------------------------------
+
+fn owned_index(name: &rkyv::string::ArchivedString) -> Result<IndexName, CodecError> {
+    IndexName::new(name.as_str()).map_err(|source| CodecError::InvalidName { field: "index", source })
+}
+
+fn owned_indexes(
+    names: &rkyv::vec::ArchivedVec<rkyv::string::ArchivedString>,
+) -> Result<Vec<IndexName>, CodecError> {
+    names.iter().map(owned_index).collect()
+}
+
+/// Validates `bytes` and builds the [`LaneItem`] they encode. The envelopes' documents are copied
+/// out of `bytes` into one shared buffer per batch.
+///
+/// # Errors
+/// [`CodecError::Misaligned`], [`Invalid`](CodecError::Invalid) (truncated or corrupt),
+/// [`WrongMagic`](CodecError::WrongMagic) (not a lane item),
+/// [`InvalidName`](CodecError::InvalidName) (an index name breaks the rules).
+pub fn decode_item(bytes: &[u8]) -> Result<LaneItem, CodecError> {
+    Ok(match access_item(bytes)? {
+        ArchivedWireItem::Batch(b) => {
+            // One allocation for every document of the batch, sliced per envelope (as the
+            // wal2json reader does).
+            let total = b.envelopes.iter().map(|e| e.document.len()).sum();
+            let mut documents = Vec::with_capacity(total);
+            for e in b.envelopes.iter() {
+                documents.extend_from_slice(e.document.as_slice());
+            }
+            let documents = Bytes::from(documents);
+            let mut at = 0;
+            let envelopes = b
+                .envelopes
+                .iter()
+                .map(|e| {
+                    let len = e.document.len();
+                    let document = documents.slice(at..at + len);
+                    at += len;
+                    Ok(Envelope {
+                        index: owned_index(&e.index)?,
+                        id: e.id.as_str().to_owned(),
+                        op: op_of(e.op),
+                        position: e.position.as_ref().map(|p| Position(p.to_native())),
+                        document,
+                        built_at_micros: e.built_at_micros.as_ref().map(|t| t.to_native()),
+                    })
+                })
+                .collect::<Result<Arc<[Envelope]>, CodecError>>()?;
+            LaneItem::Batch(Batch {
+                position: b.position.as_ref().map(|p| Position(p.to_native())),
+                changes: b.changes.to_native(),
+                envelopes,
+            })
+        }
+        ArchivedWireItem::SnapshotComplete { indexes } => {
+            LaneItem::SnapshotComplete { indexes: owned_indexes(indexes)? }
+        }
+    })
+}
+
+/// Validates `bytes` and builds the [`Request`] they encode.
+///
+/// # Errors
+/// As [`decode_item`]; [`InvalidName`](CodecError::InvalidName) also for the sink name.
+pub fn decode_request(bytes: &[u8]) -> Result<Request, CodecError> {
+    match access_request(bytes)? {
+        ArchivedWireRequest::Backfill { sink, indexes } => Ok(Request::Backfill {
+            sink: SinkName::new(sink.as_str())
+                .map_err(|source| CodecError::InvalidName { field: "sink", source })?,
+            indexes: owned_indexes(indexes)?,
+        }),
+    }
+}
+
+fn op_of(op: ArchivedWireOp) -> Op {
+    match op {
+        ArchivedWireOp::Upsert => Op::Upsert,
+        ArchivedWireOp::Delete => Op::Delete,
+        ArchivedWireOp::Truncate => Op::Truncate,
+    }
+}
+
+// ----- zero-copy views -----------------------------------------------------------------------------
+
+/// A validated archived lane item, read in place ([`view_item`]).
+#[derive(Clone, Copy, Debug)]
+pub enum ItemView<'a> {
+    /// An archived batch.
+    Batch(BatchView<'a>),
+    /// An archived `SnapshotComplete`, with its index names.
+    SnapshotComplete(NamesView<'a>),
+}
+
+/// Validates `bytes` (as [`decode_item`] does, names included) and reads the lane item in place.
+///
+/// # Errors
+/// As [`decode_item`].
+pub fn view_item(bytes: &[u8]) -> Result<ItemView<'_>, CodecError> {
+    Ok(match access_item(bytes)? {
+        ArchivedWireItem::Batch(b) => ItemView::Batch(BatchView { batch: b }),
+        ArchivedWireItem::SnapshotComplete { indexes } => {
+            ItemView::SnapshotComplete(NamesView { names: indexes })
+        }
+    })
+}
+
+/// Validates `bytes` and reads the batch they encode in place, without deserializing.
+///
+/// # Errors
+/// As [`decode_item`], plus [`CodecError::NotABatch`] for a `SnapshotComplete`.
+pub fn view_batch(bytes: &[u8]) -> Result<BatchView<'_>, CodecError> {
+    match view_item(bytes)? {
+        ItemView::Batch(b) => Ok(b),
+        ItemView::SnapshotComplete(_) => Err(CodecError::NotABatch),
+    }
+}
+
+/// An archived [`Batch`], read in place. Every name in it was validated when the view was made.
+#[derive(Clone, Copy)]
+pub struct BatchView<'a> {
+    batch: &'a ArchivedWireBatch,
+}
+
+impl<'a> BatchView<'a> {
+    /// The batch's position (`None` for snapshot rows).
+    pub fn position(&self) -> Option<Position> {
+        self.batch.position.as_ref().map(|p| Position(p.to_native()))
+    }
+
+    /// How many changes the source transaction held.
+    pub fn changes(&self) -> u64 {
+        self.batch.changes.to_native()
+    }
+
+    /// The number of envelopes.
+    pub fn len(&self) -> usize {
+        self.batch.envelopes.len()
+    }
+
+    /// Whether the batch has no envelopes.
+    pub fn is_empty(&self) -> bool {
+        self.batch.envelopes.is_empty()
+    }
+
+    /// Envelope `i`, if there is one.
+    pub fn envelope(&self, i: usize) -> Option<EnvelopeView<'a>> {
+        self.batch.envelopes.get(i).map(|e| EnvelopeView { envelope: e })
+    }
+
+    /// The envelopes, in order.
+    pub fn envelopes(&self) -> impl ExactSizeIterator<Item = EnvelopeView<'a>> + 'a {
+        self.batch.envelopes.iter().map(|e| EnvelopeView { envelope: e })
+    }
+}
+
+impl fmt::Debug for BatchView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchView")
+            .field("position", &self.position())
+            .field("changes", &self.changes())
+            .field("envelopes", &self.len())
+            .finish()
+    }
+}
+
+/// An archived [`Envelope`], read in place.
+#[derive(Clone, Copy)]
+pub struct EnvelopeView<'a> {
+    envelope: &'a ArchivedWireEnvelope,
+}
+
+impl<'a> EnvelopeView<'a> {
+    /// The index name (validated when the view was made).
+    pub fn index(&self) -> &'a str {
+        self.envelope.index.as_str()
+    }
+
+    /// The document's id.
+    pub fn id(&self) -> &'a str {
+        self.envelope.id.as_str()
+    }
+
+    /// What the change does.
+    pub fn op(&self) -> Op {
+        op_of(self.envelope.op)
+    }
+
+    /// The change's position.
+    pub fn position(&self) -> Option<Position> {
+        self.envelope.position.as_ref().map(|p| Position(p.to_native()))
+    }
+
+    /// The document bytes, borrowed from the buffer.
+    pub fn document(&self) -> &'a [u8] {
+        self.envelope.document.as_slice()
+    }
+
+    /// When the envelope was built, in microseconds since the Unix epoch, if recorded.
+    pub fn built_at_micros(&self) -> Option<u64> {
+        self.envelope.built_at_micros.as_ref().map(|t| t.to_native())
+    }
+}
+
+impl fmt::Debug for EnvelopeView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EnvelopeView")
+            .field("index", &self.index())
+            .field("id", &self.id())
+            .field("op", &self.op())
+            .field("position", &self.position())
+            .field("document_len", &self.document().len())
+            .finish()
+    }
+}
+
+/// Archived index names, read in place (validated when the view was made).
+#[derive(Clone, Copy)]
+pub struct NamesView<'a> {
+    names: &'a rkyv::vec::ArchivedVec<rkyv::string::ArchivedString>,
+}
+
+impl<'a> NamesView<'a> {
+    /// The number of names.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The names, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &'a str> + 'a {
+        self.names.iter().map(|n| n.as_str())
+    }
+}
+
+impl fmt::Debug for NamesView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(index: &str, id: &str, op: Op, position: Option<u64>, document: &'static [u8]) -> Envelope {
+        Envelope {
+            index: IndexName::new(index).unwrap(),
+            id: id.into(),
+            op,
+            position: position.map(Position),
+            document: Bytes::from_static(document),
+            built_at_micros: position.map(|p| p * 10),
+        }
+    }
+
+    fn samples() -> Vec<LaneItem> {
+        vec![
+            LaneItem::Batch(Batch::new(Some(Position(7)), Arc::from([]))),
+            LaneItem::Batch(Batch::new(None, Arc::from([envelope("snap", "1", Op::Upsert, None, b"{}")]))),
+            LaneItem::Batch(Batch {
+                position: Some(Position(u64::MAX - 1)),
+                changes: 2,
+                envelopes: vec![
+                    envelope("public_users", "42", Op::Upsert, Some(9), br#"{"id":42,"name":"x"}"#),
+                    envelope("public_users", "41", Op::Delete, Some(9), b""),
+                    envelope("public_orders", "", Op::Truncate, Some(9), b""),
+                ]
+                .into(),
+            }),
+            LaneItem::SnapshotComplete { indexes: vec![] },
+            LaneItem::SnapshotComplete {
+                indexes: vec![IndexName::new("a").unwrap(), IndexName::new("_b9").unwrap()],
+            },
+        ]
+    }
+
+    fn request() -> Request {
+        Request::Backfill {
+            sink: SinkName::new("search").unwrap(),
+            indexes: vec![IndexName::new("users").unwrap()],
+        }
+    }
+
+    /// Bytes at an aligned address, as an `AlignedVec` would hand them over.
+    fn aligned(bytes: &[u8]) -> AlignedVec {
+        let mut v = AlignedVec::new();
+        v.extend_from_slice(bytes);
+        v
+    }
+
+    #[test]
+    fn items_and_requests_round_trip() {
+        for item in samples() {
+            let bytes = encode_item(&item).unwrap();
+            assert_eq!(decode_item(&bytes).unwrap(), item);
+        }
+        let bytes = encode_request(&request()).unwrap();
+        assert_eq!(decode_request(&bytes).unwrap(), request());
+    }
+
+    #[test]
+    fn the_view_reads_the_batch_in_place() {
+        let item = &samples()[2];
+        let LaneItem::Batch(batch) = item else { unreachable!() };
+        let bytes = encode_item(item).unwrap();
+        let view = view_batch(&bytes).unwrap();
+        assert_eq!(view.position(), batch.position);
+        assert_eq!(view.changes(), batch.changes);
+        assert_eq!(view.len(), batch.envelopes.len());
+        for (v, e) in view.envelopes().zip(batch.envelopes.iter()) {
+            assert_eq!(v.index(), e.index.as_str());
+            assert_eq!(v.id(), e.id);
+            assert_eq!(v.op(), e.op);
+            assert_eq!(v.position(), e.position);
+            assert_eq!(v.document(), &e.document[..]);
+            assert_eq!(v.built_at_micros(), e.built_at_micros);
+            // Borrowed from the buffer: no copy.
+            let range = bytes.as_ptr() as usize..bytes.as_ptr() as usize + bytes.len();
+            assert!(v.document().is_empty() || range.contains(&(v.document().as_ptr() as usize)));
+        }
+        assert!(view.envelope(3).is_none());
+        assert!(matches!(view_batch(&encode_item(&samples()[4]).unwrap()), Err(CodecError::NotABatch)));
+        match view_item(&encode_item(&samples()[4]).unwrap()).unwrap() {
+            ItemView::SnapshotComplete(names) => assert_eq!(names.iter().collect::<Vec<_>>(), ["a", "_b9"]),
+            ItemView::Batch(_) => panic!("a snapshot_complete viewed as a batch"),
+        }
+    }
+
+    /// Every truncation of every sample: an error or a valid value, never a panic.
+    #[test]
+    fn truncated_buffers_are_refused() {
+        for item in samples() {
+            let bytes = encode_item(&item).unwrap();
+            for len in 0..bytes.len() {
+                let cut = aligned(&bytes[..len]);
+                if let Ok(decoded) = decode_item(&cut) {
+                    // The root is read from the end, so a prefix could in principle be another
+                    // valid item; it must then re-encode to itself.
+                    assert_eq!(decode_item(&encode_item(&decoded).unwrap()).unwrap(), decoded);
+                }
+                let _ = view_item(&cut);
+                let _ = decode_request(&cut);
+            }
+        }
+        assert!(matches!(decode_item(&[]), Err(CodecError::Invalid { len: 0, .. })));
+    }
+
+    /// Every single-bit flip of small encodings: an error or a valid value, never a panic; and a
+    /// value that decodes re-encodes to itself.
+    #[test]
+    fn bit_flipped_buffers_decode_to_valid_values_or_errors() {
+        let mut encodings: Vec<AlignedVec> = samples().iter().map(|i| encode_item(i).unwrap()).collect();
+        encodings.push(encode_request(&request()).unwrap());
+        let (mut ok, mut err) = (0, 0);
+        for bytes in &encodings {
+            for bit in 0..bytes.len() * 8 {
+                let mut flipped = aligned(bytes);
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                match decode_item(&flipped) {
+                    Ok(item) => {
+                        ok += 1;
+                        assert_eq!(decode_item(&encode_item(&item).unwrap()).unwrap(), item);
+                        assert!(view_item(&flipped).is_ok(), "decode and view disagree");
+                    }
+                    Err(_) => {
+                        err += 1;
+                        assert!(view_item(&flipped).is_err(), "decode and view disagree");
+                    }
+                }
+                if let Ok(r) = decode_request(&flipped) {
+                    assert_eq!(decode_request(&encode_request(&r).unwrap()).unwrap(), r);
+                }
+            }
+        }
+        assert!(ok > 0 && err > 0, "flips should both survive (in documents) and fail ({ok} ok, {err} err)");
+    }
+
+    #[test]
+    fn misaligned_buffers_are_refused() {
+        let bytes = encode_item(&samples()[2]).unwrap();
+        let mut shifted = AlignedVec::<16>::new();
+        shifted.push(0);
+        shifted.extend_from_slice(&bytes);
+        for err in [decode_item(&shifted[1..]).unwrap_err(), view_item(&shifted[1..]).unwrap_err()] {
+            assert!(matches!(err, CodecError::Misaligned { required: REQUIRED_ALIGN, .. }), "{err}");
+        }
+        assert!(matches!(decode_request(&shifted[1..]), Err(CodecError::Misaligned { .. })));
+    }
+
+    #[test]
+    fn a_request_is_not_a_lane_item() {
+        let bytes = encode_request(&request()).unwrap();
+        assert!(decode_item(&bytes).is_err());
+        let bytes = encode_item(&samples()[4]).unwrap();
+        assert!(decode_request(&bytes).is_err());
+    }
+
+    /// Names are re-validated on decode: patch a valid name into an invalid one in place.
+    #[test]
+    fn invalid_names_are_refused_on_decode() {
+        let item = LaneItem::SnapshotComplete { indexes: vec![IndexName::new("abcdefghijklmnopq").unwrap()] };
+        let mut bytes = encode_item(&item).unwrap();
+        let at = bytes.windows(17).position(|w| w == b"abcdefghijklmnopq").unwrap();
+        bytes[at] = b'A';
+        let err = decode_item(&bytes).unwrap_err();
+        assert!(
+            matches!(err, CodecError::InvalidName { field: "index", source: NameError::Invalid(_) }),
+            "{err}"
+        );
+        assert!(view_item(&bytes).is_err());
+
+        let r = Request::Backfill { sink: SinkName::new("sinkname_long_enough").unwrap(), indexes: vec![] };
+        let mut bytes = encode_request(&r).unwrap();
+        let at = bytes.windows(20).position(|w| w == b"sinkname_long_enough").unwrap();
+        bytes[at] = b'9';
+        let err = decode_request(&bytes).unwrap_err();
+        assert!(matches!(err, CodecError::InvalidName { field: "sink", .. }), "{err}");
+    }
+
+    #[test]
+    fn the_fast_name_check_agrees_with_the_name_types() {
+        let alphabet = ["", "a", "z", "_", "0", "9", "A", "-", "é", " ", "\0"];
+        let mut names: Vec<String> = vec!["x".repeat(63), "x".repeat(64), "_".repeat(63), "9".repeat(63)];
+        for a in alphabet {
+            for b in alphabet {
+                for c in alphabet {
+                    names.push(format!("{a}{b}{c}"));
+                }
+            }
+        }
+        for name in names {
+            assert_eq!(name_is_valid(&name), IndexName::new(name.as_str()).is_ok(), "{name:?}");
+            assert_eq!(name_is_valid(&name), SinkName::new(name.as_str()).is_ok(), "{name:?}");
+        }
+    }
+}

@@ -1,0 +1,852 @@
+//! The reference model of a [`MemoryStream`]'s sink lanes, and the harness that applies one
+//! operation to the real stream and to the model and compares them.
+//!
+//! Shared, by path, by `tests/proptest_model.rs`, `tests/fuzz_corpus_replay.rs` and the cargo-fuzz
+//! target `fuzz/fuzz_targets/lane_ops.rs`, so the property test, the fuzzer and the corpus replay
+//! run exactly the same logic.
+//!
+//! The model is deliberately naive: per lane one `VecDeque` of the items not yet reclaimed, each
+//! with a plain state (queued, delivered, released, acked), its attempt count and how many live
+//! handles read it. It follows DESIGN.md:
+//! - L2/L6: a receive takes the lowest released item first, else the next queued one.
+//! - L3/L4: publish refuses a closed lane, the reserved position, a regressed position, a full
+//!   lane (checked in that order) and hands the item back.
+//! - L5: the acked position is the last positioned item of the contiguous acked prefix.
+//! - L8: a re-attach releases every delivered item; the old consumer's handles go stale: their
+//!   ack is refused with `Detached`, their nack or drop does nothing but end the handle.
+//! - L10: a closed lane still delivers what is queued or released, then `Closed`.
+//! - W1/W3/W5: watermark = min of the lanes' acked positions; never decreases; idle = nothing
+//!   queued, released or unacked.
+//!
+//! The one place where the engine is stricter than DESIGN.md is [`Strictness`].
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbitrary::{Arbitrary, Unstructured};
+use lanestream::{
+    AckError, Batch, Consumer, Delivery, IndexName, Lane, LaneItem, LaneStats, MemoryStream, Position,
+    Producer, PublishError, RecvError, Stream, StreamError, TryRecvError,
+};
+
+/// The capacities a scenario may pick: powers of two and not (DESIGN.md hazards: 1, 2, 3, 5).
+pub const CAPACITIES: [usize; 4] = [1, 2, 3, 5];
+/// At most this many lanes.
+pub const MAX_LANES: usize = 3;
+/// Detached consumers kept around to check that they stay detached.
+const MAX_DETACHED: usize = 3;
+
+/// A small position (0..=15): positions collide and regress often.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmallPos(pub u8);
+
+impl SmallPos {
+    /// The position value, 0..=15.
+    pub fn get(self) -> u64 {
+        u64::from(self.0 % 16)
+    }
+}
+
+/// What to publish.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ItemSpec {
+    /// A batch at an absolute small position (may collide with or regress below the last one).
+    At(SmallPos),
+    /// A batch at `last published + 1 + k % 4` (0 if nothing was published): usually accepted.
+    Ahead(u8),
+    /// A snapshot batch (no position).
+    Snapshot,
+    /// `SnapshotComplete` (no position).
+    SnapshotComplete,
+    /// A batch at the reserved position `u64::MAX`.
+    Reserved,
+}
+
+/// A lane, by index modulo the number of lanes.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneIx(pub u8);
+
+/// A held delivery, by index modulo the number of held deliveries.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldIx(pub u8);
+
+/// One operation, applied to the real stream and to the model.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `Producer::try_publish`.
+    TryPublish(LaneIx, ItemSpec),
+    /// `Producer::publish` when the model says it would not wait, else `publish_timeout(0)`.
+    Publish(LaneIx, ItemSpec),
+    /// `Consumer::try_recv` on the lane's current consumer.
+    TryRecv(LaneIx),
+    /// `Consumer::recv` when the model says it would not wait, else `recv_timeout(0)`.
+    Recv(LaneIx),
+    /// `try_recv` on a detached consumer of the lane (if any): always `Detached`.
+    TryRecvDetached(LaneIx, u8),
+    /// `Delivery::ack` of a held delivery.
+    Ack(HeldIx),
+    /// `Delivery::nack` of a held delivery.
+    Nack(HeldIx),
+    /// Drop a held delivery un-acked.
+    Drop(HeldIx),
+    /// Split a held delivery into its item and its `AckHandle`, then ack the handle.
+    SplitAck(HeldIx),
+    /// Ask the lane for its consumer again (re-attach, L8).
+    Reattach(LaneIx),
+    /// `Producer::close`.
+    Close(LaneIx),
+    /// Drop the lane's producer (if live).
+    DropProducer(LaneIx),
+    /// `Lane::producer()`: `ProducerBusy` while one is live, else a fresh producer (L9).
+    ClaimProducer(LaneIx),
+    /// Read watermark, is_idle and every lane's stats (also done after every operation).
+    Check,
+}
+
+/// A whole run: the stream's shape and the operations.
+#[derive(Arbitrary, Clone, Debug)]
+pub struct Scenario {
+    /// 1 + lanes % MAX_LANES lanes.
+    pub lanes: u8,
+    /// `CAPACITIES[capacity % 4]` slots per lane.
+    pub capacity: u8,
+    /// The operations, in order.
+    pub ops: Vec<Op>,
+}
+
+impl Scenario {
+    /// The number of lanes, 1..=MAX_LANES.
+    pub fn lane_count(&self) -> usize {
+        1 + usize::from(self.lanes) % MAX_LANES
+    }
+
+    /// The lane capacity.
+    pub fn lane_capacity(&self) -> usize {
+        CAPACITIES[usize::from(self.capacity) % CAPACITIES.len()]
+    }
+}
+
+/// How the model treats an item acked while a stale handle (from a consumer detached by a
+/// re-attach) still reads it.
+///
+/// The engine cannot reuse such an item's slot (the stale handle may still read the item), and it
+/// also holds the lane's acked position, the watermark and `is_idle` back until the stale handle
+/// ends. DESIGN.md L5/W1/W5 speak only of acks: by them the acked position moves as soon as the
+/// contiguous prefix is acked. `EngineHoldsAckForStaleHandles` models what the engine does, so the
+/// fuzzer can look past it; `Design` models DESIGN.md to the letter (see the ignored regression
+/// test `stale_handle_holds_back_the_watermark` in `tests/proptest_model.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strictness {
+    /// Acked position, watermark and idleness follow acks only (DESIGN.md).
+    Design,
+    /// They follow slot reclamation: an acked item still read by a stale handle holds them back.
+    EngineHoldsAckForStaleHandles,
+}
+
+/// The strictness the shared harness runs with.
+pub const STRICTNESS: Strictness = Strictness::EngineHoldsAckForStaleHandles;
+
+// ----- the model ---------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Queued,
+    Delivered,
+    Released,
+    Acked,
+}
+
+#[derive(Clone, Debug)]
+struct MItem {
+    seq: u64,
+    serial: u64,
+    position: Option<u64>,
+    state: State,
+    attempts: u32,
+    /// Which delivery of the item is current (a stale handle holds an older one).
+    generation: u64,
+    /// Live handles (current or stale) on the item.
+    holders: u32,
+}
+
+/// One lane of the model.
+#[derive(Clone, Debug)]
+pub struct ModelLane {
+    capacity: u64,
+    /// Items `free..tail`, in sequence order.
+    items: VecDeque<MItem>,
+    free: u64,
+    next: u64,
+    tail: u64,
+    acked_mark: Option<u64>,
+    last_published: Option<u64>,
+    closed: bool,
+    producer_live: bool,
+    delivered: u64,
+    redelivered: u64,
+}
+
+/// A held handle in the model: which delivery of which item.
+#[derive(Clone, Copy, Debug)]
+struct MHeld {
+    lane: usize,
+    seq: u64,
+    generation: u64,
+    serial: u64,
+}
+
+/// The reference model: one [`ModelLane`] per sink, the held handles in the same order as the
+/// harness holds the real deliveries.
+#[derive(Clone, Debug)]
+pub struct Model {
+    lanes: Vec<ModelLane>,
+    held: Vec<MHeld>,
+    next_serial: u64,
+    strictness: Strictness,
+}
+
+/// The observable result of one operation; both sides must give the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing to do (no producer, no held handle, no detached consumer).
+    Skipped,
+    /// Published.
+    Published,
+    /// `PublishError::Full`, with the item's serial handed back.
+    Full(u64),
+    /// `PublishError::Closed`.
+    Closed(u64),
+    /// `PublishError::PositionRegressed`.
+    Regressed { serial: u64, position: u64, last: u64 },
+    /// `PublishError::InvalidPosition`.
+    InvalidPosition(u64),
+    /// `PublishError::Timeout`.
+    Timeout(u64),
+    /// A delivery: the item's serial, position and attempt.
+    Delivered { serial: u64, position: Option<u64>, attempt: u32 },
+    /// `Empty` from `try_recv` or `Timeout` from `recv_timeout`.
+    Empty,
+    /// Closed and drained: `Closed` from `try_recv`, `None` from `recv`.
+    Drained,
+    /// `Detached` from a receive.
+    Detached,
+    /// The ack landed.
+    Acked,
+    /// The ack was refused with `AckError::Detached`.
+    AckRefused,
+    /// A nack or drop ended the handle.
+    Ended,
+    /// A re-attach or close happened.
+    Done,
+    /// `Lane::producer()` succeeded.
+    Claimed,
+    /// `StreamError::ProducerBusy`.
+    ProducerBusy,
+}
+
+impl ModelLane {
+    fn new(capacity: usize) -> ModelLane {
+        ModelLane {
+            capacity: capacity as u64,
+            items: VecDeque::new(),
+            free: 0,
+            next: 0,
+            tail: 0,
+            acked_mark: None,
+            last_published: None,
+            closed: false,
+            producer_live: true,
+            delivered: 0,
+            redelivered: 0,
+        }
+    }
+
+    fn item_mut(&mut self, seq: u64) -> Option<&mut MItem> {
+        let i = seq.checked_sub(self.free)?;
+        self.items.get_mut(usize::try_from(i).ok()?)
+    }
+
+    fn released(&self) -> u64 {
+        self.items.iter().filter(|i| i.state == State::Released).count() as u64
+    }
+
+    /// L5 as written: the last positioned item of the contiguous acked prefix, whether or not a
+    /// stale handle still reads it.
+    fn design_acked(&self) -> Option<u64> {
+        let mut mark = self.acked_mark;
+        for item in self.items.iter().take_while(|i| i.state == State::Acked) {
+            if item.position.is_some() {
+                mark = item.position;
+            }
+        }
+        mark
+    }
+
+    /// Reclaims the acked prefix whose items no handle reads.
+    fn advance(&mut self) {
+        while let Some(front) = self.items.front() {
+            if front.state != State::Acked || front.holders != 0 {
+                break;
+            }
+            if front.position.is_some() {
+                self.acked_mark = front.position;
+            }
+            self.items.pop_front();
+            self.free += 1;
+        }
+    }
+
+    fn publish(&mut self, serial: u64, position: Option<u64>) -> Outcome {
+        if self.closed {
+            return Outcome::Closed(serial);
+        }
+        if position == Some(u64::MAX) {
+            return Outcome::InvalidPosition(serial);
+        }
+        if let (Some(p), Some(last)) = (position, self.last_published) {
+            if p <= last {
+                return Outcome::Regressed { serial, position: p, last };
+            }
+        }
+        if self.tail - self.free >= self.capacity {
+            return Outcome::Full(serial);
+        }
+        self.items.push_back(MItem {
+            seq: self.tail,
+            serial,
+            position,
+            state: State::Queued,
+            attempts: 0,
+            generation: 0,
+            holders: 0,
+        });
+        self.tail += 1;
+        if position.is_some() {
+            self.last_published = position;
+        }
+        Outcome::Published
+    }
+
+    /// Whether a receive would find nothing (so a blocking receive would wait).
+    fn would_wait(&self) -> bool {
+        self.released() == 0 && self.next == self.tail && !self.closed
+    }
+
+    /// Whether a publish of an item at `position` would find the lane full (and nothing else wrong).
+    fn publish_would_wait(&self, position: Option<u64>) -> bool {
+        !self.closed
+            && position != Some(u64::MAX)
+            && !matches!((position, self.last_published), (Some(p), Some(l)) if p <= l)
+            && self.tail - self.free >= self.capacity
+    }
+
+    /// One receive step: (outcome, the new held handle if any).
+    fn take(&mut self, lane: usize) -> (Outcome, Option<MHeld>) {
+        let pick = self
+            .items
+            .iter()
+            .position(|i| i.state == State::Released)
+            .map(|i| (i, true))
+            .or_else(|| (self.next < self.tail).then(|| ((self.next - self.free) as usize, false)));
+        let Some((i, redelivery)) = pick else {
+            return (if self.closed { Outcome::Drained } else { Outcome::Empty }, None);
+        };
+        let item = &mut self.items[i];
+        item.state = State::Delivered;
+        item.attempts = item.attempts.saturating_add(1).min(0xFFFF);
+        item.generation += 1;
+        item.holders += 1;
+        let out = Outcome::Delivered { serial: item.serial, position: item.position, attempt: item.attempts };
+        let held = MHeld { lane, seq: item.seq, generation: item.generation, serial: item.serial };
+        self.delivered += 1;
+        if redelivery {
+            self.redelivered += 1;
+        } else {
+            self.next += 1;
+        }
+        (out, Some(held))
+    }
+
+    fn reattach(&mut self) {
+        for item in self.items.iter_mut() {
+            if item.state == State::Delivered {
+                item.state = State::Released;
+            }
+        }
+    }
+
+    /// Ends handle `h`: `ack` true to ack it, false to nack (or drop) it.
+    fn end(&mut self, h: MHeld, ack: bool) -> Outcome {
+        let item = self.item_mut(h.seq).expect("a held item is never reclaimed");
+        let current = item.state == State::Delivered && item.generation == h.generation;
+        item.holders -= 1;
+        let out = match (ack, current) {
+            (true, true) => {
+                item.state = State::Acked;
+                Outcome::Acked
+            }
+            (true, false) => Outcome::AckRefused,
+            (false, true) => {
+                item.state = State::Released;
+                Outcome::Ended
+            }
+            (false, false) => Outcome::Ended,
+        };
+        self.advance();
+        out
+    }
+
+    /// The stats the engine reports, as the model sees them.
+    fn stats(&self, strictness: Strictness) -> LaneStats {
+        let released = self.released();
+        LaneStats {
+            capacity: self.capacity as usize,
+            queued: self.tail - self.next,
+            released,
+            in_flight: self.next - self.free - released,
+            delivered: self.delivered,
+            redelivered: self.redelivered,
+            published: self.tail,
+            acked_items: self.free,
+            last_published: self.last_published.map(Position),
+            acked: self.acked(strictness).map(Position),
+            closed: self.closed,
+        }
+    }
+
+    fn acked(&self, strictness: Strictness) -> Option<u64> {
+        match strictness {
+            Strictness::Design => self.design_acked(),
+            Strictness::EngineHoldsAckForStaleHandles => self.acked_mark,
+        }
+    }
+
+    fn is_idle(&self, strictness: Strictness) -> bool {
+        match strictness {
+            Strictness::Design => self.items.iter().all(|i| i.state == State::Acked),
+            Strictness::EngineHoldsAckForStaleHandles => self.free == self.tail,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.released() == 0 && self.next == self.tail
+    }
+}
+
+impl Model {
+    /// A model of `lanes` lanes of `capacity` slots, each with a live producer and a consumer.
+    pub fn new(lanes: usize, capacity: usize, strictness: Strictness) -> Model {
+        Model {
+            lanes: (0..lanes).map(|_| ModelLane::new(capacity)).collect(),
+            held: Vec::new(),
+            next_serial: 0,
+            strictness,
+        }
+    }
+
+    /// W1: the minimum acked position over the lanes; `None` until every lane has one.
+    pub fn watermark(&self) -> Option<Position> {
+        let mut min: Option<u64> = None;
+        for lane in &self.lanes {
+            let p = lane.acked(self.strictness)?;
+            min = Some(min.map_or(p, |m| m.min(p)));
+        }
+        min.map(Position)
+    }
+
+    /// W5 (the request lane is never used here, so it is idle).
+    pub fn is_idle(&self) -> bool {
+        self.lanes.iter().all(|l| l.is_idle(self.strictness))
+    }
+}
+
+// ----- the real side -----------------------------------------------------------------------------
+
+struct RealLane {
+    lane: Lane,
+    producer: Option<Producer<LaneItem>>,
+    consumer: Consumer<LaneItem>,
+    detached: VecDeque<Consumer<LaneItem>>,
+}
+
+/// The real stream and the ends the harness holds.
+pub struct Real {
+    stream: MemoryStream,
+    lanes: Vec<RealLane>,
+    held: Vec<Delivery<LaneItem>>,
+}
+
+impl Real {
+    /// A stream of `lanes` lanes named `s0`, `s1`, ... of `capacity` slots, each with a producer
+    /// and a consumer.
+    pub fn new(lanes: usize, capacity: usize) -> Real {
+        let stream = MemoryStream::builder()
+            .capacity(capacity)
+            .sinks((0..lanes).map(|i| format!("s{i}")))
+            .build()
+            .expect("valid stream");
+        let lanes = stream
+            .lanes()
+            .map(|lane| RealLane {
+                producer: Some(lane.producer().expect("fresh lane has no producer")),
+                consumer: lane.consumer(),
+                detached: VecDeque::new(),
+                lane,
+            })
+            .collect();
+        Real { stream, lanes, held: Vec::new() }
+    }
+}
+
+/// The item's serial: batches carry it in `changes`, `SnapshotComplete` in its index name `i<serial>`.
+pub fn serial_of(item: &LaneItem) -> u64 {
+    match item {
+        LaneItem::Batch(b) => b.changes,
+        LaneItem::SnapshotComplete { indexes } => {
+            indexes[0].as_str()[1..].parse().expect("harness index names are i<serial>")
+        }
+    }
+}
+
+fn make_item(spec: ItemSpec, lane: &ModelLane, serial: u64) -> LaneItem {
+    let batch = |position: Option<u64>| {
+        LaneItem::Batch(Batch { position: position.map(Position), changes: serial, envelopes: Arc::from([]) })
+    };
+    match spec {
+        ItemSpec::At(p) => batch(Some(p.get())),
+        ItemSpec::Ahead(k) => {
+            batch(Some(lane.last_published.map_or(0, |l| l.saturating_add(1 + u64::from(k % 4)))))
+        }
+        ItemSpec::Snapshot => batch(None),
+        ItemSpec::SnapshotComplete => LaneItem::SnapshotComplete {
+            indexes: vec![IndexName::new(format!("i{serial}")).expect("valid index name")],
+        },
+        ItemSpec::Reserved => batch(Some(u64::MAX)),
+    }
+}
+
+fn publish_outcome(r: Result<(), PublishError<LaneItem>>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Published,
+        Err(PublishError::Full(i)) => Outcome::Full(serial_of(&i)),
+        Err(PublishError::Closed(i)) => Outcome::Closed(serial_of(&i)),
+        Err(PublishError::InvalidPosition(i)) => Outcome::InvalidPosition(serial_of(&i)),
+        Err(PublishError::Timeout(i)) => Outcome::Timeout(serial_of(&i)),
+        Err(PublishError::PositionRegressed { item, position, last }) => {
+            Outcome::Regressed { serial: serial_of(&item), position: position.0, last: last.0 }
+        }
+    }
+}
+
+fn delivered(d: &Delivery<LaneItem>) -> Outcome {
+    Outcome::Delivered {
+        serial: serial_of(d.item()),
+        position: d.position().map(|p| p.0),
+        attempt: d.attempt(),
+    }
+}
+
+// ----- the harness -------------------------------------------------------------------------------
+
+/// The real stream and the model side by side.
+pub struct Harness {
+    /// The real stream.
+    pub real: Real,
+    /// The model.
+    pub model: Model,
+    /// The highest watermark seen so far (W3).
+    last_watermark: Option<Position>,
+    /// Every operation applied, for failure messages.
+    trace: Vec<Op>,
+}
+
+impl Harness {
+    /// A stream and a model of `lanes` lanes of `capacity` slots.
+    pub fn new(lanes: usize, capacity: usize, strictness: Strictness) -> Harness {
+        Harness {
+            real: Real::new(lanes, capacity),
+            model: Model::new(lanes, capacity, strictness),
+            last_watermark: None,
+            trace: Vec::new(),
+        }
+    }
+
+    fn lane(&self, ix: LaneIx) -> usize {
+        usize::from(ix.0) % self.model.lanes.len()
+    }
+
+    fn held(&self, ix: HeldIx) -> Option<usize> {
+        (!self.model.held.is_empty()).then(|| usize::from(ix.0) % self.model.held.len())
+    }
+
+    /// Applies `op` to both sides and compares the outcome, then the whole observable state.
+    ///
+    /// # Panics
+    /// On any difference between the engine and the model, with the trace of operations.
+    pub fn apply(&mut self, op: Op) {
+        self.trace.push(op);
+        let (real, model) = self.apply_both(op);
+        assert_eq!(
+            real, model,
+            "outcome of {op:?} differs (engine left, model right); trace: {:?}",
+            self.trace
+        );
+        self.check_held();
+        self.compare();
+    }
+
+    fn apply_both(&mut self, op: Op) -> (Outcome, Outcome) {
+        match op {
+            Op::TryPublish(l, spec) | Op::Publish(l, spec) => {
+                let l = self.lane_of(l);
+                let (real, model) = (&mut self.real, &mut self.model);
+                let Some(producer) = real.lanes[l].producer.as_mut() else {
+                    return (Outcome::Skipped, Outcome::Skipped);
+                };
+                let serial = model.next_serial;
+                model.next_serial += 1;
+                let lane = &mut model.lanes[l];
+                let item = make_item(spec, lane, serial);
+                let position = item.position().map(|p| p.0);
+                let waits = lane.publish_would_wait(position);
+                let r = match op {
+                    Op::TryPublish(..) => producer.try_publish(item),
+                    _ if waits => producer.publish_timeout(item, Duration::ZERO),
+                    _ => producer.publish(item),
+                };
+                let m = match lane.publish(serial, position) {
+                    Outcome::Full(s) if !matches!(op, Op::TryPublish(..)) => Outcome::Timeout(s),
+                    m => m,
+                };
+                (publish_outcome(r), m)
+            }
+            Op::TryRecv(l) | Op::Recv(l) => {
+                let l = self.lane_of(l);
+                let (real, model) = (&mut self.real, &mut self.model);
+                let waits = model.lanes[l].would_wait();
+                let consumer = &mut real.lanes[l].consumer;
+                let r = match op {
+                    Op::TryRecv(_) => match consumer.try_recv() {
+                        Ok(d) => Ok(d),
+                        Err(TryRecvError::Empty) => Err(Outcome::Empty),
+                        Err(TryRecvError::Closed) => Err(Outcome::Drained),
+                        Err(TryRecvError::Detached) => Err(Outcome::Detached),
+                    },
+                    _ => {
+                        let r = if waits { consumer.recv_timeout(Duration::ZERO) } else { consumer.recv() };
+                        match r {
+                            Ok(Some(d)) => Ok(d),
+                            Ok(None) => Err(Outcome::Drained),
+                            Err(RecvError::Timeout) => Err(Outcome::Empty),
+                            Err(RecvError::Detached) => Err(Outcome::Detached),
+                        }
+                    }
+                };
+                let real_out = match r {
+                    Ok(d) => {
+                        let out = delivered(&d);
+                        real.held.push(d);
+                        out
+                    }
+                    Err(o) => o,
+                };
+                let (m, held) = model.lanes[l].take(l);
+                model.held.extend(held);
+                (real_out, m)
+            }
+            Op::TryRecvDetached(l, k) => {
+                let l = self.lane_of(l);
+                let detached = &mut self.real.lanes[l].detached;
+                if detached.is_empty() {
+                    return (Outcome::Skipped, Outcome::Skipped);
+                }
+                let k = usize::from(k) % detached.len();
+                let c = &mut detached[k];
+                assert!(c.is_detached(), "a replaced consumer says it is not detached");
+                let r = match c.try_recv() {
+                    Ok(d) => delivered(&d), // dropped at once; the comparison fails anyway
+                    Err(TryRecvError::Empty) => Outcome::Empty,
+                    Err(TryRecvError::Closed) => Outcome::Drained,
+                    Err(TryRecvError::Detached) => Outcome::Detached,
+                };
+                (r, Outcome::Detached)
+            }
+            Op::Ack(h) | Op::Nack(h) | Op::Drop(h) | Op::SplitAck(h) => {
+                let Some(i) = self.held(h) else {
+                    return (Outcome::Skipped, Outcome::Skipped);
+                };
+                let (real, model) = (&mut self.real, &mut self.model);
+                let d = real.held.remove(i);
+                let mh = model.held.remove(i);
+                assert_eq!(serial_of(d.item()), mh.serial, "held deliveries out of step");
+                let r = match op {
+                    Op::Ack(_) => ack_outcome(d.ack()),
+                    Op::SplitAck(_) => {
+                        let (item, handle) = d.into_parts();
+                        assert_eq!(serial_of(&item), mh.serial);
+                        ack_outcome(handle.ack())
+                    }
+                    Op::Nack(_) => {
+                        d.nack();
+                        Outcome::Ended
+                    }
+                    _ => {
+                        drop(d);
+                        Outcome::Ended
+                    }
+                };
+                let ack = matches!(op, Op::Ack(_) | Op::SplitAck(_));
+                (r, model.lanes[mh.lane].end(mh, ack))
+            }
+            Op::Reattach(l) => {
+                let l = self.lane_of(l);
+                let (real, model) = (&mut self.real, &mut self.model);
+                let lane = &mut real.lanes[l];
+                let old = std::mem::replace(&mut lane.consumer, lane.lane.consumer());
+                lane.detached.push_back(old);
+                if lane.detached.len() > MAX_DETACHED {
+                    lane.detached.pop_front();
+                }
+                model.lanes[l].reattach();
+                (Outcome::Done, Outcome::Done)
+            }
+            Op::Close(l) => {
+                let l = self.lane_of(l);
+                let (real, model) = (&mut self.real, &mut self.model);
+                let Some(producer) = real.lanes[l].producer.as_ref() else {
+                    return (Outcome::Skipped, Outcome::Skipped);
+                };
+                producer.close();
+                assert!(producer.is_closed());
+                model.lanes[l].closed = true;
+                (Outcome::Done, Outcome::Done)
+            }
+            Op::DropProducer(l) => {
+                let l = self.lane_of(l);
+                let (real, model) = (&mut self.real, &mut self.model);
+                let real_out = match real.lanes[l].producer.take() {
+                    Some(p) => {
+                        drop(p);
+                        Outcome::Done
+                    }
+                    None => Outcome::Skipped,
+                };
+                let lane = &mut model.lanes[l];
+                let model_out = if lane.producer_live { Outcome::Done } else { Outcome::Skipped };
+                lane.producer_live = false;
+                (real_out, model_out)
+            }
+            Op::ClaimProducer(l) => {
+                let l = self.lane_of(l);
+                let (real, model) = (&mut self.real, &mut self.model);
+                let lane = &mut real.lanes[l];
+                let real_out = match lane.lane.producer() {
+                    Ok(p) => {
+                        assert!(lane.producer.is_none(), "a second live producer was handed out (L9)");
+                        assert_eq!(p.is_closed(), model.lanes[l].closed);
+                        lane.producer = Some(p);
+                        Outcome::Claimed
+                    }
+                    Err(StreamError::ProducerBusy(name)) => {
+                        assert_eq!(&name, lane.lane.name());
+                        Outcome::ProducerBusy
+                    }
+                    Err(e) => panic!("unexpected {e:?}"),
+                };
+                let lane = &mut model.lanes[l];
+                let model_out = if lane.producer_live { Outcome::ProducerBusy } else { Outcome::Claimed };
+                lane.producer_live = true;
+                (real_out, model_out)
+            }
+            Op::Check => (Outcome::Done, Outcome::Done),
+        }
+    }
+
+    fn lane_of(&self, ix: LaneIx) -> usize {
+        self.lane(ix)
+    }
+
+    /// Every held delivery still reads its own item (no slot was reused under a handle).
+    fn check_held(&self) {
+        for (d, m) in self.real.held.iter().zip(&self.model.held) {
+            assert_eq!(
+                serial_of(d.item()),
+                m.serial,
+                "a held delivery reads another item; trace: {:?}",
+                self.trace
+            );
+        }
+    }
+
+    /// Compares watermark (and W3), is_idle, and every lane's stats and consumer hints.
+    pub fn compare(&mut self) {
+        let trace = &self.trace;
+        let watermark = self.real.stream.watermark();
+        assert_eq!(
+            watermark,
+            self.model.watermark(),
+            "watermark (engine left, model right); trace: {trace:?}"
+        );
+        assert!(watermark >= self.last_watermark, "watermark decreased (W3); trace: {trace:?}");
+        self.last_watermark = watermark;
+        assert_eq!(self.real.stream.is_idle(), self.model.is_idle(), "is_idle; trace: {trace:?}");
+        for (i, (real, model)) in self.real.lanes.iter().zip(&self.model.lanes).enumerate() {
+            let stats = real.lane.stats();
+            assert_eq!(stats, model.stats(self.model.strictness), "lane {i} stats; trace: {trace:?}");
+            assert_eq!(stats.lag(), stats.queued + stats.released + stats.in_flight);
+            assert_eq!(real.lane.acked(), stats.acked);
+            assert_eq!(
+                real.lane.is_idle(),
+                model.is_idle(self.model.strictness),
+                "lane {i} idle; trace: {trace:?}"
+            );
+            assert_eq!(
+                real.consumer.is_empty(),
+                model.is_empty(),
+                "lane {i} is_empty (L11); trace: {trace:?}"
+            );
+            assert!(!real.consumer.is_detached(), "current consumer detached; trace: {trace:?}");
+            if let Some(p) = &real.producer {
+                assert_eq!(p.is_closed(), model.closed);
+            }
+        }
+    }
+
+    /// Ends the run: drops every held delivery and the stream (M3: nothing panics or leaks).
+    pub fn finish(mut self) {
+        while !self.real.held.is_empty() {
+            self.apply(Op::Drop(HeldIx(0)));
+        }
+    }
+}
+
+fn ack_outcome(r: Result<(), AckError>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Acked,
+        Err(AckError::Detached) => Outcome::AckRefused,
+    }
+}
+
+/// Runs a whole scenario with the shared strictness.
+pub fn run(scenario: &Scenario) {
+    run_with(scenario, STRICTNESS);
+}
+
+/// Runs a whole scenario with the given strictness.
+pub fn run_with(scenario: &Scenario, strictness: Strictness) {
+    let mut h = Harness::new(scenario.lane_count(), scenario.lane_capacity(), strictness);
+    h.compare();
+    for &op in &scenario.ops {
+        h.apply(op);
+    }
+    h.finish();
+}
+
+/// The `lane_ops` fuzz target: bytes -> [`Scenario`] (via `arbitrary`) -> [`run`].
+pub fn run_bytes(data: &[u8]) {
+    if let Ok(scenario) = Scenario::arbitrary_take_rest(Unstructured::new(data)) {
+        run(&scenario);
+    }
+}
