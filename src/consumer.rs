@@ -95,7 +95,14 @@ impl<T: Item> Consumer<T> {
                 Err(TryRecvError::Empty) => {}
             }
             let (ring, epoch) = (&self.ring, self.epoch);
-            if wait::block_until(&ring.items, deadline, || ring.readable(epoch).then_some(())).is_none() {
+            if wait::block_until(
+                &ring.items,
+                || ring.want_items(),
+                deadline,
+                || ring.readable(epoch).then_some(()),
+            )
+            .is_none()
+            {
                 return Err(RecvError::Timeout);
             }
         }
@@ -145,9 +152,13 @@ impl<T: Item> Future for Recv<'_, T> {
                 Err(TryRecvError::Detached) => Err(RecvError::Detached),
                 Err(TryRecvError::Empty) => {
                     let (ring, epoch) = (&this.consumer.ring, this.consumer.epoch);
-                    if wait::poll_until(&ring.items, &mut this.key, cx.waker(), || {
-                        ring.readable(epoch).then_some(())
-                    })
+                    if wait::poll_until(
+                        &ring.items,
+                        || ring.want_items(),
+                        &mut this.key,
+                        cx.waker(),
+                        || ring.readable(epoch).then_some(()),
+                    )
                     .is_none()
                     {
                         return Poll::Pending;

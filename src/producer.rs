@@ -76,7 +76,14 @@ impl<T: Item> Producer<T> {
                 done => return done,
             }
             let (ring, state) = (&self.ring, &self.state);
-            if wait::block_until(&ring.room, deadline, || ring.writable(state).then_some(())).is_none() {
+            if wait::block_until(
+                &ring.room,
+                || ring.want_room(),
+                deadline,
+                || ring.writable(state).then_some(()),
+            )
+            .is_none()
+            {
                 return Err(PublishError::Timeout(item));
             }
         }
@@ -147,8 +154,14 @@ impl<T: Item> Future for Publish<'_, T> {
                 }
             }
             let (ring, state) = (&this.producer.ring, &this.producer.state);
-            if wait::poll_until(&ring.room, &mut this.key, cx.waker(), || ring.writable(state).then_some(()))
-                .is_none()
+            if wait::poll_until(
+                &ring.room,
+                || ring.want_room(),
+                &mut this.key,
+                cx.waker(),
+                || ring.writable(state).then_some(()),
+            )
+            .is_none()
             {
                 return Poll::Pending;
             }

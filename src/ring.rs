@@ -11,7 +11,8 @@
 //!    |  released   |              |
 //!    |  acked (*)  |              |
 //! ```
-//! - `tail`: items published. Written only by the producer.
+//! - `tail`: items published (stored shifted left by one; bit 0 is `ITEMS_WANTED`). Advanced
+//!   only by the producer.
 //! - `next`: the first never-delivered item. Written only by the seated consumer.
 //! - `free`: the end of the contiguous acked prefix: every item below it was acked and its slot
 //!   emptied. Written only by the advancer (see below). The producer may fill slot `tail` while
@@ -20,23 +21,36 @@
 //! (*) an acked item inside `free..next` waits there until every item before it is acked (L5).
 //!
 //! # Slot states
-//! Each slot has a state word `gen:40 | attempt:16 | tag:8`. Tags: `EMPTY` (free, or published
-//! and not yet delivered: `tail`/`next` tell which), `DELIVERED` (a handle holds it), `RELEASED`
-//! (nacked or taken back by a re-attach: waits for redelivery) and `ACKED`. `gen` counts the
-//! slot's deliveries, so a handle's expected word names exactly one delivery: an ack or nack from
-//! a handle whose delivery was taken back fails its compare-and-swap instead of touching a later
-//! delivery (ABA needs 2^40 deliveries of one slot while the stale handle lives).
+//! Each slot has one state word `gen:24 | holders:16 | attempt:16 | tag:8`. Tags: `EMPTY` (free,
+//! or published and not yet delivered: `tail`/`next` tell which), `DELIVERED` (the current
+//! delivery's handle may ack or nack it), `RELEASED` (nacked or taken back by a re-attach: waits
+//! for redelivery) and `ACKED`. `gen` counts the slot's deliveries, so a handle names exactly one
+//! delivery: an ack or nack from a handle whose delivery was taken back finds another `gen` (or
+//! tag) and fails instead of touching a later delivery.
 //!
 //! `holders` counts live handles reading the slot's item. A re-attach can release an item while
 //! the detached consumer's handle still reads it; the slot is emptied only when it is acked **and**
-//! `holders == 0`, so no slot is reused while a redelivery (or a stale delivery) reads it.
+//! `holders == 0`, so no slot is reused while a redelivery (or a stale delivery) reads it. Because
+//! a stale handle keeps its item in the slot, `gen` only has to tell apart the deliveries of one
+//! item while a stale handle of it lives: an ABA needs 2^24 redeliveries of that one item in the
+//! meantime, and even then the item is acked once, never lost.
+//!
+//! Keeping the holders in the state word makes an ack one compare-and-swap.
 //!
 //! # The advancer
 //! Acks come from any thread. Moving `free` forward is done by one thread at a time, the
-//! advancer, chosen without a lock by the `advance` counter: every thread that may have made
-//! progress possible adds one; the thread that moved it from 0 advances, then tries to swap back
-//! the count it saw; if more requests arrived meanwhile it advances again. A request is never
-//! lost because all of them are RMWs on one atomic, totally ordered (no `SeqCst` needed).
+//! advancer, chosen without a lock by the `advance` word: every thread that may have made
+//! progress possible adds one request; the thread that moved the count from 0 advances, then
+//! tries to swap the word it saw back to 0; if more requests arrived meanwhile it advances again.
+//! A request is never lost because all of them are RMWs on one atomic, totally ordered (no
+//! `SeqCst` needed). Bit 0 of `advance` is `ROOM_WANTED`: a producer waiting for room sets it
+//! (RMW) before re-checking `free`; the advancer's final swap sees it and wakes the producer. So
+//! an ack wakes nobody, at no cost, when nobody waits.
+//!
+//! # Waking the consumer
+//! Bit 0 of `tail` is `ITEMS_WANTED`: a consumer about to wait sets it (RMW) before re-checking
+//! `tail`, and publishing is one `fetch_add` on `tail` that sees the bit. Rare events (nack,
+//! close, re-attach) notify through the wait list's own counter (`wait.rs`).
 //!
 //! # The seat
 //! `seat` holds the consumer epoch (`epoch << 1`) and a `BUSY` bit. A consumer takes the seat
@@ -55,7 +69,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::item::Item;
 use crate::stats::LaneStats;
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
 use crate::wait::WaitList;
 use crate::Position;
 
@@ -65,7 +79,21 @@ pub(crate) const NO_POSITION: u64 = u64::MAX;
 const TAG_MASK: u64 = 0xFF;
 const ATTEMPT_SHIFT: u32 = 8;
 const ATTEMPT_MASK: u64 = 0xFFFF << ATTEMPT_SHIFT;
-const GEN_ONE: u64 = 1 << 24;
+const HOLDER_SHIFT: u32 = 24;
+const HOLDER_ONE: u64 = 1 << HOLDER_SHIFT;
+const HOLDER_MASK: u64 = 0xFFFF << HOLDER_SHIFT;
+const GEN_SHIFT: u32 = 40;
+const GEN_ONE: u64 = 1 << GEN_SHIFT;
+const GEN_MASK: u64 = !(GEN_ONE - 1);
+
+/// Bit 0 of `tail`: a consumer waits for items.
+const ITEMS_WANTED: u64 = 1;
+/// One published item in `tail`.
+const TAIL_ONE: u64 = 2;
+/// Bit 0 of `advance`: a producer waits for room.
+const ROOM_WANTED: usize = 1;
+/// One advance request in `advance`.
+const REQUEST_ONE: usize = 2;
 
 pub(crate) const EMPTY: u64 = 0;
 pub(crate) const DELIVERED: u64 = 1;
@@ -88,22 +116,33 @@ pub(crate) fn attempt(word: u64) -> u32 {
     ((word & ATTEMPT_MASK) >> ATTEMPT_SHIFT) as u32
 }
 
-/// The word of the next delivery of a slot whose current word is `word`: next generation,
-/// `attempt` (saturating at 16 bits), `DELIVERED`.
+#[inline]
+fn holders(word: u64) -> u64 {
+    (word & HOLDER_MASK) >> HOLDER_SHIFT
+}
+
+#[inline]
+pub(crate) fn gen(word: u64) -> u64 {
+    word & GEN_MASK
+}
+
+/// The word of the next delivery of a slot whose current word is `word`: next generation, one
+/// more holder, `attempt` (saturating at 16 bits), `DELIVERED`.
 #[inline]
 fn delivered_word(word: u64, attempt: u32) -> u64 {
-    let gen = (word & !(GEN_ONE - 1)).wrapping_add(GEN_ONE);
-    gen | (u64::from(attempt.min(0xFFFF)) << ATTEMPT_SHIFT) | DELIVERED
+    debug_assert!(holders(word) < 0xFFFF, "too many live handles on one item");
+    gen(word).wrapping_add(GEN_ONE)
+        | ((word & HOLDER_MASK) + HOLDER_ONE)
+        | (u64::from(attempt.min(0xFFFF)) << ATTEMPT_SHIFT)
+        | DELIVERED
 }
 
 /// The acked marks of a set of lanes, one cache line each, read together by the watermark.
 pub(crate) type Marks = StdArc<[CachePadded<AtomicU64>]>;
 
 struct Slot<T> {
-    /// `gen | attempt | tag` (module docs).
+    /// `gen | holders | attempt | tag` (module docs).
     state: AtomicU64,
-    /// Live handles reading `item`.
-    holders: AtomicU32,
     /// The item's position, or `NO_POSITION`. Written by the producer with the item.
     position: UnsafeCell<u64>,
     /// Initialised for items in `free..tail`.
@@ -124,7 +163,7 @@ pub(crate) enum Take {
 
 /// One lane's shared state.
 pub(crate) struct Ring<T> {
-    // Producer line.
+    // Producer line: `published << 1 | ITEMS_WANTED`.
     tail: CachePadded<AtomicU64>,
     // Consumer line.
     next: CachePadded<AtomicU64>,
@@ -134,6 +173,7 @@ pub(crate) struct Ring<T> {
     redelivered: AtomicU64,
     // Advancer line.
     free: CachePadded<AtomicU64>,
+    /// `requests << 1 | ROOM_WANTED` (module docs).
     advance: AtomicUsize,
     // Cold fields.
     last_published: AtomicU64,
@@ -167,7 +207,6 @@ impl<T> Ring<T> {
         let slots = (0..capacity)
             .map(|_| Slot {
                 state: AtomicU64::new(EMPTY),
-                holders: AtomicU32::new(0),
                 position: UnsafeCell::new(NO_POSITION),
                 item: UnsafeCell::new(MaybeUninit::uninit()),
             })
@@ -209,14 +248,22 @@ impl<T> Ring<T> {
 
     // ----- producer side -------------------------------------------------------------------
 
+    /// Items published so far.
+    #[inline]
+    fn published(&self) -> u64 {
+        // Acquire: pairs with the producer's Release `fetch_add` on `tail` (the slot's item and
+        // position are initialised).
+        self.tail.load(Ordering::Acquire) >> 1
+    }
+
     /// Claims the producer role. `None` if a live producer holds it (L9).
     pub(crate) fn claim_producer(&self) -> Option<ProducerState> {
         // Acquire: pairs with `release_producer`'s Release, so a restarted producer sees the
         // previous producer's `tail` and `last_published`.
         self.producer_live.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok()?;
         Some(ProducerState {
-            // Relaxed: written only by producers, ordered by the claim above.
-            tail: self.tail.load(Ordering::Relaxed),
+            // Relaxed: advanced only by producers, ordered by the claim above.
+            tail: self.tail.load(Ordering::Relaxed) >> 1,
             cached_free: self.free.load(Ordering::Acquire),
             last: self.last_published.load(Ordering::Relaxed),
         })
@@ -237,8 +284,7 @@ impl<T> Ring<T> {
         T: Item,
     {
         use crate::PublishError;
-        // Acquire: pairs with `close`'s Release (only for a restarted producer's sake; the closing
-        // producer is usually this one).
+        // Acquire: pairs with `close`'s Release (for a restarted producer's sake).
         if self.closed.load(Ordering::Acquire) {
             return Err(PublishError::Closed(item));
         }
@@ -268,22 +314,40 @@ impl<T> Ring<T> {
         // SAFETY: item `tail` is not published, and `tail - free < capacity` means the slot's
         // previous item (`tail - capacity`) was moved out by the advancer, which then stored
         // `free` with Release (acquired above). No other thread touches the slot's cells until
-        // the `tail` store below publishes them.
+        // the `tail` update below publishes them.
         unsafe {
             slot.item.with_mut(|c| (*c).write(item));
             slot.position.with_mut(|c| *c = position);
         }
         p.tail += 1;
-        // Release: pairs with the consumer's Acquire load of `tail`: publishes the slot's item
-        // and position.
-        self.tail.store(p.tail, Ordering::Release);
         if position != NO_POSITION {
             p.last = position;
             // Relaxed: statistics, and a restarted producer reads it after `claim_producer`.
             self.last_published.store(position, Ordering::Relaxed);
         }
-        self.items.notify();
+        // Release: pairs with the consumer's Acquire loads of `tail` (publishes the slot).
+        // An RMW, so it also sees an `ITEMS_WANTED` set by a consumer about to wait: either we
+        // see the bit, or the consumer's RMW comes after ours and its re-check sees the item.
+        let before = self.tail.fetch_add(TAIL_ONE, Ordering::Release);
+        if before & ITEMS_WANTED != 0 {
+            // Relaxed: the wait list's own RMWs order the wake-up.
+            self.tail.fetch_and(!ITEMS_WANTED, Ordering::Relaxed);
+            self.items.notify();
+        }
         Ok(())
+    }
+
+    /// Marks that a consumer is about to wait for items (before its re-check).
+    pub(crate) fn want_items(&self) {
+        // AcqRel RMW: see `try_push`.
+        self.tail.fetch_or(ITEMS_WANTED, Ordering::AcqRel);
+    }
+
+    /// Marks that a producer is about to wait for room (before its re-check).
+    pub(crate) fn want_room(&self) {
+        // AcqRel RMW: totally ordered with the advancer's final compare-and-swap, which either
+        // sees the bit (and wakes us) or is read by this RMW, so our re-check sees its `free`.
+        self.advance.fetch_or(ROOM_WANTED, Ordering::AcqRel);
     }
 
     /// Whether a publish could make progress now: room in the ring, or the lane closed.
@@ -294,10 +358,9 @@ impl<T> Ring<T> {
 
     /// Whether the ring has room (for producers whose state sits behind a lock).
     pub(crate) fn has_room(&self) -> bool {
-        // Acquire loads: `free` as in `try_push`; `tail` pairs with the producer's Release. Loading
-        // `free` first keeps `tail - free` from underflowing (both only grow, `free <= tail`).
+        // Load `free` first: both only grow and `free <= tail`, so `tail - free` cannot underflow.
         let free = self.free.load(Ordering::Acquire);
-        self.closed.load(Ordering::Acquire) || self.tail.load(Ordering::Acquire) - free < self.capacity
+        self.closed.load(Ordering::Acquire) || self.published() - free < self.capacity
     }
 
     /// Closes the lane (L10): publishing fails with `Closed` from now on, consumers drain what
@@ -348,16 +411,23 @@ impl<T> Ring<T> {
         let mut i = self.free.load(Ordering::Acquire);
         while i < next {
             let slot = self.slot(i);
-            let word = slot.state.load(Ordering::Acquire);
-            // AcqRel: races a late ack or nack of the same delivery word; exactly one wins (L8).
-            if tag(word) == DELIVERED
-                && slot
-                    .state
-                    .compare_exchange(word, with_tag(word, RELEASED), Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                // Release: pairs with the consumer's Acquire load of `released`.
-                self.released.fetch_add(1, Ordering::Release);
+            let mut word = slot.state.load(Ordering::Acquire);
+            // AcqRel: races a late ack or nack of the same delivery, and stale handles ending
+            // (holder count); exactly one of ack and take-back wins (L8).
+            while tag(word) == DELIVERED {
+                match slot.state.compare_exchange_weak(
+                    word,
+                    with_tag(word, RELEASED),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        // Release: pairs with the consumer's Acquire load of `released`.
+                        self.released.fetch_add(1, Ordering::Release);
+                        break;
+                    }
+                    Err(now) => word = now,
+                }
             }
             i += 1;
         }
@@ -391,25 +461,23 @@ impl<T> Ring<T> {
         // Relaxed: `next` is written only by the seated consumer; the seat's Acquire ordered us
         // after the last writer.
         let next = self.next.load(Ordering::Relaxed);
-        // Acquire: pairs with the Release increments by nack and re-attach, which follow their
-        // slot's switch to RELEASED.
-        if self.released.load(Ordering::Acquire) > 0 {
+        // Relaxed: a count only says "scan"; the scan acquires each slot word. Nack counts
+        // before its switch to RELEASED, re-attach counts under the seat.
+        if self.released.load(Ordering::Relaxed) > 0 {
             if let Some(t) = self.take_released(next) {
                 return t;
             }
         }
         // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
         if next >= *cached_tail {
-            // Acquire: pairs with the producer's Release store of `tail` (the slot's item and
-            // position are initialised).
-            *cached_tail = self.tail.load(Ordering::Acquire);
+            *cached_tail = self.published();
             if next == *cached_tail {
                 // Acquire on `closed` then re-read `tail`: `close` stores with Release after the
-                // producer's last `tail` store, so a close we see brings every item before it.
+                // producer's last `tail` update, so a close we see brings every item before it.
                 if !self.closed.load(Ordering::Acquire) {
                     return Take::Empty;
                 }
-                *cached_tail = self.tail.load(Ordering::Acquire);
+                *cached_tail = self.published();
                 if next == *cached_tail {
                     return Take::Closed;
                 }
@@ -417,11 +485,8 @@ impl<T> Ring<T> {
         }
         let slot = self.slot(next);
         // Relaxed: the slot's last writer (the advancer emptying it) is ordered before us by the
-        // `free` -> producer -> `tail` chain acquired above.
+        // `free` -> producer -> `tail` chain acquired above. No handle exists, so no holder.
         let word = delivered_word(slot.state.load(Ordering::Relaxed), 1);
-        // Relaxed: handles are handed to other threads by the user's own synchronisation; the
-        // decrements (Release) are what the advancer acquires.
-        slot.holders.fetch_add(1, Ordering::Relaxed);
         // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing else
         // can change a queued slot's word, so a plain store suffices.
         slot.state.store(word, Ordering::Release);
@@ -439,7 +504,7 @@ impl<T> Ring<T> {
         while i < next {
             let slot = self.slot(i);
             // Acquire: pairs with the Release (AcqRel) switch to RELEASED by nack or re-attach.
-            let word = slot.state.load(Ordering::Acquire);
+            let mut word = slot.state.load(Ordering::Acquire);
             if tag(word) == RELEASED {
                 // Re-read `free` after the state: if item `i` was still unreclaimed then, the
                 // slot held item `i` (a later item enters only after `i` is reclaimed), and a
@@ -449,12 +514,18 @@ impl<T> Ring<T> {
                     i = free;
                     continue;
                 }
-                let new = delivered_word(word, attempt(word).saturating_add(1));
-                slot.holders.fetch_add(1, Ordering::Relaxed);
-                // Release: as for a first delivery. Only the seated consumer changes a
-                // RELEASED word (acks and nacks expect DELIVERED), so a store suffices.
-                slot.state.store(new, Ordering::Release);
-                // Relaxed: we only ever decrement after seeing the count >= 1 (Acquire above).
+                // Only the seated consumer changes a RELEASED word's tag (acks and nacks expect
+                // DELIVERED), but stale handles ending may lower its holder count meanwhile.
+                let new = loop {
+                    let new = delivered_word(word, attempt(word).saturating_add(1));
+                    // Release: as for a first delivery.
+                    match slot.state.compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed) {
+                        Ok(_) => break new,
+                        Err(now) => word = now,
+                    }
+                };
+                // Relaxed: every RELEASED slot was counted before it showed RELEASED, so this
+                // never underflows.
                 self.released.fetch_sub(1, Ordering::Relaxed);
                 self.delivered.store(self.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 self.redelivered.store(self.redelivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -477,14 +548,13 @@ impl<T> Ring<T> {
         // Acquire loads, as in `take_seated`.
         (self.seat.load(Ordering::Acquire) >> 1) != epoch
             || self.released.load(Ordering::Acquire) > 0
-            || self.next.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+            || self.next.load(Ordering::Acquire) != self.published()
             || self.closed.load(Ordering::Acquire)
     }
 
     /// L11: nothing queued and nothing released.
     pub(crate) fn is_empty(&self) -> bool {
-        self.released.load(Ordering::Acquire) == 0
-            && self.next.load(Ordering::Acquire) == self.tail.load(Ordering::Acquire)
+        self.released.load(Ordering::Acquire) == 0 && self.next.load(Ordering::Acquire) == self.published()
     }
 
     // ----- handles ---------------------------------------------------------------------------
@@ -492,82 +562,98 @@ impl<T> Ring<T> {
     /// The item of a live delivery.
     ///
     /// # Safety
-    /// The caller holds a live handle on item `index` (so `holders > 0`: the item stays
-    /// initialised and is not moved until the handle ends).
+    /// The caller holds a live handle on item `index` (so the slot's holder count is > 0: the
+    /// item stays initialised and is not moved until the handle ends).
     pub(crate) unsafe fn item(&self, index: u64) -> &T {
         let slot = self.slot(index);
         // SAFETY: per the contract, the slot holds initialised item `index` and nothing writes
-        // it while `holders > 0`; shared reads are fine (`T: Sync` for cross-thread handles).
+        // it while it has holders; shared reads are fine (`T: Sync` for cross-thread handles).
         slot.item.with(|c| unsafe { (*c).assume_init_ref() })
     }
 
     /// Acks delivery `word` of item `index`; ends the handle either way.
     pub(crate) fn ack(&self, index: u64, word: u64) -> Result<(), crate::AckError> {
         let slot = self.slot(index);
-        // Release: the sink's writes before the ack are published to the advancer (which
-        // acquires the ACKED word) and from there to watermark readers (W4). Relaxed on
-        // failure: nothing is read.
-        let landed = slot
-            .state
-            .compare_exchange(word, with_tag(word, ACKED), Ordering::Release, Ordering::Relaxed)
-            .is_ok();
-        self.end_handle(slot, landed);
-        if landed {
-            Ok(())
-        } else {
-            Err(crate::AckError::Detached)
+        // Relaxed: the compare-and-swap below is what synchronises.
+        let mut now = slot.state.load(Ordering::Relaxed);
+        while tag(now) == DELIVERED && gen(now) == gen(word) {
+            // One fewer holder, ACKED. Release: the sink's writes before the ack are published
+            // to the advancer (which acquires the ACKED word) and from there to watermark
+            // readers (W4), and our reads of the item happen before it is moved out.
+            let acked = with_tag(now, ACKED) - HOLDER_ONE;
+            match slot.state.compare_exchange_weak(now, acked, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => {
+                    if holders(acked) == 0 {
+                        self.request_advance();
+                    }
+                    return Ok(());
+                }
+                Err(w) => now = w,
+            }
         }
+        self.end_stale(slot);
+        Err(crate::AckError::Detached)
     }
 
     /// Releases delivery `word` of item `index` for redelivery (L6); ends the handle. A no-op
     /// on the slot if a re-attach already took the delivery back.
     pub(crate) fn nack(&self, index: u64, word: u64) {
         let slot = self.slot(index);
-        // Release: pairs with the consumer's Acquire load of the RELEASED word.
-        let released = slot
-            .state
-            .compare_exchange(word, with_tag(word, RELEASED), Ordering::Release, Ordering::Relaxed)
-            .is_ok();
-        if released {
-            // Release: pairs with the consumer's Acquire load of `released`.
-            self.released.fetch_add(1, Ordering::Release);
+        // Count the release *before* the slot shows RELEASED, so every RELEASED slot the
+        // consumer can see is already counted: the consumer never spends the count of another
+        // released item on this one and then skips that one for a new item (L2). Until our
+        // switch lands the count is one ahead and the consumer only scans for nothing.
+        // Relaxed: the consumer acquires the slot word itself.
+        self.released.fetch_add(1, Ordering::Relaxed);
+        let mut now = slot.state.load(Ordering::Relaxed);
+        while tag(now) == DELIVERED && gen(now) == gen(word) {
+            // Release: pairs with the consumer's Acquire load of the RELEASED word.
+            let released = with_tag(now, RELEASED) - HOLDER_ONE;
+            match slot.state.compare_exchange_weak(now, released, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.items.notify();
+                    return;
+                }
+                Err(w) => now = w,
+            }
         }
-        self.end_handle(slot, false);
-        if released {
-            self.items.notify();
-        }
+        // A re-attach took the delivery back (and counted it): take our count back.
+        self.released.fetch_sub(1, Ordering::Relaxed);
+        self.end_stale(slot);
     }
 
-    fn end_handle(&self, slot: &Slot<T>, acked: bool) {
+    /// Ends a handle whose delivery was taken back by a re-attach: drops its holder count, and
+    /// if it was the item's last holder after an ack, lets the prefix advance.
+    fn end_stale(&self, slot: &Slot<T>) {
         // Release: our reads of the item happen before the advancer (Acquire) may move it out.
-        let before = slot.holders.fetch_sub(1, Ordering::Release);
-        debug_assert!(before > 0, "handle ended on a slot with no holders");
-        // An ack may complete the prefix; the last stale holder of an acked item may too.
-        if acked || before == 1 {
+        let before = slot.state.fetch_sub(HOLDER_ONE, Ordering::Release);
+        debug_assert!(holders(before) > 0, "handle ended on a slot with no holders");
+        if tag(before) == ACKED && holders(before) == 1 {
             self.request_advance();
         }
     }
 
     /// Asks for the acked prefix to be advanced; advances it if no other thread is doing so.
     fn request_advance(&self) {
-        // AcqRel: Release hands our ACKED word and holder decrement to the advancer; Acquire
-        // (when we become the advancer) takes the previous advancer's `free` and slot writes.
-        if self.advance.fetch_add(1, Ordering::AcqRel) != 0 {
+        // AcqRel: Release hands our ACKED word to the advancer; Acquire (when we become the
+        // advancer) takes the previous advancer's `free` and slot writes.
+        let before = self.advance.fetch_add(REQUEST_ONE, Ordering::AcqRel);
+        if before >= REQUEST_ONE {
             return; // the current advancer will see our request and go round again
         }
-        let mut seen = 1;
-        let mut advanced = false;
+        let mut seen = before + REQUEST_ONE;
         let mut first_panic = None;
         loop {
-            advanced |= self.advance_prefix(&mut first_panic);
-            // AcqRel: success hands the role back (Release for the next advancer); failure
-            // acquires the requests that arrived meanwhile, and we go round again.
+            self.advance_prefix(&mut first_panic);
+            // AcqRel: success hands the role back (Release for the next advancer) and clears
+            // `ROOM_WANTED`; failure acquires the requests (or the producer's wish) that arrived
+            // meanwhile, and we go round again.
             match self.advance.compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => break,
                 Err(now) => seen = now,
             }
         }
-        if advanced {
+        if seen & ROOM_WANTED != 0 {
             self.room.notify();
         }
         if let Some(p) = first_panic {
@@ -577,27 +663,27 @@ impl<T> Ring<T> {
 
     /// Empties acked slots from `free` on while they form a contiguous prefix with no holders.
     /// Must be called only by the advancer. Item drops that panic are caught (the bookkeeping
-    /// is already done) and the first panic is returned to be resumed.
-    fn advance_prefix(&self, first_panic: &mut Option<Box<dyn std::any::Any + Send>>) -> bool {
+    /// is already done) and the first panic is kept to be resumed.
+    fn advance_prefix(&self, first_panic: &mut Option<Box<dyn std::any::Any + Send>>) {
         // Relaxed: only the advancer writes `free`, and the role's Acquire ordered us after the
         // previous advancer.
         let mut free = self.free.load(Ordering::Relaxed);
-        let start = free;
         loop {
             let slot = self.slot(free);
-            // Acquire: pairs with the ack's Release (W4 chain) — an ACKED word is always the
-            // current item's, because only the advancer empties slots and it stops at `free`.
+            // Acquire: pairs with the ack's Release (W4 chain) and with stale handles' Release
+            // holder decrements. An ACKED word is always the current item's, because only the
+            // advancer empties slots and it stops at `free`.
             let word = slot.state.load(Ordering::Acquire);
-            // Acquire on holders: pairs with every handle's Release decrement.
-            if tag(word) != ACKED || slot.holders.load(Ordering::Acquire) != 0 {
+            if tag(word) != ACKED || holders(word) != 0 {
                 break;
             }
             // SAFETY: item `free` is acked and no handle reads it, so the slot is ours: the
             // consumer never touches an ACKED slot and the producer waits for `free` to pass it.
             let (item, position) =
                 unsafe { (slot.item.with(|c| ptr::read(c).assume_init()), slot.position.with(|c| *c)) };
-            // Relaxed: published to the producer by the Release store of `free` below.
-            slot.state.store(with_tag(word & !ATTEMPT_MASK, EMPTY), Ordering::Relaxed);
+            // Relaxed: published to the producer by the Release store of `free` below. Keeps
+            // `gen`; zero holders, zero attempts.
+            slot.state.store(gen(word) | EMPTY, Ordering::Relaxed);
             free += 1;
             // Release: pairs with the producer's Acquire load of `free` (the slot may be reused).
             self.free.store(free, Ordering::Release);
@@ -612,7 +698,6 @@ impl<T> Ring<T> {
                 first_panic.get_or_insert(p);
             }
         }
-        free != start
     }
 
     // ----- statistics --------------------------------------------------------------------------
@@ -622,7 +707,7 @@ impl<T> Ring<T> {
         // Load `free` before `tail`: both grow and `free <= tail`, so equality means that at the
         // moment of the first load everything published was acked.
         let free = self.free.load(Ordering::Acquire);
-        free == self.tail.load(Ordering::Acquire)
+        free == self.published()
     }
 
     /// The lane's acked position (L5).
@@ -638,7 +723,7 @@ impl<T> Ring<T> {
         // differences never underflow; `released` is read separately and clamped.
         let free = self.free.load(Ordering::Acquire);
         let next = self.next.load(Ordering::Acquire);
-        let tail = self.tail.load(Ordering::Acquire);
+        let tail = self.published();
         let released = (self.released.load(Ordering::Relaxed) as u64).min(next - free);
         let last = self.last_published.load(Ordering::Relaxed);
         LaneStats {
@@ -663,7 +748,7 @@ impl<T> Drop for Ring<T> {
     fn drop(&mut self) {
         // `&mut self`: no other thread can hold a handle (each holds an `Arc` of the ring).
         let free = self.free.load(Ordering::Relaxed);
-        let tail = self.tail.load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Relaxed) >> 1;
         let cap = self.slots.len() as u64;
         let mut first_panic = None;
         for i in free..tail {

@@ -280,6 +280,13 @@ impl<T: Item> Lane<T> {
         Consumer::attach(self.ring.clone())
     }
 
+    /// Closes the lane, as [`Producer::close`] does, without holding the producer: for a
+    /// supervisor shutting a pipeline down while the producer waits in `publish` (L10). Wakes
+    /// every waiter; a waiting publish returns `Closed` with its item.
+    pub fn close(&self) {
+        self.ring.close();
+    }
+
     /// The lane's acked position (L5): the position of the last positioned item in the
     /// contiguous acked prefix.
     pub fn acked(&self) -> Option<Position> {
@@ -343,6 +350,12 @@ impl RequestLane {
         Consumer::attach(self.shared.ring.clone())
     }
 
+    /// Closes the request lane: senders get `Closed` (request handed back), the consumer drains
+    /// what is queued or released, then receives `None`. Wakes every waiter.
+    pub fn close(&self) {
+        self.shared.ring.close();
+    }
+
     /// The request lane's counters.
     pub fn stats(&self) -> LaneStats {
         self.shared.ring.stats()
@@ -393,7 +406,9 @@ impl RequestSender {
                 done => return done,
             }
             let ring = &self.shared.ring;
-            if wait::block_until(&ring.room, deadline, || ring.has_room().then_some(())).is_none() {
+            if wait::block_until(&ring.room, || ring.want_room(), deadline, || ring.has_room().then_some(()))
+                .is_none()
+            {
                 return Err(PublishError::Timeout(request));
             }
         }
@@ -426,7 +441,13 @@ impl std::future::Future for RoomFuture<'_> {
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         let this = &mut *self;
         let ring = this.ring;
-        match wait::poll_until(&ring.room, &mut this.key, cx.waker(), || ring.has_room().then_some(())) {
+        match wait::poll_until(
+            &ring.room,
+            || ring.want_room(),
+            &mut this.key,
+            cx.waker(),
+            || ring.has_room().then_some(()),
+        ) {
             Some(()) => std::task::Poll::Ready(()),
             None => std::task::Poll::Pending,
         }

@@ -6,7 +6,7 @@
 
 #[cfg(not(lanestream_loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
     pub(crate) use std::sync::{Arc, Mutex};
     pub(crate) use std::thread::{current, park, park_timeout, Thread};
 
@@ -45,7 +45,7 @@ mod imp {
 #[cfg(lanestream_loom)]
 mod imp {
     pub(crate) use loom::cell::UnsafeCell;
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
     pub(crate) use loom::sync::{Arc, Mutex};
     pub(crate) use loom::thread::{current, park, Thread};
 

@@ -139,8 +139,12 @@ impl WaitList {
 
 /// Blocks until `ready` gives a value: checks, spins briefly (crossbeam's `Backoff`), then parks
 /// until notified. `None` if `deadline` passed first.
+///
+/// `arm` runs after each registration and before the re-check: it raises the ring's own
+/// "someone waits" bit (an RMW), so the hot-path notifier can skip the list when nobody waits.
 pub(crate) fn block_until<R>(
     list: &WaitList,
+    arm: impl Fn(),
     deadline: Option<Instant>,
     mut ready: impl FnMut() -> Option<R>,
 ) -> Option<R> {
@@ -159,6 +163,7 @@ pub(crate) fn block_until<R>(
     let mut key = None;
     loop {
         list.register(&mut key, None);
+        arm();
         if let Some(r) = ready() {
             list.cancel(&mut key);
             return Some(r);
@@ -181,6 +186,7 @@ pub(crate) fn block_until<R>(
 /// keeps `key` in its future and calls [`WaitList::cancel`] when the future is dropped.
 pub(crate) fn poll_until<R>(
     list: &WaitList,
+    arm: impl Fn(),
     key: &mut Option<u64>,
     waker: &Waker,
     mut ready: impl FnMut() -> Option<R>,
@@ -190,6 +196,7 @@ pub(crate) fn poll_until<R>(
         return Some(r);
     }
     list.register(key, Some(waker));
+    arm();
     if let Some(r) = ready() {
         list.cancel(key);
         return Some(r);
