@@ -71,6 +71,10 @@ pub use producer::{Producer, Publish};
 pub use stats::LaneStats;
 pub use stream::{Lane, MemoryStream, RequestLane, RequestSender, Stream, StreamBuilder};
 
+/// `Send`/`Sync` bounds and consume-on-ack, pinned by `compile_fail` doctests.
+#[cfg(doctest)]
+mod send_sync_tests;
+
 /// The README's examples, run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
