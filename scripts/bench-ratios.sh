@@ -119,7 +119,9 @@ print()
 if w0s and w0e:
     print(f"W0 spread: start {fmt(w0s)}, end {fmt(w0e)}, end/start {w0e / w0s:.2f}x "
           f"({(w0e - w0s) / w0s * 100:+.0f}%)")
-    w0 = (w0s + w0e) / 2
+    # The lower of the two: a calibration point taken while the machine was busy would make
+    # the W3 target look easier than it is.
+    w0 = min(w0s, w0e)
 else:
     w0 = w0s or w0e
     print("W0 spread: only one calibration point")
@@ -151,7 +153,7 @@ for lanes in (4, 8):
            ">=", 2.0, "broadcast/ours")
 for size in (1, 64):
     x = med.get((f"w3_round_trip/batch_{size}", "lanestream[spin]"))
-    target(f"W3 batch {size} round trip vs W0", x / w0 if x and w0 else None, "<=", 2.0, "ours/W0")
+    target(f"W3 batch {size} round trip vs W0 (lower of start/end)", x / w0 if x and w0 else None, "<=", 2.0, "ours/W0")
 for state in ("idle", "racing"):
     g = f"w4_watermark/{state}/lanes_64"
     target(f"W4 64 lanes {state} vs relaxed min", ratio(g, "lanestream[none]", "relaxed-min[none]"),
