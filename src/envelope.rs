@@ -48,9 +48,101 @@ pub struct Envelope {
     pub position: Option<Position>,
     /// The document bytes (for PostgreSQL input, the row as a JSON object). Empty for deletes and
     /// truncates unless the source sent the old row.
+    ///
+    /// Serde: in human-readable formats (JSON) a UTF-8 document is a string and anything else an
+    /// array of byte values; in binary formats, bytes. Deserialization accepts all three.
+    #[serde(with = "document_serde")]
     pub document: Bytes,
     /// When the envelope was built, in microseconds since the Unix epoch, if the builder recorded
     /// it (used to measure end-to-end latency).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub built_at_micros: Option<u64>,
+}
+
+/// Serde for [`Envelope::document`]: a string when the format is human-readable and the bytes are
+/// UTF-8 (so JSON output shows the document), bytes otherwise.
+mod document_serde {
+    use std::fmt;
+
+    use bytes::Bytes;
+    use serde::de::{self, SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(doc: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(doc) {
+            Ok(text) if s.is_human_readable() => s.serialize_str(text),
+            _ => s.serialize_bytes(doc),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        struct Document;
+
+        impl<'de> Visitor<'de> for Document {
+            type Value = Bytes;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a document as a string, bytes, or an array of byte values")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Bytes, E> {
+                Ok(Bytes::copy_from_slice(v.as_bytes()))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Bytes, E> {
+                Ok(Bytes::from(v))
+            }
+
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Bytes, E> {
+                Ok(Bytes::copy_from_slice(v))
+            }
+
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+                Ok(Bytes::from(v))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Bytes, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(Bytes::from(out))
+            }
+        }
+
+        d.deserialize_any(Document)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(document: Bytes) -> Envelope {
+        Envelope {
+            index: IndexName::new("public_users").unwrap(),
+            id: "1".into(),
+            op: Op::Upsert,
+            position: Some(Position(9)),
+            document,
+            built_at_micros: None,
+        }
+    }
+
+    #[test]
+    fn json_shows_a_utf8_document_as_a_string_and_round_trips() {
+        let e = envelope(Bytes::from_static(r#"{"id":1,"name":"Zoë"}"#.as_bytes()));
+        let json = serde_json::to_string(&e).unwrap();
+        assert!(json.contains(r#""document":"{\"id\":1,\"name\":\"Zoë\"}""#), "{json}");
+        assert!(json.contains(r#""op":"upsert""#), "{json}");
+        assert_eq!(serde_json::from_str::<Envelope>(&json).unwrap(), e);
+    }
+
+    #[test]
+    fn json_keeps_a_non_utf8_document_as_byte_values() {
+        let e = envelope(Bytes::from_static(&[0xff, 0x00, 0x7f]));
+        let json = serde_json::to_string(&e).unwrap();
+        assert!(json.contains(r#""document":[255,0,127]"#), "{json}");
+        assert_eq!(serde_json::from_str::<Envelope>(&json).unwrap(), e);
+    }
 }

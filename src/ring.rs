@@ -2,23 +2,25 @@
 //! after their item is acked, with out-of-order acks, releases, redelivery and consumer re-attach.
 //!
 //! # Indices
-//! Three monotonically increasing `u64` counters (they never wrap in practice: 2^64 items) split
+//! Four monotonically increasing `u64` counters (they never wrap in practice: 2^64 items) split
 //! the published items into ranges; item `i` lives in slot `i % capacity`:
 //!
 //! ```text
-//!   free          next           tail
-//!    |  delivered  |   queued     |   (empty slots)
-//!    |  released   |              |
-//!    |  acked (*)  |              |
+//!   free           acked_end       next           tail
+//!    | acked, read  |  delivered    |   queued     |   (empty slots)
+//!    | by a stale   |  released     |              |
+//!    | handle       |  acked (*)    |              |
 //! ```
 //! - `tail`: items published (stored shifted left by one; bit 0 is `ITEMS_WANTED`). Advanced
 //!   only by the producer.
 //! - `next`: the first never-delivered item. Written only by the seated consumer.
-//! - `free`: the end of the contiguous acked prefix: every item below it was acked and its slot
-//!   emptied. Written only by the advancer (see below). The producer may fill slot `tail` while
-//!   `tail - free < capacity`.
+//! - `acked_end`: the end of the contiguous acked prefix (L5); the lane's acked position is the
+//!   last positioned item below it. Written only by the advancer (see below).
+//! - `free`: every item below it was acked and its slot emptied. Written only by the advancer.
+//!   `free < acked_end` only while a detached consumer's stale handle still reads an acked
+//!   item. The producer may fill slot `tail` while `tail - free < capacity`.
 //!
-//! (*) an acked item inside `free..next` waits there until every item before it is acked (L5).
+//! (*) an acked item inside `acked_end..next` waits there until every item before it is acked.
 //!
 //! # Slot states
 //! Each slot has one state word `gen:24 | holders:16 | attempt:16 | tag:8`. Tags: `EMPTY` (free,
@@ -173,6 +175,10 @@ pub(crate) struct Ring<T> {
     redelivered: AtomicU64,
     // Advancer line.
     free: CachePadded<AtomicU64>,
+    /// The end of the contiguous acked prefix (`free <= acked <= next`); items in `free..acked`
+    /// are acked but still read by a stale handle (their slots wait). Written only by the
+    /// advancer.
+    acked_end: AtomicU64,
     /// `requests << 1 | ROOM_WANTED` (module docs).
     advance: AtomicUsize,
     // Cold fields.
@@ -220,6 +226,7 @@ impl<T> Ring<T> {
             delivered: AtomicU64::new(0),
             redelivered: AtomicU64::new(0),
             free: CachePadded::new(AtomicU64::new(0)),
+            acked_end: AtomicU64::new(0),
             advance: AtomicUsize::new(0),
             last_published: AtomicU64::new(NO_POSITION),
             closed: AtomicBool::new(false),
@@ -583,9 +590,9 @@ impl<T> Ring<T> {
             let acked = with_tag(now, ACKED) - HOLDER_ONE;
             match slot.state.compare_exchange_weak(now, acked, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => {
-                    if holders(acked) == 0 {
-                        self.request_advance();
-                    }
+                    // Even with stale holders left: the acked position moves now, only the
+                    // slot waits for them.
+                    self.request_advance();
                     return Ok(());
                 }
                 Err(w) => now = w,
@@ -661,39 +668,64 @@ impl<T> Ring<T> {
         }
     }
 
-    /// Empties acked slots from `free` on while they form a contiguous prefix with no holders.
-    /// Must be called only by the advancer. Item drops that panic are caught (the bookkeeping
-    /// is already done) and the first panic is kept to be resumed.
+    /// Advances the acked prefix over every contiguous ACKED item (moving the lane's acked
+    /// position: an acked item counts at once, L5/W1), then empties the slots of the prefix
+    /// that no handle reads any more (a detached consumer's stale handle keeps its item's slot,
+    /// not the watermark). Must be called only by the advancer. Item drops that panic are caught
+    /// (the bookkeeping is already done) and the first panic is kept to be resumed.
     fn advance_prefix(&self, first_panic: &mut Option<Box<dyn std::any::Any + Send>>) {
-        // Relaxed: only the advancer writes `free`, and the role's Acquire ordered us after the
-        // previous advancer.
+        // Relaxed: only the advancer writes `acked_end` and `free`, and the role's Acquire ordered us
+        // after the previous advancer.
+        let mut acked = self.acked_end.load(Ordering::Relaxed);
         let mut free = self.free.load(Ordering::Relaxed);
-        loop {
+        let start = acked;
+        let published = self.published();
+        let mut position = NO_POSITION;
+        // Items `acked..published` are in their slots (`published <= free + capacity`).
+        while acked < published {
+            let slot = self.slot(acked);
+            // Acquire: pairs with the ack's Release (W4 chain).
+            if tag(slot.state.load(Ordering::Acquire)) != ACKED {
+                break;
+            }
+            // SAFETY: the producer wrote the position before publishing item `acked` (Acquire
+            // in `published`) and rewrites it only after the slot is emptied, behind `free`.
+            let p = unsafe { slot.position.with(|c| *c) };
+            if p != NO_POSITION {
+                position = p;
+            }
+            acked += 1;
+        }
+        if acked != start {
+            // Release: statistics and `is_idle` readers (Acquire).
+            self.acked_end.store(acked, Ordering::Release);
+            if position != NO_POSITION {
+                // Release: pairs with the watermark's Acquire loads (W4). Positions grow along
+                // the lane, so the mark only grows (W3).
+                self.marks[self.mark].store(position, Ordering::Release);
+            }
+        }
+        while free < acked {
             let slot = self.slot(free);
-            // Acquire: pairs with the ack's Release (W4 chain) and with stale handles' Release
-            // holder decrements. An ACKED word is always the current item's, because only the
-            // advancer empties slots and it stops at `free`.
+            // Acquire: pairs with stale handles' Release holder decrements (their reads of the
+            // item happen before). The word is ACKED: only the advancer changes an ACKED word's
+            // tag, and item `free` is below `acked`.
             let word = slot.state.load(Ordering::Acquire);
-            if tag(word) != ACKED || holders(word) != 0 {
+            debug_assert_eq!(tag(word), ACKED);
+            if holders(word) != 0 {
                 break;
             }
             // SAFETY: item `free` is acked and no handle reads it, so the slot is ours: the
             // consumer never touches an ACKED slot and the producer waits for `free` to pass it.
-            let (item, position) =
-                unsafe { (slot.item.with(|c| ptr::read(c).assume_init()), slot.position.with(|c| *c)) };
+            let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
             // Relaxed: published to the producer by the Release store of `free` below. Keeps
             // `gen`; zero holders, zero attempts.
             slot.state.store(gen(word) | EMPTY, Ordering::Relaxed);
             free += 1;
             // Release: pairs with the producer's Acquire load of `free` (the slot may be reused).
             self.free.store(free, Ordering::Release);
-            if position != NO_POSITION {
-                // Release: pairs with the watermark's Acquire loads (W4). Positions grow along
-                // the lane, so the mark only grows (W3).
-                self.marks[self.mark].store(position, Ordering::Release);
-            }
-            // M3: the item is dropped exactly once, here, on its final ack; a panic in its Drop
-            // is held back until the role is handed back.
+            // M3: the item is dropped exactly once, here, on its final ack (or when its last
+            // stale handle ends); a panic in its Drop is held back until the role is handed back.
             if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {
                 first_panic.get_or_insert(p);
             }
@@ -704,10 +736,10 @@ impl<T> Ring<T> {
 
     /// W5 for one lane: nothing queued, released, or delivered-but-unacked.
     pub(crate) fn is_idle(&self) -> bool {
-        // Load `free` before `tail`: both grow and `free <= tail`, so equality means that at the
-        // moment of the first load everything published was acked.
-        let free = self.free.load(Ordering::Acquire);
-        free == self.published()
+        // Load `acked_end` before `tail`: both grow and `acked_end <= tail`, so equality means that at
+        // the moment of the first load everything published was acked.
+        let acked = self.acked_end.load(Ordering::Acquire);
+        acked == self.published()
     }
 
     /// The lane's acked position (L5).
@@ -719,22 +751,22 @@ impl<T> Ring<T> {
     }
 
     pub(crate) fn stats(&self) -> LaneStats {
-        // Lower bounds first (free <= next <= tail at every instant, all growing), so the
+        // Lower bounds first (acked_end <= next <= tail at every instant, all growing), so the
         // differences never underflow; `released` is read separately and clamped.
-        let free = self.free.load(Ordering::Acquire);
+        let acked = self.acked_end.load(Ordering::Acquire);
         let next = self.next.load(Ordering::Acquire);
         let tail = self.published();
-        let released = (self.released.load(Ordering::Relaxed) as u64).min(next - free);
+        let released = (self.released.load(Ordering::Relaxed) as u64).min(next - acked);
         let last = self.last_published.load(Ordering::Relaxed);
         LaneStats {
             capacity: self.capacity as usize,
             queued: tail - next,
             released,
-            in_flight: next - free - released,
+            in_flight: next - acked - released,
             delivered: self.delivered.load(Ordering::Relaxed),
             redelivered: self.redelivered.load(Ordering::Relaxed),
             published: tail,
-            acked_items: free,
+            acked_items: acked,
             last_published: (last != NO_POSITION).then_some(Position(last)),
             acked: self.acked(),
             closed: self.is_closed(),

@@ -26,7 +26,7 @@ pub struct LaneStats {
     pub redelivered: u64,
     /// Items ever published on the lane.
     pub published: u64,
-    /// Items in the contiguous acked prefix (acked and their slots free again).
+    /// Items in the contiguous acked prefix (L5).
     pub acked_items: u64,
     /// The position of the last positioned item published, if any.
     pub last_published: Option<Position>,

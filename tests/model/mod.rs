@@ -18,7 +18,8 @@
 //! - W1/W3/W5: watermark = min of the lanes' acked positions; never decreases; idle = nothing
 //!   queued, released or unacked.
 //!
-//! The one place where the engine is stricter than DESIGN.md is [`Strictness`].
+//! An item acked while a detached consumer's stale handle still reads it counts as acked at
+//! once (L5/W1/W5); only its slot waits for the stale handle to end.
 #![allow(dead_code)]
 
 use std::collections::VecDeque;
@@ -128,26 +129,6 @@ impl Scenario {
     }
 }
 
-/// How the model treats an item acked while a stale handle (from a consumer detached by a
-/// re-attach) still reads it.
-///
-/// The engine cannot reuse such an item's slot (the stale handle may still read the item), and it
-/// also holds the lane's acked position, the watermark and `is_idle` back until the stale handle
-/// ends. DESIGN.md L5/W1/W5 speak only of acks: by them the acked position moves as soon as the
-/// contiguous prefix is acked. `EngineHoldsAckForStaleHandles` models what the engine does, so the
-/// fuzzer can look past it; `Design` models DESIGN.md to the letter (see the ignored regression
-/// test `stale_handle_holds_back_the_watermark` in `tests/proptest_model.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strictness {
-    /// Acked position, watermark and idleness follow acks only (DESIGN.md).
-    Design,
-    /// They follow slot reclamation: an acked item still read by a stale handle holds them back.
-    EngineHoldsAckForStaleHandles,
-}
-
-/// The strictness the shared harness runs with.
-pub const STRICTNESS: Strictness = Strictness::EngineHoldsAckForStaleHandles;
-
 // ----- the model ---------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +185,6 @@ pub struct Model {
     lanes: Vec<ModelLane>,
     held: Vec<MHeld>,
     next_serial: u64,
-    strictness: Strictness,
 }
 
 /// The observable result of one operation; both sides must give the same.
@@ -399,35 +379,36 @@ impl ModelLane {
     }
 
     /// The stats the engine reports, as the model sees them.
-    fn stats(&self, strictness: Strictness) -> LaneStats {
+    fn stats(&self) -> LaneStats {
         let released = self.released();
+        let acked_items = self.acked_items();
         LaneStats {
             capacity: self.capacity as usize,
             queued: self.tail - self.next,
             released,
-            in_flight: self.next - self.free - released,
+            in_flight: self.next - acked_items - released,
             delivered: self.delivered,
             redelivered: self.redelivered,
             published: self.tail,
-            acked_items: self.free,
+            acked_items,
             last_published: self.last_published.map(Position),
-            acked: self.acked(strictness).map(Position),
+            acked: self.acked().map(Position),
             closed: self.closed,
         }
     }
 
-    fn acked(&self, strictness: Strictness) -> Option<u64> {
-        match strictness {
-            Strictness::Design => self.design_acked(),
-            Strictness::EngineHoldsAckForStaleHandles => self.acked_mark,
-        }
+    /// L5: the contiguous acked prefix, in items (acked items whose slot a stale handle keeps
+    /// included).
+    fn acked_items(&self) -> u64 {
+        self.free + self.items.iter().take_while(|i| i.state == State::Acked).count() as u64
     }
 
-    fn is_idle(&self, strictness: Strictness) -> bool {
-        match strictness {
-            Strictness::Design => self.items.iter().all(|i| i.state == State::Acked),
-            Strictness::EngineHoldsAckForStaleHandles => self.free == self.tail,
-        }
+    fn acked(&self) -> Option<u64> {
+        self.design_acked()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.items.iter().all(|i| i.state == State::Acked)
     }
 
     fn is_empty(&self) -> bool {
@@ -437,12 +418,11 @@ impl ModelLane {
 
 impl Model {
     /// A model of `lanes` lanes of `capacity` slots, each with a live producer and a consumer.
-    pub fn new(lanes: usize, capacity: usize, strictness: Strictness) -> Model {
+    pub fn new(lanes: usize, capacity: usize) -> Model {
         Model {
             lanes: (0..lanes).map(|_| ModelLane::new(capacity)).collect(),
             held: Vec::new(),
             next_serial: 0,
-            strictness,
         }
     }
 
@@ -450,7 +430,7 @@ impl Model {
     pub fn watermark(&self) -> Option<Position> {
         let mut min: Option<u64> = None;
         for lane in &self.lanes {
-            let p = lane.acked(self.strictness)?;
+            let p = lane.acked()?;
             min = Some(min.map_or(p, |m| m.min(p)));
         }
         min.map(Position)
@@ -458,7 +438,7 @@ impl Model {
 
     /// W5 (the request lane is never used here, so it is idle).
     pub fn is_idle(&self) -> bool {
-        self.lanes.iter().all(|l| l.is_idle(self.strictness))
+        self.lanes.iter().all(|l| l.is_idle())
     }
 }
 
@@ -564,10 +544,10 @@ pub struct Harness {
 
 impl Harness {
     /// A stream and a model of `lanes` lanes of `capacity` slots.
-    pub fn new(lanes: usize, capacity: usize, strictness: Strictness) -> Harness {
+    pub fn new(lanes: usize, capacity: usize) -> Harness {
         Harness {
             real: Real::new(lanes, capacity),
-            model: Model::new(lanes, capacity, strictness),
+            model: Model::new(lanes, capacity),
             last_watermark: None,
             trace: Vec::new(),
         }
@@ -794,12 +774,12 @@ impl Harness {
         assert_eq!(self.real.stream.is_idle(), self.model.is_idle(), "is_idle; trace: {trace:?}");
         for (i, (real, model)) in self.real.lanes.iter().zip(&self.model.lanes).enumerate() {
             let stats = real.lane.stats();
-            assert_eq!(stats, model.stats(self.model.strictness), "lane {i} stats; trace: {trace:?}");
+            assert_eq!(stats, model.stats(), "lane {i} stats; trace: {trace:?}");
             assert_eq!(stats.lag(), stats.queued + stats.released + stats.in_flight);
             assert_eq!(real.lane.acked(), stats.acked);
             assert_eq!(
                 real.lane.is_idle(),
-                model.is_idle(self.model.strictness),
+                model.is_idle(),
                 "lane {i} idle; trace: {trace:?}"
             );
             assert_eq!(
@@ -829,14 +809,9 @@ fn ack_outcome(r: Result<(), AckError>) -> Outcome {
     }
 }
 
-/// Runs a whole scenario with the shared strictness.
+/// Runs a whole scenario.
 pub fn run(scenario: &Scenario) {
-    run_with(scenario, STRICTNESS);
-}
-
-/// Runs a whole scenario with the given strictness.
-pub fn run_with(scenario: &Scenario, strictness: Strictness) {
-    let mut h = Harness::new(scenario.lane_count(), scenario.lane_capacity(), strictness);
+    let mut h = Harness::new(scenario.lane_count(), scenario.lane_capacity());
     h.compare();
     for &op in &scenario.ops {
         h.apply(op);
