@@ -14,8 +14,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use common::*;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

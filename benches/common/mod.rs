@@ -187,11 +187,7 @@ fn spin_publish(p: &mut Producer<LaneItem>, mut it: LaneItem) {
 }
 
 fn lane_stream(sinks: usize) -> MemoryStream {
-    MemoryStream::builder()
-        .capacity(CAPACITY)
-        .sinks((0..sinks).map(|i| format!("sink_{i}")))
-        .build()
-        .unwrap()
+    MemoryStream::builder().capacity(CAPACITY).sinks((0..sinks).map(|i| format!("sink_{i}"))).build().unwrap()
 }
 
 // ----- W0: raw atomic ping-pong ------------------------------------------------------------------
@@ -376,7 +372,6 @@ impl Fixture for CrossbeamW1 {
     }
 }
 
-
 // ----- W1/W2: the disruptor ----------------------------------------------------------------------
 
 /// The disruptor's slot type: the factory fills the ring with `None`.
@@ -399,7 +394,8 @@ pub struct DisruptorFan {
 
 impl DisruptorFan {
     pub fn new(env: Arc<[Envelope]>, consumers: usize) -> DisruptorFan {
-        let (first, b) = disruptor::build_single_producer(CAPACITY, || None::<LaneItem>, BusySpin).new_event_poller();
+        let (first, b) =
+            disruptor::build_single_producer(CAPACITY, || None::<LaneItem>, BusySpin).new_event_poller();
         let mut pollers = vec![first];
         let producer = if consumers == 1 {
             DProducer::One(b.build())
@@ -445,12 +441,16 @@ impl Fixture for DisruptorFan {
             // failed attempt leaves the item in `it` (the closure runs only on success).
             let mut it = Some(item(&self.env, self.pos));
             match &mut self.producer {
-                DProducer::One(p) => while p.try_publish(|slot| *slot = it.take()).is_err() {
-                    relax();
-                },
-                DProducer::Many(p) => while p.try_publish(|slot| *slot = it.take()).is_err() {
-                    relax();
-                },
+                DProducer::One(p) => {
+                    while p.try_publish(|slot| *slot = it.take()).is_err() {
+                        relax();
+                    }
+                }
+                DProducer::Many(p) => {
+                    while p.try_publish(|slot| *slot = it.take()).is_err() {
+                        relax();
+                    }
+                }
             }
         }
         self.partner.wait_done();
@@ -836,8 +836,7 @@ impl Marks {
     pub fn lanestream(lanes: usize, racing: bool) -> Marks {
         let stream = lane_stream(lanes);
         let env = envelopes(1);
-        let mut ends: Vec<_> =
-            stream.lanes().map(|l| (l.producer().unwrap(), l.consumer())).collect();
+        let mut ends: Vec<_> = stream.lanes().map(|l| (l.producer().unwrap(), l.consumer())).collect();
         for (p, c) in &mut ends {
             spin_publish(p, item(&env, 1));
             c.try_recv().unwrap().ack().unwrap();
