@@ -75,8 +75,13 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
 use crate::wait::WaitList;
 use crate::Position;
 
-/// "No position": also the value of a lane's acked mark before its first positioned ack.
+/// "No position" in a slot and in `last_published`.
 pub(crate) const NO_POSITION: u64 = u64::MAX;
+
+/// A lane's acked mark holds its acked position plus one, and 0 before the first positioned ack
+/// (`u64::MAX` is never a position, so `+ 1` never overflows). With this encoding the watermark
+/// is a plain minimum: any unset lane makes it 0.
+pub(crate) const NO_MARK: u64 = 0;
 
 const TAG_MASK: u64 = 0xFF;
 const ATTEMPT_SHIFT: u32 = 8;
@@ -163,37 +168,56 @@ pub(crate) enum Take {
     Detached,
 }
 
-/// One lane's shared state.
-pub(crate) struct Ring<T> {
-    // Producer line: `published << 1 | ITEMS_WANTED`.
-    tail: CachePadded<AtomicU64>,
-    // Consumer line.
-    next: CachePadded<AtomicU64>,
+/// Written by the producer (one cache line).
+struct ProducerLine {
+    /// `published << 1 | ITEMS_WANTED`.
+    tail: AtomicU64,
+    last_published: AtomicU64,
+}
+
+/// Written by the seated consumer, and by nacks (`released`) and re-attach (one cache line).
+struct ConsumerLine {
+    next: AtomicU64,
     seat: AtomicU64,
     released: AtomicUsize,
     delivered: AtomicU64,
     redelivered: AtomicU64,
-    // Advancer line.
-    free: CachePadded<AtomicU64>,
-    /// The end of the contiguous acked prefix (`free <= acked <= next`); items in `free..acked`
-    /// are acked but still read by a stale handle (their slots wait). Written only by the
-    /// advancer.
+}
+
+/// Written by the advancer, and by ackers' requests (one cache line).
+struct AdvancerLine {
+    free: AtomicU64,
+    /// The end of the contiguous acked prefix (`free <= acked_end <= next`); items in
+    /// `free..acked_end` are acked but still read by a stale handle (their slots wait).
     acked_end: AtomicU64,
     /// `requests << 1 | ROOM_WANTED` (module docs).
     advance: AtomicUsize,
-    // Cold fields.
-    last_published: AtomicU64,
-    closed: AtomicBool,
-    producer_live: AtomicBool,
-    marks: Marks,
-    mark: usize,
+}
+
+/// Read-only after build, read by every side (one cache line, never written).
+struct Shape<T> {
     slots: Box<[Slot<T>]>,
     capacity: u64,
     /// `capacity - 1` when the capacity is a power of two, else `u64::MAX` (use `%`).
     mask: u64,
-    /// Consumers wait here for items; notified by publish, nack, close and re-attach.
+    marks: Marks,
+    mark: usize,
+}
+
+/// One lane's shared state, grouped by writer so that no two sides write one cache line (Rust
+/// reorders plain fields, so the groups are padded structs, not field order).
+pub(crate) struct Ring<T> {
+    prod: CachePadded<ProducerLine>,
+    cons: CachePadded<ConsumerLine>,
+    adv: CachePadded<AdvancerLine>,
+    shape: CachePadded<Shape<T>>,
+    // Cold: written on close, producer hand-over and waits only.
+    closed: AtomicBool,
+    producer_live: AtomicBool,
+    /// Consumers wait here for items; notified by publish (when `ITEMS_WANTED`), nack, close
+    /// and re-attach.
     pub(crate) items: WaitList,
-    /// Producers wait here for room; notified when `free` advances and by close.
+    /// Producers wait here for room; notified by the advancer (when `ROOM_WANTED`) and close.
     pub(crate) room: WaitList,
 }
 
@@ -219,23 +243,31 @@ impl<T> Ring<T> {
             .collect();
         let capacity = capacity as u64;
         Ring {
-            tail: CachePadded::new(AtomicU64::new(0)),
-            next: CachePadded::new(AtomicU64::new(0)),
-            seat: AtomicU64::new(0),
-            released: AtomicUsize::new(0),
-            delivered: AtomicU64::new(0),
-            redelivered: AtomicU64::new(0),
-            free: CachePadded::new(AtomicU64::new(0)),
-            acked_end: AtomicU64::new(0),
-            advance: AtomicUsize::new(0),
-            last_published: AtomicU64::new(NO_POSITION),
+            prod: CachePadded::new(ProducerLine {
+                tail: AtomicU64::new(0),
+                last_published: AtomicU64::new(NO_POSITION),
+            }),
+            cons: CachePadded::new(ConsumerLine {
+                next: AtomicU64::new(0),
+                seat: AtomicU64::new(0),
+                released: AtomicUsize::new(0),
+                delivered: AtomicU64::new(0),
+                redelivered: AtomicU64::new(0),
+            }),
+            adv: CachePadded::new(AdvancerLine {
+                free: AtomicU64::new(0),
+                acked_end: AtomicU64::new(0),
+                advance: AtomicUsize::new(0),
+            }),
+            shape: CachePadded::new(Shape {
+                slots,
+                capacity,
+                mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
+                marks,
+                mark,
+            }),
             closed: AtomicBool::new(false),
             producer_live: AtomicBool::new(false),
-            marks,
-            mark,
-            slots,
-            capacity,
-            mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
             items: WaitList::new(2),
             room: WaitList::new(2),
         }
@@ -243,14 +275,15 @@ impl<T> Ring<T> {
 
     #[inline]
     fn slot(&self, index: u64) -> &Slot<T> {
-        let i = if self.mask != u64::MAX { index & self.mask } else { index % self.capacity };
-        debug_assert!(i < self.capacity);
+        let i =
+            if self.shape.mask != u64::MAX { index & self.shape.mask } else { index % self.shape.capacity };
+        debug_assert!(i < self.shape.capacity);
         // SAFETY: `i < capacity == slots.len()` by the mask/modulo above.
-        unsafe { self.slots.get_unchecked(i as usize) }
+        unsafe { self.shape.slots.get_unchecked(i as usize) }
     }
 
     pub(crate) fn capacity(&self) -> u64 {
-        self.capacity
+        self.shape.capacity
     }
 
     // ----- producer side -------------------------------------------------------------------
@@ -260,7 +293,7 @@ impl<T> Ring<T> {
     fn published(&self) -> u64 {
         // Acquire: pairs with the producer's Release `fetch_add` on `tail` (the slot's item and
         // position are initialised).
-        self.tail.load(Ordering::Acquire) >> 1
+        self.prod.tail.load(Ordering::Acquire) >> 1
     }
 
     /// Claims the producer role. `None` if a live producer holds it (L9).
@@ -270,9 +303,9 @@ impl<T> Ring<T> {
         self.producer_live.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok()?;
         Some(ProducerState {
             // Relaxed: advanced only by producers, ordered by the claim above.
-            tail: self.tail.load(Ordering::Relaxed) >> 1,
-            cached_free: self.free.load(Ordering::Acquire),
-            last: self.last_published.load(Ordering::Relaxed),
+            tail: self.prod.tail.load(Ordering::Relaxed) >> 1,
+            cached_free: self.adv.free.load(Ordering::Acquire),
+            last: self.prod.last_published.load(Ordering::Relaxed),
         })
     }
 
@@ -309,11 +342,11 @@ impl<T> Ring<T> {
             }
             None => NO_POSITION,
         };
-        if p.tail - p.cached_free >= self.capacity {
+        if p.tail - p.cached_free >= self.shape.capacity {
             // Acquire: pairs with the advancer's Release store of `free`: the slot's old item
             // was moved out before we overwrite it.
-            p.cached_free = self.free.load(Ordering::Acquire);
-            if p.tail - p.cached_free >= self.capacity {
+            p.cached_free = self.adv.free.load(Ordering::Acquire);
+            if p.tail - p.cached_free >= self.shape.capacity {
                 return Err(PublishError::Full(item));
             }
         }
@@ -330,15 +363,15 @@ impl<T> Ring<T> {
         if position != NO_POSITION {
             p.last = position;
             // Relaxed: statistics, and a restarted producer reads it after `claim_producer`.
-            self.last_published.store(position, Ordering::Relaxed);
+            self.prod.last_published.store(position, Ordering::Relaxed);
         }
         // Release: pairs with the consumer's Acquire loads of `tail` (publishes the slot).
         // An RMW, so it also sees an `ITEMS_WANTED` set by a consumer about to wait: either we
         // see the bit, or the consumer's RMW comes after ours and its re-check sees the item.
-        let before = self.tail.fetch_add(TAIL_ONE, Ordering::Release);
+        let before = self.prod.tail.fetch_add(TAIL_ONE, Ordering::Release);
         if before & ITEMS_WANTED != 0 {
             // Relaxed: the wait list's own RMWs order the wake-up.
-            self.tail.fetch_and(!ITEMS_WANTED, Ordering::Relaxed);
+            self.prod.tail.fetch_and(!ITEMS_WANTED, Ordering::Relaxed);
             self.items.notify();
         }
         Ok(())
@@ -347,27 +380,28 @@ impl<T> Ring<T> {
     /// Marks that a consumer is about to wait for items (before its re-check).
     pub(crate) fn want_items(&self) {
         // AcqRel RMW: see `try_push`.
-        self.tail.fetch_or(ITEMS_WANTED, Ordering::AcqRel);
+        self.prod.tail.fetch_or(ITEMS_WANTED, Ordering::AcqRel);
     }
 
     /// Marks that a producer is about to wait for room (before its re-check).
     pub(crate) fn want_room(&self) {
         // AcqRel RMW: totally ordered with the advancer's final compare-and-swap, which either
         // sees the bit (and wakes us) or is read by this RMW, so our re-check sees its `free`.
-        self.advance.fetch_or(ROOM_WANTED, Ordering::AcqRel);
+        self.adv.advance.fetch_or(ROOM_WANTED, Ordering::AcqRel);
     }
 
     /// Whether a publish could make progress now: room in the ring, or the lane closed.
     pub(crate) fn writable(&self, p: &ProducerState) -> bool {
         // Acquire: as in `try_push`.
-        self.closed.load(Ordering::Acquire) || p.tail - self.free.load(Ordering::Acquire) < self.capacity
+        self.closed.load(Ordering::Acquire)
+            || p.tail - self.adv.free.load(Ordering::Acquire) < self.shape.capacity
     }
 
     /// Whether the ring has room (for producers whose state sits behind a lock).
     pub(crate) fn has_room(&self) -> bool {
         // Load `free` first: both only grow and `free <= tail`, so `tail - free` cannot underflow.
-        let free = self.free.load(Ordering::Acquire);
-        self.closed.load(Ordering::Acquire) || self.published() - free < self.capacity
+        let free = self.adv.free.load(Ordering::Acquire);
+        self.closed.load(Ordering::Acquire) || self.published() - free < self.shape.capacity
     }
 
     /// Closes the lane (L10): publishing fails with `Closed` from now on, consumers drain what
@@ -392,17 +426,17 @@ impl<T> Ring<T> {
     pub(crate) fn attach(&self) -> u64 {
         let backoff = Backoff::new();
         // Relaxed: the compare-and-swap below is what synchronises.
-        let mut seat = self.seat.load(Ordering::Relaxed);
+        let mut seat = self.cons.seat.load(Ordering::Relaxed);
         loop {
             if seat & BUSY != 0 {
                 // The old consumer is inside a non-blocking receive step; it ends shortly.
                 crate::sync::spin(&backoff);
-                seat = self.seat.load(Ordering::Relaxed);
+                seat = self.cons.seat.load(Ordering::Relaxed);
                 continue;
             }
             // Acquire: pairs with the old consumer's Release when it left the seat, so its
             // `next` and slot writes are visible here.
-            match self.seat.compare_exchange_weak(
+            match self.cons.seat.compare_exchange_weak(
                 seat,
                 (seat + 2) | BUSY,
                 Ordering::Acquire,
@@ -413,9 +447,9 @@ impl<T> Ring<T> {
             }
         }
         let epoch = (seat >> 1) + 1;
-        let next = self.next.load(Ordering::Relaxed);
+        let next = self.cons.next.load(Ordering::Relaxed);
         // Acquire: pairs with the advancer's Release store of `free` (slots below are empty).
-        let mut i = self.free.load(Ordering::Acquire);
+        let mut i = self.adv.free.load(Ordering::Acquire);
         while i < next {
             let slot = self.slot(i);
             let mut word = slot.state.load(Ordering::Acquire);
@@ -430,7 +464,7 @@ impl<T> Ring<T> {
                 ) {
                     Ok(_) => {
                         // Release: pairs with the consumer's Acquire load of `released`.
-                        self.released.fetch_add(1, Ordering::Release);
+                        self.cons.released.fetch_add(1, Ordering::Release);
                         break;
                     }
                     Err(now) => word = now,
@@ -439,7 +473,7 @@ impl<T> Ring<T> {
             i += 1;
         }
         // Release: pairs with the next seat-taker's Acquire.
-        self.seat.store(epoch << 1, Ordering::Release);
+        self.cons.seat.store(epoch << 1, Ordering::Release);
         // Wake a detached consumer parked in `recv`, so it returns `Detached`.
         self.items.notify();
         epoch
@@ -451,6 +485,7 @@ impl<T> Ring<T> {
         // Acquire: pairs with the Release that gave the seat back (a re-attach or our own
         // previous step). Fails if another consumer was attached: our epoch is gone.
         if self
+            .cons
             .seat
             .compare_exchange(epoch << 1, (epoch << 1) | BUSY, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
@@ -460,17 +495,17 @@ impl<T> Ring<T> {
         let taken = self.take_seated(cached_tail);
         // Release: pairs with the next seat-taker's Acquire (re-attach reads `next` and the slot
         // words we wrote).
-        self.seat.store(epoch << 1, Ordering::Release);
+        self.cons.seat.store(epoch << 1, Ordering::Release);
         taken
     }
 
     fn take_seated(&self, cached_tail: &mut u64) -> Take {
         // Relaxed: `next` is written only by the seated consumer; the seat's Acquire ordered us
         // after the last writer.
-        let next = self.next.load(Ordering::Relaxed);
+        let next = self.cons.next.load(Ordering::Relaxed);
         // Relaxed: a count only says "scan"; the scan acquires each slot word. Nack counts
         // before its switch to RELEASED, re-attach counts under the seat.
-        if self.released.load(Ordering::Relaxed) > 0 {
+        if self.cons.released.load(Ordering::Relaxed) > 0 {
             if let Some(t) = self.take_released(next) {
                 return t;
             }
@@ -498,16 +533,16 @@ impl<T> Ring<T> {
         // can change a queued slot's word, so a plain store suffices.
         slot.state.store(word, Ordering::Release);
         // Release: `next` is read by re-attach (after the seat) and by statistics.
-        self.next.store(next + 1, Ordering::Release);
+        self.cons.next.store(next + 1, Ordering::Release);
         // Relaxed: statistics; only the seated consumer writes.
-        self.delivered.store(self.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         Take::Item { index: next, word }
     }
 
     /// Redelivers the lowest released item below `next`, if any.
     fn take_released(&self, next: u64) -> Option<Take> {
         // Acquire: pairs with the advancer's Release of `free`.
-        let mut i = self.free.load(Ordering::Acquire);
+        let mut i = self.adv.free.load(Ordering::Acquire);
         while i < next {
             let slot = self.slot(i);
             // Acquire: pairs with the Release (AcqRel) switch to RELEASED by nack or re-attach.
@@ -516,7 +551,7 @@ impl<T> Ring<T> {
                 // Re-read `free` after the state: if item `i` was still unreclaimed then, the
                 // slot held item `i` (a later item enters only after `i` is reclaimed), and a
                 // released item is never reclaimed. Otherwise start again from the new prefix.
-                let free = self.free.load(Ordering::Acquire);
+                let free = self.adv.free.load(Ordering::Acquire);
                 if free > i {
                     i = free;
                     continue;
@@ -533,9 +568,11 @@ impl<T> Ring<T> {
                 };
                 // Relaxed: every RELEASED slot was counted before it showed RELEASED, so this
                 // never underflows.
-                self.released.fetch_sub(1, Ordering::Relaxed);
-                self.delivered.store(self.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                self.redelivered.store(self.redelivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                self.cons.released.fetch_sub(1, Ordering::Relaxed);
+                self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                self.cons
+                    .redelivered
+                    .store(self.cons.redelivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 return Some(Take::Item { index: i, word: new });
             }
             i += 1;
@@ -546,22 +583,23 @@ impl<T> Ring<T> {
     /// The epoch of the current consumer (during a re-attach, of the one being attached).
     pub(crate) fn epoch(&self) -> u64 {
         // Acquire: pairs with the Release that gave the seat back.
-        self.seat.load(Ordering::Acquire) >> 1
+        self.cons.seat.load(Ordering::Acquire) >> 1
     }
 
     /// Whether a receive could make progress now (for waiting): something queued or released,
     /// the lane closed, or this consumer detached.
     pub(crate) fn readable(&self, epoch: u64) -> bool {
         // Acquire loads, as in `take_seated`.
-        (self.seat.load(Ordering::Acquire) >> 1) != epoch
-            || self.released.load(Ordering::Acquire) > 0
-            || self.next.load(Ordering::Acquire) != self.published()
+        (self.cons.seat.load(Ordering::Acquire) >> 1) != epoch
+            || self.cons.released.load(Ordering::Acquire) > 0
+            || self.cons.next.load(Ordering::Acquire) != self.published()
             || self.closed.load(Ordering::Acquire)
     }
 
     /// L11: nothing queued and nothing released.
     pub(crate) fn is_empty(&self) -> bool {
-        self.released.load(Ordering::Acquire) == 0 && self.next.load(Ordering::Acquire) == self.published()
+        self.cons.released.load(Ordering::Acquire) == 0
+            && self.cons.next.load(Ordering::Acquire) == self.published()
     }
 
     // ----- handles ---------------------------------------------------------------------------
@@ -611,7 +649,7 @@ impl<T> Ring<T> {
         // released item on this one and then skips that one for a new item (L2). Until our
         // switch lands the count is one ahead and the consumer only scans for nothing.
         // Relaxed: the consumer acquires the slot word itself.
-        self.released.fetch_add(1, Ordering::Relaxed);
+        self.cons.released.fetch_add(1, Ordering::Relaxed);
         let mut now = slot.state.load(Ordering::Relaxed);
         while tag(now) == DELIVERED && gen(now) == gen(word) {
             // Release: pairs with the consumer's Acquire load of the RELEASED word.
@@ -625,7 +663,7 @@ impl<T> Ring<T> {
             }
         }
         // A re-attach took the delivery back (and counted it): take our count back.
-        self.released.fetch_sub(1, Ordering::Relaxed);
+        self.cons.released.fetch_sub(1, Ordering::Relaxed);
         self.end_stale(slot);
     }
 
@@ -644,7 +682,7 @@ impl<T> Ring<T> {
     fn request_advance(&self) {
         // AcqRel: Release hands our ACKED word to the advancer; Acquire (when we become the
         // advancer) takes the previous advancer's `free` and slot writes.
-        let before = self.advance.fetch_add(REQUEST_ONE, Ordering::AcqRel);
+        let before = self.adv.advance.fetch_add(REQUEST_ONE, Ordering::AcqRel);
         if before >= REQUEST_ONE {
             return; // the current advancer will see our request and go round again
         }
@@ -655,7 +693,7 @@ impl<T> Ring<T> {
             // AcqRel: success hands the role back (Release for the next advancer) and clears
             // `ROOM_WANTED`; failure acquires the requests (or the producer's wish) that arrived
             // meanwhile, and we go round again.
-            match self.advance.compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Acquire) {
+            match self.adv.advance.compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => break,
                 Err(now) => seen = now,
             }
@@ -676,8 +714,8 @@ impl<T> Ring<T> {
     fn advance_prefix(&self, first_panic: &mut Option<Box<dyn std::any::Any + Send>>) {
         // Relaxed: only the advancer writes `acked_end` and `free`, and the role's Acquire ordered us
         // after the previous advancer.
-        let mut acked = self.acked_end.load(Ordering::Relaxed);
-        let mut free = self.free.load(Ordering::Relaxed);
+        let mut acked = self.adv.acked_end.load(Ordering::Relaxed);
+        let mut free = self.adv.free.load(Ordering::Relaxed);
         let start = acked;
         let published = self.published();
         let mut position = NO_POSITION;
@@ -698,11 +736,11 @@ impl<T> Ring<T> {
         }
         if acked != start {
             // Release: statistics and `is_idle` readers (Acquire).
-            self.acked_end.store(acked, Ordering::Release);
+            self.adv.acked_end.store(acked, Ordering::Release);
             if position != NO_POSITION {
                 // Release: pairs with the watermark's Acquire loads (W4). Positions grow along
                 // the lane, so the mark only grows (W3).
-                self.marks[self.mark].store(position, Ordering::Release);
+                self.shape.marks[self.shape.mark].store(position + 1, Ordering::Release);
             }
         }
         while free < acked {
@@ -723,7 +761,7 @@ impl<T> Ring<T> {
             slot.state.store(gen(word) | EMPTY, Ordering::Relaxed);
             free += 1;
             // Release: pairs with the producer's Acquire load of `free` (the slot may be reused).
-            self.free.store(free, Ordering::Release);
+            self.adv.free.store(free, Ordering::Release);
             // M3: the item is dropped exactly once, here, on its final ack (or when its last
             // stale handle ends); a panic in its Drop is held back until the role is handed back.
             if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {
@@ -738,33 +776,33 @@ impl<T> Ring<T> {
     pub(crate) fn is_idle(&self) -> bool {
         // Load `acked_end` before `tail`: both grow and `acked_end <= tail`, so equality means that at
         // the moment of the first load everything published was acked.
-        let acked = self.acked_end.load(Ordering::Acquire);
+        let acked = self.adv.acked_end.load(Ordering::Acquire);
         acked == self.published()
     }
 
     /// The lane's acked position (L5).
     pub(crate) fn acked(&self) -> Option<Position> {
-        match self.marks[self.mark].load(Ordering::Acquire) {
-            NO_POSITION => None,
-            p => Some(Position(p)),
+        match self.shape.marks[self.shape.mark].load(Ordering::Acquire) {
+            NO_MARK => None,
+            mark => Some(Position(mark - 1)),
         }
     }
 
     pub(crate) fn stats(&self) -> LaneStats {
         // Lower bounds first (acked_end <= next <= tail at every instant, all growing), so the
         // differences never underflow; `released` is read separately and clamped.
-        let acked = self.acked_end.load(Ordering::Acquire);
-        let next = self.next.load(Ordering::Acquire);
+        let acked = self.adv.acked_end.load(Ordering::Acquire);
+        let next = self.cons.next.load(Ordering::Acquire);
         let tail = self.published();
-        let released = (self.released.load(Ordering::Relaxed) as u64).min(next - acked);
-        let last = self.last_published.load(Ordering::Relaxed);
+        let released = (self.cons.released.load(Ordering::Relaxed) as u64).min(next - acked);
+        let last = self.prod.last_published.load(Ordering::Relaxed);
         LaneStats {
-            capacity: self.capacity as usize,
+            capacity: self.shape.capacity as usize,
             queued: tail - next,
             released,
             in_flight: next - acked - released,
-            delivered: self.delivered.load(Ordering::Relaxed),
-            redelivered: self.redelivered.load(Ordering::Relaxed),
+            delivered: self.cons.delivered.load(Ordering::Relaxed),
+            redelivered: self.cons.redelivered.load(Ordering::Relaxed),
             published: tail,
             acked_items: acked,
             last_published: (last != NO_POSITION).then_some(Position(last)),
@@ -779,12 +817,12 @@ impl<T> Drop for Ring<T> {
     /// going when an item's Drop panics, then resumes the first panic.
     fn drop(&mut self) {
         // `&mut self`: no other thread can hold a handle (each holds an `Arc` of the ring).
-        let free = self.free.load(Ordering::Relaxed);
-        let tail = self.tail.load(Ordering::Relaxed) >> 1;
-        let cap = self.slots.len() as u64;
+        let free = self.adv.free.load(Ordering::Relaxed);
+        let tail = self.prod.tail.load(Ordering::Relaxed) >> 1;
+        let cap = self.shape.slots.len() as u64;
         let mut first_panic = None;
         for i in free..tail {
-            let slot = &self.slots[(i % cap) as usize];
+            let slot = &self.shape.slots[(i % cap) as usize];
             // SAFETY: items `free..tail` are initialised and nothing else references them now.
             let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
             if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {

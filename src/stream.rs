@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::ring::{Marks, ProducerState, Ring, NO_POSITION};
+use crate::ring::{Marks, ProducerState, Ring, NO_MARK};
 use crate::sync::{lock, Arc, AtomicU64, Mutex};
 use crate::{
     wait, watermark, BuildError, Consumer, Item, LaneItem, LaneStats, Position, Producer, PublishError,
@@ -119,21 +119,20 @@ impl StreamBuilder {
             }
             sinks.push(name);
         }
-        let marks: Marks = (0..sinks.len()).map(|_| CachePadded::new(AtomicU64::new(NO_POSITION))).collect();
+        let marks: Marks = (0..sinks.len()).map(|_| CachePadded::new(AtomicU64::new(NO_MARK))).collect();
         let lanes = (0..sinks.len()).map(|i| Arc::new(Ring::new(self.capacity, marks.clone(), i))).collect();
-        let request_marks: Marks = StdArc::new([CachePadded::new(AtomicU64::new(NO_POSITION))]);
+        let request_marks: Marks = StdArc::new([CachePadded::new(AtomicU64::new(NO_MARK))]);
         let request_ring = Arc::new(Ring::new(self.request_capacity, request_marks, 0));
         let request_producer = request_ring.claim_producer().expect("a new ring has no producer");
         let requests =
             StdArc::new(RequestShared { ring: request_ring, producer: Mutex::new(request_producer) });
-        Ok(MemoryStream { inner: StdArc::new(Inner { sinks: sinks.into(), lanes, marks, requests }) })
+        Ok(MemoryStream { marks, inner: StdArc::new(Inner { sinks: sinks.into(), lanes, requests }) })
     }
 }
 
 struct Inner {
     sinks: Box<[SinkName]>,
     lanes: Box<[Arc<Ring<LaneItem>>]>,
-    marks: Marks,
     requests: StdArc<RequestShared>,
 }
 
@@ -160,6 +159,9 @@ struct Inner {
 #[derive(Clone)]
 pub struct MemoryStream {
     inner: StdArc<Inner>,
+    /// The lanes' acked marks (each ring holds them too), here so that `watermark` is one
+    /// pointer away.
+    marks: Marks,
 }
 
 impl MemoryStream {
@@ -198,7 +200,7 @@ impl Stream for MemoryStream {
     }
 
     fn watermark(&self) -> Option<Position> {
-        watermark::watermark(&self.inner.marks)
+        watermark::watermark(&self.marks)
     }
 
     fn is_idle(&self) -> bool {
@@ -254,7 +256,7 @@ impl<T: Item> Lane<T> {
         if capacity == 0 {
             return Err(BuildError::ZeroCapacity("a standalone lane"));
         }
-        let marks: Marks = StdArc::new([CachePadded::new(AtomicU64::new(NO_POSITION))]);
+        let marks: Marks = StdArc::new([CachePadded::new(AtomicU64::new(NO_MARK))]);
         Ok(Lane { name, ring: Arc::new(Ring::new(capacity, marks, 0)) })
     }
 

@@ -4,29 +4,27 @@
 //! writes it (Release), and it only grows. [`watermark`] loads every mark (Acquire) and takes the
 //! minimum. Nothing is locked, and no thread maintains the result.
 //!
-//! - W1: `None` while any lane has no acked positioned batch (its mark is `NO_POSITION`,
-//!   `u64::MAX`, which no batch may carry), and for no lanes at all.
+//! - W1: `None` while any lane has no acked positioned batch (its mark is `NO_MARK`, 0; a set
+//!   mark holds position + 1), and for no lanes at all. So the loop is a plain minimum with one
+//!   check at the end, which the compiler can vectorise.
 //! - W3: each mark only grows and loads of one atomic by one thread never go back in its
 //!   modification order, so a second read from the same thread is never lower.
-//! - W4: a mark holding `p` was stored with Release after the advancer acquired the ACKED words of
-//!   every item up to `p`, each stored with Release by the sink after its writes; so a reader
-//!   whose Acquire load sees a watermark `>= p` sees those writes.
+//! - W4: a mark holding `p + 1` was stored with Release after the advancer acquired the ACKED
+//!   words of every item up to `p`, each stored with Release by the sink after its writes; so a
+//!   reader whose Acquire load sees a watermark `>= p` sees those writes.
 
 use std::sync::atomic::Ordering;
 
-use crate::ring::{Marks, NO_POSITION};
+use crate::ring::{Marks, NO_MARK};
 use crate::Position;
 
 /// The minimum over `marks`, or `None` if any is unset or there are none.
+#[inline]
 pub(crate) fn watermark(marks: &Marks) -> Option<Position> {
-    let mut min = NO_POSITION;
-    for mark in marks.iter() {
-        // Acquire: pairs with the advancer's Release store (W4).
-        let p = mark.load(Ordering::Acquire);
-        if p == NO_POSITION {
-            return None;
-        }
-        min = min.min(p);
+    if marks.is_empty() {
+        return None;
     }
-    (min != NO_POSITION).then_some(Position(min))
+    // Acquire: pairs with the advancer's Release store (W4).
+    let min = marks.iter().map(|mark| mark.load(Ordering::Acquire)).min().unwrap_or(NO_MARK);
+    (min != NO_MARK).then(|| Position(min - 1))
 }
