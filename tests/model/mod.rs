@@ -777,11 +777,7 @@ impl Harness {
             assert_eq!(stats, model.stats(), "lane {i} stats; trace: {trace:?}");
             assert_eq!(stats.lag(), stats.queued + stats.released + stats.in_flight);
             assert_eq!(real.lane.acked(), stats.acked);
-            assert_eq!(
-                real.lane.is_idle(),
-                model.is_idle(),
-                "lane {i} idle; trace: {trace:?}"
-            );
+            assert_eq!(real.lane.is_idle(), model.is_idle(), "lane {i} idle; trace: {trace:?}");
             assert_eq!(
                 real.consumer.is_empty(),
                 model.is_empty(),
