@@ -2,6 +2,7 @@
 
 use std::borrow::Borrow;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -40,9 +41,11 @@ fn validate(name: &str) -> Result<(), NameError> {
 macro_rules! validated_name {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
+        ///
+        /// Cloning moves a reference count: every envelope of an index shares one allocation.
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
         #[serde(transparent)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Validates `name` against `^[a-z_][a-z0-9_]*$` and the 63-byte limit.
@@ -52,7 +55,7 @@ macro_rules! validated_name {
             pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
                 let name = name.into();
                 validate(&name)?;
-                Ok(Self(name))
+                Ok(Self(name.into()))
             }
 
             /// The name as a string slice.
