@@ -101,11 +101,13 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Read};
 use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 use crate::{Batch, Envelope, IndexName, Op, ParseLsnError, Position};
 
@@ -249,543 +251,278 @@ fn malformed(offset: usize, reason: &'static str) -> Wal2JsonErrorKind {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A small validating JSON scanner that records byte ranges instead of building values, so that
-// row values are copied verbatim into documents and nothing is allocated per value.
+// Parsing: serde_json, borrowing from the line. Column values stay `RawValue`s, so documents get
+// their exact input bytes (numerics keep their digits) and nothing is allocated per value.
 
-const MAX_DEPTH: usize = 128;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Object,
-    Array,
-    Str,
-    Number,
-    Bool,
-    Null,
+/// The fields of one line this module reads. `action`, `xid`, `lsn`, `schema` and `table` stay
+/// raw JSON and are checked only by the actions that use them (a `B` with `"lsn":5` is fine);
+/// `columns`, `identity` and `pk` must have their shape on every line. Every field is `Some`
+/// when present, even as `null` (see [`present`]).
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    action: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    xid: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    lsn: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    schema: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    table: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    columns: Option<Vec<Column<'a>>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    identity: Option<Vec<Column<'a>>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    pk: Option<Vec<Key<'a>>>,
 }
 
-/// A JSON value inside the line: its kind and byte range (strings include their quotes).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Val {
-    kind: Kind,
-    span: Range<usize>,
+/// One `{"name":…,"type":…,"value":…}` element of `columns` / `identity`. The name is borrowed
+/// unless it has escapes.
+#[derive(Deserialize)]
+struct Column<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow)]
+    value: &'a RawValue,
 }
 
-/// One `{"name":…,"value":…}` element of `columns` / `identity` (name: a string token).
-#[derive(Clone, Debug)]
-struct Col {
-    name: Range<usize>,
-    value: Val,
+/// One `{"name":…,"type":…}` element of `pk`.
+#[derive(Deserialize)]
+struct Key<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
 }
 
-/// The fields of one line this module uses. The vectors are reused from line to line; the
-/// `has_*` flags say whether the current line had the field.
-#[derive(Default, Debug)]
-struct Fields {
-    action: Option<Val>,
-    xid: Option<Val>,
-    lsn: Option<Val>,
-    schema: Option<Val>,
-    table: Option<Val>,
-    columns: Vec<Col>,
-    identity: Vec<Col>,
-    pk: Vec<Range<usize>>,
-    has_columns: bool,
-    has_identity: bool,
-    has_pk: bool,
+/// A field that is present is `Some`, `null` included (a plain `Option` would make it `None`).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
-impl Fields {
-    fn reset(&mut self) {
-        self.action = None;
-        self.xid = None;
-        self.lsn = None;
-        self.schema = None;
-        self.table = None;
-        self.columns.clear();
-        self.identity.clear();
-        self.pk.clear();
-        self.has_columns = false;
-        self.has_identity = false;
-        self.has_pk = false;
-    }
+type ParseResult<T> = Result<T, Wal2JsonErrorKind>;
 
-    fn columns(&self) -> Option<&[Col]> {
-        self.has_columns.then_some(self.columns.as_slice())
+/// Parses one line. Only errors take the slow path ([`shape_error`]) that names the field.
+fn parse_line(line: &[u8]) -> ParseResult<Line<'_>> {
+    let text = std::str::from_utf8(line).map_err(|e| malformed(e.valid_up_to(), "not valid UTF-8"))?;
+    // A derived struct also accepts a JSON array (as a tuple): refuse anything but an object.
+    let start = text.find(|c| !matches!(c, ' ' | '\t' | '\n' | '\r')).unwrap_or(text.len());
+    if !text[start..].starts_with('{') {
+        return Err(malformed(start, "expected a JSON object"));
     }
+    serde_json::from_str(text).map_err(|e| {
+        let shape = if e.is_data() { shape_error(text) } else { None };
+        shape.unwrap_or_else(|| malformed(byte_offset(text, e.line(), e.column()), reason(&e)))
+    })
+}
 
-    fn identity(&self) -> Option<&[Col]> {
-        self.has_identity.then_some(self.identity.as_slice())
+/// The byte offset of serde_json's 1-based line and column.
+fn byte_offset(text: &str, line: usize, column: usize) -> usize {
+    let line_start: usize = text.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
+    (line_start + column.saturating_sub(1)).min(text.len())
+}
+
+/// serde_json's description of an error, as one of its fixed messages.
+fn reason(e: &serde_json::Error) -> &'static str {
+    const REASONS: [&str; 21] = [
+        "EOF while parsing a list",
+        "EOF while parsing an object",
+        "EOF while parsing a string",
+        "EOF while parsing a value",
+        "expected `:`",
+        "expected `,` or `]`",
+        "expected `,` or `}`",
+        "expected ident",
+        "expected value",
+        "expected `\"`",
+        "invalid escape",
+        "invalid number",
+        "number out of range",
+        "invalid unicode code point",
+        "control character (\\u0000-\\u001F) found while parsing a string",
+        "key must be a string",
+        "lone leading surrogate in hex escape",
+        "trailing comma",
+        "trailing characters",
+        "unexpected end of hex escape",
+        "recursion limit exceeded",
+    ];
+    let message = e.to_string();
+    if let Some(r) = REASONS.iter().find(|r| message.starts_with(**r)) {
+        return r;
     }
-
-    fn pk(&self) -> Option<&[Range<usize>]> {
-        self.has_pk.then_some(self.pk.as_slice())
+    match e.classify() {
+        serde_json::error::Category::Eof => "unexpected end of line",
+        serde_json::error::Category::Data if message.starts_with("duplicate field") => "duplicate field",
+        _ => "invalid JSON",
     }
 }
 
-struct Scanner<'a> {
-    b: &'a [u8],
-    pos: usize,
+/// `columns`, `identity` and `pk` as raw JSON, to find which one is misshapen.
+#[derive(Deserialize)]
+struct Shape<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    columns: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    identity: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    pk: Option<&'a RawValue>,
 }
 
-type ScanResult<T> = Result<T, Wal2JsonErrorKind>;
+/// An element of `columns`, `identity` or `pk` with its members as raw JSON.
+#[derive(Deserialize)]
+struct ElementShape<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    value: Option<&'a RawValue>,
+}
 
-impl<'a> Scanner<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.pos).copied()
-    }
+/// The elements of an array of objects; `None` if `raw` is not one.
+fn objects<'a>(raw: &'a RawValue) -> Option<Vec<ElementShape<'a>>> {
+    let elements: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+    elements
+        .into_iter()
+        .map(|e| e.get().starts_with('{').then(|| serde_json::from_str(e.get()).ok()).flatten())
+        .collect()
+}
 
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.pos += 1;
-        }
-    }
-
-    fn expect(&mut self, byte: u8, reason: &'static str) -> ScanResult<()> {
-        self.ws();
-        if self.peek() == Some(byte) {
-            self.pos += 1;
-            Ok(())
-        } else {
-            Err(malformed(self.pos, reason))
-        }
-    }
-
-    fn value(&mut self, depth: usize) -> ScanResult<Val> {
-        self.ws();
-        let start = self.pos;
-        let kind = match self.peek() {
-            Some(b'{') => {
-                self.skip_object(depth + 1)?;
-                Kind::Object
-            }
-            Some(b'[') => {
-                self.skip_array(depth + 1)?;
-                Kind::Array
-            }
-            Some(b'"') => {
-                self.string()?;
-                Kind::Str
-            }
-            Some(b'-' | b'0'..=b'9') => {
-                self.number()?;
-                Kind::Number
-            }
-            Some(b't') => {
-                self.literal(b"true")?;
-                Kind::Bool
-            }
-            Some(b'f') => {
-                self.literal(b"false")?;
-                Kind::Bool
-            }
-            Some(b'n') => {
-                self.literal(b"null")?;
-                Kind::Null
-            }
-            Some(_) => return Err(malformed(start, "expected a JSON value")),
-            None => return Err(malformed(start, "unexpected end of line")),
+/// Why a syntactically valid line did not deserialize into a [`Line`]: the field with the wrong
+/// shape, or `None` (e.g. a duplicate key).
+#[cold]
+fn shape_error(text: &str) -> Option<Wal2JsonErrorKind> {
+    let shape: Shape<'_> = serde_json::from_str(text).ok()?;
+    let is_str = |v: &RawValue| v.get().starts_with('"');
+    for (field, raw) in [("columns", shape.columns), ("identity", shape.identity)] {
+        let Some(raw) = raw else { continue };
+        let Some(elements) = objects(raw) else {
+            return Some(Wal2JsonErrorKind::WrongType { field, expected: "an array of column objects" });
         };
-        Ok(Val { kind, span: start..self.pos })
-    }
-
-    fn literal(&mut self, lit: &'static [u8]) -> ScanResult<()> {
-        if self.b.get(self.pos..self.pos + lit.len()) == Some(lit) {
-            self.pos += lit.len();
-            Ok(())
-        } else {
-            Err(malformed(self.pos, "expected true, false or null"))
-        }
-    }
-
-    fn digits(&mut self) -> usize {
-        let start = self.pos;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.pos += 1;
-        }
-        self.pos - start
-    }
-
-    fn number(&mut self) -> ScanResult<()> {
-        if self.peek() == Some(b'-') {
-            self.pos += 1;
-        }
-        match self.peek() {
-            Some(b'0') => self.pos += 1,
-            Some(b'1'..=b'9') => {
-                self.digits();
-            }
-            _ => return Err(malformed(self.pos, "expected a digit")),
-        }
-        if self.peek() == Some(b'.') {
-            self.pos += 1;
-            if self.digits() == 0 {
-                return Err(malformed(self.pos, "expected a digit after the decimal point"));
-            }
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.pos += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.pos += 1;
-            }
-            if self.digits() == 0 {
-                return Err(malformed(self.pos, "expected a digit in the exponent"));
-            }
-        }
-        Ok(())
-    }
-
-    /// A string token starting at `"`; the line is already known to be UTF-8.
-    fn string(&mut self) -> ScanResult<()> {
-        self.pos += 1; // opening quote
-        loop {
-            match self.peek() {
-                None => return Err(malformed(self.pos, "unterminated string")),
-                Some(b'"') => {
-                    self.pos += 1;
-                    return Ok(());
+        for e in elements {
+            let missing = |what| Wal2JsonErrorKind::MissingField { action: '?', field: what, hint: "" };
+            match (e.name, e.value) {
+                (None, _) => return Some(missing("a column name")),
+                (_, None) => return Some(missing("a column value")),
+                (Some(name), _) if !is_str(name) => {
+                    return Some(Wal2JsonErrorKind::WrongType {
+                        field,
+                        expected: "columns with a string name",
+                    })
                 }
-                Some(b'\\') => {
-                    self.pos += 1;
-                    match self.peek() {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.pos += 1,
-                        Some(b'u') => {
-                            self.pos += 1;
-                            let hex = self.b.get(self.pos..self.pos + 4);
-                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
-                                return Err(malformed(self.pos, "expected 4 hex digits after \\u"));
-                            }
-                            self.pos += 4;
-                        }
-                        _ => return Err(malformed(self.pos, "invalid escape in string")),
-                    }
-                }
-                Some(0..=0x1f) => return Err(malformed(self.pos, "control character in string")),
-                Some(_) => self.pos += 1,
+                _ => {}
             }
         }
     }
-
-    /// Iterates an object's members: calls `member(self, key_span, depth)` positioned at the
-    /// value, which must consume it.
-    fn object(
-        &mut self,
-        depth: usize,
-        mut member: impl FnMut(&mut Self, Range<usize>, usize) -> ScanResult<()>,
-    ) -> ScanResult<()> {
-        if depth > MAX_DEPTH {
-            return Err(malformed(self.pos, "nested too deeply"));
-        }
-        self.expect(b'{', "expected an object")?;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            return Ok(());
-        }
-        loop {
-            self.ws();
-            if self.peek() != Some(b'"') {
-                return Err(malformed(self.pos, "expected a string key"));
-            }
-            let start = self.pos;
-            self.string()?;
-            let key = start..self.pos;
-            self.expect(b':', "expected ':' after a key")?;
-            member(self, key, depth)?;
-            self.ws();
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b'}') => {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                _ => return Err(malformed(self.pos, "expected ',' or '}' in an object")),
-            }
-        }
-    }
-
-    /// Iterates an array's elements: calls `element(self, depth)` positioned before the
-    /// element, which must consume it.
-    fn array(
-        &mut self,
-        depth: usize,
-        mut element: impl FnMut(&mut Self, usize) -> ScanResult<()>,
-    ) -> ScanResult<()> {
-        if depth > MAX_DEPTH {
-            return Err(malformed(self.pos, "nested too deeply"));
-        }
-        self.expect(b'[', "expected an array")?;
-        self.ws();
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-            return Ok(());
-        }
-        loop {
-            element(self, depth)?;
-            self.ws();
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b']') => {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                _ => return Err(malformed(self.pos, "expected ',' or ']' in an array")),
-            }
-        }
-    }
-
-    fn skip_object(&mut self, depth: usize) -> ScanResult<()> {
-        self.object(depth, |s, _, d| s.value(d).map(drop))
-    }
-
-    fn skip_array(&mut self, depth: usize) -> ScanResult<()> {
-        self.array(depth, |s, d| s.value(d).map(drop))
-    }
-
-    /// `[{"name":"…","value":…}, …]`; other members of the elements are skipped.
-    fn columns(&mut self, depth: usize, field: &'static str, out: &mut Vec<Col>) -> ScanResult<()> {
-        self.ws();
-        if self.peek() != Some(b'[') {
-            return Err(Wal2JsonErrorKind::WrongType { field, expected: "an array of column objects" });
-        }
-        self.array(depth + 1, |s, d| {
-            s.ws();
-            if s.peek() != Some(b'{') {
-                return Err(Wal2JsonErrorKind::WrongType { field, expected: "an array of column objects" });
-            }
-            let (mut name, mut value) = (None, None);
-            s.object(d + 1, |s, key, d| {
-                let v = s.value(d)?;
-                match key_name(s.b, &key) {
-                    Some(b"name") => name = Some(v),
-                    Some(b"value") => value = Some(v),
-                    _ => {}
-                }
-                Ok(())
-            })?;
-            match (name, value) {
-                (Some(name), Some(value)) if name.kind == Kind::Str => {
-                    out.push(Col { name: name.span, value });
-                    Ok(())
-                }
-                (Some(_), Some(_)) => {
-                    Err(Wal2JsonErrorKind::WrongType { field, expected: "columns with a string name" })
-                }
-                (None, _) => {
-                    Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column name", hint: "" })
-                }
-                (_, None) => {
-                    Err(Wal2JsonErrorKind::MissingField { action: '?', field: "a column value", hint: "" })
-                }
-            }
+    let pk = shape.pk?;
+    let named = objects(pk).is_some_and(|keys| keys.iter().all(|k| k.name.is_some_and(is_str)));
+    (!named)
+        .then_some(Wal2JsonErrorKind::WrongType {
+            field: "pk", expected: "an array of {\"name\":…} objects"
         })
-    }
-
-    /// `[{"name":"…"}, …]` (wal2json's `pk`).
-    fn pk(&mut self, depth: usize, out: &mut Vec<Range<usize>>) -> ScanResult<()> {
-        const WRONG: Wal2JsonErrorKind =
-            Wal2JsonErrorKind::WrongType { field: "pk", expected: "an array of {\"name\":…} objects" };
-        self.ws();
-        if self.peek() != Some(b'[') {
-            return Err(WRONG);
-        }
-        self.array(depth + 1, |s, d| {
-            s.ws();
-            if s.peek() != Some(b'{') {
-                return Err(WRONG);
-            }
-            let mut name = None;
-            s.object(d + 1, |s, key, d| {
-                let v = s.value(d)?;
-                if key_name(s.b, &key) == Some(b"name") {
-                    name = Some(v);
-                }
-                Ok(())
-            })?;
-            match name {
-                Some(v) if v.kind == Kind::Str => {
-                    out.push(v.span);
-                    Ok(())
-                }
-                _ => Err(WRONG),
-            }
-        })
-    }
 }
 
-/// A key's bytes between its quotes when it has no escapes (wal2json never escapes its keys);
-/// `None` for escaped keys, which then match nothing.
-fn key_name<'a>(b: &'a [u8], key: &Range<usize>) -> Option<&'a [u8]> {
-    let inner = b.get(key.start + 1..key.end.checked_sub(1)?)?;
-    (!inner.contains(&b'\\')).then_some(inner)
-}
-
-fn parse_fields(line: &[u8], f: &mut Fields) -> ScanResult<()> {
-    f.reset();
-    if let Err(e) = std::str::from_utf8(line) {
-        return Err(malformed(e.valid_up_to(), "not valid UTF-8"));
-    }
-    let mut s = Scanner { b: line, pos: 0 };
-    s.ws();
-    if s.peek() != Some(b'{') {
-        return Err(malformed(s.pos, "expected a JSON object"));
-    }
-    s.object(0, |s, key, depth| {
-        match key_name(s.b, &key) {
-            Some(b"columns") => {
-                f.columns.clear();
-                s.columns(depth, "columns", &mut f.columns)?;
-                f.has_columns = true;
-            }
-            Some(b"identity") => {
-                f.identity.clear();
-                s.columns(depth, "identity", &mut f.identity)?;
-                f.has_identity = true;
-            }
-            Some(b"pk") => {
-                f.pk.clear();
-                s.pk(depth, &mut f.pk)?;
-                f.has_pk = true;
-            }
-            other => {
-                let v = s.value(depth)?;
-                match other {
-                    Some(b"action") => f.action = Some(v),
-                    Some(b"xid") => f.xid = Some(v),
-                    Some(b"lsn") => f.lsn = Some(v),
-                    Some(b"schema") => f.schema = Some(v),
-                    Some(b"table") => f.table = Some(v),
-                    _ => {}
-                }
-            }
-        }
-        Ok(())
-    })?;
-    s.ws();
-    if s.pos != line.len() {
-        return Err(malformed(s.pos, "trailing characters after the object"));
-    }
-    Ok(())
-}
-
-/// The text of a string token (span including quotes), unescaped when needed.
-fn str_value<'a>(line: &'a [u8], span: &Range<usize>) -> Option<Cow<'a, str>> {
-    let token = line.get(span.clone())?;
-    let inner = token.get(1..token.len().checked_sub(1)?)?;
-    if inner.contains(&b'\\') {
-        serde_json::from_slice::<String>(token).ok().map(Cow::Owned)
+/// The text of a JSON string, unescaped only when it has escapes; `None` if `raw` is not a
+/// string or does not unescape (a lone surrogate).
+fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let text = raw.get();
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    if inner.contains('\\') {
+        serde_json::from_str(text).ok().map(Cow::Owned)
     } else {
-        std::str::from_utf8(inner).ok().map(Cow::Borrowed)
+        Some(Cow::Borrowed(inner))
     }
 }
 
 fn string_field<'a>(
-    line: &'a [u8],
-    v: Option<&Val>,
+    raw: Option<&'a RawValue>,
     action: char,
     field: &'static str,
     hint: &'static str,
-) -> ScanResult<Cow<'a, str>> {
-    let v = v.ok_or(Wal2JsonErrorKind::MissingField { action, field, hint })?;
-    if v.kind != Kind::Str {
-        return Err(Wal2JsonErrorKind::WrongType { field, expected: "a string" });
-    }
-    str_value(line, &v.span).ok_or(Wal2JsonErrorKind::WrongType { field, expected: "a valid string" })
+) -> ParseResult<Cow<'a, str>> {
+    let raw = raw.ok_or(Wal2JsonErrorKind::MissingField { action, field, hint })?;
+    let expected = if raw.get().starts_with('"') { "a valid string" } else { "a string" };
+    json_str(raw).ok_or(Wal2JsonErrorKind::WrongType { field, expected })
 }
 
 /// `xid` as a number; `None` when absent or null.
-fn xid_field(line: &[u8], v: Option<&Val>) -> ScanResult<Option<u64>> {
-    match v {
-        None => Ok(None),
-        Some(v) if v.kind == Kind::Null => Ok(None),
-        Some(v) => line
-            .get(v.span.clone())
-            .filter(|_| v.kind == Kind::Number)
-            .and_then(|t| std::str::from_utf8(t).ok())
-            .and_then(|t| t.parse::<u64>().ok())
+fn xid_field(raw: Option<&RawValue>) -> ParseResult<Option<u64>> {
+    match raw.map(RawValue::get) {
+        None | Some("null") => Ok(None),
+        // Only a JSON number of plain digits parses (not "7", 7.0 or -7).
+        Some(text) => text
+            .parse::<u64>()
             .map(Some)
-            .ok_or(Wal2JsonErrorKind::WrongType { field: "xid", expected: "an unsigned integer" }),
+            .map_err(|_| Wal2JsonErrorKind::WrongType { field: "xid", expected: "an unsigned integer" }),
     }
-}
-
-/// Whether two name tokens denote the same string.
-fn same_name(line: &[u8], a: &Range<usize>, b: &Range<usize>) -> bool {
-    let (ta, tb) = (line.get(a.clone()), line.get(b.clone()));
-    if ta == tb {
-        return ta.is_some();
-    }
-    let escaped = |t: Option<&[u8]>| t.is_some_and(|t| t.contains(&b'\\'));
-    if escaped(ta) || escaped(tb) {
-        return matches!((str_value(line, a), str_value(line, b)), (Some(x), Some(y)) if x == y);
-    }
-    false
 }
 
 /// Appends one id component: strings unescaped with `\` and `:` escaped, others as JSON text.
-fn push_id_part(id: &mut String, line: &[u8], v: &Val) -> ScanResult<()> {
-    match v.kind {
-        Kind::Str => {
-            let s = str_value(line, &v.span)
-                .ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
-            for c in s.chars() {
-                if c == '\\' || c == ':' {
-                    id.push('\\');
-                }
-                id.push(c);
-            }
+fn push_id_part(id: &mut String, value: &RawValue) -> ParseResult<()> {
+    if !value.get().starts_with('"') {
+        id.push_str(value.get());
+        return Ok(());
+    }
+    let s =
+        json_str(value).ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
+    for c in s.chars() {
+        if c == '\\' || c == ':' {
+            id.push('\\');
         }
-        _ => {
-            let text = line
-                .get(v.span.clone())
-                .and_then(|t| std::str::from_utf8(t).ok())
-                .ok_or(malformed(v.span.start, "bad value span"))?;
-            id.push_str(text);
-        }
+        id.push(c);
     }
     Ok(())
 }
 
 /// The id of a row: its primary-key values (or all values without a key), joined with `:`.
-fn row_id(line: &[u8], row: &[Col], pk: Option<&[Range<usize>]>, side: &'static str) -> ScanResult<String> {
+fn row_id(row: &[Column<'_>], pk: Option<&[Key<'_>]>, side: &'static str) -> ParseResult<String> {
     let mut id = String::new();
+    let mut push = |i: usize, value: &RawValue| {
+        if i > 0 {
+            id.push(':');
+        }
+        push_id_part(&mut id, value)
+    };
     match pk {
         Some(pk) if !pk.is_empty() => {
             for (i, key) in pk.iter().enumerate() {
-                let col = row.iter().find(|c| same_name(line, &c.name, key)).ok_or_else(|| {
-                    Wal2JsonErrorKind::MissingKeyColumn {
-                        column: str_value(line, key).map(Cow::into_owned).unwrap_or_default(),
-                        side,
-                    }
+                let col = row.iter().find(|c| c.name == key.name).ok_or_else(|| {
+                    Wal2JsonErrorKind::MissingKeyColumn { column: key.name.clone().into_owned(), side }
                 })?;
-                if i > 0 {
-                    id.push(':');
-                }
-                push_id_part(&mut id, line, &col.value)?;
+                push(i, col.value)?;
             }
         }
         _ => {
             for (i, col) in row.iter().enumerate() {
-                if i > 0 {
-                    id.push(':');
-                }
-                push_id_part(&mut id, line, &col.value)?;
+                push(i, col.value)?;
             }
         }
     }
     Ok(id)
 }
 
-/// Writes `{"name":value,…}` into `buf`, returning the range written.
-fn write_row(buf: &mut Vec<u8>, line: &[u8], row: &[Col]) -> Range<usize> {
+/// Writes `{"name":value,…}` into `buf`, returning the range written. Values are the input's
+/// bytes; a name is too unless it had escapes (then it is escaped again by serde_json).
+fn write_row(buf: &mut Vec<u8>, row: &[Column<'_>]) -> Range<usize> {
     let start = buf.len();
     buf.push(b'{');
     for (i, col) in row.iter().enumerate() {
         if i > 0 {
             buf.push(b',');
         }
-        buf.extend_from_slice(line.get(col.name.clone()).unwrap_or(b"\"\""));
+        match &col.name {
+            // Borrowed means no escapes in the input, so this is the input's token.
+            Cow::Borrowed(name) => {
+                buf.push(b'"');
+                buf.extend_from_slice(name.as_bytes());
+                buf.push(b'"');
+            }
+            Cow::Owned(name) => {
+                // Writing a string into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut *buf, name);
+            }
+        }
         buf.push(b':');
-        buf.extend_from_slice(line.get(col.value.span.clone()).unwrap_or(b"null"));
+        buf.extend_from_slice(col.value.get().as_bytes());
     }
     buf.push(b'}');
     start..buf.len()
@@ -819,7 +556,7 @@ fn unreachable_index_name() -> IndexName {
 // ---------------------------------------------------------------------------------------------
 
 /// An envelope to add for a change line: id, op, and the row for its document.
-type Planned<'r> = Option<(String, Op, Option<&'r [Col]>)>;
+type Planned<'r, 'a> = Option<(String, Op, Option<&'r [Column<'a>]>)>;
 
 struct Pending {
     index: IndexName,
@@ -856,7 +593,6 @@ struct OpenTxn {
 pub struct TransactionBuilder {
     open: Option<OpenTxn>,
     last_commit: Option<Position>,
-    fields: Fields,
     names: HashMap<Vec<u8>, IndexName>,
     name_key: Vec<u8>,
     transactions: u64,
@@ -887,7 +623,6 @@ impl TransactionBuilder {
         TransactionBuilder {
             open: None,
             last_commit: None,
-            fields: Fields::default(),
             names: HashMap::new(),
             name_key: Vec::new(),
             transactions: 0,
@@ -918,10 +653,9 @@ impl TransactionBuilder {
     /// A [`Wal2JsonError`] for `line_no` when the line is malformed or out of place; the builder
     /// stays usable (see the [module docs](self) for what happens to the open transaction).
     pub fn push_line(&mut self, line_no: u64, line: &[u8]) -> Result<Option<Batch>, Wal2JsonError> {
-        let mut f = std::mem::take(&mut self.fields);
-        let result = parse_fields(line, &mut f).and_then(|()| self.apply(line_no, line, &f));
-        self.fields = f;
-        result.map_err(|kind| Wal2JsonError::new(line_no, kind))
+        parse_line(line)
+            .and_then(|l| self.apply(line_no, &l))
+            .map_err(|kind| Wal2JsonError::new(line_no, kind))
     }
 
     /// Ends the input at line `line_no`.
@@ -936,18 +670,9 @@ impl TransactionBuilder {
         }
     }
 
-    fn apply(&mut self, line_no: u64, line: &[u8], f: &Fields) -> ScanResult<Option<Batch>> {
+    fn apply(&mut self, line_no: u64, f: &Line<'_>) -> ParseResult<Option<Batch>> {
         let action = {
-            let v = f.action.as_ref().ok_or(Wal2JsonErrorKind::MissingField {
-                action: '?',
-                field: "action",
-                hint: "",
-            })?;
-            if v.kind != Kind::Str {
-                return Err(Wal2JsonErrorKind::WrongType { field: "action", expected: "a string" });
-            }
-            let s = str_value(line, &v.span)
-                .ok_or(Wal2JsonErrorKind::WrongType { field: "action", expected: "a valid string" })?;
+            let s = string_field(f.action, '?', "action", "")?;
             let mut chars = s.chars();
             match (chars.next(), chars.next()) {
                 (Some(c @ ('B' | 'I' | 'U' | 'D' | 'T' | 'C' | 'M')), None) => c,
@@ -957,7 +682,7 @@ impl TransactionBuilder {
         match action {
             'M' => Ok(None),
             'B' => {
-                let xid = xid_field(line, f.xid.as_ref())?;
+                let xid = xid_field(f.xid)?;
                 let new = OpenTxn { begun: line_no, xid, changes: 0, pending: Vec::new(), docs: Vec::new() };
                 match self.open.replace(new) {
                     Some(old) => Err(Wal2JsonErrorKind::BeginInsideTransaction {
@@ -967,16 +692,16 @@ impl TransactionBuilder {
                     None => Ok(None),
                 }
             }
-            'C' => self.commit(line, f),
+            'C' => self.commit(f),
             _ => {
                 if self.open.is_none() {
                     return Err(Wal2JsonErrorKind::OutsideTransaction { action });
                 }
-                let schema = string_field(line, f.schema.as_ref(), action, "schema", "")?;
-                let table = string_field(line, f.table.as_ref(), action, "table", "")?;
-                let (pk, columns, identity) = (f.pk(), f.columns(), f.identity());
+                let schema = string_field(f.schema, action, "schema", "")?;
+                let table = string_field(f.table, action, "table", "")?;
+                let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
                 // Compute everything that can fail before touching the transaction.
-                let mut out: [Planned<'_>; 2] = [None, None];
+                let mut out: [Planned<'_, '_>; 2] = [None, None];
                 match action {
                     'T' => out[0] = Some((String::new(), Op::Truncate, None)),
                     'D' => {
@@ -985,7 +710,7 @@ impl TransactionBuilder {
                             field: "identity",
                             hint: " (the table needs a primary key or REPLICA IDENTITY FULL)",
                         })?;
-                        out[0] = Some((row_id(line, old, pk, "identity")?, Op::Delete, Some(old)));
+                        out[0] = Some((row_id(old, pk, "identity")?, Op::Delete, Some(old)));
                     }
                     _ => {
                         let new = columns.ok_or(Wal2JsonErrorKind::MissingField {
@@ -993,9 +718,9 @@ impl TransactionBuilder {
                             field: "columns",
                             hint: "",
                         })?;
-                        let new_id = row_id(line, new, pk, "columns")?;
+                        let new_id = row_id(new, pk, "columns")?;
                         if let (Some(old), 'U') = (identity, action) {
-                            let old_id = row_id(line, old, pk, "identity")?;
+                            let old_id = row_id(old, pk, "identity")?;
                             if old_id != new_id {
                                 out[0] = Some((old_id, Op::Delete, Some(old)));
                             }
@@ -1010,7 +735,7 @@ impl TransactionBuilder {
                 let txn_docs = &mut txn.docs;
                 for (id, op, row) in out.into_iter().flatten() {
                     let doc = match row {
-                        Some(row) => write_row(txn_docs, line, row),
+                        Some(row) => write_row(txn_docs, row),
                         None => txn_docs.len()..txn_docs.len(),
                     };
                     txn.pending.push(Pending { index: index.clone(), id, op, doc });
@@ -1021,10 +746,10 @@ impl TransactionBuilder {
         }
     }
 
-    fn commit(&mut self, line: &[u8], f: &Fields) -> ScanResult<Option<Batch>> {
+    fn commit(&mut self, f: &Line<'_>) -> ParseResult<Option<Batch>> {
         let txn = self.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
         // From here on, any error discards the transaction (it cannot be positioned).
-        let lsn = string_field(line, f.lsn.as_ref(), 'C', "lsn", " (run wal2json with include-lsn=true)")?;
+        let lsn = string_field(f.lsn, 'C', "lsn", " (run wal2json with include-lsn=true)")?;
         let position = Position::from_lsn(&lsn).map_err(Wal2JsonErrorKind::BadLsn)?;
         if position == Position::RESERVED {
             return Err(Wal2JsonErrorKind::BadLsn(ParseLsnError(lsn.into_owned())));
@@ -1034,7 +759,7 @@ impl TransactionBuilder {
                 return Err(Wal2JsonErrorKind::LsnRegressed { lsn: position, previous });
             }
         }
-        if let (Some(begin), Some(commit)) = (txn.xid, xid_field(line, f.xid.as_ref())?) {
+        if let (Some(begin), Some(commit)) = (txn.xid, xid_field(f.xid)?) {
             if begin != commit {
                 return Err(Wal2JsonErrorKind::XidMismatch { begin, commit });
             }
@@ -1148,42 +873,28 @@ impl<R: BufRead> Wal2JsonReader<R> {
     /// A line longer than the limit is consumed and reported as `Ok(true)` with `too_long`.
     fn read_line(&mut self, too_long: &mut bool) -> io::Result<bool> {
         self.line.clear();
-        *too_long = false;
-        let mut any = false;
-        loop {
-            let (done, used) = {
-                let buf = match self.input.fill_buf() {
-                    Ok(buf) => buf,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                };
-                if buf.is_empty() {
-                    return Ok(any);
-                }
-                any = true;
-                let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
-                    Some(i) => (&buf[..i], i + 1),
-                    None => (buf, 0),
-                };
-                if !*too_long {
-                    if self.line.len() + chunk.len() > self.max_line_len {
-                        *too_long = true;
-                        self.line.clear();
-                    } else {
-                        self.line.extend_from_slice(chunk);
-                    }
-                }
-                if done > 0 {
-                    (true, done)
-                } else {
-                    (false, buf.len())
-                }
-            };
-            self.input.consume(used);
-            if done {
-                return Ok(true);
-            }
+        // One byte over the limit: room for the `\n`, or proof that the line is too long.
+        let limit = u64::try_from(self.max_line_len).unwrap_or(u64::MAX).saturating_add(1);
+        if (&mut self.input).take(limit).read_until(b'\n', &mut self.line)? == 0 {
+            return Ok(false);
         }
+        if self.line.last() == Some(&b'\n') {
+            self.line.pop();
+            *too_long = false;
+            return Ok(true);
+        }
+        *too_long = self.line.len() > self.max_line_len;
+        if *too_long {
+            // Skip the rest of the line, a chunk at a time.
+            while self.line.last() != Some(&b'\n') {
+                self.line.clear();
+                if (&mut self.input).take(1 << 16).read_until(b'\n', &mut self.line)? == 0 {
+                    break;
+                }
+            }
+            self.line.clear();
+        }
+        Ok(true)
     }
 }
 
@@ -1492,27 +1203,8 @@ mod tests {
         assert!(r.next().is_none());
     }
 
-    fn validates(bytes: &[u8]) -> bool {
-        if std::str::from_utf8(bytes).is_err() {
-            return false;
-        }
-        let mut s = Scanner { b: bytes, pos: 0 };
-        s.value(0).is_ok() && {
-            s.ws();
-            s.pos == bytes.len()
-        }
-    }
-
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
-
-        /// The scanner accepts exactly what serde_json accepts (ASCII inputs, shallow nesting).
-        #[test]
-        fn scanner_agrees_with_serde_json(s in r#"[\[\]{}",:0-9a-z\\. +\-eE]{0,24}"#) {
-            let ours = validates(s.as_bytes());
-            let theirs = serde_json::from_str::<serde::de::IgnoredAny>(&s).is_ok();
-            proptest::prop_assert_eq!(ours, theirs, "{:?}", s);
-        }
 
         /// Arbitrary lines never panic the builder, and it keeps working afterwards.
         #[test]
