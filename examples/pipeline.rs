@@ -10,7 +10,8 @@
 //! `SnapshotComplete`). The main thread draws a progress bar (changes/s, watermark, per-lane lag).
 //!
 //! At the end it checks that every sink received every change at least once — tracked in memory
-//! by (position, envelope index) per sink, so it also holds with `--discard` — and that the final
+//! per sink as how many envelopes of each batch position arrived, so it also holds with
+//! `--discard` — and that the final
 //! watermark is the last commit LSN, prints a summary (and writes it as JSON with
 //! `--summary-json`), and exits non-zero if either check fails or the input had an error.
 //!
@@ -20,7 +21,7 @@
 //! pg_recvlogical ... -f - | cargo run --release --example pipeline -- --input -
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -151,14 +152,64 @@ struct IngestReport {
     snapshot_envelopes: u64,
 }
 
+/// The positioned batches one sink received: for each position, how many of its envelopes.
+///
+/// A batch delivers all its envelopes, so envelopes `0..n` of a batch were received iff a receipt
+/// had at least `n`. Transactions are published in strictly increasing position order, so a
+/// first receipt is almost always a push at the end; a redelivery is found by binary search.
+#[derive(Default)]
+struct Received {
+    /// Positions of the batches received (empty transactions included), strictly increasing.
+    positions: Vec<u64>,
+    /// Per entry of `positions`: the most envelopes one receipt of it held.
+    envelopes: Vec<u32>,
+}
+
+impl Received {
+    /// Records a receipt of `envelopes` envelopes at `position`; returns how many of them had
+    /// been received before (duplicates).
+    fn record(&mut self, position: u64, envelopes: u32) -> u64 {
+        let i = match self.positions.last() {
+            Some(&last) if last >= position => self.positions.partition_point(|&p| p < position),
+            _ => self.positions.len(),
+        };
+        if self.positions.get(i) != Some(&position) {
+            self.positions.insert(i, position);
+            self.envelopes.insert(i, 0);
+        }
+        let seen = &mut self.envelopes[i];
+        let duplicates = (*seen).min(envelopes);
+        *seen = (*seen).max(envelopes);
+        u64::from(duplicates)
+    }
+
+    /// How many of the `published` (position, envelope count) batches and envelopes were never
+    /// received; `published` is in increasing position order.
+    fn lost(&self, published: &[(u64, u32)]) -> u64 {
+        let mut lost = 0;
+        let mut j = 0;
+        for &(p, n) in published {
+            while self.positions.get(j).is_some_and(|&q| q < p) {
+                j += 1;
+            }
+            let got = if self.positions.get(j) == Some(&p) {
+                self.envelopes[j]
+            } else {
+                lost += 1; // the batch itself
+                0
+            };
+            lost += u64::from(n.saturating_sub(got));
+        }
+        lost
+    }
+}
+
 /// What a sink thread did.
 #[derive(Default)]
 struct SinkReport {
     name: String,
-    /// (position, envelope index) of every positioned envelope received at least once.
-    received: HashSet<(u64, u32)>,
-    /// Positions of every positioned batch received (empty transactions included).
-    batches: HashSet<u64>,
+    /// Every positioned batch received at least once, and how many of its envelopes.
+    received: Received,
     deliveries: u64,
     redelivered_seen: u64,
     duplicates: u64,
@@ -374,12 +425,8 @@ impl Sink {
         };
         match batch.position {
             Some(p) => {
-                self.report.batches.insert(p.0);
-                for i in 0..batch.envelopes.len() {
-                    if !self.report.received.insert((p.0, u32::try_from(i)?)) {
-                        self.report.duplicates += 1;
-                    }
-                }
+                let envelopes = u32::try_from(batch.envelopes.len())?;
+                self.report.duplicates += self.report.received.record(p.0, envelopes);
             }
             None => self.report.snapshot_envelopes += batch.envelopes.len() as u64,
         }
@@ -622,13 +669,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     // Every sink must have received every positioned batch and every envelope at least once.
     let mut lost = 0u64;
     for s in &sinks {
-        let mut sink_lost = 0;
-        for &(p, n) in &ingest.published {
-            if !s.batches.contains(&p) {
-                sink_lost += 1;
-            }
-            sink_lost += (0..n).filter(|i| !s.received.contains(&(p, *i))).count() as u64;
-        }
+        let sink_lost = s.received.lost(&ingest.published);
         if sink_lost > 0 {
             eprintln!("error: sink {} never received {sink_lost} batches/envelopes", s.name);
         }
