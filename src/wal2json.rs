@@ -43,7 +43,8 @@
 //!   - `op`: [`Op::Upsert`] for I and U, [`Op::Delete`] for D, [`Op::Truncate`] for T (empty id
 //!     and document).
 //!   - `document`: the row as a JSON object `{"column":value,…}` whose values are copied byte for
-//!     byte from the input (numerics keep their exact digits). I and U give the new row; D gives
+//!     byte from the input (numerics keep their exact digits; names too, except a name written
+//!     with escapes, which is written escaped again). I and U give the new row; D gives
 //!     the `identity` object (the old key, or the whole old row under `REPLICA IDENTITY FULL`),
 //!     or empty bytes if the line has no identity. An update that leaves a TOASTed value unchanged
 //!     does not carry that column (wal2json omits it), so its document lacks it: sinks should
@@ -60,9 +61,9 @@
 //!   batch with no envelopes; acking it still moves the watermark.
 //!
 //! # Errors and recovery
-//! Nothing here panics on any input. Every error is a [`Wal2JsonError`] naming the line number
-//! and a [`Wal2JsonErrorKind`]. After an error the [`TransactionBuilder`] stays usable; the bad
-//! line is treated as skipped:
+//! Lines are parsed with serde_json, borrowing from the line. Nothing here panics on any input.
+//! Every error is a [`Wal2JsonError`] naming the line number and a [`Wal2JsonErrorKind`]. After
+//! an error the [`TransactionBuilder`] stays usable; the bad line is treated as skipped:
 //!
 //! - a bad change line (malformed JSON, unknown action, missing or mistyped field) inside a
 //!   transaction is dropped and the transaction goes on without it (it is not counted in
@@ -1167,6 +1168,42 @@ mod tests {
         assert!(matches!(e.kind(), K::Truncated { begun: 21 }));
         assert_eq!(b.open_since(), None);
         assert_recovers(&mut b, "0/5");
+    }
+
+    #[test]
+    fn fields_are_checked_only_where_used_and_errors_name_them() {
+        use Wal2JsonErrorKind as K;
+        let mut b = TransactionBuilder::new();
+        // B reads only xid; columns, identity and pk must have their shape on every line.
+        b.push_line(1, br#"{"action":"B","lsn":5,"schema":null,"table":[]}"#).expect("B");
+        let bad = |b: &mut TransactionBuilder, line: &str| kind_of(b.push_line(2, line.as_bytes()));
+        assert!(matches!(
+            bad(&mut b, r#"{"action":"M","columns":null}"#),
+            K::WrongType { field: "columns", .. }
+        ));
+        assert!(matches!(
+            bad(&mut b, r#"{"action":"M","identity":[1]}"#),
+            K::WrongType { field: "identity", .. }
+        ));
+        assert!(matches!(
+            bad(&mut b, r#"{"action":"M","pk":[{"name":1}]}"#),
+            K::WrongType { field: "pk", .. }
+        ));
+        assert!(matches!(
+            bad(&mut b, r#"{"action":"I","schema":"s","table":"t","columns":[{"name":1,"value":1}]}"#),
+            K::WrongType { field: "columns", expected: "columns with a string name" }
+        ));
+        assert!(matches!(
+            bad(&mut b, r#"{"action":"I","schema":"s","table":"t","columns":[{"name":"a"}]}"#),
+            K::MissingField { field: "a column value", .. }
+        ));
+        let e = b.push_line(3, br#"{"action":"M",}"#).unwrap_err();
+        assert_eq!(e.to_string(), "wal2json line 3: malformed JSON at byte 14: trailing comma");
+        // An escaped column name matches its key unescaped and is written escaped by serde_json.
+        let i = r#"{"action":"I","schema":"s","table":"t","columns":[{"name":"i\u0064","value":1}],"pk":[{"name":"id"}]}"#;
+        b.push_line(4, i.as_bytes()).expect("I");
+        let batch = b.push_line(5, br#"{"action":"C","lsn":"0/1"}"#).unwrap().unwrap();
+        assert_eq!((batch.envelopes[0].id.as_str(), doc(&batch.envelopes[0])), ("1", r#"{"id":1}"#));
     }
 
     #[test]
