@@ -13,8 +13,8 @@
 #   codec's doc examples run under Tree Borrows, for the reason above.
 # Skipped under Miri, each far too slow interpreted and covered natively (proptest, fuzzing):
 # the codec's bit-flip test (thousands of decodes; stopped after 6 minutes), the wal2json
-# proptests (2000 cases each; they also need the file system) and the bundled-capture test
-# (6018 transactions from a gzip file).
+# proptest (it also needs the file system) and the bundled-capture test (6018 transactions from
+# a gzip file).
 # Miri also checks data races and leaks. It builds into target/miri.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,6 @@ start=$(date +%s)
 echo "miri: unit tests (Tree Borrows)"
 MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-tree-borrows" cargo +nightly miri test --lib -- \
     --skip bit_flipped_buffers_decode_to_valid_values_or_errors \
-    --skip scanner_agrees_with_serde_json \
     --skip arbitrary_lines_never_panic \
     --skip bundled_capture_parses_completely
 echo "miri: doctests (Stacked Borrows; the codec's under Tree Borrows, as above)"
