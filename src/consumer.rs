@@ -70,7 +70,10 @@ impl<T: Item> Consumer<T> {
     }
 
     /// Receives the next item, waiting (spin, then park) while the lane is empty. `Ok(None)`
-    /// once the lane is closed and nothing queued or released is left (L10).
+    /// once the lane is closed and nothing queued or released is left (L10). `None` is not
+    /// final while deliveries are outstanding: one nacked (or dropped) after it is released and
+    /// comes back from the next receive, so a consumer that wants everything acked keeps
+    /// receiving until it holds no delivery.
     ///
     /// # Errors
     /// [`RecvError::Detached`] if a newer consumer took the lane, including while waiting.
