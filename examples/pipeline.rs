@@ -260,7 +260,7 @@ impl Ingest {
     /// Publishes to every lane; `to` restricts it to one lane (snapshot rows).
     fn publish(&mut self, item: LaneItem, to: Option<usize>) -> Result<(), BoxError> {
         for (i, p) in self.producers.iter_mut().enumerate() {
-            if to.map_or(true, |t| t == i) {
+            if to.is_none_or(|t| t == i) {
                 p.publish(item.clone()).map_err(|e| format!("publish to {}: {e}", self.names[i]))?;
             }
         }
