@@ -147,6 +147,10 @@ fn delivered_word(word: u64, attempt: u32) -> u64 {
 /// The acked marks of a set of lanes, one cache line each, read together by the watermark.
 pub(crate) type Marks = StdArc<[CachePadded<AtomicU64>]>;
 
+/// One slot, on a cache line of its own (a `LaneItem` slot is exactly 64 bytes): the consumer
+/// writes the state word of slot `i` while the producer fills slot `i + 1`, and without the
+/// alignment the two would share a line and bounce it between the cores on every item.
+#[repr(align(64))]
 struct Slot<T> {
     /// `gen | holders | attempt | tag` (module docs).
     state: AtomicU64,
@@ -717,17 +721,20 @@ impl<T> Ring<T> {
         let mut acked = self.adv.acked_end.load(Ordering::Relaxed);
         let mut free = self.adv.free.load(Ordering::Relaxed);
         let start = acked;
-        let published = self.published();
         let mut position = NO_POSITION;
-        // Items `acked..published` are in their slots (`published <= free + capacity`).
-        while acked < published {
+        // Below `free + capacity` the slot of item `acked` holds that item or, if it is not
+        // published yet, nothing (item `acked - capacity` was emptied): its word is ACKED only
+        // if item `acked` was acked. Bounding by our own `free` instead of `tail` keeps the
+        // advancer off the producer's cache line.
+        while acked < free + self.shape.capacity {
             let slot = self.slot(acked);
             // Acquire: pairs with the ack's Release (W4 chain).
             if tag(slot.state.load(Ordering::Acquire)) != ACKED {
                 break;
             }
-            // SAFETY: the producer wrote the position before publishing item `acked` (Acquire
-            // in `published`) and rewrites it only after the slot is emptied, behind `free`.
+            // SAFETY: the producer wrote the position before publishing item `acked`, which
+            // happens before its delivery and so before the ack whose Release word we just
+            // acquired; the producer rewrites it only after the slot is emptied, behind `free`.
             let p = unsafe { slot.position.with(|c| *c) };
             if p != NO_POSITION {
                 position = p;
