@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use crate::item::Item;
 use crate::ring::{ProducerState, Ring};
 use crate::sync::Arc;
-use crate::wait;
 use crate::PublishError;
 
 /// The publishing end of one lane: at most one is alive per lane (L9); dropping it lets a
@@ -69,24 +68,9 @@ impl<T: Item> Producer<T> {
         self.publish_until(item, Some(Instant::now() + timeout))
     }
 
-    fn publish_until(&mut self, mut item: T, deadline: Option<Instant>) -> Result<(), PublishError<T>> {
-        loop {
-            match self.ring.try_push(&mut self.state, item) {
-                Err(PublishError::Full(back)) => item = back,
-                done => return done,
-            }
-            let (ring, state) = (&self.ring, &self.state);
-            if wait::block_until(
-                &ring.room,
-                || ring.want_room(),
-                deadline,
-                || ring.writable(state).then_some(()),
-            )
-            .is_none()
-            {
-                return Err(PublishError::Timeout(item));
-            }
-        }
+    fn publish_until(&mut self, item: T, deadline: Option<Instant>) -> Result<(), PublishError<T>> {
+        let (ring, state) = (&self.ring, &mut self.state);
+        ring.publish_until(item, deadline, |item| ring.try_push(state, item))
     }
 
     /// Publishes `item`, waiting asynchronously while the lane is full. Works on any executor.
@@ -153,16 +137,7 @@ impl<T: Item> Future for Publish<'_, T> {
                     return Poll::Ready(done);
                 }
             }
-            let (ring, state) = (&this.producer.ring, &this.producer.state);
-            if wait::poll_until(
-                &ring.room,
-                || ring.want_room(),
-                &mut this.key,
-                cx.waker(),
-                || ring.writable(state).then_some(()),
-            )
-            .is_none()
-            {
+            if !this.producer.ring.poll_writable(&mut this.key, cx.waker()) {
                 return Poll::Pending;
             }
         }

@@ -66,13 +66,15 @@ use std::mem::MaybeUninit;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
 use std::sync::Arc as StdArc;
+use std::task::Waker;
+use std::time::Instant;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::item::Item;
 use crate::stats::LaneStats;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
-use crate::wait::WaitList;
+use crate::wait::{self, WaitList};
 use crate::Position;
 
 /// "No position" in a slot and in `last_published`.
@@ -395,17 +397,44 @@ impl<T> Ring<T> {
     }
 
     /// Whether a publish could make progress now: room in the ring, or the lane closed.
-    pub(crate) fn writable(&self, p: &ProducerState) -> bool {
-        // Acquire: as in `try_push`.
-        self.closed.load(Ordering::Acquire)
-            || p.tail - self.adv.free.load(Ordering::Acquire) < self.shape.capacity
-    }
-
-    /// Whether the ring has room (for producers whose state sits behind a lock).
-    pub(crate) fn has_room(&self) -> bool {
-        // Load `free` first: both only grow and `free <= tail`, so `tail - free` cannot underflow.
+    fn writable(&self) -> bool {
+        // Acquire: `free` as in `try_push`, `closed` pairs with `close`. Load `free` first: both
+        // counters only grow and `free <= tail`, so `tail - free` cannot underflow.
         let free = self.adv.free.load(Ordering::Acquire);
         self.closed.load(Ordering::Acquire) || self.published() - free < self.shape.capacity
+    }
+
+    /// Waits (spin, then park) until a publish could make progress. `false` if `deadline`
+    /// passed first.
+    pub(crate) fn wait_writable(&self, deadline: Option<Instant>) -> bool {
+        wait::block_until(&self.room, || self.want_room(), deadline, || self.writable().then_some(()))
+            .is_some()
+    }
+
+    /// One poll of the async form of [`wait_writable`](Ring::wait_writable); the caller keeps
+    /// `key` and cancels it when its future is dropped.
+    pub(crate) fn poll_writable(&self, key: &mut Option<u64>, waker: &Waker) -> bool {
+        wait::poll_until(&self.room, || self.want_room(), key, waker, || self.writable().then_some(()))
+            .is_some()
+    }
+
+    /// Publishes `item` with `try_push`, waiting for room while it comes back `Full`: the
+    /// blocking publish of the lane producer and of the request lane's senders.
+    pub(crate) fn publish_until(
+        &self,
+        mut item: T,
+        deadline: Option<Instant>,
+        mut try_push: impl FnMut(T) -> Result<(), crate::PublishError<T>>,
+    ) -> Result<(), crate::PublishError<T>> {
+        loop {
+            match try_push(item) {
+                Err(crate::PublishError::Full(back)) => item = back,
+                done => return done,
+            }
+            if !self.wait_writable(deadline) {
+                return Err(crate::PublishError::Timeout(item));
+            }
+        }
     }
 
     /// Closes the lane (L10): publishing fails with `Closed` from now on, consumers drain what
@@ -420,6 +449,7 @@ impl<T> Ring<T> {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
+        // Acquire: pairs with `close`'s Release.
         self.closed.load(Ordering::Acquire)
     }
 
@@ -451,6 +481,7 @@ impl<T> Ring<T> {
             }
         }
         let epoch = (seat >> 1) + 1;
+        // Relaxed: the seat's Acquire above ordered us after the last consumer that wrote it.
         let next = self.cons.next.load(Ordering::Relaxed);
         // Acquire: pairs with the advancer's Release store of `free` (slots below are empty).
         let mut i = self.adv.free.load(Ordering::Acquire);
@@ -808,6 +839,7 @@ impl<T> Ring<T> {
             queued: tail - next,
             released,
             in_flight: next - acked - released,
+            // Relaxed: statistics counters, each exact for the moment it is read.
             delivered: self.cons.delivered.load(Ordering::Relaxed),
             redelivered: self.cons.redelivered.load(Ordering::Relaxed),
             published: tail,

@@ -10,8 +10,8 @@ use crossbeam_utils::CachePadded;
 use crate::ring::{Marks, ProducerState, Ring, NO_MARK};
 use crate::sync::{lock, Arc, AtomicU64, Mutex};
 use crate::{
-    wait, watermark, BuildError, Consumer, Item, LaneItem, LaneStats, Position, Producer, PublishError,
-    Request, SinkName, StreamError,
+    watermark, BuildError, Consumer, Item, LaneItem, LaneStats, Position, Producer, PublishError, Request,
+    SinkName, StreamError,
 };
 
 /// The stream port: what a sink engine and an ingest engine need from a stream, whatever backs
@@ -399,21 +399,10 @@ impl RequestSender {
 
     fn publish_until(
         &self,
-        mut request: Request,
+        request: Request,
         deadline: Option<Instant>,
     ) -> Result<(), PublishError<Request>> {
-        loop {
-            match self.try_publish(request) {
-                Err(PublishError::Full(back)) => request = back,
-                done => return done,
-            }
-            let ring = &self.shared.ring;
-            if wait::block_until(&ring.room, || ring.want_room(), deadline, || ring.has_room().then_some(()))
-                .is_none()
-            {
-                return Err(PublishError::Timeout(request));
-            }
-        }
+        self.shared.ring.publish_until(request, deadline, |request| self.try_publish(request))
     }
 
     /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
@@ -442,16 +431,10 @@ impl std::future::Future for RoomFuture<'_> {
     type Output = ();
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         let this = &mut *self;
-        let ring = this.ring;
-        match wait::poll_until(
-            &ring.room,
-            || ring.want_room(),
-            &mut this.key,
-            cx.waker(),
-            || ring.has_room().then_some(()),
-        ) {
-            Some(()) => std::task::Poll::Ready(()),
-            None => std::task::Poll::Pending,
+        if this.ring.poll_writable(&mut this.key, cx.waker()) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
         }
     }
 }

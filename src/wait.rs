@@ -123,6 +123,7 @@ impl WaitList {
                         None => break,
                     }
                 }
+                // Relaxed: the lock orders the list; the count only has to stay in step with it.
                 self.waiting.fetch_sub(n, Ordering::Relaxed);
                 !entries.list.is_empty()
             };
