@@ -750,6 +750,44 @@ fn l10_close_wakes_a_blocked_recv() {
 }
 
 #[test]
+fn l10_lane_close_wakes_a_blocked_publish_which_hands_the_item_back() {
+    let s = stream(1, &["search"]);
+    let lane = s.lane("search").unwrap();
+    let mut p = lane.producer().unwrap();
+    let mut c = lane.consumer();
+    p.publish(batch(1)).unwrap();
+    // The lane is full: this publish waits, holding the only producer (L9), so the supervisor
+    // closes through the lane handle.
+    let blocked = thread::spawn(move || p.publish(batch(2)).map_err(|e| e.into_inner().position()));
+    thread::sleep(Duration::from_millis(30));
+    lane.close();
+    let back = within(10, "publish after close", move || blocked.join().unwrap());
+    assert_eq!(back, Err(Some(Position(2))), "the waiting publish fails with Closed and hands back its item");
+    let d = c.try_recv().unwrap();
+    assert_eq!(pos(&d), 1, "what was queued before the close is still delivered");
+    d.ack().unwrap();
+    assert_eq!(c.try_recv().map(|d| pos(&d)), Err(TryRecvError::Closed));
+}
+
+#[test]
+fn l10_request_lane_close_refuses_senders_and_drains_then_ends() {
+    let s = stream(2, &["search"]);
+    let requests = s.requests();
+    let sender = requests.sender();
+    let mut ingest = requests.consumer();
+    sender.publish(backfill("search", "users")).unwrap();
+    requests.close();
+    match sender.try_publish(backfill("search", "orders")) {
+        Err(PublishError::Closed(back)) => assert_eq!(back, backfill("search", "orders")),
+        other => panic!("expected Closed with the request handed back, got {other:?}"),
+    }
+    let d = ingest.recv().unwrap().expect("the queued request is still delivered");
+    assert_eq!(d.item(), &backfill("search", "users"));
+    d.ack().unwrap();
+    assert!(ingest.recv().unwrap().is_none(), "closed and drained");
+}
+
+#[test]
 fn l10_close_racing_a_last_publish_still_delivers_the_item() {
     for round in 0..200u64 {
         let s = stream(2, &["search"]);
