@@ -144,6 +144,27 @@ impl Partner {
         (from, self.target)
     }
 
+    /// Times `body` (the producer's side of a run of `n` messages) from the moment the partner
+    /// is awake, then waits for the partner to finish the run (untimed).
+    pub fn timed(&mut self, n: u64, body: impl FnOnce(&Ctl)) -> Duration {
+        self.start(n);
+        let t0 = Instant::now();
+        body(&self.ctl);
+        let t = t0.elapsed();
+        self.wait_done();
+        t
+    }
+
+    /// Times a whole run of `n` messages: from the moment the partner is awake, through `body`
+    /// (the producer's side), until the partner has consumed the last message.
+    pub fn timed_through(&mut self, n: u64, body: impl FnOnce(&Ctl)) -> Duration {
+        self.start(n);
+        let t0 = Instant::now();
+        body(&self.ctl);
+        self.wait_done();
+        t0.elapsed()
+    }
+
     /// Spins until the partner finished the current run.
     pub fn wait_done(&self) {
         while self.ctl.done.load(Ordering::Acquire) != self.target {
@@ -217,19 +238,16 @@ impl PingPong {
 
 impl Fixture for PingPong {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            let i = self.k;
-            self.k += 1;
-            self.flag.store(2 * i + 1, Ordering::Release);
-            while self.flag.load(Ordering::Acquire) != 2 * i + 2 {
-                relax();
+        self.partner.timed(n, |_| {
+            for _ in 0..n {
+                let i = self.k;
+                self.k += 1;
+                self.flag.store(2 * i + 1, Ordering::Release);
+                while self.flag.load(Ordering::Acquire) != 2 * i + 2 {
+                    relax();
+                }
             }
-        }
-        let t = t0.elapsed();
-        self.partner.wait_done();
-        t
+        })
     }
 }
 
@@ -275,19 +293,17 @@ impl LaneW1 {
 
 impl Fixture for LaneW1 {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            let it = item(&self.env, self.pos);
-            if self.blocking {
-                self.producer.publish(it).unwrap();
-            } else {
-                spin_publish(&mut self.producer, it);
+        self.partner.timed_through(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                let it = item(&self.env, self.pos);
+                if self.blocking {
+                    self.producer.publish(it).unwrap();
+                } else {
+                    spin_publish(&mut self.producer, it);
+                }
             }
-        }
-        self.partner.wait_done();
-        t0.elapsed()
+        })
     }
 }
 
@@ -319,23 +335,21 @@ impl RtrbW1 {
 
 impl Fixture for RtrbW1 {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            let mut it = item(&self.env, self.pos);
-            loop {
-                match self.producer.push(it) {
-                    Ok(()) => break,
-                    Err(rtrb::PushError::Full(back)) => {
-                        it = back;
-                        relax();
+        self.partner.timed_through(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                let mut it = item(&self.env, self.pos);
+                loop {
+                    match self.producer.push(it) {
+                        Ok(()) => break,
+                        Err(rtrb::PushError::Full(back)) => {
+                            it = back;
+                            relax();
+                        }
                     }
                 }
             }
-        }
-        self.partner.wait_done();
-        t0.elapsed()
+        })
     }
 }
 
@@ -361,14 +375,12 @@ impl CrossbeamW1 {
 
 impl Fixture for CrossbeamW1 {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            self.tx.send(item(&self.env, self.pos)).unwrap();
-        }
-        self.partner.wait_done();
-        t0.elapsed()
+        self.partner.timed_through(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                self.tx.send(item(&self.env, self.pos)).unwrap();
+            }
+        })
     }
 }
 
@@ -433,28 +445,26 @@ impl DisruptorFan {
 
 impl Fixture for DisruptorFan {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            // `try_publish` + `relax` rather than `publish` (which spins without yielding); a
-            // failed attempt leaves the item in `it` (the closure runs only on success).
-            let mut it = Some(item(&self.env, self.pos));
-            match &mut self.producer {
-                DProducer::One(p) => {
-                    while p.try_publish(|slot| *slot = it.take()).is_err() {
-                        relax();
+        self.partner.timed_through(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                // `try_publish` + `relax` rather than `publish` (which spins without yielding); a
+                // failed attempt leaves the item in `it` (the closure runs only on success).
+                let mut it = Some(item(&self.env, self.pos));
+                match &mut self.producer {
+                    DProducer::One(p) => {
+                        while p.try_publish(|slot| *slot = it.take()).is_err() {
+                            relax();
+                        }
                     }
-                }
-                DProducer::Many(p) => {
-                    while p.try_publish(|slot| *slot = it.take()).is_err() {
-                        relax();
+                    DProducer::Many(p) => {
+                        while p.try_publish(|slot| *slot = it.take()).is_err() {
+                            relax();
+                        }
                     }
                 }
             }
-        }
-        self.partner.wait_done();
-        t0.elapsed()
+        })
     }
 }
 
@@ -502,24 +512,21 @@ impl LaneFan {
 
 impl Fixture for LaneFan {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            let it = item(&self.env, self.pos);
-            let (last, rest) = self.producers.split_last_mut().unwrap();
-            for p in rest {
-                spin_publish(p, it.clone());
+        self.partner.timed(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                let it = item(&self.env, self.pos);
+                let (last, rest) = self.producers.split_last_mut().unwrap();
+                for p in rest {
+                    spin_publish(p, it.clone());
+                }
+                spin_publish(last, it);
             }
-            spin_publish(last, it);
-        }
-        let last = Some(Position(self.pos));
-        while self.stream.watermark() != last {
-            relax();
-        }
-        let t = t0.elapsed();
-        self.partner.wait_done();
-        t
+            let last = Some(Position(self.pos));
+            while self.stream.watermark() != last {
+                relax();
+            }
+        })
     }
 }
 
@@ -568,17 +575,15 @@ impl BroadcastFan {
 
 impl Fixture for BroadcastFan {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            while self.pos - self.partner.ctl().progress.load(Ordering::Acquire) >= CAPACITY as u64 {
-                relax();
+        self.partner.timed_through(n, |ctl| {
+            for _ in 0..n {
+                while self.pos - ctl.progress.load(Ordering::Acquire) >= CAPACITY as u64 {
+                    relax();
+                }
+                self.pos += 1;
+                self.tx.send(item(&self.env, self.pos)).unwrap();
             }
-            self.pos += 1;
-            self.tx.send(item(&self.env, self.pos)).unwrap();
-        }
-        self.partner.wait_done();
-        t0.elapsed()
+        })
     }
 }
 
@@ -614,18 +619,16 @@ impl BusFan {
 
 impl Fixture for BusFan {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            let mut it = item(&self.env, self.pos);
-            while let Err(back) = self.bus.try_broadcast(it) {
-                it = back;
-                relax();
+        self.partner.timed_through(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                let mut it = item(&self.env, self.pos);
+                while let Err(back) = self.bus.try_broadcast(it) {
+                    it = back;
+                    relax();
+                }
             }
-        }
-        self.partner.wait_done();
-        t0.elapsed()
+        })
     }
 }
 
@@ -670,19 +673,16 @@ impl LaneRoundTrip {
 
 impl Fixture for LaneRoundTrip {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            spin_publish(&mut self.producer, item(&self.env, self.pos));
-            let want = Some(Position(self.pos));
-            while self.stream.watermark() != want {
-                relax();
+        self.partner.timed(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                spin_publish(&mut self.producer, item(&self.env, self.pos));
+                let want = Some(Position(self.pos));
+                while self.stream.watermark() != want {
+                    relax();
+                }
             }
-        }
-        let t = t0.elapsed();
-        self.partner.wait_done();
-        t
+        })
     }
 }
 
@@ -717,24 +717,21 @@ impl RtrbRoundTrip {
 
 impl Fixture for RtrbRoundTrip {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            assert!(self.out.push(item(&self.env, self.pos)).is_ok());
-            loop {
-                match self.back.pop() {
-                    Ok(p) => {
-                        debug_assert_eq!(p, self.pos);
-                        break;
+        self.partner.timed(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                assert!(self.out.push(item(&self.env, self.pos)).is_ok());
+                loop {
+                    match self.back.pop() {
+                        Ok(p) => {
+                            debug_assert_eq!(p, self.pos);
+                            break;
+                        }
+                        Err(_) => relax(),
                     }
-                    Err(_) => relax(),
                 }
             }
-        }
-        let t = t0.elapsed();
-        self.partner.wait_done();
-        t
+        })
     }
 }
 
@@ -765,16 +762,13 @@ impl CrossbeamRoundTrip {
 
 impl Fixture for CrossbeamRoundTrip {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.start(n);
-        let t0 = Instant::now();
-        for _ in 0..n {
-            self.pos += 1;
-            self.out.send(item(&self.env, self.pos)).unwrap();
-            black_box(self.back.recv().unwrap());
-        }
-        let t = t0.elapsed();
-        self.partner.wait_done();
-        t
+        self.partner.timed(n, |_| {
+            for _ in 0..n {
+                self.pos += 1;
+                self.out.send(item(&self.env, self.pos)).unwrap();
+                black_box(self.back.recv().unwrap());
+            }
+        })
     }
 }
 
