@@ -561,12 +561,9 @@ fn write_ndjson(line: &mut Vec<u8>, e: &Envelope) -> Result<(), BoxError> {
     }
     write!(line, ",\"index\":\"{}\",\"id\":", e.index)?;
     serde_json::to_writer(&mut *line, &e.id)?;
-    let op = match e.op {
-        Op::Upsert => "upsert",
-        Op::Delete => "delete",
-        Op::Truncate => "truncate",
-    };
-    write!(line, ",\"op\":\"{op}\",\"document\":")?;
+    line.extend_from_slice(b",\"op\":");
+    serde_json::to_writer(&mut *line, &e.op)?; // `Op`'s own serde name: "upsert", ...
+    line.extend_from_slice(b",\"document\":");
     if e.document.is_empty() {
         line.extend_from_slice(b"null");
     } else {
