@@ -37,7 +37,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lanestream::wal2json::{Wal2JsonError, Wal2JsonReader};
 use lanestream::{
     AckError, AckHandle, Batch, Envelope, IndexName, Lane, LaneItem, MemoryStream, Op, Position, Producer,
-    RecvError, Request, SinkName, Stream, TryRecvError,
+    Request, SinkName, Stream, TryRecvError,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -275,12 +275,13 @@ impl Ingest {
                 None => match self.requests.try_recv() {
                     Ok(d) => d,
                     Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok(served),
-                    Err(TryRecvError::Detached) => return Err("request consumer detached".into()),
+                    Err(e) => return Err(e.into()),
                 },
                 Some(t) => match self.requests.recv_timeout(t) {
                     Ok(Some(d)) => d,
-                    Ok(None) | Err(RecvError::Timeout) => return Ok(served),
-                    Err(RecvError::Detached) => return Err("request consumer detached".into()),
+                    Ok(None) => return Ok(served),
+                    Err(e) if e.is_timeout() => return Ok(served),
+                    Err(e) => return Err(e.into()),
                 },
             };
             let Request::Backfill { sink, indexes } = delivery.item().clone();
@@ -461,7 +462,7 @@ impl Sink {
     }
 
     fn consume(&mut self) -> Result<(), BoxError> {
-        let mut consumer = self.lane.consumer();
+        let mut consumer = self.lane.reattach();
         let mut held: Vec<AckHandle<LaneItem>> = Vec::new();
         loop {
             // Never wait while holding deliveries: the producer may be waiting for their slots.
@@ -469,8 +470,8 @@ impl Sink {
                 match consumer.recv() {
                     Ok(Some(d)) => d,
                     Ok(None) => return Ok(()),
-                    Err(RecvError::Detached | RecvError::Timeout) => {
-                        consumer = self.lane.consumer();
+                    Err(_detached) => {
+                        consumer = self.lane.reattach();
                         continue;
                     }
                 }
@@ -481,9 +482,9 @@ impl Sink {
                         self.ack_held(&mut held);
                         continue;
                     }
-                    Err(TryRecvError::Detached) => {
+                    Err(_detached) => {
                         self.ack_held(&mut held);
-                        consumer = self.lane.consumer();
+                        consumer = self.lane.reattach();
                         continue;
                     }
                 }
@@ -520,7 +521,7 @@ impl Sink {
                 // Re-attach while holding deliveries: their acks below may land or be refused
                 // with Detached (then they come again to the new consumer).
                 self.report.reattaches += 1;
-                consumer = self.lane.consumer();
+                consumer = self.lane.reattach();
                 self.ack_held(&mut held);
             } else if held.len() >= hold_limit {
                 self.ack_held(&mut held);
@@ -623,7 +624,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     let ingest = Ingest {
         producers: lanes.iter().map(Lane::producer).collect::<Result<_, _>>()?,
         names: lanes.iter().map(|l| l.name().clone()).collect(),
-        requests: stream.requests().consumer(),
+        requests: stream.requests().reattach(),
         state: args.chaos.then(State::new),
         report: IngestReport::default(),
     };

@@ -34,7 +34,7 @@ fn recv_async_repolled_with_a_new_waker_then_dropped_after_wake() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let p = thread::spawn(move || producer.publish(batch(1)).unwrap());
 
         let (_flag1, waker1) = Flag::new();
@@ -80,7 +80,7 @@ fn publish_async_repolled_with_a_new_waker_while_acked() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         let d1 = consumer.try_recv().unwrap();
         let acker = thread::spawn(move || d1.ack().unwrap());

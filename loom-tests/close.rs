@@ -28,11 +28,11 @@ fn close_racing_the_last_publish() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let p = thread::spawn(move || {
             producer.publish(batch(1)).unwrap();
             producer.close();
-            assert!(matches!(producer.try_publish(batch(2)), Err(PublishError::Closed(_))));
+            assert!(matches!(producer.try_publish(batch(2)), Err(TryPublishError::Closed(_))));
         });
         let d = consumer.recv().unwrap().expect("item 1 is delivered before the end");
         check(&d, 1);
@@ -62,7 +62,7 @@ fn close_wakes_blocked_and_async_consumers() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let c = thread::spawn(move || assert!(consumer.recv().unwrap().is_none()));
         producer.close();
         c.join().unwrap();
@@ -71,7 +71,7 @@ fn close_wakes_blocked_and_async_consumers() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let closer = thread::spawn(move || producer.close());
         let (flag, waker) = Flag::new();
         let mut cx = Context::from_waker(&waker);

@@ -49,7 +49,7 @@ fn items_dropped_exactly_once_on_ack_and_teardown() {
             let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
             let lane = stream.lane("a").unwrap();
             let mut producer = lane.producer().unwrap();
-            let mut consumer = lane.consumer();
+            let mut consumer = lane.reattach();
             producer.try_publish(keep[0][0].clone()).unwrap();
             producer.try_publish(keep[1][0].clone()).unwrap();
             let d1 = consumer.try_recv().unwrap();

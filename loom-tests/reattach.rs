@@ -31,7 +31,7 @@ fn reattach_racing_a_late_ack() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
-        let mut old = lane.consumer();
+        let mut old = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         let late = old.try_recv().unwrap();
 
@@ -42,7 +42,7 @@ fn reattach_racing_a_late_ack() {
             late.ack().is_ok()
         });
 
-        let mut new = lane.consumer();
+        let mut new = lane.reattach();
         let redelivered = match new.try_recv() {
             Ok(d) => {
                 assert_eq!(d.attempt(), 2, "a redelivery counts its attempt");
@@ -61,7 +61,7 @@ fn reattach_racing_a_late_ack() {
 
         match second {
             Ok(()) => {}
-            Err(PublishError::Full(item)) => producer.try_publish(item).unwrap(),
+            Err(TryPublishError::Full(item)) => producer.try_publish(item).unwrap(),
             Err(e) => panic!("publish: {e:?}"),
         }
         let d = new.try_recv().unwrap();

@@ -46,7 +46,7 @@ fn request_lane_two_senders_one_consumer_with_redelivery() {
                 })
             })
             .collect();
-        let mut ingest = requests.consumer();
+        let mut ingest = requests.reattach();
 
         let first = ingest.recv().unwrap().expect("not closed");
         assert_eq!(first.attempt(), 1);

@@ -41,7 +41,7 @@ fn wrap(capacity: u64, items: u64) {
         MemoryStream::builder().capacity(capacity as usize).request_capacity(1).sink("a").build().unwrap();
     let lane = stream.lane("a").unwrap();
     let mut producer = lane.producer().unwrap();
-    let mut consumer = lane.consumer();
+    let mut consumer = lane.reattach();
     let cells = Arc::new(Cells::new(items as usize));
 
     let written = cells.clone();
@@ -89,7 +89,7 @@ fn out_of_order_acks_while_the_producer_waits() {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let applied = Arc::new(Cells::new(1));
 
         let p = thread::spawn(move || {

@@ -26,7 +26,7 @@ fn consumer_about_to_park_while_producer_publishes() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let p = thread::spawn(move || producer.publish(batch(1)).unwrap());
         let d = consumer.recv().unwrap().expect("not closed");
         check(&d, 1);
@@ -50,7 +50,7 @@ fn producer_waiting_for_room_while_consumer_acks() {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         let d1 = consumer.try_recv().unwrap();
         let acker = thread::spawn(move || d1.ack().unwrap());

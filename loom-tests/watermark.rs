@@ -38,7 +38,7 @@ fn watermark_under_concurrent_acks() {
             MemoryStream::builder().capacity(2).request_capacity(1).sinks(["a", "b"]).build().unwrap();
         let (a, b) = (stream.lane("a").unwrap(), stream.lane("b").unwrap());
         let (mut pa, mut pb) = (a.producer().unwrap(), b.producer().unwrap());
-        let (mut ca, mut cb) = (a.consumer(), b.consumer());
+        let (mut ca, mut cb) = (a.reattach(), b.reattach());
         pa.try_publish(batch(1)).unwrap();
         pa.try_publish(batch(2)).unwrap();
         pb.try_publish(batch(2)).unwrap();

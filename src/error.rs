@@ -1,17 +1,27 @@
-//! Errors: one enum per operation, one variant per cause. Each variant says what state it leaves,
-//! and every error of a publish hands the item back.
+//! Errors: one enum per operation, one variant per cause, only the causes that operation can
+//! meet. Each variant says what state it leaves, and every error of a publish hands the item back
+//! untouched ([`into_inner`](PublishError::into_inner)).
 
 use std::fmt;
 
-use crate::{NameError, Position, SinkName};
+use crate::name::{NameError, SinkName};
+use crate::position::Position;
 
-/// Why a stream could not be built ([`StreamBuilder::build`](crate::StreamBuilder::build)).
-/// Nothing is built.
+/// Why a stream or lane could not be built. Nothing is built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BuildError {
-    /// A capacity (lane or request lane) of 0 was asked for; every lane needs at least one slot.
+    /// A capacity of 0 was asked for; every lane needs at least one slot.
     #[error("capacity must be at least 1 (got 0 for {0})")]
     ZeroCapacity(&'static str),
+    /// A capacity above [`MAX_CAPACITY`](crate::MAX_CAPACITY) was asked for.
+    #[error("capacity {capacity} for {what} is above the limit of {max} slots", max = crate::MAX_CAPACITY)]
+    CapacityTooLarge {
+        /// Which lane(s) the capacity was for.
+        what: &'static str,
+        /// The capacity asked for, in slots.
+        capacity: usize,
+    },
     /// A sink name was given twice.
     #[error("sink {0} is named twice")]
     DuplicateSink(SinkName),
@@ -22,26 +32,73 @@ pub enum BuildError {
 
 /// Why a lane end could not be had from a stream. The stream is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StreamError {
-    /// No lane for this sink: the set of sinks is fixed when the stream is built (L1).
+    /// No lane for this sink: the set of sinks is fixed when the stream is built
+    /// ([L1](crate::contract#l1)).
     #[error("unknown lane {0:?}")]
     UnknownLane(String),
-    /// Another producer of this lane is alive; at most one publishes at a time (L9). Drop it first.
+    /// Another producer of this lane is alive; at most one publishes at a time
+    /// ([L9](crate::contract#l9)). Drop it first.
     #[error("lane {0} already has a live producer")]
     ProducerBusy(SinkName),
+    /// Another consumer of this lane is attached (from `attach`; `reattach` takes the lane over
+    /// instead). Drop it first.
+    #[error("lane {0} already has an attached consumer")]
+    ConsumerAttached(SinkName),
+    /// Another consumer of the request lane is attached (from `attach_requests`;
+    /// `reattach_requests` takes it over instead). Drop it first.
+    #[error("the request lane already has an attached consumer")]
+    RequestConsumerAttached,
 }
 
-/// Why an item was not published. Every variant holds the item, untouched; nothing was enqueued.
-/// [`into_inner`](PublishError::into_inner) takes it back.
+/// Implements the shared parts of the three publish errors: `into_inner`, the `is_*` helpers and
+/// a `Debug` that does not need `T: Debug`.
+macro_rules! publish_error_common {
+    ($name:ident { $($only:ident),* }) => {
+        impl<T> $name<T> {
+            /// The item that was not published.
+            pub fn into_inner(self) -> T {
+                match self {
+                    $($name::$only(t) |)* $name::Closed(t) | $name::InvalidPosition(t) => t,
+                    $name::PositionRegressed { item, .. } => item,
+                }
+            }
+
+            /// Whether the lane was closed.
+            pub fn is_closed(&self) -> bool {
+                matches!(self, $name::Closed(_))
+            }
+        }
+
+        impl<T> fmt::Debug for $name<T> {
+            /// Shows the cause only; does not require `T: Debug`.
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self {
+                    $($name::$only(_) => f.write_str(concat!(stringify!($only), "(..)")),)*
+                    $name::Closed(_) => f.write_str("Closed(..)"),
+                    $name::InvalidPosition(_) => f.write_str("InvalidPosition(..)"),
+                    $name::PositionRegressed { position, last, .. } => f
+                        .debug_struct("PositionRegressed")
+                        .field("position", position)
+                        .field("last", last)
+                        .finish_non_exhaustive(),
+                }
+            }
+        }
+    };
+}
+
+/// Why a waiting publish (`publish`, `publish_async`) did not publish its item. Every variant
+/// holds the item, untouched; nothing was enqueued.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PublishError<T> {
-    /// The lane is full (only from `try_publish`; the waiting forms wait instead).
-    #[error("lane is full")]
-    Full(T),
-    /// The lane was closed; it accepts nothing more.
+    /// The lane was closed ([L10](crate::contract#l10)); it accepts nothing more.
     #[error("lane is closed")]
     Closed(T),
-    /// The item's position is not greater than the last positioned item on this lane (L4).
+    /// The item's position is not greater than the last positioned item on this lane
+    /// ([L4](crate::contract#l4)).
     #[error("position {position} is not greater than the lane's last position {last}")]
     PositionRegressed {
         /// The refused item.
@@ -54,55 +111,161 @@ pub enum PublishError<T> {
     /// The item carries the reserved position [`Position::RESERVED`] (`u64::MAX`).
     #[error("position u64::MAX is reserved")]
     InvalidPosition(T),
-    /// The deadline passed while the lane stayed full (only from `publish_timeout`).
-    #[error("timed out waiting for room in the lane")]
-    Timeout(T),
+}
+publish_error_common!(PublishError {});
+
+/// Why `try_publish` did not publish its item: the lane was full, or a cause of
+/// [`PublishError`]. Every variant holds the item, untouched; nothing was enqueued.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TryPublishError<T> {
+    /// The lane holds `capacity` unacked items ([L3](crate::contract#l3)); try again after an ack.
+    #[error("lane is full")]
+    Full(T),
+    /// As [`PublishError::Closed`].
+    #[error("lane is closed")]
+    Closed(T),
+    /// As [`PublishError::PositionRegressed`].
+    #[error("position {position} is not greater than the lane's last position {last}")]
+    PositionRegressed {
+        /// The refused item.
+        item: T,
+        /// Its position.
+        position: Position,
+        /// The last positioned item's position on the lane.
+        last: Position,
+    },
+    /// As [`PublishError::InvalidPosition`].
+    #[error("position u64::MAX is reserved")]
+    InvalidPosition(T),
+}
+publish_error_common!(TryPublishError { Full });
+
+impl<T> TryPublishError<T> {
+    /// Whether the lane was full.
+    pub fn is_full(&self) -> bool {
+        matches!(self, TryPublishError::Full(_))
+    }
 }
 
-impl<T> PublishError<T> {
-    /// The item that was not published.
-    pub fn into_inner(self) -> T {
-        match self {
-            PublishError::Full(t)
-            | PublishError::Closed(t)
-            | PublishError::InvalidPosition(t)
-            | PublishError::Timeout(t) => t,
-            PublishError::PositionRegressed { item, .. } => item,
+/// Why `publish_timeout` / `publish_deadline` did not publish its item: the deadline passed, or
+/// a cause of [`PublishError`]. Every variant holds the item, untouched; nothing was enqueued.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishTimeoutError<T> {
+    /// The deadline passed while the lane stayed full.
+    #[error("timed out waiting for room in the lane")]
+    Timeout(T),
+    /// As [`PublishError::Closed`].
+    #[error("lane is closed")]
+    Closed(T),
+    /// As [`PublishError::PositionRegressed`].
+    #[error("position {position} is not greater than the lane's last position {last}")]
+    PositionRegressed {
+        /// The refused item.
+        item: T,
+        /// Its position.
+        position: Position,
+        /// The last positioned item's position on the lane.
+        last: Position,
+    },
+    /// As [`PublishError::InvalidPosition`].
+    #[error("position u64::MAX is reserved")]
+    InvalidPosition(T),
+}
+publish_error_common!(PublishTimeoutError { Timeout });
+
+impl<T> PublishTimeoutError<T> {
+    /// Whether the deadline passed.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, PublishTimeoutError::Timeout(_))
+    }
+}
+
+impl<T> From<PublishError<T>> for TryPublishError<T> {
+    fn from(e: PublishError<T>) -> Self {
+        match e {
+            PublishError::Closed(t) => TryPublishError::Closed(t),
+            PublishError::InvalidPosition(t) => TryPublishError::InvalidPosition(t),
+            PublishError::PositionRegressed { item, position, last } => {
+                TryPublishError::PositionRegressed { item, position, last }
+            }
         }
     }
 }
 
-impl<T> fmt::Debug for PublishError<T> {
-    /// Does not require `T: Debug`; shows the cause only.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl<T> From<PublishError<T>> for PublishTimeoutError<T> {
+    fn from(e: PublishError<T>) -> Self {
+        match e {
+            PublishError::Closed(t) => PublishTimeoutError::Closed(t),
+            PublishError::InvalidPosition(t) => PublishTimeoutError::InvalidPosition(t),
+            PublishError::PositionRegressed { item, position, last } => {
+                PublishTimeoutError::PositionRegressed { item, position, last }
+            }
+        }
+    }
+}
+
+impl<T> TryPublishError<T> {
+    /// Splits `Full` from the causes a waiting publish would also meet.
+    pub(crate) fn into_waitable(self) -> Result<T, PublishError<T>> {
         match self {
-            PublishError::Full(_) => f.write_str("Full(..)"),
-            PublishError::Closed(_) => f.write_str("Closed(..)"),
-            PublishError::InvalidPosition(_) => f.write_str("InvalidPosition(..)"),
-            PublishError::Timeout(_) => f.write_str("Timeout(..)"),
-            PublishError::PositionRegressed { position, last, .. } => f
-                .debug_struct("PositionRegressed")
-                .field("position", position)
-                .field("last", last)
-                .finish_non_exhaustive(),
+            TryPublishError::Full(t) => Ok(t),
+            TryPublishError::Closed(t) => Err(PublishError::Closed(t)),
+            TryPublishError::InvalidPosition(t) => Err(PublishError::InvalidPosition(t)),
+            TryPublishError::PositionRegressed { item, position, last } => {
+                Err(PublishError::PositionRegressed { item, position, last })
+            }
         }
     }
 }
 
 /// Why a blocking or async receive returned no delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecvError {
-    /// A newer consumer was attached to this lane (L8); this one will never receive again. Its
-    /// outstanding deliveries were released to the new consumer (acks that race it may still land).
+    /// A newer consumer was attached to this lane ([L8](crate::contract#l8)); this one will never
+    /// receive again. Its outstanding deliveries were released to the new consumer (acks that
+    /// race it may still land).
     #[error("consumer was detached by a newer consumer of the same lane")]
     Detached,
-    /// The deadline passed with nothing to receive (only from `recv_timeout`). Nothing changed.
-    #[error("timed out waiting for an item")]
-    Timeout,
 }
 
-/// Why [`Consumer::try_recv`](crate::Consumer::try_recv) returned no delivery.
+/// Why `recv_timeout` / `recv_deadline` returned no delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecvTimeoutError {
+    /// The deadline passed with nothing to receive. Nothing changed.
+    #[error("timed out waiting for an item")]
+    Timeout,
+    /// As [`RecvError::Detached`].
+    #[error("consumer was detached by a newer consumer of the same lane")]
+    Detached,
+}
+
+impl RecvTimeoutError {
+    /// Whether the deadline passed.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, RecvTimeoutError::Timeout)
+    }
+
+    /// Whether a newer consumer detached this one.
+    pub fn is_detached(&self) -> bool {
+        matches!(self, RecvTimeoutError::Detached)
+    }
+}
+
+impl From<RecvError> for RecvTimeoutError {
+    fn from(e: RecvError) -> Self {
+        match e {
+            RecvError::Detached => RecvTimeoutError::Detached,
+        }
+    }
+}
+
+/// Why `try_recv` returned no delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TryRecvError {
     /// Nothing queued or released right now; the lane is open.
     #[error("lane is empty")]
@@ -110,16 +273,35 @@ pub enum TryRecvError {
     /// The lane is closed and nothing queued or released is left.
     #[error("lane is closed and drained")]
     Closed,
-    /// A newer consumer was attached to this lane (L8).
+    /// A newer consumer was attached to this lane ([L8](crate::contract#l8)).
     #[error("consumer was detached by a newer consumer of the same lane")]
     Detached,
 }
 
+impl TryRecvError {
+    /// Whether nothing was queued or released.
+    pub fn is_empty(&self) -> bool {
+        matches!(self, TryRecvError::Empty)
+    }
+
+    /// Whether the lane is closed and drained.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, TryRecvError::Closed)
+    }
+
+    /// Whether a newer consumer detached this one.
+    pub fn is_detached(&self) -> bool {
+        matches!(self, TryRecvError::Detached)
+    }
+}
+
 /// Why an ack was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AckError {
-    /// A re-attach took the item back before this ack landed (L8): it was released and will be
-    /// (or was) redelivered to the new consumer. The lane's acked position did not move.
+    /// A re-attach took the item back before this ack landed ([L8](crate::contract#l8)): it was
+    /// released and will be (or was) redelivered to the new consumer. The lane's acked position
+    /// did not move.
     #[error("delivery was taken back by a consumer re-attach; the item is redelivered")]
     Detached,
 }

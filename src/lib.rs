@@ -18,16 +18,16 @@
 //! let sinks: Vec<_> = stream
 //!     .lanes()
 //!     .map(|lane| {
-//!         let mut consumer = lane.consumer();
-//!         thread::spawn(move || {
+//!         let mut consumer = lane.attach()?;
+//!         Ok(thread::spawn(move || {
 //!             while let Some(delivery) = consumer.recv().unwrap() {
 //!                 // apply the batch to the sink, then:
 //!                 delivery.ack().unwrap();
 //!             }
-//!         })
+//!         }))
 //!     })
-//!     .collect();
-//! let mut producers: Vec<_> = stream.lanes().map(|l| l.producer().unwrap()).collect();
+//!     .collect::<Result<_, lanestream::StreamError>>()?;
+//! let mut producers = stream.lanes().map(|l| l.producer()).collect::<Result<Vec<_>, _>>()?;
 //! for lsn in 1..=100 {
 //!     let batch = LaneItem::Batch(Batch::new(Some(Position(lsn)), Vec::new().into()));
 //!     for p in &mut producers {
@@ -40,36 +40,37 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]
+#![deny(missing_debug_implementations)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 #[cfg(feature = "codec")]
 pub mod codec;
-mod consumer;
-mod delivery;
+pub mod contract;
+pub mod docs;
 mod envelope;
 mod error;
 mod item;
+mod lane;
 mod name;
 mod position;
-mod producer;
-mod ring;
-mod stats;
 mod stream;
 mod sync;
-mod wait;
 #[cfg(feature = "wal2json")]
 pub mod wal2json;
-mod watermark;
 
-pub use consumer::{Consumer, Recv};
-pub use delivery::{AckHandle, Delivery};
 pub use envelope::{Envelope, Op};
-pub use error::{AckError, BuildError, PublishError, RecvError, StreamError, TryRecvError};
+pub use error::{
+    AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
+    TryPublishError, TryRecvError,
+};
 pub use item::{Batch, Item, LaneItem, Request};
+pub use lane::{AckHandle, Consumer, Delivery, Lane, LaneStats, Producer, Publish, Recv, MAX_CAPACITY};
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
-pub use producer::{Producer, Publish};
-pub use stats::LaneStats;
-pub use stream::{Lane, MemoryStream, RequestLane, RequestSender, Stream, StreamBuilder};
+pub use stream::{
+    LaneConsumer, LaneDelivery, LaneProducer, MemoryStream, RequestLane, RequestPublisher, RequestSender,
+    Stream, StreamBuilder,
+};
 
 /// `Send`/`Sync` bounds and consume-on-ack, pinned by `compile_fail` doctests.
 #[cfg(doctest)]

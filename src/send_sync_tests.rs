@@ -115,7 +115,7 @@
 //! }
 //! let lane = Lane::standalone(SinkName::new("cells").unwrap(), 1).unwrap();
 //! lane.producer().unwrap().publish(Counter(std::cell::Cell::new(0))).unwrap();
-//! let handle = lane.consumer().try_recv().unwrap().into_handle();
+//! let handle = lane.reattach().try_recv().unwrap().into_handle();
 //! std::thread::spawn(move || handle.ack());
 //! ```
 //!
@@ -129,7 +129,7 @@
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
-//! let delivery = lane.consumer().try_recv().unwrap();
+//! let delivery = lane.reattach().try_recv().unwrap();
 //! delivery.ack().unwrap();
 //! ```
 //!
@@ -138,7 +138,7 @@
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
-//! let delivery = lane.consumer().try_recv().unwrap();
+//! let delivery = lane.reattach().try_recv().unwrap();
 //! delivery.ack().unwrap();
 //! delivery.ack().unwrap();
 //! ```
@@ -148,7 +148,7 @@
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
-//! let handle = lane.consumer().try_recv().unwrap().into_handle();
+//! let handle = lane.reattach().try_recv().unwrap().into_handle();
 //! handle.ack().unwrap();
 //! handle.nack();
 //! ```
@@ -158,6 +158,6 @@
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
-//! let handle = lane.consumer().try_recv().unwrap().into_handle();
+//! let handle = lane.reattach().try_recv().unwrap().into_handle();
 //! let copy = handle.clone(); // a handle cannot be duplicated either
 //! ```

@@ -120,7 +120,7 @@ fn publish_recv_ack_nack_allocate_nothing_after_build_m2() {
     let stream = MemoryStream::builder().capacity(8).sinks(["search", "cache"]).build().unwrap();
     let lane = stream.lane("search").unwrap();
     let mut producer = lane.producer().unwrap();
-    let mut consumer = lane.consumer();
+    let mut consumer = lane.reattach();
     let env = envelopes(3);
     let mut pos = 0;
     let mut next = || {
@@ -188,7 +188,7 @@ fn pos_of(lane: &lanestream::Lane) -> u64 {
 fn request_lane_allocates_nothing_after_build_m2() {
     let stream = MemoryStream::builder().sink("search").request_capacity(4).build().unwrap();
     let sender = stream.requests().sender();
-    let mut ingest = stream.requests().consumer();
+    let mut ingest = stream.requests().reattach();
     let requests: Vec<Request> = (0..8)
         .map(|_| Request::Backfill { sink: SinkName::new("search").unwrap(), indexes: Vec::new() })
         .collect();
@@ -210,7 +210,7 @@ fn request_lane_allocates_nothing_after_build_m2() {
 fn memory_stays_flat_over_a_million_operations_m1() {
     let stream = MemoryStream::builder().capacity(7).sinks(["a", "b"]).build().unwrap();
     let lanes: Vec<_> = stream.lanes().collect();
-    let mut ends: Vec<_> = lanes.iter().map(|l| (l.producer().unwrap(), l.consumer())).collect();
+    let mut ends: Vec<_> = lanes.iter().map(|l| (l.producer().unwrap(), l.reattach())).collect();
     let env = envelopes(2);
     let mut held = Vec::with_capacity(8);
     let (before_allocs, before_live) = snapshot();
@@ -267,7 +267,7 @@ fn two_thread_traffic_allocates_nothing_on_either_side_m2() {
     let stream = MemoryStream::builder().capacity(16).sink("s").build().unwrap();
     let lane = stream.lane("s").unwrap();
     let mut producer = lane.producer().unwrap();
-    let mut consumer = lane.consumer();
+    let mut consumer = lane.reattach();
     const N: u64 = 100_000;
     let consumer_side = std::thread::spawn(move || {
         allocations(|| {

@@ -25,7 +25,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 async fn pipe_tokio(items: u64) {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     let mut p = lane.producer().unwrap();
     let consumer = tokio::spawn(async move {
         let mut got = Vec::new();
@@ -74,7 +74,7 @@ fn recv_async_and_publish_async_on_futures_executor_against_blocking_threads() {
         }
         p
     });
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     let got = common::within(20, "async consumer", move || {
         futures_executor::block_on(async move {
             let mut got = Vec::new();
@@ -106,7 +106,7 @@ fn recv_async_and_publish_async_on_futures_executor_against_blocking_threads() {
 fn a_recv_repolled_with_a_different_waker_wakes_the_latest_waker() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     let (a, wa) = CountingWaker::new();
     let (b, wb) = CountingWaker::new();
     let mut fut = pin!(c.recv_async());
@@ -125,7 +125,7 @@ fn a_recv_repolled_with_a_different_waker_wakes_the_latest_waker() {
 fn a_publish_repolled_with_a_different_waker_wakes_the_latest_waker() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     let d1 = c.try_recv().unwrap();
     let (a, wa) = CountingWaker::new();
@@ -147,7 +147,7 @@ fn a_publish_repolled_with_a_different_waker_wakes_the_latest_waker() {
 fn a_recv_dropped_right_after_being_woken_loses_nothing() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for i in 1..=2 {
         let (w, waker) = CountingWaker::new();
         {
@@ -175,7 +175,7 @@ fn a_recv_dropped_right_after_being_woken_loses_nothing() {
 fn a_publish_dropped_right_after_being_woken_drops_its_item_and_leaves_the_lane_usable() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     let env = shared_envelopes(2);
     let (w, waker) = CountingWaker::new();
@@ -195,7 +195,7 @@ fn a_publish_dropped_right_after_being_woken_drops_its_item_and_leaves_the_lane_
 fn close_wakes_an_async_recv_which_then_returns_none() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     let d1 = c.try_recv().unwrap();
     let (w, waker) = CountingWaker::new();
@@ -212,7 +212,7 @@ async fn close_ends_an_async_recv_waiting_in_another_task() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
     let p = lane.producer().unwrap();
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     let waiter = tokio::spawn(async move { c.recv_async().await.map(|d| d.is_none()) });
     tokio::task::yield_now().await;
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -224,10 +224,10 @@ async fn close_ends_an_async_recv_waiting_in_another_task() {
 async fn reattach_wakes_an_async_recv_with_detached() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     let waiter = tokio::spawn(async move { c.recv_async().await.map(|d| d.is_some()) });
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let _c2 = lane.consumer();
+    let _c2 = lane.reattach();
     assert_eq!(timeout(LIMIT, waiter).await.expect("woken by re-attach").unwrap(), Err(RecvError::Detached));
 }
 
@@ -248,7 +248,7 @@ fn request_sender_publish_async_waits_for_room_and_is_woken_by_the_ack() {
     let s = lanestream::MemoryStream::builder().request_capacity(1).sink("search").build().unwrap();
     let sender = s.requests().sender();
     sender.try_publish(backfill("search", "a")).unwrap();
-    let mut ingest = s.requests().consumer();
+    let mut ingest = s.requests().reattach();
     let (w, waker) = CountingWaker::new();
     let mut fut = pin!(sender.publish_async(backfill("search", "b")));
     assert!(poll(fut.as_mut(), &waker).is_pending());
@@ -276,7 +276,7 @@ async fn many_async_request_senders_and_one_async_ingest_engine() {
             })
         })
         .collect();
-    let mut ingest = s.requests().consumer();
+    let mut ingest = s.requests().reattach();
     let consumer = tokio::spawn(async move {
         let mut seen = std::collections::HashSet::new();
         while seen.len() < 200 {

@@ -21,8 +21,8 @@ use common::{
 };
 use lanestream::{
     AckError, AckHandle, Batch, BuildError, Consumer, Delivery, Envelope, IndexName, Item, LaneItem,
-    MemoryStream, NameError, Op, Position, Producer, PublishError, RecvError, Request, SinkName, Stream,
-    StreamError, TryRecvError,
+    MemoryStream, NameError, Op, Position, Producer, PublishError, PublishTimeoutError, RecvError,
+    RecvTimeoutError, Request, SinkName, Stream, StreamError, TryPublishError, TryRecvError,
 };
 
 const WRAP_CAPACITIES: [usize; 5] = [1, 2, 3, 5, 7];
@@ -38,7 +38,7 @@ fn i1_position_is_the_batchs_and_none_for_snapshot_rows_and_snapshot_complete() 
     // The same through a lane: a delivery reports its item's position.
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for item in [batch(7), snapshot(), complete("users")] {
         p.publish(item).unwrap();
     }
@@ -53,7 +53,7 @@ fn i2_empty_batch_keeps_its_position_and_acking_it_counts() {
     let s = stream(2, &["search", "cache"]);
     for lane in s.lanes() {
         lane.producer().unwrap().publish(LaneItem::Batch(empty.clone())).unwrap();
-        let d = lane.consumer().try_recv().unwrap();
+        let d = lane.reattach().try_recv().unwrap();
         assert_eq!(d.position(), Some(Position(9)));
         d.ack().unwrap();
         assert_eq!(lane.acked(), Some(Position(9)));
@@ -152,7 +152,7 @@ fn l1_sinks_are_fixed_at_build_and_bad_configurations_are_refused() {
 fn l2_delivery_is_in_publish_order_with_redeliveries_first() {
     let s = stream(7, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for i in 1..=6 {
         p.publish(batch(i)).unwrap();
     }
@@ -178,7 +178,7 @@ fn l2_wraparound_keeps_publish_order_for_capacities_1_2_3_5_7() {
     for cap in WRAP_CAPACITIES {
         let s = stream(cap, &["search"]);
         let lane = s.lane("search").unwrap();
-        let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+        let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
         let mut next_pos = 1u64;
         let mut expected = 1u64;
         let mut deliveries = 0u64;
@@ -229,14 +229,14 @@ fn l3_try_publish_on_a_full_lane_hands_the_item_back_with_full() {
     p.try_publish(batch(1)).unwrap();
     p.try_publish(batch(2)).unwrap();
     match p.try_publish(tracked(Some(3), &env)) {
-        Err(PublishError::Full(item)) => assert_eq!(item, tracked(Some(3), &env)),
+        Err(TryPublishError::Full(item)) => assert_eq!(item, tracked(Some(3), &env)),
         other => panic!("expected Full, got {other:?}"),
     }
     assert_eq!(Arc::strong_count(&env), 1, "the handed-back item was dropped by us, not kept");
     let st = lane.stats();
     assert_eq!((st.published, st.queued, st.last_published), (2, 2, Some(Position(2))));
     let err = p.publish_timeout(batch(3), Duration::from_millis(20)).unwrap_err();
-    assert!(matches!(err, PublishError::Timeout(_)));
+    assert!(matches!(err, PublishTimeoutError::Timeout(_)));
     assert_eq!(err.into_inner().position(), Some(Position(3)));
 }
 
@@ -244,7 +244,7 @@ fn l3_try_publish_on_a_full_lane_hands_the_item_back_with_full() {
 fn l3_publish_on_a_full_lane_waits_until_an_ack_makes_room() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     let mut p = lane.producer().unwrap();
     p.publish(batch(1)).unwrap();
     let done = Arc::new(AtomicBool::new(false));
@@ -278,18 +278,21 @@ fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed() {
     let env = shared_envelopes(2);
     for result in [
         p.try_publish(tracked(Some(2), &env)),
-        p.publish(tracked(Some(2), &env)),
-        p.publish_timeout(tracked(Some(2), &env), Duration::from_millis(1)),
+        p.publish(tracked(Some(2), &env)).map_err(Into::into),
+        p.publish_timeout(tracked(Some(2), &env), Duration::from_millis(1)).map_err(|e| {
+            assert!(e.is_closed());
+            TryPublishError::Closed(e.into_inner())
+        }),
     ] {
         match result {
-            Err(PublishError::Closed(item)) => assert_eq!(item.position(), Some(Position(2))),
+            Err(TryPublishError::Closed(item)) => assert_eq!(item.position(), Some(Position(2))),
             other => panic!("expected Closed, got {other:?}"),
         }
     }
     // Also for a later producer of the same lane.
     drop(p);
     let mut p2 = lane.producer().unwrap();
-    assert!(matches!(p2.try_publish(batch(3)), Err(PublishError::Closed(_))));
+    assert!(matches!(p2.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
     assert_eq!(Arc::strong_count(&env), 1);
     assert_eq!(lane.stats().published, 1);
 }
@@ -298,12 +301,12 @@ fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed() {
 fn l4_regressed_position_is_refused_and_item_handed_back() {
     let s = stream(8, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(10)).unwrap();
     let env = shared_envelopes(0);
     for bad in [10, 9, 0] {
         match p.try_publish(tracked(Some(bad), &env)) {
-            Err(PublishError::PositionRegressed { item, position, last }) => {
+            Err(TryPublishError::PositionRegressed { item, position, last }) => {
                 assert_eq!(
                     (item.position(), position, last),
                     (Some(Position(bad)), Position(bad), Position(10))
@@ -331,7 +334,7 @@ fn l4_regressed_position_is_refused_and_item_handed_back() {
 fn l5_acked_position_follows_the_contiguous_acked_prefix() {
     let s = stream(5, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for item in [batch(10), batch(20), snapshot(), batch(30), batch(40)] {
         p.publish(item).unwrap();
     }
@@ -356,7 +359,7 @@ fn l5_acked_position_follows_the_contiguous_acked_prefix() {
 fn l5_acks_from_other_threads_in_any_order_count() {
     let s = stream(5, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     let mut next = 1;
     for round in 0..40 {
         for _ in 0..5 {
@@ -389,7 +392,7 @@ fn l5_acks_from_other_threads_in_any_order_count() {
 fn l6_nack_dropped_handle_and_dropped_delivery_each_release_for_redelivery_first() {
     let s = stream(7, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for i in 1..=6 {
         p.publish(batch(i)).unwrap();
     }
@@ -427,7 +430,7 @@ fn l6_nack_dropped_handle_and_dropped_delivery_each_release_for_redelivery_first
 fn l6_only_released_items_are_redelivered_and_attempt_counts_deliveries() {
     let s = stream(5, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for i in 1..=4 {
         p.publish(batch(i)).unwrap();
     }
@@ -461,7 +464,7 @@ fn l7_ack_consumes_the_handle_so_each_delivery_is_acked_at_most_once() {
     let ack_handle: fn(AckHandle<LaneItem>) -> Result<(), AckError> = AckHandle::ack;
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     p.publish(batch(2)).unwrap();
     ack_delivery(c.try_recv().unwrap()).unwrap();
@@ -480,7 +483,7 @@ fn l8_reattach_redelivers_unacked_in_order_and_detaches_old() {
     let s = stream(7, &["search"]);
     let lane = s.lane("search").unwrap();
     let mut p = lane.producer().unwrap();
-    let mut c1 = lane.consumer();
+    let mut c1 = lane.reattach();
     for i in 1..=6 {
         p.publish(batch(i)).unwrap();
     }
@@ -489,11 +492,11 @@ fn l8_reattach_redelivers_unacked_in_order_and_detaches_old() {
     let (d1, d2, d3, d4) = (d.next().unwrap(), d.next().unwrap(), d.next().unwrap(), d.next().unwrap());
     d2.ack().unwrap();
     d3.nack();
-    let mut c2 = lane.consumer();
+    let mut c2 = lane.reattach();
     assert!(c1.is_detached() && !c2.is_detached());
     assert_eq!(c1.try_recv().unwrap_err(), TryRecvError::Detached);
     assert_eq!(c1.recv().unwrap_err(), RecvError::Detached);
-    assert_eq!(c1.recv_timeout(Duration::from_millis(1)).unwrap_err(), RecvError::Detached);
+    assert_eq!(c1.recv_timeout(Duration::from_millis(1)).unwrap_err(), RecvTimeoutError::Detached);
     let got: Vec<_> = (0..4).map(|_| c2.try_recv().unwrap()).collect();
     assert_eq!(
         got.iter().map(|d| (pos(d), d.attempt())).collect::<Vec<_>>(),
@@ -526,8 +529,8 @@ fn l8_reattached_consumer_that_caught_up_sees_empty_not_a_phantom_item() {
         let lane = s.lane("search").unwrap();
         let mut p = lane.producer().unwrap();
         p.publish(batch(1)).unwrap();
-        lane.consumer().try_recv().unwrap().ack().unwrap();
-        let mut c2 = lane.consumer();
+        lane.reattach().try_recv().unwrap().ack().unwrap();
+        let mut c2 = lane.reattach();
         match c2.try_recv() {
             Err(TryRecvError::Empty) => {}
             Ok(phantom) => {
@@ -550,14 +553,14 @@ fn l8_late_ack_before_reattach_lands_and_is_not_redelivered() {
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
     let mut p = lane.producer().unwrap();
-    let mut c1 = lane.consumer();
+    let mut c1 = lane.reattach();
     p.publish(batch(1)).unwrap();
     p.publish(batch(2)).unwrap();
     let h1 = c1.try_recv().unwrap().into_handle();
     let h2 = c1.try_recv().unwrap().into_handle();
     // The worker acks item 1 before the sink engine restarts: it lands.
     assert_eq!(h1.ack(), Ok(()));
-    let mut c2 = lane.consumer();
+    let mut c2 = lane.reattach();
     let r = c2.try_recv().unwrap();
     assert_eq!((pos(&r), r.attempt()), (2, 2), "only the unacked item comes back");
     assert_eq!(c2.try_recv().unwrap_err(), TryRecvError::Empty);
@@ -572,17 +575,17 @@ fn l8_late_ack_after_reattach_is_detached_and_the_item_redelivered() {
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
     let mut p = lane.producer().unwrap();
-    let mut c1 = lane.consumer();
+    let mut c1 = lane.reattach();
     p.publish(batch(1)).unwrap();
     let h1 = c1.try_recv().unwrap().into_handle();
-    let mut c2 = lane.consumer();
+    let mut c2 = lane.reattach();
     // Late ack before the new consumer took the redelivery.
     assert_eq!(h1.ack(), Err(AckError::Detached));
     assert_eq!(lane.acked(), None, "a refused ack does not count");
     let r = c2.try_recv().unwrap();
     assert_eq!((pos(&r), r.attempt()), (1, 2));
     // And a late ack after the redelivery was handed out.
-    let mut c3 = lane.consumer();
+    let mut c3 = lane.reattach();
     assert_eq!(r.ack(), Err(AckError::Detached));
     let r = c3.try_recv().unwrap();
     assert_eq!((pos(&r), r.attempt()), (1, 3));
@@ -599,7 +602,7 @@ fn l8_late_ack_racing_a_reattach_lands_xor_is_redelivered() {
     let (mut landed, mut refused) = (0, 0);
     for i in 1..=300u64 {
         p.publish(batch(i)).unwrap();
-        let h = lane.consumer().try_recv().unwrap().into_handle();
+        let h = lane.reattach().try_recv().unwrap().into_handle();
         let start = Arc::new(Barrier::new(2));
         let acker = {
             let start = start.clone();
@@ -609,7 +612,7 @@ fn l8_late_ack_racing_a_reattach_lands_xor_is_redelivered() {
             })
         };
         start.wait();
-        let mut c = lane.consumer();
+        let mut c = lane.reattach();
         let result = acker.join().unwrap();
         match (result, c.try_recv()) {
             (Ok(()), Err(TryRecvError::Empty)) => landed += 1,
@@ -633,11 +636,11 @@ fn l8_slot_is_not_reused_while_a_detached_delivery_still_reads_it() {
     let mut p = lane.producer().unwrap();
     let env = shared_envelopes(1);
     p.publish(tracked(Some(1), &env)).unwrap();
-    let stale = lane.consumer().try_recv().unwrap();
-    let mut c2 = lane.consumer();
+    let stale = lane.reattach().try_recv().unwrap();
+    let mut c2 = lane.reattach();
     c2.try_recv().unwrap().ack().unwrap();
     // Acked, but the detached delivery still reads the item in place: the slot stays taken.
-    assert!(matches!(p.try_publish(batch(2)), Err(PublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(2)), Err(TryPublishError::Full(_))));
     assert_eq!(stale.item(), &tracked(Some(1), &env));
     // Only the slot waits for the stale reader: the ack counts at once (L5, W1, W5).
     assert_eq!(lane.acked(), Some(Position(1)), "an acked item moves the acked position at once");
@@ -654,10 +657,10 @@ fn l8_slot_is_not_reused_while_a_detached_delivery_still_reads_it() {
 fn l8_reattach_wakes_a_detached_consumer_blocked_in_recv() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let mut c1 = lane.consumer();
+    let mut c1 = lane.reattach();
     let blocked = thread::spawn(move || c1.recv().map(|d| d.is_some()));
     thread::sleep(Duration::from_millis(30));
-    let _c2 = lane.consumer();
+    let _c2 = lane.reattach();
     let r = within(10, "detached recv", move || blocked.join().unwrap());
     assert_eq!(r, Err(RecvError::Detached));
 }
@@ -674,7 +677,7 @@ fn l9_second_live_producer_is_busy_and_a_restarted_producer_continues() {
     let s2 = s.clone();
     assert!(thread::spawn(move || s2.lane("search").unwrap().producer().is_err()).join().unwrap());
     // The other side never blocks asking for a lane.
-    let mut c = s.lane("search").unwrap().consumer();
+    let mut c = s.lane("search").unwrap().reattach();
     for i in 1..=3 {
         p1.publish(batch(i)).unwrap();
     }
@@ -682,7 +685,7 @@ fn l9_second_live_producer_is_busy_and_a_restarted_producer_continues() {
     let mut p2 = other.producer().expect("a restarted producer gets the lane at once");
     assert!(matches!(
         p2.try_publish(batch(3)),
-        Err(PublishError::PositionRegressed { last: Position(3), .. })
+        Err(TryPublishError::PositionRegressed { last: Position(3), .. })
     ));
     p2.publish(batch(4)).unwrap();
     assert_eq!(drain_try(&mut c), [Some(1), Some(2), Some(3), Some(4)]);
@@ -713,7 +716,7 @@ fn l9_racing_producer_claims_exactly_one_wins() {
 fn l10_close_drains_queued_and_released_items_then_recv_returns_none() {
     let s = stream(5, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for i in 1..=4 {
         p.publish(batch(i)).unwrap();
     }
@@ -742,7 +745,7 @@ fn l10_close_wakes_a_blocked_recv() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
     let p = lane.producer().unwrap();
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     let blocked = thread::spawn(move || c.recv().map(|d| d.is_none()));
     thread::sleep(Duration::from_millis(30));
     p.close();
@@ -754,7 +757,7 @@ fn l10_lane_close_wakes_a_blocked_publish_which_hands_the_item_back() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
     let mut p = lane.producer().unwrap();
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     p.publish(batch(1)).unwrap();
     // The lane is full: this publish waits, holding the only producer (L9), so the supervisor
     // closes through the lane handle.
@@ -774,11 +777,11 @@ fn l10_request_lane_close_refuses_senders_and_drains_then_ends() {
     let s = stream(2, &["search"]);
     let requests = s.requests();
     let sender = requests.sender();
-    let mut ingest = requests.consumer();
+    let mut ingest = requests.reattach();
     sender.publish(backfill("search", "users")).unwrap();
     requests.close();
     match sender.try_publish(backfill("search", "orders")) {
-        Err(PublishError::Closed(back)) => assert_eq!(back, backfill("search", "orders")),
+        Err(TryPublishError::Closed(back)) => assert_eq!(back, backfill("search", "orders")),
         other => panic!("expected Closed with the request handed back, got {other:?}"),
     }
     let d = ingest.recv().unwrap().expect("the queued request is still delivered");
@@ -793,7 +796,7 @@ fn l10_close_racing_a_last_publish_still_delivers_the_item() {
         let s = stream(2, &["search"]);
         let lane = s.lane("search").unwrap();
         let mut p = lane.producer().unwrap();
-        let mut c = lane.consumer();
+        let mut c = lane.reattach();
         let n = 1 + round % 3;
         let consumer = thread::spawn(move || {
             let mut got = Vec::new();
@@ -817,7 +820,7 @@ fn l10_close_takes_no_slot_even_on_a_full_lane() {
     for cap in WRAP_CAPACITIES {
         let s = stream(cap, &["search"]);
         let lane = s.lane("search").unwrap();
-        let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+        let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
         for i in 1..=cap as u64 {
             p.try_publish(batch(i)).unwrap();
         }
@@ -833,7 +836,7 @@ fn l10_close_takes_no_slot_even_on_a_full_lane() {
 fn l11_is_empty_means_nothing_queued_and_nothing_released() {
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     assert!(c.is_empty());
     p.publish(batch(1)).unwrap();
     assert!(!c.is_empty(), "queued");
@@ -843,7 +846,7 @@ fn l11_is_empty_means_nothing_queued_and_nothing_released() {
     assert!(!c.is_empty(), "released");
     let d = c.try_recv().unwrap();
     assert!(c.is_empty());
-    let mut c2 = lane.consumer();
+    let mut c2 = lane.reattach();
     assert!(!c2.is_empty(), "taken back by a re-attach");
     let r = c2.try_recv().unwrap();
     assert!(c2.is_empty());
@@ -856,7 +859,7 @@ fn l11_is_empty_means_nothing_queued_and_nothing_released() {
 fn l12_try_recv_returns_promptly_while_a_publish_is_blocked_on_a_full_lane() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     let d1 = c.try_recv().unwrap();
     let publisher = thread::spawn(move || p.publish(batch(2)).map_err(|e| format!("{e:?}")));
@@ -876,7 +879,7 @@ fn l12_try_recv_returns_promptly_while_a_publish_is_blocked_on_a_full_lane() {
 fn l12_try_recv_never_blocks_against_a_publisher_in_full_flight() {
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     const N: u64 = 20_000;
     let publisher = thread::spawn(move || {
         for i in 1..=N {
@@ -897,7 +900,7 @@ fn l12_try_recv_never_blocks_against_a_publisher_in_full_flight() {
             }
             Err(TryRecvError::Empty) => thread::yield_now(),
             Err(TryRecvError::Closed) => break,
-            Err(TryRecvError::Detached) => unreachable!(),
+            Err(e) => unreachable!("{e}"),
         }
     }
     publisher.join().unwrap();
@@ -914,7 +917,7 @@ fn w1_watermark_is_the_min_over_lanes_and_none_until_every_lane_acked() {
     let s = stream(4, &["a", "b", "c"]);
     let lanes: Vec<_> = s.lanes().collect();
     let mut ps: Vec<_> = lanes.iter().map(|l| l.producer().unwrap()).collect();
-    let mut cs: Vec<_> = lanes.iter().map(|l| l.consumer()).collect();
+    let mut cs: Vec<_> = lanes.iter().map(|l| l.reattach()).collect();
     fn ack_to(p: &mut Producer<LaneItem>, c: &mut Consumer<LaneItem>, from: u64, upto: u64) {
         for i in from..=upto {
             p.publish(batch(i)).unwrap();
@@ -939,7 +942,7 @@ fn w1_watermark_is_the_min_over_lanes_and_none_until_every_lane_acked() {
 fn w2_snapshot_batches_snapshot_complete_and_requests_never_move_the_watermark() {
     let s = stream(8, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(5)).unwrap();
     c.try_recv().unwrap().ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(5)));
@@ -950,7 +953,7 @@ fn w2_snapshot_batches_snapshot_complete_and_requests_never_move_the_watermark()
         assert_eq!(s.watermark(), Some(Position(5)));
     }
     s.requests().sender().publish(backfill("search", "users")).unwrap();
-    s.requests().consumer().try_recv().unwrap().ack().unwrap();
+    s.requests().reattach().try_recv().unwrap().ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(5)));
     assert_eq!(s.requests().stats().acked, None, "the request lane has no position");
     // Publishing a positioned batch does not move it either; only its ack does.
@@ -970,19 +973,18 @@ fn w3_watermark_never_decreases_seen_from_one_thread() {
         .enumerate()
         .map(|(k, lane)| {
             thread::spawn(move || {
-                let mut c = lane.consumer();
+                let mut c = lane.reattach();
                 let mut received = 0u64;
                 loop {
                     let d = match c.recv() {
                         Ok(Some(d)) => d,
                         Ok(None) => break,
-                        Err(RecvError::Detached) => unreachable!("only this thread re-attaches"),
-                        Err(RecvError::Timeout) => unreachable!(),
+                        Err(e) => unreachable!("only this thread re-attaches: {e}"),
                     };
                     received += 1;
                     if received % 97 == (k as u64) * 13 {
                         // Re-attach with a delivery outstanding, then ack it late: refused.
-                        let c2 = lane.consumer();
+                        let c2 = lane.reattach();
                         assert_eq!(d.ack(), Err(AckError::Detached));
                         c = c2;
                     } else if received % 7 == 0 {
@@ -1037,7 +1039,7 @@ fn w4_a_reader_that_sees_watermark_p_sees_the_sinks_writes_up_to_p() {
         .map(|(k, lane)| {
             let applied = applied.clone();
             thread::spawn(move || {
-                let mut c = lane.consumer();
+                let mut c = lane.reattach();
                 while let Some(d) = c.recv().unwrap() {
                     let p = pos(&d) as usize;
                     // Relaxed on purpose: only the ack (Release) and the watermark (Acquire) order it.
@@ -1085,7 +1087,7 @@ fn w5_is_idle_only_when_nothing_is_queued_released_or_unacked_anywhere() {
     let s = stream(4, &["a", "b"]);
     assert!(s.is_idle());
     let lane = s.lane("b").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     p.publish(batch(2)).unwrap();
     assert!(!s.is_idle(), "queued");
@@ -1101,7 +1103,7 @@ fn w5_is_idle_only_when_nothing_is_queued_released_or_unacked_anywhere() {
     // The request lane counts too.
     s.requests().sender().publish(backfill("b", "users")).unwrap();
     assert!(!s.is_idle());
-    let mut ingest = s.requests().consumer();
+    let mut ingest = s.requests().reattach();
     let r = ingest.try_recv().unwrap();
     assert!(!s.is_idle());
     r.ack().unwrap();
@@ -1130,7 +1132,7 @@ fn r1_many_senders_publish_requests_concurrently_and_one_ingest_engine_consumes(
             })
         })
         .collect();
-    let mut ingest = s.requests().consumer();
+    let mut ingest = s.requests().reattach();
     let mut seen = HashSet::new();
     let mut per_sink_last = [None::<usize>; 4];
     while seen.len() < 4 * PER_SENDER {
@@ -1156,13 +1158,13 @@ fn r2_requests_follow_the_lane_rules_for_nack_redelivery_and_reattach() {
     let sender = s.requests().sender();
     sender.publish(backfill("search", "a")).unwrap();
     sender.publish(backfill("search", "b")).unwrap();
-    let mut ingest = s.requests().consumer();
+    let mut ingest = s.requests().reattach();
     let ra = ingest.try_recv().unwrap();
     ra.nack();
     let ra = ingest.try_recv().unwrap();
     assert_eq!((ra.item(), ra.attempt()), (&backfill("search", "a"), 2));
     let rb = ingest.try_recv().unwrap();
-    let mut ingest2 = s.requests().consumer();
+    let mut ingest2 = s.requests().reattach();
     assert_eq!(ingest.try_recv().unwrap_err(), TryRecvError::Detached);
     assert_eq!(rb.ack(), Err(AckError::Detached));
     let got: Vec<_> = (0..2).map(|_| ingest2.try_recv().unwrap()).collect();
@@ -1207,22 +1209,22 @@ fn r2_backfill_is_acked_after_snapshot_complete_and_redelivered_after_a_crash_mi
     let s = stream(16, &["search"]);
     s.requests().sender().publish(backfill("search", "users")).unwrap();
     // Ingest engine 1 crashes after two rows: its request delivery is dropped un-acked.
-    let mut ingest = s.requests().consumer();
+    let mut ingest = s.requests().reattach();
     assert_eq!(serve_backfill(&mut ingest, &s, 4, Some(2)), None);
     assert_eq!(s.requests().stats().released, 1, "the crashed engine's delivery was released");
     // Ingest engine 2 (restarted: re-attached request consumer, new producer) gets it again.
-    let mut ingest2 = s.requests().consumer();
+    let mut ingest2 = s.requests().reattach();
     assert_eq!(serve_backfill(&mut ingest2, &s, 4, None), Some(2));
     assert_eq!(s.requests().stats().lag(), 0);
     // A hung ingest engine replaced while it still holds the request: its late ack is refused
     // and the new engine serves the request again.
     s.requests().sender().publish(backfill("search", "orders")).unwrap();
     let hung = ingest2.try_recv().unwrap();
-    let mut ingest3 = s.requests().consumer();
+    let mut ingest3 = s.requests().reattach();
     assert_eq!(serve_backfill(&mut ingest3, &s, 1, None), Some(2));
     assert_eq!(hung.ack(), Err(AckError::Detached));
     // The sink saw: 2 rows (crashed run), 4 rows + complete, 1 row + complete.
-    let mut c = s.lane("search").unwrap().consumer();
+    let mut c = s.lane("search").unwrap().reattach();
     let mut kinds = Vec::new();
     while let Ok(d) = c.try_recv() {
         kinds.push(match d.item() {
@@ -1279,7 +1281,7 @@ fn m1_lane_memory_is_fixed_at_build_and_repolling_keeps_one_waker() {
     // Capacity is fixed: after heavy traffic the lane still holds `capacity` items, no more.
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for i in 1..=3_000 {
         p.publish(batch(i)).unwrap();
         c.try_recv().unwrap().ack().unwrap();
@@ -1287,7 +1289,7 @@ fn m1_lane_memory_is_fixed_at_build_and_repolling_keeps_one_waker() {
     for i in 3_001..=3_003 {
         p.try_publish(batch(i)).unwrap();
     }
-    assert!(matches!(p.try_publish(batch(3_004)), Err(PublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(3_004)), Err(TryPublishError::Full(_))));
     assert_eq!((lane.stats().capacity, p.capacity()), (3, 3));
     let drained: Vec<_> = (0..3).map(|_| c.try_recv().unwrap()).collect();
     drained.into_iter().for_each(|d| d.ack().unwrap());
@@ -1335,7 +1337,7 @@ fn m3_every_item_is_dropped_exactly_once_on_final_ack_or_stream_drop() {
     let envs: Vec<Arc<[Envelope]>> = (0..5).map(shared_envelopes).collect();
     let s = stream(5, &["a", "b"]);
     let mut ps: Vec<_> = s.lanes().map(|l| l.producer().unwrap()).collect();
-    let mut cs: Vec<_> = s.lanes().map(|l| l.consumer()).collect();
+    let mut cs: Vec<_> = s.lanes().map(|l| l.reattach()).collect();
     for (i, env) in envs.iter().enumerate() {
         for p in &mut ps {
             p.publish(tracked(Some(i as u64 + 1), env)).unwrap();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::{shared_envelopes, stream, tracked};
-use lanestream::{Batch, Envelope, IndexName, Item, Lane, LaneItem, Op, Position, SinkName, Stream};
+use lanestream::{Batch, Envelope, IndexName, Item, Lane, LaneItem, Op, Position, SinkName};
 
 /// An item that counts its drops in `drops[id]`, and panics when dropped if `panics`.
 struct Counted {
@@ -74,7 +74,7 @@ fn m3_each_item_dropped_once_on_its_final_ack_and_not_before() {
         let n = 20 * cap + 3;
         let counter = Counter::new(n);
         let lane = lane(cap);
-        let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+        let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
         let mut id = 0;
         while id < n {
             let fill = (n - id).min(cap);
@@ -111,7 +111,7 @@ fn m3_each_item_dropped_once_on_its_final_ack_and_not_before() {
 fn m3_lane_drop_drops_queued_delivered_released_and_out_of_order_acked_items_once() {
     let counter = Counter::new(7);
     let lane = lane(7);
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for id in 0..7 {
         p.publish(counter.item(id)).unwrap();
     }
@@ -139,9 +139,9 @@ fn m3_items_dropped_once_across_reattach_with_stale_handles() {
     for id in 0..3 {
         p.publish(counter.item(id)).unwrap();
     }
-    let mut c1 = lane.consumer();
+    let mut c1 = lane.reattach();
     let stale: Vec<_> = (0..3).map(|_| c1.try_recv().unwrap()).collect();
-    let mut c2 = lane.consumer();
+    let mut c2 = lane.reattach();
     let fresh: Vec<_> = (0..3).map(|_| c2.try_recv().unwrap()).collect();
     assert!(fresh.iter().all(|d| d.attempt() == 2));
     for d in fresh {
@@ -155,7 +155,7 @@ fn m3_items_dropped_once_across_reattach_with_stale_handles() {
     assert_eq!(counter.all(), [1, 1, 1, 0, 0]);
     p.publish(counter.item(3)).unwrap();
     p.publish(counter.item(4)).unwrap();
-    let mut c3 = lane.consumer();
+    let mut c3 = lane.reattach();
     let _stale = c2.try_recv(); // detached: nothing
     c3.try_recv().unwrap().ack().unwrap();
     assert_eq!(counter.all(), [1, 1, 1, 1, 0]);
@@ -167,7 +167,7 @@ fn m3_items_dropped_once_across_reattach_with_stale_handles() {
 fn m3_a_panicking_drop_on_final_ack_is_resumed_after_the_bookkeeping() {
     let counter = Counter::new(4);
     let lane = lane(2);
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     p.publish(counter.item(0)).unwrap();
     p.publish(counter.panicking(1)).unwrap();
     let d0 = c.try_recv().unwrap();
@@ -191,7 +191,7 @@ fn m3_a_panicking_drop_on_final_ack_is_resumed_after_the_bookkeeping() {
 fn m3_a_panicking_drop_on_lane_drop_still_drops_every_other_item_once() {
     let counter = Counter::new(5);
     let lane = lane(5);
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     for id in 0..5 {
         let item = if id == 2 { counter.panicking(id) } else { counter.item(id) };
         p.publish(item).unwrap();
@@ -217,11 +217,11 @@ fn m3_stream_drop_releases_every_copy_of_every_shared_batch() {
     }
     assert!(envs.iter().all(|e| Arc::strong_count(e) == 4));
     // Lane a: all acked. Lane b: some delivered and released, split items kept. Lane c: queued.
-    let mut ca = lanes[0].consumer();
+    let mut ca = lanes[0].reattach();
     while let Ok(d) = ca.try_recv() {
         d.ack().unwrap();
     }
-    let mut cb = lanes[1].consumer();
+    let mut cb = lanes[1].reattach();
     let (item, handle) = cb.try_recv().unwrap().into_parts();
     cb.try_recv().unwrap().nack();
     let held = cb.try_recv().unwrap();
@@ -278,7 +278,7 @@ fn m3_stream_drop_survives_a_lane_item_whose_drop_panics() {
     for (i, env) in envs.iter().enumerate().skip(1) {
         p.publish(tracked(Some(i as u64 + 2), env)).unwrap();
     }
-    let mut c = lane.consumer();
+    let mut c = lane.reattach();
     c.try_recv().unwrap().ack().unwrap();
     let r = catch_unwind(AssertUnwindSafe(move || drop((s, p, c, lane))));
     assert!(r.is_err(), "the panic of the bomb's Drop is resumed");

@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::envelope;
-use lanestream::{AckHandle, Batch, Envelope, LaneItem, Position, RecvError, Stream};
+use lanestream::{AckHandle, Batch, Envelope, LaneItem, Position, Stream};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -114,7 +114,7 @@ fn stress_three_lanes_with_nacks_drops_shuffled_acks_and_reattaches() {
             let batches = batches.clone();
             thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(k as u64);
-                let mut c = lane.consumer();
+                let mut c = lane.reattach();
                 let mut last_first: Option<u64> = None;
                 let (mut deliveries, mut reattaches) = (0u64, 0u64);
                 loop {
@@ -128,9 +128,9 @@ fn stress_three_lanes_with_nacks_drops_shuffled_acks_and_reattaches() {
                             thread::sleep(Duration::from_millis(1));
                             continue;
                         }
-                        Err(RecvError::Timeout) => continue,
-                        Err(RecvError::Detached) => {
-                            c = lane.consumer();
+                        Err(lanestream::RecvTimeoutError::Timeout) => continue,
+                        Err(_detached) => {
+                            c = lane.reattach();
                             reattaches += 1;
                             continue;
                         }
@@ -151,7 +151,7 @@ fn stress_three_lanes_with_nacks_drops_shuffled_acks_and_reattaches() {
                         3..=4 => drop(h),
                         5 => {
                             // Re-attach ourselves while this delivery is out; its ack is then refused.
-                            c = lane.consumer();
+                            c = lane.reattach();
                             reattaches += 1;
                             txs[seq as usize % 2].send((k, h)).unwrap();
                         }
@@ -172,7 +172,7 @@ fn stress_three_lanes_with_nacks_drops_shuffled_acks_and_reattaches() {
             let mut n = 0;
             while !ingest_done.load(Ordering::Acquire) {
                 thread::sleep(Duration::from_millis(3));
-                drop(s.lanes().nth(rng.gen_range(0..LANES)).unwrap().consumer());
+                drop(s.lanes().nth(rng.gen_range(0..LANES)).unwrap().reattach());
                 n += 1;
             }
             n

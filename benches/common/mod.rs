@@ -27,8 +27,8 @@ use bytes::Bytes;
 use crossbeam_utils::CachePadded;
 use disruptor::{BusySpin, Polling, Producer as _};
 use lanestream::{
-    Batch, Consumer, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Producer, PublishError,
-    Stream, TryRecvError,
+    Batch, Consumer, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Producer, Stream,
+    TryPublishError, TryRecvError,
 };
 
 /// Slots in every bounded queue, for every contender.
@@ -198,7 +198,7 @@ fn spin_publish(p: &mut Producer<LaneItem>, mut it: LaneItem) {
     loop {
         match p.try_publish(it) {
             Ok(()) => return,
-            Err(PublishError::Full(back)) => {
+            Err(TryPublishError::Full(back)) => {
                 it = back;
                 relax();
             }
@@ -269,7 +269,7 @@ impl LaneW1 {
         let stream = lane_stream(1);
         let lane = stream.lanes().next().unwrap();
         let producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let partner = Partner::spawn(move |_, from, to| {
             for _ in from..to {
                 let d = if blocking {
@@ -485,7 +485,7 @@ impl LaneFan {
     pub fn new(env: Arc<[Envelope]>, lanes: usize) -> LaneFan {
         let stream = lane_stream(lanes);
         let producers: Vec<_> = stream.lanes().map(|l| l.producer().unwrap()).collect();
-        let mut consumers: Vec<Consumer<LaneItem>> = stream.lanes().map(|l| l.consumer()).collect();
+        let mut consumers: Vec<Consumer<LaneItem>> = stream.lanes().map(|l| l.reattach()).collect();
         let partner = Partner::spawn(move |_, from, to| {
             let want = to - from;
             let mut seen = vec![0u64; consumers.len()];
@@ -649,7 +649,7 @@ impl LaneRoundTrip {
         let stream = lane_stream(1);
         let lane = stream.lanes().next().unwrap();
         let producer = lane.producer().unwrap();
-        let mut consumer = lane.consumer();
+        let mut consumer = lane.reattach();
         let partner = Partner::spawn(move |_, from, to| {
             for _ in from..to {
                 let d = if blocking {
@@ -807,7 +807,7 @@ impl Drop for Racer {
 pub fn ack_cycle() -> impl FnMut() + Send + 'static {
     let stream = lane_stream(1);
     let lane = stream.lanes().next().unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.consumer());
+    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
     let env = envelopes(1);
     let mut pos = 0;
     move || {
@@ -830,7 +830,7 @@ impl Marks {
     pub fn lanestream(lanes: usize, racing: bool) -> Marks {
         let stream = lane_stream(lanes);
         let env = envelopes(1);
-        let mut ends: Vec<_> = stream.lanes().map(|l| (l.producer().unwrap(), l.consumer())).collect();
+        let mut ends: Vec<_> = stream.lanes().map(|l| (l.producer().unwrap(), l.reattach())).collect();
         for (p, c) in &mut ends {
             spin_publish(p, item(&env, 1));
             c.try_recv().unwrap().ack().unwrap();
@@ -982,7 +982,7 @@ impl Wake {
                 let stream = lane_stream(1);
                 let lane = stream.lanes().next().unwrap();
                 let mut producer = lane.producer().unwrap();
-                let mut consumer = lane.consumer();
+                let mut consumer = lane.reattach();
                 let partner = if matches!(kind, WakeKind::LaneAsync) {
                     let rt = rt();
                     Partner::spawn(move |_, from, to| {

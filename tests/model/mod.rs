@@ -29,7 +29,8 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use lanestream::{
     AckError, Batch, Consumer, Delivery, IndexName, Lane, LaneItem, LaneStats, MemoryStream, Position,
-    Producer, PublishError, RecvError, Stream, StreamError, TryRecvError,
+    Producer, PublishError, PublishTimeoutError, RecvTimeoutError, Stream, StreamError, TryPublishError,
+    TryRecvError,
 };
 
 /// The capacities a scenario may pick: powers of two and not (DESIGN.md hazards: 1, 2, 3, 5).
@@ -194,7 +195,7 @@ pub enum Outcome {
     Skipped,
     /// Published.
     Published,
-    /// `PublishError::Full`, with the item's serial handed back.
+    /// `TryPublishError::Full`, with the item's serial handed back.
     Full(u64),
     /// `PublishError::Closed`.
     Closed(u64),
@@ -202,7 +203,7 @@ pub enum Outcome {
     Regressed { serial: u64, position: u64, last: u64 },
     /// `PublishError::InvalidPosition`.
     InvalidPosition(u64),
-    /// `PublishError::Timeout`.
+    /// `PublishTimeoutError::Timeout`.
     Timeout(u64),
     /// A delivery: the item's serial, position and attempt.
     Delivered { serial: u64, position: Option<u64>, attempt: u32 },
@@ -471,7 +472,7 @@ impl Real {
             .lanes()
             .map(|lane| RealLane {
                 producer: Some(lane.producer().expect("fresh lane has no producer")),
-                consumer: lane.consumer(),
+                consumer: lane.reattach(),
                 detached: VecDeque::new(),
                 lane,
             })
@@ -507,16 +508,49 @@ fn make_item(spec: ItemSpec, lane: &ModelLane, serial: u64) -> LaneItem {
     }
 }
 
-fn publish_outcome(r: Result<(), PublishError<LaneItem>>) -> Outcome {
-    match r {
-        Ok(()) => Outcome::Published,
-        Err(PublishError::Full(i)) => Outcome::Full(serial_of(&i)),
-        Err(PublishError::Closed(i)) => Outcome::Closed(serial_of(&i)),
-        Err(PublishError::InvalidPosition(i)) => Outcome::InvalidPosition(serial_of(&i)),
-        Err(PublishError::Timeout(i)) => Outcome::Timeout(serial_of(&i)),
-        Err(PublishError::PositionRegressed { item, position, last }) => {
+/// A publish's result, whichever form made it: `Full` only from `try_publish`, `Timeout` only
+/// from the timed forms.
+enum Published {
+    Try(Result<(), TryPublishError<LaneItem>>),
+    Wait(Result<(), PublishError<LaneItem>>),
+    Timed(Result<(), PublishTimeoutError<LaneItem>>),
+}
+
+fn publish_outcome(r: Published) -> Outcome {
+    let (full, timeout, refused) = match r {
+        Published::Try(Ok(())) | Published::Wait(Ok(())) | Published::Timed(Ok(())) => {
+            return Outcome::Published
+        }
+        Published::Try(Err(TryPublishError::Full(i))) => (Some(i), None, None),
+        Published::Try(Err(e)) => (None, None, Some(e)),
+        Published::Wait(Err(e)) => (None, None, Some(e.into())),
+        Published::Timed(Err(PublishTimeoutError::Timeout(i))) => (None, Some(i), None),
+        Published::Timed(Err(e)) => (
+            None,
+            None,
+            Some(match e {
+                PublishTimeoutError::Closed(i) => TryPublishError::Closed(i),
+                PublishTimeoutError::InvalidPosition(i) => TryPublishError::InvalidPosition(i),
+                PublishTimeoutError::PositionRegressed { item, position, last } => {
+                    TryPublishError::PositionRegressed { item, position, last }
+                }
+                other => unreachable!("{other:?}"),
+            }),
+        ),
+    };
+    if let Some(i) = full {
+        return Outcome::Full(serial_of(&i));
+    }
+    if let Some(i) = timeout {
+        return Outcome::Timeout(serial_of(&i));
+    }
+    match refused.expect("a refused publish") {
+        TryPublishError::Closed(i) => Outcome::Closed(serial_of(&i)),
+        TryPublishError::InvalidPosition(i) => Outcome::InvalidPosition(serial_of(&i)),
+        TryPublishError::PositionRegressed { item, position, last } => {
             Outcome::Regressed { serial: serial_of(&item), position: position.0, last: last.0 }
         }
+        other => unreachable!("{other:?}"),
     }
 }
 
@@ -592,9 +626,9 @@ impl Harness {
                 let position = item.position().map(|p| p.0);
                 let waits = lane.publish_would_wait(position);
                 let r = match op {
-                    Op::TryPublish(..) => producer.try_publish(item),
-                    _ if waits => producer.publish_timeout(item, Duration::ZERO),
-                    _ => producer.publish(item),
+                    Op::TryPublish(..) => Published::Try(producer.try_publish(item)),
+                    _ if waits => Published::Timed(producer.publish_timeout(item, Duration::ZERO)),
+                    _ => Published::Wait(producer.publish(item)),
                 };
                 let m = match lane.publish(serial, position) {
                     Outcome::Full(s) if !matches!(op, Op::TryPublish(..)) => Outcome::Timeout(s),
@@ -612,15 +646,22 @@ impl Harness {
                         Ok(d) => Ok(d),
                         Err(TryRecvError::Empty) => Err(Outcome::Empty),
                         Err(TryRecvError::Closed) => Err(Outcome::Drained),
-                        Err(TryRecvError::Detached) => Err(Outcome::Detached),
+                        Err(e) => {
+                            assert!(e.is_detached());
+                            Err(Outcome::Detached)
+                        }
                     },
                     _ => {
-                        let r = if waits { consumer.recv_timeout(Duration::ZERO) } else { consumer.recv() };
+                        let r = if waits {
+                            consumer.recv_timeout(Duration::ZERO)
+                        } else {
+                            consumer.recv().map_err(RecvTimeoutError::from)
+                        };
                         match r {
                             Ok(Some(d)) => Ok(d),
                             Ok(None) => Err(Outcome::Drained),
-                            Err(RecvError::Timeout) => Err(Outcome::Empty),
-                            Err(RecvError::Detached) => Err(Outcome::Detached),
+                            Err(e) if e.is_timeout() => Err(Outcome::Empty),
+                            Err(_detached) => Err(Outcome::Detached),
                         }
                     }
                 };
@@ -649,7 +690,7 @@ impl Harness {
                     Ok(d) => delivered(&d), // dropped at once; the comparison fails anyway
                     Err(TryRecvError::Empty) => Outcome::Empty,
                     Err(TryRecvError::Closed) => Outcome::Drained,
-                    Err(TryRecvError::Detached) => Outcome::Detached,
+                    Err(_detached) => Outcome::Detached,
                 };
                 (r, Outcome::Detached)
             }
@@ -684,7 +725,7 @@ impl Harness {
                 let l = self.lane_of(l);
                 let (real, model) = (&mut self.real, &mut self.model);
                 let lane = &mut real.lanes[l];
-                let old = std::mem::replace(&mut lane.consumer, lane.lane.consumer());
+                let old = std::mem::replace(&mut lane.consumer, lane.lane.reattach());
                 lane.detached.push_back(old);
                 if lane.detached.len() > MAX_DETACHED {
                     lane.detached.pop_front();
@@ -801,7 +842,10 @@ impl Harness {
 fn ack_outcome(r: Result<(), AckError>) -> Outcome {
     match r {
         Ok(()) => Outcome::Acked,
-        Err(AckError::Detached) => Outcome::AckRefused,
+        Err(e) => {
+            assert_eq!(e, AckError::Detached);
+            Outcome::AckRefused
+        }
     }
 }
 

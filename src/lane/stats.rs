@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::Position;
+use crate::position::Position;
 
 /// A snapshot of one lane's counters, read lock-free from the lane's atomics
 /// ([`Lane::stats`](crate::Lane::stats)). The counters are read one after another, not

@@ -6,20 +6,20 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::delivery::{AckHandle, Delivery};
+use super::delivery::{AckHandle, Delivery};
+use super::ring::{Ring, Take};
+use crate::error::{RecvError, RecvTimeoutError, TryRecvError};
 use crate::item::Item;
-use crate::ring::{Ring, Take};
 use crate::sync::Arc;
-use crate::wait;
-use crate::{RecvError, TryRecvError};
 
 /// The receiving end of one lane.
 ///
 /// Receiving hands out a [`Delivery`]; several may be outstanding at once and be acked in any
-/// order from any thread (L5). Released items (nacked, or dropped un-acked) are redelivered
-/// before any new item (L2, L6). Asking the stream for the lane's consumer again re-attaches
-/// (L8): this consumer is detached (`Detached` from then on) and its unacked items go to the new
-/// one.
+/// order from any thread ([L5](crate::contract#l5)). Released items (nacked, or dropped
+/// un-acked) are redelivered before any new item ([L2](crate::contract#l2),
+/// [L6](crate::contract#l6)). A re-attach ([`Lane::reattach`](crate::Lane::reattach)) detaches
+/// this consumer (`Detached` from then on) and hands its unacked items to the new one
+/// ([L8](crate::contract#l8)); dropping it lets [`Lane::attach`](crate::Lane::attach) succeed.
 ///
 /// `Consumer<T>` is `Send` only when `T: Send + Sync`.
 ///
@@ -28,7 +28,7 @@ use crate::{RecvError, TryRecvError};
 /// let stream = MemoryStream::builder().capacity(4).sink("cache").build().unwrap();
 /// let lane = stream.lane("cache").unwrap();
 /// let mut producer = lane.producer().unwrap();
-/// let mut consumer = lane.consumer();
+/// let mut consumer = lane.attach().unwrap();
 /// producer.publish(LaneItem::Batch(Batch::new(Some(Position(7)), Vec::new().into()))).unwrap();
 /// producer.close();
 /// while let Some(delivery) = consumer.recv().unwrap() {
@@ -41,13 +41,16 @@ pub struct Consumer<T> {
     ring: Arc<Ring<T>>,
     epoch: u64,
     cached_tail: u64,
+    /// The waker registration of `poll_recv`.
+    poll_key: Option<u64>,
 }
 
 impl<T: Item> Consumer<T> {
-    /// Attaches a new consumer to `ring`, detaching the previous one.
-    pub(crate) fn attach(ring: Arc<Ring<T>>) -> Consumer<T> {
-        let epoch = ring.attach();
-        Consumer { ring, epoch, cached_tail: 0 }
+    /// Attaches a new consumer to `ring`, detaching the previous one if `detach`, else refusing
+    /// (`None`) while one is attached.
+    pub(crate) fn attach(ring: Arc<Ring<T>>, detach: bool) -> Option<Consumer<T>> {
+        let epoch = ring.attach(detach)?;
+        Some(Consumer { ring, epoch, cached_tail: 0, poll_key: None })
     }
 
     fn step(&mut self) -> Result<Delivery<T>, TryRecvError> {
@@ -78,37 +81,57 @@ impl<T: Item> Consumer<T> {
     /// # Errors
     /// [`RecvError::Detached`] if a newer consumer took the lane, including while waiting.
     pub fn recv(&mut self) -> Result<Option<Delivery<T>>, RecvError> {
-        self.recv_until(None)
+        match self.recv_until(None) {
+            Ok(d) => Ok(d),
+            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
+            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
+        }
     }
 
     /// As [`recv`](Consumer::recv), waiting at most `timeout`.
     ///
     /// # Errors
-    /// [`RecvError::Timeout`] if nothing arrived in time, [`RecvError::Detached`] as for `recv`.
-    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Delivery<T>>, RecvError> {
+    /// [`RecvTimeoutError::Timeout`] if nothing arrived in time (nothing changed),
+    /// [`RecvTimeoutError::Detached`] as for `recv`.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
         self.recv_until(Some(Instant::now() + timeout))
     }
 
-    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Option<Delivery<T>>, RecvError> {
+    /// As [`recv`](Consumer::recv), waiting until `deadline` at most.
+    ///
+    /// # Errors
+    /// As [`recv_timeout`](Consumer::recv_timeout).
+    pub fn recv_deadline(&mut self, deadline: Instant) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
+        self.recv_until(Some(deadline))
+    }
+
+    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
         loop {
             match self.step() {
                 Ok(d) => return Ok(Some(d)),
                 Err(TryRecvError::Closed) => return Ok(None),
-                Err(TryRecvError::Detached) => return Err(RecvError::Detached),
+                Err(TryRecvError::Detached) => return Err(RecvTimeoutError::Detached),
                 Err(TryRecvError::Empty) => {}
             }
-            let (ring, epoch) = (&self.ring, self.epoch);
-            if wait::block_until(
-                &ring.items,
-                || ring.want_items(),
-                deadline,
-                || ring.readable(epoch).then_some(()),
-            )
-            .is_none()
-            {
-                return Err(RecvError::Timeout);
+            if !self.ring.wait_readable(self.epoch, deadline) {
+                return Err(RecvTimeoutError::Timeout);
             }
         }
+    }
+
+    /// One poll of an asynchronous receive, for hand-written futures and `Stream` adapters:
+    /// `Ready` as [`recv`](Consumer::recv) would return, or `Pending` with `cx`'s waker
+    /// registered. A consumer keeps one registration, replaced on every poll (so re-polling with
+    /// a new waker never grows a list); it is cancelled when the consumer is dropped or a poll
+    /// returns `Ready`.
+    ///
+    /// # Errors
+    /// [`RecvError::Detached`].
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Delivery<T>>, RecvError>> {
+        let mut key = self.poll_key.take();
+        let polled = poll_step(self, &mut key, cx);
+        self.poll_key = key;
+        polled
     }
 
     /// Receives the next item, waiting asynchronously; works on any executor. Same results as
@@ -143,40 +166,57 @@ pub struct Recv<'a, T> {
     key: Option<u64>,
 }
 
+impl<T> fmt::Debug for Recv<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recv")
+            .field("epoch", &self.consumer.epoch)
+            .field("waiting", &self.key.is_some())
+            .finish()
+    }
+}
+
 impl<T: Item> Future for Recv<'_, T> {
     type Output = Result<Option<Delivery<T>>, RecvError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        loop {
-            let done = match this.consumer.step() {
-                Ok(d) => Ok(Some(d)),
-                Err(TryRecvError::Closed) => Ok(None),
-                Err(TryRecvError::Detached) => Err(RecvError::Detached),
-                Err(TryRecvError::Empty) => {
-                    let (ring, epoch) = (&this.consumer.ring, this.consumer.epoch);
-                    if wait::poll_until(
-                        &ring.items,
-                        || ring.want_items(),
-                        &mut this.key,
-                        cx.waker(),
-                        || ring.readable(epoch).then_some(()),
-                    )
-                    .is_none()
-                    {
-                        return Poll::Pending;
-                    }
-                    continue;
-                }
-            };
-            this.consumer.ring.items.cancel(&mut this.key);
-            return Poll::Ready(done);
-        }
+        poll_step(this.consumer, &mut this.key, cx)
     }
 }
 
 impl<T> Drop for Recv<'_, T> {
     fn drop(&mut self) {
-        self.consumer.ring.items.cancel(&mut self.key);
+        self.consumer.ring.cancel_readable(&mut self.key);
+    }
+}
+
+impl<T> Drop for Consumer<T> {
+    fn drop(&mut self) {
+        self.ring.cancel_readable(&mut self.poll_key);
+        self.ring.detach(self.epoch);
+    }
+}
+
+/// Receives, or registers `cx`'s waker under `key` and returns `Pending`; cancels the
+/// registration when it returns `Ready`.
+fn poll_step<T: Item>(
+    consumer: &mut Consumer<T>,
+    key: &mut Option<u64>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<Delivery<T>>, RecvError>> {
+    loop {
+        let done = match consumer.step() {
+            Ok(d) => Ok(Some(d)),
+            Err(TryRecvError::Closed) => Ok(None),
+            Err(TryRecvError::Detached) => Err(RecvError::Detached),
+            Err(TryRecvError::Empty) => {
+                if !consumer.ring.poll_readable(consumer.epoch, key, cx.waker()) {
+                    return Poll::Pending;
+                }
+                continue;
+            }
+        };
+        consumer.ring.cancel_readable(key);
+        return Poll::Ready(done);
     }
 }

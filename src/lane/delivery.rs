@@ -3,10 +3,11 @@
 use std::fmt;
 use std::ops::Deref;
 
+use super::ring::{attempt, Ring};
+use crate::error::AckError;
 use crate::item::Item;
-use crate::ring::{attempt, Ring};
+use crate::position::Position;
 use crate::sync::Arc;
-use crate::{AckError, Position};
 
 /// The right to ack or nack one delivery. Acking consumes it, so acking twice is impossible
 /// (L7); dropping it nacks (L6).
@@ -91,7 +92,7 @@ impl<T> fmt::Debug for AckHandle<T> {
 /// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(2).sink("s").build().unwrap();
 /// let lane = stream.lane("s").unwrap();
-/// let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.consumer());
+/// let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
 /// producer.publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
 /// let first = consumer.try_recv().unwrap();
 /// assert_eq!(first.attempt(), 1);

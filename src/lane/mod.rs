@@ -1,0 +1,161 @@
+//! One lane: a bounded single-producer/single-consumer ring whose slots are reused only after
+//! their item is acked, and its ends.
+//!
+//! - [`ring`] (private): the shared state and its protocol, one room per side: the slot state
+//!   word, the producer side, the consumer side and its seat, acks and the advancer, counters.
+//! - [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`]: the ends users hold.
+//! - `wait` (private): spin-then-park and async waker lists, used only by the ring.
+//! - [`Lane`]: a handle that hands out the ends; [`Lane::standalone`] builds one outside any
+//!   stream for any [`Item`] type.
+
+mod consumer;
+mod delivery;
+mod producer;
+mod ring;
+mod stats;
+mod wait;
+
+use std::fmt;
+
+pub use self::consumer::{Consumer, Recv};
+pub use self::delivery::{AckHandle, Delivery};
+pub use self::producer::{Producer, Publish};
+pub(crate) use self::ring::{ProducerState, Ring};
+pub use self::stats::LaneStats;
+
+use crate::error::{BuildError, StreamError};
+use crate::item::{Item, LaneItem};
+use crate::name::SinkName;
+use crate::position::Position;
+use crate::stream::watermark::AckedMark;
+use crate::sync::Arc;
+
+/// The most slots a lane may have: 2^24 (16,777,216). A slot takes at least one 64-byte cache
+/// line, so the largest lane holds 1 GiB of slots; larger capacities are refused at build time
+/// with [`BuildError::CapacityTooLarge`] rather than failing to allocate.
+pub const MAX_CAPACITY: usize = 1 << 24;
+
+/// Checks a capacity asked for `what`.
+pub(crate) fn check_capacity(capacity: usize, what: &'static str) -> Result<(), BuildError> {
+    if capacity == 0 {
+        return Err(BuildError::ZeroCapacity(what));
+    }
+    if capacity > MAX_CAPACITY {
+        return Err(BuildError::CapacityTooLarge { what, capacity });
+    }
+    Ok(())
+}
+
+/// A handle on one lane: get its [`Producer`] and [`Consumer`], read its statistics. Cheap to
+/// clone.
+///
+/// A stream's lanes carry [`LaneItem`]s. [`Lane::standalone`] builds a lane outside any stream,
+/// for any [`Item`] type (its acked position counts for no watermark).
+pub struct Lane<T = LaneItem> {
+    name: SinkName,
+    ring: Arc<Ring<T>>,
+}
+
+impl<T> Clone for Lane<T> {
+    fn clone(&self) -> Self {
+        Lane { name: self.name.clone(), ring: self.ring.clone() }
+    }
+}
+
+impl<T> Lane<T> {
+    /// The lane of `name` over a new ring.
+    pub(crate) fn new(name: SinkName, ring: Ring<T>) -> Lane<T> {
+        Lane { name, ring: Arc::new(ring) }
+    }
+}
+
+impl<T: Item> Lane<T> {
+    /// A lane of `capacity` slots outside any stream, carrying `T`.
+    ///
+    /// ```
+    /// use lanestream::{Item, Lane, Position, SinkName};
+    /// #[derive(Debug)]
+    /// struct Tick(u64);
+    /// impl Item for Tick {
+    ///     fn position(&self) -> Option<Position> { Some(Position(self.0)) }
+    /// }
+    /// let lane = Lane::standalone(SinkName::new("ticks").unwrap(), 3).unwrap();
+    /// let (mut tx, mut rx) = (lane.producer().unwrap(), lane.attach().unwrap());
+    /// tx.publish(Tick(5)).unwrap();
+    /// rx.try_recv().unwrap().ack().unwrap();
+    /// assert_eq!(lane.acked(), Some(Position(5)));
+    /// ```
+    ///
+    /// # Errors
+    /// [`BuildError::ZeroCapacity`] for a capacity of 0, [`BuildError::CapacityTooLarge`] above
+    /// [`MAX_CAPACITY`].
+    pub fn standalone(name: SinkName, capacity: usize) -> Result<Lane<T>, BuildError> {
+        check_capacity(capacity, "a standalone lane")?;
+        Ok(Lane::new(name, Ring::new(capacity, AckedMark::standalone())))
+    }
+
+    /// The sink this lane feeds.
+    pub fn name(&self) -> &SinkName {
+        &self.name
+    }
+
+    /// The lane's producer (L9).
+    ///
+    /// # Errors
+    /// [`StreamError::ProducerBusy`] while another producer of this lane is alive. Once it is
+    /// dropped (a restarted ingest engine), this succeeds at once and publishing continues after
+    /// the last published item and position.
+    pub fn producer(&self) -> Result<Producer<T>, StreamError> {
+        let state = self.ring.claim_producer().ok_or_else(|| StreamError::ProducerBusy(self.name.clone()))?;
+        Ok(Producer::new(self.ring.clone(), state))
+    }
+
+    /// A consumer of the lane, refusing while another consumer of it is alive.
+    ///
+    /// Deliveries still outstanding from a consumer that was dropped are taken back as by
+    /// [`reattach`](Lane::reattach): a late ack of one either lands or is refused with
+    /// [`AckError::Detached`](crate::AckError::Detached) and the item is redelivered.
+    ///
+    /// # Errors
+    /// [`StreamError::ConsumerAttached`] while another consumer of the lane is alive.
+    pub fn attach(&self) -> Result<Consumer<T>, StreamError> {
+        Consumer::attach(self.ring.clone(), false)
+            .ok_or_else(|| StreamError::ConsumerAttached(self.name.clone()))
+    }
+
+    /// A consumer of the lane that detaches whoever is attached ([L8](crate::contract#l8)):
+    /// the previous consumer's receives return `Detached` from then on, and every unacked item is
+    /// redelivered to the new one, in order. Never fails. For a restarted sink engine.
+    pub fn reattach(&self) -> Consumer<T> {
+        Consumer::attach(self.ring.clone(), true).expect("a re-attach never refuses")
+    }
+
+    /// Closes the lane, as [`Producer::close`] does, without holding the producer: for a
+    /// supervisor shutting a pipeline down while the producer waits in `publish` (L10). Wakes
+    /// every waiter; a waiting publish returns `Closed` with its item.
+    pub fn close(&self) {
+        self.ring.close();
+    }
+
+    /// The lane's acked position (L5): the position of the last positioned item in the
+    /// contiguous acked prefix.
+    pub fn acked(&self) -> Option<Position> {
+        self.ring.acked()
+    }
+
+    /// The lane's counters, read lock-free.
+    pub fn stats(&self) -> LaneStats {
+        self.ring.stats()
+    }
+
+    /// Whether the lane has nothing queued, released or unacked.
+    pub fn is_idle(&self) -> bool {
+        self.ring.is_idle()
+    }
+}
+
+impl<T: Item> fmt::Debug for Lane<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lane").field("name", &self.name).field("stats", &self.stats()).finish()
+    }
+}

@@ -1,0 +1,244 @@
+//! The ring: a bounded single-producer/single-consumer ring of items whose slots are reused only
+//! after their item is acked, with out-of-order acks, releases, redelivery and consumer re-attach.
+//!
+//! # Indices
+//! Four monotonically increasing `u64` counters (they never wrap in practice: 2^64 items) split
+//! the published items into ranges; item `i` lives in slot `i % capacity`:
+//!
+//! ```text
+//!   free           acked_end       next           tail
+//!    | acked, read  |  delivered    |   queued     |   (empty slots)
+//!    | by a stale   |  released     |              |
+//!    | handle       |  acked (*)    |              |
+//! ```
+//! - `tail`: items published (stored shifted left by one; bit 0 is `ITEMS_WANTED`). Advanced
+//!   only by the producer.
+//! - `next`: the first never-delivered item. Written only by the seated consumer.
+//! - `acked_end`: the end of the contiguous acked prefix (L5); the lane's acked position is the
+//!   last positioned item below it. Written only by the advancer (see below).
+//! - `free`: every item below it was acked and its slot emptied. Written only by the advancer.
+//!   `free < acked_end` only while a detached consumer's stale handle still reads an acked
+//!   item. The producer may fill slot `tail` while `tail - free < capacity`.
+//!
+//! (*) an acked item inside `acked_end..next` waits there until every item before it is acked.
+//!
+//! # Slot states
+//! Each slot has one state word `gen:24 | holders:16 | attempt:16 | tag:8`. Tags: `EMPTY` (free,
+//! or published and not yet delivered: `tail`/`next` tell which), `DELIVERED` (the current
+//! delivery's handle may ack or nack it), `RELEASED` (nacked or taken back by a re-attach: waits
+//! for redelivery) and `ACKED`. `gen` counts the slot's deliveries, so a handle names exactly one
+//! delivery: an ack or nack from a handle whose delivery was taken back finds another `gen` (or
+//! tag) and fails instead of touching a later delivery.
+//!
+//! `holders` counts live handles reading the slot's item. A re-attach can release an item while
+//! the detached consumer's handle still reads it; the slot is emptied only when it is acked **and**
+//! `holders == 0`, so no slot is reused while a redelivery (or a stale delivery) reads it. Because
+//! a stale handle keeps its item in the slot, `gen` only has to tell apart the deliveries of one
+//! item while a stale handle of it lives: an ABA needs 2^24 redeliveries of that one item in the
+//! meantime, and even then the item is acked once, never lost.
+//!
+//! Keeping the holders in the state word makes an ack one compare-and-swap.
+//!
+//! # The advancer
+//! Acks come from any thread. Moving `free` forward is done by one thread at a time, the
+//! advancer, chosen without a lock by the `advance` word: every thread that may have made
+//! progress possible adds one request; the thread that moved the count from 0 advances, then
+//! tries to swap the word it saw back to 0; if more requests arrived meanwhile it advances again.
+//! A request is never lost because all of them are RMWs on one atomic, totally ordered (no
+//! `SeqCst` needed). Bit 0 of `advance` is `ROOM_WANTED`: a producer waiting for room sets it
+//! (RMW) before re-checking `free`; the advancer's final swap sees it and wakes the producer. So
+//! an ack wakes nobody, at no cost, when nobody waits.
+//!
+//! # Waking the consumer
+//! Bit 0 of `tail` is `ITEMS_WANTED`: a consumer about to wait sets it (RMW) before re-checking
+//! `tail`, and publishing is one `fetch_add` on `tail` that sees the bit. Rare events (nack,
+//! close, re-attach) notify through the wait list's own counter (`wait.rs`).
+//!
+//! # The seat
+//! `seat` holds the consumer epoch (`epoch << 1`) and a `BUSY` bit. A consumer takes the seat
+//! with a compare-and-swap from its own epoch for each non-blocking receive step; a re-attach
+//! waits for the seat to be idle, takes it with the next epoch, releases every `DELIVERED` slot
+//! and gives the seat back. The old consumer's next step fails its swap: `Detached`.
+//!
+//! The memory-ordering pairs are named at each atomic operation (`Release` ... pairs with ...).
+
+mod ack;
+mod publish;
+mod receive;
+mod slot;
+mod stats;
+
+pub(crate) use self::publish::ProducerState;
+pub(crate) use self::receive::Take;
+pub(crate) use self::slot::attempt;
+
+use std::mem::MaybeUninit;
+use std::panic::{self, AssertUnwindSafe};
+use std::ptr;
+
+use crossbeam_utils::CachePadded;
+
+use self::slot::{Slot, EMPTY};
+use crate::lane::wait::WaitList;
+use crate::stream::watermark::AckedMark;
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
+
+/// "No position" in a slot and in `last_published`.
+pub(crate) const NO_POSITION: u64 = u64::MAX;
+
+/// Bit 0 of `tail`: a consumer waits for items.
+const ITEMS_WANTED: u64 = 1;
+/// One published item in `tail`.
+const TAIL_ONE: u64 = 2;
+/// Bit 0 of `advance`: a producer waits for room.
+const ROOM_WANTED: usize = 1;
+/// One advance request in `advance`.
+const REQUEST_ONE: usize = 2;
+
+/// Written by the producer (one cache line).
+struct ProducerLine {
+    /// `published << 1 | ITEMS_WANTED`.
+    tail: AtomicU64,
+    last_published: AtomicU64,
+}
+
+/// Written by the seated consumer, and by nacks (`released`) and re-attach (one cache line).
+struct ConsumerLine {
+    next: AtomicU64,
+    seat: AtomicU64,
+    released: AtomicUsize,
+    delivered: AtomicU64,
+    redelivered: AtomicU64,
+}
+
+/// Written by the advancer, and by ackers' requests (one cache line).
+struct AdvancerLine {
+    free: AtomicU64,
+    /// The end of the contiguous acked prefix (`free <= acked_end <= next`); items in
+    /// `free..acked_end` are acked but still read by a stale handle (their slots wait).
+    acked_end: AtomicU64,
+    /// `requests << 1 | ROOM_WANTED` (module docs).
+    advance: AtomicUsize,
+}
+
+/// Read-only after build, read by every side (one cache line, never written).
+struct Shape<T> {
+    slots: Box<[Slot<T>]>,
+    capacity: u64,
+    /// `capacity - 1` when the capacity is a power of two, else `u64::MAX` (use `%`).
+    mask: u64,
+    /// Where this lane's acked position is published for the watermark.
+    mark: AckedMark,
+}
+
+/// One lane's shared state, grouped by writer so that no two sides write one cache line (Rust
+/// reorders plain fields, so the groups are padded structs, not field order).
+pub(crate) struct Ring<T> {
+    prod: CachePadded<ProducerLine>,
+    cons: CachePadded<ConsumerLine>,
+    adv: CachePadded<AdvancerLine>,
+    shape: CachePadded<Shape<T>>,
+    // Cold: written on close, producer hand-over and waits only.
+    closed: AtomicBool,
+    producer_live: AtomicBool,
+    /// Consumers wait here for items; notified by publish (when `ITEMS_WANTED`), nack, close
+    /// and re-attach.
+    items: WaitList,
+    /// Producers wait here for room; notified by the advancer (when `ROOM_WANTED`) and close.
+    room: WaitList,
+}
+
+/// Bit 0 of `seat`: the seated consumer (or a re-attach) is inside a step.
+const BUSY: u64 = 1;
+/// Bit 1 of `seat`: a consumer of the current epoch is alive.
+const ATTACHED: u64 = 2;
+/// The epoch sits above the two flag bits of `seat`.
+const EPOCH_SHIFT: u32 = 2;
+
+// SAFETY: the ring hands out `&T` to handles on other threads (needs `T: Sync`) and moves `T`
+// between the producer, the consumer's threads and the advancer (needs `T: Send`). All other
+// fields are atomics, or cells whose accesses the protocol in the module docs serialises.
+unsafe impl<T: Send + Sync> Sync for Ring<T> {}
+// SAFETY: as above; the ring owns `T`s and drops them on whatever thread drops it last.
+unsafe impl<T: Send + Sync> Send for Ring<T> {}
+
+impl<T> Ring<T> {
+    /// A ring of `capacity` (>= 1) slots whose acked position is published to `mark`.
+    pub(crate) fn new(capacity: usize, mark: AckedMark) -> Ring<T> {
+        assert!(capacity > 0, "ring capacity must be at least 1");
+        let slots = (0..capacity)
+            .map(|_| Slot {
+                state: AtomicU64::new(EMPTY),
+                position: UnsafeCell::new(NO_POSITION),
+                item: UnsafeCell::new(MaybeUninit::uninit()),
+            })
+            .collect();
+        let capacity = capacity as u64;
+        Ring {
+            prod: CachePadded::new(ProducerLine {
+                tail: AtomicU64::new(0),
+                last_published: AtomicU64::new(NO_POSITION),
+            }),
+            cons: CachePadded::new(ConsumerLine {
+                next: AtomicU64::new(0),
+                seat: AtomicU64::new(0),
+                released: AtomicUsize::new(0),
+                delivered: AtomicU64::new(0),
+                redelivered: AtomicU64::new(0),
+            }),
+            adv: CachePadded::new(AdvancerLine {
+                free: AtomicU64::new(0),
+                acked_end: AtomicU64::new(0),
+                advance: AtomicUsize::new(0),
+            }),
+            shape: CachePadded::new(Shape {
+                slots,
+                capacity,
+                mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
+                mark,
+            }),
+            closed: AtomicBool::new(false),
+            producer_live: AtomicBool::new(false),
+            items: WaitList::new(2),
+            room: WaitList::new(2),
+        }
+    }
+
+    #[inline]
+    fn slot(&self, index: u64) -> &Slot<T> {
+        let i =
+            if self.shape.mask != u64::MAX { index & self.shape.mask } else { index % self.shape.capacity };
+        debug_assert!(i < self.shape.capacity);
+        // SAFETY: `i < capacity == slots.len()` by the mask/modulo above.
+        unsafe { self.shape.slots.get_unchecked(i as usize) }
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.shape.capacity
+    }
+}
+
+impl<T> Drop for Ring<T> {
+    /// M3: drops every item still in the ring (published and not yet emptied by an ack). Keeps
+    /// going when an item's Drop panics, then resumes the first panic.
+    fn drop(&mut self) {
+        // `&mut self`: no other thread can hold a handle (each holds an `Arc` of the ring).
+        let free = self.adv.free.load(Ordering::Relaxed);
+        let tail = self.prod.tail.load(Ordering::Relaxed) >> 1;
+        let cap = self.shape.slots.len() as u64;
+        let mut first_panic = None;
+        for i in free..tail {
+            let slot = &self.shape.slots[(i % cap) as usize];
+            // SAFETY: items `free..tail` are initialised and nothing else references them now.
+            let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
+            if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {
+                first_panic.get_or_insert(p);
+            }
+        }
+        if let Some(p) = first_panic {
+            if !std::thread::panicking() {
+                panic::resume_unwind(p);
+            }
+        }
+    }
+}

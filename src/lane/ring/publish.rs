@@ -1,0 +1,202 @@
+//! The producer side: claiming the role, publishing into the slot at `tail`, waiting for room,
+//! closing.
+
+use std::task::Waker;
+use std::time::Instant;
+
+use super::{Ring, ITEMS_WANTED, NO_POSITION, ROOM_WANTED, TAIL_ONE};
+use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
+use crate::item::Item;
+use crate::lane::wait;
+use crate::position::Position;
+use crate::sync::Ordering;
+
+impl<T> Ring<T> {
+    /// Items published so far.
+    #[inline]
+    pub(super) fn published(&self) -> u64 {
+        // Acquire: pairs with the producer's Release `fetch_add` on `tail` (the slot's item and
+        // position are initialised).
+        self.prod.tail.load(Ordering::Acquire) >> 1
+    }
+
+    /// Claims the producer role. `None` if a live producer holds it (L9).
+    pub(crate) fn claim_producer(&self) -> Option<ProducerState> {
+        // Acquire: pairs with `release_producer`'s Release, so a restarted producer sees the
+        // previous producer's `tail` and `last_published`.
+        self.producer_live.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok()?;
+        Some(ProducerState {
+            // Relaxed: advanced only by producers, ordered by the claim above.
+            tail: self.prod.tail.load(Ordering::Relaxed) >> 1,
+            cached_free: self.adv.free.load(Ordering::Acquire),
+            last: self.prod.last_published.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Gives the producer role back.
+    pub(crate) fn release_producer(&self) {
+        // Release: pairs with `claim_producer`'s Acquire.
+        self.producer_live.store(false, Ordering::Release);
+    }
+
+    /// Publishes `item` unless the lane is closed, full, or the position regresses.
+    ///
+    /// The caller must hold the producer role (the `ProducerState` came from `claim_producer`
+    /// and is used by one thread at a time).
+    pub(crate) fn try_push(&self, p: &mut ProducerState, item: T) -> Result<(), TryPublishError<T>>
+    where
+        T: Item,
+    {
+        // Acquire: pairs with `close`'s Release (for a restarted producer's sake).
+        if self.closed.load(Ordering::Acquire) {
+            return Err(TryPublishError::Closed(item));
+        }
+        let position = match item.position() {
+            Some(Position(u64::MAX)) => return Err(TryPublishError::InvalidPosition(item)),
+            Some(pos) => {
+                if p.last != NO_POSITION && pos.0 <= p.last {
+                    return Err(TryPublishError::PositionRegressed {
+                        item,
+                        position: pos,
+                        last: Position(p.last),
+                    });
+                }
+                pos.0
+            }
+            None => NO_POSITION,
+        };
+        if p.tail - p.cached_free >= self.shape.capacity {
+            // Acquire: pairs with the advancer's Release store of `free`: the slot's old item
+            // was moved out before we overwrite it.
+            p.cached_free = self.adv.free.load(Ordering::Acquire);
+            if p.tail - p.cached_free >= self.shape.capacity {
+                return Err(TryPublishError::Full(item));
+            }
+        }
+        let slot = self.slot(p.tail);
+        // SAFETY: item `tail` is not published, and `tail - free < capacity` means the slot's
+        // previous item (`tail - capacity`) was moved out by the advancer, which then stored
+        // `free` with Release (acquired above). No other thread touches the slot's cells until
+        // the `tail` update below publishes them.
+        unsafe {
+            slot.item.with_mut(|c| (*c).write(item));
+            slot.position.with_mut(|c| *c = position);
+        }
+        p.tail += 1;
+        if position != NO_POSITION {
+            p.last = position;
+            // Relaxed: statistics, and a restarted producer reads it after `claim_producer`.
+            self.prod.last_published.store(position, Ordering::Relaxed);
+        }
+        // Release: pairs with the consumer's Acquire loads of `tail` (publishes the slot).
+        // An RMW, so it also sees an `ITEMS_WANTED` set by a consumer about to wait: either we
+        // see the bit, or the consumer's RMW comes after ours and its re-check sees the item.
+        let before = self.prod.tail.fetch_add(TAIL_ONE, Ordering::Release);
+        if before & ITEMS_WANTED != 0 {
+            // Relaxed: the wait list's own RMWs order the wake-up.
+            self.prod.tail.fetch_and(!ITEMS_WANTED, Ordering::Relaxed);
+            self.items.notify();
+        }
+        Ok(())
+    }
+
+    /// Marks that a consumer is about to wait for items (before its re-check).
+    pub(crate) fn want_items(&self) {
+        // AcqRel RMW: see `try_push`.
+        self.prod.tail.fetch_or(ITEMS_WANTED, Ordering::AcqRel);
+    }
+
+    /// Marks that a producer is about to wait for room (before its re-check).
+    pub(crate) fn want_room(&self) {
+        // AcqRel RMW: totally ordered with the advancer's final compare-and-swap, which either
+        // sees the bit (and wakes us) or is read by this RMW, so our re-check sees its `free`.
+        self.adv.advance.fetch_or(ROOM_WANTED, Ordering::AcqRel);
+    }
+
+    /// Whether a publish could make progress now: room in the ring, or the lane closed.
+    fn writable(&self) -> bool {
+        // Acquire: `free` as in `try_push`, `closed` pairs with `close`. Load `free` first: both
+        // counters only grow and `free <= tail`, so `tail - free` cannot underflow.
+        let free = self.adv.free.load(Ordering::Acquire);
+        self.closed.load(Ordering::Acquire) || self.published() - free < self.shape.capacity
+    }
+
+    /// Waits (spin, then park) until a publish could make progress. `false` if `deadline`
+    /// passed first.
+    fn wait_writable(&self, deadline: Option<Instant>) -> bool {
+        wait::block_until(&self.room, || self.want_room(), deadline, || self.writable().then_some(()))
+            .is_some()
+    }
+
+    /// One poll of the async form of [`wait_writable`](Ring::wait_writable); the caller keeps
+    /// `key` and cancels it when its future is dropped.
+    pub(crate) fn poll_writable(&self, key: &mut Option<u64>, waker: &Waker) -> bool {
+        wait::poll_until(&self.room, || self.want_room(), key, waker, || self.writable().then_some(()))
+            .is_some()
+    }
+
+    /// Cancels a registration made by [`poll_writable`](Ring::poll_writable) (a future dropped
+    /// or done).
+    pub(crate) fn cancel_writable(&self, key: &mut Option<u64>) {
+        self.room.cancel(key);
+    }
+
+    /// Publishes `item` with `try_push`, waiting for room while it comes back `Full`: the
+    /// blocking publish of the lane producer and of the request lane's senders.
+    pub(crate) fn publish_blocking(
+        &self,
+        mut item: T,
+        mut try_push: impl FnMut(T) -> Result<(), TryPublishError<T>>,
+    ) -> Result<(), PublishError<T>> {
+        loop {
+            match try_push(item).map_err(TryPublishError::into_waitable) {
+                Ok(()) => return Ok(()),
+                Err(Ok(back)) => item = back,
+                Err(Err(refused)) => return Err(refused),
+            }
+            self.wait_writable(None);
+        }
+    }
+
+    /// As [`publish_blocking`](Ring::publish_blocking), giving up at `deadline`.
+    pub(crate) fn publish_until(
+        &self,
+        mut item: T,
+        deadline: Instant,
+        mut try_push: impl FnMut(T) -> Result<(), TryPublishError<T>>,
+    ) -> Result<(), PublishTimeoutError<T>> {
+        loop {
+            match try_push(item).map_err(TryPublishError::into_waitable) {
+                Ok(()) => return Ok(()),
+                Err(Ok(back)) => item = back,
+                Err(Err(refused)) => return Err(refused.into()),
+            }
+            if !self.wait_writable(Some(deadline)) {
+                return Err(PublishTimeoutError::Timeout(item));
+            }
+        }
+    }
+
+    /// Closes the lane (L10): publishing fails with `Closed` from now on, consumers drain what
+    /// is queued or released and then see the end. Takes no slot. Wakes every waiter.
+    pub(crate) fn close(&self) {
+        // Release: pairs with the consumer's Acquire load of `closed`, which it makes before
+        // re-reading `tail`, so a consumer that sees the close also sees every item published
+        // before it.
+        self.closed.store(true, Ordering::Release);
+        self.items.notify();
+        self.room.notify();
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        // Acquire: pairs with `close`'s Release.
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// The producer's private view: its `tail`, its cached `free`, its last position.
+pub(crate) struct ProducerState {
+    pub(crate) tail: u64,
+    pub(super) cached_free: u64,
+    pub(super) last: u64,
+}

@@ -1,0 +1,252 @@
+//! The consumer side and its seat: attaching (and re-attaching), taking the next delivery
+//! (redeliveries first), the readiness checks used for waiting.
+
+use std::task::Waker;
+use std::time::Instant;
+
+use crossbeam_utils::Backoff;
+
+use super::slot::{attempt, delivered_word, tag, with_tag, DELIVERED, RELEASED};
+use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
+use crate::lane::wait;
+use crate::sync::Ordering;
+
+/// What the seated consumer found.
+pub(crate) enum Take {
+    /// A delivery of item `index`, with the slot's new state word.
+    Item {
+        index: u64,
+        word: u64,
+    },
+    Empty,
+    Closed,
+    Detached,
+}
+
+impl<T> Ring<T> {
+    /// Attaches a new consumer ([L8](crate::contract#l8)): takes the next epoch (detaching the
+    /// previous consumer, if any), releases every delivered item for redelivery, and returns the
+    /// new epoch. With `detach == false`, refuses (`None`) while a consumer is attached.
+    pub(crate) fn attach(&self, detach: bool) -> Option<u64> {
+        let backoff = Backoff::new();
+        // Relaxed: the compare-and-swap below is what synchronises.
+        let mut seat = self.cons.seat.load(Ordering::Relaxed);
+        loop {
+            if !detach && seat & ATTACHED != 0 {
+                return None;
+            }
+            if seat & BUSY != 0 {
+                // The old consumer is inside a non-blocking receive step; it ends shortly.
+                crate::sync::spin(&backoff);
+                seat = self.cons.seat.load(Ordering::Relaxed);
+                continue;
+            }
+            // Acquire: pairs with the Release of the last seat-holder (the old consumer leaving
+            // a receive step, or dropping), so its `next` and slot writes are visible here.
+            let epoch = (seat >> EPOCH_SHIFT) + 1;
+            match self.cons.seat.compare_exchange_weak(
+                seat,
+                (epoch << EPOCH_SHIFT) | ATTACHED | BUSY,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => seat = now,
+            }
+        }
+        let epoch = (seat >> EPOCH_SHIFT) + 1;
+        // Relaxed: the seat's Acquire above ordered us after the last consumer that wrote it.
+        let next = self.cons.next.load(Ordering::Relaxed);
+        // Acquire: pairs with the advancer's Release store of `free` (slots below are empty).
+        let mut i = self.adv.free.load(Ordering::Acquire);
+        while i < next {
+            let slot = self.slot(i);
+            let mut word = slot.state.load(Ordering::Acquire);
+            // AcqRel: races a late ack or nack of the same delivery, and stale handles ending
+            // (holder count); exactly one of ack and take-back wins (L8).
+            while tag(word) == DELIVERED {
+                match slot.state.compare_exchange_weak(
+                    word,
+                    with_tag(word, RELEASED),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        // Release: pairs with the consumer's Acquire load of `released`.
+                        self.cons.released.fetch_add(1, Ordering::Release);
+                        break;
+                    }
+                    Err(now) => word = now,
+                }
+            }
+            i += 1;
+        }
+        // Release: pairs with the next seat-taker's Acquire.
+        self.cons.seat.store((epoch << EPOCH_SHIFT) | ATTACHED, Ordering::Release);
+        // Wake a detached consumer parked in `recv`, so it returns `Detached`.
+        self.items.notify();
+        Some(epoch)
+    }
+
+    /// The consumer of `epoch` goes away: the seat shows no attached consumer, unless a newer
+    /// one took it already.
+    pub(crate) fn detach(&self, epoch: u64) {
+        let seated = (epoch << EPOCH_SHIFT) | ATTACHED;
+        // Release: pairs with the next `attach`'s Acquire (our `next` and slot writes). The
+        // seat is never BUSY with our epoch here: only we set that, and we are not in a step.
+        let _ = self.cons.seat.compare_exchange(
+            seated,
+            epoch << EPOCH_SHIFT,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// One non-blocking receive step for the consumer of `epoch`: a redelivery first (L2, L6),
+    /// else the next queued item, else `Empty`/`Closed`. Never blocks (L12).
+    pub(crate) fn take(&self, epoch: u64, cached_tail: &mut u64) -> Take {
+        // Acquire: pairs with the Release that gave the seat back (a re-attach or our own
+        // previous step). Fails if another consumer was attached: our epoch is gone.
+        if self
+            .cons
+            .seat
+            .compare_exchange(
+                (epoch << EPOCH_SHIFT) | ATTACHED,
+                (epoch << EPOCH_SHIFT) | ATTACHED | BUSY,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return Take::Detached;
+        }
+        let taken = self.take_seated(cached_tail);
+        // Release: pairs with the next seat-taker's Acquire (re-attach reads `next` and the slot
+        // words we wrote).
+        self.cons.seat.store((epoch << EPOCH_SHIFT) | ATTACHED, Ordering::Release);
+        taken
+    }
+
+    fn take_seated(&self, cached_tail: &mut u64) -> Take {
+        // Relaxed: `next` is written only by the seated consumer; the seat's Acquire ordered us
+        // after the last writer.
+        let next = self.cons.next.load(Ordering::Relaxed);
+        // Relaxed: a count only says "scan"; the scan acquires each slot word. Nack counts
+        // before its switch to RELEASED, re-attach counts under the seat.
+        if self.cons.released.load(Ordering::Relaxed) > 0 {
+            if let Some(t) = self.take_released(next) {
+                return t;
+            }
+        }
+        // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
+        if next >= *cached_tail {
+            *cached_tail = self.published();
+            if next == *cached_tail {
+                // Acquire on `closed` then re-read `tail`: `close` stores with Release after the
+                // producer's last `tail` update, so a close we see brings every item before it.
+                if !self.closed.load(Ordering::Acquire) {
+                    return Take::Empty;
+                }
+                *cached_tail = self.published();
+                if next == *cached_tail {
+                    return Take::Closed;
+                }
+            }
+        }
+        let slot = self.slot(next);
+        // Relaxed: the slot's last writer (the advancer emptying it) is ordered before us by the
+        // `free` -> producer -> `tail` chain acquired above. No handle exists, so no holder.
+        let word = delivered_word(slot.state.load(Ordering::Relaxed), 1);
+        // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing else
+        // can change a queued slot's word, so a plain store suffices.
+        slot.state.store(word, Ordering::Release);
+        // Release: `next` is read by re-attach (after the seat) and by statistics.
+        self.cons.next.store(next + 1, Ordering::Release);
+        // Relaxed: statistics; only the seated consumer writes.
+        self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        Take::Item { index: next, word }
+    }
+
+    /// Redelivers the lowest released item below `next`, if any.
+    fn take_released(&self, next: u64) -> Option<Take> {
+        // Acquire: pairs with the advancer's Release of `free`.
+        let mut i = self.adv.free.load(Ordering::Acquire);
+        while i < next {
+            let slot = self.slot(i);
+            // Acquire: pairs with the Release (AcqRel) switch to RELEASED by nack or re-attach.
+            let mut word = slot.state.load(Ordering::Acquire);
+            if tag(word) == RELEASED {
+                // Re-read `free` after the state: if item `i` was still unreclaimed then, the
+                // slot held item `i` (a later item enters only after `i` is reclaimed), and a
+                // released item is never reclaimed. Otherwise start again from the new prefix.
+                let free = self.adv.free.load(Ordering::Acquire);
+                if free > i {
+                    i = free;
+                    continue;
+                }
+                // Only the seated consumer changes a RELEASED word's tag (acks and nacks expect
+                // DELIVERED), but stale handles ending may lower its holder count meanwhile.
+                let new = loop {
+                    let new = delivered_word(word, attempt(word).saturating_add(1));
+                    // Release: as for a first delivery.
+                    match slot.state.compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed) {
+                        Ok(_) => break new,
+                        Err(now) => word = now,
+                    }
+                };
+                // Relaxed: every RELEASED slot was counted before it showed RELEASED, so this
+                // never underflows.
+                self.cons.released.fetch_sub(1, Ordering::Relaxed);
+                self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                self.cons
+                    .redelivered
+                    .store(self.cons.redelivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                return Some(Take::Item { index: i, word: new });
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// The epoch of the current consumer (during a re-attach, of the one being attached).
+    pub(crate) fn epoch(&self) -> u64 {
+        // Acquire: pairs with the Release that gave the seat back.
+        self.cons.seat.load(Ordering::Acquire) >> EPOCH_SHIFT
+    }
+
+    /// Whether a receive could make progress now (for waiting): something queued or released,
+    /// the lane closed, or this consumer detached.
+    fn readable(&self, epoch: u64) -> bool {
+        // Acquire loads, as in `take_seated`.
+        (self.cons.seat.load(Ordering::Acquire) >> EPOCH_SHIFT) != epoch
+            || self.cons.released.load(Ordering::Acquire) > 0
+            || self.cons.next.load(Ordering::Acquire) != self.published()
+            || self.closed.load(Ordering::Acquire)
+    }
+
+    /// L11: nothing queued and nothing released.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.cons.released.load(Ordering::Acquire) == 0
+            && self.cons.next.load(Ordering::Acquire) == self.published()
+    }
+
+    /// Waits (spin, then park) until a receive by the consumer of `epoch` could make progress.
+    /// `false` if `deadline` passed first.
+    pub(crate) fn wait_readable(&self, epoch: u64, deadline: Option<Instant>) -> bool {
+        wait::block_until(&self.items, || self.want_items(), deadline, || self.readable(epoch).then_some(()))
+            .is_some()
+    }
+
+    /// One poll of the async form of [`wait_readable`](Ring::wait_readable): `true` if a
+    /// receive could make progress now, else `waker` is registered under `key` (replacing an
+    /// earlier registration, so re-polling never grows the list).
+    pub(crate) fn poll_readable(&self, epoch: u64, key: &mut Option<u64>, waker: &Waker) -> bool {
+        wait::poll_until(&self.items, || self.want_items(), key, waker, || self.readable(epoch).then_some(()))
+            .is_some()
+    }
+
+    /// Cancels a registration made by [`poll_readable`](Ring::poll_readable).
+    pub(crate) fn cancel_readable(&self, key: &mut Option<u64>) {
+        self.items.cancel(key);
+    }
+}

@@ -1,0 +1,261 @@
+//! The port: what an ingest engine and its sink engines need from a stream, whatever backs it.
+//!
+//! A backend supplies its own lane ends as associated types, so the in-memory hot path is
+//! statically dispatched (no boxing, no virtual calls) and another backend (a broker, say) can
+//! bring ends of its own. Every end offers the same method families on every backend:
+//!
+//! | family | blocking | never blocks | bounded wait | async |
+//! |---|---|---|---|---|
+//! | publish | `publish` | `try_publish` | `publish_timeout`, `publish_deadline` | `publish_async` |
+//! | receive | `recv` | `try_recv` | `recv_timeout`, `recv_deadline` | `recv_async` |
+//!
+//! Attaching a consumer comes in two forms: [`Stream::attach`] refuses while another consumer
+//! of the lane is attached ([`StreamError::ConsumerAttached`]); [`Stream::reattach`] detaches it
+//! and takes its unacked deliveries over ([L8](crate::contract#l8)).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::error::{
+    AckError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError, TryPublishError,
+    TryRecvError,
+};
+use crate::item::{LaneItem, Request};
+use crate::name::SinkName;
+use crate::position::Position;
+
+/// The stream port: lanes to the sinks, the request lane back, and the watermark.
+///
+/// Implemented by [`MemoryStream`](crate::MemoryStream). Code written against `S: Stream` runs
+/// on any backend; see [the contract](crate::contract) for the rules every backend keeps.
+///
+/// ```
+/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, MemoryStream, Position, Stream};
+///
+/// fn one_round<S: Stream>(stream: &S) -> Option<Position> {
+///     let mut producer = stream.producer("search").unwrap();
+///     let mut consumer = stream.attach("search").unwrap();
+///     producer.publish(LaneItem::Batch(Batch::new(Some(Position(9)), Vec::new().into()))).unwrap();
+///     consumer.try_recv().unwrap().ack().unwrap();
+///     stream.watermark()
+/// }
+/// let stream = MemoryStream::builder().sink("search").build().unwrap();
+/// assert_eq!(one_round(&stream), Some(Position(9)));
+/// ```
+pub trait Stream: Send + Sync {
+    /// The publishing end of one sink lane.
+    type Producer: LaneProducer<LaneItem>;
+    /// The receiving end of one sink lane.
+    type Consumer: LaneConsumer<LaneItem>;
+    /// A publisher of requests (any number, on any threads: [R1](crate::contract#r1)).
+    type RequestSender: RequestPublisher;
+    /// The ingest engine's receiving end of the request lane.
+    type RequestConsumer: LaneConsumer<Request>;
+
+    /// The sinks, in build order (fixed at build: [L1](crate::contract#l1)).
+    fn sinks(&self) -> &[SinkName];
+
+    /// The producer of `sink`'s lane ([L9](crate::contract#l9)).
+    ///
+    /// # Errors
+    /// [`StreamError::UnknownLane`]; [`StreamError::ProducerBusy`] while another producer of the
+    /// lane is alive.
+    fn producer(&self, sink: &str) -> Result<Self::Producer, StreamError>;
+
+    /// A consumer of `sink`'s lane, refusing while another consumer of it is attached.
+    ///
+    /// # Errors
+    /// [`StreamError::UnknownLane`]; [`StreamError::ConsumerAttached`] while another consumer of
+    /// the lane is alive (use [`reattach`](Stream::reattach) to take the lane over).
+    fn attach(&self, sink: &str) -> Result<Self::Consumer, StreamError>;
+
+    /// A consumer of `sink`'s lane that detaches whoever is attached ([L8](crate::contract#l8)):
+    /// the previous consumer's receives return `Detached` from then on and every unacked item is
+    /// redelivered to the new one, in order. For a restarted sink engine.
+    ///
+    /// # Errors
+    /// [`StreamError::UnknownLane`].
+    fn reattach(&self, sink: &str) -> Result<Self::Consumer, StreamError>;
+
+    /// Closes `sink`'s lane from outside the producer (a supervisor shutting down while the
+    /// producer waits): as [`LaneProducer::close`] ([L10](crate::contract#l10)).
+    ///
+    /// # Errors
+    /// [`StreamError::UnknownLane`].
+    fn close(&self, sink: &str) -> Result<(), StreamError>;
+
+    /// `sink`'s acked position ([L5](crate::contract#l5)).
+    ///
+    /// # Errors
+    /// [`StreamError::UnknownLane`].
+    fn acked(&self, sink: &str) -> Result<Option<Position>, StreamError>;
+
+    /// A sender on the request lane; clone it freely.
+    fn request_sender(&self) -> Self::RequestSender;
+
+    /// The ingest engine's consumer of the request lane, refusing while another is attached.
+    ///
+    /// # Errors
+    /// [`StreamError::RequestConsumerAttached`] while another request consumer is alive.
+    fn attach_requests(&self) -> Result<Self::RequestConsumer, StreamError>;
+
+    /// The ingest engine's consumer of the request lane, detaching whoever is attached (a
+    /// restarted ingest engine: [R2](crate::contract#r2)).
+    fn reattach_requests(&self) -> Self::RequestConsumer;
+
+    /// Closes the request lane: senders get `Closed`, the consumer drains, then ends.
+    fn close_requests(&self);
+
+    /// The minimum acked position over all lanes ([W1](crate::contract#w1)): `None` until every
+    /// lane has acked a positioned batch, and for a stream with no lanes. Never decreases as seen
+    /// from one thread ([W3](crate::contract#w3)).
+    fn watermark(&self) -> Option<Position>;
+
+    /// Whether every lane and the request lane have nothing queued, released, or
+    /// delivered-but-unacked ([W5](crate::contract#w5)).
+    fn is_idle(&self) -> bool;
+}
+
+/// The publishing end of a lane carrying `T` (at most one per lane: [L9](crate::contract#l9)).
+///
+/// Every error hands the item back untouched; nothing was enqueued.
+pub trait LaneProducer<T>: Send {
+    /// Publishes `item` if there is room now; never waits.
+    ///
+    /// # Errors
+    /// [`TryPublishError`]: `Full`, `Closed`, `PositionRegressed`, `InvalidPosition`.
+    fn try_publish(&mut self, item: T) -> Result<(), TryPublishError<T>>;
+
+    /// Publishes `item`, waiting while the lane is full ([L3](crate::contract#l3)).
+    ///
+    /// # Errors
+    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`.
+    fn publish(&mut self, item: T) -> Result<(), PublishError<T>>;
+
+    /// Publishes `item`, waiting until `deadline` at most.
+    ///
+    /// # Errors
+    /// [`PublishTimeoutError`]: `Timeout` or one of [`PublishError`]'s causes.
+    fn publish_deadline(&mut self, item: T, deadline: Instant) -> Result<(), PublishTimeoutError<T>>;
+
+    /// Publishes `item`, waiting `timeout` at most.
+    ///
+    /// # Errors
+    /// As [`publish_deadline`](LaneProducer::publish_deadline).
+    fn publish_timeout(&mut self, item: T, timeout: Duration) -> Result<(), PublishTimeoutError<T>> {
+        self.publish_deadline(item, Instant::now() + timeout)
+    }
+
+    /// Publishes `item`, waiting asynchronously while the lane is full; any executor.
+    fn publish_async(&mut self, item: T) -> impl Future<Output = Result<(), PublishError<T>>> + Send + '_;
+
+    /// Closes the lane ([L10](crate::contract#l10)); idempotent.
+    fn close(&self);
+
+    /// Whether the lane was closed.
+    fn is_closed(&self) -> bool;
+}
+
+/// The receiving end of a lane carrying `T`.
+pub trait LaneConsumer<T>: Send {
+    /// One received item and the right to ack or nack it.
+    type Delivery: LaneDelivery<T>;
+
+    /// Receives the next item if one is queued or released; never blocks ([L12](crate::contract#l12)).
+    ///
+    /// # Errors
+    /// [`TryRecvError`]: `Empty`, `Closed` (closed and drained), `Detached`.
+    fn try_recv(&mut self) -> Result<Self::Delivery, TryRecvError>;
+
+    /// Receives the next item, waiting while the lane is empty; `Ok(None)` once it is closed and
+    /// drained ([L10](crate::contract#l10)).
+    ///
+    /// # Errors
+    /// [`RecvError::Detached`].
+    fn recv(&mut self) -> Result<Option<Self::Delivery>, RecvError>;
+
+    /// As [`recv`](LaneConsumer::recv), waiting until `deadline` at most.
+    ///
+    /// # Errors
+    /// [`RecvTimeoutError`]: `Timeout` or `Detached`.
+    fn recv_deadline(&mut self, deadline: Instant) -> Result<Option<Self::Delivery>, RecvTimeoutError>;
+
+    /// As [`recv`](LaneConsumer::recv), waiting `timeout` at most.
+    ///
+    /// # Errors
+    /// As [`recv_deadline`](LaneConsumer::recv_deadline).
+    fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Self::Delivery>, RecvTimeoutError> {
+        self.recv_deadline(Instant::now() + timeout)
+    }
+
+    /// As [`recv`](LaneConsumer::recv), waiting asynchronously; any executor.
+    fn recv_async(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, RecvError>> + Send + '_;
+
+    /// The caught-up hint ([L11](crate::contract#l11)).
+    fn is_empty(&self) -> bool;
+
+    /// Whether a newer consumer of the lane detached this one.
+    fn is_detached(&self) -> bool;
+}
+
+/// One delivered item: read it, then ack or nack it. Dropping it un-acked nacks it
+/// ([L6](crate::contract#l6)).
+pub trait LaneDelivery<T>: Send {
+    /// The delivered item.
+    fn item(&self) -> &T;
+
+    /// Which delivery of the item this is: 1 for the first.
+    fn attempt(&self) -> u32;
+
+    /// Acknowledges the item ([L5](crate::contract#l5)).
+    ///
+    /// # Errors
+    /// [`AckError::Detached`] if a re-attach took the delivery back first ([L8](crate::contract#l8)).
+    fn ack(self) -> Result<(), AckError>;
+
+    /// Releases the item for redelivery before any new item ([L6](crate::contract#l6)).
+    fn nack(self);
+}
+
+/// Publishes [`Request`]s on the request lane; any number, concurrently ([R1](crate::contract#r1)).
+pub trait RequestPublisher: Clone + Send + Sync {
+    /// Publishes `request` if there is room now.
+    ///
+    /// # Errors
+    /// [`TryPublishError`]: `Full` or `Closed`, request handed back.
+    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>>;
+
+    /// Publishes `request`, waiting while the lane is full.
+    ///
+    /// # Errors
+    /// [`PublishError::Closed`], request handed back.
+    fn publish(&self, request: Request) -> Result<(), PublishError<Request>>;
+
+    /// Publishes `request`, waiting until `deadline` at most.
+    ///
+    /// # Errors
+    /// [`PublishTimeoutError`]: `Timeout` or `Closed`.
+    fn publish_deadline(
+        &self,
+        request: Request,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<Request>>;
+
+    /// Publishes `request`, waiting `timeout` at most.
+    ///
+    /// # Errors
+    /// As [`publish_deadline`](RequestPublisher::publish_deadline).
+    fn publish_timeout(
+        &self,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<(), PublishTimeoutError<Request>> {
+        self.publish_deadline(request, Instant::now() + timeout)
+    }
+
+    /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
+    fn publish_async(
+        &self,
+        request: Request,
+    ) -> impl Future<Output = Result<(), PublishError<Request>>> + Send + '_;
+}

@@ -1,0 +1,182 @@
+//! The request lane: sink engines publish [`Request`]s, one ingest engine consumes them.
+
+use std::fmt;
+use std::sync::Arc as StdArc;
+use std::time::{Duration, Instant};
+
+use super::port::RequestPublisher;
+use super::watermark::AckedMark;
+use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
+use crate::item::Request;
+use crate::lane::{Consumer, LaneStats, ProducerState, Publish, Ring};
+use crate::sync::{lock, Arc, Mutex};
+
+struct RequestShared {
+    ring: Arc<Ring<Request>>,
+    /// The single producer state, shared by every [`RequestSender`]: each publish step takes
+    /// this lock for its non-blocking part only; waiting for room happens outside it.
+    producer: Mutex<ProducerState>,
+}
+
+/// The request lane: sink engines publish [`Request`]s with a [`RequestSender`] (any number,
+/// concurrently: [R1](crate::contract#r1)), one ingest engine consumes them with the same
+/// at-least-once ack/nack/redelivery/re-attach rules as a sink lane ([R2](crate::contract#r2)).
+/// Its acked position counts for no watermark. Cheap to clone.
+///
+/// ```
+/// use lanestream::{IndexName, MemoryStream, Request, SinkName};
+/// let stream = MemoryStream::builder().sink("search").build().unwrap();
+/// let sender = stream.requests().sender();
+/// sender.publish(Request::Backfill {
+///     sink: SinkName::new("search").unwrap(),
+///     indexes: vec![IndexName::new("users").unwrap()],
+/// }).unwrap();
+/// let mut ingest = stream.requests().attach().unwrap();
+/// let request = ingest.try_recv().unwrap();
+/// // ... publish the snapshot batches and SnapshotComplete, then:
+/// request.ack().unwrap();
+/// ```
+#[derive(Clone)]
+pub struct RequestLane {
+    shared: StdArc<RequestShared>,
+}
+
+impl RequestLane {
+    /// A request lane of `capacity` (already checked) slots.
+    pub(crate) fn new(capacity: usize) -> RequestLane {
+        let ring = Arc::new(Ring::new(capacity, AckedMark::standalone()));
+        let producer = ring.claim_producer().expect("a new ring has no producer");
+        RequestLane { shared: StdArc::new(RequestShared { ring, producer: Mutex::new(producer) }) }
+    }
+
+    /// A sender; clone it freely.
+    pub fn sender(&self) -> RequestSender {
+        RequestSender { shared: self.shared.clone() }
+    }
+
+    /// The ingest engine's consumer, refusing while another is alive.
+    ///
+    /// # Errors
+    /// [`StreamError::RequestConsumerAttached`] while another consumer of the request lane is alive.
+    pub fn attach(&self) -> Result<Consumer<Request>, StreamError> {
+        Consumer::attach(self.shared.ring.clone(), false).ok_or(StreamError::RequestConsumerAttached)
+    }
+
+    /// The ingest engine's consumer, detaching whoever is attached; its unacked requests are
+    /// redelivered to the new one ([L8](crate::contract#l8), [R2](crate::contract#r2)).
+    pub fn reattach(&self) -> Consumer<Request> {
+        Consumer::attach(self.shared.ring.clone(), true).expect("a re-attach never refuses")
+    }
+
+    /// Closes the request lane: senders get `Closed` (request handed back), the consumer drains
+    /// what is queued or released, then receives `None`. Wakes every waiter.
+    pub fn close(&self) {
+        self.shared.ring.close();
+    }
+
+    /// The request lane's counters.
+    pub fn stats(&self) -> LaneStats {
+        self.shared.ring.stats()
+    }
+
+    /// Whether nothing is queued, released, or delivered-but-unacked.
+    pub fn is_idle(&self) -> bool {
+        self.shared.ring.is_idle()
+    }
+}
+
+impl fmt::Debug for RequestLane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestLane").field("stats", &self.stats()).finish()
+    }
+}
+
+/// Publishes requests on the request lane; any number of senders, on any threads
+/// ([R1](crate::contract#r1)). Cheap to clone.
+#[derive(Clone)]
+pub struct RequestSender {
+    shared: StdArc<RequestShared>,
+}
+
+impl RequestSender {
+    /// Publishes `request` if there is room now; never waits (it may briefly take the senders'
+    /// lock, held only for a non-blocking step).
+    ///
+    /// # Errors
+    /// Hands `request` back: [`TryPublishError::Full`] or [`TryPublishError::Closed`].
+    pub fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
+        let mut state = lock(&self.shared.producer);
+        self.shared.ring.try_push(&mut state, request)
+    }
+
+    /// Publishes `request`, waiting while the lane is full.
+    ///
+    /// # Errors
+    /// [`PublishError::Closed`], request handed back.
+    pub fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
+        self.shared.ring.publish_blocking(request, |request| self.try_publish(request))
+    }
+
+    /// Publishes `request`, waiting at most `timeout` for room.
+    ///
+    /// # Errors
+    /// [`PublishTimeoutError::Timeout`] or [`PublishTimeoutError::Closed`], request handed back.
+    pub fn publish_timeout(
+        &self,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<(), PublishTimeoutError<Request>> {
+        self.publish_deadline(request, Instant::now() + timeout)
+    }
+
+    /// Publishes `request`, waiting until `deadline` at most for room.
+    ///
+    /// # Errors
+    /// As [`publish_timeout`](RequestSender::publish_timeout).
+    pub fn publish_deadline(
+        &self,
+        request: Request,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<Request>> {
+        self.shared.ring.publish_until(request, deadline, |request| self.try_publish(request))
+    }
+
+    /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
+    ///
+    /// # Errors
+    /// As [`publish`](RequestSender::publish).
+    pub fn publish_async(&self, request: Request) -> Publish<'_, Request> {
+        Publish::shared(&self.shared.ring, &self.shared.producer, request)
+    }
+}
+
+impl fmt::Debug for RequestSender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestSender").field("closed", &self.shared.ring.is_closed()).finish()
+    }
+}
+
+impl RequestPublisher for RequestSender {
+    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
+        RequestSender::try_publish(self, request)
+    }
+
+    fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
+        RequestSender::publish(self, request)
+    }
+
+    fn publish_deadline(
+        &self,
+        request: Request,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<Request>> {
+        RequestSender::publish_deadline(self, request, deadline)
+    }
+
+    fn publish_async(
+        &self,
+        request: Request,
+    ) -> impl std::future::Future<Output = Result<(), PublishError<Request>>> + Send + '_ {
+        RequestSender::publish_async(self, request)
+    }
+}
