@@ -1,8 +1,8 @@
 //! Loom model 6: async waits — a registered waker, a re-poll with a different waker, and a
 //! future dropped right after being woken.
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use lanestream::{MemoryStream, Position, Stream};
 use loom::thread;
 
-use support::{batch, check, Flag};
+use crate::support::{batch, check, Flag};
 
 /// Model 6a: `recv_async` re-polled with a different waker, then dropped right after being
 /// woken; the next receive gets the item at once.

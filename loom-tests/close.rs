@@ -1,7 +1,7 @@
 //! Loom model 7: close racing the last publish, and close waking waiters (L10).
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use lanestream::{MemoryStream, Position, PublishError, Stream};
 use loom::thread;
 
-use support::{batch, check, Flag};
+use crate::support::{batch, check, Flag};
 
 /// Model 7a: close racing the last publish.
 ///

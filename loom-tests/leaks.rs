@@ -1,15 +1,15 @@
 //! Loom model 9: every item is dropped exactly once — on its final ack, or when the last
 //! reference to the lane goes — with no leak (M3).
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use std::sync::Arc as StdArc;
 
 use lanestream::{LaneItem, MemoryStream, Stream};
 use loom::thread;
 
-use support::{batch, check, envelopes};
+use crate::support::{batch, check, envelopes};
 
 /// How many owners a batch's envelopes have.
 fn owners(item: &LaneItem) -> usize {

@@ -1,12 +1,12 @@
 //! Loom model 3: a consumer re-attach racing a late ack from the detached consumer (L8).
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use lanestream::{MemoryStream, Position, PublishError, Stream, TryRecvError};
 use loom::thread;
 
-use support::{batch, check};
+use crate::support::{batch, check};
 
 /// Model 3: re-attach racing a late ack.
 ///

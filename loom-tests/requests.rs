@@ -1,7 +1,7 @@
 //! Loom model 8: the request lane — two senders, one consumer, with redelivery (R1, R2).
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use lanestream::{MemoryStream, Request, SinkName, Stream};
 use loom::thread;

@@ -1,14 +1,14 @@
 //! Loom models 1 and 2: the ring itself — publish, receive and ack across a wrap, and acks out
 //! of order from two threads while the producer waits for room.
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use lanestream::{MemoryStream, Position, Stream};
 use loom::sync::Arc;
 use loom::thread;
 
-use support::{batch, check, Cells};
+use crate::support::{batch, check, Cells};
 
 /// Model 1: publish / recv / ack across a wrap of the ring.
 ///

@@ -1,13 +1,13 @@
 //! Loom model 5: blocking waits without lost wake-ups (the "nobody is waiting" shortcut racing
 //! a thread about to park), for the consumer (items) and for the producer (room).
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use lanestream::{MemoryStream, Position, Stream};
 use loom::thread;
 
-use support::{batch, check};
+use crate::support::{batch, check};
 
 /// Model 5a: a blocking consumer about to park while the producer publishes.
 ///

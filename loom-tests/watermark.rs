@@ -1,13 +1,13 @@
 //! Loom model 4: two lanes acking while a reader reads the watermark twice (W3, W4).
-#![cfg(lanestream_loom)]
 
-mod support;
+
+
 
 use lanestream::{MemoryStream, Position, Stream};
 use loom::sync::Arc;
 use loom::thread;
 
-use support::{batch, Cells};
+use crate::support::{batch, Cells};
 
 /// Model 4: the watermark under concurrent acks.
 ///

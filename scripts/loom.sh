@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every loom model (loom-tests/*.rs, test targets `loom_*`) under `--cfg lanestream_loom`.
+# Runs every loom model (loom-tests/, one test binary `loom`) under `--cfg lanestream_loom`.
 #   scripts/loom.sh [test name filter...]
 # Each model runs with its own preemption bound (2-3, written and justified next to it);
 # `LOOM_MAX_PREEMPTIONS=N scripts/loom.sh` overrides every bound (e.g. to search deeper by hand).
@@ -16,5 +16,5 @@ esac
 # loom's own backtraces are long; keep them off unless asked for.
 export RUST_BACKTRACE="${RUST_BACKTRACE:-0}"
 start=$(date +%s)
-cargo test --profile loom --target-dir target/loom --test 'loom_*' -- --nocapture --test-threads 1 "$@"
+cargo test --profile loom --target-dir target/loom --test loom -- --nocapture --test-threads 1 "$@"
 echo "loom: all models passed in $(( $(date +%s) - start ))s"

@@ -1,0 +1,16 @@
+//! The loom models of the lane engine, linked as one test binary (`cargo test --test loom`).
+//! Compiled to nothing unless built with `--cfg lanestream_loom`; run them with
+//! `scripts/loom.sh`. Each module holds the models of one protocol step and says which
+//! interleavings it covers and with which preemption bound.
+#![cfg(lanestream_loom)]
+
+mod support;
+
+mod r#async;
+mod close;
+mod leaks;
+mod reattach;
+mod requests;
+mod ring;
+mod wait;
+mod watermark;
