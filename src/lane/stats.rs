@@ -11,6 +11,7 @@ use crate::position::Position;
 ///
 /// Item counts are in items (batches or `SnapshotComplete`s), not envelopes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LaneStats {
     /// Slots in the lane (fixed at build).
     pub capacity: usize,
@@ -26,8 +27,13 @@ pub struct LaneStats {
     pub redelivered: u64,
     /// Items ever published on the lane.
     pub published: u64,
-    /// Items in the contiguous acked prefix (L5).
+    /// Items in the contiguous acked prefix ([L5](crate::contract#l5)).
     pub acked_items: u64,
+    /// Acked items whose slot is still held by a detached consumer's stale delivery (a hung
+    /// worker, say): they count as acked for the acked position, the watermark and
+    /// `is_idle`, but their slots are reused only once every such delivery is dropped, acked or
+    /// nacked. A lane whose `pinned` equals its `capacity` cannot take a publish.
+    pub pinned: u64,
     /// The position of the last positioned item published, if any.
     pub last_published: Option<Position>,
     /// The lane's acked position: the last positioned item of the contiguous acked prefix (L5).
@@ -40,5 +46,10 @@ impl LaneStats {
     /// Items published and not yet acked: `queued + released + in_flight`.
     pub fn lag(&self) -> u64 {
         self.published - self.acked_items
+    }
+
+    /// Slots a publish could fill now: `capacity - lag - pinned`.
+    pub fn free_slots(&self) -> u64 {
+        (self.capacity as u64).saturating_sub(self.lag() + self.pinned)
     }
 }

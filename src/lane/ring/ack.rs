@@ -4,7 +4,9 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
 
-use super::slot::{gen, holders, tag, with_tag, Slot, ACKED, DELIVERED, EMPTY, HOLDER_ONE, RELEASED};
+use super::slot::{
+    gen, holders, tag, with_tag, Slot, ACKED, DELIVERED, EMPTY, HOLDER_ONE, MAX_HOLDERS, RELEASED,
+};
 use super::{Ring, NO_POSITION, REQUEST_ONE, ROOM_WANTED};
 use crate::error::AckError;
 use crate::sync::Ordering;
@@ -81,6 +83,9 @@ impl<T> Ring<T> {
         debug_assert!(holders(before) > 0, "handle ended on a slot with no holders");
         if tag(before) == ACKED && holders(before) == 1 {
             self.request_advance();
+        } else if tag(before) == RELEASED && holders(before) == MAX_HOLDERS {
+            // A redelivery was waiting for the holder count to drop below its bound.
+            self.items.notify();
         }
     }
 
@@ -108,7 +113,11 @@ impl<T> Ring<T> {
             self.room.notify();
         }
         if let Some(p) = first_panic {
-            panic::resume_unwind(p);
+            // Never while unwinding: a stale delivery dropped during a panic must not turn the
+            // item's drop panic into an abort (as `Ring::drop`). The item was dropped either way.
+            if !std::thread::panicking() {
+                panic::resume_unwind(p);
+            }
         }
     }
 

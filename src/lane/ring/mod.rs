@@ -11,8 +11,9 @@
 //!    | by a stale   |  released     |              |
 //!    | handle       |  acked (*)    |              |
 //! ```
-//! - `tail`: items published (stored shifted left by one; bit 0 is `ITEMS_WANTED`). Advanced
-//!   only by the producer.
+//! - `tail`: items published (stored shifted left by two; bit 0 is `ITEMS_WANTED`, bit 1
+//!   `CLOSED`). Advanced only by the producer, with a compare-and-swap that fails once `CLOSED`
+//!   is set: publishing and closing are one atomic step against each other.
 //! - `next`: the first never-delivered item. Written only by the seated consumer.
 //! - `acked_end`: the end of the contiguous acked prefix (L5); the lane's acked position is the
 //!   last positioned item below it. Written only by the advancer (see below).
@@ -51,7 +52,7 @@
 //!
 //! # Waking the consumer
 //! Bit 0 of `tail` is `ITEMS_WANTED`: a consumer about to wait sets it (RMW) before re-checking
-//! `tail`, and publishing is one `fetch_add` on `tail` that sees the bit. Rare events (nack,
+//! `tail`, and publishing is one compare-and-swap on `tail` that sees (and clears) the bit. Rare events (nack,
 //! close, re-attach) notify through the wait list's own counter (`wait.rs`).
 //!
 //! # The seat
@@ -88,8 +89,10 @@ pub(crate) const NO_POSITION: u64 = u64::MAX;
 
 /// Bit 0 of `tail`: a consumer waits for items.
 const ITEMS_WANTED: u64 = 1;
-/// One published item in `tail`.
-const TAIL_ONE: u64 = 2;
+/// Bit 1 of `tail`: the lane is closed.
+const CLOSED: u64 = 2;
+/// The published count sits above the two flag bits of `tail`.
+const TAIL_SHIFT: u32 = 2;
 /// Bit 0 of `advance`: a producer waits for room.
 const ROOM_WANTED: usize = 1;
 /// One advance request in `advance`.
@@ -97,7 +100,7 @@ const REQUEST_ONE: usize = 2;
 
 /// Written by the producer (one cache line).
 struct ProducerLine {
-    /// `published << 1 | ITEMS_WANTED`.
+    /// `published << 2 | CLOSED | ITEMS_WANTED`.
     tail: AtomicU64,
     last_published: AtomicU64,
 }
@@ -139,7 +142,6 @@ pub(crate) struct Ring<T> {
     adv: CachePadded<AdvancerLine>,
     shape: CachePadded<Shape<T>>,
     // Cold: written on close, producer hand-over and waits only.
-    closed: AtomicBool,
     producer_live: AtomicBool,
     /// Consumers wait here for items; notified by publish (when `ITEMS_WANTED`), nack, close
     /// and re-attach.
@@ -197,7 +199,6 @@ impl<T> Ring<T> {
                 mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
                 mark,
             }),
-            closed: AtomicBool::new(false),
             producer_live: AtomicBool::new(false),
             items: WaitList::new(2),
             room: WaitList::new(2),
@@ -224,7 +225,7 @@ impl<T> Drop for Ring<T> {
     fn drop(&mut self) {
         // `&mut self`: no other thread can hold a handle (each holds an `Arc` of the ring).
         let free = self.adv.free.load(Ordering::Relaxed);
-        let tail = self.prod.tail.load(Ordering::Relaxed) >> 1;
+        let tail = self.prod.tail.load(Ordering::Relaxed) >> TAIL_SHIFT;
         let cap = self.shape.slots.len() as u64;
         let mut first_panic = None;
         for i in free..tail {

@@ -4,7 +4,9 @@
 use std::task::Waker;
 use std::time::Instant;
 
-use super::{Ring, ITEMS_WANTED, NO_POSITION, ROOM_WANTED, TAIL_ONE};
+use std::ptr;
+
+use super::{Ring, CLOSED, ITEMS_WANTED, NO_POSITION, ROOM_WANTED, TAIL_SHIFT};
 use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::Item;
 use crate::lane::wait;
@@ -17,7 +19,7 @@ impl<T> Ring<T> {
     pub(super) fn published(&self) -> u64 {
         // Acquire: pairs with the producer's Release `fetch_add` on `tail` (the slot's item and
         // position are initialised).
-        self.prod.tail.load(Ordering::Acquire) >> 1
+        self.prod.tail.load(Ordering::Acquire) >> TAIL_SHIFT
     }
 
     /// Claims the producer role. `None` if a live producer holds it (L9).
@@ -27,7 +29,7 @@ impl<T> Ring<T> {
         self.producer_live.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok()?;
         Some(ProducerState {
             // Relaxed: advanced only by producers, ordered by the claim above.
-            tail: self.prod.tail.load(Ordering::Relaxed) >> 1,
+            tail: self.prod.tail.load(Ordering::Relaxed) >> TAIL_SHIFT,
             cached_free: self.adv.free.load(Ordering::Acquire),
             last: self.prod.last_published.load(Ordering::Relaxed),
         })
@@ -47,8 +49,9 @@ impl<T> Ring<T> {
     where
         T: Item,
     {
-        // Acquire: pairs with `close`'s Release (for a restarted producer's sake).
-        if self.closed.load(Ordering::Acquire) {
+        // Relaxed: only a shortcut (a closed lane refuses before it reports `Full`, so a waiting
+        // publish ends); the compare-and-swap below is what decides.
+        if self.prod.tail.load(Ordering::Relaxed) & CLOSED != 0 {
             return Err(TryPublishError::Closed(item));
         }
         let position = match item.position() {
@@ -82,19 +85,39 @@ impl<T> Ring<T> {
             slot.item.with_mut(|c| (*c).write(item));
             slot.position.with_mut(|c| *c = position);
         }
+        // Publishing and closing are one atomic step against each other (L3, L10): the count and
+        // `CLOSED` share the `tail` word, so either our compare-and-swap lands before `close`'s
+        // RMW (a consumer that sees the close sees the item) or it fails on `CLOSED` and the item
+        // is handed back.
+        // Release: pairs with the consumer's Acquire loads of `tail` (publishes the slot).
+        // An RMW, so it also sees an `ITEMS_WANTED` set by a consumer about to wait: either we
+        // see the bit (and clear it in the same step), or the consumer's RMW comes after ours and
+        // its re-check sees the item. Failure: Relaxed, we only learn the flags.
+        let mut seen = p.tail << TAIL_SHIFT;
+        loop {
+            if seen & CLOSED != 0 {
+                // SAFETY: we wrote item `tail` above and it was never published, so no other
+                // thread can reach the slot's item; we take it back out exactly once.
+                let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
+                return Err(TryPublishError::Closed(item));
+            }
+            match self.prod.tail.compare_exchange_weak(
+                seen,
+                (p.tail + 1) << TAIL_SHIFT,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => seen = now,
+            }
+        }
         p.tail += 1;
         if position != NO_POSITION {
             p.last = position;
             // Relaxed: statistics, and a restarted producer reads it after `claim_producer`.
             self.prod.last_published.store(position, Ordering::Relaxed);
         }
-        // Release: pairs with the consumer's Acquire loads of `tail` (publishes the slot).
-        // An RMW, so it also sees an `ITEMS_WANTED` set by a consumer about to wait: either we
-        // see the bit, or the consumer's RMW comes after ours and its re-check sees the item.
-        let before = self.prod.tail.fetch_add(TAIL_ONE, Ordering::Release);
-        if before & ITEMS_WANTED != 0 {
-            // Relaxed: the wait list's own RMWs order the wake-up.
-            self.prod.tail.fetch_and(!ITEMS_WANTED, Ordering::Relaxed);
+        if seen & ITEMS_WANTED != 0 {
             self.items.notify();
         }
         Ok(())
@@ -115,10 +138,11 @@ impl<T> Ring<T> {
 
     /// Whether a publish could make progress now: room in the ring, or the lane closed.
     fn writable(&self) -> bool {
-        // Acquire: `free` as in `try_push`, `closed` pairs with `close`. Load `free` first: both
-        // counters only grow and `free <= tail`, so `tail - free` cannot underflow.
+        // Acquire: `free` as in `try_push`; `tail` pairs with `close`'s Release. Load `free`
+        // first: both counters only grow and `free <= tail`, so `tail - free` cannot underflow.
         let free = self.adv.free.load(Ordering::Acquire);
-        self.closed.load(Ordering::Acquire) || self.published() - free < self.shape.capacity
+        let tail = self.prod.tail.load(Ordering::Acquire);
+        tail & CLOSED != 0 || (tail >> TAIL_SHIFT) - free < self.shape.capacity
     }
 
     /// Waits (spin, then park) until a publish could make progress. `false` if `deadline`
@@ -180,17 +204,17 @@ impl<T> Ring<T> {
     /// Closes the lane (L10): publishing fails with `Closed` from now on, consumers drain what
     /// is queued or released and then see the end. Takes no slot. Wakes every waiter.
     pub(crate) fn close(&self) {
-        // Release: pairs with the consumer's Acquire load of `closed`, which it makes before
-        // re-reading `tail`, so a consumer that sees the close also sees every item published
-        // before it.
-        self.closed.store(true, Ordering::Release);
+        // An RMW on `tail`, so it is ordered against every publish (see `try_push`): a consumer
+        // that sees `CLOSED` sees the count of every item published before it. Release: pairs
+        // with the consumers' and `is_closed`'s Acquire loads of `tail`.
+        self.prod.tail.fetch_or(CLOSED, Ordering::Release);
         self.items.notify();
         self.room.notify();
     }
 
     pub(crate) fn is_closed(&self) -> bool {
         // Acquire: pairs with `close`'s Release.
-        self.closed.load(Ordering::Acquire)
+        self.prod.tail.load(Ordering::Acquire) & CLOSED != 0
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use crossbeam_utils::Backoff;
 
-use super::slot::{attempt, delivered_word, tag, with_tag, DELIVERED, RELEASED};
-use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
+use super::slot::{attempt, delivered_word, holders, tag, with_tag, DELIVERED, MAX_HOLDERS, RELEASED};
+use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
 use crate::lane::wait;
 use crate::sync::Ordering;
 
@@ -140,17 +140,13 @@ impl<T> Ring<T> {
         }
         // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
         if next >= *cached_tail {
-            *cached_tail = self.published();
+            // Acquire: pairs with the producer's Release compare-and-swap (the slot is
+            // initialised) and with `close`'s Release RMW; `CLOSED` and the count are one word,
+            // so a close we see brings every item published before it.
+            let tail = self.prod.tail.load(Ordering::Acquire);
+            *cached_tail = tail >> TAIL_SHIFT;
             if next == *cached_tail {
-                // Acquire on `closed` then re-read `tail`: `close` stores with Release after the
-                // producer's last `tail` update, so a close we see brings every item before it.
-                if !self.closed.load(Ordering::Acquire) {
-                    return Take::Empty;
-                }
-                *cached_tail = self.published();
-                if next == *cached_tail {
-                    return Take::Closed;
-                }
+                return if tail & CLOSED != 0 { Take::Closed } else { Take::Empty };
             }
         }
         let slot = self.slot(next);
@@ -187,6 +183,13 @@ impl<T> Ring<T> {
                 // Only the seated consumer changes a RELEASED word's tag (acks and nacks expect
                 // DELIVERED), but stale handles ending may lower its holder count meanwhile.
                 let new = loop {
+                    if holders(word) >= MAX_HOLDERS {
+                        // The holder count is at its bound: detached consumers still hold
+                        // `MAX_HOLDERS` live deliveries of this item. Redeliver it only once one
+                        // of them ends (which wakes us); until then the lane looks empty, and no
+                        // later item overtakes it (L2).
+                        return Some(Take::Empty);
+                    }
                     let new = delivered_word(word, attempt(word).saturating_add(1));
                     // Release: as for a first delivery.
                     match slot.state.compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed) {
@@ -220,8 +223,10 @@ impl<T> Ring<T> {
         // Acquire loads, as in `take_seated`.
         (self.cons.seat.load(Ordering::Acquire) >> EPOCH_SHIFT) != epoch
             || self.cons.released.load(Ordering::Acquire) > 0
-            || self.cons.next.load(Ordering::Acquire) != self.published()
-            || self.closed.load(Ordering::Acquire)
+            || {
+                let tail = self.prod.tail.load(Ordering::Acquire);
+                tail & CLOSED != 0 || self.cons.next.load(Ordering::Acquire) != tail >> TAIL_SHIFT
+            }
     }
 
     /// L11: nothing queued and nothing released.

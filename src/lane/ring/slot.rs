@@ -11,6 +11,9 @@ pub(super) const ATTEMPT_MASK: u64 = 0xFFFF << ATTEMPT_SHIFT;
 pub(super) const HOLDER_SHIFT: u32 = 24;
 pub(super) const HOLDER_ONE: u64 = 1 << HOLDER_SHIFT;
 pub(super) const HOLDER_MASK: u64 = 0xFFFF << HOLDER_SHIFT;
+/// The most live handles one item may have: a redelivery that would pass it waits instead
+/// (`take_released`), so the 16-bit count never overflows into `gen`.
+pub(super) const MAX_HOLDERS: u64 = 0xFFFF;
 pub(super) const GEN_SHIFT: u32 = 40;
 pub(super) const GEN_ONE: u64 = 1 << GEN_SHIFT;
 pub(super) const GEN_MASK: u64 = !(GEN_ONE - 1);
@@ -50,7 +53,8 @@ pub(super) fn gen(word: u64) -> u64 {
 /// more holder, `attempt` (saturating at 16 bits), `DELIVERED`.
 #[inline]
 pub(super) fn delivered_word(word: u64, attempt: u32) -> u64 {
-    debug_assert!(holders(word) < 0xFFFF, "too many live handles on one item");
+    // Guaranteed by `take_released` (redeliveries) and by first deliveries starting at 0.
+    debug_assert!(holders(word) < MAX_HOLDERS, "too many live handles on one item");
     gen(word).wrapping_add(GEN_ONE)
         | ((word & HOLDER_MASK) + HOLDER_ONE)
         | (u64::from(attempt.min(0xFFFF)) << ATTEMPT_SHIFT)

@@ -22,6 +22,7 @@ impl<T> Ring<T> {
     pub(crate) fn stats(&self) -> LaneStats {
         // Lower bounds first (acked_end <= next <= tail at every instant, all growing), so the
         // differences never underflow; `released` is read separately and clamped.
+        let free = self.adv.free.load(Ordering::Acquire);
         let acked = self.adv.acked_end.load(Ordering::Acquire);
         let next = self.cons.next.load(Ordering::Acquire);
         let tail = self.published();
@@ -37,6 +38,7 @@ impl<T> Ring<T> {
             redelivered: self.cons.redelivered.load(Ordering::Relaxed),
             published: tail,
             acked_items: acked,
+            pinned: acked - free,
             last_published: (last != NO_POSITION).then_some(Position(last)),
             acked: self.acked(),
             closed: self.is_closed(),
