@@ -1,5 +1,5 @@
 //! lanestream against its peers, workload by workload, contenders of one workload in one
-//! criterion group so their ratios come from one run (DESIGN.md, "Performance"). Bench ids name
+//! criterion group so their ratios come from one run (the README's performance table). Bench ids name
 //! each contender's waiting class: `name[spin]`, `name[spin-then-park]`, `name[park]`.
 //!
 //! Groups, in run order: `w0_start` (calibration), `w1_*` one lane, `w2_*` fan-out, `w3_*` round

@@ -2,7 +2,7 @@
 # Runs the peer benchmarks (benches/peers.rs) and prints one table of ratios from that run:
 # workload, contender, median time per iteration, and the ratio to lanestream in the same group
 # (contender time / lanestream time: above 1 means lanestream is faster), then the W0
-# calibration spread (start vs end of the run), the targets of DESIGN.md met or missed, and the
+# calibration spread (start vs end of the run), the performance targets met or missed, and the
 # alternating harness (benches/alternate.rs).
 #
 # Absolute times on a shared machine drift between minutes; only the ratios from one run mean
@@ -127,7 +127,7 @@ else:
     print("W0 spread: only one calibration point")
 
 print()
-print("targets (DESIGN.md):")
+print("targets:")
 def target(label, value, ok_if, limit, how):
     if value is None:
         print(f"  {'n/a':<7} {label}")

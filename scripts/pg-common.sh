@@ -103,7 +103,7 @@ max_wal_senders = 4
 fsync = off
 full_page_writes = off
 EOF
-    # DESIGN.md says this Debian build needs `output_plugin_libraries = 'wal2json'`. Checked on
+    # Some guides say this Debian build needs `output_plugin_libraries = 'wal2json'`. Checked on
     # Debian 12 (postgresql-15 15.x, postgresql-15-wal2json 2.5): the server does NOT accept it —
     # "unrecognized configuration parameter" is FATAL at startup — and it is not needed: the
     # output plugin is loaded by name from $libdir/wal2json.so when the slot is created/used.

@@ -1,13 +1,12 @@
 //! [`Envelope`]: one document change, and its [`Op`].
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use crate::{IndexName, Position};
 
 /// What a change does to its document.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum Op {
     /// Insert or replace the document with this id.
     Upsert,
@@ -35,7 +34,8 @@ pub enum Op {
 /// };
 /// assert_eq!(e.op, Op::Upsert);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Envelope {
     /// The index the document belongs to.
     pub index: IndexName,
@@ -51,16 +51,17 @@ pub struct Envelope {
     ///
     /// Serde: in human-readable formats (JSON) a UTF-8 document is a string and anything else an
     /// array of byte values; in binary formats, bytes. Deserialization accepts all three.
-    #[serde(with = "document_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "document_serde"))]
     pub document: Bytes,
     /// When the envelope was built, in microseconds since the Unix epoch, if the builder recorded
     /// it (used to measure end-to-end latency).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub built_at_micros: Option<u64>,
 }
 
 /// Serde for [`Envelope::document`]: a string when the format is human-readable and the bytes are
 /// UTF-8 (so JSON output shows the document), bytes otherwise.
+#[cfg(feature = "serde")]
 mod document_serde {
     use std::fmt;
 
@@ -114,7 +115,7 @@ mod document_serde {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "serde"))]
 mod tests {
     use super::*;
 

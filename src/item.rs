@@ -2,8 +2,6 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::{Envelope, IndexName, Position, SinkName};
 
 /// What a lane needs to know about the values it carries.
@@ -12,7 +10,7 @@ use crate::{Envelope, IndexName, Position, SinkName};
 /// [`LaneItem`] on sink lanes and [`Request`] on the request lane.
 pub trait Item {
     /// The value's position: `Some` for a positioned batch, which must be strictly greater than
-    /// the previous positioned value on its lane (DESIGN.md L4) and which the lane's acked
+    /// the previous positioned value on its lane ([L4](crate::contract#l4)) and which the lane's acked
     /// position and the watermark follow once it is acked; `None` for anything else.
     fn position(&self) -> Option<Position>;
 }
@@ -29,7 +27,8 @@ pub trait Item {
 /// assert_eq!(b.position, Some(Position(10)));
 /// assert_eq!(b.changes, 0); // an empty transaction still carries its position (I2)
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Batch {
     /// The position of the batch's last change (the commit LSN); `None` for snapshot rows.
     pub position: Option<Position>,
@@ -55,8 +54,8 @@ impl Batch {
 /// assert_eq!(done.position(), None); // I1
 /// assert_eq!(serde_json::to_string(&done).unwrap(), r#"{"snapshot_complete":{"indexes":["users"]}}"#);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum LaneItem {
     /// A batch of changes.
     Batch(Batch),
@@ -69,7 +68,7 @@ pub enum LaneItem {
 }
 
 impl LaneItem {
-    /// The batch's position; `None` for a snapshot batch and for `SnapshotComplete` (I1).
+    /// The batch's position; `None` for a snapshot batch and for `SnapshotComplete` ([I1](crate::contract#i1)).
     pub fn position(&self) -> Option<Position> {
         match self {
             LaneItem::Batch(b) => b.position,
@@ -98,8 +97,8 @@ impl From<Batch> for LaneItem {
 /// let r = Request::Backfill { sink: SinkName::new("search").unwrap(), indexes: vec![IndexName::new("users").unwrap()] };
 /// assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"backfill":{"sink":"search","indexes":["users"]}}"#);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
 pub enum Request {
     /// Send a snapshot of these indexes to this sink, then `SnapshotComplete`.
     Backfill {
@@ -111,7 +110,7 @@ pub enum Request {
 }
 
 impl Item for Request {
-    /// Requests are never positioned: they never move the watermark (W2).
+    /// Requests are never positioned: they never move the watermark ([W2](crate::contract#w2)).
     fn position(&self) -> Option<Position> {
         None
     }

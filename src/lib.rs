@@ -41,7 +41,7 @@
 //! ```
 #![warn(missing_docs)]
 #![deny(missing_debug_implementations)]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "codec")]
 pub mod codec;
@@ -64,6 +64,8 @@ pub use error::{
     TryPublishError, TryRecvError,
 };
 pub use item::{Batch, Item, LaneItem, Request};
+#[cfg(feature = "futures")]
+pub use lane::ConsumerStream;
 pub use lane::{AckHandle, Consumer, Delivery, Lane, LaneStats, Producer, Publish, Recv, MAX_CAPACITY};
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};

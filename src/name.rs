@@ -4,8 +4,6 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Deserializer, Serialize};
-
 /// The longest name accepted, in bytes (PostgreSQL's identifier limit, `NAMEDATALEN - 1`).
 pub const MAX_NAME_LEN: usize = 63;
 
@@ -43,8 +41,8 @@ macro_rules! validated_name {
         $(#[$doc])*
         ///
         /// Cloning moves a reference count: every envelope of an index shares one allocation.
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-        #[serde(transparent)]
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
         pub struct $name(Arc<str>);
 
         impl $name {
@@ -109,10 +107,11 @@ macro_rules! validated_name {
             }
         }
 
-        impl<'de> Deserialize<'de> for $name {
+        #[cfg(feature = "serde")]
+        impl<'de> serde::Deserialize<'de> for $name {
             /// Deserialization validates too: an invalid name is a deserialization error.
-            fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-                let name = String::deserialize(de)?;
+            fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+                let name = <String as serde::Deserialize>::deserialize(de)?;
                 Self::new(name).map_err(serde::de::Error::custom)
             }
         }

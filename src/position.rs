@@ -3,8 +3,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-
 /// A source-assigned position (unsigned 64-bit), strictly increasing per lane for positioned batches.
 ///
 /// For PostgreSQL it is the commit LSN: the textual `"X/Y"` form (two hexadecimal halves) maps to
@@ -18,8 +16,8 @@ use serde::{Deserialize, Serialize};
 /// assert_eq!(p, Position(0x16 << 32 | 0xB374_D848));
 /// assert_eq!(p.to_string(), "16/B374D848");
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(transparent))]
 pub struct Position(pub u64);
 
 impl Position {

@@ -119,7 +119,7 @@
 //! std::thread::spawn(move || handle.ack());
 //! ```
 //!
-//! # L7: acking twice is impossible by construction
+//! # [L7](crate::contract#l7): acking twice is impossible by construction
 //!
 //! Acking consumes the delivery (and the handle), so a second ack, or a nack after an ack, does
 //! not compile. The single ack does:

@@ -1,4 +1,4 @@
-//! The contract of DESIGN.md, one test (or a few) per rule, each named after what it shows.
+//! The crate's contract (`lanestream::contract`), one test (or a few) per rule, each named after what it shows.
 //!
 //! Not here: I3's rkyv part (`src/codec.rs` has its own tests), M2 (`tests/alloc.rs`), the
 //! detailed drop accounting of M3 (`tests/drops.rs`), the async entry points

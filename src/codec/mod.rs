@@ -7,7 +7,7 @@
 //! - [`decode_item`] / [`decode_request`] validate the bytes (every offset, length, UTF-8 string and
 //!   enum tag with `bytecheck`, then every [`SinkName`] / [`IndexName`] against its rules) and build
 //!   the owned value. Corrupt, truncated, misaligned or foreign bytes give a [`CodecError`]; no input
-//!   makes them panic or read out of bounds (DESIGN.md I3).
+//!   makes them panic or read out of bounds ([I3](crate::contract#i3)).
 //! - [`view_item`] / [`view_batch`] validate the same way, then read the archive in place, without
 //!   deserializing: a [`BatchView`]'s envelopes hand out `&str` and `&[u8]` borrowed from the buffer.
 //!

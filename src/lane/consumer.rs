@@ -63,7 +63,7 @@ impl<T: Item> Consumer<T> {
     }
 
     /// Receives the next item if one is queued or released; never blocks, not even while a
-    /// publish is half-way (L12).
+    /// publish is half-way ([L12](crate::contract#l12)).
     ///
     /// # Errors
     /// [`TryRecvError::Empty`] (nothing now), [`Closed`](TryRecvError::Closed) (closed and
@@ -73,7 +73,7 @@ impl<T: Item> Consumer<T> {
     }
 
     /// Receives the next item, waiting (spin, then park) while the lane is empty. `Ok(None)`
-    /// once the lane is closed and nothing queued or released is left (L10). `None` is not
+    /// once the lane is closed and nothing queued or released is left ([L10](crate::contract#l10)). `None` is not
     /// final while deliveries are outstanding: one nacked (or dropped) after it is released and
     /// comes back from the next receive, so a consumer that wants everything acked keeps
     /// receiving until it holds no delivery.
@@ -141,10 +141,16 @@ impl<T: Item> Consumer<T> {
         Recv { consumer: self, key: None }
     }
 
-    /// The caught-up hint (L11): nothing queued and nothing released behind the deliveries
+    /// The caught-up hint ([L11](crate::contract#l11)): nothing queued and nothing released behind the deliveries
     /// already handed out.
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty()
+    }
+
+    /// This consumer as a [`futures_core::Stream`] of deliveries (feature `futures`).
+    #[cfg(feature = "futures")]
+    pub fn into_stream(self) -> super::ConsumerStream<T> {
+        super::ConsumerStream::new(self)
     }
 
     /// Whether a newer consumer of the lane detached this one.

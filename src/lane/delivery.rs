@@ -10,10 +10,10 @@ use crate::position::Position;
 use crate::sync::Arc;
 
 /// The right to ack or nack one delivery. Acking consumes it, so acking twice is impossible
-/// (L7); dropping it nacks (L6).
+/// ([L7](crate::contract#l7)); dropping it nacks ([L6](crate::contract#l6)).
 ///
 /// `AckHandle<T>` is `Send` and `Sync` only when `T: Send + Sync`. It can be sent to a worker
-/// thread and acked there, in any order relative to other handles (L5).
+/// thread and acked there, in any order relative to other handles ([L5](crate::contract#l5)).
 pub struct AckHandle<T> {
     /// `None` once acked or nacked.
     ring: Option<Arc<Ring<T>>>,
@@ -31,10 +31,10 @@ impl<T: Item> AckHandle<T> {
     }
 
     /// Acknowledges the item: once every earlier item of the lane is acked too, its slot is
-    /// reused and, if it is positioned, the lane's acked position moves to it (L5).
+    /// reused and, if it is positioned, the lane's acked position moves to it ([L5](crate::contract#l5)).
     ///
     /// # Errors
-    /// [`AckError::Detached`] if a consumer re-attach took the delivery back first (L8): the item
+    /// [`AckError::Detached`] if a consumer re-attach took the delivery back first ([L8](crate::contract#l8)): the item
     /// is redelivered to the new consumer and the ack did not count.
     ///
     /// # Panics
@@ -46,7 +46,7 @@ impl<T: Item> AckHandle<T> {
     }
 
     /// Releases the item for redelivery to the lane's current consumer, before any new item
-    /// (L6). If a re-attach already took it back, does nothing more.
+    /// ([L6](crate::contract#l6)). If a re-attach already took it back, does nothing more.
     pub fn nack(mut self) {
         if let Some(ring) = self.ring.take() {
             ring.nack(self.index, self.word);
@@ -67,7 +67,7 @@ impl<T: Item> AckHandle<T> {
 }
 
 impl<T> Drop for AckHandle<T> {
-    /// Dropping an un-acked handle nacks it (L6).
+    /// Dropping an un-acked handle nacks it ([L6](crate::contract#l6)).
     fn drop(&mut self) {
         if let Some(ring) = self.ring.take() {
             ring.nack(self.index, self.word);
@@ -85,7 +85,7 @@ impl<T> fmt::Debug for AckHandle<T> {
 }
 
 /// One delivered item: read it with [`item`](Delivery::item) (or deref), then [`ack`](Delivery::ack)
-/// or [`nack`](Delivery::nack). Dropping it un-acked nacks it (L6). The item is read in place,
+/// or [`nack`](Delivery::nack). Dropping it un-acked nacks it ([L6](crate::contract#l6)). The item is read in place,
 /// in the lane's slot: no copy, no reference count.
 ///
 /// ```
@@ -118,7 +118,7 @@ impl<T: Item> Delivery<T> {
         unsafe { self.handle.ring().item(self.handle.index) }
     }
 
-    /// The item's position (I1): `Some` for a positioned batch.
+    /// The item's position ([I1](crate::contract#i1)): `Some` for a positioned batch.
     pub fn position(&self) -> Option<Position> {
         self.item().position()
     }

@@ -8,6 +8,8 @@
 //! - [`Lane`]: a handle that hands out the ends; [`Lane::standalone`] builds one outside any
 //!   stream for any [`Item`] type.
 
+#[cfg(feature = "futures")]
+mod adapter;
 mod consumer;
 mod delivery;
 mod producer;
@@ -17,6 +19,8 @@ mod wait;
 
 use std::fmt;
 
+#[cfg(feature = "futures")]
+pub use self::adapter::ConsumerStream;
 pub use self::consumer::{Consumer, Recv};
 pub use self::delivery::{AckHandle, Delivery};
 pub use self::producer::{Producer, Publish};
@@ -99,7 +103,7 @@ impl<T: Item> Lane<T> {
         &self.name
     }
 
-    /// The lane's producer (L9).
+    /// The lane's producer ([L9](crate::contract#l9)).
     ///
     /// # Errors
     /// [`StreamError::ProducerBusy`] while another producer of this lane is alive. Once it is
@@ -131,13 +135,13 @@ impl<T: Item> Lane<T> {
     }
 
     /// Closes the lane, as [`Producer::close`] does, without holding the producer: for a
-    /// supervisor shutting a pipeline down while the producer waits in `publish` (L10). Wakes
+    /// supervisor shutting a pipeline down while the producer waits in `publish` ([L10](crate::contract#l10)). Wakes
     /// every waiter; a waiting publish returns `Closed` with its item.
     pub fn close(&self) {
         self.ring.close();
     }
 
-    /// The lane's acked position (L5): the position of the last positioned item in the
+    /// The lane's acked position ([L5](crate::contract#l5)): the position of the last positioned item in the
     /// contiguous acked prefix.
     pub fn acked(&self) -> Option<Position> {
         self.ring.acked()

@@ -1,7 +1,5 @@
 //! [`LaneStats`]: a lane's counters, read lock-free.
 
-use serde::Serialize;
-
 use crate::position::Position;
 
 /// A snapshot of one lane's counters, read lock-free from the lane's atomics
@@ -10,7 +8,8 @@ use crate::position::Position;
 /// underflow.
 ///
 /// Item counts are in items (batches or `SnapshotComplete`s), not envelopes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct LaneStats {
     /// Slots in the lane (fixed at build).
@@ -19,7 +18,7 @@ pub struct LaneStats {
     pub queued: u64,
     /// Nacked (or taken back by a re-attach) and waiting for redelivery.
     pub released: u64,
-    /// Delivered and not yet acked, plus acked items waiting for an earlier item's ack (L5).
+    /// Delivered and not yet acked, plus acked items waiting for an earlier item's ack ([L5](crate::contract#l5)).
     pub in_flight: u64,
     /// Deliveries made, redeliveries included.
     pub delivered: u64,
@@ -36,7 +35,7 @@ pub struct LaneStats {
     pub pinned: u64,
     /// The position of the last positioned item published, if any.
     pub last_published: Option<Position>,
-    /// The lane's acked position: the last positioned item of the contiguous acked prefix (L5).
+    /// The lane's acked position: the last positioned item of the contiguous acked prefix ([L5](crate::contract#l5)).
     pub acked: Option<Position>,
     /// Whether the producer side closed the lane.
     pub closed: bool,

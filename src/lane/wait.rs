@@ -55,7 +55,7 @@ pub(crate) struct WaitList {
 const WAKE_BATCH: usize = 8;
 
 impl WaitList {
-    /// An empty list with room for `expected` waiters before it grows (M1: a lane has at most two
+    /// An empty list with room for `expected` waiters before it grows ([M1](crate::contract#m1): a lane has at most two
     /// live waiters in normal use, and re-polling replaces an entry instead of adding one).
     pub(crate) fn new(expected: usize) -> WaitList {
         WaitList {

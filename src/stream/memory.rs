@@ -79,7 +79,7 @@ impl StreamBuilder {
         self
     }
 
-    /// Builds the stream, allocating every lane's slots now (M1).
+    /// Builds the stream, allocating every lane's slots now ([M1](crate::contract#m1)).
     ///
     /// # Errors
     /// [`BuildError::ZeroCapacity`], [`BuildError::InvalidSink`], [`BuildError::DuplicateSink`].

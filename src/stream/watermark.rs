@@ -10,11 +10,11 @@
 //! positioned ack. `u64::MAX` is never a position ([`Position::RESERVED`]), so `+ 1` never
 //! overflows, and the watermark is a plain minimum: any unset lane makes it 0.
 //!
-//! - W1: `None` while any lane has no acked positioned batch, and for no lanes at all. The loop
+//! - [W1](crate::contract#w1): `None` while any lane has no acked positioned batch, and for no lanes at all. The loop
 //!   is a plain minimum with one check at the end, which the compiler can vectorise.
-//! - W3: each mark only grows and loads of one atomic by one thread never go back in its
+//! - [W3](crate::contract#w3): each mark only grows and loads of one atomic by one thread never go back in its
 //!   modification order, so a second read from the same thread is never lower.
-//! - W4: a mark holding `p + 1` was stored with Release after the advancer acquired the ACKED
+//! - [W4](crate::contract#w4): a mark holding `p + 1` was stored with Release after the advancer acquired the ACKED
 //!   words of every item up to `p`, each stored with Release by the sink after its writes; so a
 //!   reader whose Acquire load sees a watermark `>= p` sees those writes.
 
@@ -47,7 +47,7 @@ impl Marks {
         AckedMark { marks: self.clone(), index }
     }
 
-    /// The minimum over the marks, or `None` if any is unset or there are none (W1).
+    /// The minimum over the marks, or `None` if any is unset or there are none ([W1](crate::contract#w1)).
     #[inline]
     pub(crate) fn watermark(&self) -> Option<Position> {
         if self.0.is_empty() {
@@ -78,7 +78,7 @@ impl AckedMark {
     }
 
     /// Publishes `position` as the lane's acked position. Called only by the lane's advancer,
-    /// with positions that grow along the lane, so the mark only grows (W3).
+    /// with positions that grow along the lane, so the mark only grows ([W3](crate::contract#w3)).
     #[inline]
     pub(crate) fn publish(&self, position: u64) {
         debug_assert!(position != u64::MAX, "the reserved position is never published");

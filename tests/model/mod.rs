@@ -7,7 +7,7 @@
 //!
 //! The model is deliberately naive: per lane one `VecDeque` of the items not yet reclaimed, each
 //! with a plain state (queued, delivered, released, acked), its attempt count and how many live
-//! handles read it. It follows DESIGN.md:
+//! handles read it. It follows the crate's contract (`lanestream::contract`):
 //! - L2/L6: a receive takes the lowest released item first, else the next queued one.
 //! - L3/L4: publish refuses a closed lane, the reserved position, a regressed position, a full
 //!   lane (checked in that order) and hands the item back.
@@ -33,7 +33,7 @@ use lanestream::{
     TryRecvError,
 };
 
-/// The capacities a scenario may pick: powers of two and not (DESIGN.md hazards: 1, 2, 3, 5).
+/// The capacities a scenario may pick: powers of two and not (the contract's hazards: 1, 2, 3, 5).
 pub const CAPACITIES: [usize; 4] = [1, 2, 3, 5];
 /// At most this many lanes.
 pub const MAX_LANES: usize = 3;

@@ -48,7 +48,7 @@ impl<T> Ring<T> {
         Err(AckError::Detached)
     }
 
-    /// Releases delivery `word` of item `index` for redelivery (L6); ends the handle. A no-op
+    /// Releases delivery `word` of item `index` for redelivery ([L6](crate::contract#l6)); ends the handle. A no-op
     /// on the slot if a re-attach already took the delivery back.
     pub(crate) fn nack(&self, index: u64, word: u64) {
         let slot = self.slot(index);
@@ -122,7 +122,7 @@ impl<T> Ring<T> {
     }
 
     /// Advances the acked prefix over every contiguous ACKED item (moving the lane's acked
-    /// position: an acked item counts at once, L5/W1), then empties the slots of the prefix
+    /// position: an acked item counts at once, [L5](crate::contract#l5)/W1), then empties the slots of the prefix
     /// that no handle reads any more (a detached consumer's stale handle keeps its item's slot,
     /// not the watermark). Must be called only by the advancer. Item drops that panic are caught
     /// (the bookkeeping is already done) and the first panic is kept to be resumed.

@@ -15,7 +15,7 @@
 //!   `CLOSED`). Advanced only by the producer, with a compare-and-swap that fails once `CLOSED`
 //!   is set: publishing and closing are one atomic step against each other.
 //! - `next`: the first never-delivered item. Written only by the seated consumer.
-//! - `acked_end`: the end of the contiguous acked prefix (L5); the lane's acked position is the
+//! - `acked_end`: the end of the contiguous acked prefix ([L5](crate::contract#l5)); the lane's acked position is the
 //!   last positioned item below it. Written only by the advancer (see below).
 //! - `free`: every item below it was acked and its slot emptied. Written only by the advancer.
 //!   `free < acked_end` only while a detached consumer's stale handle still reads an acked
@@ -220,7 +220,7 @@ impl<T> Ring<T> {
 }
 
 impl<T> Drop for Ring<T> {
-    /// M3: drops every item still in the ring (published and not yet emptied by an ack). Keeps
+    /// [M3](crate::contract#m3): drops every item still in the ring (published and not yet emptied by an ack). Keeps
     /// going when an item's Drop panics, then resumes the first panic.
     fn drop(&mut self) {
         // `&mut self`: no other thread can hold a handle (each holds an `Arc` of the ring).

@@ -22,7 +22,7 @@ impl<T> Ring<T> {
         self.prod.tail.load(Ordering::Acquire) >> TAIL_SHIFT
     }
 
-    /// Claims the producer role. `None` if a live producer holds it (L9).
+    /// Claims the producer role. `None` if a live producer holds it ([L9](crate::contract#l9)).
     pub(crate) fn claim_producer(&self) -> Option<ProducerState> {
         // Acquire: pairs with `release_producer`'s Release, so a restarted producer sees the
         // previous producer's `tail` and `last_published`.
@@ -201,7 +201,7 @@ impl<T> Ring<T> {
         }
     }
 
-    /// Closes the lane (L10): publishing fails with `Closed` from now on, consumers drain what
+    /// Closes the lane ([L10](crate::contract#l10)): publishing fails with `Closed` from now on, consumers drain what
     /// is queued or released and then see the end. Takes no slot. Wakes every waiter.
     pub(crate) fn close(&self) {
         // An RMW on `tail`, so it is ordered against every publish (see `try_push`): a consumer

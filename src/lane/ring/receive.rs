@@ -102,8 +102,8 @@ impl<T> Ring<T> {
         );
     }
 
-    /// One non-blocking receive step for the consumer of `epoch`: a redelivery first (L2, L6),
-    /// else the next queued item, else `Empty`/`Closed`. Never blocks (L12).
+    /// One non-blocking receive step for the consumer of `epoch`: a redelivery first ([L2](crate::contract#l2), [L6](crate::contract#l6)),
+    /// else the next queued item, else `Empty`/`Closed`. Never blocks ([L12](crate::contract#l12)).
     pub(crate) fn take(&self, epoch: u64, cached_tail: &mut u64) -> Take {
         // Acquire: pairs with the Release that gave the seat back (a re-attach or our own
         // previous step). Fails if another consumer was attached: our epoch is gone.
@@ -229,7 +229,7 @@ impl<T> Ring<T> {
             }
     }
 
-    /// L11: nothing queued and nothing released.
+    /// [L11](crate::contract#l11): nothing queued and nothing released.
     pub(crate) fn is_empty(&self) -> bool {
         self.cons.released.load(Ordering::Acquire) == 0
             && self.cons.next.load(Ordering::Acquire) == self.published()

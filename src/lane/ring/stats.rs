@@ -6,7 +6,7 @@ use crate::position::Position;
 use crate::sync::Ordering;
 
 impl<T> Ring<T> {
-    /// W5 for one lane: nothing queued, released, or delivered-but-unacked.
+    /// [W5](crate::contract#w5) for one lane: nothing queued, released, or delivered-but-unacked.
     pub(crate) fn is_idle(&self) -> bool {
         // Load `acked_end` before `tail`: both grow and `acked_end <= tail`, so equality means that at
         // the moment of the first load everything published was acked.
@@ -14,7 +14,7 @@ impl<T> Ring<T> {
         acked == self.published()
     }
 
-    /// The lane's acked position (L5).
+    /// The lane's acked position ([L5](crate::contract#l5)).
     pub(crate) fn acked(&self) -> Option<Position> {
         self.shape.mark.load()
     }
