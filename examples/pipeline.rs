@@ -11,9 +11,13 @@
 //!
 //! At the end it checks that every sink received every change at least once — tracked in memory
 //! per sink as how many envelopes of each batch position arrived, so it also holds with
-//! `--discard` — and that the final
-//! watermark is the last commit LSN, prints a summary (and writes it as JSON with
-//! `--summary-json`), and exits non-zero if either check fails or the input had an error.
+//! `--discard` — and that the final watermark is the last commit LSN. It prints a summary whose
+//! last line is `PASS: <reason>` or `FAIL: <reason>` (and writes the same summary as JSON with
+//! `--summary-json`: both come from one [`Summary`]), and exits non-zero on FAIL: a check failed,
+//! or the input (or a sink) had an error.
+//!
+//! Without `--out` or `--discard` the sinks write `target/pipeline-out/<sink>.ndjson` under the
+//! crate's root (where its `Cargo.toml` is), whatever the working directory or `CARGO_TARGET_DIR`.
 //!
 //! ```text
 //! cargo run --release --example pipeline -- --discard --summary-json target/summary.json
@@ -42,6 +46,7 @@ use lanestream::{
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use serde::Serialize;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -49,9 +54,30 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const DEFAULT_INPUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/wal2json-sample.jsonl.gz");
 const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pipeline-out");
 
+/// `--help`'s description (`-h` shows only the first line, from the doc comment of [`Args`]).
+const LONG_ABOUT: &str = concat!(
+    "wal2json (format-version 2) → lanestream → NDJSON sinks, with an at-least-once check.\n",
+    "\n",
+    "The lanestream crate's pipeline example. One ingest thread reads PostgreSQL changes in wal2json ",
+    "format-version 2 (--input; by default the bundled capture data/wal2json-sample.jsonl.gz), ",
+    "publishes each transaction as one batch to every sink's lane, and each sink thread appends the ",
+    "batch's envelopes as NDJSON to <--out>/<sink>.ndjson, flushes, then acks.\n",
+    "\n",
+    "Output: by default the sinks write ",
+    env!("CARGO_MANIFEST_DIR"),
+    "/target/pipeline-out/<sink>.ndjson (search.ndjson, cache.ndjson, archive.ndjson): the crate's ",
+    "own target/pipeline-out directory, whatever the working directory or CARGO_TARGET_DIR; the ",
+    "files are truncated at start. --out DIR writes them to DIR instead, --discard writes nothing.\n",
+    "\n",
+    "At the end it checks that every sink received every change at least once and that the final ",
+    "watermark is the last commit LSN, prints a summary to stdout (and writes the same summary as ",
+    "JSON with --summary-json) whose last line is `PASS: <reason>` or `FAIL: <reason>`, and exits ",
+    "0 on PASS, non-zero on FAIL (a check failed, or the input or a sink had an error).",
+);
+
 /// wal2json (format-version 2) → lanestream → NDJSON sinks, with an at-least-once check.
 #[derive(Parser, Debug, Clone)]
-#[command(version, about)]
+#[command(version, long_about = LONG_ABOUT)]
 struct Args {
     /// wal2json v2 input: a file (gzip is detected), or `-` for stdin.
     #[arg(long, default_value = DEFAULT_INPUT)]
@@ -183,10 +209,21 @@ impl Received {
         u64::from(duplicates)
     }
 
-    /// How many of the `published` (position, envelope count) batches and envelopes were never
-    /// received; `published` is in increasing position order.
-    fn lost(&self, published: &[(u64, u32)]) -> u64 {
-        let mut lost = 0;
+    /// How many positioned batches (transactions) were received at least once.
+    fn transactions(&self) -> u64 {
+        self.positions.len() as u64
+    }
+
+    /// How many of their envelopes were received at least once.
+    fn envelopes(&self) -> u64 {
+        self.envelopes.iter().map(|&n| u64::from(n)).sum()
+    }
+
+    /// How many of the `published` (position, envelope count) batches, and how many of their
+    /// envelopes (a lost batch's included), were never received: (transactions, envelopes).
+    /// `published` is in increasing position order.
+    fn lost(&self, published: &[(u64, u32)]) -> (u64, u64) {
+        let (mut transactions, mut envelopes) = (0, 0);
         let mut j = 0;
         for &(p, n) in published {
             while self.positions.get(j).is_some_and(|&q| q < p) {
@@ -195,13 +232,52 @@ impl Received {
             let got = if self.positions.get(j) == Some(&p) {
                 self.envelopes[j]
             } else {
-                lost += 1; // the batch itself
+                transactions += 1;
                 0
             };
-            lost += u64::from(n.saturating_sub(got));
+            envelopes += u64::from(n.saturating_sub(got));
         }
-        lost
+        (transactions, envelopes)
     }
+}
+
+/// The two kinds of lane item a sink is delivered.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A [`Batch`]: a transaction (positioned) or a chunk of snapshot rows (unpositioned).
+    Batch,
+    /// A `SnapshotComplete` marker, ending a backfill.
+    Marker,
+}
+
+impl Kind {
+    fn of(item: &LaneItem) -> Kind {
+        match item {
+            LaneItem::Batch(_) => Kind::Batch,
+            LaneItem::SnapshotComplete { .. } => Kind::Marker,
+        }
+    }
+}
+
+/// What one sink did with the deliveries of one [`Kind`] of lane item. These count deliveries: an
+/// item delivered three times (first delivery and two redeliveries) counts three times.
+#[derive(Default, Clone, Copy)]
+struct Deliveries {
+    /// Received from the lane, redeliveries included.
+    delivered: u64,
+    /// Of `delivered`, redeliveries (attempt > 1) — every one the lane made.
+    redelivered: u64,
+    /// Of `delivered`, nacked on receipt (--chaos) without being processed.
+    nacked: u64,
+    /// Of `delivered`, processed (recorded, and written unless --discard): `delivered - nacked`.
+    processed: u64,
+    /// Of `processed`, redeliveries: items processed again.
+    processed_again: u64,
+    /// Of `processed`, whose handle was dropped un-acked (--chaos): redelivered.
+    dropped: u64,
+    /// Of `processed`, whose ack was refused because a consumer re-attach took the item back
+    /// first (`AckError::Detached`): redelivered.
+    acks_refused: u64,
 }
 
 /// What a sink thread did.
@@ -210,18 +286,17 @@ struct SinkReport {
     name: String,
     /// Every positioned batch received at least once, and how many of its envelopes.
     received: Received,
-    deliveries: u64,
-    redelivered_seen: u64,
-    duplicates: u64,
+    /// Envelopes of positioned batches received again after a first receipt.
+    envelopes_received_again: u64,
+    batches: Deliveries,
+    markers: Deliveries,
     bytes_written: u64,
-    nacks: u64,
-    drops: u64,
     reattaches: u64,
-    out_of_order_acks: u64,
-    detached_acks: u64,
+    /// Rounds of held acks sent in an order other than the delivery order.
+    out_of_order_ack_rounds: u64,
     backfill_requested: bool,
+    /// Envelopes of unpositioned (snapshot) batches processed, per processed delivery.
     snapshot_envelopes: u64,
-    snapshot_completes: u64,
     error: Option<String>,
     /// When the sink saw the end of its lane.
     finished: Option<Instant>,
@@ -411,23 +486,34 @@ struct Sink {
 }
 
 impl Sink {
-    /// Records (and writes) one delivered item; returns whether this was its first receipt.
-    fn apply(&mut self, item: &LaneItem, attempt: u32) -> Result<(), BoxError> {
-        self.report.deliveries += 1;
-        if attempt > 1 {
-            self.report.redelivered_seen += 1;
+    fn counts(&mut self, kind: Kind) -> &mut Deliveries {
+        match kind {
+            Kind::Batch => &mut self.report.batches,
+            Kind::Marker => &mut self.report.markers,
         }
-        let batch = match item {
-            LaneItem::Batch(b) => b,
-            LaneItem::SnapshotComplete { .. } => {
-                self.report.snapshot_completes += 1;
-                return Ok(());
-            }
-        };
+    }
+
+    /// Counts one delivery received from the lane.
+    fn delivered(&mut self, kind: Kind, attempt: u32) {
+        let counts = self.counts(kind);
+        counts.delivered += 1;
+        if attempt > 1 {
+            counts.redelivered += 1;
+        }
+    }
+
+    /// Records (and writes) one delivered item.
+    fn apply(&mut self, item: &LaneItem, attempt: u32) -> Result<(), BoxError> {
+        let counts = self.counts(Kind::of(item));
+        counts.processed += 1;
+        if attempt > 1 {
+            counts.processed_again += 1;
+        }
+        let LaneItem::Batch(batch) = item else { return Ok(()) };
         match batch.position {
             Some(p) => {
                 let envelopes = u32::try_from(batch.envelopes.len())?;
-                self.report.duplicates += self.report.received.record(p.0, envelopes);
+                self.report.envelopes_received_again += self.report.received.record(p.0, envelopes);
             }
             None => self.report.snapshot_envelopes += batch.envelopes.len() as u64,
         }
@@ -446,10 +532,10 @@ impl Sink {
         Ok(())
     }
 
-    fn ack(&mut self, handle: AckHandle<LaneItem>) {
+    fn ack(&mut self, (handle, kind): (AckHandle<LaneItem>, Kind)) {
         if let Err(AckError::Detached) = handle.ack() {
             // A re-attach took it back first: it is redelivered to the new consumer (L8).
-            self.report.detached_acks += 1;
+            self.counts(kind).acks_refused += 1;
         }
     }
 
@@ -463,7 +549,7 @@ impl Sink {
 
     fn consume(&mut self) -> Result<(), BoxError> {
         let mut consumer = self.lane.reattach();
-        let mut held: Vec<AckHandle<LaneItem>> = Vec::new();
+        let mut held: Vec<(AckHandle<LaneItem>, Kind)> = Vec::new();
         loop {
             // Never wait while holding deliveries: the producer may be waiting for their slots.
             let delivery = if held.is_empty() {
@@ -490,10 +576,12 @@ impl Sink {
                 }
             };
             let attempt = delivery.attempt();
+            let kind = Kind::of(delivery.item());
+            self.delivered(kind, attempt);
             let Some(rng) = self.chaos.as_mut() else {
                 self.apply(delivery.item(), attempt)?;
                 let handle = delivery.into_handle();
-                self.ack(handle);
+                self.ack((handle, kind));
                 continue;
             };
             // --chaos
@@ -505,17 +593,17 @@ impl Sink {
                 self.request_backfill(delivery.item())?;
             }
             if roll < 0.03 {
-                self.report.nacks += 1;
+                self.counts(kind).nacked += 1;
                 delivery.nack(); // redelivered before anything new (L6)
                 continue;
             }
             self.apply(delivery.item(), attempt)?;
             let handle = delivery.into_handle();
             if drop_after {
-                self.report.drops += 1;
+                self.counts(kind).dropped += 1;
                 drop(handle); // dropping an unacked handle nacks it: a duplicate will follow
             } else {
-                held.push(handle);
+                held.push((handle, kind));
             }
             if reattach {
                 // Re-attach while holding deliveries: their acks below may land or be refused
@@ -530,11 +618,11 @@ impl Sink {
     }
 
     /// Acks the held deliveries in a random order (L5: any order is fine).
-    fn ack_held(&mut self, held: &mut Vec<AckHandle<LaneItem>>) {
+    fn ack_held(&mut self, held: &mut Vec<(AckHandle<LaneItem>, Kind)>) {
         if let Some(rng) = self.chaos.as_mut() {
             held.shuffle(rng);
-            if held.windows(2).any(|w| w[0].sequence() > w[1].sequence()) {
-                self.report.out_of_order_acks += 1;
+            if held.windows(2).any(|w| w[0].0.sequence() > w[1].0.sequence()) {
+                self.report.out_of_order_ack_rounds += 1;
             }
         }
         for h in held.drain(..) {
@@ -575,10 +663,6 @@ fn write_ndjson(line: &mut Vec<u8>, e: &Envelope) -> Result<(), BoxError> {
 }
 
 // ---------------------------------------------------------------------------------------------
-
-fn lsn(p: Option<Position>) -> serde_json::Value {
-    p.map_or(serde_json::Value::Null, |p| p.to_string().into())
-}
 
 fn run(args: &Args) -> Result<bool, BoxError> {
     let names = sink_names(args.sinks);
@@ -664,118 +748,360 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     let ended = sinks.iter().filter_map(|s| s.finished).max().unwrap_or_else(Instant::now);
     let elapsed = ended.duration_since(started).as_secs_f64();
 
-    // Every sink must have received every positioned batch and every envelope at least once.
-    let mut lost = 0u64;
-    for s in &sinks {
-        let sink_lost = s.received.lost(&ingest.published);
-        if sink_lost > 0 {
-            eprintln!("error: sink {} never received {sink_lost} batches/envelopes", s.name);
+    // Every sink must have received every positioned batch and every envelope at least once;
+    // the checks' verdict is part of the summary, so the text and the JSON say the same.
+    let mut failures: Vec<String> = Vec::new();
+    if let Some(e) = &ingest.error {
+        eprintln!("error: {e}");
+        failures.push(format!("ingest: {e}"));
+    }
+    let mut per_sink = Vec::with_capacity(sinks.len());
+    for (s, lane) in sinks.iter().zip(&lanes) {
+        let (transactions_lost, envelopes_lost) = s.received.lost(&ingest.published);
+        if let Some(e) = &s.error {
+            eprintln!("error: sink {}: {e}", s.name);
+            failures.push(format!("sink {}: {e}", s.name));
         }
-        lost += sink_lost;
+        if transactions_lost > 0 || envelopes_lost > 0 {
+            let what = format!(
+                "sink {} never received {transactions_lost} transactions / {envelopes_lost} envelopes",
+                s.name
+            );
+            eprintln!("error: {what}");
+            failures.push(what);
+        }
+        per_sink.push(SinkSummary::new(s, lsn(lane.stats().acked), transactions_lost, envelopes_lost));
     }
     let final_watermark = stream.watermark();
-    let redeliveries: u64 = lanes.iter().map(|l| l.stats().redelivered).sum();
-    let duplicates: u64 = sinks.iter().map(|s| s.duplicates).sum();
+    if final_watermark != ingest.last_commit {
+        let what = format!(
+            "final watermark {} is not the last commit LSN {}",
+            lsn_text(&lsn(final_watermark)),
+            lsn_text(&lsn(ingest.last_commit))
+        );
+        eprintln!("error: {what}");
+        failures.push(what);
+    }
+
     let transactions = counters.transactions.load(Ordering::Relaxed);
     let changes = counters.changes.load(Ordering::Relaxed);
     let envelopes = counters.envelopes.load(Ordering::Relaxed);
-    let changes_per_sec = if elapsed > 0.0 { changes as f64 / elapsed } else { 0.0 };
+    let reason = if failures.is_empty() {
+        format!(
+            "each of the {} sinks received all {transactions} transactions ({envelopes} envelopes) at least once, and the final watermark {} is the last commit LSN",
+            args.sinks,
+            lsn_text(&lsn(final_watermark)),
+        )
+    } else {
+        one_line(&failures.join("; "))
+    };
+    let mut summary = Summary {
+        schema_version: 1,
+        result: if failures.is_empty() { "PASS" } else { "FAIL" },
+        reason,
+        input: args.input.display().to_string(),
+        output_dir: (!args.discard).then(|| args.out.display().to_string()),
+        sink_count: args.sinks,
+        discard: args.discard,
+        chaos: args.chaos,
+        slow_sink: args.slow_sink,
+        transactions_published: transactions,
+        changes_published: changes,
+        envelopes_published: envelopes,
+        bad_lines_skipped: counters.bad_lines.load(Ordering::Relaxed),
+        last_commit_lsn: lsn(ingest.last_commit),
+        final_watermark_lsn: lsn(final_watermark),
+        stream_idle: stream.is_idle(),
+        backfill_requests_served: ingest.backfills_served,
+        snapshot_envelopes_published: ingest.snapshot_envelopes,
+        batches_redelivered: per_sink.iter().map(|s| s.batches_redelivered).sum(),
+        envelopes_received_again: per_sink.iter().map(|s| s.envelopes_received_again).sum(),
+        transactions_lost: per_sink.iter().map(|s| s.transactions_lost).sum(),
+        envelopes_lost: per_sink.iter().map(|s| s.envelopes_lost).sum(),
+        // Rounded to what the text shows, so that both show the same numbers.
+        elapsed_seconds: (elapsed * 1000.0).round() / 1000.0,
+        changes_per_second: if elapsed > 0.0 { (changes as f64 / elapsed).round() as u64 } else { 0 },
+        ingest_error: ingest.error.as_deref().map(one_line),
+        per_sink,
+    };
 
-    let sink_json: Vec<serde_json::Value> = sinks
-        .iter()
-        .zip(&lanes)
-        .map(|(s, l)| {
-            let st = l.stats();
-            serde_json::json!({
-                "name": s.name, "deliveries": s.deliveries, "redelivered": st.redelivered,
-                "duplicates": s.duplicates, "bytes_written": s.bytes_written, "nacks": s.nacks,
-                "drops": s.drops, "reattaches": s.reattaches, "out_of_order_acks": s.out_of_order_acks,
-                "detached_acks": s.detached_acks, "snapshot_envelopes": s.snapshot_envelopes,
-                "snapshot_completes": s.snapshot_completes, "acked": lsn(st.acked), "error": s.error,
-            })
-        })
-        .collect();
-    let summary = serde_json::json!({
-        "input": args.input.display().to_string(),
-        "sinks": args.sinks,
-        "discard": args.discard,
-        "chaos": args.chaos,
-        "slow_sink": args.slow_sink,
-        "transactions": transactions,
-        "changes": changes,
-        "envelopes": envelopes,
-        "bad_lines": counters.bad_lines.load(Ordering::Relaxed),
-        "final_watermark": lsn(final_watermark),
-        "last_commit_lsn": lsn(ingest.last_commit),
-        "redeliveries": redeliveries,
-        "duplicates": duplicates,
-        "lost": lost,
-        "backfills_served": ingest.backfills_served,
-        "snapshot_envelopes": ingest.snapshot_envelopes,
-        "elapsed_seconds": elapsed,
-        "changes_per_sec": changes_per_sec,
-        "idle": stream.is_idle(),
-        "error": ingest.error,
-        "per_sink": sink_json,
-    });
-
-    // The summary goes to stdout; a closed stdout (e.g. `| head`) is not an error of the run.
-    let mut stdout = io::stdout().lock();
-    let _ = writeln!(
-        stdout,
-        "{transactions} transactions, {changes} changes, {envelopes} envelopes -> {} sinks{} in {elapsed:.3}s: {changes_per_sec:.0} changes/s",
-        args.sinks,
-        if args.discard { " (discarded)".to_owned() } else { format!(" ({})", args.out.display()) },
-    );
-    let _ = writeln!(
-        stdout,
-        "last commit {}, final watermark {}, redeliveries {redeliveries}, duplicates {duplicates}, lost {lost}, bad lines {}",
-        lsn(ingest.last_commit),
-        lsn(final_watermark),
-        counters.bad_lines.load(Ordering::Relaxed),
-    );
-    for s in &sinks {
-        let _ = writeln!(
-            stdout,
-            "  {}: {} deliveries, {} redelivered, {} duplicates, {} bytes, nacks {}, drops {}, re-attaches {}, out-of-order ack rounds {}, detached acks {}, snapshot rows {}",
-            s.name, s.deliveries, s.redelivered_seen, s.duplicates, s.bytes_written, s.nacks, s.drops,
-            s.reattaches, s.out_of_order_acks, s.detached_acks, s.snapshot_envelopes,
-        );
-    }
-    if args.chaos {
-        let _ = writeln!(
-            stdout,
-            "  backfills served: {} ({} snapshot rows)",
-            ingest.backfills_served, ingest.snapshot_envelopes
-        );
-    }
+    // The JSON first: if it cannot be written, the run fails and the text says so.
     if let Some(path) = &args.summary_json {
-        let text = serde_json::to_string_pretty(&summary)?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-
-    let mut ok = true;
-    if let Some(e) = &ingest.error {
-        eprintln!("error: {e}");
-        ok = false;
-    }
-    for s in &sinks {
-        if let Some(e) = &s.error {
-            eprintln!("error: sink {}: {e}", s.name);
-            ok = false;
+        let written = serde_json::to_string_pretty(&summary)
+            .map_err(BoxError::from)
+            .and_then(|text| std::fs::write(path, text + "\n").map_err(BoxError::from));
+        if let Err(e) = written {
+            let what = format!("cannot write {}: {e}", path.display());
+            eprintln!("error: {what}");
+            summary.fail(what);
         }
     }
-    if lost != 0 {
-        eprintln!("error: {lost} changes were lost");
-        ok = false;
+    // The summary goes to stdout; a closed stdout (e.g. `| head`) is not an error of the run.
+    let _ = write!(io::stdout().lock(), "{summary}");
+    Ok(summary.result == "PASS")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary.
+
+/// An LSN as PostgreSQL writes it (`0/1D84F00`); `None` when there is none.
+fn lsn(p: Option<Position>) -> Option<String> {
+    p.map(|p| p.to_string())
+}
+
+/// An LSN in the text: unquoted, `none` when there is none (`null` in the JSON).
+fn lsn_text(lsn: &Option<String>) -> &str {
+    lsn.as_deref().unwrap_or("none")
+}
+
+/// The run's summary. The text on stdout (`Display`) and the JSON of `--summary-json`
+/// (`Serialize`) both render this one value: the same numbers under the same names.
+///
+/// Units: a *change* is one I/U/D/T action of the input; an *envelope* is one row operation
+/// delivered to a sink (one per change, two for an update that changes the key); a *transaction*
+/// is one positioned batch (its envelopes, at its commit LSN); a *batch* is a lane item carrying
+/// envelopes: a transaction or a chunk of snapshot rows; a *snapshot marker* is the
+/// `SnapshotComplete` lane item that ends a backfill.
+#[derive(Serialize)]
+struct Summary {
+    /// The layout of this JSON: bumped when a field is renamed, removed or changes meaning.
+    schema_version: u32,
+    /// `PASS` or `FAIL`: the exit status is 0 on PASS, non-zero on FAIL.
+    result: &'static str,
+    /// Why, in one line.
+    reason: String,
+    input: String,
+    /// The directory of the sinks' `<sink>.ndjson` files; `null` with `--discard`.
+    output_dir: Option<String>,
+    sink_count: u16,
+    discard: bool,
+    chaos: bool,
+    slow_sink: bool,
+    /// Published to every sink, as one positioned batch each.
+    transactions_published: u64,
+    changes_published: u64,
+    /// Per sink: every sink's lane got all of them.
+    envelopes_published: u64,
+    /// Malformed input lines skipped (`--skip-bad-lines`).
+    bad_lines_skipped: u64,
+    last_commit_lsn: Option<String>,
+    final_watermark_lsn: Option<String>,
+    /// Nothing queued or unacked on any lane at the end.
+    stream_idle: bool,
+    backfill_requests_served: u64,
+    /// Snapshot rows published in answer to the backfill requests (each to one sink).
+    snapshot_envelopes_published: u64,
+    /// The sinks' `batches_redelivered`, summed.
+    batches_redelivered: u64,
+    /// The sinks' `envelopes_received_again`, summed.
+    envelopes_received_again: u64,
+    /// The sinks' `transactions_lost`, summed.
+    transactions_lost: u64,
+    /// The sinks' `envelopes_lost`, summed.
+    envelopes_lost: u64,
+    /// From the start to the last sink's end, to the millisecond.
+    elapsed_seconds: f64,
+    changes_per_second: u64,
+    /// Why the ingest stopped early (input or publish error), if it did.
+    ingest_error: Option<String>,
+    per_sink: Vec<SinkSummary>,
+}
+
+/// One sink's part of the [`Summary`]. The `batches_*` and `snapshot_markers_*` counts are of
+/// deliveries (see [`Deliveries`]): an item delivered twice counts twice.
+#[derive(Serialize)]
+struct SinkSummary {
+    name: String,
+    /// The lane's acked position: the last transaction of its contiguous acked prefix.
+    acked_lsn: Option<String>,
+    /// NDJSON bytes appended to `<sink>.ndjson` (redelivered envelopes written again included).
+    bytes_written: u64,
+    /// Distinct transactions received at least once.
+    transactions_received: u64,
+    /// Distinct envelopes of transactions received at least once.
+    envelopes_received: u64,
+    /// Envelopes of transactions received again after their first receipt.
+    envelopes_received_again: u64,
+    /// Transactions published and never received.
+    transactions_lost: u64,
+    /// Envelopes of transactions published and never received (a lost transaction's included).
+    envelopes_lost: u64,
+    /// Batch deliveries received from the lane, redeliveries included.
+    batches_delivered: u64,
+    /// Of `batches_delivered`, redeliveries (every one the lane made).
+    batches_redelivered: u64,
+    /// Of `batches_delivered`, nacked on receipt without being processed (`--chaos`).
+    batches_nacked: u64,
+    /// Of `batches_delivered`, processed: recorded, and written unless `--discard`.
+    batches_processed: u64,
+    /// Of `batches_processed`, redeliveries: batches processed again.
+    batches_processed_again: u64,
+    /// Of `batches_processed`, whose handle was dropped un-acked (`--chaos`): redelivered.
+    batches_dropped: u64,
+    /// Of `batches_processed`, whose ack was refused because a re-attach took the batch back
+    /// first: redelivered.
+    batch_acks_refused: u64,
+    /// Snapshot rows in the processed snapshot batches (redeliveries included).
+    snapshot_envelopes_processed: u64,
+    /// As the `batches_*` counts, for `SnapshotComplete` markers.
+    snapshot_markers_delivered: u64,
+    snapshot_markers_redelivered: u64,
+    snapshot_markers_nacked: u64,
+    snapshot_markers_processed: u64,
+    snapshot_markers_processed_again: u64,
+    snapshot_markers_dropped: u64,
+    snapshot_marker_acks_refused: u64,
+    /// Consumer re-attaches (`--chaos`).
+    consumer_reattaches: u64,
+    /// Rounds of held acks sent in an order other than the delivery order (`--chaos`).
+    out_of_order_ack_rounds: u64,
+    /// Why the sink stopped early, if it did.
+    error: Option<String>,
+}
+
+impl SinkSummary {
+    fn new(s: &SinkReport, acked_lsn: Option<String>, transactions_lost: u64, envelopes_lost: u64) -> Self {
+        let (b, m) = (s.batches, s.markers);
+        SinkSummary {
+            name: s.name.clone(),
+            acked_lsn,
+            bytes_written: s.bytes_written,
+            transactions_received: s.received.transactions(),
+            envelopes_received: s.received.envelopes(),
+            envelopes_received_again: s.envelopes_received_again,
+            transactions_lost,
+            envelopes_lost,
+            batches_delivered: b.delivered,
+            batches_redelivered: b.redelivered,
+            batches_nacked: b.nacked,
+            batches_processed: b.processed,
+            batches_processed_again: b.processed_again,
+            batches_dropped: b.dropped,
+            batch_acks_refused: b.acks_refused,
+            snapshot_envelopes_processed: s.snapshot_envelopes,
+            snapshot_markers_delivered: m.delivered,
+            snapshot_markers_redelivered: m.redelivered,
+            snapshot_markers_nacked: m.nacked,
+            snapshot_markers_processed: m.processed,
+            snapshot_markers_processed_again: m.processed_again,
+            snapshot_markers_dropped: m.dropped,
+            snapshot_marker_acks_refused: m.acks_refused,
+            consumer_reattaches: s.reattaches,
+            out_of_order_ack_rounds: s.out_of_order_ack_rounds,
+            error: s.error.as_deref().map(one_line),
+        }
     }
-    if final_watermark != ingest.last_commit {
-        eprintln!(
-            "error: final watermark {} is not the last commit LSN {}",
-            lsn(final_watermark),
-            lsn(ingest.last_commit)
-        );
-        ok = false;
+}
+
+impl Summary {
+    /// Turns the verdict into FAIL for `why` (added in front of the reason if it already failed).
+    fn fail(&mut self, why: String) {
+        let why = one_line(&why);
+        self.reason = if self.result == "PASS" { why } else { format!("{why}; {}", self.reason) };
+        self.result = "FAIL";
     }
-    Ok(ok)
+}
+
+/// One line of text, whatever the error message held (the summary's reason and errors).
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self;
+        writeln!(
+            f,
+            "input {}: {} transactions, {} changes, {} envelopes published to each of {} sinks, {} bad lines skipped",
+            s.input, s.transactions_published, s.changes_published, s.envelopes_published, s.sink_count,
+            s.bad_lines_skipped,
+        )?;
+        match &s.output_dir {
+            Some(dir) => write!(f, "output {dir}/<sink>.ndjson")?,
+            None => write!(f, "output discarded")?,
+        }
+        writeln!(
+            f,
+            "; chaos {}, slow sink {}; {:.3} s, {} changes/s",
+            yes_no(s.chaos),
+            yes_no(s.slow_sink),
+            s.elapsed_seconds,
+            s.changes_per_second,
+        )?;
+        writeln!(
+            f,
+            "last commit LSN {}, final watermark LSN {}, stream idle {}",
+            lsn_text(&s.last_commit_lsn),
+            lsn_text(&s.final_watermark_lsn),
+            yes_no(s.stream_idle),
+        )?;
+        writeln!(
+            f,
+            "backfills: {} requests served, {} snapshot envelopes published",
+            s.backfill_requests_served, s.snapshot_envelopes_published,
+        )?;
+        writeln!(
+            f,
+            "all sinks: {} batches redelivered, {} envelopes received again, {} transactions lost, {} envelopes lost",
+            s.batches_redelivered, s.envelopes_received_again, s.transactions_lost, s.envelopes_lost,
+        )?;
+        for k in &s.per_sink {
+            writeln!(
+                f,
+                "sink {}: acked LSN {}, {} bytes written, {} consumer re-attaches, {} out-of-order ack rounds",
+                k.name,
+                lsn_text(&k.acked_lsn),
+                k.bytes_written,
+                k.consumer_reattaches,
+                k.out_of_order_ack_rounds,
+            )?;
+            writeln!(
+                f,
+                "  transactions: {} received, {} lost; their envelopes: {} received, {} received again, {} lost",
+                k.transactions_received,
+                k.transactions_lost,
+                k.envelopes_received,
+                k.envelopes_received_again,
+                k.envelopes_lost,
+            )?;
+            writeln!(
+                f,
+                "  batches: {} delivered ({} redelivered), {} nacked, {} processed ({} again), {} dropped, {} acks refused",
+                k.batches_delivered,
+                k.batches_redelivered,
+                k.batches_nacked,
+                k.batches_processed,
+                k.batches_processed_again,
+                k.batches_dropped,
+                k.batch_acks_refused,
+            )?;
+            writeln!(
+                f,
+                "  snapshot: {} envelopes processed; markers: {} delivered ({} redelivered), {} nacked, {} processed ({} again), {} dropped, {} acks refused",
+                k.snapshot_envelopes_processed,
+                k.snapshot_markers_delivered,
+                k.snapshot_markers_redelivered,
+                k.snapshot_markers_nacked,
+                k.snapshot_markers_processed,
+                k.snapshot_markers_processed_again,
+                k.snapshot_markers_dropped,
+                k.snapshot_marker_acks_refused,
+            )?;
+            if let Some(e) = &k.error {
+                writeln!(f, "  error: {e}")?;
+            }
+        }
+        if let Some(e) = &s.ingest_error {
+            writeln!(f, "ingest error: {e}")?;
+        }
+        writeln!(f, "{}: {}", s.result, s.reason)
+    }
 }

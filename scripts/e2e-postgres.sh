@@ -7,8 +7,9 @@
 #     | cargo run --release --example pipeline -- --input - --summary-json ...
 #
 # pg_recvlogical never exits on its own, so it is given --endpos = pg_current_wal_insert_lsn()
-# taken after the workload. Then the summary is checked: lost == 0, final_watermark ==
-# last_commit_lsn (not null), changes > 0, and transactions == the number of C lines streamed.
+# taken after the workload. Then the summary is checked: result == "PASS", transactions_lost ==
+# envelopes_lost == 0, final_watermark_lsn == last_commit_lsn (not null), changes_published > 0,
+# and transactions_published == the number of C lines streamed.
 # Installs the Debian packages if missing (root), cleans up the cluster on exit.
 #
 # Usage: scripts/e2e-postgres.sh [extra pipeline args, e.g. --chaos]
@@ -38,10 +39,12 @@ pg_recvlogical_stream "$endpos" - | tee "$stream" |
 
 # Top-level fields of the pretty-printed summary (two-space indent).
 field() { sed -n "s/^  \"$1\": \(.*\)$/\1/p" "$summary" | sed 's/,$//'; }
-lost=$(field lost)
-changes=$(field changes)
-transactions=$(field transactions)
-watermark=$(field final_watermark)
+result=$(field result)
+lost=$(field transactions_lost)
+lost_envelopes=$(field envelopes_lost)
+changes=$(field changes_published)
+transactions=$(field transactions_published)
+watermark=$(field final_watermark_lsn)
 last=$(field last_commit_lsn)
 commits=$(grep -c '^{"action":"C"' "$stream" || true)
 
@@ -52,9 +55,10 @@ check() {
         fail=1
     fi
 }
-check '[[ $lost == 0 ]]' "lost == 0 (got $lost)"
+check '[[ $result == \"PASS\" ]]' "result == PASS (got $result)"
+check '[[ $lost == 0 && $lost_envelopes == 0 ]]' "transactions_lost == envelopes_lost == 0 (got $lost, $lost_envelopes)"
 check '[[ $changes =~ ^[0-9]+$ && $changes -gt 0 ]]' "changes > 0 (got $changes)"
-check '[[ $watermark != null && $watermark == "$last" ]]' "final_watermark == last_commit_lsn ($watermark vs $last)"
+check '[[ $watermark != null && $watermark == "$last" ]]' "final_watermark_lsn == last_commit_lsn ($watermark vs $last)"
 check '[[ $transactions == "$commits" ]]' "transactions == C lines streamed ($transactions vs $commits)"
 [[ $fail -eq 0 ]] || exit 1
 pg_log "end to end ok: $transactions transactions, $changes changes, watermark $watermark"
