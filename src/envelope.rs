@@ -2,7 +2,8 @@
 
 use bytes::Bytes;
 
-use crate::{IndexName, Position};
+use crate::name::IndexName;
+use crate::position::Position;
 
 /// What a change does to its document.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use crate::{Envelope, IndexName, Position, SinkName};
+use crate::envelope::Envelope;
+use crate::name::{IndexName, SinkName};
+use crate::position::Position;
 
 /// What a lane needs to know about the values it carries.
 ///

@@ -57,7 +57,10 @@ use bytes::Bytes;
 use rkyv::rancor;
 pub use rkyv::util::AlignedVec;
 
-use crate::{Batch, Envelope, IndexName, LaneItem, NameError, Op, Position, Request, SinkName};
+use crate::envelope::{Envelope, Op};
+use crate::item::{Batch, LaneItem, Request};
+use crate::name::{IndexName, NameError, SinkName};
+use crate::position::Position;
 
 /// The alignment, in bytes, the start of an encoded buffer must have. [`AlignedVec`] has it.
 pub const REQUIRED_ALIGN: usize = 8;

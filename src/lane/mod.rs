@@ -4,7 +4,6 @@
 //! - [`ring`] (private): the shared state and its protocol, one room per side: the slot state
 //!   word, the producer side, the consumer side and its seat, acks and the advancer, counters.
 //! - [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`]: the ends users hold.
-//! - `wait` (private): spin-then-park and async waker lists, used only by the ring.
 //! - [`Lane`]: a handle that hands out the ends; [`Lane::standalone`] builds one outside any
 //!   stream for any [`Item`] type.
 
@@ -15,7 +14,6 @@ mod delivery;
 mod producer;
 mod ring;
 mod stats;
-mod wait;
 
 use std::fmt;
 

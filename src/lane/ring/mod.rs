@@ -56,10 +56,20 @@
 //! close, re-attach) notify through the wait list's own counter (`wait.rs`).
 //!
 //! # The seat
-//! `seat` holds the consumer epoch (`epoch << 1`) and a `BUSY` bit. A consumer takes the seat
-//! with a compare-and-swap from its own epoch for each non-blocking receive step; a re-attach
-//! waits for the seat to be idle, takes it with the next epoch, releases every `DELIVERED` slot
-//! and gives the seat back. The old consumer's next step fails its swap: `Detached`.
+//! `seat` holds the consumer epoch (`epoch << 2`), an `ATTACHED` bit (a consumer of that epoch
+//! is alive) and a `BUSY` bit. A consumer takes the seat with a compare-and-swap from its own
+//! epoch for each non-blocking receive step; an attach waits for the seat to be idle, takes it
+//! with the next epoch (refusing while `ATTACHED`, unless it re-attaches), releases every
+//! `DELIVERED` slot and gives the seat back. The old consumer's next step fails its swap:
+//! `Detached`. A consumer that goes away clears `ATTACHED` only if its epoch is still current.
+//!
+//! # Rooms
+//! - `slot.rs`: the slot and its state word (tags, holder count and its bound, generation).
+//! - `publish.rs`: the producer side: the producer role, publishing, waiting for room, closing.
+//! - `receive.rs`: the consumer side and the seat: attach, take, waiting for items.
+//! - `ack.rs`: handles and the advancer: ack, nack, stale handles, the acked prefix.
+//! - `stats.rs`: lock-free reads: idleness, acked position, counters.
+//! - `wait.rs`: the wait lists (spin then park, or a registered waker), private to the ring.
 //!
 //! The memory-ordering pairs are named at each atomic operation (`Release` ... pairs with ...).
 
@@ -68,6 +78,7 @@ mod publish;
 mod receive;
 mod slot;
 mod stats;
+mod wait;
 
 pub(crate) use self::publish::ProducerState;
 pub(crate) use self::receive::Take;
@@ -80,7 +91,7 @@ use std::ptr;
 use crossbeam_utils::CachePadded;
 
 use self::slot::{Slot, EMPTY};
-use crate::lane::wait::WaitList;
+use self::wait::WaitList;
 use crate::stream::watermark::AckedMark;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
 

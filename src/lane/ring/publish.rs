@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use std::ptr;
 
+use super::wait;
 use super::{Ring, CLOSED, ITEMS_WANTED, NO_POSITION, ROOM_WANTED, TAIL_SHIFT};
 use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::Item;
-use crate::lane::wait;
 use crate::position::Position;
 use crate::sync::Ordering;
 

@@ -7,8 +7,8 @@ use std::time::Instant;
 use crossbeam_utils::Backoff;
 
 use super::slot::{attempt, delivered_word, holders, tag, with_tag, DELIVERED, MAX_HOLDERS, RELEASED};
+use super::wait;
 use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
-use crate::lane::wait;
 use crate::sync::Ordering;
 
 /// What the seated consumer found.
