@@ -8,6 +8,10 @@
 //! flip inside a document, a different but valid batch), never a panic. Every step is asserted;
 //! a failed assertion exits non-zero.
 //!
+//! The `codec` feature is off by default: a user turns it on with
+//! `lanestream = { version = "0.1", features = ["codec"] }`; this crate's examples get it through
+//! its dev-dependencies.
+//!
 //! ```text
 //! cargo run --example codec
 //! ```

@@ -101,8 +101,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The counters this example cares about, on one line (`LaneStats` also derives `Debug` and
-/// `Serialize`).
+/// The counters this example cares about, on one line (`LaneStats` also implements `Debug`, and
+/// `Serialize` with the `serde` feature).
 fn counters(s: &LaneStats) -> String {
     format!(
         "queued {} released {} in_flight {} delivered {} redelivered {} acked {}",
