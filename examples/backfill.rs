@@ -71,7 +71,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let late = stuck_worker.ack();
     println!("ingest #1's worker: late ack refused: {}", late.as_ref().unwrap_err());
     assert_eq!(late, Err(AckError::Detached));
-    let Request::Backfill { sink, indexes } = request.item().clone();
+    let Request::Backfill { sink, indexes } = request.item().clone() else {
+        return Err(format!("a request this example does not serve: {:?}", request.item()).into());
+    };
     let mut to_sink = stream.producer(sink.as_str())?;
     to_sink.publish(snapshot_chunk(&users, 1..=3))?; // the snapshot starts over
     to_sink.publish(snapshot_chunk(&users, 4..=5))?;
@@ -122,6 +124,7 @@ fn apply_all(
             }
             LaneItem::Batch(b) => format!("live batch at {}", b.position.map_or(0, |p| p.0)),
             LaneItem::SnapshotComplete { indexes } => format!("SnapshotComplete {indexes:?}"),
+            other => format!("{other:?}"),
         };
         let positioned = delivery.position().is_some();
         delivery.ack()?;

@@ -255,6 +255,7 @@ impl Kind {
         match item {
             LaneItem::Batch(_) => Kind::Batch,
             LaneItem::SnapshotComplete { .. } => Kind::Marker,
+            other => unreachable!("a lane item this example does not know: {other:?}"),
         }
     }
 }
@@ -319,6 +320,7 @@ fn apply_to_state(state: &mut State, batch: &Batch) {
                 rows.remove(&e.id);
             }
             Op::Truncate => rows.clear(),
+            other => unreachable!("an op this example does not know: {other:?}"),
         }
     }
 }
@@ -359,7 +361,9 @@ impl Ingest {
                     Err(e) => return Err(e.into()),
                 },
             };
-            let Request::Backfill { sink, indexes } = delivery.item().clone();
+            let Request::Backfill { sink, indexes } = delivery.item().clone() else {
+                return Err(format!("a request this example does not serve: {:?}", delivery.item()).into());
+            };
             let lane = self
                 .names
                 .iter()

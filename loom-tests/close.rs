@@ -1,8 +1,5 @@
 //! Loom model 7: close racing the last publish, and close waking waiters (L10).
 
-
-
-
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -1,9 +1,6 @@
 //! Loom model 9: every item is dropped exactly once — on its final ack, or when the last
 //! reference to the lane goes — with no leak (M3).
 
-
-
-
 use std::sync::Arc as StdArc;
 
 use lanestream::{LaneItem, MemoryStream, Stream};

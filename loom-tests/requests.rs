@@ -1,8 +1,5 @@
 //! Loom model 8: the request lane — two senders, one consumer, with redelivery (R1, R2).
 
-
-
-
 use lanestream::{MemoryStream, Request, SinkName, Stream};
 use loom::thread;
 

@@ -1,9 +1,6 @@
 //! Loom model 5: blocking waits without lost wake-ups (the "nobody is waiting" shortcut racing
 //! a thread about to park), for the consumer (items) and for the producer (room).
 
-
-
-
 use lanestream::{MemoryStream, Position, Stream};
 use loom::thread;
 

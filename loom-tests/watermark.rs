@@ -1,8 +1,5 @@
 //! Loom model 4: two lanes acking while a reader reads the watermark twice (W3, W4).
 
-
-
-
 use lanestream::{MemoryStream, Position, Stream};
 use loom::sync::Arc;
 use loom::thread;

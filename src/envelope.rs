@@ -8,6 +8,7 @@ use crate::position::Position;
 /// What a change does to its document.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum Op {
     /// Insert or replace the document with this id.
     Upsert,

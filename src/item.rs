@@ -58,6 +58,7 @@ impl Batch {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum LaneItem {
     /// A batch of changes.
     Batch(Batch),
@@ -101,6 +102,7 @@ impl From<Batch> for LaneItem {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum Request {
     /// Send a snapshot of these indexes to this sink, then `SnapshotComplete`.
     Backfill {

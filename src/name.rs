@@ -9,6 +9,7 @@ pub const MAX_NAME_LEN: usize = 63;
 
 /// Why a name was refused. Names match `^[a-z_][a-z0-9_]*$` and are at most [`MAX_NAME_LEN`] bytes.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NameError {
     /// The name is empty.
     #[error("name is empty (expected ^[a-z_][a-z0-9_]*$)")]

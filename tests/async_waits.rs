@@ -281,7 +281,7 @@ async fn many_async_request_senders_and_one_async_ingest_engine() {
         let mut seen = std::collections::HashSet::new();
         while seen.len() < 200 {
             let d = ingest.recv_async().await.unwrap().unwrap();
-            let Request::Backfill { indexes, .. } = d.item();
+            let Request::Backfill { indexes, .. } = d.item() else { unreachable!() };
             assert!(seen.insert(indexes[0].clone()), "duplicate");
             d.ack().unwrap();
         }

@@ -1137,7 +1137,7 @@ fn r1_many_senders_publish_requests_concurrently_and_one_ingest_engine_consumes(
     let mut per_sink_last = [None::<usize>; 4];
     while seen.len() < 4 * PER_SENDER {
         let d = ingest.recv_timeout(Duration::from_secs(10)).expect("requests keep coming").unwrap();
-        let Request::Backfill { sink, indexes } = d.item();
+        let Request::Backfill { sink, indexes } = d.item() else { unreachable!() };
         let k: usize = sink.as_str()[1..].parse().unwrap();
         let i: usize = indexes[0].as_str()[1..].parse().unwrap();
         if let Some(last) = per_sink_last[k] {
@@ -1187,7 +1187,7 @@ fn serve_backfill(
 ) -> Option<u32> {
     let d = ingest.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
     let attempt = d.attempt();
-    let Request::Backfill { sink, indexes } = d.item().clone();
+    let Request::Backfill { sink, indexes } = d.item().clone() else { unreachable!() };
     let lane = s.lane(sink.as_str()).unwrap();
     let mut p = lane.producer().unwrap();
     for row in 0..rows {
@@ -1235,6 +1235,7 @@ fn r2_backfill_is_acked_after_snapshot_complete_and_redelivered_after_a_crash_mi
             LaneItem::SnapshotComplete { indexes } => {
                 indexes[0].as_str().chars().next().unwrap().to_ascii_uppercase()
             }
+            other => unreachable!("{other:?}"),
         });
         d.ack().unwrap();
     }

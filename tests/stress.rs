@@ -47,7 +47,7 @@ fn stress_three_lanes_with_nacks_drops_shuffled_acks_and_reattaches() {
         .iter()
         .map(|b| match b {
             LaneItem::Batch(b) => b.envelopes.clone(),
-            LaneItem::SnapshotComplete { .. } => unreachable!(),
+            other => unreachable!("{other:?}"),
         })
         .collect();
     let s = common::stream(CAPACITY, &["search", "cache", "archive"]);

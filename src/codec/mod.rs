@@ -1,5 +1,4 @@
-//! The wire form of lane items and requests: [rkyv] archives, validated on read (feature `codec`,
-//! on by default).
+//! The wire form of lane items and requests: [rkyv] archives, validated on read (feature `codec`).
 //!
 //! - [`encode_item`] / [`encode_request`] write a [`LaneItem`] / [`Request`] into an aligned buffer
 //!   ([`AlignedVec`]). Envelope documents are written straight from their [`Bytes`]; nothing else is
@@ -18,6 +17,12 @@
 //! `u64`; an envelope's document as a byte vector. The buffer must start at an address aligned to
 //! [`REQUIRED_ALIGN`] bytes (an [`AlignedVec`] is); copy unaligned input into an [`AlignedVec`]
 //! first.
+//!
+//! Validation checks structure, not integrity: the format carries no checksum, so a flipped bit
+//! inside a document, an id or a position decodes into a different but well-formed value. Frame
+//! the bytes with a checksum of your own (or rely on the transport's) where corruption matters.
+//! A request's bytes decoded as a lane item usually fail the layout check before the magic is
+//! read, so expect [`CodecError::Invalid`] rather than [`CodecError::WrongMagic`] for them.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -73,6 +78,7 @@ const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"LSR1");
 /// Why bytes could not be encoded, decoded or viewed. Decoding and viewing never change anything;
 /// the input is left as it was.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CodecError {
     /// The buffer does not start at an address aligned to [`REQUIRED_ALIGN`]; copy it into an
     /// [`AlignedVec`] and retry.
@@ -401,6 +407,7 @@ fn op_of(op: ArchivedWireOp) -> Op {
 
 /// A validated archived lane item, read in place ([`view_item`]).
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum ItemView<'a> {
     /// An archived batch.
     Batch(BatchView<'a>),

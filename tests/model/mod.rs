@@ -489,6 +489,7 @@ pub fn serial_of(item: &LaneItem) -> u64 {
         LaneItem::SnapshotComplete { indexes } => {
             indexes[0].as_str()[1..].parse().expect("harness index names are i<serial>")
         }
+        other => unreachable!("{other:?}"),
     }
 }
 
