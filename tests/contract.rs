@@ -21,8 +21,8 @@ use std::thread;
 
 use common::{backfill, batch, complete, envelope, pos, shared_envelopes, snapshot, stream, tracked};
 use lanestream::{
-    AckError, AckHandle, Batch, BuildError, Delivery, Envelope, IndexName, LaneItem, LaneStats, MemoryStream,
-    NameError, Op, Position, Request, SinkName, Stream, StreamError, TryPublishError, TryRecvError,
+    AckError, AckHandle, Batch, BuildError, Delivery, Envelope, IndexName, LaneItem, MemoryStream, NameError,
+    Op, Position, Request, SinkName, Stream, StreamError, TryPublishError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
 
@@ -50,18 +50,6 @@ impl Backend for Memory {
 
     fn worker_handle(&self, delivery: Delivery<LaneItem>) -> AckHandle<LaneItem> {
         delivery.into_handle()
-    }
-
-    fn lane_stats(&self, stream: &MemoryStream, sink: &str) -> Option<LaneStats> {
-        Some(stream.lane(sink).unwrap().stats())
-    }
-
-    fn lane_is_idle(&self, stream: &MemoryStream, sink: &str) -> Option<bool> {
-        Some(stream.lane(sink).unwrap().is_idle())
-    }
-
-    fn request_stats(&self, stream: &MemoryStream) -> Option<LaneStats> {
-        Some(stream.requests().stats())
     }
 }
 

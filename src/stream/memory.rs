@@ -14,7 +14,7 @@ use crate::error::{
     TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::{check_capacity, Consumer, Delivery, Lane, Producer, Ring};
+use crate::lane::{check_capacity, Consumer, Delivery, Lane, LaneStats, Producer, Ring};
 use crate::name::SinkName;
 use crate::position::Position;
 
@@ -203,6 +203,14 @@ impl Stream for MemoryStream {
         Ok(self.lane_ref(sink)?.acked())
     }
 
+    fn stats(&self, sink: &str) -> Result<LaneStats, StreamError> {
+        Ok(self.lane_ref(sink)?.stats())
+    }
+
+    fn request_stats(&self) -> LaneStats {
+        self.inner.requests.stats()
+    }
+
     fn request_sender(&self) -> RequestSender {
         self.inner.requests.sender()
     }
@@ -264,6 +272,10 @@ impl<T: Item + Send + Sync> LaneProducer<T> for Producer<T> {
 
     fn is_closed(&self) -> bool {
         Producer::is_closed(self)
+    }
+
+    fn capacity(&self) -> usize {
+        Producer::capacity(self)
     }
 }
 

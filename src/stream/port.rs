@@ -20,7 +20,8 @@ use crate::error::{
     AckError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError, TryPublishError,
     TryRecvError,
 };
-use crate::item::{LaneItem, Request};
+use crate::item::{Item, LaneItem, Request};
+use crate::lane::LaneStats;
 use crate::name::SinkName;
 use crate::position::Position;
 
@@ -90,6 +91,16 @@ pub trait Stream: Send + Sync {
     /// [`StreamError::UnknownLane`].
     fn acked(&self, sink: &str) -> Result<Option<Position>, StreamError>;
 
+    /// `sink`'s lane counters: queued, released, in flight, pinned, published, acked...
+    /// `stats.acked_items == stats.published` says the lane is idle ([W5](crate::contract#w5)).
+    ///
+    /// # Errors
+    /// [`StreamError::UnknownLane`].
+    fn stats(&self, sink: &str) -> Result<LaneStats, StreamError>;
+
+    /// The request lane's counters.
+    fn request_stats(&self) -> LaneStats;
+
     /// A sender on the request lane; clone it freely.
     fn request_sender(&self) -> Self::RequestSender;
 
@@ -154,6 +165,9 @@ pub trait LaneProducer<T>: Send {
 
     /// Whether the lane was closed.
     fn is_closed(&self) -> bool;
+
+    /// The lane's capacity, in items.
+    fn capacity(&self) -> usize;
 }
 
 /// The receiving end of a lane carrying `T`.
@@ -206,6 +220,14 @@ pub trait LaneDelivery<T>: Send {
 
     /// Which delivery of the item this is: 1 for the first.
     fn attempt(&self) -> u32;
+
+    /// The item's position ([I1](crate::contract#i1)).
+    fn position(&self) -> Option<Position>
+    where
+        T: Item,
+    {
+        self.item().position()
+    }
 
     /// Acknowledges the item ([L5](crate::contract#l5)).
     ///

@@ -35,7 +35,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::{
-    AckError, Batch, Envelope, Item, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, LaneStats, Position,
+    AckError, Batch, Envelope, Item, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position,
     PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, Request, RequestPublisher, SinkName,
     Stream, StreamError, TryPublishError, TryRecvError,
 };
@@ -65,15 +65,6 @@ pub trait Backend: Sized {
 
     /// Port gap: `LaneDelivery` has no split into an ack handle.
     fn worker_handle(&self, delivery: DeliveryOf<Self>) -> Self::Handle;
-
-    /// Port gap: `Stream` has no per-lane stats. `None` skips the assertions on them.
-    fn lane_stats(&self, stream: &Self::Stream, sink: &str) -> Option<LaneStats>;
-
-    /// Port gap: `Stream::is_idle` answers for the whole stream only. `None` skips the per-lane checks.
-    fn lane_is_idle(&self, stream: &Self::Stream, sink: &str) -> Option<bool>;
-
-    /// Port gap: `Stream` has no stats for the request lane. `None` skips the assertions on them.
-    fn request_stats(&self, stream: &Self::Stream) -> Option<LaneStats>;
 }
 
 /// The ack right a worker thread holds (see [`Backend::Handle`]); dropping it nacks.
@@ -194,11 +185,10 @@ fn drain_closed<T: Item, C: LaneConsumer<T>>(consumer: &mut C) -> Vec<(Option<u6
     got
 }
 
-/// Asserts the lane's idleness, where the backend can tell it (port gap).
+/// Asserts the lane's idleness ([W5](lanestream::contract): nothing queued, released or unacked).
 fn assert_lane_idle<B: Backend>(b: &B, s: &B::Stream, sink: &str, idle: bool, what: &str) {
-    if let Some(is_idle) = b.lane_is_idle(s, sink) {
-        assert_eq!(is_idle, idle, "{}: lane {sink} idle: {what}", b.name());
-    }
+    let st = s.stats(sink).unwrap();
+    assert_eq!(st.acked_items == st.published, idle, "{}: lane {sink} idle: {what}", b.name());
 }
 
 // ----- Items ---------------------------------------------------------------------------------
@@ -321,7 +311,8 @@ pub fn l2_wraparound_keeps_publish_order_for_capacities_1_2_3_5_7<B: Backend>(b:
                 Some(Position(next_pos - 1)),
                 "{name}: capacity {cap}, lap {lap}"
             );
-            if let Some(st) = b.lane_stats(&s, "search") {
+            {
+                let st = s.stats("search").unwrap();
                 assert_eq!((st.capacity, st.queued, st.released, st.in_flight), (cap, 0, 0, 0));
                 assert_eq!((st.published, st.acked_items), (next_pos - 1, next_pos - 1));
             }
@@ -341,7 +332,8 @@ pub fn l3_try_publish_on_a_full_lane_hands_the_item_back_with_full<B: Backend>(b
         other => panic!("{}: expected Full, got {other:?}", b.name()),
     }
     assert_eq!(Arc::strong_count(&env), 1, "the handed-back item was dropped by us, not kept");
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert_eq!((st.published, st.queued, st.last_published), (2, 2, Some(Position(2))));
     }
     let err = p.publish_timeout(batch(3), Duration::from_millis(20)).unwrap_err();
@@ -380,7 +372,8 @@ pub fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed<B: Backend
     p.publish(batch(1)).unwrap();
     p.close();
     assert!(p.is_closed());
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert!(st.closed);
     }
     let env = shared_envelopes(2);
@@ -402,7 +395,8 @@ pub fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed<B: Backend
     let mut p2 = s.producer("search").unwrap();
     assert!(matches!(p2.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
     assert_eq!(Arc::strong_count(&env), 1);
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert_eq!(st.published, 1);
     }
 }
@@ -435,7 +429,8 @@ pub fn l4_regressed_position_is_refused_and_item_handed_back<B: Backend>(b: &B) 
     p.publish(batch(11)).unwrap();
     assert_eq!(Arc::strong_count(&env), 1, "refused items were handed back, not kept");
     assert_eq!(drain_try(&mut c), [Some(10), None, Some(11)], "nothing refused was enqueued");
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert_eq!(st.published, 3);
     }
 }
@@ -446,7 +441,7 @@ pub fn l5_acked_position_follows_the_contiguous_acked_prefix<B: Backend>(b: &B) 
     for item in [batch(10), batch(20), snapshot(), batch(30), batch(40)] {
         p.publish(item).unwrap();
     }
-    let acked_items = || b.lane_stats(&s, "search").map(|st| st.acked_items);
+    let acked_items = || Some(s.stats("search").unwrap().acked_items);
     let mut d: Vec<_> = (0..5).map(|_| Some(c.try_recv().unwrap())).collect();
     let mut ack = |i: usize| d[i].take().unwrap().ack().unwrap();
     ack(1);
@@ -522,7 +517,8 @@ pub fn l6_only_released_items_are_redelivered_and_attempt_counts_deliveries<B: B
         d = c.try_recv().unwrap();
     }
     assert_eq!((pos(&d), d.attempt()), (2, 10));
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert_eq!(st.redelivered, 10);
     }
     for x in [d1, d, d3, r4] {
@@ -596,7 +592,8 @@ pub fn l8_reattached_consumer_that_caught_up_sees_empty_not_a_phantom_item<B: Ba
         assert_eq!((pos(&d2), d2.attempt()), (2, 1));
         d2.ack().unwrap();
         assert!(matches!(c2.try_recv(), Err(TryRecvError::Empty)));
-        if let Some(st) = b.lane_stats(&s, "search") {
+        {
+            let st = s.stats("search").unwrap();
             assert_eq!(st.queued, 0);
         }
     }
@@ -698,12 +695,14 @@ pub fn l8_an_ack_counts_at_once_while_a_detached_delivery_still_holds_the_slot<B
     );
     assert_eq!(s.watermark(), Some(Position(1)));
     assert!(s.is_idle(), "everything published is acked");
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert_eq!((st.pinned, st.free_slots()), (1, 0), "the stale delivery pins the slot");
     }
     drop(stale);
     assert_eq!(s.acked("search").unwrap(), Some(Position(1)));
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert_eq!((st.pinned, st.free_slots()), (0, 1), "released once the last reader left");
     }
     p.try_publish(batch(2)).unwrap();
@@ -771,7 +770,8 @@ pub fn l9_second_live_producer_is_busy_and_a_restarted_producer_continues<B: Bac
     ));
     p2.publish(batch(4)).unwrap();
     assert_eq!(drain_try(&mut c), [Some(1), Some(2), Some(3), Some(4)]);
-    if let Some(st) = b.lane_stats(&s, "search") {
+    {
+        let st = s.stats("search").unwrap();
         assert_eq!(st.last_published, Some(Position(4)));
     }
 }
@@ -896,7 +896,8 @@ pub fn l10_close_takes_no_slot_even_on_a_full_lane<B: Backend>(b: &B) {
             p.try_publish(batch(i)).unwrap();
         }
         p.close();
-        if let Some(st) = b.lane_stats(&s, "search") {
+        {
+            let st = s.stats("search").unwrap();
             assert_eq!((st.published, st.queued, st.closed), (cap as u64, cap as u64, true));
         }
         let got = drain_closed(&mut c);
@@ -1027,7 +1028,8 @@ pub fn w2_snapshot_batches_snapshot_complete_and_requests_never_move_the_waterma
     s.request_sender().publish(backfill("search", "users")).unwrap();
     s.reattach_requests().try_recv().unwrap().ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(5)));
-    if let Some(st) = b.request_stats(&s) {
+    {
+        let st = s.request_stats();
         assert_eq!(st.acked, None, "the request lane has no position");
     }
     // Publishing a positioned batch does not move it either; only its ack does.
@@ -1273,7 +1275,6 @@ pub fn r2_requests_follow_the_lane_rules_for_nack_redelivery_and_reattach<B: Bac
 /// One ingest engine step for a backfill: snapshot rows, then `SnapshotComplete`, then the ack.
 /// `crash_after` rows, it stops (returns without acking; its delivery is dropped).
 fn serve_backfill<B: Backend>(
-    b: &B,
     ingest: &mut <B::Stream as Stream>::RequestConsumer,
     s: &B::Stream,
     rows: usize,
@@ -1291,9 +1292,9 @@ fn serve_backfill<B: Backend>(
         p.publish(LaneItem::Batch(Batch::new(None, env))).unwrap();
     }
     p.publish(LaneItem::SnapshotComplete { indexes }).unwrap();
-    let published = b.lane_stats(s, sink.as_str()).map(|st| st.published);
+    let published = s.stats(sink.as_str()).unwrap().published;
     d.ack().unwrap();
-    assert_eq!(b.lane_stats(s, sink.as_str()).map(|st| st.published), published, "nothing after the ack");
+    assert_eq!(s.stats(sink.as_str()).unwrap().published, published, "nothing after the ack");
     Some(attempt)
 }
 
@@ -1304,14 +1305,16 @@ pub fn r2_backfill_is_acked_after_snapshot_complete_and_redelivered_after_a_cras
     s.request_sender().publish(backfill("search", "users")).unwrap();
     // Ingest engine 1 crashes after two rows: its request delivery is dropped un-acked.
     let mut ingest = s.reattach_requests();
-    assert_eq!(serve_backfill(b, &mut ingest, &s, 4, Some(2)), None);
-    if let Some(st) = b.request_stats(&s) {
+    assert_eq!(serve_backfill::<B>(&mut ingest, &s, 4, Some(2)), None);
+    {
+        let st = s.request_stats();
         assert_eq!(st.released, 1, "the crashed engine's delivery was released");
     }
     // Ingest engine 2 (restarted: re-attached request consumer, new producer) gets it again.
     let mut ingest2 = s.reattach_requests();
-    assert_eq!(serve_backfill(b, &mut ingest2, &s, 4, None), Some(2));
-    if let Some(st) = b.request_stats(&s) {
+    assert_eq!(serve_backfill::<B>(&mut ingest2, &s, 4, None), Some(2));
+    {
+        let st = s.request_stats();
         assert_eq!(st.lag(), 0);
     }
     // A hung ingest engine replaced while it still holds the request: its late ack is refused
@@ -1319,7 +1322,7 @@ pub fn r2_backfill_is_acked_after_snapshot_complete_and_redelivered_after_a_cras
     s.request_sender().publish(backfill("search", "orders")).unwrap();
     let hung = ingest2.try_recv().unwrap();
     let mut ingest3 = s.reattach_requests();
-    assert_eq!(serve_backfill(b, &mut ingest3, &s, 1, None), Some(2));
+    assert_eq!(serve_backfill::<B>(&mut ingest3, &s, 1, None), Some(2));
     assert_eq!(hung.ack(), Err(AckError::Detached));
     // The sink saw: 2 rows (crashed run), 4 rows + complete, 1 row + complete.
     let mut c = s.reattach("search").unwrap();
