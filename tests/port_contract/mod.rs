@@ -18,10 +18,9 @@
 //! Each test is named after the rule it checks (`l8_...`), so `cargo test l8_` runs a rule on every
 //! backend. The contract is `lanestream::contract` (src/docs/contract.md).
 //!
-//! What the port does not offer comes from the backend's [`Backend`] methods, each marked as a
-//! port gap: lane stats, per-lane idleness and the request lane's stats (a backend that cannot
-//! answer returns `None`, which skips only the assertions that need the answer), and the split of a
-//! delivery into a worker's ack handle (a backend without one hands over the delivery itself).
+//! Everything goes through the port (`Stream` and the lane-end traits, stats included), except
+//! one port gap taken from the backend's [`Backend::worker_handle`]: the split of a delivery into
+//! a worker's ack handle (a backend without one hands over the delivery itself).
 //!
 //! Adding a test: write `pub fn rule_what<B: Backend>(b: &B)` and add its name to the list in
 //! [`port_contract_tests!`]; a function left out of the list is never called, which fails
