@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs the peer benchmarks (benches/peers.rs) and prints one table of ratios from that run:
-# workload, contender, median time per iteration, and the ratio to lanestream in the same group
-# (contender time / lanestream time: above 1 means lanestream is faster), then the W0
-# calibration spread (start vs end of the run), the performance targets met or missed, and the
-# alternating harness (benches/alternate.rs).
+# Runs the core's peer benchmarks (benches/peers.rs, package lanestream) and prints one table of
+# ratios from that run: workload, contender, median time per iteration, and the ratio to
+# lanestream in the same group (contender time / lanestream time: above 1 means lanestream is
+# faster), then the W0 calibration spread (start vs end of the run), the performance targets met
+# or missed, and the alternating harness (benches/alternate.rs).
 #
 # Absolute times on a shared machine drift between minutes; only the ratios from one run mean
 # anything, and the W0 spread says how much the machine drifted while the run lasted.
@@ -45,12 +45,12 @@ results="$target_dir/criterion"
 
 if [ "$run" = 1 ]; then
     echo "== building benches (bench profile: fat LTO, one codegen unit)" >&2
-    cargo bench --bench peers --bench alternate --no-run >&2
+    cargo bench -p lanestream --bench peers --bench alternate --no-run >&2
     # Only this run's results go into the table.
     rm -rf "$results"/w[0-9]_*
     start=$(date +%s)
-    echo "== cargo bench --bench peers -- ${crit[*]}" >&2
-    cargo bench --bench peers -- "${crit[@]}" >&2
+    echo "== cargo bench -p lanestream --bench peers -- ${crit[*]}" >&2
+    cargo bench -p lanestream --bench peers -- "${crit[@]}" >&2
     echo "== criterion run took $(( $(date +%s) - start )) s" >&2
 fi
 
@@ -167,5 +167,5 @@ EOF
 
 if [ "$run" = 1 ] && [ "$alternate" = 1 ]; then
     echo
-    cargo bench --bench alternate -- "${alt[@]}" 2>/dev/null
+    cargo bench -p lanestream --bench alternate -- "${alt[@]}" 2>/dev/null
 fi

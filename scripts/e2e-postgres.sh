@@ -4,7 +4,7 @@
 # pg_recvlogical straight into the pipeline example over a pipe:
 #
 #   pg_recvlogical --start --endpos=<LSN after the workload> -f - \
-#     | cargo run --release --example pipeline -- --input - --summary-json ...
+#     | cargo run --release -p lanestream-postgres --example pipeline -- --input - --summary-json ...
 #
 # pg_recvlogical never exits on its own, so it is given --endpos = pg_current_wal_insert_lsn()
 # taken after the workload. Then the summary is checked: result == "PASS", transactions_lost ==
@@ -21,8 +21,8 @@ root=$(dirname "$here")
 source "$here/pg-common.sh"
 
 pg_ensure_packages
-pg_log "building the pipeline example"
-(cd "$root" && cargo build --release --quiet --example pipeline)
+pg_log "building the pipeline example (lanestream-postgres)"
+(cd "$root" && cargo build --release --quiet -p lanestream-postgres --example pipeline)
 
 pg_start
 pg_create_slot
@@ -34,7 +34,7 @@ summary=$PG_TMP/summary.json
 stream=$PG_TMP/stream.jsonl
 pg_log "streaming the slot up to $endpos through the pipeline"
 pg_recvlogical_stream "$endpos" - | tee "$stream" |
-    (cd "$root" && cargo run --release --quiet --example pipeline -- \
+    (cd "$root" && cargo run --release --quiet -p lanestream-postgres --example pipeline -- \
         --input - --out "$PG_TMP/out" --summary-json "$summary" --quiet "$@")
 
 # Top-level fields of the pretty-printed summary (two-space indent).

@@ -2,7 +2,7 @@
 # Runs the unit tests and the doctests under Miri, when nightly with Miri is installed
 # (`rustup component add --toolchain nightly miri rust-src`); otherwise says so and succeeds.
 #   scripts/miri.sh
-# Two runs, because of one dependency:
+# Two runs of the core (lanestream), because of one dependency:
 # - `--lib` under Tree Borrows: the codec's tests validate rkyv archives, and rkyv's relative
 #   pointers are sound under Tree Borrows but not under Stacked Borrows (rkyv's maintainers
 #   recommend `-Zmiri-tree-borrows`, rkyv/rkyv#436; the default model reports a retag error
@@ -11,10 +11,12 @@
 #   nack, redelivery, watermark, the threaded pipeline in the crate docs) run the ring's unsafe
 #   code (slot cells, `ptr::read` on reclaim, teardown) with the stricter aliasing model; the
 #   codec's doc examples run under Tree Borrows, for the reason above.
+# Then the unit tests and doctests of lanestream-postgres (postgres/: the wal2json reader) under
+# Stacked Borrows.
 # Skipped under Miri, each far too slow interpreted and covered natively (proptest, fuzzing):
-# the codec's bit-flip test (thousands of decodes; stopped after 6 minutes), the wal2json
-# proptest (it also needs the file system) and the bundled-capture test (6018 transactions from
-# a gzip file).
+# the codec's bit-flip test (thousands of decodes; stopped after 6 minutes), and in
+# lanestream-postgres the wal2json proptest (it also needs the file system) and the
+# bundled-capture test (6018 transactions from a gzip file).
 # Miri also checks data races and leaks. It builds into target/miri.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,12 +25,15 @@ if ! cargo +nightly miri --version >/dev/null 2>&1; then
     exit 0
 fi
 start=$(date +%s)
-echo "miri: unit tests (Tree Borrows)"
-MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-tree-borrows" cargo +nightly miri test --lib -- \
-    --skip bit_flipped_buffers_decode_to_valid_values_or_errors \
+echo "miri: lanestream unit tests (Tree Borrows)"
+MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-tree-borrows" cargo +nightly miri test -p lanestream --lib -- \
+    --skip bit_flipped_buffers_decode_to_valid_values_or_errors
+echo "miri: lanestream doctests (Stacked Borrows; the codec's under Tree Borrows, as above)"
+cargo +nightly miri test -p lanestream --doc -- --skip src/codec.rs
+MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-tree-borrows" cargo +nightly miri test -p lanestream --doc -- src/codec.rs
+echo "miri: lanestream-postgres unit tests and doctests (Stacked Borrows)"
+cargo +nightly miri test -p lanestream-postgres --lib -- \
     --skip arbitrary_lines_never_panic \
     --skip bundled_capture_parses_completely
-echo "miri: doctests (Stacked Borrows; the codec's under Tree Borrows, as above)"
-cargo +nightly miri test --doc -- --skip src/codec.rs
-MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-tree-borrows" cargo +nightly miri test --doc -- src/codec.rs
+cargo +nightly miri test -p lanestream-postgres --doc
 echo "miri: passed in $(( $(date +%s) - start ))s"

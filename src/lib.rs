@@ -55,8 +55,6 @@ mod name;
 mod position;
 mod stream;
 mod sync;
-#[cfg(feature = "wal2json")]
-pub mod wal2json;
 
 pub use envelope::{Envelope, Op};
 pub use error::{

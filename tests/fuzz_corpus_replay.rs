@@ -1,7 +1,9 @@
 //! Replays every committed fuzz corpus file (`fuzz/corpus/<target>/`) through the same harness
 //! functions the cargo-fuzz targets wrap, on stable, so CI checks them without nightly.
 //! Reproductions of fixed crashes live in the corpora too (`fuzz/corpus/<target>/regression-*`).
-#![cfg(all(feature = "codec", feature = "wal2json"))]
+//! The `wal2json_lines` corpus is replayed by `lanestream-postgres`
+//! (`postgres/tests/fuzz_corpus_replay.rs`).
+#![cfg(feature = "codec")]
 
 mod fuzz_harness;
 mod model;
@@ -36,11 +38,6 @@ fn lane_ops_corpus_replays() {
 #[test]
 fn codec_decode_corpus_replays() {
     replay("codec_decode", fuzz_harness::codec_decode);
-}
-
-#[test]
-fn wal2json_lines_corpus_replays() {
-    replay("wal2json_lines", fuzz_harness::wal2json_lines);
 }
 
 /// Writes the hand-made seeds of the `codec_decode` corpus (encodings of typical items and

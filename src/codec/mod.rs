@@ -344,7 +344,7 @@ pub fn decode_item(bytes: &[u8]) -> Result<LaneItem, CodecError> {
     Ok(match access_item(bytes)? {
         ArchivedWireItem::Batch(b) => {
             // One allocation for every document of the batch, sliced per envelope (as the
-            // wal2json reader does).
+            // wal2json reader in lanestream-postgres does).
             let total = b.envelopes.iter().map(|e| e.document.len()).sum();
             let mut documents = Vec::with_capacity(total);
             for e in b.envelopes.iter() {

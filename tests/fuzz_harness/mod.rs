@@ -1,11 +1,11 @@
 //! The byte-level fuzz harnesses, shared by path by the cargo-fuzz targets (`fuzz/fuzz_targets/`)
 //! and the stable corpus replay (`tests/fuzz_corpus_replay.rs`), so CI runs exactly what the fuzzer
-//! ran. The `lane_ops` harness lives with the model, in `tests/model/mod.rs`.
+//! ran. The `lane_ops` harness lives with the model, in `tests/model/mod.rs`; the `wal2json_lines`
+//! harness with the reader, in `postgres/tests/fuzz_harness/mod.rs`.
 #![allow(dead_code)]
 
 use lanestream::codec::{self, AlignedVec, ItemView};
-use lanestream::wal2json::{TransactionBuilder, Wal2JsonReader};
-use lanestream::{LaneItem, Op};
+use lanestream::LaneItem;
 
 fn aligned(bytes: &[u8]) -> AlignedVec {
     let mut v = AlignedVec::new();
@@ -60,62 +60,5 @@ fn check_view(item: &LaneItem, view: &ItemView<'_>) {
             assert!(names.iter().eq(indexes.iter().map(|n| n.as_str())));
         }
         _ => panic!("decode and view disagree on the kind of item"),
-    }
-}
-
-/// `wal2json_lines`: arbitrary lines into the reader, line by line and as one stream. Every line
-/// gives a batch, nothing, or an error; never a panic. What the module docs promise of the
-/// batches is checked too.
-pub fn wal2json_lines(data: &[u8]) {
-    let mut builder = TransactionBuilder::new();
-    let mut line_no = 0;
-    let mut last = None;
-    for line in data.split(|&b| b == b'\n') {
-        line_no += 1;
-        match builder.push_line(line_no, line) {
-            Ok(Some(batch)) => {
-                check_batch(&batch, &mut last);
-                assert_eq!(builder.last_commit(), batch.position);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                assert_eq!(e.line(), line_no, "error names another line: {e}");
-                let _ = e.to_string();
-            }
-        }
-    }
-    let _ = builder.finish(line_no + 1);
-    assert_eq!(builder.open_since(), None, "finish leaves no open transaction");
-
-    // The same bytes through the reader, with a small line limit so long lines are skipped too.
-    let mut last = None;
-    let mut errors = 0u64;
-    let reader = Wal2JsonReader::new(data).with_max_line_len(256);
-    for result in reader {
-        match result {
-            Ok(batch) => check_batch(&batch, &mut last),
-            Err(e) => {
-                errors += 1;
-                assert!(e.line() >= 1, "error without a line number: {e}");
-                let _ = e.to_string();
-            }
-        }
-        assert!(errors <= data.len() as u64 + 1, "more errors than lines");
-    }
-}
-
-/// What the wal2json module docs promise of every batch.
-fn check_batch(batch: &lanestream::Batch, last: &mut Option<lanestream::Position>) {
-    let position = batch.position.expect("a wal2json batch is positioned");
-    if let Some(last) = *last {
-        assert!(position > last, "batch positions must strictly increase ({last} then {position})");
-    }
-    *last = Some(position);
-    assert!(batch.envelopes.len() as u64 >= batch.changes, "fewer envelopes than changes");
-    for e in batch.envelopes.iter() {
-        assert_eq!(e.position, batch.position, "an envelope carries another position than its batch");
-        if e.op == Op::Truncate {
-            assert!(e.id.is_empty() && e.document.is_empty(), "a truncate with an id or document");
-        }
     }
 }

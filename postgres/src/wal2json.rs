@@ -1,5 +1,5 @@
 //! Reads PostgreSQL logical decoding output in wal2json **format-version 2** and builds one
-//! [`Batch`] per committed transaction (feature `wal2json`, on by default).
+//! [`Batch`] per committed transaction.
 //!
 //! # Input
 //! One JSON object per line, as `pg_recvlogical --start -o format-version=2 -o include-lsn=true
@@ -30,7 +30,7 @@
 //!   - `index`: `schema_table` as an [`IndexName`]. When that is not a valid name it is
 //!     normalised: ASCII letters are lower-cased, every other character outside `[a-z0-9_]`
 //!     becomes `_`, a leading digit gets a `_` prefix, and the result is cut to
-//!     [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes (so `"Inventory"."Stock Items"` becomes
+//!     [`MAX_NAME_LEN`](lanestream::MAX_NAME_LEN) bytes (so `"Inventory"."Stock Items"` becomes
 //!     `inventory_stock_items`). Distinct tables may collide after normalisation.
 //!   - `id`: the primary-key values (named by the `pk` field, taken from `columns`, or from
 //!     `identity` for deletes and the old side of updates) joined with `:`. String values are
@@ -79,8 +79,8 @@
 //!
 //! # Example
 //! ```
-//! use lanestream::wal2json::Wal2JsonReader;
 //! use lanestream::{Op, Position};
+//! use lanestream_postgres::wal2json::Wal2JsonReader;
 //!
 //! let input = br#"{"action":"B","xid":7}
 //! {"action":"I","xid":7,"schema":"public","table":"users","columns":[{"name":"id","type":"integer","value":1},{"name":"name","type":"text","value":"Ann"}],"pk":[{"name":"id","type":"integer"}]}
@@ -110,12 +110,12 @@ use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::{Batch, Envelope, IndexName, Op, ParseLsnError, Position};
+use lanestream::{Batch, Envelope, IndexName, Op, ParseLsnError, Position};
 
 /// An error while reading wal2json input: the 1-based line number and what is wrong.
 ///
 /// ```
-/// use lanestream::wal2json::{TransactionBuilder, Wal2JsonErrorKind};
+/// use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonErrorKind};
 /// let mut b = TransactionBuilder::new();
 /// let err = b.push_line(3, br#"{"action":"I","schema":"s","table":"t","columns":[]}"#).unwrap_err();
 /// assert_eq!(err.line(), 3);
@@ -543,8 +543,9 @@ pub fn index_name(schema: &str, table: &str) -> IndexName {
         let c = c.to_ascii_lowercase();
         out.push(if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' { c } else { '_' });
     }
-    out.truncate(crate::MAX_NAME_LEN); // all ASCII now, so any cut is a char boundary
-                                       // `out` is non-empty, starts with [a-z_] and holds only [a-z0-9_]: always valid.
+    // All ASCII now, so any cut is a char boundary.
+    out.truncate(lanestream::MAX_NAME_LEN);
+    // `out` is non-empty, starts with [a-z_] and holds only [a-z0-9_]: always valid.
     IndexName::new(out).unwrap_or_else(|_| unreachable_index_name())
 }
 
@@ -582,14 +583,14 @@ struct OpenTxn {
 /// builder recovers after an error; no input makes it panic.
 ///
 /// ```
-/// use lanestream::wal2json::TransactionBuilder;
+/// use lanestream_postgres::wal2json::TransactionBuilder;
 /// let mut b = TransactionBuilder::new();
 /// assert!(b.push_line(1, br#"{"action":"B"}"#)?.is_none());
 /// let batch = b.push_line(2, br#"{"action":"C","lsn":"0/10"}"#)?.expect("a batch");
 /// assert_eq!(batch.changes, 0); // an empty transaction still gives a positioned batch
 /// assert_eq!(batch.position.map(|p| p.0), Some(0x10));
 /// b.finish(2)?;
-/// # Ok::<(), lanestream::wal2json::Wal2JsonError>(())
+/// # Ok::<(), lanestream_postgres::wal2json::Wal2JsonError>(())
 /// ```
 pub struct TransactionBuilder {
     open: Option<OpenTxn>,
@@ -819,7 +820,7 @@ pub const DEFAULT_MAX_LINE_LEN: usize = 256 << 20;
 /// numbers); a trailing `\r` is allowed.
 ///
 /// ```
-/// use lanestream::wal2json::{Wal2JsonErrorKind, Wal2JsonReader};
+/// use lanestream_postgres::wal2json::{Wal2JsonErrorKind, Wal2JsonReader};
 /// let input = "{\"action\":\"B\"}\nnot json\n{\"action\":\"C\",\"lsn\":\"0/A\"}\n";
 /// let mut reader = Wal2JsonReader::new(input.as_bytes());
 /// let err = reader.next().unwrap().unwrap_err(); // line 2 is skipped...
@@ -828,7 +829,7 @@ pub const DEFAULT_MAX_LINE_LEN: usize = 256 << 20;
 /// let batch = reader.next().unwrap()?; // ...and the transaction goes on
 /// assert_eq!(batch.changes, 0);
 /// assert!(reader.next().is_none());
-/// # Ok::<(), lanestream::wal2json::Wal2JsonError>(())
+/// # Ok::<(), lanestream_postgres::wal2json::Wal2JsonError>(())
 /// ```
 #[derive(Debug)]
 pub struct Wal2JsonReader<R> {
@@ -1049,7 +1050,7 @@ mod tests {
         assert_eq!(index_name("Inventory", "Stock Items").as_str(), "inventory_stock_items");
         assert_eq!(index_name("1s", "t-é").as_str(), "_1s_t__");
         let long = index_name("s", &"x".repeat(100));
-        assert_eq!(long.as_str().len(), crate::MAX_NAME_LEN);
+        assert_eq!(long.as_str().len(), lanestream::MAX_NAME_LEN);
     }
 
     #[test]
@@ -1269,7 +1270,7 @@ mod tests {
     #[test]
     fn bundled_capture_parses_completely() {
         use std::io::BufReader;
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/wal2json-sample.jsonl.gz");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/wal2json-sample.jsonl.gz");
         let file = std::fs::File::open(path).expect("data/wal2json-sample.jsonl.gz");
         let text = {
             let mut s = String::new();

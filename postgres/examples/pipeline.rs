@@ -17,12 +17,13 @@
 //! or the input (or a sink) had an error.
 //!
 //! Without `--out` or `--discard` the sinks write `target/pipeline-out/<sink>.ndjson` under the
-//! crate's root (where its `Cargo.toml` is), whatever the working directory or `CARGO_TARGET_DIR`.
+//! workspace root (the parent of this crate's `postgres/` directory, where the workspace's
+//! `Cargo.toml` is), whatever the working directory or `CARGO_TARGET_DIR`.
 //!
 //! ```text
-//! cargo run --release --example pipeline -- --discard --summary-json target/summary.json
-//! cargo run --release --example pipeline -- --chaos --slow-sink
-//! pg_recvlogical ... -f - | cargo run --release --example pipeline -- --input -
+//! cargo run --release -p lanestream-postgres --example pipeline -- --discard --summary-json target/summary.json
+//! cargo run --release -p lanestream-postgres --example pipeline -- --chaos --slow-sink
+//! pg_recvlogical ... -f - | cargo run --release -p lanestream-postgres --example pipeline -- --input -
 //! ```
 
 use std::collections::HashMap;
@@ -38,11 +39,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use lanestream::wal2json::{Wal2JsonError, Wal2JsonReader};
 use lanestream::{
     AckError, AckHandle, Batch, Envelope, IndexName, Lane, LaneItem, MemoryStream, Op, Position, Producer,
     Request, SinkName, Stream, TryRecvError,
 };
+use lanestream_postgres::wal2json::{Wal2JsonError, Wal2JsonReader};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -51,23 +52,33 @@ use serde::Serialize;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const DEFAULT_INPUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/wal2json-sample.jsonl.gz");
-const DEFAULT_OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pipeline-out");
+/// The workspace root, one level above this crate (the workspace's `postgres/` member): the
+/// bundled capture and the default output directory are there.
+fn workspace_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
+}
+
+fn default_input() -> PathBuf {
+    workspace_root().join("data").join("wal2json-sample.jsonl.gz")
+}
+
+fn default_out() -> PathBuf {
+    workspace_root().join("target").join("pipeline-out")
+}
 
 /// `--help`'s description (`-h` shows only the first line, from the doc comment of [`Args`]).
 const LONG_ABOUT: &str = concat!(
     "wal2json (format-version 2) → lanestream → NDJSON sinks, with an at-least-once check.\n",
     "\n",
-    "The lanestream crate's pipeline example. One ingest thread reads PostgreSQL changes in wal2json ",
-    "format-version 2 (--input; by default the bundled capture data/wal2json-sample.jsonl.gz), ",
-    "publishes each transaction as one batch to every sink's lane, and each sink thread appends the ",
-    "batch's envelopes as NDJSON to <--out>/<sink>.ndjson, flushes, then acks.\n",
+    "The lanestream-postgres crate's pipeline example. One ingest thread reads PostgreSQL changes in ",
+    "wal2json format-version 2 (--input; by default the bundled capture data/wal2json-sample.jsonl.gz ",
+    "at the workspace root), publishes each transaction as one batch to every sink's lane, and each ",
+    "sink thread appends the batch's envelopes as NDJSON to <--out>/<sink>.ndjson, flushes, then acks.\n",
     "\n",
-    "Output: by default the sinks write ",
-    env!("CARGO_MANIFEST_DIR"),
-    "/target/pipeline-out/<sink>.ndjson (search.ndjson, cache.ndjson, archive.ndjson): the crate's ",
-    "own target/pipeline-out directory, whatever the working directory or CARGO_TARGET_DIR; the ",
-    "files are truncated at start. --out DIR writes them to DIR instead, --discard writes nothing.\n",
+    "Output: by default the sinks write <sink>.ndjson (search.ndjson, cache.ndjson, archive.ndjson) ",
+    "in the workspace's own target/pipeline-out directory (--out's default below), whatever the ",
+    "working directory or CARGO_TARGET_DIR; the files are truncated at start. --out DIR writes them to DIR instead, --discard writes nothing.\n",
     "\n",
     "At the end it checks that every sink received every change at least once and that the final ",
     "watermark is the last commit LSN, prints a summary to stdout (and writes the same summary as ",
@@ -80,13 +91,13 @@ const LONG_ABOUT: &str = concat!(
 #[command(version, long_about = LONG_ABOUT)]
 struct Args {
     /// wal2json v2 input: a file (gzip is detected), or `-` for stdin.
-    #[arg(long, default_value = DEFAULT_INPUT)]
+    #[arg(long, default_value_os_t = default_input())]
     input: PathBuf,
     /// Number of sinks (lanes).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=256))]
     sinks: u16,
     /// Directory for the sinks' `<sink>.ndjson` files (truncated at start).
-    #[arg(long, default_value = DEFAULT_OUT)]
+    #[arg(long, default_value_os_t = default_out())]
     out: PathBuf,
     /// Do not write anything: sinks only record what they received, then ack.
     #[arg(long)]
