@@ -5,10 +5,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use lanestream::{MemoryStream, Position, Stream};
+use lanestream::{MemoryStream, Position};
 use loom::thread;
 
-use crate::support::{batch, check, Flag};
+use crate::support::{self, batch, check, Flag};
 
 /// Model 6a: `recv_async` re-polled with a different waker, then dropped right after being
 /// woken; the next receive gets the item at once.

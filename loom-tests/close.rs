@@ -4,10 +4,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use lanestream::{MemoryStream, Position, PublishError, Stream};
+use lanestream::{MemoryStream, Position, PublishError, TryPublishError};
 use loom::thread;
 
-use crate::support::{batch, check, Flag};
+use crate::support::{self, batch, check, Flag};
 
 /// Model 7a: close racing the last publish.
 ///

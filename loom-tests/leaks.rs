@@ -3,10 +3,10 @@
 
 use std::sync::Arc as StdArc;
 
-use lanestream::{LaneItem, MemoryStream, Stream};
+use lanestream::{LaneItem, MemoryStream};
 use loom::thread;
 
-use crate::support::{batch, check, envelopes};
+use crate::support::{self, batch, check, envelopes};
 
 /// How many owners a batch's envelopes have.
 fn owners(item: &LaneItem) -> usize {

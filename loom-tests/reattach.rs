@@ -1,9 +1,9 @@
 //! Loom model 3: a consumer re-attach racing a late ack from the detached consumer (L8).
 
-use lanestream::{MemoryStream, Position, PublishError, Stream, TryRecvError};
+use lanestream::{MemoryStream, Position, Stream, TryPublishError, TryRecvError};
 use loom::thread;
 
-use crate::support::{batch, check};
+use crate::support::{self, batch, check};
 
 /// Model 3: re-attach racing a late ack.
 ///

@@ -3,6 +3,8 @@
 use lanestream::{MemoryStream, Request, SinkName, Stream};
 use loom::thread;
 
+use crate::support;
+
 fn backfill(sink: &str) -> Request {
     Request::Backfill { sink: SinkName::new(sink).unwrap(), indexes: Vec::new() }
 }
@@ -10,6 +12,7 @@ fn backfill(sink: &str) -> Request {
 fn sink_of(r: &Request) -> String {
     match r {
         Request::Backfill { sink, .. } => sink.as_str().to_owned(),
+        other => panic!("the model sends only backfill requests, got {other:?}"),
     }
 }
 

@@ -5,7 +5,7 @@ use lanestream::{MemoryStream, Position, Stream};
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::support::{batch, check, Cells};
+use crate::support::{self, batch, check, Cells};
 
 /// Model 1: publish / recv / ack across a wrap of the ring.
 ///

@@ -1,10 +1,10 @@
 //! Loom model 5: blocking waits without lost wake-ups (the "nobody is waiting" shortcut racing
 //! a thread about to park), for the consumer (items) and for the producer (room).
 
-use lanestream::{MemoryStream, Position, Stream};
+use lanestream::{MemoryStream, Position};
 use loom::thread;
 
-use crate::support::{batch, check};
+use crate::support::{self, batch, check};
 
 /// Model 5a: a blocking consumer about to park while the producer publishes.
 ///

@@ -4,7 +4,7 @@ use lanestream::{MemoryStream, Position, Stream};
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::support::{batch, Cells};
+use crate::support::{self, batch, Cells};
 
 /// Model 4: the watermark under concurrent acks.
 ///
