@@ -7,6 +7,7 @@
 mod support;
 
 mod r#async;
+mod attach;
 mod close;
 mod leaks;
 mod reattach;

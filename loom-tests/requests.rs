@@ -28,8 +28,8 @@ fn sink_of(r: &Request) -> String {
 /// Why the bound suffices: three threads; the races are sender vs sender on the producer lock
 /// (ordered by the lock, one preemption to swap them), the nack's release vs a publish landing
 /// behind it, and a waiting sender vs the ack that makes room (one store-buffer race). Each
-/// needs one preemption; bound 2 covers any two of them together (bound 3 passes too, in about
-/// a minute: 423,739 executions, too slow for every CI run).
+/// needs one preemption; bound 2 covers any two of them together (bound 3 passes too:
+/// 289,687 executions, about 25 s, which would double the run time of all models).
 #[test]
 fn request_lane_two_senders_one_consumer_with_redelivery() {
     support::model("request_lane_two_senders_one_consumer_with_redelivery", 2, || {

@@ -21,8 +21,8 @@ use crate::support::{self, batch, check, Cells};
 /// - order, attempt 1, and at the end the acked position, the watermark and idleness.
 ///
 /// Why the bound suffices: two threads, and every ordering question is one hand-off (a
-/// Release store read by one Acquire load); a race needs one preemption on each side (between
-/// the producer's slot write and its `tail` store, between the consumer's reads and its ack),
+/// Release write read by one Acquire load); a race needs one preemption on each side (between
+/// the producer's slot write and its `tail` update, between the consumer's reads and its ack),
 /// so bound 2 covers every placement of those (capacity 3, whose four items make the state space
 /// grow fastest); capacity 1 is cheap enough for bound 3, which adds the waits. One wrap per run
 /// suffices: a wrap only re-enters the same slot, and slot indices are `index % capacity` with no

@@ -9,14 +9,14 @@ use crate::support::{self, batch, check};
 /// Model 5a: a blocking consumer about to park while the producer publishes.
 ///
 /// The consumer finds the lane empty and goes through register -> re-check -> park while the
-/// producer stores `tail` and notifies. A lost wake-up leaves the consumer parked forever and
+/// producer updates `tail` (a compare-and-swap) and notifies. A lost wake-up leaves the consumer parked forever and
 /// loom reports the deadlock. (Under loom the spin phase is skipped, so the consumer parks at
 /// once; the spin only delays the same protocol.)
 ///
 /// Why the bound suffices: the race is the store-buffer pattern between two threads (the
-/// producer's `tail` store then `waiting` RMW, the consumer's `waiting` RMW then `tail` load);
-/// one preemption puts either side between its two steps. Bound 3 is cheap here and also
-/// covers the wait-list lock being held across the race.
+/// producer's `tail` compare-and-swap then `waiting` RMW, the consumer's `waiting` RMW then
+/// `tail` load); one preemption puts either side between its two steps. Bound 3 is cheap here
+/// and also covers the wait-list lock being held across the race.
 #[test]
 fn consumer_about_to_park_while_producer_publishes() {
     support::model("consumer_about_to_park_while_producer_publishes", 3, || {
