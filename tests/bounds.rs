@@ -51,6 +51,12 @@ fn live_deliveries_of_one_item_are_bounded_and_the_next_redelivery_waits() {
     producer.publish(Tick(2)).unwrap();
     assert_eq!(consumer.try_recv().unwrap_err(), TryRecvError::Empty);
     assert_eq!(lane.stats().released, 1);
+    // The waiting forms wait as on an empty lane: a deadline is kept, a poll returns `Pending`
+    // (nothing here would end a stale delivery, so a wait that never gave up would hang).
+    assert!(consumer.recv_timeout(Duration::from_millis(20)).unwrap_err().is_timeout());
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    assert!(consumer.poll_recv(&mut cx).is_pending());
     // One delivery ends: the redelivery goes through, in order.
     drop(kept.pop());
     let again = consumer.try_recv().unwrap();

@@ -9,6 +9,18 @@ use std::time::{Duration, Instant};
 use super::delivery::{AckHandle, Delivery};
 use super::ring::{Ring, Take};
 use crate::error::{RecvError, RecvTimeoutError, TryRecvError};
+
+/// How long a receive blocked by the holder bound parks before it looks again.
+const BLOCKED_BACKOFF: Duration = Duration::from_millis(1);
+
+/// Why a receive step delivered nothing.
+enum Miss {
+    Empty,
+    /// The next redelivery waits for a live delivery of its item to end (the holder bound).
+    Blocked,
+    Closed,
+    Detached,
+}
 use crate::item::Item;
 use crate::sync::Arc;
 
@@ -53,12 +65,13 @@ impl<T: Item> Consumer<T> {
         Some(Consumer { ring, epoch, cached_tail: 0, poll_key: None })
     }
 
-    fn step(&mut self) -> Result<Delivery<T>, TryRecvError> {
+    fn step(&mut self) -> Result<Delivery<T>, Miss> {
         match self.ring.take(self.epoch, &mut self.cached_tail) {
             Take::Item { index, word } => Ok(Delivery::new(AckHandle::new(self.ring.clone(), index, word))),
-            Take::Empty => Err(TryRecvError::Empty),
-            Take::Closed => Err(TryRecvError::Closed),
-            Take::Detached => Err(TryRecvError::Detached),
+            Take::Empty => Err(Miss::Empty),
+            Take::Blocked => Err(Miss::Blocked),
+            Take::Closed => Err(Miss::Closed),
+            Take::Detached => Err(Miss::Detached),
         }
     }
 
@@ -69,7 +82,11 @@ impl<T: Item> Consumer<T> {
     /// [`TryRecvError::Empty`] (nothing now), [`Closed`](TryRecvError::Closed) (closed and
     /// drained), [`Detached`](TryRecvError::Detached) (a newer consumer took the lane).
     pub fn try_recv(&mut self) -> Result<Delivery<T>, TryRecvError> {
-        self.step()
+        self.step().map_err(|miss| match miss {
+            Miss::Empty | Miss::Blocked => TryRecvError::Empty,
+            Miss::Closed => TryRecvError::Closed,
+            Miss::Detached => TryRecvError::Detached,
+        })
     }
 
     /// Receives the next item, waiting (spin, then park) while the lane is empty. `Ok(None)`
@@ -77,6 +94,10 @@ impl<T: Item> Consumer<T> {
     /// final while deliveries are outstanding: one nacked (or dropped) after it is released and
     /// comes back from the next receive, so a consumer that wants everything acked keeps
     /// receiving until it holds no delivery.
+    ///
+    /// One case waits by polling instead of parking: when the next redelivery's item already has
+    /// [65,535 live deliveries](crate::contract#l8) (each left alive by a re-attach), it is
+    /// redelivered only once one of them ends, and the wait looks again every millisecond.
     ///
     /// # Errors
     /// [`RecvError::Detached`] if a newer consumer took the lane, including while waiting.
@@ -109,12 +130,23 @@ impl<T: Item> Consumer<T> {
         loop {
             match self.step() {
                 Ok(d) => return Ok(Some(d)),
-                Err(TryRecvError::Closed) => return Ok(None),
-                Err(TryRecvError::Detached) => return Err(RecvTimeoutError::Detached),
-                Err(TryRecvError::Empty) => {}
-            }
-            if !self.ring.wait_readable(self.epoch, deadline) {
-                return Err(RecvTimeoutError::Timeout);
+                Err(Miss::Closed) => return Ok(None),
+                Err(Miss::Detached) => return Err(RecvTimeoutError::Detached),
+                Err(Miss::Empty) => {
+                    if !self.ring.wait_readable(self.epoch, deadline) {
+                        return Err(RecvTimeoutError::Timeout);
+                    }
+                }
+                Err(Miss::Blocked) => {
+                    // Nothing wakes this wait (the deliveries that block it end on any thread,
+                    // without a wake-up): back off with a short timed park instead.
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Err(RecvTimeoutError::Timeout);
+                    }
+                    let nap = deadline.map_or(BLOCKED_BACKOFF, |d| (d - now).min(BLOCKED_BACKOFF));
+                    crate::sync::park_timeout(nap);
+                }
             }
         }
     }
@@ -213,9 +245,16 @@ fn poll_step<T: Item>(
     loop {
         let done = match consumer.step() {
             Ok(d) => Ok(Some(d)),
-            Err(TryRecvError::Closed) => Ok(None),
-            Err(TryRecvError::Detached) => Err(RecvError::Detached),
-            Err(TryRecvError::Empty) => {
+            Err(Miss::Closed) => Ok(None),
+            Err(Miss::Detached) => Err(RecvError::Detached),
+            Err(Miss::Blocked) => {
+                // As in `recv_until`: nothing will wake us, so ask to be polled again and yield
+                // to the executor (whose other tasks may hold the blocking deliveries).
+                consumer.ring.cancel_readable(key);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Err(Miss::Empty) => {
                 if !consumer.ring.poll_readable(consumer.epoch, key, cx.waker()) {
                     return Poll::Pending;
                 }

@@ -4,9 +4,7 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
 
-use super::slot::{
-    gen, holders, tag, with_tag, Slot, ACKED, DELIVERED, EMPTY, HOLDER_ONE, MAX_HOLDERS, RELEASED,
-};
+use super::slot::{gen, holders, tag, with_tag, Slot, ACKED, DELIVERED, EMPTY, HOLDER_ONE, RELEASED};
 use super::{Ring, NO_POSITION, REQUEST_ONE, ROOM_WANTED};
 use crate::error::AckError;
 use crate::sync::Ordering;
@@ -83,9 +81,6 @@ impl<T> Ring<T> {
         debug_assert!(holders(before) > 0, "handle ended on a slot with no holders");
         if tag(before) == ACKED && holders(before) == 1 {
             self.request_advance();
-        } else if tag(before) == RELEASED && holders(before) == MAX_HOLDERS {
-            // A redelivery was waiting for the holder count to drop below its bound.
-            self.items.notify();
         }
     }
 

@@ -17,7 +17,7 @@ impl<T> Ring<T> {
     /// Items published so far.
     #[inline]
     pub(super) fn published(&self) -> u64 {
-        // Acquire: pairs with the producer's Release `fetch_add` on `tail` (the slot's item and
+        // Acquire: pairs with the producer's Release compare-and-swap on `tail` (the slot's item and
         // position are initialised).
         self.prod.tail.load(Ordering::Acquire) >> TAIL_SHIFT
     }

@@ -19,6 +19,9 @@ pub(crate) enum Take {
         word: u64,
     },
     Empty,
+    /// The next redelivery waits for one of its item's live deliveries to end (the holder count
+    /// is at its bound); nothing else may be delivered before it.
+    Blocked,
     Closed,
     Detached,
 }
@@ -186,9 +189,9 @@ impl<T> Ring<T> {
                     if holders(word) >= MAX_HOLDERS {
                         // The holder count is at its bound: detached consumers still hold
                         // `MAX_HOLDERS` live deliveries of this item. Redeliver it only once one
-                        // of them ends (which wakes us); until then the lane looks empty, and no
-                        // later item overtakes it (L2).
-                        return Some(Take::Empty);
+                        // of them ends; until then nothing is delivered, and no later item
+                        // overtakes it (L2). The consumer backs off (see `Consumer::recv`).
+                        return Some(Take::Blocked);
                     }
                     let new = delivered_word(word, attempt(word).saturating_add(1));
                     // Release: as for a first delivery.
