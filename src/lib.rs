@@ -51,6 +51,8 @@ mod envelope;
 mod error;
 mod item;
 mod lane;
+#[cfg(feature = "log")]
+pub mod log;
 mod name;
 mod position;
 mod stream;

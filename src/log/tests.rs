@@ -1,0 +1,1 @@
+//! Unit tests of the log that need its insides (fault injection).

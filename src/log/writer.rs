@@ -1,0 +1,156 @@
+//! The single writer: one thread behind the bounded request queue, committing in groups.
+//!
+//! Each round it drains up to a budget of requests (count and bytes) and, in queue order, decides
+//! each one against the log **plus the appends accepted earlier in the same round** (those are
+//! already in the event slots and the index, above the published head): a refused condition's
+//! `Conflict { at }` is the real lowest matching position, never a conservative "maybe". Accepted
+//! appends get dense positions and their records go into one buffer; in file mode the buffer is
+//! written and fsynced once. Then the new snapshot is published (arc-swap) and only then does
+//! anyone get a reply, so a caller holding `Ok(range)` — and every thread it tells — can read
+//! `range` at once.
+//!
+//! A failed write or fsync fails every request of that round with `Io`, publishes nothing, and
+//! leaves the log refusing writes (`Failed`): the fsync is never retried, since after a failure
+//! the kernel may have dropped the dirty pages, and a retry that succeeds would lie.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use super::error::AppendError;
+use super::position::{raw, LogPosition, PositionRange};
+use super::queue::{AppendResult, Queue, ReplySender, Request};
+use super::segment::{encode_record, SegmentWriter};
+use super::snapshot::{IndexWriter, Shared, Snapshot, View};
+
+/// The writer thread's state.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) queue: Arc<Queue>,
+    pub(crate) index: IndexWriter,
+    /// The published head.
+    pub(crate) head: u64,
+    /// `None` in memory.
+    pub(crate) segments: Option<SegmentWriter>,
+    pub(crate) max_drain_requests: usize,
+    pub(crate) max_drain_bytes: usize,
+}
+
+/// Ends the log when the writer thread stops, however it stops: refuses new requests, answers
+/// the ones still queued, marks the log closed (after its last publish) and wakes every waiter.
+struct EndGuard {
+    shared: Arc<Shared>,
+    queue: Arc<Queue>,
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            let _ = self.shared.failure.set(Arc::new(io::Error::other("the log's writer thread panicked")));
+        }
+        self.queue.close();
+        let mut rest = Vec::new();
+        while self.queue.drain(usize::MAX, usize::MAX, &mut rest) {
+            for r in rest.drain(..) {
+                let err = match self.shared.failure.get() {
+                    Some(cause) => AppendError::Failed(cause.clone()),
+                    None => AppendError::Shutdown,
+                };
+                r.reply.send(Err(err));
+            }
+        }
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.signal.notify();
+    }
+}
+
+impl Writer {
+    /// Starts the writer thread.
+    pub(crate) fn spawn(self) -> io::Result<JoinHandle<()>> {
+        thread::Builder::new().name("lanestream-log-writer".into()).spawn(move || self.run())
+    }
+
+    fn run(mut self) {
+        let _end = EndGuard { shared: self.shared.clone(), queue: self.queue.clone() };
+        let mut batch = Vec::new();
+        let mut records = Vec::new();
+        let mut outcomes = Vec::new();
+        while self.queue.drain(self.max_drain_requests, self.max_drain_bytes, &mut batch) {
+            self.commit(&mut batch, &mut records, &mut outcomes);
+        }
+    }
+
+    /// Decides, writes, publishes and answers one group of requests.
+    fn commit(&mut self, batch: &mut Vec<Request>, records: &mut Vec<u8>, outcomes: &mut Vec<(ReplySender, AppendResult)>) {
+        if let Some(cause) = self.shared.failure.get() {
+            for r in batch.drain(..) {
+                r.reply.send(Err(AppendError::Failed(cause.clone())));
+            }
+            return;
+        }
+        records.clear();
+        let mut staged = self.head;
+        for r in batch.drain(..) {
+            let result = self.decide(&r, staged);
+            if result.is_ok() {
+                let first = staged + 1;
+                let n = r.events.len() as u64;
+                if self.segments.is_some() {
+                    encode_record(records, first, &r.events);
+                }
+                for (i, e) in r.events.into_iter().enumerate() {
+                    self.index.add(&self.shared.events, first + i as u64, e);
+                }
+                staged = first + n - 1;
+            }
+            outcomes.push((r.reply, result));
+        }
+        let published = staged > self.head;
+        if published {
+            if let Some(segments) = &mut self.segments {
+                if let Err(e) = segments.commit(records, self.head + 1) {
+                    let cause = Arc::new(e);
+                    let _ = self.shared.failure.set(cause.clone());
+                    for (reply, _) in outcomes.drain(..) {
+                        reply.send(Err(AppendError::Io(cause.clone())));
+                    }
+                    self.shared.signal.notify();
+                    return;
+                }
+            }
+            self.shared.snapshot.store(Arc::new(Snapshot {
+                head: staged,
+                types: self.index.types.clone(),
+                tags: self.index.tags.clone(),
+            }));
+            self.head = staged;
+        }
+        for (reply, result) in outcomes.drain(..) {
+            reply.send(result);
+        }
+        if published {
+            self.shared.signal.notify();
+        }
+    }
+
+    /// The outcome of `r` against the log plus what this round accepted up to `staged`.
+    fn decide(&self, r: &Request, staged: u64) -> AppendResult {
+        let n = r.events.len() as u64;
+        if let Some(c) = &r.condition {
+            let after = raw(c.after);
+            if after > self.head {
+                return Err(AppendError::AfterBeyondHead {
+                    after: c.after.expect("above 0"),
+                    head: LogPosition::from_raw(self.head),
+                });
+            }
+            let view = View { head: staged, types: &self.index.types, tags: &self.index.tags, events: &self.shared.events };
+            if let Some(at) = view.first_match(&c.fail_if_events_match, after) {
+                return Err(AppendError::Conflict { at: LogPosition::new(at).expect("positions start at 1") });
+            }
+        }
+        Ok(PositionRange::from_raw(staged + 1, n))
+    }
+}
