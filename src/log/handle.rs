@@ -262,6 +262,14 @@ impl WriteHandle {
     }
 }
 
+#[cfg(test)]
+impl WriteHandle {
+    /// Whether the request queue was closed (tests).
+    pub(crate) fn queue_closed(&self) -> bool {
+        self.link.queue.is_closed()
+    }
+}
+
 impl fmt::Debug for WriteHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WriteHandle").field("queue", &self.link.queue).field("log", &self.link.shared).finish()

@@ -277,6 +277,14 @@ impl Queue {
 
 }
 
+#[cfg(test)]
+impl Queue {
+    /// Whether [`close`](Queue::close) was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.state).closed
+    }
+}
+
 impl fmt::Debug for Queue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let st = lock(&self.state);

@@ -1,1 +1,395 @@
-//! Unit tests of the log that need its insides (fault injection).
+//! Unit tests of the log that need its insides: a storage that fails or stalls on command, to
+//! pin what a failed fsync, a short write, a full queue and a close do, and which appends share
+//! a group commit.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::storage::Storage;
+use super::*;
+
+/// A fresh directory under the target's temp space.
+fn temp_dir(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "lanestream-log-unit-{}-{}-{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn ev(ty: &str, tags: &[&str]) -> Event {
+    Event::new(ty, tags.iter().copied(), Bytes::from(format!("{ty}{tags:?}"))).unwrap()
+}
+
+fn pos(n: u64) -> LogPosition {
+    LogPosition::new(n).unwrap()
+}
+
+/// What the faulty storage does, set by the test while the log runs.
+#[derive(Default)]
+struct Plan {
+    /// Syncs wait while this is set.
+    hold_syncs: bool,
+    /// How many syncs have started.
+    syncs_started: usize,
+    /// The sync with this (0-based) number fails.
+    fail_sync: Option<usize>,
+    /// The next write writes this many bytes, then the following write fails.
+    short_write: Option<usize>,
+    short_written: bool,
+}
+
+#[derive(Default)]
+struct Control {
+    plan: Mutex<Plan>,
+    changed: Condvar,
+}
+
+impl Control {
+    fn set(&self, f: impl FnOnce(&mut Plan)) {
+        f(&mut self.plan.lock().unwrap());
+        self.changed.notify_all();
+    }
+
+    /// Waits until `n` syncs have started (the writer is inside its `n`-th group commit).
+    fn await_syncs(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut p = self.plan.lock().unwrap();
+        while p.syncs_started < n {
+            assert!(Instant::now() < deadline, "the writer never reached sync {n}");
+            p = self.changed.wait_timeout(p, Duration::from_millis(50)).unwrap().0;
+        }
+    }
+}
+
+struct Faulty {
+    inner: Box<dyn Storage>,
+    control: Arc<Control>,
+}
+
+impl fmt::Debug for Faulty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Faulty").finish_non_exhaustive()
+    }
+}
+
+impl Storage for Faulty {
+    fn create_segment(&mut self, first: u64, header: &[u8]) -> io::Result<()> {
+        self.inner.create_segment(first, header)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let mut p = self.control.plan.lock().unwrap();
+        if p.short_written {
+            p.short_written = false;
+            return Err(io::Error::other("injected: disk full after a short write"));
+        }
+        if let Some(n) = p.short_write.take() {
+            p.short_written = true;
+            return self.inner.write(&bytes[..n.min(bytes.len())]);
+        }
+        drop(p);
+        self.inner.write(bytes)
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        let number = {
+            let mut p = self.control.plan.lock().unwrap();
+            let n = p.syncs_started;
+            p.syncs_started += 1;
+            self.control.changed.notify_all();
+            while p.hold_syncs {
+                p = self.control.changed.wait(p).unwrap();
+            }
+            n
+        };
+        if self.control.plan.lock().unwrap().fail_sync == Some(number) {
+            return Err(io::Error::other("injected: fsync failed"));
+        }
+        self.inner.sync()
+    }
+}
+
+fn open_faulty(dir: &PathBuf, options: LogOptions) -> (WriteHandle, Arc<Control>) {
+    let control = Arc::new(Control::default());
+    let c = control.clone();
+    let log = EventLog::open_with(dir, options, move |inner| Box::new(Faulty { inner, control: c })).unwrap();
+    (log, control)
+}
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct Counting(AtomicUsize);
+
+impl Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn poll_once<F: std::future::Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
+    std::pin::Pin::new(f).poll(&mut Context::from_waker(waker))
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn staged_after_equal_head_conflicts_with_a_match_earlier_in_the_same_drain() {
+    let dir = temp_dir("staged");
+    let (log, control) = open_faulty(&dir, LogOptions::default());
+    log.append(vec![ev("Seed", &[])], None).unwrap(); // head 1
+    control.set(|p| p.hold_syncs = true);
+    let blocker = {
+        let log = log.clone();
+        thread::spawn(move || log.append(vec![ev("Blocker", &[])], None))
+    };
+    control.await_syncs(2); // the writer is stuck in the blocker's group commit (head 2 staged)
+    // Queued behind it, in this order, so they share the next group commit:
+    let waker = Waker::from(Arc::new(Counting::default()));
+    let mut winner = log.append_async(vec![ev("Reserved", &["seat:1"])], None);
+    assert!(poll_once(&mut winner, &waker).is_pending()); // queued
+    let guard = AppendCondition::new(Query::tags(["seat:1"]), Some(pos(2)));
+    let mut loser = log.append_async(vec![ev("Reserved", &["seat:1"])], Some(guard));
+    assert!(poll_once(&mut loser, &waker).is_pending());
+    control.set(|p| p.hold_syncs = false);
+    assert_eq!(blocker.join().unwrap().unwrap().first, pos(2));
+    let winner = futures_executor::block_on(winner).unwrap();
+    assert_eq!(winner.first, pos(3));
+    let err = futures_executor::block_on(loser).unwrap_err();
+    assert!(matches!(err, AppendError::Conflict { at } if at == pos(3)), "{err:?}");
+    assert_eq!(log.head(), Some(pos(3)));
+    log.close();
+}
+
+#[test]
+fn loser_in_the_same_drain_gets_the_winners_position() {
+    let dir = temp_dir("same-drain");
+    let (log, control) = open_faulty(&dir, LogOptions::default());
+    control.set(|p| p.hold_syncs = true);
+    let blocker = {
+        let log = log.clone();
+        thread::spawn(move || log.append(vec![ev("Blocker", &[])], None))
+    };
+    control.await_syncs(1);
+    let waker = Waker::from(Arc::new(Counting::default()));
+    let guard = AppendCondition::new(Query::tags(["user:ann"]), None);
+    let mut futures: Vec<_> = (0..5)
+        .map(|_| {
+            let mut f = log.append_async(vec![ev("Registered", &["user:ann"])], Some(guard.clone()));
+            assert!(poll_once(&mut f, &waker).is_pending());
+            f
+        })
+        .collect();
+    control.set(|p| p.hold_syncs = false);
+    blocker.join().unwrap().unwrap();
+    let results: Vec<_> = futures.drain(..).map(futures_executor::block_on).collect();
+    let first = results[0].as_ref().unwrap().first;
+    assert_eq!(first, pos(2)); // the blocker took 1
+    for r in &results[1..] {
+        assert!(matches!(r, Err(AppendError::Conflict { at }) if *at == first), "{r:?}");
+    }
+    log.close();
+}
+
+#[test]
+fn failed_fsync_fails_every_request_of_the_drain_and_refuses_further_writes() {
+    let dir = temp_dir("fsync");
+    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let acked = log.append(vec![ev("Before", &["k"])], None).unwrap();
+    control.set(|p| {
+        p.hold_syncs = true;
+        p.fail_sync = Some(2);
+    });
+    let blocker = {
+        let log = log.clone();
+        thread::spawn(move || log.append(vec![ev("Blocker", &[])], None))
+    };
+    control.await_syncs(2);
+    // Three requests of one group commit: two plain, one whose condition fails.
+    let waker = Waker::from(Arc::new(Counting::default()));
+    let guard = AppendCondition::new(Query::tags(["k"]), None);
+    let mut doomed = vec![
+        log.append_async(vec![ev("A", &[])], None),
+        log.append_async(vec![ev("B", &["k"])], Some(guard)),
+        log.append_async(vec![ev("C", &[]), ev("C", &[])], None),
+    ];
+    for f in &mut doomed {
+        assert!(poll_once(f, &waker).is_pending());
+    }
+    let mut sub = log.subscribe(Query::All, Some(acked.last));
+    control.set(|p| p.hold_syncs = false);
+    assert_eq!(blocker.join().unwrap().unwrap().first, pos(2));
+    for f in doomed {
+        let r = futures_executor::block_on(f);
+        assert!(matches!(r, Err(AppendError::Io(_))), "every request of the failed drain fails: {r:?}");
+    }
+    // Nothing of the failed drain was published; the log refuses writes, clearly, without trying.
+    assert_eq!(log.head(), Some(pos(2)));
+    let syncs = control.plan.lock().unwrap().syncs_started;
+    let later = log.append(vec![ev("Later", &[])], None).unwrap_err();
+    assert!(matches!(later, AppendError::Failed(_)), "{later:?}");
+    assert!(later.to_string().contains("injected: fsync failed"), "{later}");
+    assert_eq!(control.plan.lock().unwrap().syncs_started, syncs, "no fsync retry");
+    assert!(log.reader().failure().is_some());
+    // The subscriber gets what was published, then the failure.
+    assert_eq!(sub.next_batch().unwrap().unwrap().len(), 1);
+    assert!(matches!(sub.next_batch(), Err(SubscriptionError::Failed(_))));
+    log.close();
+    drop(log);
+    // After reopening: the acknowledged appends are there; the failed ones whole or not at all.
+    let log = EventLog::open(&dir, LogOptions::default()).unwrap();
+    let all = log.read(&Query::All, None, usize::MAX).into_events();
+    assert_eq!(all[0].event, ev("Before", &["k"]));
+    assert_eq!(all[1].event, ev("Blocker", &[]));
+    let tail: Vec<_> = all[2..].iter().map(|s| s.event.event_type().to_owned()).collect();
+    assert!(tail.is_empty() || tail == ["A", "C", "C"], "a failed drain is whole or absent: {tail:?}");
+    log.close();
+}
+
+#[test]
+fn short_write_then_failure_leaves_a_torn_tail_that_recovery_truncates() {
+    let dir = temp_dir("short");
+    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let ok = log.append(vec![ev("Kept", &["a"])], None).unwrap();
+    control.set(|p| p.short_write = Some(11));
+    let r = log.append(vec![ev("Torn", &["a"]), ev("Torn", &["b"])], None);
+    assert!(matches!(r, Err(AppendError::Io(_))), "{r:?}");
+    assert!(matches!(log.append(vec![ev("X", &[])], None), Err(AppendError::Failed(_))));
+    drop(log);
+    let seg = dir.join(format!("{:020}.seg", 1));
+    let len_before = std::fs::metadata(&seg).unwrap().len();
+    let log = EventLog::open(&dir, LogOptions::default()).unwrap();
+    assert!(std::fs::metadata(&seg).unwrap().len() < len_before, "the torn record was truncated");
+    let all = log.read(&Query::All, None, usize::MAX).into_events();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].position, ok.first);
+    assert_eq!(log.append(vec![ev("Next", &[])], None).unwrap().first, pos(2));
+    log.close();
+}
+
+#[test]
+fn writer_failure_wakes_subscribers_blocking_and_async() {
+    let dir = temp_dir("fail-wakes");
+    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let mut blocking = log.subscribe(Query::All, None);
+    let (tx, rx) = mpsc::channel();
+    let t = thread::spawn(move || {
+        let r = blocking.next_batch();
+        tx.send(()).unwrap();
+        r
+    });
+    let mut asynch = log.subscribe(Query::All, None);
+    let counting = Arc::new(Counting::default());
+    let waker = Waker::from(counting.clone());
+    let mut fut = asynch.next_batch_async();
+    assert!(poll_once(&mut fut, &waker).is_pending());
+    thread::sleep(Duration::from_millis(50));
+    assert!(rx.try_recv().is_err(), "the blocking subscriber waits");
+    control.set(|p| p.fail_sync = Some(0));
+    assert!(log.append(vec![ev("A", &[])], None).is_err());
+    assert!(rx.recv_timeout(Duration::from_secs(20)).is_ok(), "the blocking subscriber was woken");
+    assert!(matches!(t.join().unwrap(), Err(SubscriptionError::Failed(_))));
+    wait_until("the async subscriber is woken", || counting.0.load(Ordering::SeqCst) > 0);
+    assert!(matches!(poll_once(&mut fut, &waker), Poll::Ready(Err(SubscriptionError::Failed(_)))));
+    drop(fut);
+    log.close();
+}
+
+#[test]
+fn full_queue_blocks_append_and_parks_append_async_without_spinning() {
+    let dir = temp_dir("backpressure");
+    let (log, control) = open_faulty(&dir, LogOptions::default().queue_capacity(2).max_drain_requests(1));
+    control.set(|p| p.hold_syncs = true);
+    let first = {
+        let log = log.clone();
+        thread::spawn(move || log.append(vec![ev("First", &[])], None))
+    };
+    control.await_syncs(1); // the writer holds request 1; the queue (capacity 2) is empty
+    let waker_count = Arc::new(Counting::default());
+    let waker = Waker::from(waker_count.clone());
+    let mut queued: Vec<_> = (0..2)
+        .map(|i| {
+            let mut f = log.append_async(vec![ev("Queued", &[&format!("n:{i}")])], None);
+            assert!(poll_once(&mut f, &waker).is_pending());
+            f
+        })
+        .collect();
+    // The queue is full: an async append parks (registers its waker, polls do not spin) ...
+    let mut parked = log.append_async(vec![ev("Parked", &[])], None);
+    assert!(poll_once(&mut parked, &waker).is_pending());
+    thread::sleep(Duration::from_millis(30));
+    assert_eq!(waker_count.0.load(Ordering::SeqCst), 0, "no wake-up while the queue stays full");
+    // ... and a blocking append blocks.
+    let (tx, rx) = mpsc::channel();
+    let blocked = {
+        let log = log.clone();
+        thread::spawn(move || {
+            let r = log.append(vec![ev("Blocked", &[])], None);
+            tx.send(()).unwrap();
+            r
+        })
+    };
+    assert!(rx.recv_timeout(Duration::from_millis(100)).is_err(), "append blocks while the queue is full");
+    control.set(|p| p.hold_syncs = false);
+    assert_eq!(first.join().unwrap().unwrap().first, pos(1));
+    wait_until("the parked append is woken", || waker_count.0.load(Ordering::SeqCst) > 0);
+    let mut results: Vec<_> = queued.drain(..).map(futures_executor::block_on).map(Result::unwrap).collect();
+    results.push(futures_executor::block_on(parked).unwrap());
+    results.push(blocked.join().unwrap().unwrap());
+    let mut firsts: Vec<u64> = results.iter().map(|r| r.first.get()).collect();
+    firsts.sort_unstable();
+    assert_eq!(firsts, [2, 3, 4, 5]);
+    log.close();
+}
+
+#[test]
+fn requests_queued_before_close_are_served_later_ones_get_shutdown() {
+    let dir = temp_dir("close-queue");
+    let (log, control) = open_faulty(&dir, LogOptions::default().max_drain_requests(1));
+    control.set(|p| p.hold_syncs = true);
+    let first = {
+        let log = log.clone();
+        thread::spawn(move || log.append(vec![ev("First", &[])], None))
+    };
+    control.await_syncs(1);
+    let waker = Waker::from(Arc::new(Counting::default()));
+    let mut queued: Vec<_> = (0..3)
+        .map(|_| {
+            let mut f = log.append_async(vec![ev("Queued", &[])], None);
+            assert!(poll_once(&mut f, &waker).is_pending());
+            f
+        })
+        .collect();
+    let closer = {
+        let log = log.clone();
+        thread::spawn(move || log.close())
+    };
+    wait_until("close has closed the queue", || log.queue_closed());
+    assert!(matches!(log.append(vec![ev("Late", &[])], None), Err(AppendError::Shutdown)));
+    let mut late = log.append_async(vec![ev("LateAsync", &[])], None);
+    assert!(matches!(poll_once(&mut late, &waker), Poll::Ready(Err(AppendError::Shutdown))));
+    control.set(|p| p.hold_syncs = false);
+    closer.join().unwrap();
+    assert_eq!(first.join().unwrap().unwrap().first, pos(1));
+    let served: Vec<u64> = queued.drain(..).map(|f| futures_executor::block_on(f).unwrap().first.get()).collect();
+    assert_eq!(served, [2, 3, 4]);
+    assert!(log.is_closed());
+    assert_eq!(log.head(), Some(pos(4)));
+}
