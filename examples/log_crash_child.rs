@@ -17,7 +17,9 @@ use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::thread;
 
-use lanestream::log::{AppendCondition, AppendError, Event, EventLog, LogOptions, LogPosition, Query, SequencedEvent};
+use lanestream::log::{
+    AppendCondition, AppendError, Event, EventLog, LogOptions, LogPosition, Query, SequencedEvent,
+};
 
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -92,16 +94,25 @@ fn append(dir: &str, cycle: u64) -> ExitCode {
                     let (kind, param, condition) = match (t, h % 4) {
                         (0, 0) => {
                             let slot = h % 512;
-                            ('u', slot, Some(AppendCondition::new(Query::tags([format!("slot:{slot}")]), None)))
+                            (
+                                'u',
+                                slot,
+                                Some(AppendCondition::new(Query::tags([format!("slot:{slot}")]), None)),
+                            )
                         }
                         (1, _) => {
                             let seen = log.read(&Query::tags(["counter"]), None, usize::MAX);
-                            ('k', seen.len() as u64, Some(AppendCondition::new(Query::tags(["counter"]), seen.head())))
+                            (
+                                'k',
+                                seen.len() as u64,
+                                Some(AppendCondition::new(Query::tags(["counter"]), seen.head())),
+                            )
                         }
                         _ => ('p', 0, None),
                     };
                     let n = if kind == 'k' { 1 } else { h % 4 + 1 };
-                    let events = (0..n).map(|i| make(Key { cycle, thread: t, seq, i, n, kind, param })).collect();
+                    let events =
+                        (0..n).map(|i| make(Key { cycle, thread: t, seq, i, n, kind, param })).collect();
                     match log.append(events, condition) {
                         Ok(r) => {
                             let mut o = out.lock();
@@ -137,15 +148,22 @@ fn verify(dir: &str, acks: &str) -> Result<String, String> {
         if first.position.get() != at as u64 + 1 {
             return Err(format!("position {} at index {at}: not dense", first.position));
         }
-        let key = parse(&first.event).ok_or_else(|| format!("event at {} is not one of ours", first.position))?;
+        let key =
+            parse(&first.event).ok_or_else(|| format!("event at {} is not one of ours", first.position))?;
         if key.i != 0 {
             return Err(format!("append at {} starts with event {} of {}", first.position, key.i, key.n));
         }
         for i in 0..key.n {
-            let e = events.get(at + i as usize).ok_or_else(|| format!("append at {} is cut short", first.position))?;
+            let e = events
+                .get(at + i as usize)
+                .ok_or_else(|| format!("append at {} is cut short", first.position))?;
             let want = make(Key { i, ..key });
             if e.event != want || e.position.get() != first.position.get() + i {
-                return Err(format!("event at {} differs from what was appended ({:?})", e.position, Key { i, ..key }));
+                return Err(format!(
+                    "event at {} differs from what was appended ({:?})",
+                    e.position,
+                    Key { i, ..key }
+                ));
             }
         }
         let id = (key.cycle, key.thread, key.seq);
@@ -161,7 +179,10 @@ fn verify(dir: &str, acks: &str) -> Result<String, String> {
             }
             'k' => {
                 if key.param != counter {
-                    return Err(format!("counter event at {} counted {} but {counter} came before", first.position, key.param));
+                    return Err(format!(
+                        "counter event at {} counted {} but {counter} came before",
+                        first.position, key.param
+                    ));
                 }
                 counter += 1;
             }

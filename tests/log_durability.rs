@@ -8,8 +8,8 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 
-use log_support::{all, ev, ev_data, pos, positions, temp_dir};
 use lanestream::log::{AppendCondition, AppendError, EventLog, LogOptions, OpenError, Query};
+use log_support::{all, ev, ev_data, pos, positions, temp_dir};
 
 fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = fs::read_dir(dir)
@@ -28,8 +28,15 @@ fn reopen_recovers_every_acknowledged_append_byte_exact_and_resumes_at_max_plus_
     let mut written = Vec::new();
     for i in 0..200u32 {
         let n = i % 4 + 1;
-        let events: Vec<_> =
-            (0..n).map(|k| ev_data(&format!("T{}", i % 3), &[&format!("a:{i}"), "all"], vec![k as u8; (i * 7 % 300) as usize])).collect();
+        let events: Vec<_> = (0..n)
+            .map(|k| {
+                ev_data(
+                    &format!("T{}", i % 3),
+                    &[&format!("a:{i}"), "all"],
+                    vec![k as u8; (i * 7 % 300) as usize],
+                )
+            })
+            .collect();
         let r = log.append(events.clone(), None).unwrap();
         written.push((r, events));
     }
@@ -39,7 +46,11 @@ fn reopen_recovers_every_acknowledged_append_byte_exact_and_resumes_at_max_plus_
     let log = EventLog::open(&dir, LogOptions::default()).unwrap();
     assert_eq!(all(&log.reader()), before);
     for (r, events) in &written {
-        let got = log.read(&Query::All, pos(r.first.get()).get().checked_sub(1).and_then(lanestream::log::LogPosition::new), events.len());
+        let got = log.read(
+            &Query::All,
+            pos(r.first.get()).get().checked_sub(1).and_then(lanestream::log::LogPosition::new),
+            events.len(),
+        );
         assert_eq!(got.events().iter().map(|s| s.event.clone()).collect::<Vec<_>>(), *events);
     }
     let head = log.head().unwrap();
@@ -53,15 +64,23 @@ fn conflict_state_survives_recovery() {
     let dir = temp_dir("conflict");
     let log = EventLog::open(&dir, LogOptions::default()).unwrap();
     log.append(vec![ev("Noise", &[])], None).unwrap();
-    let claimed = log.append(vec![ev("Claimed", &["seat:7"])], Some(AppendCondition::new(Query::tags(["seat:7"]), None))).unwrap();
+    let claimed = log
+        .append(vec![ev("Claimed", &["seat:7"])], Some(AppendCondition::new(Query::tags(["seat:7"]), None)))
+        .unwrap();
     drop(log);
     let log = EventLog::open(&dir, LogOptions::default()).unwrap();
-    let r = log.append(vec![ev("Claimed", &["seat:7"])], Some(AppendCondition::new(Query::tags(["seat:7"]), None)));
+    let r = log
+        .append(vec![ev("Claimed", &["seat:7"])], Some(AppendCondition::new(Query::tags(["seat:7"]), None)));
     assert!(matches!(r, Err(AppendError::Conflict { at }) if at == claimed.first), "{r:?}");
     // and `after` is checked against the recovered head
     let r = log.append(vec![ev("X", &[])], Some(AppendCondition::new(Query::All, Some(pos(3)))));
     assert!(matches!(r, Err(AppendError::AfterBeyondHead { head: Some(h), .. }) if h == pos(2)), "{r:?}");
-    assert!(log.append(vec![ev("Claimed", &["seat:7"])], Some(AppendCondition::new(Query::tags(["seat:7"]), Some(pos(2))))).is_ok());
+    assert!(log
+        .append(
+            vec![ev("Claimed", &["seat:7"])],
+            Some(AppendCondition::new(Query::tags(["seat:7"]), Some(pos(2))))
+        )
+        .is_ok());
 }
 
 #[test]
@@ -149,8 +168,15 @@ fn segments_roll_and_recover_across_files() {
     fs::write(victim, &bytes).unwrap();
     let sizes: Vec<u64> = segs.iter().map(|p| fs::metadata(p).unwrap().len()).collect();
     let err = EventLog::open(&dir, options).unwrap_err();
-    assert!(matches!(&err, OpenError::Corrupt { segment, .. } if segment.ends_with(victim.file_name().unwrap())), "{err}");
-    assert_eq!(segs.iter().map(|p| fs::metadata(p).unwrap().len()).collect::<Vec<_>>(), sizes, "nothing truncated");
+    assert!(
+        matches!(&err, OpenError::Corrupt { segment, .. } if segment.ends_with(victim.file_name().unwrap())),
+        "{err}"
+    );
+    assert_eq!(
+        segs.iter().map(|p| fs::metadata(p).unwrap().len()).collect::<Vec<_>>(),
+        sizes,
+        "nothing truncated"
+    );
 }
 
 #[test]
@@ -214,7 +240,12 @@ fn bytes_appended_to_the_last_segment_outside_the_log_are_garbage_tail() {
     drop(log);
     let seg = segments(&dir).pop().unwrap();
     // a frame claiming a huge length
-    OpenOptions::new().append(true).open(&seg).unwrap().write_all(&[0xFF, 0xFF, 0xFF, 0x7F, 0, 0, 0, 0, 1, 2]).unwrap();
+    OpenOptions::new()
+        .append(true)
+        .open(&seg)
+        .unwrap()
+        .write_all(&[0xFF, 0xFF, 0xFF, 0x7F, 0, 0, 0, 0, 1, 2])
+        .unwrap();
     let log = EventLog::open(&dir, LogOptions::default()).unwrap();
     assert_eq!(positions(&all(&log.reader())), [1]);
 }

@@ -4,7 +4,9 @@
 
 mod log_support;
 
-use lanestream::log::{AppendCondition, AppendError, Event, EventLog, LogOptions, LogPosition, Query, QueryItem};
+use lanestream::log::{
+    AppendCondition, AppendError, Event, EventLog, LogOptions, LogPosition, Query, QueryItem,
+};
 use log_support::all;
 use proptest::prelude::*;
 

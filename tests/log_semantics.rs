@@ -8,10 +8,10 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 
 use bytes::Bytes;
-use log_support::{all, ev, ev_data, pos, positions};
 use lanestream::log::{
     AppendCondition, AppendError, Event, EventError, EventLog, LogOptions, Query, QueryError, QueryItem,
 };
+use log_support::{all, ev, ev_data, pos, positions};
 
 fn log() -> lanestream::log::WriteHandle {
     EventLog::in_memory(LogOptions::default()).unwrap()
@@ -58,7 +58,9 @@ fn after_beyond_head_is_refused_and_consumes_no_position() {
     assert!(matches!(r, Err(AppendError::AfterBeyondHead { after, head: None }) if after == pos(1)), "{r:?}");
     log.append(vec![ev("A", &[])], None).unwrap();
     let r = log.append(vec![ev("A", &[])], Some(AppendCondition::new(Query::All, Some(pos(5)))));
-    assert!(matches!(r, Err(AppendError::AfterBeyondHead { after, head: Some(h) }) if after == pos(5) && h == pos(1)));
+    assert!(
+        matches!(r, Err(AppendError::AfterBeyondHead { after, head: Some(h) }) if after == pos(5) && h == pos(1))
+    );
     assert_eq!(log.append(vec![ev("A", &[])], None).unwrap().first, pos(2));
 }
 
@@ -68,11 +70,11 @@ fn after_beyond_head_is_refused_and_consumes_no_position() {
 fn match_rule_types_ored_tags_anded_items_ored_same_in_read_subscribe_and_condition_data_ignored() {
     let log = log();
     let events = [
-        ev_data("A", &["t1", "t2"], &b"x"[..]),    // 1: A, t1 t2
-        ev_data("B", &["t1"], &b"t1 t2"[..]),      // 2: B, t1 (the payload names t2: ignored)
+        ev_data("A", &["t1", "t2"], &b"x"[..]),      // 1: A, t1 t2
+        ev_data("B", &["t1"], &b"t1 t2"[..]),        // 2: B, t1 (the payload names t2: ignored)
         ev_data("C", &["t1", "t2", "t3"], &b""[..]), // 3: C, t1 t2 t3
-        ev_data("B", &["t2", "t1"], &b""[..]),     // 4: B, t1 t2 (given out of order)
-        ev_data("D", &[], &b"A"[..]),             // 5: D, no tags
+        ev_data("B", &["t2", "t1"], &b""[..]),       // 4: B, t1 t2 (given out of order)
+        ev_data("D", &[], &b"A"[..]),                // 5: D, no tags
     ];
     for e in &events {
         log.append(vec![e.clone()], None).unwrap();
@@ -83,9 +85,12 @@ fn match_rule_types_ored_tags_anded_items_ored_same_in_read_subscribe_and_condit
         (Query::tags(["t1", "t2"]), vec![1, 3, 4]),
         (Query::item(QueryItem::new(["B", "C"], ["t2"])), vec![3, 4]),
         (Query::items([QueryItem::of_types(["D"]), QueryItem::tagged(["t3"])]).unwrap(), vec![3, 5]),
-        (Query::item(QueryItem::new(std::iter::empty::<&str>(), std::iter::empty::<&str>())), vec![1, 2, 3, 4, 5]),
-        (Query::types(["a"]), vec![]),      // exact: no case folding
-        (Query::tags(["t"]), vec![]),       // exact: no prefixes
+        (
+            Query::item(QueryItem::new(std::iter::empty::<&str>(), std::iter::empty::<&str>())),
+            vec![1, 2, 3, 4, 5],
+        ),
+        (Query::types(["a"]), vec![]), // exact: no case folding
+        (Query::tags(["t"]), vec![]),  // exact: no prefixes
         (Query::types(["Missing"]), vec![]),
         (Query::item(QueryItem::new(["A"], ["missing"])), vec![]),
     ];
@@ -93,7 +98,11 @@ fn match_rule_types_ored_tags_anded_items_ored_same_in_read_subscribe_and_condit
         // read
         assert_eq!(positions(log.read(&q, None, usize::MAX).events()), want, "read {q:?}");
         // matches() agrees with the log
-        let scanned: Vec<u64> = all(&log.reader()).into_iter().filter(|s| q.matches(&s.event)).map(|s| s.position.get()).collect();
+        let scanned: Vec<u64> = all(&log.reader())
+            .into_iter()
+            .filter(|s| q.matches(&s.event))
+            .map(|s| s.position.get())
+            .collect();
         assert_eq!(scanned, want, "matches {q:?}");
         // subscribe
         let mut sub = log.subscribe(q.clone(), None);
@@ -106,7 +115,9 @@ fn match_rule_types_ored_tags_anded_items_ored_same_in_read_subscribe_and_condit
         let head = log.head();
         let r = log.append(vec![ev("Probe", &["probe"])], Some(AppendCondition::new(q.clone(), None)));
         match want.first() {
-            Some(&first) => assert!(matches!(r, Err(AppendError::Conflict { at }) if at.get() == first), "{q:?}: {r:?}"),
+            Some(&first) => {
+                assert!(matches!(r, Err(AppendError::Conflict { at }) if at.get() == first), "{q:?}: {r:?}")
+            }
             None => {
                 assert!(r.is_ok(), "{q:?}: {r:?}");
                 // take the probe out of later cases' way: the remaining cases never match "Probe"
@@ -129,7 +140,10 @@ fn event_tags_sorted_unique_and_a_duplicate_is_refused() {
     assert_eq!(Event::new("T", ["a", "b", "a"], Bytes::new()), Err(EventError::DuplicateTag("a".into())));
     assert_eq!(Event::new("", ["a"], Bytes::new()), Err(EventError::EmptyType));
     assert_eq!(Event::new("T", [""], Bytes::new()), Err(EventError::EmptyTag));
-    assert!(matches!(Event::new("x".repeat(1025), ["a"], Bytes::new()), Err(EventError::NameTooLong { len: 1025, .. })));
+    assert!(matches!(
+        Event::new("x".repeat(1025), ["a"], Bytes::new()),
+        Err(EventError::NameTooLong { len: 1025, .. })
+    ));
     let many: Vec<String> = (0..257).map(|i| format!("t{i}")).collect();
     assert!(matches!(Event::new("T", many, Bytes::new()), Err(EventError::TooManyTags { .. })));
 }
@@ -143,7 +157,10 @@ fn positions_start_at_1_dense_and_refused_appends_consume_none() {
     let r = log.append(vec![ev("A", &["k"]), ev("B", &[]), ev("C", &[])], None).unwrap();
     assert_eq!((r.first, r.last, r.len()), (pos(1), pos(3), 3));
     assert!(matches!(log.append(vec![], None), Err(AppendError::Empty)));
-    assert!(log.append(vec![ev("A", &[])], Some(AppendCondition::new(Query::tags(["k"]), None))).unwrap_err().is_conflict());
+    assert!(log
+        .append(vec![ev("A", &[])], Some(AppendCondition::new(Query::tags(["k"]), None)))
+        .unwrap_err()
+        .is_conflict());
     assert!(matches!(
         log.append(vec![ev("A", &[])], Some(AppendCondition::new(Query::All, Some(pos(9))))),
         Err(AppendError::AfterBeyondHead { .. })
@@ -173,7 +190,12 @@ fn readers_never_see_part_of_an_append() {
                     if let Some(last) = reads.events().last() {
                         let text = std::str::from_utf8(last.event.data()).unwrap().to_owned();
                         let (i, n) = text.split_once('/').unwrap();
-                        assert_eq!(i.parse::<u64>().unwrap() + 1, n.parse::<u64>().unwrap(), "torn view at {}", last.position);
+                        assert_eq!(
+                            i.parse::<u64>().unwrap() + 1,
+                            n.parse::<u64>().unwrap(),
+                            "torn view at {}",
+                            last.position
+                        );
                     }
                     assert_eq!(reads.events().len() as u64, reads.head().map_or(0, |h| h.get()));
                     checks += 1;
@@ -280,12 +302,17 @@ fn eight_threads_250_appends_positions_1_to_2000_dense_and_read_back_exact() {
     let everything = all(&log.reader());
     assert_eq!(positions(&everything), (1..=2000).collect::<Vec<_>>());
     for (range, e) in &acked {
-        assert_eq!(&everything[range.first.get() as usize - 1].event, e, "Ok but missing or different at {range}");
+        assert_eq!(
+            &everything[range.first.get() as usize - 1].event,
+            e,
+            "Ok but missing or different at {range}"
+        );
     }
     // per-thread order is preserved
     for t in 0..8 {
         let mine = log.read(&Query::tags([format!("thread:{t}")]), None, usize::MAX);
-        let seq: Vec<String> = mine.events().iter().map(|s| String::from_utf8(s.event.data().to_vec()).unwrap()).collect();
+        let seq: Vec<String> =
+            mine.events().iter().map(|s| String::from_utf8(s.event.data().to_vec()).unwrap()).collect();
         assert_eq!(seq, (0..250).map(|i| format!("{t}:{i}")).collect::<Vec<_>>());
     }
 }
@@ -298,7 +325,10 @@ fn read_limit_cut_short_resume_token_and_read_back() {
     }
     let q = Query::tags(["even"]); // 1 3 5 7 9
     let r = log.read(&q, None, 2);
-    assert_eq!((positions(r.events()), r.is_cut_short(), r.resume(), r.head()), (vec![1, 3], true, Some(pos(3)), Some(pos(10))));
+    assert_eq!(
+        (positions(r.events()), r.is_cut_short(), r.resume(), r.head()),
+        (vec![1, 3], true, Some(pos(3)), Some(pos(10)))
+    );
     let r = log.read(&q, r.resume(), 10);
     assert_eq!((positions(r.events()), r.is_cut_short(), r.resume()), (vec![5, 7, 9], false, Some(pos(10))));
     let r = log.read(&q, Some(pos(9)), 1);
@@ -325,7 +355,9 @@ fn append_async_on_tokio_and_futures_executor() {
         let tasks: Vec<_> = (0..50)
             .map(|i| {
                 let l = l.clone();
-                tokio::spawn(async move { l.append_async(vec![ev_data("A", &[], format!("{i}"))], None).await.unwrap() })
+                tokio::spawn(async move {
+                    l.append_async(vec![ev_data("A", &[], format!("{i}"))], None).await.unwrap()
+                })
             })
             .collect();
         let mut out = Vec::new();
@@ -341,6 +373,9 @@ fn append_async_on_tokio_and_futures_executor() {
     assert_eq!(r.first, pos(51));
     assert!(matches!(futures_executor::block_on(log.append_async(vec![], None)), Err(AppendError::Empty)));
     log.close();
-    assert!(matches!(futures_executor::block_on(log.append_async(vec![ev("C", &[])], None)), Err(AppendError::Shutdown)));
+    assert!(matches!(
+        futures_executor::block_on(log.append_async(vec![ev("C", &[])], None)),
+        Err(AppendError::Shutdown)
+    ));
     assert!(matches!(log.append(vec![ev("C", &[])], None), Err(AppendError::Shutdown)));
 }

@@ -10,10 +10,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use log_support::{all, ev, ev_data, pos, positions, LIMIT};
 use lanestream::log::{
     EventLog, LogOptions, NextTimeoutError, Query, QueryItem, SequencedEvent, Subscription, TryNextError,
 };
+use log_support::{all, ev, ev_data, pos, positions, LIMIT};
 
 /// Drains a subscription until the log closes.
 fn drain(mut sub: Subscription) -> Vec<SequencedEvent> {
@@ -35,21 +35,18 @@ fn subscription_hand_off_with_concurrent_writers_exactly_once_ascending_no_gap()
     let selective = Query::item(QueryItem::new(["New", "Old"], ["w:1"]));
     let writers = 4;
     let barrier = Arc::new(Barrier::new(writers + 3));
-    let subscribers: Vec<_> = [
-        (Query::All, None),
-        (selective.clone(), None),
-        (Query::types(["New"]), Some(pos(50))),
-    ]
-    .into_iter()
-    .map(|(q, after)| {
-        let (r, barrier) = (log.reader(), barrier.clone());
-        thread::spawn(move || {
-            barrier.wait(); // subscribe while the writers start
-            let sub = r.subscribe(q.clone(), after).batch_limit(5);
-            (q, after, drain(sub))
-        })
-    })
-    .collect();
+    let subscribers: Vec<_> =
+        [(Query::All, None), (selective.clone(), None), (Query::types(["New"]), Some(pos(50)))]
+            .into_iter()
+            .map(|(q, after)| {
+                let (r, barrier) = (log.reader(), barrier.clone());
+                thread::spawn(move || {
+                    barrier.wait(); // subscribe while the writers start
+                    let sub = r.subscribe(q.clone(), after).batch_limit(5);
+                    (q, after, drain(sub))
+                })
+            })
+            .collect();
     let writer_threads: Vec<_> = (0..writers)
         .map(|w| {
             let (log, barrier) = (log.clone(), barrier.clone());
@@ -57,7 +54,9 @@ fn subscription_hand_off_with_concurrent_writers_exactly_once_ascending_no_gap()
                 barrier.wait();
                 for i in 0..300 {
                     let n = i % 3 + 1;
-                    let events = (0..n).map(|k| ev_data("New", &[&format!("w:{w}")], format!("{w}:{i}:{k}"))).collect();
+                    let events = (0..n)
+                        .map(|k| ev_data("New", &[&format!("w:{w}")], format!("{w}:{i}:{k}")))
+                        .collect();
                     log.append(events, None).unwrap();
                 }
             })
@@ -69,9 +68,16 @@ fn subscription_hand_off_with_concurrent_writers_exactly_once_ascending_no_gap()
     for s in subscribers {
         let (q, after, got) = s.join().unwrap();
         let after = after.map_or(0, |p| p.get());
-        let want: Vec<u64> =
-            everything.iter().filter(|e| e.position.get() > after && q.matches(&e.event)).map(|e| e.position.get()).collect();
-        assert_eq!(positions(&got), want, "{q:?} after {after}: exactly the matching positions, ascending, once");
+        let want: Vec<u64> = everything
+            .iter()
+            .filter(|e| e.position.get() > after && q.matches(&e.event))
+            .map(|e| e.position.get())
+            .collect();
+        assert_eq!(
+            positions(&got),
+            want,
+            "{q:?} after {after}: exactly the matching positions, ascending, once"
+        );
         let distinct: HashSet<u64> = positions(&got).into_iter().collect();
         assert_eq!(distinct.len(), got.len());
         for e in &got {
@@ -140,7 +146,9 @@ fn close_wakes_subscribers_blocking_and_async() {
         assert!(t.join().unwrap().unwrap().is_none());
     }
     assert!(counting.0.load(Ordering::SeqCst) > 0, "the async waiter was woken");
-    let Poll::Ready(r) = Pin::new(&mut fut).poll(&mut Context::from_waker(&waker)) else { panic!("ready after close") };
+    let Poll::Ready(r) = Pin::new(&mut fut).poll(&mut Context::from_waker(&waker)) else {
+        panic!("ready after close")
+    };
     assert_eq!(positions(&r.unwrap().unwrap()), [1]);
     drop(fut);
     assert!(asynch.next_batch().unwrap().is_none());

@@ -64,7 +64,11 @@ impl Event {
     /// [`EventError::EmptyType`], [`EventError::EmptyTag`], [`EventError::NameTooLong`] (a type or
     /// tag above [`MAX_NAME_LEN`] bytes), [`EventError::TooManyTags`] (above [`MAX_TAGS`]),
     /// [`EventError::DuplicateTag`].
-    pub fn new<T, I>(event_type: impl Into<String>, tags: I, data: impl Into<Bytes>) -> Result<Event, EventError>
+    pub fn new<T, I>(
+        event_type: impl Into<String>,
+        tags: I,
+        data: impl Into<Bytes>,
+    ) -> Result<Event, EventError>
     where
         I: IntoIterator<Item = T>,
         T: Into<String>,

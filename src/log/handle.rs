@@ -101,7 +101,10 @@ impl EventLog {
                 let len = fs::metadata(path).map_err(io("reading", path))?.len();
                 (FileStorage::resume(&dir, path, claim).map_err(io("opening", path))?, len)
             }
-            None => (FileStorage::create(&dir, 1, &header(1), claim).map_err(io("creating a segment in", &dir))?, HEADER_LEN as u64),
+            None => (
+                FileStorage::create(&dir, 1, &header(1), claim).map_err(io("creating a segment in", &dir))?,
+                HEADER_LEN as u64,
+            ),
         };
         let segments = SegmentWriter::new(wrap(Box::new(storage)), current_len, options.segment_bytes);
         start(options, events, index, recovered.next - 1, Some(segments))
@@ -132,7 +135,12 @@ fn start(
         path: "the log".into(),
         source,
     })?;
-    let link = WriterLink { queue, thread: Mutex::new(Some(thread)), shared: shared.clone(), max_append_bytes: options.max_append_bytes };
+    let link = WriterLink {
+        queue,
+        thread: Mutex::new(Some(thread)),
+        shared: shared.clone(),
+        max_append_bytes: options.max_append_bytes,
+    };
     Ok(WriteHandle { link: Arc::new(link), reader: ReadHandle { shared } })
 }
 
@@ -179,7 +187,11 @@ pub struct WriteHandle {
 
 impl WriteHandle {
     /// Checks an append on the caller's thread and wraps it for the writer.
-    fn prepare(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> Result<(Request, Arc<ReplySlot>), AppendError> {
+    fn prepare(
+        &self,
+        events: Vec<Event>,
+        condition: Option<AppendCondition>,
+    ) -> Result<(Request, Arc<ReplySlot>), AppendError> {
         if events.is_empty() {
             return Err(AppendError::Empty);
         }
@@ -204,7 +216,11 @@ impl WriteHandle {
     /// queued), [`AppendError::Conflict`], [`AppendError::AfterBeyondHead`],
     /// [`AppendError::Io`], [`AppendError::Failed`], [`AppendError::Shutdown`]. No error but
     /// `Io` consumes a position.
-    pub fn append(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> Result<PositionRange, AppendError> {
+    pub fn append(
+        &self,
+        events: Vec<Event>,
+        condition: Option<AppendCondition>,
+    ) -> Result<PositionRange, AppendError> {
         let (request, slot) = self.prepare(events, condition)?;
         if self.link.queue.push(request).is_err() {
             return Err(AppendError::Shutdown);
@@ -272,7 +288,10 @@ impl WriteHandle {
 
 impl fmt::Debug for WriteHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteHandle").field("queue", &self.link.queue).field("log", &self.link.shared).finish()
+        f.debug_struct("WriteHandle")
+            .field("queue", &self.link.queue)
+            .field("log", &self.link.shared)
+            .finish()
     }
 }
 
@@ -304,14 +323,16 @@ impl Future for AppendFuture {
                     this.state = State::Done;
                     return Poll::Ready(Err(e));
                 }
-                State::Queueing { request, slot } => match this.link.queue.poll_push(request, &mut this.key, cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(true) => this.state = State::Waiting(slot.clone()),
-                    Poll::Ready(false) => {
-                        this.state = State::Done;
-                        return Poll::Ready(Err(AppendError::Shutdown));
+                State::Queueing { request, slot } => {
+                    match this.link.queue.poll_push(request, &mut this.key, cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(true) => this.state = State::Waiting(slot.clone()),
+                        Poll::Ready(false) => {
+                            this.state = State::Done;
+                            return Poll::Ready(Err(AppendError::Shutdown));
+                        }
                     }
-                },
+                }
                 State::Waiting(slot) => {
                     let r = std::task::ready!(slot.poll(cx));
                     this.state = State::Done;

@@ -178,9 +178,15 @@ impl<V: Clone> KeyMap<V> {
             }
             let pos = (node.bitmap & (bit - 1)).count_ones() as usize;
             match &node.entries[pos] {
-                Entry::Leaf { hash: h, key: k, value } => return (*h == hash && **k == *key).then_some(value),
+                Entry::Leaf { hash: h, key: k, value } => {
+                    return (*h == hash && **k == *key).then_some(value)
+                }
                 Entry::Collision { hash: h, items } => {
-                    return if *h == hash { items.iter().find(|(k, _)| **k == *key).map(|(_, v)| v) } else { None }
+                    return if *h == hash {
+                        items.iter().find(|(k, _)| **k == *key).map(|(_, v)| v)
+                    } else {
+                        None
+                    }
                 }
                 Entry::Node(child) => {
                     node = child;
@@ -227,7 +233,8 @@ fn insert<V: Clone>(node: &mut Arc<Node<V>>, shift: u32, hash: u64, key: Arc<str
         }
         entry => {
             // A leaf or collision of another hash shares this slot: push it one level down.
-            let old = std::mem::replace(entry, Entry::Node(Arc::new(Node { bitmap: 0, entries: Vec::new() })));
+            let old =
+                std::mem::replace(entry, Entry::Node(Arc::new(Node { bitmap: 0, entries: Vec::new() })));
             let old_hash = match &old {
                 Entry::Leaf { hash, .. } | Entry::Collision { hash, .. } => *hash,
                 Entry::Node(_) => unreachable!(),

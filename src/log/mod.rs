@@ -92,7 +92,9 @@ mod writer;
 mod tests;
 
 pub use condition::AppendCondition;
-pub use error::{AppendError, EventError, NextTimeoutError, OpenError, QueryError, SubscriptionError, TryNextError};
+pub use error::{
+    AppendError, EventError, NextTimeoutError, OpenError, QueryError, SubscriptionError, TryNextError,
+};
 pub use event::{Event, SequencedEvent, MAX_NAME_LEN, MAX_TAGS};
 pub use handle::{AppendFuture, EventLog, WriteHandle};
 pub use options::LogOptions;

@@ -188,8 +188,8 @@ impl QueryItem {
 
     /// Whether `event` matches this item (see the type's docs). Never looks at the payload.
     pub fn matches(&self, event: &Event) -> bool {
-        let type_ok = self.types.is_empty()
-            || self.types.binary_search_by(|t| (**t).cmp(event.event_type())).is_ok();
+        let type_ok =
+            self.types.is_empty() || self.types.binary_search_by(|t| (**t).cmp(event.event_type())).is_ok();
         type_ok && contains_all(event.tag_slice(), &self.tags)
     }
 }

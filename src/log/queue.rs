@@ -207,7 +207,12 @@ impl Queue {
 
     /// Queues `*request` if there is room (taking it), else registers `cx`'s waker under `key`.
     /// `Ready(false)` once the queue is closed (the request stays in `*request`).
-    pub(crate) fn poll_push(&self, request: &mut Option<Request>, key: &mut Option<u64>, cx: &mut Context<'_>) -> Poll<bool> {
+    pub(crate) fn poll_push(
+        &self,
+        request: &mut Option<Request>,
+        key: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<bool> {
         let mut st = lock(&self.state);
         if let Some(k) = key.take() {
             st.space_wakers.retain(|(x, _)| *x != k);
@@ -274,7 +279,6 @@ impl Queue {
         self.not_empty.notify_all();
         wakers.into_iter().for_each(|(_, w)| w.wake());
     }
-
 }
 
 #[cfg(test)]

@@ -30,7 +30,8 @@ impl ReadHandle {
     /// ([`Query::All`] walks positions directly).
     pub fn read(&self, query: &Query, after: Option<LogPosition>, limit: usize) -> Reads {
         let snap = self.shared.snapshot.load();
-        let view = View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
+        let view =
+            View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
         let after_raw = raw(after);
         let (events, cut_short) = view.collect(query, after_raw, snap.head, Dir::Up, limit);
         let resume = if cut_short {
@@ -38,7 +39,12 @@ impl ReadHandle {
         } else {
             snap.head.max(after_raw)
         };
-        Reads { events, head: LogPosition::from_raw(snap.head), cut_short, resume: LogPosition::from_raw(resume) }
+        Reads {
+            events,
+            head: LogPosition::from_raw(snap.head),
+            cut_short,
+            resume: LogPosition::from_raw(resume),
+        }
     }
 
     /// Up to `limit` events matching `query` at positions below `before` (below and at `W`, the
@@ -48,10 +54,15 @@ impl ReadHandle {
     /// reached the start of the log.
     pub fn read_back(&self, query: &Query, before: Option<LogPosition>, limit: usize) -> Reads {
         let snap = self.shared.snapshot.load();
-        let view = View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
+        let view =
+            View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
         let hi = before.map_or(snap.head, |b| (b.get() - 1).min(snap.head));
         let (events, cut_short) = view.collect(query, 0, hi, Dir::Down, limit);
-        let resume = if cut_short { LogPosition::from_raw(events.last().map_or(hi + 1, |e| e.position.get())) } else { None };
+        let resume = if cut_short {
+            LogPosition::from_raw(events.last().map_or(hi + 1, |e| e.position.get()))
+        } else {
+            None
+        };
         Reads { events, head: LogPosition::from_raw(snap.head), cut_short, resume }
     }
 

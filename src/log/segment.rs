@@ -54,7 +54,11 @@ pub(crate) fn header(first: u64) -> [u8; HEADER_LEN] {
 
 /// The encoded size of one event, in bytes.
 pub(crate) fn event_encoded_len(e: &Event) -> usize {
-    2 + e.event_type().len() + 2 + e.tag_slice().iter().map(|t| 2 + t.len()).sum::<usize>() + 4 + e.data().len()
+    2 + e.event_type().len()
+        + 2
+        + e.tag_slice().iter().map(|t| 2 + t.len()).sum::<usize>()
+        + 4
+        + e.data().len()
 }
 
 /// Appends the record of the append `events` starting at position `first` to `buf`.
@@ -158,10 +162,10 @@ pub(crate) fn decode_record(bytes: &Bytes, at: usize) -> Result<(u64, Vec<Event>
         if ntags > MAX_TAGS {
             return Err(RecordError::Invalid(format!("{ntags} tags")));
         }
-        let mut tags = Vec::with_capacity(ntags);
+        let mut tags: Vec<Box<str>> = Vec::with_capacity(ntags);
         for _ in 0..ntags {
             let t = r.name()?;
-            if tags.last().is_some_and(|prev: &Box<str>| *prev >= t) {
+            if tags.last().is_some_and(|prev| **prev >= *t) {
                 return Err(RecordError::Invalid("tags not sorted and unique".into()));
             }
             tags.push(t);
@@ -196,7 +200,11 @@ pub(crate) fn recover(dir: &Path, mut on_event: impl FnMut(u64, Event)) -> Resul
     let n = segments.len();
     for (i, (first, path)) in segments.iter().enumerate() {
         let is_last = i + 1 == n;
-        let corrupt = |offset: usize, reason: String| OpenError::Corrupt { segment: path.clone(), offset: offset as u64, reason };
+        let corrupt = |offset: usize, reason: String| OpenError::Corrupt {
+            segment: path.clone(),
+            offset: offset as u64,
+            reason,
+        };
         let bytes = Bytes::from(fs::read(path).map_err(io_err("reading", path))?);
         if *first != next {
             return Err(corrupt(0, format!("segment starts at position {first}, expected {next}")));
@@ -206,20 +214,30 @@ pub(crate) fn recover(dir: &Path, mut on_event: impl FnMut(u64, Event)) -> Resul
                 // A header torn while the segment was being created: write it again.
                 let h = header(*first);
                 fs::write(path, h).map_err(io_err("rewriting header of", path))?;
-                OpenOptions::new().write(true).open(path).and_then(|f| f.sync_all()).map_err(io_err("syncing", path))?;
+                OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io_err("syncing", path))?;
                 continue;
             }
             return Err(corrupt(0, "segment shorter than its header".into()));
         }
         if bytes[..8] != MAGIC || bytes[8..16] != first.to_le_bytes() {
-            return Err(corrupt(0, "not a lanestream log segment header, or a header naming another position".into()));
+            return Err(corrupt(
+                0,
+                "not a lanestream log segment header, or a header naming another position".into(),
+            ));
         }
         let mut at = HEADER_LEN;
         while at < bytes.len() {
             match decode_record(&bytes, at) {
                 Ok((rec_first, events, len)) => {
                     if rec_first != next {
-                        return Err(corrupt(at, format!("record starts at position {rec_first}, expected {next}")));
+                        return Err(corrupt(
+                            at,
+                            format!("record starts at position {rec_first}, expected {next}"),
+                        ));
                     }
                     for e in events {
                         on_event(next, e);

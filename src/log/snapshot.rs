@@ -24,7 +24,6 @@ pub(crate) struct Snapshot {
     pub(crate) tags: KeyMap<Arc<Postings>>,
 }
 
-
 /// The index being built by the writer: the maps of its next snapshot.
 #[derive(Debug)]
 pub(crate) struct IndexWriter {
@@ -192,7 +191,8 @@ impl<'a> View<'a> {
             }
             Query::Items(items) => items.iter().collect(),
         };
-        let mut cursors: Vec<ItemCursor<'a>> = items.into_iter().filter_map(|i| self.item_cursor(i, lo, hi)).collect();
+        let mut cursors: Vec<ItemCursor<'a>> =
+            items.into_iter().filter_map(|i| self.item_cursor(i, lo, hi)).collect();
         if cursors.len() == 1 {
             while let Some(p) = self.next_of(&mut cursors[0], dir) {
                 if !f(p) {
@@ -234,7 +234,14 @@ impl<'a> View<'a> {
     }
 
     /// Up to `limit` matching events in `(lo, hi]` in `dir` order, and whether more matched.
-    pub(crate) fn collect(&self, query: &'a Query, lo: u64, hi: u64, dir: Dir, limit: usize) -> (Vec<SequencedEvent>, bool) {
+    pub(crate) fn collect(
+        &self,
+        query: &'a Query,
+        lo: u64,
+        hi: u64,
+        dir: Dir,
+        limit: usize,
+    ) -> (Vec<SequencedEvent>, bool) {
         let mut out = Vec::new();
         let mut more = false;
         self.scan(query, lo, hi, dir, |p| {

@@ -74,7 +74,12 @@ impl Signal {
 
     /// `Ready` if `ready()` holds (checked under the lock), else registers `cx`'s waker under
     /// `key` (replacing the one registered before).
-    pub(crate) fn poll(&self, ready: impl FnOnce() -> bool, key: &mut Option<u64>, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll(
+        &self,
+        ready: impl FnOnce() -> bool,
+        key: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
         let mut st = lock(&self.state);
         if let Some(k) = key.take() {
             st.wakers.retain(|(x, _)| *x != k);
@@ -168,7 +173,8 @@ impl Subscription {
         let closed = self.shared.is_closed();
         let failure = self.shared.failure.get().cloned();
         let snap = self.shared.snapshot.load();
-        let view = View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
+        let view =
+            View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
         let (events, _) = view.collect(&self.query, self.after, snap.head, Dir::Up, self.batch);
         if let Some(last) = events.last() {
             self.after = last.position.get();
@@ -225,7 +231,10 @@ impl Subscription {
     ///
     /// # Errors
     /// [`NextTimeoutError::Timeout`] when nothing came in time; [`NextTimeoutError::Failed`].
-    pub fn next_batch_deadline(&mut self, deadline: Instant) -> Result<Option<Vec<SequencedEvent>>, NextTimeoutError> {
+    pub fn next_batch_deadline(
+        &mut self,
+        deadline: Instant,
+    ) -> Result<Option<Vec<SequencedEvent>>, NextTimeoutError> {
         loop {
             match self.step() {
                 Step::Batch(b) => return Ok(Some(b)),
@@ -245,7 +254,10 @@ impl Subscription {
     ///
     /// # Errors
     /// As [`next_batch_deadline`](Subscription::next_batch_deadline).
-    pub fn next_batch_timeout(&mut self, timeout: Duration) -> Result<Option<Vec<SequencedEvent>>, NextTimeoutError> {
+    pub fn next_batch_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<Vec<SequencedEvent>>, NextTimeoutError> {
         self.next_batch_deadline(Instant::now() + timeout)
     }
 
@@ -285,7 +297,11 @@ impl Future for NextBatch<'_> {
                 Step::Failed(c) => return Poll::Ready(Err(SubscriptionError::Failed(c))),
                 Step::Nothing => {
                     let (shared, after) = (&this.sub.shared, this.sub.after);
-                    if shared.signal.poll(|| Subscription::ready(shared, after), &mut this.key, cx).is_pending() {
+                    if shared
+                        .signal
+                        .poll(|| Subscription::ready(shared, after), &mut this.key, cx)
+                        .is_pending()
+                    {
                         return Poll::Pending;
                     }
                 }
@@ -304,6 +320,9 @@ impl Drop for NextBatch<'_> {
 
 impl fmt::Debug for NextBatch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NextBatch").field("subscription", &self.sub).field("waiting", &self.key.is_some()).finish()
+        f.debug_struct("NextBatch")
+            .field("subscription", &self.sub)
+            .field("waiting", &self.key.is_some())
+            .finish()
     }
 }

@@ -121,7 +121,7 @@ impl Storage for Faulty {
     }
 }
 
-fn open_faulty(dir: &PathBuf, options: LogOptions) -> (WriteHandle, Arc<Control>) {
+fn open_faulty(dir: &std::path::Path, options: LogOptions) -> (WriteHandle, Arc<Control>) {
     let control = Arc::new(Control::default());
     let c = control.clone();
     let log = EventLog::open_with(dir, options, move |inner| Box::new(Faulty { inner, control: c })).unwrap();
@@ -161,7 +161,7 @@ fn staged_after_equal_head_conflicts_with_a_match_earlier_in_the_same_drain() {
         thread::spawn(move || log.append(vec![ev("Blocker", &[])], None))
     };
     control.await_syncs(2); // the writer is stuck in the blocker's group commit (head 2 staged)
-    // Queued behind it, in this order, so they share the next group commit:
+                            // Queued behind it, in this order, so they share the next group commit:
     let waker = Waker::from(Arc::new(Counting::default()));
     let mut winner = log.append_async(vec![ev("Reserved", &["seat:1"])], None);
     assert!(poll_once(&mut winner, &waker).is_pending()); // queued
@@ -388,7 +388,8 @@ fn requests_queued_before_close_are_served_later_ones_get_shutdown() {
     control.set(|p| p.hold_syncs = false);
     closer.join().unwrap();
     assert_eq!(first.join().unwrap().unwrap().first, pos(1));
-    let served: Vec<u64> = queued.drain(..).map(|f| futures_executor::block_on(f).unwrap().first.get()).collect();
+    let served: Vec<u64> =
+        queued.drain(..).map(|f| futures_executor::block_on(f).unwrap().first.get()).collect();
     assert_eq!(served, [2, 3, 4]);
     assert!(log.is_closed());
     assert_eq!(log.head(), Some(pos(4)));

@@ -83,7 +83,12 @@ impl Writer {
     }
 
     /// Decides, writes, publishes and answers one group of requests.
-    fn commit(&mut self, batch: &mut Vec<Request>, records: &mut Vec<u8>, outcomes: &mut Vec<(ReplySender, AppendResult)>) {
+    fn commit(
+        &mut self,
+        batch: &mut Vec<Request>,
+        records: &mut Vec<u8>,
+        outcomes: &mut Vec<(ReplySender, AppendResult)>,
+    ) {
         if let Some(cause) = self.shared.failure.get() {
             for r in batch.drain(..) {
                 r.reply.send(Err(AppendError::Failed(cause.clone())));
@@ -146,9 +151,16 @@ impl Writer {
                     head: LogPosition::from_raw(self.head),
                 });
             }
-            let view = View { head: staged, types: &self.index.types, tags: &self.index.tags, events: &self.shared.events };
+            let view = View {
+                head: staged,
+                types: &self.index.types,
+                tags: &self.index.tags,
+                events: &self.shared.events,
+            };
             if let Some(at) = view.first_match(&c.fail_if_events_match, after) {
-                return Err(AppendError::Conflict { at: LogPosition::new(at).expect("positions start at 1") });
+                return Err(AppendError::Conflict {
+                    at: LogPosition::new(at).expect("positions start at 1"),
+                });
             }
         }
         Ok(PositionRange::from_raw(staged + 1, n))
