@@ -1,9 +1,10 @@
 //! The child and the checker of the log's crash test (`scripts/log-crash.sh`).
 //!
 //! ```text
-//! log_crash_child append DIR CYCLE     append forever (4 threads, some appends conditional),
-//!                                      printing "ack CYCLE THREAD SEQ FIRST LAST" for each
-//!                                      acknowledged append, until killed
+//! log_crash_child append DIR CYCLE     open DIR, print "open HEAD", then append forever (4
+//!                                      threads, some appends conditional), printing
+//!                                      "ack CYCLE THREAD SEQ FIRST LAST" for each acknowledged
+//!                                      append, until killed
 //! log_crash_child verify DIR ACKS      reopen DIR and check it against every complete ack line
 //! ```
 //!
@@ -84,6 +85,8 @@ fn append(dir: &str, cycle: u64) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Tell the script recovery is over (the checker skips every line but "ack ...").
+    println!("open {}", log.head().map_or(0, LogPosition::get));
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let log = log.clone();
@@ -93,7 +96,7 @@ fn append(dir: &str, cycle: u64) -> ExitCode {
                     let h = mix(cycle << 40 ^ t << 32 ^ seq);
                     let (kind, param, condition) = match (t, h % 4) {
                         (0, 0) => {
-                            let slot = h % 512;
+                            let slot = (h >> 16) % 2048;
                             (
                                 'u',
                                 slot,

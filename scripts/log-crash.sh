@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The log's crash test: a child process appends to a durable log (4 threads, some appends
 # conditional: unique slots and an optimistic counter) and prints every acknowledged append; it is
-# SIGKILLed at a random moment (sometimes while it is still recovering), then the log is reopened
-# and checked: every acknowledged append present byte for byte at its position, the log dense from
-# 1, every event one that was appended, every append whole, no slot claimed twice, the counter
-# exact. Then the next cycle appends to the same log.
+# SIGKILLed at a random moment, then the log is reopened and checked: every acknowledged append
+# present byte for byte at its position, the log dense from 1, every event one that was appended,
+# every append whole (no torn record, no phantom), no slot claimed twice, the counter exact. Then
+# the next cycle appends to the same log. Four cycles in five kill 20-400 ms after the child has
+# recovered and started appending; the fifth kills at a random moment after start, often in the
+# middle of recovery.
 #   scripts/log-crash.sh            20 cycles (CI)
 #   scripts/log-crash.sh --full     200 cycles
 #   scripts/log-crash.sh --cycles N
-# Uses the dev build of examples/log_crash_child.rs (built here if needed). Prints a PASS or
-# FAIL line last; exits non-zero on failure, keeping the log directory for a look.
+# Uses the release build of examples/log_crash_child.rs (built here if needed; CI has built it in
+# the examples step). Prints a PASS or FAIL line last; exits non-zero on failure, keeping the log
+# directory for a look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cycles=20
@@ -21,32 +24,48 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-cargo build --quiet --example log_crash_child
-bin="${CARGO_TARGET_DIR:-target}/debug/examples/log_crash_child"
+cargo build --quiet --release -p lanestream --example log_crash_child
+bin="${CARGO_TARGET_DIR:-target}/release/examples/log_crash_child"
 work=$(mktemp -d "${TMPDIR:-/tmp}/lanestream-log-crash.XXXXXX")
 dir="$work/log" acks="$work/acks.txt"
 : > "$acks"
+opens() { grep -c '^open ' "$acks" || true; }
+fail() {
+    echo "FAIL: log crash test, cycle $cycle: $1 (log kept in $work)"
+    exit 1
+}
 start=$(date +%s)
+during_recovery=0
 for cycle in $(seq 1 "$cycles"); do
+    before=$(opens)
     "$bin" append "$dir" "$cycle" >> "$acks" 2> "$work/child.err" &
     pid=$!
-    # 20-400 ms: early kills land in recovery, later ones mid-append.
-    sleep "$(printf '0.%03d' $(( RANDOM % 380 + 20 )))"
+    if [ $(( RANDOM % 5 )) -eq 0 ]; then
+        sleep "$(printf '0.%03d' $(( RANDOM % 300 )))"
+        [ "$(opens)" -gt "$before" ] || during_recovery=$(( during_recovery + 1 ))
+    else
+        waited=0
+        while [ "$(opens)" -le "$before" ]; do
+            kill -0 "$pid" 2>/dev/null || { cat "$work/child.err"; fail "the child exited before it opened the log"; }
+            sleep 0.01
+            waited=$(( waited + 1 ))
+            [ "$waited" -lt 6000 ] || fail "the child did not open the log within a minute"
+        done
+        sleep "$(printf '0.%03d' $(( RANDOM % 380 + 20 )))"
+    fi
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     if grep -q . "$work/child.err"; then
-        echo "child of cycle $cycle wrote to stderr:"; cat "$work/child.err"
-        echo "FAIL: log crash test, cycle $cycle (log kept in $work)"
-        exit 1
+        cat "$work/child.err"
+        fail "the child wrote to stderr"
     fi
     if ! out=$("$bin" verify "$dir" "$acks"); then
         echo "$out"
-        echo "FAIL: log crash test, cycle $cycle (log kept in $work)"
-        exit 1
+        fail "the reopened log does not hold what was acknowledged"
     fi
     if [ $(( cycle % 10 )) -eq 0 ] || [ "$cycle" -eq "$cycles" ]; then
         echo "cycle $cycle: $out"
     fi
 done
-echo "PASS: log crash test, $cycles SIGKILL cycles in $(( $(date +%s) - start ))s: ${out#ok: }"
+echo "PASS: log crash test, $cycles SIGKILL cycles ($during_recovery during recovery) in $(( $(date +%s) - start ))s: ${out#ok: }"
 rm -rf "$work"
