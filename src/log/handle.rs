@@ -21,7 +21,7 @@ use super::read::{ReadHandle, Reads};
 use super::segment::{header, recover, SegmentWriter, HEADER_LEN};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
-use super::storage::{DirClaim, FileStorage, Storage};
+use super::storage::{sync_dir, DirClaim, FileStorage, Storage};
 use super::subscription::Subscription;
 use super::writer::Writer;
 
@@ -90,8 +90,15 @@ impl EventLog {
             let path = path.to_path_buf();
             move |source| OpenError::Io { op, path, source }
         };
+        let existed = dir.exists();
         fs::create_dir_all(dir).map_err(io("creating", dir))?;
         let dir = fs::canonicalize(dir).map_err(io("resolving", dir))?;
+        if !existed {
+            // The new directory's own entry must survive a crash too, or so would nothing in it.
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent).map_err(io("syncing", parent))?;
+            }
+        }
         let claim = DirClaim::claim(&dir)?;
         let events = EventSlots::new();
         let mut index = IndexWriter { types: KeyMap::new(), tags: KeyMap::new() };

@@ -48,6 +48,8 @@ struct Plan {
     /// The next write writes this many bytes, then the following write fails.
     short_write: Option<usize>,
     short_written: bool,
+    /// The next sync panics (a bug in the writer's path, as far as the log can tell).
+    panic_sync: bool,
 }
 
 #[derive(Default)]
@@ -114,6 +116,9 @@ impl Storage for Faulty {
             }
             n
         };
+        if std::mem::take(&mut self.control.plan.lock().unwrap().panic_sync) {
+            panic!("injected: the storage panicked");
+        }
         if self.control.plan.lock().unwrap().fail_sync == Some(number) {
             return Err(io::Error::other("injected: fsync failed"));
         }
@@ -393,4 +398,27 @@ fn requests_queued_before_close_are_served_later_ones_get_shutdown() {
     assert_eq!(served, [2, 3, 4]);
     assert!(log.is_closed());
     assert_eq!(log.head(), Some(pos(4)));
+}
+
+#[test]
+fn a_panicking_writer_answers_everyone_wakes_subscribers_and_refuses_writes() {
+    let dir = temp_dir("panic");
+    let (log, control) = open_faulty(&dir, LogOptions::default());
+    log.append(vec![ev("Before", &[])], None).unwrap();
+    let mut sub = log.subscribe(Query::All, None);
+    assert_eq!(sub.next_batch().unwrap().unwrap().len(), 1);
+    let waiting = thread::spawn(move || sub.next_batch());
+    thread::sleep(Duration::from_millis(20));
+    control.set(|p| p.panic_sync = true);
+    let r = log.append(vec![ev("Boom", &[])], None);
+    assert!(matches!(r, Err(AppendError::Shutdown)), "the append in flight is answered: {r:?}");
+    let woken = waiting.join().unwrap();
+    assert!(
+        matches!(&woken, Err(SubscriptionError::Failed(e)) if e.to_string().contains("panicked")),
+        "{woken:?}"
+    );
+    assert!(log.is_closed());
+    assert!(matches!(log.append(vec![ev("After", &[])], None), Err(AppendError::Failed(_))));
+    assert_eq!(log.head(), Some(pos(1)), "nothing of the panicked round was published");
+    log.close();
 }
