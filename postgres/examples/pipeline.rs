@@ -43,7 +43,7 @@ use lanestream::{
     AckError, AckHandle, Batch, Envelope, IndexName, Lane, LaneItem, MemoryStream, Op, Position, Producer,
     Request, SinkName, Stream, TryRecvError,
 };
-use lanestream_postgres::wal2json::{Wal2JsonError, Wal2JsonReader};
+use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -117,9 +117,15 @@ struct Args {
     /// Seed of the --chaos randomness.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Skip and count malformed input lines instead of stopping at the first one.
+    /// Skip and count malformed input lines instead of stopping at the first one. A transaction
+    /// with a bad line is discarded whole and its changes counted as lost: the run FAILs.
     #[arg(long)]
     skip_bad_lines: bool,
+    /// Key columns of a table whose replica identity is an index (`schema.table=col1,col2`;
+    /// repeatable). Without it such a table's rows are keyed by every column until its first
+    /// identity shows the index, which is an error.
+    #[arg(long = "key-columns", value_name = "SCHEMA.TABLE=COLS")]
+    key_columns: Vec<String>,
     /// Write the summary as a JSON object to this file.
     #[arg(long)]
     summary_json: Option<PathBuf>,
@@ -175,6 +181,10 @@ struct Counters {
     changes: AtomicU64,
     envelopes: AtomicU64,
     bad_lines: AtomicU64,
+    /// Transactions discarded whole because of bad lines (`--skip-bad-lines`), and their changes
+    /// (bad lines included).
+    transactions_discarded: AtomicU64,
+    changes_discarded: AtomicU64,
     ingest_done: AtomicBool,
 }
 
@@ -435,12 +445,21 @@ impl Ingest {
         expected_backfills: u64,
     ) -> Result<(), BoxError> {
         let mut bad_shown = 0;
-        for next in Wal2JsonReader::new(input) {
+        let mut builder = TransactionBuilder::new();
+        for (table, columns) in key_columns(&args.key_columns)? {
+            builder.set_key_columns(&table.0, &table.1, Some(columns));
+        }
+        for next in Wal2JsonReader::new(input).with_builder(builder) {
             let batch = match next {
                 Ok(batch) => batch,
                 Err(e) => {
                     if args.skip_bad_lines && e.is_recoverable() {
-                        counters.bad_lines.fetch_add(1, Ordering::Relaxed);
+                        if e.lost_changes() > 0 {
+                            counters.transactions_discarded.fetch_add(1, Ordering::Relaxed);
+                            counters.changes_discarded.fetch_add(e.lost_changes(), Ordering::Relaxed);
+                        } else {
+                            counters.bad_lines.fetch_add(1, Ordering::Relaxed);
+                        }
                         if bad_shown < 10 {
                             eprintln!("warning: skipped: {e}");
                             bad_shown += 1;
@@ -480,6 +499,26 @@ impl Ingest {
         }
         Ok(())
     }
+}
+
+/// `--key-columns schema.table=col1,col2` → ((schema, table), columns).
+/// (schema, table) and its key columns.
+type KeyColumns = ((String, String), Vec<String>);
+
+fn key_columns(specs: &[String]) -> Result<Vec<KeyColumns>, BoxError> {
+    specs
+        .iter()
+        .map(|spec| {
+            let bad = || format!("--key-columns {spec:?}: expected SCHEMA.TABLE=COL[,COL...]");
+            let (table, columns) = spec.split_once('=').ok_or_else(bad)?;
+            let (schema, table) = table.split_once('.').ok_or_else(bad)?;
+            let columns: Vec<String> = columns.split(',').map(str::to_owned).collect();
+            if schema.is_empty() || table.is_empty() || columns.iter().any(String::is_empty) {
+                return Err(bad().into());
+            }
+            Ok(((schema.to_owned(), table.to_owned()), columns))
+        })
+        .collect()
 }
 
 fn input_error(e: &Wal2JsonError, args: &Args) -> BoxError {
@@ -787,6 +826,17 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         }
         per_sink.push(SinkSummary::new(s, lsn(lane.stats().acked), transactions_lost, envelopes_lost));
     }
+    let (transactions_discarded, changes_discarded) = (
+        counters.transactions_discarded.load(Ordering::Relaxed),
+        counters.changes_discarded.load(Ordering::Relaxed),
+    );
+    if changes_discarded > 0 || transactions_discarded > 0 {
+        let what = format!(
+            "{transactions_discarded} transactions ({changes_discarded} changes, bad lines included) were discarded whole because of bad input lines: lost"
+        );
+        eprintln!("error: {what}");
+        failures.push(what);
+    }
     let final_watermark = stream.watermark();
     if final_watermark != ingest.last_commit {
         let what = format!(
@@ -824,6 +874,8 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         changes_published: changes,
         envelopes_published: envelopes,
         bad_lines_skipped: counters.bad_lines.load(Ordering::Relaxed),
+        transactions_discarded,
+        changes_discarded,
         last_commit_lsn: lsn(ingest.last_commit),
         final_watermark_lsn: lsn(final_watermark),
         stream_idle: stream.is_idle(),
@@ -899,6 +951,11 @@ struct Summary {
     envelopes_published: u64,
     /// Malformed input lines skipped (`--skip-bad-lines`).
     bad_lines_skipped: u64,
+    /// Transactions discarded whole because they had bad lines (`--skip-bad-lines`): lost, so
+    /// the run FAILs.
+    transactions_discarded: u64,
+    /// Their changes, each bad line counted as one lost change.
+    changes_discarded: u64,
     last_commit_lsn: Option<String>,
     final_watermark_lsn: Option<String>,
     /// Nothing queued or unacked on any lane at the end.
@@ -1039,6 +1096,13 @@ impl std::fmt::Display for Summary {
             s.input, s.transactions_published, s.changes_published, s.envelopes_published, s.sink_count,
             s.bad_lines_skipped,
         )?;
+        if s.transactions_discarded > 0 || s.changes_discarded > 0 {
+            writeln!(
+                f,
+                "lost to bad lines: {} transactions discarded whole, {} changes",
+                s.transactions_discarded, s.changes_discarded
+            )?;
+        }
         match &s.output_dir {
             Some(dir) => write!(f, "output {dir}/<sink>.ndjson")?,
             None => write!(f, "output discarded")?,

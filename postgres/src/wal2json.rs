@@ -24,7 +24,7 @@
 //!   Commit LSNs strictly increase in commit order, which is the order wal2json emits
 //!   transactions in, so batch positions strictly increase (a regression is refused with
 //!   [`Wal2JsonErrorKind::LsnRegressed`]). A replication client that confirms a batch's position
-//!   to the server may have the last transaction re-sent after a restart (at-least-once).
+//!   to the server has that transaction re-sent after a restart ([At least once](#at-least-once)).
 //! - **changes**: the number of I/U/D/T lines in the transaction.
 //! - **envelopes**, one per change, all carrying the batch's position:
 //!   - `index`: `schema_table` as an [`IndexName`]. When that is not a valid name it is
@@ -32,14 +32,8 @@
 //!     becomes `_`, a leading digit gets a `_` prefix, and the result is cut to
 //!     [`MAX_NAME_LEN`](lanestream::MAX_NAME_LEN) bytes (so `"Inventory"."Stock Items"` becomes
 //!     `inventory_stock_items`). Distinct tables may collide after normalisation.
-//!   - `id`: the primary-key values (named by the `pk` field, taken from `columns`, or from
-//!     `identity` for deletes and the old side of updates) joined with `:`. String values are
-//!     used unescaped with `\` and `:` escaped as `\\` and `\:` (so the id is unambiguous);
-//!     other values are their JSON text (`42`, `true`, `null`). For a table without a primary key
-//!     (`"pk":[]`, e.g. `REPLICA IDENTITY FULL`) every column value is used. Without a `pk`
-//!     field at all (wal2json run without `include-pk=true`) the same all-columns fallback
-//!     applies, which only gives consistent ids for `REPLICA IDENTITY FULL` tables: use
-//!     `include-pk=true`.
+//!   - `id`: the row's key values joined with `:` (see [Ids](#ids) for which columns and how
+//!     values are written).
 //!   - `op`: [`Op::Upsert`] for I and U, [`Op::Delete`] for D, [`Op::Truncate`] for T (empty id
 //!     and document).
 //!   - `document`: the row as a JSON object `{"column":value,…}` whose values are copied byte for
@@ -47,8 +41,10 @@
 //!     with escapes, which is written escaped again). I and U give the new row; D gives
 //!     the `identity` object (the old key, or the whole old row under `REPLICA IDENTITY FULL`),
 //!     or empty bytes if the line has no identity. An update that leaves a TOASTed value unchanged
-//!     does not carry that column (wal2json omits it), so its document lacks it: sinks should
-//!     merge updates into what they hold rather than replace.
+//!     does not carry that column (wal2json omits it): under `REPLICA IDENTITY FULL` the reader
+//!     takes it from the update's `identity` (the whole old row), so the document is the whole
+//!     new row; under any other identity the document lacks it, so sinks should merge updates
+//!     into what they hold rather than replace (see [Replica identities](#replica-identities)).
 //!
 //!   Every document of a transaction is written into one buffer, frozen into a [`Bytes`] at the
 //!   commit; each envelope's document is a [`Bytes::slice`] of it, so a transaction costs one
@@ -59,23 +55,78 @@
 //!   always the number of I/U/D/T lines while `envelopes.len()` may be larger.
 //! - An **empty transaction** (`B` then `C`, e.g. a DDL-only transaction) gives a positioned
 //!   batch with no envelopes; acking it still moves the watermark.
+//! - A **huge transaction**, with [`TransactionBuilder::with_max_batch_changes`]`(Some(n))`: every
+//!   `n` changes give an **unpositioned** chunk (`position: None`, `changes` its share), whose
+//!   envelopes carry the `B` line's `lsn` (the commit LSN in format-version 2); the `C` gives the
+//!   positioned batch with the rest. Only that last batch moves the watermark, so the watermark
+//!   never passes a half-delivered transaction, and the builder holds at most `n` changes.
+//!   Summed over a transaction's batches, `changes` is its number of I/U/D/T lines.
+//!
+//! # Ids
+//! **Which columns.** The key columns of a row are, in this order of preference:
+//! 1. the columns given for its table with [`TransactionBuilder::set_key_columns`] or returned by
+//!    the [key lookup](TransactionBuilder::with_key_lookup) — the columns of the table's replica
+//!    identity (its primary key, or the index of `REPLICA IDENTITY USING INDEX`); the live
+//!    source (`live`) reads them from the catalog;
+//! 2. the line's `pk` (wal2json's `include-pk=true`: the primary key, in column order);
+//! 3. every column of the row, in order.
+//!
+//! The new row (`columns`) and the old one (`identity`) are keyed by the same columns, so a row
+//! keeps one id across insert, update and delete, and a key change gives a delete of the old id.
+//!
+//! **How values are written.** A string value is its text with `\` written `\\` and `:` written
+//! `\:`; SQL NULL is `\N`; any other value (numbers, booleans) is its JSON text. wal2json writes a
+//! column's values all as strings or all as JSON numbers/booleans (by the column's type; `json`
+//! and `jsonb` values are strings holding the JSON text), so two different rows never get one id:
+//! NULL (`\N`) and the text `'null'` (`null`) differ, and `\N` cannot come from a string, whose
+//! `\` would be doubled.
+//!
+//! # Replica identities
+//! What each replica identity gives (wal2json 2.5, format-version 2, checked on PostgreSQL 15):
+//!
+//! | identity | I | U | D | ids |
+//! |---|---|---|---|---|
+//! | `DEFAULT` with a primary key | new row | new row, without unchanged TOASTed columns; `identity` (old key) only when the key changed | `identity`: the old key | the primary key |
+//! | `USING INDEX` (no primary key; wal2json writes `"pk":[]`) | new row | new row; `identity`: the index columns | `identity`: the index columns | the index columns, **when the reader is told** (rule 1: the live source is); otherwise every column, until the first `identity` narrower than the rows shows the index: then [`Wal2JsonErrorKind::UnknownReplicaIdentity`] (the ids before it did not match) and the index columns from then on |
+//! | `USING INDEX` on a table that also has a primary key | new row | new row; `identity`: the index columns | `identity`: the index columns | the index columns when told; otherwise the primary key, which the `identity` lacks: [`Wal2JsonErrorKind::MissingKeyColumn`] |
+//! | `FULL` | new row | new row; `identity`: the whole old row, so columns the update left out (unchanged TOASTed values) are filled in from it | `identity`: the whole old row | the primary key if there is one, else every column (so with no key, adding a column changes every row's id, and two identical rows share one id) |
+//! | `NOTHING`, or `DEFAULT` without a primary key | new row | **not emitted** (the server logs `WARNING: no tuple identifier for UPDATE`) | **not emitted** | every column; only inserts reach the sinks, so such tables cannot be mirrored: give them a key or `REPLICA IDENTITY FULL` |
+//!
+//! An update under `DEFAULT` or `USING INDEX` that leaves a TOASTed value unchanged and changes
+//! the key gives a delete of the old id and an upsert of a new document without that column: a
+//! merging sink loses the value. Use `REPLICA IDENTITY FULL` on tables whose keys change and
+//! which hold TOASTed values.
+//!
+//! # At least once
+//! A client that confirms a batch's position (the commit LSN) to its replication slot gets that
+//! transaction again after a restart: PostgreSQL re-sends every transaction whose commit record
+//! starts at or after the slot's `confirmed_flush_lsn`, and the commit LSN is where it starts.
+//! That duplicate is the at-least-once redelivery that sinks absorb by remembering the last
+//! position they applied (the pipeline example's checkpoints do).
 //!
 //! # Errors and recovery
 //! Lines are parsed with serde_json, borrowing from the line. Nothing here panics on any input.
 //! Every error is a [`Wal2JsonError`] naming the line number and a [`Wal2JsonErrorKind`]. After
-//! an error the [`TransactionBuilder`] stays usable; the bad line is treated as skipped:
+//! an error the [`TransactionBuilder`] stays usable. **A transaction is never published without
+//! some of its changes**:
 //!
-//! - a bad change line (malformed JSON, unknown action, missing or mistyped field) inside a
-//!   transaction is dropped and the transaction goes on without it (it is not counted in
-//!   `changes`);
+//! - a bad line inside a transaction (malformed JSON, unknown action, missing or mistyped field,
+//!   a key column missing, a line over the reader's length limit) is reported at once, and the
+//!   transaction is then **discarded whole** at its `C`, which reports
+//!   [`Wal2JsonErrorKind::DamagedTransaction`] (with [`Wal2JsonError::lost_changes`] = its
+//!   readable changes + its bad lines). A caller that stops at the first error never sees it; a
+//!   caller that skips bad lines adds up `lost_changes` and reports them as lost. (With chunks,
+//!   the chunks returned before the bad line are out already: the error says how many, and their
+//!   envelopes' position tells a sink which pending chunks to drop.)
 //! - a change, `C` or malformed line outside a transaction is dropped;
 //! - a `B` inside an open transaction (its `C` was lost) discards the open transaction and begins
-//!   the new one ([`Wal2JsonErrorKind::BeginInsideTransaction`]);
+//!   the new one ([`Wal2JsonErrorKind::BeginInsideTransaction`], its changes lost);
 //! - a `C` that cannot position its transaction (missing or invalid `lsn`, LSN not after the
 //!   previous commit, `xid` different from its `B`'s) discards the transaction.
 //!
-//! So a caller that wants to skip bad lines just logs the error and keeps pushing lines; a caller
-//! that wants to stop just stops.
+//! So a caller that wants to skip bad lines logs the error, adds up
+//! [`lost_changes`](Wal2JsonError::lost_changes) and keeps pushing lines; a caller that wants to
+//! stop (the default of the pipeline example) just stops.
 //!
 //! # Example
 //! ```
@@ -128,12 +179,22 @@ pub struct Wal2JsonError {
     line: u64,
     #[source]
     kind: Wal2JsonErrorKind,
+    discarded: u64,
 }
 
 impl Wal2JsonError {
     /// Builds an error for `line` (1-based).
     pub fn new(line: u64, kind: Wal2JsonErrorKind) -> Self {
-        Wal2JsonError { line, kind }
+        Wal2JsonError { line, kind, discarded: 0 }
+    }
+
+    /// How many changes of a transaction this error discarded: the changes read so far, and the
+    /// bad lines counted as lost changes, of a transaction that will never be published because
+    /// of it ([`Wal2JsonErrorKind::DamagedTransaction`], a bad `C`, a `B` inside a transaction).
+    /// 0 for an error that discarded nothing (a bad line inside a transaction reports its loss
+    /// at the transaction's `C`). A caller that skips bad lines adds these up as lost changes.
+    pub fn lost_changes(&self) -> u64 {
+        self.discarded
     }
 
     /// The 1-based number of the offending line (for an end-of-input error, the number of lines
@@ -187,8 +248,8 @@ pub enum Wal2JsonErrorKind {
         /// What it should be.
         expected: &'static str,
     },
-    /// A primary-key column named by `pk` is not among the row's columns.
-    #[error("primary-key column {column:?} not in the row's {side}")]
+    /// A key column (named by `pk`, or given to the builder) is not among the row's columns.
+    #[error("key column {column:?} not in the row's {side} (if the table's replica identity is an index other than its primary key, give the reader its key columns)")]
     MissingKeyColumn {
         /// The primary-key column.
         column: String,
@@ -236,7 +297,39 @@ pub enum Wal2JsonErrorKind {
         /// The line of its B.
         begun: u64,
     },
-    /// A line is longer than the reader's limit; it was skipped.
+    /// The transaction had bad lines (malformed, too long, out of shape): it was discarded whole
+    /// at its `C` (a transaction is never published without some of its changes).
+    #[error("the transaction begun at line {begun} (commit LSN {lsn}) had {bad_lines} bad lines, the first at line {first_bad}; it was discarded whole with its {changes} readable changes{chunks}",
+        chunks = if *chunks > 0 { format!(" ({chunks} chunks of it were already returned unpositioned: drop them)") } else { String::new() })]
+    DamagedTransaction {
+        /// The line of its `B`.
+        begun: u64,
+        /// Its commit LSN as the `C` line gave it (may be invalid).
+        lsn: String,
+        /// The first bad line.
+        first_bad: u64,
+        /// How many bad lines it had.
+        bad_lines: u64,
+        /// How many readable changes it had.
+        changes: u64,
+        /// How many unpositioned chunks of it were already returned (see
+        /// [`TransactionBuilder::with_max_batch_changes`]).
+        chunks: u64,
+    },
+    /// A table without a primary key turned out to have an index as its replica identity (its
+    /// `identity` holds fewer columns than its rows): the ids of its rows read before used every
+    /// column, so they do not match. From now on its key columns are the identity's; to be right
+    /// from the first row, give the builder the table's key columns
+    /// ([`TransactionBuilder::set_key_columns`], [`TransactionBuilder::with_key_lookup`]).
+    #[error("table {table} has no primary key and its replica identity is the index on ({columns}), which the reader was not told: ids of its earlier rows used every column; give the reader its key columns (the live source reads them from the catalog)", columns = columns.join(", "))]
+    UnknownReplicaIdentity {
+        /// `schema.table`.
+        table: String,
+        /// The identity's columns, now used as the key.
+        columns: Vec<String>,
+    },
+    /// A line is longer than the reader's limit; it was skipped (and its transaction, if one is
+    /// open, will be discarded at its `C`).
     #[error("line longer than {limit} bytes")]
     LineTooLong {
         /// The limit.
@@ -281,7 +374,7 @@ struct Line<'a> {
 
 /// One `{"name":…,"type":…,"value":…}` element of `columns` / `identity`. The name is borrowed
 /// unless it has escapes.
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct Column<'a> {
     #[serde(borrow)]
     name: Cow<'a, str>,
@@ -457,10 +550,16 @@ fn xid_field(raw: Option<&RawValue>) -> ParseResult<Option<u64>> {
     }
 }
 
-/// Appends one id component: strings unescaped with `\` and `:` escaped, others as JSON text.
+/// Appends one id component (see the module docs, *Ids*): a string value unescaped, with `\` and
+/// `:` escaped as `\\` and `\:`; SQL NULL as `\N`; any other value as its JSON text.
 fn push_id_part(id: &mut String, value: &RawValue) -> ParseResult<()> {
-    if !value.get().starts_with('"') {
-        id.push_str(value.get());
+    let text = value.get();
+    if text == "null" {
+        id.push_str("\\N");
+        return Ok(());
+    }
+    if !text.starts_with('"') {
+        id.push_str(text);
         return Ok(());
     }
     let s =
@@ -474,8 +573,19 @@ fn push_id_part(id: &mut String, value: &RawValue) -> ParseResult<()> {
     Ok(())
 }
 
-/// The id of a row: its primary-key values (or all values without a key), joined with `:`.
-fn row_id(row: &[Column<'_>], pk: Option<&[Key<'_>]>, side: &'static str) -> ParseResult<String> {
+/// Which columns make a row's id.
+#[derive(Clone, Copy)]
+enum KeyRef<'k, 'a> {
+    /// Columns given to the builder (the table's replica identity, from the catalog).
+    Named(&'k [String]),
+    /// The line's `pk`.
+    Pk(&'k [Key<'a>]),
+    /// Every column of the row (no key known).
+    All,
+}
+
+/// The id of a row: its key values (or all its values without a key), joined with `:`.
+fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseResult<String> {
     let mut id = String::new();
     let mut push = |i: usize, value: &RawValue| {
         if i > 0 {
@@ -483,16 +593,25 @@ fn row_id(row: &[Column<'_>], pk: Option<&[Key<'_>]>, side: &'static str) -> Par
         }
         push_id_part(&mut id, value)
     };
-    match pk {
-        Some(pk) if !pk.is_empty() => {
-            for (i, key) in pk.iter().enumerate() {
-                let col = row.iter().find(|c| c.name == key.name).ok_or_else(|| {
-                    Wal2JsonErrorKind::MissingKeyColumn { column: key.name.clone().into_owned(), side }
-                })?;
-                push(i, col.value)?;
+    let mut by_name = |i: usize, name: &str| {
+        let col = row
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| Wal2JsonErrorKind::MissingKeyColumn { column: name.to_owned(), side })?;
+        push(i, col.value)
+    };
+    match key {
+        KeyRef::Named(names) => {
+            for (i, name) in names.iter().enumerate() {
+                by_name(i, name)?;
             }
         }
-        _ => {
+        KeyRef::Pk(pk) => {
+            for (i, k) in pk.iter().enumerate() {
+                by_name(i, &k.name)?;
+            }
+        }
+        KeyRef::All => {
             for (i, col) in row.iter().enumerate() {
                 push(i, col.value)?;
             }
@@ -501,6 +620,22 @@ fn row_id(row: &[Column<'_>], pk: Option<&[Key<'_>]>, side: &'static str) -> Par
     Ok(id)
 }
 
+/// An update's new row with the columns it left out (TOASTed values it did not change) taken
+/// from its `identity` when that holds them (`REPLICA IDENTITY FULL`); `None` when nothing is
+/// missing.
+fn filled_row<'r, 'a>(columns: &'r [Column<'a>], identity: &'r [Column<'a>]) -> Option<Vec<Column<'a>>> {
+    let missing = |old: &&Column<'a>| !columns.iter().any(|c| c.name == old.name);
+    if !identity.iter().any(|c| missing(&c)) {
+        return None;
+    }
+    // In the identity's (the table's) order, then any new column the identity lacks.
+    let mut row: Vec<Column<'a>> = identity
+        .iter()
+        .map(|old| columns.iter().find(|c| c.name == old.name).unwrap_or(old).clone())
+        .collect();
+    row.extend(columns.iter().filter(|c| !identity.iter().any(|old| old.name == c.name)).cloned());
+    Some(row)
+}
 /// Writes `{"name":value,…}` into `buf`, returning the range written. Values are the input's
 /// bytes; a name is too unless it had escapes (then it is escaped again by serde_json).
 fn write_row(buf: &mut Vec<u8>, row: &[Column<'_>]) -> Range<usize> {
@@ -570,17 +705,87 @@ struct Pending {
 struct OpenTxn {
     begun: u64,
     xid: Option<u64>,
+    /// The `B` line's `lsn` (in format-version 2, the commit LSN): the position of the envelopes
+    /// of the transaction's unpositioned chunks.
+    begin_lsn: Option<Position>,
+    /// Changes not yet returned in a chunk.
     changes: u64,
+    /// All changes read so far.
+    total_changes: u64,
+    /// Unpositioned chunks returned so far.
+    chunks: u64,
+    /// Bad lines inside the transaction; the first one's number.
+    bad_lines: u64,
+    first_bad: u64,
     pending: Vec<Pending>,
     docs: Vec<u8>,
 }
 
+impl OpenTxn {
+    fn new(begun: u64, xid: Option<u64>, begin_lsn: Option<Position>) -> Self {
+        OpenTxn {
+            begun,
+            xid,
+            begin_lsn,
+            changes: 0,
+            total_changes: 0,
+            chunks: 0,
+            bad_lines: 0,
+            first_bad: 0,
+            pending: Vec::new(),
+            docs: Vec::new(),
+        }
+    }
+
+    /// Changes lost if the transaction is discarded now: its changes and its bad lines.
+    fn lost(&self) -> u64 {
+        self.total_changes + self.bad_lines
+    }
+
+    /// The envelopes gathered so far, at `position`, as one batch; the transaction goes on empty.
+    fn take_envelopes(&mut self, position: Option<Position>) -> Vec<Envelope> {
+        let docs = Bytes::from(std::mem::take(&mut self.docs));
+        std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|p| Envelope {
+                index: p.index,
+                id: p.id,
+                op: p.op,
+                position,
+                document: if p.doc.is_empty() || p.doc.end > docs.len() {
+                    Bytes::new()
+                } else {
+                    docs.slice(p.doc)
+                },
+                built_at_micros: None,
+            })
+            .collect()
+    }
+}
+
+/// What the builder knows of one table.
+struct Table {
+    index: IndexName,
+    /// Its key columns when known from outside the stream ([`TransactionBuilder::set_key_columns`],
+    /// the key lookup) or learned from an identity ([`Wal2JsonErrorKind::UnknownReplicaIdentity`]).
+    key: Option<Arc<[String]>>,
+    /// For a table without any key: the column names of its last row, to recognise an index
+    /// identity.
+    columns: Vec<String>,
+}
+
+/// Looks up a table's key columns (schema, table) → the replica identity's columns; see
+/// [`TransactionBuilder::with_key_lookup`].
+pub type KeyLookup = Box<dyn FnMut(&str, &str) -> Option<Vec<String>> + Send>;
+
 /// Turns wal2json format-version 2 lines into batches, one line at a time.
 ///
 /// Push every line with [`push_line`](Self::push_line); a `C` line returns the finished
-/// transaction's [`Batch`]. At the end of the input call [`finish`](Self::finish) to learn whether
-/// a transaction was left open. See the [module docs](self) for the mapping and for how the
-/// builder recovers after an error; no input makes it panic.
+/// transaction's [`Batch`] (and, with [`with_max_batch_changes`](Self::with_max_batch_changes),
+/// a change line may return an unpositioned chunk of a large transaction). At the end of the
+/// input call [`finish`](Self::finish) to learn whether a transaction was left open. See the
+/// [module docs](self) for the mapping and for how the builder recovers after an error; no input
+/// makes it panic.
 ///
 /// ```
 /// use lanestream_postgres::wal2json::TransactionBuilder;
@@ -595,9 +800,15 @@ struct OpenTxn {
 pub struct TransactionBuilder {
     open: Option<OpenTxn>,
     last_commit: Option<Position>,
-    names: HashMap<Vec<u8>, IndexName>,
+    tables: HashMap<Vec<u8>, Table>,
+    /// Key columns given by the caller, by `schema\0table`.
+    keys: HashMap<Vec<u8>, Option<Arc<[String]>>>,
+    lookup: Option<KeyLookup>,
     name_key: Vec<u8>,
     transactions: u64,
+    max_batch_changes: Option<u64>,
+    /// Changes discarded by the error being returned (see [`Wal2JsonError::lost_changes`]).
+    discarded: u64,
 }
 
 impl fmt::Debug for TransactionBuilder {
@@ -606,6 +817,7 @@ impl fmt::Debug for TransactionBuilder {
             .field("open_since_line", &self.open.as_ref().map(|t| t.begun))
             .field("last_commit", &self.last_commit)
             .field("transactions", &self.transactions)
+            .field("max_batch_changes", &self.max_batch_changes)
             .finish_non_exhaustive()
     }
 }
@@ -616,7 +828,7 @@ impl Default for TransactionBuilder {
     }
 }
 
-/// The index-name cache is cleared when it grows past this many tables (hostile input).
+/// The table cache is cleared when it grows past this many tables (hostile input).
 const MAX_CACHED_NAMES: usize = 4096;
 
 impl TransactionBuilder {
@@ -625,10 +837,49 @@ impl TransactionBuilder {
         TransactionBuilder {
             open: None,
             last_commit: None,
-            names: HashMap::new(),
+            tables: HashMap::new(),
+            keys: HashMap::new(),
+            lookup: None,
             name_key: Vec::new(),
             transactions: 0,
+            max_batch_changes: None,
+            discarded: 0,
         }
+    }
+
+    /// Publishes a transaction of more than `max` changes as several batches: every `max`
+    /// changes an **unpositioned** chunk ([`Batch::position`] `None`, its envelopes positioned at
+    /// the `B` line's `lsn`, which in format-version 2 is the commit LSN), and at the `C` the
+    /// positioned batch with the rest. So memory stays bounded by what the lanes hold, and since
+    /// only the last batch carries the position, the watermark cannot pass a half-delivered
+    /// transaction. `None` (the default) or 0: one batch per transaction.
+    pub fn with_max_batch_changes(mut self, max: Option<u64>) -> Self {
+        self.max_batch_changes = max.filter(|&m| m > 0);
+        self
+    }
+
+    /// Sets the key columns of `schema.table`: the columns of its replica identity (a primary
+    /// key, or the unique index of `REPLICA IDENTITY USING INDEX`), which make its rows' ids
+    /// whatever the line's `pk` says. `None` forgets them. See the module docs, *Ids*.
+    pub fn set_key_columns(&mut self, schema: &str, table: &str, columns: Option<Vec<String>>) {
+        let key = table_key(schema, table);
+        self.tables.remove(&key);
+        match columns {
+            Some(c) if !c.is_empty() => {
+                self.keys.insert(key, Some(Arc::from(c)));
+            }
+            _ => {
+                self.keys.remove(&key);
+            }
+        }
+    }
+
+    /// Asks `lookup(schema, table)` for the key columns of each table the first time the builder
+    /// meets it (the live source reads them from the catalog); `None` means no key beyond the
+    /// line's `pk`. Columns given with [`set_key_columns`](Self::set_key_columns) come first.
+    pub fn with_key_lookup(mut self, lookup: KeyLookup) -> Self {
+        self.lookup = Some(lookup);
+        self
     }
 
     /// The line number of the open transaction's B, if a transaction is open.
@@ -641,7 +892,7 @@ impl TransactionBuilder {
         self.last_commit
     }
 
-    /// How many batches (committed transactions) were returned so far.
+    /// How many positioned batches (committed transactions) were returned so far.
     pub fn transactions(&self) -> u64 {
         self.transactions
     }
@@ -649,22 +900,49 @@ impl TransactionBuilder {
     /// Feeds one line (without its newline; surrounding whitespace is allowed). `line_no` is used
     /// in errors only.
     ///
-    /// Returns `Ok(Some(batch))` for a `C` line, `Ok(None)` for any other accepted line.
+    /// Returns `Ok(Some(batch))` for a `C` line (the positioned batch of the transaction) and,
+    /// with [`with_max_batch_changes`](Self::with_max_batch_changes), for the change line that
+    /// fills a chunk (an unpositioned batch); `Ok(None)` for any other accepted line.
     ///
     /// # Errors
     /// A [`Wal2JsonError`] for `line_no` when the line is malformed or out of place; the builder
-    /// stays usable (see the [module docs](self) for what happens to the open transaction).
+    /// stays usable (see the [module docs](self): a bad line inside a transaction makes the
+    /// whole transaction fail at its `C`).
     pub fn push_line(&mut self, line_no: u64, line: &[u8]) -> Result<Option<Batch>, Wal2JsonError> {
-        parse_line(line)
-            .and_then(|l| self.apply(line_no, &l))
-            .map_err(|kind| Wal2JsonError::new(line_no, kind))
+        self.discarded = 0;
+        parse_line(line).and_then(|l| self.apply(line_no, &l)).map_err(|kind| {
+            if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
+                self.damage(line_no);
+            }
+            Wal2JsonError { line: line_no, kind, discarded: std::mem::take(&mut self.discarded) }
+        })
+    }
+
+    /// Counts line `line_no` as a bad line of the open transaction, if one is open: a line the
+    /// caller could not read (over its length limit, say). The transaction will be discarded at
+    /// its `C` with [`Wal2JsonErrorKind::DamagedTransaction`].
+    pub fn skip_line(&mut self, line_no: u64) {
+        self.damage(line_no);
+    }
+
+    fn damage(&mut self, line_no: u64) {
+        if let Some(t) = self.open.as_mut() {
+            if t.bad_lines == 0 {
+                t.first_bad = line_no;
+                // Nothing of it will be published: free what it holds.
+                t.pending = Vec::new();
+                t.docs = Vec::new();
+            }
+            t.bad_lines += 1;
+        }
     }
 
     /// Ends the input at line `line_no`.
     ///
     /// # Errors
     /// [`Wal2JsonErrorKind::Truncated`] when a transaction is still open; it is discarded, and the
-    /// builder can be used again.
+    /// builder can be used again. (Its changes never committed in the input, so they count as
+    /// no loss.)
     pub fn finish(&mut self, line_no: u64) -> Result<(), Wal2JsonError> {
         match self.open.take() {
             Some(t) => Err(Wal2JsonError::new(line_no, Wal2JsonErrorKind::Truncated { begun: t.begun })),
@@ -685,72 +963,141 @@ impl TransactionBuilder {
             'M' => Ok(None),
             'B' => {
                 let xid = xid_field(f.xid)?;
-                let new = OpenTxn { begun: line_no, xid, changes: 0, pending: Vec::new(), docs: Vec::new() };
-                match self.open.replace(new) {
-                    Some(old) => Err(Wal2JsonErrorKind::BeginInsideTransaction {
-                        begun: old.begun,
-                        dropped: old.changes,
-                    }),
+                // Only used to position chunks: an absent or invalid lsn is no error here.
+                let begin_lsn = f
+                    .lsn
+                    .and_then(json_str)
+                    .and_then(|l| Position::from_lsn(&l).ok())
+                    .filter(|&p| p != Position::RESERVED);
+                match self.open.replace(OpenTxn::new(line_no, xid, begin_lsn)) {
+                    Some(old) => {
+                        self.discarded = old.lost();
+                        Err(Wal2JsonErrorKind::BeginInsideTransaction {
+                            begun: old.begun,
+                            dropped: old.lost(),
+                        })
+                    }
                     None => Ok(None),
                 }
             }
             'C' => self.commit(f),
-            _ => {
-                if self.open.is_none() {
-                    return Err(Wal2JsonErrorKind::OutsideTransaction { action });
-                }
-                let schema = string_field(f.schema, action, "schema", "")?;
-                let table = string_field(f.table, action, "table", "")?;
-                let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
-                // Compute everything that can fail before touching the transaction.
-                let mut out: [Planned<'_, '_>; 2] = [None, None];
-                match action {
-                    'T' => out[0] = Some((String::new(), Op::Truncate, None)),
-                    'D' => {
-                        let old = identity.ok_or(Wal2JsonErrorKind::MissingField {
-                            action,
-                            field: "identity",
-                            hint: " (the table needs a primary key or REPLICA IDENTITY FULL)",
-                        })?;
-                        out[0] = Some((row_id(old, pk, "identity")?, Op::Delete, Some(old)));
-                    }
-                    _ => {
-                        let new = columns.ok_or(Wal2JsonErrorKind::MissingField {
-                            action,
-                            field: "columns",
-                            hint: "",
-                        })?;
-                        let new_id = row_id(new, pk, "columns")?;
-                        if let (Some(old), 'U') = (identity, action) {
-                            let old_id = row_id(old, pk, "identity")?;
-                            if old_id != new_id {
-                                out[0] = Some((old_id, Op::Delete, Some(old)));
-                            }
-                        }
-                        out[1] = Some((new_id, Op::Upsert, Some(new)));
-                    }
-                }
-                let index = self.index(&schema, &table);
-                let Some(txn) = self.open.as_mut() else {
-                    return Err(Wal2JsonErrorKind::OutsideTransaction { action });
-                };
-                let txn_docs = &mut txn.docs;
-                for (id, op, row) in out.into_iter().flatten() {
-                    let doc = match row {
-                        Some(row) => write_row(txn_docs, row),
-                        None => txn_docs.len()..txn_docs.len(),
-                    };
-                    txn.pending.push(Pending { index: index.clone(), id, op, doc });
-                }
-                txn.changes += 1;
-                Ok(None)
-            }
+            _ => self.change(action, f),
         }
     }
 
+    fn change(&mut self, action: char, f: &Line<'_>) -> ParseResult<Option<Batch>> {
+        if self.open.is_none() {
+            return Err(Wal2JsonErrorKind::OutsideTransaction { action });
+        }
+        let schema = string_field(f.schema, action, "schema", "")?;
+        let table = string_field(f.table, action, "table", "")?;
+        let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
+        let (index, known_key) = self.table(&schema, &table);
+        // Compute everything that can fail before touching the transaction.
+        let filled = match (action, columns, identity) {
+            ('U', Some(new), Some(old)) => filled_row(new, old),
+            _ => None,
+        };
+        let columns = filled.as_deref().or(columns);
+        let key = match (&known_key, pk) {
+            (Some(names), _) => KeyRef::Named(names),
+            (None, Some(pk)) if !pk.is_empty() => KeyRef::Pk(pk),
+            _ => {
+                self.learn_identity(&schema, &table, columns, identity)?;
+                KeyRef::All
+            }
+        };
+        let mut out: [Planned<'_, '_>; 2] = [None, None];
+        match action {
+            'T' => out[0] = Some((String::new(), Op::Truncate, None)),
+            'D' => {
+                let old = identity.ok_or(Wal2JsonErrorKind::MissingField {
+                    action,
+                    field: "identity",
+                    hint: " (the table needs a primary key or REPLICA IDENTITY FULL)",
+                })?;
+                out[0] = Some((row_id(old, key, "identity")?, Op::Delete, Some(old)));
+            }
+            _ => {
+                let new =
+                    columns.ok_or(Wal2JsonErrorKind::MissingField { action, field: "columns", hint: "" })?;
+                let new_id = row_id(new, key, "columns")?;
+                if let (Some(old), 'U') = (identity, action) {
+                    let old_id = row_id(old, key, "identity")?;
+                    if old_id != new_id {
+                        out[0] = Some((old_id, Op::Delete, Some(old)));
+                    }
+                }
+                out[1] = Some((new_id, Op::Upsert, Some(new)));
+            }
+        }
+        let max = self.max_batch_changes;
+        let Some(txn) = self.open.as_mut() else {
+            return Err(Wal2JsonErrorKind::OutsideTransaction { action });
+        };
+        txn.changes += 1;
+        txn.total_changes += 1;
+        if txn.bad_lines > 0 {
+            return Ok(None); // it will be discarded: keep nothing
+        }
+        for (id, op, row) in out.into_iter().flatten() {
+            let doc = match row {
+                Some(row) => write_row(&mut txn.docs, row),
+                None => txn.docs.len()..txn.docs.len(),
+            };
+            txn.pending.push(Pending { index: index.clone(), id, op, doc });
+        }
+        if max.is_some_and(|m| txn.changes >= m) {
+            let envelopes = txn.take_envelopes(txn.begin_lsn);
+            let changes = std::mem::take(&mut txn.changes);
+            txn.chunks += 1;
+            return Ok(Some(Batch { position: None, changes, envelopes: Arc::from(envelopes) }));
+        }
+        Ok(None)
+    }
+
+    /// For a table with no key known: an `identity` with fewer columns than its rows means an
+    /// index identity the builder was not told about. Learns it and reports it (once).
+    fn learn_identity(
+        &mut self,
+        schema: &str,
+        table: &str,
+        columns: Option<&[Column<'_>]>,
+        identity: Option<&[Column<'_>]>,
+    ) -> ParseResult<()> {
+        let Some(t) = self.tables.get_mut(self.name_key.as_slice()) else { return Ok(()) };
+        if let Some(columns) = columns {
+            if t.columns.len() != columns.len() || t.columns.iter().zip(columns).any(|(a, b)| *a != b.name) {
+                t.columns = columns.iter().map(|c| c.name.clone().into_owned()).collect();
+            }
+        }
+        let Some(identity) = identity else { return Ok(()) };
+        let narrower = !identity.is_empty()
+            && identity.len() < t.columns.len()
+            && identity.iter().all(|c| t.columns.iter().any(|n| *n == c.name));
+        if !narrower {
+            return Ok(());
+        }
+        let names: Vec<String> = identity.iter().map(|c| c.name.clone().into_owned()).collect();
+        t.key = Some(Arc::from(names.clone()));
+        Err(Wal2JsonErrorKind::UnknownReplicaIdentity { table: format!("{schema}.{table}"), columns: names })
+    }
+
     fn commit(&mut self, f: &Line<'_>) -> ParseResult<Option<Batch>> {
-        let txn = self.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
-        // From here on, any error discards the transaction (it cannot be positioned).
+        let mut txn = self.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
+        // From here on, any error discards the transaction.
+        self.discarded = txn.lost();
+        if txn.bad_lines > 0 {
+            let lsn = f.lsn.and_then(json_str).map_or_else(|| "unknown".to_owned(), Cow::into_owned);
+            return Err(Wal2JsonErrorKind::DamagedTransaction {
+                begun: txn.begun,
+                lsn,
+                first_bad: txn.first_bad,
+                bad_lines: txn.bad_lines,
+                changes: txn.total_changes,
+                chunks: txn.chunks,
+            });
+        }
         let lsn = string_field(f.lsn, 'C', "lsn", " (run wal2json with include-lsn=true)")?;
         let position = Position::from_lsn(&lsn).map_err(Wal2JsonErrorKind::BadLsn)?;
         if position == Position::RESERVED {
@@ -766,43 +1113,49 @@ impl TransactionBuilder {
                 return Err(Wal2JsonErrorKind::XidMismatch { begin, commit });
             }
         }
-        let docs = Bytes::from(txn.docs);
-        let envelopes: Vec<Envelope> = txn
-            .pending
-            .into_iter()
-            .map(|p| Envelope {
-                index: p.index,
-                id: p.id,
-                op: p.op,
-                position: Some(position),
-                document: if p.doc.is_empty() || p.doc.end > docs.len() {
-                    Bytes::new()
-                } else {
-                    docs.slice(p.doc)
-                },
-                built_at_micros: None,
-            })
-            .collect();
+        self.discarded = 0;
+        let envelopes = txn.take_envelopes(Some(position));
         self.last_commit = Some(position);
         self.transactions += 1;
         Ok(Some(Batch { position: Some(position), changes: txn.changes, envelopes: Arc::from(envelopes) }))
     }
 
-    fn index(&mut self, schema: &str, table: &str) -> IndexName {
+    /// The table's index name and key columns; leaves `self.name_key` set to its key.
+    fn table(&mut self, schema: &str, table: &str) -> (IndexName, Option<Arc<[String]>>) {
         self.name_key.clear();
         self.name_key.extend_from_slice(schema.as_bytes());
         self.name_key.push(0);
         self.name_key.extend_from_slice(table.as_bytes());
-        if let Some(name) = self.names.get(self.name_key.as_slice()) {
-            return name.clone();
+        if let Some(t) = self.tables.get(self.name_key.as_slice()) {
+            return (t.index.clone(), t.key.clone());
         }
-        if self.names.len() >= MAX_CACHED_NAMES {
-            self.names.clear();
+        if self.tables.len() >= MAX_CACHED_NAMES {
+            self.tables.clear();
         }
-        let name = index_name(schema, table);
-        self.names.insert(self.name_key.clone(), name.clone());
-        name
+        let key = match self.keys.get(self.name_key.as_slice()) {
+            Some(k) => k.clone(),
+            None => self
+                .lookup
+                .as_mut()
+                .and_then(|lookup| lookup(schema, table))
+                .filter(|c| !c.is_empty())
+                .map(Arc::from),
+        };
+        let index = index_name(schema, table);
+        self.tables.insert(
+            self.name_key.clone(),
+            Table { index: index.clone(), key: key.clone(), columns: Vec::new() },
+        );
+        (index, key)
     }
+}
+
+fn table_key(schema: &str, table: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(schema.len() + table.len() + 1);
+    key.extend_from_slice(schema.as_bytes());
+    key.push(0);
+    key.extend_from_slice(table.as_bytes());
+    key
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -812,8 +1165,10 @@ pub const DEFAULT_MAX_LINE_LEN: usize = 256 << 20;
 
 /// Reads wal2json format-version 2 from a [`BufRead`], one batch per committed transaction.
 ///
-/// An [`Iterator`] of `Result<Batch, Wal2JsonError>`: each `C` line yields `Ok(batch)`; a bad line
-/// yields `Err` and iteration may go on (the line is skipped, see the [module docs](self));
+/// An [`Iterator`] of `Result<Batch, Wal2JsonError>`: each `C` line yields `Ok(batch)` (and each
+/// full chunk, with [`TransactionBuilder::with_max_batch_changes`]); a bad line yields `Err` and
+/// iteration may go on (the line is skipped and its transaction discarded whole at its `C`, see
+/// the [module docs](self));
 /// an I/O error yields `Err` and ends the iteration ([`Wal2JsonError::is_recoverable`] is false).
 /// At the end of the input, a transaction left open yields one
 /// [`Wal2JsonErrorKind::Truncated`] error. Blank lines are skipped (but counted in line
@@ -821,13 +1176,17 @@ pub const DEFAULT_MAX_LINE_LEN: usize = 256 << 20;
 ///
 /// ```
 /// use lanestream_postgres::wal2json::{Wal2JsonErrorKind, Wal2JsonReader};
-/// let input = "{\"action\":\"B\"}\nnot json\n{\"action\":\"C\",\"lsn\":\"0/A\"}\n";
+/// let input = "{\"action\":\"B\"}\nnot json\n{\"action\":\"C\",\"lsn\":\"0/A\"}\n\
+///              {\"action\":\"B\"}\n{\"action\":\"C\",\"lsn\":\"0/B\"}\n";
 /// let mut reader = Wal2JsonReader::new(input.as_bytes());
 /// let err = reader.next().unwrap().unwrap_err(); // line 2 is skipped...
 /// assert_eq!(err.line(), 2);
 /// assert!(matches!(err.kind(), Wal2JsonErrorKind::Malformed { .. }));
-/// let batch = reader.next().unwrap()?; // ...and the transaction goes on
-/// assert_eq!(batch.changes, 0);
+/// let err = reader.next().unwrap().unwrap_err(); // ...and its transaction discarded at its C
+/// assert!(matches!(err.kind(), Wal2JsonErrorKind::DamagedTransaction { .. }));
+/// assert_eq!(err.lost_changes(), 1);
+/// let batch = reader.next().unwrap()?; // the next one goes through
+/// assert_eq!(batch.position.map(|p| p.0), Some(0xB));
 /// assert!(reader.next().is_none());
 /// # Ok::<(), lanestream_postgres::wal2json::Wal2JsonError>(())
 /// ```
@@ -855,9 +1214,16 @@ impl<R: BufRead> Wal2JsonReader<R> {
     }
 
     /// Sets the longest line accepted (default [`DEFAULT_MAX_LINE_LEN`]); a longer line is
-    /// skipped with [`Wal2JsonErrorKind::LineTooLong`].
+    /// skipped with [`Wal2JsonErrorKind::LineTooLong`], and its transaction is discarded at its
+    /// `C` ([`Wal2JsonErrorKind::DamagedTransaction`]).
     pub fn with_max_line_len(mut self, max: usize) -> Self {
         self.max_line_len = max;
+        self
+    }
+
+    /// Reads with `builder` (configured with chunking or key columns) instead of a fresh one.
+    pub fn with_builder(mut self, builder: TransactionBuilder) -> Self {
+        self.builder = builder;
         self
     }
 
@@ -919,6 +1285,7 @@ impl<R: BufRead> Iterator for Wal2JsonReader<R> {
             }
             self.line_no += 1;
             if too_long {
+                self.builder.skip_line(self.line_no);
                 let kind = Wal2JsonErrorKind::LineTooLong { limit: self.max_line_len };
                 return Some(Err(Wal2JsonError::new(self.line_no, kind)));
             }
@@ -1039,9 +1406,295 @@ mod tests {
         let ids: Vec<_> = batch.envelopes.iter().map(|e| (e.op, e.id.as_str())).collect();
         assert_eq!(
             ids,
-            [(Op::Upsert, "t1:null"), (Op::Delete, "t1:null"), (Op::Upsert, "t1:2"), (Op::Delete, "t1:2")]
+            [(Op::Upsert, r"t1:\N"), (Op::Delete, r"t1:\N"), (Op::Upsert, "t1:2"), (Op::Delete, "t1:2")]
         );
         assert_eq!(batch.changes, 3);
+    }
+
+    /// Every batch of `lines` (one builder), or the first error.
+    fn batches(b: &mut TransactionBuilder, lines: &[&str]) -> Result<Vec<Batch>, Wal2JsonError> {
+        let mut out = Vec::new();
+        for r in push_all(b, lines) {
+            out.extend(r?);
+        }
+        Ok(out)
+    }
+
+    /// (op, id, document) of every envelope.
+    fn ops(batches: &[Batch]) -> Vec<(Op, String, String)> {
+        batches
+            .iter()
+            .flat_map(|b| b.envelopes.iter())
+            .map(|e| (e.op, e.id.clone(), doc(e).to_owned()))
+            .collect()
+    }
+
+    fn txn(lsn: &str, lines: &[&str]) -> Vec<String> {
+        let mut v = vec![format!(r#"{{"action":"B","lsn":"{lsn}"}}"#)];
+        v.extend(lines.iter().map(|l| (*l).to_owned()));
+        v.push(format!(r#"{{"action":"C","lsn":"{lsn}"}}"#));
+        v
+    }
+
+    /// The issue's `accounts` table (no primary key, `REPLICA IDENTITY USING INDEX accounts_email`),
+    /// as wal2json 2.5 wrote it: insert, update of the balance, change of the email, delete.
+    const ACCOUNTS: [&str; 4] = [
+        r#"{"action":"I","schema":"public","table":"accounts","columns":[{"name":"email","type":"text","value":"a@x"},{"name":"name","type":"text","value":"Ann"},{"name":"balance","type":"integer","value":10}],"pk":[]}"#,
+        r#"{"action":"U","schema":"public","table":"accounts","columns":[{"name":"email","type":"text","value":"a@x"},{"name":"name","type":"text","value":"Ann"},{"name":"balance","type":"integer","value":20}],"identity":[{"name":"email","type":"text","value":"a@x"}],"pk":[]}"#,
+        r#"{"action":"U","schema":"public","table":"accounts","columns":[{"name":"email","type":"text","value":"b@x"},{"name":"name","type":"text","value":"Ann"},{"name":"balance","type":"integer","value":20}],"identity":[{"name":"email","type":"text","value":"a@x"}],"pk":[]}"#,
+        r#"{"action":"D","schema":"public","table":"accounts","identity":[{"name":"email","type":"text","value":"b@x"}],"pk":[]}"#,
+    ];
+
+    fn accounts_lines() -> Vec<String> {
+        let mut lines = Vec::new();
+        for (i, l) in ACCOUNTS.iter().enumerate() {
+            lines.extend(txn(&format!("0/{}", i + 1), &[l]));
+        }
+        lines
+    }
+
+    #[test]
+    fn index_identity_keys_rows_by_the_index_columns_when_told() {
+        let lines = accounts_lines();
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let mut b = TransactionBuilder::new();
+        b.set_key_columns("public", "accounts", Some(vec!["email".into()]));
+        let got = ops(&batches(&mut b, &lines).expect("no error"));
+        let s = |x: &str| x.to_owned();
+        assert_eq!(
+            got,
+            [
+                (Op::Upsert, s("a@x"), s(r#"{"email":"a@x","name":"Ann","balance":10}"#)),
+                (Op::Upsert, s("a@x"), s(r#"{"email":"a@x","name":"Ann","balance":20}"#)),
+                (Op::Delete, s("a@x"), s(r#"{"email":"a@x"}"#)),
+                (Op::Upsert, s("b@x"), s(r#"{"email":"b@x","name":"Ann","balance":20}"#)),
+                (Op::Delete, s("b@x"), s(r#"{"email":"b@x"}"#)),
+            ]
+        );
+        // The same through a lookup (what the live source does with the catalog), asked once.
+        let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = asked.clone();
+        let mut b = TransactionBuilder::new().with_key_lookup(Box::new(move |schema, table| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (schema == "public" && table == "accounts").then(|| vec!["email".to_owned()])
+        }));
+        assert_eq!(ops(&batches(&mut b, &lines).expect("no error")), got);
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn index_identity_not_told_fails_loudly_then_uses_the_index() {
+        let lines = accounts_lines();
+        let mut b = TransactionBuilder::new();
+        // The insert can only use every column...
+        let first = one_of(b.push_line(1, lines[0].as_bytes()), b.push_line(2, lines[1].as_bytes()));
+        assert!(first.is_none());
+        let batch = b.push_line(3, lines[2].as_bytes()).unwrap().unwrap();
+        assert_eq!(batch.envelopes[0].id, "a@x:Ann:10");
+        // ...the first identity shows the index: reported, and its transaction discarded.
+        b.push_line(4, lines[3].as_bytes()).unwrap();
+        let e = b.push_line(5, lines[4].as_bytes()).unwrap_err();
+        assert!(
+            matches!(e.kind(), Wal2JsonErrorKind::UnknownReplicaIdentity { table, columns } if table == "public.accounts" && columns == &["email"]),
+            "{e}"
+        );
+        let e = b.push_line(6, lines[5].as_bytes()).unwrap_err();
+        assert!(matches!(e.kind(), Wal2JsonErrorKind::DamagedTransaction { .. }), "{e}");
+        assert_eq!(e.lost_changes(), 1);
+        // From then on the index columns are the key.
+        let rest: Vec<&str> = lines[6..].iter().map(String::as_str).collect();
+        let got: Vec<_> =
+            ops(&batches(&mut b, &rest).unwrap()).into_iter().map(|(op, id, _)| (op, id)).collect();
+        assert_eq!(got, [(Op::Delete, "a@x".into()), (Op::Upsert, "b@x".into()), (Op::Delete, "b@x".into())]);
+    }
+
+    fn one_of<T>(a: Result<Option<T>, Wal2JsonError>, b: Result<Option<T>, Wal2JsonError>) -> Option<T> {
+        a.unwrap().or(b.unwrap())
+    }
+
+    #[test]
+    fn index_identity_beside_a_primary_key() {
+        // `pki`: primary key id, REPLICA IDENTITY USING INDEX on email: the identity lacks the pk.
+        let d = r#"{"action":"D","schema":"public","table":"pki","identity":[{"name":"email","type":"text","value":"e"}],"pk":[{"name":"id","type":"integer"}]}"#;
+        let i = r#"{"action":"I","schema":"public","table":"pki","columns":[{"name":"id","type":"integer","value":1},{"name":"email","type":"text","value":"e"},{"name":"b","type":"integer","value":1}],"pk":[{"name":"id","type":"integer"}]}"#;
+        let lines = [txn("0/1", &[i]), txn("0/2", &[d])].concat();
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let e = batches(&mut TransactionBuilder::new(), &lines).unwrap_err();
+        assert!(
+            matches!(e.kind(), Wal2JsonErrorKind::MissingKeyColumn { column, side: "identity" } if column == "id")
+        );
+        let mut b = TransactionBuilder::new();
+        b.set_key_columns("public", "pki", Some(vec!["email".into()]));
+        let got: Vec<_> =
+            ops(&batches(&mut b, &lines).unwrap()).into_iter().map(|(op, id, _)| (op, id)).collect();
+        assert_eq!(got, [(Op::Upsert, "e".into()), (Op::Delete, "e".into())]);
+    }
+
+    #[test]
+    fn full_identity_without_a_key_keeps_one_id_and_fills_toasted_columns() {
+        // `tf`: no primary key, REPLICA IDENTITY FULL, `big` stored externally; the update of `v`
+        // leaves `big` out of its columns (unchanged TOAST) but the identity has the whole old row.
+        let i = r#"{"action":"I","schema":"public","table":"tf","columns":[{"name":"k","type":"text","value":"k"},{"name":"big","type":"text","value":"BIG"},{"name":"v","type":"integer","value":1}],"pk":[]}"#;
+        let u = r#"{"action":"U","schema":"public","table":"tf","columns":[{"name":"k","type":"text","value":"k"},{"name":"v","type":"integer","value":2}],"identity":[{"name":"k","type":"text","value":"k"},{"name":"big","type":"text","value":"BIG"},{"name":"v","type":"integer","value":1}],"pk":[]}"#;
+        let d = r#"{"action":"D","schema":"public","table":"tf","identity":[{"name":"k","type":"text","value":"k"},{"name":"big","type":"text","value":"BIG"},{"name":"v","type":"integer","value":2}],"pk":[]}"#;
+        let lines = txn("0/1", &[i, u, d]);
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let s = |x: &str| x.to_owned();
+        assert_eq!(
+            ops(&batches(&mut TransactionBuilder::new(), &lines).unwrap()),
+            [
+                (Op::Upsert, s("k:BIG:1"), s(r#"{"k":"k","big":"BIG","v":1}"#)),
+                (Op::Delete, s("k:BIG:1"), s(r#"{"k":"k","big":"BIG","v":1}"#)),
+                (Op::Upsert, s("k:BIG:2"), s(r#"{"k":"k","big":"BIG","v":2}"#)),
+                (Op::Delete, s("k:BIG:2"), s(r#"{"k":"k","big":"BIG","v":2}"#)),
+            ]
+        );
+        // With a primary key and the default identity, the update's document lacks the column
+        // (sinks merge) and its id is the key.
+        let u = format!(
+            r#"{{"action":"U","schema":"public","table":"t","columns":[{{"name":"id","type":"integer","value":1}},{{"name":"v","type":"integer","value":2}}],{PK_ID}}}"#
+        );
+        let batch = one_batch(&[r#"{"action":"B"}"#, &u, r#"{"action":"C","lsn":"0/5"}"#]);
+        assert_eq!((batch.envelopes[0].id.as_str(), doc(&batch.envelopes[0])), ("1", r#"{"id":1,"v":2}"#));
+    }
+
+    #[test]
+    fn null_and_the_text_null_get_different_ids() {
+        // `f`: no key, REPLICA IDENTITY FULL, rows (NULL, 1) and ('null', 1); then the NULL row's
+        // b is set to 2 and the 'null' row is deleted.
+        let rows = [
+            r#"{"action":"I","schema":"public","table":"f","columns":[{"name":"a","type":"text","value":null},{"name":"b","type":"integer","value":1}],"pk":[]}"#,
+            r#"{"action":"I","schema":"public","table":"f","columns":[{"name":"a","type":"text","value":"null"},{"name":"b","type":"integer","value":1}],"pk":[]}"#,
+            r#"{"action":"U","schema":"public","table":"f","columns":[{"name":"a","type":"text","value":null},{"name":"b","type":"integer","value":2}],"identity":[{"name":"a","type":"text","value":null},{"name":"b","type":"integer","value":1}],"pk":[]}"#,
+            r#"{"action":"D","schema":"public","table":"f","identity":[{"name":"a","type":"text","value":"null"},{"name":"b","type":"integer","value":1}],"pk":[]}"#,
+            // Strings that look like the escapes stay apart: the text `\N` and `a:b`.
+            r#"{"action":"I","schema":"public","table":"f","columns":[{"name":"a","type":"text","value":"\\N"},{"name":"b","type":"integer","value":null}],"pk":[]}"#,
+            r#"{"action":"I","schema":"public","table":"f","columns":[{"name":"a","type":"jsonb","value":"null"},{"name":"b","type":"text","value":"a:b"}],"pk":[]}"#,
+        ];
+        let lines = txn("0/1", &rows);
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let got: Vec<_> = ops(&batches(&mut TransactionBuilder::new(), &lines).unwrap())
+            .into_iter()
+            .map(|(op, id, _)| (op, id))
+            .collect();
+        let s = |x: &str| x.to_owned();
+        assert_eq!(
+            got,
+            [
+                (Op::Upsert, s(r"\N:1")),
+                (Op::Upsert, s("null:1")),
+                (Op::Delete, s(r"\N:1")),
+                (Op::Upsert, s(r"\N:2")),
+                (Op::Delete, s("null:1")),
+                (Op::Upsert, s(r"\\N:\N")),
+                (Op::Upsert, s(r"null:a\:b")),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_line_too_long_discards_its_whole_transaction() {
+        let i = |id: u32| {
+            format!(
+                r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":{id}}}],{PK_ID}}}"#
+            )
+        };
+        let long = format!(
+            r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":3}},{{"name":"x","value":"{}"}}],{PK_ID}}}"#,
+            "x".repeat(300)
+        );
+        let input = [
+            r#"{"action":"B","lsn":"0/1"}"#.to_owned(),
+            i(1),
+            long,
+            i(2),
+            r#"{"action":"C","lsn":"0/1"}"#.to_owned(),
+            r#"{"action":"B","lsn":"0/2"}"#.to_owned(),
+            i(4),
+            r#"{"action":"C","lsn":"0/2"}"#.to_owned(),
+        ]
+        .join("\n");
+        let mut r = Wal2JsonReader::new(input.as_bytes()).with_max_line_len(200);
+        let e = r.next().unwrap().unwrap_err();
+        assert!(matches!(e.kind(), Wal2JsonErrorKind::LineTooLong { limit: 200 }) && e.line() == 3);
+        assert_eq!(e.lost_changes(), 0);
+        let e = r.next().unwrap().unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                Wal2JsonErrorKind::DamagedTransaction {
+                    begun: 1,
+                    first_bad: 3,
+                    bad_lines: 1,
+                    changes: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!((e.line(), e.lost_changes()), (5, 3));
+        let batch = r.next().unwrap().unwrap();
+        assert_eq!(
+            (batch.position, batch.changes, batch.envelopes[0].id.as_str()),
+            (Some(Position(2)), 1, "4")
+        );
+        assert!(r.next().is_none());
+    }
+
+    #[test]
+    fn huge_transactions_come_in_chunks_and_only_the_last_is_positioned() {
+        let i = |id: u32| {
+            format!(
+                r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":{id}}}],{PK_ID}}}"#
+            )
+        };
+        let u = format!(
+            r#"{{"action":"U","schema":"s","table":"t","columns":[{{"name":"id","value":9}}],"identity":[{{"name":"id","value":5}}],{PK_ID}}}"#
+        );
+        let mut lines = vec![r#"{"action":"B","xid":3,"lsn":"0/A0"}"#.to_owned()];
+        lines.extend((1..=4).map(i));
+        lines.push(u);
+        lines.push(r#"{"action":"C","xid":3,"lsn":"0/A0"}"#.to_owned());
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let mut b = TransactionBuilder::new().with_max_batch_changes(Some(2));
+        let got = batches(&mut b, &lines).unwrap();
+        let shape: Vec<_> = got
+            .iter()
+            .map(|b| {
+                let ids: Vec<_> = b.envelopes.iter().map(|e| (e.op, e.id.as_str(), e.position)).collect();
+                (b.position, b.changes, ids)
+            })
+            .collect();
+        let p = Some(Position(0xA0));
+        assert_eq!(
+            shape,
+            [
+                (None, 2, vec![(Op::Upsert, "1", p), (Op::Upsert, "2", p)]),
+                (None, 2, vec![(Op::Upsert, "3", p), (Op::Upsert, "4", p)]),
+                (p, 1, vec![(Op::Delete, "5", p), (Op::Upsert, "9", p)]),
+            ]
+        );
+        assert_eq!(b.transactions(), 1);
+        // A multiple of the chunk size: the C gives an empty positioned batch.
+        let mut b = TransactionBuilder::new().with_max_batch_changes(Some(5));
+        let got = batches(&mut b, &lines).unwrap();
+        assert_eq!(got.iter().map(|b| (b.position, b.changes)).collect::<Vec<_>>(), [(None, 5), (p, 0)]);
+        // A bad line after a chunk: the C says how many chunks are out.
+        let mut damaged = lines.clone();
+        damaged.insert(4, "not json");
+        let mut b = TransactionBuilder::new().with_max_batch_changes(Some(2));
+        let results = push_all(&mut b, &damaged);
+        assert!(matches!(&results[2], Ok(Some(chunk)) if chunk.position.is_none()));
+        assert!(results[4].is_err());
+        let e = results.last().unwrap().as_ref().unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                Wal2JsonErrorKind::DamagedTransaction { chunks: 1, changes: 5, bad_lines: 1, .. }
+            ),
+            "{e}"
+        );
+        assert_eq!(e.lost_changes(), 6);
     }
 
     #[test]
@@ -1112,7 +1765,8 @@ mod tests {
         ));
         assert_recovers(&mut b, "0/2");
 
-        // Inside a transaction: a bad change line is skipped, the transaction goes on.
+        // Inside a transaction: each bad line is reported, and the transaction is discarded whole
+        // at its C, counting its readable changes and its bad lines as lost.
         b.push_line(1, br#"{"action":"B"}"#).unwrap();
         assert!(matches!(
             kind_of(b.push_line(2, br#"{"action":"I","table":"t","columns":[]}"#)),
@@ -1134,8 +1788,21 @@ mod tests {
             kind_of(b.push_line(6, br#"{"action":"I","schema":"s","table":"t","columns":[{"value":1}]}"#)),
             K::MissingField { .. }
         ));
-        let batch = b.push_line(7, br#"{"action":"C","lsn":"0/3"}"#).unwrap().unwrap();
-        assert_eq!((batch.changes, batch.envelopes.len()), (0, 0));
+        let ok = format!(
+            r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":1}}],{PK_ID}}}"#
+        );
+        assert!(b.push_line(7, ok.as_bytes()).unwrap().is_none());
+        let e = b.push_line(8, br#"{"action":"C","lsn":"0/3"}"#).unwrap_err();
+        assert!(
+            matches!(e.kind(), K::DamagedTransaction { begun: 1, first_bad: 2, bad_lines: 5, changes: 1, chunks: 0, lsn } if lsn == "0/3"),
+            "{e}"
+        );
+        assert_eq!(e.lost_changes(), 6);
+        assert_eq!(
+            e.to_string(),
+            "wal2json line 8: the transaction begun at line 1 (commit LSN 0/3) had 5 bad lines, the first at line 2; it was discarded whole with its 1 readable changes"
+        );
+        assert_eq!((b.open_since(), b.last_commit()), (None, Some(Position(2))));
 
         // C problems discard the transaction.
         for (c, check) in [
@@ -1145,7 +1812,7 @@ mod tests {
             ),
             (r#"{"action":"C","lsn":"nope"}"#, &|k: &K| matches!(k, K::BadLsn(_))),
             (r#"{"action":"C","lsn":"FFFFFFFF/FFFFFFFF"}"#, &|k: &K| matches!(k, K::BadLsn(_))),
-            (r#"{"action":"C","lsn":"0/3"}"#, &|k: &K| matches!(k, K::LsnRegressed { .. })),
+            (r#"{"action":"C","lsn":"0/2"}"#, &|k: &K| matches!(k, K::LsnRegressed { .. })),
             (r#"{"action":"C","lsn":"0/4","xid":2}"#, &|k: &K| {
                 matches!(k, K::XidMismatch { begin: 1, commit: 2 })
             }),
@@ -1162,11 +1829,14 @@ mod tests {
 
         // B inside a transaction: the open one is discarded, the new one begun.
         b.push_line(20, br#"{"action":"B"}"#).unwrap();
-        let k = kind_of(b.push_line(21, br#"{"action":"B"}"#));
-        assert!(matches!(k, K::BeginInsideTransaction { begun: 20, dropped: 0 }), "{k}");
-        assert_eq!(b.open_since(), Some(21));
-        let e = b.finish(22).unwrap_err();
-        assert!(matches!(e.kind(), K::Truncated { begun: 21 }));
+        b.push_line(21, ok.as_bytes()).unwrap();
+        let e = b.push_line(22, br#"{"action":"B"}"#).unwrap_err();
+        assert!(matches!(e.kind(), K::BeginInsideTransaction { begun: 20, dropped: 1 }), "{e}");
+        assert_eq!(e.lost_changes(), 1);
+        assert_eq!(b.open_since(), Some(22));
+        let e = b.finish(23).unwrap_err();
+        assert!(matches!(e.kind(), K::Truncated { begun: 22 }));
+        assert_eq!(e.lost_changes(), 0);
         assert_eq!(b.open_since(), None);
         assert_recovers(&mut b, "0/5");
     }
@@ -1200,7 +1870,11 @@ mod tests {
         ));
         let e = b.push_line(3, br#"{"action":"M",}"#).unwrap_err();
         assert_eq!(e.to_string(), "wal2json line 3: malformed JSON at byte 14: trailing comma");
+        // Those bad lines discard their transaction.
+        let e = b.push_line(4, br#"{"action":"C","lsn":"0/1"}"#).unwrap_err();
+        assert!(matches!(e.kind(), K::DamagedTransaction { bad_lines: 6, .. }), "{e}");
         // An escaped column name matches its key unescaped and is written escaped by serde_json.
+        b.push_line(3, br#"{"action":"B"}"#).expect("B");
         let i = r#"{"action":"I","schema":"s","table":"t","columns":[{"name":"i\u0064","value":1}],"pk":[{"name":"id"}]}"#;
         b.push_line(4, i.as_bytes()).expect("I");
         let batch = b.push_line(5, br#"{"action":"C","lsn":"0/1"}"#).unwrap().unwrap();
