@@ -105,6 +105,10 @@ struct Args {
     /// Slots per lane, in batches.
     #[arg(long, default_value_t = 1024)]
     capacity: usize,
+    /// A transaction of more changes than this is published as several batches (chunks); only
+    /// the last one carries the commit position. 0: one batch per transaction.
+    #[arg(long, default_value_t = 10_000)]
+    max_batch_changes: u64,
     /// The last sink sleeps this long per batch (see --slow-sink-micros).
     #[arg(long)]
     slow_sink: bool,
@@ -178,6 +182,8 @@ fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, BoxError> {
 #[derive(Default)]
 struct Counters {
     transactions: AtomicU64,
+    /// Unpositioned chunks of large transactions published.
+    chunks: AtomicU64,
     changes: AtomicU64,
     envelopes: AtomicU64,
     bad_lines: AtomicU64,
@@ -208,8 +214,13 @@ struct IngestReport {
 struct Received {
     /// Positions of the batches received (empty transactions included), strictly increasing.
     positions: Vec<u64>,
-    /// Per entry of `positions`: the most envelopes one receipt of it held.
+    /// Per entry of `positions`: the most envelopes one receipt of it held (with the envelopes
+    /// of the transaction's chunks).
     envelopes: Vec<u32>,
+    /// Lane sequence numbers of the unpositioned chunks of large transactions processed.
+    chunks: std::collections::HashSet<u64>,
+    /// Envelopes of those chunks, by their envelopes' position (the transaction's commit LSN).
+    chunk_envelopes: HashMap<u64, u32>,
 }
 
 impl Received {
@@ -228,6 +239,23 @@ impl Received {
         let duplicates = (*seen).min(envelopes);
         *seen = (*seen).max(envelopes);
         u64::from(duplicates)
+    }
+
+    /// Records a receipt of a chunk of a large transaction (lane sequence `sequence`) holding
+    /// `envelopes` envelopes at `position`; returns how many had been received before.
+    fn record_chunk(&mut self, sequence: u64, position: u64, envelopes: u32) -> u64 {
+        if !self.chunks.insert(sequence) {
+            return u64::from(envelopes);
+        }
+        *self.chunk_envelopes.entry(position).or_default() += envelopes;
+        0
+    }
+
+    /// Records a receipt of the positioned (last) batch of a transaction, adding the envelopes
+    /// of its chunks received before.
+    fn record_last(&mut self, position: u64, envelopes: u32) -> u64 {
+        let chunks = self.chunk_envelopes.get(&position).copied().unwrap_or(0);
+        self.record(position, envelopes.saturating_add(chunks))
     }
 
     /// How many positioned batches (transactions) were received at least once.
@@ -445,7 +473,8 @@ impl Ingest {
         expected_backfills: u64,
     ) -> Result<(), BoxError> {
         let mut bad_shown = 0;
-        let mut builder = TransactionBuilder::new();
+        let mut chunk_envelopes = 0u32;
+        let mut builder = TransactionBuilder::new().with_max_batch_changes(Some(args.max_batch_changes));
         for (table, columns) in key_columns(&args.key_columns)? {
             builder.set_key_columns(&table.0, &table.1, Some(columns));
         }
@@ -454,6 +483,9 @@ impl Ingest {
                 Ok(batch) => batch,
                 Err(e) => {
                     if args.skip_bad_lines && e.is_recoverable() {
+                        if e.open_transaction_discarded() {
+                            chunk_envelopes = 0; // its chunks are out, but it is lost
+                        }
                         if e.lost_changes() > 0 {
                             counters.transactions_discarded.fetch_add(1, Ordering::Relaxed);
                             counters.changes_discarded.fetch_add(e.lost_changes(), Ordering::Relaxed);
@@ -472,14 +504,20 @@ impl Ingest {
             if let Some(state) = &mut self.state {
                 apply_to_state(state, &batch);
             }
-            let position = batch.position.ok_or("wal2json batch without a position")?;
-            let (changes, envelopes) = (batch.changes, batch.envelopes.len());
+            let (position, changes, envelopes) = (batch.position, batch.changes, batch.envelopes.len());
             self.publish(LaneItem::Batch(batch), None)?;
-            self.report.published.push((position.0, u32::try_from(envelopes)?));
-            self.report.last_commit = Some(position);
-            counters.transactions.fetch_add(1, Ordering::Relaxed);
             counters.changes.fetch_add(changes, Ordering::Relaxed);
             counters.envelopes.fetch_add(envelopes as u64, Ordering::Relaxed);
+            let Some(position) = position else {
+                // A chunk of a large transaction (--max-batch-changes): counted at its last batch.
+                chunk_envelopes += u32::try_from(envelopes)?;
+                counters.chunks.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let envelopes = u32::try_from(envelopes)?.saturating_add(std::mem::take(&mut chunk_envelopes));
+            self.report.published.push((position.0, envelopes));
+            self.report.last_commit = Some(position);
+            counters.transactions.fetch_add(1, Ordering::Relaxed);
             if self.state.is_some() {
                 self.serve_requests(None)?;
             }
@@ -557,19 +595,24 @@ impl Sink {
     }
 
     /// Records (and writes) one delivered item.
-    fn apply(&mut self, item: &LaneItem, attempt: u32) -> Result<(), BoxError> {
+    fn apply(&mut self, item: &LaneItem, attempt: u32, sequence: u64) -> Result<(), BoxError> {
         let counts = self.counts(Kind::of(item));
         counts.processed += 1;
         if attempt > 1 {
             counts.processed_again += 1;
         }
         let LaneItem::Batch(batch) = item else { return Ok(()) };
-        match batch.position {
-            Some(p) => {
-                let envelopes = u32::try_from(batch.envelopes.len())?;
-                self.report.envelopes_received_again += self.report.received.record(p.0, envelopes);
+        let envelopes = u32::try_from(batch.envelopes.len())?;
+        match (batch.position, batch.envelopes.first().and_then(|e| e.position)) {
+            (Some(p), _) => {
+                self.report.envelopes_received_again += self.report.received.record_last(p.0, envelopes);
             }
-            None => self.report.snapshot_envelopes += batch.envelopes.len() as u64,
+            // A chunk of a large transaction: its envelopes carry the commit LSN.
+            (None, Some(p)) => {
+                self.report.envelopes_received_again +=
+                    self.report.received.record_chunk(sequence, p.0, envelopes);
+            }
+            (None, None) => self.report.snapshot_envelopes += batch.envelopes.len() as u64,
         }
         if let Some(out) = &mut self.out {
             for e in batch.envelopes.iter() {
@@ -633,8 +676,8 @@ impl Sink {
             let kind = Kind::of(delivery.item());
             self.delivered(kind, attempt);
             let Some(rng) = self.chaos.as_mut() else {
-                self.apply(delivery.item(), attempt)?;
-                let handle = delivery.into_handle();
+                let (item, handle) = delivery.into_parts();
+                self.apply(&item, attempt, handle.sequence())?;
                 self.ack((handle, kind));
                 continue;
             };
@@ -651,8 +694,8 @@ impl Sink {
                 delivery.nack(); // redelivered before anything new (L6)
                 continue;
             }
-            self.apply(delivery.item(), attempt)?;
-            let handle = delivery.into_handle();
+            let (item, handle) = delivery.into_parts();
+            self.apply(&item, attempt, handle.sequence())?;
             if drop_after {
                 self.counts(kind).dropped += 1;
                 drop(handle); // dropping an unacked handle nacks it: a duplicate will follow
@@ -871,6 +914,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         chaos: args.chaos,
         slow_sink: args.slow_sink,
         transactions_published: transactions,
+        chunks_published: counters.chunks.load(Ordering::Relaxed),
         changes_published: changes,
         envelopes_published: envelopes,
         bad_lines_skipped: counters.bad_lines.load(Ordering::Relaxed),
@@ -944,8 +988,11 @@ struct Summary {
     discard: bool,
     chaos: bool,
     slow_sink: bool,
-    /// Published to every sink, as one positioned batch each.
+    /// Published to every sink, each as one positioned batch (after its chunks, if any).
     transactions_published: u64,
+    /// Unpositioned chunks of transactions over `--max-batch-changes` changes, published to every
+    /// sink before their transaction's positioned batch.
+    chunks_published: u64,
     changes_published: u64,
     /// Per sink: every sink's lane got all of them.
     envelopes_published: u64,
@@ -1115,6 +1162,13 @@ impl std::fmt::Display for Summary {
             s.elapsed_seconds,
             s.changes_per_second,
         )?;
+        if s.chunks_published > 0 {
+            writeln!(
+                f,
+                "large transactions: {} chunks published before their last batch",
+                s.chunks_published
+            )?;
+        }
         writeln!(
             f,
             "last commit LSN {}, final watermark LSN {}, stream idle {}",

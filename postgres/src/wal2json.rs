@@ -208,6 +208,22 @@ impl Wal2JsonError {
         &self.kind
     }
 
+    /// Whether this error discarded a transaction of which chunks may already have been returned
+    /// ([`Wal2JsonErrorKind::DamagedTransaction`], a bad `C`, a `B` inside a transaction): a caller
+    /// tracking a transaction's chunks drops them.
+    pub fn open_transaction_discarded(&self) -> bool {
+        self.discarded > 0
+            || matches!(
+                self.kind,
+                Wal2JsonErrorKind::DamagedTransaction { .. }
+                    | Wal2JsonErrorKind::BeginInsideTransaction { .. }
+                    | Wal2JsonErrorKind::BadLsn(_)
+                    | Wal2JsonErrorKind::LsnRegressed { .. }
+                    | Wal2JsonErrorKind::XidMismatch { .. }
+                    | Wal2JsonErrorKind::Truncated { .. }
+            )
+    }
+
     /// Whether reading may go on after this error (everything but I/O errors). See the module
     /// docs for what happens to the open transaction.
     pub fn is_recoverable(&self) -> bool {
