@@ -41,8 +41,9 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use lanestream::{
     AckError, AckHandle, Batch, Envelope, IndexName, Lane, LaneItem, MemoryStream, Op, Position, Producer,
-    Request, SinkName, Stream, TryRecvError,
+    PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
 };
+use lanestream_postgres::live::{Confirmer, LiveConfig, LiveSource};
 use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -93,6 +94,28 @@ struct Args {
     /// wal2json v2 input: a file (gzip is detected), or `-` for stdin.
     #[arg(long, default_value_os_t = default_input())]
     input: PathBuf,
+    /// Live mode: read the logical replication slot --slot (wal2json plugin) of this server
+    /// (`postgres://user:password@host:port/db`, or a libpq key=value string) instead of --input,
+    /// and confirm it up to the watermark; runs until SIGTERM/SIGINT or --end-lsn. The sinks
+    /// (with --out) are durable: fsync and checkpoint before acking, resume after a restart.
+    #[arg(long, value_name = "URL")]
+    source: Option<String>,
+    /// The logical replication slot of --source.
+    #[arg(long, default_value = "lanestream")]
+    slot: String,
+    /// Create --slot (with the wal2json plugin) if it does not exist.
+    #[arg(long)]
+    create_slot: bool,
+    /// Live mode: stop once every transaction committed before this LSN (e.g. 0/1D84F00) is
+    /// published and acked.
+    #[arg(long, value_name = "LSN")]
+    end_lsn: Option<String>,
+    /// Live mode: how long to wait between two peeks of the slot when the last brought nothing.
+    #[arg(long, default_value_t = 100)]
+    poll_interval_ms: u64,
+    /// Live mode: how long to wait for a slot that another client holds before giving up.
+    #[arg(long, default_value_t = 30)]
+    slot_wait_secs: u64,
     /// Number of sinks (lanes).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=256))]
     sinks: u16,
@@ -159,6 +182,12 @@ fn sink_names(n: u16) -> Vec<String> {
         .collect()
 }
 
+/// Where the ingest reads: a wal2json file (or stdin), or a live slot.
+enum Input {
+    File(Box<dyn BufRead + Send>),
+    Live(Box<LiveSource>),
+}
+
 /// Opens the input: `-` is stdin; gzip is recognised by its magic bytes.
 fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, BoxError> {
     const BUF: usize = 1 << 20;
@@ -203,6 +232,8 @@ struct IngestReport {
     error: Option<String>,
     backfills_served: u64,
     snapshot_envelopes: u64,
+    /// The live source, handed back for the final confirm.
+    source: Option<Box<LiveSource>>,
 }
 
 /// The positioned batches one sink received: for each position, how many of its envelopes.
@@ -350,6 +381,11 @@ struct SinkReport {
     error: Option<String>,
     /// When the sink saw the end of its lane.
     finished: Option<Instant>,
+    /// Live mode: transactions received again after a restart and skipped, being at or before
+    /// the sink's checkpoint.
+    transactions_skipped: u64,
+    /// Live mode: the sink's checkpoint at the end.
+    checkpoint: Option<Position>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -375,6 +411,11 @@ fn apply_to_state(state: &mut State, batch: &Batch) {
 }
 
 struct Ingest {
+    stream: MemoryStream,
+    stop: Arc<AtomicBool>,
+    bad_shown: u32,
+    /// Envelopes of the chunks published of the transaction being published.
+    chunk_envelopes: u32,
     producers: Vec<Producer<LaneItem>>,
     names: Vec<SinkName>,
     requests: lanestream::Consumer<Request>,
@@ -448,12 +489,19 @@ impl Ingest {
 
     fn run(
         mut self,
-        input: Box<dyn BufRead + Send>,
+        input: Input,
         args: &Args,
         counters: &Counters,
         expected_backfills: u64,
     ) -> IngestReport {
-        let result = self.ingest(input, args, counters, expected_backfills);
+        let result = match input {
+            Input::File(input) => self.ingest(input, args, counters, expected_backfills),
+            Input::Live(mut source) => {
+                let result = self.ingest_live(&mut source, args, counters);
+                self.report.source = Some(source);
+                result
+            }
+        };
         if let Err(e) = result {
             self.report.error = Some(e.to_string());
         }
@@ -465,6 +513,15 @@ impl Ingest {
         self.report
     }
 
+    fn builder(args: &Args) -> Result<TransactionBuilder, BoxError> {
+        let max = (args.max_batch_changes > 0).then_some(args.max_batch_changes);
+        let mut builder = TransactionBuilder::new().with_max_batch_changes(max);
+        for (table, columns) in key_columns(&args.key_columns)? {
+            builder.set_key_columns(&table.0, &table.1, Some(columns));
+        }
+        Ok(builder)
+    }
+
     fn ingest(
         &mut self,
         input: Box<dyn BufRead + Send>,
@@ -472,55 +529,8 @@ impl Ingest {
         counters: &Counters,
         expected_backfills: u64,
     ) -> Result<(), BoxError> {
-        let mut bad_shown = 0;
-        let mut chunk_envelopes = 0u32;
-        let mut builder = TransactionBuilder::new().with_max_batch_changes(Some(args.max_batch_changes));
-        for (table, columns) in key_columns(&args.key_columns)? {
-            builder.set_key_columns(&table.0, &table.1, Some(columns));
-        }
-        for next in Wal2JsonReader::new(input).with_builder(builder) {
-            let batch = match next {
-                Ok(batch) => batch,
-                Err(e) => {
-                    if args.skip_bad_lines && e.is_recoverable() {
-                        if e.open_transaction_discarded() {
-                            chunk_envelopes = 0; // its chunks are out, but it is lost
-                        }
-                        if e.lost_changes() > 0 {
-                            counters.transactions_discarded.fetch_add(1, Ordering::Relaxed);
-                            counters.changes_discarded.fetch_add(e.lost_changes(), Ordering::Relaxed);
-                        } else {
-                            counters.bad_lines.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if bad_shown < 10 {
-                            eprintln!("warning: skipped: {e}");
-                            bad_shown += 1;
-                        }
-                        continue;
-                    }
-                    return Err(input_error(&e, args));
-                }
-            };
-            if let Some(state) = &mut self.state {
-                apply_to_state(state, &batch);
-            }
-            let (position, changes, envelopes) = (batch.position, batch.changes, batch.envelopes.len());
-            self.publish(LaneItem::Batch(batch), None)?;
-            counters.changes.fetch_add(changes, Ordering::Relaxed);
-            counters.envelopes.fetch_add(envelopes as u64, Ordering::Relaxed);
-            let Some(position) = position else {
-                // A chunk of a large transaction (--max-batch-changes): counted at its last batch.
-                chunk_envelopes += u32::try_from(envelopes)?;
-                counters.chunks.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            let envelopes = u32::try_from(envelopes)?.saturating_add(std::mem::take(&mut chunk_envelopes));
-            self.report.published.push((position.0, envelopes));
-            self.report.last_commit = Some(position);
-            counters.transactions.fetch_add(1, Ordering::Relaxed);
-            if self.state.is_some() {
-                self.serve_requests(None)?;
-            }
+        for next in Wal2JsonReader::new(input).with_builder(Self::builder(args)?) {
+            self.handle(next, args, counters, None)?;
         }
         // Every sink asks for its backfill at its first delivery: wait for the ones not served
         // yet (bounded), so that no request is left behind the closed lanes.
@@ -534,6 +544,123 @@ impl Ingest {
                 break;
             }
             self.serve_requests(Some(Duration::from_millis(50)))?;
+        }
+        Ok(())
+    }
+
+    /// The live source: peek the slot, publish, confirm the watermark; until SIGTERM/SIGINT or,
+    /// with --end-lsn, until everything committed before it was published.
+    fn ingest_live(
+        &mut self,
+        source: &mut LiveSource,
+        args: &Args,
+        counters: &Counters,
+    ) -> Result<(), BoxError> {
+        let mut builder = Self::builder(args)?.with_key_lookup(source.key_lookup());
+        let end = args.end_lsn.as_deref().map(Position::from_lsn).transpose()?;
+        let interval = Duration::from_millis(args.poll_interval_ms);
+        let mut line_no = 0u64;
+        while !self.stop.load(Ordering::Relaxed) {
+            source.confirm(self.stream.watermark())?;
+            let outcome = source.poll(|line, confirmer| -> Result<(), BoxError> {
+                line_no += 1;
+                match builder.push_line(line_no, line) {
+                    Ok(None) => Ok(()), // not a batch yet (a B or a change line)
+                    Ok(Some(batch)) => self.handle(Ok(batch), args, counters, Some(confirmer)),
+                    Err(e) => self.handle(Err(e), args, counters, Some(confirmer)),
+                }
+            })?;
+            // A peek returns whole transactions: nothing is left open (unless the handler failed,
+            // and then we are leaving).
+            let _ = builder.finish(line_no);
+            let done = end.is_some_and(|end| outcome.caught_up && outcome.flushed.is_some_and(|f| f >= end));
+            if done {
+                break;
+            }
+            if outcome.lines == 0 {
+                // Idle: keep confirming while waiting for the next poll.
+                let until = Instant::now() + interval;
+                while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+                    thread::sleep(Duration::from_millis(20).min(interval));
+                    source.confirm(self.stream.watermark())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes one batch (or counts one bad line). `confirmer`: the live source's, to confirm
+    /// the watermark while a full lane keeps the publish waiting.
+    fn handle(
+        &mut self,
+        next: Result<Batch, Wal2JsonError>,
+        args: &Args,
+        counters: &Counters,
+        confirmer: Option<&mut Confirmer<'_>>,
+    ) -> Result<(), BoxError> {
+        let batch = match next {
+            Ok(batch) => batch,
+            Err(e) => {
+                if args.skip_bad_lines && e.is_recoverable() {
+                    if e.open_transaction_discarded() {
+                        self.chunk_envelopes = 0; // its chunks are out, but it is lost
+                    }
+                    if e.lost_changes() > 0 {
+                        counters.transactions_discarded.fetch_add(1, Ordering::Relaxed);
+                        counters.changes_discarded.fetch_add(e.lost_changes(), Ordering::Relaxed);
+                    } else {
+                        counters.bad_lines.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if self.bad_shown < 10 {
+                        eprintln!("warning: skipped: {e}");
+                        self.bad_shown += 1;
+                    }
+                    return Ok(());
+                }
+                return Err(input_error(&e, args));
+            }
+        };
+        if let Some(state) = &mut self.state {
+            apply_to_state(state, &batch);
+        }
+        let (position, changes, envelopes) = (batch.position, batch.changes, batch.envelopes.len());
+        match confirmer {
+            None => self.publish(LaneItem::Batch(batch), None)?,
+            Some(c) => self.publish_confirming(LaneItem::Batch(batch), c)?,
+        }
+        counters.changes.fetch_add(changes, Ordering::Relaxed);
+        counters.envelopes.fetch_add(envelopes as u64, Ordering::Relaxed);
+        let Some(position) = position else {
+            // A chunk of a large transaction (--max-batch-changes): counted at its last batch.
+            self.chunk_envelopes += u32::try_from(envelopes)?;
+            counters.chunks.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        let envelopes = u32::try_from(envelopes)?.saturating_add(std::mem::take(&mut self.chunk_envelopes));
+        self.report.published.push((position.0, envelopes));
+        self.report.last_commit = Some(position);
+        counters.transactions.fetch_add(1, Ordering::Relaxed);
+        if self.state.is_some() {
+            self.serve_requests(None)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes to every lane, confirming the watermark to the slot every 100 ms while a full
+    /// lane keeps it waiting (so the slow sinks' progress reaches PostgreSQL meanwhile).
+    fn publish_confirming(&mut self, item: LaneItem, confirmer: &mut Confirmer<'_>) -> Result<(), BoxError> {
+        for (i, p) in self.producers.iter_mut().enumerate() {
+            let mut item = item.clone();
+            loop {
+                match p.publish_timeout(item, Duration::from_millis(100)) {
+                    Ok(()) => break,
+                    Err(PublishTimeoutError::Timeout(back)) => {
+                        item = back;
+                        confirmer.confirm(self.stream.watermark())?;
+                    }
+                    Err(e) => return Err(format!("publish to {}: {e}", self.names[i]).into()),
+                }
+            }
         }
         Ok(())
     }
@@ -570,6 +697,8 @@ fn input_error(e: &Wal2JsonError, args: &Args) -> BoxError {
 struct Sink {
     lane: Lane,
     out: Option<BufWriter<File>>,
+    /// Live mode: the output's checkpoint (fsync before ack, resume after a restart).
+    durable: Option<Durable>,
     slow: Option<Duration>,
     chaos: Option<StdRng>,
     requests: lanestream::RequestSender,
@@ -615,13 +744,28 @@ impl Sink {
             (None, None) => self.report.snapshot_envelopes += batch.envelopes.len() as u64,
         }
         if let Some(out) = &mut self.out {
+            let position = batch.position.or_else(|| batch.envelopes.first().and_then(|e| e.position));
+            if let (Some(d), Some(p)) = (&mut self.durable, position) {
+                if !d.begin(out, p, batch.position.is_some())? {
+                    // Applied before a restart (PostgreSQL re-sends from the confirmed position).
+                    if batch.position.is_some() {
+                        self.report.transactions_skipped += 1;
+                    }
+                    return Ok(());
+                }
+            }
+            let mut written = 0;
             for e in batch.envelopes.iter() {
                 self.line.clear();
                 write_ndjson(&mut self.line, e)?;
                 out.write_all(&self.line)?;
-                self.report.bytes_written += self.line.len() as u64;
+                written += self.line.len() as u64;
             }
-            out.flush()?; // flushed before the ack
+            self.report.bytes_written += written;
+            match &mut self.durable {
+                Some(d) => d.wrote(written), // made durable before the acks (commit)
+                None => out.flush()?,        // flushed before the ack
+            }
         }
         if let Some(d) = self.slow {
             thread::sleep(d);
@@ -640,6 +784,7 @@ impl Sink {
         if let Err(e) = self.consume() {
             self.report.error = Some(e.to_string());
         }
+        self.report.checkpoint = self.durable.as_ref().and_then(|d| d.committed);
         self.report.finished = Some(Instant::now());
         self.report
     }
@@ -662,11 +807,11 @@ impl Sink {
                 match consumer.try_recv() {
                     Ok(d) => d,
                     Err(TryRecvError::Empty | TryRecvError::Closed) => {
-                        self.ack_held(&mut held);
+                        self.ack_held(&mut held)?;
                         continue;
                     }
                     Err(_detached) => {
-                        self.ack_held(&mut held);
+                        self.ack_held(&mut held)?;
                         consumer = self.lane.reattach();
                         continue;
                     }
@@ -678,7 +823,15 @@ impl Sink {
             let Some(rng) = self.chaos.as_mut() else {
                 let (item, handle) = delivery.into_parts();
                 self.apply(&item, attempt, handle.sequence())?;
-                self.ack((handle, kind));
+                if self.durable.is_some() {
+                    // Group commit: one fsync and checkpoint for what arrived together.
+                    held.push((handle, kind));
+                    if held.len() >= 256 {
+                        self.ack_held(&mut held)?;
+                    }
+                } else {
+                    self.ack((handle, kind));
+                }
                 continue;
             };
             // --chaos
@@ -707,15 +860,19 @@ impl Sink {
                 // with Detached (then they come again to the new consumer).
                 self.report.reattaches += 1;
                 consumer = self.lane.reattach();
-                self.ack_held(&mut held);
+                self.ack_held(&mut held)?;
             } else if held.len() >= hold_limit {
-                self.ack_held(&mut held);
+                self.ack_held(&mut held)?;
             }
         }
     }
 
-    /// Acks the held deliveries in a random order (L5: any order is fine).
-    fn ack_held(&mut self, held: &mut Vec<(AckHandle<LaneItem>, Kind)>) {
+    /// Acks the held deliveries in a random order (L5: any order is fine), after making their
+    /// output durable (live mode).
+    fn ack_held(&mut self, held: &mut Vec<(AckHandle<LaneItem>, Kind)>) -> Result<(), BoxError> {
+        if let (Some(d), Some(out)) = (&mut self.durable, &mut self.out) {
+            d.commit(out)?;
+        }
         if let Some(rng) = self.chaos.as_mut() {
             held.shuffle(rng);
             if held.windows(2).any(|w| w[0].0.sequence() > w[1].0.sequence()) {
@@ -725,6 +882,7 @@ impl Sink {
         for h in held.drain(..) {
             self.ack(h);
         }
+        Ok(())
     }
 
     /// Asks once for a backfill of the first index this sink sees.
@@ -734,6 +892,125 @@ impl Sink {
         let request = Request::Backfill { sink: self.lane.name().clone(), indexes: vec![e.index.clone()] };
         self.requests.publish(request).map_err(|e| format!("backfill request: {e}"))?;
         self.report.backfill_requested = true;
+        Ok(())
+    }
+}
+
+/// A live-mode sink's durability: the NDJSON output and a checkpoint file
+/// (`<sink>.checkpoint`: the last applied commit LSN and the output's length then). Before acking,
+/// the output is fsynced and the checkpoint replaced atomically (write, fsync, rename, fsync the
+/// directory); at start, the output is cut back to the checkpoint's length (a transaction
+/// written after it was never acked, so PostgreSQL sends it again), and every transaction at or
+/// before the checkpoint is skipped. So the output holds every committed change exactly once
+/// across SIGKILLs, though the lanes and the slot deliver at least once.
+struct Durable {
+    dir: PathBuf,
+    name: String,
+    /// Last checkpointed: position and output length.
+    committed: Option<Position>,
+    /// Written so far (the checkpoint's next candidate): the last complete transaction and the
+    /// output's length.
+    written: Option<Position>,
+    len: u64,
+    /// Chunks of a large transaction written but not complete: its position and the output's
+    /// length before them.
+    chunks: Option<(Position, u64)>,
+    dirty: bool,
+}
+
+impl Durable {
+    /// Opens `<dir>/<name>.ndjson` for appending after the checkpoint's length.
+    fn open(dir: &Path, name: &str) -> Result<(File, Durable), BoxError> {
+        let checkpoint = dir.join(format!("{name}.checkpoint"));
+        let (committed, len) = match std::fs::read_to_string(&checkpoint) {
+            Ok(text) => {
+                let bad = || format!("{}: expected \"LSN LENGTH\", got {text:?}", checkpoint.display());
+                let (lsn, len) = text.trim().split_once(' ').ok_or_else(bad)?;
+                (Some(Position::from_lsn(lsn).map_err(|_| bad())?), len.parse::<u64>().map_err(|_| bad())?)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (None, 0),
+            Err(e) => return Err(format!("cannot read {}: {e}", checkpoint.display()).into()),
+        };
+        let path = dir.join(format!("{name}.ndjson"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let on_disk = file.metadata()?.len();
+        if on_disk < len {
+            return Err(format!(
+                "{} holds {on_disk} bytes, less than its checkpoint's {len}",
+                path.display()
+            )
+            .into());
+        }
+        // What was written after the checkpoint was never acked: it comes again.
+        file.set_len(len)?;
+        file.sync_all()?;
+        let durable = Durable {
+            dir: dir.to_path_buf(),
+            name: name.to_owned(),
+            committed,
+            written: committed,
+            len,
+            chunks: None,
+            dirty: false,
+        };
+        Ok((file, durable))
+    }
+
+    /// Before writing a batch at `position` (`last`: the positioned batch of its transaction,
+    /// else a chunk): whether to write it. Drops the chunks of a transaction that never
+    /// completed (discarded by --skip-bad-lines).
+    fn begin(&mut self, out: &mut BufWriter<File>, position: Position, last: bool) -> Result<bool, BoxError> {
+        if self.written.is_some_and(|w| position <= w) {
+            return Ok(false);
+        }
+        if let Some((p, before)) = self.chunks {
+            if p != position {
+                out.flush()?;
+                out.get_ref().set_len(before)?;
+                self.len = before;
+                self.chunks = None;
+            }
+        }
+        if last {
+            self.written = Some(position);
+            self.chunks = None;
+            self.dirty = true;
+        } else if self.chunks.is_none() {
+            self.chunks = Some((position, self.len));
+        }
+        Ok(true)
+    }
+
+    /// Counts `bytes` written by the batch just begun.
+    fn wrote(&mut self, bytes: u64) {
+        self.len += bytes;
+    }
+
+    /// Makes everything written durable and moves the checkpoint to the last complete
+    /// transaction; called before acking.
+    fn commit(&mut self, out: &mut BufWriter<File>) -> Result<(), BoxError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        let Some(position) = self.written else { return Ok(()) };
+        out.flush()?;
+        out.get_ref().sync_data()?;
+        // The checkpoint's length leaves out chunks of a transaction not complete yet.
+        let len = self.chunks.map_or(self.len, |(_, before)| before);
+        let tmp = self.dir.join(format!("{}.checkpoint.tmp", self.name));
+        {
+            let mut f = File::create(&tmp)?;
+            writeln!(f, "{position} {len}")?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, self.dir.join(format!("{}.checkpoint", self.name)))?;
+        File::open(&self.dir)?.sync_all()?;
+        self.committed = Some(position);
+        self.dirty = false;
         Ok(())
     }
 }
@@ -769,7 +1046,23 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         .sinks(names.iter().cloned())
         .build()?;
     let lanes: Vec<Lane> = names.iter().map(|n| stream.lane(n)).collect::<Result<_, _>>()?;
-    let input = open_input(&args.input)?;
+    let live = args.source.is_some();
+    let input = match &args.source {
+        Some(url) => {
+            if args.chaos {
+                return Err("--chaos is for the file input; the live source's sinks are durable".into());
+            }
+            let mut config = LiveConfig::new(url.clone(), args.slot.clone());
+            config.create_slot = args.create_slot;
+            config.slot_wait = Duration::from_secs(args.slot_wait_secs);
+            Input::Live(Box::new(LiveSource::connect(config)?))
+        }
+        None => Input::File(open_input(&args.input)?),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
     if !args.discard {
         std::fs::create_dir_all(&args.out)
             .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
@@ -781,16 +1074,21 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     // Sinks first, so that they are attached before anything is published.
     let mut sink_threads = Vec::new();
     for (i, lane) in lanes.iter().enumerate() {
-        let out = if args.discard {
-            None
+        let (out, durable) = if args.discard {
+            (None, None)
+        } else if live {
+            // Durable: resume after the checkpoint, fsync before every ack.
+            let (file, durable) = Durable::open(&args.out, lane.name().as_str())?;
+            (Some(BufWriter::with_capacity(1 << 16, file)), Some(durable))
         } else {
             let path = args.out.join(format!("{}.ndjson", lane.name()));
             let file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-            Some(BufWriter::with_capacity(1 << 16, file))
+            (Some(BufWriter::with_capacity(1 << 16, file)), None)
         };
         let sink = Sink {
             lane: lane.clone(),
             out,
+            durable,
             slow: (args.slow_sink && i + 1 == lanes.len())
                 .then(|| Duration::from_micros(args.slow_sink_micros)),
             chaos: args.chaos.then(|| StdRng::seed_from_u64(args.seed.wrapping_add(i as u64))),
@@ -803,6 +1101,10 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     }
 
     let ingest = Ingest {
+        stream: stream.clone(),
+        stop: stop.clone(),
+        bad_shown: 0,
+        chunk_envelopes: 0,
         producers: lanes.iter().map(Lane::producer).collect::<Result<_, _>>()?,
         names: lanes.iter().map(|l| l.name().clone()).collect(),
         requests: stream.requests().reattach(),
@@ -836,11 +1138,23 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     }
     bar.finish_and_clear();
 
-    let ingest = ingest_thread.join().map_err(|_| "the ingest thread panicked")?;
+    let mut ingest = ingest_thread.join().map_err(|_| "the ingest thread panicked")?;
     let sinks: Vec<SinkReport> = sink_threads
         .into_iter()
         .map(|t| t.join().map_err(|_| "a sink thread panicked"))
         .collect::<Result<_, _>>()?;
+    // The live source's last confirm: up to the final watermark, never more.
+    let mut slot_confirmed = None;
+    if let Some(source) = ingest.source.as_mut() {
+        match source.confirm(stream.watermark()).and_then(|_| source.read_confirmed()) {
+            Ok(c) => slot_confirmed = c,
+            Err(e) => {
+                if ingest.error.is_none() {
+                    ingest.error = Some(format!("final confirm: {e}"));
+                }
+            }
+        }
+    }
     // Up to the last sink's end, not the progress loop's next tick.
     let ended = sinks.iter().filter_map(|s| s.finished).max().unwrap_or_else(Instant::now);
     let elapsed = ended.duration_since(started).as_secs_f64();
@@ -903,11 +1217,22 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     } else {
         one_line(&failures.join("; "))
     };
+    if let (Some(confirmed), Some(watermark)) = (slot_confirmed, final_watermark) {
+        if confirmed > watermark {
+            let what = format!("the slot was confirmed at {confirmed}, past the final watermark {watermark}");
+            eprintln!("error: {what}");
+            failures.push(what);
+        }
+    }
     let mut summary = Summary {
         schema_version: 1,
         result: if failures.is_empty() { "PASS" } else { "FAIL" },
         reason,
-        input: args.input.display().to_string(),
+        input: match &args.source {
+            Some(url) => format!("slot {} on {}", args.slot, redact(url)),
+            None => args.input.display().to_string(),
+        },
+        slot_confirmed_lsn: lsn(slot_confirmed),
         output_dir: (!args.discard).then(|| args.out.display().to_string()),
         sink_count: args.sinks,
         discard: args.discard,
@@ -982,6 +1307,9 @@ struct Summary {
     /// Why, in one line.
     reason: String,
     input: String,
+    /// Live mode: the slot's `confirmed_flush_lsn` after the final confirm (never past the
+    /// final watermark).
+    slot_confirmed_lsn: Option<String>,
     /// The directory of the sinks' `<sink>.ndjson` files; `null` with `--discard`.
     output_dir: Option<String>,
     sink_count: u16,
@@ -1074,6 +1402,11 @@ struct SinkSummary {
     consumer_reattaches: u64,
     /// Rounds of held acks sent in an order other than the delivery order (`--chaos`).
     out_of_order_ack_rounds: u64,
+    /// Live mode: transactions at or before the sink's checkpoint, received again after a
+    /// restart and skipped (not written twice).
+    transactions_skipped: u64,
+    /// Live mode: the sink's durable checkpoint at the end (last applied commit LSN).
+    checkpoint_lsn: Option<String>,
     /// Why the sink stopped early, if it did.
     error: Option<String>,
 }
@@ -1107,6 +1440,8 @@ impl SinkSummary {
             snapshot_marker_acks_refused: m.acks_refused,
             consumer_reattaches: s.reattaches,
             out_of_order_ack_rounds: s.out_of_order_ack_rounds,
+            transactions_skipped: s.transactions_skipped,
+            checkpoint_lsn: lsn(s.checkpoint),
             error: s.error.as_deref().map(one_line),
         }
     }
@@ -1118,6 +1453,14 @@ impl Summary {
         let why = one_line(&why);
         self.reason = if self.result == "PASS" { why } else { format!("{why}; {}", self.reason) };
         self.result = "FAIL";
+    }
+}
+
+/// A connection string without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://…@{}", &url[..scheme], &url[at + 1..]),
+        _ => url.split_whitespace().filter(|kv| !kv.starts_with("password=")).collect::<Vec<_>>().join(" "),
     }
 }
 
@@ -1176,6 +1519,9 @@ impl std::fmt::Display for Summary {
             lsn_text(&s.final_watermark_lsn),
             yes_no(s.stream_idle),
         )?;
+        if s.slot_confirmed_lsn.is_some() {
+            writeln!(f, "slot confirmed at LSN {}", lsn_text(&s.slot_confirmed_lsn))?;
+        }
         writeln!(
             f,
             "backfills: {} requests served, {} snapshot envelopes published",
@@ -1228,6 +1574,14 @@ impl std::fmt::Display for Summary {
                 k.snapshot_markers_dropped,
                 k.snapshot_marker_acks_refused,
             )?;
+            if k.checkpoint_lsn.is_some() {
+                writeln!(
+                    f,
+                    "  durable: checkpoint LSN {}, {} transactions already applied before a restart skipped",
+                    lsn_text(&k.checkpoint_lsn),
+                    k.transactions_skipped
+                )?;
+            }
             if let Some(e) = &k.error {
                 writeln!(f, "  error: {e}")?;
             }

@@ -10,10 +10,11 @@
 //! the bundled real capture through a [`lanestream::MemoryStream`] into sink threads and checks
 //! that every sink received every change.
 //!
-//! Later a live logical-replication source (a replication connection that streams a slot and
-//! confirms the watermark back to the server) will live here too.
+//! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
+//!   polling and confirmed only up to the stream's watermark (`pipeline --source postgres://...`).
 #![warn(missing_docs)]
 #![deny(missing_debug_implementations)]
 #![forbid(unsafe_code)]
 
+pub mod live;
 pub mod wal2json;

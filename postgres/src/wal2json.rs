@@ -67,7 +67,7 @@
 //! 1. the columns given for its table with [`TransactionBuilder::set_key_columns`] or returned by
 //!    the [key lookup](TransactionBuilder::with_key_lookup) — the columns of the table's replica
 //!    identity (its primary key, or the index of `REPLICA IDENTITY USING INDEX`); the live
-//!    source (`live`) reads them from the catalog;
+//!    source ([`crate::live`]) reads them from the catalog;
 //! 2. the line's `pk` (wal2json's `include-pk=true`: the primary key, in column order);
 //! 3. every column of the row, in order.
 //!
