@@ -16,6 +16,15 @@
 //! `--summary-json`: both come from one [`Summary`]), and exits non-zero on FAIL: a check failed,
 //! or the input (or a sink) had an error.
 //!
+//! **Live mode** (`--source postgres://... --slot NAME [--create-slot]`): the ingest reads the
+//! logical replication slot through [`lanestream_postgres::live`] instead of a file, and confirms
+//! it up to the stream's watermark, never more, after each poll, while a full lane keeps it
+//! waiting, while idle and at shutdown (SIGTERM/SIGINT, or `--end-lsn`). Its sinks are durable
+//! ([`Durable`]): before acking they fsync `<sink>.ndjson` and atomically replace
+//! `<sink>.checkpoint` (last applied commit LSN, output length); at start they cut the output back
+//! to the checkpoint and skip every transaction at or before it, so however the process dies the
+//! outputs hold every committed change exactly once (`scripts/e2e-postgres.sh` SIGKILLs it).
+//!
 //! Without `--out` or `--discard` the sinks write `target/pipeline-out/<sink>.ndjson` under the
 //! workspace root (the parent of this crate's `postgres/` directory, where the workspace's
 //! `Cargo.toml` is), whatever the working directory or `CARGO_TARGET_DIR`.
@@ -24,6 +33,7 @@
 //! cargo run --release -p lanestream-postgres --example pipeline -- --discard --summary-json target/summary.json
 //! cargo run --release -p lanestream-postgres --example pipeline -- --chaos --slow-sink
 //! pg_recvlogical ... -f - | cargo run --release -p lanestream-postgres --example pipeline -- --input -
+//! cargo run --release -p lanestream-postgres --example pipeline -- --source postgres://u:p@host/db --slot s --create-slot --out DIR
 //! ```
 
 use std::collections::HashMap;
@@ -84,7 +94,12 @@ const LONG_ABOUT: &str = concat!(
     "At the end it checks that every sink received every change at least once and that the final ",
     "watermark is the last commit LSN, prints a summary to stdout (and writes the same summary as ",
     "JSON with --summary-json) whose last line is `PASS: <reason>` or `FAIL: <reason>`, and exits ",
-    "0 on PASS, non-zero on FAIL (a check failed, or the input or a sink had an error).",
+    "0 on PASS, non-zero on FAIL (a check failed, or the input or a sink had an error).\n",
+    "\n",
+    "Live mode: --source postgres://... reads the logical replication slot --slot (wal2json plugin; ",
+    "--create-slot creates it) instead of --input and confirms it only up to the watermark. Its ",
+    "sinks are durable: they fsync the output and a checkpoint before acking and, after a restart, ",
+    "skip what they already applied, so a crash anywhere loses nothing and applies nothing twice.",
 );
 
 /// wal2json (format-version 2) → lanestream → NDJSON sinks, with an at-least-once check.
