@@ -15,6 +15,8 @@
 #    a violation whenever the slot was confirmed past what a sink had durably applied.
 # 4. After the writers stop, the pipeline runs once more to the end of the WAL (--end-lsn) and
 #    exits cleanly (its summary must PASS, the slot confirmed at the final watermark).
+# 0. First, the live source's own tests (postgres/tests/live.rs, ignored by a plain cargo test) run
+#    against the cluster: every misconfiguration error, confirms, the catalog key look-up.
 # 5. Checks: every sink's output is byte for byte the reference output (the `audit` slot's full
 #    change list run through the same reader), so every committed change is there exactly once,
 #    in commit order; every sink's output replayed (upserts merged, deletes, truncates) equals the
@@ -56,6 +58,22 @@ mkdir -p "$out" "$ref"
 sinks=search,cache,archive
 common=(--out "$out" --quiet --max-batch-changes 2000 --slow-sink --slow-sink-micros 500)
 log() { pg_log "[${SECONDS}s] $*"; }
+
+# The live source's own tests (postgres/tests/live.rs): its errors (a wrong password, no slot, a
+# slot of another plugin, a slot held by another lanestream source or by pg_recvlogical), its
+# confirms (never past the position given; the transaction at it re-sent after a restart) and its
+# catalog key look-up. A user with a password for the wrong-password case.
+pg_psql -c "CREATE ROLE lanestream_pw LOGIN PASSWORD 'right'"
+as_pg sed -i '1i host all lanestream_pw 127.0.0.1/32 scram-sha-256' "$PG_TMP/data/pg_hba.conf"
+pg_psql -Atc "SELECT pg_reload_conf()" >/dev/null
+log "the live source's tests"
+(cd "$root" && LANESTREAM_PG_URL=$url LANESTREAM_PG_BIN=$PG_BIN \
+    LANESTREAM_PG_PASSWORD_URL="postgres://lanestream_pw:wrong@127.0.0.1:$PGPORT/postgres" \
+    cargo test --quiet -p lanestream-postgres --test live -- --ignored --test-threads 1) >"$PG_TMP/live-tests.out" 2>&1 || {
+    cat "$PG_TMP/live-tests.out" >&2
+    pg_die "the live source's tests failed"
+}
+live_tests=$(sed -n 's/^test result: ok. \([0-9]*\) passed.*/\1/p' "$PG_TMP/live-tests.out")
 
 log "seed $seed: $kills_wanted kills, $write_seconds s of writes"
 pg_psql >/dev/null <<'SQL'
@@ -170,6 +188,7 @@ commits=$(grep -c '^{"action":"C"' "$ref/stream.jsonl" || true)
 first_begin=$(pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('lanestream', NULL, 1, 'format-version', '2', 'include-lsn', 'true')" | head -n 1)
 resent=$(sed -n 's/.*"lsn":"\([^"]*\)".*/\1/p' <<<"$first_begin")
 
+check '((live_tests >= 5))' "the live source's tests against this server: $live_tests passed"
 check '((kills >= kills_wanted))' "$kills SIGKILLs of the live pipeline (wanted $kills_wanted)"
 check '[[ $(field result "$PG_TMP/final.json") == \"PASS\" ]]' "the last run PASSes: $(tail -n 1 "$PG_TMP/final.out")"
 check '[[ $confirmed == "$watermark" ]]' "slot confirmed_flush_lsn $confirmed == the final watermark $watermark"
