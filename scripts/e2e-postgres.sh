@@ -158,7 +158,7 @@ read -r checks violations <"$PG_TMP/poller.out"
 # The reference: the audit slot's whole change list, through the same reader (file input).
 pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL, 'format-version', '2',
     'include-lsn', 'true', 'include-xids', 'true', 'include-timestamp', 'true', 'include-pk', 'true')" >"$ref/stream.jsonl"
-"$pipeline" --input "$ref/stream.jsonl" --out "$ref" --quiet --key-columns public.keyless=email \
+"$pipeline" --input "$ref/stream.jsonl" --out "$ref" --quiet --key-columns public.keyless=email --max-batch-changes 2000 \
     --summary-json "$ref/summary.json" >"$ref/summary.out" 2>&1 || {
     cat "$ref/summary.out" >&2
     pg_die "the reference run failed"
@@ -195,6 +195,8 @@ check '[[ $confirmed == "$watermark" ]]' "slot confirmed_flush_lsn $confirmed ==
 check '[[ $resent == "$confirmed" ]]' "the transaction at the confirmed position ($resent) is sent again after a restart (at least once)"
 check '((checks > 50 && violations == 0))' "poller: $violations of $checks reads saw the slot confirmed past a sink's durable checkpoint"
 check '[[ $changes -gt 1000 ]]' "the reference holds $changes changes in $commits transactions"
+chunks=$(field chunks_published "$ref/summary.json")
+check '[[ $chunks -gt 0 ]]' "large transactions were published in chunks ($chunks chunks at --max-batch-changes 2000)"
 for s in ${sinks//,/ }; do
     check 'cmp -s "$ref/$s.ndjson" "$out/$s.ndjson"' "sink $s: output == the reference, byte for byte ($(wc -l <"$out/$s.ndjson") envelopes: every change exactly once, in commit order)"
     check '$helper positions "$out/$s.ndjson" >/dev/null' "sink $s: each transaction once, in commit order"
