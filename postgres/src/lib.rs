@@ -4,14 +4,15 @@
 //! watermark) and knows nothing of any source database. This crate is where PostgreSQL lives:
 //!
 //! - [`wal2json`]: reads PostgreSQL logical decoding output in wal2json format-version 2 and
-//!   builds one [`lanestream::Batch`] per committed transaction, positioned at its commit LSN.
+//!   builds one [`lanestream::Batch`] per committed transaction (large ones in chunks),
+//!   positioned at its commit LSN.
+//! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
+//!   polling and confirmed only up to the stream's watermark.
 //!
 //! The `pipeline` example (`cargo run --release -p lanestream-postgres --example pipeline`) runs
 //! the bundled real capture through a [`lanestream::MemoryStream`] into sink threads and checks
-//! that every sink received every change.
-//!
-//! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
-//!   polling and confirmed only up to the stream's watermark (`pipeline --source postgres://...`).
+//! that every sink received every change; with `--source postgres://...` it runs on the live
+//! source, with durable sinks that fsync and checkpoint before acking.
 #![warn(missing_docs)]
 #![deny(missing_debug_implementations)]
 #![forbid(unsafe_code)]
