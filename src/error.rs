@@ -7,6 +7,32 @@ use std::fmt;
 use crate::name::{NameError, SinkName};
 use crate::position::Position;
 
+/// Why a backend outside this process (the Redis backend, feature `redis`) could not carry out
+/// an operation. The in-memory backend never returns it. `Copy`, so that the receive and ack
+/// errors stay `Copy`; the backend's own message is kept by the backend (the Redis backend's
+/// `RedisStream::last_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The connection to the backend was lost or could not be made, and retrying (with backoff)
+    /// within the backend's retry budget did not bring it back. The next call reconnects. For an
+    /// ack, the outcome is unknown: it may have landed.
+    #[error("lost the connection to the backend (the next call reconnects)")]
+    Connection,
+    /// The backend refused the command (a server error: out of memory, no permission, wrong
+    /// type under a key...).
+    #[error("the backend refused the command")]
+    Server,
+    /// A newer end of the lane, from another process, took it over while this one's claim
+    /// looked dead (its connection had dropped): this end is fenced off and must be dropped.
+    #[error("a newer end in another process took the lane over; this end is fenced off")]
+    Fenced,
+    /// The backend holds an entry that does not decode (validated decode failed); it was
+    /// released again, untouched.
+    #[error("the backend holds an entry that does not decode")]
+    Corrupt,
+}
+
 /// Why a stream or lane could not be built. Nothing is built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -28,6 +54,16 @@ pub enum BuildError {
     /// A sink name is not valid (`^[a-z_][a-z0-9_]*$`, at most 63 bytes).
     #[error("invalid sink name: {0}")]
     InvalidSink(#[from] NameError),
+    /// The backend could not be reached or refused to set the stream up.
+    #[error("backend: {0}")]
+    Backend(BackendError),
+    /// A backend's stream name is empty or holds a character the backend reserves (for Redis:
+    /// `{` and `}`, which delimit the keys' hash tag).
+    #[error("invalid stream name {0:?}")]
+    InvalidStreamName(String),
+    /// The backend already holds a stream under this name, built with other sinks.
+    #[error("the backend's stream was built differently: {0}")]
+    Mismatch(String),
 }
 
 /// Why a lane end could not be had from a stream. The stream is unchanged.
@@ -50,6 +86,9 @@ pub enum StreamError {
     /// `reattach_requests` takes it over instead). Drop it first.
     #[error("the request lane already has an attached consumer")]
     RequestConsumerAttached,
+    /// The backend failed ([`BackendError`]); nothing was claimed.
+    #[error("backend: {0}")]
+    Backend(BackendError),
 }
 
 /// Implements the shared parts of the three publish errors: `into_inner`, the `is_*` helpers and
@@ -61,7 +100,7 @@ macro_rules! publish_error_common {
             pub fn into_inner(self) -> T {
                 match self {
                     $($name::$only(t) |)* $name::Closed(t) | $name::InvalidPosition(t) => t,
-                    $name::PositionRegressed { item, .. } => item,
+                    $name::PositionRegressed { item, .. } | $name::Backend { item, .. } => item,
                 }
             }
 
@@ -83,6 +122,9 @@ macro_rules! publish_error_common {
                         .field("position", position)
                         .field("last", last)
                         .finish_non_exhaustive(),
+                    $name::Backend { error, .. } => {
+                        f.debug_struct("Backend").field("error", error).finish_non_exhaustive()
+                    }
                 }
             }
         }
@@ -111,6 +153,15 @@ pub enum PublishError<T> {
     /// The item carries the reserved position [`Position::RESERVED`] (`u64::MAX`).
     #[error("position u64::MAX is reserved")]
     InvalidPosition(T),
+    /// The backend failed ([`BackendError`]); the item is handed back. After
+    /// [`BackendError::Connection`] it may have been published all the same (at least once).
+    #[error("backend: {error}")]
+    Backend {
+        /// The item, handed back.
+        item: T,
+        /// What failed.
+        error: BackendError,
+    },
 }
 publish_error_common!(PublishError {});
 
@@ -138,6 +189,15 @@ pub enum TryPublishError<T> {
     /// As [`PublishError::InvalidPosition`].
     #[error("position u64::MAX is reserved")]
     InvalidPosition(T),
+    /// The backend failed ([`BackendError`]); the item is handed back. After
+    /// [`BackendError::Connection`] it may have been published all the same (at least once).
+    #[error("backend: {error}")]
+    Backend {
+        /// The item, handed back.
+        item: T,
+        /// What failed.
+        error: BackendError,
+    },
 }
 publish_error_common!(TryPublishError { Full });
 
@@ -172,6 +232,15 @@ pub enum PublishTimeoutError<T> {
     /// As [`PublishError::InvalidPosition`].
     #[error("position u64::MAX is reserved")]
     InvalidPosition(T),
+    /// The backend failed ([`BackendError`]); the item is handed back. After
+    /// [`BackendError::Connection`] it may have been published all the same (at least once).
+    #[error("backend: {error}")]
+    Backend {
+        /// The item, handed back.
+        item: T,
+        /// What failed.
+        error: BackendError,
+    },
 }
 publish_error_common!(PublishTimeoutError { Timeout });
 
@@ -190,6 +259,7 @@ impl<T> From<PublishError<T>> for TryPublishError<T> {
             PublishError::PositionRegressed { item, position, last } => {
                 TryPublishError::PositionRegressed { item, position, last }
             }
+            PublishError::Backend { item, error } => TryPublishError::Backend { item, error },
         }
     }
 }
@@ -202,6 +272,7 @@ impl<T> From<PublishError<T>> for PublishTimeoutError<T> {
             PublishError::PositionRegressed { item, position, last } => {
                 PublishTimeoutError::PositionRegressed { item, position, last }
             }
+            PublishError::Backend { item, error } => PublishTimeoutError::Backend { item, error },
         }
     }
 }
@@ -216,6 +287,7 @@ impl<T> TryPublishError<T> {
             TryPublishError::PositionRegressed { item, position, last } => {
                 Err(PublishError::PositionRegressed { item, position, last })
             }
+            TryPublishError::Backend { item, error } => Err(PublishError::Backend { item, error }),
         }
     }
 }
@@ -229,6 +301,9 @@ pub enum RecvError {
     /// race it may still land).
     #[error("consumer was detached by a newer consumer of the same lane")]
     Detached,
+    /// The backend failed ([`BackendError`]); nothing was taken.
+    #[error("backend: {0}")]
+    Backend(BackendError),
 }
 
 /// Why `recv_timeout` / `recv_deadline` returned no delivery.
@@ -241,6 +316,9 @@ pub enum RecvTimeoutError {
     /// As [`RecvError::Detached`].
     #[error("consumer was detached by a newer consumer of the same lane")]
     Detached,
+    /// As [`RecvError::Backend`].
+    #[error("backend: {0}")]
+    Backend(BackendError),
 }
 
 impl RecvTimeoutError {
@@ -259,6 +337,7 @@ impl From<RecvError> for RecvTimeoutError {
     fn from(e: RecvError) -> Self {
         match e {
             RecvError::Detached => RecvTimeoutError::Detached,
+            RecvError::Backend(e) => RecvTimeoutError::Backend(e),
         }
     }
 }
@@ -276,6 +355,9 @@ pub enum TryRecvError {
     /// A newer consumer was attached to this lane ([L8](crate::contract#l8)).
     #[error("consumer was detached by a newer consumer of the same lane")]
     Detached,
+    /// As [`RecvError::Backend`].
+    #[error("backend: {0}")]
+    Backend(BackendError),
 }
 
 impl TryRecvError {
@@ -304,4 +386,9 @@ pub enum AckError {
     /// did not move.
     #[error("delivery was taken back by a consumer re-attach; the item is redelivered")]
     Detached,
+    /// The backend failed ([`BackendError`]). With [`BackendError::Connection`] the outcome is
+    /// unknown: the ack may have landed, or the item will be redelivered after a re-attach;
+    /// never both.
+    #[error("backend: {0}")]
+    Backend(BackendError),
 }

@@ -60,7 +60,7 @@ mod sync;
 
 pub use envelope::{Envelope, Op};
 pub use error::{
-    AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
+    AckError, BackendError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
     TryPublishError, TryRecvError,
 };
 pub use item::{Batch, Item, LaneItem, Request};
@@ -69,6 +69,10 @@ pub use lane::ConsumerStream;
 pub use lane::{AckHandle, Consumer, Delivery, Lane, LaneStats, Producer, Publish, Recv, MAX_CAPACITY};
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
+#[cfg(feature = "redis")]
+pub use stream::redis::{
+    RedisConsumer, RedisDelivery, RedisItem, RedisProducer, RedisRequestSender, RedisStream, RedisStreamBuilder,
+};
 pub use stream::{
     LaneConsumer, LaneDelivery, LaneProducer, MemoryStream, RequestLane, RequestPublisher, RequestSender,
     Stream, StreamBuilder,

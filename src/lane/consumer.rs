@@ -105,6 +105,7 @@ impl<T: Item> Consumer<T> {
         match self.recv_until(None) {
             Ok(d) => Ok(d),
             Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
+            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
             Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
         }
     }

@@ -4,10 +4,13 @@
 //! - `port`: the traits any backend implements, with associated lane ends.
 //! - `memory`: [`MemoryStream`] and its [`StreamBuilder`]: one lane per sink, in this process.
 //! - `requests`: the request lane ([`RequestLane`], [`RequestSender`]), sinks to ingest.
+//! - `redis` (feature `redis`): [`RedisStream`](crate::RedisStream), the port over Redis Streams.
 //! - `watermark` (private): the lanes' acked marks and their lock-free minimum.
 
 mod memory;
-mod port;
+pub(crate) mod port;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 mod requests;
 pub(crate) mod watermark;
 

@@ -1,0 +1,343 @@
+//! Connections: a small pool of sync `redis` connections, retries with backoff after a lost
+//! connection, and the anchor connection whose client id marks this process's claims alive.
+//!
+//! # Retries
+//! Every script the backend runs is safe to run twice (a retried publish is recognised by the
+//! lane's publish count, a retried receive by its request number, a retried ack by the acked
+//! set, a retried nack by the attempt, a retried claim by its token), so after a lost
+//! connection [`Pool::run`] reconnects and runs it again, waiting between tries with an
+//! exponential backoff (from 10 ms, doubling, at most 1 s) for as long as its budget allows.
+//! The one exception is a request sender's publish, which may land twice (requests are
+//! at-least-once, [R2](crate::contract#r2)). When the budget runs out the caller gets
+//! [`BackendError::Connection`]; the next call starts reconnecting again, after the backoff.
+//!
+//! # Claims and the anchor
+//! A claim (a lane's producer, its attached consumer) is stored in Redis as
+//! `<client id>:<token>`, where the client id is that of this stream's anchor connection, which
+//! does nothing but stay open while the stream or any of its ends lives. Another process may
+//! take a claim over only once that client id is no longer connected (`CLIENT LIST ID`), which
+//! Redis sees as soon as the holder's process dies, with no lease to time out. If the anchor's
+//! connection drops and comes back with a new id, this process moves its live claims over.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ::redis::{Client, Connection, RedisError, RedisResult};
+
+use crate::error::BackendError;
+use super::lock;
+
+/// How long to keep retrying, and the timeouts, of one stream's connections.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    /// How long a blocking operation keeps reconnecting after a lost connection before it
+    /// returns [`BackendError::Connection`].
+    pub(crate) retry_for: Duration,
+    /// The first wait between reconnects; it doubles up to `backoff_max`.
+    pub(crate) backoff_min: Duration,
+    /// The longest wait between reconnects.
+    pub(crate) backoff_max: Duration,
+    /// Socket read and write timeout (longer than any blocking wait the backend sends).
+    pub(crate) io_timeout: Duration,
+    /// The longest single blocking wait for a wake-up token; a lost token costs at most this.
+    pub(crate) wait_slice: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            retry_for: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_secs(1),
+            io_timeout: Duration::from_secs(10),
+            wait_slice: Duration::from_millis(500),
+        }
+    }
+}
+
+/// How long [`Pool::run`] may keep retrying.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Budget {
+    /// One try on a pooled connection, and one more on a fresh one if the pooled one was dead
+    /// (the never-waiting forms: `try_publish`, `try_recv`, drops).
+    Once,
+    /// Retry with backoff until the stream's `retry_for` has passed.
+    Retry,
+}
+
+struct Backoff {
+    delay: Duration,
+    /// No new connection is attempted before this instant (after a failure).
+    not_before: Option<Instant>,
+}
+
+struct Anchor {
+    conn: Option<Connection>,
+    id: u64,
+}
+
+/// One registered live claim of this process: which hash field holds it, and its value.
+struct Claim {
+    key: String,
+    field: &'static str,
+    value: String,
+}
+
+/// The stream's connections.
+pub(crate) struct Pool {
+    client: Client,
+    pub(crate) settings: Settings,
+    idle: Mutex<Vec<Connection>>,
+    backoff: Mutex<Backoff>,
+    anchor: Mutex<Anchor>,
+    claims: Mutex<HashMap<u64, Claim>>,
+    next_token: Mutex<u64>,
+    last_error: Mutex<Option<String>>,
+}
+
+/// Whether `e` means the connection is gone (reconnect), rather than a refused command.
+fn is_connection_error(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_unrecoverable_error()
+}
+
+/// Idle connections kept for reuse; more are closed when handed back.
+const MAX_IDLE: usize = 16;
+
+impl Pool {
+    pub(crate) fn new(client: Client, settings: Settings) -> Pool {
+        Pool {
+            client,
+            settings,
+            idle: Mutex::new(Vec::new()),
+            backoff: Mutex::new(Backoff { delay: settings.backoff_min, not_before: None }),
+            anchor: Mutex::new(Anchor { conn: None, id: 0 }),
+            claims: Mutex::new(HashMap::new()),
+            next_token: Mutex::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// The message of the last error any operation of the stream met.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
+
+    pub(crate) fn record(&self, message: String) {
+        *lock(&self.last_error) = Some(message);
+    }
+
+    fn connect(&self) -> RedisResult<Connection> {
+        let conn = self.client.get_connection_with_timeout(self.settings.io_timeout)?;
+        conn.set_read_timeout(Some(self.settings.io_timeout))?;
+        conn.set_write_timeout(Some(self.settings.io_timeout))?;
+        Ok(conn)
+    }
+
+    /// A pooled connection, or a new one. `Err` (after recording why) if none could be made.
+    fn take(&self) -> Result<(Connection, bool), RedisError> {
+        if let Some(conn) = lock(&self.idle).pop() {
+            return Ok((conn, true));
+        }
+        self.connect().map(|c| (c, false))
+    }
+
+    fn put(&self, conn: Connection) {
+        let mut idle = lock(&self.idle);
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+
+    /// After a lost connection: every idle connection is suspect (a restarted server drops them
+    /// all); the next reconnect waits for the backoff, which doubles.
+    fn failed(&self) -> Duration {
+        lock(&self.idle).clear();
+        let mut b = lock(&self.backoff);
+        let wait = b.delay;
+        b.not_before = Some(Instant::now() + wait);
+        b.delay = (b.delay * 2).min(self.settings.backoff_max);
+        wait
+    }
+
+    fn succeeded(&self) {
+        let mut b = lock(&self.backoff);
+        b.delay = self.settings.backoff_min;
+        b.not_before = None;
+    }
+
+    /// How long to wait before the next connection attempt (zero if none is pending).
+    fn backoff_left(&self) -> Duration {
+        lock(&self.backoff).not_before.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()))
+    }
+
+    /// Runs `f` on a connection (`f` gets the try number, 0 first), reconnecting and retrying
+    /// after a lost connection within `budget`. A server error is returned at once.
+    pub(crate) fn run<R>(
+        &self,
+        budget: Budget,
+        mut f: impl FnMut(&mut Connection, u32) -> RedisResult<R>,
+    ) -> Result<R, BackendError> {
+        let give_up = match budget {
+            Budget::Once => Instant::now(),
+            Budget::Retry => Instant::now() + self.settings.retry_for,
+        };
+        let mut tries = 0u32;
+        let mut fresh_retry_used = false;
+        loop {
+            // Respect the backoff of an earlier failure before connecting again.
+            let wait = self.backoff_left();
+            if !wait.is_zero() && lock(&self.idle).is_empty() {
+                if Instant::now() + wait > give_up && !matches!(budget, Budget::Once) {
+                    return Err(BackendError::Connection);
+                }
+                if matches!(budget, Budget::Once) {
+                    return Err(BackendError::Connection);
+                }
+                thread::sleep(wait);
+            }
+            let outcome = match self.take() {
+                Ok((mut conn, pooled)) => match f(&mut conn, tries) {
+                    Ok(r) => {
+                        self.put(conn);
+                        self.succeeded();
+                        if tries > 0 {
+                            // The server may have dropped every client, the anchor too.
+                            let _ = self.anchor_id();
+                        }
+                        return Ok(r);
+                    }
+                    Err(e) if !is_connection_error(&e) => {
+                        self.record(format!("redis: {e}"));
+                        self.put(conn);
+                        return Err(BackendError::Server);
+                    }
+                    Err(e) => (e, pooled),
+                },
+                Err(e) => (e, false),
+            };
+            let (e, pooled) = outcome;
+            self.record(format!("redis connection: {e}"));
+            tries += 1;
+            if pooled && !fresh_retry_used {
+                // A pooled connection may have died while idle: one more try on a fresh one.
+                fresh_retry_used = true;
+                lock(&self.idle).clear();
+                continue;
+            }
+            let wait = self.failed();
+            if Instant::now() + wait > give_up {
+                return Err(BackendError::Connection);
+            }
+            thread::sleep(wait);
+        }
+    }
+
+    /// A fresh claim token, unique in this process.
+    pub(crate) fn token(&self) -> u64 {
+        let mut t = lock(&self.next_token);
+        *t += 1;
+        *t
+    }
+
+    /// The anchor connection's client id, reconnecting it (and moving this process's claims to
+    /// the new id) if it was lost.
+    pub(crate) fn anchor_id(&self) -> Result<u64, BackendError> {
+        let mut anchor = lock(&self.anchor);
+        if let Some(conn) = anchor.conn.as_mut() {
+            if ::redis::cmd("PING").query::<String>(conn).is_ok() {
+                return Ok(anchor.id);
+            }
+        }
+        anchor.conn = None;
+        let mut conn = self.connect().map_err(|e| {
+            self.record(format!("redis connection: {e}"));
+            BackendError::Connection
+        })?;
+        let id: u64 = ::redis::cmd("CLIENT").arg("ID").query(&mut conn).map_err(|e| {
+            self.record(format!("redis: CLIENT ID: {e}"));
+            BackendError::Connection
+        })?;
+        let old = std::mem::replace(&mut anchor.id, id);
+        anchor.conn = Some(conn);
+        drop(anchor);
+        if old != 0 && old != id {
+            self.move_claims(old, id);
+        }
+        Ok(id)
+    }
+
+    /// Moves every registered claim from client id `old` to `new`, where Redis still holds it.
+    fn move_claims(&self, old: u64, new: u64) {
+        let script = ::redis::Script::new(&super::scripts::source(super::scripts::MOVE_CLAIM));
+        let claims: Vec<(u64, String, &'static str, String)> = lock(&self.claims)
+            .iter()
+            .filter(|(_, c)| c.value.starts_with(&format!("{old}:")))
+            .map(|(t, c)| (*t, c.key.clone(), c.field, c.value.clone()))
+            .collect();
+        for (token, key, field, value) in claims {
+            let moved_to = format!("{new}:{token}");
+            let moved = self.run(Budget::Once, |c, _| {
+                script.key(&key).arg(field).arg(&value).arg(&moved_to).invoke::<i64>(c)
+            });
+            if moved == Ok(1) {
+                if let Some(claim) = lock(&self.claims).get_mut(&token) {
+                    claim.value = moved_to;
+                }
+            }
+        }
+    }
+
+    /// The claim value for `token`, registered as live (under `key`'s `field`) until
+    /// [`forget`](Pool::forget).
+    pub(crate) fn claim(&self, token: u64, key: &str, field: &'static str) -> Result<String, BackendError> {
+        let value = format!("{}:{token}", self.anchor_id()?);
+        lock(&self.claims).insert(token, Claim { key: key.to_owned(), field, value: value.clone() });
+        Ok(value)
+    }
+
+    /// The current value of a registered claim.
+    pub(crate) fn claim_value(&self, token: u64) -> Option<String> {
+        lock(&self.claims).get(&token).map(|c| c.value.clone())
+    }
+
+    /// Forgets a claim (its end was dropped, or the claim failed).
+    pub(crate) fn forget(&self, token: u64) {
+        lock(&self.claims).remove(&token);
+    }
+
+    /// Whether the end holding claim `holder` (`<client id>:<token>`) is alive: ours if it is
+    /// registered here, another process's if its client id is still connected.
+    pub(crate) fn holder_alive(&self, holder: &str) -> Result<bool, BackendError> {
+        let Some((id, _)) = holder.split_once(':') else { return Ok(false) };
+        let Ok(id) = id.parse::<u64>() else { return Ok(false) };
+        if id == self.anchor_id()? {
+            return Ok(lock(&self.claims).values().any(|c| c.value == holder));
+        }
+        let listed: String =
+            self.run(Budget::Retry, |c, _| ::redis::cmd("CLIENT").arg("LIST").arg("ID").arg(id).query(c))?;
+        Ok(!listed.trim().is_empty())
+    }
+
+    /// Blocks until a token arrives on `key` (consumed) or `timeout` passes; `Ok(true)` if one
+    /// came.
+    pub(crate) fn wait_token(&self, key: &str, timeout: Duration) -> Result<bool, BackendError> {
+        let secs = timeout.as_secs_f64().max(0.001);
+        self.run(Budget::Once, |c, _| {
+            let got: Option<(String, String)> = ::redis::cmd("BLPOP").arg(key).arg(secs).query(c)?;
+            Ok(got.is_some())
+        })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Closing the anchor tells every other process that this one's claims are gone.
+        lock(&self.anchor).conn = None;
+    }
+}

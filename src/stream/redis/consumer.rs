@@ -1,0 +1,403 @@
+//! [`RedisConsumer`] and [`RedisDelivery`]: the receiving end of a lane over Redis, and one
+//! received item with the right to ack or nack it; the async waits' helper thread.
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::marker::PhantomData;
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::conn::Budget;
+use super::lane::{Acked, LaneDef, Received};
+use super::stream::Shared;
+use super::{lock, RedisItem};
+use crate::error::{AckError, BackendError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::position::Position;
+use crate::stream::port::{LaneConsumer, LaneDelivery};
+
+/// Nacks that could not reach Redis (a lost connection while dropping a delivery), retried
+/// before the consumer's next receive.
+type Unsent = Arc<Mutex<Vec<(u64, u64, u32)>>>;
+
+/// The receiving end of a lane over Redis: [`LaneConsumer`] for sink lanes (`T` =
+/// [`LaneItem`](crate::LaneItem)) and the request lane (`T` = [`Request`](crate::Request)).
+///
+/// Each receive is one script run in Redis; a receive that waits blocks on a wake-up list
+/// (`BLPOP`) that publishes, nacks, closes and re-attaches push to. The async forms hand that
+/// wait to a helper thread of this consumer (started on the first wait), which wakes the task;
+/// no async runtime is involved.
+pub struct RedisConsumer<T> {
+    shared: Arc<Shared>,
+    lane: Arc<LaneDef>,
+    /// The consumer epoch; `None` while a re-attach that could not reach Redis is pending (it
+    /// is retried by the first receive).
+    epoch: Option<u64>,
+    token: u64,
+    /// Receive requests made in this epoch (a retried request is recognised by its number).
+    requests: u64,
+    detached: bool,
+    unsent: Unsent,
+    waiter: Option<Waiter>,
+    _item: PhantomData<fn() -> T>,
+}
+
+impl<T: RedisItem> RedisConsumer<T> {
+    pub(crate) fn new(shared: Arc<Shared>, lane: Arc<LaneDef>, epoch: Option<u64>, token: u64) -> Self {
+        RedisConsumer {
+            shared,
+            lane,
+            epoch,
+            token,
+            requests: 0,
+            detached: false,
+            unsent: Arc::new(Mutex::new(Vec::new())),
+            waiter: None,
+            _item: PhantomData,
+        }
+    }
+
+    /// The epoch, re-attaching first if a re-attach is pending.
+    fn epoch(&mut self) -> Result<u64, BackendError> {
+        if let Some(e) = self.epoch {
+            return Ok(e);
+        }
+        let e = self.shared.attach_lane(&self.lane, false, self.token).map_err(|e| match e {
+            crate::StreamError::Backend(b) => b,
+            _ => BackendError::Server,
+        })?;
+        self.epoch = Some(e);
+        Ok(e)
+    }
+
+    fn step(&mut self, budget: Budget) -> Result<RedisDelivery<T>, TryRecvError> {
+        if self.detached {
+            return Err(TryRecvError::Detached);
+        }
+        let epoch = self.epoch().map_err(TryRecvError::Backend)?;
+        let pool = &self.shared.pool;
+        let unsent: Vec<_> = std::mem::take(&mut *lock(&self.unsent));
+        for (i, &(e, n, attempt)) in unsent.iter().enumerate() {
+            if let Err(err) = self.lane.nack(pool, budget, e, n, attempt) {
+                lock(&self.unsent).extend_from_slice(&unsent[i..]);
+                return Err(TryRecvError::Backend(err));
+            }
+        }
+        match self.lane.receive(pool, budget, epoch, self.requests + 1).map_err(TryRecvError::Backend)? {
+            Received::Item { n, attempt, payload } => {
+                self.requests += 1;
+                match T::decode(&payload) {
+                    Ok(item) => Ok(RedisDelivery {
+                        item,
+                        n,
+                        attempt,
+                        epoch,
+                        shared: self.shared.clone(),
+                        lane: self.lane.clone(),
+                        unsent: self.unsent.clone(),
+                        done: false,
+                    }),
+                    Err(e) => {
+                        pool.record(format!("lanestream: entry {n} of {} does not decode: {e}", self.lane.base));
+                        // Released again, untouched: it stays first in line (L2).
+                        let _ = self.lane.nack(pool, budget, epoch, n, attempt);
+                        Err(TryRecvError::Backend(BackendError::Corrupt))
+                    }
+                }
+            }
+            Received::Empty => Err(TryRecvError::Empty),
+            Received::Closed => Err(TryRecvError::Closed),
+            Received::Detached => {
+                self.detached = true;
+                Err(TryRecvError::Detached)
+            }
+        }
+    }
+
+    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Option<RedisDelivery<T>>, RecvTimeoutError> {
+        loop {
+            match self.step(Budget::Retry) {
+                Ok(d) => return Ok(Some(d)),
+                Err(TryRecvError::Closed) => return Ok(None),
+                Err(TryRecvError::Detached) => return Err(RecvTimeoutError::Detached),
+                Err(TryRecvError::Backend(e)) => return Err(RecvTimeoutError::Backend(e)),
+                Err(TryRecvError::Empty) => {}
+            }
+            let mut slice = self.shared.pool.settings.wait_slice;
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(RecvTimeoutError::Timeout);
+                }
+                slice = slice.min(left);
+            }
+            let bell = self.lane.bell(self.epoch.unwrap_or(0));
+            if let Err(e) = self.lane.wait(&self.shared.pool, &bell, slice) {
+                // Lost connection while waiting: the next step reconnects (or reports it).
+                let _ = e;
+                thread::sleep(self.shared.pool.settings.backoff_min);
+            }
+        }
+    }
+
+    /// One poll of an asynchronous receive: `Ready` as `recv` would return, or `Pending` with
+    /// `cx`'s waker handed to the helper thread, which waits for a wake-up token.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<RedisDelivery<T>>, RecvError>> {
+        match self.step(Budget::Retry) {
+            Ok(d) => Poll::Ready(Ok(Some(d))),
+            Err(TryRecvError::Closed) => Poll::Ready(Ok(None)),
+            Err(TryRecvError::Detached) => Poll::Ready(Err(RecvError::Detached)),
+            Err(TryRecvError::Backend(e)) => Poll::Ready(Err(RecvError::Backend(e))),
+            Err(TryRecvError::Empty) => {
+                let bell = self.lane.bell(self.epoch.unwrap_or(0));
+                let shared = self.shared.clone();
+                self.waiter.get_or_insert_with(|| Waiter::new(shared)).arm(bell, cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Whether a newer consumer took the lane over (asks Redis unless already known).
+    fn check_detached(&self) -> bool {
+        if self.detached {
+            return true;
+        }
+        let Some(epoch) = self.epoch else { return false };
+        match self.lane.field(&self.shared.pool, Budget::Once, "ep") {
+            Ok(Some(ep)) => ep.parse::<u64>().is_ok_and(|ep| ep != epoch),
+            _ => false,
+        }
+    }
+}
+
+impl<T: RedisItem> LaneConsumer<T> for RedisConsumer<T> {
+    type Delivery = RedisDelivery<T>;
+
+    fn try_recv(&mut self) -> Result<RedisDelivery<T>, TryRecvError> {
+        self.step(Budget::Once)
+    }
+
+    fn recv(&mut self) -> Result<Option<RedisDelivery<T>>, RecvError> {
+        match self.recv_until(None) {
+            Ok(d) => Ok(d),
+            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
+            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
+            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
+        }
+    }
+
+    fn recv_deadline(&mut self, deadline: Instant) -> Result<Option<RedisDelivery<T>>, RecvTimeoutError> {
+        self.recv_until(Some(deadline))
+    }
+
+    fn recv_async(&mut self) -> impl Future<Output = Result<Option<RedisDelivery<T>>, RecvError>> + Send + '_ {
+        poll_fn(move |cx| self.poll_recv(cx))
+    }
+
+    fn is_empty(&self) -> bool {
+        match self.lane.stats(&self.shared.pool, Budget::Once) {
+            Ok(st) => st.queued == 0 && st.released == 0,
+            Err(_) => false,
+        }
+    }
+
+    fn is_detached(&self) -> bool {
+        self.check_detached()
+    }
+}
+
+impl<T> Drop for RedisConsumer<T> {
+    fn drop(&mut self) {
+        // Give the attachment up, so that a polite `attach` may take the lane (and, with it,
+        // this consumer's outstanding deliveries) at once.
+        if let Some(claim) = self.shared.pool.claim_value(self.token) {
+            if !self.detached {
+                let _ = self.lane.release(&self.shared.pool, "holder", &claim);
+            }
+        }
+        self.shared.pool.forget(self.token);
+    }
+}
+
+impl<T> fmt::Debug for RedisConsumer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConsumer")
+            .field("lane", &self.lane.base)
+            .field("epoch", &self.epoch)
+            .field("detached", &self.detached)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One item received from Redis, decoded (and validated) from its entry, with the right to ack
+/// or nack it. Dropping it un-acked nacks it ([L6](crate::contract#l6)).
+///
+/// Unlike the in-memory delivery it holds its own copy of the item: a stale delivery (its
+/// consumer detached) pins nothing in the lane.
+pub struct RedisDelivery<T> {
+    item: T,
+    n: u64,
+    attempt: u32,
+    epoch: u64,
+    shared: Arc<Shared>,
+    lane: Arc<LaneDef>,
+    unsent: Unsent,
+    done: bool,
+}
+
+impl<T> RedisDelivery<T> {
+    /// The delivered item.
+    pub fn item(&self) -> &T {
+        &self.item
+    }
+
+    /// Which delivery of the item this is: 1 for the first.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The entry number of the item in its lane's Redis stream (its entry id is `<n>-0`).
+    pub fn entry(&self) -> u64 {
+        self.n
+    }
+
+    fn release(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let (epoch, n, attempt) = (self.epoch, self.n, self.attempt);
+        if self.lane.nack(&self.shared.pool, Budget::Once, epoch, n, attempt).is_err() {
+            lock(&self.unsent).push((epoch, n, attempt));
+        }
+    }
+}
+
+impl<T: RedisItem> LaneDelivery<T> for RedisDelivery<T> {
+    fn item(&self) -> &T {
+        &self.item
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    fn position(&self) -> Option<Position> {
+        self.item.position()
+    }
+
+    fn ack(mut self) -> Result<(), AckError> {
+        self.done = true;
+        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n) {
+            Ok(Acked::Done) => Ok(()),
+            Ok(Acked::Detached) => Err(AckError::Detached),
+            Ok(Acked::Unknown) => Err(AckError::Backend(BackendError::Connection)),
+            Err(e) => Err(AckError::Backend(e)),
+        }
+    }
+
+    fn nack(mut self) {
+        self.release();
+    }
+}
+
+impl<T> Drop for RedisDelivery<T> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for RedisDelivery<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisDelivery")
+            .field("item", &self.item)
+            .field("entry", &self.n)
+            .field("attempt", &self.attempt)
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+// ----- the async waits' helper thread ---------------------------------------------------------
+
+struct WaitInner {
+    /// The wake-up key to wait on, while armed.
+    key: Option<String>,
+    waker: Option<Waker>,
+    stop: bool,
+}
+
+struct WaitState {
+    inner: Mutex<WaitInner>,
+    cv: Condvar,
+}
+
+/// A helper thread that waits on a wake-up key for an async receive or publish, then wakes
+/// the task. One per end, started on its first async wait, stopped when the end is dropped.
+///
+/// No wake-up is lost: the task tried the operation before arming, and everything that could
+/// make it succeed pushes a token after changing the lane, which stays in the list until a
+/// wait takes it; each wait lasts at most the stream's wait slice, after which the task is
+/// woken anyway and tries again.
+pub(crate) struct Waiter {
+    state: Arc<WaitState>,
+}
+
+impl Waiter {
+    pub(crate) fn new(shared: Arc<Shared>) -> Waiter {
+        let state = Arc::new(WaitState {
+            inner: Mutex::new(WaitInner { key: None, waker: None, stop: false }),
+            cv: Condvar::new(),
+        });
+        let st = state.clone();
+        thread::Builder::new()
+            .name("lanestream-redis-wait".into())
+            .spawn(move || loop {
+                let key = {
+                    let mut inner = lock(&st.inner);
+                    loop {
+                        if inner.stop {
+                            return;
+                        }
+                        if let Some(k) = inner.key.clone() {
+                            break k;
+                        }
+                        inner = st.cv.wait(inner).unwrap_or_else(|p| p.into_inner());
+                    }
+                };
+                let slice = shared.pool.settings.wait_slice;
+                if shared.pool.wait_token(&key, slice).is_err() {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                let waker = {
+                    let mut inner = lock(&st.inner);
+                    inner.key = None;
+                    inner.waker.take()
+                };
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            })
+            .expect("spawn the lanestream redis wait thread");
+        Waiter { state }
+    }
+
+    /// Waits on `key` and wakes `waker` (replacing any earlier one) when it is rung.
+    pub(crate) fn arm(&self, key: String, waker: &Waker) {
+        let mut inner = lock(&self.state.inner);
+        inner.key = Some(key);
+        match &mut inner.waker {
+            Some(w) if w.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+        self.state.cv.notify_one();
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        lock(&self.state.inner).stop = true;
+        self.state.cv.notify_one();
+    }
+}

@@ -1,0 +1,423 @@
+//! One lane's keys in Redis and the operations on them: each a script (see `scripts`), with its
+//! reply parsed into a plain enum for the ends.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ::redis::{RedisResult, Script, Value};
+
+use super::conn::{Budget, Pool};
+use super::scripts;
+use crate::error::BackendError;
+use crate::lane::LaneStats;
+use crate::name::SinkName;
+use crate::position::Position;
+
+/// The compiled scripts (hashed once; loaded into the server on first use).
+pub(crate) struct Scripts {
+    publish: Script,
+    receive: Script,
+    ack: Script,
+    nack: Script,
+    attach: Script,
+    claim_producer: Script,
+    release: Script,
+    close: Script,
+    stats: Script,
+}
+
+pub(crate) fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| {
+        let s = |body| Script::new(&scripts::source(body));
+        Scripts {
+            publish: s(scripts::PUBLISH),
+            receive: s(scripts::RECEIVE),
+            ack: s(scripts::ACK),
+            nack: s(scripts::NACK),
+            attach: s(scripts::ATTACH),
+            claim_producer: s(scripts::CLAIM_PRODUCER),
+            release: s(scripts::RELEASE_CLAIM),
+            close: s(scripts::CLOSE),
+            stats: s(scripts::STATS),
+        }
+    })
+}
+
+/// A position as Redis stores it: 20 zero-padded digits, so that string order is number order.
+pub(crate) fn pad(p: Option<Position>) -> String {
+    p.map_or_else(String::new, |p| format!("{:020}", p.0))
+}
+
+fn unpad(s: &[u8]) -> Option<Position> {
+    std::str::from_utf8(s).ok().and_then(|s| s.parse::<u64>().ok()).map(Position)
+}
+
+/// The pieces of a script's reply.
+fn items(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(items) => items,
+        _ => &[],
+    }
+}
+
+fn text(v: &Value) -> &[u8] {
+    match v {
+        Value::BulkString(b) => b,
+        Value::SimpleString(s) => s.as_bytes(),
+        _ => b"",
+    }
+}
+
+fn int(v: &Value) -> u64 {
+    match v {
+        Value::Int(i) => (*i).max(0) as u64,
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// A malformed reply: a server-side failure as far as the caller is concerned.
+fn malformed(pool: &Pool, what: &str, v: &Value) -> BackendError {
+    pool.record(format!("lanestream: unexpected reply to {what}: {v:?}"));
+    BackendError::Server
+}
+
+/// What a publish did.
+pub(crate) enum Published {
+    /// Published (or found already published by an earlier try of the same publish).
+    Done,
+    Full,
+    Closed,
+    Regressed(Position),
+    /// A newer producer holds the lane.
+    Fenced,
+}
+
+/// What a receive found.
+pub(crate) enum Received {
+    Item { n: u64, attempt: u32, payload: Vec<u8> },
+    Empty,
+    Closed,
+    Detached,
+}
+
+/// What an ack did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Acked {
+    Done,
+    Detached,
+    /// A retried ack found the epoch changed and the item acked: maybe by the first try, maybe
+    /// by the new consumer after a redelivery.
+    Unknown,
+}
+
+/// Who publishes: the lane's claimed producer (epoch-fenced, exactly once per publish count)
+/// or a request sender.
+#[derive(Clone, Copy)]
+pub(crate) enum Publisher {
+    Producer { epoch: u64, published_after: u64 },
+    Sender,
+}
+
+/// One lane's keys and constants.
+pub(crate) struct LaneDef {
+    /// The sink, or `None` for the request lane.
+    pub(crate) sink: Option<SinkName>,
+    /// The lane's base key (also its hash).
+    pub(crate) base: String,
+    ids: String,
+    rel: String,
+    ack: String,
+    pub(crate) log: String,
+    pub(crate) meta: String,
+    pub(crate) group: String,
+    seq_field: &'static str,
+    trim_field: &'static str,
+    /// How many entries past the lane's newest a publish looks through for the same payload.
+    scan: u32,
+    /// The ids keys of every lane that shares this lane's log (for the trim floor).
+    pub(crate) trim_ids: Vec<String>,
+    pub(crate) capacity: usize,
+}
+
+/// The consumer name every delivery of a lane's group goes to (epochs, not names, tell the
+/// consumers apart).
+const CONSUMER: &str = "consumer";
+
+impl LaneDef {
+    /// A sink lane of the stream whose hash-tagged prefix is `prefix`.
+    pub(crate) fn sink(prefix: &str, sink: SinkName, capacity: usize) -> LaneDef {
+        let base = format!("{prefix}:l:{sink}");
+        LaneDef {
+            ids: format!("{base}:ids"),
+            rel: format!("{base}:rel"),
+            ack: format!("{base}:ack"),
+            log: format!("{prefix}:log"),
+            meta: format!("{prefix}:meta"),
+            group: sink.as_str().to_owned(),
+            seq_field: "seq",
+            trim_field: "trim",
+            scan: 16,
+            trim_ids: Vec::new(),
+            capacity,
+            sink: Some(sink),
+            base,
+        }
+    }
+
+    /// The request lane of the stream whose prefix is `prefix`.
+    pub(crate) fn requests(prefix: &str, capacity: usize) -> LaneDef {
+        let base = format!("{prefix}:r");
+        LaneDef {
+            ids: format!("{base}:ids"),
+            rel: format!("{base}:rel"),
+            ack: format!("{base}:ack"),
+            log: format!("{prefix}:req"),
+            meta: format!("{prefix}:meta"),
+            group: "ingest".to_owned(),
+            seq_field: "rseq",
+            trim_field: "rtrim",
+            scan: 0,
+            trim_ids: vec![format!("{base}:ids")],
+            capacity,
+            sink: None,
+            base,
+        }
+    }
+
+    pub(crate) fn ids_key(&self) -> &str {
+        &self.ids
+    }
+
+    /// The consumer wake-up key of `epoch`.
+    pub(crate) fn bell(&self, epoch: u64) -> String {
+        format!("{}:bell:{epoch}", self.base)
+    }
+
+    /// The publishers' wake-up key.
+    pub(crate) fn pbell(&self) -> String {
+        format!("{}:pbell", self.base)
+    }
+
+    pub(crate) fn publish(
+        &self,
+        pool: &Pool,
+        budget: Budget,
+        who: Publisher,
+        payload: &[u8],
+        position: Option<Position>,
+    ) -> Result<Published, BackendError> {
+        let (mode, epoch, after) = match who {
+            Publisher::Producer { epoch, published_after } => ("p", epoch, published_after),
+            Publisher::Sender => ("s", 0, 0),
+        };
+        let pos = pad(position);
+        let v: Value = pool.run(budget, |c, _| {
+            scripts()
+                .publish
+                .key(&self.base)
+                .key(&self.ids)
+                .key(&self.log)
+                .key(&self.meta)
+                .arg(&self.base)
+                .arg(mode)
+                .arg(epoch)
+                .arg(after)
+                .arg(payload)
+                .arg(&pos)
+                .arg(self.seq_field)
+                .arg(self.scan)
+                .invoke(c)
+        })?;
+        let r = items(&v);
+        Ok(match r.first().map(text) {
+            Some(b"ok" | b"dup") => Published::Done,
+            Some(b"full") => Published::Full,
+            Some(b"closed") => Published::Closed,
+            Some(b"fenced") => Published::Fenced,
+            Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
+                Some(last) => Published::Regressed(last),
+                None => return Err(malformed(pool, "publish", &v)),
+            },
+            _ => return Err(malformed(pool, "publish", &v)),
+        })
+    }
+
+    pub(crate) fn receive(
+        &self,
+        pool: &Pool,
+        budget: Budget,
+        epoch: u64,
+        request: u64,
+    ) -> Result<Received, BackendError> {
+        let v: Value = pool.run(budget, |c, _| {
+            scripts()
+                .receive
+                .key(&self.base)
+                .key(&self.ids)
+                .key(&self.rel)
+                .key(&self.log)
+                .arg(&self.base)
+                .arg(&self.group)
+                .arg(CONSUMER)
+                .arg(epoch)
+                .arg(request)
+                .invoke(c)
+        })?;
+        let r = items(&v);
+        Ok(match r.first().map(text) {
+            Some(b"item") if r.len() == 4 => {
+                let payload = match &r[3] {
+                    Value::BulkString(b) => b.clone(),
+                    _ => return Err(malformed(pool, "receive", &v)),
+                };
+                Received::Item { n: int(&r[1]), attempt: int(&r[2]).min(u32::MAX as u64) as u32, payload }
+            }
+            Some(b"empty") => Received::Empty,
+            Some(b"closed") => Received::Closed,
+            Some(b"detached") => Received::Detached,
+            _ => return Err(malformed(pool, "receive", &v)),
+        })
+    }
+
+    pub(crate) fn ack(&self, pool: &Pool, budget: Budget, epoch: u64, n: u64) -> Result<Acked, BackendError> {
+        let v: Value = pool.run(budget, |c, tries| {
+            let mut inv = scripts().ack.prepare_invoke();
+            inv.key(&self.base).key(&self.ids).key(&self.rel).key(&self.ack).key(&self.log).key(&self.meta);
+            inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(if tries > 0 { "1" } else { "0" });
+            inv.arg(self.seq_field).arg(self.trim_field);
+            for ids in &self.trim_ids {
+                inv.arg(ids);
+            }
+            inv.invoke(c)
+        })?;
+        Ok(match items(&v).first().map(text) {
+            Some(b"ok") => Acked::Done,
+            Some(b"detached") => Acked::Detached,
+            Some(b"unknown") => Acked::Unknown,
+            _ => return Err(malformed(pool, "ack", &v)),
+        })
+    }
+
+    /// Releases entry `n` (delivered as `attempt`) for redelivery; a stale nack does nothing.
+    pub(crate) fn nack(&self, pool: &Pool, budget: Budget, epoch: u64, n: u64, attempt: u32) -> Result<(), BackendError> {
+        pool.run(budget, |c, _| {
+            scripts()
+                .nack
+                .key(&self.base)
+                .key(&self.rel)
+                .key(&self.ack)
+                .key(&self.log)
+                .arg(&self.base)
+                .arg(&self.group)
+                .arg(epoch)
+                .arg(n)
+                .arg(attempt)
+                .invoke::<Value>(c)
+        })
+        .map(drop)
+    }
+
+    /// Attaches (`polite`: only while the holder is still `expected`) or re-attaches a consumer
+    /// under claim `claim`: `Ok(Ok(epoch))`, or `Ok(Err(holder))` if another holds the lane.
+    pub(crate) fn attach(
+        &self,
+        pool: &Pool,
+        polite: bool,
+        expected: &str,
+        claim: &str,
+    ) -> Result<Result<u64, String>, BackendError> {
+        let v: Value = pool.run(Budget::Retry, |c, _| {
+            scripts()
+                .attach
+                .key(&self.base)
+                .key(&self.rel)
+                .key(&self.log)
+                .arg(&self.base)
+                .arg(&self.group)
+                .arg(if polite { "attach" } else { "reattach" })
+                .arg(expected)
+                .arg(claim)
+                .invoke(c)
+        })?;
+        let r = items(&v);
+        match r.first().map(text) {
+            Some(b"ok") if r.len() == 2 => Ok(Ok(int(&r[1]))),
+            Some(b"busy") if r.len() == 2 => Ok(Err(String::from_utf8_lossy(text(&r[1])).into_owned())),
+            _ => Err(malformed(pool, "attach", &v)),
+        }
+    }
+
+    /// Claims the producer: `Ok(Ok((epoch, published, last position)))`, or `Ok(Err(holder))`.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn claim_producer(
+        &self,
+        pool: &Pool,
+        expected: &str,
+        claim: &str,
+    ) -> Result<Result<(u64, u64, Option<Position>), String>, BackendError> {
+        let v: Value = pool.run(Budget::Retry, |c, _| {
+            scripts().claim_producer.key(&self.base).arg(expected).arg(claim).invoke(c)
+        })?;
+        let r = items(&v);
+        match r.first().map(text) {
+            Some(b"ok") if r.len() == 4 => Ok(Ok((int(&r[1]), int(&r[2]), unpad(text(&r[3]))))),
+            Some(b"busy") if r.len() == 2 => Ok(Err(String::from_utf8_lossy(text(&r[1])).into_owned())),
+            _ => Err(malformed(pool, "claim", &v)),
+        }
+    }
+
+    /// Gives up claim `claim` under `field` (`holder` or `ph`) if Redis still holds it.
+    pub(crate) fn release(&self, pool: &Pool, field: &str, claim: &str) -> Result<(), BackendError> {
+        pool.run(Budget::Once, |c, _| scripts().release.key(&self.base).arg(field).arg(claim).invoke::<i64>(c))
+            .map(drop)
+    }
+
+    /// One field of the lane's hash.
+    pub(crate) fn field(&self, pool: &Pool, budget: Budget, field: &str) -> Result<Option<String>, BackendError> {
+        pool.run(budget, |c, _| ::redis::cmd("HGET").arg(&self.base).arg(field).query(c))
+    }
+
+    pub(crate) fn close(&self, pool: &Pool, budget: Budget) -> Result<(), BackendError> {
+        pool.run(budget, |c, _| scripts().close.key(&self.base).arg(&self.base).invoke::<i64>(c)).map(drop)
+    }
+
+    pub(crate) fn stats(&self, pool: &Pool, budget: Budget) -> Result<LaneStats, BackendError> {
+        let v: Value = pool.run(budget, |c, _| scripts().stats.key(&self.base).key(&self.rel).invoke(c))?;
+        let r = items(&v);
+        if r.len() != 11 {
+            return Err(malformed(pool, "stats", &v));
+        }
+        let (published, read, acked_items) = (int(&r[1]), int(&r[2]), int(&r[3]));
+        let released = int(&r[10]);
+        Ok(LaneStats {
+            capacity: self.capacity,
+            queued: published.saturating_sub(read),
+            released,
+            in_flight: read.saturating_sub(acked_items).saturating_sub(released),
+            delivered: int(&r[4]),
+            redelivered: int(&r[5]),
+            published,
+            acked_items,
+            pinned: 0,
+            last_published: unpad(text(&r[6])),
+            acked: unpad(text(&r[7])),
+            closed: text(&r[8]) == b"1",
+        })
+    }
+
+    /// Waits (at most `timeout`) for a wake-up token on `key`.
+    pub(crate) fn wait(&self, pool: &Pool, key: &str, timeout: Duration) -> Result<bool, BackendError> {
+        pool.wait_token(key, timeout)
+    }
+}
+
+/// Runs a plain command, for the stream's set-up and reads.
+pub(crate) fn query<T: ::redis::FromRedisValue>(
+    pool: &Pool,
+    budget: Budget,
+    mut f: impl FnMut(&mut ::redis::Connection) -> RedisResult<T>,
+) -> Result<T, BackendError> {
+    pool.run(budget, |c, _| f(c))
+}

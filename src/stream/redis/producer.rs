@@ -1,0 +1,294 @@
+//! [`RedisProducer`] (a sink lane's publishing end) and [`RedisRequestSender`] (the request
+//! lane's senders).
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::thread;
+use std::time::Instant;
+
+use super::consumer::Waiter;
+use super::conn::Budget;
+use super::lane::{LaneDef, Published, Publisher};
+use super::stream::Shared;
+use super::RedisItem;
+use crate::error::{BackendError, PublishError, PublishTimeoutError, TryPublishError};
+use crate::item::{LaneItem, Request};
+use crate::position::Position;
+use crate::stream::port::{LaneProducer, RequestPublisher};
+
+/// One publish step shared by producers and senders: encode, run the publish script, map the
+/// reply. Never waits for room.
+fn publish_step<T: RedisItem>(
+    shared: &Shared,
+    lane: &LaneDef,
+    who: Publisher,
+    item: T,
+    budget: Budget,
+) -> Result<(), TryPublishError<T>> {
+    let position = item.position();
+    if position == Some(Position::RESERVED) {
+        return Err(TryPublishError::InvalidPosition(item));
+    }
+    let bytes = match item.encode() {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            shared.pool.record(format!("lanestream: could not encode: {e}"));
+            return Err(TryPublishError::Backend { item, error: BackendError::Server });
+        }
+    };
+    match lane.publish(&shared.pool, budget, who, &bytes, position) {
+        Ok(Published::Done) => Ok(()),
+        Ok(Published::Full) => Err(TryPublishError::Full(item)),
+        Ok(Published::Closed) => Err(TryPublishError::Closed(item)),
+        Ok(Published::Regressed(last)) => Err(TryPublishError::PositionRegressed {
+            position: position.expect("only positioned items regress"),
+            last,
+            item,
+        }),
+        Ok(Published::Fenced) => Err(TryPublishError::Backend { item, error: BackendError::Fenced }),
+        Err(error) => Err(TryPublishError::Backend { item, error }),
+    }
+}
+
+fn timeout_error<T>(e: TryPublishError<T>) -> PublishTimeoutError<T> {
+    match e {
+        TryPublishError::Full(t) => PublishTimeoutError::Timeout(t),
+        other => match other.into_waitable() {
+            Ok(t) => PublishTimeoutError::Timeout(t),
+            Err(e) => e.into(),
+        },
+    }
+}
+
+/// Publishes `item` with `step`, waiting on `lane`'s publishers' wake-up key while the lane is
+/// full, until `deadline` if any.
+fn publish_until<T>(
+    shared: &Shared,
+    lane: &LaneDef,
+    mut item: T,
+    deadline: Option<Instant>,
+    mut step: impl FnMut(T) -> Result<(), TryPublishError<T>>,
+) -> Result<(), PublishTimeoutError<T>> {
+    let pbell = lane.pbell();
+    loop {
+        match step(item) {
+            Err(TryPublishError::Full(back)) => item = back,
+            other => return other.map_err(timeout_error),
+        }
+        let mut slice = shared.pool.settings.wait_slice;
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PublishTimeoutError::Timeout(item));
+            }
+            slice = slice.min(left);
+        }
+        if lane.wait(&shared.pool, &pbell, slice).is_err() {
+            thread::sleep(shared.pool.settings.backoff_min);
+        }
+    }
+}
+
+fn waitable<T>(e: PublishTimeoutError<T>) -> PublishError<T> {
+    match e {
+        PublishTimeoutError::Timeout(_) => unreachable!("a wait without a deadline never times out"),
+        PublishTimeoutError::Closed(t) => PublishError::Closed(t),
+        PublishTimeoutError::InvalidPosition(t) => PublishError::InvalidPosition(t),
+        PublishTimeoutError::PositionRegressed { item, position, last } => {
+            PublishError::PositionRegressed { item, position, last }
+        }
+        PublishTimeoutError::Backend { item, error } => PublishError::Backend { item, error },
+    }
+}
+
+/// The publishing end of a sink lane over Redis (at most one per lane, across processes:
+/// [L9](crate::contract#l9)).
+///
+/// Claiming it starts a new producer epoch in Redis; every publish carries the epoch and the
+/// lane's publish count, so a publish retried after a lost connection lands once, and a
+/// producer whose claim another process took over (after this one's connection dropped) is
+/// refused with [`BackendError::Fenced`].
+pub struct RedisProducer {
+    shared: Arc<Shared>,
+    lane: Arc<LaneDef>,
+    epoch: u64,
+    /// The lane's publish count, as of this producer's last publish.
+    published: u64,
+    token: u64,
+    waiter: Option<Waiter>,
+}
+
+impl RedisProducer {
+    pub(crate) fn new(shared: Arc<Shared>, lane: Arc<LaneDef>, epoch: u64, published: u64, token: u64) -> Self {
+        RedisProducer { shared, lane, epoch, published, token, waiter: None }
+    }
+
+    fn step(&mut self, item: LaneItem, budget: Budget) -> Result<(), TryPublishError<LaneItem>> {
+        let who = Publisher::Producer { epoch: self.epoch, published_after: self.published + 1 };
+        publish_step(&self.shared, &self.lane, who, item, budget)?;
+        self.published += 1;
+        Ok(())
+    }
+
+    fn poll_publish(
+        &mut self,
+        item: &mut Option<LaneItem>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), PublishError<LaneItem>>> {
+        let Some(it) = item.take() else { return Poll::Ready(Ok(())) };
+        match self.step(it, Budget::Retry) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(TryPublishError::Full(back)) => {
+                *item = Some(back);
+                let shared = self.shared.clone();
+                self.waiter.get_or_insert_with(|| Waiter::new(shared)).arm(self.lane.pbell(), cx.waker());
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(match e.into_waitable() {
+                Ok(_) => unreachable!("Full is handled above"),
+                Err(e) => e,
+            })),
+        }
+    }
+}
+
+impl LaneProducer<LaneItem> for RedisProducer {
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        self.step(item, Budget::Once)
+    }
+
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        self.publish_until(item, None).map_err(waitable)
+    }
+
+    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>> {
+        self.publish_until(item, Some(deadline))
+    }
+
+    fn publish_async(
+        &mut self,
+        item: LaneItem,
+    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
+        let mut item = Some(item);
+        poll_fn(move |cx| self.poll_publish(&mut item, cx))
+    }
+
+    fn close(&self) {
+        let _ = self.lane.close(&self.shared.pool, Budget::Retry);
+    }
+
+    fn is_closed(&self) -> bool {
+        matches!(self.lane.field(&self.shared.pool, Budget::Once, "closed"), Ok(Some(c)) if c == "1")
+    }
+
+    fn capacity(&self) -> usize {
+        self.lane.capacity
+    }
+}
+
+impl RedisProducer {
+    fn publish_until(
+        &mut self,
+        item: LaneItem,
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+        let (shared, lane) = (self.shared.clone(), self.lane.clone());
+        publish_until(&shared, &lane, item, deadline, |item| self.step(item, Budget::Retry))
+    }
+
+    /// Closes the lane, reporting a backend failure (`close` cannot).
+    ///
+    /// # Errors
+    /// [`BackendError`] if Redis could not be reached within the retry budget.
+    pub fn try_close(&self) -> Result<(), BackendError> {
+        self.lane.close(&self.shared.pool, Budget::Retry)
+    }
+}
+
+impl Drop for RedisProducer {
+    fn drop(&mut self) {
+        if let Some(claim) = self.shared.pool.claim_value(self.token) {
+            let _ = self.lane.release(&self.shared.pool, "ph", &claim);
+        }
+        self.shared.pool.forget(self.token);
+    }
+}
+
+impl fmt::Debug for RedisProducer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisProducer")
+            .field("lane", &self.lane.base)
+            .field("epoch", &self.epoch)
+            .field("published", &self.published)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Publishes requests on the request lane over Redis; any number, in any process
+/// ([R1](crate::contract#r1)). Cheap to clone.
+///
+/// A send retried after a lost connection may land twice: requests are at-least-once
+/// ([R2](crate::contract#r2)).
+#[derive(Clone)]
+pub struct RedisRequestSender {
+    shared: Arc<Shared>,
+    lane: Arc<LaneDef>,
+}
+
+impl RedisRequestSender {
+    pub(crate) fn new(shared: Arc<Shared>, lane: Arc<LaneDef>) -> Self {
+        RedisRequestSender { shared, lane }
+    }
+
+    fn step(&self, request: Request, budget: Budget) -> Result<(), TryPublishError<Request>> {
+        publish_step(&self.shared, &self.lane, Publisher::Sender, request, budget)
+    }
+
+    fn until(&self, request: Request, deadline: Option<Instant>) -> Result<(), PublishTimeoutError<Request>> {
+        publish_until(&self.shared, &self.lane, request, deadline, |r| self.step(r, Budget::Retry))
+    }
+}
+
+impl RequestPublisher for RedisRequestSender {
+    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
+        self.step(request, Budget::Once)
+    }
+
+    fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
+        self.until(request, None).map_err(waitable)
+    }
+
+    fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishTimeoutError<Request>> {
+        self.until(request, Some(deadline))
+    }
+
+    fn publish_async(&self, request: Request) -> impl Future<Output = Result<(), PublishError<Request>>> + Send + '_ {
+        // Senders are shared, so each waiting future has a waiter of its own.
+        let mut request = Some(request);
+        let mut waiter: Option<Waiter> = None;
+        poll_fn(move |cx| {
+            let Some(r) = request.take() else { return Poll::Ready(Ok(())) };
+            match self.step(r, Budget::Retry) {
+                Ok(()) => Poll::Ready(Ok(())),
+                Err(TryPublishError::Full(back)) => {
+                    request = Some(back);
+                    let shared = self.shared.clone();
+                    waiter.get_or_insert_with(|| Waiter::new(shared)).arm(self.lane.pbell(), cx.waker());
+                    Poll::Pending
+                }
+                Err(e) => Poll::Ready(Err(match e.into_waitable() {
+                    Ok(_) => unreachable!("Full is handled above"),
+                    Err(e) => e,
+                })),
+            }
+        })
+    }
+}
+
+impl fmt::Debug for RedisRequestSender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRequestSender").field("lane", &self.lane.base).finish()
+    }
+}

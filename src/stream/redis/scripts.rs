@@ -1,0 +1,277 @@
+//! The Lua scripts: every step that reads and then writes a lane's state runs as one script, so
+//! Redis runs it atomically (no other command interleaves), which is what makes the epoch fence
+//! hold: an ack and a re-attach are each one script, so the ack lands before the take-back or
+//! is refused after it, never both.
+//!
+//! # Keys of one lane
+//! A lane's keys share its base `B` (`{P}:l:<sink>` for a sink lane, `{P}:r` for the request
+//! lane; `{P}` is the stream's hash-tagged prefix, so every key of a stream is in one cluster
+//! slot):
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `B` | hash | `cap` capacity; `pub` items published; `last` the lane's newest entry number; `lp` last published position; `rd` newest entry read by the group; `nread` items read; `an` newest entry of the contiguous acked prefix; `ai` items in it; `ap` its position; `dl` deliveries, `rdl` redeliveries; `closed`; `ep` consumer epoch, `holder` its claim; `pe` producer epoch, `ph` its claim; `lq`/`ln`/`la` the last receive (request number, entry, attempt) for a retried receive |
+//! | `B:ids` | sorted set | the lane's unacked entries (and acked ones after an unacked one): score = entry number, member = `n:position` |
+//! | `B:rel` | sorted set | released entries, waiting for redelivery (score = member = entry number) |
+//! | `B:ack` | sorted set | entries acked while an earlier one is out |
+//! | `B:bell:<epoch>` | list | a wake-up token for the consumer of that epoch (at most one) |
+//! | `B:pbell` | list | a wake-up token for waiting publishers (at most one) |
+//!
+//! Entries live in the log stream (`{P}:log` for the sink lanes, all sharing it: one consumer
+//! group per sink lane; `{P}:req` for the request lane, group `ingest`), with id `n-0` for entry
+//! number `n` and fields `d` (the codec's bytes) and `p` (the position, or empty). Positions are
+//! stored as 20-digit zero-padded decimals, so that Lua (whose numbers are doubles) compares
+//! them as strings, exactly.
+
+/// Shared helpers, prepended to every script.
+const PRELUDE: &str = r#"
+local function s(x) return string.format('%d', x) end
+local function num(x) if x then return tonumber(x) else return 0 end end
+local function entry_n(id) return tonumber(string.match(id, '^(%d+)')) end
+local function ring(key) redis.call('LPUSH', key, '1'); redis.call('LTRIM', key, 0, 0) end
+local function is_acked(A, an, n)
+  if n <= an then return true end
+  return redis.call('ZSCORE', A, s(n)) ~= false
+end
+"#;
+
+/// Publish one item.
+///
+/// KEYS: lane hash, ids, log, meta. ARGV: base, mode (`p` a claimed producer, `s` a request
+/// sender), producer epoch, the lane's `pub` after this publish (for `p`: a retried publish
+/// that already landed answers `dup`), payload, position (padded, or empty), the meta field
+/// that numbers the log's entries, how many entries after the lane's newest to look through
+/// for the same payload (published on another lane: shared, not written again).
+pub(crate) const PUBLISH: &str = r#"
+local H, I, L, M = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local base, mode, payload, pos = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
+local h = redis.call('HMGET', H, 'pe', 'pub', 'closed', 'lp', 'ai', 'cap', 'ep', 'last')
+local pub, ai, cap, last = num(h[2]), num(h[5]), num(h[6]), num(h[8])
+local lp = h[4] or ''
+if mode == 'p' then
+  if (h[1] or '') ~= ARGV[3] then return {'fenced'} end
+  local want = tonumber(ARGV[4])
+  if pub == want then return {'dup'} end
+  if pub ~= want - 1 then return {'fenced'} end
+end
+if h[3] == '1' then return {'closed'} end
+if pos ~= '' and lp ~= '' and pos <= lp then return {'regressed', lp} end
+if pub - ai >= cap then return {'full'} end
+local n = nil
+local scan = tonumber(ARGV[8])
+if scan > 0 then
+  local es = redis.call('XRANGE', L, '(' .. s(last) .. '-0', '+', 'COUNT', scan)
+  for _, e in ipairs(es) do
+    if e[2][2] == payload then n = entry_n(e[1]); break end
+  end
+end
+if not n then
+  n = redis.call('HINCRBY', M, ARGV[7], 1)
+  redis.call('XADD', L, s(n) .. '-0', 'd', payload, 'p', pos)
+end
+redis.call('ZADD', I, n, s(n) .. ':' .. pos)
+redis.call('HSET', H, 'pub', pub + 1, 'last', n)
+if pos ~= '' then redis.call('HSET', H, 'lp', pos) end
+ring(base .. ':bell:' .. (h[7] or '0'))
+if mode == 's' and pub + 1 - ai < cap then ring(base .. ':pbell') end
+return {'ok', n}
+"#;
+
+/// Receive one item: a released one first (lowest entry first), else the next new one.
+///
+/// KEYS: lane hash, ids, released, log. ARGV: base, group, consumer name, epoch, request number
+/// (a retried request whose reply was lost gets the same delivery again).
+pub(crate) const RECEIVE: &str = r#"
+local H, I, R, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, consumer, rq = ARGV[2], ARGV[3], ARGV[5]
+local h = redis.call('HMGET', H, 'ep', 'lq', 'ln', 'la', 'rd', 'last', 'closed')
+if (h[1] or '0') ~= ARGV[4] then return {'detached'} end
+if h[2] == rq then
+  local e = redis.call('XRANGE', L, h[3] .. '-0', h[3] .. '-0')
+  return {'item', tonumber(h[3]), tonumber(h[4]), e[1][2][2]}
+end
+local n, attempt, payload
+local r = redis.call('ZRANGE', R, 0, 0)
+if r[1] then
+  n = tonumber(r[1])
+  redis.call('ZREM', R, r[1])
+  local c = redis.call('XCLAIM', L, group, consumer, 0, s(n) .. '-0')
+  payload = c[1][2][2]
+  local p = redis.call('XPENDING', L, group, s(n) .. '-0', s(n) .. '-0', 1)
+  attempt = p[1][4]
+  redis.call('HINCRBY', H, 'rdl', 1)
+else
+  local rd = num(h[5])
+  local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(rd), '+inf', 'LIMIT', 0, 1)
+  if not nx[1] then
+    if h[7] == '1' then return {'closed'} end
+    return {'empty'}
+  end
+  n = entry_n(nx[1])
+  if n > rd + 1 then redis.call('XGROUP', 'SETID', L, group, s(n - 1) .. '-0') end
+  local e = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', L, '>')
+  local entry = e and e[1][2][1]
+  if not entry or entry_n(entry[1]) ~= n then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
+  payload = entry[2][2]
+  attempt = 1
+  redis.call('HSET', H, 'rd', n)
+  redis.call('HINCRBY', H, 'nread', 1)
+end
+redis.call('HINCRBY', H, 'dl', 1)
+redis.call('HSET', H, 'lq', rq, 'ln', n, 'la', attempt)
+return {'item', n, attempt, payload}
+"#;
+
+/// Ack entry `n`: fenced by the epoch; advances the contiguous acked prefix and trims the log
+/// below every lane's prefix.
+///
+/// KEYS: lane hash, ids, released, acked, log, meta. ARGV: base, group, epoch, n, retry (`1`
+/// when the first try's reply was lost), the meta field that numbers the log's entries, the
+/// meta field of the log's trim floor, then the ids keys of every lane sharing the log.
+pub(crate) const ACK: &str = r#"
+local H, I, R, A, L, M = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local base, group, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local h = redis.call('HMGET', H, 'ep', 'an')
+local an = num(h[2])
+if (h[1] or '0') ~= ARGV[3] then
+  if ARGV[5] == '1' and is_acked(A, an, n) then return {'unknown'} end
+  return {'detached'}
+end
+if is_acked(A, an, n) then return {'ok'} end
+redis.call('XACK', L, group, s(n) .. '-0')
+redis.call('ZREM', R, s(n))
+redis.call('ZADD', A, n, s(n))
+local moved, ap = 0, nil
+while true do
+  local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(an), '+inf', 'LIMIT', 0, 1)
+  if not nx[1] then break end
+  local k = entry_n(nx[1])
+  if redis.call('ZREM', A, s(k)) == 0 then break end
+  an = k
+  moved = moved + 1
+  local p = string.match(nx[1], ':(.*)$')
+  if p ~= '' then ap = p end
+end
+if moved > 0 then
+  redis.call('HSET', H, 'an', an)
+  redis.call('HINCRBY', H, 'ai', moved)
+  if ap then redis.call('HSET', H, 'ap', ap) end
+  redis.call('ZREMRANGEBYSCORE', I, '-inf', an)
+  ring(base .. ':pbell')
+  local floor = num(redis.call('HGET', M, ARGV[6]))
+  for i = 8, #ARGV do
+    local f = redis.call('ZRANGE', ARGV[i], 0, 0, 'WITHSCORES')
+    if f[1] then floor = math.min(floor, tonumber(f[2]) - 1) end
+  end
+  if floor > num(redis.call('HGET', M, ARGV[7])) then
+    redis.call('XTRIM', L, 'MINID', s(floor + 1) .. '-0')
+    redis.call('HSET', M, ARGV[7], floor)
+  end
+end
+return {'ok'}
+"#;
+
+/// Nack entry `n` (delivered as `attempt`): releases it for redelivery before anything new. A
+/// stale (other epoch), repeated or out-of-date nack releases nothing.
+///
+/// KEYS: lane hash, released, acked, log. ARGV: base, group, epoch, n, attempt.
+pub(crate) const NACK: &str = r#"
+local H, R, A, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local base, group, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local h = redis.call('HMGET', H, 'ep', 'an')
+if (h[1] or '0') ~= ARGV[3] then return {'detached'} end
+if is_acked(A, num(h[2]), n) then return {'acked'} end
+if redis.call('ZSCORE', R, s(n)) then return {'released'} end
+local p = redis.call('XPENDING', L, group, s(n) .. '-0', s(n) .. '-0', 1)
+if not p[1] or s(p[1][4]) ~= ARGV[5] then return {'stale'} end
+redis.call('ZADD', R, n, s(n))
+ring(base .. ':bell:' .. h[1])
+return {'ok'}
+"#;
+
+/// Attach (`attach`: only if the claim is still `expected`) or re-attach (`reattach`: always) a
+/// consumer: a new epoch, every pending entry released (taken back from the previous consumer,
+/// whose acks are refused from now on), the previous consumer woken.
+///
+/// KEYS: lane hash, released, log. ARGV: base, group, mode, expected claim, new claim.
+pub(crate) const ATTACH: &str = r#"
+local H, R, L = KEYS[1], KEYS[2], KEYS[3]
+local base, group, mode = ARGV[1], ARGV[2], ARGV[3]
+local cur = redis.call('HGET', H, 'holder') or ''
+if cur == ARGV[5] then return {'ok', tonumber(redis.call('HGET', H, 'ep'))} end
+if mode == 'attach' and cur ~= ARGV[4] then return {'busy', cur} end
+local old = redis.call('HGET', H, 'ep') or '0'
+local ep = redis.call('HINCRBY', H, 'ep', 1)
+local start = '-'
+while true do
+  local p = redis.call('XPENDING', L, group, start, '+', 1000)
+  if not p[1] then break end
+  for _, e in ipairs(p) do
+    local n = entry_n(e[1])
+    redis.call('ZADD', R, n, s(n))
+    start = '(' .. e[1]
+  end
+end
+redis.call('HSET', H, 'holder', ARGV[5], 'lq', '', 'ln', '', 'la', '')
+local oldbell = base .. ':bell:' .. old
+ring(oldbell)
+redis.call('PEXPIRE', oldbell, 60000)
+return {'ok', ep}
+"#;
+
+/// Claim the producer of a lane (only if the claim is still `expected`): a new producer epoch
+/// that fences the previous producer's publishes off.
+///
+/// KEYS: lane hash. ARGV: expected claim, new claim.
+pub(crate) const CLAIM_PRODUCER: &str = r#"
+local H = KEYS[1]
+local cur = redis.call('HGET', H, 'ph') or ''
+local h
+if cur ~= ARGV[2] then
+  if cur ~= ARGV[1] then return {'busy', cur} end
+  redis.call('HINCRBY', H, 'pe', 1)
+  redis.call('HSET', H, 'ph', ARGV[2])
+end
+h = redis.call('HMGET', H, 'pe', 'pub', 'lp')
+return {'ok', tonumber(h[1]), num(h[2]), h[3] or ''}
+"#;
+
+/// Give a claim up (a dropped end), if it is still ours.
+///
+/// KEYS: lane hash. ARGV: field, our claim.
+pub(crate) const RELEASE_CLAIM: &str = r#"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], '') return 1 end
+return 0
+"#;
+
+/// Move a claim from a dead connection's id to a new one (after a reconnect), if still ours.
+///
+/// KEYS: lane hash. ARGV: field, old claim, new claim.
+pub(crate) const MOVE_CLAIM: &str = r#"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 end
+return 0
+"#;
+
+/// Close a lane and wake everyone waiting on it.
+///
+/// KEYS: lane hash. ARGV: base.
+pub(crate) const CLOSE: &str = r#"
+redis.call('HSET', KEYS[1], 'closed', '1')
+ring(ARGV[1] .. ':bell:' .. (redis.call('HGET', KEYS[1], 'ep') or '0'))
+ring(ARGV[1] .. ':pbell')
+return 1
+"#;
+
+/// A lane's counters, read together.
+///
+/// KEYS: lane hash, released. Returns the hash fields then the number released.
+pub(crate) const STATS: &str = r#"
+local h = redis.call('HMGET', KEYS[1], 'cap', 'pub', 'nread', 'ai', 'dl', 'rdl', 'lp', 'ap', 'closed', 'ep')
+table.insert(h, redis.call('ZCARD', KEYS[2]))
+return h
+"#;
+
+/// Each script with the prelude.
+pub(crate) fn source(body: &str) -> String {
+    format!("{PRELUDE}{body}")
+}

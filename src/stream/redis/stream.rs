@@ -1,0 +1,491 @@
+//! [`RedisStream`] and its builder: the [`Stream`] port over Redis Streams.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::consumer::RedisConsumer;
+use super::conn::{Budget, Pool, Settings};
+use super::lane::{query, LaneDef};
+use super::lock;
+use super::producer::{RedisProducer, RedisRequestSender};
+use crate::error::{BackendError, BuildError, StreamError};
+use crate::item::{LaneItem, Request};
+use crate::lane::{check_capacity, LaneStats};
+use crate::name::SinkName;
+use crate::position::Position;
+use crate::stream::port::Stream;
+
+/// What every end of one stream shares: the connections and the lanes' keys.
+pub(crate) struct Shared {
+    pub(crate) pool: Pool,
+    sinks: Box<[SinkName]>,
+    lanes: Box<[Arc<LaneDef>]>,
+    requests: Arc<LaneDef>,
+    /// The highest watermark read, returned while Redis cannot be reached.
+    watermark: Mutex<Option<Position>>,
+    /// The last request-lane stats read, returned while Redis cannot be reached.
+    request_stats: Mutex<Option<LaneStats>>,
+}
+
+impl Shared {
+    /// Attaches (`polite`) or re-attaches a consumer of `lane` under claim `token`.
+    pub(crate) fn attach_lane(&self, lane: &LaneDef, polite: bool, token: u64) -> Result<u64, StreamError> {
+        let busy = || match &lane.sink {
+            Some(sink) => StreamError::ConsumerAttached(sink.clone()),
+            None => StreamError::RequestConsumerAttached,
+        };
+        let claim = self.pool.claim(token, &lane.base, "holder").map_err(StreamError::Backend)?;
+        let result = (|| {
+            for _ in 0..8 {
+                let expected = if polite {
+                    let holder = lane.field(&self.pool, Budget::Retry, "holder").map_err(StreamError::Backend)?;
+                    let holder = holder.unwrap_or_default();
+                    if holder == claim {
+                        holder
+                    } else if self.pool.holder_alive(&holder).map_err(StreamError::Backend)? {
+                        return Err(busy());
+                    } else {
+                        holder
+                    }
+                } else {
+                    String::new()
+                };
+                match lane.attach(&self.pool, polite, &expected, &claim).map_err(StreamError::Backend)? {
+                    Ok(epoch) => return Ok(epoch),
+                    Err(_) => continue, // the holder changed under us: look again
+                }
+            }
+            Err(busy())
+        })();
+        if result.is_err() {
+            self.pool.forget(token);
+        }
+        result
+    }
+
+    fn claim_producer(&self, lane: &LaneDef, token: u64) -> Result<(u64, u64), StreamError> {
+        let sink = lane.sink.clone().expect("sink lanes have producers");
+        let claim = self.pool.claim(token, &lane.base, "ph").map_err(StreamError::Backend)?;
+        let result = (|| {
+            for _ in 0..8 {
+                let holder = lane.field(&self.pool, Budget::Retry, "ph").map_err(StreamError::Backend)?;
+                let holder = holder.unwrap_or_default();
+                if holder != claim && self.pool.holder_alive(&holder).map_err(StreamError::Backend)? {
+                    return Err(StreamError::ProducerBusy(sink.clone()));
+                }
+                match lane.claim_producer(&self.pool, &holder, &claim).map_err(StreamError::Backend)? {
+                    Ok((epoch, published, _last)) => return Ok((epoch, published)),
+                    Err(_) => continue,
+                }
+            }
+            Err(StreamError::ProducerBusy(sink.clone()))
+        })();
+        if result.is_err() {
+            self.pool.forget(token);
+        }
+        result
+    }
+}
+
+/// Builds a [`RedisStream`]: the server, the stream's name, the capacities and the sinks.
+///
+/// ```no_run
+/// use lanestream::{RedisStream, Stream};
+/// let stream = RedisStream::builder("redis://127.0.0.1:6379", "orders_pipeline")
+///     .capacity(256)
+///     .sinks(["search", "cache"])
+///     .build()?;
+/// assert_eq!(stream.sinks().len(), 2);
+/// # Ok::<(), lanestream::BuildError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisStreamBuilder {
+    url: String,
+    name: String,
+    capacity: usize,
+    request_capacity: usize,
+    sinks: Vec<String>,
+    settings: Settings,
+}
+
+impl RedisStreamBuilder {
+    /// The default lane capacity, in items (batches).
+    pub const DEFAULT_CAPACITY: usize = 1024;
+
+    /// A builder for the stream `name` on the server at `url` (`redis://host:port/db`,
+    /// `redis+unix:///path/to/socket`, ...), with the default capacities (1024 per lane, 64 for
+    /// requests) and no sinks.
+    pub fn new(url: impl Into<String>, name: impl Into<String>) -> Self {
+        RedisStreamBuilder {
+            url: url.into(),
+            name: name.into(),
+            capacity: Self::DEFAULT_CAPACITY,
+            request_capacity: 64,
+            sinks: Vec::new(),
+            settings: Settings::default(),
+        }
+    }
+
+    /// Unacked items per sink lane before publishing waits (>= 1). May change between runs.
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Unacked requests in the request lane before senders wait (>= 1).
+    pub fn request_capacity(mut self, capacity: usize) -> Self {
+        self.request_capacity = capacity;
+        self
+    }
+
+    /// Adds a sink (one lane: one consumer group).
+    pub fn sink(mut self, name: impl Into<String>) -> Self {
+        self.sinks.push(name.into());
+        self
+    }
+
+    /// Adds sinks, in order.
+    pub fn sinks<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.sinks.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// How long a waiting operation keeps reconnecting after a lost connection before it returns
+    /// [`BackendError::Connection`] (default 5 s). The never-waiting forms try once.
+    pub fn retry_for(mut self, retry_for: Duration) -> Self {
+        self.settings.retry_for = retry_for;
+        self
+    }
+
+    /// The socket read/write timeout (default 10 s).
+    pub fn io_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.io_timeout = timeout.max(self.settings.wait_slice + Duration::from_secs(1));
+        self
+    }
+
+    /// Connects, checks or creates the stream's keys and groups, and returns the stream. A
+    /// stream of the same name already in Redis (a restarted process) is picked up where it
+    /// was: its entries, pending deliveries and acked positions are kept.
+    ///
+    /// # Errors
+    /// As [`StreamBuilder::build`](crate::StreamBuilder::build), plus
+    /// [`BuildError::InvalidStreamName`] (empty, or holding `{` or `}`),
+    /// [`BuildError::Backend`] (Redis unreachable, or refusing) and [`BuildError::Mismatch`]
+    /// (Redis holds a stream of that name with other sinks).
+    pub fn build(self) -> Result<RedisStream, BuildError> {
+        check_capacity(self.capacity, "sink lanes")?;
+        check_capacity(self.request_capacity, "the request lane")?;
+        if self.name.is_empty() || self.name.contains(['{', '}']) {
+            return Err(BuildError::InvalidStreamName(self.name));
+        }
+        let mut sinks: Vec<SinkName> = Vec::with_capacity(self.sinks.len());
+        for name in self.sinks {
+            let name = SinkName::new(name)?;
+            if sinks.contains(&name) {
+                return Err(BuildError::DuplicateSink(name));
+            }
+            sinks.push(name);
+        }
+        let client = ::redis::Client::open(self.url.as_str()).map_err(|_| BuildError::Backend(BackendError::Server))?;
+        let pool = Pool::new(client, self.settings);
+        let prefix = format!("{{{}}}", self.name);
+        let mut lanes: Vec<LaneDef> =
+            sinks.iter().map(|s| LaneDef::sink(&prefix, s.clone(), self.capacity)).collect();
+        let trim_ids: Vec<String> = lanes.iter().map(|l| l.ids_key().to_owned()).collect();
+        for lane in &mut lanes {
+            lane.trim_ids = trim_ids.clone();
+        }
+        let requests = LaneDef::requests(&prefix, self.request_capacity);
+        let meta = format!("{prefix}:meta");
+        let names = sinks.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",");
+        let backend = BuildError::Backend;
+        let _: i64 = query(&pool, Budget::Retry, |c| {
+            ::redis::cmd("HSETNX").arg(&meta).arg("sinks").arg(&names).query(c)
+        })
+        .map_err(backend)?;
+        let stored: String =
+            query(&pool, Budget::Retry, |c| ::redis::cmd("HGET").arg(&meta).arg("sinks").query(c)).map_err(backend)?;
+        if stored != names {
+            return Err(BuildError::Mismatch(format!(
+                "stream {:?} has sinks [{stored}], this build asked for [{names}]",
+                self.name
+            )));
+        }
+        for lane in lanes.iter().chain([&requests]) {
+            let _: i64 = query(&pool, Budget::Retry, |c| {
+                ::redis::cmd("HSET").arg(&lane.base).arg("cap").arg(lane.capacity).query(c)
+            })
+            .map_err(backend)?;
+            let created: Result<(), BackendError> = query(&pool, Budget::Retry, |c| {
+                match ::redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(&lane.log)
+                    .arg(&lane.group)
+                    .arg("0")
+                    .arg("MKSTREAM")
+                    .query::<()>(c)
+                {
+                    Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+                    other => other,
+                }
+            });
+            created.map_err(backend)?;
+        }
+        pool.anchor_id().map_err(backend)?;
+        let shared = Shared {
+            pool,
+            sinks: sinks.into(),
+            lanes: lanes.into_iter().map(Arc::new).collect(),
+            requests: Arc::new(requests),
+            watermark: Mutex::new(None),
+            request_stats: Mutex::new(None),
+        };
+        Ok(RedisStream { shared: Arc::new(shared), name: self.name })
+    }
+}
+
+/// The [`Stream`] port over Redis Streams (feature `redis`): one Redis stream per pipeline,
+/// shared by every sink lane, one consumer group per sink lane, and a second stream with one
+/// group for the request lane. Cheap to clone; every clone is the same stream. Several
+/// processes may open the same stream (by name) and hold its ends: an ingest engine in one, each
+/// sink engine in its own.
+///
+/// See the README's "Redis backend" section for the layout in Redis and for every difference
+/// from [`MemoryStream`](crate::MemoryStream); [`last_error`](RedisStream::last_error) has the
+/// message behind the last [`BackendError`].
+///
+/// ```no_run
+/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, RedisStream, Stream};
+/// let stream = RedisStream::builder("redis://127.0.0.1:6379", "orders").sink("search").build()?;
+/// let mut producer = stream.producer("search")?;
+/// producer.publish(LaneItem::Batch(Batch::new(Some(Position(7)), Vec::new().into()))).unwrap();
+/// // ...in the sink process (a restarted one re-attaches and gets its unacked batches again):
+/// let mut consumer = stream.reattach("search")?;
+/// consumer.recv()?.unwrap().ack()?;
+/// assert_eq!(stream.watermark(), Some(Position(7)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisStream {
+    shared: Arc<Shared>,
+    name: String,
+}
+
+impl RedisStream {
+    /// A [`RedisStreamBuilder`] for the stream `name` on the server at `url`.
+    pub fn builder(url: impl Into<String>, name: impl Into<String>) -> RedisStreamBuilder {
+        RedisStreamBuilder::new(url, name)
+    }
+
+    /// The stream's name (its keys are `{name}:...`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The message behind the last [`BackendError`] any end of this stream met, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared.pool.last_error()
+    }
+
+    fn lane(&self, sink: &str) -> Result<&Arc<LaneDef>, StreamError> {
+        self.shared
+            .lanes
+            .iter()
+            .find(|l| l.sink.as_ref().is_some_and(|s| s.as_str() == sink))
+            .ok_or_else(|| StreamError::UnknownLane(sink.to_owned()))
+    }
+
+    fn consumer(&self, sink: &str, polite: bool) -> Result<RedisConsumer<LaneItem>, StreamError> {
+        let lane = self.lane(sink)?;
+        let token = self.shared.pool.token();
+        let epoch = self.shared.attach_lane(lane, polite, token)?;
+        Ok(RedisConsumer::new(self.shared.clone(), lane.clone(), Some(epoch), token))
+    }
+
+    /// The watermark, or the error that kept it from being read ([`watermark`](Stream::watermark)
+    /// falls back to the last one read).
+    ///
+    /// # Errors
+    /// [`BackendError`] if Redis could not be reached.
+    pub fn try_watermark(&self) -> Result<Option<Position>, BackendError> {
+        if self.shared.lanes.is_empty() {
+            return Ok(None);
+        }
+        let marks: Vec<Option<String>> = query(&self.shared.pool, Budget::Once, |c| {
+            let mut pipe = ::redis::pipe();
+            for lane in self.shared.lanes.iter() {
+                pipe.cmd("HGET").arg(&lane.base).arg("ap");
+            }
+            pipe.query(c)
+        })?;
+        let mut min: Option<u64> = None;
+        for mark in marks {
+            let Some(p) = mark.and_then(|m| m.parse::<u64>().ok()) else { return Ok(None) };
+            min = Some(min.map_or(p, |m| m.min(p)));
+        }
+        let w = min.map(Position);
+        let mut seen = lock(&self.shared.watermark);
+        if w > *seen {
+            *seen = w;
+        }
+        Ok(w)
+    }
+
+    /// Whether the stream is idle, or the error that kept it from being read
+    /// ([`is_idle`](Stream::is_idle) answers `false` then).
+    ///
+    /// # Errors
+    /// [`BackendError`] if Redis could not be reached.
+    pub fn try_is_idle(&self) -> Result<bool, BackendError> {
+        let counts: Vec<(Option<u64>, Option<u64>)> = query(&self.shared.pool, Budget::Once, |c| {
+            let mut pipe = ::redis::pipe();
+            for lane in self.shared.lanes.iter().chain([&self.shared.requests]) {
+                pipe.cmd("HMGET").arg(&lane.base).arg("pub").arg("ai");
+            }
+            pipe.query(c)
+        })?;
+        Ok(counts.iter().all(|(p, a)| p.unwrap_or(0) == a.unwrap_or(0)))
+    }
+
+    /// The request lane's counters, or the error that kept them from being read.
+    ///
+    /// # Errors
+    /// [`BackendError`] if Redis could not be reached.
+    pub fn try_request_stats(&self) -> Result<LaneStats, BackendError> {
+        let st = self.shared.requests.stats(&self.shared.pool, Budget::Once)?;
+        *lock(&self.shared.request_stats) = Some(st.clone());
+        Ok(st)
+    }
+
+    /// Closes the request lane, reporting a backend failure.
+    ///
+    /// # Errors
+    /// [`BackendError`] if Redis could not be reached within the retry budget.
+    pub fn try_close_requests(&self) -> Result<(), BackendError> {
+        self.shared.requests.close(&self.shared.pool, Budget::Retry)
+    }
+
+    /// Deletes every key of this stream from Redis (entries, groups, lane state): for tests and
+    /// for retiring a pipeline. Ends still alive get errors or empty lanes afterwards.
+    ///
+    /// # Errors
+    /// [`BackendError`] if Redis could not be reached.
+    pub fn delete(&self) -> Result<(), BackendError> {
+        let pattern = format!("{{{}}}:*", self.name);
+        let keys: Vec<String> =
+            query(&self.shared.pool, Budget::Retry, |c| ::redis::cmd("KEYS").arg(&pattern).query(c))?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        query(&self.shared.pool, Budget::Retry, |c| ::redis::cmd("DEL").arg(&keys).query::<i64>(c)).map(drop)
+    }
+}
+
+impl Stream for RedisStream {
+    type Producer = RedisProducer;
+    type Consumer = RedisConsumer<LaneItem>;
+    type RequestSender = RedisRequestSender;
+    type RequestConsumer = RedisConsumer<Request>;
+
+    fn sinks(&self) -> &[SinkName] {
+        &self.shared.sinks
+    }
+
+    fn producer(&self, sink: &str) -> Result<RedisProducer, StreamError> {
+        let lane = self.lane(sink)?;
+        let token = self.shared.pool.token();
+        let (epoch, published) = self.shared.claim_producer(lane, token)?;
+        Ok(RedisProducer::new(self.shared.clone(), lane.clone(), epoch, published, token))
+    }
+
+    fn attach(&self, sink: &str) -> Result<RedisConsumer<LaneItem>, StreamError> {
+        self.consumer(sink, true)
+    }
+
+    fn reattach(&self, sink: &str) -> Result<RedisConsumer<LaneItem>, StreamError> {
+        self.consumer(sink, false)
+    }
+
+    fn close(&self, sink: &str) -> Result<(), StreamError> {
+        self.lane(sink)?.close(&self.shared.pool, Budget::Retry).map_err(StreamError::Backend)
+    }
+
+    fn acked(&self, sink: &str) -> Result<Option<Position>, StreamError> {
+        let lane = self.lane(sink)?;
+        let ap = lane.field(&self.shared.pool, Budget::Retry, "ap").map_err(StreamError::Backend)?;
+        Ok(ap.and_then(|p| p.parse::<u64>().ok()).map(Position))
+    }
+
+    fn stats(&self, sink: &str) -> Result<LaneStats, StreamError> {
+        self.lane(sink)?.stats(&self.shared.pool, Budget::Retry).map_err(StreamError::Backend)
+    }
+
+    /// The request lane's counters; while Redis cannot be reached, the last ones read (or zeros).
+    fn request_stats(&self) -> LaneStats {
+        self.try_request_stats().unwrap_or_else(|_| {
+            lock(&self.shared.request_stats).clone().unwrap_or(LaneStats {
+                capacity: self.shared.requests.capacity,
+                queued: 0,
+                released: 0,
+                in_flight: 0,
+                delivered: 0,
+                redelivered: 0,
+                published: 0,
+                acked_items: 0,
+                pinned: 0,
+                last_published: None,
+                acked: None,
+                closed: false,
+            })
+        })
+    }
+
+    fn request_sender(&self) -> RedisRequestSender {
+        RedisRequestSender::new(self.shared.clone(), self.shared.requests.clone())
+    }
+
+    fn attach_requests(&self) -> Result<RedisConsumer<Request>, StreamError> {
+        let token = self.shared.pool.token();
+        let epoch = self.shared.attach_lane(&self.shared.requests, true, token)?;
+        Ok(RedisConsumer::new(self.shared.clone(), self.shared.requests.clone(), Some(epoch), token))
+    }
+
+    /// Re-attaches now; if Redis cannot be reached, the consumer re-attaches on its first
+    /// receive (and reports the error there).
+    fn reattach_requests(&self) -> RedisConsumer<Request> {
+        let token = self.shared.pool.token();
+        let epoch = self.shared.attach_lane(&self.shared.requests, false, token).ok();
+        RedisConsumer::new(self.shared.clone(), self.shared.requests.clone(), epoch, token)
+    }
+
+    /// Closes the request lane; retried within the retry budget, then given up silently (see
+    /// [`try_close_requests`](RedisStream::try_close_requests)).
+    fn close_requests(&self) {
+        let _ = self.try_close_requests();
+    }
+
+    /// The watermark; while Redis cannot be reached, the highest one this stream read before
+    /// (never more than what was acked: safe to confirm).
+    fn watermark(&self) -> Option<Position> {
+        self.try_watermark().unwrap_or_else(|_| *lock(&self.shared.watermark))
+    }
+
+    /// Whether everything is acked; `false` while Redis cannot be reached.
+    fn is_idle(&self) -> bool {
+        self.try_is_idle().unwrap_or(false)
+    }
+}
+
+impl fmt::Debug for RedisStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStream")
+            .field("name", &self.name)
+            .field("sinks", &self.shared.sinks)
+            .finish_non_exhaustive()
+    }
+}
