@@ -88,6 +88,8 @@ struct Claim {
 /// The stream's connections.
 pub(crate) struct Pool {
     client: Client,
+    /// `CLIENT SETNAME` of every connection: `lanestream:<stream name>`.
+    client_name: String,
     pub(crate) settings: Settings,
     idle: Mutex<Vec<Connection>>,
     backoff: Mutex<Backoff>,
@@ -110,9 +112,11 @@ fn is_connection_error(e: &RedisError) -> bool {
 const MAX_IDLE: usize = 16;
 
 impl Pool {
-    pub(crate) fn new(client: Client, settings: Settings) -> Pool {
+    pub(crate) fn new(client: Client, settings: Settings, stream: &str) -> Pool {
+        let name: String = stream.chars().map(|c| if c.is_ascii_graphic() { c } else { '_' }).collect();
         Pool {
             client,
+            client_name: format!("lanestream:{name}"),
             settings,
             idle: Mutex::new(Vec::new()),
             backoff: Mutex::new(Backoff { delay: settings.backoff_min, not_before: None }),
@@ -136,6 +140,8 @@ impl Pool {
         let conn = self.client.get_connection_with_timeout(self.settings.io_timeout)?;
         conn.set_read_timeout(Some(self.settings.io_timeout))?;
         conn.set_write_timeout(Some(self.settings.io_timeout))?;
+        let mut conn = conn;
+        ::redis::cmd("CLIENT").arg("SETNAME").arg(&self.client_name).query::<()>(&mut conn)?;
         Ok(conn)
     }
 

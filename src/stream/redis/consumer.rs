@@ -257,9 +257,40 @@ impl<T> RedisDelivery<T> {
         self.attempt
     }
 
+    /// The item's position ([I1](crate::contract#i1)).
+    pub fn position(&self) -> Option<Position>
+    where
+        T: RedisItem,
+    {
+        self.item.position()
+    }
+
     /// The entry number of the item in its lane's Redis stream (its entry id is `<n>-0`).
     pub fn entry(&self) -> u64 {
         self.n
+    }
+
+    /// Acknowledges the item ([L5](crate::contract#l5)): one script that checks the epoch, so a
+    /// delivery whose consumer was detached is refused, never counted after the take-back
+    /// ([L8](crate::contract#l8)).
+    ///
+    /// # Errors
+    /// [`AckError::Detached`]; [`AckError::Backend`] if Redis could not be reached within the
+    /// retry budget (with [`BackendError::Connection`] the outcome is unknown).
+    pub fn ack(mut self) -> Result<(), AckError> {
+        self.done = true;
+        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n) {
+            Ok(Acked::Done) => Ok(()),
+            Ok(Acked::Detached) => Err(AckError::Detached),
+            Ok(Acked::Unknown) => Err(AckError::Backend(BackendError::Connection)),
+            Err(e) => Err(AckError::Backend(e)),
+        }
+    }
+
+    /// Releases the item for redelivery before any new item ([L6](crate::contract#l6)). If
+    /// Redis cannot be reached the release is retried by the consumer's next receive.
+    pub fn nack(mut self) {
+        self.release();
     }
 
     fn release(&mut self) {
@@ -287,18 +318,12 @@ impl<T: RedisItem> LaneDelivery<T> for RedisDelivery<T> {
         self.item.position()
     }
 
-    fn ack(mut self) -> Result<(), AckError> {
-        self.done = true;
-        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n) {
-            Ok(Acked::Done) => Ok(()),
-            Ok(Acked::Detached) => Err(AckError::Detached),
-            Ok(Acked::Unknown) => Err(AckError::Backend(BackendError::Connection)),
-            Err(e) => Err(AckError::Backend(e)),
-        }
+    fn ack(self) -> Result<(), AckError> {
+        RedisDelivery::ack(self)
     }
 
-    fn nack(mut self) {
-        self.release();
+    fn nack(self) {
+        RedisDelivery::nack(self)
     }
 }
 

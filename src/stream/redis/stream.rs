@@ -192,7 +192,7 @@ impl RedisStreamBuilder {
             sinks.push(name);
         }
         let client = ::redis::Client::open(self.url.as_str()).map_err(|_| BuildError::Backend(BackendError::Server))?;
-        let pool = Pool::new(client, self.settings);
+        let pool = Pool::new(client, self.settings, &self.name);
         let prefix = format!("{{{}}}", self.name);
         let mut lanes: Vec<LaneDef> =
             sinks.iter().map(|s| LaneDef::sink(&prefix, s.clone(), self.capacity)).collect();

@@ -1,0 +1,320 @@
+//! The port's contract on the Redis backend: every generic test of `tests/port_contract`,
+//! instantiated for [`RedisStream`] under the same names, plus the Redis-only behaviour (state
+//! that survives the process, shared entries, trimming, lost connections).
+//!
+//! Needs a server: `LANESTREAM_REDIS_URL` (e.g. `redis://127.0.0.1:6399` or
+//! `redis+unix:///tmp/x/redis.sock`). Unset, every test fails under `CI=true` and is skipped
+//! with a message otherwise. Each stream lives under its own name (`lst_<pid>_<n>`).
+#![cfg(feature = "redis")]
+
+mod common;
+mod port_contract;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{backfill, batch, snapshot};
+use lanestream::{
+    AckError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, PublishError, RedisDelivery,
+    RedisStream, RequestPublisher, Stream, StreamError, TryRecvError,
+};
+use port_contract::{port_contract_tests, Backend, WorkerHandle};
+
+/// The server's URL, or `None` (after saying so) when the tests are to be skipped.
+fn url() -> Option<String> {
+    match std::env::var("LANESTREAM_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+            panic!("LANESTREAM_REDIS_URL is not set: CI must run the Redis contract tests against a server")
+        }
+        _ => {
+            eprintln!("SKIPPED: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399); no Redis test ran");
+            None
+        }
+    }
+}
+
+/// Kills every connection of stream `name` (named `lanestream:<name>`), as if its process had
+/// died or the network had dropped it; other tests' connections are left alone.
+fn kill_connections(admin: &mut redis::Connection, name: &str) {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
+    let tag = format!("name=lanestream:{name} ");
+    for line in list.lines().filter(|l| l.contains(&tag)) {
+        let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
+        let _: redis::Value = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(admin).unwrap();
+    }
+}
+
+/// A name no other stream of this run (or an earlier one) uses.
+fn unique_name() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("lst_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn open(url: &str, name: &str, capacity: usize, request_capacity: usize, sinks: &[&str]) -> RedisStream {
+    RedisStream::builder(url, name)
+        .capacity(capacity)
+        .request_capacity(request_capacity)
+        .sinks(sinks.iter().copied())
+        .build()
+        .unwrap_or_else(|e| panic!("building stream {name} on {url}: {e}"))
+}
+
+/// The Redis backend under the generic contract tests.
+struct Redis;
+
+impl Backend for Redis {
+    type Stream = RedisStream;
+    type Handle = RedisDelivery<LaneItem>;
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn build(&self, capacity: usize, request_capacity: usize, sinks: &[&str]) -> RedisStream {
+        let url = url().expect("checked by the macro's guard");
+        open(&url, &unique_name(), capacity, request_capacity, sinks)
+    }
+
+    /// No split on this backend: the worker holds the delivery itself.
+    fn worker_handle(&self, delivery: RedisDelivery<LaneItem>) -> RedisDelivery<LaneItem> {
+        delivery
+    }
+
+    /// Every operation is a round trip to the server: the long tests run at a tenth of their size.
+    fn scale(&self) -> f64 {
+        0.1
+    }
+
+    /// A delivery holds its own decoded copy of the item.
+    fn stale_deliveries_pin_slots(&self) -> bool {
+        false
+    }
+}
+
+impl WorkerHandle for RedisDelivery<LaneItem> {
+    fn attempt(&self) -> u32 {
+        LaneDelivery::attempt(self)
+    }
+
+    fn ack(self) -> Result<(), AckError> {
+        LaneDelivery::ack(self)
+    }
+}
+
+// Without a server (and outside CI), each test returns at once, after `url` said why.
+port_contract_tests!({
+    if url().is_none() {
+        return;
+    }
+    Redis
+});
+
+// ----- Redis only ------------------------------------------------------------------------------
+
+/// The server, or an early return (skipped) when none is configured.
+macro_rules! server {
+    () => {
+        match url() {
+            Some(url) => url,
+            None => return,
+        }
+    };
+}
+
+#[test]
+fn redis_state_survives_the_process_a_restarted_sink_gets_its_unacked_batches_again() {
+    let url = server!();
+    let name = unique_name();
+    let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    {
+        // Process 1: ingest publishes 1..=5; the sink applies and acks 1 and 3, holds 2, 4 and 5.
+        let s = open(&url, &name, 8, 4, &["search"]);
+        let mut p = s.producer("search").unwrap();
+        for i in 1..=5 {
+            p.publish(batch(i)).unwrap();
+        }
+        let mut c = s.reattach("search").unwrap();
+        let d: Vec<_> = (0..5).map(|_| c.try_recv().unwrap()).collect();
+        let mut d = d.into_iter();
+        d.next().unwrap().ack().unwrap();
+        let held = d.next().unwrap();
+        d.next().unwrap().ack().unwrap();
+        assert_eq!(s.acked("search").unwrap(), Some(Position(1)));
+        // Killed: nothing is dropped politely (no nack, no claim given up), and its connections
+        // close.
+        std::mem::forget((held, d.collect::<Vec<_>>(), c, p, s));
+        kill_connections(&mut admin, &name);
+    }
+    // Process 2: the same stream by name. The sink re-attaches and gets 2, 4, 5 again, in order.
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut c = s.attach("search").expect("the dead consumer's claim is free");
+    let got: Vec<_> = (0..3).map(|_| c.try_recv().unwrap()).collect();
+    assert_eq!(
+        got.iter().map(|d| (d.position().unwrap().0, d.attempt())).collect::<Vec<_>>(),
+        [(2, 2), (4, 2), (5, 2)]
+    );
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    got.into_iter().for_each(|d| d.ack().unwrap());
+    assert_eq!(s.acked("search").unwrap(), Some(Position(5)));
+    // The restarted ingest takes the dead producer's claim and resumes after position 5.
+    let mut p = s.producer("search").expect("the dead producer's claim is free");
+    assert!(matches!(p.publish(batch(5)), Err(PublishError::PositionRegressed { last: Position(5), .. })));
+    p.publish(batch(6)).unwrap();
+    assert_eq!(c.try_recv().unwrap().position(), Some(Position(6)));
+    s.delete().unwrap();
+}
+
+#[test]
+fn redis_a_restarted_ingest_resumes_after_the_last_published_position() {
+    let url = server!();
+    let name = unique_name();
+    {
+        let s = open(&url, &name, 8, 4, &["a", "b"]);
+        for sink in ["a", "b"] {
+            let mut p = s.producer(sink).unwrap();
+            for i in 1..=3 {
+                p.publish(batch(i)).unwrap();
+            }
+        }
+        // Dropped: the stream's anchor connection closes, as when the process dies.
+    }
+    let s = open(&url, &name, 8, 4, &["a", "b"]);
+    for sink in ["a", "b"] {
+        let mut p = s.producer(sink).expect("the dead producer's claim is free");
+        assert!(matches!(p.publish(batch(3)), Err(PublishError::PositionRegressed { last: Position(3), .. })));
+        p.publish(batch(4)).unwrap();
+        let st = s.stats(sink).unwrap();
+        assert_eq!((st.published, st.last_published), (4, Some(Position(4))));
+    }
+    s.delete().unwrap();
+}
+
+#[test]
+fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lanes_acked_it() {
+    let url = server!();
+    let name = unique_name();
+    let s = open(&url, &name, 8, 4, &["a", "b", "c"]);
+    let mut ps: Vec<_> = ["a", "b", "c"].iter().map(|n| s.producer(n).unwrap()).collect();
+    let mut cs: Vec<_> = ["a", "b", "c"].iter().map(|n| s.reattach(n).unwrap()).collect();
+    for i in 1..=4 {
+        for p in &mut ps {
+            p.publish(batch(i)).unwrap();
+        }
+    }
+    // A lane-only item (a snapshot row for "b") in between.
+    ps[1].publish(snapshot()).unwrap();
+    for p in &mut ps {
+        p.publish(batch(5)).unwrap();
+    }
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_connection().unwrap();
+    let log = format!("{{{name}}}:log");
+    let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&log).query(con).unwrap() };
+    assert_eq!(len(&mut con), 6, "5 shared batches and one snapshot row");
+    // Lanes a and b ack everything; c acks up to 2: only entries 1 and 2 may go.
+    for c in &mut cs[..2] {
+        while let Ok(d) = c.try_recv() {
+            d.ack().unwrap();
+        }
+    }
+    assert_eq!(len(&mut con), 6, "nothing acked by every lane yet");
+    for _ in 0..2 {
+        cs[2].try_recv().unwrap().ack().unwrap();
+    }
+    assert_eq!(len(&mut con), 4, "trimmed below every lane's acked prefix, not further");
+    assert_eq!(s.watermark(), Some(Position(2)));
+    while let Ok(d) = cs[2].try_recv() {
+        d.ack().unwrap();
+    }
+    assert_eq!(len(&mut con), 0);
+    assert_eq!(s.watermark(), Some(Position(5)));
+    assert!(s.is_idle());
+    // Each lane is a consumer group on the one stream.
+    let groups: Vec<redis::Value> = redis::cmd("XINFO").arg("GROUPS").arg(&log).query(&mut con).unwrap();
+    assert_eq!(groups.len(), 3);
+    s.delete().unwrap();
+}
+
+#[test]
+fn redis_a_lost_connection_reconnects_and_nothing_is_published_or_acked_twice() {
+    let url = server!();
+    let name = unique_name();
+    let s = open(&url, &name, 4, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = client.get_connection().unwrap();
+    let kill = |admin: &mut redis::Connection| kill_connections(admin, &name);
+    for i in 1..=20u64 {
+        if i % 5 == 0 {
+            kill(&mut admin);
+        }
+        p.publish(batch(i)).unwrap();
+        if i % 7 == 0 {
+            kill(&mut admin);
+        }
+        let d = c.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
+        assert_eq!((d.position(), d.attempt()), (Some(Position(i)), 1));
+        if i % 3 == 0 {
+            kill(&mut admin);
+        }
+        d.ack().unwrap();
+    }
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.delivered), (20, 20, 20), "{st:?}");
+    assert_eq!(s.watermark(), Some(Position(20)));
+    // The claims moved to the new anchor: this process's producer is still the lane's.
+    assert!(matches!(s.producer("search"), Err(StreamError::ProducerBusy(_))));
+    s.delete().unwrap();
+}
+
+#[test]
+fn redis_an_unreachable_server_is_a_clear_error() {
+    let _ = server!();
+    // Nothing listens on port 1.
+    let err = RedisStream::builder("redis://127.0.0.1:1", unique_name())
+        .retry_for(Duration::from_millis(50))
+        .sink("search")
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, lanestream::BuildError::Backend(lanestream::BackendError::Connection)), "{err:?}");
+}
+
+#[test]
+fn redis_a_different_set_of_sinks_under_the_same_name_is_refused() {
+    let url = server!();
+    let name = unique_name();
+    let s = open(&url, &name, 4, 4, &["a", "b"]);
+    let err = RedisStream::builder(url.as_str(), name.as_str()).sinks(["a"]).build().unwrap_err();
+    assert!(matches!(err, lanestream::BuildError::Mismatch(_)), "{err:?}");
+    s.delete().unwrap();
+}
+
+#[test]
+fn redis_async_receive_and_request_publish_wait_without_a_runtime_of_our_own() {
+    let url = server!();
+    let s = open(&url, &unique_name(), 1, 1, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let s2 = s.clone();
+    let publisher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        p.publish(batch(1)).unwrap();
+        let sender = s2.request_sender();
+        sender.publish(backfill("search", "users")).unwrap();
+        futures_executor::block_on(sender.publish_async(backfill("search", "orders"))).unwrap();
+    });
+    let d = futures_executor::block_on(c.recv_async()).unwrap().unwrap();
+    assert_eq!(d.position(), Some(Position(1)));
+    d.ack().unwrap();
+    let mut ingest = s.reattach_requests();
+    for index in ["users", "orders"] {
+        let r = futures_executor::block_on(ingest.recv_async()).unwrap().unwrap();
+        assert_eq!(r.item(), &backfill("search", index));
+        r.ack().unwrap();
+    }
+    publisher.join().unwrap();
+    s.delete().unwrap();
+}
