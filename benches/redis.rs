@@ -18,8 +18,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput};
 use lanestream::codec::{decode_item, encode_item, AlignedVec};
 use lanestream::{
-    Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position, RedisStream,
-    Stream,
+    Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position, RedisStream, Stream,
 };
 
 /// A count from the environment (criterion owns the command line).
@@ -39,7 +38,9 @@ fn envelopes() -> Arc<[Envelope]> {
             id: format!("{i}"),
             op: Op::Upsert,
             position: Some(Position(1)),
-            document: Bytes::from(format!(r#"{{"id":{i},"name":"user {i}","email":"user{i}@example.com","n":{i}}}"#)),
+            document: Bytes::from(format!(
+                r#"{{"id":{i},"name":"user {i}","email":"user{i}@example.com","n":{i}}}"#
+            )),
             built_at_micros: None,
         })
         .collect()
@@ -95,7 +96,14 @@ impl Bare {
     fn new(url: &str, name: &str) -> Bare {
         let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
         let key = format!("{{{name}}}:bare");
-        let _: () = redis::cmd("XGROUP").arg("CREATE").arg(&key).arg("g").arg("0").arg("MKSTREAM").query(&mut conn).unwrap();
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg("g")
+            .arg("0")
+            .arg("MKSTREAM")
+            .query(&mut conn)
+            .unwrap();
         Bare { conn, key, envelopes: envelopes(), next: 1 }
     }
 }
@@ -152,7 +160,9 @@ fn entry(reply: &redis::Value) -> (&[u8], &[u8]) {
 
 fn main() {
     let Ok(url) = std::env::var("LANESTREAM_REDIS_URL") else {
-        println!("redis bench: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399); nothing measured");
+        println!(
+            "redis bench: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399); nothing measured"
+        );
         return;
     };
     let name = format!("lsbench_{}", std::process::id());

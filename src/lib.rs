@@ -60,8 +60,8 @@ mod sync;
 
 pub use envelope::{Envelope, Op};
 pub use error::{
-    AckError, BackendError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
-    TryPublishError, TryRecvError,
+    AckError, BackendError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError,
+    StreamError, TryPublishError, TryRecvError,
 };
 pub use item::{Batch, Item, LaneItem, Request};
 #[cfg(feature = "futures")]
@@ -71,7 +71,8 @@ pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
 #[cfg(feature = "redis")]
 pub use stream::redis::{
-    RedisConsumer, RedisDelivery, RedisItem, RedisProducer, RedisRequestSender, RedisStream, RedisStreamBuilder,
+    RedisConsumer, RedisDelivery, RedisItem, RedisProducer, RedisRequestSender, RedisStream,
+    RedisStreamBuilder,
 };
 pub use stream::{
     LaneConsumer, LaneDelivery, LaneProducer, MemoryStream, RequestLane, RequestPublisher, RequestSender,

@@ -28,7 +28,15 @@ fn url() -> Option<String> {
             panic!("LANESTREAM_REDIS_URL is not set: CI must run the Redis contract tests against a server")
         }
         _ => {
-            eprintln!("SKIPPED: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399); no Redis test ran");
+            // Once, and past the test harness's capture (which only takes `print!`s), so that it shows.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399): no Redis test ran"
+                );
+            });
             None
         }
     }
@@ -184,7 +192,10 @@ fn redis_a_restarted_ingest_resumes_after_the_last_published_position() {
     let s = open(&url, &name, 8, 4, &["a", "b"]);
     for sink in ["a", "b"] {
         let mut p = s.producer(sink).expect("the dead producer's claim is free");
-        assert!(matches!(p.publish(batch(3)), Err(PublishError::PositionRegressed { last: Position(3), .. })));
+        assert!(matches!(
+            p.publish(batch(3)),
+            Err(PublishError::PositionRegressed { last: Position(3), .. })
+        ));
         p.publish(batch(4)).unwrap();
         let st = s.stats(sink).unwrap();
         assert_eq!((st.published, st.last_published), (4, Some(Position(4))));

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use ::redis::{Client, Connection, RedisError, RedisResult};
 
-use crate::error::BackendError;
 use super::lock;
+use crate::error::BackendError;
 
 /// How long to keep retrying, and the timeouts, of one stream's connections.
 #[derive(Clone, Copy, Debug)]

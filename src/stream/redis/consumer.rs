@@ -99,7 +99,10 @@ impl<T: RedisItem> RedisConsumer<T> {
                         done: false,
                     }),
                     Err(e) => {
-                        pool.record(format!("lanestream: entry {n} of {} does not decode: {e}", self.lane.base));
+                        pool.record(format!(
+                            "lanestream: entry {n} of {} does not decode: {e}",
+                            self.lane.base
+                        ));
                         // Released again, untouched: it stays first in line (L2).
                         let _ = self.lane.nack(pool, budget, epoch, n, attempt);
                         Err(TryRecvError::Backend(BackendError::Corrupt))
@@ -115,7 +118,10 @@ impl<T: RedisItem> RedisConsumer<T> {
         }
     }
 
-    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Option<RedisDelivery<T>>, RecvTimeoutError> {
+    fn recv_until(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<RedisDelivery<T>>, RecvTimeoutError> {
         loop {
             match self.step(Budget::Retry) {
                 Ok(d) => return Ok(Some(d)),
@@ -191,7 +197,9 @@ impl<T: RedisItem> LaneConsumer<T> for RedisConsumer<T> {
         self.recv_until(Some(deadline))
     }
 
-    fn recv_async(&mut self) -> impl Future<Output = Result<Option<RedisDelivery<T>>, RecvError>> + Send + '_ {
+    fn recv_async(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<RedisDelivery<T>>, RecvError>> + Send + '_ {
         poll_fn(move |cx| self.poll_recv(cx))
     }
 

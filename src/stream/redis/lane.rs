@@ -301,7 +301,14 @@ impl LaneDef {
     }
 
     /// Releases entry `n` (delivered as `attempt`) for redelivery; a stale nack does nothing.
-    pub(crate) fn nack(&self, pool: &Pool, budget: Budget, epoch: u64, n: u64, attempt: u32) -> Result<(), BackendError> {
+    pub(crate) fn nack(
+        &self,
+        pool: &Pool,
+        budget: Budget,
+        epoch: u64,
+        n: u64,
+        attempt: u32,
+    ) -> Result<(), BackendError> {
         pool.run(budget, |c, _| {
             scripts()
                 .nack
@@ -370,12 +377,19 @@ impl LaneDef {
 
     /// Gives up claim `claim` under `field` (`holder` or `ph`) if Redis still holds it.
     pub(crate) fn release(&self, pool: &Pool, field: &str, claim: &str) -> Result<(), BackendError> {
-        pool.run(Budget::Once, |c, _| scripts().release.key(&self.base).arg(field).arg(claim).invoke::<i64>(c))
-            .map(drop)
+        pool.run(Budget::Once, |c, _| {
+            scripts().release.key(&self.base).arg(field).arg(claim).invoke::<i64>(c)
+        })
+        .map(drop)
     }
 
     /// One field of the lane's hash.
-    pub(crate) fn field(&self, pool: &Pool, budget: Budget, field: &str) -> Result<Option<String>, BackendError> {
+    pub(crate) fn field(
+        &self,
+        pool: &Pool,
+        budget: Budget,
+        field: &str,
+    ) -> Result<Option<String>, BackendError> {
         pool.run(budget, |c, _| ::redis::cmd("HGET").arg(&self.base).arg(field).query(c))
     }
 

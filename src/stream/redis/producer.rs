@@ -8,8 +8,8 @@ use std::task::{Context, Poll};
 use std::thread;
 use std::time::Instant;
 
-use super::consumer::Waiter;
 use super::conn::Budget;
+use super::consumer::Waiter;
 use super::lane::{LaneDef, Published, Publisher};
 use super::stream::Shared;
 use super::RedisItem;
@@ -121,7 +121,13 @@ pub struct RedisProducer {
 }
 
 impl RedisProducer {
-    pub(crate) fn new(shared: Arc<Shared>, lane: Arc<LaneDef>, epoch: u64, published: u64, token: u64) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        lane: Arc<LaneDef>,
+        epoch: u64,
+        published: u64,
+        token: u64,
+    ) -> Self {
         RedisProducer { shared, lane, epoch, published, token, waiter: None }
     }
 
@@ -163,7 +169,11 @@ impl LaneProducer<LaneItem> for RedisProducer {
         self.publish_until(item, None).map_err(waitable)
     }
 
-    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
         self.publish_until(item, Some(deadline))
     }
 
@@ -260,11 +270,18 @@ impl RequestPublisher for RedisRequestSender {
         self.until(request, None).map_err(waitable)
     }
 
-    fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishTimeoutError<Request>> {
+    fn publish_deadline(
+        &self,
+        request: Request,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<Request>> {
         self.until(request, Some(deadline))
     }
 
-    fn publish_async(&self, request: Request) -> impl Future<Output = Result<(), PublishError<Request>>> + Send + '_ {
+    fn publish_async(
+        &self,
+        request: Request,
+    ) -> impl Future<Output = Result<(), PublishError<Request>>> + Send + '_ {
         // Senders are shared, so each waiting future has a waiter of its own.
         let mut request = Some(request);
         let mut waiter: Option<Waiter> = None;

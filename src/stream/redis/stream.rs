@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::consumer::RedisConsumer;
 use super::conn::{Budget, Pool, Settings};
+use super::consumer::RedisConsumer;
 use super::lane::{query, LaneDef};
 use super::lock;
 use super::producer::{RedisProducer, RedisRequestSender};
@@ -39,7 +39,8 @@ impl Shared {
         let result = (|| {
             for _ in 0..8 {
                 let expected = if polite {
-                    let holder = lane.field(&self.pool, Budget::Retry, "holder").map_err(StreamError::Backend)?;
+                    let holder =
+                        lane.field(&self.pool, Budget::Retry, "holder").map_err(StreamError::Backend)?;
                     let holder = holder.unwrap_or_default();
                     if holder == claim {
                         holder
@@ -191,7 +192,8 @@ impl RedisStreamBuilder {
             }
             sinks.push(name);
         }
-        let client = ::redis::Client::open(self.url.as_str()).map_err(|_| BuildError::Backend(BackendError::Server))?;
+        let client = ::redis::Client::open(self.url.as_str())
+            .map_err(|_| BuildError::Backend(BackendError::Server))?;
         let pool = Pool::new(client, self.settings, &self.name);
         let prefix = format!("{{{}}}", self.name);
         let mut lanes: Vec<LaneDef> =
@@ -209,7 +211,8 @@ impl RedisStreamBuilder {
         })
         .map_err(backend)?;
         let stored: String =
-            query(&pool, Budget::Retry, |c| ::redis::cmd("HGET").arg(&meta).arg("sinks").query(c)).map_err(backend)?;
+            query(&pool, Budget::Retry, |c| ::redis::cmd("HGET").arg(&meta).arg("sinks").query(c))
+                .map_err(backend)?;
         if stored != names {
             return Err(BuildError::Mismatch(format!(
                 "stream {:?} has sinks [{stored}], this build asked for [{names}]",
