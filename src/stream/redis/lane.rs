@@ -23,6 +23,7 @@ pub(crate) struct Scripts {
     claim_producer: Script,
     release: Script,
     close: Script,
+    trim: Script,
     stats: Script,
 }
 
@@ -39,6 +40,7 @@ pub(crate) fn scripts() -> &'static Scripts {
             claim_producer: s(scripts::CLAIM_PRODUCER),
             release: s(scripts::RELEASE_CLAIM),
             close: s(scripts::CLOSE),
+            trim: s(scripts::TRIM),
             stats: s(scripts::STATS),
         }
     })
@@ -214,21 +216,14 @@ impl LaneDef {
         };
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, _| {
-            scripts()
-                .publish
-                .key(&self.base)
-                .key(&self.ids)
-                .key(&self.log)
-                .key(&self.meta)
-                .arg(&self.base)
-                .arg(mode)
-                .arg(epoch)
-                .arg(after)
-                .arg(payload)
-                .arg(&pos)
-                .arg(self.seq_field)
-                .arg(self.scan)
-                .invoke(c)
+            let mut inv = scripts().publish.prepare_invoke();
+            inv.key(&self.base).key(&self.ids).key(&self.log).key(&self.meta);
+            inv.arg(&self.base).arg(mode).arg(epoch).arg(after).arg(payload).arg(&pos);
+            inv.arg(self.seq_field).arg(self.scan).arg(self.trim_field);
+            for ids in &self.trim_ids {
+                inv.arg(ids);
+            }
+            inv.invoke(c)
         })?;
         let r = items(&v);
         Ok(match r.first().map(text) {
@@ -286,10 +281,6 @@ impl LaneDef {
             let mut inv = scripts().ack.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.rel).key(&self.ack).key(&self.log).key(&self.meta);
             inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(if tries > 0 { "1" } else { "0" });
-            inv.arg(self.seq_field).arg(self.trim_field);
-            for ids in &self.trim_ids {
-                inv.arg(ids);
-            }
             inv.invoke(c)
         })?;
         Ok(match items(&v).first().map(text) {
@@ -418,6 +409,19 @@ impl LaneDef {
             last_published: unpad(text(&r[6])),
             acked: unpad(text(&r[7])),
             closed: text(&r[8]) == b"1",
+        })
+    }
+
+    /// Trims the log shared with this lane below every lane's acked prefix; returns the floor
+    /// (entries up to it are gone).
+    pub(crate) fn trim(&self, pool: &Pool, budget: Budget) -> Result<u64, BackendError> {
+        pool.run(budget, |c, _| {
+            let mut inv = scripts().trim.prepare_invoke();
+            inv.key(&self.log).key(&self.meta).arg(self.seq_field).arg(self.trim_field);
+            for ids in &self.trim_ids {
+                inv.arg(ids);
+            }
+            inv.invoke(c)
         })
     }
 

@@ -29,9 +29,24 @@ local function s(x) return string.format('%d', x) end
 local function num(x) if x then return tonumber(x) else return 0 end end
 local function entry_n(id) return tonumber(string.match(id, '^(%d+)')) end
 local function ring(key) redis.call('LPUSH', key, '1'); redis.call('LTRIM', key, 0, 0) end
-local function is_acked(A, an, n)
+local function is_acked(A, an, oo, n)
   if n <= an then return true end
+  if oo == 0 then return false end
   return redis.call('ZSCORE', A, s(n)) ~= false
+end
+-- Trims the log below every lane's acked prefix (never above): the entries before each lane's
+-- first unacked one. ARGV[first..] are the ids keys of every lane sharing the log.
+local function trim(L, M, seqf, trimf, first)
+  local floor = num(redis.call('HGET', M, seqf))
+  for i = first, #ARGV do
+    local f = redis.call('ZRANGE', ARGV[i], 0, 0, 'WITHSCORES')
+    if f[1] then floor = math.min(floor, tonumber(f[2]) - 1) end
+  end
+  if floor > num(redis.call('HGET', M, trimf)) then
+    redis.call('XTRIM', L, 'MINID', s(floor + 1) .. '-0')
+    redis.call('HSET', M, trimf, floor)
+  end
+  return floor
 end
 "#;
 
@@ -41,11 +56,17 @@ end
 /// sender), producer epoch, the lane's `pub` after this publish (for `p`: a retried publish
 /// that already landed answers `dup`), payload, position (padded, or empty), the meta field
 /// that numbers the log's entries, how many entries after the lane's newest to look through
-/// for the same payload (published on another lane: shared, not written again).
+/// for the same payload (published on another lane: shared, not written again), the meta field
+/// of the log's trim floor, then the ids keys of every lane sharing the log (every 64th entry
+/// trims the log).
+///
+/// A full lane sets `pw` (a publisher waits: the ack that makes room rings `B:pbell`); `w` set
+/// by a receive that found nothing makes the publish ring the consumer's bell. The dedup scan
+/// runs only when other lanes have published past this lane's newest entry.
 pub(crate) const PUBLISH: &str = r#"
 local H, I, L, M = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, mode, payload, pos = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
-local h = redis.call('HMGET', H, 'pe', 'pub', 'closed', 'lp', 'ai', 'cap', 'ep', 'last')
+local h = redis.call('HMGET', H, 'pe', 'pub', 'closed', 'lp', 'ai', 'cap', 'ep', 'last', 'w')
 local pub, ai, cap, last = num(h[2]), num(h[5]), num(h[6]), num(h[8])
 local lp = h[4] or ''
 if mode == 'p' then
@@ -56,10 +77,13 @@ if mode == 'p' then
 end
 if h[3] == '1' then return {'closed'} end
 if pos ~= '' and lp ~= '' and pos <= lp then return {'regressed', lp} end
-if pub - ai >= cap then return {'full'} end
+if pub - ai >= cap then
+  redis.call('HSET', H, 'pw', '1')
+  return {'full'}
+end
 local n = nil
 local scan = tonumber(ARGV[8])
-if scan > 0 then
+if scan > 0 and last < num(redis.call('HGET', M, ARGV[7])) then
   local es = redis.call('XRANGE', L, '(' .. s(last) .. '-0', '+', 'COUNT', scan)
   for _, e in ipairs(es) do
     if e[2][2] == payload then n = entry_n(e[1]); break end
@@ -70,10 +94,14 @@ if not n then
   redis.call('XADD', L, s(n) .. '-0', 'd', payload, 'p', pos)
 end
 redis.call('ZADD', I, n, s(n) .. ':' .. pos)
-redis.call('HSET', H, 'pub', pub + 1, 'last', n)
-if pos ~= '' then redis.call('HSET', H, 'lp', pos) end
-ring(base .. ':bell:' .. (h[7] or '0'))
+if pos ~= '' then
+  redis.call('HSET', H, 'pub', pub + 1, 'last', n, 'lp', pos, 'w', '0')
+else
+  redis.call('HSET', H, 'pub', pub + 1, 'last', n, 'w', '0')
+end
+if h[9] == '1' then ring(base .. ':bell:' .. (h[7] or '0')) end
 if mode == 's' and pub + 1 - ai < cap then ring(base .. ':pbell') end
+if n % 64 == 0 then trim(L, M, ARGV[7], ARGV[9], 10) end
 return {'ok', n}
 "#;
 
@@ -84,90 +112,85 @@ return {'ok', n}
 pub(crate) const RECEIVE: &str = r#"
 local H, I, R, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, rq = ARGV[2], ARGV[3], ARGV[5]
-local h = redis.call('HMGET', H, 'ep', 'lq', 'ln', 'la', 'rd', 'last', 'closed')
+local h = redis.call('HMGET', H, 'ep', 'lq', 'ln', 'la', 'rd', 'last', 'closed', 'nread', 'dl', 'nrel', 'rdl', 'w')
 if (h[1] or '0') ~= ARGV[4] then return {'detached'} end
 if h[2] == rq then
   local e = redis.call('XRANGE', L, h[3] .. '-0', h[3] .. '-0')
   return {'item', tonumber(h[3]), tonumber(h[4]), e[1][2][2]}
 end
-local n, attempt, payload
-local r = redis.call('ZRANGE', R, 0, 0)
-if r[1] then
-  n = tonumber(r[1])
+local nrel = num(h[10])
+if nrel > 0 then
+  local r = redis.call('ZRANGE', R, 0, 0)
+  local n = tonumber(r[1])
   redis.call('ZREM', R, r[1])
   local c = redis.call('XCLAIM', L, group, consumer, 0, s(n) .. '-0')
-  payload = c[1][2][2]
+  local payload = c[1][2][2]
   local p = redis.call('XPENDING', L, group, s(n) .. '-0', s(n) .. '-0', 1)
-  attempt = p[1][4]
-  redis.call('HINCRBY', H, 'rdl', 1)
-else
-  local rd = num(h[5])
-  local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(rd), '+inf', 'LIMIT', 0, 1)
-  if not nx[1] then
-    if h[7] == '1' then return {'closed'} end
-    return {'empty'}
-  end
-  n = entry_n(nx[1])
-  if n > rd + 1 then redis.call('XGROUP', 'SETID', L, group, s(n - 1) .. '-0') end
-  local e = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', L, '>')
-  local entry = e and e[1][2][1]
-  if not entry or entry_n(entry[1]) ~= n then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
-  payload = entry[2][2]
-  attempt = 1
-  redis.call('HSET', H, 'rd', n)
-  redis.call('HINCRBY', H, 'nread', 1)
+  local attempt = p[1][4]
+  redis.call('HSET', H, 'nrel', nrel - 1, 'rdl', num(h[11]) + 1, 'dl', num(h[9]) + 1,
+    'lq', rq, 'ln', n, 'la', attempt)
+  return {'item', n, attempt, payload}
 end
-redis.call('HINCRBY', H, 'dl', 1)
-redis.call('HSET', H, 'lq', rq, 'ln', n, 'la', attempt)
-return {'item', n, attempt, payload}
+local rd = num(h[5])
+if rd >= num(h[6]) then
+  if h[7] == '1' then return {'closed'} end
+  if h[12] ~= '1' then redis.call('HSET', H, 'w', '1') end
+  return {'empty'}
+end
+local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(rd), '+inf', 'LIMIT', 0, 1)
+local n = entry_n(nx[1])
+if n > rd + 1 then redis.call('XGROUP', 'SETID', L, group, s(n - 1) .. '-0') end
+local e = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', L, '>')
+local entry = e and e[1][2][1]
+if not entry or entry_n(entry[1]) ~= n then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
+redis.call('HSET', H, 'rd', n, 'nread', num(h[8]) + 1, 'dl', num(h[9]) + 1, 'lq', rq, 'ln', n, 'la', 1)
+return {'item', n, 1, entry[2][2]}
 "#;
 
-/// Ack entry `n`: fenced by the epoch; advances the contiguous acked prefix and trims the log
-/// below every lane's prefix.
+/// Ack entry `n`: fenced by the epoch; advances the contiguous acked prefix (`oo` counts the
+/// entries acked out of order, in `B:ack`).
 ///
 /// KEYS: lane hash, ids, released, acked, log, meta. ARGV: base, group, epoch, n, retry (`1`
-/// when the first try's reply was lost), the meta field that numbers the log's entries, the
-/// meta field of the log's trim floor, then the ids keys of every lane sharing the log.
+/// when the first try's reply was lost).
 pub(crate) const ACK: &str = r#"
 local H, I, R, A, L, M = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local base, group, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
-local h = redis.call('HMGET', H, 'ep', 'an')
-local an = num(h[2])
+local h = redis.call('HMGET', H, 'ep', 'an', 'ai', 'oo', 'pw')
+local an, ai, oo = num(h[2]), num(h[3]), num(h[4])
 if (h[1] or '0') ~= ARGV[3] then
-  if ARGV[5] == '1' and is_acked(A, an, n) then return {'unknown'} end
+  if ARGV[5] == '1' and is_acked(A, an, oo, n) then return {'unknown'} end
   return {'detached'}
 end
-if is_acked(A, an, n) then return {'ok'} end
+if is_acked(A, an, oo, n) then return {'ok'} end
 redis.call('XACK', L, group, s(n) .. '-0')
-redis.call('ZREM', R, s(n))
-redis.call('ZADD', A, n, s(n))
+local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(an), '+inf', 'LIMIT', 0, 1)
+if not nx[1] or entry_n(nx[1]) ~= n then
+  -- Out of order: an earlier entry is still out.
+  redis.call('ZADD', A, n, s(n))
+  redis.call('HSET', H, 'oo', oo + 1)
+  return {'ok'}
+end
 local moved, ap = 0, nil
-while true do
-  local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(an), '+inf', 'LIMIT', 0, 1)
-  if not nx[1] then break end
+while nx[1] do
   local k = entry_n(nx[1])
-  if redis.call('ZREM', A, s(k)) == 0 then break end
+  if k ~= n then
+    if oo == 0 or redis.call('ZREM', A, s(k)) == 0 then break end
+    oo = oo - 1
+  end
   an = k
   moved = moved + 1
   local p = string.match(nx[1], ':(.*)$')
   if p ~= '' then ap = p end
+  if oo == 0 then break end
+  nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(an), '+inf', 'LIMIT', 0, 1)
 end
-if moved > 0 then
-  redis.call('HSET', H, 'an', an)
-  redis.call('HINCRBY', H, 'ai', moved)
-  if ap then redis.call('HSET', H, 'ap', ap) end
-  redis.call('ZREMRANGEBYSCORE', I, '-inf', an)
-  ring(base .. ':pbell')
-  local floor = num(redis.call('HGET', M, ARGV[6]))
-  for i = 8, #ARGV do
-    local f = redis.call('ZRANGE', ARGV[i], 0, 0, 'WITHSCORES')
-    if f[1] then floor = math.min(floor, tonumber(f[2]) - 1) end
-  end
-  if floor > num(redis.call('HGET', M, ARGV[7])) then
-    redis.call('XTRIM', L, 'MINID', s(floor + 1) .. '-0')
-    redis.call('HSET', M, ARGV[7], floor)
-  end
+redis.call('ZREMRANGEBYSCORE', I, '-inf', an)
+if ap then
+  redis.call('HSET', H, 'an', an, 'ai', ai + moved, 'oo', oo, 'ap', ap, 'pw', '0')
+else
+  redis.call('HSET', H, 'an', an, 'ai', ai + moved, 'oo', oo, 'pw', '0')
 end
+if h[5] == '1' then ring(base .. ':pbell') end
 return {'ok'}
 "#;
 
@@ -178,13 +201,14 @@ return {'ok'}
 pub(crate) const NACK: &str = r#"
 local H, R, A, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, group, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
-local h = redis.call('HMGET', H, 'ep', 'an')
+local h = redis.call('HMGET', H, 'ep', 'an', 'oo')
 if (h[1] or '0') ~= ARGV[3] then return {'detached'} end
-if is_acked(A, num(h[2]), n) then return {'acked'} end
+if is_acked(A, num(h[2]), num(h[3]), n) then return {'acked'} end
 if redis.call('ZSCORE', R, s(n)) then return {'released'} end
 local p = redis.call('XPENDING', L, group, s(n) .. '-0', s(n) .. '-0', 1)
 if not p[1] or s(p[1][4]) ~= ARGV[5] then return {'stale'} end
 redis.call('ZADD', R, n, s(n))
+redis.call('HINCRBY', H, 'nrel', 1)
 ring(base .. ':bell:' .. h[1])
 return {'ok'}
 "#;
@@ -212,7 +236,7 @@ while true do
     start = '(' .. e[1]
   end
 end
-redis.call('HSET', H, 'holder', ARGV[5], 'lq', '', 'ln', '', 'la', '')
+redis.call('HSET', H, 'holder', ARGV[5], 'lq', '', 'ln', '', 'la', '', 'nrel', redis.call('ZCARD', R))
 local oldbell = base .. ':bell:' .. old
 ring(oldbell)
 redis.call('PEXPIRE', oldbell, 60000)
@@ -269,6 +293,14 @@ pub(crate) const STATS: &str = r#"
 local h = redis.call('HMGET', KEYS[1], 'cap', 'pub', 'nread', 'ai', 'dl', 'rdl', 'lp', 'ap', 'closed', 'ep')
 table.insert(h, redis.call('ZCARD', KEYS[2]))
 return h
+"#;
+
+/// Trim the log now (below every lane's acked prefix); returns the floor.
+///
+/// KEYS: log, meta. ARGV: the meta field numbering the entries, the trim-floor field, then the
+/// ids keys of every lane sharing the log.
+pub(crate) const TRIM: &str = r#"
+return trim(KEYS[1], KEYS[2], ARGV[1], ARGV[2], 3)
 "#;
 
 /// Each script with the prelude.

@@ -373,6 +373,21 @@ impl RedisStream {
         self.shared.requests.close(&self.shared.pool, Budget::Retry)
     }
 
+    /// Trims the shared log now, below every sink lane's acked prefix (never above: the
+    /// entries before each lane's first unacked one), as publishing does every 64 entries;
+    /// returns the entry number up to which entries are gone. The request lane's log is trimmed
+    /// too.
+    ///
+    /// # Errors
+    /// [`BackendError`] if Redis could not be reached.
+    pub fn trim(&self) -> Result<u64, BackendError> {
+        self.shared.requests.trim(&self.shared.pool, Budget::Retry)?;
+        match self.shared.lanes.first() {
+            Some(lane) => lane.trim(&self.shared.pool, Budget::Retry),
+            None => Ok(0),
+        }
+    }
+
     /// Deletes every key of this stream from Redis (entries, groups, lane state): for tests and
     /// for retiring a pipeline. Ends still alive get errors or empty lanes afterwards.
     ///
