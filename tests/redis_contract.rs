@@ -267,9 +267,11 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
     }
     let left: usize = redis::cmd("XLEN").arg(&log).query(&mut con).unwrap();
     assert!((30..=30 + 64).contains(&left), "{left} entries left: 30 unacked by b, at most 64 more");
-    let first: Vec<(String, Vec<(String, Vec<u8>)>)> =
+    let first: Vec<redis::Value> =
         redis::cmd("XRANGE").arg(&log).arg("-").arg("+").arg("COUNT").arg(1).query(&mut con).unwrap();
-    let first: u64 = first[0].0.split('-').next().unwrap().parse().unwrap();
+    let redis::Value::Array(entry) = &first[0] else { panic!("{first:?}") };
+    let redis::Value::BulkString(id) = &entry[0] else { panic!("{first:?}") };
+    let first: u64 = String::from_utf8_lossy(id).split('-').next().unwrap().parse().unwrap();
     assert!(first <= 101, "entry {first} first: an entry lane b has not acked was trimmed");
     assert_eq!(s.watermark(), Some(Position(100)));
     s.delete().unwrap();
