@@ -188,6 +188,11 @@ impl LaneDef {
         }
     }
 
+    /// No other lane shares the log: nothing to look for when publishing.
+    pub(crate) fn alone(&mut self) {
+        self.scan = 0;
+    }
+
     pub(crate) fn ids_key(&self) -> &str {
         &self.ids
     }

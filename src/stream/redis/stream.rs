@@ -199,8 +199,12 @@ impl RedisStreamBuilder {
         let mut lanes: Vec<LaneDef> =
             sinks.iter().map(|s| LaneDef::sink(&prefix, s.clone(), self.capacity)).collect();
         let trim_ids: Vec<String> = lanes.iter().map(|l| l.ids_key().to_owned()).collect();
+        let alone = lanes.len() == 1;
         for lane in &mut lanes {
             lane.trim_ids = trim_ids.clone();
+            if alone {
+                lane.alone();
+            }
         }
         let requests = LaneDef::requests(&prefix, self.request_capacity);
         let meta = format!("{prefix}:meta");
