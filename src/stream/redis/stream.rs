@@ -399,12 +399,19 @@ impl RedisStream {
     /// [`BackendError`] if Redis could not be reached.
     pub fn delete(&self) -> Result<(), BackendError> {
         let pattern = format!("{{{}}}:*", self.name);
-        let keys: Vec<String> =
-            query(&self.shared.pool, Budget::Retry, |c| ::redis::cmd("KEYS").arg(&pattern).query(c))?;
-        if keys.is_empty() {
-            return Ok(());
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = query(&self.shared.pool, Budget::Retry, |c| {
+                ::redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query(c)
+            })?;
+            if !keys.is_empty() {
+                query(&self.shared.pool, Budget::Retry, |c| ::redis::cmd("UNLINK").arg(&keys).query::<i64>(c))?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
         }
-        query(&self.shared.pool, Budget::Retry, |c| ::redis::cmd("DEL").arg(&keys).query::<i64>(c)).map(drop)
     }
 }
 
