@@ -358,3 +358,101 @@ fn redis_async_receive_and_request_publish_wait_without_a_runtime_of_our_own() {
     publisher.join().unwrap();
     s.delete().unwrap();
 }
+
+/// In a child process (this test binary run again for one test, with `LANESTREAM_REDIS_CHILD`
+/// set): plays `role` on stream `name`, prints `READY`, then waits to be killed.
+fn child_role(url: &str, spec: &str) -> ! {
+    let (name, role) = spec.split_once(':').unwrap();
+    let s = RedisStream::builder(url, name).capacity(16).sink("search").build().unwrap();
+    // Held until the process is killed: nothing is dropped politely.
+    let mut keep: Vec<Box<dyn std::any::Any>> = Vec::new();
+    match role {
+        "sink" => {
+            let mut c = s.attach("search").unwrap();
+            let mut d: Vec<_> = (0..5).map(|_| Some(c.try_recv().unwrap())).collect();
+            for i in [0, 1, 3] {
+                d[i].take().unwrap().ack().unwrap();
+            }
+            keep.push(Box::new(d));
+            keep.push(Box::new(c));
+        }
+        "ingest" => {
+            let mut p = s.producer("search").unwrap();
+            for i in 11..=15 {
+                p.publish(batch(i)).unwrap();
+            }
+            keep.push(Box::new(p));
+        }
+        other => panic!("unknown role {other}"),
+    }
+    println!("LANESTREAM-CHILD-READY");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Runs this test again in a child process playing `role`, waits for its `READY`, and SIGKILLs it.
+fn run_child_and_kill(test: &str, name: &str, role: &str) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env("LANESTREAM_REDIS_CHILD", format!("{name}:{role}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let ready =
+        BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l.contains("LANESTREAM-CHILD-READY"));
+    assert!(ready, "the {role} child process ended before it was ready");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+#[test]
+fn redis_processes_killed_mid_run_a_restarted_sink_gets_its_unacked_batches_a_restarted_ingest_resumes() {
+    const TEST: &str =
+        "redis_processes_killed_mid_run_a_restarted_sink_gets_its_unacked_batches_a_restarted_ingest_resumes";
+    let url = server!();
+    if let Ok(spec) = std::env::var("LANESTREAM_REDIS_CHILD") {
+        child_role(&url, &spec);
+    }
+    let name = unique_name();
+    let s = RedisStream::builder(url.as_str(), name.as_str()).capacity(16).sink("search").build().unwrap();
+    {
+        let mut p = s.producer("search").unwrap();
+        for i in 1..=10 {
+            p.publish(batch(i)).unwrap();
+        }
+    }
+    // The sink process receives 1..=5, acks 1, 2 and 4, and is killed.
+    run_child_and_kill(TEST, &name, "sink");
+    assert_eq!(s.acked("search").unwrap(), Some(Position(2)));
+    // Restarted: the polite attach succeeds at once (the dead process's claim went with its
+    // connection), and the unacked batches come back first, in order.
+    let mut c = s.attach("search").expect("the killed sink's claim is free");
+    let mut got = Vec::new();
+    while let Ok(d) = c.try_recv() {
+        got.push((d.position().unwrap().0, d.attempt()));
+        d.ack().unwrap();
+    }
+    assert_eq!(got, [(3, 2), (5, 2), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1)]);
+    assert_eq!(s.watermark(), Some(Position(10)));
+    // The ingest process publishes 11..=15 and is killed; the restarted one resumes after 15.
+    run_child_and_kill(TEST, &name, "ingest");
+    let mut p = s.producer("search").expect("the killed ingest's claim is free");
+    assert!(matches!(p.publish(batch(15)), Err(PublishError::PositionRegressed { last: Position(15), .. })));
+    p.publish(batch(16)).unwrap();
+    let got: Vec<_> = std::iter::from_fn(|| c.try_recv().ok())
+        .map(|d| {
+            let pos = d.position().unwrap().0;
+            d.ack().unwrap();
+            pos
+        })
+        .collect();
+    assert_eq!(got, (11..=16).collect::<Vec<_>>(), "nothing lost, nothing twice");
+    assert_eq!(s.watermark(), Some(Position(16)));
+    assert!(s.is_idle());
+    s.delete().unwrap();
+}

@@ -405,7 +405,9 @@ impl RedisStream {
                 ::redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query(c)
             })?;
             if !keys.is_empty() {
-                query(&self.shared.pool, Budget::Retry, |c| ::redis::cmd("UNLINK").arg(&keys).query::<i64>(c))?;
+                query(&self.shared.pool, Budget::Retry, |c| {
+                    ::redis::cmd("UNLINK").arg(&keys).query::<i64>(c)
+                })?;
             }
             if next == 0 {
                 return Ok(());
