@@ -95,9 +95,9 @@ if not n then
 end
 redis.call('ZADD', I, n, s(n) .. ':' .. pos)
 if pos ~= '' then
-  redis.call('HSET', H, 'pub', pub + 1, 'last', n, 'lp', pos, 'w', '0')
+  redis.call('HSET', H, 'pub', s(pub + 1), 'last', s(n), 'lp', pos, 'w', '0')
 else
-  redis.call('HSET', H, 'pub', pub + 1, 'last', n, 'w', '0')
+  redis.call('HSET', H, 'pub', s(pub + 1), 'last', s(n), 'w', '0')
 end
 if h[9] == '1' then ring(base .. ':bell:' .. (h[7] or '0')) end
 if mode == 's' and pub + 1 - ai < cap then ring(base .. ':pbell') end
@@ -143,7 +143,7 @@ if n > rd + 1 then redis.call('XGROUP', 'SETID', L, group, s(n - 1) .. '-0') end
 local e = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', L, '>')
 local entry = e and e[1][2][1]
 if not entry or entry_n(entry[1]) ~= n then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
-redis.call('HSET', H, 'rd', n, 'nread', num(h[8]) + 1, 'dl', num(h[9]) + 1, 'lq', rq, 'ln', n, 'la', 1)
+redis.call('HSET', H, 'rd', s(n), 'nread', s(num(h[8]) + 1), 'dl', s(num(h[9]) + 1), 'lq', rq, 'ln', s(n), 'la', '1')
 return {'item', n, 1, entry[2][2]}
 "#;
 
@@ -163,32 +163,35 @@ if (h[1] or '0') ~= ARGV[3] then
 end
 if is_acked(A, an, oo, n) then return {'ok'} end
 redis.call('XACK', L, group, s(n) .. '-0')
-local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(an), '+inf', 'LIMIT', 0, 1)
-if not nx[1] or entry_n(nx[1]) ~= n then
+-- In order (the common case): `n` is the lane's first unacked entry, the head of `ids`.
+local first = redis.call('ZPOPMIN', I)
+if not first[1] or entry_n(first[1]) ~= n then
   -- Out of order: an earlier entry is still out.
+  if first[1] then redis.call('ZADD', I, first[2], first[1]) end
   redis.call('ZADD', A, n, s(n))
-  redis.call('HSET', H, 'oo', oo + 1)
+  redis.call('HSET', H, 'oo', s(oo + 1))
   return {'ok'}
 end
-local moved, ap = 0, nil
-while nx[1] do
+an = n
+local moved = 1
+local ap = string.match(first[1], ':(.*)$')
+if ap == '' then ap = nil end
+while oo > 0 do
+  local nx = redis.call('ZRANGE', I, 0, 0)
+  if not nx[1] then break end
   local k = entry_n(nx[1])
-  if k ~= n then
-    if oo == 0 or redis.call('ZREM', A, s(k)) == 0 then break end
-    oo = oo - 1
-  end
+  if redis.call('ZREM', A, s(k)) == 0 then break end
+  redis.call('ZREM', I, nx[1])
+  oo = oo - 1
   an = k
   moved = moved + 1
   local p = string.match(nx[1], ':(.*)$')
   if p ~= '' then ap = p end
-  if oo == 0 then break end
-  nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(an), '+inf', 'LIMIT', 0, 1)
 end
-redis.call('ZREMRANGEBYSCORE', I, '-inf', an)
 if ap then
-  redis.call('HSET', H, 'an', an, 'ai', ai + moved, 'oo', oo, 'ap', ap, 'pw', '0')
+  redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'ap', ap, 'pw', '0')
 else
-  redis.call('HSET', H, 'an', an, 'ai', ai + moved, 'oo', oo, 'pw', '0')
+  redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'pw', '0')
 end
 if h[5] == '1' then ring(base .. ':pbell') end
 return {'ok'}
