@@ -108,6 +108,9 @@ fn is_connection_error(e: &RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
+/// The longest a new connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Idle connections kept for reuse; more are closed when handed back.
 const MAX_IDLE: usize = 16;
 
@@ -137,7 +140,10 @@ impl Pool {
     }
 
     fn connect(&self) -> RedisResult<Connection> {
-        let conn = self.client.get_connection_with_timeout(self.settings.io_timeout)?;
+        // Connecting gives up sooner than a command: an unreachable server should not hold a
+        // drop or a `try_` call for the whole I/O timeout.
+        let connect_timeout = CONNECT_TIMEOUT.min(self.settings.io_timeout);
+        let conn = self.client.get_connection_with_timeout(connect_timeout)?;
         conn.set_read_timeout(Some(self.settings.io_timeout))?;
         conn.set_write_timeout(Some(self.settings.io_timeout))?;
         let mut conn = conn;
@@ -199,10 +205,7 @@ impl Pool {
             // Respect the backoff of an earlier failure before connecting again.
             let wait = self.backoff_left();
             if !wait.is_zero() && lock(&self.idle).is_empty() {
-                if Instant::now() + wait > give_up && !matches!(budget, Budget::Once) {
-                    return Err(BackendError::Connection);
-                }
-                if matches!(budget, Budget::Once) {
+                if Instant::now() + wait > give_up {
                     return Err(BackendError::Connection);
                 }
                 thread::sleep(wait);
