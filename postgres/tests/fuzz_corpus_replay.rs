@@ -5,27 +5,14 @@
 
 mod fuzz_harness;
 
-use std::fs;
-use std::path::{Path, PathBuf};
+// The replay loop is the core's (the corpora live in the workspace root's fuzz/ crate).
+#[path = "../../tests/corpus_replay/mod.rs"]
+mod corpus_replay;
+
+use std::path::Path;
 
 fn replay(target: &str, harness: fn(&[u8])) {
-    // The corpora live in the workspace root's fuzz/ crate, one level above this package.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target);
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
-        .map(|entry| entry.expect("corpus entry").path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "corpus {} is empty", dir.display());
-    for file in &files {
-        let data = fs::read(file).expect("corpus file");
-        let result = std::panic::catch_unwind(|| harness(&data));
-        if let Err(panic) = result {
-            eprintln!("corpus file {} failed", file.display());
-            std::panic::resume_unwind(panic);
-        }
-    }
+    corpus_replay::replay(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."), target, harness);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use crate::error::{
     TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::{check_capacity, Consumer, Delivery, Lane, LaneStats, Producer, Ring};
+use crate::lane::{Consumer, Delivery, Lane, LaneStats, Producer, Ring};
 use crate::name::SinkName;
 use crate::position::Position;
 
@@ -84,16 +84,7 @@ impl StreamBuilder {
     /// # Errors
     /// [`BuildError::ZeroCapacity`], [`BuildError::InvalidSink`], [`BuildError::DuplicateSink`].
     pub fn build(self) -> Result<MemoryStream, BuildError> {
-        check_capacity(self.capacity, "sink lanes")?;
-        check_capacity(self.request_capacity, "the request lane")?;
-        let mut sinks: Vec<SinkName> = Vec::with_capacity(self.sinks.len());
-        for name in self.sinks {
-            let name = SinkName::new(name)?;
-            if sinks.contains(&name) {
-                return Err(BuildError::DuplicateSink(name));
-            }
-            sinks.push(name);
-        }
+        let sinks = super::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
         let marks = Marks::new(sinks.len());
         let lanes = sinks
             .iter()

@@ -17,3 +17,27 @@ pub(crate) mod watermark;
 pub use self::memory::{MemoryStream, StreamBuilder};
 pub use self::port::{LaneConsumer, LaneDelivery, LaneProducer, RequestPublisher, Stream};
 pub use self::requests::{RequestLane, RequestSender};
+
+use crate::error::BuildError;
+use crate::lane::check_capacity;
+use crate::name::SinkName;
+
+/// Checks what every backend's builder is given ([L1](crate::contract#l1)): both capacities
+/// (`1..=MAX_CAPACITY`) and the sink names (valid, none twice), in that order.
+pub(crate) fn checked_shape(
+    capacity: usize,
+    request_capacity: usize,
+    names: Vec<String>,
+) -> Result<Vec<SinkName>, BuildError> {
+    check_capacity(capacity, "sink lanes")?;
+    check_capacity(request_capacity, "the request lane")?;
+    let mut sinks: Vec<SinkName> = Vec::with_capacity(names.len());
+    for name in names {
+        let name = SinkName::new(name)?;
+        if sinks.contains(&name) {
+            return Err(BuildError::DuplicateSink(name));
+        }
+        sinks.push(name);
+    }
+    Ok(sinks)
+}

@@ -11,7 +11,7 @@ use super::lock;
 use super::producer::{RedisProducer, RedisRequestSender};
 use crate::error::{BackendError, BuildError, StreamError};
 use crate::item::{LaneItem, Request};
-use crate::lane::{check_capacity, LaneStats};
+use crate::lane::LaneStats;
 use crate::name::SinkName;
 use crate::position::Position;
 use crate::stream::port::Stream;
@@ -179,18 +179,9 @@ impl RedisStreamBuilder {
     /// [`BuildError::Backend`] (Redis unreachable, or refusing) and [`BuildError::Mismatch`]
     /// (Redis holds a stream of that name with other sinks).
     pub fn build(self) -> Result<RedisStream, BuildError> {
-        check_capacity(self.capacity, "sink lanes")?;
-        check_capacity(self.request_capacity, "the request lane")?;
+        let sinks = crate::stream::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
         if self.name.is_empty() || self.name.contains(['{', '}']) {
             return Err(BuildError::InvalidStreamName(self.name));
-        }
-        let mut sinks: Vec<SinkName> = Vec::with_capacity(self.sinks.len());
-        for name in self.sinks {
-            let name = SinkName::new(name)?;
-            if sinks.contains(&name) {
-                return Err(BuildError::DuplicateSink(name));
-            }
-            sinks.push(name);
         }
         let client = ::redis::Client::open(self.url.as_str())
             .map_err(|_| BuildError::Backend(BackendError::Server))?;
