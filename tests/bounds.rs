@@ -33,7 +33,7 @@ fn ticks(capacity: usize) -> Lane<Tick> {
 /// alive and redelivers the item) is the bound: the next redelivery waits until one of them
 /// ends, the slot is never reused while any of them reads it, and the item is acked once.
 #[test]
-fn live_deliveries_of_one_item_are_bounded_and_the_next_redelivery_waits() {
+fn l8_live_deliveries_of_one_item_are_bounded_and_the_next_redelivery_waits() {
     const BOUND: usize = 0xFFFF;
     let lane = ticks(2);
     let mut producer = lane.producer().unwrap();
@@ -101,7 +101,7 @@ impl Item for Gate {
 /// received before the end) or hands the item back with `Closed`; here it deterministically
 /// lands in the middle, so the item comes back.
 #[test]
-fn close_in_the_middle_of_a_publish_hands_the_item_back() {
+fn l10_close_in_the_middle_of_a_publish_hands_the_item_back() {
     let lane: Lane<Gate> = Lane::standalone(SinkName::new("gate").unwrap(), 4).unwrap();
     let (entered_tx, entered) = mpsc::channel();
     let release = Arc::new(Barrier::new(2));
@@ -128,7 +128,7 @@ fn close_in_the_middle_of_a_publish_hands_the_item_back() {
 /// Closing from another thread while a producer publishes as fast as it can: every publish that
 /// returned `Ok` is received before the end, nothing arrives after it.
 #[test]
-fn close_racing_a_publish_loop_never_loses_nor_resurrects_an_item() {
+fn l10_close_racing_a_publish_loop_never_loses_nor_resurrects_an_item() {
     let rounds = if cfg!(debug_assertions) { 300 } else { 3_000 };
     for round in 0..rounds {
         let s = stream(8, &["a"]);
@@ -206,7 +206,7 @@ impl Drop for PanicsOnDrop {
 /// ack: the item is dropped (its `Drop` panics) and the process goes on, no abort; the panic
 /// that unwinds is the thread's own.
 #[test]
-fn a_stale_delivery_dropped_during_unwinding_does_not_abort_on_an_item_drop_panic() {
+fn m3_a_stale_delivery_dropped_during_unwinding_does_not_abort_on_an_item_drop_panic() {
     let lane: Lane<PanicsOnDrop> = Lane::standalone(SinkName::new("p").unwrap(), 2).unwrap();
     let drops = Arc::new(AtomicUsize::new(0));
     lane.producer().unwrap().publish(PanicsOnDrop(drops.clone())).unwrap();
@@ -226,7 +226,7 @@ fn a_stale_delivery_dropped_during_unwinding_does_not_abort_on_an_item_drop_pani
 
 /// Outside an unwind, the same drop panic reaches the thread that dropped the last holder.
 #[test]
-fn a_stale_delivery_dropped_normally_surfaces_the_item_drop_panic() {
+fn m3_a_stale_delivery_dropped_normally_surfaces_the_item_drop_panic() {
     let lane: Lane<PanicsOnDrop> = Lane::standalone(SinkName::new("p").unwrap(), 2).unwrap();
     let drops = Arc::new(AtomicUsize::new(0));
     lane.producer().unwrap().publish(PanicsOnDrop(drops.clone())).unwrap();
@@ -239,7 +239,7 @@ fn a_stale_delivery_dropped_normally_surfaces_the_item_drop_panic() {
 }
 
 #[test]
-fn capacities_above_the_limit_are_refused_at_build_with_the_limit_named() {
+fn l1_capacities_above_the_limit_are_refused_at_build_with_the_limit_named() {
     for capacity in [MAX_CAPACITY + 1, 1 << 40, usize::MAX] {
         let err = MemoryStream::builder().capacity(capacity).sink("a").build().unwrap_err();
         assert_eq!(err, BuildError::CapacityTooLarge { what: "sink lanes", capacity });
@@ -254,7 +254,7 @@ fn capacities_above_the_limit_are_refused_at_build_with_the_limit_named() {
 /// The capacity-1 case: the new consumer acked the item while the detached one still holds it.
 /// The lane is idle with no lag, yet a publish must wait: `pinned` says why.
 #[test]
-fn a_slot_pinned_by_a_stale_delivery_shows_in_the_stats() {
+fn l8_a_slot_pinned_by_a_stale_delivery_shows_in_the_stats() {
     let lane = ticks(1);
     let mut producer = lane.producer().unwrap();
     producer.publish(Tick(1)).unwrap();
@@ -272,7 +272,7 @@ fn a_slot_pinned_by_a_stale_delivery_shows_in_the_stats() {
 /// `attach` refuses while a consumer is alive and succeeds once it is dropped; `reattach` always
 /// takes the lane over.
 #[test]
-fn attach_refuses_while_a_consumer_is_alive_and_reattach_takes_over() {
+fn l8_attach_refuses_while_a_consumer_is_alive_and_reattach_takes_over() {
     let s = stream(4, &["a"]);
     let lane = s.lane("a").unwrap();
     let first = lane.attach().unwrap();

@@ -56,18 +56,23 @@ impl Postings {
 
     /// Appends `position` (writer only; strictly above every entry so far).
     pub(crate) fn push(&self, position: u64) {
+        // Relaxed: only the writer stores `len`, and this is the writer.
         let i = self.len.load(Ordering::Relaxed);
         let (k, off) = locate(i);
         let mut chunk = &self.first;
         for j in 0..k {
             chunk = chunk.next.get_or_init(|| Box::new(Chunk::new(j + 1)));
         }
+        // Relaxed: published by the Release store of `len` below.
         chunk.slots[off].store(position, Ordering::Relaxed);
+        // Release: pairs with `view`'s Acquire load, so a reader that sees `i + 1` entries sees
+        // the slot written above (and every chunk `get_or_init` linked in).
         self.len.store(i + 1, Ordering::Release);
     }
 
     /// A reader's view: the chunks covering the entries written so far.
     pub(crate) fn view(&self) -> PostingsView<'_> {
+        // Acquire: pairs with `push`'s Release store (the first `len` slots are written).
         let len = self.len.load(Ordering::Acquire);
         let mut chunks = Vec::new();
         if len > 0 {
@@ -85,6 +90,7 @@ impl Postings {
 
 impl fmt::Debug for Postings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Relaxed: a count for display only.
         f.debug_struct("Postings").field("len", &self.len.load(Ordering::Relaxed)).finish()
     }
 }

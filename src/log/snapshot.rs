@@ -293,6 +293,8 @@ impl Shared {
 
     /// Whether the writer stopped.
     pub(crate) fn is_closed(&self) -> bool {
+        // Acquire: pairs with the writer's Release store when it stops (its last snapshot and
+        // replies happen before).
         self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 

@@ -61,6 +61,7 @@ impl Drop for EndGuard {
                 r.reply.send(Err(err));
             }
         }
+        // Release: pairs with `is_closed`'s Acquire; every reply and snapshot above comes first.
         self.shared.closed.store(true, Ordering::Release);
         self.shared.signal.notify();
     }
