@@ -4,7 +4,6 @@
 
 use std::fmt;
 use std::io;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -16,16 +15,9 @@ use bytes::Bytes;
 use super::storage::Storage;
 use super::*;
 
-/// A fresh directory under the target's temp space.
-fn temp_dir(name: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "lanestream-log-unit-{}-{}-{name}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A fresh, empty directory, removed with everything in it when the value drops.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("lanestream-log-unit-{name}-")).tempdir().unwrap()
 }
 
 fn ev(ty: &str, tags: &[&str]) -> Event {
@@ -158,7 +150,7 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn staged_after_equal_head_conflicts_with_a_match_earlier_in_the_same_drain() {
     let dir = temp_dir("staged");
-    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
     log.append(vec![ev("Seed", &[])], None).unwrap(); // head 1
     control.set(|p| p.hold_syncs = true);
     let blocker = {
@@ -186,7 +178,7 @@ fn staged_after_equal_head_conflicts_with_a_match_earlier_in_the_same_drain() {
 #[test]
 fn loser_in_the_same_drain_gets_the_winners_position() {
     let dir = temp_dir("same-drain");
-    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
     control.set(|p| p.hold_syncs = true);
     let blocker = {
         let log = log.clone();
@@ -216,7 +208,7 @@ fn loser_in_the_same_drain_gets_the_winners_position() {
 #[test]
 fn failed_fsync_fails_every_request_of_the_drain_and_refuses_further_writes() {
     let dir = temp_dir("fsync");
-    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
     let acked = log.append(vec![ev("Before", &["k"])], None).unwrap();
     control.set(|p| {
         p.hold_syncs = true;
@@ -259,7 +251,7 @@ fn failed_fsync_fails_every_request_of_the_drain_and_refuses_further_writes() {
     log.close();
     drop(log);
     // After reopening: the acknowledged appends are there; the failed ones whole or not at all.
-    let log = EventLog::open(&dir, LogOptions::default()).unwrap();
+    let log = EventLog::open(dir.path(), LogOptions::default()).unwrap();
     let all = log.read(&Query::All, None, usize::MAX).into_events();
     assert_eq!(all[0].event, ev("Before", &["k"]));
     assert_eq!(all[1].event, ev("Blocker", &[]));
@@ -271,16 +263,16 @@ fn failed_fsync_fails_every_request_of_the_drain_and_refuses_further_writes() {
 #[test]
 fn short_write_then_failure_leaves_a_torn_tail_that_recovery_truncates() {
     let dir = temp_dir("short");
-    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
     let ok = log.append(vec![ev("Kept", &["a"])], None).unwrap();
     control.set(|p| p.short_write = Some(11));
     let r = log.append(vec![ev("Torn", &["a"]), ev("Torn", &["b"])], None);
     assert!(matches!(r, Err(AppendError::Io(_))), "{r:?}");
     assert!(matches!(log.append(vec![ev("X", &[])], None), Err(AppendError::Failed(_))));
     drop(log);
-    let seg = dir.join(format!("{:020}.seg", 1));
+    let seg = dir.path().join(format!("{:020}.seg", 1));
     let len_before = std::fs::metadata(&seg).unwrap().len();
-    let log = EventLog::open(&dir, LogOptions::default()).unwrap();
+    let log = EventLog::open(dir.path(), LogOptions::default()).unwrap();
     assert!(std::fs::metadata(&seg).unwrap().len() < len_before, "the torn record was truncated");
     let all = log.read(&Query::All, None, usize::MAX).into_events();
     assert_eq!(all.len(), 1);
@@ -292,7 +284,7 @@ fn short_write_then_failure_leaves_a_torn_tail_that_recovery_truncates() {
 #[test]
 fn writer_failure_wakes_subscribers_blocking_and_async() {
     let dir = temp_dir("fail-wakes");
-    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
     let mut blocking = log.subscribe(Query::All, None);
     let (tx, rx) = mpsc::channel();
     let t = thread::spawn(move || {
@@ -320,7 +312,8 @@ fn writer_failure_wakes_subscribers_blocking_and_async() {
 #[test]
 fn full_queue_blocks_append_and_parks_append_async_without_spinning() {
     let dir = temp_dir("backpressure");
-    let (log, control) = open_faulty(&dir, LogOptions::default().queue_capacity(2).max_drain_requests(1));
+    let (log, control) =
+        open_faulty(dir.path(), LogOptions::default().queue_capacity(2).max_drain_requests(1));
     control.set(|p| p.hold_syncs = true);
     let first = {
         let log = log.clone();
@@ -367,7 +360,7 @@ fn full_queue_blocks_append_and_parks_append_async_without_spinning() {
 #[test]
 fn requests_queued_before_close_are_served_later_ones_get_shutdown() {
     let dir = temp_dir("close-queue");
-    let (log, control) = open_faulty(&dir, LogOptions::default().max_drain_requests(1));
+    let (log, control) = open_faulty(dir.path(), LogOptions::default().max_drain_requests(1));
     control.set(|p| p.hold_syncs = true);
     let first = {
         let log = log.clone();
@@ -403,7 +396,7 @@ fn requests_queued_before_close_are_served_later_ones_get_shutdown() {
 #[test]
 fn a_panicking_writer_answers_everyone_wakes_subscribers_and_refuses_writes() {
     let dir = temp_dir("panic");
-    let (log, control) = open_faulty(&dir, LogOptions::default());
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
     log.append(vec![ev("Before", &[])], None).unwrap();
     let mut sub = log.subscribe(Query::All, None);
     assert_eq!(sub.next_batch().unwrap().unwrap().len(), 1);

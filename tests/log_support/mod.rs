@@ -1,8 +1,7 @@
 //! Helpers shared by the log's integration tests (`mod log_support;` in each `log_*` file).
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,16 +32,26 @@ pub fn all(log: &ReadHandle) -> Vec<SequencedEvent> {
     log.read(&Query::All, None, usize::MAX).into_events()
 }
 
-/// A fresh, empty directory for one test (removed first if a previous run left it).
-pub fn temp_dir(name: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "lanestream-log-{}-{}-{name}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A fresh, empty directory for one test; it and everything in it are removed when the value
+/// drops (also when the test fails), so runs leave nothing behind in the temp space.
+pub struct TestDir(tempfile::TempDir);
+
+impl std::ops::Deref for TestDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<Path> for TestDir {
+    fn as_ref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+/// A fresh, empty directory named after `name`, removed on drop.
+pub fn temp_dir(name: &str) -> TestDir {
+    TestDir(tempfile::Builder::new().prefix(&format!("lanestream-log-{name}-")).tempdir().unwrap())
 }
 
 /// The longest any test waits for something that should happen at once.
