@@ -389,7 +389,17 @@ impl RedisStream {
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
     pub fn delete(&self) -> Result<(), BackendError> {
-        let pattern = format!("{{{}}}:*", self.name);
+        // The name goes into a SCAN pattern: its glob characters are escaped, so that a stream
+        // named `a*` deletes its own keys, not those of every stream whose name starts with `a`.
+        let mut pattern = String::with_capacity(self.name.len() + 4);
+        pattern.push('{');
+        for c in self.name.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push_str("}:*");
         let mut cursor = 0u64;
         loop {
             let (next, keys): (u64, Vec<String>) = query(&self.shared.pool, Budget::Retry, |c| {
