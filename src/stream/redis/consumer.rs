@@ -89,6 +89,7 @@ impl<T: RedisItem> RedisConsumer<T> {
                 self.requests += 1;
                 match T::decode(&payload) {
                     Ok(item) => Ok(RedisDelivery {
+                        position: item.position(),
                         item,
                         n,
                         attempt,
@@ -245,6 +246,8 @@ impl<T> fmt::Debug for RedisConsumer<T> {
 /// consumer detached) pins nothing in the lane.
 pub struct RedisDelivery<T> {
     item: T,
+    /// The item's position, handed to the ack (a lane alone on its log takes it from there).
+    position: Option<Position>,
     n: u64,
     attempt: u32,
     epoch: u64,
@@ -287,7 +290,7 @@ impl<T> RedisDelivery<T> {
     /// retry budget (with [`BackendError::Connection`] the outcome is unknown).
     pub fn ack(mut self) -> Result<(), AckError> {
         self.done = true;
-        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n) {
+        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n, self.position) {
             Ok(Acked::Done) => Ok(()),
             Ok(Acked::Detached) => Err(AckError::Detached),
             Ok(Acked::Unknown) => Err(AckError::Backend(BackendError::Connection)),
