@@ -4,7 +4,8 @@
 //!
 //! Needs a server: `LANESTREAM_REDIS_URL` (e.g. `redis://127.0.0.1:6399` or
 //! `redis+unix:///tmp/x/redis.sock`). Unset, every test fails under `CI=true` and is skipped
-//! with a message otherwise. Each stream lives under its own name (`lst_<pid>_<n>`).
+//! with a message otherwise. Each stream lives under its own name (`lst_<pid>_<n>_<nanos>`), and
+//! its keys are deleted when the test ends, passed or failed ([`Cleanup`]).
 #![cfg(feature = "redis")]
 
 mod common;
