@@ -581,3 +581,51 @@ fn redis_delete_removes_its_own_keys_only_whatever_glob_characters_the_name_hold
     assert_eq!(left, Vec::<String>::new(), "the stream's own keys are gone");
     assert_eq!(keys_of(&mut admin, &other).unwrap().len(), before, "the other stream's keys are untouched");
 }
+
+#[test]
+fn redis_a_lane_alone_on_its_log_keeps_no_ids_set_and_acks_and_trims_from_its_acked_prefix() {
+    let url = server!();
+    let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
+    let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let (log, ids) = (format!("{{{name}}}:log"), format!("{{{name}}}:l:search:ids"));
+    let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&log).query(con).unwrap() };
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    for i in 1..=5 {
+        p.publish(batch(i * 10)).unwrap();
+    }
+    p.publish(snapshot()).unwrap(); // entry 6: no position
+    let mut held: Vec<_> = (0..6).map(|_| c.try_recv().unwrap()).collect();
+    assert_eq!(held.iter().map(RedisDelivery::entry).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6], "no gaps");
+    let exists: i64 = redis::cmd("EXISTS").arg(&ids).query(&mut con).unwrap();
+    assert_eq!(exists, 0, "no ids set for a lane alone on its log");
+    // Out of order: 6, 4, 2 first; the prefix does not move.
+    for k in [5, 3, 1] {
+        held.remove(k).ack().unwrap();
+    }
+    assert_eq!(s.acked("search").unwrap(), None);
+    assert_eq!(s.trim().unwrap(), 0);
+    // Entry 1 acked: the prefix runs over 2 (acked before) to 2's position.
+    held.remove(0).ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(20)));
+    assert_eq!(s.trim().unwrap(), 2);
+    assert_eq!(len(&mut con), 4, "trimmed below the acked prefix, not further");
+    // 3 then 5: through 4 and 6 (no position: the acked position stays 5's).
+    held.remove(0).ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(40)));
+    held.remove(0).ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(50)));
+    assert!(held.is_empty());
+    assert_eq!(s.trim().unwrap(), 6);
+    assert_eq!(len(&mut con), 0);
+    assert_eq!(s.watermark(), Some(Position(50)));
+    assert!(s.is_idle());
+    // The numbering goes on after the trim.
+    p.publish(batch(60)).unwrap();
+    let d = c.try_recv().unwrap();
+    assert_eq!((d.entry(), d.position()), (7, Some(Position(60))));
+    d.ack().unwrap();
+    assert_eq!(s.watermark(), Some(Position(60)));
+}
