@@ -3,9 +3,10 @@
 # the ingest engine and three sink engines (search, cache, archive) each in its own process
 # (`--backend URL --role ingest|sink`), sharing one Redis stream. The archive sink is slowed
 # down, SIGKILLed mid-run (once its durable checkpoint shows progress) and restarted: it
-# re-attaches and gets its unacked batches again. The ingest waits until the watermark is the
-# last commit LSN, then checks every sink's output: every published envelope exactly once
-# (`lost 0`). Prints the processes' reports and a PASS or FAIL line last; exits non-zero on
+# re-attaches and gets its unacked batches again. The ingest, held back meanwhile by the
+# archive lane's bound, is SIGKILLed too and restarted: each lane resumes after the batches it
+# holds. The ingest waits until the watermark is the last commit LSN, then checks every sink's
+# output: every published envelope exactly once (`lost 0`). Prints the processes' reports and a PASS or FAIL line last; exits non-zero on
 # failure (keeping the work directory for a look).
 #
 #   scripts/e2e-redis.sh    (uses LANESTREAM_REDIS_URL, or starts a throwaway redis-server)
@@ -56,7 +57,7 @@ sink cache "$work/cache.log"
 # The victim: 1 ms per batch, so that the run lasts long enough to kill it in the middle.
 sink archive "$work/archive-1.log" --slow-sink --slow-sink-micros 1000
 victim=$last
-"$bin" "${common[@]}" --role ingest --wait-secs 120 >"$work/ingest.log" 2>&1 &
+"$bin" "${common[@]}" --role ingest --wait-secs 120 >"$work/ingest-1.log" 2>&1 &
 ingest=$!
 pids+=("$ingest")
 
@@ -74,7 +75,15 @@ kill -9 "$victim"
 wait "$victim" 2>/dev/null || true
 checkpoint=$(cat "$out/archive.checkpoint")
 echo "archive sink SIGKILLed at checkpoint ${checkpoint% *} (${checkpoint#* } bytes durable, $(wc -c <"$out/archive.ndjson") written)"
-kill -0 "$ingest" 2>/dev/null && echo "(the ingest was still publishing or waiting for the acks)"
+# The ingest: waiting on the archive lane, which is full (capacity 1024) while its sink is dead.
+kill -0 "$ingest" 2>/dev/null || fail "the ingest ended while the archive sink was dead"
+kill -9 "$ingest"
+wait "$ingest" 2>/dev/null || true
+first_ingest=$ingest
+echo "ingest SIGKILLed (held back by the archive lane's bound)"
+"$bin" "${common[@]}" --role ingest --wait-secs 120 >"$work/ingest.log" 2>&1 &
+ingest=$!
+pids+=("$ingest")
 sleep 0.5
 sink archive "$work/archive-2.log"
 restarted=$last
@@ -83,15 +92,19 @@ ingest_rc=0
 wait "$ingest" || ingest_rc=$?
 sinks_rc=0
 for pid in "${pids[@]}"; do
-    [ "$pid" = "$ingest" ] || [ "$pid" = "$victim" ] && continue
+    [ "$pid" = "$ingest" ] || [ "$pid" = "$victim" ] || [ "$pid" = "$first_ingest" ] && continue
     wait "$pid" || sinks_rc=$?
 done
 pids=()
-cat "$work/search.log" "$work/cache.log" "$work/archive-1.log" "$work/archive-2.log" "$work/ingest.log"
+cat "$work/search.log" "$work/cache.log" "$work/archive-1.log" "$work/archive-2.log" "$work/ingest-1.log" "$work/ingest.log"
 "$bin" "${common[@]}" --role delete >/dev/null
 [ "$sinks_rc" = 0 ] || fail "a sink process failed (exit $sinks_rc)"
 [ "$ingest_rc" = 0 ] || fail "the ingest process failed (exit $ingest_rc)"
 grep -q '^lost 0,' "$work/ingest.log" || fail "the ingest's check did not report lost 0"
 grep -q 'redeliveries' "$work/archive-2.log" || fail "the restarted archive sink did not report"
-echo "PASS: e2e over Redis: 3 sink processes and the ingest process, the archive sink SIGKILLed and restarted (pid $victim then $restarted): lost 0, final watermark = last commit LSN, every output exactly once ($(( $(date +%s) - start )) s)"
+grep -q 'published by an earlier run' "$work/ingest.log" || fail "the restarted ingest did not report"
+# Killed mid-run: the first ingest had published some batches, and left some to the second.
+grep -qE '^ingest: [0-9]+ transactions read, [1-9][0-9]* batches published to [0-9]+ lanes \([1-9][0-9]* published by an earlier run\)' \
+    "$work/ingest.log" || fail "the ingest was not killed in the middle of publishing"
+echo "PASS: e2e over Redis: 3 sink processes and the ingest process, the archive sink (pid $victim then $restarted) and the ingest (pid $first_ingest then $ingest) SIGKILLed mid-run and restarted: lost 0, final watermark = last commit LSN, every output exactly once ($(( $(date +%s) - start )) s)"
 rm -rf "$work"

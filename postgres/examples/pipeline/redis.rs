@@ -5,8 +5,8 @@
 //!   every sink's lane of the Redis stream `--stream-name`, closes the lanes, waits (at most
 //!   `--wait-secs`) until the watermark reaches the last commit LSN, then checks every sink's
 //!   output in `--out` (unless `--discard`): each published transaction's envelopes are there
-//!   exactly once. A restarted ingest publishes nothing twice: each lane resumes after its last
-//!   published position (the lanes' state is in Redis).
+//!   exactly once. A restarted ingest publishes nothing twice: each lane resumes after the
+//!   batches it already holds (its publish count is in Redis; the input must be the same).
 //! - **sink** re-attaches to its lane (a restarted sink gets its unacked batches again, in
 //!   order), writes each batch's envelopes as NDJSON to `--out/<lane>.ndjson` and acks only after
 //!   the output and its checkpoint are on disk (the live mode's durable sink: after a restart it
@@ -84,20 +84,21 @@ pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
 fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, BoxError> {
     let started = Instant::now();
     let mut producers = names.iter().map(|n| stream.producer(n)).collect::<Result<Vec<_>, _>>()?;
-    // A restarted ingest: each lane resumes after the last position it was published.
-    let resume: Vec<Option<Position>> =
-        names.iter().map(|n| stream.stats(n).map(|s| s.last_published)).collect::<Result<_, _>>()?;
+    // A restarted ingest: every lane gets every batch of the input, in input order, and a
+    // lane's publish count is exact (a publish lands once), so lane i resumes after its first
+    // `published` batches (chunks of a large transaction included).
+    let resume: Vec<u64> =
+        names.iter().map(|n| stream.stats(n).map(|s| s.published)).collect::<Result<_, _>>()?;
     // Every transaction of the input (published now or by an earlier run): (position, envelopes).
     let mut published: Vec<(u64, u32)> = Vec::new();
     let (mut chunk_envelopes, mut sent, mut skipped) = (0u32, 0u64, 0u64);
-    for next in Wal2JsonReader::new(open_input(&args.input)?).with_builder(Ingest::builder(args)?) {
+    let batches = Wal2JsonReader::new(open_input(&args.input)?).with_builder(Ingest::builder(args)?);
+    for (k, next) in (0u64..).zip(batches) {
         let batch = next.map_err(|e| super::input_error(&e, args))?;
         let envelopes = u32::try_from(batch.envelopes.len())?;
-        // A chunk of a large transaction carries its commit position on its envelopes.
-        let at = batch.position.or_else(|| batch.envelopes.first().and_then(|e| e.position));
         let item = LaneItem::Batch(batch.clone());
         for (i, p) in producers.iter_mut().enumerate() {
-            if at.is_some_and(|at| resume[i].is_some_and(|r| at <= r)) {
+            if k < resume[i] {
                 skipped += 1;
                 continue;
             }
