@@ -4,7 +4,8 @@
 //!
 //! Needs a server: `LANESTREAM_REDIS_URL` (e.g. `redis://127.0.0.1:6399` or
 //! `redis+unix:///tmp/x/redis.sock`). Unset, every test fails under `CI=true` and is skipped
-//! with a message otherwise. Each stream lives under its own name (`lst_<pid>_<n>`).
+//! with a message otherwise. Each stream lives under its own name (`lst_<pid>_<n>_<nanos>`), and
+//! its keys are deleted when the test ends, passed or failed ([`Cleanup`]).
 #![cfg(feature = "redis")]
 
 mod common;
@@ -60,6 +61,74 @@ fn unique_name() -> String {
     format!("lst_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Deletes every key of the streams it was given when dropped, also when the test panicked, so
+/// that a run leaves the server as it found it.
+struct Cleanup {
+    url: String,
+    names: std::sync::Mutex<Vec<String>>,
+}
+
+impl Cleanup {
+    fn new(url: &str) -> Cleanup {
+        Cleanup { url: url.to_owned(), names: std::sync::Mutex::new(Vec::new()) }
+    }
+
+    /// A guard for one stream.
+    fn of(url: &str, name: &str) -> Cleanup {
+        let c = Cleanup::new(url);
+        c.add(name);
+        c
+    }
+
+    fn add(&self, name: &str) {
+        self.names.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_owned());
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let names = std::mem::take(&mut *self.names.lock().unwrap_or_else(|p| p.into_inner()));
+        if names.is_empty() {
+            return;
+        }
+        // Best effort: a test that failed because the server went away cannot clean up either.
+        let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection()) else {
+            return;
+        };
+        for name in names {
+            let _ = delete_keys(&mut conn, &name);
+        }
+    }
+}
+
+/// The keys of stream `name` (`{name}:*`; the test names hold no glob characters).
+fn keys_of(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<Vec<String>> {
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{{{name}}}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query(conn)?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+fn delete_keys(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<()> {
+    let keys = keys_of(conn, name)?;
+    if !keys.is_empty() {
+        redis::cmd("UNLINK").arg(&keys).query::<i64>(conn)?;
+    }
+    Ok(())
+}
+
 fn open(url: &str, name: &str, capacity: usize, request_capacity: usize, sinks: &[&str]) -> RedisStream {
     RedisStream::builder(url, name)
         .capacity(capacity)
@@ -69,8 +138,11 @@ fn open(url: &str, name: &str, capacity: usize, request_capacity: usize, sinks: 
         .unwrap_or_else(|e| panic!("building stream {name} on {url}: {e}"))
 }
 
-/// The Redis backend under the generic contract tests.
-struct Redis;
+/// The Redis backend under the generic contract tests; the streams it built are deleted when it
+/// is dropped (after the test, passed or failed).
+struct Redis {
+    cleanup: Cleanup,
+}
 
 impl Backend for Redis {
     type Stream = RedisStream;
@@ -82,7 +154,9 @@ impl Backend for Redis {
 
     fn build(&self, capacity: usize, request_capacity: usize, sinks: &[&str]) -> RedisStream {
         let url = url().expect("checked by the macro's guard");
-        open(&url, &unique_name(), capacity, request_capacity, sinks)
+        let name = unique_name();
+        self.cleanup.add(&name);
+        open(&url, &name, capacity, request_capacity, sinks)
     }
 
     /// No split on this backend: the worker holds the delivery itself.
@@ -114,10 +188,8 @@ impl WorkerHandle for RedisDelivery<LaneItem> {
 
 // Without a server (and outside CI), each test returns at once, after `url` said why.
 port_contract_tests!({
-    if url().is_none() {
-        return;
-    }
-    Redis
+    let Some(url) = url() else { return };
+    Redis { cleanup: Cleanup::new(&url) }
 });
 
 // ----- Redis only ------------------------------------------------------------------------------
@@ -136,6 +208,7 @@ macro_rules! server {
 fn redis_state_survives_the_process_a_restarted_sink_gets_its_unacked_batches_again() {
     let url = server!();
     let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
     let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     {
         // Process 1: ingest publishes 1..=5; the sink applies and acks 1 and 3, holds 2, 4 and 5.
@@ -179,6 +252,7 @@ fn redis_state_survives_the_process_a_restarted_sink_gets_its_unacked_batches_ag
 fn redis_a_restarted_ingest_resumes_after_the_last_published_position() {
     let url = server!();
     let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
     {
         let s = open(&url, &name, 8, 4, &["a", "b"]);
         for sink in ["a", "b"] {
@@ -207,6 +281,7 @@ fn redis_a_restarted_ingest_resumes_after_the_last_published_position() {
 fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lanes_acked_it() {
     let url = server!();
     let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 8, 4, &["a", "b", "c"]);
     let mut ps: Vec<_> = ["a", "b", "c"].iter().map(|n| s.producer(n).unwrap()).collect();
     let mut cs: Vec<_> = ["a", "b", "c"].iter().map(|n| s.reattach(n).unwrap()).collect();
@@ -253,6 +328,7 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
 
     // Publishing trims by itself every 64 entries, below the slowest lane: b stops acking at 100.
     let name = unique_name();
+    let _cleanup2 = Cleanup::of(&url, &name);
     let log = format!("{{{name}}}:log");
     let s = open(&url, &name, 64, 4, &["a", "b"]);
     let mut ps: Vec<_> = ["a", "b"].iter().map(|n| s.producer(n).unwrap()).collect();
@@ -281,6 +357,7 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
 fn redis_a_lost_connection_reconnects_and_nothing_is_published_or_acked_twice() {
     let url = server!();
     let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 4, 4, &["search"]);
     let mut p = s.producer("search").unwrap();
     let mut c = s.reattach("search").unwrap();
@@ -326,6 +403,7 @@ fn redis_an_unreachable_server_is_a_clear_error() {
 fn redis_a_different_set_of_sinks_under_the_same_name_is_refused() {
     let url = server!();
     let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 4, 4, &["a", "b"]);
     let err = RedisStream::builder(url.as_str(), name.as_str()).sinks(["a"]).build().unwrap_err();
     assert!(matches!(err, lanestream::BuildError::Mismatch(_)), "{err:?}");
@@ -335,7 +413,9 @@ fn redis_a_different_set_of_sinks_under_the_same_name_is_refused() {
 #[test]
 fn redis_async_receive_and_request_publish_wait_without_a_runtime_of_our_own() {
     let url = server!();
-    let s = open(&url, &unique_name(), 1, 1, &["search"]);
+    let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
+    let s = open(&url, &name, 1, 1, &["search"]);
     let mut p = s.producer("search").unwrap();
     let mut c = s.reattach("search").unwrap();
     let s2 = s.clone();
@@ -419,6 +499,7 @@ fn redis_processes_killed_mid_run_a_restarted_sink_gets_its_unacked_batches_a_re
         child_role(&url, &spec);
     }
     let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
     let s = RedisStream::builder(url.as_str(), name.as_str()).capacity(16).sink("search").build().unwrap();
     {
         let mut p = s.producer("search").unwrap();
@@ -455,4 +536,96 @@ fn redis_processes_killed_mid_run_a_restarted_sink_gets_its_unacked_batches_a_re
     assert_eq!(s.watermark(), Some(Position(16)));
     assert!(s.is_idle());
     s.delete().unwrap();
+}
+
+#[test]
+fn redis_the_generic_tests_leave_no_key_behind_even_when_they_fail() {
+    let url = server!();
+    let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let backend = Redis { cleanup: Cleanup::new(&url) };
+    let (a, b) = (backend.build(2, 2, &["search"]), backend.build(2, 2, &["search", "cache"]));
+    let names = [a.name().to_owned(), b.name().to_owned()];
+    a.producer("search").unwrap().publish(batch(1)).unwrap();
+    assert!(!keys_of(&mut admin, &names[0]).unwrap().is_empty(), "the stream has keys while it lives");
+    // A failing test: the panic unwinds through the backend, which cleans up.
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _backend = backend;
+        drop((a, b));
+        panic!("a failing test");
+    }));
+    assert!(failed.is_err());
+    for name in &names {
+        assert_eq!(keys_of(&mut admin, name).unwrap(), Vec::<String>::new(), "keys of {name} left behind");
+    }
+}
+
+#[test]
+fn redis_delete_removes_its_own_keys_only_whatever_glob_characters_the_name_holds() {
+    let url = server!();
+    let base = unique_name();
+    let (globby, other) = (format!("{base}_a*"), format!("{base}_ab"));
+    let _cleanup = Cleanup::of(&url, &other);
+    let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let (g, o) = (open(&url, &globby, 2, 2, &["search"]), open(&url, &other, 2, 2, &["search"]));
+    g.producer("search").unwrap().publish(batch(1)).unwrap();
+    o.producer("search").unwrap().publish(batch(1)).unwrap();
+    let before = keys_of(&mut admin, &other).unwrap().len();
+    assert!(before > 0);
+    g.delete().unwrap();
+    // `keys_of` does not escape: its pattern for `..._a*` also matches `..._ab`'s keys.
+    let left: Vec<String> = keys_of(&mut admin, &globby)
+        .unwrap()
+        .into_iter()
+        .filter(|k| k.starts_with(&format!("{{{globby}}}")))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "the stream's own keys are gone");
+    assert_eq!(keys_of(&mut admin, &other).unwrap().len(), before, "the other stream's keys are untouched");
+}
+
+#[test]
+fn redis_a_lane_alone_on_its_log_keeps_no_ids_set_and_acks_and_trims_from_its_acked_prefix() {
+    let url = server!();
+    let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
+    let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let (log, ids) = (format!("{{{name}}}:log"), format!("{{{name}}}:l:search:ids"));
+    let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&log).query(con).unwrap() };
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    for i in 1..=5 {
+        p.publish(batch(i * 10)).unwrap();
+    }
+    p.publish(snapshot()).unwrap(); // entry 6: no position
+    let mut held: Vec<_> = (0..6).map(|_| c.try_recv().unwrap()).collect();
+    assert_eq!(held.iter().map(RedisDelivery::entry).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6], "no gaps");
+    let exists: i64 = redis::cmd("EXISTS").arg(&ids).query(&mut con).unwrap();
+    assert_eq!(exists, 0, "no ids set for a lane alone on its log");
+    // Out of order: 6, 4, 2 first; the prefix does not move.
+    for k in [5, 3, 1] {
+        held.remove(k).ack().unwrap();
+    }
+    assert_eq!(s.acked("search").unwrap(), None);
+    assert_eq!(s.trim().unwrap(), 0);
+    // Entry 1 acked: the prefix runs over 2 (acked before) to 2's position.
+    held.remove(0).ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(20)));
+    assert_eq!(s.trim().unwrap(), 2);
+    assert_eq!(len(&mut con), 4, "trimmed below the acked prefix, not further");
+    // 3 then 5: through 4 and 6 (no position: the acked position stays 5's).
+    held.remove(0).ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(40)));
+    held.remove(0).ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(50)));
+    assert!(held.is_empty());
+    assert_eq!(s.trim().unwrap(), 6);
+    assert_eq!(len(&mut con), 0);
+    assert_eq!(s.watermark(), Some(Position(50)));
+    assert!(s.is_idle());
+    // The numbering goes on after the trim.
+    p.publish(batch(60)).unwrap();
+    let d = c.try_recv().unwrap();
+    assert_eq!((d.entry(), d.position()), (7, Some(Position(60))));
+    d.ack().unwrap();
+    assert_eq!(s.watermark(), Some(Position(60)));
 }

@@ -25,6 +25,10 @@
 //! to the checkpoint and skip every transaction at or before it, so however the process dies the
 //! outputs hold every committed change exactly once (`scripts/e2e-postgres.sh` SIGKILLs it).
 //!
+//! **Over Redis** (`--backend redis://... --role ingest|sink|delete`): the ingest and each sink
+//! run as separate processes on a [`lanestream::RedisStream`]; see `pipeline/redis.rs` and
+//! `scripts/e2e-redis.sh`, which SIGKILLs a sink mid-run.
+//!
 //! Without `--out` or `--discard` the sinks write `target/pipeline-out/<sink>.ndjson` under the
 //! workspace root (the parent of this crate's `postgres/` directory, where the workspace's
 //! `Cargo.toml` is), whatever the working directory or `CARGO_TARGET_DIR`.
@@ -99,7 +103,12 @@ const LONG_ABOUT: &str = concat!(
     "Live mode: --source postgres://... reads the logical replication slot --slot (wal2json plugin; ",
     "--create-slot creates it) instead of --input and confirms it only up to the watermark. Its ",
     "sinks are durable: they fsync the output and a checkpoint before acking and, after a restart, ",
-    "skip what they already applied, so a crash anywhere loses nothing and applies nothing twice.",
+    "skip what they already applied, so a crash anywhere loses nothing and applies nothing twice.\n",
+    "\n",
+    "Over Redis: --backend redis://... --role ingest|sink|delete runs one part of the pipeline per ",
+    "process on the Redis stream --stream-name: the ingest publishes the input and, once the ",
+    "watermark reaches the last commit LSN, checks each sink's output; each sink (--lane NAME) ",
+    "applies its lane durably to <--out>/NAME.ndjson and survives being killed and restarted.",
 );
 
 /// wal2json (format-version 2) → lanestream → NDJSON sinks, with an at-least-once check.
@@ -174,7 +183,27 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Run over the Redis backend at this URL (`redis://host:port`, `redis+unix:///path`), as
+    /// separate processes: one `--role` per process (see `pipeline/redis.rs`).
+    #[arg(long, value_name = "URL", requires = "role")]
+    backend: Option<String>,
+    /// With --backend: what this process does: `ingest`, `sink` (with --lane), or `delete`.
+    #[arg(long, value_enum, requires = "backend")]
+    role: Option<redis_roles::Role>,
+    /// With --role sink: the lane (sink) this process applies.
+    #[arg(long, value_name = "SINK")]
+    lane: Option<String>,
+    /// With --backend: the Redis stream's name (every process of one pipeline uses the same).
+    #[arg(long, default_value = "pipeline")]
+    stream_name: String,
+    /// With --role ingest: how long to wait for the sinks to ack the last commit LSN.
+    #[arg(long, default_value_t = 300)]
+    wait_secs: u64,
 }
+
+/// `--backend redis://...`: the ingest and each sink as separate processes.
+#[path = "pipeline/redis.rs"]
+mod redis_roles;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -1054,6 +1083,9 @@ fn write_ndjson(line: &mut Vec<u8>, e: &Envelope) -> Result<(), BoxError> {
 // ---------------------------------------------------------------------------------------------
 
 fn run(args: &Args) -> Result<bool, BoxError> {
+    if let Some(url) = &args.backend {
+        return redis_roles::run(args, url);
+    }
     let names = sink_names(args.sinks);
     let stream = MemoryStream::builder()
         .capacity(args.capacity)

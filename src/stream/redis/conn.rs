@@ -20,14 +20,18 @@
 //! connection drops and comes back with a new id, this process moves its live claims over.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use ::redis::{Client, Connection, RedisError, RedisResult};
 
-use super::lock;
 use crate::error::BackendError;
+
+/// Locks `m`, ignoring poisoning (the backend's critical sections hold plain values).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// How long to keep retrying, and the timeouts, of one stream's connections.
 #[derive(Clone, Copy, Debug)]

@@ -138,7 +138,11 @@ pub(crate) struct LaneDef {
     trim_field: &'static str,
     /// How many entries past the lane's newest a publish looks through for the same payload.
     scan: u32,
-    /// The ids keys of every lane that shares this lane's log (for the trim floor).
+    /// The lane owns every entry of its log (one sink, or the request lane): it keeps no ids
+    /// set (see `scripts`).
+    alone: bool,
+    /// The ids keys of every lane that shares this lane's log (for the trim floor); the lane's
+    /// own hash when it is alone on its log.
     pub(crate) trim_ids: Vec<String>,
     pub(crate) capacity: usize,
 }
@@ -161,6 +165,7 @@ impl LaneDef {
             seq_field: "seq",
             trim_field: "trim",
             scan: 16,
+            alone: false,
             trim_ids: Vec::new(),
             capacity,
             sink: Some(sink),
@@ -181,16 +186,28 @@ impl LaneDef {
             seq_field: "rseq",
             trim_field: "rtrim",
             scan: 0,
-            trim_ids: vec![format!("{base}:ids")],
+            alone: true,
+            trim_ids: vec![base.clone()],
             capacity,
             sink: None,
             base,
         }
     }
 
-    /// No other lane shares the log: nothing to look for when publishing.
+    /// No other lane shares the log: nothing to look for when publishing, and no ids set (the
+    /// trim floor is the lane's own acked prefix).
     pub(crate) fn alone(&mut self) {
         self.scan = 0;
+        self.alone = true;
+        self.trim_ids = vec![self.base.clone()];
+    }
+
+    fn alone_flag(&self) -> &'static str {
+        if self.alone {
+            "1"
+        } else {
+            "0"
+        }
     }
 
     pub(crate) fn ids_key(&self) -> &str {
@@ -224,7 +241,7 @@ impl LaneDef {
             let mut inv = scripts().publish.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.log).key(&self.meta);
             inv.arg(&self.base).arg(mode).arg(epoch).arg(after).arg(payload).arg(&pos);
-            inv.arg(self.seq_field).arg(self.scan).arg(self.trim_field);
+            inv.arg(self.seq_field).arg(self.scan).arg(self.trim_field).arg(self.alone_flag());
             for ids in &self.trim_ids {
                 inv.arg(ids);
             }
@@ -263,6 +280,7 @@ impl LaneDef {
                 .arg(CONSUMER)
                 .arg(epoch)
                 .arg(request)
+                .arg(self.alone_flag())
                 .invoke(c)
         })?;
         let r = items(&v);
@@ -281,11 +299,21 @@ impl LaneDef {
         })
     }
 
-    pub(crate) fn ack(&self, pool: &Pool, budget: Budget, epoch: u64, n: u64) -> Result<Acked, BackendError> {
+    /// Acks entry `n`, whose item is at `position`.
+    pub(crate) fn ack(
+        &self,
+        pool: &Pool,
+        budget: Budget,
+        epoch: u64,
+        n: u64,
+        position: Option<Position>,
+    ) -> Result<Acked, BackendError> {
+        let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
             let mut inv = scripts().ack.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.rel).key(&self.ack).key(&self.log).key(&self.meta);
             inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(if tries > 0 { "1" } else { "0" });
+            inv.arg(&pos).arg(self.alone_flag());
             inv.invoke(c)
         })?;
         Ok(match items(&v).first().map(text) {
@@ -422,7 +450,11 @@ impl LaneDef {
     pub(crate) fn trim(&self, pool: &Pool, budget: Budget) -> Result<u64, BackendError> {
         pool.run(budget, |c, _| {
             let mut inv = scripts().trim.prepare_invoke();
-            inv.key(&self.log).key(&self.meta).arg(self.seq_field).arg(self.trim_field);
+            inv.key(&self.log)
+                .key(&self.meta)
+                .arg(self.seq_field)
+                .arg(self.trim_field)
+                .arg(self.alone_flag());
             for ids in &self.trim_ids {
                 inv.arg(ids);
             }

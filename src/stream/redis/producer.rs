@@ -9,10 +9,10 @@ use std::thread;
 use std::time::Instant;
 
 use super::conn::Budget;
-use super::consumer::Waiter;
+use super::item::RedisItem;
 use super::lane::{LaneDef, Published, Publisher};
-use super::stream::Shared;
-use super::RedisItem;
+use super::shared::Shared;
+use super::waiter::Waiter;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::{LaneItem, Request};
 use crate::position::Position;

@@ -4,90 +4,18 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::conn::lock;
 use super::conn::{Budget, Pool, Settings};
 use super::consumer::RedisConsumer;
 use super::lane::{query, LaneDef};
-use super::lock;
 use super::producer::{RedisProducer, RedisRequestSender};
+use super::shared::Shared;
 use crate::error::{BackendError, BuildError, StreamError};
 use crate::item::{LaneItem, Request};
 use crate::lane::LaneStats;
 use crate::name::SinkName;
 use crate::position::Position;
 use crate::stream::port::Stream;
-
-/// What every end of one stream shares: the connections and the lanes' keys.
-pub(crate) struct Shared {
-    pub(crate) pool: Pool,
-    sinks: Box<[SinkName]>,
-    lanes: Box<[Arc<LaneDef>]>,
-    requests: Arc<LaneDef>,
-    /// The highest watermark read, returned while Redis cannot be reached.
-    watermark: Mutex<Option<Position>>,
-    /// The last request-lane stats read, returned while Redis cannot be reached.
-    request_stats: Mutex<Option<LaneStats>>,
-}
-
-impl Shared {
-    /// Attaches (`polite`) or re-attaches a consumer of `lane` under claim `token`.
-    pub(crate) fn attach_lane(&self, lane: &LaneDef, polite: bool, token: u64) -> Result<u64, StreamError> {
-        let busy = || match &lane.sink {
-            Some(sink) => StreamError::ConsumerAttached(sink.clone()),
-            None => StreamError::RequestConsumerAttached,
-        };
-        let claim = self.pool.claim(token, &lane.base, "holder").map_err(StreamError::Backend)?;
-        let result = (|| {
-            for _ in 0..8 {
-                let expected = if polite {
-                    let holder =
-                        lane.field(&self.pool, Budget::Retry, "holder").map_err(StreamError::Backend)?;
-                    let holder = holder.unwrap_or_default();
-                    if holder == claim {
-                        holder
-                    } else if self.pool.holder_alive(&holder).map_err(StreamError::Backend)? {
-                        return Err(busy());
-                    } else {
-                        holder
-                    }
-                } else {
-                    String::new()
-                };
-                match lane.attach(&self.pool, polite, &expected, &claim).map_err(StreamError::Backend)? {
-                    Ok(epoch) => return Ok(epoch),
-                    Err(_) => continue, // the holder changed under us: look again
-                }
-            }
-            Err(busy())
-        })();
-        if result.is_err() {
-            self.pool.forget(token);
-        }
-        result
-    }
-
-    fn claim_producer(&self, lane: &LaneDef, token: u64) -> Result<(u64, u64), StreamError> {
-        let sink = lane.sink.clone().expect("sink lanes have producers");
-        let claim = self.pool.claim(token, &lane.base, "ph").map_err(StreamError::Backend)?;
-        let result = (|| {
-            for _ in 0..8 {
-                let holder = lane.field(&self.pool, Budget::Retry, "ph").map_err(StreamError::Backend)?;
-                let holder = holder.unwrap_or_default();
-                if holder != claim && self.pool.holder_alive(&holder).map_err(StreamError::Backend)? {
-                    return Err(StreamError::ProducerBusy(sink.clone()));
-                }
-                match lane.claim_producer(&self.pool, &holder, &claim).map_err(StreamError::Backend)? {
-                    Ok((epoch, published, _last)) => return Ok((epoch, published)),
-                    Err(_) => continue,
-                }
-            }
-            Err(StreamError::ProducerBusy(sink.clone()))
-        })();
-        if result.is_err() {
-            self.pool.forget(token);
-        }
-        result
-    }
-}
 
 /// Builds a [`RedisStream`]: the server, the stream's name, the capacities and the sinks.
 ///
@@ -389,7 +317,17 @@ impl RedisStream {
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
     pub fn delete(&self) -> Result<(), BackendError> {
-        let pattern = format!("{{{}}}:*", self.name);
+        // The name goes into a SCAN pattern: its glob characters are escaped, so that a stream
+        // named `a*` deletes its own keys, not those of every stream whose name starts with `a`.
+        let mut pattern = String::with_capacity(self.name.len() + 4);
+        pattern.push('{');
+        for c in self.name.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push_str("}:*");
         let mut cursor = 0u64;
         loop {
             let (next, keys): (u64, Vec<String>) = query(&self.shared.pool, Budget::Retry, |c| {

@@ -1,0 +1,307 @@
+//! `--backend redis://...`: the pipeline as separate processes over [`RedisStream`], one role
+//! each (`--role ingest`, `--role sink --lane NAME`, `--role delete`).
+//!
+//! - **ingest** reads the input (the bundled capture by default), publishes each transaction to
+//!   every sink's lane of the Redis stream `--stream-name`, closes the lanes, waits (at most
+//!   `--wait-secs`) until the watermark reaches the last commit LSN, then checks every sink's
+//!   output in `--out` (unless `--discard`): each published transaction's envelopes are there
+//!   exactly once. A restarted ingest publishes nothing twice: each lane resumes after the
+//!   batches it already holds (its publish count is in Redis; the input must be the same).
+//! - **sink** re-attaches to its lane (a restarted sink gets its unacked batches again, in
+//!   order), writes each batch's envelopes as NDJSON to `--out/<lane>.ndjson` and acks only after
+//!   the output and its checkpoint are on disk (the live mode's durable sink: after a restart it
+//!   cuts the output back to its checkpoint and skips what it already applied, so the output
+//!   holds every change exactly once however the process dies). It ends when its lane is closed
+//!   and drained.
+//! - **delete** removes every key of the stream.
+//!
+//! The sinks' outputs must be readable by the ingest for its check (one machine, or a shared
+//! directory); with `--discard` it checks the watermark only. `scripts/e2e-redis.sh` runs the
+//! three sinks and the ingest as processes and SIGKILLs one sink mid-run.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter};
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lanestream::{
+    LaneConsumer, LaneItem, LaneProducer, Position, RedisDelivery, RedisStream, Stream, TryRecvError,
+};
+use lanestream_postgres::wal2json::Wal2JsonReader;
+
+use super::{lsn, lsn_text, open_input, sink_names, write_ndjson, Args, BoxError, Durable, Ingest, Received};
+
+/// What a process of the multi-process pipeline does.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Publish the input to every lane, then wait for the watermark and check the outputs.
+    Ingest,
+    /// Apply one lane (`--lane NAME`) to `--out/NAME.ndjson`, durably, until it is closed.
+    Sink,
+    /// Remove every key of the stream.
+    Delete,
+}
+
+/// Runs this process's role; `Ok(true)` on PASS.
+pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
+    let role = args.role.ok_or("--backend needs --role ingest, --role sink --lane NAME, or --role delete")?;
+    if args.source.is_some() || args.chaos {
+        return Err(
+            "--backend runs the file input without --chaos (--source and --chaos are in-process modes)"
+                .into(),
+        );
+    }
+    let names = sink_names(args.sinks);
+    let stream = RedisStream::builder(url, &args.stream_name)
+        .capacity(args.capacity)
+        .request_capacity(usize::from(args.sinks).max(1) * 2)
+        .sinks(names.iter().cloned())
+        .build()?;
+    match role {
+        Role::Ingest => ingest(args, &stream, &names),
+        Role::Sink => {
+            let lane = args.lane.as_deref().ok_or("--role sink needs --lane NAME")?;
+            if !names.iter().any(|n| n == lane) {
+                return Err(format!(
+                    "--lane {lane}: not one of this pipeline's sinks ({})",
+                    names.join(", ")
+                )
+                .into());
+            }
+            sink(args, &stream, lane)
+        }
+        Role::Delete => {
+            stream.delete()?;
+            println!("deleted the Redis stream {}", args.stream_name);
+            Ok(true)
+        }
+    }
+}
+
+/// The ingest process.
+fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, BoxError> {
+    let started = Instant::now();
+    let mut producers = names.iter().map(|n| stream.producer(n)).collect::<Result<Vec<_>, _>>()?;
+    // A restarted ingest: every lane gets every batch of the input, in input order, and a
+    // lane's publish count is exact (a publish lands once), so lane i resumes after its first
+    // `published` batches (chunks of a large transaction included).
+    let resume: Vec<u64> =
+        names.iter().map(|n| stream.stats(n).map(|s| s.published)).collect::<Result<_, _>>()?;
+    // Every transaction of the input (published now or by an earlier run): (position, envelopes).
+    let mut published: Vec<(u64, u32)> = Vec::new();
+    let (mut chunk_envelopes, mut sent, mut skipped) = (0u32, 0u64, 0u64);
+    let batches = Wal2JsonReader::new(open_input(&args.input)?).with_builder(Ingest::builder(args)?);
+    for (k, next) in (0u64..).zip(batches) {
+        let batch = next.map_err(|e| super::input_error(&e, args))?;
+        let envelopes = u32::try_from(batch.envelopes.len())?;
+        let item = LaneItem::Batch(batch.clone());
+        for (i, p) in producers.iter_mut().enumerate() {
+            if k < resume[i] {
+                skipped += 1;
+                continue;
+            }
+            p.publish(item.clone()).map_err(|e| format!("publish to {}: {e}", names[i]))?;
+            sent += 1;
+        }
+        match batch.position {
+            Some(position) => {
+                published.push((position.0, envelopes.saturating_add(std::mem::take(&mut chunk_envelopes))));
+            }
+            None => chunk_envelopes = chunk_envelopes.saturating_add(envelopes),
+        }
+    }
+    producers.iter().for_each(|p| p.close());
+    let last_commit = published.last().map(|&(p, _)| Position(p));
+    println!(
+        "ingest: {} transactions read, {sent} batches published to {} lanes ({skipped} published by an earlier run) in {:.2} s; lanes closed",
+        published.len(),
+        names.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // The sinks ack up to the last commit (the watermark is read from Redis).
+    let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
+    let watermark = loop {
+        let w = stream.try_watermark()?;
+        if w >= last_commit || Instant::now() > deadline {
+            break w;
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let mut failures = Vec::new();
+    if watermark != last_commit {
+        failures.push(format!(
+            "final watermark {} is not the last commit LSN {} after {} s",
+            lsn_text(&lsn(watermark)),
+            lsn_text(&lsn(last_commit)),
+            args.wait_secs
+        ));
+    }
+    let (mut lost_total, mut duplicates_total) = (0u64, 0u64);
+    for name in names {
+        let acked = stream.acked(name)?;
+        if args.discard {
+            println!("sink {name}: acked {}", lsn_text(&lsn(acked)));
+            continue;
+        }
+        let (lost, duplicates) = check_output(&args.out.join(format!("{name}.ndjson")), &published)?;
+        println!(
+            "sink {name}: acked {}, output lost {} transactions / {} envelopes, {duplicates} envelopes written twice",
+            lsn_text(&lsn(acked)),
+            lost.0,
+            lost.1
+        );
+        lost_total += lost.1;
+        duplicates_total += duplicates;
+        if lost.1 > 0 || duplicates > 0 {
+            failures.push(format!("sink {name}: {} envelopes lost, {duplicates} duplicated", lost.1));
+        }
+    }
+    println!(
+        "final watermark {}, last commit LSN {}, idle {}",
+        lsn_text(&lsn(watermark)),
+        lsn_text(&lsn(last_commit)),
+        stream.try_is_idle()?
+    );
+    if !args.discard {
+        println!("lost {lost_total}, duplicated {duplicates_total}");
+    }
+    if failures.is_empty() {
+        println!(
+            "PASS: every sink acked all {} transactions over Redis and the final watermark is the last commit LSN {}{}",
+            published.len(),
+            lsn_text(&lsn(last_commit)),
+            if args.discard { "" } else { "; each output holds every envelope exactly once" }
+        );
+        Ok(true)
+    } else {
+        println!("FAIL: {}", failures.join("; "));
+        Ok(false)
+    }
+}
+
+/// Compares a sink's NDJSON output with what was published: envelopes per transaction,
+/// counted by the `position` each line starts with. Returns ((transactions, envelopes) lost,
+/// envelopes written more than once); transactions without envelopes are left out (they write
+/// nothing; the watermark check covers their acks).
+fn check_output(path: &Path, published: &[(u64, u32)]) -> Result<((u64, u64), u64), BoxError> {
+    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut lines: HashMap<u64, u32> = HashMap::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        let bad = || format!("{}:{}: expected a line starting {{\"position\":\"X/Y\"", path.display(), i + 1);
+        let rest = line.strip_prefix("{\"position\":\"").ok_or_else(bad)?;
+        let lsn = rest.split_once('"').ok_or_else(bad)?.0;
+        *lines.entry(Position::from_lsn(lsn).map_err(|_| bad())?.0).or_default() += 1;
+    }
+    let mut positions: Vec<(u64, u32)> = lines.into_iter().collect();
+    positions.sort_unstable();
+    // A transaction without envelopes leaves no line: only its ack (the watermark) shows it.
+    let published: Vec<(u64, u32)> = published.iter().copied().filter(|&(_, n)| n > 0).collect();
+    let published = published.as_slice();
+    let mut received = Received::default();
+    for &(p, n) in &positions {
+        received.record(p, n);
+    }
+    let expected: HashMap<u64, u32> = published.iter().copied().collect();
+    let duplicates = positions
+        .iter()
+        .map(|&(p, n)| u64::from(n.saturating_sub(expected.get(&p).copied().unwrap_or(0))))
+        .sum();
+    Ok((received.lost(published), duplicates))
+}
+
+/// A sink process: re-attach, apply durably, ack; until the lane is closed and drained.
+fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError> {
+    let started = Instant::now();
+    let (mut out, mut durable) = if args.discard {
+        (None, None)
+    } else {
+        std::fs::create_dir_all(&args.out)
+            .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+        let (file, durable) = Durable::open(&args.out, lane)?;
+        (Some(BufWriter::with_capacity(1 << 16, file)), Some(durable))
+    };
+    let resumed_at = durable.as_ref().and_then(|d| d.committed);
+    let slow = args.slow_sink.then(|| Duration::from_micros(args.slow_sink_micros));
+    let mut consumer = stream.reattach(lane)?;
+    let mut held: Vec<RedisDelivery<LaneItem>> = Vec::new();
+    let (mut delivered, mut redelivered, mut skipped) = (0u64, 0u64, 0u64);
+    let mut line = Vec::with_capacity(4096);
+    loop {
+        // Never wait while holding deliveries: the ingest may be waiting for their room.
+        let delivery = if held.is_empty() {
+            match consumer.recv()? {
+                Some(d) => d,
+                None => break,
+            }
+        } else {
+            match consumer.try_recv() {
+                Ok(d) => d,
+                Err(TryRecvError::Empty | TryRecvError::Closed) => {
+                    commit(&mut durable, &mut out, &mut held, lane)?;
+                    continue;
+                }
+                Err(e) => return Err(format!("lane {lane}: {e}").into()),
+            }
+        };
+        delivered += 1;
+        if delivery.attempt() > 1 {
+            redelivered += 1;
+        }
+        if let (LaneItem::Batch(batch), Some(out)) = (delivery.item(), out.as_mut()) {
+            let position = batch.position.or_else(|| batch.envelopes.first().and_then(|e| e.position));
+            let d = durable.as_mut().expect("durable with an output");
+            let write = match position {
+                Some(p) => d.begin(out, p, batch.position.is_some())?,
+                None => true,
+            };
+            if write {
+                let mut written = 0;
+                for e in batch.envelopes.iter() {
+                    line.clear();
+                    write_ndjson(&mut line, e)?;
+                    std::io::Write::write_all(out, &line)?;
+                    written += line.len() as u64;
+                }
+                d.wrote(written);
+            } else if batch.position.is_some() {
+                skipped += 1; // applied before a restart, not acked then
+            }
+        }
+        if let Some(d) = slow {
+            thread::sleep(d);
+        }
+        held.push(delivery);
+        if held.len() >= 256 {
+            commit(&mut durable, &mut out, &mut held, lane)?;
+        }
+    }
+    commit(&mut durable, &mut out, &mut held, lane)?;
+    println!(
+        "sink {lane}: {delivered} deliveries ({redelivered} redeliveries, {skipped} transactions already applied before a restart{}) in {:.2} s; lane closed and drained, acked {}",
+        resumed_at.map_or_else(String::new, |p| format!(", resumed after checkpoint {p}")),
+        started.elapsed().as_secs_f64(),
+        lsn_text(&lsn(stream.acked(lane)?))
+    );
+    Ok(true)
+}
+
+/// Makes what was written durable (output fsynced, checkpoint replaced), then acks it: one
+/// fsync per round of deliveries (group commit).
+fn commit(
+    durable: &mut Option<Durable>,
+    out: &mut Option<BufWriter<File>>,
+    held: &mut Vec<RedisDelivery<LaneItem>>,
+    lane: &str,
+) -> Result<(), BoxError> {
+    if let (Some(d), Some(out)) = (durable.as_mut(), out.as_mut()) {
+        d.commit(out)?;
+    }
+    for delivery in held.drain(..) {
+        delivery.ack().map_err(|e| format!("ack on lane {lane}: {e}"))?;
+    }
+    Ok(())
+}

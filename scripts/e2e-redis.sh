@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The pipeline over Redis as separate processes: the pipeline example on the bundled capture with
+# the ingest engine and three sink engines (search, cache, archive) each in its own process
+# (`--backend URL --role ingest|sink`), sharing one Redis stream. The archive sink is slowed
+# down, SIGKILLed mid-run (once its durable checkpoint shows progress) and restarted: it
+# re-attaches and gets its unacked batches again. The ingest, held back meanwhile by the
+# archive lane's bound, is SIGKILLed too and restarted: each lane resumes after the batches it
+# holds. The ingest waits until the watermark is the last commit LSN, then checks every sink's
+# output: every published envelope exactly once (`lost 0`). Prints the processes' reports and a PASS or FAIL line last; exits non-zero on
+# failure (keeping the work directory for a look).
+#
+#   scripts/e2e-redis.sh    (uses LANESTREAM_REDIS_URL, or starts a throwaway redis-server)
+#
+# Uses the release build of the pipeline example (built here if needed; CI has built it in the
+# examples step). About 10-30 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=$(mktemp -d "${TMPDIR:-/tmp}/lanestream-e2e-redis.XXXXXX")
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+    if [ -f "$work/redis.pid" ]; then kill "$(cat "$work/redis.pid")" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+fail() {
+    echo "FAIL: e2e over Redis: $1 (work directory kept: $work)"
+    exit 1
+}
+
+url="${LANESTREAM_REDIS_URL:-}"
+if [ -z "$url" ]; then
+    command -v redis-server >/dev/null || fail "no LANESTREAM_REDIS_URL and no redis-server to start"
+    redis-server --port 0 --unixsocket "$work/redis.sock" --unixsocketperm 700 --save "" \
+        --appendonly no --daemonize yes --pidfile "$work/redis.pid" --logfile "$work/redis.log" --dir "$work"
+    for _ in $(seq 50); do [ -S "$work/redis.sock" ] && break; sleep 0.1; done
+    url="redis+unix://$work/redis.sock"
+fi
+
+cargo build --quiet --release -p lanestream-postgres --example pipeline
+bin="${CARGO_TARGET_DIR:-target}/release/examples/pipeline"
+out="$work/out"
+common=(--backend "$url" --stream-name "e2e_redis_$$" --out "$out" --quiet)
+"$bin" "${common[@]}" --role delete >/dev/null # a fresh stream
+
+start=$(date +%s)
+sink() { # sink NAME LOG [extra args]: starts a sink process, records its pid in $last
+    local name="$1" log="$2"
+    shift 2
+    "$bin" "${common[@]}" --role sink --lane "$name" "$@" >"$log" 2>&1 &
+    last=$!
+    pids+=("$last")
+}
+sink search "$work/search.log"
+sink cache "$work/cache.log"
+# The victim: 1 ms per batch, so that the run lasts long enough to kill it in the middle.
+sink archive "$work/archive-1.log" --slow-sink --slow-sink-micros 1000
+victim=$last
+"$bin" "${common[@]}" --role ingest --wait-secs 120 >"$work/ingest-1.log" 2>&1 &
+ingest=$!
+pids+=("$ingest")
+
+# Kill the victim once its durable checkpoint covers 1 MB of output (of about 10), 0.2-0.7 s later.
+progress() { # the output length in the victim's checkpoint ("LSN LENGTH"), 0 before the first
+    local c
+    c=$(cat "$out/archive.checkpoint" 2>/dev/null || true)
+    echo "${c#* }" | grep -E '^[0-9]+$' || echo 0
+}
+for _ in $(seq 600); do [ "$(progress)" -ge 1000000 ] && break; sleep 0.05; done
+[ "$(progress)" -ge 1000000 ] || fail "the archive sink's checkpoint did not reach 1 MB of output in 30 s"
+sleep "0.$(( RANDOM % 6 + 2 ))"
+kill -0 "$victim" 2>/dev/null || fail "the archive sink ended before it could be killed mid-run"
+kill -9 "$victim"
+wait "$victim" 2>/dev/null || true
+checkpoint=$(cat "$out/archive.checkpoint")
+echo "archive sink SIGKILLed at checkpoint ${checkpoint% *} (${checkpoint#* } bytes durable, $(wc -c <"$out/archive.ndjson") written)"
+# The ingest: waiting on the archive lane, which is full (capacity 1024) while its sink is dead.
+kill -0 "$ingest" 2>/dev/null || fail "the ingest ended while the archive sink was dead"
+kill -9 "$ingest"
+wait "$ingest" 2>/dev/null || true
+first_ingest=$ingest
+echo "ingest SIGKILLed (held back by the archive lane's bound)"
+"$bin" "${common[@]}" --role ingest --wait-secs 120 >"$work/ingest.log" 2>&1 &
+ingest=$!
+pids+=("$ingest")
+sleep 0.5
+sink archive "$work/archive-2.log"
+restarted=$last
+
+ingest_rc=0
+wait "$ingest" || ingest_rc=$?
+sinks_rc=0
+for pid in "${pids[@]}"; do
+    [ "$pid" = "$ingest" ] || [ "$pid" = "$victim" ] || [ "$pid" = "$first_ingest" ] && continue
+    wait "$pid" || sinks_rc=$?
+done
+pids=()
+cat "$work/search.log" "$work/cache.log" "$work/archive-1.log" "$work/archive-2.log" "$work/ingest-1.log" "$work/ingest.log"
+"$bin" "${common[@]}" --role delete >/dev/null
+[ "$sinks_rc" = 0 ] || fail "a sink process failed (exit $sinks_rc)"
+[ "$ingest_rc" = 0 ] || fail "the ingest process failed (exit $ingest_rc)"
+grep -q '^lost 0,' "$work/ingest.log" || fail "the ingest's check did not report lost 0"
+grep -q 'redeliveries' "$work/archive-2.log" || fail "the restarted archive sink did not report"
+grep -q 'published by an earlier run' "$work/ingest.log" || fail "the restarted ingest did not report"
+# Killed mid-run: the first ingest had published some batches, and left some to the second.
+grep -qE '^ingest: [0-9]+ transactions read, [1-9][0-9]* batches published to [0-9]+ lanes \([1-9][0-9]* published by an earlier run\)' \
+    "$work/ingest.log" || fail "the ingest was not killed in the middle of publishing"
+echo "PASS: e2e over Redis: 3 sink processes and the ingest process, the archive sink (pid $victim then $restarted) and the ingest (pid $first_ingest then $ingest) SIGKILLed mid-run and restarted: lost 0, final watermark = last commit LSN, every output exactly once ($(( $(date +%s) - start )) s)"
+rm -rf "$work"

@@ -1,0 +1,90 @@
+//! [`Waiter`]: the helper thread behind the async waits of a consumer or a producer.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::Waker;
+use std::thread;
+use std::time::Duration;
+
+use super::conn::lock;
+use super::shared::Shared;
+
+struct WaitInner {
+    /// The wake-up key to wait on, while armed.
+    key: Option<String>,
+    waker: Option<Waker>,
+    stop: bool,
+}
+
+struct WaitState {
+    inner: Mutex<WaitInner>,
+    cv: Condvar,
+}
+
+/// A helper thread that waits on a wake-up key for an async receive or publish, then wakes
+/// the task. One per end, started on its first async wait, stopped when the end is dropped.
+///
+/// No wake-up is lost: the task tried the operation before arming, and everything that could
+/// make it succeed pushes a token after changing the lane, which stays in the list until a
+/// wait takes it; each wait lasts at most the stream's wait slice, after which the task is
+/// woken anyway and tries again.
+pub(crate) struct Waiter {
+    state: Arc<WaitState>,
+}
+
+impl Waiter {
+    pub(crate) fn new(shared: Arc<Shared>) -> Waiter {
+        let state = Arc::new(WaitState {
+            inner: Mutex::new(WaitInner { key: None, waker: None, stop: false }),
+            cv: Condvar::new(),
+        });
+        let st = state.clone();
+        thread::Builder::new()
+            .name("lanestream-redis-wait".into())
+            .spawn(move || loop {
+                let key = {
+                    let mut inner = lock(&st.inner);
+                    loop {
+                        if inner.stop {
+                            return;
+                        }
+                        if let Some(k) = inner.key.clone() {
+                            break k;
+                        }
+                        inner = st.cv.wait(inner).unwrap_or_else(|p| p.into_inner());
+                    }
+                };
+                let slice = shared.pool.settings.wait_slice;
+                if shared.pool.wait_token(&key, slice).is_err() {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                let waker = {
+                    let mut inner = lock(&st.inner);
+                    inner.key = None;
+                    inner.waker.take()
+                };
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            })
+            .expect("spawn the lanestream redis wait thread");
+        Waiter { state }
+    }
+
+    /// Waits on `key` and wakes `waker` (replacing any earlier one) when it is rung.
+    pub(crate) fn arm(&self, key: String, waker: &Waker) {
+        let mut inner = lock(&self.state.inner);
+        inner.key = Some(key);
+        match &mut inner.waker {
+            Some(w) if w.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+        self.state.cv.notify_one();
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        lock(&self.state.inner).stop = true;
+        self.state.cv.notify_one();
+    }
+}
