@@ -90,7 +90,8 @@ fn write_log_segment_seeds() {
 
     let dir = TempDir::new("seeds");
     let log = EventLog::open(&dir.0, LogOptions::default()).unwrap();
-    let e = |ty: &str, tags: &[&str], data: &'static [u8]| Event::new(ty, tags.iter().copied(), data).unwrap();
+    let e =
+        |ty: &str, tags: &[&str], data: &'static [u8]| Event::new(ty, tags.iter().copied(), data).unwrap();
     log.append(vec![e("CourseDefined", &["course:1"], b"{\"capacity\":2}")], None).unwrap();
     log.append(vec![e("A", &[], b""), e("B", &["t0", "t1"], b"xy")], None).unwrap();
     let guard = AppendCondition::new(Query::tags(["course:1"]), log.head());
@@ -126,7 +127,8 @@ fn write_log_segment_seeds() {
 fn log_segment_reference_reads_the_seeds_as_written() {
     use fuzz_harness::log_segment::{expect, layout, Expect};
     let seed = |name: &str| {
-        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/log_segment").join(name)).unwrap()
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/log_segment").join(name))
+            .unwrap()
     };
     let count = |data: &[u8]| match expect(&layout(data).0) {
         Expect::Opens { events, .. } => Some(events.iter().map(|e| e.ty.clone()).collect::<Vec<_>>()),
