@@ -307,11 +307,12 @@ impl Harness {
         assert_eq!(got.resume().map_or(0, LogPosition::get), resume, "{what}: resume");
     }
 
-    /// The spec's events and condition, in real and model form; `cap` bounds `after`.
+    /// The spec's events and condition, in real and model form; `after` is taken modulo
+    /// `modulus`.
     fn prepare(
         &mut self,
         spec: &AppendSpec,
-        cap: u64,
+        modulus: u64,
     ) -> (Vec<Event>, Option<AppendCondition>, Vec<ModelEvent>, Option<(ModelQuery, u64)>) {
         let model: Vec<ModelEvent> = spec
             .events
@@ -327,7 +328,7 @@ impl Harness {
             None => (None, None),
             Some(c) => {
                 let (q, mq) = c.query.build();
-                let after = c.after as u64 % (cap + 2);
+                let after = c.after as u64 % modulus;
                 (Some(AppendCondition::new(q, LogPosition::new(after))), Some((mq, after)))
             }
         };
@@ -337,7 +338,7 @@ impl Harness {
     fn step(&mut self, op: &Op) {
         match op {
             Op::Append(spec) | Op::AppendAsync(spec) => {
-                let (events, cond, model, model_cond) = self.prepare(spec, self.model.head());
+                let (events, cond, model, model_cond) = self.prepare(spec, self.model.head() + 2);
                 let got = if matches!(op, Op::Append(_)) {
                     self.log.append(events, cond)
                 } else {
@@ -352,7 +353,7 @@ impl Harness {
                 let mut cx = Context::from_waker(&waker);
                 let mut pending = Vec::new();
                 for spec in specs.iter().take(6) {
-                    let (events, cond, model, model_cond) = self.prepare(spec, head.saturating_sub(1));
+                    let (events, cond, model, model_cond) = self.prepare(spec, head + 1);
                     let mut f = self.log.append_async(events, cond);
                     // Queue this one before the next (a full queue holds it back until the writer
                     // drains), so that the queue order is the order of the specs.
