@@ -181,6 +181,9 @@ fn matches(q: &ModelQuery, e: &ModelEvent) -> bool {
     }
 }
 
+/// One append in both forms: the real events and condition, the model's events and condition.
+type Prepared = (Vec<Event>, Option<AppendCondition>, Vec<ModelEvent>, Option<(ModelQuery, u64)>);
+
 /// What an append answered, in comparable form.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
@@ -309,11 +312,7 @@ impl Harness {
 
     /// The spec's events and condition, in real and model form; `after` is taken modulo
     /// `modulus`.
-    fn prepare(
-        &mut self,
-        spec: &AppendSpec,
-        modulus: u64,
-    ) -> (Vec<Event>, Option<AppendCondition>, Vec<ModelEvent>, Option<(ModelQuery, u64)>) {
+    fn prepare(&mut self, spec: &AppendSpec, modulus: u64) -> Prepared {
         let model: Vec<ModelEvent> = spec
             .events
             .iter()
