@@ -90,7 +90,7 @@ trait Store: Send + Sync + 'static {
     fn read(&self, tag: Option<&str>) -> usize;
     /// Starts a live subscription to every event after `after` (`None`: the store has none);
     /// the returned function blocks until it has received `n` more events.
-    fn subscriber(&'static self, after: u64) -> Option<Box<dyn FnMut(usize) + Send>>;
+    fn subscriber(&self, after: u64) -> Option<Box<dyn FnMut(usize) + Send + '_>>;
 }
 
 // ---- lanestream ----
@@ -134,7 +134,7 @@ impl Store for Ours {
         reads.events().iter().map(|s| s.event.data().len()).sum::<usize>() / PAYLOAD
     }
 
-    fn subscriber(&'static self, after: u64) -> Option<Box<dyn FnMut(usize) + Send>> {
+    fn subscriber(&self, after: u64) -> Option<Box<dyn FnMut(usize) + Send + '_>> {
         let mut sub = self.0.subscribe(ls::Query::All, LogPosition::new(after));
         Some(Box::new(move |n| {
             let mut got = 0;
@@ -206,7 +206,7 @@ impl Store for Tephra {
         bytes / PAYLOAD
     }
 
-    fn subscriber(&'static self, after: u64) -> Option<Box<dyn FnMut(usize) + Send>> {
+    fn subscriber(&self, after: u64) -> Option<Box<dyn FnMut(usize) + Send + '_>> {
         let mut sub = self.handle.subscribe(tephra::Query::all(), tephra::Position::new(after));
         Some(Box::new(move |n| {
             let mut got = 0;
@@ -297,7 +297,7 @@ impl Store for Uma {
         bytes / PAYLOAD
     }
 
-    fn subscriber(&'static self, _after: u64) -> Option<Box<dyn FnMut(usize) + Send>> {
+    fn subscriber(&self, _after: u64) -> Option<Box<dyn FnMut(usize) + Send + '_>> {
         None
     }
 }
@@ -350,7 +350,7 @@ impl Store for MutexVec {
         out.iter().map(|e| e.data.len()).sum::<usize>() / PAYLOAD
     }
 
-    fn subscriber(&'static self, after: u64) -> Option<Box<dyn FnMut(usize) + Send>> {
+    fn subscriber(&self, after: u64) -> Option<Box<dyn FnMut(usize) + Send + '_>> {
         let me = self;
         let mut cursor = after as usize;
         Some(Box::new(move |n| {
@@ -369,22 +369,11 @@ impl Store for MutexVec {
     }
 }
 
-/// Contenders live for the rest of the process (criterion may call a bench closure many times).
-fn leak<S: Store>(s: S) -> &'static S {
-    Box::leak(Box::new(s))
-}
-
 // ---- workloads ----
 
 /// `writers` threads each append `ceil(n / writers)` times; returns the time normalised to `n`
 /// appends.
-fn run_appends(
-    store: &'static dyn Store,
-    writers: usize,
-    batch: usize,
-    conditional: bool,
-    n: u64,
-) -> Duration {
+fn run_appends(store: &dyn Store, writers: usize, batch: usize, conditional: bool, n: u64) -> Duration {
     let per = n.div_ceil(writers as u64);
     static GUARDS: AtomicUsize = AtomicUsize::new(0);
     let start = Instant::now();
@@ -403,15 +392,16 @@ fn run_appends(
     start.elapsed().mul_f64(n as f64 / (per * writers as u64) as f64)
 }
 
-type Make = fn() -> &'static dyn Store;
+/// Builds one contender; it is dropped (closed, its directory removed) when its bench ends.
+type Make = fn() -> Box<dyn Store>;
 
 fn durable_contenders() -> Vec<(&'static str, Make)> {
     vec![
-        ("lanestream[durable]", || leak(Ours::durable())),
-        ("tephra[durable]", || leak(Tephra::new())),
-        ("umadb-core[durable]", || leak(Uma::new())),
-        ("lanestream[memory]", || leak(Ours::memory())),
-        ("mutex-vec[memory]", || leak(MutexVec::default())),
+        ("lanestream[durable]", || Box::new(Ours::durable())),
+        ("tephra[durable]", || Box::new(Tephra::new())),
+        ("umadb-core[durable]", || Box::new(Uma::new())),
+        ("lanestream[memory]", || Box::new(Ours::memory())),
+        ("mutex-vec[memory]", || Box::<MutexVec>::default()),
     ]
 }
 
@@ -424,9 +414,9 @@ fn appends(c: &mut Criterion) {
                 g.throughput(Throughput::Elements(batch as u64));
                 g.sample_size(10);
                 for (id, make) in durable_contenders() {
-                    let mut store: Option<&'static dyn Store> = None;
+                    let mut store: Option<Box<dyn Store>> = None;
                     g.bench_function(id, |b| {
-                        let s = *store.get_or_insert_with(make);
+                        let s = &**store.get_or_insert_with(make);
                         b.iter_custom(|n| run_appends(s, writers, batch, conditional, n));
                     });
                 }
@@ -436,7 +426,7 @@ fn appends(c: &mut Criterion) {
     }
 }
 
-fn filled(make: Make) -> &'static dyn Store {
+fn filled(make: Make) -> Box<dyn Store> {
     let s = make();
     let mut seq = 0;
     while (seq as usize) < READ_LOG {
@@ -454,9 +444,9 @@ fn reads(c: &mut Criterion) {
         g.throughput(Throughput::Elements(events as u64));
         g.sample_size(10);
         for (id, make) in durable_contenders() {
-            let mut store: Option<&'static dyn Store> = None;
+            let mut store: Option<Box<dyn Store>> = None;
             g.bench_function(id, |b| {
-                let s = *store.get_or_insert_with(|| filled(make));
+                let s = &**store.get_or_insert_with(|| filled(make));
                 assert_eq!(s.read(tag), events, "{id} read the wrong number of events");
                 b.iter(|| black_box(s.read(tag)));
             });
@@ -471,9 +461,9 @@ fn fanout(c: &mut Criterion) {
     g.sample_size(10);
     // umadb-core has no embedded subscription (its server builds one on a head watch).
     for (id, make) in durable_contenders().into_iter().filter(|(id, _)| !id.starts_with("umadb")) {
-        let mut store: Option<&'static dyn Store> = None;
+        let mut store: Option<Box<dyn Store>> = None;
         g.bench_function(id, |b| {
-            let s = *store.get_or_insert_with(make);
+            let s = &**store.get_or_insert_with(make);
             b.iter_custom(|n| {
                 let after = s.append(0, 0, 1, None);
                 let total = n as usize * FANOUT_BATCH;
