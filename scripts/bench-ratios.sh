@@ -8,7 +8,10 @@
 # Absolute times on a shared machine drift between minutes; only the ratios from one run mean
 # anything, and the W0 spread says how much the machine drifted while the run lasted.
 #
-# usage: scripts/bench-ratios.sh [--full] [--no-alternate] [--table-only]
+# usage: scripts/bench-ratios.sh [--log] [--full] [--no-alternate] [--table-only]
+#   --log           the event log's benches instead (benches/log.rs: lanestream's log against
+#                   tephra, umadb-core and a Mutex<Vec>), ratios against lanestream in the same
+#                   mode ([durable] or [memory]) and the target "ahead of both embedded peers"
 #   (default)       quick mode: 0.5 s warm-up, 1 s measurement, 20 samples (whole run < 6 min
 #                   once built)
 #   --full          3 s warm-up, 5 s measurement, 100 samples (about 10 minutes)
@@ -21,12 +24,14 @@ cd "$(dirname "$0")/.."
 mode=quick
 alternate=1
 run=1
+suite=peers
 for a in "$@"; do
     case "$a" in
+        --log) suite=log; alternate=0 ;;
         --full) mode=full ;;
         --no-alternate) alternate=0 ;;
         --table-only) run=0 ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -43,7 +48,15 @@ target_dir=$(cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 results="$target_dir/criterion"
 
-if [ "$run" = 1 ]; then
+if [ "$run" = 1 ] && [ "$suite" = log ]; then
+    echo "== building benches/log.rs (bench profile: fat LTO, one codegen unit)" >&2
+    cargo bench -p lanestream --bench log --no-run >&2
+    rm -rf "$results"/log_*
+    start=$(date +%s)
+    echo "== cargo bench -p lanestream --bench log -- ${crit[*]}" >&2
+    cargo bench -p lanestream --bench log -- "${crit[@]}" >&2
+    echo "== criterion run took $(( $(date +%s) - start )) s" >&2
+elif [ "$run" = 1 ]; then
     echo "== building benches (bench profile: fat LTO, one codegen unit)" >&2
     cargo bench -p lanestream --bench peers --bench alternate --no-run >&2
     # Only this run's results go into the table.
@@ -54,10 +67,12 @@ if [ "$run" = 1 ]; then
     echo "== criterion run took $(( $(date +%s) - start )) s" >&2
 fi
 
-python3 - "$results" <<'EOF'
+python3 - "$results" "$suite" <<'EOF'
 import json, os, re, sys
 
 root = sys.argv[1]
+suite = sys.argv[2]
+prefix = r"log_" if suite == "log" else r"w\d_"
 rows = []  # (group, function, median_ns, lo_ns, hi_ns)
 for dirpath, _, files in os.walk(root):
     if os.path.basename(dirpath) != "new" or "benchmark.json" not in files:
@@ -65,7 +80,7 @@ for dirpath, _, files in os.walk(root):
     with open(os.path.join(dirpath, "benchmark.json")) as f:
         bench = json.load(f)
     group = bench["group_id"]
-    if not re.match(r"w\d_", group):
+    if not re.match(prefix, group):
         continue
     with open(os.path.join(dirpath, "estimates.json")) as f:
         est = json.load(f)["median"]
@@ -112,6 +127,20 @@ for g in sorted(groups, key=order):
         vs = b[1] if b and b[1] != r[1] else ""
         ci = f"{fmt(r[3])} .. {fmt(r[4])}"
         print(f"{g:<{gw}}{r[1]:<{w}}{fmt(r[2]):>12}  {ci:>22}  {ratio:>7}  {vs}")
+
+if suite == "log":
+    # The issue's goal: ahead of both embedded peers on every append and read row (ours durable
+    # against theirs, all on tmpfs; a ratio above 1 means lanestream is faster).
+    print()
+    print("targets (peer time / lanestream[durable] time >= 1):")
+    for g in sorted(groups, key=order):
+        ours = med.get((g, "lanestream[durable]"))
+        for peer in ("tephra[durable]", "umadb-core[durable]"):
+            theirs = med.get((g, peer))
+            if ours and theirs:
+                r = theirs / ours
+                print(f"  {'MET' if r >= 1 else 'MISSED':<7} {g} vs {peer}: {r:.2f}x")
+    sys.exit(0)
 
 w0s = med.get(("w0_start", "atomic_pingpong[spin]"))
 w0e = med.get(("w0_end", "atomic_pingpong[spin]"))
