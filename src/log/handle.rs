@@ -12,7 +12,6 @@ use std::thread::JoinHandle;
 use super::condition::AppendCondition;
 use super::error::{AppendError, OpenError};
 use super::event::Event;
-use super::index::KeyMap;
 use super::options::LogOptions;
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
@@ -60,8 +59,7 @@ impl EventLog {
     /// [`OpenError::InvalidOption`]; [`OpenError::Io`] if the writer thread cannot be started.
     pub fn in_memory(options: LogOptions) -> Result<WriteHandle, OpenError> {
         options.validate()?;
-        let index = IndexWriter { types: KeyMap::new(), tags: KeyMap::new() };
-        start(options, EventSlots::new(), index, 0, None)
+        start(options, EventSlots::new(), IndexWriter::new(), 0, None)
     }
 
     /// Opens (creating it if needed) the durable log in `dir`: recovers every valid record (see
@@ -101,8 +99,8 @@ impl EventLog {
         }
         let claim = DirClaim::claim(&dir)?;
         let events = EventSlots::new();
-        let mut index = IndexWriter { types: KeyMap::new(), tags: KeyMap::new() };
-        let recovered = recover(&dir, |p, e| index.add(&events, p, e))?;
+        let mut index = IndexWriter::new();
+        let recovered = recover(&dir, |first, appended| index.add_append(&events, first, appended))?;
         let (storage, current_len) = match &recovered.last {
             Some(path) => {
                 let len = fs::metadata(path).map_err(io("reading", path))?.len();
@@ -126,7 +124,7 @@ fn start(
     segments: Option<SegmentWriter>,
 ) -> Result<WriteHandle, OpenError> {
     let snapshot = Snapshot { head, types: index.types.clone(), tags: index.tags.clone() };
-    let shared = Arc::new(Shared::new(snapshot, events, options.subscription_batch));
+    let shared = Arc::new(Shared::new(snapshot, events, index.appends.clone(), options.subscription_batch));
     let queue = Arc::new(Queue::new(options.queue_capacity));
     let writer = Writer {
         shared: shared.clone(),

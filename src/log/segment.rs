@@ -193,8 +193,12 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Ope
     move |source| OpenError::Io { op, path: path.to_path_buf(), source }
 }
 
-/// Recovers the log in `dir`, calling `on_event(position, event)` for every event in order.
-pub(crate) fn recover(dir: &Path, mut on_event: impl FnMut(u64, Event)) -> Result<Recovered, OpenError> {
+/// Recovers the log in `dir`, calling `on_append(first, events)` for every record (one append)
+/// in order, `first` being the position of its first event.
+pub(crate) fn recover(
+    dir: &Path,
+    mut on_append: impl FnMut(u64, Vec<Event>),
+) -> Result<Recovered, OpenError> {
     let segments = list_segments(dir).map_err(io_err("listing", dir))?;
     let mut next = 1u64;
     let n = segments.len();
@@ -239,10 +243,8 @@ pub(crate) fn recover(dir: &Path, mut on_event: impl FnMut(u64, Event)) -> Resul
                             format!("record starts at position {rec_first}, expected {next}"),
                         ));
                     }
-                    for e in events {
-                        on_event(next, e);
-                        next += 1;
-                    }
+                    next += events.len() as u64;
+                    on_append(rec_first, events);
                     at += len;
                 }
                 Err(RecordError::Torn(_)) if is_last => {

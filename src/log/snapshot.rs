@@ -24,14 +24,34 @@ pub(crate) struct Snapshot {
     pub(crate) tags: KeyMap<Arc<Postings>>,
 }
 
-/// The index being built by the writer: the maps of its next snapshot.
+/// The index being built by the writer: the maps of its next snapshot, and the list of where
+/// each append ends.
 #[derive(Debug)]
 pub(crate) struct IndexWriter {
     pub(crate) types: KeyMap<Arc<Postings>>,
     pub(crate) tags: KeyMap<Arc<Postings>>,
+    /// The position of each append's last event, ascending (shared with [`Shared::appends`]:
+    /// append-only, and readers bound every walk by their head like any posting list).
+    pub(crate) appends: Arc<Postings>,
 }
 
 impl IndexWriter {
+    /// An empty index.
+    pub(crate) fn new() -> IndexWriter {
+        IndexWriter { types: KeyMap::new(), tags: KeyMap::new(), appends: Arc::new(Postings::new()) }
+    }
+
+    /// Stores and indexes the events of one append, the first at `first`, and records where
+    /// the append ends (not visible to readers until published).
+    pub(crate) fn add_append(&mut self, events: &EventSlots, first: u64, appended: Vec<Event>) {
+        let n = appended.len() as u64;
+        debug_assert!(n > 0, "appends are never empty");
+        for (i, e) in appended.into_iter().enumerate() {
+            self.add(events, first + i as u64, e);
+        }
+        self.appends.push(first + n - 1);
+    }
+
     /// Stores `event` at `position` and indexes it (not visible to readers until published).
     pub(crate) fn add(&mut self, events: &EventSlots, position: u64, event: Event) {
         self.types.get_or_insert_with(event.event_type(), || Arc::new(Postings::new())).push(position);
@@ -264,6 +284,9 @@ pub(crate) struct Shared {
     pub(crate) snapshot: arc_swap::ArcSwap<Snapshot>,
     /// The events, by position.
     pub(crate) events: EventSlots,
+    /// The position of each append's last event, ascending (the writer's
+    /// [`IndexWriter::appends`]); entries above the published head are not yet visible.
+    pub(crate) appends: Arc<Postings>,
     /// Woken after each publish, on close and on failure (subscribers wait on it).
     pub(crate) signal: super::subscription::Signal,
     /// Set (release) once the writer has published its last snapshot and stopped.
@@ -275,10 +298,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(snapshot: Snapshot, events: EventSlots, subscription_batch: usize) -> Shared {
+    pub(crate) fn new(
+        snapshot: Snapshot,
+        events: EventSlots,
+        appends: Arc<Postings>,
+        subscription_batch: usize,
+    ) -> Shared {
         Shared {
             snapshot: arc_swap::ArcSwap::from_pointee(snapshot),
             events,
+            appends,
             signal: super::subscription::Signal::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
             failure: std::sync::OnceLock::new(),
@@ -289,6 +318,18 @@ impl Shared {
     /// The published head (0: empty).
     pub(crate) fn head(&self) -> u64 {
         self.snapshot.load().head
+    }
+
+    /// The append holding `position`, as raw `(first, last)`, if `head` covers it.
+    pub(crate) fn append_at(&self, position: u64, head: u64) -> Option<(u64, u64)> {
+        if position == 0 || position > head {
+            return None;
+        }
+        let ends = self.appends.view();
+        // The appends ending before `position`; the next one holds it.
+        let i = ends.rank(position - 1);
+        let first = if i == 0 { 1 } else { ends.get(i - 1) + 1 };
+        Some((first, ends.get(i)))
     }
 
     /// Whether the writer stopped.

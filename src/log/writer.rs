@@ -106,9 +106,7 @@ impl Writer {
                 if self.segments.is_some() {
                     encode_record(records, first, &r.events);
                 }
-                for (i, e) in r.events.into_iter().enumerate() {
-                    self.index.add(&self.shared.events, first + i as u64, e);
-                }
+                self.index.add_append(&self.shared.events, first, r.events);
                 staged = first + n - 1;
             }
             outcomes.push((r.reply, result));
