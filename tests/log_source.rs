@@ -98,8 +98,9 @@ fn every_appended_event_reaches_every_lane_exactly_once_in_order() {
                 (0..150)
                     .map(|i| {
                         let n = 1 + (i + w) % 3;
-                        let events =
-                            (0..n).map(|k| ev_data("T", &[&format!("w:{w}")], format!("{w}-{i}-{k}"))).collect();
+                        let events = (0..n)
+                            .map(|k| ev_data("T", &[&format!("w:{w}")], format!("{w}-{i}-{k}")))
+                            .collect();
                         log.append(events, None).unwrap()
                     })
                     .collect::<Vec<_>>()
@@ -244,9 +245,16 @@ fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_clai
     );
     assert_eq!(err.to_string(), "cannot start after position 9: the log's head is 3");
     // A lane holding a batch the log does not have: a stream fed by another log.
-    stream.producer("search").unwrap().publish(LaneItem::Batch(lanestream::Batch::new(Some(Position(10)), Arc::from(vec![])))).unwrap();
+    stream
+        .producer("search")
+        .unwrap()
+        .publish(LaneItem::Batch(lanestream::Batch::new(Some(Position(10)), Arc::from(vec![]))))
+        .unwrap();
     let err = LogSource::builder(log.reader()).after(None).build(&stream).unwrap_err();
-    assert!(matches!(&err, SourceError::LaneAhead { sink, last_published: Position(10), .. } if sink.as_str() == "search"), "{err:?}");
+    assert!(
+        matches!(&err, SourceError::LaneAhead { sink, last_published: Position(10), .. } if sink.as_str() == "search"),
+        "{err:?}"
+    );
     // Nothing stays claimed: a valid source can be built at once.
     let _source = LogSource::builder(log.reader()).after(Some(pos(3))).serve_requests(false);
     let stream = MemoryStream::builder().capacity(4).sinks(["search"]).build().unwrap();
@@ -255,7 +263,10 @@ fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_clai
 }
 
 fn backfill(sink: &str, indexes: &[&str]) -> Request {
-    Request::Backfill { sink: SinkName::new(sink).unwrap(), indexes: indexes.iter().map(|i| index(i)).collect() }
+    Request::Backfill {
+        sink: SinkName::new(sink).unwrap(),
+        indexes: indexes.iter().map(|i| index(i)).collect(),
+    }
 }
 
 #[test]
@@ -271,7 +282,10 @@ fn backfill_answers_with_the_matching_events_then_snapshot_complete_then_the_liv
         .unwrap();
     for c in 0..5 {
         log.append(
-            vec![ev("CourseDefined", &[&format!("course:{c}")]), ev("StudentSubscribed", &[&format!("course:{c}")])],
+            vec![
+                ev("CourseDefined", &[&format!("course:{c}")]),
+                ev("StudentSubscribed", &[&format!("course:{c}")]),
+            ],
             None,
         )
         .unwrap();

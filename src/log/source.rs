@@ -430,10 +430,8 @@ impl LogSource {
     fn serve(&mut self, delivery: Delivery<Request>, done: &mut Pumped) -> Result<(), SourceError> {
         let Request::Backfill { sink, indexes } = delivery.item().clone();
         let lane = self.lanes.iter().position(|f| f.sink == sink);
-        let queries: Option<Vec<(IndexName, Query)>> = indexes
-            .iter()
-            .map(|name| self.indexes.iter().find(|(n, _)| n == name).cloned())
-            .collect();
+        let queries: Option<Vec<(IndexName, Query)>> =
+            indexes.iter().map(|name| self.indexes.iter().find(|(n, _)| n == name).cloned()).collect();
         let (Some(lane), Some(queries)) = (lane, queries) else {
             // It names a sink or an index this source does not have: it can never be served,
             // and left unacked it would come back for ever.
