@@ -1,4 +1,5 @@
-//! The one place the engine gets its atomics, cells, locks, threads and `Arc` from.
+//! The one place the engine gets its atomics, cells, locks, condition variables, threads and
+//! `Arc` from (the lanes, and the event log's waits, queue, writer thread and close flag).
 //!
 //! Under `--cfg lanestream_loom` everything comes from [loom](https://docs.rs/loom), so the whole
 //! engine runs under the model checker; otherwise from `std`. `UnsafeCell` has loom's closure API
@@ -7,8 +8,8 @@
 #[cfg(not(lanestream_loom))]
 mod imp {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-    pub(crate) use std::sync::{Arc, Mutex};
-    pub(crate) use std::thread::{current, park, park_timeout, Thread};
+    pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+    pub(crate) use std::thread::{current, park, park_timeout, Builder as ThreadBuilder, JoinHandle, Thread};
 
     /// `std::cell::UnsafeCell` with loom's access API.
     #[derive(Debug)]
@@ -46,8 +47,8 @@ mod imp {
 mod imp {
     pub(crate) use loom::cell::UnsafeCell;
     pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-    pub(crate) use loom::sync::{Arc, Mutex};
-    pub(crate) use loom::thread::{current, park, Thread};
+    pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+    pub(crate) use loom::thread::{current, park, Builder as ThreadBuilder, JoinHandle, Thread};
 
     /// loom has no timed park; a timed wait parks like an untimed one, and models never use
     /// timeouts.

@@ -5,9 +5,8 @@ use std::fs;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 
 use super::condition::AppendCondition;
 use super::error::{AppendError, OpenError};
@@ -23,6 +22,7 @@ use super::snapshot::{IndexWriter, Shared, Snapshot};
 use super::storage::{sync_dir, DirClaim, FileStorage, Storage};
 use super::subscription::Subscription;
 use super::writer::Writer;
+use crate::sync::{JoinHandle, Mutex};
 
 /// Opens logs: [`EventLog::open`] for a durable log in a directory, [`EventLog::in_memory`] for
 /// one that lives as long as the process. Both start the log's writer thread and hand out its
@@ -113,6 +113,33 @@ impl EventLog {
         };
         let segments = SegmentWriter::new(wrap(Box::new(storage)), current_len, options.segment_bytes);
         start(options, events, index, recovered.next - 1, Some(segments))
+    }
+}
+
+#[cfg(lanestream_loom)]
+impl EventLog {
+    /// Loom models only: an in-memory log whose every fsync fails, so the models reach the
+    /// writer's failure path (fail the group commit with `Io`, refuse writes from then on, wake
+    /// every waiter) without files.
+    #[doc(hidden)]
+    pub fn loom_failing_sync(options: LogOptions) -> Result<WriteHandle, OpenError> {
+        /// Accepts every write and fails every sync.
+        #[derive(Debug)]
+        struct SyncFails;
+        impl Storage for SyncFails {
+            fn create_segment(&mut self, _: u64, _: &[u8]) -> std::io::Result<()> {
+                Ok(())
+            }
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                Ok(bytes.len())
+            }
+            fn sync(&mut self) -> std::io::Result<()> {
+                Err(std::io::Error::other("loom model: injected fsync failure"))
+            }
+        }
+        options.validate()?;
+        let segments = SegmentWriter::new(Box::new(SyncFails), HEADER_LEN as u64, options.segment_bytes);
+        start(options, EventSlots::new(), IndexWriter::new(), 0, Some(segments))
     }
 }
 

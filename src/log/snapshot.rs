@@ -277,11 +277,41 @@ impl<'a> View<'a> {
     }
 }
 
+/// Where the writer publishes each snapshot: `arc-swap` (lock-free loads).
+#[cfg(not(lanestream_loom))]
+pub(crate) type Published<T> = arc_swap::ArcSwap<T>;
+
+/// Where the writer publishes each snapshot. Under loom, `arc-swap` (whose atomics and
+/// thread-local debt lists loom cannot see) is stood in for by a loom mutex around the `Arc`:
+/// a load is then an Acquire and a store a Release of the whole snapshot, which is what the log's
+/// protocols rely on (`arc-swap` gives at least that), and loom sees every publish.
+#[cfg(lanestream_loom)]
+pub(crate) struct Published<T>(crate::sync::Mutex<Arc<T>>);
+
+#[cfg(lanestream_loom)]
+impl<T> Published<T> {
+    pub(crate) fn from_pointee(value: T) -> Self {
+        Published(crate::sync::Mutex::new(Arc::new(value)))
+    }
+
+    pub(crate) fn load(&self) -> Arc<T> {
+        crate::sync::lock(&self.0).clone()
+    }
+
+    pub(crate) fn load_full(&self) -> Arc<T> {
+        self.load()
+    }
+
+    pub(crate) fn store(&self, value: Arc<T>) {
+        *crate::sync::lock(&self.0) = value;
+    }
+}
+
 /// What readers, subscriptions and the writer share.
 pub(crate) struct Shared {
     /// The latest published snapshot (stored by the writer after each group commit, before it
     /// replies).
-    pub(crate) snapshot: arc_swap::ArcSwap<Snapshot>,
+    pub(crate) snapshot: Published<Snapshot>,
     /// The events, by position.
     pub(crate) events: EventSlots,
     /// The position of each append's last event, ascending (the writer's
@@ -290,7 +320,7 @@ pub(crate) struct Shared {
     /// Woken after each publish, on close and on failure (subscribers wait on it).
     pub(crate) signal: super::subscription::Signal,
     /// Set (release) once the writer has published its last snapshot and stopped.
-    pub(crate) closed: std::sync::atomic::AtomicBool,
+    pub(crate) closed: crate::sync::AtomicBool,
     /// Set once a write or sync failed; the writer refuses writes from then on.
     pub(crate) failure: std::sync::OnceLock<Arc<std::io::Error>>,
     /// The default most events per subscription batch.
@@ -305,11 +335,11 @@ impl Shared {
         subscription_batch: usize,
     ) -> Shared {
         Shared {
-            snapshot: arc_swap::ArcSwap::from_pointee(snapshot),
+            snapshot: Published::from_pointee(snapshot),
             events,
             appends,
             signal: super::subscription::Signal::new(),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            closed: crate::sync::AtomicBool::new(false),
             failure: std::sync::OnceLock::new(),
             subscription_batch,
         }
@@ -336,7 +366,7 @@ impl Shared {
     pub(crate) fn is_closed(&self) -> bool {
         // Acquire: pairs with the writer's Release store when it stops (its last snapshot and
         // replies happen before).
-        self.closed.load(std::sync::atomic::Ordering::Acquire)
+        self.closed.load(crate::sync::Ordering::Acquire)
     }
 
     /// Whether no event will ever be published again (closed or failed).

@@ -37,7 +37,6 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
 use std::time::Instant;
 
 use crate::envelope::{Envelope, Op};
@@ -47,6 +46,7 @@ use crate::lane::{Consumer, Delivery, LaneStats, Producer};
 use crate::name::{IndexName, SinkName};
 use crate::position::Position;
 use crate::stream::{MemoryStream, Stream};
+use crate::sync::{self, Thread};
 
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
@@ -498,7 +498,7 @@ impl LogSource {
     /// or a request is waiting — or until `deadline`. Returns whether one of those holds
     /// (`false`: the deadline passed). Call [`pump`](LogSource::pump) after.
     pub fn wait(&mut self, deadline: Option<Instant>) -> bool {
-        let waker = Waker::from(Arc::new(Unpark(thread::current())));
+        let waker = Waker::from(Arc::new(Unpark(sync::current())));
         let mut cx = Context::from_waker(&waker);
         let woke = loop {
             if self.pending.is_some() {
@@ -523,13 +523,13 @@ impl LogSource {
             // Both wakers are registered: a publish, an end or a request from here on unparks
             // this thread (an unpark before the park makes the park return at once).
             match deadline {
-                None => thread::park(),
+                None => sync::park(),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         break false;
                     }
-                    thread::park_timeout(d - now);
+                    sync::park_timeout(d - now);
                 }
             }
         };

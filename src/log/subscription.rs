@@ -17,7 +17,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use super::position::LogPosition;
 use super::query::Query;
 use super::queue::lock;
 use super::snapshot::{Dir, Shared, View};
+use crate::sync::{Condvar, Mutex};
 
 struct SignalState {
     wakers: Vec<(u64, Waker)>,

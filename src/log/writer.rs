@@ -14,9 +14,10 @@
 //! the kernel may have dropped the dirty pages, and a retry that succeeds would lie.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread;
+
+use crate::sync::{JoinHandle, Ordering, ThreadBuilder};
 
 use super::error::AppendError;
 use super::position::{raw, LogPosition, PositionRange};
@@ -70,7 +71,7 @@ impl Drop for EndGuard {
 impl Writer {
     /// Starts the writer thread.
     pub(crate) fn spawn(self) -> io::Result<JoinHandle<()>> {
-        thread::Builder::new().name("lanestream-log-writer".into()).spawn(move || self.run())
+        ThreadBuilder::new().name("lanestream-log-writer".into()).spawn(move || self.run())
     }
 
     fn run(mut self) {

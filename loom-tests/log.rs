@@ -1,0 +1,131 @@
+//! Loom models 11-12: the event log's subscriber waits (issue 10, semantics 5).
+//!
+//! The whole log runs under the model: its writer thread, its request queue (mutex and condition
+//! variables), the reply slots, the subscribers' signal (mutex, condition variable, waker list)
+//! and the close flag are loom's under `--cfg lanestream_loom` (`src/sync.rs`); the snapshot that
+//! `arc-swap` publishes is stood in for by a loom mutex around the `Arc` (loom cannot see
+//! `arc-swap`'s own atomics), so a publish is a Release and a load an Acquire, no stronger than
+//! `arc-swap` gives. Every log is in memory; model 12b's fsync failure comes from a storage that
+//! fails every sync (`EventLog::loom_failing_sync`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use lanestream::log::{
+    AppendError, Event, EventLog, LogOptions, Query, SequencedEvent, Subscription, SubscriptionError,
+};
+use loom::thread;
+
+use crate::support::{self, Flag};
+
+fn event(data: &'static [u8]) -> Event {
+    Event::untagged("T", data).unwrap()
+}
+
+fn positions(batch: &[SequencedEvent]) -> Vec<u64> {
+    batch.iter().map(|e| e.position.get()).collect()
+}
+
+/// Polls `sub.next_batch_async()` to completion on this loom thread, parking between polls.
+fn next_async(sub: &mut Subscription) -> Result<Option<Vec<SequencedEvent>>, SubscriptionError> {
+    let (flag, waker) = Flag::new();
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = sub.next_batch_async();
+    loop {
+        match Pin::new(&mut fut).poll(&mut cx) {
+            Poll::Ready(r) => return r,
+            Poll::Pending => flag.wait(),
+        }
+    }
+}
+
+/// Model 11: a subscriber crossing from catch-up to the live tail while an append is published.
+///
+/// The log holds position 1; the subscriber (main thread) takes it as its catch-up batch and
+/// then waits (blocking `next_batch`, then, on a second subscription, `next_batch_async`) for
+/// position 2, which an appender thread appends through the writer thread meanwhile. Checked:
+/// each subscription gets `[1]`, then `[2]` — no lost wake-up whichever side of the
+/// subscriber's check the writer's publish and notify land (the check runs under the signal's
+/// lock, the notify takes that lock after the publish), no duplicate, no gap — and `None` once
+/// the log is closed.
+///
+/// Why the bound suffices: the race is the subscriber's locked check-then-sleep against the
+/// writer's publish-then-notify; putting the publish between the check and the sleep takes one
+/// preemption, and a second covers the appender's queue push racing the writer's wait for work
+/// on the same run. Bound 2 keeps the three-thread model (subscriber, appender, writer) to a
+/// few seconds.
+#[test]
+fn log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published() {
+    support::model("log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published", 2, || {
+        let log = EventLog::in_memory(LogOptions::default()).unwrap();
+        log.append(vec![event(b"1")], None).unwrap();
+        let mut blocking = log.subscribe(Query::All, None);
+        let mut pending = log.subscribe(Query::All, None);
+        assert_eq!(positions(&blocking.next_batch().unwrap().unwrap()), [1], "catch-up");
+        assert_eq!(positions(&pending.try_next_batch().unwrap()), [1], "catch-up");
+        let appender = {
+            let log = log.clone();
+            thread::spawn(move || log.append(vec![event(b"2")], None).unwrap())
+        };
+        assert_eq!(positions(&blocking.next_batch().unwrap().expect("live")), [2]);
+        assert_eq!(positions(&next_async(&mut pending).unwrap().expect("live")), [2]);
+        assert_eq!(appender.join().unwrap().first.get(), 2);
+        log.close();
+        assert!(blocking.next_batch().unwrap().is_none());
+        assert!(next_async(&mut pending).unwrap().is_none());
+    });
+}
+
+/// Model 12a: closing the log wakes every waiting subscriber, blocking and async.
+///
+/// One subscriber thread blocks in `next_batch` and the main thread waits in
+/// `next_batch_async`, both with nothing to read, while a third thread closes the log. Checked:
+/// both end with `Ok(None)` (the writer's end guard sets `closed` and then notifies under the
+/// signal's lock; a waiter checks `closed` under that lock).
+///
+/// Why the bound suffices: two waiters and the closer (plus the writer, which the close joins);
+/// each waiter's window is its locked check-then-sleep, entered by one preemption. Bound 2.
+#[test]
+fn log_close_wakes_every_waiting_subscriber() {
+    support::model("log_close_wakes_every_waiting_subscriber", 2, || {
+        let log = EventLog::in_memory(LogOptions::default()).unwrap();
+        let mut blocking = log.subscribe(Query::All, None);
+        let mut pending = log.subscribe(Query::All, None);
+        let waiter = thread::spawn(move || blocking.next_batch().unwrap().is_none());
+        let closer = {
+            let log = log.clone();
+            thread::spawn(move || log.close())
+        };
+        assert!(next_async(&mut pending).unwrap().is_none(), "the async waiter sees the end");
+        assert!(waiter.join().unwrap(), "the blocked waiter sees the end");
+        closer.join().unwrap();
+    });
+}
+
+/// Model 12b: a writer failure wakes every waiting subscriber, and nobody hangs on the dead
+/// writer.
+///
+/// The log's every fsync fails. A subscriber thread blocks in `next_batch` while the main
+/// thread appends; the append fails with `Io`, and the subscriber must end with
+/// `SubscriptionError::Failed` **before** the log is closed (the main thread joins it first, so
+/// only the failure's own notify can wake it). A later append is refused with `Failed`.
+///
+/// Why the bound suffices: the race is the subscriber's locked check-then-sleep against the
+/// writer's set-failure-then-notify; one preemption places the failure inside the window.
+/// Bound 2.
+#[test]
+fn log_writer_failure_wakes_every_waiting_subscriber() {
+    support::model("log_writer_failure_wakes_every_waiting_subscriber", 2, || {
+        let log = EventLog::loom_failing_sync(LogOptions::default()).unwrap();
+        let mut sub = log.subscribe(Query::All, None);
+        let waiter = thread::spawn(move || match sub.next_batch() {
+            Err(SubscriptionError::Failed(_)) => true,
+            other => panic!("expected the failure, got {other:?}"),
+        });
+        assert!(matches!(log.append(vec![event(b"1")], None), Err(AppendError::Io(_))));
+        assert!(waiter.join().unwrap(), "woken by the failure, before any close");
+        assert!(matches!(log.append(vec![event(b"2")], None), Err(AppendError::Failed(_))));
+        assert_eq!(log.head(), None, "nothing of the failed append is visible");
+    });
+}
