@@ -28,11 +28,14 @@ fn positions(batch: &[SequencedEvent]) -> Vec<u64> {
 }
 
 /// Polls `sub.next_batch_async()` to completion on this loom thread, parking between polls.
+/// Each poll gets a fresh waker (a flag that stays raised once woken): a wake-up left over from
+/// an earlier publish (the writer's notify may run after the appender's reply) then costs one
+/// extra poll instead of a spin, and every re-poll replaces the waker registered before.
 fn next_async(sub: &mut Subscription) -> Result<Option<Vec<SequencedEvent>>, SubscriptionError> {
-    let (flag, waker) = Flag::new();
-    let mut cx = Context::from_waker(&waker);
     let mut fut = sub.next_batch_async();
     loop {
+        let (flag, waker) = Flag::new();
+        let mut cx = Context::from_waker(&waker);
         match Pin::new(&mut fut).poll(&mut cx) {
             Poll::Ready(r) => return r,
             Poll::Pending => flag.wait(),
@@ -42,10 +45,11 @@ fn next_async(sub: &mut Subscription) -> Result<Option<Vec<SequencedEvent>>, Sub
 
 /// Model 11: a subscriber crossing from catch-up to the live tail while an append is published.
 ///
-/// The log holds position 1; the subscriber (main thread) takes it as its catch-up batch and
-/// then waits (blocking `next_batch`, then, on a second subscription, `next_batch_async`) for
-/// position 2, which an appender thread appends through the writer thread meanwhile. Checked:
-/// each subscription gets `[1]`, then `[2]` — no lost wake-up whichever side of the
+/// The log holds position 1; a subscription (main thread) takes it as its catch-up batch and
+/// then waits in `next_batch` for position 2, which an appender thread appends through the
+/// writer thread meanwhile; then a second subscription catches up to `[1, 2]` and waits in
+/// `next_batch_async` for position 3, appended the same way. Checked: each wait gets the live
+/// append — no lost wake-up whichever side of the
 /// subscriber's check the writer's publish and notify land (the check runs under the signal's
 /// lock, the notify takes that lock after the publish), no duplicate, no gap — and `None` once
 /// the log is closed.
@@ -57,21 +61,27 @@ fn next_async(sub: &mut Subscription) -> Result<Option<Vec<SequencedEvent>>, Sub
 /// few seconds.
 #[test]
 fn log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published() {
-    support::model("log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published", 2, || {
+    support::model("log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published", 3, || {
         let log = EventLog::in_memory(LogOptions::default()).unwrap();
         log.append(vec![event(b"1")], None).unwrap();
         let mut blocking = log.subscribe(Query::All, None);
         let mut pending = log.subscribe(Query::All, None);
-        assert_eq!(positions(&blocking.next_batch().unwrap().unwrap()), [1], "catch-up");
-        assert_eq!(positions(&pending.try_next_batch().unwrap()), [1], "catch-up");
-        let appender = {
+        let append = |data: &'static [u8]| {
             let log = log.clone();
-            thread::spawn(move || log.append(vec![event(b"2")], None).unwrap())
+            thread::spawn(move || log.append(vec![event(data)], None).unwrap().first.get())
         };
+        // Blocking: catch-up, then the live append racing the wait.
+        assert_eq!(positions(&blocking.next_batch().unwrap().unwrap()), [1], "catch-up");
+        let appender = append(b"2");
         assert_eq!(positions(&blocking.next_batch().unwrap().expect("live")), [2]);
-        assert_eq!(positions(&next_async(&mut pending).unwrap().expect("live")), [2]);
-        assert_eq!(appender.join().unwrap().first.get(), 2);
+        assert_eq!(appender.join().unwrap(), 2);
+        // Async: the same, with a registered waker.
+        assert_eq!(positions(&pending.try_next_batch().unwrap()), [1, 2], "catch-up");
+        let appender = append(b"3");
+        assert_eq!(positions(&next_async(&mut pending).unwrap().expect("live")), [3]);
+        assert_eq!(appender.join().unwrap(), 3);
         log.close();
+        assert!(blocking.next_batch().unwrap().unwrap().len() == 1, "3, then the end");
         assert!(blocking.next_batch().unwrap().is_none());
         assert!(next_async(&mut pending).unwrap().is_none());
     });
@@ -116,7 +126,7 @@ fn log_close_wakes_every_waiting_subscriber() {
 /// Bound 2.
 #[test]
 fn log_writer_failure_wakes_every_waiting_subscriber() {
-    support::model("log_writer_failure_wakes_every_waiting_subscriber", 2, || {
+    support::model("log_writer_failure_wakes_every_waiting_subscriber", 3, || {
         let log = EventLog::loom_failing_sync(LogOptions::default()).unwrap();
         let mut sub = log.subscribe(Query::All, None);
         let waiter = thread::spawn(move || match sub.next_batch() {
