@@ -54,11 +54,15 @@ fn next_async(sub: &mut Subscription) -> Result<Option<Vec<SequencedEvent>>, Sub
 /// lock, the notify takes that lock after the publish), no duplicate, no gap — and `None` once
 /// the log is closed.
 ///
+/// Fails when its protection is removed (`src/docs/memory_ordering.md`, section 9, rows 31,
+/// 32, 35): checking outside the signal's lock (`Signal::wait` or `Signal::poll` testing
+/// `ready()` before locking), or notifying before the snapshot is stored, each deadlock it.
+///
 /// Why the bound suffices: the race is the subscriber's locked check-then-sleep against the
 /// writer's publish-then-notify; putting the publish between the check and the sleep takes one
-/// preemption, and a second covers the appender's queue push racing the writer's wait for work
-/// on the same run. Bound 2 keeps the three-thread model (subscriber, appender, writer) to a
-/// few seconds.
+/// preemption, a second covers the appender's queue push racing the writer's wait for work, and
+/// a third the writer's notify for position 2 landing during the async wait. Bound 3: about
+/// 12,000 executions, 2 s.
 #[test]
 fn log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published() {
     support::model("log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published", 3, || {
@@ -94,8 +98,12 @@ fn log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published() {
 /// both end with `Ok(None)` (the writer's end guard sets `closed` and then notifies under the
 /// signal's lock; a waiter checks `closed` under that lock).
 ///
+/// Fails when its protection is removed (section 9, rows 31, 33, 35): without the end guard's
+/// notify, or with either wait checking outside the lock, a waiter sleeps for ever (deadlock).
+///
 /// Why the bound suffices: two waiters and the closer (plus the writer, which the close joins);
-/// each waiter's window is its locked check-then-sleep, entered by one preemption. Bound 2.
+/// each waiter's window is its locked check-then-sleep, entered by one preemption. Bound 2
+/// (about 5,000 executions, under a second; bound 3 passes too, about 82,000 executions, 12 s).
 #[test]
 fn log_close_wakes_every_waiting_subscriber() {
     support::model("log_close_wakes_every_waiting_subscriber", 2, || {
@@ -121,9 +129,12 @@ fn log_close_wakes_every_waiting_subscriber() {
 /// `SubscriptionError::Failed` **before** the log is closed (the main thread joins it first, so
 /// only the failure's own notify can wake it). A later append is refused with `Failed`.
 ///
+/// Fails when its protection is removed (section 9, rows 31, 34): without the failure path's
+/// notify the subscriber sleeps until a close that never comes (deadlock).
+///
 /// Why the bound suffices: the race is the subscriber's locked check-then-sleep against the
 /// writer's set-failure-then-notify; one preemption places the failure inside the window.
-/// Bound 2.
+/// Bound 3 (about 280 executions).
 #[test]
 fn log_writer_failure_wakes_every_waiting_subscriber() {
     support::model("log_writer_failure_wakes_every_waiting_subscriber", 3, || {
