@@ -255,8 +255,7 @@ fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_clai
         matches!(&err, SourceError::LaneAhead { sink, last_published: Position(10), .. } if sink.as_str() == "search"),
         "{err:?}"
     );
-    // Nothing stays claimed: a valid source can be built at once.
-    let _source = LogSource::builder(log.reader()).after(Some(pos(3))).serve_requests(false);
+    // A refused build leaves nothing claimed.
     let stream = MemoryStream::builder().capacity(4).sinks(["search"]).build().unwrap();
     let _ = LogSource::builder(log.reader()).after(Some(pos(9))).build(&stream).unwrap_err();
     assert!(stream.producer("search").is_ok() && stream.attach_requests().is_ok());
@@ -390,4 +389,38 @@ fn run_wakes_for_a_request_and_for_an_append_and_ends_when_the_log_closes() {
         d.ack().unwrap();
     }
     assert_eq!(rest, [2, 3, 4], "then the end: the source closed the lane");
+}
+
+#[test]
+fn append_ends_survive_recovery_so_a_reopened_log_still_feeds_one_batch_per_append() {
+    let dir = log_support::temp_dir("source-recovery");
+    let ranges: Vec<PositionRange> = {
+        let log = EventLog::open(&dir, LogOptions::default()).unwrap();
+        let ranges = [1, 3, 2]
+            .iter()
+            .map(|n| log.append((0..*n).map(|_| ev("T", &[])).collect(), None).unwrap())
+            .collect();
+        log.close();
+        ranges
+    };
+    let log = EventLog::open(&dir, LogOptions::default()).unwrap();
+    for r in &ranges {
+        for p in r.iter() {
+            assert_eq!(log.reader().append_at(p), Some(*r), "position {p} after recovery");
+        }
+    }
+    let stream = MemoryStream::builder().capacity(8).sinks(["search"]).build().unwrap();
+    let mut sink = stream.attach("search").unwrap();
+    // Position 2 lies inside the second append: not a place a watermark can be.
+    assert!(matches!(
+        LogSource::builder(log.reader()).after(Some(pos(2))).build(&stream),
+        Err(SourceError::NotAnAppendEnd { .. })
+    ));
+    LogSource::builder(log.reader()).after(Some(pos(1))).build(&stream).unwrap().pump().unwrap();
+    let items = take_all(&mut sink);
+    assert_eq!(live_positions(&items), [4, 6]);
+    assert_is_append(&log, &items[0], ranges[1]);
+    assert_is_append(&log, &items[1], ranges[2]);
+    log.close();
+    let _ = std::fs::remove_dir_all(&dir);
 }
