@@ -8,8 +8,13 @@
 #[cfg(not(lanestream_loom))]
 mod imp {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-    pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-    pub(crate) use std::thread::{current, park, park_timeout, Builder as ThreadBuilder, JoinHandle, Thread};
+    pub(crate) use std::sync::{Arc, Mutex};
+    pub(crate) use std::thread::{current, park, park_timeout, Thread};
+    // The event log's queue, waits and writer thread.
+    #[cfg(feature = "log")]
+    pub(crate) use std::sync::{Condvar, MutexGuard};
+    #[cfg(feature = "log")]
+    pub(crate) use std::thread::{Builder as ThreadBuilder, JoinHandle};
 
     /// `std::cell::UnsafeCell` with loom's access API.
     #[derive(Debug)]
@@ -47,8 +52,12 @@ mod imp {
 mod imp {
     pub(crate) use loom::cell::UnsafeCell;
     pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-    pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
-    pub(crate) use loom::thread::{current, park, Builder as ThreadBuilder, JoinHandle, Thread};
+    pub(crate) use loom::sync::{Arc, Mutex};
+    #[cfg(feature = "log")]
+    pub(crate) use loom::sync::{Condvar, MutexGuard};
+    pub(crate) use loom::thread::{current, park, Thread};
+    #[cfg(feature = "log")]
+    pub(crate) use loom::thread::{Builder as ThreadBuilder, JoinHandle};
 
     /// loom has no timed park; a timed wait parks like an untimed one, and models never use
     /// timeouts.

@@ -1,38 +1,7 @@
 //! [`LogSource`]: the log as the ingest engine of a [`MemoryStream`] — every append published
 //! to every lane as one [`Batch`], backfills served from the log's index.
 //!
-//! # Mapping
-//! - **One append, one batch.** The batch's position is the append's last position (as a stream
-//!   [`Position`], the same number), its `changes` the append's event count. Appends are published
-//!   in log order, so positions are strictly increasing on every lane ([L4](crate::contract#l4)),
-//!   and the stream's watermark is always the end of an append.
-//! - **Indexes are named queries.** The source is built with a list of `(IndexName, Query)`
-//!   pairs (by default one index, `events`, of [`Query::All`]). An event becomes one
-//!   [`Envelope`] per index whose query matches it: `index` that index, `id` the event's own log
-//!   position in decimal (events are immutable, so an upsert by id is idempotent), `op`
-//!   [`Op::Upsert`], `position` the batch's position, `document` the event's payload (the same
-//!   `Bytes`, not a copy). An event no index matches is in no envelope; its append still gets its
-//!   batch, which carries its position ([I2](crate::contract#i2)). The event's type and tags are
-//!   not carried: give each type its own index when sinks need to tell them apart.
-//! - **Backfill.** A [`Request::Backfill`] `{ sink, indexes }` is answered on that sink's lane
-//!   with snapshot batches (no position; envelopes without a position) holding every event of
-//!   each index up to the last append already published on that lane — read from the index, so
-//!   a selective index costs its matches, not the log — then `SnapshotComplete { indexes }`;
-//!   only then is the request acked ([R2](crate::contract#r2)). Live batches after that append
-//!   follow on the lane, so the snapshot and the live tail neither overlap nor leave a gap. A
-//!   request naming a sink or an index the source does not know is acked unanswered (it could
-//!   never be served) and counted in [`SourceStats::refused`].
-//!
-//! # Restart
-//! The source starts after a position: by default the stream's watermark (everything up to it
-//! was acked by every lane), or the one given to [`LogSourceBuilder::after`] (a durable sink's
-//! checkpoint when the stream itself is new). On each lane it also skips the appends already
-//! published there and still held by the lane ([`LaneStats::last_published`]), so a source
-//! restarted over a live stream publishes nothing twice and loses nothing: what the lane held
-//! is redelivered by the lane itself.
-//!
-//! The source holds one producer per lane and the request lane's consumer; dropping it releases
-//! them (a successor can be built at once, [L9](crate::contract#l9)) and leaves the lanes open.
+//! The mapping, the restart rule and the backfill protocol are documented on [`LogSource`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -278,8 +247,41 @@ impl Pumped {
     }
 }
 
-/// The log as the ingest engine of a [`MemoryStream`] (see the [module docs](self)); from
-/// [`LogSource::builder`].
+/// The log as the ingest engine of a [`MemoryStream`]; from [`LogSource::builder`].
+///
+/// # Mapping
+/// - **One append, one batch.** The batch's position is the append's last position (as a stream
+///   [`Position`], the same number), its `changes` the append's event count. Appends are published
+///   in log order, so positions are strictly increasing on every lane ([L4](crate::contract#l4)),
+///   and the stream's watermark is always the end of an append.
+/// - **Indexes are named queries.** The source is built with a list of `(IndexName, Query)`
+///   pairs (by default one index, `events`, of [`Query::All`]). An event becomes one
+///   [`Envelope`] per index whose query matches it: `index` that index, `id` the event's own log
+///   position in decimal (events are immutable, so an upsert by id is idempotent), `op`
+///   [`Op::Upsert`], `position` the batch's position, `document` the event's payload (the same
+///   `Bytes`, not a copy). An event no index matches is in no envelope; its append still gets its
+///   batch, which carries its position ([I2](crate::contract#i2)). The event's type and tags are
+///   not carried: give each type its own index when sinks need to tell them apart.
+/// - **Backfill.** A [`Request::Backfill`] `{ sink, indexes }` is answered on that sink's lane
+///   with snapshot batches (no position; envelopes without a position) holding every event of
+///   each index up to the last append already published on that lane — read from the index, so
+///   a selective index costs its matches, not the log — then `SnapshotComplete { indexes }`;
+///   only then is the request acked ([R2](crate::contract#r2)). Live batches after that append
+///   follow on the lane, so the snapshot and the live tail neither overlap nor leave a gap. A
+///   request naming a sink or an index the source does not know is acked unanswered (it could
+///   never be served) and counted in [`SourceStats::refused`].
+///
+/// # Restart
+/// The source starts after a position: by default the stream's watermark (everything up to it
+/// was acked by every lane), or the one given to [`LogSourceBuilder::after`] (a durable sink's
+/// checkpoint when the stream itself is new). On each lane it also skips the appends already
+/// published there and still held by the lane ([`LaneStats::last_published`]), so a source
+/// restarted over a live stream publishes nothing twice and loses nothing: what the lane held
+/// is redelivered by the lane itself.
+///
+/// # Driving it
+/// The source holds one producer per lane and the request lane's consumer; dropping it releases
+/// them (a successor can be built at once, [L9](crate::contract#l9)) and leaves the lanes open.
 ///
 /// Drive it with [`run`](LogSource::run) on a thread of its own (until the log closes), or call
 /// [`pump`](LogSource::pump) and [`wait`](LogSource::wait) yourself. Publishing waits while a
