@@ -89,6 +89,7 @@ mod query;
 mod queue;
 mod read;
 mod segment;
+mod signal;
 mod slots;
 mod snapshot;
 mod source;

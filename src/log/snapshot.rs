@@ -318,7 +318,7 @@ pub(crate) struct Shared {
     /// [`IndexWriter::appends`]); entries above the published head are not yet visible.
     pub(crate) appends: Arc<Postings>,
     /// Woken after each publish, on close and on failure (subscribers wait on it).
-    pub(crate) signal: super::subscription::Signal,
+    pub(crate) signal: super::signal::Signal,
     /// Set (release) once the writer has published its last snapshot and stopped.
     pub(crate) closed: crate::sync::AtomicBool,
     /// Set once a write or sync failed; the writer refuses writes from then on.
@@ -338,7 +338,7 @@ impl Shared {
             snapshot: Published::from_pointee(snapshot),
             events,
             appends,
-            signal: super::subscription::Signal::new(),
+            signal: super::signal::Signal::new(),
             closed: crate::sync::AtomicBool::new(false),
             failure: std::sync::OnceLock::new(),
             subscription_batch,
