@@ -393,7 +393,7 @@ fn run_wakes_for_a_request_and_for_an_append_and_ends_when_the_log_closes() {
 
 #[test]
 fn append_ends_survive_recovery_so_a_reopened_log_still_feeds_one_batch_per_append() {
-    let dir = log_support::temp_dir("source-recovery");
+    let dir = log_support::temp_dir("source-recovery"); // removed on drop
     let ranges: Vec<PositionRange> = {
         let log = EventLog::open(&dir, LogOptions::default()).unwrap();
         let ranges = [1, 3, 2]
@@ -422,5 +422,4 @@ fn append_ends_survive_recovery_so_a_reopened_log_still_feeds_one_batch_per_appe
     assert_is_append(&log, &items[0], ranges[1]);
     assert_is_append(&log, &items[1], ranges[2]);
     log.close();
-    let _ = std::fs::remove_dir_all(&dir);
 }
