@@ -361,10 +361,16 @@ impl LogSource {
     pub fn pump(&mut self) -> Result<Pumped, SourceError> {
         let mut done = Pumped::default();
         self.serve_requests(&mut done)?;
-        let head = self.shared.head();
+        let shared = self.shared.clone();
+        let head = shared.head();
+        // One look at the list of append ends for the whole pump (not a search per append):
+        // entry `i` is where the `i + 1`-th append ends, and the cursor sits at an append's end.
+        let ends = shared.appends.view();
+        let mut i = ends.rank(self.after);
         while self.after < head {
-            let (first, last) = self.shared.append_at(self.after + 1, head).expect("below the head");
-            debug_assert_eq!(first, self.after + 1, "the cursor sits at an append's end");
+            let (first, last) = (self.after + 1, ends.get(i));
+            debug_assert!(last >= first && last <= head, "append ends cover every published position");
+            i += 1;
             let batch = self.live_batch(first, last);
             for feed in &mut self.lanes {
                 if feed.published >= last {
