@@ -131,9 +131,15 @@ impl Event {
     }
 
     /// The bytes this event takes in an append's size budget (and, give or take a few bytes of
-    /// framing, on disk): type, tags and payload plus their length prefixes.
+    /// framing, on disk): type, tags and payload plus their length prefixes — a `u16` before
+    /// the type, a `u16` tag count, a `u16` before each tag and a `u32` before the payload, the
+    /// layout a segment record stores each event in.
     pub fn encoded_len(&self) -> usize {
-        super::segment::event_encoded_len(self)
+        2 + self.event_type().len()
+            + 2
+            + self.tag_slice().iter().map(|t| 2 + t.len()).sum::<usize>()
+            + 4
+            + self.data().len()
     }
 }
 

@@ -5,14 +5,12 @@ use std::fs;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 
 use super::condition::AppendCondition;
 use super::error::{AppendError, OpenError};
 use super::event::Event;
-use super::index::KeyMap;
 use super::options::LogOptions;
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
@@ -24,6 +22,7 @@ use super::snapshot::{IndexWriter, Shared, Snapshot};
 use super::storage::{sync_dir, DirClaim, FileStorage, Storage};
 use super::subscription::Subscription;
 use super::writer::Writer;
+use crate::sync::{JoinHandle, Mutex};
 
 /// Opens logs: [`EventLog::open`] for a durable log in a directory, [`EventLog::in_memory`] for
 /// one that lives as long as the process. Both start the log's writer thread and hand out its
@@ -60,8 +59,7 @@ impl EventLog {
     /// [`OpenError::InvalidOption`]; [`OpenError::Io`] if the writer thread cannot be started.
     pub fn in_memory(options: LogOptions) -> Result<WriteHandle, OpenError> {
         options.validate()?;
-        let index = IndexWriter { types: KeyMap::new(), tags: KeyMap::new() };
-        start(options, EventSlots::new(), index, 0, None)
+        start(options, EventSlots::new(), IndexWriter::new(), 0, None)
     }
 
     /// Opens (creating it if needed) the durable log in `dir`: recovers every valid record (see
@@ -101,8 +99,8 @@ impl EventLog {
         }
         let claim = DirClaim::claim(&dir)?;
         let events = EventSlots::new();
-        let mut index = IndexWriter { types: KeyMap::new(), tags: KeyMap::new() };
-        let recovered = recover(&dir, |p, e| index.add(&events, p, e))?;
+        let mut index = IndexWriter::new();
+        let recovered = recover(&dir, |first, appended| index.add_append(&events, first, appended))?;
         let (storage, current_len) = match &recovered.last {
             Some(path) => {
                 let len = fs::metadata(path).map_err(io("reading", path))?.len();
@@ -118,6 +116,33 @@ impl EventLog {
     }
 }
 
+#[cfg(lanestream_loom)]
+impl EventLog {
+    /// Loom models only: an in-memory log whose every fsync fails, so the models reach the
+    /// writer's failure path (fail the group commit with `Io`, refuse writes from then on, wake
+    /// every waiter) without files.
+    #[doc(hidden)]
+    pub fn loom_failing_sync(options: LogOptions) -> Result<WriteHandle, OpenError> {
+        /// Accepts every write and fails every sync.
+        #[derive(Debug)]
+        struct SyncFails;
+        impl Storage for SyncFails {
+            fn create_segment(&mut self, _: u64, _: &[u8]) -> std::io::Result<()> {
+                Ok(())
+            }
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                Ok(bytes.len())
+            }
+            fn sync(&mut self) -> std::io::Result<()> {
+                Err(std::io::Error::other("loom model: injected fsync failure"))
+            }
+        }
+        options.validate()?;
+        let segments = SegmentWriter::new(Box::new(SyncFails), HEADER_LEN as u64, options.segment_bytes);
+        start(options, EventSlots::new(), IndexWriter::new(), 0, Some(segments))
+    }
+}
+
 fn start(
     options: LogOptions,
     events: EventSlots,
@@ -126,7 +151,7 @@ fn start(
     segments: Option<SegmentWriter>,
 ) -> Result<WriteHandle, OpenError> {
     let snapshot = Snapshot { head, types: index.types.clone(), tags: index.tags.clone() };
-    let shared = Arc::new(Shared::new(snapshot, events, options.subscription_batch));
+    let shared = Arc::new(Shared::new(snapshot, events, index.appends.clone(), options.subscription_batch));
     let queue = Arc::new(Queue::new(options.queue_capacity));
     let writer = Writer {
         shared: shared.clone(),

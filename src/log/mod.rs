@@ -49,6 +49,13 @@
 //! or a condition check cost O(log n + candidates of the most selective list) rather than O(n).
 //! All events are held in memory (payloads shared, never copied); file mode adds the segments.
 //!
+//! # Feeding the lanes
+//! [`LogSource`] is the log as the ingest engine of a [`MemoryStream`](crate::MemoryStream):
+//! each append becomes one [`Batch`](crate::Batch) on every lane, positioned at the append's
+//! last position (so the watermark is always the end of an append; [`ReadHandle::append_at`]
+//! finds the append holding any position); it resumes after the stream's watermark and serves
+//! [`Request::Backfill`](crate::Request::Backfill) from the index.
+//!
 //! # On disk
 //! Segment files of length-prefixed, CRC32C-checked records, one record per append; recovery on
 //! open validates every record, truncates a torn tail (never acknowledged), never exposes a
@@ -82,8 +89,10 @@ mod query;
 mod queue;
 mod read;
 mod segment;
+mod signal;
 mod slots;
 mod snapshot;
+mod source;
 mod storage;
 mod subscription;
 mod writer;
@@ -101,4 +110,5 @@ pub use options::LogOptions;
 pub use position::{LogPosition, PositionRange};
 pub use query::{Query, QueryItem, QueryItems};
 pub use read::{ReadHandle, Reads};
+pub use source::{LogSource, LogSourceBuilder, Pumped, SourceError, SourceStats, DEFAULT_SNAPSHOT_BATCH};
 pub use subscription::{NextBatch, Subscription};

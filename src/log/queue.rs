@@ -8,9 +8,10 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
-use std::thread::{self, Thread};
+
+use crate::sync::{self, Condvar, Mutex, MutexGuard, Thread};
 
 use super::condition::AppendCondition;
 use super::error::AppendError;
@@ -84,9 +85,9 @@ impl ReplySlot {
             if let Some(r) = st.result.take() {
                 return r;
             }
-            st.waiter = Some(Waiter::Thread(thread::current()));
+            st.waiter = Some(Waiter::Thread(sync::current()));
             drop(st);
-            thread::park();
+            sync::park();
             st = lock(&self.state);
         }
     }

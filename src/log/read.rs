@@ -5,7 +5,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::event::SequencedEvent;
-use super::position::{raw, LogPosition};
+use super::position::{raw, LogPosition, PositionRange};
 use super::query::Query;
 use super::snapshot::{Dir, Shared, View};
 use super::subscription::Subscription;
@@ -83,6 +83,25 @@ impl ReadHandle {
         let head = self.shared.head();
         (position.get() <= head)
             .then(|| SequencedEvent { position, event: self.shared.events.at(position.get()).clone() })
+    }
+
+    /// The append that put the event at `position` there: every position it was given, if the
+    /// published head covers `position`. Appends are atomic, so this is where the writer's
+    /// `Ok(range)` put it.
+    ///
+    /// ```
+    /// use lanestream::log::{Event, EventLog, LogOptions, LogPosition};
+    /// let log = EventLog::in_memory(LogOptions::default())?;
+    /// let e = || Event::untagged("T", bytes::Bytes::new());
+    /// log.append(vec![e()?], None)?;
+    /// let range = log.append(vec![e()?, e()?, e()?], None)?;
+    /// assert_eq!(log.reader().append_at(LogPosition::new(3).unwrap()), Some(range));
+    /// assert_eq!(log.reader().append_at(LogPosition::new(5).unwrap()), None); // beyond the head
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn append_at(&self, position: LogPosition) -> Option<PositionRange> {
+        let (first, last) = self.shared.append_at(position.get(), self.shared.head())?;
+        Some(PositionRange::from_raw(first, last - first + 1))
     }
 
     /// Whether the log's writer has stopped (closed, or every write handle dropped).

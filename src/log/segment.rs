@@ -52,15 +52,6 @@ pub(crate) fn header(first: u64) -> [u8; HEADER_LEN] {
     h
 }
 
-/// The encoded size of one event, in bytes.
-pub(crate) fn event_encoded_len(e: &Event) -> usize {
-    2 + e.event_type().len()
-        + 2
-        + e.tag_slice().iter().map(|t| 2 + t.len()).sum::<usize>()
-        + 4
-        + e.data().len()
-}
-
 /// Appends the record of the append `events` starting at position `first` to `buf`.
 pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event]) {
     let start = buf.len();
@@ -68,6 +59,7 @@ pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event]) {
     buf.extend_from_slice(&first.to_le_bytes());
     buf.extend_from_slice(&(events.len() as u32).to_le_bytes());
     for e in events {
+        let event_start = buf.len();
         buf.extend_from_slice(&(e.event_type().len() as u16).to_le_bytes());
         buf.extend_from_slice(e.event_type().as_bytes());
         buf.extend_from_slice(&(e.tag_slice().len() as u16).to_le_bytes());
@@ -77,6 +69,7 @@ pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event]) {
         }
         buf.extend_from_slice(&(e.data().len() as u32).to_le_bytes());
         buf.extend_from_slice(e.data());
+        debug_assert_eq!(buf.len() - event_start, e.encoded_len(), "Event::encoded_len is this layout");
     }
     let len = (buf.len() - start - FRAME_LEN) as u32;
     let len_bytes = len.to_le_bytes();
@@ -193,8 +186,12 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Ope
     move |source| OpenError::Io { op, path: path.to_path_buf(), source }
 }
 
-/// Recovers the log in `dir`, calling `on_event(position, event)` for every event in order.
-pub(crate) fn recover(dir: &Path, mut on_event: impl FnMut(u64, Event)) -> Result<Recovered, OpenError> {
+/// Recovers the log in `dir`, calling `on_append(first, events)` for every record (one append)
+/// in order, `first` being the position of its first event.
+pub(crate) fn recover(
+    dir: &Path,
+    mut on_append: impl FnMut(u64, Vec<Event>),
+) -> Result<Recovered, OpenError> {
     let segments = list_segments(dir).map_err(io_err("listing", dir))?;
     let mut next = 1u64;
     let n = segments.len();
@@ -239,10 +236,8 @@ pub(crate) fn recover(dir: &Path, mut on_event: impl FnMut(u64, Event)) -> Resul
                             format!("record starts at position {rec_first}, expected {next}"),
                         ));
                     }
-                    for e in events {
-                        on_event(next, e);
-                        next += 1;
-                    }
+                    next += events.len() as u64;
+                    on_append(rec_first, events);
                     at += len;
                 }
                 Err(RecordError::Torn(_)) if is_last => {

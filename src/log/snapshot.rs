@@ -24,14 +24,34 @@ pub(crate) struct Snapshot {
     pub(crate) tags: KeyMap<Arc<Postings>>,
 }
 
-/// The index being built by the writer: the maps of its next snapshot.
+/// The index being built by the writer: the maps of its next snapshot, and the list of where
+/// each append ends.
 #[derive(Debug)]
 pub(crate) struct IndexWriter {
     pub(crate) types: KeyMap<Arc<Postings>>,
     pub(crate) tags: KeyMap<Arc<Postings>>,
+    /// The position of each append's last event, ascending (shared with [`Shared::appends`]:
+    /// append-only, and readers bound every walk by their head like any posting list).
+    pub(crate) appends: Arc<Postings>,
 }
 
 impl IndexWriter {
+    /// An empty index.
+    pub(crate) fn new() -> IndexWriter {
+        IndexWriter { types: KeyMap::new(), tags: KeyMap::new(), appends: Arc::new(Postings::new()) }
+    }
+
+    /// Stores and indexes the events of one append, the first at `first`, and records where
+    /// the append ends (not visible to readers until published).
+    pub(crate) fn add_append(&mut self, events: &EventSlots, first: u64, appended: Vec<Event>) {
+        let n = appended.len() as u64;
+        debug_assert!(n > 0, "appends are never empty");
+        for (i, e) in appended.into_iter().enumerate() {
+            self.add(events, first + i as u64, e);
+        }
+        self.appends.push(first + n - 1);
+    }
+
     /// Stores `event` at `position` and indexes it (not visible to readers until published).
     pub(crate) fn add(&mut self, events: &EventSlots, position: u64, event: Event) {
         self.types.get_or_insert_with(event.event_type(), || Arc::new(Postings::new())).push(position);
@@ -257,17 +277,50 @@ impl<'a> View<'a> {
     }
 }
 
+/// Where the writer publishes each snapshot: `arc-swap` (lock-free loads).
+#[cfg(not(lanestream_loom))]
+pub(crate) type Published<T> = arc_swap::ArcSwap<T>;
+
+/// Where the writer publishes each snapshot. Under loom, `arc-swap` (whose atomics and
+/// thread-local debt lists loom cannot see) is stood in for by a loom mutex around the `Arc`:
+/// a load is then an Acquire and a store a Release of the whole snapshot, which is what the log's
+/// protocols rely on (`arc-swap` gives at least that), and loom sees every publish.
+#[cfg(lanestream_loom)]
+pub(crate) struct Published<T>(crate::sync::Mutex<Arc<T>>);
+
+#[cfg(lanestream_loom)]
+impl<T> Published<T> {
+    pub(crate) fn from_pointee(value: T) -> Self {
+        Published(crate::sync::Mutex::new(Arc::new(value)))
+    }
+
+    pub(crate) fn load(&self) -> Arc<T> {
+        crate::sync::lock(&self.0).clone()
+    }
+
+    pub(crate) fn load_full(&self) -> Arc<T> {
+        self.load()
+    }
+
+    pub(crate) fn store(&self, value: Arc<T>) {
+        *crate::sync::lock(&self.0) = value;
+    }
+}
+
 /// What readers, subscriptions and the writer share.
 pub(crate) struct Shared {
     /// The latest published snapshot (stored by the writer after each group commit, before it
     /// replies).
-    pub(crate) snapshot: arc_swap::ArcSwap<Snapshot>,
+    pub(crate) snapshot: Published<Snapshot>,
     /// The events, by position.
     pub(crate) events: EventSlots,
+    /// The position of each append's last event, ascending (the writer's
+    /// [`IndexWriter::appends`]); entries above the published head are not yet visible.
+    pub(crate) appends: Arc<Postings>,
     /// Woken after each publish, on close and on failure (subscribers wait on it).
-    pub(crate) signal: super::subscription::Signal,
+    pub(crate) signal: super::signal::Signal,
     /// Set (release) once the writer has published its last snapshot and stopped.
-    pub(crate) closed: std::sync::atomic::AtomicBool,
+    pub(crate) closed: crate::sync::AtomicBool,
     /// Set once a write or sync failed; the writer refuses writes from then on.
     pub(crate) failure: std::sync::OnceLock<Arc<std::io::Error>>,
     /// The default most events per subscription batch.
@@ -275,12 +328,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(snapshot: Snapshot, events: EventSlots, subscription_batch: usize) -> Shared {
+    pub(crate) fn new(
+        snapshot: Snapshot,
+        events: EventSlots,
+        appends: Arc<Postings>,
+        subscription_batch: usize,
+    ) -> Shared {
         Shared {
-            snapshot: arc_swap::ArcSwap::from_pointee(snapshot),
+            snapshot: Published::from_pointee(snapshot),
             events,
-            signal: super::subscription::Signal::new(),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            appends,
+            signal: super::signal::Signal::new(),
+            closed: crate::sync::AtomicBool::new(false),
             failure: std::sync::OnceLock::new(),
             subscription_batch,
         }
@@ -291,11 +350,23 @@ impl Shared {
         self.snapshot.load().head
     }
 
+    /// The append holding `position`, as raw `(first, last)`, if `head` covers it.
+    pub(crate) fn append_at(&self, position: u64, head: u64) -> Option<(u64, u64)> {
+        if position == 0 || position > head {
+            return None;
+        }
+        let ends = self.appends.view();
+        // The appends ending before `position`; the next one holds it.
+        let i = ends.rank(position - 1);
+        let first = if i == 0 { 1 } else { ends.get(i - 1) + 1 };
+        Some((first, ends.get(i)))
+    }
+
     /// Whether the writer stopped.
     pub(crate) fn is_closed(&self) -> bool {
         // Acquire: pairs with the writer's Release store when it stops (its last snapshot and
         // replies happen before).
-        self.closed.load(std::sync::atomic::Ordering::Acquire)
+        self.closed.load(crate::sync::Ordering::Acquire)
     }
 
     /// Whether no event will ever be published again (closed or failed).

@@ -9,7 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use super::error::OpenError;
-use super::queue::lock;
+
+/// Locks the process-wide set of open directories (std's mutex in every build: it is a
+/// `static`, which loom's cannot be, and the loom models use in-memory logs only).
+fn lock(m: &Mutex<HashSet<PathBuf>>) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The file operations of the segment writer.
 pub(crate) trait Storage: Send + fmt::Debug {

@@ -1,110 +1,24 @@
 //! [`Subscription`]: every matching event after a position, exactly once, in order, across the
-//! catch-up and the live tail; and [`Signal`], what subscribers wait on.
+//! catch-up and the live tail.
 //!
 //! A subscription is a cursor, nothing more: each batch is a read of the latest snapshot over
 //! `(cursor, head]`, and the cursor moves to the last event delivered — or, when nothing in
 //! `(cursor, head]` matched, to the head. Catch-up and live tail are the same loop, so there is
 //! no hand-off for an append to slip through, and the writer never knows a subscriber exists
-//! beyond waking it.
-//!
-//! # No lost wake-up
-//! A waiting subscriber locks the signal, checks "head above my cursor, or the log ended", and
-//! only then sleeps (a condvar wait, or a registered waker) — still under the lock. The writer
-//! changes the state (publishes, marks closed or failed) and then takes the same lock to wake
-//! everyone. Either the writer's lock comes after the check, and it wakes the sleeper, or it came
-//! before, and the check (whose lock acquisition follows the writer's unlock) sees the change.
+//! beyond waking it ([`Signal`](super::signal::Signal)).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::error::{NextTimeoutError, SubscriptionError, TryNextError};
 use super::event::SequencedEvent;
 use super::position::LogPosition;
 use super::query::Query;
-use super::queue::lock;
 use super::snapshot::{Dir, Shared, View};
-
-struct SignalState {
-    wakers: Vec<(u64, Waker)>,
-    next_key: u64,
-}
-
-/// Wakes every waiter after a state change (see the module docs).
-pub(crate) struct Signal {
-    state: Mutex<SignalState>,
-    cond: Condvar,
-}
-
-impl Signal {
-    pub(crate) fn new() -> Signal {
-        Signal { state: Mutex::new(SignalState { wakers: Vec::new(), next_key: 0 }), cond: Condvar::new() }
-    }
-
-    /// Wakes every waiter; call after changing what they check.
-    pub(crate) fn notify(&self) {
-        let wakers = std::mem::take(&mut lock(&self.state).wakers);
-        self.cond.notify_all();
-        wakers.into_iter().for_each(|(_, w)| w.wake());
-    }
-
-    /// Blocks until `ready()` holds (checked under the lock) or `deadline` passes; returns
-    /// whether it holds.
-    pub(crate) fn wait(&self, mut ready: impl FnMut() -> bool, deadline: Option<Instant>) -> bool {
-        let mut st = lock(&self.state);
-        loop {
-            if ready() {
-                return true;
-            }
-            match deadline {
-                None => st = self.cond.wait(st).unwrap_or_else(PoisonError::into_inner),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return false;
-                    }
-                    st = self.cond.wait_timeout(st, d - now).unwrap_or_else(PoisonError::into_inner).0;
-                }
-            }
-        }
-    }
-
-    /// `Ready` if `ready()` holds (checked under the lock), else registers `cx`'s waker under
-    /// `key` (replacing the one registered before).
-    pub(crate) fn poll(
-        &self,
-        ready: impl FnOnce() -> bool,
-        key: &mut Option<u64>,
-        cx: &mut Context<'_>,
-    ) -> Poll<()> {
-        let mut st = lock(&self.state);
-        if let Some(k) = key.take() {
-            st.wakers.retain(|(x, _)| *x != k);
-        }
-        if ready() {
-            return Poll::Ready(());
-        }
-        let k = st.next_key;
-        st.next_key += 1;
-        st.wakers.push((k, cx.waker().clone()));
-        *key = Some(k);
-        Poll::Pending
-    }
-
-    /// Forgets the waker registered under `key`.
-    pub(crate) fn cancel(&self, key: u64) {
-        lock(&self.state).wakers.retain(|(x, _)| *x != key);
-    }
-}
-
-impl fmt::Debug for Signal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Signal").field("async_waiters", &lock(&self.state).wakers.len()).finish()
-    }
-}
 
 /// What one look at the log gave.
 enum Step {

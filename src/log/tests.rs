@@ -415,3 +415,31 @@ fn a_panicking_writer_answers_everyone_wakes_subscribers_and_refuses_writes() {
     assert_eq!(log.head(), Some(pos(1)), "nothing of the panicked round was published");
     log.close();
 }
+
+#[test]
+fn a_log_source_publishes_everything_before_a_writer_failure_then_run_reports_it() {
+    use crate::{LaneItem, MemoryStream, Position, Stream};
+
+    let dir = temp_dir("source-fails");
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
+    log.append(vec![ev("A", &[]), ev("A", &[])], None).unwrap();
+    log.append(vec![ev("A", &[])], None).unwrap();
+    let stream = MemoryStream::builder().capacity(8).sinks(["search"]).build().unwrap();
+    let mut sink = stream.attach("search").unwrap();
+    let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
+    let runner = thread::spawn(move || source.run());
+    control.set(|p| p.fail_sync = Some(2));
+    assert!(matches!(log.append(vec![ev("A", &[])], None), Err(AppendError::Io(_))));
+    // The run ends with the failure (it does not wait for a close), after both appends.
+    let err = runner.join().unwrap().unwrap_err();
+    assert!(matches!(err, SourceError::LogFailed(_)), "{err:?}");
+    let mut got = Vec::new();
+    while let Ok(d) = sink.try_recv() {
+        if let LaneItem::Batch(b) = d.item() {
+            got.push((b.position, b.envelopes.len()));
+        }
+        d.ack().unwrap();
+    }
+    assert_eq!(got, [(Some(Position(2)), 2), (Some(Position(3)), 1)]);
+    log.close();
+}

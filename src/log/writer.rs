@@ -14,9 +14,10 @@
 //! the kernel may have dropped the dirty pages, and a retry that succeeds would lie.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread;
+
+use crate::sync::{JoinHandle, Ordering, ThreadBuilder};
 
 use super::error::AppendError;
 use super::position::{raw, LogPosition, PositionRange};
@@ -70,7 +71,7 @@ impl Drop for EndGuard {
 impl Writer {
     /// Starts the writer thread.
     pub(crate) fn spawn(self) -> io::Result<JoinHandle<()>> {
-        thread::Builder::new().name("lanestream-log-writer".into()).spawn(move || self.run())
+        ThreadBuilder::new().name("lanestream-log-writer".into()).spawn(move || self.run())
     }
 
     fn run(mut self) {
@@ -106,9 +107,7 @@ impl Writer {
                 if self.segments.is_some() {
                     encode_record(records, first, &r.events);
                 }
-                for (i, e) in r.events.into_iter().enumerate() {
-                    self.index.add(&self.shared.events, first + i as u64, e);
-                }
+                self.index.add_append(&self.shared.events, first, r.events);
                 staged = first + n - 1;
             }
             outcomes.push((r.reply, result));
