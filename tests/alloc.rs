@@ -184,6 +184,63 @@ fn pos_of(lane: &lanestream::Lane) -> u64 {
     lane.stats().last_published.unwrap().0
 }
 
+/// M2 for runs: receiving a run (every form that need not wait), iterating it, acking it
+/// whole or cumulatively, releasing its remainder and receiving the redeliveries allocate
+/// nothing.
+#[test]
+fn runs_receive_ack_nack_allocate_nothing_after_build_m2() {
+    let stream = MemoryStream::builder().capacity(16).sinks(["search", "cache"]).build().unwrap();
+    let lane = stream.lane("search").unwrap();
+    let mut producer = lane.producer().unwrap();
+    let mut consumer = lane.reattach();
+    let env = envelopes(3);
+    let mut pos = 0;
+    let mut next = || {
+        pos += 1;
+        batch(&env, pos)
+    };
+    producer.try_publish(next()).unwrap();
+    consumer.try_recv_run(8).unwrap().ack().unwrap();
+
+    let items: Vec<LaneItem> = (0..4 * 16).map(|_| next()).collect();
+    let mut items = items.into_iter();
+    let n = allocations(|| {
+        for _ in 0..4 {
+            for _ in 0..8 {
+                producer.try_publish(items.next().unwrap()).unwrap();
+            }
+            // A run of 8: iterate, ack the first 3 cumulatively, release the rest.
+            let mut run = consumer.try_recv_run(16).unwrap();
+            assert_eq!(run.len(), 8);
+            assert!(run.iter().all(|item| item.position().is_some()));
+            let first = run.sequences().start;
+            run.ack_through(first + 2).unwrap();
+            drop(run);
+            // The 5 redeliveries, one run each, through every receive form that need not wait.
+            consumer.try_recv_run(16).unwrap().ack().unwrap();
+            consumer.recv_run(16).unwrap().unwrap().ack().unwrap();
+            consumer.recv_run_timeout(16, Duration::from_secs(1)).unwrap().unwrap().ack().unwrap();
+            ready(consumer.recv_run_async(16)).unwrap().unwrap().ack().unwrap();
+            let mut last = consumer.try_recv_run(16).unwrap();
+            let p = last.last_position().unwrap();
+            last.ack_through_position(p).unwrap();
+            drop(last);
+            for _ in 0..8 {
+                producer.try_publish(items.next().unwrap()).unwrap();
+            }
+            consumer.try_recv_run(4).unwrap().nack();
+            for _ in 0..4 {
+                consumer.try_recv_run(4).unwrap().ack().unwrap();
+            }
+            consumer.try_recv_run(16).unwrap().ack().unwrap();
+            assert!(consumer.is_empty());
+        }
+    });
+    assert_eq!(n, 0, "run path allocated {n} times");
+    assert!(lane.is_idle());
+    assert_eq!(lane.acked(), Some(Position(pos_of(&lane))));
+}
+
 #[test]
 fn request_lane_allocates_nothing_after_build_m2() {
     let stream = MemoryStream::builder().sink("search").request_capacity(4).build().unwrap();

@@ -3,7 +3,7 @@
 //!
 //! - [`ring`] (private): the shared state and its protocol, one room per side: the slot state
 //!   word, the producer side, the consumer side and its seat, acks and the advancer, counters.
-//! - [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`]: the ends users hold.
+//! - [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`], [`Run`]: the ends users hold.
 //! - [`Lane`]: a handle that hands out the ends; [`Lane::standalone`] builds one outside any
 //!   stream for any [`Item`] type.
 
@@ -13,16 +13,18 @@ mod consumer;
 mod delivery;
 mod producer;
 mod ring;
+mod run;
 mod stats;
 
 use std::fmt;
 
 #[cfg(feature = "futures")]
 pub use self::adapter::ConsumerStream;
-pub use self::consumer::{Consumer, Recv};
+pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
 pub use self::producer::{Producer, Publish};
 pub(crate) use self::ring::{ProducerState, Ring};
+pub use self::run::{Run, RunIter, MAX_RUN};
 pub use self::stats::LaneStats;
 
 use crate::error::{BuildError, StreamError};

@@ -167,7 +167,7 @@ impl<T> Ring<T> {
     }
 
     /// Redelivers the lowest released item below `next`, if any.
-    fn take_released(&self, next: u64) -> Option<Take> {
+    pub(super) fn take_released(&self, next: u64) -> Option<Take> {
         // Acquire: pairs with the advancer's Release of `free`.
         let mut i = self.adv.free.load(Ordering::Acquire);
         while i < next {
