@@ -11,6 +11,7 @@
 mod adapter;
 mod consumer;
 mod delivery;
+mod fanout;
 mod producer;
 mod ring;
 mod run;
@@ -22,6 +23,7 @@ use std::fmt;
 pub use self::adapter::ConsumerStream;
 pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
+pub use self::fanout::Fanout;
 pub use self::producer::{Producer, Publish};
 pub(crate) use self::ring::{ProducerState, Ring};
 pub use self::run::{Run, RunIter, MAX_RUN};
@@ -96,6 +98,11 @@ impl<T: Item> Lane<T> {
     pub fn standalone(name: SinkName, capacity: usize) -> Result<Lane<T>, BuildError> {
         check_capacity(capacity, "a standalone lane")?;
         Ok(Lane::new(name, Ring::new(capacity, AckedMark::standalone())))
+    }
+
+    /// The lane's ring (for the stream's fan-out publisher).
+    pub(crate) fn ring(&self) -> &Arc<Ring<T>> {
+        &self.ring
     }
 
     /// The sink this lane feeds.
