@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::Backoff;
+
 use super::delivery::{AckHandle, Delivery};
 use super::ring::{Ring, Take, TakeRun};
 use super::run::{Run, MAX_RUN};
@@ -151,12 +153,21 @@ impl<T: Item> Consumer<T> {
         deadline: Option<Instant>,
         mut step: impl FnMut(&mut Self) -> Result<R, Miss>,
     ) -> Result<Option<R>, RecvTimeoutError> {
+        // Empty right after a wait said "readable": a nack or a released run was counted and its
+        // slots are not switched yet (the count comes first). The nacker is mid-step; back off
+        // (under loom: yield) rather than spin on the count.
+        let backoff = Backoff::new();
+        let mut woken = false;
         loop {
             match step(self) {
                 Ok(d) => return Ok(Some(d)),
                 Err(Miss::Closed) => return Ok(None),
                 Err(Miss::Detached) => return Err(RecvTimeoutError::Detached),
                 Err(Miss::Empty) => {
+                    if woken {
+                        crate::sync::spin(&backoff);
+                    }
+                    woken = true;
                     if !self.ring.wait_readable(self.epoch, deadline) {
                         return Err(RecvTimeoutError::Timeout);
                     }
