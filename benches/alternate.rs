@@ -124,6 +124,12 @@ fn main() {
         // every lane's drop touches) vs over one `Arc` per lane.
         let mut shared = LaneFan::new(env64.clone(), 8);
         let mut distinct = LaneFan::distinct(env64.clone(), 8);
-        pair("w2 lanes_8 batch_64: one shared Arc vs one Arc per lane", rounds, n / 4, &mut shared, &mut distinct);
+        pair(
+            "w2 lanes_8 batch_64: one shared Arc vs one Arc per lane",
+            rounds,
+            n / 4,
+            &mut shared,
+            &mut distinct,
+        );
     }
 }

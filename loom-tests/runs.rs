@@ -186,7 +186,8 @@ fn a_released_run_wakes_a_parked_recv_run() {
 #[test]
 fn fanout_run_to_two_lanes_while_consumers_receive_runs() {
     support::model("fanout_run_to_two_lanes_while_consumers_receive_runs", 2, || {
-        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sinks(["a", "b"]).build().unwrap();
+        let stream =
+            MemoryStream::builder().capacity(2).request_capacity(1).sinks(["a", "b"]).build().unwrap();
         let mut fanout = stream.fanout().unwrap();
         let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
         let cells = Arc::new(Cells::new(1));

@@ -122,7 +122,10 @@ fn fanout_l4_positions_are_checked_against_every_lane_before_anything_is_written
     let mut fanout = s.fanout().unwrap();
     fanout.publish(batch(5)).unwrap();
     let err = fanout.try_publish(batch(5)).unwrap_err();
-    assert!(matches!(err, TryPublishError::PositionRegressed { position: Position(5), last: Position(5), .. }));
+    assert!(matches!(
+        err,
+        TryPublishError::PositionRegressed { position: Position(5), last: Position(5), .. }
+    ));
     assert!(matches!(fanout.try_publish(batch(u64::MAX)), Err(TryPublishError::InvalidPosition(_))));
     // A run stops before the first item that would be refused; the payload is its index.
     assert_eq!(fanout.try_publish_run(&[batch(6), batch(7), batch(7), batch(8)]), Ok(2));
@@ -130,7 +133,10 @@ fn fanout_l4_positions_are_checked_against_every_lane_before_anything_is_written
         fanout.try_publish_run(&[batch(7)]),
         Err(TryPublishError::PositionRegressed { item: 0, position: Position(7), last: Position(7) })
     ));
-    assert!(matches!(fanout.publish_run(&[batch(8), batch(3)]), Err(PublishError::PositionRegressed { item: 1, .. })));
+    assert!(matches!(
+        fanout.publish_run(&[batch(8), batch(3)]),
+        Err(PublishError::PositionRegressed { item: 1, .. })
+    ));
     for sink in ["a", "b"] {
         assert_eq!(s.stats(sink).unwrap().published, 4, "lane {sink}");
     }

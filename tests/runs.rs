@@ -351,7 +351,8 @@ fn runs_w1_runs_acked_on_worker_threads_move_the_watermark() {
     let single = b.try_recv().unwrap();
     let rest_b = b.try_recv_run(16).unwrap();
     assert_eq!((first.len(), second.len(), rest_b.len()), (4, 6, 9));
-    let workers: Vec<_> = [second, rest_b].into_iter().map(|run| thread::spawn(move || run.ack().unwrap())).collect();
+    let workers: Vec<_> =
+        [second, rest_b].into_iter().map(|run| thread::spawn(move || run.ack().unwrap())).collect();
     workers.into_iter().for_each(|w| w.join().unwrap());
     assert_eq!(s.watermark(), None, "item 1 of each lane is still out");
     first.ack().unwrap();

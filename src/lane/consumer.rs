@@ -82,7 +82,9 @@ impl<T: Item> Consumer<T> {
         let mut gens = [0u32; MAX_RUN];
         let max = max.clamp(1, MAX_RUN);
         match self.ring.take_run(self.epoch, &mut self.cached_tail, &mut gens[..max]) {
-            TakeRun::Run { index, len, attempt } => Ok(Run::new(self.ring.clone(), index, len, attempt, gens)),
+            TakeRun::Run { index, len, attempt } => {
+                Ok(Run::new(self.ring.clone(), index, len, attempt, gens))
+            }
             TakeRun::Empty => Err(Miss::Empty),
             TakeRun::Blocked => Err(Miss::Blocked),
             TakeRun::Closed => Err(Miss::Closed),
@@ -259,7 +261,11 @@ impl<T: Item> Consumer<T> {
     /// # Errors
     /// [`RecvTimeoutError::Timeout`] if nothing arrived in time (nothing changed),
     /// [`RecvTimeoutError::Detached`] as for `recv_run`.
-    pub fn recv_run_timeout(&mut self, max: usize, timeout: Duration) -> Result<Option<Run<T>>, RecvTimeoutError> {
+    pub fn recv_run_timeout(
+        &mut self,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<Option<Run<T>>, RecvTimeoutError> {
         self.recv_run_deadline(max, Instant::now() + timeout)
     }
 
@@ -267,7 +273,11 @@ impl<T: Item> Consumer<T> {
     ///
     /// # Errors
     /// As [`recv_run_timeout`](Consumer::recv_run_timeout).
-    pub fn recv_run_deadline(&mut self, max: usize, deadline: Instant) -> Result<Option<Run<T>>, RecvTimeoutError> {
+    pub fn recv_run_deadline(
+        &mut self,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Run<T>>, RecvTimeoutError> {
         self.wait_for(Some(deadline), |c| c.step_run(max))
     }
 

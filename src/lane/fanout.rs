@@ -55,7 +55,10 @@ enum Refusal {
     /// The lane at this index has no room for the item.
     Full(usize),
     Closed,
-    Regressed { position: Position, last: Position },
+    Regressed {
+        position: Position,
+        last: Position,
+    },
     Invalid,
 }
 
@@ -87,8 +90,12 @@ impl Fanout {
     /// first cannot.
     fn admissible(&mut self, items: &[LaneItem]) -> Result<usize, Refusal> {
         // The highest position any lane has (each lane refuses positions at or below its own).
-        let mut last =
-            self.lanes.iter().map(|l| Ring::<LaneItem>::last_position(&l.state)).filter(|&p| p != NO_POSITION).max();
+        let mut last = self
+            .lanes
+            .iter()
+            .map(|l| Ring::<LaneItem>::last_position(&l.state))
+            .filter(|&p| p != NO_POSITION)
+            .max();
         let mut n = 0;
         for item in items {
             match item.position() {
@@ -128,9 +135,9 @@ impl Fanout {
     fn push(&mut self, items: &[LaneItem], n: usize) -> bool {
         let positions = |k: u64| items[k as usize].position().map_or(NO_POSITION, |p| p.0);
         for lane in self.lanes.iter_mut() {
-            let pushed = lane.ring.push_run_checked(&mut lane.state, n as u64, |k| {
-                (items[k as usize].clone(), positions(k))
-            });
+            let pushed = lane
+                .ring
+                .push_run_checked(&mut lane.state, n as u64, |k| (items[k as usize].clone(), positions(k)));
             if !pushed {
                 return false;
             }
@@ -194,7 +201,11 @@ impl Fanout {
     /// # Errors
     /// [`PublishTimeoutError::Timeout`] (item handed back, no lane got it), or a cause of
     /// [`publish`](Fanout::publish).
-    pub fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishTimeoutError<LaneItem>> {
+    pub fn publish_timeout(
+        &mut self,
+        item: LaneItem,
+        timeout: Duration,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
         self.publish_until(item, Some(Instant::now() + timeout))
     }
 

@@ -71,7 +71,13 @@ pub struct Run<T> {
 }
 
 impl<T: Item> Run<T> {
-    pub(crate) fn new(ring: Arc<Ring<T>>, start: u64, len: usize, attempt: u32, gens: [u32; MAX_RUN]) -> Run<T> {
+    pub(crate) fn new(
+        ring: Arc<Ring<T>>,
+        start: u64,
+        len: usize,
+        attempt: u32,
+        gens: [u32; MAX_RUN],
+    ) -> Run<T> {
         debug_assert!((1..=MAX_RUN).contains(&len));
         Run { ring: Some(ring), start, done: 0, len, attempt, gens }
     }
@@ -147,7 +153,8 @@ impl<T: Item> Run<T> {
     /// As [`ack`](Run::ack), for the items it acked.
     pub fn ack_through(&mut self, sequence: u64) -> Result<usize, AckError> {
         let seqs = self.sequences();
-        let n = if sequence < seqs.start { 0 } else { (sequence - seqs.start + 1).min(seqs.end - seqs.start) };
+        let n =
+            if sequence < seqs.start { 0 } else { (sequence - seqs.start + 1).min(seqs.end - seqs.start) };
         self.ack_first(n as usize)
     }
 
@@ -212,7 +219,8 @@ impl<T> Drop for Run<T> {
     fn drop(&mut self) {
         let Some(ring) = self.ring.take() else { return };
         if self.done < self.len {
-            let (start, gens, done) = (self.start + self.done as u64, &self.gens[self.done..self.len], &mut self.done);
+            let (start, gens, done) =
+                (self.start + self.done as u64, &self.gens[self.done..self.len], &mut self.done);
             let base = *done;
             ring.nack_run(start, gens, |k| *done = base + k);
         }

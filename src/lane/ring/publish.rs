@@ -143,7 +143,12 @@ impl<T> Ring<T> {
     /// that `n` items fit ([`room`](Ring::room)) and that their positions are valid and grow
     /// past `last_position` ([L4](crate::contract#l4)). `false` if the lane is closed: nothing
     /// was published (the items made were dropped).
-    pub(crate) fn push_run_checked(&self, p: &mut ProducerState, n: u64, mut make: impl FnMut(u64) -> (T, u64)) -> bool {
+    pub(crate) fn push_run_checked(
+        &self,
+        p: &mut ProducerState,
+        n: u64,
+        mut make: impl FnMut(u64) -> (T, u64),
+    ) -> bool {
         debug_assert!(n >= 1 && p.tail - p.cached_free + n <= self.shape.capacity);
         // Relaxed: a shortcut, as in `try_push`; the compare-and-swap below decides.
         if self.prod.tail.load(Ordering::Relaxed) & CLOSED != 0 {

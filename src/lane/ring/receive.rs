@@ -189,7 +189,9 @@ impl<T> Ring<T> {
                 // one thread releases in lane order (a released run, in-order nacks), so having
                 // acquired this RELEASED word we see that thread's earlier switches. Look again
                 // below `i`; the lowest released item wins (`i` only decreases here).
-                if let Some(j) = (start..i).find(|&j| tag(self.slot(j).state.load(Ordering::Acquire)) == RELEASED) {
+                if let Some(j) =
+                    (start..i).find(|&j| tag(self.slot(j).state.load(Ordering::Acquire)) == RELEASED)
+                {
                     i = j;
                     continue;
                 }

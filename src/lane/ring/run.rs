@@ -35,7 +35,11 @@ impl Drop for Uncounted<'_> {
 pub(crate) enum TakeRun {
     /// Items `index..index + len` were delivered; each item's generation (the state word's
     /// `gen` field, shifted down) is in the caller's buffer, and every item has `attempt`.
-    Run { index: u64, len: usize, attempt: u32 },
+    Run {
+        index: u64,
+        len: usize,
+        attempt: u32,
+    },
     /// As [`Take`]'s variants of the same names.
     Empty,
     Blocked,
@@ -111,7 +115,9 @@ impl<T> Ring<T> {
         // statistics).
         self.cons.next.store(next + len as u64, Ordering::Release);
         // Relaxed: statistics; only the seated consumer writes.
-        self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + len as u64, Ordering::Relaxed);
+        self.cons
+            .delivered
+            .store(self.cons.delivered.load(Ordering::Relaxed) + len as u64, Ordering::Relaxed);
         TakeRun::Run { index: next, len, attempt: 1 }
     }
 
