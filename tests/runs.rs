@@ -385,3 +385,51 @@ fn runs_m3_items_of_runs_are_dropped_exactly_once() {
     }
     assert_eq!(Arc::strong_count(&envelopes), 1);
 }
+
+/// An item whose `Drop` panics (for item `1`), counting its drops.
+#[derive(Debug)]
+struct Boom(u64, Arc<std::sync::atomic::AtomicUsize>);
+
+impl Item for Boom {
+    fn position(&self) -> Option<Position> {
+        Some(Position(self.0))
+    }
+}
+
+impl Drop for Boom {
+    fn drop(&mut self) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.0 == 1 && !thread::panicking() {
+            panic!("item 1's drop panics");
+        }
+    }
+}
+
+/// M3 with runs: dropping a stale run whose first item's last holder it was lets that item go,
+/// and its `Drop` panics; the run still ends its other items (no slot stays pinned), the panic
+/// reaches the thread that dropped the run, and every item is dropped once.
+#[test]
+fn runs_m3_a_panicking_item_drop_while_a_run_is_released_ends_the_rest_of_the_run() {
+    let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let lane: Lane<Boom> = Lane::standalone(SinkName::new("boom").unwrap(), 4).unwrap();
+    let mut producer = lane.producer().unwrap();
+    for p in 1..=3 {
+        producer.publish(Boom(p, drops.clone())).unwrap();
+    }
+    let mut old = lane.attach().unwrap();
+    let stale = old.try_recv_run(4).unwrap();
+    let mut new = lane.reattach();
+    // The new consumer acks item 1: it counts, its slot stays pinned by the stale run.
+    new.try_recv_run(4).unwrap().ack().unwrap();
+    assert_eq!(lane.stats().pinned, 1);
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(stale)));
+    assert!(dropped.is_err(), "item 1's drop panic reaches the thread that dropped the run");
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let stats = lane.stats();
+    assert_eq!((stats.pinned, stats.released), (0, 2), "the run's other items were ended");
+    for _ in 0..2 {
+        new.try_recv_run(4).unwrap().ack().unwrap();
+    }
+    assert!(lane.is_idle());
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 3);
+}

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::iter::FusedIterator;
 use std::ops::Range;
+use std::panic::{self, AssertUnwindSafe};
 
 use super::ring::Ring;
 use crate::error::AckError;
@@ -215,14 +216,29 @@ impl<T: Item> Run<T> {
 }
 
 impl<T> Drop for Run<T> {
-    /// Releases the outstanding items ([L6](crate::contract#l6)).
+    /// Releases the outstanding items ([L6](crate::contract#l6)). If ending one of them lets an
+    /// item go whose `Drop` panics ([M3](crate::contract#m3)), the rest are still released and
+    /// the first panic is resumed afterwards (not while the thread is already unwinding).
     fn drop(&mut self) {
         let Some(ring) = self.ring.take() else { return };
-        if self.done < self.len {
-            let (start, gens, done) =
-                (self.start + self.done as u64, &self.gens[self.done..self.len], &mut self.done);
-            let base = *done;
-            ring.nack_run(start, gens, |k| *done = base + k);
+        let (start, gens, len) = (self.start, &self.gens, self.len);
+        let mut done = self.done;
+        let mut first_panic = None;
+        while done < len {
+            let base = done;
+            let step = panic::catch_unwind(AssertUnwindSafe(|| {
+                ring.nack_run(start + base as u64, &gens[base..len], |k| done = base + k)
+            }));
+            if let Err(p) = step {
+                // `nack_run` counted the item it was ending before the panic: go on after it.
+                first_panic.get_or_insert(p);
+            }
+        }
+        self.done = done;
+        if let Some(p) = first_panic {
+            if !std::thread::panicking() {
+                panic::resume_unwind(p);
+            }
         }
     }
 }
