@@ -241,6 +241,38 @@ fn runs_receive_ack_nack_allocate_nothing_after_build_m2() {
     assert_eq!(lane.acked(), Some(Position(pos_of(&lane))));
 }
 
+/// M2 for the fan-out producer: publishing an item, or a run of items, to every lane allocates
+/// nothing (each lane gets a clone of the batch's `Arc`).
+#[test]
+fn fanout_publish_and_publish_run_allocate_nothing_after_build_m2() {
+    let stream = MemoryStream::builder().capacity(16).sinks(["search", "cache", "archive"]).build().unwrap();
+    let mut fanout = stream.fanout().unwrap();
+    let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
+    let env = envelopes(3);
+    // Round r: one item at position 9r + 1, then a run of the next 8.
+    let rounds: Vec<(LaneItem, Vec<LaneItem>)> = (0..4u64)
+        .map(|r| (batch(&env, 9 * r + 1), (2..=9).map(|k| batch(&env, 9 * r + k)).collect()))
+        .collect();
+    let mut rounds = rounds.into_iter();
+    let n = allocations(|| {
+        for _ in 0..4 {
+            let (single, run) = rounds.next().unwrap();
+            fanout.try_publish(single).unwrap();
+            assert_eq!(fanout.try_publish_run(&run), Ok(8));
+            drop(run); // frees the caller's Vec: count it out below
+            for c in consumers.iter_mut() {
+                let r = c.try_recv_run(16).unwrap();
+                assert_eq!(r.len(), 9);
+                r.ack().unwrap();
+            }
+        }
+    });
+    // The four `Vec`s of the runs were allocated before the count and freed inside it; freeing
+    // is not an allocation.
+    assert_eq!(n, 0, "fan-out path allocated {n} times");
+    assert!(stream.is_idle());
+}
+
 #[test]
 fn request_lane_allocates_nothing_after_build_m2() {
     let stream = MemoryStream::builder().sink("search").request_capacity(4).build().unwrap();
