@@ -182,10 +182,10 @@ fn a_released_run_wakes_a_parked_recv_run() {
 ///
 /// Why the bound suffices: three threads; each hand-off is one Release read by one Acquire, and
 /// a consumer's park needs one preemption between its check and its registration; bound 2 places
-/// one preemption on each side of either.
+/// one preemption on each side of either, and bound 3 (8,546 executions, about a second) is used.
 #[test]
 fn fanout_run_to_two_lanes_while_consumers_receive_runs() {
-    support::model("fanout_run_to_two_lanes_while_consumers_receive_runs", 2, || {
+    support::model("fanout_run_to_two_lanes_while_consumers_receive_runs", 3, || {
         let stream =
             MemoryStream::builder().capacity(2).request_capacity(1).sinks(["a", "b"]).build().unwrap();
         let mut fanout = stream.fanout().unwrap();
