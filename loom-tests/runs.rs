@@ -1,4 +1,4 @@
-//! Loom models 11-13: runs — one seat step delivering several items, one advancer request for
+//! Loom models 13-16: runs — one seat step delivering several items, one advancer request for
 //! a run's acks, one `released` count and one wake-up for a released run.
 
 use lanestream::{MemoryStream, Position, Stream, TryPublishError, TryRecvError};
@@ -7,7 +7,7 @@ use loom::thread;
 
 use crate::support::{self, batch, check, Cells};
 
-/// Model 11: receiving and acking in runs across a wrap while the producer waits for room.
+/// Model 13: receiving and acking in runs across a wrap while the producer waits for room.
 ///
 /// Capacity 2, four items: the producer publishes 1..=4 (blocking for room from item 3 on; items
 /// 3 and 4 reuse the slots of 1 and 2) and writes a plain cell before each publish; the
@@ -57,7 +57,7 @@ fn runs_across_a_wrap_while_the_producer_waits() {
     });
 }
 
-/// Model 12: a re-attach racing the late ack of a whole run (L8, item by item).
+/// Model 14: a re-attach racing the late ack of a whole run (L8, item by item).
 ///
 /// Capacity 2; the old consumer receives items 1 and 2 as one run and hands it to a thread that
 /// reads both items and acks the run. Meanwhile the main thread re-attaches, receives whatever
@@ -127,7 +127,7 @@ fn reattach_racing_a_runs_late_ack() {
     });
 }
 
-/// Model 13: a run released on another thread wakes the consumer parked in `recv_run`.
+/// Model 15: a run released on another thread wakes the consumer parked in `recv_run`.
 ///
 /// Capacity 2; items 1 and 2 are received as one run, which a thread nacks (one `released`
 /// increment for both, then the two switches to `RELEASED`, then one wake-up) while the main
@@ -163,7 +163,7 @@ fn a_released_run_wakes_a_parked_recv_run() {
     });
 }
 
-/// Model 14: the fan-out producer publishing a run to two lanes with one publication step per
+/// Model 16: the fan-out producer publishing a run to two lanes with one publication step per
 /// lane, while each lane's consumer receives a run on its own thread.
 ///
 /// Capacity 2, two lanes: `publish_run(&[1, 2])` writes items 1 and 2 into each lane and
