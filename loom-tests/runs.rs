@@ -176,7 +176,7 @@ fn a_released_run_wakes_a_parked_recv_run() {
 ///   lane per run);
 /// - order, and the watermark at the end.
 ///
-/// The fan-out's wait for room in every lane is the lanes' own wait (models 2, 5b, 11) and is
+/// The fan-out's wait for room in every lane is the lanes' own wait (models 2, 5b, 13) and is
 /// checked natively (`tests/fanout.rs`); a third consumer thread plus that wait makes a model
 /// that does not finish in minutes.
 ///
