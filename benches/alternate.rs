@@ -5,7 +5,8 @@
 //! within milliseconds of each other. Prints, per pair, the median of the per-round ratios
 //! (peer time / lanestream time: above 1 means lanestream is faster) and their spread.
 //!
-//! `cargo bench --bench alternate [-- --rounds N --messages M]`
+//! `cargo bench --bench alternate [-- --rounds N --messages M]` (at least 200,000 messages per round:
+//! waking the parked partner is a fixed cost per round that flattens the ratios of short rounds)
 
 mod common;
 
@@ -70,8 +71,8 @@ fn pair(label: &str, rounds: u64, n: u64, ours: &mut dyn Fixture, peer: &mut dyn
 
 fn main() {
     // `cargo bench` passes `--bench`; ignore it and anything else we do not know.
-    let rounds = arg("--rounds", 21);
-    let n = arg("--messages", 20_000);
+    let rounds = arg("--rounds", 9);
+    let n = arg("--messages", 200_000);
     println!("alternating rounds: {rounds} x {n} messages per side; times in ns per message");
     println!(
         "{:<44} {:>8} {:>8} {:>8}  [min .. max] of per-round ratios",
@@ -90,11 +91,46 @@ fn main() {
         let mut cb = CrossbeamW1::new(env1.clone());
         pair("w1 batch_1: lanestream[stp] vs crossbeam[stp]", rounds, n, &mut ours, &mut cb);
     }
+    {
+        // W1 through the run API (one lane: the fan-out producer's `publish_run` in chunks of
+        // 64, `try_recv_run(64)`, one ack per run) against the SPSC floor.
+        let mut ours = LaneFanRun::new(env1.clone(), 1, false, FanPublish::Run);
+        let mut rtrb = RtrbW1::new(env1.clone());
+        pair("w1 batch_1: lanestream run API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
+    }
     let env64 = envelopes(64);
-    for lanes in [4usize, 8] {
-        let mut ours = LaneFan::new(env64.clone(), lanes);
-        let mut dis = DisruptorFan::new(env64.clone(), lanes);
-        let label = format!("w2 lanes_{lanes}: lanestream[spin] vs disruptor[spin]");
-        pair(&label, rounds, n / 4, &mut ours, &mut dis);
+    for (batch, env) in [("batch_1", &env1), ("batch_64", &env64)] {
+        for lanes in [4usize, 8] {
+            let m = n / 4;
+            let mut dis = DisruptorFan::new(env.clone(), lanes);
+            let mut per_item = LaneFan::new(env.clone(), lanes);
+            let label = format!("w2 lanes_{lanes} {batch}: per-item API[spin] vs disruptor[spin]");
+            pair(&label, rounds, m, &mut per_item, &mut dis);
+            drop(per_item);
+            let mut run = LaneFanRun::new(env.clone(), lanes, false, FanPublish::Run);
+            let label = format!("w2 lanes_{lanes} {batch}: run API[spin] vs disruptor[spin]");
+            pair(&label, rounds, m, &mut run, &mut dis);
+            drop(run);
+            let mut item_run = LaneFanRun::new(env.clone(), lanes, false, FanPublish::Item);
+            let label = format!("w2 lanes_{lanes} {batch}: fanout publish+recv_run[spin] vs disruptor[spin]");
+            pair(&label, rounds, m, &mut item_run, &mut dis);
+            drop(item_run);
+            let mut stp = LaneFanRun::new(env.clone(), lanes, true, FanPublish::Run);
+            let label = format!("w2 lanes_{lanes} {batch}: run API[stp] vs disruptor[spin]");
+            pair(&label, rounds, m, &mut stp, &mut dis);
+        }
+    }
+    {
+        // Reference counting: every lane's batches over one shared `Arc` (one count line that
+        // every lane's drop touches) vs over one `Arc` per lane.
+        let mut shared = LaneFan::new(env64.clone(), 8);
+        let mut distinct = LaneFan::distinct(env64.clone(), 8);
+        pair(
+            "w2 lanes_8 batch_64: one shared Arc vs one Arc per lane",
+            rounds,
+            n / 4,
+            &mut shared,
+            &mut distinct,
+        );
     }
 }

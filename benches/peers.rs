@@ -58,15 +58,34 @@ fn w1(c: &mut Criterion) {
     }
 }
 
+/// W2 at batches of 64 envelopes (`w2_fan_out/lanes_N`, the README's table) and of 1
+/// (`w2_fan_out_batch_1/lanes_N`). `lanestream[spin]` is the per-item API (a producer per lane,
+/// `try_recv` + `ack` per item); `lanestream-runs[...]` the fan-out producer's `publish_run` in
+/// chunks of 64 with `try_recv_run(64)` / `recv_run(64)` and one ack per run;
+/// `lanestream-fanout+runs[spin]` the fan-out producer's per-item `try_publish` with runs on
+/// the receiving side.
 fn w2(c: &mut Criterion) {
-    let env = envelopes(64);
-    for lanes in [4usize, 8] {
-        let mut g = c.benchmark_group(format!("w2_fan_out/lanes_{lanes}"));
-        fixture(&mut g, "lanestream[spin]", || LaneFan::new(env.clone(), lanes));
-        fixture(&mut g, "disruptor[spin]", || DisruptorFan::new(env.clone(), lanes));
-        fixture(&mut g, "tokio-broadcast[spin]", || BroadcastFan::new(env.clone(), lanes));
-        fixture(&mut g, "bus[spin]", || BusFan::new(env.clone(), lanes));
-        g.finish();
+    for (suffix, size) in [("", 64usize), ("_batch_1", 1)] {
+        let env = envelopes(size);
+        for lanes in [4usize, 8] {
+            let mut g = c.benchmark_group(format!("w2_fan_out{suffix}/lanes_{lanes}"));
+            fixture(&mut g, "lanestream[spin]", || LaneFan::new(env.clone(), lanes));
+            fixture(&mut g, "lanestream-runs[spin]", || {
+                LaneFanRun::new(env.clone(), lanes, false, FanPublish::Run)
+            });
+            fixture(&mut g, "lanestream-runs[spin-then-park]", || {
+                LaneFanRun::new(env.clone(), lanes, true, FanPublish::Run)
+            });
+            fixture(&mut g, "lanestream-fanout+runs[spin]", || {
+                LaneFanRun::new(env.clone(), lanes, false, FanPublish::Item)
+            });
+            fixture(&mut g, "disruptor[spin]", || DisruptorFan::new(env.clone(), lanes));
+            if size == 64 {
+                fixture(&mut g, "tokio-broadcast[spin]", || BroadcastFan::new(env.clone(), lanes));
+                fixture(&mut g, "bus[spin]", || BusFan::new(env.clone(), lanes));
+            }
+            g.finish();
+        }
     }
 }
 

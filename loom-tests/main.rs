@@ -14,5 +14,6 @@ mod log;
 mod reattach;
 mod requests;
 mod ring;
+mod runs;
 mod wait;
 mod watermark;

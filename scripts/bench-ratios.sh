@@ -38,10 +38,12 @@ done
 
 if [ "$mode" = quick ]; then
     crit=(--warm-up-time 0.5 --measurement-time 1 --sample-size 20 --nresamples 10000)
-    alt=(--rounds 15 --messages 10000)
+    # Rounds long enough that waking the partner (a fixed cost per round) does not flatten
+    # the ratios (README, Performance).
+    alt=(--rounds 9 --messages 200000)
 else
     crit=(--warm-up-time 3 --measurement-time 5 --sample-size 100)
-    alt=(--rounds 41 --messages 40000)
+    alt=(--rounds 21 --messages 400000)
 fi
 
 target_dir=$(cargo metadata --format-version 1 --no-deps \
@@ -180,6 +182,12 @@ for lanes in (4, 8):
     target(f"W2 {lanes} lanes vs disruptor", ratio(g, "lanestream[spin]", "disruptor[spin]"), "<=", 1.0, "ours/disruptor")
     target(f"W2 {lanes} lanes vs tokio broadcast", ratio(g, "tokio-broadcast[spin]", "lanestream[spin]"),
            ">=", 2.0, "broadcast/ours")
+    for suffix in ("", "_batch_1"):
+        g = f"w2_fan_out{suffix}/lanes_{lanes}"
+        target(f"W2{suffix} {lanes} lanes, runs, vs disruptor", ratio(g, "disruptor[spin]", "lanestream-runs[spin]"),
+               ">=", 1.0, "disruptor/ours")
+        target(f"W2{suffix} {lanes} lanes, per-item API, vs disruptor", ratio(g, "disruptor[spin]", "lanestream[spin]"),
+               ">=", 0.5, "disruptor/ours")
 for size in (1, 64):
     x = med.get((f"w3_round_trip/batch_{size}", "lanestream[spin]"))
     target(f"W3 batch {size} round trip vs W0 (lower of start/end)", x / w0 if x and w0 else None, "<=", 2.0, "ours/W0")

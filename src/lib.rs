@@ -66,7 +66,10 @@ pub use error::{
 pub use item::{Batch, Item, LaneItem, Request};
 #[cfg(feature = "futures")]
 pub use lane::ConsumerStream;
-pub use lane::{AckHandle, Consumer, Delivery, Lane, LaneStats, Producer, Publish, Recv, MAX_CAPACITY};
+pub use lane::{
+    AckHandle, Consumer, Delivery, Fanout, Lane, LaneStats, Producer, Publish, Recv, RecvRun, Run, RunIter,
+    MAX_CAPACITY, MAX_RUN,
+};
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
 #[cfg(feature = "redis")]

@@ -18,6 +18,8 @@
 //! send_sync::<Delivery<Fine>>();
 //! send_sync::<AckHandle<Fine>>();
 //! send_sync::<lanestream::Lane<Fine>>();
+//! send_sync::<lanestream::Run<Fine>>();
+//! send_sync::<lanestream::Fanout>();
 //! ```
 //!
 //! An item holding an `Rc` (neither `Send` nor `Sync`) makes each of them `!Send`:
@@ -60,6 +62,29 @@
 //! }
 //! fn send<T: Send>() {}
 //! send::<AckHandle<Shared>>();
+//! ```
+//!
+//! A [`Run`](crate::Run) follows the same bounds (it reads its items in place and its ack or
+//! drop may let the advancer move them out on its thread):
+//!
+//! ```compile_fail,E0277
+//! use lanestream::{Item, Position, Run};
+//! struct Shared(std::rc::Rc<u64>);
+//! impl Item for Shared {
+//!     fn position(&self) -> Option<Position> { None }
+//! }
+//! fn send<T: Send>() {}
+//! send::<Run<Shared>>();
+//! ```
+//!
+//! ```compile_fail,E0277
+//! use lanestream::{Item, Position, Run};
+//! struct Counter(std::cell::Cell<u64>);
+//! impl Item for Counter {
+//!     fn position(&self) -> Option<Position> { None }
+//! }
+//! fn send<T: Send>() {}
+//! send::<Run<Counter>>();
 //! ```
 //!
 //! An item holding a `Cell` is `Send` but not `Sync`: handles on other threads would read it

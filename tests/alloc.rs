@@ -184,6 +184,95 @@ fn pos_of(lane: &lanestream::Lane) -> u64 {
     lane.stats().last_published.unwrap().0
 }
 
+/// M2 for runs: receiving a run (every form that need not wait), iterating it, acking it
+/// whole or cumulatively, releasing its remainder and receiving the redeliveries allocate
+/// nothing.
+#[test]
+fn runs_receive_ack_nack_allocate_nothing_after_build_m2() {
+    let stream = MemoryStream::builder().capacity(16).sinks(["search", "cache"]).build().unwrap();
+    let lane = stream.lane("search").unwrap();
+    let mut producer = lane.producer().unwrap();
+    let mut consumer = lane.reattach();
+    let env = envelopes(3);
+    let mut pos = 0;
+    let mut next = || {
+        pos += 1;
+        batch(&env, pos)
+    };
+    producer.try_publish(next()).unwrap();
+    consumer.try_recv_run(8).unwrap().ack().unwrap();
+
+    let items: Vec<LaneItem> = (0..4 * 16).map(|_| next()).collect();
+    let mut items = items.into_iter();
+    let n = allocations(|| {
+        for _ in 0..4 {
+            for _ in 0..8 {
+                producer.try_publish(items.next().unwrap()).unwrap();
+            }
+            // A run of 8: iterate, ack the first 3 cumulatively, release the rest.
+            let mut run = consumer.try_recv_run(16).unwrap();
+            assert_eq!(run.len(), 8);
+            assert!(run.iter().all(|item| item.position().is_some()));
+            let first = run.sequences().start;
+            run.ack_through(first + 2).unwrap();
+            drop(run);
+            // The 5 redeliveries, one run each, through every receive form that need not wait.
+            consumer.try_recv_run(16).unwrap().ack().unwrap();
+            consumer.recv_run(16).unwrap().unwrap().ack().unwrap();
+            consumer.recv_run_timeout(16, Duration::from_secs(1)).unwrap().unwrap().ack().unwrap();
+            ready(consumer.recv_run_async(16)).unwrap().unwrap().ack().unwrap();
+            let mut last = consumer.try_recv_run(16).unwrap();
+            let p = last.last_position().unwrap();
+            last.ack_through_position(p).unwrap();
+            drop(last);
+            for _ in 0..8 {
+                producer.try_publish(items.next().unwrap()).unwrap();
+            }
+            consumer.try_recv_run(4).unwrap().nack();
+            for _ in 0..4 {
+                consumer.try_recv_run(4).unwrap().ack().unwrap();
+            }
+            consumer.try_recv_run(16).unwrap().ack().unwrap();
+            assert!(consumer.is_empty());
+        }
+    });
+    assert_eq!(n, 0, "run path allocated {n} times");
+    assert!(lane.is_idle());
+    assert_eq!(lane.acked(), Some(Position(pos_of(&lane))));
+}
+
+/// M2 for the fan-out producer: publishing an item, or a run of items, to every lane allocates
+/// nothing (each lane gets a clone of the batch's `Arc`).
+#[test]
+fn fanout_publish_and_publish_run_allocate_nothing_after_build_m2() {
+    let stream = MemoryStream::builder().capacity(16).sinks(["search", "cache", "archive"]).build().unwrap();
+    let mut fanout = stream.fanout().unwrap();
+    let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
+    let env = envelopes(3);
+    // Round r: one item at position 9r + 1, then a run of the next 8.
+    let rounds: Vec<(LaneItem, Vec<LaneItem>)> = (0..4u64)
+        .map(|r| (batch(&env, 9 * r + 1), (2..=9).map(|k| batch(&env, 9 * r + k)).collect()))
+        .collect();
+    let mut rounds = rounds.into_iter();
+    let n = allocations(|| {
+        for _ in 0..4 {
+            let (single, run) = rounds.next().unwrap();
+            fanout.try_publish(single).unwrap();
+            assert_eq!(fanout.try_publish_run(&run), Ok(8));
+            drop(run); // frees the caller's Vec: count it out below
+            for c in consumers.iter_mut() {
+                let r = c.try_recv_run(16).unwrap();
+                assert_eq!(r.len(), 9);
+                r.ack().unwrap();
+            }
+        }
+    });
+    // The four `Vec`s of the runs were allocated before the count and freed inside it; freeing
+    // is not an allocation.
+    assert_eq!(n, 0, "fan-out path allocated {n} times");
+    assert!(stream.is_idle());
+}
+
 #[test]
 fn request_lane_allocates_nothing_after_build_m2() {
     let stream = MemoryStream::builder().sink("search").request_capacity(4).build().unwrap();

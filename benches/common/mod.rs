@@ -478,10 +478,21 @@ pub struct LaneFan {
     producers: Vec<Producer<LaneItem>>,
     partner: Partner,
     env: Arc<[Envelope]>,
+    /// `Some`: each lane gets batches over its own copy of the envelopes (its own reference
+    /// count), to measure what N sinks dropping clones of one `Arc` cost.
+    distinct: Option<Vec<Arc<[Envelope]>>>,
     pos: u64,
 }
 
 impl LaneFan {
+    /// As [`LaneFan::new`], but every lane's batches share an `Arc` of their own (a deep copy
+    /// of `env` per lane), so no two lanes touch one reference count.
+    pub fn distinct(env: Arc<[Envelope]>, lanes: usize) -> LaneFan {
+        let mut fan = LaneFan::new(env.clone(), lanes);
+        fan.distinct = Some((0..lanes).map(|_| env.iter().cloned().collect::<Vec<_>>().into()).collect());
+        fan
+    }
+
     pub fn new(env: Arc<[Envelope]>, lanes: usize) -> LaneFan {
         let stream = lane_stream(lanes);
         let producers: Vec<_> = stream.lanes().map(|l| l.producer().unwrap()).collect();
@@ -506,7 +517,7 @@ impl LaneFan {
                 relax();
             }
         });
-        LaneFan { stream, producers, partner, env, pos: 0 }
+        LaneFan { stream, producers, partner, env, distinct: None, pos: 0 }
     }
 }
 
@@ -515,6 +526,12 @@ impl Fixture for LaneFan {
         self.partner.timed(n, |_| {
             for _ in 0..n {
                 self.pos += 1;
+                if let Some(envs) = &self.distinct {
+                    for (p, env) in self.producers.iter_mut().zip(envs) {
+                        spin_publish(p, item(env, self.pos));
+                    }
+                    continue;
+                }
                 let it = item(&self.env, self.pos);
                 let (last, rest) = self.producers.split_last_mut().unwrap();
                 for p in rest {
@@ -629,6 +646,133 @@ impl Fixture for BusFan {
                 }
             }
         })
+    }
+}
+
+/// How a lanestream fan-out contender publishes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum FanPublish {
+    /// `Fanout::try_publish` / `publish`: one item to every lane per call.
+    Item,
+    /// `Fanout::try_publish_run` / `publish_run` over chunks of [`RUN`] items: one publication
+    /// step per lane per chunk.
+    Run,
+}
+
+/// Items per run on both sides of the run API contenders (the most a `Run` holds).
+pub const RUN: usize = lanestream::MAX_RUN;
+
+/// lanestream through the run API: one [`lanestream::Fanout`] publishes each batch to every
+/// lane (`publish` per item, or `publish_run` per chunk of [`RUN`]); one thread drains every
+/// consumer in turn with `try_recv_run(RUN)` (spin) or `recv_run(RUN)` (spin-then-park) and
+/// acks each run whole; the run ends when the watermark reaches the last position.
+pub struct LaneFanRun {
+    stream: MemoryStream,
+    fanout: lanestream::Fanout,
+    partner: Partner,
+    env: Arc<[Envelope]>,
+    pos: u64,
+    blocking: bool,
+    mode: FanPublish,
+    chunk: Vec<LaneItem>,
+}
+
+impl LaneFanRun {
+    pub fn new(env: Arc<[Envelope]>, lanes: usize, blocking: bool, mode: FanPublish) -> LaneFanRun {
+        let stream = lane_stream(lanes);
+        let fanout = stream.fanout().unwrap();
+        let mut consumers: Vec<Consumer<LaneItem>> = stream.lanes().map(|l| l.reattach()).collect();
+        let partner = Partner::spawn(move |_, from, to| {
+            let want = to - from;
+            let mut seen = vec![0u64; consumers.len()];
+            while seen.iter().any(|&s| s < want) {
+                for (c, seen) in consumers.iter_mut().zip(seen.iter_mut()) {
+                    if blocking {
+                        if *seen < want {
+                            let run = c.recv_run(RUN).unwrap().expect("lane closed early");
+                            run.iter().for_each(apply);
+                            *seen += run.len() as u64;
+                            run.ack().unwrap();
+                        }
+                        continue;
+                    }
+                    loop {
+                        match c.try_recv_run(RUN) {
+                            Ok(run) => {
+                                run.iter().for_each(apply);
+                                *seen += run.len() as u64;
+                                run.ack().unwrap();
+                            }
+                            Err(TryRecvError::Empty) => break,
+                            Err(e) => panic!("recv failed: {e}"),
+                        }
+                    }
+                }
+                if !blocking {
+                    relax();
+                }
+            }
+        });
+        LaneFanRun { stream, fanout, partner, env, pos: 0, blocking, mode, chunk: Vec::with_capacity(RUN) }
+    }
+
+    fn publish_chunk(&mut self) {
+        let mut done = 0;
+        while done < self.chunk.len() {
+            if self.blocking {
+                self.fanout.publish_run(&self.chunk[done..]).unwrap();
+                done = self.chunk.len();
+            } else {
+                match self.fanout.try_publish_run(&self.chunk[done..]) {
+                    Ok(n) => done += n,
+                    Err(TryPublishError::Full(_)) => relax(),
+                    Err(e) => panic!("publish failed: {e}"),
+                }
+            }
+        }
+        self.chunk.clear();
+    }
+}
+
+impl Fixture for LaneFanRun {
+    fn run(&mut self, n: u64) -> Duration {
+        let (env, stream) = (self.env.clone(), self.stream.clone());
+        self.partner.start(n);
+        let t0 = Instant::now();
+        for _ in 0..n {
+            self.pos += 1;
+            let it = item(&env, self.pos);
+            match self.mode {
+                FanPublish::Run => {
+                    self.chunk.push(it);
+                    if self.chunk.len() == RUN {
+                        self.publish_chunk();
+                    }
+                }
+                FanPublish::Item if self.blocking => self.fanout.publish(it).unwrap(),
+                FanPublish::Item => {
+                    let mut it = it;
+                    loop {
+                        match self.fanout.try_publish(it) {
+                            Ok(()) => break,
+                            Err(TryPublishError::Full(back)) => {
+                                it = back;
+                                relax();
+                            }
+                            Err(e) => panic!("publish failed: {e}"),
+                        }
+                    }
+                }
+            }
+        }
+        self.publish_chunk();
+        let last = Some(Position(self.pos));
+        while stream.watermark() != last {
+            relax();
+        }
+        let t = t0.elapsed();
+        self.partner.wait_done();
+        t
     }
 }
 

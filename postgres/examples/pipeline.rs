@@ -837,6 +837,33 @@ impl Sink {
         let mut consumer = self.lane.reattach();
         let mut held: Vec<(AckHandle<LaneItem>, Kind)> = Vec::new();
         loop {
+            if self.chaos.is_none() && self.durable.is_none() {
+                // The fast path (no chaos, not durable): receive in runs, apply each item in
+                // order, ack the run with one pass of the lane's advancer.
+                let run = match consumer.recv_run(lanestream::MAX_RUN) {
+                    Ok(Some(run)) => run,
+                    Ok(None) => return Ok(()),
+                    Err(_detached) => {
+                        consumer = self.lane.reattach();
+                        continue;
+                    }
+                };
+                let (attempt, first) = (run.attempt(), run.sequences().start);
+                let mut kinds = [0u64; 2];
+                for (k, item) in run.iter().enumerate() {
+                    let kind = Kind::of(item);
+                    kinds[kind as usize] += 1;
+                    self.delivered(kind, attempt);
+                    self.apply(item, attempt, first + k as u64)?;
+                }
+                if let Err(AckError::Detached) = run.ack() {
+                    // A re-attach took (some of) the run back first: redelivered (L8). Which
+                    // items is not known here; count the run's.
+                    self.counts(Kind::Batch).acks_refused += kinds[Kind::Batch as usize];
+                    self.counts(Kind::Marker).acks_refused += kinds[Kind::Marker as usize];
+                }
+                continue;
+            }
             // Never wait while holding deliveries: the producer may be waiting for their slots.
             let delivery = if held.is_empty() {
                 match consumer.recv() {

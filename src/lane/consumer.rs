@@ -6,8 +6,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::Backoff;
+
 use super::delivery::{AckHandle, Delivery};
-use super::ring::{Ring, Take};
+use super::ring::{Ring, Take, TakeRun};
+use super::run::{Run, MAX_RUN};
 use crate::error::{RecvError, RecvTimeoutError, TryRecvError};
 
 /// How long a receive blocked by the holder bound parks before it looks again.
@@ -75,6 +78,20 @@ impl<T: Item> Consumer<T> {
         }
     }
 
+    fn step_run(&mut self, max: usize) -> Result<Run<T>, Miss> {
+        let mut gens = [0u32; MAX_RUN];
+        let max = max.clamp(1, MAX_RUN);
+        match self.ring.take_run(self.epoch, &mut self.cached_tail, &mut gens[..max]) {
+            TakeRun::Run { index, len, attempt } => {
+                Ok(Run::new(self.ring.clone(), index, len, attempt, gens))
+            }
+            TakeRun::Empty => Err(Miss::Empty),
+            TakeRun::Blocked => Err(Miss::Blocked),
+            TakeRun::Closed => Err(Miss::Closed),
+            TakeRun::Detached => Err(Miss::Detached),
+        }
+    }
+
     /// Receives the next item if one is queued or released; never blocks, not even while a
     /// publish is half-way ([L12](crate::contract#l12)).
     ///
@@ -128,12 +145,31 @@ impl<T: Item> Consumer<T> {
     }
 
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
+        self.wait_for(deadline, Consumer::step)
+    }
+
+    /// Runs `step` until it delivers, the lane ends or the consumer is detached, waiting in
+    /// between (the shared body of the blocking receives and receives of runs).
+    fn wait_for<R>(
+        &mut self,
+        deadline: Option<Instant>,
+        mut step: impl FnMut(&mut Self) -> Result<R, Miss>,
+    ) -> Result<Option<R>, RecvTimeoutError> {
+        // Empty right after a wait said "readable": a nack or a released run was counted and its
+        // slots are not switched yet (the count comes first). The nacker is mid-step; back off
+        // (under loom: yield) rather than spin on the count.
+        let backoff = Backoff::new();
+        let mut woken = false;
         loop {
-            match self.step() {
+            match step(self) {
                 Ok(d) => return Ok(Some(d)),
                 Err(Miss::Closed) => return Ok(None),
                 Err(Miss::Detached) => return Err(RecvTimeoutError::Detached),
                 Err(Miss::Empty) => {
+                    if woken {
+                        crate::sync::spin(&backoff);
+                    }
+                    woken = true;
                     if !self.ring.wait_readable(self.epoch, deadline) {
                         return Err(RecvTimeoutError::Timeout);
                     }
@@ -172,6 +208,84 @@ impl<T: Item> Consumer<T> {
     /// the future completes.
     pub fn recv_async(&mut self) -> Recv<'_, T> {
         Recv { consumer: self, key: None }
+    }
+
+    /// Receives a [`Run`] of up to `max` items (clamped to `1..=`[`MAX_RUN`]) if any is queued
+    /// or released; never blocks ([L12](crate::contract#l12)). The run holds every item queued
+    /// now, up to `max`, in lane order; a released item comes first, in a run of its own
+    /// ([L2](crate::contract#l2)). One step of the consumer's seat for the whole run.
+    ///
+    /// # Errors
+    /// As [`try_recv`](Consumer::try_recv).
+    ///
+    /// ```
+    /// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, TryRecvError};
+    /// let stream = MemoryStream::builder().capacity(8).sink("s").build().unwrap();
+    /// let lane = stream.lane("s").unwrap();
+    /// let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.attach().unwrap());
+    /// assert!(matches!(consumer.try_recv_run(16), Err(TryRecvError::Empty)));
+    /// for p in 1..=3 {
+    ///     producer.publish(LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()))).unwrap();
+    /// }
+    /// let run = consumer.try_recv_run(16).unwrap();
+    /// assert_eq!(run.len(), 3);
+    /// run.ack().unwrap();
+    /// assert_eq!(stream.watermark(), Some(Position(3)));
+    /// ```
+    pub fn try_recv_run(&mut self, max: usize) -> Result<Run<T>, TryRecvError> {
+        self.step_run(max).map_err(|miss| match miss {
+            Miss::Empty | Miss::Blocked => TryRecvError::Empty,
+            Miss::Closed => TryRecvError::Closed,
+            Miss::Detached => TryRecvError::Detached,
+        })
+    }
+
+    /// Receives a [`Run`] of up to `max` items (as [`try_recv_run`](Consumer::try_recv_run)),
+    /// waiting (spin, then park) while the lane is empty; `Ok(None)` once the lane is closed and
+    /// drained, with the same caveats as [`recv`](Consumer::recv) ([L10](crate::contract#l10)).
+    /// It does not wait for a run to fill: it returns as soon as one item is there.
+    ///
+    /// # Errors
+    /// [`RecvError::Detached`] if a newer consumer took the lane, including while waiting.
+    pub fn recv_run(&mut self, max: usize) -> Result<Option<Run<T>>, RecvError> {
+        match self.wait_for(None, |c| c.step_run(max)) {
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
+            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
+            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
+        }
+    }
+
+    /// As [`recv_run`](Consumer::recv_run), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`RecvTimeoutError::Timeout`] if nothing arrived in time (nothing changed),
+    /// [`RecvTimeoutError::Detached`] as for `recv_run`.
+    pub fn recv_run_timeout(
+        &mut self,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<Option<Run<T>>, RecvTimeoutError> {
+        self.recv_run_deadline(max, Instant::now() + timeout)
+    }
+
+    /// As [`recv_run`](Consumer::recv_run), waiting until `deadline` at most.
+    ///
+    /// # Errors
+    /// As [`recv_run_timeout`](Consumer::recv_run_timeout).
+    pub fn recv_run_deadline(
+        &mut self,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Run<T>>, RecvTimeoutError> {
+        self.wait_for(Some(deadline), |c| c.step_run(max))
+    }
+
+    /// Receives a [`Run`] of up to `max` items, waiting asynchronously; works on any executor.
+    /// Same results as [`recv_run`](Consumer::recv_run). Dropping the future loses nothing: the
+    /// items are taken only when it completes.
+    pub fn recv_run_async(&mut self, max: usize) -> RecvRun<'_, T> {
+        RecvRun { consumer: self, max, key: None }
     }
 
     /// The caught-up hint ([L11](crate::contract#l11)): nothing queued and nothing released behind the deliveries
@@ -229,6 +343,40 @@ impl<T> Drop for Recv<'_, T> {
     }
 }
 
+/// The future of [`Consumer::recv_run_async`].
+#[must_use = "futures do nothing unless polled"]
+pub struct RecvRun<'a, T> {
+    consumer: &'a mut Consumer<T>,
+    max: usize,
+    key: Option<u64>,
+}
+
+impl<T> fmt::Debug for RecvRun<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvRun")
+            .field("epoch", &self.consumer.epoch)
+            .field("max", &self.max)
+            .field("waiting", &self.key.is_some())
+            .finish()
+    }
+}
+
+impl<T: Item> Future for RecvRun<'_, T> {
+    type Output = Result<Option<Run<T>>, RecvError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let max = this.max;
+        poll_with(this.consumer, &mut this.key, cx, |c| c.step_run(max))
+    }
+}
+
+impl<T> Drop for RecvRun<'_, T> {
+    fn drop(&mut self) {
+        self.consumer.ring.cancel_readable(&mut self.key);
+    }
+}
+
 impl<T> Drop for Consumer<T> {
     fn drop(&mut self) {
         self.ring.cancel_readable(&mut self.poll_key);
@@ -243,8 +391,18 @@ fn poll_step<T: Item>(
     key: &mut Option<u64>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Option<Delivery<T>>, RecvError>> {
+    poll_with(consumer, key, cx, Consumer::step)
+}
+
+/// [`poll_step`] for any receive step (single deliveries or runs).
+fn poll_with<T: Item, R>(
+    consumer: &mut Consumer<T>,
+    key: &mut Option<u64>,
+    cx: &mut Context<'_>,
+    mut step: impl FnMut(&mut Consumer<T>) -> Result<R, Miss>,
+) -> Poll<Result<Option<R>, RecvError>> {
     loop {
-        let done = match consumer.step() {
+        let done = match step(consumer) {
             Ok(d) => Ok(Some(d)),
             Err(Miss::Closed) => Ok(None),
             Err(Miss::Detached) => Err(RecvError::Detached),

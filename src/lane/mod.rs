@@ -3,7 +3,7 @@
 //!
 //! - [`ring`] (private): the shared state and its protocol, one room per side: the slot state
 //!   word, the producer side, the consumer side and its seat, acks and the advancer, counters.
-//! - [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`]: the ends users hold.
+//! - [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`], [`Run`]: the ends users hold.
 //! - [`Lane`]: a handle that hands out the ends; [`Lane::standalone`] builds one outside any
 //!   stream for any [`Item`] type.
 
@@ -11,18 +11,22 @@
 mod adapter;
 mod consumer;
 mod delivery;
+mod fanout;
 mod producer;
 mod ring;
+mod run;
 mod stats;
 
 use std::fmt;
 
 #[cfg(feature = "futures")]
 pub use self::adapter::ConsumerStream;
-pub use self::consumer::{Consumer, Recv};
+pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
+pub use self::fanout::Fanout;
 pub use self::producer::{Producer, Publish};
 pub(crate) use self::ring::{ProducerState, Ring};
+pub use self::run::{Run, RunIter, MAX_RUN};
 pub use self::stats::LaneStats;
 
 use crate::error::{BuildError, StreamError};
@@ -94,6 +98,11 @@ impl<T: Item> Lane<T> {
     pub fn standalone(name: SinkName, capacity: usize) -> Result<Lane<T>, BuildError> {
         check_capacity(capacity, "a standalone lane")?;
         Ok(Lane::new(name, Ring::new(capacity, AckedMark::standalone())))
+    }
+
+    /// The lane's ring (for the stream's fan-out publisher).
+    pub(crate) fn ring(&self) -> &Arc<Ring<T>> {
+        &self.ring
     }
 
     /// The sink this lane feeds.

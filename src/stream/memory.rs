@@ -14,7 +14,7 @@ use crate::error::{
     TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::{Consumer, Delivery, Lane, LaneStats, Producer, Ring};
+use crate::lane::{Consumer, Delivery, Fanout, Lane, LaneStats, Producer, Ring};
 use crate::name::SinkName;
 use crate::position::Position;
 
@@ -155,6 +155,17 @@ impl MemoryStream {
             .iter()
             .find(|lane| lane.name().as_str() == sink)
             .ok_or_else(|| StreamError::UnknownLane(sink.to_owned()))
+    }
+
+    /// One publisher for every lane ([`Fanout`]): publishes each item to every lane in one
+    /// pass, and runs of items with one publication step per lane. It holds every lane's
+    /// producer role ([L9](crate::contract#l9)) until it is dropped.
+    ///
+    /// # Errors
+    /// [`StreamError::ProducerBusy`] (naming the first such lane) while a producer of some lane
+    /// is alive; no lane is claimed then.
+    pub fn fanout(&self) -> Result<Fanout, StreamError> {
+        Fanout::claim(&self.inner.lanes)
     }
 
     /// The request lane (sink engines to the ingest engine).

@@ -24,6 +24,20 @@ impl<T> Ring<T> {
 
     /// Acks delivery `word` of item `index`; ends the handle either way.
     pub(crate) fn ack(&self, index: u64, word: u64) -> Result<(), AckError> {
+        if self.ack_slot(index, word) {
+            // Even with stale holders left: the acked position moves now, only the slot waits
+            // for them.
+            self.request_advance();
+            return Ok(());
+        }
+        self.end_stale(self.slot(index));
+        Err(AckError::Detached)
+    }
+
+    /// The ack's compare-and-swap: `DELIVERED` (of `word`'s generation) to `ACKED`, one fewer
+    /// holder. `false` if a re-attach took the delivery back first (the holder is still
+    /// counted: the caller ends it with `end_stale`).
+    pub(super) fn ack_slot(&self, index: u64, word: u64) -> bool {
         let slot = self.slot(index);
         // Relaxed: the compare-and-swap below is what synchronises.
         let mut now = slot.state.load(Ordering::Relaxed);
@@ -33,49 +47,51 @@ impl<T> Ring<T> {
             // readers (W4), and our reads of the item happen before it is moved out.
             let acked = with_tag(now, ACKED) - HOLDER_ONE;
             match slot.state.compare_exchange_weak(now, acked, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => {
-                    // Even with stale holders left: the acked position moves now, only the
-                    // slot waits for them.
-                    self.request_advance();
-                    return Ok(());
-                }
+                Ok(_) => return true,
                 Err(w) => now = w,
             }
         }
-        self.end_stale(slot);
-        Err(AckError::Detached)
+        false
     }
 
     /// Releases delivery `word` of item `index` for redelivery ([L6](crate::contract#l6)); ends the handle. A no-op
     /// on the slot if a re-attach already took the delivery back.
     pub(crate) fn nack(&self, index: u64, word: u64) {
-        let slot = self.slot(index);
         // Count the release *before* the slot shows RELEASED, so every RELEASED slot the
         // consumer can see is already counted: the consumer never spends the count of another
         // released item on this one and then skips that one for a new item (L2). Until our
         // switch lands the count is one ahead and the consumer only scans for nothing.
         // Relaxed: the consumer acquires the slot word itself.
         self.cons.released.fetch_add(1, Ordering::Relaxed);
+        if self.release_slot(index, word) {
+            self.items.notify();
+            return;
+        }
+        // A re-attach took the delivery back (and counted it): take our count back.
+        self.cons.released.fetch_sub(1, Ordering::Relaxed);
+        self.end_stale(self.slot(index));
+    }
+
+    /// The nack's compare-and-swap: `DELIVERED` (of `word`'s generation) to `RELEASED`, one
+    /// fewer holder. `false` if a re-attach took the delivery back first (the holder is still
+    /// counted: the caller ends it with `end_stale`). The caller counted the release first.
+    pub(super) fn release_slot(&self, index: u64, word: u64) -> bool {
+        let slot = self.slot(index);
         let mut now = slot.state.load(Ordering::Relaxed);
         while tag(now) == DELIVERED && gen(now) == gen(word) {
             // Release: pairs with the consumer's Acquire load of the RELEASED word.
             let released = with_tag(now, RELEASED) - HOLDER_ONE;
             match slot.state.compare_exchange_weak(now, released, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => {
-                    self.items.notify();
-                    return;
-                }
+                Ok(_) => return true,
                 Err(w) => now = w,
             }
         }
-        // A re-attach took the delivery back (and counted it): take our count back.
-        self.cons.released.fetch_sub(1, Ordering::Relaxed);
-        self.end_stale(slot);
+        false
     }
 
     /// Ends a handle whose delivery was taken back by a re-attach: drops its holder count, and
     /// if it was the item's last holder after an ack, lets the prefix advance.
-    fn end_stale(&self, slot: &Slot<T>) {
+    pub(super) fn end_stale(&self, slot: &Slot<T>) {
         // Release: our reads of the item happen before the advancer (Acquire) may move it out.
         let before = slot.state.fetch_sub(HOLDER_ONE, Ordering::Release);
         debug_assert!(holders(before) > 0, "handle ended on a slot with no holders");
@@ -85,7 +101,7 @@ impl<T> Ring<T> {
     }
 
     /// Asks for the acked prefix to be advanced; advances it if no other thread is doing so.
-    fn request_advance(&self) {
+    pub(super) fn request_advance(&self) {
         // AcqRel: Release hands our ACKED word to the advancer; Acquire (when we become the
         // advancer) takes the previous advancer's `free` and slot writes.
         let before = self.adv.advance.fetch_add(REQUEST_ONE, Ordering::AcqRel);

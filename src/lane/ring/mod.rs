@@ -68,6 +68,8 @@
 //! - `publish.rs`: the producer side: the producer role, publishing, waiting for room, closing.
 //! - `receive.rs`: the consumer side and the seat: attach, take, waiting for items.
 //! - `ack.rs`: handles and the advancer: ack, nack, stale handles, the acked prefix.
+//! - `run.rs`: runs: one seat step delivering a contiguous run, its acks and nacks with one
+//!   advancer request and one wake-up per run (the per-item protocol unchanged).
 //! - `stats.rs`: lock-free reads: idleness, acked position, counters.
 //! - `wait.rs`: the wait lists (spin then park, or a registered waker), private to the ring.
 //!
@@ -76,12 +78,14 @@
 mod ack;
 mod publish;
 mod receive;
+mod run;
 mod slot;
 mod stats;
 mod wait;
 
 pub(crate) use self::publish::ProducerState;
 pub(crate) use self::receive::Take;
+pub(crate) use self::run::TakeRun;
 pub(crate) use self::slot::attempt;
 
 use std::mem::MaybeUninit;

@@ -123,6 +123,88 @@ impl<T> Ring<T> {
         Ok(())
     }
 
+    /// How many of `n` more items fit in the ring now (refreshing the producer's cached `free`
+    /// when it is short). The caller holds the producer role.
+    pub(crate) fn room(&self, p: &mut ProducerState, n: u64) -> u64 {
+        if p.tail - p.cached_free + n > self.shape.capacity {
+            // Acquire: as in `try_push` (pairs with the advancer's Release store of `free`).
+            p.cached_free = self.adv.free.load(Ordering::Acquire);
+        }
+        (self.shape.capacity - (p.tail - p.cached_free)).min(n)
+    }
+
+    /// The last position published on the lane by this producer (`NO_POSITION` if none).
+    pub(crate) fn last_position(p: &ProducerState) -> u64 {
+        p.last
+    }
+
+    /// Publishes `n` items with one `tail` compare-and-swap: item `k` (`0..n`) is `make(k)`,
+    /// with its position (or `NO_POSITION`). The caller holds the producer role and checked
+    /// that `n` items fit ([`room`](Ring::room)) and that their positions are valid and grow
+    /// past `last_position` ([L4](crate::contract#l4)). `false` if the lane is closed: nothing
+    /// was published (the items made were dropped).
+    pub(crate) fn push_run_checked(
+        &self,
+        p: &mut ProducerState,
+        n: u64,
+        mut make: impl FnMut(u64) -> (T, u64),
+    ) -> bool {
+        debug_assert!(n >= 1 && p.tail - p.cached_free + n <= self.shape.capacity);
+        // Relaxed: a shortcut, as in `try_push`; the compare-and-swap below decides.
+        if self.prod.tail.load(Ordering::Relaxed) & CLOSED != 0 {
+            return false;
+        }
+        let mut last = NO_POSITION;
+        for k in 0..n {
+            let (item, position) = make(k);
+            let slot = self.slot(p.tail + k);
+            // SAFETY: as in `try_push`, for each of items `tail..tail + n`: none is published,
+            // and `tail + n - free <= capacity` (checked by the caller against a `free` loaded
+            // with Acquire) means each slot's previous item was moved out by the advancer. No
+            // other thread touches these cells until the `tail` update below publishes them.
+            unsafe {
+                slot.item.with_mut(|c| (*c).write(item));
+                slot.position.with_mut(|c| *c = position);
+            }
+            if position != NO_POSITION {
+                last = position;
+            }
+        }
+        // Release, one RMW for the whole run: as in `try_push` (publishes every slot written
+        // above; an RMW, so it sees `ITEMS_WANTED`, and fails on `CLOSED`).
+        let mut seen = p.tail << TAIL_SHIFT;
+        loop {
+            if seen & CLOSED != 0 {
+                for k in 0..n {
+                    // SAFETY: we wrote items `tail..tail + n` above and never published them, so
+                    // no other thread can reach them; each is taken back out exactly once.
+                    let item = unsafe { self.slot(p.tail + k).item.with(|c| ptr::read(c).assume_init()) };
+                    drop(item);
+                }
+                return false;
+            }
+            match self.prod.tail.compare_exchange_weak(
+                seen,
+                (p.tail + n) << TAIL_SHIFT,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => seen = now,
+            }
+        }
+        p.tail += n;
+        if last != NO_POSITION {
+            p.last = last;
+            // Relaxed: as in `try_push`.
+            self.prod.last_published.store(last, Ordering::Relaxed);
+        }
+        if seen & ITEMS_WANTED != 0 {
+            self.items.notify();
+        }
+        true
+    }
+
     /// Marks that a consumer is about to wait for items (before its re-check).
     pub(crate) fn want_items(&self) {
         // AcqRel RMW: see `try_push`.
@@ -147,7 +229,7 @@ impl<T> Ring<T> {
 
     /// Waits (spin, then park) until a publish could make progress. `false` if `deadline`
     /// passed first.
-    fn wait_writable(&self, deadline: Option<Instant>) -> bool {
+    pub(crate) fn wait_writable(&self, deadline: Option<Instant>) -> bool {
         wait::block_until(&self.room, || self.want_room(), deadline, || self.writable().then_some(()))
             .is_some()
     }

@@ -167,9 +167,10 @@ impl<T> Ring<T> {
     }
 
     /// Redelivers the lowest released item below `next`, if any.
-    fn take_released(&self, next: u64) -> Option<Take> {
+    pub(super) fn take_released(&self, next: u64) -> Option<Take> {
         // Acquire: pairs with the advancer's Release of `free`.
         let mut i = self.adv.free.load(Ordering::Acquire);
+        let mut start = i;
         while i < next {
             let slot = self.slot(i);
             // Acquire: pairs with the Release (AcqRel) switch to RELEASED by nack or re-attach.
@@ -181,6 +182,17 @@ impl<T> Ring<T> {
                 let free = self.adv.free.load(Ordering::Acquire);
                 if free > i {
                     i = free;
+                    start = free;
+                    continue;
+                }
+                // A release that landed below `i` after the scan passed it comes first (L2):
+                // one thread releases in lane order (a released run, in-order nacks), so having
+                // acquired this RELEASED word we see that thread's earlier switches. Look again
+                // below `i`; the lowest released item wins (`i` only decreases here).
+                if let Some(j) =
+                    (start..i).find(|&j| tag(self.slot(j).state.load(Ordering::Acquire)) == RELEASED)
+                {
+                    i = j;
                     continue;
                 }
                 // Only the seated consumer changes a RELEASED word's tag (acks and nacks expect

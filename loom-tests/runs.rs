@@ -1,0 +1,220 @@
+//! Loom models 13-16: runs — one seat step delivering several items, one advancer request for
+//! a run's acks, one `released` count and one wake-up for a released run.
+
+use lanestream::{MemoryStream, Position, Stream, TryPublishError, TryRecvError};
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::support::{self, batch, check, Cells};
+
+/// Model 13: receiving and acking in runs across a wrap while the producer waits for room.
+///
+/// Capacity 2, four items: the producer publishes 1..=4 (blocking for room from item 3 on; items
+/// 3 and 4 reuse the slots of 1 and 2) and writes a plain cell before each publish; the
+/// consumer receives with `recv_run(2)` (blocking) and acks each run whole. Checked:
+/// - every item of a run is read as published (the `tail` Release -> the run step's one
+///   Acquire load of `tail` covers every slot of the run; loom checks each slot cell) and the
+///   producer's writes before publishing are visible;
+/// - the producer reuses a slot only after the run holding its item was acked and the advancer
+///   emptied it (the `free` Release -> producer Acquire pair), and its wait for room is woken by
+///   the run's single advancer request (no per-item request exists to wake it otherwise);
+/// - order, attempt 1, the acked position, the watermark and idleness at the end.
+///
+/// Why the bound suffices: two threads, as model 1; each hand-off is one Release read by one
+/// Acquire, and the producer's park needs one preemption between its room check and its
+/// registration. Bound 3 covers both placements on each side.
+#[test]
+fn runs_across_a_wrap_while_the_producer_waits() {
+    support::model("runs_across_a_wrap_while_the_producer_waits", 3, || {
+        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = lane.producer().unwrap();
+        let mut consumer = lane.reattach();
+        let cells = Arc::new(Cells::new(4));
+        let written = cells.clone();
+        let t = thread::spawn(move || {
+            for i in 0..4u64 {
+                written.write(i as usize, 100 + i);
+                producer.publish(batch(i + 1)).unwrap();
+            }
+        });
+        let mut next = 1;
+        while next <= 4 {
+            let run = consumer.recv_run(2).unwrap().expect("lane not closed");
+            assert_eq!(run.attempt(), 1);
+            assert!(!run.is_empty() && run.len() <= 2);
+            for item in &run {
+                check(item, next);
+                assert_eq!(cells.read(next as usize - 1), 99 + next, "write before publish not visible");
+                next += 1;
+            }
+            run.ack().unwrap();
+        }
+        t.join().unwrap();
+        assert_eq!(lane.acked(), Some(Position(4)));
+        assert_eq!(stream.watermark(), Some(Position(4)));
+        assert!(stream.is_idle());
+    });
+}
+
+/// Model 14: a re-attach racing the late ack of a whole run (L8, item by item).
+///
+/// Capacity 2; the old consumer receives items 1 and 2 as one run and hands it to a thread that
+/// reads both items and acks the run. Meanwhile the main thread re-attaches, receives whatever
+/// the re-attach released (in runs), acks it, and tries to publish item 3 into item 1's slot.
+/// Checked:
+/// - each item's ack lands xor the item is redelivered: the run's ack is `Ok` exactly when
+///   nothing was redelivered, every redelivery has attempt 2, and at the end nothing is released
+///   or outstanding (a run ack that overwrote a taken-back item would leave it counted as
+///   released and never redelivered, or acked twice);
+/// - no slot is reused while the stale run reads its item (`holders`): item 3's write would
+///   race the late reader (loom checks the slot cell), so `try_publish` says `Full` until the
+///   run has ended.
+///
+/// Why the bound suffices: the decisive races are one compare-and-swap against another per item
+/// (the run's ack vs the re-attach's take-back) and the stale reader against the reclaim, each
+/// needing one preemption inside the other thread's window; with two items the ack can land
+/// between the two take-backs, which takes two. Bound 3 covers that and the reader being
+/// preempted between its reads and its acks.
+#[test]
+fn reattach_racing_a_runs_late_ack() {
+    support::model("reattach_racing_a_runs_late_ack", 3, || {
+        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = lane.producer().unwrap();
+        let mut old = lane.reattach();
+        producer.try_publish(batch(1)).unwrap();
+        producer.try_publish(batch(2)).unwrap();
+        let run = old.try_recv_run(2).unwrap();
+        assert_eq!(run.len(), 2);
+
+        let t = thread::spawn(move || {
+            for (i, item) in run.iter().enumerate() {
+                check(item, i as u64 + 1);
+            }
+            run.ack().is_ok()
+        });
+
+        let mut new = lane.reattach();
+        let mut redelivered = 0;
+        loop {
+            match new.try_recv_run(2) {
+                Ok(r) => {
+                    assert_eq!(r.attempt(), 2, "a redelivery counts its attempt");
+                    redelivered += r.len();
+                    r.ack().unwrap();
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(e) => panic!("new consumer: {e:?}"),
+            }
+        }
+        let third = producer.try_publish(batch(3));
+        let landed = t.join().unwrap();
+        assert_eq!(landed, redelivered == 0, "late run ack ok: {landed}, redelivered: {redelivered}");
+        assert!(matches!(old.try_recv_run(2), Err(TryRecvError::Detached)));
+        let stats = lane.stats();
+        assert_eq!((stats.released, stats.in_flight, stats.acked_items), (0, 0, 2));
+        assert_eq!(lane.acked(), Some(Position(2)));
+        match third {
+            Ok(()) => {}
+            Err(TryPublishError::Full(item)) => producer.try_publish(item).unwrap(),
+            Err(e) => panic!("publish: {e:?}"),
+        }
+        let r = new.try_recv_run(2).unwrap();
+        check(r.get(0).unwrap(), 3);
+        r.ack().unwrap();
+        assert!(stream.is_idle());
+    });
+}
+
+/// Model 15: a run released on another thread wakes the consumer parked in `recv_run`.
+///
+/// Capacity 2; items 1 and 2 are received as one run, which a thread nacks (one `released`
+/// increment for both, then the two switches to `RELEASED`, then one wake-up) while the main
+/// thread blocks in `recv_run`. Checked: the consumer is woken (a lost wake-up is a loom
+/// deadlock) and receives both items again, in order, attempt 2, one run each; nothing
+/// overtakes them (L2) and the counts end at zero.
+///
+/// Why the bound suffices: one notifier and one waiter, as model 5a: the lost wake-up needs one
+/// preemption between the waiter's check and its registration, and the count-before-switch
+/// order one between the increment and a switch. Bound 3 covers both.
+#[test]
+fn a_released_run_wakes_a_parked_recv_run() {
+    support::model("a_released_run_wakes_a_parked_recv_run", 3, || {
+        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = lane.producer().unwrap();
+        let mut consumer = lane.reattach();
+        producer.try_publish(batch(1)).unwrap();
+        producer.try_publish(batch(2)).unwrap();
+        let run = consumer.try_recv_run(2).unwrap();
+        let t = thread::spawn(move || run.nack());
+        for p in 1..=2 {
+            let again = consumer.recv_run(2).unwrap().unwrap();
+            assert_eq!((again.len(), again.attempt()), (1, 2));
+            check(again.get(0).unwrap(), p);
+            again.ack().unwrap();
+        }
+        t.join().unwrap();
+        let stats = lane.stats();
+        assert_eq!((stats.released, stats.in_flight), (0, 0));
+        assert_eq!(lane.acked(), Some(Position(2)));
+        assert!(stream.is_idle());
+    });
+}
+
+/// Model 16: the fan-out producer publishing a run to two lanes with one publication step per
+/// lane, while each lane's consumer receives a run on its own thread.
+///
+/// Capacity 2, two lanes: `publish_run(&[1, 2])` writes items 1 and 2 into each lane and
+/// publishes both with one `tail` compare-and-swap per lane; lane "a" is consumed on the main
+/// thread, lane "b" on another, each with blocking `recv_run(2)` and one ack per run. Checked:
+/// - each consumer reads every item of a run as written (the lane's one Release
+///   compare-and-swap covers both slots; loom checks the slot cells), and the producer's write
+///   before publishing is visible;
+/// - a consumer that parked before the publish is woken by it (one `ITEMS_WANTED` check per
+///   lane per run);
+/// - order, and the watermark at the end.
+///
+/// The fan-out's wait for room in every lane is the lanes' own wait (models 2, 5b, 13) and is
+/// checked natively (`tests/fanout.rs`); a third consumer thread plus that wait makes a model
+/// that does not finish in minutes.
+///
+/// Why the bound suffices: three threads; each hand-off is one Release read by one Acquire, and
+/// a consumer's park needs one preemption between its check and its registration; bound 2 places
+/// one preemption on each side of either, and bound 3 (8,546 executions, about a second) is used.
+#[test]
+fn fanout_run_to_two_lanes_while_consumers_receive_runs() {
+    support::model("fanout_run_to_two_lanes_while_consumers_receive_runs", 3, || {
+        let stream =
+            MemoryStream::builder().capacity(2).request_capacity(1).sinks(["a", "b"]).build().unwrap();
+        let mut fanout = stream.fanout().unwrap();
+        let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
+        let cells = Arc::new(Cells::new(1));
+        let written = cells.clone();
+        let p = thread::spawn(move || {
+            written.write(0, 7);
+            fanout.publish_run(&[batch(1), batch(2)]).unwrap();
+        });
+        let drain = |consumer: &mut lanestream::Consumer<lanestream::LaneItem>, cells: &Cells| {
+            let mut next = 1;
+            while next <= 2 {
+                let run = consumer.recv_run(2).unwrap().unwrap();
+                for item in &run {
+                    check(item, next);
+                    next += 1;
+                }
+                assert_eq!(cells.read(0), 7, "write before publish not visible");
+                run.ack().unwrap();
+            }
+        };
+        let mut b = consumers.pop().unwrap();
+        let cells_b = cells.clone();
+        let tb = thread::spawn(move || drain(&mut b, &cells_b));
+        drain(&mut consumers[0], &cells);
+        tb.join().unwrap();
+        p.join().unwrap();
+        assert_eq!(stream.watermark(), Some(Position(2)));
+        assert!(stream.is_idle());
+    });
+}

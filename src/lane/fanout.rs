@@ -1,0 +1,321 @@
+//! [`Fanout`]: one publisher for every lane of a stream.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::ring::{ProducerState, Ring, NO_POSITION};
+use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
+use crate::item::LaneItem;
+use crate::lane::Lane;
+use crate::position::Position;
+use crate::sync::Arc;
+
+/// One publisher for every lane of a [`MemoryStream`](crate::MemoryStream)
+/// ([`MemoryStream::fanout`](crate::MemoryStream::fanout)): publishes each item to every lane in
+/// one pass, and a run of items with one publication step per lane.
+///
+/// It holds every lane's producer role ([L9](crate::contract#l9)): while it lives, no
+/// [`Producer`](crate::Producer) of the stream's lanes can be taken, and dropping it gives every
+/// lane back at once. Each lane gets a clone of each item (for a [`LaneItem`], a reference
+/// count: the envelopes are shared, never copied, [M2](crate::contract#m2)).
+///
+/// An item goes to every lane or to none: a publish waits (or `try_` refuses with `Full`) until
+/// every lane has room, and checks the position against every lane ([L4](crate::contract#l4))
+/// before it writes anything. The one exception is a lane closed by another thread while the
+/// publish is half-way: the lanes before it got the item, the closed lane and the lanes after it
+/// did not, and the publish returns `Closed` with the item (the lanes are closing; a close before
+/// the publish starts refuses it on every lane).
+///
+/// ```
+/// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+/// let stream = MemoryStream::builder().capacity(4).sinks(["search", "cache"]).build().unwrap();
+/// let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.attach().unwrap()).collect();
+/// let mut fanout = stream.fanout().unwrap();
+/// let batch = |p| LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()));
+/// fanout.publish(batch(1)).unwrap();
+/// assert_eq!(fanout.publish_run(&[batch(2), batch(3)]), Ok(()));
+/// for consumer in &mut consumers {
+///     let run = consumer.try_recv_run(8).unwrap();
+///     assert_eq!(run.len(), 3);
+///     run.ack().unwrap();
+/// }
+/// assert_eq!(stream.watermark(), Some(Position(3)));
+/// ```
+pub struct Fanout {
+    lanes: Box<[FanoutLane]>,
+}
+
+struct FanoutLane {
+    ring: Arc<Ring<LaneItem>>,
+    state: ProducerState,
+}
+
+/// Why an item cannot be published now, and at which lane.
+enum Refusal {
+    /// The lane at this index has no room for the item.
+    Full(usize),
+    Closed,
+    Regressed {
+        position: Position,
+        last: Position,
+    },
+    Invalid,
+}
+
+impl Fanout {
+    /// Claims every lane's producer role; releases those it took if one is held.
+    pub(crate) fn claim(lanes: &[Lane]) -> Result<Fanout, StreamError> {
+        let mut claimed = Vec::with_capacity(lanes.len());
+        for lane in lanes {
+            match lane.ring().claim_producer() {
+                Some(state) => claimed.push(FanoutLane { ring: lane.ring().clone(), state }),
+                None => {
+                    for l in &claimed {
+                        l.ring.release_producer();
+                    }
+                    return Err(StreamError::ProducerBusy(lane.name().clone()));
+                }
+            }
+        }
+        Ok(Fanout { lanes: claimed.into_boxed_slice() })
+    }
+
+    /// How many lanes it publishes to.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Checks items `items[..]` in order against every lane (closed, positions, room) and
+    /// returns how many leading items can be published to every lane now (>= 1), or why the
+    /// first cannot.
+    fn admissible(&mut self, items: &[LaneItem]) -> Result<usize, Refusal> {
+        // The highest position any lane has (each lane refuses positions at or below its own).
+        let mut last = self
+            .lanes
+            .iter()
+            .map(|l| Ring::<LaneItem>::last_position(&l.state))
+            .filter(|&p| p != NO_POSITION)
+            .max();
+        let mut n = 0;
+        for item in items {
+            match item.position() {
+                Some(Position(u64::MAX)) => {
+                    if n == 0 {
+                        return Err(Refusal::Invalid);
+                    }
+                    break;
+                }
+                Some(p) => {
+                    if let Some(l) = last.filter(|&l| p.0 <= l) {
+                        if n == 0 {
+                            return Err(Refusal::Regressed { position: p, last: Position(l) });
+                        }
+                        break;
+                    }
+                    last = Some(p.0);
+                }
+                None => {}
+            }
+            n += 1;
+        }
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            if lane.ring.is_closed() {
+                return Err(Refusal::Closed);
+            }
+            let room = lane.ring.room(&mut lane.state, n as u64) as usize;
+            if room == 0 {
+                return Err(Refusal::Full(i));
+            }
+            n = n.min(room);
+        }
+        Ok(n)
+    }
+
+    /// Publishes `items[..n]` (admitted) to every lane; `false` if a lane was closed meanwhile.
+    fn push(&mut self, items: &[LaneItem], n: usize) -> bool {
+        let positions = |k: u64| items[k as usize].position().map_or(NO_POSITION, |p| p.0);
+        for lane in self.lanes.iter_mut() {
+            let pushed = lane
+                .ring
+                .push_run_checked(&mut lane.state, n as u64, |k| (items[k as usize].clone(), positions(k)));
+            if !pushed {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Publishes `item` to every lane if every lane has room now; never waits.
+    ///
+    /// # Errors
+    /// Hands `item` back: [`TryPublishError::Full`] if some lane has `capacity` unacked items
+    /// (no lane got it), [`Closed`](TryPublishError::Closed) if a lane is closed (see the type's
+    /// docs for a close racing the publish), [`PositionRegressed`](TryPublishError::PositionRegressed)
+    /// and [`InvalidPosition`](TryPublishError::InvalidPosition) as for a lane's producer
+    /// ([L4](crate::contract#l4); no lane got it).
+    pub fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        self.try_step(item).map_err(|(item, refusal, _)| refusal_error(item, refusal))
+    }
+
+    /// One attempt; on refusal the item, why, and the lane to wait for (if full).
+    fn try_step(&mut self, item: LaneItem) -> Result<(), (LaneItem, Refusal, usize)> {
+        let items = std::slice::from_ref(&item);
+        match self.admissible(items) {
+            Ok(_) => {
+                if self.push(items, 1) {
+                    Ok(())
+                } else {
+                    Err((item, Refusal::Closed, 0))
+                }
+            }
+            Err(Refusal::Full(i)) => Err((item, Refusal::Full(i), i)),
+            Err(r) => Err((item, r, 0)),
+        }
+    }
+
+    /// Publishes `item` to every lane, waiting (spin, then park) while some lane is full
+    /// ([L3](crate::contract#l3)).
+    ///
+    /// # Errors
+    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
+    pub fn publish(&mut self, mut item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        loop {
+            match self.try_step(item) {
+                Ok(()) => return Ok(()),
+                Err((back, Refusal::Full(i), _)) => {
+                    item = back;
+                    self.lanes[i].ring.wait_writable(None);
+                }
+                Err((back, refusal, _)) => {
+                    return Err(match refusal_error(back, refusal).into_waitable() {
+                        Err(e) => e,
+                        Ok(_) => unreachable!("Full is handled above"),
+                    })
+                }
+            }
+        }
+    }
+
+    /// As [`publish`](Fanout::publish), waiting at most `timeout` for room.
+    ///
+    /// # Errors
+    /// [`PublishTimeoutError::Timeout`] (item handed back, no lane got it), or a cause of
+    /// [`publish`](Fanout::publish).
+    pub fn publish_timeout(
+        &mut self,
+        item: LaneItem,
+        timeout: Duration,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+        self.publish_until(item, Some(Instant::now() + timeout))
+    }
+
+    fn publish_until(
+        &mut self,
+        mut item: LaneItem,
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+        loop {
+            match self.try_step(item) {
+                Ok(()) => return Ok(()),
+                Err((back, Refusal::Full(i), _)) => {
+                    item = back;
+                    if !self.lanes[i].ring.wait_writable(deadline) {
+                        return Err(PublishTimeoutError::Timeout(item));
+                    }
+                }
+                Err((back, refusal, _)) => {
+                    return Err(match refusal_error(back, refusal).into_waitable() {
+                        Err(e) => e.into(),
+                        Ok(_) => unreachable!("Full is handled above"),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Publishes the longest prefix of `items` that every lane has room for now, each lane
+    /// receiving the whole prefix in one publication step (one `tail` update per lane, not per
+    /// item), and returns its length (>= 1). Never waits. The items are cloned into every lane;
+    /// `items` stays the caller's.
+    ///
+    /// # Errors
+    /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
+    /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)` (the payload is the index of
+    /// the item refused, here always 0). A prefix stops before an item that would be refused.
+    pub fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+        if items.is_empty() {
+            return Ok(0);
+        }
+        match self.admissible(items) {
+            Ok(n) => {
+                if self.push(items, n) {
+                    Ok(n)
+                } else {
+                    Err(TryPublishError::Closed(0))
+                }
+            }
+            Err(r) => Err(refusal_error(0, r)),
+        }
+    }
+
+    /// Publishes every item of `items` to every lane, in order, in as few publication steps as
+    /// the lanes' room allows, waiting (spin, then park) while a lane is full.
+    ///
+    /// # Errors
+    /// [`PublishError`] whose payload is the index of the first item not published: items
+    /// before it reached every lane (as for [`publish`](Fanout::publish), a close racing the
+    /// run may have let some lanes have that item too).
+    pub fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+        let mut done = 0;
+        while done < items.len() {
+            match self.admissible(&items[done..]) {
+                Ok(n) => {
+                    if !self.push(&items[done..], n) {
+                        return Err(PublishError::Closed(done));
+                    }
+                    done += n;
+                }
+                Err(Refusal::Full(i)) => {
+                    self.lanes[i].ring.wait_writable(None);
+                }
+                Err(r) => {
+                    return Err(match refusal_error(done, r).into_waitable() {
+                        Err(e) => e,
+                        Ok(_) => unreachable!("Full is handled above"),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes every lane ([L10](crate::contract#l10)).
+    pub fn close(&self) {
+        for lane in self.lanes.iter() {
+            lane.ring.close();
+        }
+    }
+}
+
+fn refusal_error<T>(item: T, refusal: Refusal) -> TryPublishError<T> {
+    match refusal {
+        Refusal::Full(_) => TryPublishError::Full(item),
+        Refusal::Closed => TryPublishError::Closed(item),
+        Refusal::Regressed { position, last } => TryPublishError::PositionRegressed { item, position, last },
+        Refusal::Invalid => TryPublishError::InvalidPosition(item),
+    }
+}
+
+impl Drop for Fanout {
+    fn drop(&mut self) {
+        for lane in self.lanes.iter() {
+            lane.ring.release_producer();
+        }
+    }
+}
+
+impl fmt::Debug for Fanout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fanout").field("lanes", &self.lanes.len()).finish_non_exhaustive()
+    }
+}

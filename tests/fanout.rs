@@ -1,0 +1,185 @@
+//! The fan-out publisher (`MemoryStream::fanout`, [`Fanout`]): the lane rules for a publisher
+//! that publishes to every lane at once, named after the rule each test shows.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use common::{batch, shared_envelopes, snapshot, stream, tracked, within};
+use lanestream::{Position, PublishError, Stream, StreamError, TryPublishError, TryRecvError};
+
+#[test]
+fn fanout_publishes_each_item_to_every_lane_in_order() {
+    let s = stream(8, &["a", "b", "c"]);
+    let mut fanout = s.fanout().unwrap();
+    assert_eq!(fanout.lanes(), 3);
+    fanout.publish(batch(1)).unwrap();
+    fanout.try_publish(snapshot()).unwrap();
+    assert_eq!(fanout.publish_run(&[batch(2), batch(3)]), Ok(()));
+    assert_eq!(fanout.try_publish_run(&[batch(4)]), Ok(1));
+    for sink in ["a", "b", "c"] {
+        let mut consumer = s.attach(sink).unwrap();
+        let run = consumer.try_recv_run(8).unwrap();
+        let got: Vec<_> = run.iter().map(|i| i.position().map(|p| p.0)).collect();
+        assert_eq!(got, [Some(1), None, Some(2), Some(3), Some(4)], "lane {sink}");
+        run.ack().unwrap();
+    }
+    assert_eq!(s.watermark(), Some(Position(4)));
+    assert!(s.is_idle());
+}
+
+#[test]
+fn fanout_l9_holds_every_producer_role_and_gives_them_back_on_drop() {
+    let s = stream(4, &["a", "b"]);
+    let held = s.producer("b").unwrap();
+    assert_eq!(s.fanout().unwrap_err(), StreamError::ProducerBusy(lanestream::SinkName::new("b").unwrap()));
+    // The failed claim released lane "a" again.
+    drop(s.producer("a").unwrap());
+    drop(held);
+    let fanout = s.fanout().unwrap();
+    assert!(matches!(s.producer("a"), Err(StreamError::ProducerBusy(_))));
+    assert!(matches!(s.fanout(), Err(StreamError::ProducerBusy(_))));
+    drop(fanout);
+    let mut a = s.producer("a").unwrap();
+    a.publish(batch(1)).unwrap();
+    drop(a);
+    // A fan-out after a lane's own producer continues after its last position (L4).
+    let mut fanout = s.fanout().unwrap();
+    assert!(matches!(fanout.try_publish(batch(1)), Err(TryPublishError::PositionRegressed { .. })));
+    fanout.try_publish(batch(2)).unwrap();
+}
+
+#[test]
+fn fanout_l3_an_item_goes_to_every_lane_or_none_full_hands_it_back() {
+    let s = stream(2, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    fanout.try_publish(batch(1)).unwrap();
+    fanout.try_publish(batch(2)).unwrap();
+    // Lane "a" makes room, lane "b" does not: nothing is published anywhere.
+    let mut a = s.attach("a").unwrap();
+    a.try_recv_run(8).unwrap().ack().unwrap();
+    let err = fanout.try_publish(batch(3)).unwrap_err();
+    assert!(err.is_full());
+    assert_eq!(err.into_inner().position(), Some(Position(3)));
+    assert_eq!(s.stats("a").unwrap().published, 2);
+    // A run publishes the prefix every lane has room for: none here.
+    assert_eq!(fanout.try_publish_run(&[batch(3), batch(4)]), Err(TryPublishError::Full(0)));
+    // The blocking publish waits for lane "b".
+    let sb = s.clone();
+    let acker = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(20));
+        let mut b = sb.attach("b").unwrap();
+        b.try_recv_run(1).unwrap().ack().unwrap();
+        b
+    });
+    within(10, "fan-out publish waiting for room", move || {
+        fanout.publish(batch(3)).unwrap();
+        fanout
+    });
+    let b = acker.join().unwrap();
+    drop(b);
+    assert_eq!(s.stats("a").unwrap().published, 3);
+    assert_eq!(s.stats("b").unwrap().published, 3);
+}
+
+#[test]
+fn fanout_publish_run_fills_what_fits_then_waits() {
+    let s = stream(3, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let items: Vec<_> = (1..=7).map(batch).collect();
+    assert_eq!(fanout.try_publish_run(&items), Ok(3));
+    let consumers: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            let mut c = s.attach(n).unwrap();
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                while let Some(run) = c.recv_run(8).unwrap() {
+                    got.extend(run.iter().map(|i| i.position().unwrap().0));
+                    run.ack().unwrap();
+                }
+                got
+            })
+        })
+        .collect();
+    let t = thread::spawn(move || {
+        fanout.publish_run(&items[3..]).unwrap();
+        fanout.close();
+    });
+    for c in consumers {
+        let got = within(10, "a sink draining a fan-out run", move || c.join().unwrap());
+        assert_eq!(got, (1..=7).collect::<Vec<_>>());
+    }
+    t.join().unwrap();
+    assert_eq!(s.watermark(), Some(Position(7)));
+}
+
+#[test]
+fn fanout_l4_positions_are_checked_against_every_lane_before_anything_is_written() {
+    let s = stream(8, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    fanout.publish(batch(5)).unwrap();
+    let err = fanout.try_publish(batch(5)).unwrap_err();
+    assert!(matches!(
+        err,
+        TryPublishError::PositionRegressed { position: Position(5), last: Position(5), .. }
+    ));
+    assert!(matches!(fanout.try_publish(batch(u64::MAX)), Err(TryPublishError::InvalidPosition(_))));
+    // A run stops before the first item that would be refused; the payload is its index.
+    assert_eq!(fanout.try_publish_run(&[batch(6), batch(7), batch(7), batch(8)]), Ok(2));
+    assert!(matches!(
+        fanout.try_publish_run(&[batch(7)]),
+        Err(TryPublishError::PositionRegressed { item: 0, position: Position(7), last: Position(7) })
+    ));
+    assert!(matches!(
+        fanout.publish_run(&[batch(8), batch(3)]),
+        Err(PublishError::PositionRegressed { item: 1, .. })
+    ));
+    for sink in ["a", "b"] {
+        assert_eq!(s.stats(sink).unwrap().published, 4, "lane {sink}");
+    }
+}
+
+#[test]
+fn fanout_l10_close_refuses_on_every_lane_and_consumers_drain() {
+    let s = stream(4, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    s.close("b").unwrap();
+    let err = fanout.try_publish(batch(2)).unwrap_err();
+    assert!(matches!(err, TryPublishError::Closed(_)));
+    assert_eq!(err.into_inner().position(), Some(Position(2)));
+    assert_eq!(s.stats("a").unwrap().published, 1, "a refused item reached lane a");
+    assert_eq!(fanout.publish_run(&[batch(2)]), Err(PublishError::Closed(0)));
+    fanout.close();
+    for sink in ["a", "b"] {
+        let mut c = s.attach(sink).unwrap();
+        let run = c.recv_run(8).unwrap().unwrap();
+        assert_eq!(run.len(), 1);
+        run.ack().unwrap();
+        assert!(c.recv_run(8).unwrap().is_none());
+        assert_eq!(c.try_recv().unwrap_err(), TryRecvError::Closed);
+    }
+}
+
+/// M2/M3: a fan-out clones the item's `Arc` once per lane, never the envelopes, and every
+/// clone is dropped once (on its lane's ack, or with the stream).
+#[test]
+fn fanout_m3_one_reference_per_lane_each_dropped_once() {
+    let envelopes = shared_envelopes(3);
+    {
+        let s = stream(4, &["a", "b", "c"]);
+        let mut fanout = s.fanout().unwrap();
+        fanout.publish(tracked(Some(1), &envelopes)).unwrap();
+        fanout.publish_run(&[tracked(Some(2), &envelopes), tracked(Some(3), &envelopes)]).unwrap();
+        // Ours, and one per lane for each of the three items (the run's originals were
+        // temporaries, dropped after the call).
+        assert_eq!(Arc::strong_count(&envelopes), 1 + 3 * 3);
+        let mut a = s.attach("a").unwrap();
+        a.try_recv_run(8).unwrap().ack().unwrap();
+        assert_eq!(Arc::strong_count(&envelopes), 1 + 2 * 3);
+    }
+    assert_eq!(Arc::strong_count(&envelopes), 1);
+}
