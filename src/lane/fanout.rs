@@ -10,6 +10,10 @@ use crate::lane::Lane;
 use crate::position::Position;
 use crate::sync::Arc;
 
+/// The longest a fan-out publish waiting for one lane's room parks before it looks at every
+/// lane's closed flag again (see `Fanout::wait_for_room`).
+const CLOSE_CHECK: Duration = Duration::from_millis(1);
+
 /// One publisher for every lane of a [`MemoryStream`](crate::MemoryStream)
 /// ([`MemoryStream::fanout`](crate::MemoryStream::fanout)): publishes each item to every lane in
 /// one pass, and a run of items with one publication step per lane.
@@ -118,10 +122,12 @@ impl Fanout {
             }
             n += 1;
         }
+        // Every lane's close first: a closed lane refuses the publish even while an earlier
+        // lane is full ([L10](crate::contract#l10)), rather than the publish waiting for room.
+        if self.lanes.iter().any(|lane| lane.ring.is_closed()) {
+            return Err(Refusal::Closed);
+        }
         for (i, lane) in self.lanes.iter_mut().enumerate() {
-            if lane.ring.is_closed() {
-                return Err(Refusal::Closed);
-            }
             let room = lane.ring.room(&mut lane.state, n as u64) as usize;
             if room == 0 {
                 return Err(Refusal::Full(i));
@@ -184,7 +190,7 @@ impl Fanout {
                 Ok(()) => return Ok(()),
                 Err((back, Refusal::Full(i), _)) => {
                     item = back;
-                    self.lanes[i].ring.wait_writable(None);
+                    self.wait_for_room(i, None);
                 }
                 Err((back, refusal, _)) => {
                     return Err(match refusal_error(back, refusal).into_waitable() {
@@ -209,6 +215,18 @@ impl Fanout {
         self.publish_until(item, Some(Instant::now() + timeout))
     }
 
+    /// As [`publish`](Fanout::publish), waiting for room until `deadline` at the latest.
+    ///
+    /// # Errors
+    /// As [`publish_timeout`](Fanout::publish_timeout).
+    pub fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+        self.publish_until(item, Some(deadline))
+    }
+
     fn publish_until(
         &mut self,
         mut item: LaneItem,
@@ -219,7 +237,7 @@ impl Fanout {
                 Ok(()) => return Ok(()),
                 Err((back, Refusal::Full(i), _)) => {
                     item = back;
-                    if !self.lanes[i].ring.wait_writable(deadline) {
+                    if !self.wait_for_room(i, deadline) {
                         return Err(PublishTimeoutError::Timeout(item));
                     }
                 }
@@ -276,7 +294,7 @@ impl Fanout {
                     done += n;
                 }
                 Err(Refusal::Full(i)) => {
-                    self.lanes[i].ring.wait_writable(None);
+                    self.wait_for_room(i, None);
                 }
                 Err(r) => {
                     return Err(match refusal_error(done, r).into_waitable() {
@@ -287,6 +305,29 @@ impl Fanout {
             }
         }
         Ok(())
+    }
+
+    /// Waits until lane `i` has room or any lane is closed; `false` if `deadline` passed first.
+    ///
+    /// A close of lane `i` wakes its room waiters at once; a close of another lane only
+    /// notifies that lane's lists, so the wait parks for at most [`CLOSE_CHECK`] at a time and
+    /// looks at every lane's closed flag in between: a publish waiting for room sees any lane's
+    /// close within about a millisecond ([L10](crate::contract#l10)).
+    fn wait_for_room(&self, i: usize, deadline: Option<Instant>) -> bool {
+        loop {
+            if self.lanes.iter().any(|lane| lane.ring.is_closed()) {
+                return true;
+            }
+            let now = Instant::now();
+            let nap = now + CLOSE_CHECK;
+            let until = deadline.map_or(nap, |d| d.min(nap));
+            if self.lanes[i].ring.wait_writable(Some(until)) {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+        }
     }
 
     /// Closes every lane ([L10](crate::contract#l10)).

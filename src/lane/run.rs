@@ -154,8 +154,12 @@ impl<T: Item> Run<T> {
     /// As [`ack`](Run::ack), for the items it acked.
     pub fn ack_through(&mut self, sequence: u64) -> Result<usize, AckError> {
         let seqs = self.sequences();
-        let n =
-            if sequence < seqs.start { 0 } else { (sequence - seqs.start + 1).min(seqs.end - seqs.start) };
+        // `saturating_add`: `ack_through(u64::MAX)` means "the whole run", not a wrap to zero.
+        let n = if sequence < seqs.start {
+            0
+        } else {
+            (sequence - seqs.start).saturating_add(1).min(seqs.end - seqs.start)
+        };
         self.ack_first(n as usize)
     }
 
