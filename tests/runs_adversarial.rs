@@ -1558,7 +1558,7 @@ fn fanout_l10_a_close_racing_publish_runs_loses_no_item_reported_as_published() 
 /// item back at the deadline, and no lane keeps a copy.
 #[test]
 fn fanout_l3_publish_deadline_hands_the_item_back_at_the_deadline() {
-    use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+    use lanestream::{Batch, LaneItem, MemoryStream, Position};
     use std::time::{Duration, Instant};
     let stream = MemoryStream::builder().capacity(1).sink("a").sink("b").build().unwrap();
     let mut fan = stream.fanout().unwrap();
