@@ -465,7 +465,12 @@ const MAX_FAST_DEPTH: usize = 64;
 /// Whether `line` nests at most [`MAX_FAST_DEPTH`] deep. Counting brackets bounds the depth and
 /// costs little (the capture's lines have at most 18); only a line with more is scanned.
 fn shallow(line: &[u8]) -> bool {
-    let brackets = line.iter().filter(|&&b| b == b'[' || b == b'{').count();
+    // `[` is 0x5B and `{` 0x7B: the only bytes that OR 0x20 makes `{`. Counted in u8 lanes, 255
+    // bytes at a time, which the compiler vectorises.
+    let brackets: usize = line
+        .chunks(255)
+        .map(|chunk| usize::from(chunk.iter().fold(0u8, |n, &b| n + u8::from(b | 0x20 == b'{'))))
+        .sum();
     brackets <= MAX_FAST_DEPTH || max_depth(line) <= MAX_FAST_DEPTH
 }
 
@@ -917,8 +922,9 @@ impl OpenTxn {
     }
 
     /// The envelopes gathered so far, at `position`, as one batch; the transaction goes on empty.
-    fn take_envelopes(&mut self, position: Option<Position>) -> Vec<Envelope> {
+    fn take_envelopes(&mut self, position: Option<Position>) -> Arc<[Envelope]> {
         let docs = Bytes::from(std::mem::take(&mut self.docs));
+        // Collected straight into the batch's allocation (no intermediate Vec to copy).
         std::mem::take(&mut self.pending)
             .into_iter()
             .map(|p| Envelope {
@@ -1226,7 +1232,7 @@ impl TransactionBuilder {
             let envelopes = txn.take_envelopes(txn.begin_lsn);
             let changes = std::mem::take(&mut txn.changes);
             txn.chunks += 1;
-            return Ok(Some(Batch { position: None, changes, envelopes: Arc::from(envelopes) }));
+            return Ok(Some(Batch { position: None, changes, envelopes }));
         }
         Ok(None)
     }
@@ -1263,7 +1269,8 @@ impl TransactionBuilder {
         // From here on, any error discards the transaction.
         self.discarded = txn.lost();
         if txn.bad_lines > 0 {
-            let lsn = f.lsn.as_deref().and_then(json_str).map_or_else(|| "unknown".to_owned(), Cow::into_owned);
+            let lsn =
+                f.lsn.as_deref().and_then(json_str).map_or_else(|| "unknown".to_owned(), Cow::into_owned);
             return Err(Wal2JsonErrorKind::DamagedTransaction {
                 begun: txn.begun,
                 lsn,
@@ -1292,7 +1299,7 @@ impl TransactionBuilder {
         let envelopes = txn.take_envelopes(Some(position));
         self.last_commit = Some(position);
         self.transactions += 1;
-        Ok(Some(Batch { position: Some(position), changes: txn.changes, envelopes: Arc::from(envelopes) }))
+        Ok(Some(Batch { position: Some(position), changes: txn.changes, envelopes }))
     }
 
     /// The table's index name and key columns; leaves `self.name_key` set to its key.
@@ -2195,7 +2202,9 @@ mod tests {
         let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/wal2json_lines");
         for entry in std::fs::read_dir(corpus).expect("the fuzz corpus").flatten() {
             let bytes = std::fs::read(entry.path()).expect("a corpus file");
-            lines.extend(bytes.split(|&b| b == b'\n').filter_map(|l| std::str::from_utf8(l).ok()).map(str::to_owned));
+            lines.extend(
+                bytes.split(|&b| b == b'\n').filter_map(|l| std::str::from_utf8(l).ok()).map(str::to_owned),
+            );
         }
         // What JSON parsers disagree on, in a value that would be copied into a document.
         let head = r#"{"action":"I","schema":"s","table":"t","columns":[{"name":"a","value":"#;
@@ -2212,19 +2221,36 @@ mod tests {
             lines.push(format!(r#"{{"action":"I","columns":[{{"name":{value},"value":1}}]}}"#));
         }
         for extra in [
-            r#"{"action":"B","action":"C"}"#, r#"{"action":"B","x":1,"x":2}"#, r#"{"act\u0069on":"B"}"#,
-            r#"{"action":"B"} x"#, r#"{"action":"B"}}"#, "{\"action\":\"B\"}\u{0}", " {\"action\":\"B\"} ",
+            r#"{"action":"B","action":"C"}"#,
+            r#"{"action":"B","x":1,"x":2}"#,
+            r#"{"act\u0069on":"B"}"#,
+            r#"{"action":"B"} x"#,
+            r#"{"action":"B"}}"#,
+            "{\"action\":\"B\"}\u{0}",
+            " {\"action\":\"B\"} ",
             r#"{"action":"I","columns":[{"name":"a","value":1,"name":"b"}]}"#,
             r#"{"action":"I","columns":[{"name":"a\u0000","value":1}]}"#,
-            r#"{"action":"I","columns":[{"value":1}]}"#, r#"{"action":"I","pk":[{"type":"int"}]}"#,
-            r#"{"action":"I","columns":{}}"#, r#"{"action":"I","columns":null}"#, r#"{"action":null}"#,
+            r#"{"action":"I","columns":[{"value":1}]}"#,
+            r#"{"action":"I","pk":[{"type":"int"}]}"#,
+            r#"{"action":"I","columns":{}}"#,
+            r#"{"action":"I","columns":null}"#,
+            r#"{"action":null}"#,
         ] {
             lines.push(extra.to_owned());
         }
         let failures: Vec<String> = lines.iter().filter_map(|l| parsers_agree(l).err()).collect();
-        assert!(failures.is_empty(), "{} of {} lines: {:#?}", failures.len(), lines.len(), &failures[..failures.len().min(10)]);
+        assert!(
+            failures.is_empty(),
+            "{} of {} lines: {:#?}",
+            failures.len(),
+            lines.len(),
+            &failures[..failures.len().min(10)]
+        );
         // The capture takes the fast path (a line the fast parser refuses is not slower, only rarer).
-        assert!(capture.iter().all(|l| sonic_rs::from_str::<Line<'_>>(l).is_ok()), "a capture line refused by sonic-rs");
+        assert!(
+            capture.iter().all(|l| sonic_rs::from_str::<Line<'_>>(l).is_ok()),
+            "a capture line refused by sonic-rs"
+        );
     }
 
     #[test]
