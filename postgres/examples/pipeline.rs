@@ -116,7 +116,7 @@ const LONG_ABOUT: &str = concat!(
 #[command(version, long_about = LONG_ABOUT)]
 struct Args {
     /// wal2json v2 input: a file (gzip is detected), or `-` for stdin.
-    #[arg(long, default_value_os_t = default_input())]
+    #[arg(long, default_value_os_t = default_input(), conflicts_with = "source")]
     input: PathBuf,
     /// Live mode: read the logical replication slot --slot (wal2json plugin) of this server
     /// (`postgres://user:password@host:port/db`, or a libpq key=value string) instead of --input,
@@ -128,11 +128,11 @@ struct Args {
     #[arg(long, default_value = "lanestream")]
     slot: String,
     /// Create --slot (with the wal2json plugin) if it does not exist.
-    #[arg(long)]
+    #[arg(long, requires = "source")]
     create_slot: bool,
     /// Live mode: stop once every transaction committed before this LSN (e.g. 0/1D84F00) is
     /// published and acked.
-    #[arg(long, value_name = "LSN")]
+    #[arg(long, value_name = "LSN", requires = "source")]
     end_lsn: Option<String>,
     /// Live mode: how long to wait between two peeks of the slot when the last brought nothing.
     #[arg(long, default_value_t = 100)]
@@ -163,7 +163,9 @@ struct Args {
     #[arg(long, default_value_t = 200)]
     slow_sink_micros: u64,
     /// Sinks randomly nack, drop handles, ack out of order, re-attach, and ask for one backfill.
-    #[arg(long)]
+    /// File input only: the live source's sinks are durable, and their checkpoints assume
+    /// in-order acks.
+    #[arg(long, conflicts_with = "source")]
     chaos: bool,
     /// Seed of the --chaos randomness.
     #[arg(long, default_value_t = 42)]
