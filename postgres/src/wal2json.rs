@@ -430,9 +430,17 @@ fn present_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Raw<'de>>, D::E
 
 type ParseResult<T> = Result<T, Wal2JsonErrorKind>;
 
-/// Parses one line: sonic-rs, or serde_json when sonic-rs refuses it (see above).
+/// Parses one line: sonic-rs, or serde_json when sonic-rs refuses it or must not see it (see
+/// above). The UTF-8 is checked here first: sonic-rs's `from_slice` hands invalid UTF-8 on
+/// unchecked (a debug assertion in 0.5), so it only ever gets a `&str`.
 fn parse_line(line: &[u8]) -> ParseResult<Line<'_>> {
-    object_text(line).and_then(parse_object)
+    let text = object_text(line)?;
+    if shallow(line) && escapes_valid(line) {
+        if let Ok(parsed) = sonic_rs::from_str(text) {
+            return Ok(parsed);
+        }
+    }
+    slow::parse(text)
 }
 
 /// The line as text, if it is UTF-8 and starts like a JSON object.
@@ -444,17 +452,6 @@ fn object_text(line: &[u8]) -> ParseResult<&str> {
         return Err(malformed(start, "expected a JSON object"));
     }
     Ok(text)
-}
-
-/// Parses the text of a line that starts like an object.
-fn parse_object(text: &str) -> ParseResult<Line<'_>> {
-    if !shallow(text.as_bytes()) || !escapes_valid(text.as_bytes()) {
-        return slow::parse(text);
-    }
-    match sonic_rs::from_str(text) {
-        Ok(line) => Ok(line),
-        Err(_) => slow::parse(text),
-    }
 }
 
 /// The deepest nesting handed to sonic-rs. Its skipping of a nested value recurses with no
@@ -901,7 +898,8 @@ struct OpenTxn {
 }
 
 impl OpenTxn {
-    fn new(begun: u64, xid: Option<u64>, begin_lsn: Option<Position>) -> Self {
+    /// `hint`: the previous transaction's envelopes and document bytes, to size the buffers.
+    fn new(begun: u64, xid: Option<u64>, begin_lsn: Option<Position>, hint: (usize, usize)) -> Self {
         OpenTxn {
             begun,
             xid,
@@ -911,8 +909,8 @@ impl OpenTxn {
             chunks: 0,
             bad_lines: 0,
             first_bad: 0,
-            pending: Vec::new(),
-            docs: Vec::new(),
+            pending: Vec::with_capacity(hint.0.min(1 << 12)),
+            docs: Vec::with_capacity(hint.1.min(1 << 20)),
         }
     }
 
@@ -989,6 +987,8 @@ pub struct TransactionBuilder {
     max_batch_changes: Option<u64>,
     /// Changes discarded by the error being returned (see [`Wal2JsonError::lost_changes`]).
     discarded: u64,
+    /// The last batch's envelopes and document bytes: the next transaction's buffer sizes.
+    hint: (usize, usize),
 }
 
 impl fmt::Debug for TransactionBuilder {
@@ -1024,6 +1024,7 @@ impl TransactionBuilder {
             transactions: 0,
             max_batch_changes: None,
             discarded: 0,
+            hint: (0, 0),
         }
     }
 
@@ -1150,7 +1151,7 @@ impl TransactionBuilder {
                     .and_then(json_str)
                     .and_then(|l| Position::from_lsn(&l).ok())
                     .filter(|&p| p != Position::RESERVED);
-                match self.open.replace(OpenTxn::new(line_no, xid, begin_lsn)) {
+                match self.open.replace(OpenTxn::new(line_no, xid, begin_lsn, self.hint)) {
                     Some(old) => {
                         self.discarded = old.lost();
                         Err(Wal2JsonErrorKind::BeginInsideTransaction {
@@ -1229,6 +1230,7 @@ impl TransactionBuilder {
             txn.pending.push(Pending { index: index.clone(), id, op, doc });
         }
         if max.is_some_and(|m| txn.changes >= m) {
+            self.hint = (txn.pending.len(), txn.docs.len());
             let envelopes = txn.take_envelopes(txn.begin_lsn);
             let changes = std::mem::take(&mut txn.changes);
             txn.chunks += 1;
@@ -1296,6 +1298,7 @@ impl TransactionBuilder {
             }
         }
         self.discarded = 0;
+        self.hint = (txn.pending.len(), txn.docs.len());
         let envelopes = txn.take_envelopes(Some(position));
         self.last_commit = Some(position);
         self.transactions += 1;
