@@ -940,8 +940,8 @@ impl Sink {
             let attempt = delivery.attempt();
             let kind = Kind::of(delivery.item());
             self.delivered(kind, attempt);
-            if self.report.kill.is_some() && attempt > 1 {
-                self.report.kill.as_mut().map(|k| k.redelivered_after_reattach += 1);
+            if let (Some(k), true) = (self.report.kill.as_mut(), attempt > 1) {
+                k.redelivered_after_reattach += 1;
             }
             let Some(rng) = self.chaos.as_mut() else {
                 let (item, handle) = delivery.into_parts();
@@ -1006,7 +1006,8 @@ impl Sink {
         let Some(kill) = self.kill.take() else { return Ok(consumer) };
         let mine = self.lane.name().clone();
         let acked_at_death = self.lane.stats().acked;
-        let mut report = KillReport { held_unacked: held.len() as u64, acked_at_death, ..KillReport::default() };
+        let mut report =
+            KillReport { held_unacked: held.len() as u64, acked_at_death, ..KillReport::default() };
         // A crashed process loses its unflushed output and never acks: keep the handles (and
         // the consumer) un-dropped until the new engine has re-attached, so that nothing is
         // released by a drop; the re-attach takes every unacked batch back.
@@ -1016,7 +1017,8 @@ impl Sink {
         while Instant::now() < until {
             let watermark = kill.stream.watermark();
             report.max_watermark_while_down = report.max_watermark_while_down.max(watermark);
-            let others = kill.lanes.iter().filter(|l| *l.name() != mine).filter_map(|l| l.stats().acked).max();
+            let others =
+                kill.lanes.iter().filter(|l| *l.name() != mine).filter_map(|l| l.stats().acked).max();
             report.others_acked_while_down = report.others_acked_while_down.max(others);
             thread::sleep(Duration::from_millis(5));
         }
