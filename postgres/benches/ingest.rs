@@ -11,7 +11,8 @@
 //!   bytes, every batch published to three lanes (capacity 1024) whose sink threads receive,
 //!   count and ack (the stream built and the threads started in each iteration).
 //!
-//! The goal: `pipeline_discard_3_sinks` within 1.3x of `bare_parse/sonic_rs_value`.
+//! The goal: `pipeline_discard_3_sinks` within 1.3x of `bare_parse/sonic_rs_value`. Every row
+//! runs on mimalloc, the pipeline example's allocator.
 //!
 //! `cargo bench -p lanestream-postgres --bench ingest -- --warm-up-time 1 --measurement-time 3`
 
@@ -22,6 +23,10 @@ use std::thread;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lanestream::{LaneItem, MemoryStream};
 use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonReader};
+
+// The pipeline example's allocator, so that the pipeline row measures what the example runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 struct Capture {
     bytes: Vec<u8>,
