@@ -903,7 +903,8 @@ struct OpenTxn {
 }
 
 impl OpenTxn {
-    /// `hint`: the previous transaction's envelopes and document bytes, to size the buffers.
+    /// `hint`: the previous batch's envelopes and document bytes, to size the buffers (at most
+    /// 1,024 envelopes and 64 KiB).
     fn new(begun: u64, xid: Option<u64>, begin_lsn: Option<Position>, hint: (usize, usize)) -> Self {
         OpenTxn {
             begun,
@@ -914,8 +915,8 @@ impl OpenTxn {
             chunks: 0,
             bad_lines: 0,
             first_bad: 0,
-            pending: Vec::with_capacity(hint.0.min(1 << 12)),
-            docs: Vec::with_capacity(hint.1.min(1 << 20)),
+            pending: Vec::with_capacity(hint.0.min(1 << 10)),
+            docs: Vec::with_capacity(hint.1.min(1 << 16)),
         }
     }
 
@@ -926,7 +927,13 @@ impl OpenTxn {
 
     /// The envelopes gathered so far, at `position`, as one batch; the transaction goes on empty.
     fn take_envelopes(&mut self, position: Option<Position>) -> Arc<[Envelope]> {
-        let docs = Bytes::from(std::mem::take(&mut self.docs));
+        let mut docs = std::mem::take(&mut self.docs);
+        // The batch keeps this allocation while it is in a lane: not much more than it uses (a
+        // buffer sized after a larger transaction is cut down).
+        if docs.capacity() > 2 * docs.len() + (1 << 12) {
+            docs.shrink_to_fit();
+        }
+        let docs = Bytes::from(docs);
         // Collected straight into the batch's allocation (no intermediate Vec to copy).
         std::mem::take(&mut self.pending)
             .into_iter()
