@@ -172,7 +172,8 @@ struct Args {
     /// but did not checkpoint); --sink-down-ms later a new engine re-attaches to the lane and
     /// reopens the output from the checkpoint. Its unacked batches must come again, and the
     /// watermark must not pass its last ack meanwhile (both in the summary: `sink_kills`).
-    #[arg(long, value_name = "BATCHES", conflicts_with = "chaos")]
+    /// In-process stream only (over Redis, kill a `--role sink` process instead).
+    #[arg(long, value_name = "BATCHES", conflicts_with_all = ["chaos", "backend"])]
     kill_sink_after: Option<u64>,
     /// How long the engine killed by --kill-sink-after stays dead, in milliseconds.
     #[arg(long, default_value_t = 1000, requires = "kill_sink_after")]
