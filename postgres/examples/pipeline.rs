@@ -171,7 +171,7 @@ struct Args {
     /// and every delivery it holds without acking (and, with durable sinks, the output it wrote
     /// but did not checkpoint); --sink-down-ms later a new engine re-attaches to the lane and
     /// reopens the output from the checkpoint. Its unacked batches must come again, and the
-    /// watermark must not pass its last ack meanwhile (both in the summary: `sink_kills`).
+    /// watermark must not pass its last ack meanwhile (both in the summary: the sink's `sink_kill`).
     /// In-process stream only (over Redis, kill a `--role sink` process instead).
     #[arg(long, value_name = "BATCHES", conflicts_with_all = ["chaos", "backend"])]
     kill_sink_after: Option<u64>,
