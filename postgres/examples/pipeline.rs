@@ -887,9 +887,10 @@ impl Sink {
         let mut consumer = self.lane.reattach();
         let mut held: Vec<(AckHandle<LaneItem>, Kind)> = Vec::new();
         loop {
-            if self.chaos.is_none() && self.durable.is_none() {
-                // The fast path (no chaos, not durable): receive in runs, apply each item in
-                // order, ack the run with one pass of the lane's advancer.
+            if self.chaos.is_none() && self.durable.is_none() && self.kill.is_none() {
+                // The fast path (no chaos, not durable, no --kill-sink-after pending): receive
+                // in runs, apply each item in order, ack the run with one pass of the lane's
+                // advancer.
                 let run = match consumer.recv_run(lanestream::MAX_RUN) {
                     Ok(Some(run)) => run,
                     Ok(None) => return Ok(()),
