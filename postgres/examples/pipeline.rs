@@ -817,6 +817,13 @@ impl Sink {
         }
     }
 
+    /// After a --kill-sink-after re-attach: counts a delivery that came again.
+    fn redelivered_after_kill(&mut self, attempt: u32) {
+        if let (Some(k), true) = (self.report.kill.as_mut(), attempt > 1) {
+            k.redelivered_after_reattach += 1;
+        }
+    }
+
     /// Records (and writes) one delivered item.
     fn apply(&mut self, item: &LaneItem, attempt: u32, sequence: u64) -> Result<(), BoxError> {
         let counts = self.counts(Kind::of(item));
@@ -905,6 +912,7 @@ impl Sink {
                     let kind = Kind::of(item);
                     kinds[kind as usize] += 1;
                     self.delivered(kind, attempt);
+                    self.redelivered_after_kill(attempt);
                     self.apply(item, attempt, first + k as u64)?;
                 }
                 if let Err(AckError::Detached) = run.ack() {
@@ -942,9 +950,7 @@ impl Sink {
             let attempt = delivery.attempt();
             let kind = Kind::of(delivery.item());
             self.delivered(kind, attempt);
-            if let (Some(k), true) = (self.report.kill.as_mut(), attempt > 1) {
-                k.redelivered_after_reattach += 1;
-            }
+            self.redelivered_after_kill(attempt);
             let Some(rng) = self.chaos.as_mut() else {
                 let (item, handle) = delivery.into_parts();
                 self.apply(&item, attempt, handle.sequence())?;
