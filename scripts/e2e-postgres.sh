@@ -13,6 +13,11 @@
 #    SIGKILLed at random points and restarted: at least KILLS times. Meanwhile a poller reads
 #    pg_replication_slots.confirmed_flush_lsn and then every sink's durable checkpoint, and counts
 #    a violation whenever the slot was confirmed past what a sink had durably applied.
+#    One run (the third) is not SIGKILLed: its first sink's engine is killed instead
+#    (--kill-sink-after: it dies holding unacked batches and unflushed output, and a new engine
+#    re-attaches 1.5 s later), then the run is stopped with SIGTERM; its summary must PASS and show
+#    every unacked batch redelivered and the watermark held at the dead sink's last ack meanwhile
+#    (the poller checks the slot against the sinks' checkpoints during that run too).
 # 4. After the writers stop, the pipeline runs once more to the end of the WAL (--end-lsn) and
 #    exits cleanly (its summary must PASS, the slot confirmed at the final watermark).
 # 0. First, the live source's own tests (postgres/tests/live.rs, ignored by a plain cargo test) run
@@ -23,8 +28,9 @@
 #    table contents; the poller saw no violation; the transaction at the confirmed position is
 #    the first one PostgreSQL sends again (at least once, absorbed by the checkpoints).
 #
-# Usage: scripts/e2e-postgres.sh [--full]
+# Usage: scripts/e2e-postgres.sh [--full | --million]
 #   CI: 10 kills, 40 s of writes (about 2 minutes). --full: 40 kills, 150 s of writes.
+#   --million: only a 1,000,000-change transaction through the live source (scripts/e2e-million.sh).
 #   Env: KILLS, WRITE_SECONDS, SEED override.
 set -euo pipefail
 
@@ -35,6 +41,9 @@ source "$here/pg-common.sh"
 
 kills_wanted=${KILLS:-10}
 write_seconds=${WRITE_SECONDS:-40}
+if [[ ${1:-} == --million ]]; then
+    exec "$here/e2e-million.sh"
+fi
 if [[ ${1:-} == --full ]]; then
     kills_wanted=${KILLS:-40}
     write_seconds=${WRITE_SECONDS:-150}
@@ -47,6 +56,18 @@ pg_log "building the pipeline example (lanestream-postgres)"
 (cd "$root" && cargo build --release --quiet -p lanestream-postgres --example pipeline)
 target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 pipeline=$target_dir/release/examples/pipeline
+
+# Flags the live source refuses before connecting: --chaos (its sinks are durable) and --input.
+for refused in "--chaos" "--input x.jsonl"; do
+    # shellcheck disable=SC2086 # two words: a flag and its value
+    if "$pipeline" --source postgres://nobody@127.0.0.1:1/x $refused >"$PG_TMP/refused.out" 2>&1; then
+        pg_die "the pipeline accepted --source with $refused"
+    fi
+    grep -q "cannot be used with" "$PG_TMP/refused.out" || {
+        cat "$PG_TMP/refused.out" >&2
+        pg_die "no clear error for --source with $refused"
+    }
+done
 helper="python3 $here/e2e_postgres.py"
 export PSQL=$PG_BIN/psql
 
@@ -115,8 +136,23 @@ writers_running() {
 kills=0
 run=0
 confirms=()
+sink_kill_run=3
 while writers_running || ((kills < kills_wanted)); do
     run=$((run + 1))
+    if ((run == sink_kill_run)); then
+        # A sink engine killed and re-attached mid-run, then a clean stop (SIGTERM).
+        "$pipeline" --source "$url" --slot lanestream "${common[@]}" --kill-sink-after 20 --sink-down-ms 1500 \
+            --summary-json "$PG_TMP/run-$run.json" >"$PG_TMP/run-$run.out" 2>&1 &
+        pid=$!
+        sleep 6
+        kill -TERM "$pid"
+        wait "$pid" || {
+            cat "$PG_TMP/run-$run.out" >&2
+            pg_die "the sink-kill run failed (run $run)"
+        }
+        log "sink-kill run: $(grep killed "$PG_TMP/run-$run.out" || echo 'no sink killed')"
+        continue
+    fi
     "$pipeline" --source "$url" --slot lanestream "${common[@]}" \
         --summary-json "$PG_TMP/run-$run.json" >"$PG_TMP/run-$run.out" 2>&1 &
     pid=$!
@@ -189,6 +225,18 @@ first_begin=$(pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('lanes
 resent=$(sed -n 's/.*"lsn":"\([^"]*\)".*/\1/p' <<<"$first_begin")
 
 check '((live_tests >= 5))' "the live source's tests against this server: $live_tests passed"
+sink_kill=$(python3 - "$PG_TMP/run-$sink_kill_run.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+k = d["per_sink"][0]["sink_kill"] or {}
+lsn = lambda t: int(t.split("/")[0], 16) << 32 | int(t.split("/")[1], 16) if t else 0
+ok = (d["result"] == "PASS" and k.get("held_unacked", 0) >= 1
+      and k["redelivered_after_reattach"] >= k["held_unacked"]
+      and lsn(k["max_watermark_while_down"]) <= lsn(k["acked_at_death"]))
+print("ok" if ok else "bad", json.dumps(k))
+PY
+)
+check '[[ $sink_kill == ok* ]]' "sink-kill run: the killed sink's unacked batches came again to the re-attached engine, the watermark stayed at its last ack while it was dead, and the run PASSes: ${sink_kill#* }"
 check '((kills >= kills_wanted))' "$kills SIGKILLs of the live pipeline (wanted $kills_wanted)"
 check '[[ $(field result "$PG_TMP/final.json") == \"PASS\" ]]' "the last run PASSes: $(tail -n 1 "$PG_TMP/final.out")"
 check '[[ $confirmed == "$watermark" ]]' "slot confirmed_flush_lsn $confirmed == the final watermark $watermark"

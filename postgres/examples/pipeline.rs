@@ -116,7 +116,7 @@ const LONG_ABOUT: &str = concat!(
 #[command(version, long_about = LONG_ABOUT)]
 struct Args {
     /// wal2json v2 input: a file (gzip is detected), or `-` for stdin.
-    #[arg(long, default_value_os_t = default_input())]
+    #[arg(long, default_value_os_t = default_input(), conflicts_with = "source")]
     input: PathBuf,
     /// Live mode: read the logical replication slot --slot (wal2json plugin) of this server
     /// (`postgres://user:password@host:port/db`, or a libpq key=value string) instead of --input,
@@ -128,11 +128,11 @@ struct Args {
     #[arg(long, default_value = "lanestream")]
     slot: String,
     /// Create --slot (with the wal2json plugin) if it does not exist.
-    #[arg(long)]
+    #[arg(long, requires = "source")]
     create_slot: bool,
     /// Live mode: stop once every transaction committed before this LSN (e.g. 0/1D84F00) is
     /// published and acked.
-    #[arg(long, value_name = "LSN")]
+    #[arg(long, value_name = "LSN", requires = "source")]
     end_lsn: Option<String>,
     /// Live mode: how long to wait between two peeks of the slot when the last brought nothing.
     #[arg(long, default_value_t = 100)]
@@ -163,8 +163,21 @@ struct Args {
     #[arg(long, default_value_t = 200)]
     slow_sink_micros: u64,
     /// Sinks randomly nack, drop handles, ack out of order, re-attach, and ask for one backfill.
-    #[arg(long)]
+    /// File input only: the live source's sinks are durable, and their checkpoints assume
+    /// in-order acks.
+    #[arg(long, conflicts_with = "source")]
     chaos: bool,
+    /// The first sink's engine dies after processing this many batches: it drops its consumer
+    /// and every delivery it holds without acking (and, with durable sinks, the output it wrote
+    /// but did not checkpoint); --sink-down-ms later a new engine re-attaches to the lane and
+    /// reopens the output from the checkpoint. Its unacked batches must come again, and the
+    /// watermark must not pass its last ack meanwhile (both in the summary: the sink's `sink_kill`).
+    /// In-process stream only (over Redis, kill a `--role sink` process instead).
+    #[arg(long, value_name = "BATCHES", conflicts_with_all = ["chaos", "backend"])]
+    kill_sink_after: Option<u64>,
+    /// How long the engine killed by --kill-sink-after stays dead, in milliseconds.
+    #[arg(long, default_value_t = 1000, requires = "kill_sink_after")]
+    sink_down_ms: u64,
     /// Seed of the --chaos randomness.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -430,6 +443,41 @@ struct SinkReport {
     transactions_skipped: u64,
     /// Live mode: the sink's checkpoint at the end.
     checkpoint: Option<Position>,
+    /// --kill-sink-after: what the engine's death showed.
+    kill: Option<KillReport>,
+}
+
+/// One kill of a sink engine (--kill-sink-after) and its re-attach.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+struct KillReport {
+    /// Deliveries the dead engine held without acking (taken back by the re-attach).
+    held_unacked: u64,
+    /// The lane's acked position when the engine died.
+    #[serde(serialize_with = "ser_lsn")]
+    acked_at_death: Option<Position>,
+    /// The highest watermark read while it was dead (every 5 ms): never past `acked_at_death`.
+    #[serde(serialize_with = "ser_lsn")]
+    max_watermark_while_down: Option<Position>,
+    /// The highest acked position of another lane read meanwhile: past `acked_at_death` when
+    /// the other sinks went on, so the dead sink is what held the watermark back.
+    #[serde(serialize_with = "ser_lsn")]
+    others_acked_while_down: Option<Position>,
+    /// Batches delivered again to the new engine (attempt > 1).
+    redelivered_after_reattach: u64,
+}
+
+fn ser_lsn<S: serde::Serializer>(p: &Option<Position>, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&p.map(|p| p.to_string()), s)
+}
+
+/// What the sink engine to kill needs: when, for how long, and the stream to watch meanwhile.
+struct Kill {
+    after: u64,
+    down: Duration,
+    stream: MemoryStream,
+    lanes: Vec<Lane>,
+    /// The live-mode output directory, to reopen the durable output from its checkpoint.
+    out_dir: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -748,6 +796,8 @@ struct Sink {
     requests: lanestream::RequestSender,
     report: SinkReport,
     line: Vec<u8>,
+    /// --kill-sink-after (the first sink only); taken when it fires.
+    kill: Option<Kill>,
 }
 
 impl Sink {
@@ -764,6 +814,13 @@ impl Sink {
         counts.delivered += 1;
         if attempt > 1 {
             counts.redelivered += 1;
+        }
+    }
+
+    /// After a --kill-sink-after re-attach: counts a delivery that came again.
+    fn redelivered_after_kill(&mut self, attempt: u32) {
+        if let (Some(k), true) = (self.report.kill.as_mut(), attempt > 1) {
+            k.redelivered_after_reattach += 1;
         }
     }
 
@@ -837,9 +894,10 @@ impl Sink {
         let mut consumer = self.lane.reattach();
         let mut held: Vec<(AckHandle<LaneItem>, Kind)> = Vec::new();
         loop {
-            if self.chaos.is_none() && self.durable.is_none() {
-                // The fast path (no chaos, not durable): receive in runs, apply each item in
-                // order, ack the run with one pass of the lane's advancer.
+            if self.chaos.is_none() && self.durable.is_none() && self.kill.is_none() {
+                // The fast path (no chaos, not durable, no --kill-sink-after pending): receive
+                // in runs, apply each item in order, ack the run with one pass of the lane's
+                // advancer.
                 let run = match consumer.recv_run(lanestream::MAX_RUN) {
                     Ok(Some(run)) => run,
                     Ok(None) => return Ok(()),
@@ -854,6 +912,7 @@ impl Sink {
                     let kind = Kind::of(item);
                     kinds[kind as usize] += 1;
                     self.delivered(kind, attempt);
+                    self.redelivered_after_kill(attempt);
                     self.apply(item, attempt, first + k as u64)?;
                 }
                 if let Err(AckError::Detached) = run.ack() {
@@ -891,9 +950,15 @@ impl Sink {
             let attempt = delivery.attempt();
             let kind = Kind::of(delivery.item());
             self.delivered(kind, attempt);
+            self.redelivered_after_kill(attempt);
             let Some(rng) = self.chaos.as_mut() else {
                 let (item, handle) = delivery.into_parts();
                 self.apply(&item, attempt, handle.sequence())?;
+                if self.kill.as_ref().is_some_and(|k| self.report.batches.processed >= k.after) {
+                    held.push((handle, kind));
+                    consumer = self.die_and_reattach(consumer, std::mem::take(&mut held))?;
+                    continue;
+                }
                 if self.durable.is_some() {
                     // Group commit: one fsync and checkpoint for what arrived together.
                     held.push((handle, kind));
@@ -936,6 +1001,50 @@ impl Sink {
                 self.ack_held(&mut held)?;
             }
         }
+    }
+
+    /// --kill-sink-after: the engine dies holding `held` (processed, written, not acked) and
+    /// `consumer`; a new engine re-attaches after the down time and gets every unacked batch
+    /// again (L8). Meanwhile the watermark is watched: it must not pass this lane's last ack.
+    fn die_and_reattach(
+        &mut self,
+        consumer: lanestream::Consumer<LaneItem>,
+        held: Vec<(AckHandle<LaneItem>, Kind)>,
+    ) -> Result<lanestream::Consumer<LaneItem>, BoxError> {
+        let Some(kill) = self.kill.take() else { return Ok(consumer) };
+        let mine = self.lane.name().clone();
+        let acked_at_death = self.lane.stats().acked;
+        let mut report =
+            KillReport { held_unacked: held.len() as u64, acked_at_death, ..KillReport::default() };
+        // A crashed process loses its unflushed output and never acks: keep the handles (and
+        // the consumer) un-dropped until the new engine has re-attached, so that nothing is
+        // released by a drop; the re-attach takes every unacked batch back.
+        let unflushed = self.out.take().map(BufWriter::into_parts);
+        let zombie = (consumer, held, unflushed);
+        let until = Instant::now() + kill.down;
+        while Instant::now() < until {
+            let watermark = kill.stream.watermark();
+            report.max_watermark_while_down = report.max_watermark_while_down.max(watermark);
+            let others =
+                kill.lanes.iter().filter(|l| *l.name() != mine).filter_map(|l| l.stats().acked).max();
+            report.others_acked_while_down = report.others_acked_while_down.max(others);
+            thread::sleep(Duration::from_millis(5));
+        }
+        // The new engine: the durable output reopened from its checkpoint (what was written
+        // after it is cut off and comes again), then a fresh consumer over the same lane.
+        match (&kill.out_dir, self.durable.is_some()) {
+            (Some(dir), true) => {
+                let (file, durable) = Durable::open(dir, mine.as_str())?;
+                self.out = Some(BufWriter::with_capacity(1 << 16, file));
+                self.durable = Some(durable);
+            }
+            _ => self.out = zombie.2.map(|(file, _lost)| BufWriter::with_capacity(1 << 16, file)),
+        }
+        let consumer = self.lane.reattach();
+        drop((zombie.0, zombie.1)); // late drops of a detached consumer's handles: refused, no release
+        self.report.reattaches += 1;
+        self.report.kill = Some(report);
+        Ok(consumer)
     }
 
     /// Acks the held deliveries in a random order (L5: any order is fine), after making their
@@ -1169,6 +1278,13 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             requests: stream.requests().sender(),
             report: SinkReport { name: lane.name().to_string(), ..SinkReport::default() },
             line: Vec::with_capacity(4096),
+            kill: args.kill_sink_after.filter(|_| i == 0).map(|after| Kill {
+                after,
+                down: Duration::from_millis(args.sink_down_ms),
+                stream: stream.clone(),
+                lanes: lanes.clone(),
+                out_dir: (live && !args.discard).then(|| args.out.clone()),
+            }),
         };
         sink_threads
             .push(thread::Builder::new().name(format!("sink-{}", lane.name())).spawn(move || sink.run())?);
@@ -1255,6 +1371,22 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             eprintln!("error: {what}");
             failures.push(what);
         }
+        if let Some(k) = &s.kill {
+            if k.max_watermark_while_down > k.acked_at_death {
+                failures.push(format!(
+                    "sink {} was dead at {} and the watermark reached {} meanwhile",
+                    s.name,
+                    lsn_text(&lsn(k.acked_at_death)),
+                    lsn_text(&lsn(k.max_watermark_while_down))
+                ));
+            }
+            if k.redelivered_after_reattach < k.held_unacked {
+                failures.push(format!(
+                    "sink {} died holding {} unacked batches; only {} came again",
+                    s.name, k.held_unacked, k.redelivered_after_reattach
+                ));
+            }
+        }
         per_sink.push(SinkSummary::new(s, lsn(lane.stats().acked), transactions_lost, envelopes_lost));
     }
     let (transactions_discarded, changes_discarded) = (
@@ -1267,6 +1399,11 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         );
         eprintln!("error: {what}");
         failures.push(what);
+    }
+    if let Some(after) = args.kill_sink_after {
+        if sinks.first().is_some_and(|s| s.kill.is_none()) {
+            failures.push(format!("--kill-sink-after {after}: the sink never processed that many batches"));
+        }
     }
     let final_watermark = stream.watermark();
     if final_watermark != ingest.last_commit {
@@ -1481,6 +1618,8 @@ struct SinkSummary {
     transactions_skipped: u64,
     /// Live mode: the sink's durable checkpoint at the end (last applied commit LSN).
     checkpoint_lsn: Option<String>,
+    /// --kill-sink-after: the engine's death and re-attach, if it happened to this sink.
+    sink_kill: Option<KillReport>,
     /// Why the sink stopped early, if it did.
     error: Option<String>,
 }
@@ -1516,6 +1655,7 @@ impl SinkSummary {
             out_of_order_ack_rounds: s.out_of_order_ack_rounds,
             transactions_skipped: s.transactions_skipped,
             checkpoint_lsn: lsn(s.checkpoint),
+            sink_kill: s.kill,
             error: s.error.as_deref().map(one_line),
         }
     }
@@ -1607,6 +1747,19 @@ impl std::fmt::Display for Summary {
             s.batches_redelivered, s.envelopes_received_again, s.transactions_lost, s.envelopes_lost,
         )?;
         for k in &s.per_sink {
+            if let Some(d) = &k.sink_kill {
+                let at = |p: Option<Position>| p.map_or_else(|| "none".to_owned(), |p| p.to_string());
+                writeln!(
+                    f,
+                    "sink {} killed holding {} unacked batches at acked LSN {}: watermark at most {} while down (other sinks acked up to {}), {} batches redelivered after the re-attach",
+                    k.name,
+                    d.held_unacked,
+                    at(d.acked_at_death),
+                    at(d.max_watermark_while_down),
+                    at(d.others_acked_while_down),
+                    d.redelivered_after_reattach,
+                )?;
+            }
             writeln!(
                 f,
                 "sink {}: acked LSN {}, {} bytes written, {} consumer re-attaches, {} out-of-order ack rounds",

@@ -105,7 +105,12 @@
 //! position they applied (the pipeline example's checkpoints do).
 //!
 //! # Errors and recovery
-//! Lines are parsed with serde_json, borrowing from the line. Nothing here panics on any input.
+//! Lines are parsed with sonic-rs (SIMD), one pass into the fields above, values kept as their
+//! raw text borrowed from the line. A line sonic-rs refuses, or one it must not see (nested
+//! deeper than 64 levels, or with a `\` that does not start a valid JSON escape, which sonic-rs
+//! does not check in what it skips), is parsed again with serde_json, which reads it or names
+//! the error: so the reader accepts and reads exactly what serde_json accepts (tested on the
+//! capture, the fuzz corpus and damaged lines). Nothing here panics on any input.
 //! Every error is a [`Wal2JsonError`] naming the line number and a [`Wal2JsonErrorKind`]. After
 //! an error the [`TransactionBuilder`] stays usable. **A transaction is never published without
 //! some of its changes**:
@@ -361,25 +366,33 @@ fn malformed(offset: usize, reason: &'static str) -> Wal2JsonErrorKind {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parsing: serde_json, borrowing from the line. Column values stay `RawValue`s, so documents get
-// their exact input bytes (numerics keep their digits) and nothing is allocated per value.
+// Parsing. The fast path is sonic-rs (SIMD): one pass over the line into a derived `Line`, whose
+// values stay raw JSON text borrowed from the line, so documents get their exact input bytes
+// (numerics keep their digits) and nothing is allocated per value. A line sonic-rs refuses goes
+// through serde_json (the slow path, `slow::parse`), which accepts it (then it is read as usual)
+// or names the error exactly. Both parsers validate everything they skip; the tests check that
+// they agree on every line of the capture, the fuzz corpus, and generated lines.
+
+/// One JSON value's raw text, borrowed from the line. sonic-rs hands over a string value that
+/// has escapes as a copy, so that one is owned.
+type Raw<'a> = Cow<'a, str>;
 
 /// The fields of one line this module reads. `action`, `xid`, `lsn`, `schema` and `table` stay
 /// raw JSON and are checked only by the actions that use them (a `B` with `"lsn":5` is fine);
 /// `columns`, `identity` and `pk` must have their shape on every line. Every field is `Some`
 /// when present, even as `null` (see [`present`]).
-#[derive(Deserialize)]
+#[derive(Deserialize, Debug, PartialEq)]
 struct Line<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    action: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    xid: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    lsn: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    schema: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    table: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    action: Option<Raw<'a>>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    xid: Option<Raw<'a>>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    lsn: Option<Raw<'a>>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    schema: Option<Raw<'a>>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    table: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
     columns: Option<Vec<Column<'a>>>,
     #[serde(borrow, default, deserialize_with = "present")]
@@ -390,16 +403,16 @@ struct Line<'a> {
 
 /// One `{"name":…,"type":…,"value":…}` element of `columns` / `identity`. The name is borrowed
 /// unless it has escapes.
-#[derive(Deserialize, Clone)]
+#[derive(Deserialize, Clone, Debug, PartialEq)]
 struct Column<'a> {
     #[serde(borrow)]
     name: Cow<'a, str>,
-    #[serde(borrow)]
-    value: &'a RawValue,
+    #[serde(borrow, deserialize_with = "raw")]
+    value: Raw<'a>,
 }
 
 /// One `{"name":…,"type":…}` element of `pk`.
-#[derive(Deserialize)]
+#[derive(Deserialize, Debug, PartialEq)]
 struct Key<'a> {
     #[serde(borrow)]
     name: Cow<'a, str>,
@@ -410,20 +423,174 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
+/// A value's raw text (sonic-rs's deserializer only: through its `LazyValue`).
+fn raw<'de, D: Deserializer<'de>>(d: D) -> Result<Raw<'de>, D::Error> {
+    sonic_rs::LazyValue::deserialize(d).map(|v| v.as_raw_cow())
+}
+
+/// [`raw`], `Some` when present (see [`present`]).
+fn present_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Raw<'de>>, D::Error> {
+    raw(d).map(Some)
+}
+
 type ParseResult<T> = Result<T, Wal2JsonErrorKind>;
 
-/// Parses one line. Only errors take the slow path ([`shape_error`]) that names the field.
+/// Parses one line: sonic-rs, or serde_json when sonic-rs refuses it or must not see it (see
+/// above). The UTF-8 is checked here first: sonic-rs's `from_slice` hands invalid UTF-8 on
+/// unchecked (a debug assertion in 0.5), so it only ever gets a `&str`.
 fn parse_line(line: &[u8]) -> ParseResult<Line<'_>> {
+    let text = object_text(line)?;
+    if shallow(line) && escapes_valid(line) {
+        if let Ok(parsed) = sonic_rs::from_str(text) {
+            return Ok(parsed);
+        }
+    }
+    slow::parse(text)
+}
+
+/// The line as text, if it is UTF-8 and starts like a JSON object.
+fn object_text(line: &[u8]) -> ParseResult<&str> {
     let text = std::str::from_utf8(line).map_err(|e| malformed(e.valid_up_to(), "not valid UTF-8"))?;
     // A derived struct also accepts a JSON array (as a tuple): refuse anything but an object.
     let start = text.find(|c| !matches!(c, ' ' | '\t' | '\n' | '\r')).unwrap_or(text.len());
     if !text[start..].starts_with('{') {
         return Err(malformed(start, "expected a JSON object"));
     }
-    serde_json::from_str(text).map_err(|e| {
-        let shape = if e.is_data() { shape_error(text) } else { None };
-        shape.unwrap_or_else(|| malformed(byte_offset(text, e.line(), e.column()), reason(&e)))
-    })
+    Ok(text)
+}
+
+/// The deepest nesting handed to sonic-rs. Its skipping of a nested value recurses with no
+/// limit, so a hostile line of deeply nested arrays would overflow the stack; wal2json's own
+/// lines nest 3 deep. Deeper lines take the slow path (serde_json stops at 128 levels).
+const MAX_FAST_DEPTH: usize = 64;
+
+/// Whether `line` nests at most [`MAX_FAST_DEPTH`] deep. Counting brackets bounds the depth and
+/// costs little (the capture's lines have at most 18); only a line with more is scanned.
+fn shallow(line: &[u8]) -> bool {
+    // `[` is 0x5B and `{` 0x7B: the only bytes that OR 0x20 makes `{`. Counted in u8 lanes, 255
+    // bytes at a time, which the compiler vectorises.
+    let brackets: usize = line
+        .chunks(255)
+        .map(|chunk| usize::from(chunk.iter().fold(0u8, |n, &b| n + u8::from(b | 0x20 == b'{'))))
+        .sum();
+    brackets <= MAX_FAST_DEPTH || max_depth(line) <= MAX_FAST_DEPTH
+}
+
+/// Whether every `\` in `line` starts a valid JSON escape (`\"`, `\\`, `\/`, `\b`, `\f`,
+/// `\n`, `\r`, `\t`, `\uXXXX`). sonic-rs does not check the escapes of a string it skips or
+/// keeps raw (`"\q"` would reach a document), serde_json does; a line that fails here takes the
+/// slow path. Lines without a backslash cost one `memchr` scan.
+fn escapes_valid(line: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(i) = memchr::memchr(b'\\', &line[at..]) {
+        let i = at + i;
+        match line.get(i + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => at = i + 2,
+            Some(b'u') => match line.get(i + 2..i + 6) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => at = i + 6,
+                _ => return false,
+            },
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// The deepest nesting of arrays and objects in `line`, brackets inside strings left out. Up to
+/// the first error a parser would report, this is the depth it reaches.
+#[cold]
+fn max_depth(line: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in line {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// The slow path: serde_json, which names the error of a line sonic-rs refused.
+mod slow {
+    use super::*;
+
+    /// [`Line`] as serde_json reads it (values as `RawValue`s).
+    #[derive(Deserialize)]
+    pub(super) struct Line<'a> {
+        #[serde(borrow, default, deserialize_with = "present")]
+        action: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        xid: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        lsn: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        schema: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        table: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        columns: Option<Vec<Column<'a>>>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        identity: Option<Vec<Column<'a>>>,
+        #[serde(borrow, default, deserialize_with = "present")]
+        pk: Option<Vec<Key<'a>>>,
+    }
+
+    /// [`Column`](super::Column) as serde_json reads it.
+    #[derive(Deserialize)]
+    struct Column<'a> {
+        #[serde(borrow)]
+        name: Cow<'a, str>,
+        #[serde(borrow)]
+        value: &'a RawValue,
+    }
+
+    fn raw(v: &RawValue) -> Raw<'_> {
+        Cow::Borrowed(v.get())
+    }
+
+    fn columns(c: Option<Vec<Column<'_>>>) -> Option<Vec<super::Column<'_>>> {
+        c.map(|c| c.into_iter().map(|c| super::Column { name: c.name, value: raw(c.value) }).collect())
+    }
+
+    impl<'a> From<Line<'a>> for super::Line<'a> {
+        fn from(l: Line<'a>) -> Self {
+            super::Line {
+                action: l.action.map(raw),
+                xid: l.xid.map(raw),
+                lsn: l.lsn.map(raw),
+                schema: l.schema.map(raw),
+                table: l.table.map(raw),
+                columns: columns(l.columns),
+                identity: columns(l.identity),
+                pk: l.pk,
+            }
+        }
+    }
+
+    /// Parses `text` (a JSON object's text) with serde_json; only errors take the slower path
+    /// ([`shape_error`]) that names the field.
+    #[cold]
+    pub(super) fn parse(text: &str) -> ParseResult<super::Line<'_>> {
+        serde_json::from_str::<Line<'_>>(text).map(super::Line::from).map_err(|e| {
+            let shape = if e.is_data() { shape_error(text) } else { None };
+            shape.unwrap_or_else(|| malformed(byte_offset(text, e.line(), e.column()), reason(&e)))
+        })
+    }
 }
 
 /// The byte offset of serde_json's 1-based line and column.
@@ -533,8 +700,7 @@ fn shape_error(text: &str) -> Option<Wal2JsonErrorKind> {
 
 /// The text of a JSON string, unescaped only when it has escapes; `None` if `raw` is not a
 /// string or does not unescape (a lone surrogate).
-fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
+fn json_str(text: &str) -> Option<Cow<'_, str>> {
     let inner = text.strip_prefix('"')?.strip_suffix('"')?;
     if inner.contains('\\') {
         serde_json::from_str(text).ok().map(Cow::Owned)
@@ -544,19 +710,19 @@ fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
 }
 
 fn string_field<'a>(
-    raw: Option<&'a RawValue>,
+    raw: Option<&'a str>,
     action: char,
     field: &'static str,
     hint: &'static str,
 ) -> ParseResult<Cow<'a, str>> {
     let raw = raw.ok_or(Wal2JsonErrorKind::MissingField { action, field, hint })?;
-    let expected = if raw.get().starts_with('"') { "a valid string" } else { "a string" };
+    let expected = if raw.starts_with('"') { "a valid string" } else { "a string" };
     json_str(raw).ok_or(Wal2JsonErrorKind::WrongType { field, expected })
 }
 
 /// `xid` as a number; `None` when absent or null.
-fn xid_field(raw: Option<&RawValue>) -> ParseResult<Option<u64>> {
-    match raw.map(RawValue::get) {
+fn xid_field(raw: Option<&str>) -> ParseResult<Option<u64>> {
+    match raw {
         None | Some("null") => Ok(None),
         // Only a JSON number of plain digits parses (not "7", 7.0 or -7).
         Some(text) => text
@@ -568,8 +734,7 @@ fn xid_field(raw: Option<&RawValue>) -> ParseResult<Option<u64>> {
 
 /// Appends one id component (see the module docs, *Ids*): a string value unescaped, with `\` and
 /// `:` escaped as `\\` and `\:`; SQL NULL as `\N`; any other value as its JSON text.
-fn push_id_part(id: &mut String, value: &RawValue) -> ParseResult<()> {
-    let text = value.get();
+fn push_id_part(id: &mut String, text: &str) -> ParseResult<()> {
     if text == "null" {
         id.push_str("\\N");
         return Ok(());
@@ -579,7 +744,7 @@ fn push_id_part(id: &mut String, value: &RawValue) -> ParseResult<()> {
         return Ok(());
     }
     let s =
-        json_str(value).ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
+        json_str(text).ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
     for c in s.chars() {
         if c == '\\' || c == ':' {
             id.push('\\');
@@ -603,7 +768,7 @@ enum KeyRef<'k, 'a> {
 /// The id of a row: its key values (or all its values without a key), joined with `:`.
 fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseResult<String> {
     let mut id = String::new();
-    let mut push = |i: usize, value: &RawValue| {
+    let mut push = |i: usize, value: &str| {
         if i > 0 {
             id.push(':');
         }
@@ -614,7 +779,7 @@ fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseR
             .iter()
             .find(|c| c.name == name)
             .ok_or_else(|| Wal2JsonErrorKind::MissingKeyColumn { column: name.to_owned(), side })?;
-        push(i, col.value)
+        push(i, &col.value)
     };
     match key {
         KeyRef::Named(names) => {
@@ -629,7 +794,7 @@ fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseR
         }
         KeyRef::All => {
             for (i, col) in row.iter().enumerate() {
-                push(i, col.value)?;
+                push(i, &col.value)?;
             }
         }
     }
@@ -674,7 +839,7 @@ fn write_row(buf: &mut Vec<u8>, row: &[Column<'_>]) -> Range<usize> {
             }
         }
         buf.push(b':');
-        buf.extend_from_slice(col.value.get().as_bytes());
+        buf.extend_from_slice(col.value.as_bytes());
     }
     buf.push(b'}');
     start..buf.len()
@@ -738,7 +903,9 @@ struct OpenTxn {
 }
 
 impl OpenTxn {
-    fn new(begun: u64, xid: Option<u64>, begin_lsn: Option<Position>) -> Self {
+    /// `hint`: the previous batch's envelopes and document bytes, to size the buffers (at most
+    /// 1,024 envelopes and 64 KiB).
+    fn new(begun: u64, xid: Option<u64>, begin_lsn: Option<Position>, hint: (usize, usize)) -> Self {
         OpenTxn {
             begun,
             xid,
@@ -748,8 +915,8 @@ impl OpenTxn {
             chunks: 0,
             bad_lines: 0,
             first_bad: 0,
-            pending: Vec::new(),
-            docs: Vec::new(),
+            pending: Vec::with_capacity(hint.0.min(1 << 10)),
+            docs: Vec::with_capacity(hint.1.min(1 << 16)),
         }
     }
 
@@ -759,8 +926,15 @@ impl OpenTxn {
     }
 
     /// The envelopes gathered so far, at `position`, as one batch; the transaction goes on empty.
-    fn take_envelopes(&mut self, position: Option<Position>) -> Vec<Envelope> {
-        let docs = Bytes::from(std::mem::take(&mut self.docs));
+    fn take_envelopes(&mut self, position: Option<Position>) -> Arc<[Envelope]> {
+        let mut docs = std::mem::take(&mut self.docs);
+        // The batch keeps this allocation while it is in a lane: not much more than it uses (a
+        // buffer sized after a larger transaction is cut down).
+        if docs.capacity() > 2 * docs.len() + (1 << 12) {
+            docs.shrink_to_fit();
+        }
+        let docs = Bytes::from(docs);
+        // Collected straight into the batch's allocation (no intermediate Vec to copy).
         std::mem::take(&mut self.pending)
             .into_iter()
             .map(|p| Envelope {
@@ -825,6 +999,8 @@ pub struct TransactionBuilder {
     max_batch_changes: Option<u64>,
     /// Changes discarded by the error being returned (see [`Wal2JsonError::lost_changes`]).
     discarded: u64,
+    /// The last batch's envelopes and document bytes: the next transaction's buffer sizes.
+    hint: (usize, usize),
 }
 
 impl fmt::Debug for TransactionBuilder {
@@ -860,6 +1036,7 @@ impl TransactionBuilder {
             transactions: 0,
             max_batch_changes: None,
             discarded: 0,
+            hint: (0, 0),
         }
     }
 
@@ -968,7 +1145,7 @@ impl TransactionBuilder {
 
     fn apply(&mut self, line_no: u64, f: &Line<'_>) -> ParseResult<Option<Batch>> {
         let action = {
-            let s = string_field(f.action, '?', "action", "")?;
+            let s = string_field(f.action.as_deref(), '?', "action", "")?;
             let mut chars = s.chars();
             match (chars.next(), chars.next()) {
                 (Some(c @ ('B' | 'I' | 'U' | 'D' | 'T' | 'C' | 'M')), None) => c,
@@ -978,14 +1155,15 @@ impl TransactionBuilder {
         match action {
             'M' => Ok(None),
             'B' => {
-                let xid = xid_field(f.xid)?;
+                let xid = xid_field(f.xid.as_deref())?;
                 // Only used to position chunks: an absent or invalid lsn is no error here.
                 let begin_lsn = f
                     .lsn
+                    .as_deref()
                     .and_then(json_str)
                     .and_then(|l| Position::from_lsn(&l).ok())
                     .filter(|&p| p != Position::RESERVED);
-                match self.open.replace(OpenTxn::new(line_no, xid, begin_lsn)) {
+                match self.open.replace(OpenTxn::new(line_no, xid, begin_lsn, self.hint)) {
                     Some(old) => {
                         self.discarded = old.lost();
                         Err(Wal2JsonErrorKind::BeginInsideTransaction {
@@ -1005,8 +1183,8 @@ impl TransactionBuilder {
         if self.open.is_none() {
             return Err(Wal2JsonErrorKind::OutsideTransaction { action });
         }
-        let schema = string_field(f.schema, action, "schema", "")?;
-        let table = string_field(f.table, action, "table", "")?;
+        let schema = string_field(f.schema.as_deref(), action, "schema", "")?;
+        let table = string_field(f.table.as_deref(), action, "table", "")?;
         let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
         let (index, known_key) = self.table(&schema, &table);
         // Compute everything that can fail before touching the transaction.
@@ -1064,10 +1242,11 @@ impl TransactionBuilder {
             txn.pending.push(Pending { index: index.clone(), id, op, doc });
         }
         if max.is_some_and(|m| txn.changes >= m) {
+            self.hint = (txn.pending.len(), txn.docs.len());
             let envelopes = txn.take_envelopes(txn.begin_lsn);
             let changes = std::mem::take(&mut txn.changes);
             txn.chunks += 1;
-            return Ok(Some(Batch { position: None, changes, envelopes: Arc::from(envelopes) }));
+            return Ok(Some(Batch { position: None, changes, envelopes }));
         }
         Ok(None)
     }
@@ -1104,7 +1283,8 @@ impl TransactionBuilder {
         // From here on, any error discards the transaction.
         self.discarded = txn.lost();
         if txn.bad_lines > 0 {
-            let lsn = f.lsn.and_then(json_str).map_or_else(|| "unknown".to_owned(), Cow::into_owned);
+            let lsn =
+                f.lsn.as_deref().and_then(json_str).map_or_else(|| "unknown".to_owned(), Cow::into_owned);
             return Err(Wal2JsonErrorKind::DamagedTransaction {
                 begun: txn.begun,
                 lsn,
@@ -1114,7 +1294,7 @@ impl TransactionBuilder {
                 chunks: txn.chunks,
             });
         }
-        let lsn = string_field(f.lsn, 'C', "lsn", " (run wal2json with include-lsn=true)")?;
+        let lsn = string_field(f.lsn.as_deref(), 'C', "lsn", " (run wal2json with include-lsn=true)")?;
         let position = Position::from_lsn(&lsn).map_err(Wal2JsonErrorKind::BadLsn)?;
         if position == Position::RESERVED {
             return Err(Wal2JsonErrorKind::BadLsn(ParseLsnError(lsn.into_owned())));
@@ -1124,16 +1304,17 @@ impl TransactionBuilder {
                 return Err(Wal2JsonErrorKind::LsnRegressed { lsn: position, previous });
             }
         }
-        if let (Some(begin), Some(commit)) = (txn.xid, xid_field(f.xid)?) {
+        if let (Some(begin), Some(commit)) = (txn.xid, xid_field(f.xid.as_deref())?) {
             if begin != commit {
                 return Err(Wal2JsonErrorKind::XidMismatch { begin, commit });
             }
         }
         self.discarded = 0;
+        self.hint = (txn.pending.len(), txn.docs.len());
         let envelopes = txn.take_envelopes(Some(position));
         self.last_commit = Some(position);
         self.transactions += 1;
-        Ok(Some(Batch { position: Some(position), changes: txn.changes, envelopes: Arc::from(envelopes) }))
+        Ok(Some(Batch { position: Some(position), changes: txn.changes, envelopes }))
     }
 
     /// The table's index name and key columns; leaves `self.name_key` set to its key.
@@ -2007,5 +2188,128 @@ mod tests {
             batches.iter().flat_map(|b| b.envelopes.iter()).any(|e| e.document.len() > 2048),
             "the TOASTed document"
         );
+    }
+
+    /// The reader's parse (sonic-rs, serde_json for the lines it refuses or must not see) gives
+    /// exactly what serde_json alone gives: the same fields, or the same error. So sonic-rs never
+    /// lets through bytes that serde_json refuses (they would end up in documents).
+    fn parsers_agree(text: &str) -> Result<(), String> {
+        let got = format!("{:?}", parse_line(text.as_bytes()));
+        let want = format!("{:?}", object_text(text.as_bytes()).and_then(slow::parse));
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{text:?}: read {got}, serde_json alone {want}"))
+        }
+    }
+
+    #[test]
+    fn fast_path_reads_every_line_as_serde_json_does() {
+        let mut lines: Vec<String> = Vec::new();
+        // The bundled capture.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/wal2json-sample.jsonl.gz");
+        let file = std::fs::File::open(path).expect("data/wal2json-sample.jsonl.gz");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text).expect("gunzip");
+        let capture: Vec<&str> = text.lines().collect();
+        lines.extend(capture.iter().map(|l| l.to_string()));
+        // The fuzz corpus, line by line.
+        let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/wal2json_lines");
+        for entry in std::fs::read_dir(corpus).expect("the fuzz corpus").flatten() {
+            let bytes = std::fs::read(entry.path()).expect("a corpus file");
+            lines.extend(
+                bytes.split(|&b| b == b'\n').filter_map(|l| std::str::from_utf8(l).ok()).map(str::to_owned),
+            );
+        }
+        // What JSON parsers disagree on, in a value that would be copied into a document.
+        let head = r#"{"action":"I","schema":"s","table":"t","columns":[{"name":"a","value":"#;
+        for value in [
+            r#""ok""#, r#""\q""#, r#""\u12""#, r#""\ud800""#, r#""\udc00\ud800""#, r#""\ud83d\ude00""#,
+            "\"\u{1}\"", "\"\t\"", "\"\u{7f}\"", r#""\/""#, "01", "-", "1.", ".5", "1e", "1e+", "-0", "1E400",
+            "+1", "0x10", "NaN", "Infinity", "tru", "nul", "truex", "[1,]", "[,1]", "{\"a\":1,}", "{\"a\"}",
+            "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+            "1 ", " 1", "\"a\"\u{0}", "'a'", "\"a\" \"b\"",
+        ] {
+            lines.push(format!("{head}{value}}}]}}"));
+            lines.push(format!(r#"{{"action":"B","timestamp":{value}}}"#));
+            lines.push(format!(r#"{{"action":{value},"lsn":"0/1"}}"#));
+            lines.push(format!(r#"{{"action":"I","columns":[{{"name":{value},"value":1}}]}}"#));
+        }
+        for extra in [
+            r#"{"action":"B","action":"C"}"#,
+            r#"{"action":"B","x":1,"x":2}"#,
+            r#"{"act\u0069on":"B"}"#,
+            r#"{"action":"B"} x"#,
+            r#"{"action":"B"}}"#,
+            "{\"action\":\"B\"}\u{0}",
+            " {\"action\":\"B\"} ",
+            r#"{"action":"I","columns":[{"name":"a","value":1,"name":"b"}]}"#,
+            r#"{"action":"I","columns":[{"name":"a\u0000","value":1}]}"#,
+            r#"{"action":"I","columns":[{"value":1}]}"#,
+            r#"{"action":"I","pk":[{"type":"int"}]}"#,
+            r#"{"action":"I","columns":{}}"#,
+            r#"{"action":"I","columns":null}"#,
+            r#"{"action":null}"#,
+        ] {
+            lines.push(extra.to_owned());
+        }
+        let failures: Vec<String> = lines.iter().filter_map(|l| parsers_agree(l).err()).collect();
+        assert!(
+            failures.is_empty(),
+            "{} of {} lines: {:#?}",
+            failures.len(),
+            lines.len(),
+            &failures[..failures.len().min(10)]
+        );
+        // The capture takes the fast path (a line the fast parser refuses is not slower, only rarer).
+        assert!(
+            capture.iter().all(|l| sonic_rs::from_str::<Line<'_>>(l).is_ok()),
+            "a capture line refused by sonic-rs"
+        );
+    }
+
+    #[test]
+    fn deep_nesting_takes_the_slow_path_and_is_refused_without_overflowing() {
+        for depth in [3, 64, 65, 200, 100_000] {
+            let nested = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+            let in_ignored = format!(r#"{{"action":"B","timestamp":{nested}}}"#);
+            let in_value = format!(
+                r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"a","value":{nested}}}]}}"#
+            );
+            let in_string = format!(r#"{{"action":"B","timestamp":"{}"}}"#, "[".repeat(depth));
+            assert_eq!(max_depth(in_ignored.as_bytes()), depth + 1);
+            assert_eq!(max_depth(in_string.as_bytes()), 1, "brackets inside a string do not nest");
+            assert_eq!(shallow(in_ignored.as_bytes()), depth < MAX_FAST_DEPTH);
+            assert!(shallow(in_string.as_bytes()));
+            // Whatever serde_json says (it skips nested values without recursing).
+            for line in [&in_ignored, &in_value, &in_string] {
+                assert_eq!(parse_line(line.as_bytes()).ok(), slow::parse(line).ok(), "depth {depth}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+        /// Capture-like lines with bytes replaced: the parsers still agree.
+        #[test]
+        fn parsers_agree_on_damaged_lines(
+            at in 0usize..400,
+            bytes in proptest::collection::vec(proptest::prop_oneof![
+                proptest::sample::select(b"\"\\{}[],:0123456789.eE+-tfnulx \t\x01\x7f".to_vec()),
+                proptest::num::u8::ANY,
+            ], 1..4),
+        ) {
+            let base = r#"{"action":"U","xid":725,"lsn":"0/1524B20","schema":"public","table":"t","columns":[{"name":"id","type":"integer","value":1},{"name":"n","type":"numeric","value":-1.5e3},{"name":"s","type":"text","value":"a\"b\\c\u00e9"},{"name":"b","type":"boolean","value":false},{"name":"z","type":"text","value":null}],"identity":[{"name":"id","type":"integer","value":1}],"pk":[{"name":"id","type":"integer"}]}"#;
+            let mut line = base.as_bytes().to_vec();
+            let at = at % line.len();
+            let end = (at + bytes.len()).min(line.len());
+            line.splice(at..end, bytes);
+            if let Ok(text) = std::str::from_utf8(&line) {
+                if let Err(e) = parsers_agree(text) {
+                    proptest::prop_assert!(false, "{}", e);
+                }
+            }
+        }
     }
 }
