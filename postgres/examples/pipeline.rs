@@ -149,6 +149,11 @@ struct Args {
     /// Do not write anything: sinks only record what they received, then ack.
     #[arg(long)]
     discard: bool,
+    /// Read (and decompress) the whole input file into memory before the clock starts, so that
+    /// `changes_per_second` measures the pipeline rather than gunzip (which alone takes about as
+    /// long as parsing the bundled capture). Files only; the input must fit in memory.
+    #[arg(long, conflicts_with = "source")]
+    preload: bool,
     /// Slots per lane, in batches.
     #[arg(long, default_value_t = 1024)]
     capacity: usize,
@@ -246,7 +251,7 @@ enum Input {
 }
 
 /// Opens the input: `-` is stdin; gzip is recognised by its magic bytes.
-fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, BoxError> {
+fn open_input(path: &Path, preload: bool) -> Result<Box<dyn BufRead + Send>, BoxError> {
     const BUF: usize = 1 << 20;
     let raw: Box<dyn Read + Send> = if path == Path::new("-") {
         Box::new(io::stdin())
@@ -255,11 +260,17 @@ fn open_input(path: &Path) -> Result<Box<dyn BufRead + Send>, BoxError> {
     };
     let mut reader = BufReader::with_capacity(BUF, raw);
     let head = reader.fill_buf()?;
-    if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(BufReader::with_capacity(BUF, flate2::bufread::MultiGzDecoder::new(reader))))
+    let mut input: Box<dyn BufRead + Send> = if head.starts_with(&[0x1f, 0x8b]) {
+        Box::new(BufReader::with_capacity(BUF, flate2::bufread::MultiGzDecoder::new(reader)))
     } else {
-        Ok(Box::new(reader))
+        Box::new(reader)
+    };
+    if preload {
+        let mut all = Vec::new();
+        input.read_to_end(&mut all).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        input = Box::new(io::Cursor::new(all));
     }
+    Ok(input)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1240,7 +1251,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             config.slot_wait = Duration::from_secs(args.slot_wait_secs);
             Input::Live(Box::new(LiveSource::connect(config)?))
         }
-        None => Input::File(open_input(&args.input)?),
+        None => Input::File(open_input(&args.input, args.preload)?),
     };
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -1447,6 +1458,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         output_dir: (!args.discard).then(|| args.out.display().to_string()),
         sink_count: args.sinks,
         discard: args.discard,
+        preload: args.preload,
         chaos: args.chaos,
         slow_sink: args.slow_sink,
         transactions_published: transactions,
@@ -1525,6 +1537,8 @@ struct Summary {
     output_dir: Option<String>,
     sink_count: u16,
     discard: bool,
+    /// The input was read into memory before the clock started (`--preload`).
+    preload: bool,
     chaos: bool,
     slow_sink: bool,
     /// Published to every sink, each as one positioned batch (after its chunks, if any).
