@@ -9,7 +9,7 @@
 # anything, and the W0 spread says how much the machine drifted while the run lasted.
 #
 # usage: scripts/bench-ratios.sh [--log] [--full] [--no-alternate] [--table-only]
-#   --log           the event log's benches instead (benches/log.rs: lanestream's log against
+#   --log           the event log's benches instead (benches/log-peers/benches/log.rs: lanestream's log against
 #                   tephra, umadb-core and a Mutex<Vec>), ratios against lanestream in the same
 #                   mode ([durable] or [memory]) and the target "ahead of both embedded peers"
 #   (default)       quick mode: 0.5 s warm-up, 1 s measurement, 20 samples (whole run < 6 min
@@ -51,12 +51,14 @@ target_dir=$(cargo metadata --format-version 1 --no-deps \
 results="$target_dir/criterion"
 
 if [ "$run" = 1 ] && [ "$suite" = log ]; then
-    echo "== building benches/log.rs (bench profile: fat LTO, one codegen unit)" >&2
-    cargo bench -p lanestream --bench log --no-run >&2
+    echo "== building benches/log-peers/benches/log.rs (bench profile: fat LTO, one codegen unit)" >&2
+    # A crate of its own (benches/log-peers), built into this workspace's target directory.
+    log_bench=(--manifest-path benches/log-peers/Cargo.toml --target-dir "$target_dir")
+    cargo bench "${log_bench[@]}" --bench log --no-run >&2
     rm -rf "$results"/log_*
     start=$(date +%s)
-    echo "== cargo bench -p lanestream --bench log -- ${crit[*]}" >&2
-    cargo bench -p lanestream --bench log -- "${crit[@]}" >&2
+    echo "== cargo bench ${log_bench[*]} --bench log -- ${crit[*]}" >&2
+    cargo bench "${log_bench[@]}" --bench log -- "${crit[@]}" >&2
     echo "== criterion run took $(( $(date +%s) - start )) s" >&2
 elif [ "$run" = 1 ]; then
     echo "== building benches (bench profile: fat LTO, one codegen unit)" >&2
