@@ -55,6 +55,9 @@ pub(crate) struct IndexWriter {
 
 /// The writer's table of one kind of name (types or tags): name -> list id, and per list its
 /// interned name, its posting list and the positions staged for it.
+/// How many tag indexes [`Lists::last`] remembers.
+const LAST: usize = 4;
+
 #[derive(Debug, Default)]
 struct Lists {
     ids: HashMap<Name, u32>,
@@ -65,6 +68,10 @@ struct Lists {
     touched: Vec<u32>,
     /// Scratch: the staged positions grouped by list.
     sorted: Vec<u64>,
+    /// The list last looked up at each index of an event's tags (the type at index 0 of its
+    /// own table): consecutive events often share a name there (one type, a writer's tag), and
+    /// one comparison is cheaper than hashing.
+    last: [Option<u32>; LAST],
 }
 
 #[derive(Debug)]
@@ -78,9 +85,17 @@ struct ListEntry {
 }
 
 impl Lists {
-    /// The id of `name`'s list, creating the list (and adding it to `map`) the first time.
-    fn id(&mut self, name: &str, map: &mut KeyMap<Arc<Postings>>) -> u32 {
+    /// The id of `name`'s list, creating the list (and adding it to `map`) the first time;
+    /// `at` is the name's index among the event's tags (0 for a type).
+    fn id(&mut self, name: &str, at: usize, map: &mut KeyMap<Arc<Postings>>) -> u32 {
+        let at = at.min(LAST - 1);
+        if let Some(last) = self.last[at] {
+            if *self.entries[last as usize].name == *name {
+                return last;
+            }
+        }
         if let Some(&id) = self.ids.get(name) {
+            self.last[at] = Some(id);
             return id;
         }
         let id = u32::try_from(self.entries.len()).expect("under 2^32 distinct names");
@@ -88,6 +103,7 @@ impl Lists {
         let name: Name = Arc::from(name);
         self.ids.insert(name.clone(), id);
         self.entries.push(ListEntry { name, postings, count: 0, start: 0 });
+        self.last[at] = Some(id);
         id
     }
 
@@ -158,13 +174,13 @@ impl IndexWriter {
         debug_assert!(n > 0, "appends are never empty");
         for (i, e) in appended.iter().enumerate() {
             let position = first + i as u64;
-            let t = self.type_lists.id(e.event_type(), &mut self.types);
+            let t = self.type_lists.id(e.event_type(), 0, &mut self.types);
             self.type_lists.stage(t, position);
             self.staged_names.push(t);
             let tags = e.tag_slice();
             self.staged_names.push(tags.len() as u32);
-            for tag in tags.iter() {
-                let id = self.tag_lists.id(tag, &mut self.tags);
+            for (at, tag) in tags.iter().enumerate() {
+                let id = self.tag_lists.id(tag, at, &mut self.tags);
                 self.tag_lists.stage(id, position);
                 self.staged_names.push(id);
             }
