@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::error::EventError;
+use super::names::NameTable;
 use super::position::LogPosition;
 
 /// The longest event type or tag, in bytes (UTF-8).
@@ -46,7 +47,7 @@ enum Repr {
     /// Built by a caller ([`Event::new`]): the event's own names.
     Own(Arc<Inner>),
     /// Stored by the log: record `.1` of one group commit's [`Block`], whose names are interned
-    /// (one allocation per distinct name, shared by every event that carries it).
+    /// (stored once per distinct name, referred to by id).
     Stored(Arc<Block>, u32),
 }
 
@@ -57,21 +58,20 @@ struct Inner {
     data: Bytes,
 }
 
-/// An interned name: one allocation per distinct event type or tag, shared by every stored event
-/// that carries it.
-pub(crate) type Name = Arc<str>;
-
 /// The events of one group commit as the log keeps them: one contiguous array of records and one
-/// of their tags, instead of separately allocated names per event (the writer interns the names
-/// and builds one block per group commit).
+/// of their tags' name ids, instead of separately allocated names per event (the writer interns
+/// the names in a [`NameTable`] and builds one block per group commit).
 pub(crate) struct Block {
     records: Vec<Record>,
-    /// The tags of every record, concatenated in record order (each record's sorted, unique).
-    tags: Vec<Name>,
+    /// The tags of every record, concatenated in record order (each record's in name order,
+    /// unique).
+    tags: Vec<u32>,
+    names: Arc<NameTable>,
 }
 
 struct Record {
-    event_type: Name,
+    /// Name id.
+    event_type: u32,
     /// Where this record's tags end in [`Block::tags`] (they start where the previous record's end).
     tags_end: u32,
     data: Bytes,
@@ -79,22 +79,18 @@ struct Record {
 
 impl Block {
     /// A block for `events` events carrying `tags` tags in all.
-    pub(crate) fn with_capacity(events: usize, tags: usize) -> Block {
-        Block { records: Vec::with_capacity(events), tags: Vec::with_capacity(tags) }
+    pub(crate) fn with_capacity(events: usize, tags: usize, names: Arc<NameTable>) -> Block {
+        Block { records: Vec::with_capacity(events), tags: Vec::with_capacity(tags), names }
     }
 
-    /// Adds one record (its tags sorted, unique); returns its index.
-    pub(crate) fn push(
-        &mut self,
-        event_type: Name,
-        tags: impl IntoIterator<Item = Name>,
-        data: Bytes,
-    ) -> u32 {
+    /// Adds one record (type and tags as ids in the block's names, the tags in name order,
+    /// unique); returns its index.
+    pub(crate) fn push(&mut self, event_type: u32, tags: impl IntoIterator<Item = u32>, data: Bytes) -> u32 {
         self.tags.extend(tags);
         let tags_end = u32::try_from(self.tags.len()).expect("a group commit holds under 2^32 tags");
         debug_assert!({
             let start = self.records.last().map_or(0, |r| r.tags_end as usize);
-            self.tags[start..].windows(2).all(|w| w[0] < w[1])
+            self.tags[start..].windows(2).all(|w| self.names.get(w[0]) < self.names.get(w[1]))
         });
         self.records.push(Record { event_type, tags_end, data });
         u32::try_from(self.records.len() - 1).expect("a group commit holds under 2^32 events")
@@ -105,9 +101,9 @@ impl Block {
         self.records.len()
     }
 
-    fn tags_of(&self, i: usize) -> &[Name] {
+    fn tags_of(&self, i: usize) -> TagSlice<'_> {
         let start = if i == 0 { 0 } else { self.records[i - 1].tags_end as usize };
-        &self.tags[start..self.records[i].tags_end as usize]
+        TagSlice::Stored(&self.tags[start..self.records[i].tags_end as usize], &self.names)
     }
 }
 
@@ -115,14 +111,14 @@ impl Block {
 #[derive(Clone, Copy)]
 pub(crate) enum TagSlice<'a> {
     Own(&'a [Box<str>]),
-    Stored(&'a [Name]),
+    Stored(&'a [u32], &'a NameTable),
 }
 
 impl<'a> TagSlice<'a> {
     pub(crate) fn len(self) -> usize {
         match self {
             TagSlice::Own(t) => t.len(),
-            TagSlice::Stored(t) => t.len(),
+            TagSlice::Stored(t, _) => t.len(),
         }
     }
 
@@ -130,7 +126,7 @@ impl<'a> TagSlice<'a> {
     pub(crate) fn get(self, i: usize) -> &'a str {
         match self {
             TagSlice::Own(t) => &t[i],
-            TagSlice::Stored(t) => &t[i],
+            TagSlice::Stored(t, names) => names.get(t[i]),
         }
     }
 
@@ -141,7 +137,7 @@ impl<'a> TagSlice<'a> {
     fn contains(self, tag: &str) -> bool {
         match self {
             TagSlice::Own(t) => t.binary_search_by(|x| (**x).cmp(tag)).is_ok(),
-            TagSlice::Stored(t) => t.binary_search_by(|x| (**x).cmp(tag)).is_ok(),
+            TagSlice::Stored(t, names) => t.binary_search_by(|&x| names.get(x).cmp(tag)).is_ok(),
         }
     }
 }
@@ -214,7 +210,7 @@ impl Event {
     pub fn event_type(&self) -> &str {
         match &self.repr {
             Repr::Own(inner) => &inner.event_type,
-            Repr::Stored(block, i) => &block.records[*i as usize].event_type,
+            Repr::Stored(block, i) => block.names.get(block.records[*i as usize].event_type),
         }
     }
 
@@ -227,7 +223,7 @@ impl Event {
     pub(crate) fn tag_slice(&self) -> TagSlice<'_> {
         match &self.repr {
             Repr::Own(inner) => TagSlice::Own(&inner.tags),
-            Repr::Stored(block, i) => TagSlice::Stored(block.tags_of(*i as usize)),
+            Repr::Stored(block, i) => block.tags_of(*i as usize),
         }
     }
 

@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use std::collections::HashMap;
 
-use super::event::{Block, Event, Name, SequencedEvent};
+use super::event::{Block, Event, SequencedEvent};
 use super::index::{KeyMap, Postings, PostingsView};
+use super::names::NameTable;
 use super::position::LogPosition;
 use super::query::{Query, QueryItem};
 use super::slots::EventSlots;
@@ -30,7 +31,7 @@ pub(crate) struct Snapshot {
 /// append ends, and the writer's own interning tables.
 ///
 /// The writer looks each name up once per event in a hash map of its own (one lookup, no
-/// reference-count traffic) that gives the name's interned [`Name`] and its posting list; a name
+/// reference-count traffic) that gives the name's interned id and its posting list; a name
 /// goes into the snapshot's persistent [`KeyMap`] only the first time it is seen. Positions are
 /// staged per list and pushed in one run per list ([`IndexWriter::flush`]): once per group
 /// commit, or before a condition is evaluated against the staged appends.
@@ -41,6 +42,8 @@ pub(crate) struct IndexWriter {
     /// The position of each append's last event, ascending (shared with [`Shared::appends`]:
     /// append-only, and readers bound every walk by their head like any posting list).
     pub(crate) appends: Arc<Postings>,
+    /// Every distinct type and tag, interned (shared with the stored blocks).
+    names: Arc<NameTable>,
     type_lists: Lists,
     tag_lists: Lists,
     /// Staged appends' last positions, not yet in `appends`.
@@ -60,7 +63,7 @@ const LAST: usize = 4;
 
 #[derive(Debug, Default)]
 struct Lists {
-    ids: HashMap<Name, u32>,
+    ids: HashMap<Box<str>, u32>,
     entries: Vec<ListEntry>,
     /// `(list id, position)` in staging order (so ascending per list).
     staged: Vec<(u32, u64)>,
@@ -76,7 +79,8 @@ struct Lists {
 
 #[derive(Debug)]
 struct ListEntry {
-    name: Name,
+    /// The list's name, as an id in the [`NameTable`].
+    name: u32,
     postings: Arc<Postings>,
     /// Staged positions of this list (counting-sort scratch; 0 between flushes).
     count: u32,
@@ -87,10 +91,10 @@ struct ListEntry {
 impl Lists {
     /// The id of `name`'s list, creating the list (and adding it to `map`) the first time;
     /// `at` is the name's index among the event's tags (0 for a type).
-    fn id(&mut self, name: &str, at: usize, map: &mut KeyMap<Arc<Postings>>) -> u32 {
+    fn id(&mut self, name: &str, at: usize, map: &mut KeyMap<Arc<Postings>>, names: &NameTable) -> u32 {
         let at = at.min(LAST - 1);
         if let Some(last) = self.last[at] {
-            if *self.entries[last as usize].name == *name {
+            if names.get(self.entries[last as usize].name) == name {
                 return last;
             }
         }
@@ -100,9 +104,8 @@ impl Lists {
         }
         let id = u32::try_from(self.entries.len()).expect("under 2^32 distinct names");
         let postings = map.get_or_insert_with(name, || Arc::new(Postings::new()));
-        let name: Name = Arc::from(name);
-        self.ids.insert(name.clone(), id);
-        self.entries.push(ListEntry { name, postings, count: 0, start: 0 });
+        self.ids.insert(Box::from(name), id);
+        self.entries.push(ListEntry { name: names.push(name), postings, count: 0, start: 0 });
         self.last[at] = Some(id);
         id
     }
@@ -144,8 +147,9 @@ impl Lists {
         self.staged.clear();
     }
 
-    fn name(&self, id: u32) -> Name {
-        self.entries[id as usize].name.clone()
+    /// The name id of list `id`.
+    fn name(&self, id: u32) -> u32 {
+        self.entries[id as usize].name
     }
 }
 
@@ -156,6 +160,7 @@ impl IndexWriter {
             types: KeyMap::new(),
             tags: KeyMap::new(),
             appends: Arc::new(Postings::new()),
+            names: Arc::new(NameTable::new()),
             type_lists: Lists::default(),
             tag_lists: Lists::default(),
             staged_ends: Vec::new(),
@@ -174,13 +179,13 @@ impl IndexWriter {
         debug_assert!(n > 0, "appends are never empty");
         for (i, e) in appended.iter().enumerate() {
             let position = first + i as u64;
-            let t = self.type_lists.id(e.event_type(), 0, &mut self.types);
+            let t = self.type_lists.id(e.event_type(), 0, &mut self.types, &self.names);
             self.type_lists.stage(t, position);
             self.staged_names.push(t);
             let tags = e.tag_slice();
             self.staged_names.push(tags.len() as u32);
             for (at, tag) in tags.iter().enumerate() {
-                let id = self.tag_lists.id(tag, at, &mut self.tags);
+                let id = self.tag_lists.id(tag, at, &mut self.tags, &self.names);
                 self.tag_lists.stage(id, position);
                 self.staged_names.push(id);
             }
@@ -207,7 +212,7 @@ impl IndexWriter {
     /// The events staged since the last call, `events` (in position order, the payloads taken
     /// from them), as one block with interned names.
     pub(crate) fn take_block<'e>(&mut self, events: impl IntoIterator<Item = &'e Event>) -> Block {
-        let mut block = Block::with_capacity(self.staged_events, self.staged_tags);
+        let mut block = Block::with_capacity(self.staged_events, self.staged_tags, self.names.clone());
         let mut names = self.staged_names.iter().copied();
         for e in events {
             let t = names.next().expect("a type per staged event");
