@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// log2 of the first bucket's size.
 const FIRST_BITS: u32 = 6;
@@ -23,9 +23,12 @@ fn locate(i: u32) -> (usize, usize) {
     (b as usize, (v - ((1u64 << FIRST_BITS) << b)) as usize)
 }
 
+/// One bucket of write-once name slots.
+type Bucket = Box<[OnceLock<Box<str>>]>;
+
 /// The table of interned names (see the module docs).
 pub(crate) struct NameTable {
-    buckets: [OnceLock<Box<[OnceLock<Arc<str>>]>>; BUCKETS],
+    buckets: [OnceLock<Bucket>; BUCKETS],
     /// Names added (written by the writer only).
     len: AtomicU32,
 }
@@ -49,7 +52,7 @@ impl NameTable {
             let size = (1usize << FIRST_BITS) << b;
             (0..size).map(|_| OnceLock::new()).collect()
         });
-        let fresh = bucket[off].set(Arc::from(name)).is_ok();
+        let fresh = bucket[off].set(Box::from(name)).is_ok();
         assert!(fresh, "name id {id} written twice");
         // Relaxed: see the load above.
         self.len.store(id + 1, Ordering::Relaxed);
