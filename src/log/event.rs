@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::error::EventError;
+use super::names::NameTable;
 use super::position::LogPosition;
 
 /// The longest event type or tag, in bytes (UTF-8).
@@ -23,7 +24,9 @@ pub const MAX_TAGS: usize = 256;
 /// rather than silently merged. The payload is never looked at by the log (queries match the type
 /// and the tags only).
 ///
-/// Cloning an event moves a reference count; the type, tags and payload are shared.
+/// Cloning an event moves a reference count; the type, tags and payload are shared. The log keeps
+/// what it stores compactly: each distinct type and tag once, shared by every event that carries
+/// it, and one group commit's events in one block, so a read hands out events that share them.
 ///
 /// ```
 /// use lanestream::log::Event;
@@ -34,17 +37,109 @@ pub const MAX_TAGS: usize = 256;
 /// assert!(Event::new("T", ["a", "a"], bytes::Bytes::new()).is_err()); // duplicate tag
 /// # Ok::<(), lanestream::log::EventError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Event {
-    inner: Arc<Inner>,
+    repr: Repr,
 }
 
-#[derive(PartialEq, Eq)]
+#[derive(Clone)]
+enum Repr {
+    /// Built by a caller ([`Event::new`]): the event's own names.
+    Own(Arc<Inner>),
+    /// Stored by the log: record `.1` of one group commit's [`Block`], whose names are interned
+    /// (stored once per distinct name, referred to by id).
+    Stored(Arc<Block>, u32),
+}
+
 struct Inner {
     event_type: Box<str>,
     /// Sorted, unique.
     tags: Box<[Box<str>]>,
     data: Bytes,
+}
+
+/// The events of one group commit as the log keeps them: one contiguous array of records and one
+/// of their tags' name ids, instead of separately allocated names per event (the writer interns
+/// the names in a [`NameTable`] and builds one block per group commit).
+pub(crate) struct Block {
+    records: Vec<Record>,
+    /// The tags of every record, concatenated in record order (each record's in name order,
+    /// unique).
+    tags: Vec<u32>,
+    names: Arc<NameTable>,
+}
+
+struct Record {
+    /// Name id.
+    event_type: u32,
+    /// Where this record's tags end in [`Block::tags`] (they start where the previous record's end).
+    tags_end: u32,
+    data: Bytes,
+}
+
+impl Block {
+    /// A block for `events` events carrying `tags` tags in all.
+    pub(crate) fn with_capacity(events: usize, tags: usize, names: Arc<NameTable>) -> Block {
+        Block { records: Vec::with_capacity(events), tags: Vec::with_capacity(tags), names }
+    }
+
+    /// Adds one record (type and tags as ids in the block's names, the tags in name order,
+    /// unique); returns its index.
+    pub(crate) fn push(&mut self, event_type: u32, tags: impl IntoIterator<Item = u32>, data: Bytes) -> u32 {
+        self.tags.extend(tags);
+        let tags_end = u32::try_from(self.tags.len()).expect("a group commit holds under 2^32 tags");
+        debug_assert!({
+            let start = self.records.last().map_or(0, |r| r.tags_end as usize);
+            self.tags[start..].windows(2).all(|w| self.names.get(w[0]) < self.names.get(w[1]))
+        });
+        self.records.push(Record { event_type, tags_end, data });
+        u32::try_from(self.records.len() - 1).expect("a group commit holds under 2^32 events")
+    }
+
+    /// How many records the block holds.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    fn tags_of(&self, i: usize) -> TagSlice<'_> {
+        let start = if i == 0 { 0 } else { self.records[i - 1].tags_end as usize };
+        TagSlice::Stored(&self.tags[start..self.records[i].tags_end as usize], &self.names)
+    }
+}
+
+/// An event's tags, however the event is stored (sorted, unique).
+#[derive(Clone, Copy)]
+pub(crate) enum TagSlice<'a> {
+    Own(&'a [Box<str>]),
+    Stored(&'a [u32], &'a NameTable),
+}
+
+impl<'a> TagSlice<'a> {
+    pub(crate) fn len(self) -> usize {
+        match self {
+            TagSlice::Own(t) => t.len(),
+            TagSlice::Stored(t, _) => t.len(),
+        }
+    }
+
+    /// Tag `i` (`i < len`).
+    pub(crate) fn get(self, i: usize) -> &'a str {
+        match self {
+            TagSlice::Own(t) => &t[i],
+            TagSlice::Stored(t, names) => names.get(t[i]),
+        }
+    }
+
+    pub(crate) fn iter(self) -> impl ExactSizeIterator<Item = &'a str> + DoubleEndedIterator + 'a {
+        (0..self.len()).map(move |i| self.get(i))
+    }
+
+    fn contains(self, tag: &str) -> bool {
+        match self {
+            TagSlice::Own(t) => t.binary_search_by(|x| (**x).cmp(tag)).is_ok(),
+            TagSlice::Stored(t, names) => t.binary_search_by(|&x| names.get(x).cmp(tag)).is_ok(),
+        }
+    }
 }
 
 fn check_name(name: &str, what: fn(String) -> EventError) -> Result<(), EventError> {
@@ -102,32 +197,47 @@ impl Event {
     /// Builds an event from parts already validated (sorted unique tags).
     pub(crate) fn from_parts(event_type: Box<str>, tags: Box<[Box<str>]>, data: Bytes) -> Event {
         debug_assert!(tags.windows(2).all(|w| w[0] < w[1]));
-        Event { inner: Arc::new(Inner { event_type, tags, data }) }
+        Event { repr: Repr::Own(Arc::new(Inner { event_type, tags, data })) }
+    }
+
+    /// Record `i` of `block` (`i < block.len()`), as the log stores and reads it.
+    pub(crate) fn stored(block: Arc<Block>, i: u32) -> Event {
+        debug_assert!((i as usize) < block.len());
+        Event { repr: Repr::Stored(block, i) }
     }
 
     /// The event's type.
     pub fn event_type(&self) -> &str {
-        &self.inner.event_type
+        match &self.repr {
+            Repr::Own(inner) => &inner.event_type,
+            Repr::Stored(block, i) => block.names.get(block.records[*i as usize].event_type),
+        }
     }
 
     /// The event's tags, sorted in byte order, each once.
     pub fn tags(&self) -> impl ExactSizeIterator<Item = &str> + DoubleEndedIterator + '_ {
-        self.inner.tags.iter().map(|t| &**t)
+        self.tag_slice().iter()
     }
 
     /// The tags as stored (sorted, unique).
-    pub(crate) fn tag_slice(&self) -> &[Box<str>] {
-        &self.inner.tags
+    pub(crate) fn tag_slice(&self) -> TagSlice<'_> {
+        match &self.repr {
+            Repr::Own(inner) => TagSlice::Own(&inner.tags),
+            Repr::Stored(block, i) => block.tags_of(*i as usize),
+        }
     }
 
     /// Whether the event carries `tag` (exact comparison; O(log tags)).
     pub fn has_tag(&self, tag: &str) -> bool {
-        self.inner.tags.binary_search_by(|t| (**t).cmp(tag)).is_ok()
+        self.tag_slice().contains(tag)
     }
 
     /// The payload, never interpreted by the log.
     pub fn data(&self) -> &Bytes {
-        &self.inner.data
+        match &self.repr {
+            Repr::Own(inner) => &inner.data,
+            Repr::Stored(block, i) => &block.records[*i as usize].data,
+        }
     }
 
     /// The bytes this event takes in an append's size budget (and, give or take a few bytes of
@@ -137,19 +247,39 @@ impl Event {
     pub fn encoded_len(&self) -> usize {
         2 + self.event_type().len()
             + 2
-            + self.tag_slice().iter().map(|t| 2 + t.len()).sum::<usize>()
+            + self.tags().map(|t| 2 + t.len()).sum::<usize>()
             + 4
             + self.data().len()
     }
 }
 
+impl PartialEq for Event {
+    /// Equal when type, tags and payload are (however each event is stored).
+    fn eq(&self, other: &Event) -> bool {
+        if let (Repr::Stored(a, i), Repr::Stored(b, j)) = (&self.repr, &other.repr) {
+            if Arc::ptr_eq(a, b) && i == j {
+                return true;
+            }
+        }
+        self.event_type() == other.event_type() && self.tags().eq(other.tags()) && self.data() == other.data()
+    }
+}
+
+impl Eq for Event {}
+
 impl fmt::Debug for Event {
     /// Type, tags and the payload's length (not its bytes).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Tags<'a>(&'a Event);
+        impl fmt::Debug for Tags<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_list().entries(self.0.tags()).finish()
+            }
+        }
         f.debug_struct("Event")
             .field("event_type", &self.event_type())
-            .field("tags", &self.inner.tags)
-            .field("data_len", &self.inner.data.len())
+            .field("tags", &Tags(self))
+            .field("data_len", &self.data().len())
             .finish()
     }
 }

@@ -54,7 +54,9 @@ impl Postings {
         Postings { first: Chunk::new(0), len: AtomicUsize::new(0) }
     }
 
-    /// Appends `position` (writer only; strictly above every entry so far).
+    /// Appends `position` (writer only; strictly above every entry so far): one entry at a time,
+    /// the reference [`push_many`](Postings::push_many) is tested against.
+    #[cfg(test)]
     pub(crate) fn push(&self, position: u64) {
         // Relaxed: only the writer stores `len`, and this is the writer.
         let i = self.len.load(Ordering::Relaxed);
@@ -68,6 +70,34 @@ impl Postings {
         // Release: pairs with `view`'s Acquire load, so a reader that sees `i + 1` entries sees
         // the slot written above (and every chunk `get_or_init` linked in).
         self.len.store(i + 1, Ordering::Release);
+    }
+
+    /// Appends `positions` (writer only; ascending, each strictly above every entry so far),
+    /// walking the chunk chain once and publishing them with one Release store of `len`.
+    pub(crate) fn push_many(&self, positions: &[u64]) {
+        if positions.is_empty() {
+            return;
+        }
+        // Relaxed: only the writer stores `len`, and this is the writer.
+        let start = self.len.load(Ordering::Relaxed);
+        let (mut k, mut off) = locate(start);
+        let mut chunk = &self.first;
+        for j in 0..k {
+            chunk = chunk.next.get_or_init(|| Box::new(Chunk::new(j + 1)));
+        }
+        for &p in positions {
+            if off == chunk.slots.len() {
+                chunk = chunk.next.get_or_init(|| Box::new(Chunk::new(k + 1)));
+                k += 1;
+                off = 0;
+            }
+            // Relaxed: published by the Release store of `len` below.
+            chunk.slots[off].store(p, Ordering::Relaxed);
+            off += 1;
+        }
+        // Release: pairs with `view`'s Acquire load, so a reader that sees the new `len` sees
+        // every slot written above (and every chunk `get_or_init` linked in).
+        self.len.store(start + positions.len(), Ordering::Release);
     }
 
     /// A reader's view: the chunks covering the entries written so far.
@@ -280,6 +310,24 @@ mod tests {
         assert_eq!(v.rank(5), 1);
         assert_eq!(v.rank(15_000), 5000);
         assert_eq!(v.rank(u64::MAX), 5000);
+    }
+
+    #[test]
+    fn postings_push_many_equals_pushes_across_chunk_boundaries() {
+        let (one, many) = (Postings::new(), Postings::new());
+        let mut next = 1u64;
+        for run in [0usize, 1, 3, 4, 5, 11, 1, 40, 200, 7] {
+            let positions: Vec<u64> = (0..run as u64).map(|i| next + 2 * i).collect();
+            next += 2 * run as u64 + 1;
+            for &p in &positions {
+                one.push(p);
+            }
+            many.push_many(&positions);
+            let (a, b) = (one.view(), many.view());
+            assert_eq!(a.len, b.len);
+            assert!((0..a.len).all(|i| a.get(i) == b.get(i)));
+        }
+        assert_eq!(many.view().len, 272);
     }
 
     #[test]

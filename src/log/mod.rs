@@ -83,6 +83,7 @@ mod error;
 mod event;
 mod handle;
 mod index;
+mod names;
 mod options;
 mod position;
 mod query;

@@ -195,11 +195,11 @@ impl QueryItem {
 }
 
 /// Whether sorted `have` contains every element of sorted `want` (a merge walk).
-fn contains_all(have: &[Box<str>], want: &[Box<str>]) -> bool {
+fn contains_all(have: super::event::TagSlice<'_>, want: &[Box<str>]) -> bool {
     let mut h = have.iter();
     'next: for w in want {
         for x in h.by_ref() {
-            match (**x).cmp(&**w) {
+            match x.cmp(&**w) {
                 std::cmp::Ordering::Less => continue,
                 std::cmp::Ordering::Equal => continue 'next,
                 std::cmp::Ordering::Greater => return false,

@@ -30,8 +30,7 @@ impl ReadHandle {
     /// ([`Query::All`] walks positions directly).
     pub fn read(&self, query: &Query, after: Option<LogPosition>, limit: usize) -> Reads {
         let snap = self.shared.snapshot.load();
-        let view =
-            View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
+        let view = View::published(snap.head, &snap.types, &snap.tags, &self.shared.events);
         let after_raw = raw(after);
         let (events, cut_short) = view.collect(query, after_raw, snap.head, Dir::Up, limit);
         let resume = if cut_short {
@@ -54,8 +53,7 @@ impl ReadHandle {
     /// reached the start of the log.
     pub fn read_back(&self, query: &Query, before: Option<LogPosition>, limit: usize) -> Reads {
         let snap = self.shared.snapshot.load();
-        let view =
-            View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
+        let view = View::published(snap.head, &snap.types, &snap.tags, &self.shared.events);
         let hi = before.map_or(snap.head, |b| (b.get() - 1).min(snap.head));
         let (events, cut_short) = view.collect(query, 0, hi, Dir::Down, limit);
         let resume = if cut_short {

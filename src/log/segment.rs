@@ -63,7 +63,7 @@ pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event]) {
         buf.extend_from_slice(&(e.event_type().len() as u16).to_le_bytes());
         buf.extend_from_slice(e.event_type().as_bytes());
         buf.extend_from_slice(&(e.tag_slice().len() as u16).to_le_bytes());
-        for t in e.tag_slice() {
+        for t in e.tags() {
             buf.extend_from_slice(&(t.len() as u16).to_le_bytes());
             buf.extend_from_slice(t.as_bytes());
         }

@@ -7,8 +7,11 @@
 
 use std::sync::Arc;
 
-use super::event::{Event, SequencedEvent};
+use std::collections::HashMap;
+
+use super::event::{Block, Event, SequencedEvent};
 use super::index::{KeyMap, Postings, PostingsView};
+use super::names::NameTable;
 use super::position::LogPosition;
 use super::query::{Query, QueryItem};
 use super::slots::EventSlots;
@@ -24,8 +27,14 @@ pub(crate) struct Snapshot {
     pub(crate) tags: KeyMap<Arc<Postings>>,
 }
 
-/// The index being built by the writer: the maps of its next snapshot, and the list of where
-/// each append ends.
+/// The index being built by the writer: the maps of its next snapshot, the list of where each
+/// append ends, and the writer's own interning tables.
+///
+/// The writer looks each name up once per event in a hash map of its own (one lookup, no
+/// reference-count traffic) that gives the name's interned id and its posting list; a name
+/// goes into the snapshot's persistent [`KeyMap`] only the first time it is seen. Positions are
+/// staged per list and pushed in one run per list ([`IndexWriter::flush`]): once per group
+/// commit, or before a condition is evaluated against the staged appends.
 #[derive(Debug)]
 pub(crate) struct IndexWriter {
     pub(crate) types: KeyMap<Arc<Postings>>,
@@ -33,32 +42,201 @@ pub(crate) struct IndexWriter {
     /// The position of each append's last event, ascending (shared with [`Shared::appends`]:
     /// append-only, and readers bound every walk by their head like any posting list).
     pub(crate) appends: Arc<Postings>,
+    /// Every distinct type and tag, interned (shared with the stored blocks).
+    names: Arc<NameTable>,
+    type_lists: Lists,
+    tag_lists: Lists,
+    /// Staged appends' last positions, not yet in `appends`.
+    staged_ends: Vec<u64>,
+    /// The interned names of the events staged since the last [`IndexWriter::take_block`]: per
+    /// event, its type's list id, its tag count, then its tags' list ids.
+    staged_names: Vec<u32>,
+    /// Events staged since the last [`IndexWriter::take_block`], and their tags.
+    staged_events: usize,
+    staged_tags: usize,
+}
+
+/// The writer's table of one kind of name (types or tags): name -> list id, and per list its
+/// interned name, its posting list and the positions staged for it.
+/// How many tag indexes [`Lists::last`] remembers.
+const LAST: usize = 4;
+
+#[derive(Debug, Default)]
+struct Lists {
+    ids: HashMap<Box<str>, u32>,
+    entries: Vec<ListEntry>,
+    /// `(list id, position)` in staging order (so ascending per list).
+    staged: Vec<(u32, u64)>,
+    /// Lists with staged positions, each once.
+    touched: Vec<u32>,
+    /// Scratch: the staged positions grouped by list.
+    sorted: Vec<u64>,
+    /// The list last looked up at each index of an event's tags (the type at index 0 of its
+    /// own table): consecutive events often share a name there (one type, a writer's tag), and
+    /// one comparison is cheaper than hashing.
+    last: [Option<u32>; LAST],
+}
+
+#[derive(Debug)]
+struct ListEntry {
+    /// The list's name, as an id in the [`NameTable`].
+    name: u32,
+    postings: Arc<Postings>,
+    /// Staged positions of this list (counting-sort scratch; 0 between flushes).
+    count: u32,
+    /// Where this list's run starts in `Lists::sorted` during a flush.
+    start: u32,
+}
+
+impl Lists {
+    /// The id of `name`'s list, creating the list (and adding it to `map`) the first time;
+    /// `at` is the name's index among the event's tags (0 for a type).
+    fn id(&mut self, name: &str, at: usize, map: &mut KeyMap<Arc<Postings>>, names: &NameTable) -> u32 {
+        let at = at.min(LAST - 1);
+        if let Some(last) = self.last[at] {
+            if names.get(self.entries[last as usize].name) == name {
+                return last;
+            }
+        }
+        if let Some(&id) = self.ids.get(name) {
+            self.last[at] = Some(id);
+            return id;
+        }
+        let id = u32::try_from(self.entries.len()).expect("under 2^32 distinct names");
+        let postings = map.get_or_insert_with(name, || Arc::new(Postings::new()));
+        self.ids.insert(Box::from(name), id);
+        self.entries.push(ListEntry { name: names.push(name), postings, count: 0, start: 0 });
+        self.last[at] = Some(id);
+        id
+    }
+
+    fn stage(&mut self, id: u32, position: u64) {
+        let e = &mut self.entries[id as usize];
+        if e.count == 0 {
+            self.touched.push(id);
+        }
+        e.count += 1;
+        self.staged.push((id, position));
+    }
+
+    /// Pushes the staged positions, one run per list (a counting sort by list keeps each run
+    /// ascending).
+    fn flush(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let mut offset = 0u32;
+        for &id in &self.touched {
+            let e = &mut self.entries[id as usize];
+            e.start = offset;
+            offset += e.count;
+            e.count = 0;
+        }
+        self.sorted.resize(self.staged.len(), 0);
+        for &(id, p) in &self.staged {
+            let e = &mut self.entries[id as usize];
+            self.sorted[(e.start + e.count) as usize] = p;
+            e.count += 1;
+        }
+        for &id in &self.touched {
+            let e = &mut self.entries[id as usize];
+            e.postings.push_many(&self.sorted[e.start as usize..(e.start + e.count) as usize]);
+            e.count = 0;
+        }
+        self.touched.clear();
+        self.staged.clear();
+    }
+
+    /// The name id of list `id`.
+    fn name(&self, id: u32) -> u32 {
+        self.entries[id as usize].name
+    }
 }
 
 impl IndexWriter {
     /// An empty index.
     pub(crate) fn new() -> IndexWriter {
-        IndexWriter { types: KeyMap::new(), tags: KeyMap::new(), appends: Arc::new(Postings::new()) }
+        IndexWriter {
+            types: KeyMap::new(),
+            tags: KeyMap::new(),
+            appends: Arc::new(Postings::new()),
+            names: Arc::new(NameTable::new()),
+            type_lists: Lists::default(),
+            tag_lists: Lists::default(),
+            staged_ends: Vec::new(),
+            staged_names: Vec::new(),
+            staged_events: 0,
+            staged_tags: 0,
+        }
     }
 
-    /// Stores and indexes the events of one append, the first at `first`, and records where
-    /// the append ends (not visible to readers until published).
-    pub(crate) fn add_append(&mut self, events: &EventSlots, first: u64, appended: Vec<Event>) {
+    /// Stages the events of one append, the first at `first`, for the index and the next block:
+    /// interns their names and records where the append ends. Readers see none of it until
+    /// [`flush`](IndexWriter::flush) and a publish; the writer's own condition checks see it
+    /// after [`flush`](IndexWriter::flush).
+    pub(crate) fn stage_append(&mut self, first: u64, appended: &[Event]) {
         let n = appended.len() as u64;
         debug_assert!(n > 0, "appends are never empty");
-        for (i, e) in appended.into_iter().enumerate() {
-            self.add(events, first + i as u64, e);
+        for (i, e) in appended.iter().enumerate() {
+            let position = first + i as u64;
+            let t = self.type_lists.id(e.event_type(), 0, &mut self.types, &self.names);
+            self.type_lists.stage(t, position);
+            self.staged_names.push(t);
+            let tags = e.tag_slice();
+            self.staged_names.push(tags.len() as u32);
+            for (at, tag) in tags.iter().enumerate() {
+                let id = self.tag_lists.id(tag, at, &mut self.tags, &self.names);
+                self.tag_lists.stage(id, position);
+                self.staged_names.push(id);
+            }
+            self.staged_tags += tags.len();
         }
-        self.appends.push(first + n - 1);
+        self.staged_events += appended.len();
+        self.staged_ends.push(first + n - 1);
     }
 
-    /// Stores `event` at `position` and indexes it (not visible to readers until published).
-    pub(crate) fn add(&mut self, events: &EventSlots, position: u64, event: Event) {
-        self.types.get_or_insert_with(event.event_type(), || Arc::new(Postings::new())).push(position);
-        for tag in event.tag_slice() {
-            self.tags.get_or_insert_with(tag, || Arc::new(Postings::new())).push(position);
+    /// Whether positions are staged but not yet in the posting lists.
+    pub(crate) fn has_unflushed(&self) -> bool {
+        !self.staged_ends.is_empty()
+    }
+
+    /// Pushes every staged position into its posting lists (not visible to readers until the
+    /// head that covers them is published).
+    pub(crate) fn flush(&mut self) {
+        self.type_lists.flush();
+        self.tag_lists.flush();
+        self.appends.push_many(&self.staged_ends);
+        self.staged_ends.clear();
+    }
+
+    /// The events staged since the last call, `events` (in position order, the payloads taken
+    /// from them), as one block with interned names.
+    pub(crate) fn take_block<'e>(&mut self, events: impl IntoIterator<Item = &'e Event>) -> Block {
+        let mut block = Block::with_capacity(self.staged_events, self.staged_tags, self.names.clone());
+        let mut names = self.staged_names.iter().copied();
+        for e in events {
+            let t = names.next().expect("a type per staged event");
+            let k = names.next().expect("a tag count per staged event") as usize;
+            let tag_lists = &self.tag_lists;
+            let tags = names.by_ref().take(k).map(|id| tag_lists.name(id));
+            block.push(self.type_lists.name(t), tags, e.data().clone());
         }
-        events.set(position, event);
+        debug_assert!(names.next().is_none() && block.len() == self.staged_events);
+        self.staged_names.clear();
+        self.staged_events = 0;
+        self.staged_tags = 0;
+        block
+    }
+
+    /// Stages, indexes and stores one recovered append at `first` (recovery only: no
+    /// conditions, so it is flushed and stored at once).
+    pub(crate) fn add_append(&mut self, events: &EventSlots, first: u64, appended: Vec<Event>) {
+        self.stage_append(first, &appended);
+        self.flush();
+        let block = Arc::new(self.take_block(&appended));
+        for i in 0..appended.len() {
+            events.set(first + i as u64, Event::stored(block.clone(), i as u32));
+        }
     }
 }
 
@@ -75,6 +253,10 @@ pub(crate) struct View<'a> {
     pub(crate) types: &'a KeyMap<Arc<Postings>>,
     pub(crate) tags: &'a KeyMap<Arc<Postings>>,
     pub(crate) events: &'a EventSlots,
+    /// The writer's staged events, not yet in `events`: `staged[0]` at position `staged_from`
+    /// (empty for readers).
+    pub(crate) staged: &'a [Event],
+    pub(crate) staged_from: u64,
 }
 
 /// Positions of one list (or of the whole log) between two bounds, walked one way.
@@ -113,6 +295,25 @@ struct ItemCursor<'a> {
 }
 
 impl<'a> View<'a> {
+    /// A reader's view of `1..=head`.
+    pub(crate) fn published(
+        head: u64,
+        types: &'a KeyMap<Arc<Postings>>,
+        tags: &'a KeyMap<Arc<Postings>>,
+        events: &'a EventSlots,
+    ) -> View<'a> {
+        View { head, types, tags, events, staged: &[], staged_from: u64::MAX }
+    }
+
+    /// The event at `position` (at most `head`).
+    fn event(&self, position: u64) -> &'a Event {
+        if position >= self.staged_from {
+            &self.staged[(position - self.staged_from) as usize]
+        } else {
+            self.events.at(position)
+        }
+    }
+
     fn list(&self, map: &'a KeyMap<Arc<Postings>>, name: &str, lo: u64, hi: u64) -> Option<ListCursor<'a>> {
         let list = map.get(name)?.view();
         let (l, h) = (list.rank(lo), list.rank(hi));
@@ -186,7 +387,7 @@ impl<'a> View<'a> {
                 }
             };
             match cursor.filter {
-                Some(item) if !item.matches(self.events.at(p)) => continue,
+                Some(item) if !item.matches(self.event(p)) => continue,
                 _ => return Some(p),
             }
         }
@@ -270,7 +471,7 @@ impl<'a> View<'a> {
                 return false;
             }
             let position = LogPosition::new(p).expect("positions start at 1");
-            out.push(SequencedEvent { position, event: self.events.at(p).clone() });
+            out.push(SequencedEvent { position, event: self.event(p).clone() });
             true
         });
         (out, more)

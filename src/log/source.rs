@@ -594,12 +594,12 @@ impl OwnedView {
         dir: Dir,
         limit: usize,
     ) -> (Vec<super::event::SequencedEvent>, bool) {
-        let view = View {
-            head: self.head.min(self.snapshot.head),
-            types: &self.snapshot.types,
-            tags: &self.snapshot.tags,
-            events: &self.shared.events,
-        };
+        let view = View::published(
+            self.head.min(self.snapshot.head),
+            &self.snapshot.types,
+            &self.snapshot.tags,
+            &self.shared.events,
+        );
         view.collect(query, after, upto, dir, limit)
     }
 }

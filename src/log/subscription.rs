@@ -87,8 +87,7 @@ impl Subscription {
         let closed = self.shared.is_closed();
         let failure = self.shared.failure.get().cloned();
         let snap = self.shared.snapshot.load();
-        let view =
-            View { head: snap.head, types: &snap.types, tags: &snap.tags, events: &self.shared.events };
+        let view = View::published(snap.head, &snap.types, &snap.tags, &self.shared.events);
         let (events, _) = view.collect(&self.query, self.after, snap.head, Dir::Up, self.batch);
         if let Some(last) = events.last() {
             self.after = last.position.get();

@@ -20,6 +20,7 @@ use std::thread;
 use crate::sync::{JoinHandle, Ordering, ThreadBuilder};
 
 use super::error::AppendError;
+use super::event::Event;
 use super::position::{raw, LogPosition, PositionRange};
 use super::queue::{AppendResult, Queue, ReplySender, Request};
 use super::segment::{encode_record, SegmentWriter};
@@ -79,8 +80,9 @@ impl Writer {
         let mut batch = Vec::new();
         let mut records = Vec::new();
         let mut outcomes = Vec::new();
+        let mut events = Vec::new();
         while self.queue.drain(self.max_drain_requests, self.max_drain_bytes, &mut batch) {
-            self.commit(&mut batch, &mut records, &mut outcomes);
+            self.commit(&mut batch, &mut records, &mut outcomes, &mut events);
         }
     }
 
@@ -90,6 +92,7 @@ impl Writer {
         batch: &mut Vec<Request>,
         records: &mut Vec<u8>,
         outcomes: &mut Vec<(ReplySender, AppendResult)>,
+        events: &mut Vec<Event>,
     ) {
         if let Some(cause) = self.shared.failure.get() {
             for r in batch.drain(..) {
@@ -100,20 +103,29 @@ impl Writer {
         records.clear();
         let mut staged = self.head;
         for r in batch.drain(..) {
-            let result = self.decide(&r, staged);
+            let result = self.decide(&r, staged, events);
             if result.is_ok() {
                 let first = staged + 1;
                 let n = r.events.len() as u64;
                 if self.segments.is_some() {
                     encode_record(records, first, &r.events);
                 }
-                self.index.add_append(&self.shared.events, first, r.events);
+                self.index.stage_append(first, &r.events);
+                events.extend(r.events);
                 staged = first + n - 1;
             }
             outcomes.push((r.reply, result));
         }
         let published = staged > self.head;
         if published {
+            // Index and store the group commit: one run per posting list, one block of events
+            // with interned names; readers see none of it until the snapshot below.
+            self.index.flush();
+            let block = Arc::new(self.index.take_block(events.iter()));
+            for i in 0..events.len() {
+                self.shared.events.set(self.head + 1 + i as u64, Event::stored(block.clone(), i as u32));
+            }
+            events.clear();
             if let Some(segments) = &mut self.segments {
                 if let Err(e) = segments.commit(records, self.head + 1) {
                     let cause = Arc::new(e);
@@ -140,8 +152,9 @@ impl Writer {
         }
     }
 
-    /// The outcome of `r` against the log plus what this round accepted up to `staged`.
-    fn decide(&self, r: &Request, staged: u64) -> AppendResult {
+    /// The outcome of `r` against the log plus what this round accepted up to `staged` (the
+    /// events at `head + 1..=staged`, not yet stored: `events`).
+    fn decide(&mut self, r: &Request, staged: u64, events: &[Event]) -> AppendResult {
         let n = r.events.len() as u64;
         if let Some(c) = &r.condition {
             let after = raw(c.after);
@@ -151,11 +164,16 @@ impl Writer {
                     head: LogPosition::from_raw(self.head),
                 });
             }
+            if self.index.has_unflushed() {
+                self.index.flush();
+            }
             let view = View {
                 head: staged,
                 types: &self.index.types,
                 tags: &self.index.tags,
                 events: &self.shared.events,
+                staged: events,
+                staged_from: self.head + 1,
             };
             if let Some(at) = view.first_match(&c.fail_if_events_match, after) {
                 return Err(AppendError::Conflict {
