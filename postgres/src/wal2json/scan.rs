@@ -76,6 +76,7 @@ impl<'a> Scanner<'a> {
         let mut i = start;
         let mut escaped = false;
         loop {
+            i += plain_run(bytes.get(i..)?);
             match *bytes.get(i)? {
                 b'"' => {
                     self.at = i + 1;
@@ -295,6 +296,31 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// How many bytes at the start of `bytes` need no look in a string: neither `"`, `\\` nor a
+/// control character (< 0x20). Eight bytes at a time (SWAR, "Bit Twiddling Hacks",
+/// *Determine if a word has a byte less than n*): in each word, a byte's high bit is set in
+/// `flags` when that byte is one of them; a borrow can only set false flags in bytes above a
+/// flagged one, so the lowest flag is exact.
+fn plain_run(bytes: &[u8]) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
+    let mut done = 0;
+    for chunk in bytes.chunks_exact(8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let flags =
+            below(x, 0x20) | below(x ^ (ONES * u64::from(b'"')), 1) | below(x ^ (ONES * u64::from(b'\\')), 1);
+        if flags != 0 {
+            // Little-endian: the lowest bits are the first byte.
+            return done + (flags.trailing_zeros() / 8) as usize;
+        }
+        done += 8;
+    }
+    done
+}
+
 /// Sets a field read once; `None` (give the line to the generic path, which names the
 /// duplicate) if it was already set.
 fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
@@ -303,4 +329,37 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
     }
     *slot = Some(value);
     Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_run;
+
+    #[test]
+    fn plain_run_stops_at_the_first_quote_backslash_or_control_byte() {
+        let naive = |b: &[u8]| b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20).unwrap_or(b.len());
+        let base = "abcdefgh\u{e9}ijklmnopq\u{7f}rstuvwxyz0123456789".as_bytes();
+        for special in [b'"', b'\\', 0x00, 0x01, 0x1f] {
+            for at in 0..=base.len() {
+                let mut line = base.to_vec();
+                line.insert(at, special);
+                // A second special byte later: the first one must be found.
+                line.push(b'"');
+                for start in 0..line.len() {
+                    let got = plain_run(&line[start..]);
+                    // plain_run may stop short of the last < 8 bytes (the caller reads them one by one).
+                    let want = naive(&line[start..]);
+                    assert!(
+                        got == want || (got < want && line.len() - start - got < 8),
+                        "{special} at {at} from {start}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            plain_run(b" !#[]^_`{|}~\x7f\xc3\xa9 !#[]"),
+            16,
+            "no false stops on neighbours of the special bytes"
+        );
+    }
 }
