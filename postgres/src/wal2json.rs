@@ -1479,6 +1479,21 @@ impl<R: BufRead> Iterator for Wal2JsonReader<R> {
 
     fn next(&mut self) -> Option<Self::Item> {
         while !self.done {
+            // A line whole in the input's buffer is read there, without copying it out.
+            if let Ok(buf) = self.input.fill_buf() {
+                if let Some(n) = memchr::memchr(b'\n', buf).filter(|&n| n <= self.max_line_len) {
+                    self.line_no += 1;
+                    let line = &buf[..n];
+                    let pushed = (!line.iter().all(u8::is_ascii_whitespace))
+                        .then(|| self.builder.push_line(self.line_no, line));
+                    self.input.consume(n + 1);
+                    match pushed {
+                        Some(Ok(Some(batch))) => return Some(Ok(batch)),
+                        Some(Err(e)) => return Some(Err(e)),
+                        Some(Ok(None)) | None => continue,
+                    }
+                }
+            }
             let mut too_long = false;
             match self.read_line(&mut too_long) {
                 Err(e) => {
