@@ -191,8 +191,17 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Reads an object key and its `:`.
+    /// Reads an object key and its `:`. The keys of a column object, written as wal2json writes
+    /// them (`"name":`, no whitespace), are matched whole first.
     fn key(&mut self) -> Option<&'a str> {
+        self.ws();
+        let rest = self.text.as_bytes().get(self.at..)?;
+        for (token, key) in [("\"name\":", "name"), ("\"type\":", "type"), ("\"value\":", "value")] {
+            if rest.starts_with(token.as_bytes()) {
+                self.at += token.len();
+                return Some(key);
+            }
+        }
         let key = self.plain_string()?;
         self.expect(b':')?;
         Some(key)
