@@ -722,9 +722,9 @@ fn string_field<'a>(
     field: &'static str,
     hint: &'static str,
 ) -> ParseResult<Cow<'a, str>> {
-    let raw = raw.ok_or_else(|| Wal2JsonErrorKind::MissingField { action, field, hint })?;
+    let raw = raw.ok_or(Wal2JsonErrorKind::MissingField { action, field, hint })?;
     let expected = if raw.starts_with('"') { "a valid string" } else { "a string" };
-    json_str(raw).ok_or_else(|| Wal2JsonErrorKind::WrongType { field, expected })
+    json_str(raw).ok_or(Wal2JsonErrorKind::WrongType { field, expected })
 }
 
 /// `xid` as a number; `None` when absent or null.
@@ -750,8 +750,8 @@ fn push_id_part(id: &mut String, text: &str) -> ParseResult<()> {
         id.push_str(text);
         return Ok(());
     }
-    let s = json_str(text)
-        .ok_or_else(|| Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
+    let s =
+        json_str(text).ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
     for c in s.chars() {
         if c == '\\' || c == ':' {
             id.push('\\');
@@ -1212,7 +1212,7 @@ impl TransactionBuilder {
         match action {
             'T' => out[0] = Some((String::new(), Op::Truncate, None)),
             'D' => {
-                let old = identity.ok_or_else(|| Wal2JsonErrorKind::MissingField {
+                let old = identity.ok_or(Wal2JsonErrorKind::MissingField {
                     action,
                     field: "identity",
                     hint: " (the table needs a primary key or REPLICA IDENTITY FULL)",
@@ -1220,11 +1220,8 @@ impl TransactionBuilder {
                 out[0] = Some((row_id(old, key, "identity")?, Op::Delete, Some(old)));
             }
             _ => {
-                let new = columns.ok_or_else(|| Wal2JsonErrorKind::MissingField {
-                    action,
-                    field: "columns",
-                    hint: "",
-                })?;
+                let new =
+                    columns.ok_or(Wal2JsonErrorKind::MissingField { action, field: "columns", hint: "" })?;
                 let new_id = row_id(new, key, "columns")?;
                 if let (Some(old), 'U') = (identity, action) {
                     let old_id = row_id(old, key, "identity")?;
@@ -1289,8 +1286,7 @@ impl TransactionBuilder {
     }
 
     fn commit(&mut self, f: &Line<'_>) -> ParseResult<Option<Batch>> {
-        let mut txn =
-            self.open.take().ok_or_else(|| Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
+        let mut txn = self.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
         // From here on, any error discards the transaction.
         self.discarded = txn.lost();
         if txn.bad_lines > 0 {
