@@ -722,9 +722,16 @@ fn string_field<'a>(
     field: &'static str,
     hint: &'static str,
 ) -> ParseResult<Cow<'a, str>> {
-    let raw = raw.ok_or(Wal2JsonErrorKind::MissingField { action, field, hint })?;
-    let expected = if raw.starts_with('"') { "a valid string" } else { "a string" };
-    json_str(raw).ok_or(Wal2JsonErrorKind::WrongType { field, expected })
+    // `let … else` rather than `ok_or`: the error is built (and dropped) only when it is returned,
+    // which shows on a per-line path.
+    let Some(raw) = raw else { return Err(Wal2JsonErrorKind::MissingField { action, field, hint }) };
+    match json_str(raw) {
+        Some(s) => Ok(s),
+        None => {
+            let expected = if raw.starts_with('"') { "a valid string" } else { "a string" };
+            Err(Wal2JsonErrorKind::WrongType { field, expected })
+        }
+    }
 }
 
 /// `xid` as a number; `None` when absent or null.
