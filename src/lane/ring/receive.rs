@@ -108,6 +108,14 @@ impl<T> Ring<T> {
     /// One non-blocking receive step for the consumer of `epoch`: a redelivery first ([L2](crate::contract#l2), [L6](crate::contract#l6)),
     /// else the next queued item, else `Empty`/`Closed`. Never blocks ([L12](crate::contract#l12)).
     pub(crate) fn take(&self, epoch: u64, cached_tail: &mut u64) -> Take {
+        self.seated(epoch, || self.take_seated(cached_tail)).unwrap_or(Take::Detached)
+    }
+
+    /// Runs `step` holding the seat of the consumer of `epoch` (P5 in the memory-ordering
+    /// chapter): the receive steps, one item ([`take`](Ring::take)) or a run
+    /// ([`take_run`](Ring::take_run)), go through here. `None` if another consumer was attached
+    /// meanwhile: our epoch is gone.
+    pub(super) fn seated<R>(&self, epoch: u64, step: impl FnOnce() -> R) -> Option<R> {
         // Acquire: pairs with the Release that gave the seat back (a re-attach or our own
         // previous step). Fails if another consumer was attached: our epoch is gone.
         if self
@@ -121,13 +129,13 @@ impl<T> Ring<T> {
             )
             .is_err()
         {
-            return Take::Detached;
+            return None;
         }
-        let taken = self.take_seated(cached_tail);
+        let taken = step();
         // Release: pairs with the next seat-taker's Acquire (re-attach reads `next` and the slot
         // words we wrote).
         self.cons.seat.store((epoch << EPOCH_SHIFT) | ATTACHED, Ordering::Release);
-        taken
+        Some(taken)
     }
 
     fn take_seated(&self, cached_tail: &mut u64) -> Take {

@@ -13,7 +13,7 @@
 
 use super::receive::Take;
 use super::slot::{delivered_word, gen, GEN_SHIFT};
-use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
+use super::{Ring, CLOSED, TAIL_SHIFT};
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Gives back `left` counts of `released` when dropped (see `nack_run`).
@@ -55,25 +55,8 @@ impl<T> Ring<T> {
     /// generations into `gens`. Never blocks ([L12](crate::contract#l12)).
     pub(crate) fn take_run(&self, epoch: u64, cached_tail: &mut u64, gens: &mut [u32]) -> TakeRun {
         debug_assert!(!gens.is_empty());
-        // Acquire / Release on the seat: as in `take`.
-        if self
-            .cons
-            .seat
-            .compare_exchange(
-                (epoch << EPOCH_SHIFT) | ATTACHED,
-                (epoch << EPOCH_SHIFT) | ATTACHED | BUSY,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            return TakeRun::Detached;
-        }
-        let taken = self.take_run_seated(cached_tail, gens);
-        // Release: pairs with the next seat-taker's Acquire (a re-attach reads `next` and the
-        // slot words written above).
-        self.cons.seat.store((epoch << EPOCH_SHIFT) | ATTACHED, Ordering::Release);
-        taken
+        // The seat, taken and given back as for one item (P5, P16).
+        self.seated(epoch, || self.take_run_seated(cached_tail, gens)).unwrap_or(TakeRun::Detached)
     }
 
     fn take_run_seated(&self, cached_tail: &mut u64, gens: &mut [u32]) -> TakeRun {
