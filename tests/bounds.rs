@@ -10,20 +10,11 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use common::{batch, stream};
+use common::{batch, stream, Tick};
 use lanestream::{
     BuildError, Item, Lane, MemoryStream, Position, SinkName, StreamError, TryPublishError, TryRecvError,
     MAX_CAPACITY,
 };
-
-#[derive(Debug, PartialEq, Eq)]
-struct Tick(u64);
-
-impl Item for Tick {
-    fn position(&self) -> Option<Position> {
-        Some(Position(self.0))
-    }
-}
 
 fn ticks(capacity: usize) -> Lane<Tick> {
     Lane::standalone(SinkName::new("ticks").unwrap(), capacity).unwrap()

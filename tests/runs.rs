@@ -9,21 +9,10 @@ use std::task::{Context, Poll};
 use std::thread;
 use std::time::Duration;
 
-use common::{batch, shared_envelopes, stream, tracked, within, CountingWaker};
-use lanestream::{
-    AckError, Item, Lane, LaneItem, MemoryStream, Position, Run, SinkName, Stream, TryRecvError, MAX_RUN,
+use common::{
+    batch, publish_range, run_positions, shared_envelopes, stream, tracked, within, CountingWaker, Tick,
 };
-
-fn positions(run: &Run<LaneItem>) -> Vec<u64> {
-    run.iter().map(|item| item.position().unwrap().0).collect()
-}
-
-fn publish_all(stream: &MemoryStream, sink: &str, range: std::ops::RangeInclusive<u64>) {
-    let mut producer = stream.lane(sink).unwrap().producer().unwrap();
-    for p in range {
-        producer.publish(batch(p)).unwrap();
-    }
-}
+use lanestream::{AckError, Item, Lane, MemoryStream, Position, SinkName, Stream, TryRecvError, MAX_RUN};
 
 #[test]
 fn runs_l2_a_run_is_the_queued_items_in_publish_order_up_to_max_across_wraps() {
@@ -46,7 +35,7 @@ fn runs_l2_a_run_is_the_queued_items_in_publish_order_up_to_max_across_wraps() {
                 assert!(run.len() <= max.min(k), "run of {} for max {max}, {k} queued", run.len());
                 assert_eq!(run.attempt(), 1);
                 assert_eq!(run.sequences().end - run.sequences().start, run.len() as u64);
-                got.extend(positions(&run));
+                got.extend(run_positions(&run));
                 run.ack().unwrap();
             }
         }
@@ -59,10 +48,10 @@ fn runs_l2_a_run_is_the_queued_items_in_publish_order_up_to_max_across_wraps() {
 #[test]
 fn runs_max_is_clamped_to_1_and_max_run() {
     let s = stream(256, &["a"]);
-    publish_all(&s, "a", 1..=200);
+    publish_range(&s, "a", 1..=200);
     let mut consumer = s.attach("a").unwrap();
     let one = consumer.try_recv_run(0).unwrap();
-    assert_eq!(positions(&one), [1]);
+    assert_eq!(run_positions(&one), [1]);
     let full = consumer.try_recv_run(10_000).unwrap();
     assert_eq!(full.len(), MAX_RUN);
     assert_eq!(full.sequences(), 1..1 + MAX_RUN as u64);
@@ -74,16 +63,16 @@ fn runs_max_is_clamped_to_1_and_max_run() {
 #[test]
 fn runs_l5_ack_through_is_cumulative_and_the_acked_position_follows_the_prefix() {
     let s = stream(8, &["a"]);
-    publish_all(&s, "a", 1..=6);
+    publish_range(&s, "a", 1..=6);
     let mut consumer = s.attach("a").unwrap();
     let single = consumer.try_recv().unwrap(); // item 1, outstanding
     let mut run = consumer.try_recv_run(8).unwrap();
-    assert_eq!(positions(&run), [2, 3, 4, 5, 6]);
+    assert_eq!(run_positions(&run), [2, 3, 4, 5, 6]);
     assert_eq!(run.sequences(), 1..6);
     // Below the run: nothing; through sequence 2 (items 2 and 3).
     assert_eq!(run.ack_through(0).unwrap(), 0);
     assert_eq!(run.ack_through(2).unwrap(), 2);
-    assert_eq!(positions(&run), [4, 5, 6]);
+    assert_eq!(run_positions(&run), [4, 5, 6]);
     assert_eq!(run.get(0).unwrap().position(), Some(Position(4)));
     assert!(run.get(3).is_none());
     // Item 1 is still out: the acked position has not moved (L5).
@@ -125,7 +114,7 @@ fn runs_l5_ack_through_position_skips_unpositioned_items_after_the_position() {
 #[test]
 fn runs_l6_nack_releases_the_remainder_which_comes_back_first_one_item_per_run() {
     let s = stream(8, &["a"]);
-    publish_all(&s, "a", 1..=4);
+    publish_range(&s, "a", 1..=4);
     let mut consumer = s.attach("a").unwrap();
     let mut run = consumer.try_recv_run(3).unwrap();
     assert_eq!(run.ack_through(0).unwrap(), 1); // item 1
@@ -134,7 +123,7 @@ fn runs_l6_nack_releases_the_remainder_which_comes_back_first_one_item_per_run()
     assert!(!consumer.is_empty());
     let mut got = Vec::new();
     while let Ok(run) = consumer.try_recv_run(8) {
-        got.push((positions(&run), run.attempt()));
+        got.push((run_positions(&run), run.attempt()));
         run.ack().unwrap();
     }
     // Redeliveries first, each in a run of its own with attempt 2; then item 4 (never delivered).
@@ -146,7 +135,7 @@ fn runs_l6_nack_releases_the_remainder_which_comes_back_first_one_item_per_run()
 #[test]
 fn runs_l6_dropping_a_run_releases_it_and_single_receives_see_the_redeliveries() {
     let s = stream(4, &["a"]);
-    publish_all(&s, "a", 1..=3);
+    publish_range(&s, "a", 1..=3);
     let mut consumer = s.attach("a").unwrap();
     drop(consumer.try_recv_run(8).unwrap());
     let stats = s.stats("a").unwrap();
@@ -163,26 +152,26 @@ fn runs_l6_dropping_a_run_releases_it_and_single_receives_see_the_redeliveries()
 #[test]
 fn runs_l8_reattach_mid_run_the_acked_part_counts_the_rest_is_redelivered_in_order() {
     let s = stream(8, &["a"]);
-    publish_all(&s, "a", 1..=5);
+    publish_range(&s, "a", 1..=5);
     let mut old = s.attach("a").unwrap();
     let mut run = old.try_recv_run(8).unwrap();
     assert_eq!(run.ack_through(1).unwrap(), 2); // items 1, 2 land
     let mut new = s.reattach("a").unwrap();
     // The run's items stay readable in place (their slots are pinned while it lives).
-    assert_eq!(positions(&run), [3, 4, 5]);
+    assert_eq!(run_positions(&run), [3, 4, 5]);
     assert_eq!(run.ack_through(2).unwrap_err(), AckError::Detached);
     assert_eq!(run.len(), 2);
     assert_eq!(old.try_recv_run(8).unwrap_err(), TryRecvError::Detached);
     let mut got = Vec::new();
     while let Ok(d) = new.try_recv_run(8) {
-        got.push((positions(&d), d.attempt()));
+        got.push((run_positions(&d), d.attempt()));
         d.ack().unwrap();
     }
     assert_eq!(got, [(vec![3], 2), (vec![4], 2), (vec![5], 2)]);
     assert_eq!(s.acked("a").unwrap(), Some(Position(5)));
     // The stale run still reads items 4 and 5 in place: their slots are pinned, not reused.
     assert_eq!(s.stats("a").unwrap().pinned, 2);
-    assert_eq!(positions(&run), [4, 5]);
+    assert_eq!(run_positions(&run), [4, 5]);
     assert_eq!(run.ack().unwrap_err(), AckError::Detached);
     assert_eq!(s.stats("a").unwrap().pinned, 0);
     assert!(s.is_idle());
@@ -191,7 +180,7 @@ fn runs_l8_reattach_mid_run_the_acked_part_counts_the_rest_is_redelivered_in_ord
 #[test]
 fn runs_l8_a_stale_run_dropped_releases_nothing_more() {
     let s = stream(4, &["a"]);
-    publish_all(&s, "a", 1..=2);
+    publish_range(&s, "a", 1..=2);
     let mut old = s.attach("a").unwrap();
     let run = old.try_recv_run(4).unwrap();
     let mut new = s.reattach("a").unwrap();
@@ -199,20 +188,11 @@ fn runs_l8_a_stale_run_dropped_releases_nothing_more() {
     drop(run);
     assert_eq!(s.stats("a").unwrap().released, 2, "a stale run released its items again");
     let redelivered = new.try_recv_run(4).unwrap();
-    assert_eq!((positions(&redelivered), redelivered.attempt()), (vec![1], 2));
+    assert_eq!((run_positions(&redelivered), redelivered.attempt()), (vec![1], 2));
     redelivered.ack().unwrap();
     new.try_recv_run(4).unwrap().ack().unwrap();
     assert_eq!(new.try_recv_run(4).unwrap_err(), TryRecvError::Empty);
     assert!(s.is_idle());
-}
-
-#[derive(Debug, PartialEq)]
-struct Tick(u64);
-
-impl Item for Tick {
-    fn position(&self) -> Option<Position> {
-        Some(Position(self.0))
-    }
 }
 
 /// The holder bound applies to redeliveries through runs as to single receives: at 65,535 live
@@ -249,18 +229,18 @@ fn runs_l8_the_holder_bound_holds_for_redeliveries_in_runs() {
 #[test]
 fn runs_l10_recv_run_drains_then_returns_none_and_none_is_not_final_while_a_run_is_out() {
     let s = stream(4, &["a"]);
-    publish_all(&s, "a", 1..=3);
+    publish_range(&s, "a", 1..=3);
     s.close("a").unwrap();
     let mut consumer = s.attach("a").unwrap();
     let run = consumer.recv_run(2).unwrap().unwrap();
-    assert_eq!(positions(&run), [1, 2]);
+    assert_eq!(run_positions(&run), [1, 2]);
     let last = consumer.recv_run(2).unwrap().unwrap();
-    assert_eq!(positions(&last), [3]);
+    assert_eq!(run_positions(&last), [3]);
     assert!(consumer.recv_run(2).unwrap().is_none());
     assert_eq!(consumer.try_recv_run(2).unwrap_err(), TryRecvError::Closed);
     drop(run); // released after the end: comes back
     let again = consumer.recv_run(8).unwrap().unwrap();
-    assert_eq!((positions(&again), again.attempt()), (vec![1], 2));
+    assert_eq!((run_positions(&again), again.attempt()), (vec![1], 2));
     again.ack().unwrap();
     consumer.recv_run(8).unwrap().unwrap().ack().unwrap();
     last.ack().unwrap();
@@ -289,11 +269,11 @@ fn runs_a_blocked_recv_run_wakes_on_publish_and_an_async_one_is_woken() {
     let publisher = s.clone();
     let t = thread::spawn(move || {
         thread::sleep(Duration::from_millis(20));
-        publish_all(&publisher, "a", 1..=1);
+        publish_range(&publisher, "a", 1..=1);
     });
     let got = within(10, "recv_run woken by a publish", move || {
         let run = consumer.recv_run(8).unwrap().unwrap();
-        let p = positions(&run);
+        let p = run_positions(&run);
         run.ack().unwrap();
         (p, consumer)
     });
@@ -306,11 +286,11 @@ fn runs_a_blocked_recv_run_wakes_on_publish_and_an_async_one_is_woken() {
     {
         let mut fut = std::pin::pin!(consumer.recv_run_async(8));
         assert!(fut.as_mut().poll(&mut cx).is_pending());
-        publish_all(&s, "a", 2..=3);
+        publish_range(&s, "a", 2..=3);
         assert_eq!(counter.wakes(), 1, "the publish woke the pending recv_run_async");
         match fut.as_mut().poll(&mut cx) {
             Poll::Ready(Ok(Some(run))) => {
-                assert_eq!(positions(&run), [2, 3]);
+                assert_eq!(run_positions(&run), [2, 3]);
                 run.ack().unwrap();
             }
             other => panic!("not ready: {other:?}"),
@@ -319,7 +299,7 @@ fn runs_a_blocked_recv_run_wakes_on_publish_and_an_async_one_is_woken() {
     // A dropped future took nothing.
     publish_all_from(&s, 4);
     drop(consumer.recv_run_async(8));
-    assert_eq!(positions(&consumer.try_recv_run(8).unwrap()), [4]);
+    assert_eq!(run_positions(&consumer.try_recv_run(8).unwrap()), [4]);
 }
 
 fn publish_all_from(s: &MemoryStream, p: u64) {
@@ -342,8 +322,8 @@ fn runs_l12_try_recv_run_never_blocks_and_reports_detached() {
 #[test]
 fn runs_w1_runs_acked_on_worker_threads_move_the_watermark() {
     let s = stream(16, &["a", "b"]);
-    publish_all(&s, "a", 1..=10);
-    publish_all(&s, "b", 1..=10);
+    publish_range(&s, "a", 1..=10);
+    publish_range(&s, "b", 1..=10);
     let mut a = s.attach("a").unwrap();
     let mut b = s.attach("b").unwrap();
     let first = a.try_recv_run(4).unwrap();

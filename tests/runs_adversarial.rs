@@ -13,28 +13,15 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{batch, shared_envelopes, snapshot, stream, tracked, within};
+use common::{
+    batch, pos, publish_range, run_positions, shared_envelopes, snapshot, stream, tracked, within, Tick,
+};
 use lanestream::{
-    AckError, Delivery, Item, Lane, LaneItem, MemoryStream, Position, PublishError, PublishTimeoutError, Run,
-    SinkName, Stream, TryPublishError, TryRecvError, MAX_RUN,
+    AckError, Delivery, Item, Lane, LaneItem, Position, PublishError, PublishTimeoutError, Run, SinkName,
+    Stream, TryPublishError, TryRecvError, MAX_RUN,
 };
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
-
-fn positions(run: &Run<LaneItem>) -> Vec<u64> {
-    run.iter().map(|item| item.position().unwrap().0).collect()
-}
-
-fn publish_range(stream: &MemoryStream, sink: &str, range: std::ops::RangeInclusive<u64>) {
-    let mut producer = stream.lane(sink).unwrap().producer().unwrap();
-    for p in range {
-        producer.try_publish(batch(p)).unwrap();
-    }
-}
-
-fn pos_of(d: &Delivery<LaneItem>) -> u64 {
-    d.position().unwrap().0
-}
 
 // ----- cumulative acks at the edges ---------------------------------------------------------------
 
@@ -75,7 +62,7 @@ fn runs_l5_ack_through_below_twice_and_beyond_acks_each_item_once() {
     assert_eq!(s.watermark(), Some(Position(2)));
     assert_eq!(run.ack_through(3), Ok(2));
     assert_eq!(run.sequences(), 4..7);
-    assert_eq!(positions(&run), [5, 6, 7]);
+    assert_eq!(run_positions(&run), [5, 6, 7]);
     assert_eq!(s.watermark(), Some(Position(4)));
     assert_eq!(run.ack_through(3), Ok(0), "the same sequence twice");
     assert_eq!(run.ack_through(2), Ok(0), "a sequence already acked");
@@ -121,7 +108,7 @@ fn runs_l5_ack_through_position_between_below_and_with_snapshots_in_front() {
     again.ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(20)), "an unpositioned ack moves nothing (W2)");
     let last = consumer.try_recv_run(8).unwrap();
-    assert_eq!((positions(&last), last.attempt()), (vec![30], 2));
+    assert_eq!((run_positions(&last), last.attempt()), (vec![30], 2));
     last.ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(30)));
 }
@@ -139,10 +126,10 @@ fn runs_l2_l5_runs_and_single_receives_interleave_in_order_and_out_of_order_acks
     let mut r2 = c.try_recv_run(3).unwrap();
     let d5 = c.try_recv().unwrap();
     let r6 = c.try_recv_run(64).unwrap();
-    assert_eq!(pos_of(&d1), 1);
-    assert_eq!(positions(&r2), [2, 3, 4]);
-    assert_eq!(pos_of(&d5), 5);
-    assert_eq!(positions(&r6), [6, 7, 8, 9, 10]);
+    assert_eq!(pos(&d1), 1);
+    assert_eq!(run_positions(&r2), [2, 3, 4]);
+    assert_eq!(pos(&d5), 5);
+    assert_eq!(run_positions(&r6), [6, 7, 8, 9, 10]);
     assert_eq!(c.try_recv_run(64).unwrap_err(), TryRecvError::Empty);
     assert!(c.is_empty());
     r6.ack().unwrap();
@@ -179,7 +166,7 @@ fn runs_l2_l6_releases_of_runs_and_singles_come_back_earliest_first_each_once() 
     publish_range(&s, "a", 10..=11);
     let mut got = Vec::new();
     while let Ok(run) = c.try_recv_run(64) {
-        got.push((positions(&run), run.attempt()));
+        got.push((run_positions(&run), run.attempt()));
         run.ack().unwrap();
     }
     assert_eq!(
@@ -210,11 +197,11 @@ fn runs_l2_a_run_never_carries_a_new_item_past_a_released_one() {
     let r = c.try_recv_run(2).unwrap(); // 1 2
     drop(r);
     let first = c.try_recv_run(8).unwrap();
-    assert_eq!((positions(&first), first.attempt()), (vec![1], 2));
+    assert_eq!((run_positions(&first), first.attempt()), (vec![1], 2));
     let single = c.try_recv().unwrap();
-    assert_eq!((pos_of(&single), single.attempt()), (2, 2));
+    assert_eq!((pos(&single), single.attempt()), (2, 2));
     let rest = c.try_recv_run(8).unwrap();
-    assert_eq!((positions(&rest), rest.attempt()), (vec![3, 4, 5, 6], 1));
+    assert_eq!((run_positions(&rest), rest.attempt()), (vec![3, 4, 5, 6], 1));
     first.ack().unwrap();
     single.ack().unwrap();
     rest.ack().unwrap();
@@ -242,7 +229,7 @@ fn runs_l8_w3_stale_run_acks_are_refused_and_the_watermark_never_passes_an_unack
     assert_eq!(s.stats("a").unwrap().acked_items, 1);
     let r2 = new.try_recv_run(8).unwrap();
     let r3 = new.try_recv_run(8).unwrap();
-    assert_eq!((positions(&r2), positions(&r3)), (vec![2], vec![3]));
+    assert_eq!((run_positions(&r2), run_positions(&r3)), (vec![2], vec![3]));
     r3.ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(1)), "item 2 is still out");
     // The rest of the stale run: refused as a whole, releases nothing more.
@@ -254,7 +241,7 @@ fn runs_l8_w3_stale_run_acks_are_refused_and_the_watermark_never_passes_an_unack
     assert_eq!(s.watermark(), Some(Position(3)));
     let mut rest = Vec::new();
     while let Ok(r) = new.try_recv_run(8) {
-        rest.push((positions(&r), r.attempt()));
+        rest.push((run_positions(&r), r.attempt()));
         r.ack().unwrap();
     }
     assert_eq!(rest, vec![(vec![4], 2), (vec![5], 2)]);
@@ -282,14 +269,14 @@ fn runs_l8_a_stale_run_reads_its_own_items_while_the_new_consumer_laps_the_ring(
     assert_eq!(lane.stats().pinned, 3);
     // Every slot is pinned: the lane is full although everything is acked.
     assert!(producer.try_publish(batch(4)).unwrap_err().is_full());
-    assert_eq!(positions(&stale), [1, 2, 3]);
+    assert_eq!(run_positions(&stale), [1, 2, 3]);
     assert!(s.is_idle(), "acked items pinned by a stale run count as done (W5)");
     drop(stale);
     assert_eq!(lane.stats().pinned, 0);
     for p in 4..=9 {
         producer.try_publish(batch(p)).unwrap();
         let r = new.try_recv_run(8).unwrap();
-        assert_eq!((positions(&r), r.attempt()), (vec![p], 1));
+        assert_eq!((run_positions(&r), r.attempt()), (vec![p], 1));
         r.ack().unwrap();
     }
     assert_eq!(s.watermark(), Some(Position(9)));
@@ -340,7 +327,7 @@ fn runs_l8_late_run_acks_racing_a_reattach_land_xor_are_redelivered() {
         let mut redelivered = Vec::new();
         while let Ok(r) = new.try_recv_run(MAX_RUN) {
             assert_eq!(r.attempt(), 2, "only released items come back, with attempt 2");
-            redelivered.extend(positions(&r));
+            redelivered.extend(run_positions(&r));
             r.ack().unwrap();
         }
         let mut all: Vec<u64> = landed.iter().chain(&redelivered).copied().collect();
@@ -371,20 +358,20 @@ fn runs_l2_l6_l10_capacity_1_runs_of_one_through_nack_reattach_and_close() {
         producer.try_publish(batch(p)).unwrap();
         assert!(producer.try_publish(batch(p + 1_000)).unwrap_err().is_full());
         let r = c.try_recv_run(MAX_RUN).unwrap();
-        assert_eq!((positions(&r), r.attempt()), (vec![p], 1));
+        assert_eq!((run_positions(&r), r.attempt()), (vec![p], 1));
         match p % 3 {
             0 => r.ack().unwrap(),
             1 => {
                 r.nack();
                 let again = c.try_recv_run(MAX_RUN).unwrap();
-                assert_eq!((positions(&again), again.attempt()), (vec![p], 2));
+                assert_eq!((run_positions(&again), again.attempt()), (vec![p], 2));
                 again.ack().unwrap();
             }
             _ => {
                 c = lane.reattach();
                 assert_eq!(r.ack(), Err(AckError::Detached));
                 let again = c.try_recv_run(MAX_RUN).unwrap();
-                assert_eq!((positions(&again), again.attempt()), (vec![p], 2));
+                assert_eq!((run_positions(&again), again.attempt()), (vec![p], 2));
                 again.ack().unwrap();
             }
         }
@@ -396,7 +383,7 @@ fn runs_l2_l6_l10_capacity_1_runs_of_one_through_nack_reattach_and_close() {
     assert!(c.recv_run(4).unwrap().is_none());
     drop(out);
     let back = c.recv_run(4).unwrap().expect("a run released after None comes back");
-    assert_eq!((positions(&back), back.attempt()), (vec![51], 2));
+    assert_eq!((run_positions(&back), back.attempt()), (vec![51], 2));
     back.ack().unwrap();
     assert!(c.recv_run(4).unwrap().is_none());
     assert!(s.is_idle());
@@ -420,7 +407,7 @@ fn runs_l2_max_runs_straddle_the_wrap_for_capacities_around_max_run() {
             let Ok(mut run) = c.try_recv_run(rng.gen_range(1..=MAX_RUN + 5)) else { continue };
             assert!(run.len() <= MAX_RUN);
             assert_eq!(run.get(0).unwrap().position(), Some(Position(expect)), "capacity {capacity}");
-            let ps = positions(&run);
+            let ps = run_positions(&run);
             assert!(ps.windows(2).all(|w| w[1] == w[0] + 1), "not contiguous: {ps:?}");
             if run.attempt() > 1 {
                 assert_eq!(run.len(), 1, "a redelivery comes alone");
@@ -445,15 +432,6 @@ fn runs_l2_max_runs_straddle_the_wrap_for_capacities_around_max_run() {
 }
 
 // ----- the holder bound ---------------------------------------------------------------------------
-
-#[derive(Debug, PartialEq)]
-struct Tick(u64);
-
-impl Item for Tick {
-    fn position(&self) -> Option<Position> {
-        Some(Position(self.0))
-    }
-}
 
 /// The holder bound with a multi-item stale run: item 1 reaches 65,535 live deliveries (one of
 /// them inside a stale run of three first deliveries); the next redelivery waits, and neither
@@ -523,7 +501,7 @@ fn runs_l10_close_with_a_run_outstanding_and_a_recv_run_blocked() {
     out.nack();
     let mut got = Vec::new();
     while let Some(r) = c.recv_run(8).unwrap() {
-        got.push((positions(&r), r.attempt()));
+        got.push((run_positions(&r), r.attempt()));
         r.ack().unwrap();
     }
     assert_eq!(got, vec![(vec![2], 2), (vec![3], 2)]);
@@ -662,7 +640,7 @@ fn fanout_l8_a_detached_consumer_changes_nothing_for_the_publisher() {
             drop(rb);
         }
         while let Ok(r) = b.try_recv_run(8) {
-            got_b.extend(positions(&r));
+            got_b.extend(run_positions(&r));
             r.ack().unwrap();
         }
     }
@@ -817,7 +795,7 @@ fn runs_w1_w3_watermark_under_concurrent_runs_never_passes_any_lanes_acked_prefi
                     1 => drop(run),
                     _ => {
                         if !run.is_empty() {
-                            let ps: Vec<u64> = positions(&run);
+                            let ps: Vec<u64> = run_positions(&run);
                             sub.submit(&ps);
                             if run.ack().is_ok() {
                                 for p in ps {
@@ -1018,7 +996,7 @@ fn run_ops(ops: &[ROp]) {
     let check_run = |m: &MLane, run: &Run<LaneItem>, items: &[(usize, u32)], attempt: u32| {
         assert_eq!(run.len(), items.len());
         assert_eq!(run.attempt(), attempt);
-        let got: Vec<u64> = positions(run);
+        let got: Vec<u64> = run_positions(run);
         let want: Vec<u64> = items.iter().map(|&(i, _)| m.items[i].position).collect();
         assert_eq!(got, want);
     };
@@ -1058,7 +1036,7 @@ fn run_ops(ops: &[ROp]) {
                     }
                     None => {
                         let want = if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
-                        assert_eq!(r.map(|r| positions(&r)).unwrap_err(), want);
+                        assert_eq!(r.map(|r| run_positions(&r)).unwrap_err(), want);
                     }
                 }
             }
@@ -1068,7 +1046,7 @@ fn run_ops(ops: &[ROp]) {
                 match model[l].take_run(1) {
                     Some((items, attempt)) => {
                         let d = r.expect("the model delivers an item");
-                        assert_eq!((pos_of(&d), d.attempt()), (model[l].items[items[0].0].position, attempt));
+                        assert_eq!((pos(&d), d.attempt()), (model[l].items[items[0].0].position, attempt));
                         singles.push(HeldOne { lane: l, d, item: items[0] });
                     }
                     None => assert!(r.is_err()),
@@ -1176,7 +1154,7 @@ fn run_ops(ops: &[ROp]) {
     drop(singles);
     for (l, c) in consumers.iter_mut().enumerate() {
         while let Ok(run) = c.try_recv_run(MAX_RUN) {
-            for p in positions(&run) {
+            for p in run_positions(&run) {
                 assert!(landed[l].insert(p), "lane {l}: item {p} delivered again after it was acked");
             }
             run.ack().unwrap();
@@ -1214,7 +1192,7 @@ fn runs_l12_a_dropped_recv_run_async_future_takes_nothing() {
         assert!(wakes.wakes() >= 1, "publishing woke nobody");
     }
     let run = c.try_recv_run(4).unwrap();
-    assert_eq!((positions(&run), run.attempt()), (vec![1, 2, 3], 1));
+    assert_eq!((run_positions(&run), run.attempt()), (vec![1, 2, 3], 1));
     assert_eq!(s.stats("a").unwrap().delivered, 3);
     run.ack().unwrap();
     assert!(s.is_idle());
@@ -1251,7 +1229,7 @@ fn runs_l5_l8_m3_runs_acked_on_workers_across_reattaches_lose_nothing_and_read_t
                 loop {
                     let Ok((mut run, first)) = rx.lock().unwrap().recv() else { break };
                     thread::yield_now();
-                    let ps = positions(&run);
+                    let ps = run_positions(&run);
                     let want: Vec<u64> = (first..first + run.len() as u64).collect();
                     assert_eq!(ps, want, "a run reads items that are not its own");
                     let k = rng.gen_range(0..=run.len());
@@ -1347,7 +1325,7 @@ fn runs_l8_attach_after_the_consumer_dropped_takes_back_its_outstanding_run() {
     assert_eq!(run.ack(), Err(AckError::Detached));
     let mut got = Vec::new();
     while let Ok(r) = new.try_recv_run(8) {
-        got.push((positions(&r), r.attempt()));
+        got.push((run_positions(&r), r.attempt()));
         r.ack().unwrap();
     }
     assert_eq!(got, vec![(vec![3], 2), (vec![4], 2)]);
@@ -1364,7 +1342,7 @@ fn runs_l12_a_past_deadline_returns_what_is_there_and_times_out_on_nothing() {
     assert!(c.recv_run_deadline(4, past).unwrap_err().is_timeout());
     publish_range(&s, "a", 1..=2);
     let run = c.recv_run_deadline(4, past).unwrap().unwrap();
-    assert_eq!(positions(&run), [1, 2]);
+    assert_eq!(run_positions(&run), [1, 2]);
     assert!(c.recv_run_timeout(4, Duration::ZERO).unwrap_err().is_timeout());
     run.ack().unwrap();
 }
@@ -1449,7 +1427,7 @@ fn runs_l2_a_run_released_on_another_thread_comes_back_in_order_while_the_consum
         while got.len() < 8 {
             assert!(Instant::now() < deadline, "round {round}: released items lost: {got:?}");
             if let Ok(d) = c.try_recv() {
-                got.push((pos_of(&d), d.attempt()));
+                got.push((pos(&d), d.attempt()));
                 d.ack().unwrap();
             }
         }
@@ -1487,7 +1465,7 @@ fn runs_l2_l6_no_new_item_between_the_redeliveries_of_a_run_released_on_another_
         let mut got = Vec::new();
         while got.len() < 12 {
             if let Ok(d) = c.try_recv() {
-                got.push(pos_of(&d));
+                got.push(pos(&d));
                 d.ack().unwrap();
             }
         }
@@ -1541,7 +1519,7 @@ fn fanout_l10_a_close_racing_publish_runs_loses_no_item_reported_as_published() 
             let mut c = s.attach(sink).unwrap();
             let mut got = Vec::new();
             while let Some(run) = c.recv_run(MAX_RUN).unwrap() {
-                got.extend(positions(&run));
+                got.extend(run_positions(&run));
                 run.ack().unwrap();
             }
             assert!(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use lanestream::{
-    Batch, Consumer, Delivery, Envelope, IndexName, Item, LaneItem, MemoryStream, Op, Position, Request,
+    Batch, Consumer, Delivery, Envelope, IndexName, Item, LaneItem, MemoryStream, Op, Position, Request, Run,
     SinkName,
 };
 
@@ -65,6 +65,31 @@ pub fn stream(capacity: usize, sinks: &[&str]) -> MemoryStream {
 /// The position of a delivered positioned item (panics if it has none).
 pub fn pos<T: Item>(delivery: &Delivery<T>) -> u64 {
     delivery.item().position().expect("a positioned item").0
+}
+
+/// The positions of a run's items, in order (panics on an unpositioned item).
+pub fn run_positions(run: &Run<LaneItem>) -> Vec<u64> {
+    run.iter().map(|item| item.position().expect("a positioned item").0).collect()
+}
+
+/// Publishes `batch(p)` for each `p` of `range` into `sink`'s lane with `try_publish`, so a lane
+/// without room fails the test rather than waiting.
+pub fn publish_range(stream: &MemoryStream, sink: &str, range: std::ops::RangeInclusive<u64>) {
+    let mut producer = stream.lane(sink).unwrap().producer().unwrap();
+    for p in range {
+        producer.try_publish(batch(p)).unwrap();
+    }
+}
+
+/// A positioned item without envelopes, for lanes of another item type than `LaneItem`
+/// (standalone lanes, the holder bound).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Tick(pub u64);
+
+impl Item for Tick {
+    fn position(&self) -> Option<Position> {
+        Some(Position(self.0))
+    }
 }
 
 /// A waker that counts its wake-ups.
