@@ -189,6 +189,17 @@ if (h[1] or '0') ~= ARGV[3] then
   return {'detached'}
 end
 if is_acked(A, an, oo, n) then return {'ok'} end
+-- The acked prefix moved to `an` (by `moved` entries, `oo` still out of order; `ap` its last
+-- position, if any): recorded, and a publisher waiting for room rung.
+local function advanced(an, moved, oo, ap)
+  if ap then
+    redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'ap', ap, 'pw', '0')
+  else
+    redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'pw', '0')
+  end
+  if h[5] == '1' then ring(base .. ':pbell') end
+  return {'ok'}
+end
 redis.call('XACK', L, group, s(n) .. '-0')
 if ARGV[7] == '1' then
   -- Alone on the log: the first unacked entry is `an + 1`; positions come with the acks.
@@ -210,13 +221,7 @@ if ARGV[7] == '1' then
     local p = string.match(m[1], ':(.*)$')
     if p ~= '' then ap = p end
   end
-  if ap then
-    redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'ap', ap, 'pw', '0')
-  else
-    redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'pw', '0')
-  end
-  if h[5] == '1' then ring(base .. ':pbell') end
-  return {'ok'}
+  return advanced(an, moved, oo, ap)
 end
 -- In order (the common case): `n` is the lane's first unacked entry, the head of `ids`.
 local first = redis.call('ZPOPMIN', I)
@@ -243,13 +248,7 @@ while oo > 0 do
   local p = string.match(nx[1], ':(.*)$')
   if p ~= '' then ap = p end
 end
-if ap then
-  redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'ap', ap, 'pw', '0')
-else
-  redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'pw', '0')
-end
-if h[5] == '1' then ring(base .. ':pbell') end
-return {'ok'}
+return advanced(an, moved, oo, ap)
 "#;
 
 /// Nack entry `n` (delivered as `attempt`): releases it for redelivery before anything new. A
