@@ -1551,6 +1551,13 @@ mod tests {
 
     const PK_ID: &str = r#""pk":[{"name":"id","type":"integer"}]"#;
 
+    /// A wal2json insert line of table `s.t` keyed by `id`.
+    fn insert_id(id: u32) -> String {
+        format!(
+            r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":{id}}}],{PK_ID}}}"#
+        )
+    }
+
     fn doc(e: &Envelope) -> &str {
         std::str::from_utf8(&e.document).expect("UTF-8 document")
     }
@@ -1820,11 +1827,7 @@ mod tests {
 
     #[test]
     fn a_line_too_long_discards_its_whole_transaction() {
-        let i = |id: u32| {
-            format!(
-                r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":{id}}}],{PK_ID}}}"#
-            )
-        };
+        let i = insert_id;
         let long = format!(
             r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":3}},{{"name":"x","value":"{}"}}],{PK_ID}}}"#,
             "x".repeat(300)
@@ -1869,11 +1872,7 @@ mod tests {
 
     #[test]
     fn huge_transactions_come_in_chunks_and_only_the_last_is_positioned() {
-        let i = |id: u32| {
-            format!(
-                r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"id","value":{id}}}],{PK_ID}}}"#
-            )
-        };
+        let i = insert_id;
         let u = format!(
             r#"{{"action":"U","schema":"s","table":"t","columns":[{{"name":"id","value":9}}],"identity":[{{"name":"id","value":5}}],{PK_ID}}}"#
         );
