@@ -11,7 +11,7 @@ use common::{batch, shared_envelopes, snapshot, stream, tracked, within};
 use lanestream::{Position, PublishError, Stream, StreamError, TryPublishError, TryRecvError};
 
 #[test]
-fn fanout_publishes_each_item_to_every_lane_in_order() {
+fn fanout_l2_publishes_each_item_to_every_lane_in_order() {
     let s = stream(8, &["a", "b", "c"]);
     let mut fanout = s.fanout().unwrap();
     assert_eq!(fanout.lanes(), 3);
@@ -85,7 +85,7 @@ fn fanout_l3_an_item_goes_to_every_lane_or_none_full_hands_it_back() {
 }
 
 #[test]
-fn fanout_publish_run_fills_what_fits_then_waits() {
+fn fanout_l3_publish_run_fills_what_fits_then_waits() {
     let s = stream(3, &["a", "b"]);
     let mut fanout = s.fanout().unwrap();
     let items: Vec<_> = (1..=7).map(batch).collect();
