@@ -11,9 +11,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use crossbeam_utils::Backoff;
-
-use crate::sync::{self, AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Thread};
+use crate::sync::{self, Condvar, Mutex, MutexGuard, Thread};
 
 use super::condition::AppendCondition;
 use super::error::AppendError;
@@ -71,9 +69,6 @@ struct ReplyState {
 #[derive(Default)]
 pub(crate) struct ReplySlot {
     state: Mutex<ReplyState>,
-    /// Set (under the lock) once `state.result` is in: lets a waiting appender spin on one
-    /// load before it parks. Only a hint: the lock decides.
-    ready: AtomicBool,
 }
 
 impl ReplySlot {
@@ -83,13 +78,8 @@ impl ReplySlot {
         (slot.clone(), ReplySender(Some(slot)))
     }
 
-    /// Blocks until the outcome is in: spins briefly first (a group commit on a fast disk is a
-    /// few microseconds, less than two futex round trips), then parks.
+    /// Blocks (parks) until the outcome is in.
     pub(crate) fn wait(&self) -> AppendResult {
-        if sync::SPIN {
-            // Relaxed: a hint only; the lock below orders the result's read after its write.
-            spin_until(|| self.ready.load(Ordering::Relaxed));
-        }
         let mut st = lock(&self.state);
         loop {
             if let Some(r) = st.result.take() {
@@ -139,8 +129,6 @@ fn deliver(slot: &ReplySlot, result: AppendResult) {
     let waiter = {
         let mut st = lock(&slot.state);
         st.result = Some(result);
-        // Relaxed: a hint for `wait`'s spin; the lock publishes the result.
-        slot.ready.store(true, Ordering::Relaxed);
         st.waiter.take()
     };
     if let Some(w) = waiter {
@@ -153,15 +141,6 @@ impl Drop for ReplySender {
         if let Some(slot) = self.0.take() {
             deliver(&slot, Err(AppendError::Shutdown));
         }
-    }
-}
-
-/// Spins (then yields) until `done` or crossbeam's `Backoff` gives up: its 127 spin hints and
-/// 4 yields take a few microseconds, about one group commit on a fast disk.
-fn spin_until(done: impl Fn() -> bool) {
-    let backoff = Backoff::new();
-    while !done() && !backoff.is_completed() {
-        backoff.snooze();
     }
 }
 
@@ -180,9 +159,6 @@ struct QueueState {
 /// The bounded request queue in front of the writer.
 pub(crate) struct Queue {
     capacity: usize,
-    /// `state.items.len()`, written under the lock: lets the writer spin on one load before it
-    /// waits. Only a hint: the lock decides.
-    queued: AtomicUsize,
     state: Mutex<QueueState>,
     not_empty: Condvar,
     not_full: Condvar,
@@ -192,7 +168,6 @@ impl Queue {
     pub(crate) fn new(capacity: usize) -> Queue {
         Queue {
             capacity,
-            queued: AtomicUsize::new(0),
             state: Mutex::new(QueueState {
                 items: VecDeque::with_capacity(capacity.min(4096)),
                 closed: false,
@@ -208,8 +183,6 @@ impl Queue {
 
     fn enqueue(&self, mut st: MutexGuard<'_, QueueState>, request: Request) {
         st.items.push_back(request);
-        // Relaxed: a hint for `drain`'s spin; the lock publishes the request.
-        self.queued.store(st.items.len(), Ordering::Relaxed);
         let wake_writer = st.writer_waiting;
         drop(st);
         if wake_writer {
@@ -268,11 +241,6 @@ impl Queue {
     /// Moves up to `max_requests` requests (and up to about `max_bytes`; always at least one)
     /// into `out`, waiting while the queue is empty. `false` once it is closed and empty.
     pub(crate) fn drain(&self, max_requests: usize, max_bytes: usize, out: &mut Vec<Request>) -> bool {
-        // Relaxed: a hint; the lock below decides. A lone appender's next request usually comes
-        // within microseconds of its reply: catch it without a futex sleep and wake-up.
-        if sync::SPIN && self.queued.load(Ordering::Relaxed) == 0 {
-            spin_until(|| self.queued.load(Ordering::Relaxed) > 0);
-        }
         let mut st = lock(&self.state);
         while st.items.is_empty() {
             if st.closed {
@@ -290,8 +258,6 @@ impl Queue {
             bytes += r.bytes;
             out.push(st.items.pop_front().expect("front exists"));
         }
-        // Relaxed: see `enqueue`.
-        self.queued.store(st.items.len(), Ordering::Relaxed);
         let wake_blocked = st.pushers_waiting > 0;
         let wakers = std::mem::take(&mut st.space_wakers);
         drop(st);
