@@ -161,14 +161,17 @@ fn start(
         segments,
         max_drain_requests: options.max_drain_requests,
         max_drain_bytes: options.max_drain_bytes,
+        stopped: false,
+        scratch: Default::default(),
     };
-    let thread = writer.spawn().map_err(|source| OpenError::Io {
+    let (writer, thread) = writer.spawn().map_err(|source| OpenError::Io {
         op: "starting the writer thread for",
         path: "the log".into(),
         source,
     })?;
     let link = WriterLink {
         queue,
+        writer,
         thread: Mutex::new(Some(thread)),
         shared: shared.clone(),
         max_append_bytes: options.max_append_bytes,
@@ -179,6 +182,8 @@ fn start(
 /// What every clone of a write handle shares; the last one dropped stops the writer.
 struct WriterLink {
     queue: Arc<Queue>,
+    /// The writer's state, for inline commits.
+    writer: Arc<Mutex<Writer>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     shared: Arc<Shared>,
     max_append_bytes: usize,
@@ -254,6 +259,9 @@ impl WriteHandle {
         condition: Option<AppendCondition>,
     ) -> Result<PositionRange, AppendError> {
         let (request, slot) = self.prepare(events, condition)?;
+        let Err(request) = Writer::commit_inline(&self.link.writer, &self.link.queue, request) else {
+            return slot.wait();
+        };
         if self.link.queue.push(request).is_err() {
             return Err(AppendError::Shutdown);
         }

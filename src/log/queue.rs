@@ -147,6 +147,8 @@ impl Drop for ReplySender {
 struct QueueState {
     items: VecDeque<Request>,
     closed: bool,
+    /// The writer thread holds a drained group it has not finished committing.
+    committing: bool,
     /// The writer is waiting on `not_empty`.
     writer_waiting: bool,
     /// Blocked pushers waiting on `not_full`.
@@ -171,6 +173,7 @@ impl Queue {
             state: Mutex::new(QueueState {
                 items: VecDeque::with_capacity(capacity.min(4096)),
                 closed: false,
+                committing: false,
                 writer_waiting: false,
                 pushers_waiting: 0,
                 space_wakers: Vec::new(),
@@ -258,6 +261,7 @@ impl Queue {
             bytes += r.bytes;
             out.push(st.items.pop_front().expect("front exists"));
         }
+        st.committing = true;
         let wake_blocked = st.pushers_waiting > 0;
         let wakers = std::mem::take(&mut st.space_wakers);
         drop(st);
@@ -266,6 +270,19 @@ impl Queue {
         }
         wakers.into_iter().for_each(|(_, w)| w.wake());
         true
+    }
+
+    /// The writer thread has answered the group [`drain`](Queue::drain) gave it.
+    pub(crate) fn committed(&self) {
+        lock(&self.state).committing = false;
+    }
+
+    /// Whether the writer is idle: open, nothing queued, no group being committed. An append
+    /// may then commit on its own thread (the writer's inline commit), and nothing queued
+    /// earlier is overtaken.
+    pub(crate) fn is_idle(&self) -> bool {
+        let st = lock(&self.state);
+        !st.closed && !st.committing && st.items.is_empty()
     }
 
     /// Closes the queue: later pushes are refused (and waiting pushers too); what is queued is

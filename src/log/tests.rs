@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::queue::AppendResult;
 use super::storage::Storage;
 use super::*;
 
@@ -42,6 +43,8 @@ struct Plan {
     short_written: bool,
     /// The next sync panics (a bug in the writer's path, as far as the log can tell).
     panic_sync: bool,
+    /// The thread each sync ran on, in order.
+    sync_threads: Vec<thread::ThreadId>,
 }
 
 #[derive(Default)]
@@ -102,6 +105,7 @@ impl Storage for Faulty {
             let mut p = self.control.plan.lock().unwrap();
             let n = p.syncs_started;
             p.syncs_started += 1;
+            p.sync_threads.push(thread::current().id());
             self.control.changed.notify_all();
             while p.hold_syncs {
                 p = self.control.changed.wait(p).unwrap();
@@ -123,6 +127,15 @@ fn open_faulty(dir: &std::path::Path, options: LogOptions) -> (WriteHandle, Arc<
     let c = control.clone();
     let log = EventLog::open_with(dir, options, move |inner| Box::new(Faulty { inner, control: c })).unwrap();
     (log, control)
+}
+
+/// Appends one event of type `ty` from a new thread through the writer thread: async appends
+/// always queue, while a blocking append to an idle writer commits on its own thread. With
+/// `hold_syncs` set, the writer thread then stays inside that group commit, and what is appended
+/// meanwhile queues behind it (and shares the next group commit).
+fn via_writer_thread(log: &WriteHandle, ty: &'static str) -> thread::JoinHandle<AppendResult> {
+    let log = log.clone();
+    thread::spawn(move || futures_executor::block_on(log.append_async(vec![ev(ty, &[])], None)))
 }
 
 /// A waker that counts its wake-ups.
@@ -153,10 +166,7 @@ fn staged_after_equal_head_conflicts_with_a_match_earlier_in_the_same_drain() {
     let (log, control) = open_faulty(dir.path(), LogOptions::default());
     log.append(vec![ev("Seed", &[])], None).unwrap(); // head 1
     control.set(|p| p.hold_syncs = true);
-    let blocker = {
-        let log = log.clone();
-        thread::spawn(move || log.append(vec![ev("Blocker", &[])], None))
-    };
+    let blocker = via_writer_thread(&log, "Blocker");
     control.await_syncs(2); // the writer is stuck in the blocker's group commit (head 2 staged)
                             // Queued behind it, in this order, so they share the next group commit:
     let waker = Waker::from(Arc::new(Counting::default()));
@@ -180,10 +190,7 @@ fn loser_in_the_same_drain_gets_the_winners_position() {
     let dir = temp_dir("same-drain");
     let (log, control) = open_faulty(dir.path(), LogOptions::default());
     control.set(|p| p.hold_syncs = true);
-    let blocker = {
-        let log = log.clone();
-        thread::spawn(move || log.append(vec![ev("Blocker", &[])], None))
-    };
+    let blocker = via_writer_thread(&log, "Blocker");
     control.await_syncs(1);
     let waker = Waker::from(Arc::new(Counting::default()));
     let guard = AppendCondition::new(Query::tags(["user:ann"]), None);
@@ -214,10 +221,7 @@ fn failed_fsync_fails_every_request_of_the_drain_and_refuses_further_writes() {
         p.hold_syncs = true;
         p.fail_sync = Some(2);
     });
-    let blocker = {
-        let log = log.clone();
-        thread::spawn(move || log.append(vec![ev("Blocker", &[])], None))
-    };
+    let blocker = via_writer_thread(&log, "Blocker");
     control.await_syncs(2);
     // Three requests of one group commit: two plain, one whose condition fails.
     let waker = Waker::from(Arc::new(Counting::default()));
@@ -315,10 +319,7 @@ fn full_queue_blocks_append_and_parks_append_async_without_spinning() {
     let (log, control) =
         open_faulty(dir.path(), LogOptions::default().queue_capacity(2).max_drain_requests(1));
     control.set(|p| p.hold_syncs = true);
-    let first = {
-        let log = log.clone();
-        thread::spawn(move || log.append(vec![ev("First", &[])], None))
-    };
+    let first = via_writer_thread(&log, "First");
     control.await_syncs(1); // the writer holds request 1; the queue (capacity 2) is empty
     let waker_count = Arc::new(Counting::default());
     let waker = Waker::from(waker_count.clone());
@@ -362,10 +363,7 @@ fn requests_queued_before_close_are_served_later_ones_get_shutdown() {
     let dir = temp_dir("close-queue");
     let (log, control) = open_faulty(dir.path(), LogOptions::default().max_drain_requests(1));
     control.set(|p| p.hold_syncs = true);
-    let first = {
-        let log = log.clone();
-        thread::spawn(move || log.append(vec![ev("First", &[])], None))
-    };
+    let first = via_writer_thread(&log, "First");
     control.await_syncs(1);
     let waker = Waker::from(Arc::new(Counting::default()));
     let mut queued: Vec<_> = (0..3)
@@ -441,5 +439,69 @@ fn a_log_source_publishes_everything_before_a_writer_failure_then_run_reports_it
         d.ack().unwrap();
     }
     assert_eq!(got, [(Some(Position(2)), 2), (Some(Position(3)), 1)]);
+    log.close();
+}
+
+#[test]
+fn a_blocking_append_to_an_idle_writer_commits_on_its_own_thread() {
+    let dir = temp_dir("inline");
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
+    let me = thread::current().id();
+    assert_eq!(log.append(vec![ev("A", &[])], None).unwrap().first, pos(1));
+    let other = {
+        let log = log.clone();
+        thread::spawn(move || (thread::current().id(), log.append(vec![ev("B", &[])], None)))
+    };
+    let (them, r) = other.join().unwrap();
+    assert_eq!(r.unwrap().first, pos(2));
+    // An async append always goes to the writer thread.
+    futures_executor::block_on(log.append_async(vec![ev("C", &[])], None)).unwrap();
+    let threads = control.plan.lock().unwrap().sync_threads.clone();
+    assert_eq!(threads[..2], [me, them], "each blocking append fsynced on its own thread");
+    assert!(threads[2] != me && threads[2] != them, "the async append was committed by the writer thread");
+    assert_eq!(log.read(&Query::All, None, usize::MAX).events().len(), 3);
+    log.close();
+}
+
+#[test]
+fn a_blocking_append_never_overtakes_what_is_queued_or_being_committed() {
+    let dir = temp_dir("no-overtake");
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
+    control.set(|p| p.hold_syncs = true);
+    let blocker = via_writer_thread(&log, "Blocker");
+    control.await_syncs(1); // the writer thread is committing position 1
+    let waker = Waker::from(Arc::new(Counting::default()));
+    let mut queued = log.append_async(vec![ev("Queued", &[])], None);
+    assert!(poll_once(&mut queued, &waker).is_pending());
+    // The writer is busy and a request waits: this append queues behind it, it does not commit
+    // on its own thread.
+    let blocking = {
+        let log = log.clone();
+        thread::spawn(move || log.append(vec![ev("Blocking", &[])], None))
+    };
+    thread::sleep(Duration::from_millis(30));
+    assert_eq!(control.plan.lock().unwrap().syncs_started, 1, "nothing else was committed meanwhile");
+    control.set(|p| p.hold_syncs = false);
+    assert_eq!(blocker.join().unwrap().unwrap().first, pos(1));
+    assert_eq!(futures_executor::block_on(queued).unwrap().first, pos(2));
+    assert_eq!(blocking.join().unwrap().unwrap().first, pos(3));
+    log.close();
+}
+
+#[test]
+fn a_panic_in_an_inline_commit_fails_the_log_and_answers_the_appender() {
+    let dir = temp_dir("inline-panic");
+    let (log, control) = open_faulty(dir.path(), LogOptions::default());
+    log.append(vec![ev("Before", &[])], None).unwrap();
+    control.set(|p| p.panic_sync = true);
+    // Committed inline (the writer is idle): the panic is caught, not passed to the caller.
+    let r = log.append(vec![ev("Boom", &[])], None);
+    assert!(matches!(r, Err(AppendError::Shutdown)), "{r:?}");
+    let threads = control.plan.lock().unwrap().sync_threads.clone();
+    assert_eq!(threads[1], thread::current().id(), "the panicking commit ran inline");
+    assert!(log.is_closed());
+    let later = log.append(vec![ev("After", &[])], None).unwrap_err();
+    assert!(matches!(&later, AppendError::Failed(e) if e.to_string().contains("panicked")), "{later:?}");
+    assert_eq!(log.head(), Some(pos(1)));
     log.close();
 }

@@ -12,12 +12,22 @@
 //! A failed write or fsync fails every request of that round with `Io`, publishes nothing, and
 //! leaves the log refusing writes (`Failed`): the fsync is never retried, since after a failure
 //! the kernel may have dropped the dirty pages, and a retry that succeeds would lie.
+//!
+//! **Inline commits.** The writer's state sits behind a mutex. A blocking append that finds the
+//! writer idle — nothing queued, no group being committed, the state's lock free — commits its
+//! own request on its own thread ([`Writer::commit_inline`]): the same decide / write / fsync /
+//! publish / reply steps, without the two thread hand-offs (queue to writer, reply to appender)
+//! that otherwise cost more than the commit itself. A lone appender never waits for another
+//! thread; as soon as appends overlap, they queue and the writer thread commits them in groups.
+//! The writer thread ending takes the lock and marks the state stopped, so no inline commit runs
+//! after it (nor after `close`: a closed queue is never idle).
 
 use std::io;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread;
 
-use crate::sync::{JoinHandle, Ordering, ThreadBuilder};
+use crate::sync::{lock, JoinHandle, Mutex, Ordering, ThreadBuilder};
 
 use super::error::AppendError;
 use super::event::Event;
@@ -38,6 +48,19 @@ pub(crate) struct Writer {
     pub(crate) segments: Option<SegmentWriter>,
     pub(crate) max_drain_requests: usize,
     pub(crate) max_drain_bytes: usize,
+    /// The writer thread has ended: no inline commit may run.
+    pub(crate) stopped: bool,
+    /// Scratch buffers of [`Writer::commit`], kept between rounds.
+    pub(crate) scratch: Scratch,
+}
+
+/// The buffers one commit fills and empties (kept to avoid an allocation per round).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    batch: Vec<Request>,
+    records: Vec<u8>,
+    outcomes: Vec<(ReplySender, AppendResult)>,
+    events: Vec<Event>,
 }
 
 /// Ends the log when the writer thread stops, however it stops: refuses new requests, answers
@@ -45,12 +68,21 @@ pub(crate) struct Writer {
 struct EndGuard {
     shared: Arc<Shared>,
     queue: Arc<Queue>,
+    state: Arc<Mutex<Writer>>,
 }
 
 impl Drop for EndGuard {
     fn drop(&mut self) {
         if thread::panicking() {
             let _ = self.shared.failure.set(Arc::new(io::Error::other("the log's writer thread panicked")));
+        }
+        // Under the state's lock: an inline commit in progress finishes first, none starts after.
+        // Dropping the segment writer closes the files and releases the directory's claim, so
+        // the log can be opened again once `close` returns.
+        {
+            let mut w = lock(&self.state);
+            w.stopped = true;
+            w.segments = None;
         }
         self.queue.close();
         let mut rest = Vec::new();
@@ -69,31 +101,74 @@ impl Drop for EndGuard {
     }
 }
 
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch").field("batch", &self.batch).finish_non_exhaustive()
+    }
+}
+
 impl Writer {
-    /// Starts the writer thread.
-    pub(crate) fn spawn(self) -> io::Result<JoinHandle<()>> {
-        ThreadBuilder::new().name("lanestream-log-writer".into()).spawn(move || self.run())
+    /// Starts the writer thread; returns the state, shared with inline commits.
+    pub(crate) fn spawn(self) -> io::Result<(Arc<Mutex<Writer>>, JoinHandle<()>)> {
+        let (shared, queue) = (self.shared.clone(), self.queue.clone());
+        let (max_requests, max_bytes) = (self.max_drain_requests, self.max_drain_bytes);
+        let state = Arc::new(Mutex::new(self));
+        let end = EndGuard { shared, queue, state: state.clone() };
+        let thread = ThreadBuilder::new().name("lanestream-log-writer".into()).spawn(move || {
+            let mut batch = Vec::new();
+            while end.queue.drain(max_requests, max_bytes, &mut batch) {
+                lock(&end.state).commit(&mut batch);
+                end.queue.committed();
+            }
+        })?;
+        Ok((state, thread))
     }
 
-    fn run(mut self) {
-        let _end = EndGuard { shared: self.shared.clone(), queue: self.queue.clone() };
-        let mut batch = Vec::new();
-        let mut records = Vec::new();
-        let mut outcomes = Vec::new();
-        let mut events = Vec::new();
-        while self.queue.drain(self.max_drain_requests, self.max_drain_bytes, &mut batch) {
-            self.commit(&mut batch, &mut records, &mut outcomes, &mut events);
+    /// Commits `request` on the calling thread if the writer is idle (see the module docs);
+    /// hands it back otherwise, to be queued. Its reply is in its slot when this returns `Ok`.
+    pub(crate) fn commit_inline(
+        state: &Mutex<Writer>,
+        queue: &Queue,
+        request: Request,
+    ) -> Result<(), Request> {
+        // Busy (the writer thread or another inline commit) or poisoned: queue it.
+        let Ok(mut w) = state.try_lock() else {
+            return Err(request);
+        };
+        if w.stopped || !queue.is_idle() {
+            return Err(request);
         }
+        let mut batch = std::mem::take(&mut w.scratch.batch);
+        batch.push(request);
+        // A panic (a storage bug) fails the log as one on the writer thread does: the request
+        // in flight is answered `Shutdown` (its reply sender dropped in the unwinding), later
+        // writes get `Failed`, and the log ends. It does not reach the appender.
+        let committed = panic::catch_unwind(AssertUnwindSafe(|| w.commit(&mut batch)));
+        match committed {
+            Ok(()) => w.scratch.batch = batch,
+            Err(_) => {
+                let shared = w.shared.clone();
+                drop(w);
+                let _ = shared
+                    .failure
+                    .set(Arc::new(io::Error::other("the log's writer panicked (inline commit)")));
+                // The writer thread ends (its end guard marks the log closed and wakes everyone).
+                queue.close();
+                shared.signal.wait(|| shared.is_closed(), None);
+            }
+        }
+        Ok(())
     }
 
     /// Decides, writes, publishes and answers one group of requests.
-    fn commit(
-        &mut self,
-        batch: &mut Vec<Request>,
-        records: &mut Vec<u8>,
-        outcomes: &mut Vec<(ReplySender, AppendResult)>,
-        events: &mut Vec<Event>,
-    ) {
+    fn commit(&mut self, batch: &mut Vec<Request>) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.commit_with(batch, &mut scratch);
+        self.scratch = scratch;
+    }
+
+    fn commit_with(&mut self, batch: &mut Vec<Request>, scratch: &mut Scratch) {
+        let Scratch { records, outcomes, events, .. } = scratch;
         if let Some(cause) = self.shared.failure.get() {
             for r in batch.drain(..) {
                 r.reply.send(Err(AppendError::Failed(cause.clone())));
