@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 
 use lanestream::log::{
     AppendError, Event, EventLog, LogOptions, Query, SequencedEvent, Subscription, SubscriptionError,
+    WriteHandle,
 };
 use loom::thread;
 
@@ -43,12 +44,28 @@ fn next_async(sub: &mut Subscription) -> Result<Option<Vec<SequencedEvent>>, Sub
     }
 }
 
+/// Polls `log.append_async(..)` to completion on this loom thread (an async append always goes
+/// through the queue to the writer thread), parking between polls as [`next_async`] does.
+fn append_async(log: &WriteHandle, data: &'static [u8]) -> u64 {
+    let mut fut = log.append_async(vec![event(data)], None);
+    loop {
+        let (flag, waker) = Flag::new();
+        let mut cx = Context::from_waker(&waker);
+        match Pin::new(&mut fut).poll(&mut cx) {
+            Poll::Ready(r) => return r.unwrap().first.get(),
+            Poll::Pending => flag.wait(),
+        }
+    }
+}
+
 /// Model 11: a subscriber crossing from catch-up to the live tail while an append is published.
 ///
 /// The log holds position 1; a subscription (main thread) takes it as its catch-up batch and
-/// then waits in `next_batch` for position 2, which an appender thread appends through the
-/// writer thread meanwhile; then a second subscription catches up to `[1, 2]` and waits in
-/// `next_batch_async` for position 3, appended the same way. Checked: each wait gets the live
+/// then waits in `next_batch` for position 2, which an appender thread appends meanwhile with a
+/// blocking append (committed on the appender's own thread when it finds the writer idle, else
+/// queued); then a second subscription catches up to `[1, 2]` and waits in `next_batch_async`
+/// for position 3, which an appender thread appends with `append_async` (through the queue and
+/// the writer thread). Checked: each wait gets the live
 /// append — no lost wake-up whichever side of the
 /// subscriber's check the writer's publish and notify land (the check runs under the signal's
 /// lock, the notify takes that lock after the publish), no duplicate, no gap — and `None` once
@@ -70,18 +87,20 @@ fn log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published() {
         log.append(vec![event(b"1")], None).unwrap();
         let mut blocking = log.subscribe(Query::All, None);
         let mut pending = log.subscribe(Query::All, None);
-        let append = |data: &'static [u8]| {
-            let log = log.clone();
-            thread::spawn(move || log.append(vec![event(data)], None).unwrap().first.get())
-        };
         // Blocking: catch-up, then the live append racing the wait.
         assert_eq!(positions(&blocking.next_batch().unwrap().unwrap()), [1], "catch-up");
-        let appender = append(b"2");
+        let appender = {
+            let log = log.clone();
+            thread::spawn(move || log.append(vec![event(b"2")], None).unwrap().first.get())
+        };
         assert_eq!(positions(&blocking.next_batch().unwrap().expect("live")), [2]);
         assert_eq!(appender.join().unwrap(), 2);
         // Async: the same, with a registered waker.
         assert_eq!(positions(&pending.try_next_batch().unwrap()), [1, 2], "catch-up");
-        let appender = append(b"3");
+        let appender = {
+            let log = log.clone();
+            thread::spawn(move || append_async(&log, b"3"))
+        };
         assert_eq!(positions(&next_async(&mut pending).unwrap().expect("live")), [3]);
         assert_eq!(appender.join().unwrap(), 3);
         log.close();

@@ -11,7 +11,8 @@
 # usage: scripts/bench-ratios.sh [--log] [--full] [--no-alternate] [--table-only]
 #   --log           the event log's benches instead (benches/log-peers/benches/log.rs: lanestream's log against
 #                   tephra, umadb-core and a Mutex<Vec>), ratios against lanestream in the same
-#                   mode ([durable] or [memory]) and the target "ahead of both embedded peers"
+#                   mode ([durable] or [memory]) and the target "ahead of both embedded peers",
+#                   then the same contenders in interleaved rounds (benches/log-peers/benches/alternate.rs)
 #   (default)       quick mode: 0.5 s warm-up, 1 s measurement, 20 samples (whole run < 6 min
 #                   once built)
 #   --full          3 s warm-up, 5 s measurement, 100 samples (about 10 minutes)
@@ -27,7 +28,7 @@ run=1
 suite=peers
 for a in "$@"; do
     case "$a" in
-        --log) suite=log; alternate=0 ;;
+        --log) suite=log ;;
         --full) mode=full ;;
         --no-alternate) alternate=0 ;;
         --table-only) run=0 ;;
@@ -41,9 +42,11 @@ if [ "$mode" = quick ]; then
     # Rounds long enough that waking the partner (a fixed cost per round) does not flatten
     # the ratios (README, Performance).
     alt=(--rounds 9 --messages 200000)
+    log_rounds=7
 else
     crit=(--warm-up-time 3 --measurement-time 5 --sample-size 100)
     alt=(--rounds 21 --messages 400000)
+    log_rounds=21
 fi
 
 target_dir=$(cargo metadata --format-version 1 --no-deps \
@@ -54,7 +57,7 @@ if [ "$run" = 1 ] && [ "$suite" = log ]; then
     echo "== building benches/log-peers/benches/log.rs (bench profile: fat LTO, one codegen unit)" >&2
     # A crate of its own (benches/log-peers), built into this workspace's target directory.
     log_bench=(--manifest-path benches/log-peers/Cargo.toml --target-dir "$target_dir")
-    cargo bench "${log_bench[@]}" --bench log --no-run >&2
+    cargo bench "${log_bench[@]}" --bench log --bench alternate --no-run >&2
     rm -rf "$results"/log_*
     start=$(date +%s)
     echo "== cargo bench ${log_bench[*]} --bench log -- ${crit[*]}" >&2
@@ -204,7 +207,13 @@ target("W6 blocking wake vs crossbeam-channel",
        "<=", 1.0, "ours/crossbeam")
 EOF
 
-if [ "$run" = 1 ] && [ "$alternate" = 1 ]; then
+if [ "$run" = 1 ] && [ "$alternate" = 1 ] && [ "$suite" = log ]; then
+    # The log's interleaved rounds (benches/log-peers/benches/alternate.rs): every contender once
+    # per round, so load changes on a shared machine hit them alike. Read these ratios first.
+    echo
+    echo "== interleaved rounds (peer time / lanestream[durable] time per round, median and range)"
+    cargo bench "${log_bench[@]}" --bench alternate -- --rounds "${log_rounds}" 2>/dev/null | grep -v '^UmaDB'
+elif [ "$run" = 1 ] && [ "$alternate" = 1 ]; then
     echo
     cargo bench -p lanestream --bench alternate -- "${alt[@]}" 2>/dev/null
 fi

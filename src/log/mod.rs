@@ -49,6 +49,11 @@
 //! or a condition check cost O(log n + candidates of the most selective list) rather than O(n).
 //! All events are held in memory (payloads shared, never copied); file mode adds the segments.
 //!
+//! A blocking [`append`](WriteHandle::append) that finds the writer idle (nothing queued, no
+//! group being committed) commits on its own thread instead, under the writer's lock and with
+//! the same steps: a lone appender pays no thread hand-off (two futex wake-ups, which cost more
+//! than a commit to a fast disk). Appends that overlap queue as above; async appends always do.
+//!
 //! # Feeding the lanes
 //! [`LogSource`] is the log as the ingest engine of a [`MemoryStream`](crate::MemoryStream):
 //! each append becomes one [`Batch`](crate::Batch) on every lane, positioned at the append's
