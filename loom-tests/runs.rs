@@ -1,11 +1,16 @@
-//! Loom models 13-16: runs — one seat step delivering several items, one advancer request for
-//! a run's acks, one `released` count and one wake-up for a released run.
+//! Loom models 13-17: runs — one seat step delivering several items, one advancer request for
+//! a run's acks, one `released` count and one wake-up for a released run — and the fan-out
+//! producer (its run publish, and its wait for room seeing any lane's close).
 
-use lanestream::{MemoryStream, Position, Stream, TryPublishError, TryRecvError};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use lanestream::{MemoryStream, Position, PublishError, Stream, TryPublishError, TryRecvError};
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::support::{self, batch, check, Cells};
+use crate::support::{self, batch, check, Cells, Flag};
 
 /// Model 13: receiving and acking in runs across a wrap while the producer waits for room.
 ///
@@ -217,4 +222,67 @@ fn fanout_run_to_two_lanes_while_consumers_receive_runs() {
         assert_eq!(stream.watermark(), Some(Position(2)));
         assert!(stream.is_idle());
     });
+}
+
+/// Model 17: a fan-out publish waiting for room on one lane while another thread closes a
+/// *different* lane, blocking (17a) and async (17b).
+///
+/// Capacity 1, lanes "a" and "b": item 1 is published to both and acked on "b" only, so "a" is
+/// full and "b" has room. The main thread publishes item 2 (`publish`, or `publish_async` polled
+/// with a waker that unparks it) while a second thread closes lane "b". Checked: the publish
+/// ends with `Closed` and its item whichever way the close and the wait interleave — the wait
+/// registers on lane "b"'s room list without asking for room before it re-checks every lane's
+/// closed flag, and `close` notifies that list after setting the flag (register-then-check
+/// against change-then-notify, P20 of the memory-ordering chapter).
+///
+/// Fails when its protection is removed (section 9, row 43): without the registrations on the
+/// other lanes (`register_close_waiters` doing nothing), the publish parks on lane "a" for ever
+/// and loom reports the deadlock.
+///
+/// Why the bound suffices: two threads; the race is the closer's flag-then-notify against the
+/// waiter's register-then-check, which one preemption can interleave any way; bound 2 covers a
+/// second preemption inside the waiter's loop (a wake-up left over from an earlier round).
+#[test]
+fn fanout_wait_for_room_sees_another_lanes_close_blocking() {
+    support::model("fanout_wait_for_room_sees_another_lanes_close_blocking", 2, || {
+        let (stream, mut fanout) = fanout_with_lane_a_full();
+        let lane_b = stream.lane("b").unwrap();
+        let closer = thread::spawn(move || lane_b.close());
+        let r = fanout.publish(batch(2));
+        assert!(matches!(r, Err(PublishError::Closed(ref i)) if i.position() == Some(Position(2))), "{r:?}");
+        closer.join().unwrap();
+    });
+}
+
+/// Model 17b: as 17a, with `publish_async`.
+#[test]
+fn fanout_wait_for_room_sees_another_lanes_close_async() {
+    support::model("fanout_wait_for_room_sees_another_lanes_close_async", 2, || {
+        let (stream, mut fanout) = fanout_with_lane_a_full();
+        let lane_b = stream.lane("b").unwrap();
+        let closer = thread::spawn(move || lane_b.close());
+        let mut publish = fanout.publish_async(batch(2));
+        let r = loop {
+            let (flag, waker) = Flag::new();
+            match Pin::new(&mut publish).poll(&mut Context::from_waker(&waker)) {
+                Poll::Ready(r) => break r,
+                Poll::Pending => flag.wait(),
+            }
+        };
+        assert!(matches!(r, Err(PublishError::Closed(ref i)) if i.position() == Some(Position(2))), "{r:?}");
+        drop(publish);
+        closer.join().unwrap();
+    });
+}
+
+/// A stream of capacity 1 with lanes "a" and "b" and its fan-out producer, item 1 published to
+/// both and acked on "b": lane "a" full, lane "b" with room.
+fn fanout_with_lane_a_full() -> (MemoryStream, lanestream::Fanout) {
+    let stream = MemoryStream::builder().capacity(1).request_capacity(1).sinks(["a", "b"]).build().unwrap();
+    let mut fanout = stream.fanout().unwrap();
+    fanout.try_publish(batch(1)).unwrap();
+    let mut b = stream.lane("b").unwrap().reattach();
+    b.try_recv().unwrap().ack().unwrap();
+    drop(b);
+    (stream, fanout)
 }

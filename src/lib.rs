@@ -67,8 +67,8 @@ pub use item::{Batch, Item, LaneItem, Request};
 #[cfg(feature = "futures")]
 pub use lane::ConsumerStream;
 pub use lane::{
-    AckHandle, Consumer, Delivery, Fanout, Lane, LaneStats, Producer, Publish, Recv, RecvRun, Run, RunIter,
-    MAX_CAPACITY, MAX_RUN,
+    AckHandle, Consumer, Delivery, Fanout, FanoutPublish, Lane, LaneStats, Producer, Publish, Recv, RecvRun,
+    Run, RunIter, MAX_CAPACITY, MAX_RUN,
 };
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -182,4 +183,71 @@ fn fanout_m3_one_reference_per_lane_each_dropped_once() {
         assert_eq!(Arc::strong_count(&envelopes), 1 + 2 * 3);
     }
     assert_eq!(Arc::strong_count(&envelopes), 1);
+}
+
+/// The async form: ready at once with room; while a lane is full it is pending (its waker
+/// registered, no spinning) and an ack on the full lane wakes it; then every lane has the item.
+#[test]
+fn fanout_l3_publish_async_waits_for_room_on_every_lane_and_an_ack_wakes_it() {
+    let s = stream(1, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    futures_executor::block_on(fanout.publish_async(batch(1))).unwrap();
+    let mut b = s.attach("b").unwrap();
+    b.try_recv().unwrap().ack().unwrap(); // lane b has room, lane a is full
+    let (count, waker) = common::CountingWaker::new();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut publish = fanout.publish_async(batch(2));
+    assert!(std::pin::Pin::new(&mut publish).poll(&mut cx).is_pending());
+    assert_eq!(count.wakes(), 0);
+    let mut a = s.attach("a").unwrap();
+    a.try_recv().unwrap().ack().unwrap();
+    assert!(count.wakes() >= 1, "the ack on the full lane woke the publish");
+    assert!(matches!(std::pin::Pin::new(&mut publish).poll(&mut cx), std::task::Poll::Ready(Ok(()))));
+    drop(publish);
+    for c in [&mut a, &mut b] {
+        assert_eq!(c.try_recv().unwrap().position(), Some(Position(2)));
+    }
+}
+
+/// A close of a lane other than the full one wakes a waiting publish at once, blocking and
+/// async, and the publish returns `Closed` with its item (L10): no lane got it.
+#[test]
+fn fanout_l10_a_close_of_another_lane_wakes_a_waiting_publish_blocking_and_async() {
+    // Blocking: the publish waits on lane a (full) when lane b is closed.
+    let s = stream(1, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    s.attach("b").unwrap().try_recv().unwrap().ack().unwrap();
+    let lane_b = s.lane("b").unwrap();
+    let closer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(30));
+        lane_b.close();
+    });
+    let r = within(5, "a fan-out publish waiting on lane a after lane b's close", move || {
+        fanout.publish(batch(2))
+    });
+    closer.join().unwrap();
+    assert!(matches!(r, Err(PublishError::Closed(ref i)) if i.position() == Some(Position(2))), "{r:?}");
+
+    // Async: pending on lane a; lane b's close wakes the task.
+    let s = stream(1, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    s.attach("b").unwrap().try_recv().unwrap().ack().unwrap();
+    let (count, waker) = common::CountingWaker::new();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut publish = fanout.publish_async(batch(2));
+    assert!(std::pin::Pin::new(&mut publish).poll(&mut cx).is_pending());
+    s.lane("b").unwrap().close();
+    assert!(count.wakes() >= 1, "lane b's close woke the publish waiting on lane a");
+    let r = std::pin::Pin::new(&mut publish).poll(&mut cx);
+    assert!(
+        matches!(r, std::task::Poll::Ready(Err(PublishError::Closed(ref i))) if i.position() == Some(Position(2))),
+        "{r:?}"
+    );
+    drop(publish);
+    let mut a = s.attach("a").unwrap();
+    let first = a.try_recv().unwrap();
+    assert_eq!(first.position(), Some(Position(1)));
+    assert!(a.try_recv().is_err(), "lane a got nothing more");
 }

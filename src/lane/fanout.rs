@@ -1,6 +1,9 @@
 //! [`Fanout`]: one publisher for every lane of a stream.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::ring::{ProducerState, Ring, NO_POSITION};
@@ -9,10 +12,6 @@ use crate::item::LaneItem;
 use crate::lane::Lane;
 use crate::position::Position;
 use crate::sync::Arc;
-
-/// The longest a fan-out publish waiting for one lane's room parks before it looks at every
-/// lane's closed flag again (see `Fanout::wait_for_room`).
-const CLOSE_CHECK: Duration = Duration::from_millis(1);
 
 /// One publisher for every lane of a [`MemoryStream`](crate::MemoryStream)
 /// ([`MemoryStream::fanout`](crate::MemoryStream::fanout)): publishes each item to every lane in
@@ -47,6 +46,9 @@ const CLOSE_CHECK: Duration = Duration::from_millis(1);
 /// ```
 pub struct Fanout {
     lanes: Box<[FanoutLane]>,
+    /// Per lane, the key of a waiting publish's close-only registration on that lane's room
+    /// list (see [`Fanout::wait_for_room`]); `None` while nobody waits.
+    close_keys: Box<[Option<u64>]>,
 }
 
 struct FanoutLane {
@@ -81,7 +83,8 @@ impl Fanout {
                 }
             }
         }
-        Ok(Fanout { lanes: claimed.into_boxed_slice() })
+        let close_keys = vec![None; claimed.len()].into_boxed_slice();
+        Ok(Fanout { lanes: claimed.into_boxed_slice(), close_keys })
     }
 
     /// How many lanes it publishes to.
@@ -309,25 +312,31 @@ impl Fanout {
 
     /// Waits until lane `i` has room or any lane is closed; `false` if `deadline` passed first.
     ///
-    /// A close of lane `i` wakes its room waiters at once; a close of another lane only
-    /// notifies that lane's lists, so the wait parks for at most [`CLOSE_CHECK`] at a time and
-    /// looks at every lane's closed flag in between: a publish waiting for room sees any lane's
-    /// close within about a millisecond ([L10](crate::contract#l10)).
-    fn wait_for_room(&self, i: usize, deadline: Option<Instant>) -> bool {
-        loop {
-            if self.lanes.iter().any(|lane| lane.ring.is_closed()) {
-                return true;
-            }
-            let now = Instant::now();
-            let nap = now + CLOSE_CHECK;
-            let until = deadline.map_or(nap, |d| d.min(nap));
-            if self.lanes[i].ring.wait_writable(Some(until)) {
-                return true;
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return false;
-            }
-        }
+    /// It waits on lane `i`'s room list (asking for room, so that lane's acks wake it) and is
+    /// registered on every other lane's room list without asking for room: a close notifies its
+    /// lane's room list, so a close of any lane wakes the wait at once
+    /// ([L10](crate::contract#l10)). Each registration comes before the re-check of every lane's
+    /// closed flag, the register-then-check order that makes a wake-up impossible to miss
+    /// (memory-ordering chapter, P20).
+    fn wait_for_room(&mut self, i: usize, deadline: Option<Instant>) -> bool {
+        let Fanout { lanes, close_keys } = self;
+        let lanes = &**lanes;
+        let woke = lanes[i].ring.wait_writable_or(
+            deadline,
+            || register_close_waiters(lanes, close_keys, i, None),
+            || any_closed(lanes),
+        );
+        cancel_close_waiters(lanes, close_keys);
+        woke
+    }
+
+    /// Publishes `item` to every lane, waiting asynchronously while some lane is full; works on
+    /// any executor. Dropping the future drops the item it holds (no lane got it).
+    ///
+    /// # Errors
+    /// As [`publish`](Fanout::publish).
+    pub fn publish_async(&mut self, item: LaneItem) -> FanoutPublish<'_> {
+        FanoutPublish { fanout: self, item: Some(item), key: None, waiting_on: 0 }
     }
 
     /// Closes every lane ([L10](crate::contract#l10)).
@@ -335,6 +344,113 @@ impl Fanout {
         for lane in self.lanes.iter() {
             lane.ring.close();
         }
+    }
+}
+
+/// Registers the current thread (`None`) or `waker`'s task on the room list of every lane but
+/// `except`, without asking for room: a close of any of them wakes it.
+fn register_close_waiters(
+    lanes: &[FanoutLane],
+    keys: &mut [Option<u64>],
+    except: usize,
+    waker: Option<&Waker>,
+) {
+    for (j, (lane, key)) in lanes.iter().zip(keys.iter_mut()).enumerate() {
+        if j == except {
+            lane.ring.cancel_writable(key);
+        } else {
+            lane.ring.register_close_waiter(key, waker);
+        }
+    }
+}
+
+fn cancel_close_waiters(lanes: &[FanoutLane], keys: &mut [Option<u64>]) {
+    for (lane, key) in lanes.iter().zip(keys.iter_mut()) {
+        lane.ring.cancel_writable(key);
+    }
+}
+
+fn any_closed(lanes: &[FanoutLane]) -> bool {
+    lanes.iter().any(|lane| lane.ring.is_closed())
+}
+
+/// The future of [`Fanout::publish_async`]: tries to publish to every lane, and while a lane is
+/// full waits for its room with the task's waker registered there (and, for a close, on every
+/// other lane).
+#[must_use = "futures do nothing unless polled"]
+pub struct FanoutPublish<'a> {
+    fanout: &'a mut Fanout,
+    item: Option<LaneItem>,
+    /// The registration on the room list of lane `waiting_on`.
+    key: Option<u64>,
+    waiting_on: usize,
+}
+
+impl Future for FanoutPublish<'_> {
+    type Output = Result<(), PublishError<LaneItem>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            let item = this.item.take().expect("FanoutPublish polled after completion");
+            let full = match this.fanout.try_step(item) {
+                Ok(()) => return this.finish(Ok(())),
+                Err((back, Refusal::Full(i), _)) => {
+                    this.item = Some(back);
+                    i
+                }
+                Err((back, refusal, _)) => {
+                    let refused = match refusal_error(back, refusal).into_waitable() {
+                        Err(e) => e,
+                        Ok(_) => unreachable!("Full is handled above"),
+                    };
+                    return this.finish(Err(refused));
+                }
+            };
+            let Fanout { lanes, close_keys } = &mut *this.fanout;
+            if full != this.waiting_on {
+                lanes[this.waiting_on].ring.cancel_writable(&mut this.key);
+                this.waiting_on = full;
+            }
+            // Close-only registrations first, then the room wait (which re-checks lane `full`);
+            // then every lane's closed flag again, after every registration.
+            register_close_waiters(lanes, close_keys, full, Some(cx.waker()));
+            if lanes[full].ring.poll_writable(&mut this.key, cx.waker()) || any_closed(lanes) {
+                continue;
+            }
+            return Poll::Pending;
+        }
+    }
+}
+
+impl FanoutPublish<'_> {
+    fn finish(
+        &mut self,
+        done: Result<(), PublishError<LaneItem>>,
+    ) -> Poll<Result<(), PublishError<LaneItem>>> {
+        self.cancel();
+        Poll::Ready(done)
+    }
+
+    fn cancel(&mut self) {
+        let Fanout { lanes, close_keys } = &mut *self.fanout;
+        lanes[self.waiting_on].ring.cancel_writable(&mut self.key);
+        cancel_close_waiters(lanes, close_keys);
+    }
+}
+
+impl Drop for FanoutPublish<'_> {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+impl fmt::Debug for FanoutPublish<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FanoutPublish")
+            .field("done", &self.item.is_none())
+            .field("waiting_on", &self.key.map(|_| self.waiting_on))
+            .finish_non_exhaustive()
     }
 }
 

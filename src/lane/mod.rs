@@ -23,7 +23,7 @@ use std::fmt;
 pub use self::adapter::ConsumerStream;
 pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
-pub use self::fanout::Fanout;
+pub use self::fanout::{Fanout, FanoutPublish};
 pub use self::producer::{Producer, Publish};
 pub(crate) use self::ring::{ProducerState, Ring};
 pub use self::run::{Run, RunIter, MAX_RUN};

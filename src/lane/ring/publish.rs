@@ -234,11 +234,37 @@ impl<T> Ring<T> {
             .is_some()
     }
 
+    /// As [`wait_writable`](Ring::wait_writable), and also returns once `also` holds:
+    /// `register_more` runs in each round after this lane's registration and before the
+    /// re-check, so a waiter it registers on other lists (checked by `also`) is woken by their
+    /// notifiers too.
+    pub(crate) fn wait_writable_or(
+        &self,
+        deadline: Option<Instant>,
+        mut register_more: impl FnMut(),
+        also: impl Fn() -> bool,
+    ) -> bool {
+        let arm = || {
+            self.want_room();
+            register_more();
+        };
+        wait::block_until(&self.room, arm, deadline, || (self.writable() || also()).then_some(())).is_some()
+    }
+
     /// One poll of the async form of [`wait_writable`](Ring::wait_writable); the caller keeps
     /// `key` and cancels it when its future is dropped.
     pub(crate) fn poll_writable(&self, key: &mut Option<u64>, waker: &Waker) -> bool {
         wait::poll_until(&self.room, || self.want_room(), key, waker, || self.writable().then_some(()))
             .is_some()
+    }
+
+    /// Registers a waiter (the task of `waker`, or the current thread for `None`) on the room
+    /// list **without** asking for room: it is woken by a [`close`](Ring::close) (and by any
+    /// notification the list gets for another waiter), not by acks. A fan-out publish waiting for
+    /// one lane's room registers so on every other lane, to see any lane's close at once. Cancel
+    /// with [`cancel_writable`](Ring::cancel_writable).
+    pub(crate) fn register_close_waiter(&self, key: &mut Option<u64>, waker: Option<&Waker>) {
+        self.room.register(key, waker);
     }
 
     /// Cancels a registration made by [`poll_writable`](Ring::poll_writable) (a future dropped

@@ -64,9 +64,11 @@ impl WaitList {
         }
     }
 
-    /// Registers (or, if `key` is still registered, replaces) a waiter. `waker` is cloned only
-    /// when it would not wake the task already registered under `key`.
-    fn register(&self, key: &mut Option<u64>, waker: Option<&Waker>) {
+    /// Registers (or, if `key` is still registered, replaces) a waiter: the task of `waker`, or
+    /// the current thread for `None`. `waker` is cloned only when it would not wake the task
+    /// already registered under `key`. The caller re-checks its condition afterwards (module
+    /// docs) and cancels the key when it stops waiting.
+    pub(crate) fn register(&self, key: &mut Option<u64>, waker: Option<&Waker>) {
         let make = || match waker {
             Some(w) => Waiter::Task(w.clone()),
             None => Waiter::Thread(current()),
@@ -142,10 +144,11 @@ impl WaitList {
 /// until notified. `None` if `deadline` passed first.
 ///
 /// `arm` runs after each registration and before the re-check: it raises the ring's own
-/// "someone waits" bit (an RMW), so the hot-path notifier can skip the list when nobody waits.
+/// "someone waits" bit (an RMW), so the hot-path notifier can skip the list when nobody waits
+/// (and may register the thread on further lists, whose notifiers then wake it too).
 pub(crate) fn block_until<R>(
     list: &WaitList,
-    arm: impl Fn(),
+    mut arm: impl FnMut(),
     deadline: Option<Instant>,
     mut ready: impl FnMut() -> Option<R>,
 ) -> Option<R> {
