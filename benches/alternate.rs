@@ -5,7 +5,7 @@
 //! within milliseconds of each other. Prints, per pair, the median of the per-round ratios
 //! (peer time / lanestream time: above 1 means lanestream is faster) and their spread.
 //!
-//! `cargo bench --bench alternate [-- --rounds N --messages M]` (at least 200,000 messages per round:
+//! `cargo bench --bench alternate [-- --rounds N --messages M --only TEXT]` (at least 200,000 messages per round:
 //! waking the parked partner is a fixed cost per round that flattens the ratios of short rounds)
 
 mod common;
@@ -36,6 +36,13 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 /// Runs `rounds` interleaved rounds of `n` messages and prints one line.
 fn pair(label: &str, rounds: u64, n: u64, ours: &mut dyn Fixture, peer: &mut dyn Fixture) {
+    // `--only TEXT`: run just the pairs whose label contains TEXT (for profiling one of them).
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(only) = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)) {
+        if !label.contains(only.as_str()) {
+            return;
+        }
+    }
     // One untimed round each: page in the rings, wake the partners once.
     ours.run(n);
     peer.run(n);
