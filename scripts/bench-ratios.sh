@@ -55,8 +55,10 @@ results="$target_dir/criterion"
 
 if [ "$run" = 1 ] && [ "$suite" = log ]; then
     echo "== building benches/log-peers/benches/log.rs (bench profile: fat LTO, one codegen unit)" >&2
-    # A crate of its own (benches/log-peers), built into this workspace's target directory.
-    log_bench=(--manifest-path benches/log-peers/Cargo.toml --target-dir "$target_dir")
+    # A crate of its own (benches/log-peers), built into this workspace's target directory;
+    # criterion writes its results under CARGO_TARGET_DIR (else under the bench crate's folder).
+    export CARGO_TARGET_DIR="$target_dir"
+    log_bench=(--manifest-path benches/log-peers/Cargo.toml)
     cargo bench "${log_bench[@]}" --bench log --bench alternate --no-run >&2
     rm -rf "$results"/log_*
     start=$(date +%s)

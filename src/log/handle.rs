@@ -248,6 +248,11 @@ impl WriteHandle {
     /// events are durable (file mode: fsynced) or published (in memory). When it returns
     /// `Ok(range)`, every thread can already read `range`.
     ///
+    /// When the writer is idle (nothing queued, no group being committed) the append is
+    /// committed on the calling thread, fsync included, with no thread hand-off; otherwise it
+    /// is queued and committed by the writer thread in a group with the others ([module
+    /// docs](crate::log#engine)). Either way the outcome is the same.
+    ///
     /// # Errors
     /// [`AppendError::Empty`] and [`AppendError::TooLarge`] (on the caller's thread, never
     /// queued), [`AppendError::Conflict`], [`AppendError::AfterBeyondHead`],
