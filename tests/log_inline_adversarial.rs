@@ -1079,3 +1079,143 @@ proptest! {
         run_model(threads)?;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A write failure on the inline path (through the public API: the directory moved away, so
+// the next segment cannot be created)
+// ---------------------------------------------------------------------------------------------
+
+/// Moves a directory away and back (on drop, also when the test fails), so that the log's next
+/// segment creation fails with `NotFound` while its open files keep working.
+struct Moved {
+    from: std::path::PathBuf,
+    to: std::path::PathBuf,
+}
+
+impl Moved {
+    fn away(dir: &std::path::Path) -> Moved {
+        let to = dir.with_extension("moved");
+        std::fs::rename(dir, &to).unwrap();
+        Moved { from: dir.to_path_buf(), to }
+    }
+}
+
+impl Drop for Moved {
+    fn drop(&mut self) {
+        let _ = std::fs::rename(&self.to, &self.from);
+    }
+}
+
+#[test]
+fn a_write_failure_in_an_inline_commit_fails_the_log_wakes_every_waiter_and_keeps_what_was_acked() {
+    let dir = temp_dir("inline-adv-io");
+    // One byte per segment: every commit after the first starts a new segment file.
+    let options = opts().segment_bytes(1);
+    let log = EventLog::open(&dir, options.clone()).unwrap();
+    let mut acked = Acked::new();
+    for i in 0..3 {
+        let evs = vec![uev("A", &["k"], i, 10)];
+        acked.push((log.append(evs.clone(), None).unwrap(), evs));
+    }
+    let blocking_sub = {
+        let mut sub = log.subscribe(Query::All, None);
+        thread::spawn(move || {
+            let mut got = 0;
+            loop {
+                match sub.next_batch() {
+                    Ok(Some(b)) => got += b.len(),
+                    other => return (got, other.map(|_| ())),
+                }
+            }
+        })
+    };
+    let async_sub = {
+        let mut sub = log.subscribe(Query::tags(["k"]), Some(pos(3)));
+        thread::spawn(move || futures_executor::block_on(sub.next_batch_async()).map(|b| b.map(|b| b.len())))
+    };
+    thread::sleep(Duration::from_millis(20)); // both subscribers are waiting
+    let moved = Moved::away(&dir);
+    // The writer is idle: this append commits inline, and its segment cannot be created.
+    let r = log.append(vec![uev("B", &["k"], 10, 0)], None);
+    assert!(matches!(r, Err(AppendError::Io(_))), "{r:?}");
+    let cause = log.reader().failure().expect("the log records its failure");
+    assert_eq!(cause.kind(), std::io::ErrorKind::NotFound, "{cause}");
+    // From now on: refused on both paths, nothing published.
+    assert!(matches!(log.append(vec![uev("C", &[], 11, 0)], None), Err(AppendError::Failed(_))));
+    let late = futures_executor::block_on(log.append_async(vec![uev("C", &[], 12, 0)], None));
+    assert!(matches!(late, Err(AppendError::Failed(_))), "{late:?}");
+    assert_eq!(log.head(), Some(pos(3)));
+    // Both subscribers were woken by the inline commit's failure, after what was published.
+    let (got, end) = within("the blocking subscriber", move || blocking_sub.join().unwrap());
+    assert_eq!(got, 3);
+    assert!(matches!(end, Err(lanestream::log::SubscriptionError::Failed(_))), "{end:?}");
+    let end = within("the async subscriber", move || async_sub.join().unwrap());
+    assert!(matches!(end, Err(lanestream::log::SubscriptionError::Failed(_))), "{end:?}");
+    let closer = log.clone();
+    within("close after a failure", move || closer.close());
+    drop(moved);
+    let again = EventLog::open(&dir, options).unwrap();
+    assert_dense_and_exact(&again.reader(), &acked);
+    again.close();
+}
+
+#[test]
+fn a_write_failure_while_both_paths_append_from_many_threads_answers_every_append_once() {
+    for round in 0..6u64 {
+        let dir = temp_dir("inline-adv-io-race");
+        let options = opts().segment_bytes(1);
+        let log = EventLog::open(&dir, options.clone()).unwrap();
+        let started = Arc::new(Barrier::new(5));
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let (log, started) = (log.clone(), started.clone());
+                thread::spawn(move || {
+                    let mut acked = Acked::new();
+                    let (mut io, mut failed) = (0, 0);
+                    started.wait();
+                    for i in 0u64.. {
+                        let evs = vec![uev("W", &[], ((t as u64) << 32) | i, 8)];
+                        let r = if t % 2 == 1 && i % 2 == 0 {
+                            futures_executor::block_on(log.append_async(evs.clone(), None))
+                        } else {
+                            log.append(evs.clone(), None)
+                        };
+                        match r {
+                            Ok(range) => acked.push((range, evs)),
+                            Err(AppendError::Io(_)) => {
+                                assert_eq!(failed, 0, "thread {t}: Io after Failed");
+                                io += 1;
+                            }
+                            Err(AppendError::Failed(_)) => {
+                                failed += 1;
+                                if failed == 3 {
+                                    break;
+                                }
+                            }
+                            Err(e) => panic!("thread {t}: {e:?}"),
+                        }
+                    }
+                    (acked, io)
+                })
+            })
+            .collect();
+        started.wait();
+        thread::sleep(Duration::from_micros(500 + 300 * round));
+        let moved = Moved::away(&dir);
+        let results: Vec<(Acked, usize)> = within("appenders after a failure", move || {
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let ios: usize = results.iter().map(|(_, n)| n).sum();
+        assert!(ios >= 1, "round {round}: no append saw the failing write itself");
+        let acked: Acked = results.into_iter().flat_map(|(a, _)| a).collect();
+        // What readers see is exactly what was acked (the failed group was never published).
+        assert_dense_and_exact(&log.reader(), &acked);
+        let closer = log.clone();
+        within("close after a failure", move || closer.close());
+        drop(log);
+        drop(moved);
+        let again = EventLog::open(&dir, options).unwrap();
+        assert_dense_and_exact(&again.reader(), &acked);
+        again.close();
+    }
+}
