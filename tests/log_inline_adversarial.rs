@@ -144,6 +144,9 @@ fn assert_dense_and_exact(log: &ReadHandle, acked: &Acked) {
     assert_eq!(events.len() as u64, next - 1, "the log holds events nobody was acknowledged for");
     assert_eq!(log.head().map_or(0, |p| p.get()), next - 1);
     for (r, evs) in by_first.values() {
+        // The append boundaries agree, whichever path committed it.
+        assert_eq!(log.append_at(r.first), Some(*r), "append_at({:?})", r.first);
+        assert_eq!(log.append_at(r.last), Some(*r), "append_at({:?})", r.last);
         for (p, e) in r.iter().zip(evs.iter()) {
             let got = &events[p.get() as usize - 1];
             assert_eq!(got.position, p);
@@ -1217,5 +1220,52 @@ fn a_write_failure_while_both_paths_append_from_many_threads_answers_every_appen
         let again = EventLog::open(&dir, options).unwrap();
         assert_dense_and_exact(&again.reader(), &acked);
         again.close();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The log feeding the lanes while both paths commit
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_log_source_publishes_each_append_of_both_paths_once_in_order() {
+    use lanestream::log::LogSource;
+    use lanestream::{LaneItem, MemoryStream, Position};
+
+    let log = EventLog::in_memory(opts()).unwrap();
+    let stream = MemoryStream::builder().capacity(4).sinks(["a", "b"]).build().unwrap();
+    let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
+    let source = thread::spawn(move || {
+        let stats = source.run().unwrap();
+        source.close();
+        stats
+    });
+    let sinks: Vec<_> = stream
+        .lanes()
+        .map(|lane| {
+            let mut consumer = lane.attach().unwrap();
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                while let Some(d) = consumer.recv().unwrap() {
+                    if let LaneItem::Batch(b) = d.item() {
+                        got.push((b.position, b.envelopes.len() as u64));
+                    }
+                    d.ack().unwrap();
+                }
+                got
+            })
+        })
+        .collect();
+    let acked = mixed_workload(&log, 4, 80, 555);
+    let closer = log.clone();
+    within("close", move || closer.close());
+    let stats = within("the source's run", move || source.join().unwrap());
+    let mut ranges: Vec<PositionRange> = acked.iter().map(|(r, _)| *r).collect();
+    ranges.sort_by_key(|r| r.first);
+    assert_eq!(stats.appends, ranges.len() as u64);
+    let want: Vec<_> = ranges.iter().map(|r| (Some(Position(r.last.get())), r.len())).collect();
+    for sink in sinks {
+        let got = within("a sink", move || sink.join().unwrap());
+        assert_eq!(got, want, "one batch per append, at its last position, in order");
     }
 }
