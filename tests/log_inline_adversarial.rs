@@ -1269,3 +1269,80 @@ fn a_log_source_publishes_each_append_of_both_paths_once_in_order() {
         assert_eq!(got, want, "one batch per append, at its last position, in order");
     }
 }
+
+#[test]
+fn async_appends_queued_before_close_are_all_served_while_blocking_appends_race_the_close() {
+    for round in 0..5u64 {
+        let dir = temp_dir("inline-adv-queued-close");
+        let log = EventLog::open(&dir, opts()).unwrap();
+        let started = Arc::new(Barrier::new(3));
+        let racers = appenders_until_shutdown(&log, 2, started.clone(), round);
+        started.wait();
+        // Queue 200 async appends (one poll each: the default queue has room, so each is queued
+        // or already answered), and drop every other future once queued: a queued append is
+        // not withdrawn by dropping its future.
+        let waker = Waker::from(Arc::new(Unpark(thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        for i in 0..200u64 {
+            let evs = vec![uev("Q", &["queued"], (round << 40) | (1 << 39) | i, 6)];
+            let mut f = log.append_async(evs.clone(), None);
+            let early = match Pin::new(&mut f).poll(&mut cx) {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            };
+            if i % 2 == 0 {
+                kept.push((f, early, evs));
+            } else {
+                drop(f);
+                dropped.push(evs);
+            }
+        }
+        let closer = log.clone();
+        within("close with queued appends", move || closer.close());
+        let mut acked = Acked::new();
+        let (mut futs, mut early, mut given) = (Vec::new(), Vec::new(), Vec::new());
+        for (f, e, evs) in kept {
+            futs.push(f);
+            early.push(e);
+            given.push(evs);
+        }
+        for (r, evs) in join_rest(futs, early).into_iter().zip(given) {
+            let r = r.unwrap_or_else(|e| panic!("round {round}: an append queued before close got {e:?}"));
+            acked.push((r, evs));
+        }
+        let mut outcomes: Vec<Outcome> = racers.into_iter().map(|w| w.join().unwrap()).collect();
+        outcomes.push(Outcome { acked, refused: Vec::new() });
+        drop(log);
+        let again = EventLog::open(&dir, opts()).unwrap();
+        // The dropped futures' appends are in the log too: find them by payload.
+        let events = all(&again.reader());
+        let payloads: HashSet<&Bytes> = events.iter().map(|s| s.event.data()).collect();
+        for evs in &dropped {
+            assert!(
+                payloads.contains(evs[0].data()),
+                "round {round}: a queued append whose future was dropped is missing"
+            );
+        }
+        // Everything else is exactly what was acked (the dropped ones fill the gaps).
+        let mut ranges: Vec<PositionRange> =
+            outcomes.iter().flat_map(|o| o.acked.iter().map(|(r, _)| *r)).collect();
+        ranges.sort_by_key(|r| r.first);
+        assert_eq!(events.len() as u64, ranges.iter().map(|r| r.len()).sum::<u64>() + dropped.len() as u64);
+        for o in &outcomes {
+            for (r, evs) in &o.acked {
+                for (p, e) in r.iter().zip(evs) {
+                    assert_eq!(parts(&events[p.get() as usize - 1].event), parts(e));
+                }
+            }
+            for refused in &o.refused {
+                assert!(
+                    !payloads.contains(refused),
+                    "round {round}: an append answered Shutdown is in the log"
+                );
+            }
+        }
+        again.close();
+    }
+}
