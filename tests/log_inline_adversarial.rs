@@ -933,6 +933,10 @@ struct Op {
     cond: Cond,
     /// Pause before the op, so the writer is sometimes idle (inline) and sometimes not.
     pause: bool,
+    /// For an async op: poll it once (queued), then append one event with a blocking append
+    /// from the same thread, then await the async one. The blocking append must come after it
+    /// (it may commit inline only when nothing is queued or being committed).
+    chase: bool,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -942,8 +946,14 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u8..3).prop_map(Cond::AfterSeen),
         1 => (1u64..40).prop_map(Cond::AllAfter),
     ];
-    (any::<bool>(), prop::collection::vec(0u8..3, 1..4), cond, prop::bool::weighted(0.2))
-        .prop_map(|(blocking, keys, cond, pause)| Op { blocking, keys, cond, pause })
+    (
+        any::<bool>(),
+        prop::collection::vec(0u8..3, 1..4),
+        cond,
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(blocking, keys, cond, pause, chase)| Op { blocking, keys, cond, pause, chase })
 }
 
 /// One op's outcome, with what it was given.
@@ -958,7 +968,9 @@ struct Done {
 }
 
 fn run_model(threads: Vec<Vec<Op>>) -> Result<(), TestCaseError> {
-    let log = EventLog::in_memory(LogOptions::default().queue_capacity(4).max_drain_requests(3)).unwrap();
+    // Room for every request in flight (3 threads, at most 2 each: a chased async append is
+    // queued at its first poll), and small group commits.
+    let log = EventLog::in_memory(LogOptions::default().queue_capacity(8).max_drain_requests(3)).unwrap();
     let start = Arc::new(Barrier::new(threads.len()));
     let handles: Vec<_> = threads
         .into_iter()
@@ -990,8 +1002,20 @@ fn run_model(threads: Vec<Vec<Op>>) -> Result<(), TestCaseError> {
                         )),
                         Cond::AllAfter(p) => Some(AppendCondition::new(Query::All, LogPosition::new(p))),
                     };
+                    let mut chased = None;
                     let result = if op.blocking {
                         log.append(events.clone(), condition.clone())
+                    } else if op.chase {
+                        let mut f = log.append_async(events.clone(), condition.clone());
+                        let waker = Waker::from(Arc::new(Unpark(thread::current())));
+                        let early = match Pin::new(&mut f).poll(&mut Context::from_waker(&waker)) {
+                            Poll::Ready(r) => Some(r),
+                            Poll::Pending => None,
+                        };
+                        let chase = vec![uev("Chase", &["k:9"], ((t * 1000 + i) * 10 + 9) as u64, 0)];
+                        let r = log.append(chase.clone(), None);
+                        chased = Some(Done { thread: t, events: chase, condition: None, result: r, seen });
+                        join_rest(vec![f], vec![early]).pop().unwrap()
                     } else {
                         futures_executor::block_on(log.append_async(events.clone(), condition.clone()))
                     };
@@ -1000,6 +1024,8 @@ fn run_model(threads: Vec<Vec<Op>>) -> Result<(), TestCaseError> {
                         assert_eq!(log.reader().get(r.last).map(|s| s.position), Some(r.last));
                     }
                     out.push(Done { thread: t, events, condition, result, seen });
+                    // After the async append it chased: program order says it comes later.
+                    out.extend(chased);
                     seen = seen.max(match &out.last().unwrap().result {
                         Ok(r) => r.last.get(),
                         _ => 0,
