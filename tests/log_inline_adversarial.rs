@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use lanestream::log::{
-    AppendCondition, AppendError, AppendFuture, Event, EventLog, LogOptions, LogPosition, OpenError,
-    PositionRange, Query, ReadHandle, SequencedEvent, WriteHandle,
+    AppendCondition, AppendError, AppendFuture, Event, EventLog, LogOptions, LogPosition, PositionRange,
+    Query, ReadHandle, SequencedEvent, WriteHandle,
 };
 use log_support::{all, pos, temp_dir, LIMIT};
 use proptest::prelude::*;
