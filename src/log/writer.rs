@@ -147,11 +147,16 @@ impl Writer {
         match committed {
             Ok(()) => w.scratch.batch = batch,
             Err(_) => {
+                // Failed before the lock is released: the state may be half-updated (slots
+                // filled, postings pushed, the head not moved), and the next holder — the
+                // writer thread, often already waiting with a queued group — must refuse its
+                // requests (`Failed`), not commit them on what the panic left behind. (The
+                // caught panic does not poison the lock, as one on the writer thread does.)
                 let shared = w.shared.clone();
-                drop(w);
                 let _ = shared
                     .failure
                     .set(Arc::new(io::Error::other("the log's writer panicked (inline commit)")));
+                drop(w);
                 // The writer thread ends (its end guard marks the log closed and wakes everyone).
                 queue.close();
                 shared.signal.wait(|| shared.is_closed(), None);
