@@ -82,9 +82,10 @@ pub enum AppendError {
         /// The limit, in bytes.
         max: usize,
     },
-    /// Writing or syncing the group commit this append was in failed. The outcome is unknown: the
-    /// events were not acknowledged, yet a later open may find them whole (never in part). The
-    /// log has stopped accepting writes ([`Failed`](AppendError::Failed) from now on).
+    /// Writing or syncing the group commit this append was in failed, or the commit panicked
+    /// (a bug in the writer or its storage). The outcome is unknown: the events were not
+    /// acknowledged, yet a later open may find them whole (never in part). The log has stopped
+    /// accepting writes ([`Failed`](AppendError::Failed) from now on).
     #[error("writing the log failed; the append may or may not be durable: {0}")]
     Io(#[source] Arc<io::Error>),
     /// An earlier write or sync failed and the log refuses writes since (a failed fsync is

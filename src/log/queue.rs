@@ -137,9 +137,20 @@ fn deliver(slot: &ReplySlot, result: AppendResult) {
 }
 
 impl Drop for ReplySender {
+    /// Unanswered: `Shutdown` if the request was never committed (the writer went away), `Io`
+    /// if it is dropped in a panic's unwinding — a commit (a bug in it or in the storage) panicked
+    /// with the request in hand, possibly after its record was written, so the outcome is
+    /// unknown, which is what `Io` says.
     fn drop(&mut self) {
         if let Some(slot) = self.0.take() {
-            deliver(&slot, Err(AppendError::Shutdown));
+            let answer = if std::thread::panicking() {
+                AppendError::Io(Arc::new(std::io::Error::other(
+                    "the log's writer panicked while committing this append; it may have been written",
+                )))
+            } else {
+                AppendError::Shutdown
+            };
+            deliver(&slot, Err(answer));
         }
     }
 }
