@@ -59,7 +59,8 @@ impl Postings {
     #[cfg(test)]
     pub(crate) fn push(&self, position: u64) {
         // Relaxed: only the writer stores `len`, and this is the writer (commits, on the writer
-        // thread or inline, hold the writer's lock: its acquire orders this load after the last store).
+        // thread or inline, hold the writer's lock: its acquire orders this load after the
+        // last store).
         let i = self.len.load(Ordering::Relaxed);
         let (k, off) = locate(i);
         let mut chunk = &self.first;
@@ -80,7 +81,8 @@ impl Postings {
             return;
         }
         // Relaxed: only the writer stores `len`, and this is the writer (commits, on the writer
-        // thread or inline, hold the writer's lock: its acquire orders this load after the last store).
+        // thread or inline, hold the writer's lock: its acquire orders this load after the
+        // last store).
         let start = self.len.load(Ordering::Relaxed);
         let (mut k, mut off) = locate(start);
         let mut chunk = &self.first;

@@ -44,8 +44,9 @@ impl NameTable {
     /// When the table already holds `u32::MAX` names.
     pub(crate) fn push(&self, name: &str) -> u32 {
         // Relaxed: only the writer stores `len`, and this is the writer (commits, on the writer
-        // thread or inline, hold the writer's lock: its acquire orders this load after the last store). Readers never load it:
-        // they reach a name through an id published with the snapshot (module docs).
+        // thread or inline, hold the writer's lock: its acquire orders this load after the last
+        // store). Readers never load it: they reach a name through an id published with the
+        // snapshot (module docs).
         let id = self.len.load(Ordering::Relaxed);
         assert!(id < u32::MAX, "the log holds under 2^32 distinct names");
         let (b, off) = locate(id);
