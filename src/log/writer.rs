@@ -117,8 +117,11 @@ impl Writer {
         let thread = ThreadBuilder::new().name("lanestream-log-writer".into()).spawn(move || {
             let mut batch = Vec::new();
             while end.queue.drain(max_requests, max_bytes, &mut batch) {
-                lock(&end.state).commit(&mut batch);
+                let wake = lock(&end.state).commit(&mut batch);
                 end.queue.committed();
+                if wake {
+                    end.shared.signal.notify();
+                }
             }
         })?;
         Ok((state, thread))
@@ -145,7 +148,14 @@ impl Writer {
         // writes get `Failed`, and the log ends. It does not reach the appender.
         let committed = panic::catch_unwind(AssertUnwindSafe(|| w.commit(&mut batch)));
         match committed {
-            Ok(()) => w.scratch.batch = batch,
+            Ok(wake) => {
+                w.scratch.batch = batch;
+                let shared = w.shared.clone();
+                drop(w);
+                if wake {
+                    shared.signal.notify();
+                }
+            }
             Err(_) => {
                 // Failed before the lock is released: the state may be half-updated (slots
                 // filled, postings pushed, the head not moved), and the next holder — the
@@ -165,20 +175,25 @@ impl Writer {
         Ok(())
     }
 
-    /// Decides, writes, publishes and answers one group of requests.
-    fn commit(&mut self, batch: &mut Vec<Request>) {
+    /// Decides, writes, publishes and answers one group of requests. Returns whether the
+    /// subscribers must be woken (something was published, or the log failed): the caller
+    /// notifies them once it has released the writer's lock, so no waker runs under it (P13:
+    /// the notify still follows the snapshot's store).
+    #[must_use = "wake the subscribers when it says so"]
+    fn commit(&mut self, batch: &mut Vec<Request>) -> bool {
         let mut scratch = std::mem::take(&mut self.scratch);
-        self.commit_with(batch, &mut scratch);
+        let wake = self.commit_with(batch, &mut scratch);
         self.scratch = scratch;
+        wake
     }
 
-    fn commit_with(&mut self, batch: &mut Vec<Request>, scratch: &mut Scratch) {
+    fn commit_with(&mut self, batch: &mut Vec<Request>, scratch: &mut Scratch) -> bool {
         let Scratch { records, outcomes, events, .. } = scratch;
         if let Some(cause) = self.shared.failure.get() {
             for r in batch.drain(..) {
                 r.reply.send(Err(AppendError::Failed(cause.clone())));
             }
-            return;
+            return false;
         }
         records.clear();
         let mut staged = self.head;
@@ -213,8 +228,7 @@ impl Writer {
                     for (reply, _) in outcomes.drain(..) {
                         reply.send(Err(AppendError::Io(cause.clone())));
                     }
-                    self.shared.signal.notify();
-                    return;
+                    return true;
                 }
             }
             self.shared.snapshot.store(Arc::new(Snapshot {
@@ -227,9 +241,7 @@ impl Writer {
         for (reply, result) in outcomes.drain(..) {
             reply.send(result);
         }
-        if published {
-            self.shared.signal.notify();
-        }
+        published
     }
 
     /// The outcome of `r` against the log plus what this round accepted up to `staged` (the
