@@ -39,6 +39,9 @@ pub struct RedisConsumer<T> {
     token: u64,
     /// Receive requests made in this epoch (a retried request is recognised by its number).
     requests: u64,
+    /// The entry number expected next (the one after the last new entry received; 0 before
+    /// the first): a lane alone on its log hands that entry's payload over outside Lua.
+    expect: u64,
     detached: bool,
     unsent: Unsent,
     waiter: Option<Waiter>,
@@ -53,6 +56,7 @@ impl<T: RedisItem> RedisConsumer<T> {
             epoch,
             token,
             requests: 0,
+            expect: 0,
             detached: false,
             unsent: Arc::new(Mutex::new(Vec::new())),
             waiter: None,
@@ -86,9 +90,16 @@ impl<T: RedisItem> RedisConsumer<T> {
                 return Err(TryRecvError::Backend(err));
             }
         }
-        match self.lane.receive(pool, budget, epoch, self.requests + 1).map_err(TryRecvError::Backend)? {
+        match self
+            .lane
+            .receive(pool, budget, epoch, self.requests + 1, self.expect)
+            .map_err(TryRecvError::Backend)?
+        {
             Received::Item { n, attempt, payload } => {
                 self.requests += 1;
+                if attempt == 1 {
+                    self.expect = n + 1;
+                }
                 match T::decode(&payload) {
                     Ok(item) => Ok(RedisDelivery {
                         position: item.position(),

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ::redis::{RedisResult, Script, Value};
+use ::redis::{Cmd, Connection, RedisResult, Script, ServerErrorKind, Value};
 
 use super::conn::{Budget, Pool};
 use super::scripts;
@@ -261,36 +261,51 @@ impl LaneDef {
         })
     }
 
+    /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
+    /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
+    /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`).
     pub(crate) fn receive(
         &self,
         pool: &Pool,
         budget: Budget,
         epoch: u64,
         request: u64,
+        expect: u64,
     ) -> Result<Received, BackendError> {
-        let v: Value = pool.run(budget, |c, _| {
-            scripts()
-                .receive
-                .key(&self.base)
-                .key(&self.ids)
-                .key(&self.rel)
-                .key(&self.log)
-                .arg(&self.base)
+        let expect = if self.alone { expect } else { 0 };
+        let (v, range): (Value, Option<Value>) = pool.run(budget, |c, _| {
+            let mut eval = evalsha(&scripts().receive, &[&self.base, &self.ids, &self.rel, &self.log]);
+            eval.arg(&self.base)
                 .arg(&self.group)
                 .arg(CONSUMER)
                 .arg(epoch)
                 .arg(request)
-                .arg(self.alone_flag())
-                .invoke(c)
+                .arg(self.alone_flag());
+            eval.arg(expect);
+            if expect == 0 {
+                return run_script(c, &scripts().receive, &eval, None).map(|mut v| (v.remove(0), None));
+            }
+            let id = format!("{expect}-0");
+            let mut range = ::redis::cmd("XRANGE");
+            range.arg(&self.log).arg(&id).arg(&id);
+            let mut v = run_script(c, &scripts().receive, &eval, Some(range))?;
+            let range = v.pop();
+            Ok((v.remove(0), range))
         })?;
         let r = items(&v);
         Ok(match r.first().map(text) {
-            Some(b"item") if r.len() == 4 => {
-                let payload = match &r[3] {
-                    Value::BulkString(b) => b.clone(),
+            Some(b"item") if r.len() == 4 || r.len() == 3 => {
+                let n = int(&r[1]);
+                let payload = match r.get(3) {
+                    Some(Value::BulkString(b)) => b.clone(),
+                    // The expected entry: its payload is the pipelined XRANGE's.
+                    None if n == expect => match range.as_ref().and_then(range_payload) {
+                        Some(b) => b,
+                        None => return Err(malformed(pool, "receive (XRANGE)", &v)),
+                    },
                     _ => return Err(malformed(pool, "receive", &v)),
                 };
-                Received::Item { n: int(&r[1]), attempt: int(&r[2]).min(u32::MAX as u64) as u32, payload }
+                Received::Item { n, attempt: int(&r[2]).min(u32::MAX as u64) as u32, payload }
             }
             Some(b"empty") => Received::Empty,
             Some(b"closed") => Received::Closed,
@@ -465,6 +480,49 @@ impl LaneDef {
     /// Waits (at most `timeout`) for a wake-up token on `key`.
     pub(crate) fn wait(&self, pool: &Pool, key: &str, timeout: Duration) -> Result<bool, BackendError> {
         pool.wait_token(key, timeout)
+    }
+}
+
+/// An `EVALSHA` of `script` with `keys`; the caller adds the arguments.
+fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
+    let mut cmd = ::redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    cmd
+}
+
+/// Runs `eval` (an [`evalsha`] of `script`), then `then` if any, in one round trip; returns
+/// their replies in that order. A server that does not know the script yet (`NOSCRIPT`: a new
+/// or restarted server) gets it loaded, and the whole round trip is sent again: `then` must be
+/// a read that may run twice.
+fn run_script(c: &mut Connection, script: &Script, eval: &Cmd, then: Option<Cmd>) -> RedisResult<Vec<Value>> {
+    let mut pipe = ::redis::pipe();
+    pipe.ignore_errors().add_command(eval.clone());
+    if let Some(then) = then {
+        pipe.add_command(then);
+    }
+    let mut replies: Vec<Value> = pipe.query(c)?;
+    if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
+        script.load(c)?;
+        replies = pipe.query(c)?;
+    }
+    for r in &replies {
+        if let Value::ServerError(e) = r {
+            return Err(e.clone().into());
+        }
+    }
+    Ok(replies)
+}
+
+/// The `d` field (the payload) of the one entry in an `XRANGE` reply.
+fn range_payload(v: &Value) -> Option<Vec<u8>> {
+    let entry = items(items(v).first()?);
+    let fields = items(entry.get(1)?);
+    match fields.first().map(text) {
+        Some(b"d") => match fields.get(1)? {
+            Value::BulkString(b) => Some(b.clone()),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
