@@ -303,7 +303,8 @@ impl<T> RedisDelivery<T> {
     /// retry budget (with [`BackendError::Connection`] the outcome is unknown).
     pub fn ack(mut self) -> Result<(), AckError> {
         self.done = true;
-        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n, self.position) {
+        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n, self.position, self.attempt)
+        {
             Ok(Acked::Done) => Ok(()),
             Ok(Acked::Detached) => Err(AckError::Detached),
             Ok(Acked::Unknown) => Err(AckError::Backend(BackendError::Connection)),

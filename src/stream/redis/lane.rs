@@ -131,6 +131,8 @@ pub(crate) struct LaneDef {
     ids: String,
     rel: String,
     ack: String,
+    /// A lane alone on its log: the redeliveries of each released entry (`B:att`).
+    att: String,
     pub(crate) log: String,
     pub(crate) meta: String,
     pub(crate) group: String,
@@ -159,6 +161,7 @@ impl LaneDef {
             ids: format!("{base}:ids"),
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
+            att: format!("{base}:att"),
             log: format!("{prefix}:log"),
             meta: format!("{prefix}:meta"),
             group: sink.as_str().to_owned(),
@@ -180,6 +183,7 @@ impl LaneDef {
             ids: format!("{base}:ids"),
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
+            att: format!("{base}:att"),
             log: format!("{prefix}:req"),
             meta: format!("{prefix}:meta"),
             group: "ingest".to_owned(),
@@ -274,7 +278,8 @@ impl LaneDef {
     ) -> Result<Received, BackendError> {
         let expect = if self.alone { expect } else { 0 };
         let (v, range): (Value, Option<Value>) = pool.run(budget, |c, _| {
-            let mut eval = evalsha(&scripts().receive, &[&self.base, &self.ids, &self.rel, &self.log]);
+            let mut eval =
+                evalsha(&scripts().receive, &[&self.base, &self.ids, &self.rel, &self.log, &self.att]);
             eval.arg(&self.base)
                 .arg(&self.group)
                 .arg(CONSUMER)
@@ -314,7 +319,7 @@ impl LaneDef {
         })
     }
 
-    /// Acks entry `n`, whose item is at `position`.
+    /// Acks entry `n`, whose item is at `position`, delivered as `attempt`.
     pub(crate) fn ack(
         &self,
         pool: &Pool,
@@ -322,13 +327,15 @@ impl LaneDef {
         epoch: u64,
         n: u64,
         position: Option<Position>,
+        attempt: u32,
     ) -> Result<Acked, BackendError> {
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
             let mut inv = scripts().ack.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.rel).key(&self.ack).key(&self.log).key(&self.meta);
+            inv.key(&self.att);
             inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(if tries > 0 { "1" } else { "0" });
-            inv.arg(&pos).arg(self.alone_flag());
+            inv.arg(&pos).arg(self.alone_flag()).arg(attempt);
             inv.invoke(c)
         })?;
         Ok(match items(&v).first().map(text) {
@@ -355,11 +362,13 @@ impl LaneDef {
                 .key(&self.rel)
                 .key(&self.ack)
                 .key(&self.log)
+                .key(&self.att)
                 .arg(&self.base)
                 .arg(&self.group)
                 .arg(epoch)
                 .arg(n)
                 .arg(attempt)
+                .arg(self.alone_flag())
                 .invoke::<Value>(c)
         })
         .map(drop)
@@ -380,11 +389,13 @@ impl LaneDef {
                 .key(&self.base)
                 .key(&self.rel)
                 .key(&self.log)
+                .key(&self.ack)
                 .arg(&self.base)
                 .arg(&self.group)
                 .arg(if polite { "attach" } else { "reattach" })
                 .arg(expected)
                 .arg(claim)
+                .arg(self.alone_flag())
                 .invoke(c)
         })?;
         let r = items(&v);
