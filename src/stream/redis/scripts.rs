@@ -10,7 +10,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `B` | hash | `cap` capacity; `pub` items published; `last` the lane's newest entry number; `lp` last published position; `rd` newest entry read by the group; `nread` items read; `an` newest entry of the contiguous acked prefix; `ai` items in it; `ap` its position; `dl` deliveries, `rdl` redeliveries; `closed`; `ep` consumer epoch, `holder` its claim; `pe` producer epoch, `ph` its claim; `lq`/`ln`/`la` the last receive (request number, entry, attempt) for a retried receive |
+//! | `B` | hash | `cap` capacity; `about` a text longer than 64 bytes (keeps the hash in the hashtable encoding: see `stream.rs`); `pub` items published; `last` the lane's newest entry number; `lp` last published position; `rd` newest entry read by the group; `nread` items read; `an` newest entry of the contiguous acked prefix; `ai` items in it; `ap` its position; `dl` deliveries, `rdl` redeliveries; `closed`; `ep` consumer epoch, `holder` its claim; `pe` producer epoch, `ph` its claim; `lq`/`ln`/`la` the last receive (request number, entry, attempt) for a retried receive |
 //! | `B:ids` | sorted set | the lane's unacked entries (and acked ones after an unacked one): score = entry number, member = `n:position`; not kept for a lane alone on its log (below) |
 //! | `B:rel` | sorted set | released entries, waiting for redelivery (score = member = entry number) |
 //! | `B:ack` | sorted set | entries acked while an earlier one is out: score = entry number, member = `n` (`n:position` for a lane alone on its log) |
