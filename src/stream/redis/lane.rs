@@ -16,6 +16,7 @@ use crate::position::Position;
 /// The compiled scripts (hashed once; loaded into the server on first use).
 pub(crate) struct Scripts {
     publish: Script,
+    publish_alone: Script,
     receive: Script,
     ack: Script,
     nack: Script,
@@ -33,6 +34,7 @@ pub(crate) fn scripts() -> &'static Scripts {
         let s = |body| Script::new(&scripts::source(body));
         Scripts {
             publish: s(scripts::PUBLISH),
+            publish_alone: s(scripts::PUBLISH_ALONE),
             receive: s(scripts::RECEIVE),
             ack: s(scripts::ACK),
             nack: s(scripts::NACK),
@@ -241,6 +243,9 @@ impl LaneDef {
             Publisher::Sender => ("s", 0, 0),
         };
         let pos = pad(position);
+        if self.alone && mode == "p" && self.sink.is_some() {
+            return self.publish_alone(pool, budget, epoch, after, payload, &pos);
+        }
         let v: Value = pool.run(budget, |c, _| {
             let mut inv = scripts().publish.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.log).key(&self.meta);
@@ -268,6 +273,60 @@ impl LaneDef {
     /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
     /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
     /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`).
+    /// The claimed producer's publish of entry `n` on a sink lane alone on its log: the
+    /// `PUBLISH_ALONE` script, a plain `XADD` of the payload and an `XSETID`, in one `MULTI`.
+    fn publish_alone(
+        &self,
+        pool: &Pool,
+        budget: Budget,
+        epoch: u64,
+        n: u64,
+        payload: &[u8],
+        pos: &str,
+    ) -> Result<Published, BackendError> {
+        let script = &scripts().publish_alone;
+        let v: Value = pool.run(budget, |c, _| {
+            let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
+            eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
+            eval.arg(&self.base);
+            let mut add = ::redis::cmd("XADD");
+            add.arg(&self.log).arg(format!("{n}-0")).arg("d").arg(payload).arg("p").arg(pos);
+            let mut raise = ::redis::cmd("XSETID");
+            raise.arg(&self.log).arg(format!("{}-0", n + 1));
+            let mut pipe = ::redis::pipe();
+            pipe.atomic().ignore_errors().add_command(eval).add_command(add).add_command(raise);
+            let mut replies: Vec<Value> = pipe.query(c)?;
+            if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
+                // Nothing was added: the script did not lower the log's last id.
+                script.load(c)?;
+                replies = pipe.query(c)?;
+            }
+            let mut replies = replies.into_iter();
+            let gate = match replies.next() {
+                Some(Value::ServerError(e)) => return Err(e.into()),
+                Some(v) => v,
+                None => Value::Nil,
+            };
+            // The XADD must have landed if the script let it through; otherwise it was refused.
+            if let (Some(b"ok"), Some(Value::ServerError(e))) = (items(&gate).first().map(text), replies.next()) {
+                return Err(e.into());
+            }
+            Ok(gate)
+        })?;
+        let r = items(&v);
+        Ok(match r.first().map(text) {
+            Some(b"ok" | b"dup") => Published::Done,
+            Some(b"full") => Published::Full,
+            Some(b"closed") => Published::Closed,
+            Some(b"fenced") => Published::Fenced,
+            Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
+                Some(last) => Published::Regressed(last),
+                None => return Err(malformed(pool, "publish", &v)),
+            },
+            _ => return Err(malformed(pool, "publish", &v)),
+        })
+    }
+
     pub(crate) fn receive(
         &self,
         pool: &Pool,
@@ -415,7 +474,15 @@ impl LaneDef {
         claim: &str,
     ) -> Result<Result<(u64, u64, Option<Position>), String>, BackendError> {
         let v: Value = pool.run(Budget::Retry, |c, _| {
-            scripts().claim_producer.key(&self.base).arg(expected).arg(claim).invoke(c)
+            let alone = if self.alone && self.sink.is_some() { "1" } else { "0" };
+            scripts()
+                .claim_producer
+                .key(&self.base)
+                .key(&self.log)
+                .arg(expected)
+                .arg(claim)
+                .arg(alone)
+                .invoke(c)
         })?;
         let r = items(&v);
         match r.first().map(text) {
