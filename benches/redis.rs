@@ -3,7 +3,8 @@
 //!
 //! Both sides do the same work per batch: encode it with the codec, add it to a stream, read it
 //! back through a consumer group, decode it (validated), ack it; one thread, one batch in flight
-//! (three round trips per batch for the bare loop, three script runs for the backend). Criterion
+//! (three round trips per batch for each side: the bare loop's three commands; the backend's
+//! publish `MULTI`, receive script with its `XRANGE`, and ack script). Criterion
 //! measures each side; then interleaved rounds (ours, bare, bare, ours, ...) give the ratio
 //! (backend batches/s over bare batches/s; the goal is >= 0.8).
 //!
@@ -198,6 +199,8 @@ fn main() {
         bare_rate.push(b);
         ratios.push(o / b);
     }
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    println!("redis ratio of each round, in order: {}", each.join(" "));
     for v in [&mut ratios, &mut ours_rate, &mut bare_rate] {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     }
