@@ -26,7 +26,9 @@ type Unsent = Arc<Mutex<Vec<(u64, u64, u32)>>>;
 /// The receiving end of a lane over Redis: [`LaneConsumer`] for sink lanes (`T` =
 /// [`LaneItem`](crate::LaneItem)) and the request lane (`T` = [`Request`](crate::Request)).
 ///
-/// Each receive is one script run in Redis; a receive that waits blocks on a wake-up list
+/// Each receive is one round trip: a script run in Redis (on a lane alone on its log, with a
+/// plain `XRANGE` of the expected entry in the same round trip, so the payload does not pass
+/// through the script); a receive that waits blocks on a wake-up list
 /// (`BLPOP`) that publishes, nacks, closes and re-attaches push to. The async forms hand that
 /// wait to a helper thread of this consumer (started on the first wait), which wakes the task;
 /// no async runtime is involved.
