@@ -19,6 +19,7 @@ pub(crate) struct Scripts {
     publish_alone: Script,
     receive: Script,
     ack: Script,
+    ack_alone: Script,
     nack: Script,
     attach: Script,
     claim_producer: Script,
@@ -37,6 +38,7 @@ pub(crate) fn scripts() -> &'static Scripts {
             publish_alone: s(scripts::PUBLISH_ALONE),
             receive: s(scripts::RECEIVE),
             ack: s(scripts::ACK),
+            ack_alone: s(scripts::ACK_ALONE),
             nack: s(scripts::NACK),
             attach: s(scripts::ATTACH),
             claim_producer: s(scripts::CLAIM_PRODUCER),
@@ -390,11 +392,16 @@ impl LaneDef {
     ) -> Result<Acked, BackendError> {
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
+            let retry = if tries > 0 { "1" } else { "0" };
+            if self.alone {
+                let mut inv = scripts().ack_alone.prepare_invoke();
+                inv.key(&self.base).key(&self.ack).key(&self.att);
+                inv.arg(epoch).arg(n).arg(&pos).arg(retry).arg(attempt);
+                return inv.invoke(c);
+            }
             let mut inv = scripts().ack.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.rel).key(&self.ack).key(&self.log).key(&self.meta);
-            inv.key(&self.att);
-            inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(if tries > 0 { "1" } else { "0" });
-            inv.arg(&pos).arg(self.alone_flag()).arg(attempt);
+            inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(retry);
             inv.invoke(c)
         })?;
         Ok(match items(&v).first().map(text) {
