@@ -3,13 +3,15 @@
 //!
 //! Both sides do the same work per batch: encode it with the codec, add it to a stream, read it
 //! back through a consumer group, decode it (validated), ack it; one thread, one batch in flight
-//! (three round trips per batch for the bare loop, three script runs for the backend). Criterion
+//! (three round trips per batch for each side: the bare loop's three commands; the backend's
+//! publish `MULTI`, receive script with its `XRANGE`, and ack script). Criterion
 //! measures each side; then interleaved rounds (ours, bare, bare, ours, ...) give the ratio
 //! (backend batches/s over bare batches/s; the goal is >= 0.8).
 //!
 //! Needs a server: `LANESTREAM_REDIS_URL=redis://127.0.0.1:6399 cargo bench --bench redis`
 //! (without it the bench says so and exits). `LANESTREAM_BENCH_ROUNDS` and
-//! `LANESTREAM_BENCH_BATCHES` set the ratio's rounds (default 9) and batches per round (2000).
+//! `LANESTREAM_BENCH_BATCHES` set the ratio's rounds (default 9) and batches per round (2000),
+//! `LANESTREAM_BENCH_ENVELOPES` the envelopes per batch (default 16, about 1.8 KB encoded).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,13 +28,13 @@ fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// A batch of 16 upserts of about 100 bytes each (a small transaction), at `position`.
+/// A batch of upserts of about 100 bytes each (16 by default: a small transaction), at `position`.
 fn batch(envelopes: &Arc<[Envelope]>, position: u64) -> LaneItem {
     LaneItem::Batch(Batch::new(Some(Position(position)), envelopes.clone()))
 }
 
 fn envelopes() -> Arc<[Envelope]> {
-    (0..16)
+    (0..env("LANESTREAM_BENCH_ENVELOPES", 16))
         .map(|i| Envelope {
             index: IndexName::new("public_users").unwrap(),
             id: format!("{i}"),
@@ -198,6 +200,8 @@ fn main() {
         bare_rate.push(b);
         ratios.push(o / b);
     }
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    println!("redis ratio of each round, in order: {}", each.join(" "));
     for v in [&mut ratios, &mut ours_rate, &mut bare_rate] {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     }

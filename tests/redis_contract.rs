@@ -629,3 +629,49 @@ fn redis_a_lane_alone_on_its_log_keeps_no_ids_set_and_acks_and_trims_from_its_ac
     d.ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(60)));
 }
+
+#[test]
+fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry() {
+    let url = server!();
+    let name = unique_name();
+    let _cleanup = Cleanup::of(&url, &name);
+    let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let log = format!("{{{name}}}:log");
+    let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&log).query(con).unwrap() };
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut p1 = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    p1.publish(batch(10)).unwrap();
+    // The payload goes in by a plain XADD of entry `last + 1` inside a MULTI, after the publish
+    // script: that XADD fails unless the script let it through (what a MULTI whose script was
+    // refused, or not run at all, comes to).
+    let raw: redis::RedisResult<String> =
+        redis::cmd("XADD").arg(&log).arg("2-0").arg("d").arg("x").arg("p").arg("").query(&mut con);
+    assert!(raw.is_err(), "a bare XADD of the next entry must fail: {raw:?}");
+    assert_eq!(len(&mut con), 1);
+    // Another process takes the producer over (this one's claim given up as if it had died).
+    let _: i64 =
+        redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(&mut con).unwrap();
+    let s2 = open(&url, &name, 8, 4, &["search"]);
+    let mut p2 = s2.producer("search").unwrap();
+    match p1.publish(batch(20)) {
+        Err(PublishError::Backend { error: lanestream::BackendError::Fenced, .. }) => {}
+        other => panic!("the old producer must be fenced: {other:?}"),
+    }
+    assert_eq!(len(&mut con), 1, "a fenced publish adds no entry");
+    p2.publish(batch(20)).unwrap();
+    // A server that lost its scripts: the publish loads them again and lands once.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    p2.publish(batch(30)).unwrap();
+    assert_eq!(len(&mut con), 3);
+    let got: Vec<_> = (0..3)
+        .map(|_| {
+            let d = c.try_recv().unwrap();
+            let r = (d.entry(), d.position().unwrap().0);
+            d.ack().unwrap();
+            r
+        })
+        .collect();
+    assert_eq!(got, [(1, 10), (2, 20), (3, 30)]);
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+}

@@ -26,7 +26,9 @@ type Unsent = Arc<Mutex<Vec<(u64, u64, u32)>>>;
 /// The receiving end of a lane over Redis: [`LaneConsumer`] for sink lanes (`T` =
 /// [`LaneItem`](crate::LaneItem)) and the request lane (`T` = [`Request`](crate::Request)).
 ///
-/// Each receive is one script run in Redis; a receive that waits blocks on a wake-up list
+/// Each receive is one round trip: a script run in Redis (on a lane alone on its log, with a
+/// plain `XRANGE` of the expected entry in the same round trip, so the payload does not pass
+/// through the script); a receive that waits blocks on a wake-up list
 /// (`BLPOP`) that publishes, nacks, closes and re-attaches push to. The async forms hand that
 /// wait to a helper thread of this consumer (started on the first wait), which wakes the task;
 /// no async runtime is involved.
@@ -39,6 +41,9 @@ pub struct RedisConsumer<T> {
     token: u64,
     /// Receive requests made in this epoch (a retried request is recognised by its number).
     requests: u64,
+    /// The entry number expected next (the one after the last new entry received; 0 before
+    /// the first): a lane alone on its log hands that entry's payload over outside Lua.
+    expect: u64,
     detached: bool,
     unsent: Unsent,
     waiter: Option<Waiter>,
@@ -53,6 +58,7 @@ impl<T: RedisItem> RedisConsumer<T> {
             epoch,
             token,
             requests: 0,
+            expect: 0,
             detached: false,
             unsent: Arc::new(Mutex::new(Vec::new())),
             waiter: None,
@@ -86,9 +92,16 @@ impl<T: RedisItem> RedisConsumer<T> {
                 return Err(TryRecvError::Backend(err));
             }
         }
-        match self.lane.receive(pool, budget, epoch, self.requests + 1).map_err(TryRecvError::Backend)? {
+        match self
+            .lane
+            .receive(pool, budget, epoch, self.requests + 1, self.expect)
+            .map_err(TryRecvError::Backend)?
+        {
             Received::Item { n, attempt, payload } => {
                 self.requests += 1;
+                if attempt == 1 {
+                    self.expect = n + 1;
+                }
                 match T::decode(&payload) {
                     Ok(item) => Ok(RedisDelivery {
                         position: item.position(),
@@ -292,7 +305,8 @@ impl<T> RedisDelivery<T> {
     /// retry budget (with [`BackendError::Connection`] the outcome is unknown).
     pub fn ack(mut self) -> Result<(), AckError> {
         self.done = true;
-        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n, self.position) {
+        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n, self.position, self.attempt)
+        {
             Ok(Acked::Done) => Ok(()),
             Ok(Acked::Detached) => Err(AckError::Detached),
             Ok(Acked::Unknown) => Err(AckError::Backend(BackendError::Connection)),

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ::redis::{RedisResult, Script, Value};
+use ::redis::{Cmd, Connection, RedisResult, Script, ServerErrorKind, Value};
 
 use super::conn::{Budget, Pool};
 use super::scripts;
@@ -16,8 +16,10 @@ use crate::position::Position;
 /// The compiled scripts (hashed once; loaded into the server on first use).
 pub(crate) struct Scripts {
     publish: Script,
+    publish_alone: Script,
     receive: Script,
     ack: Script,
+    ack_alone: Script,
     nack: Script,
     attach: Script,
     claim_producer: Script,
@@ -33,8 +35,10 @@ pub(crate) fn scripts() -> &'static Scripts {
         let s = |body| Script::new(&scripts::source(body));
         Scripts {
             publish: s(scripts::PUBLISH),
+            publish_alone: s(scripts::PUBLISH_ALONE),
             receive: s(scripts::RECEIVE),
             ack: s(scripts::ACK),
+            ack_alone: s(scripts::ACK_ALONE),
             nack: s(scripts::NACK),
             attach: s(scripts::ATTACH),
             claim_producer: s(scripts::CLAIM_PRODUCER),
@@ -131,6 +135,8 @@ pub(crate) struct LaneDef {
     ids: String,
     rel: String,
     ack: String,
+    /// A lane alone on its log: the redeliveries of each released entry (`B:att`).
+    att: String,
     pub(crate) log: String,
     pub(crate) meta: String,
     pub(crate) group: String,
@@ -159,6 +165,7 @@ impl LaneDef {
             ids: format!("{base}:ids"),
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
+            att: format!("{base}:att"),
             log: format!("{prefix}:log"),
             meta: format!("{prefix}:meta"),
             group: sink.as_str().to_owned(),
@@ -180,6 +187,7 @@ impl LaneDef {
             ids: format!("{base}:ids"),
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
+            att: format!("{base}:att"),
             log: format!("{prefix}:req"),
             meta: format!("{prefix}:meta"),
             group: "ingest".to_owned(),
@@ -237,6 +245,9 @@ impl LaneDef {
             Publisher::Sender => ("s", 0, 0),
         };
         let pos = pad(position);
+        if self.alone && mode == "p" && self.sink.is_some() {
+            return self.publish_alone(pool, budget, epoch, after, payload, &pos);
+        }
         let v: Value = pool.run(budget, |c, _| {
             let mut inv = scripts().publish.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.log).key(&self.meta);
@@ -261,36 +272,106 @@ impl LaneDef {
         })
     }
 
+    /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
+    /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
+    /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`).
+    /// The claimed producer's publish of entry `n` on a sink lane alone on its log: the
+    /// `PUBLISH_ALONE` script, a plain `XADD` of the payload and an `XSETID`, in one `MULTI`.
+    fn publish_alone(
+        &self,
+        pool: &Pool,
+        budget: Budget,
+        epoch: u64,
+        n: u64,
+        payload: &[u8],
+        pos: &str,
+    ) -> Result<Published, BackendError> {
+        let script = &scripts().publish_alone;
+        let v: Value = pool.run(budget, |c, _| {
+            let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
+            eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
+            eval.arg(&self.base);
+            let mut add = ::redis::cmd("XADD");
+            add.arg(&self.log).arg(format!("{n}-0")).arg("d").arg(payload).arg("p").arg(pos);
+            let mut raise = ::redis::cmd("XSETID");
+            raise.arg(&self.log).arg(format!("{}-0", n + 1));
+            let mut pipe = ::redis::pipe();
+            pipe.atomic().ignore_errors().add_command(eval).add_command(add).add_command(raise);
+            let mut replies: Vec<Value> = pipe.query(c)?;
+            if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
+                // Nothing was added: the script did not lower the log's last id.
+                script.load(c)?;
+                replies = pipe.query(c)?;
+            }
+            let mut replies = replies.into_iter();
+            let gate = match replies.next() {
+                Some(Value::ServerError(e)) => return Err(e.into()),
+                Some(v) => v,
+                None => Value::Nil,
+            };
+            // The XADD must have landed if the script let it through; otherwise it was refused.
+            if let (Some(b"ok"), Some(Value::ServerError(e))) = (items(&gate).first().map(text), replies.next()) {
+                return Err(e.into());
+            }
+            Ok(gate)
+        })?;
+        let r = items(&v);
+        Ok(match r.first().map(text) {
+            Some(b"ok" | b"dup") => Published::Done,
+            Some(b"full") => Published::Full,
+            Some(b"closed") => Published::Closed,
+            Some(b"fenced") => Published::Fenced,
+            Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
+                Some(last) => Published::Regressed(last),
+                None => return Err(malformed(pool, "publish", &v)),
+            },
+            _ => return Err(malformed(pool, "publish", &v)),
+        })
+    }
+
     pub(crate) fn receive(
         &self,
         pool: &Pool,
         budget: Budget,
         epoch: u64,
         request: u64,
+        expect: u64,
     ) -> Result<Received, BackendError> {
-        let v: Value = pool.run(budget, |c, _| {
-            scripts()
-                .receive
-                .key(&self.base)
-                .key(&self.ids)
-                .key(&self.rel)
-                .key(&self.log)
-                .arg(&self.base)
+        let expect = if self.alone { expect } else { 0 };
+        let (v, range): (Value, Option<Value>) = pool.run(budget, |c, _| {
+            let mut eval =
+                evalsha(&scripts().receive, &[&self.base, &self.ids, &self.rel, &self.log, &self.att]);
+            eval.arg(&self.base)
                 .arg(&self.group)
                 .arg(CONSUMER)
                 .arg(epoch)
                 .arg(request)
-                .arg(self.alone_flag())
-                .invoke(c)
+                .arg(self.alone_flag());
+            eval.arg(expect);
+            if expect == 0 {
+                return run_script(c, &scripts().receive, &eval, None).map(|mut v| (v.remove(0), None));
+            }
+            let id = format!("{expect}-0");
+            let mut range = ::redis::cmd("XRANGE");
+            range.arg(&self.log).arg(&id).arg(&id);
+            let mut v = run_script(c, &scripts().receive, &eval, Some(range))?;
+            let range = v.pop();
+            Ok((v.remove(0), range))
         })?;
         let r = items(&v);
         Ok(match r.first().map(text) {
-            Some(b"item") if r.len() == 4 => {
-                let payload = match &r[3] {
-                    Value::BulkString(b) => b.clone(),
+            Some(b"item") if r.len() == 4 || r.len() == 3 => {
+                let n = int(&r[1]);
+                let payload = match r.get(3) {
+                    Some(Value::BulkString(b)) => b.clone(),
+                    // The expected entry: its payload is the pipelined XRANGE's.
+                    None if n == expect => match range.as_ref().and_then(range_payload) {
+                        Some(b) => b,
+                        None => return Err(malformed(pool, "receive (XRANGE)", &v)),
+                    },
                     _ => return Err(malformed(pool, "receive", &v)),
                 };
-                Received::Item { n: int(&r[1]), attempt: int(&r[2]).min(u32::MAX as u64) as u32, payload }
+                Received::Item { n, attempt: int(&r[2]).min(u32::MAX as u64) as u32, payload }
             }
             Some(b"empty") => Received::Empty,
             Some(b"closed") => Received::Closed,
@@ -299,7 +380,7 @@ impl LaneDef {
         })
     }
 
-    /// Acks entry `n`, whose item is at `position`.
+    /// Acks entry `n`, whose item is at `position`, delivered as `attempt`.
     pub(crate) fn ack(
         &self,
         pool: &Pool,
@@ -307,13 +388,20 @@ impl LaneDef {
         epoch: u64,
         n: u64,
         position: Option<Position>,
+        attempt: u32,
     ) -> Result<Acked, BackendError> {
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
+            let retry = if tries > 0 { "1" } else { "0" };
+            if self.alone {
+                let mut inv = scripts().ack_alone.prepare_invoke();
+                inv.key(&self.base).key(&self.ack).key(&self.att);
+                inv.arg(epoch).arg(n).arg(&pos).arg(retry).arg(attempt);
+                return inv.invoke(c);
+            }
             let mut inv = scripts().ack.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.rel).key(&self.ack).key(&self.log).key(&self.meta);
-            inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(if tries > 0 { "1" } else { "0" });
-            inv.arg(&pos).arg(self.alone_flag());
+            inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(retry);
             inv.invoke(c)
         })?;
         Ok(match items(&v).first().map(text) {
@@ -340,11 +428,13 @@ impl LaneDef {
                 .key(&self.rel)
                 .key(&self.ack)
                 .key(&self.log)
+                .key(&self.att)
                 .arg(&self.base)
                 .arg(&self.group)
                 .arg(epoch)
                 .arg(n)
                 .arg(attempt)
+                .arg(self.alone_flag())
                 .invoke::<Value>(c)
         })
         .map(drop)
@@ -365,11 +455,13 @@ impl LaneDef {
                 .key(&self.base)
                 .key(&self.rel)
                 .key(&self.log)
+                .key(&self.ack)
                 .arg(&self.base)
                 .arg(&self.group)
                 .arg(if polite { "attach" } else { "reattach" })
                 .arg(expected)
                 .arg(claim)
+                .arg(self.alone_flag())
                 .invoke(c)
         })?;
         let r = items(&v);
@@ -389,7 +481,15 @@ impl LaneDef {
         claim: &str,
     ) -> Result<Result<(u64, u64, Option<Position>), String>, BackendError> {
         let v: Value = pool.run(Budget::Retry, |c, _| {
-            scripts().claim_producer.key(&self.base).arg(expected).arg(claim).invoke(c)
+            let alone = if self.alone && self.sink.is_some() { "1" } else { "0" };
+            scripts()
+                .claim_producer
+                .key(&self.base)
+                .key(&self.log)
+                .arg(expected)
+                .arg(claim)
+                .arg(alone)
+                .invoke(c)
         })?;
         let r = items(&v);
         match r.first().map(text) {
@@ -465,6 +565,49 @@ impl LaneDef {
     /// Waits (at most `timeout`) for a wake-up token on `key`.
     pub(crate) fn wait(&self, pool: &Pool, key: &str, timeout: Duration) -> Result<bool, BackendError> {
         pool.wait_token(key, timeout)
+    }
+}
+
+/// An `EVALSHA` of `script` with `keys`; the caller adds the arguments.
+fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
+    let mut cmd = ::redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    cmd
+}
+
+/// Runs `eval` (an [`evalsha`] of `script`), then `then` if any, in one round trip; returns
+/// their replies in that order. A server that does not know the script yet (`NOSCRIPT`: a new
+/// or restarted server) gets it loaded, and the whole round trip is sent again: `then` must be
+/// a read that may run twice.
+fn run_script(c: &mut Connection, script: &Script, eval: &Cmd, then: Option<Cmd>) -> RedisResult<Vec<Value>> {
+    let mut pipe = ::redis::pipe();
+    pipe.ignore_errors().add_command(eval.clone());
+    if let Some(then) = then {
+        pipe.add_command(then);
+    }
+    let mut replies: Vec<Value> = pipe.query(c)?;
+    if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
+        script.load(c)?;
+        replies = pipe.query(c)?;
+    }
+    for r in &replies {
+        if let Value::ServerError(e) = r {
+            return Err(e.clone().into());
+        }
+    }
+    Ok(replies)
+}
+
+/// The `d` field (the payload) of the one entry in an `XRANGE` reply.
+fn range_payload(v: &Value) -> Option<Vec<u8>> {
+    let entry = items(items(v).first()?);
+    let fields = items(entry.get(1)?);
+    match fields.first().map(text) {
+        Some(b"d") => match fields.get(1)? {
+            Value::BulkString(b) => Some(b.clone()),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
