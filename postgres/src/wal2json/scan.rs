@@ -71,6 +71,12 @@ impl<'a> Scanner<'a> {
     /// A string token (after whitespace), its escapes checked.
     fn string(&mut self) -> Option<Str> {
         self.expect(b'"')?;
+        self.string_body()
+    }
+
+    /// The rest of a string token whose opening quote was just consumed, its escapes checked.
+    #[inline]
+    fn string_body(&mut self) -> Option<Str> {
         let bytes = self.text.as_bytes();
         let start = self.at;
         let mut i = start;
@@ -112,7 +118,8 @@ impl<'a> Scanner<'a> {
         let start = self.at;
         match self.peek()? {
             b'"' => {
-                self.string()?;
+                self.at += 1;
+                self.string_body()?;
             }
             b't' => self.literal("true")?,
             b'f' => self.literal("false")?,
@@ -191,20 +198,47 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Reads an object key and its `:`. The keys of a column object, written as wal2json writes
-    /// them (`"name":`, no whitespace), are matched whole first.
-    fn key(&mut self) -> Option<&'a str> {
+    /// Reads an object key and its `:`, as the field it names. A key written as wal2json writes
+    /// it (`"name":`, no whitespace) is told by its first letters and matched whole; any other
+    /// goes through [`plain_string`](Self::plain_string).
+    fn key(&mut self) -> Option<Field> {
         self.ws();
         let rest = self.text.as_bytes().get(self.at..)?;
-        for (token, key) in [("\"name\":", "name"), ("\"type\":", "type"), ("\"value\":", "value")] {
-            if rest.starts_with(token.as_bytes()) {
-                self.at += token.len();
-                return Some(key);
-            }
+        let (token, field): (&[u8], Field) = match rest.get(1..3) {
+            Some([b'a', _]) => (b"\"action\":", Field::Action),
+            Some([b'x', _]) => (b"\"xid\":", Field::Xid),
+            Some([b'l', _]) => (b"\"lsn\":", Field::Lsn),
+            Some([b's', _]) => (b"\"schema\":", Field::Schema),
+            Some([b't', b'a']) => (b"\"table\":", Field::Table),
+            Some([b't', b'i']) => (b"\"timestamp\":", Field::Other),
+            Some([b't', b'y']) => (b"\"type\":", Field::Other),
+            Some([b'c', _]) => (b"\"columns\":", Field::Columns),
+            Some([b'i', _]) => (b"\"identity\":", Field::Identity),
+            Some([b'p', _]) => (b"\"pk\":", Field::Pk),
+            Some([b'n', b'a']) => (b"\"name\":", Field::Name),
+            Some([b'n', b'e']) => (b"\"nextlsn\":", Field::Other),
+            Some([b'v', _]) => (b"\"value\":", Field::Value),
+            _ => (b"", Field::Other),
+        };
+        if !token.is_empty() && rest.starts_with(token) {
+            self.at += token.len();
+            return Some(field);
         }
         let key = self.plain_string()?;
         self.expect(b':')?;
-        Some(key)
+        Some(match key {
+            "action" => Field::Action,
+            "xid" => Field::Xid,
+            "lsn" => Field::Lsn,
+            "schema" => Field::Schema,
+            "table" => Field::Table,
+            "columns" => Field::Columns,
+            "identity" => Field::Identity,
+            "pk" => Field::Pk,
+            "name" => Field::Name,
+            "value" => Field::Value,
+            _ => Field::Other,
+        })
     }
 
     fn line(&mut self) -> Option<Line<'a>> {
@@ -224,15 +258,15 @@ impl<'a> Scanner<'a> {
         }
         loop {
             match self.key()? {
-                "action" => once(&mut line.action, self.scalar()?)?,
-                "xid" => once(&mut line.xid, self.scalar()?)?,
-                "lsn" => once(&mut line.lsn, self.scalar()?)?,
-                "schema" => once(&mut line.schema, self.scalar()?)?,
-                "table" => once(&mut line.table, self.scalar()?)?,
-                "columns" => once(&mut line.columns, self.columns()?)?,
-                "identity" => once(&mut line.identity, self.columns()?)?,
-                "pk" => once(&mut line.pk, self.keys()?)?,
-                _ => {
+                Field::Action => once(&mut line.action, self.scalar()?)?,
+                Field::Xid => once(&mut line.xid, self.scalar()?)?,
+                Field::Lsn => once(&mut line.lsn, self.scalar()?)?,
+                Field::Schema => once(&mut line.schema, self.scalar()?)?,
+                Field::Table => once(&mut line.table, self.scalar()?)?,
+                Field::Columns => once(&mut line.columns, self.columns()?)?,
+                Field::Identity => once(&mut line.identity, self.columns()?)?,
+                Field::Pk => once(&mut line.pk, self.keys()?)?,
+                Field::Name | Field::Value | Field::Other => {
                     self.scalar()?;
                 }
             }
@@ -242,8 +276,65 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// `[{"name":…,"value":…,…},…]`: `name` a string without escapes, `value` a scalar, other
-    /// members scalars (ignored).
+    /// One column object as wal2json writes it, `{"name":"…","type":"…","value":…}` with no
+    /// whitespace and a name without escapes; `None` (nothing consumed) for any other shape,
+    /// which [`column`](Self::column) then reads.
+    #[inline]
+    fn written_column(&mut self) -> Option<Column<'a>> {
+        let from = self.at;
+        let bytes = self.text.as_bytes();
+        let column = (|| {
+            if bytes.get(self.at..self.at + 9)? != b"{\"name\":\"" {
+                return None;
+            }
+            self.at += 9;
+            let name = self.string_body()?;
+            if name.escaped || bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
+                return None;
+            }
+            self.at += 9;
+            self.string_body()?;
+            if bytes.get(self.at..self.at + 9)? != b",\"value\":" {
+                return None;
+            }
+            self.at += 9;
+            let value = self.scalar()?;
+            if bytes.get(self.at)? != &b'}' {
+                return None;
+            }
+            self.at += 1;
+            // Both ends are next to an ASCII quote, so they are char boundaries.
+            Some(Column { name: Cow::Borrowed(self.text.get(name.start..name.end)?), value })
+        })();
+        if column.is_none() {
+            self.at = from;
+        }
+        column
+    }
+
+    /// One column object: `name` a string without escapes, `value` a scalar, other members
+    /// scalars (ignored).
+    fn column(&mut self) -> Option<Column<'a>> {
+        self.expect(b'{')?;
+        let (mut name, mut value) = (None, None);
+        if !self.empty(b'}') {
+            loop {
+                match self.key()? {
+                    Field::Name => once(&mut name, self.plain_string()?)?,
+                    Field::Value => once(&mut value, self.scalar()?)?,
+                    _ => {
+                        self.scalar()?;
+                    }
+                }
+                if !self.more(b'}')? {
+                    break;
+                }
+            }
+        }
+        Some(Column { name: Cow::Borrowed(name?), value: value? })
+    }
+
+    /// `[{"name":…,"value":…,…},…]`: see [`column`](Self::column).
     fn columns(&mut self) -> Option<Vec<Column<'a>>> {
         self.expect(b'[')?;
         let mut out = Vec::with_capacity(8);
@@ -251,23 +342,12 @@ impl<'a> Scanner<'a> {
             return Some(out);
         }
         loop {
-            self.expect(b'{')?;
-            let (mut name, mut value) = (None, None);
-            if !self.empty(b'}') {
-                loop {
-                    match self.key()? {
-                        "name" => once(&mut name, self.plain_string()?)?,
-                        "value" => once(&mut value, self.scalar()?)?,
-                        _ => {
-                            self.scalar()?;
-                        }
-                    }
-                    if !self.more(b'}')? {
-                        break;
-                    }
-                }
-            }
-            out.push(Column { name: Cow::Borrowed(name?), value: value? });
+            self.ws();
+            let column = match self.written_column() {
+                Some(c) => c,
+                None => self.column()?,
+            };
+            out.push(column);
             if !self.more(b']')? {
                 return Some(out);
             }
@@ -287,7 +367,7 @@ impl<'a> Scanner<'a> {
             if !self.empty(b'}') {
                 loop {
                     match self.key()? {
-                        "name" => once(&mut name, self.plain_string()?)?,
+                        Field::Name => once(&mut name, self.plain_string()?)?,
                         _ => {
                             self.scalar()?;
                         }
@@ -303,6 +383,22 @@ impl<'a> Scanner<'a> {
             }
         }
     }
+}
+
+/// The object keys the scanner tells apart (any other is [`Field::Other`]).
+#[derive(Clone, Copy)]
+enum Field {
+    Action,
+    Xid,
+    Lsn,
+    Schema,
+    Table,
+    Columns,
+    Identity,
+    Pk,
+    Name,
+    Value,
+    Other,
 }
 
 /// How many bytes at the start of `bytes` need no look in a string: neither `"`, `\\` nor a
