@@ -204,24 +204,26 @@ impl<'a> Scanner<'a> {
     fn key(&mut self) -> Option<Field> {
         self.ws();
         let rest = self.text.as_bytes().get(self.at..)?;
-        let (token, field): (&[u8], Field) = match rest.get(1..3) {
-            Some([b'a', _]) => (b"\"action\":", Field::Action),
-            Some([b'x', _]) => (b"\"xid\":", Field::Xid),
-            Some([b'l', _]) => (b"\"lsn\":", Field::Lsn),
-            Some([b's', _]) => (b"\"schema\":", Field::Schema),
-            Some([b't', b'a']) => (b"\"table\":", Field::Table),
-            Some([b't', b'i']) => (b"\"timestamp\":", Field::Other),
-            Some([b't', b'y']) => (b"\"type\":", Field::Other),
-            Some([b'c', _]) => (b"\"columns\":", Field::Columns),
-            Some([b'i', _]) => (b"\"identity\":", Field::Identity),
-            Some([b'p', _]) => (b"\"pk\":", Field::Pk),
-            Some([b'n', b'a']) => (b"\"name\":", Field::Name),
-            Some([b'n', b'e']) => (b"\"nextlsn\":", Field::Other),
-            Some([b'v', _]) => (b"\"value\":", Field::Value),
-            _ => (b"", Field::Other),
+        // Each arm compares with a literal, so that the compare is inlined at its length.
+        let whole = |token: &[u8], field| rest.starts_with(token).then_some((token.len(), field));
+        let known = match rest.get(1..3) {
+            Some([b'a', _]) => whole(b"\"action\":", Field::Action),
+            Some([b'x', _]) => whole(b"\"xid\":", Field::Xid),
+            Some([b'l', _]) => whole(b"\"lsn\":", Field::Lsn),
+            Some([b's', _]) => whole(b"\"schema\":", Field::Schema),
+            Some([b't', b'a']) => whole(b"\"table\":", Field::Table),
+            Some([b't', b'i']) => whole(b"\"timestamp\":", Field::Other),
+            Some([b't', b'y']) => whole(b"\"type\":", Field::Other),
+            Some([b'c', _]) => whole(b"\"columns\":", Field::Columns),
+            Some([b'i', _]) => whole(b"\"identity\":", Field::Identity),
+            Some([b'p', _]) => whole(b"\"pk\":", Field::Pk),
+            Some([b'n', b'a']) => whole(b"\"name\":", Field::Name),
+            Some([b'n', b'e']) => whole(b"\"nextlsn\":", Field::Other),
+            Some([b'v', _]) => whole(b"\"value\":", Field::Value),
+            _ => None,
         };
-        if !token.is_empty() && rest.starts_with(token) {
-            self.at += token.len();
+        if let Some((len, field)) = known {
+            self.at += len;
             return Some(field);
         }
         let key = self.plain_string()?;
@@ -354,7 +356,58 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// `[{"name":…,…},…]`: `name` a string without escapes, other members scalars (ignored).
+    /// One key object as wal2json writes it, `{"name":"…","type":"…"}` with no whitespace and a
+    /// name without escapes; `None` (nothing consumed) for any other shape, which
+    /// [`key_object`](Self::key_object) then reads.
+    #[inline]
+    fn written_key(&mut self) -> Option<Key<'a>> {
+        let from = self.at;
+        let bytes = self.text.as_bytes();
+        let key = (|| {
+            if bytes.get(self.at..self.at + 9)? != b"{\"name\":\"" {
+                return None;
+            }
+            self.at += 9;
+            let name = self.string_body()?;
+            if name.escaped || bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
+                return None;
+            }
+            self.at += 9;
+            self.string_body()?;
+            if bytes.get(self.at)? != &b'}' {
+                return None;
+            }
+            self.at += 1;
+            // Both ends are next to an ASCII quote, so they are char boundaries.
+            Some(Key { name: Cow::Borrowed(self.text.get(name.start..name.end)?) })
+        })();
+        if key.is_none() {
+            self.at = from;
+        }
+        key
+    }
+
+    /// One key object: `name` a string without escapes, other members scalars (ignored).
+    fn key_object(&mut self) -> Option<Key<'a>> {
+        self.expect(b'{')?;
+        let mut name = None;
+        if !self.empty(b'}') {
+            loop {
+                match self.key()? {
+                    Field::Name => once(&mut name, self.plain_string()?)?,
+                    _ => {
+                        self.scalar()?;
+                    }
+                }
+                if !self.more(b'}')? {
+                    break;
+                }
+            }
+        }
+        Some(Key { name: Cow::Borrowed(name?) })
+    }
+
+    /// `[{"name":…,…},…]`: see [`key_object`](Self::key_object).
     fn keys(&mut self) -> Option<Vec<Key<'a>>> {
         self.expect(b'[')?;
         let mut out = Vec::with_capacity(2);
@@ -362,22 +415,12 @@ impl<'a> Scanner<'a> {
             return Some(out);
         }
         loop {
-            self.expect(b'{')?;
-            let mut name = None;
-            if !self.empty(b'}') {
-                loop {
-                    match self.key()? {
-                        Field::Name => once(&mut name, self.plain_string()?)?,
-                        _ => {
-                            self.scalar()?;
-                        }
-                    }
-                    if !self.more(b'}')? {
-                        break;
-                    }
-                }
-            }
-            out.push(Key { name: Cow::Borrowed(name?) });
+            self.ws();
+            let key = match self.written_key() {
+                Some(k) => k,
+                None => self.key_object()?,
+            };
+            out.push(key);
             if !self.more(b']')? {
                 return Some(out);
             }
