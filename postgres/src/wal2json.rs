@@ -156,12 +156,12 @@
 //! ```
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufRead, Read};
 use std::ops::Range;
 use std::sync::Arc;
 
+use ahash::AHashMap as HashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
