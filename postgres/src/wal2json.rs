@@ -383,7 +383,7 @@ type Raw<'a> = Cow<'a, str>;
 /// raw JSON and are checked only by the actions that use them (a `B` with `"lsn":5` is fine);
 /// `columns`, `identity` and `pk` must have their shape on every line. Every field is `Some`
 /// when present, even as `null` (see [`present`]).
-#[derive(Deserialize, Debug, PartialEq)]
+#[derive(Deserialize, Debug, Default, PartialEq)]
 struct Line<'a> {
     #[serde(borrow, default, deserialize_with = "present_raw")]
     action: Option<Raw<'a>>,
@@ -437,20 +437,32 @@ fn present_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Raw<'de>>, D::E
 
 type ParseResult<T> = Result<T, Wal2JsonErrorKind>;
 
-/// Parses one line: sonic-rs, or serde_json when sonic-rs refuses it or must not see it (see
-/// above). The UTF-8 is checked here first: sonic-rs's `from_slice` hands invalid UTF-8 on
-/// unchecked (a debug assertion in 0.5), so it only ever gets a `&str`.
+/// [`parse_line_into`] into a fresh [`Line`].
+#[cfg(test)]
 fn parse_line(line: &[u8]) -> ParseResult<Line<'_>> {
+    let mut parsed = Line::default();
+    parse_line_into(line, &mut parsed).map(|()| parsed)
+}
+
+/// Parses one line into `out` (which must come in empty): the scanner ([`scan`]), else sonic-rs,
+/// or serde_json when sonic-rs refuses it or must not see it (see above). The UTF-8 is checked
+/// here first: sonic-rs's `from_slice` hands invalid UTF-8 on unchecked (a debug assertion in
+/// 0.5), so it only ever gets a `&str`. The scanner writes the fields in place (a [`Line`] is a
+/// few hundred bytes, which moving out through each layer copied); `out` is meaningful only on
+/// `Ok`.
+fn parse_line_into<'a>(line: &'a [u8], out: &mut Line<'a>) -> ParseResult<()> {
     let text = object_text(line)?;
-    if let Some(parsed) = scan::parse(text) {
-        return Ok(parsed);
+    if scan::parse_into(text, out) {
+        return Ok(());
     }
     if shallow(line) && escapes_valid(line) {
         if let Ok(parsed) = sonic_rs::from_str(text) {
-            return Ok(parsed);
+            *out = parsed;
+            return Ok(());
         }
     }
-    slow::parse(text)
+    *out = slow::parse(text)?;
+    Ok(())
 }
 
 /// The line as text, if it is UTF-8 and starts like a JSON object.
@@ -1117,7 +1129,8 @@ impl TransactionBuilder {
     /// whole transaction fail at its `C`).
     pub fn push_line(&mut self, line_no: u64, line: &[u8]) -> Result<Option<Batch>, Wal2JsonError> {
         self.discarded = 0;
-        parse_line(line).and_then(|l| self.apply(line_no, &l)).map_err(|kind| {
+        let mut parsed = Line::default();
+        parse_line_into(line, &mut parsed).and_then(|()| self.apply(line_no, &parsed)).map_err(|kind| {
             if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
                 self.damage(line_no);
             }

@@ -24,11 +24,21 @@ use super::{Column, Key, Line, Raw};
 
 /// The line as the generic path would read it, or `None` when the scanner does not accept it
 /// (see the module docs).
+#[cfg(test)]
 pub(super) fn parse(text: &str) -> Option<Line<'_>> {
+    let mut line = Line::default();
+    parse_into(text, &mut line).then_some(line)
+}
+
+/// [`parse`] into `line` (which must come in empty): `true` when the scanner accepts the text;
+/// when it does not, `line` holds whatever was read before it stopped.
+pub(super) fn parse_into<'a>(text: &'a str, line: &mut Line<'a>) -> bool {
     let mut s = Scanner { text, at: 0 };
-    let line = s.line()?;
+    if s.line(line).is_none() {
+        return false;
+    }
     s.ws();
-    (s.at == text.len()).then_some(line)
+    s.at == text.len()
 }
 
 struct Scanner<'a> {
@@ -243,20 +253,11 @@ impl<'a> Scanner<'a> {
         })
     }
 
-    fn line(&mut self) -> Option<Line<'a>> {
+    /// The object's members, into `line` (written in place: a [`Line`] is a few hundred bytes).
+    fn line(&mut self, line: &mut Line<'a>) -> Option<()> {
         self.expect(b'{')?;
-        let mut line = Line {
-            action: None,
-            xid: None,
-            lsn: None,
-            schema: None,
-            table: None,
-            columns: None,
-            identity: None,
-            pk: None,
-        };
         if self.empty(b'}') {
-            return Some(line);
+            return Some(());
         }
         loop {
             match self.key()? {
@@ -273,7 +274,7 @@ impl<'a> Scanner<'a> {
                 }
             }
             if !self.more(b'}')? {
-                return Some(line);
+                return Some(());
             }
         }
     }
