@@ -467,7 +467,10 @@ fn parse_line_into<'a>(line: &'a [u8], out: &mut Line<'a>) -> ParseResult<()> {
 
 /// The line as text, if it is UTF-8 and starts like a JSON object.
 fn object_text(line: &[u8]) -> ParseResult<&str> {
-    let text = std::str::from_utf8(line).map_err(|e| malformed(e.valid_up_to(), "not valid UTF-8"))?;
+    // simdutf8's fast check; std's names where invalid UTF-8 starts.
+    let text = simdutf8::basic::from_utf8(line)
+        .or_else(|_| std::str::from_utf8(line))
+        .map_err(|e| malformed(e.valid_up_to(), "not valid UTF-8"))?;
     // A derived struct also accepts a JSON array (as a tuple): refuse anything but an object.
     let start = text.find(|c| !matches!(c, ' ' | '\t' | '\n' | '\r')).unwrap_or(text.len());
     if !text[start..].starts_with('{') {
