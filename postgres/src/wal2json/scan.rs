@@ -81,22 +81,24 @@ impl<'a> Scanner<'a> {
     /// A string token (after whitespace), its escapes checked.
     fn string(&mut self) -> Option<Str> {
         self.expect(b'"')?;
-        self.string_body()
+        let start = self.at;
+        let escaped = self.string_body()?;
+        Some(Str { start, end: self.at - 1, escaped })
     }
 
-    /// The rest of a string token whose opening quote was just consumed, its escapes checked.
-    #[inline]
-    fn string_body(&mut self) -> Option<Str> {
+    /// The rest of a string token whose opening quote was just consumed, its escapes checked:
+    /// whether it has escapes. Its contents end before `self.at - 1` (the closing quote).
+    #[inline(always)]
+    fn string_body(&mut self) -> Option<bool> {
         let bytes = self.text.as_bytes();
-        let start = self.at;
-        let mut i = start;
+        let mut i = self.at;
         let mut escaped = false;
         loop {
             i += plain_run(bytes.get(i..)?);
             match *bytes.get(i)? {
                 b'"' => {
                     self.at = i + 1;
-                    return Some(Str { start, end: i, escaped });
+                    return Some(escaped);
                 }
                 b'\\' => {
                     escaped = true;
@@ -291,8 +293,12 @@ impl<'a> Scanner<'a> {
                 return None;
             }
             self.at += 9;
-            let name = self.string_body()?;
-            if name.escaped || bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
+            let start = self.at;
+            if self.string_body()? {
+                return None;
+            }
+            let name = start..self.at - 1;
+            if bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
                 return None;
             }
             self.at += 9;
@@ -307,7 +313,7 @@ impl<'a> Scanner<'a> {
             }
             self.at += 1;
             // Both ends are next to an ASCII quote, so they are char boundaries.
-            Some(Column { name: Cow::Borrowed(self.text.get(name.start..name.end)?), value })
+            Some(Column { name: Cow::Borrowed(self.text.get(name)?), value })
         })();
         if column.is_none() {
             self.at = from;
@@ -369,8 +375,12 @@ impl<'a> Scanner<'a> {
                 return None;
             }
             self.at += 9;
-            let name = self.string_body()?;
-            if name.escaped || bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
+            let start = self.at;
+            if self.string_body()? {
+                return None;
+            }
+            let name = start..self.at - 1;
+            if bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
                 return None;
             }
             self.at += 9;
@@ -380,7 +390,7 @@ impl<'a> Scanner<'a> {
             }
             self.at += 1;
             // Both ends are next to an ASCII quote, so they are char boundaries.
-            Some(Key { name: Cow::Borrowed(self.text.get(name.start..name.end)?) })
+            Some(Key { name: Cow::Borrowed(self.text.get(name)?) })
         })();
         if key.is_none() {
             self.at = from;
