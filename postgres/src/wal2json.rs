@@ -963,9 +963,10 @@ impl OpenTxn {
             docs.shrink_to_fit();
         }
         let docs = Bytes::from(docs);
-        // Collected straight into the batch's allocation (no intermediate Vec to copy).
-        std::mem::take(&mut self.pending)
-            .into_iter()
+        // Collected straight into the batch's allocation (no intermediate Vec to copy); the
+        // pending list keeps its allocation for the next chunk.
+        self.pending
+            .drain(..)
             .map(|p| Envelope {
                 index: p.index,
                 id: p.id,
@@ -1274,6 +1275,9 @@ impl TransactionBuilder {
         if max.is_some_and(|m| txn.changes >= m) {
             self.hint = (txn.pending.len(), txn.docs.len());
             let envelopes = txn.take_envelopes(txn.begin_lsn);
+            // The next chunk is likely as large as this one (bounded by `max`): its documents'
+            // buffer sized so, instead of grown from empty through a copy at each doubling.
+            txn.docs = Vec::with_capacity(self.hint.1);
             let changes = std::mem::take(&mut txn.changes);
             txn.chunks += 1;
             return Ok(Some(Batch { position: None, changes, envelopes }));
