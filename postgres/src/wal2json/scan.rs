@@ -125,6 +125,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// A scalar value (string, number, `true`, `false`, `null`): its raw JSON text.
+    #[inline(always)]
     fn scalar(&mut self) -> Option<Raw<'a>> {
         self.ws();
         let start = self.at;
