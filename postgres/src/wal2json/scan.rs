@@ -1,6 +1,6 @@
-//! The first path of [`parse_line`](super::parse_line): a single-pass scanner for lines shaped
-//! as wal2json writes them, which builds the [`Line`] directly (no generic map visiting, no
-//! value tree).
+//! The first path of [`parse_line_into`](super::parse_line_into): a single-pass scanner for
+//! lines shaped as wal2json writes them, which builds the [`Line`] directly (no generic map
+//! visiting, no value tree).
 //!
 //! It is a *partial* parser: it accepts a line only when the line is valid JSON and every part of
 //! it is of the shape it knows (top-level values that are scalars or, for `columns`, `identity`
@@ -35,8 +35,8 @@ pub(super) fn parse(text: &str) -> Option<Line<'_>> {
     parse_into(text, &mut line).then_some(line)
 }
 
-/// [`parse`] into `line` (which must come in empty): `true` when the scanner accepts the text;
-/// when it does not, `line` holds whatever was read before it stopped.
+/// Reads `text` into `line` (which must come in empty): `true` when the scanner accepts the text
+/// (see the module docs); when it does not, `line` holds whatever was read before it stopped.
 pub(super) fn parse_into<'a>(text: &'a str, line: &mut Line<'a>) -> bool {
     let mut s = Scanner { text, at: 0 };
     if s.line(line).is_none() {
