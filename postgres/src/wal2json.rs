@@ -2282,6 +2282,15 @@ mod tests {
             lines.push(format!(r#"{{"action":"B","timestamp":{value}}}"#));
             lines.push(format!(r#"{{"action":{value},"lsn":"0/1"}}"#));
             lines.push(format!(r#"{{"action":"I","columns":[{{"name":{value},"value":1}}]}}"#));
+            // The same in the objects as wal2json writes them (the scanner's fixed-token path).
+            let col = |name: &str, ty: &str, v: &str| format!(r#"{{"name":{name},"type":{ty},"value":{v}}}"#);
+            for c in [col("\"a\"", "\"t\"", value), col("\"a\"", value, "1"), col(value, "\"t\"", "1")] {
+                lines.push(format!(r#"{{"action":"I","columns":[{c},{}]}}"#, col("\"b\"", "\"t\"", "2")));
+                lines.push(format!(r#"{{"action":"U","identity":[{c}],"columns":[{c}]}}"#));
+            }
+            for k in [format!(r#"{{"name":{value},"type":"t"}}"#), format!(r#"{{"name":"a","type":{value}}}"#)] {
+                lines.push(format!(r#"{{"action":"I","columns":[{}],"pk":[{k}]}}"#, col("\"a\"", "\"t\"", "1")));
+            }
         }
         for extra in [
             r#"{"action":"B","action":"C"}"#,
@@ -2298,6 +2307,19 @@ mod tests {
             r#"{"action":"I","columns":{}}"#,
             r#"{"action":"I","columns":null}"#,
             r#"{"action":null}"#,
+            // Near misses of the written forms: whitespace, another member, another order.
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1 }]}"#,
+            r#"{"action":"I","columns":[ {"name" :"a","type":"t","value":1}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1,"x":2}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1,"name":"b"}]}"#,
+            r#"{"action":"I","columns":[{"type":"t","name":"a","value":1}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1}],"pk":[{"name":"a","type":"t","x":1}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t\"","value":"x\u0041"}],"pk":[{"name":"a","type":"t\n"}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t""#,
+            r#"{"action":"I","columns":[{"name":"a"#,
+            r#"{"actio":"I","n":1,"nam":2,"t":3,"ta":4,"pkk":5,"schem":6}"#,
         ] {
             lines.push(extra.to_owned());
         }
