@@ -15,10 +15,20 @@
 //! runs on mimalloc, the pipeline example's allocator.
 //!
 //! `cargo bench -p lanestream-postgres --bench ingest -- --warm-up-time 1 --measurement-time 3`
+//!
+//! On a shared machine the wall-clock rows drift with what else runs (a thread waiting for a
+//! core counts as time). `INGEST_CPU=ROUNDS` (Linux) measures instead, in ROUNDS rounds, each
+//! row's *thread CPU time* per pass over the capture (`/proc/thread-self/schedstat`, which does
+//! not count waiting): the bare sonic-rs parse, the reader, and the pipeline's producer thread
+//! (the reader plus publishing; its sinks run on other threads), and the pipeline's best wall
+//! time of 20 passes beside the bare parse's; it prints each round's ratios and their medians:
+//!
+//! `INGEST_CPU=5 cargo bench -p lanestream-postgres --bench ingest`
 
 use std::hint::black_box;
 use std::io::Read;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lanestream::{LaneItem, MemoryStream};
@@ -95,6 +105,11 @@ fn pipeline(bytes: &[u8], sinks: usize) -> u64 {
 fn ingest(c: &mut Criterion) {
     let capture = Capture::load();
     let lines: Vec<&[u8]> = Capture::lines(&capture.bytes).collect();
+    if let Some(rounds) = std::env::var_os("INGEST_CPU") {
+        let rounds = rounds.to_str().and_then(|r| r.parse().ok()).expect("INGEST_CPU=ROUNDS");
+        cpu_time_ratios(&capture, &lines, rounds);
+        return;
+    }
     let mut group = c.benchmark_group("wal2json_capture");
     group.sample_size(10).throughput(Throughput::Elements(capture.changes));
 
@@ -132,6 +147,85 @@ fn ingest(c: &mut Criterion) {
     assert!(envelopes / 3 >= capture.changes, "every change reached every sink");
     group.bench_function("pipeline_discard_3_sinks", |b| b.iter(|| black_box(pipeline(&capture.bytes, 3))));
     group.finish();
+}
+
+/// This thread's CPU time so far, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let stat =
+        std::fs::read_to_string("/proc/thread-self/schedstat").expect("/proc/thread-self/schedstat (Linux)");
+    stat.split_whitespace().next().and_then(|ns| ns.parse().ok()).expect("schedstat: CPU time in ns")
+}
+
+/// `f`'s thread CPU time per call, in ms, over calls for 1.5 s of wall time (after one unmeasured).
+fn cpu_ms(f: &dyn Fn()) -> f64 {
+    f();
+    let (start, cpu) = (Instant::now(), thread_cpu_ns());
+    let mut calls = 0u32;
+    while start.elapsed() < Duration::from_millis(1500) {
+        f();
+        calls += 1;
+    }
+    (thread_cpu_ns() - cpu) as f64 / 1e6 / f64::from(calls)
+}
+
+/// `f`'s best wall time of 20 calls, in ms.
+fn best_wall_ms(f: &dyn Fn()) -> f64 {
+    (0..20)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The `INGEST_CPU` mode (see the module docs).
+fn cpu_time_ratios(capture: &Capture, lines: &[&[u8]], rounds: usize) {
+    let bare = || {
+        for line in lines {
+            black_box(sonic_rs::from_slice::<sonic_rs::Value>(line).expect("JSON"));
+        }
+    };
+    let reader = || {
+        let mut builder = TransactionBuilder::new().with_max_batch_changes(Some(10_000));
+        for (n, line) in lines.iter().enumerate() {
+            black_box(builder.push_line(n as u64 + 1, line).expect("the capture parses"));
+        }
+    };
+    let pipeline = || {
+        black_box(pipeline(&capture.bytes, 3));
+    };
+    let per_s = |ms: f64| capture.changes as f64 / ms / 1e3;
+    let mut ratios: [Vec<f64>; 3] = Default::default();
+    for round in 0..rounds.max(1) {
+        let (b, r, p) = (cpu_ms(&bare), cpu_ms(&reader), cpu_ms(&pipeline));
+        let (wall_b, wall_p) = (best_wall_ms(&bare), best_wall_ms(&pipeline));
+        println!(
+            "round {round}: thread CPU per pass: bare parse {b:.2} ms, reader {r:.2} ms ({:.3}x), \
+             pipeline producer {p:.2} ms ({:.3}x, {:.2}M changes/s) | best wall: bare parse {wall_b:.2} ms, \
+             pipeline {wall_p:.2} ms ({:.3}x, {:.2}M changes/s)",
+            r / b,
+            p / b,
+            per_s(p),
+            wall_p / wall_b,
+            per_s(wall_p),
+        );
+        for (all, ratio) in ratios.iter_mut().zip([r / b, p / b, wall_p / wall_b]) {
+            all.push(ratio);
+        }
+    }
+    let median = |all: &mut Vec<f64>| {
+        all.sort_by(f64::total_cmp);
+        all[all.len() / 2]
+    };
+    let [reader, producer, wall] = &mut ratios;
+    println!(
+        "median over {} rounds, as time over the bare parse: reader {:.3}x, pipeline producer {:.3}x (thread CPU), pipeline {:.3}x (best wall)",
+        reader.len(),
+        median(reader),
+        median(producer),
+        median(wall),
+    );
 }
 
 criterion_group!(benches, ingest);

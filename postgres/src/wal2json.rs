@@ -156,12 +156,12 @@
 //! ```
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufRead, Read};
 use std::ops::Range;
 use std::sync::Arc;
 
+use ahash::AHashMap as HashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
@@ -383,7 +383,7 @@ type Raw<'a> = Cow<'a, str>;
 /// raw JSON and are checked only by the actions that use them (a `B` with `"lsn":5` is fine);
 /// `columns`, `identity` and `pk` must have their shape on every line. Every field is `Some`
 /// when present, even as `null` (see [`present`]).
-#[derive(Deserialize, Debug, PartialEq)]
+#[derive(Deserialize, Debug, Default, PartialEq)]
 struct Line<'a> {
     #[serde(borrow, default, deserialize_with = "present_raw")]
     action: Option<Raw<'a>>,
@@ -437,25 +437,40 @@ fn present_raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Raw<'de>>, D::E
 
 type ParseResult<T> = Result<T, Wal2JsonErrorKind>;
 
-/// Parses one line: sonic-rs, or serde_json when sonic-rs refuses it or must not see it (see
-/// above). The UTF-8 is checked here first: sonic-rs's `from_slice` hands invalid UTF-8 on
-/// unchecked (a debug assertion in 0.5), so it only ever gets a `&str`.
+/// [`parse_line_into`] into a fresh [`Line`].
+#[cfg(test)]
 fn parse_line(line: &[u8]) -> ParseResult<Line<'_>> {
+    let mut parsed = Line::default();
+    parse_line_into(line, &mut parsed).map(|()| parsed)
+}
+
+/// Parses one line into `out` (which must come in empty): the scanner ([`scan`]), else sonic-rs,
+/// or serde_json when sonic-rs refuses it or must not see it (see above). The UTF-8 is checked
+/// here first: sonic-rs's `from_slice` hands invalid UTF-8 on unchecked (a debug assertion in
+/// 0.5), so it only ever gets a `&str`. The scanner writes the fields in place (a [`Line`] is a
+/// few hundred bytes, which moving out through each layer copied); `out` is meaningful only on
+/// `Ok`.
+fn parse_line_into<'a>(line: &'a [u8], out: &mut Line<'a>) -> ParseResult<()> {
     let text = object_text(line)?;
-    if let Some(parsed) = scan::parse(text) {
-        return Ok(parsed);
+    if scan::parse_into(text, out) {
+        return Ok(());
     }
     if shallow(line) && escapes_valid(line) {
         if let Ok(parsed) = sonic_rs::from_str(text) {
-            return Ok(parsed);
+            *out = parsed;
+            return Ok(());
         }
     }
-    slow::parse(text)
+    *out = slow::parse(text)?;
+    Ok(())
 }
 
 /// The line as text, if it is UTF-8 and starts like a JSON object.
 fn object_text(line: &[u8]) -> ParseResult<&str> {
-    let text = std::str::from_utf8(line).map_err(|e| malformed(e.valid_up_to(), "not valid UTF-8"))?;
+    // simdutf8's fast check; std's names where invalid UTF-8 starts.
+    let text = simdutf8::basic::from_utf8(line)
+        .or_else(|_| std::str::from_utf8(line))
+        .map_err(|e| malformed(e.valid_up_to(), "not valid UTF-8"))?;
     // A derived struct also accepts a JSON array (as a tuple): refuse anything but an object.
     let start = text.find(|c| !matches!(c, ' ' | '\t' | '\n' | '\r')).unwrap_or(text.len());
     if !text[start..].starts_with('{') {
@@ -948,9 +963,10 @@ impl OpenTxn {
             docs.shrink_to_fit();
         }
         let docs = Bytes::from(docs);
-        // Collected straight into the batch's allocation (no intermediate Vec to copy).
-        std::mem::take(&mut self.pending)
-            .into_iter()
+        // Collected straight into the batch's allocation (no intermediate Vec to copy); the
+        // pending list keeps its allocation for the next chunk.
+        self.pending
+            .drain(..)
             .map(|p| Envelope {
                 index: p.index,
                 id: p.id,
@@ -1117,7 +1133,8 @@ impl TransactionBuilder {
     /// whole transaction fail at its `C`).
     pub fn push_line(&mut self, line_no: u64, line: &[u8]) -> Result<Option<Batch>, Wal2JsonError> {
         self.discarded = 0;
-        parse_line(line).and_then(|l| self.apply(line_no, &l)).map_err(|kind| {
+        let mut parsed = Line::default();
+        parse_line_into(line, &mut parsed).and_then(|()| self.apply(line_no, &parsed)).map_err(|kind| {
             if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
                 self.damage(line_no);
             }
@@ -1258,6 +1275,9 @@ impl TransactionBuilder {
         if max.is_some_and(|m| txn.changes >= m) {
             self.hint = (txn.pending.len(), txn.docs.len());
             let envelopes = txn.take_envelopes(txn.begin_lsn);
+            // The next chunk is likely as large as this one (bounded by `max`): its documents'
+            // buffer sized so, instead of grown from empty through a copy at each doubling.
+            txn.docs = Vec::with_capacity(self.hint.1);
             let changes = std::mem::take(&mut txn.changes);
             txn.chunks += 1;
             return Ok(Some(Batch { position: None, changes, envelopes }));
@@ -2262,6 +2282,15 @@ mod tests {
             lines.push(format!(r#"{{"action":"B","timestamp":{value}}}"#));
             lines.push(format!(r#"{{"action":{value},"lsn":"0/1"}}"#));
             lines.push(format!(r#"{{"action":"I","columns":[{{"name":{value},"value":1}}]}}"#));
+            // The same in the objects as wal2json writes them (the scanner's fixed-token path).
+            let col = |name: &str, ty: &str, v: &str| format!(r#"{{"name":{name},"type":{ty},"value":{v}}}"#);
+            for c in [col("\"a\"", "\"t\"", value), col("\"a\"", value, "1"), col(value, "\"t\"", "1")] {
+                lines.push(format!(r#"{{"action":"I","columns":[{c},{}]}}"#, col("\"b\"", "\"t\"", "2")));
+                lines.push(format!(r#"{{"action":"U","identity":[{c}],"columns":[{c}]}}"#));
+            }
+            for k in [format!(r#"{{"name":{value},"type":"t"}}"#), format!(r#"{{"name":"a","type":{value}}}"#)] {
+                lines.push(format!(r#"{{"action":"I","columns":[{}],"pk":[{k}]}}"#, col("\"a\"", "\"t\"", "1")));
+            }
         }
         for extra in [
             r#"{"action":"B","action":"C"}"#,
@@ -2278,6 +2307,19 @@ mod tests {
             r#"{"action":"I","columns":{}}"#,
             r#"{"action":"I","columns":null}"#,
             r#"{"action":null}"#,
+            // Near misses of the written forms: whitespace, another member, another order.
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1 }]}"#,
+            r#"{"action":"I","columns":[ {"name" :"a","type":"t","value":1}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1,"x":2}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1,"name":"b"}]}"#,
+            r#"{"action":"I","columns":[{"type":"t","name":"a","value":1}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1}],"pk":[{"name":"a","type":"t","x":1}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t\"","value":"x\u0041"}],"pk":[{"name":"a","type":"t\n"}]}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":1}"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t","value":"#,
+            r#"{"action":"I","columns":[{"name":"a","type":"t""#,
+            r#"{"action":"I","columns":[{"name":"a"#,
+            r#"{"actio":"I","n":1,"nam":2,"t":3,"ta":4,"pkk":5,"schem":6}"#,
         ] {
             lines.push(extra.to_owned());
         }

@@ -1,6 +1,6 @@
-//! The first path of [`parse_line`](super::parse_line): a single-pass scanner for lines shaped
-//! as wal2json writes them, which builds the [`Line`] directly (no generic map visiting, no
-//! value tree).
+//! The first path of [`parse_line_into`](super::parse_line_into): a single-pass scanner for
+//! lines shaped as wal2json writes them, which builds the [`Line`] directly (no generic map
+//! visiting, no value tree).
 //!
 //! It is a *partial* parser: it accepts a line only when the line is valid JSON and every part of
 //! it is of the shape it knows (top-level values that are scalars or, for `columns`, `identity`
@@ -10,6 +10,11 @@
 //! `None`, and the line goes through the generic path, which reads it or names its error. So
 //! the scanner never decides an error; the tests check that the reader agrees with serde_json
 //! on every line of the capture, the fuzz corpus and generated lines.
+//!
+//! For speed it reads what wal2json writes first: a key is told by its first letters and matched
+//! as a whole token (`"columns":`), and a column or `pk` object written exactly as wal2json
+//! writes it (`{"name":"…","type":"…","value":…}`, no whitespace) by fixed-token compares; any
+//! other object of the accepted shape goes through the generic member loop, with the same result.
 //!
 //! What it checks is the JSON grammar (RFC 8259) for what it accepts: strings without raw
 //! control characters and with valid escapes (`\uXXXX` with four hex digits; lone surrogates
@@ -24,11 +29,21 @@ use super::{Column, Key, Line, Raw};
 
 /// The line as the generic path would read it, or `None` when the scanner does not accept it
 /// (see the module docs).
+#[cfg(test)]
 pub(super) fn parse(text: &str) -> Option<Line<'_>> {
+    let mut line = Line::default();
+    parse_into(text, &mut line).then_some(line)
+}
+
+/// Reads `text` into `line` (which must come in empty): `true` when the scanner accepts the text
+/// (see the module docs); when it does not, `line` holds whatever was read before it stopped.
+pub(super) fn parse_into<'a>(text: &'a str, line: &mut Line<'a>) -> bool {
     let mut s = Scanner { text, at: 0 };
-    let line = s.line()?;
+    if s.line(line).is_none() {
+        return false;
+    }
     s.ws();
-    (s.at == text.len()).then_some(line)
+    s.at == text.len()
 }
 
 struct Scanner<'a> {
@@ -71,16 +86,24 @@ impl<'a> Scanner<'a> {
     /// A string token (after whitespace), its escapes checked.
     fn string(&mut self) -> Option<Str> {
         self.expect(b'"')?;
-        let bytes = self.text.as_bytes();
         let start = self.at;
-        let mut i = start;
+        let escaped = self.string_body()?;
+        Some(Str { start, end: self.at - 1, escaped })
+    }
+
+    /// The rest of a string token whose opening quote was just consumed, its escapes checked:
+    /// whether it has escapes. Its contents end before `self.at - 1` (the closing quote).
+    #[inline(always)]
+    fn string_body(&mut self) -> Option<bool> {
+        let bytes = self.text.as_bytes();
+        let mut i = self.at;
         let mut escaped = false;
         loop {
             i += plain_run(bytes.get(i..)?);
             match *bytes.get(i)? {
                 b'"' => {
                     self.at = i + 1;
-                    return Some(Str { start, end: i, escaped });
+                    return Some(escaped);
                 }
                 b'\\' => {
                     escaped = true;
@@ -107,12 +130,14 @@ impl<'a> Scanner<'a> {
     }
 
     /// A scalar value (string, number, `true`, `false`, `null`): its raw JSON text.
+    #[inline(always)]
     fn scalar(&mut self) -> Option<Raw<'a>> {
         self.ws();
         let start = self.at;
         match self.peek()? {
             b'"' => {
-                self.string()?;
+                self.at += 1;
+                self.string_body()?;
             }
             b't' => self.literal("true")?,
             b'f' => self.literal("false")?,
@@ -191,59 +216,140 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Reads an object key and its `:`. The keys of a column object, written as wal2json writes
-    /// them (`"name":`, no whitespace), are matched whole first.
-    fn key(&mut self) -> Option<&'a str> {
+    /// Reads an object key and its `:`, as the field it names. A key written as wal2json writes
+    /// it (`"name":`, no whitespace) is told by its first letters and matched whole; any other
+    /// goes through [`plain_string`](Self::plain_string).
+    fn key(&mut self) -> Option<Field> {
         self.ws();
         let rest = self.text.as_bytes().get(self.at..)?;
-        for (token, key) in [("\"name\":", "name"), ("\"type\":", "type"), ("\"value\":", "value")] {
-            if rest.starts_with(token.as_bytes()) {
-                self.at += token.len();
-                return Some(key);
-            }
+        // Each arm compares with a literal, so that the compare is inlined at its length.
+        let whole = |token: &[u8], field| rest.starts_with(token).then_some((token.len(), field));
+        let known = match rest.get(1..3) {
+            Some([b'a', _]) => whole(b"\"action\":", Field::Action),
+            Some([b'x', _]) => whole(b"\"xid\":", Field::Xid),
+            Some([b'l', _]) => whole(b"\"lsn\":", Field::Lsn),
+            Some([b's', _]) => whole(b"\"schema\":", Field::Schema),
+            Some([b't', b'a']) => whole(b"\"table\":", Field::Table),
+            Some([b't', b'i']) => whole(b"\"timestamp\":", Field::Other),
+            Some([b't', b'y']) => whole(b"\"type\":", Field::Other),
+            Some([b'c', _]) => whole(b"\"columns\":", Field::Columns),
+            Some([b'i', _]) => whole(b"\"identity\":", Field::Identity),
+            Some([b'p', _]) => whole(b"\"pk\":", Field::Pk),
+            Some([b'n', b'a']) => whole(b"\"name\":", Field::Name),
+            Some([b'n', b'e']) => whole(b"\"nextlsn\":", Field::Other),
+            Some([b'v', _]) => whole(b"\"value\":", Field::Value),
+            _ => None,
+        };
+        if let Some((len, field)) = known {
+            self.at += len;
+            return Some(field);
         }
         let key = self.plain_string()?;
         self.expect(b':')?;
-        Some(key)
+        Some(match key {
+            "action" => Field::Action,
+            "xid" => Field::Xid,
+            "lsn" => Field::Lsn,
+            "schema" => Field::Schema,
+            "table" => Field::Table,
+            "columns" => Field::Columns,
+            "identity" => Field::Identity,
+            "pk" => Field::Pk,
+            "name" => Field::Name,
+            "value" => Field::Value,
+            _ => Field::Other,
+        })
     }
 
-    fn line(&mut self) -> Option<Line<'a>> {
+    /// The object's members, into `line` (written in place: a [`Line`] is a few hundred bytes).
+    fn line(&mut self, line: &mut Line<'a>) -> Option<()> {
         self.expect(b'{')?;
-        let mut line = Line {
-            action: None,
-            xid: None,
-            lsn: None,
-            schema: None,
-            table: None,
-            columns: None,
-            identity: None,
-            pk: None,
-        };
         if self.empty(b'}') {
-            return Some(line);
+            return Some(());
         }
         loop {
             match self.key()? {
-                "action" => once(&mut line.action, self.scalar()?)?,
-                "xid" => once(&mut line.xid, self.scalar()?)?,
-                "lsn" => once(&mut line.lsn, self.scalar()?)?,
-                "schema" => once(&mut line.schema, self.scalar()?)?,
-                "table" => once(&mut line.table, self.scalar()?)?,
-                "columns" => once(&mut line.columns, self.columns()?)?,
-                "identity" => once(&mut line.identity, self.columns()?)?,
-                "pk" => once(&mut line.pk, self.keys()?)?,
-                _ => {
+                Field::Action => once(&mut line.action, self.scalar()?)?,
+                Field::Xid => once(&mut line.xid, self.scalar()?)?,
+                Field::Lsn => once(&mut line.lsn, self.scalar()?)?,
+                Field::Schema => once(&mut line.schema, self.scalar()?)?,
+                Field::Table => once(&mut line.table, self.scalar()?)?,
+                Field::Columns => once(&mut line.columns, self.columns()?)?,
+                Field::Identity => once(&mut line.identity, self.columns()?)?,
+                Field::Pk => once(&mut line.pk, self.keys()?)?,
+                Field::Name | Field::Value | Field::Other => {
                     self.scalar()?;
                 }
             }
             if !self.more(b'}')? {
-                return Some(line);
+                return Some(());
             }
         }
     }
 
-    /// `[{"name":…,"value":…,…},…]`: `name` a string without escapes, `value` a scalar, other
-    /// members scalars (ignored).
+    /// One column object as wal2json writes it, `{"name":"…","type":"…","value":…}` with no
+    /// whitespace and a name without escapes; `None` (nothing consumed) for any other shape,
+    /// which [`column`](Self::column) then reads.
+    #[inline]
+    fn written_column(&mut self) -> Option<Column<'a>> {
+        let from = self.at;
+        let bytes = self.text.as_bytes();
+        let column = (|| {
+            if bytes.get(self.at..self.at + 9)? != b"{\"name\":\"" {
+                return None;
+            }
+            self.at += 9;
+            let start = self.at;
+            if self.string_body()? {
+                return None;
+            }
+            let name = start..self.at - 1;
+            if bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
+                return None;
+            }
+            self.at += 9;
+            self.string_body()?;
+            if bytes.get(self.at..self.at + 9)? != b",\"value\":" {
+                return None;
+            }
+            self.at += 9;
+            let value = self.scalar()?;
+            if bytes.get(self.at)? != &b'}' {
+                return None;
+            }
+            self.at += 1;
+            // Both ends are next to an ASCII quote, so they are char boundaries.
+            Some(Column { name: Cow::Borrowed(self.text.get(name)?), value })
+        })();
+        if column.is_none() {
+            self.at = from;
+        }
+        column
+    }
+
+    /// One column object: `name` a string without escapes, `value` a scalar, other members
+    /// scalars (ignored).
+    fn column(&mut self) -> Option<Column<'a>> {
+        self.expect(b'{')?;
+        let (mut name, mut value) = (None, None);
+        if !self.empty(b'}') {
+            loop {
+                match self.key()? {
+                    Field::Name => once(&mut name, self.plain_string()?)?,
+                    Field::Value => once(&mut value, self.scalar()?)?,
+                    _ => {
+                        self.scalar()?;
+                    }
+                }
+                if !self.more(b'}')? {
+                    break;
+                }
+            }
+        }
+        Some(Column { name: Cow::Borrowed(name?), value: value? })
+    }
+
+    /// `[{"name":…,"value":…,…},…]`: see [`column`](Self::column).
     fn columns(&mut self) -> Option<Vec<Column<'a>>> {
         self.expect(b'[')?;
         let mut out = Vec::with_capacity(8);
@@ -251,30 +357,74 @@ impl<'a> Scanner<'a> {
             return Some(out);
         }
         loop {
-            self.expect(b'{')?;
-            let (mut name, mut value) = (None, None);
-            if !self.empty(b'}') {
-                loop {
-                    match self.key()? {
-                        "name" => once(&mut name, self.plain_string()?)?,
-                        "value" => once(&mut value, self.scalar()?)?,
-                        _ => {
-                            self.scalar()?;
-                        }
-                    }
-                    if !self.more(b'}')? {
-                        break;
-                    }
-                }
-            }
-            out.push(Column { name: Cow::Borrowed(name?), value: value? });
+            self.ws();
+            let column = match self.written_column() {
+                Some(c) => c,
+                None => self.column()?,
+            };
+            out.push(column);
             if !self.more(b']')? {
                 return Some(out);
             }
         }
     }
 
-    /// `[{"name":…,…},…]`: `name` a string without escapes, other members scalars (ignored).
+    /// One key object as wal2json writes it, `{"name":"…","type":"…"}` with no whitespace and a
+    /// name without escapes; `None` (nothing consumed) for any other shape, which
+    /// [`key_object`](Self::key_object) then reads.
+    #[inline]
+    fn written_key(&mut self) -> Option<Key<'a>> {
+        let from = self.at;
+        let bytes = self.text.as_bytes();
+        let key = (|| {
+            if bytes.get(self.at..self.at + 9)? != b"{\"name\":\"" {
+                return None;
+            }
+            self.at += 9;
+            let start = self.at;
+            if self.string_body()? {
+                return None;
+            }
+            let name = start..self.at - 1;
+            if bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
+                return None;
+            }
+            self.at += 9;
+            self.string_body()?;
+            if bytes.get(self.at)? != &b'}' {
+                return None;
+            }
+            self.at += 1;
+            // Both ends are next to an ASCII quote, so they are char boundaries.
+            Some(Key { name: Cow::Borrowed(self.text.get(name)?) })
+        })();
+        if key.is_none() {
+            self.at = from;
+        }
+        key
+    }
+
+    /// One key object: `name` a string without escapes, other members scalars (ignored).
+    fn key_object(&mut self) -> Option<Key<'a>> {
+        self.expect(b'{')?;
+        let mut name = None;
+        if !self.empty(b'}') {
+            loop {
+                match self.key()? {
+                    Field::Name => once(&mut name, self.plain_string()?)?,
+                    _ => {
+                        self.scalar()?;
+                    }
+                }
+                if !self.more(b'}')? {
+                    break;
+                }
+            }
+        }
+        Some(Key { name: Cow::Borrowed(name?) })
+    }
+
+    /// `[{"name":…,…},…]`: see [`key_object`](Self::key_object).
     fn keys(&mut self) -> Option<Vec<Key<'a>>> {
         self.expect(b'[')?;
         let mut out = Vec::with_capacity(2);
@@ -282,27 +432,33 @@ impl<'a> Scanner<'a> {
             return Some(out);
         }
         loop {
-            self.expect(b'{')?;
-            let mut name = None;
-            if !self.empty(b'}') {
-                loop {
-                    match self.key()? {
-                        "name" => once(&mut name, self.plain_string()?)?,
-                        _ => {
-                            self.scalar()?;
-                        }
-                    }
-                    if !self.more(b'}')? {
-                        break;
-                    }
-                }
-            }
-            out.push(Key { name: Cow::Borrowed(name?) });
+            self.ws();
+            let key = match self.written_key() {
+                Some(k) => k,
+                None => self.key_object()?,
+            };
+            out.push(key);
             if !self.more(b']')? {
                 return Some(out);
             }
         }
     }
+}
+
+/// The object keys the scanner tells apart (any other is [`Field::Other`]).
+#[derive(Clone, Copy)]
+enum Field {
+    Action,
+    Xid,
+    Lsn,
+    Schema,
+    Table,
+    Columns,
+    Identity,
+    Pk,
+    Name,
+    Value,
+    Other,
 }
 
 /// How many bytes at the start of `bytes` need no look in a string: neither `"`, `\\` nor a
