@@ -64,7 +64,8 @@ impl Capture {
     }
 }
 
-/// The reader over `bytes`, every batch published to `sinks` lanes whose threads count and ack.
+/// The reader over `bytes`, every batch published to `sinks` lanes whose threads count and ack
+/// (in runs, as the pipeline example's sinks do).
 /// Returns the envelopes the sinks received, all lanes together.
 fn pipeline(bytes: &[u8], sinks: usize) -> u64 {
     let names: Vec<String> = (0..sinks).map(|i| format!("sink_{i}")).collect();
@@ -78,13 +79,16 @@ fn pipeline(bytes: &[u8], sinks: usize) -> u64 {
         .iter()
         .map(|lane| {
             let mut consumer = lane.attach().expect("attach");
+            // As the example's sinks: a run of up to `MAX_RUN` batches per receive, one ack.
             thread::spawn(move || {
                 let mut envelopes = 0u64;
-                while let Some(delivery) = consumer.recv().expect("recv") {
-                    if let LaneItem::Batch(batch) = delivery.item() {
-                        envelopes += batch.envelopes.len() as u64;
+                while let Some(run) = consumer.recv_run(lanestream::MAX_RUN).expect("recv_run") {
+                    for item in &run {
+                        if let LaneItem::Batch(batch) = item {
+                            envelopes += batch.envelopes.len() as u64;
+                        }
                     }
-                    delivery.ack().expect("ack");
+                    run.ack().expect("ack");
                 }
                 envelopes
             })
