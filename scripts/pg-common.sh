@@ -105,17 +105,17 @@ max_wal_senders = 4
 fsync = off
 full_page_writes = off
 EOF
-    # Some guides say this Debian build needs `output_plugin_libraries = 'wal2json'`. Checked on
-    # Debian 12 (postgresql-15 15.x, postgresql-15-wal2json 2.5): the server does NOT accept it —
-    # "unrecognized configuration parameter" is FATAL at startup — and it is not needed: the
-    # output plugin is loaded by name from $libdir/wal2json.so when the slot is created/used.
-    # Probe anyway, so a build that does know the parameter gets it.
-    printf "output_plugin_libraries = 'wal2json'\n" >>"$conf"
+    # `output_plugin_libraries`: PostgreSQL 15.20 (Debian 15.20-0+deb12u1) knows it and refuses
+    # every output plugin it does not list ("library \"pgoutput\" may not be used as an output
+    # plugin"); older 15.x builds refuse the parameter itself ("unrecognized configuration
+    # parameter" is FATAL at startup). Probe: set it where the server knows it. wal2json is what
+    # the pipeline reads; pgoutput is the "slot of another plugin" of postgres/tests/live.rs.
+    printf "output_plugin_libraries = 'wal2json, pgoutput'\n" >>"$conf"
     if as_pg "$PG_BIN/postgres" -D "$data" -C wal_level >/dev/null 2>&1; then
-        pg_log "server accepts output_plugin_libraries; keeping it"
+        pg_log "server knows output_plugin_libraries; set to 'wal2json, pgoutput'"
     else
         sed -i '$d' "$conf"
-        pg_log "server refuses output_plugin_libraries (not a PostgreSQL 15 parameter); not set"
+        pg_log "server refuses output_plugin_libraries (a 15.x before the parameter); not set"
     fi
     as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$PG_TMP/server.log" -w -t 60 start >/dev/null ||
         pg_die "pg_ctl start failed: $(tail -n 5 "$PG_TMP/server.log")"

@@ -109,6 +109,11 @@ pub enum LiveError {
     /// The wal2json output plugin is not installed on the server.
     #[error("the wal2json output plugin is not installed on the server ({0}); install it there (Debian: apt-get install postgresql-15-wal2json)")]
     PluginMissing(String),
+    /// The server does not allow wal2json as an output plugin: PostgreSQL builds with the
+    /// `output_plugin_libraries` setting (Debian 12's 15.20 has it) refuse every plugin it does
+    /// not list.
+    #[error("the server does not allow wal2json as an output plugin ({0}); add it to output_plugin_libraries in postgresql.conf and reload the server's configuration")]
+    PluginNotAllowed(String),
     /// The slot does not exist and creating it was not asked for.
     #[error("replication slot {0:?} does not exist (pass --create-slot to create it)")]
     NoSlot(String),
@@ -164,6 +169,10 @@ fn classify(e: postgres::Error, slot: &str) -> LiveError {
         || message.contains("wal2json") && message.contains("could not access")
     {
         LiveError::PluginMissing(message)
+    } else if *code == SqlState::INSUFFICIENT_PRIVILEGE
+        && message.contains("may not be used as an output plugin")
+    {
+        LiveError::PluginNotAllowed(message)
     } else if *code == SqlState::OBJECT_IN_USE {
         LiveError::SlotBusy { slot: slot.to_owned(), holder: message }
     } else if *code == SqlState::UNDEFINED_OBJECT && message.contains("does not exist") {

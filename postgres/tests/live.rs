@@ -8,6 +8,7 @@
 //! - `LANESTREAM_PG_BIN`: the directory of `pg_recvlogical`.
 
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,13 @@ use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
 use postgres::{Client, NoTls};
 
 const NEEDS: &str = "needs a PostgreSQL with wal2json (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh";
+
+/// The tests share one server, and one of them changes its configuration for a moment: each
+/// holds this lock for its whole run.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERVER: Mutex<()> = Mutex::new(());
+    SERVER.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn url() -> String {
     std::env::var("LANESTREAM_PG_URL").expect("LANESTREAM_PG_URL")
@@ -78,6 +86,7 @@ fn commits(lines: &[String]) -> Vec<Position> {
 #[test]
 #[ignore = "needs a PostgreSQL with wal2json (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_wrong_password_is_an_auth_error() {
+    let _server = serial();
     let _ = NEEDS;
     let bad = std::env::var("LANESTREAM_PG_PASSWORD_URL").expect("LANESTREAM_PG_PASSWORD_URL");
     let e = LiveSource::connect(LiveConfig::new(bad, "any")).unwrap_err();
@@ -88,6 +97,7 @@ fn a_wrong_password_is_an_auth_error() {
 #[test]
 #[ignore = "needs a PostgreSQL with wal2json (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_missing_slot_needs_create_slot_and_a_slot_of_another_plugin_is_refused() {
+    let _server = serial();
     let mut c = config("t_missing");
     c.create_slot = false;
     let e = LiveSource::connect(c).unwrap_err();
@@ -103,6 +113,7 @@ fn a_missing_slot_needs_create_slot_and_a_slot_of_another_plugin_is_refused() {
 #[test]
 #[ignore = "needs a PostgreSQL with wal2json (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_slot_held_by_another_client_is_refused_after_the_wait() {
+    let _server = serial();
     // Another lanestream source.
     let first = LiveSource::connect(config("t_held")).expect("first source");
     let started = Instant::now();
@@ -143,6 +154,7 @@ fn a_slot_held_by_another_client_is_refused_after_the_wait() {
 #[test]
 #[ignore = "needs a PostgreSQL with wal2json (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn confirming_a_commit_lsn_resends_that_transaction_and_never_more() {
+    let _server = serial();
     let mut c = sql();
     c.batch_execute("DROP TABLE IF EXISTS t_confirm; CREATE TABLE t_confirm (id int PRIMARY KEY)")
         .expect("table");
@@ -176,6 +188,7 @@ fn confirming_a_commit_lsn_resends_that_transaction_and_never_more() {
 #[test]
 #[ignore = "needs a PostgreSQL with wal2json (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn the_key_lookup_reads_the_replica_identity_from_the_catalog() {
+    let _server = serial();
     sql()
         .batch_execute(
             "DROP TABLE IF EXISTS t_keys_pk, t_keys_index, t_keys_both, t_keys_full;
@@ -202,4 +215,48 @@ fn the_key_lookup_reads_the_replica_identity_from_the_catalog() {
     drop(lookup);
     drop(source);
     drop_slot("t_keys");
+}
+
+#[test]
+#[ignore = "needs a PostgreSQL with wal2json (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
+fn a_server_that_does_not_allow_wal2json_as_an_output_plugin_is_a_clear_error() {
+    let _server = serial();
+    let mut c = sql();
+    let known: i64 = c
+        .query_one("SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'", &[])
+        .expect("pg_settings")
+        .get(0);
+    if known == 0 {
+        // Older builds have no such setting, and every installed plugin is allowed.
+        eprintln!("this server has no output_plugin_libraries: the refusal cannot happen here");
+        return;
+    }
+    let set = |c: &mut Client, value: Option<&str>| {
+        match value {
+            Some(v) => c.batch_execute(&format!("ALTER SYSTEM SET output_plugin_libraries = '{v}'")),
+            None => c.batch_execute("ALTER SYSTEM RESET output_plugin_libraries"),
+        }
+        .expect("ALTER SYSTEM");
+        c.batch_execute("SELECT pg_reload_conf()").expect("reload");
+        // The reload is a signal: wait until a new session sees the value.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now: String = sql().query_one("SHOW output_plugin_libraries", &[]).expect("SHOW").get(0);
+            if value.is_none_or(|v| now == v) && (value.is_some() || now.contains("wal2json")) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not reload output_plugin_libraries (it shows {now:?})"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    set(&mut c, Some("pgoutput"));
+    let e = LiveSource::connect(config("t_not_allowed"));
+    set(&mut c, None);
+    let e = e.unwrap_err();
+    assert!(matches!(e, LiveError::PluginNotAllowed(_)), "{e}");
+    assert!(e.to_string().contains("output_plugin_libraries"), "{e}");
+    drop_slot("t_not_allowed");
 }
