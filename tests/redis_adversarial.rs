@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use common::{backfill, batch};
 use lanestream::{
-    AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op,
-    Position, PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
+    AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position,
+    PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
 
@@ -38,7 +38,10 @@ fn url() -> Option<String> {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 use std::io::Write;
-                let _ = writeln!(std::io::stderr(), "SKIPPED: LANESTREAM_REDIS_URL is not set: no Redis test ran");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: LANESTREAM_REDIS_URL is not set: no Redis test ran"
+                );
             });
             None
         }
@@ -132,7 +135,8 @@ fn kill_connections(admin: &mut redis::Connection, name: &str) {
 /// Frees the lane's producer claim as if its holder had died without a word (its handle lives
 /// on: a zombie).
 fn free_producer_claim(admin: &mut redis::Connection, name: &str) {
-    let _: i64 = redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(admin).unwrap();
+    let _: i64 =
+        redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(admin).unwrap();
 }
 
 fn log_len(admin: &mut redis::Connection, name: &str) -> usize {
@@ -288,7 +292,9 @@ fn a_stale_consumers_ack_racing_a_reattach_lands_xor_is_redelivered() {
                 assert_eq!((pos(d), d.attempt()), (next, 2));
                 assert_eq!(s.acked("search").unwrap(), next.checked_sub(1).filter(|&k| k > 0).map(Position));
             }
-            other => panic!("round {next}: the stale ack must land xor be refused with a redelivery: {other:?}"),
+            other => {
+                panic!("round {next}: the stale ack must land xor be refused with a redelivery: {other:?}")
+            }
         }
         if let Some(d) = again {
             d.ack().unwrap();
@@ -382,7 +388,10 @@ fn two_zombie_producers_of_different_ages_add_nothing_and_do_not_wedge_the_live_
     let mut live = s3.producer("search").unwrap();
     // The zombies publish on (each is told it is fenced).
     for z in [&mut z1, &mut z2] {
-        assert!(matches!(z.publish(batch(4)), Err(PublishError::Backend { error: BackendError::Fenced, .. })));
+        assert!(matches!(
+            z.publish(batch(4)),
+            Err(PublishError::Backend { error: BackendError::Fenced, .. })
+        ));
     }
     assert_eq!(log_ids(&mut admin, &name), [1, 2, 3], "a fenced publish adds no entry");
     live.publish(batch(4)).expect("the live producer publishes on");
@@ -414,7 +423,10 @@ fn zombie_producers_on_a_trimmed_empty_log_add_nothing() {
     assert_eq!(s3.trim().unwrap(), 7);
     assert_eq!(log_len(&mut admin, &name), 0);
     for z in [&mut z1, &mut z2] {
-        assert!(matches!(z.publish(batch(8)), Err(PublishError::Backend { error: BackendError::Fenced, .. })));
+        assert!(matches!(
+            z.publish(batch(8)),
+            Err(PublishError::Backend { error: BackendError::Fenced, .. })
+        ));
     }
     assert_eq!(log_len(&mut admin, &name), 0, "a fenced publish adds no entry");
     live.publish(batch(8)).expect("the live producer publishes on");
@@ -538,7 +550,10 @@ fn a_restart_at_each_point_of_the_life_cycle_loses_nothing_and_repeats_nothing_a
     // 3 and 5, and the process dies again.
     let mut c = s.attach("search").expect("the dead consumer's claim is free");
     let got: Vec<_> = (0..4).map(|_| c.try_recv().unwrap()).collect();
-    assert_eq!(got.iter().map(|d| (pos(d), d.attempt())).collect::<Vec<_>>(), [(1, 2), (3, 2), (5, 2), (6, 1)]);
+    assert_eq!(
+        got.iter().map(|d| (pos(d), d.attempt())).collect::<Vec<_>>(),
+        [(1, 2), (3, 2), (5, 2), (6, 1)]
+    );
     assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
     let mut got: BTreeMap<u64, _> = got.into_iter().map(|d| (pos(&d), d)).collect();
     got.remove(&1).unwrap().ack().unwrap();
@@ -670,7 +685,7 @@ fn huge_batches_go_through_the_plain_xadd_and_xrange_intact() {
 fn a_script_flush_mid_run_reloads_and_lands_each_operation_once() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
-    let s = open(&url, &name, 8);
+    let s = open(&url, &name, 64);
     let mut p = s.producer("search").unwrap();
     let mut c = s.reattach("search").unwrap();
     let flush = |admin: &mut redis::Connection| {
