@@ -283,10 +283,9 @@ fn a_stale_consumers_ack_racing_a_reattach_lands_xor_is_redelivered() {
     let s = open(&url, &name, 64);
     let mut p = s.producer("search").unwrap();
     let rounds = 40u64;
-    let mut next = 1u64;
     let mut acked_by_old = 0;
     let mut redelivered = 0;
-    for _ in 0..rounds {
+    for next in 1..=rounds {
         p.publish(batch(next)).unwrap();
         let mut old = s.reattach("search").unwrap();
         let d = old.try_recv().unwrap();
@@ -324,7 +323,6 @@ fn a_stale_consumers_ack_racing_a_reattach_lands_xor_is_redelivered() {
         }
         assert_eq!(s.acked("search").unwrap(), Some(Position(next)));
         drop((old, new));
-        next += 1;
     }
     assert_eq!(acked_by_old + redelivered, rounds);
     let st = s.stats("search").unwrap();
@@ -666,7 +664,7 @@ fn huge(position: u64, envelopes: usize, doc: &'static [u8]) -> LaneItem {
     let env: Vec<Envelope> = (0..envelopes)
         .map(|i| Envelope {
             index: IndexName::new("docs").unwrap(),
-            id: format!("{position}-{i}").into(),
+            id: format!("{position}-{i}"),
             op: Op::Upsert,
             position: Some(Position(position)),
             document: bytes::Bytes::from_static(doc),
