@@ -329,6 +329,70 @@ fn a_stale_consumers_ack_racing_a_reattach_lands_xor_is_redelivered() {
     assert_eq!((st.published, st.acked_items), (rounds, rounds), "nothing acked twice: {st:?}");
 }
 
+/// Consumers in three threads keep taking the lane from one another (re-attach) while a
+/// producer publishes: every entry is acked exactly once across all of them (an ack from a
+/// taken-over consumer is refused, and its entry comes to someone else).
+#[test]
+fn consumers_stealing_the_lane_from_one_another_ack_every_entry_exactly_once() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let total = 300u64;
+    let s = open(&url, &name, 16);
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let mut p = s.producer("search").unwrap();
+        std::thread::spawn(move || {
+            for i in 1..=total {
+                p.publish(batch(i)).unwrap();
+            }
+        })
+    };
+    let workers: Vec<_> = (0..3)
+        .map(|t| {
+            let (s, acked, done) = (s.clone(), acked.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut refused = 0;
+                while !done.load(Ordering::Relaxed) {
+                    let mut c = s.reattach("search").unwrap();
+                    let mut held = Vec::new();
+                    for _ in 0..(3 + t) {
+                        match c.try_recv() {
+                            Ok(d) => held.push(d),
+                            Err(TryRecvError::Empty | TryRecvError::Detached) => break,
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                    // Out of order: the newest first.
+                    while let Some(d) = held.pop() {
+                        let k = pos(&d);
+                        match d.ack() {
+                            Ok(()) => acked.lock().unwrap().push(k),
+                            Err(AckError::Detached) => refused += 1,
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                    if s.acked("search").unwrap() == Some(Position(total)) {
+                        done.store(true, Ordering::Relaxed);
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    producer.join().unwrap();
+    let refused: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    let mut acked = std::mem::take(&mut *acked.lock().unwrap());
+    let n = acked.len();
+    acked.sort_unstable();
+    acked.dedup();
+    assert_eq!(acked.len(), n, "an entry acked twice");
+    assert_eq!(acked, (1..=total).collect::<Vec<_>>());
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.in_flight, st.released), (total, total, 0, 0), "{st:?}");
+    assert!(refused > 0, "no consumer was ever taken over: the race did not happen");
+}
+
 // ----- The producer fence ----------------------------------------------------------------------
 
 #[test]
@@ -604,6 +668,48 @@ fn a_restart_at_each_point_of_the_life_cycle_loses_nothing_and_repeats_nothing_a
     assert_eq!(log_len(&mut admin, &name), 0);
 }
 
+/// Closed with unacked, out-of-order acked and released entries, then restarted: the
+/// restarted sink gets what is left, then `Closed`; the producer's publishes are refused and add
+/// nothing to the log.
+#[test]
+fn a_closed_lane_drains_its_unacked_entries_across_a_restart_then_reports_closed() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 8);
+    let mut p = s.producer("search").unwrap();
+    for i in 1..=6 {
+        p.publish(batch(i)).unwrap();
+    }
+    let mut c = s.reattach("search").unwrap();
+    let mut held: BTreeMap<u64, _> = (0..4).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    held.remove(&3).unwrap().ack().unwrap();
+    held.remove(&2).unwrap().nack();
+    p.close();
+    assert!(matches!(p.try_publish(batch(7)), Err(TryPublishError::Closed(_))));
+    assert_eq!(log_len(&mut admin, &name), 6, "a refused publish adds nothing");
+    std::mem::forget((held, c, p));
+    std::mem::forget(s);
+    kill_connections(&mut admin, &name);
+    let s = open(&url, &name, 8);
+    let mut c = s.attach("search").expect("free");
+    let mut got = Vec::new();
+    loop {
+        match c.try_recv() {
+            Ok(d) => {
+                got.push((pos(&d), d.attempt()));
+                d.ack().unwrap();
+            }
+            Err(TryRecvError::Closed) => break,
+            Err(e) => panic!("{e:?} after {got:?}"),
+        }
+    }
+    assert_eq!(got, [(1, 2), (2, 2), (4, 2), (5, 1), (6, 1)]);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(6)));
+    let mut p = s.producer("search").expect("free");
+    assert!(matches!(p.try_publish(batch(7)), Err(TryPublishError::Closed(_))));
+    assert_eq!(log_len(&mut admin, &name), 6);
+}
+
 // ----- The request lane ---------------------------------------------------------------------------
 
 #[test]
@@ -837,6 +943,8 @@ enum Action {
     Nack(usize),
     Drop(usize),
     StaleAck(usize),
+    /// A taken-over consumer's delivery dropped: its nack is refused, nothing changes.
+    StaleDrop(usize),
     Reattach,
     Restart,
     Trim,
@@ -854,6 +962,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (0..8usize).prop_map(Action::Nack),
         1 => (0..8usize).prop_map(Action::Drop),
         1 => (0..8usize).prop_map(Action::StaleAck),
+        1 => (0..8usize).prop_map(Action::StaleDrop),
         1 => Just(Action::Reattach),
         1 => Just(Action::Restart),
         1 => Just(Action::Trim),
@@ -948,6 +1057,7 @@ fn run_model(url: &str, actions: &[Action]) -> Result<(), TestCaseError> {
                 let r = d.ack();
                 prop_assert!(matches!(r, Err(AckError::Detached)), "a stale ack: {r:?}");
             }
+            Action::StaleDrop(i) if !stale.is_empty() => drop(stale.remove(i % stale.len())),
             Action::Reattach => {
                 let old = take_back(&mut m, &mut held);
                 stale.extend(old);
