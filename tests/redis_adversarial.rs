@@ -764,6 +764,61 @@ fn a_lone_request_lane_with_many_senders_delivers_each_request_once_within_its_b
     assert_eq!(st.published, (senders * per) as u64, "nothing published twice");
 }
 
+/// The request lane alone on its log: out-of-order acks around a held request, the log trimmed
+/// every 64 entries below it (never past it), a restart that gives the held and released
+/// requests back, and no request twice.
+#[test]
+fn the_request_lane_trims_below_its_acked_prefix_and_gives_unacked_requests_back_after_a_restart() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let req_ids = |admin: &mut redis::Connection| -> Vec<u64> {
+        let v: Vec<(String, redis::Value)> =
+            redis::cmd("XRANGE").arg(format!("{{{name}}}:req")).arg("-").arg("+").query(admin).unwrap();
+        v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
+    };
+    let s = open(&url, &name, 256);
+    let tx = s.request_sender();
+    let mut ingest = s.reattach_requests();
+    let index = |r: &lanestream::Request| {
+        let lanestream::Request::Backfill { indexes, .. } = r else { panic!("{r:?}") };
+        indexes[0].as_str()[1..].parse::<u64>().unwrap()
+    };
+    let mut held = Vec::new();
+    for i in 1..=150u64 {
+        tx.publish(backfill("search", &format!("i{i}"))).unwrap();
+        let r = ingest.try_recv().unwrap();
+        assert_eq!((index(r.item()), r.attempt()), (i, 1));
+        match i {
+            20 | 90 => held.push(r),
+            30 => {
+                r.nack();
+                let again = ingest.try_recv().unwrap();
+                assert_eq!((index(again.item()), again.attempt()), (30, 2), "released first");
+                held.push(again);
+            }
+            _ => r.ack().unwrap(),
+        }
+        let first = req_ids(&mut admin).first().copied();
+        assert!(first.is_none_or(|f| f <= 20), "request {first:?} first at {i}: an unacked one was trimmed");
+    }
+    assert_eq!(s.request_stats().acked_items, 19, "the prefix stops at 20");
+    std::mem::forget((held, ingest, tx));
+    std::mem::forget(s);
+    kill_connections(&mut admin, &name);
+    let s = open(&url, &name, 256);
+    let mut ingest = s.reattach_requests();
+    let mut got = Vec::new();
+    while let Ok(r) = ingest.try_recv() {
+        got.push((index(r.item()), r.attempt()));
+        r.ack().unwrap();
+    }
+    assert_eq!(got, [(20, 2), (30, 3), (90, 2)]);
+    let st = s.request_stats();
+    assert_eq!((st.published, st.acked_items), (150, 150), "{st:?}");
+    assert_eq!(s.trim().unwrap(), 0, "the sink log's floor (nothing in it)");
+    assert_eq!(req_ids(&mut admin), Vec::<u64>::new(), "the request log trimmed to its acked prefix");
+}
+
 // ----- Huge batches, a flushed script cache, killed connections -----------------------------------
 
 fn huge(position: u64, envelopes: usize, doc: &'static [u8]) -> LaneItem {
