@@ -294,12 +294,12 @@ impl LaneDef {
             let mut add = ::redis::cmd("XADD");
             add.arg(&self.log).arg(format!("{n}-0")).arg("d").arg(payload).arg("p").arg(pos);
             let mut raise = ::redis::cmd("XSETID");
-            raise.arg(&self.log).arg(format!("{}-0", n + 1));
+            raise.arg(&self.log).arg(scripts::LOG_FENCE_ID);
             let mut pipe = ::redis::pipe();
             pipe.atomic().ignore_errors().add_command(eval).add_command(add).add_command(raise);
             let mut replies: Vec<Value> = pipe.query(c)?;
             if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
-                // Nothing was added: the script did not lower the log's last id.
+                // Nothing was added: the script did not lower the log's last id (the fence).
                 script.load(c)?;
                 replies = pipe.query(c)?;
             }
@@ -489,6 +489,7 @@ impl LaneDef {
                 .arg(expected)
                 .arg(claim)
                 .arg(alone)
+                .arg(scripts::LOG_FENCE_ID)
                 .invoke(c)
         })?;
         let r = items(&v);

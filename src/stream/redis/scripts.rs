@@ -141,15 +141,19 @@ return {'ok', n}
 /// Publish one item of the claimed producer of a sink lane alone on its log, without its
 /// payload: the checks and counters of `PUBLISH`, run as the first command of a `MULTI` whose
 /// second is a plain `XADD` of entry `n` with the payload and whose third sets the log's last
-/// id to `n + 1` (`XSETID`), so the payload never crosses Lua (`ARGV` and the script's own
-/// `XADD` were 3 µs of the publish's 8, `INFO commandstats`).
+/// id back to [`LOG_FENCE_ID`] (`XSETID`), so the payload never crosses Lua (`ARGV` and the
+/// script's own `XADD` were 3 µs of the publish's 8, `INFO commandstats`).
 ///
-/// The fence: the log's last id is kept one entry past its newest (`last + 1`), so an `XADD` of
-/// entry `last + 1` fails unless this script, having accepted the publish, lowers the last id to
-/// `last` first; the `XSETID` after the `XADD` raises it again. A refused publish (fenced,
+/// The fence: between publishes the log's last id is [`LOG_FENCE_ID`], above any entry number,
+/// so a plain `XADD` fails unless this script, having accepted the publish, lowers the last id
+/// to `last` first; the `XSETID` after the `XADD` raises it again. A refused publish (fenced,
 /// closed, full, a duplicate), and a `MULTI` whose script did not run at all (`NOSCRIPT`),
-/// leave the raised id in place, so their `XADD` fails and adds nothing. Claiming the producer
-/// raises the id (`CLAIM_PRODUCER`), for a log written before this scheme.
+/// leave the raised id in place, so their `XADD` fails and adds nothing, and their `XSETID`
+/// changes nothing. (The `XSETID` must not depend on the publisher's own entry number: a fenced
+/// producer that is behind would set the last id *down* to it, as Redis allows down to the
+/// newest entry, or anywhere on an emptied log, and another fenced producer's `XADD` would
+/// then land above the lane's newest entry and wedge the live producer's `XSETID last`.)
+/// Claiming the producer raises the id (`CLAIM_PRODUCER`), for a log written before this scheme.
 ///
 /// KEYS: lane hash, log, meta. ARGV: base, producer epoch, the lane's `pub` after this publish
 /// (= the entry number `n`), position (padded, or empty), the meta field that numbers the log's
@@ -182,6 +186,10 @@ if h[9] == '1' then ring(base .. ':bell:' .. (h[7] or '0')) end
 if n % 64 == 0 then trim(L, M, ARGV[5], ARGV[6], true, 7) end
 return {'ok', n}
 "#;
+
+/// The log's last id between two publishes of a sink lane alone on its log: the highest
+/// millisecond part Redis takes, far above any entry number (see `PUBLISH_ALONE`).
+pub(crate) const LOG_FENCE_ID: &str = "18446744073709551615-0";
 
 /// Receive one item: a released one first (lowest entry first), else the next new one.
 ///
@@ -423,7 +431,7 @@ return {'ok', ep}
 /// that fences the previous producer's publishes off.
 ///
 /// KEYS: lane hash, log. ARGV: expected claim, new claim, `1` if the lane is alone on its log
-/// (its log's last id is raised to `last + 1`: see `PUBLISH_ALONE`).
+/// (its log's last id is raised to `LOG_FENCE_ID`, the fourth argument: see `PUBLISH_ALONE`).
 pub(crate) const CLAIM_PRODUCER: &str = r#"
 local H = KEYS[1]
 local cur = redis.call('HGET', H, 'ph') or ''
@@ -434,7 +442,7 @@ if cur ~= ARGV[2] then
   redis.call('HSET', H, 'ph', ARGV[2])
 end
 if ARGV[3] == '1' then
-  redis.call('XSETID', KEYS[2], s(num(redis.call('HGET', H, 'last')) + 1) .. '-0')
+  redis.call('XSETID', KEYS[2], ARGV[4])
 end
 h = redis.call('HMGET', H, 'pe', 'pub', 'lp')
 return {'ok', tonumber(h[1]), num(h[2]), h[3] or ''}

@@ -1,0 +1,1177 @@
+//! Adversarial tests of the Redis backend's hot path for a lane alone on its log (one sink lane,
+//! or the request lane): no pending list (delivered, unacked entries are `an + 1 ..= rd` less the
+//! out-of-order acked set, redeliveries counted in `B:att`), the receive script with a plain
+//! `XRANGE` beside it, the publish `MULTI` (gate script, plain `XADD`, `XSETID`) and `ACK_ALONE`.
+//!
+//! They hunt for breaks of the contract (`src/docs/contract.md`): out-of-order acks with gaps
+//! then re-attach, nacks after partial out-of-order acks, stale acks racing a re-attach, fenced
+//! producers, full lanes, trimming against the watermark, restarts at each point of the life
+//! cycle, many request senders, huge batches, a flushed script cache, killed connections, and
+//! a proptest of random operation sequences against a model of at-least-once delivery.
+//!
+//! Needs a server: `LANESTREAM_REDIS_URL` (as `tests/redis_contract.rs`; unset, every test is
+//! skipped with a message, or fails under `CI=true`). Each stream has its own name and its keys
+//! are deleted when the test ends, passed or failed.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::{backfill, batch};
+use lanestream::{
+    AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position,
+    PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
+};
+use proptest::prelude::*;
+
+fn url() -> Option<String> {
+    match std::env::var("LANESTREAM_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+            panic!("LANESTREAM_REDIS_URL is not set: CI must run the Redis tests against a server")
+        }
+        _ => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: LANESTREAM_REDIS_URL is not set: no Redis test ran"
+                );
+            });
+            None
+        }
+    }
+}
+
+macro_rules! server {
+    () => {
+        match url() {
+            Some(url) => url,
+            None => return,
+        }
+    };
+}
+
+fn unique_name() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("lsa_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Deletes the stream's keys when dropped (also on a panic); holds the test's share of
+/// [`SCRIPT_CACHE`] until then.
+struct Cleanup {
+    url: String,
+    name: String,
+    _cache: CacheGuard,
+}
+
+/// The server's script cache: tests that flush it hold it alone. A flush between a client's
+/// `SCRIPT LOAD` (after a `NOSCRIPT`) and its second try fails that operation with
+/// `BackendError::Server` (nothing lost: a clear error), which a test running beside a
+/// flushing one would take for a failure.
+static SCRIPT_CACHE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+#[allow(dead_code)] // held for its drop only
+enum CacheGuard {
+    Shared(std::sync::RwLockReadGuard<'static, ()>),
+    Alone(std::sync::RwLockWriteGuard<'static, ()>),
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection()) else {
+            return;
+        };
+        let _ = delete_keys(&mut conn, &self.name);
+    }
+}
+
+fn keys_of(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<Vec<String>> {
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{{{name}}}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query(conn)?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+fn delete_keys(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<()> {
+    let keys = keys_of(conn, name)?;
+    if !keys.is_empty() {
+        redis::cmd("UNLINK").arg(&keys).query::<i64>(conn)?;
+    }
+    Ok(())
+}
+
+/// A test's stream name, its cleanup guard and an admin connection.
+fn setup(url: &str) -> (String, Cleanup, redis::Connection) {
+    setup_with(url, CacheGuard::Shared(SCRIPT_CACHE.read().unwrap_or_else(|p| p.into_inner())))
+}
+
+/// [`setup`] for a test that flushes the server's script cache.
+fn setup_flushing(url: &str) -> (String, Cleanup, redis::Connection) {
+    setup_with(url, CacheGuard::Alone(SCRIPT_CACHE.write().unwrap_or_else(|p| p.into_inner())))
+}
+
+fn setup_with(url: &str, cache: CacheGuard) -> (String, Cleanup, redis::Connection) {
+    let name = unique_name();
+    let cleanup = Cleanup { url: url.to_owned(), name: name.clone(), _cache: cache };
+    let admin = redis::Client::open(url).unwrap().get_connection().unwrap();
+    (name, cleanup, admin)
+}
+
+fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
+    RedisStream::builder(url, name)
+        .capacity(capacity)
+        .request_capacity(capacity)
+        .sink("search")
+        .build()
+        .unwrap_or_else(|e| panic!("building stream {name} on {url}: {e}"))
+}
+
+/// Kills every connection of stream `name` (its process dying, or the network dropping it).
+fn kill_connections(admin: &mut redis::Connection, name: &str) {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
+    let tag = format!("name=lanestream:{name} ");
+    for line in list.lines().filter(|l| l.contains(&tag)) {
+        let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
+        let _: redis::Value = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(admin).unwrap();
+    }
+}
+
+/// Frees the lane's producer claim as if its holder had died without a word (its handle lives
+/// on: a zombie).
+fn free_producer_claim(admin: &mut redis::Connection, name: &str) {
+    let _: i64 =
+        redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(admin).unwrap();
+}
+
+fn log_len(admin: &mut redis::Connection, name: &str) -> usize {
+    redis::cmd("XLEN").arg(format!("{{{name}}}:log")).query(admin).unwrap()
+}
+
+/// The entry numbers in the sink log.
+fn log_ids(admin: &mut redis::Connection, name: &str) -> Vec<u64> {
+    let v: Vec<(String, redis::Value)> =
+        redis::cmd("XRANGE").arg(format!("{{{name}}}:log")).arg("-").arg("+").query(admin).unwrap();
+    v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
+}
+
+fn pos(d: &RedisDelivery<LaneItem>) -> u64 {
+    d.position().unwrap().0
+}
+
+/// (position, attempt) of every delivery `try_recv` gives until the lane is empty; each is acked.
+fn drain_ack(c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>) -> Vec<(u64, u32)> {
+    let mut got = Vec::new();
+    loop {
+        match c.try_recv() {
+            Ok(d) => {
+                got.push((pos(&d), d.attempt()));
+                d.ack().unwrap();
+            }
+            Err(TryRecvError::Empty) => return got,
+            Err(e) => panic!("drain: {e:?}"),
+        }
+    }
+}
+
+// ----- Out-of-order acks, nacks, re-attach ------------------------------------------------------
+
+#[test]
+fn out_of_order_acks_with_gaps_then_reattach_redeliver_exactly_the_unacked_with_next_attempts() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 16);
+    let mut p = s.producer("search").unwrap();
+    for i in 1..=10 {
+        p.publish(batch(i)).unwrap();
+    }
+    let mut c = s.reattach("search").unwrap();
+    let mut held: BTreeMap<u64, RedisDelivery<LaneItem>> =
+        (0..8).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    // Acked: 2, 3, 5, 8 (gaps at 1, 4, 6, 7); 9 and 10 never received.
+    for k in [8, 3, 5, 2] {
+        held.remove(&k).unwrap().ack().unwrap();
+    }
+    assert_eq!(s.acked("search").unwrap(), None, "1 is out: no acked prefix");
+    std::mem::forget(held); // the old consumer's deliveries stay in its hands
+    let mut c2 = s.reattach("search").unwrap();
+    let mut got = Vec::new();
+    let mut second: BTreeMap<u64, RedisDelivery<LaneItem>> = BTreeMap::new();
+    for _ in 0..6 {
+        let d = c2.try_recv().unwrap();
+        got.push((pos(&d), d.attempt()));
+        second.insert(pos(&d), d);
+    }
+    assert_eq!(got, [(1, 2), (4, 2), (6, 2), (7, 2), (9, 1), (10, 1)], "the unacked again, then the new");
+    assert!(matches!(c2.try_recv(), Err(TryRecvError::Empty)));
+    // Ack 1: the prefix runs over 2 and 3 to 3, not past the gap at 4.
+    second.remove(&1).unwrap().ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(3)));
+    // A second re-attach: 4, 6, 7, 9, 10 again, each one attempt more.
+    std::mem::forget(second);
+    let mut c3 = s.reattach("search").unwrap();
+    assert_eq!(drain_ack(&mut c3), [(4, 3), (6, 3), (7, 3), (9, 2), (10, 2)]);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(10)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.in_flight, st.released), (10, 10, 0, 0), "{st:?}");
+    // Nothing left over in the attempts hash once everything is acked.
+    let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let att: usize = redis::cmd("HLEN").arg(format!("{{{name}}}:l:search:att")).query(&mut admin).unwrap();
+    assert_eq!(att, 0, "B:att keeps counts only until the entry is acked");
+}
+
+#[test]
+fn nack_after_a_partial_out_of_order_ack_set_redelivers_only_the_nacked_and_fences_stale_nacks() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 16);
+    let mut p = s.producer("search").unwrap();
+    for i in 1..=6 {
+        p.publish(batch(i)).unwrap();
+    }
+    let mut c = s.reattach("search").unwrap();
+    let mut held: BTreeMap<u64, RedisDelivery<LaneItem>> =
+        (0..6).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    for k in [2, 4, 6] {
+        held.remove(&k).unwrap().ack().unwrap();
+    }
+    // Nack 3 and drop 5; 1 stays in hand.
+    held.remove(&3).unwrap().nack();
+    drop(held.remove(&5).unwrap());
+    let r1 = c.try_recv().unwrap();
+    let r2 = c.try_recv().unwrap();
+    assert_eq!([(pos(&r1), r1.attempt()), (pos(&r2), r2.attempt())], [(3, 2), (5, 2)]);
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)), "2, 4, 6 acked: never again");
+    // Nack the redelivery of 3 again: attempt 3 next.
+    r1.nack();
+    let r3 = c.try_recv().unwrap();
+    assert_eq!((pos(&r3), r3.attempt()), (3, 3));
+    // 1 acked: prefix to 2 (3 is out).
+    held.remove(&1).unwrap().ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(2)));
+    r3.ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(4)));
+    r2.ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(6)));
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.acked_items, st.redelivered, st.delivered), (6, 3, 9), "{st:?}");
+}
+
+#[test]
+fn a_stale_consumers_ack_racing_a_reattach_lands_xor_is_redelivered() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 64);
+    let mut p = s.producer("search").unwrap();
+    let rounds = 40u64;
+    let mut acked_by_old = 0;
+    let mut redelivered = 0;
+    for next in 1..=rounds {
+        p.publish(batch(next)).unwrap();
+        let mut old = s.reattach("search").unwrap();
+        let d = old.try_recv().unwrap();
+        assert_eq!(pos(&d), next);
+        let barrier = Arc::new(Barrier::new(2));
+        let b2 = barrier.clone();
+        let acker = std::thread::spawn(move || {
+            b2.wait();
+            d.ack()
+        });
+        barrier.wait();
+        let mut new = s.reattach("search").unwrap();
+        let ack = acker.join().unwrap();
+        let again = match new.try_recv() {
+            Ok(d) => Some(d),
+            Err(TryRecvError::Empty) => None,
+            Err(e) => panic!("{e:?}"),
+        };
+        match (&ack, &again) {
+            (Ok(()), None) => {
+                acked_by_old += 1;
+                assert_eq!(s.acked("search").unwrap(), Some(Position(next)));
+            }
+            (Err(AckError::Detached), Some(d)) => {
+                redelivered += 1;
+                assert_eq!((pos(d), d.attempt()), (next, 2));
+                assert_eq!(s.acked("search").unwrap(), next.checked_sub(1).filter(|&k| k > 0).map(Position));
+            }
+            other => {
+                panic!("round {next}: the stale ack must land xor be refused with a redelivery: {other:?}")
+            }
+        }
+        if let Some(d) = again {
+            d.ack().unwrap();
+        }
+        assert_eq!(s.acked("search").unwrap(), Some(Position(next)));
+        drop((old, new));
+    }
+    assert_eq!(acked_by_old + redelivered, rounds);
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items), (rounds, rounds), "nothing acked twice: {st:?}");
+}
+
+/// Consumers in three threads keep taking the lane from one another (re-attach) while a
+/// producer publishes: every entry is acked exactly once across all of them (an ack from a
+/// taken-over consumer is refused, and its entry comes to someone else).
+#[test]
+fn consumers_stealing_the_lane_from_one_another_ack_every_entry_exactly_once() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let total = 300u64;
+    let s = open(&url, &name, 16);
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let mut p = s.producer("search").unwrap();
+        std::thread::spawn(move || {
+            for i in 1..=total {
+                p.publish(batch(i)).unwrap();
+            }
+        })
+    };
+    let workers: Vec<_> = (0..3)
+        .map(|t| {
+            let (s, acked, done) = (s.clone(), acked.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut refused = 0;
+                while !done.load(Ordering::Relaxed) {
+                    let mut c = s.reattach("search").unwrap();
+                    let mut held = Vec::new();
+                    for _ in 0..(3 + t) {
+                        match c.try_recv() {
+                            Ok(d) => held.push(d),
+                            Err(TryRecvError::Empty | TryRecvError::Detached) => break,
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                    // Out of order: the newest first.
+                    while let Some(d) = held.pop() {
+                        let k = pos(&d);
+                        match d.ack() {
+                            Ok(()) => acked.lock().unwrap().push(k),
+                            Err(AckError::Detached) => refused += 1,
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                    if s.acked("search").unwrap() == Some(Position(total)) {
+                        done.store(true, Ordering::Relaxed);
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    producer.join().unwrap();
+    let refused: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    let mut acked = std::mem::take(&mut *acked.lock().unwrap());
+    let n = acked.len();
+    acked.sort_unstable();
+    acked.dedup();
+    assert_eq!(acked.len(), n, "an entry acked twice");
+    assert_eq!(acked, (1..=total).collect::<Vec<_>>());
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.in_flight, st.released), (total, total, 0, 0), "{st:?}");
+    assert!(refused > 0, "no consumer was ever taken over: the race did not happen");
+}
+
+// ----- The producer fence ----------------------------------------------------------------------
+
+#[test]
+fn a_producer_reclaimed_while_the_old_one_publishes_lands_nothing_after_the_claim() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 1024);
+    let mut old = s.producer("search").unwrap();
+    old.publish(batch(1)).unwrap();
+    let s_old = s.clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    // The old producer publishes as fast as it can until it is fenced.
+    let t = std::thread::spawn(move || {
+        let _s = s_old;
+        let mut k = 2u64;
+        let mut landed = vec![1u64];
+        loop {
+            match old.publish(batch(k)) {
+                Ok(()) => {
+                    landed.push(k);
+                    k += 1;
+                }
+                Err(PublishError::Backend { error: BackendError::Fenced, .. }) => break,
+                Err(e) => panic!("old producer: {e:?}"),
+            }
+            if stop2.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        // Fenced: it keeps trying (a zombie) and must land nothing.
+        for _ in 0..20 {
+            assert!(matches!(
+                old.publish(batch(k)),
+                Err(PublishError::Backend { error: BackendError::Fenced, .. })
+            ));
+        }
+        landed
+    });
+    std::thread::sleep(Duration::from_millis(30));
+    free_producer_claim(&mut admin, &name);
+    let s2 = open(&url, &name, 1024);
+    let mut new = s2.producer("search").expect("the claim was freed");
+    let landed = t.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let last = *landed.last().unwrap();
+    let st = s2.stats("search").unwrap();
+    assert_eq!(st.published, last, "every publish the old producer saw succeed, and no other");
+    new.publish(batch(last + 1)).unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let got: Vec<u64> = drain_ack(&mut c).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(got, (1..=last + 1).collect::<Vec<_>>(), "no gap, no duplicate, nothing of the zombie's");
+    assert_eq!(log_ids(&mut admin, &name), (1..=last + 1).collect::<Vec<_>>());
+}
+
+/// Two zombie producers (fenced, still publishing) of different ages and a fresh one.
+///
+/// The publish `MULTI` ends with `XSETID log (n+1)-0` whatever its gate said, with `n` the
+/// publisher's own idea of its next entry. A zombie that is behind can thereby *lower* the log's
+/// last id (Redis allows an `XSETID` down to the newest entry, or anywhere on an empty log), and
+/// the next zombie's plain `XADD` then lands: an entry from a fenced producer is in the log, and
+/// the live producer's gate (`XSETID last`) fails from then on, below that entry.
+#[test]
+fn two_zombie_producers_of_different_ages_add_nothing_and_do_not_wedge_the_live_one() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 64);
+    // Generation 1 publishes 1; generation 2 publishes 2 and 3; generation 3 takes over.
+    let mut z1 = s.producer("search").unwrap();
+    z1.publish(batch(1)).unwrap();
+    free_producer_claim(&mut admin, &name);
+    let s2 = open(&url, &name, 64);
+    let mut z2 = s2.producer("search").unwrap();
+    z2.publish(batch(2)).unwrap();
+    z2.publish(batch(3)).unwrap();
+    free_producer_claim(&mut admin, &name);
+    let s3 = open(&url, &name, 64);
+    let mut live = s3.producer("search").unwrap();
+    // The zombies publish on (each is told it is fenced).
+    for z in [&mut z1, &mut z2] {
+        assert!(matches!(
+            z.publish(batch(4)),
+            Err(PublishError::Backend { error: BackendError::Fenced, .. })
+        ));
+    }
+    assert_eq!(log_ids(&mut admin, &name), [1, 2, 3], "a fenced publish adds no entry");
+    live.publish(batch(4)).expect("the live producer publishes on");
+    live.publish(batch(5)).unwrap();
+    let mut c = s3.reattach("search").unwrap();
+    assert_eq!(drain_ack(&mut c), [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]);
+}
+
+/// The same on an emptied (trimmed) log, where `XSETID` may go down anywhere.
+#[test]
+fn zombie_producers_on_a_trimmed_empty_log_add_nothing() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 64);
+    let mut z1 = s.producer("search").unwrap();
+    z1.publish(batch(1)).unwrap();
+    free_producer_claim(&mut admin, &name);
+    let s2 = open(&url, &name, 64);
+    let mut z2 = s2.producer("search").unwrap();
+    for i in 2..=6 {
+        z2.publish(batch(i)).unwrap();
+    }
+    free_producer_claim(&mut admin, &name);
+    let s3 = open(&url, &name, 64);
+    let mut live = s3.producer("search").unwrap();
+    live.publish(batch(7)).unwrap();
+    let mut c = s3.reattach("search").unwrap();
+    assert_eq!(drain_ack(&mut c).len(), 7);
+    assert_eq!(s3.trim().unwrap(), 7);
+    assert_eq!(log_len(&mut admin, &name), 0);
+    for z in [&mut z1, &mut z2] {
+        assert!(matches!(
+            z.publish(batch(8)),
+            Err(PublishError::Backend { error: BackendError::Fenced, .. })
+        ));
+    }
+    assert_eq!(log_len(&mut admin, &name), 0, "a fenced publish adds no entry");
+    live.publish(batch(8)).expect("the live producer publishes on");
+    assert_eq!(drain_ack(&mut c), [(8, 1)]);
+    assert_eq!(log_ids(&mut admin, &name), [8]);
+}
+
+// ----- Bounds, trimming ------------------------------------------------------------------------
+
+#[test]
+fn a_full_lane_refuses_until_the_acked_prefix_moves_and_positions_stay_contiguous() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let cap = 4;
+    let s = open(&url, &name, cap);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    for i in 1..=4 {
+        p.try_publish(batch(i)).unwrap();
+    }
+    assert!(matches!(p.try_publish(batch(5)), Err(TryPublishError::Full(_))));
+    let mut held: BTreeMap<u64, _> = (0..4).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    // Out-of-order acks make no room: the bound is over the acked prefix.
+    for k in [2, 3, 4] {
+        held.remove(&k).unwrap().ack().unwrap();
+    }
+    for _ in 0..3 {
+        assert!(matches!(p.try_publish(batch(5)), Err(TryPublishError::Full(_))));
+    }
+    assert_eq!(log_len(&mut admin, &name), 4, "a refused publish adds nothing");
+    // A publisher blocked on the full lane gets through when 1 is acked.
+    let s2 = s.clone();
+    let t = std::thread::spawn(move || {
+        let _s = s2;
+        p.publish(batch(5)).unwrap();
+        for i in 6..=8 {
+            p.publish(batch(i)).unwrap();
+        }
+        p
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    held.remove(&1).unwrap().ack().unwrap();
+    let mut p = t.join().unwrap();
+    assert!(matches!(p.try_publish(batch(9)), Err(TryPublishError::Full(_))));
+    assert_eq!(drain_ack(&mut c), [(5, 1), (6, 1), (7, 1), (8, 1)]);
+    p.try_publish(batch(9)).unwrap();
+    assert_eq!(drain_ack(&mut c), [(9, 1)]);
+    assert_eq!(log_ids(&mut admin, &name), (1..=9).collect::<Vec<_>>(), "no gap, no duplicate entry");
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items), (9, 9));
+}
+
+#[test]
+fn trimming_never_passes_the_watermark_also_on_the_publish_path() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 256);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    // Hold 10 and ack everything else out of order around it, over several 64-entry trims.
+    let mut held10 = None;
+    for i in 1..=200u64 {
+        p.publish(batch(i)).unwrap();
+        let d = c.try_recv().unwrap();
+        if i == 10 {
+            held10 = Some(d);
+        } else {
+            d.ack().unwrap();
+        }
+        let first = log_ids(&mut admin, &name).first().copied();
+        assert!(first.is_some_and(|f| f <= 10), "entry {first:?} first at {i}: an unacked entry was trimmed");
+    }
+    assert_eq!(s.watermark(), Some(Position(9)));
+    assert_eq!(s.trim().unwrap(), 9);
+    assert_eq!(log_ids(&mut admin, &name).first(), Some(&10));
+    // Re-attach: 10 comes back (its payload is still there), then the prefix runs to 200.
+    std::mem::forget(held10);
+    let mut c2 = s.reattach("search").unwrap();
+    assert_eq!(drain_ack(&mut c2), [(10, 2)]);
+    assert_eq!(s.watermark(), Some(Position(200)));
+    assert_eq!(s.trim().unwrap(), 200);
+    assert_eq!(log_len(&mut admin, &name), 0);
+    p.publish(batch(201)).unwrap();
+    assert_eq!(drain_ack(&mut c2), [(201, 1)]);
+}
+
+// ----- Restarts ----------------------------------------------------------------------------------
+
+/// A restart at each point of a lane's life: every handle dropped without a word (deliveries
+/// forgotten, connections killed), the stream opened again by name.
+#[test]
+fn a_restart_at_each_point_of_the_life_cycle_loses_nothing_and_repeats_nothing_acked() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let restart = |admin: &mut redis::Connection, s: RedisStream| {
+        std::mem::forget(s);
+        kill_connections(admin, &name);
+        open(&url, &name, 8)
+    };
+    // 0: before anything was published.
+    let s = open(&url, &name, 8);
+    let s = restart(&mut admin, s);
+    // 1: published, nothing received.
+    let mut p = s.producer("search").expect("free");
+    for i in 1..=6 {
+        p.publish(batch(i)).unwrap();
+    }
+    std::mem::forget(p);
+    let s = restart(&mut admin, s);
+    // 2: received, acked out of order (2, 4), one released (3 nacked, not redelivered), the rest
+    // unacked.
+    let mut c = s.attach("search").expect("nobody held the lane");
+    let mut held: BTreeMap<u64, _> = (0..5).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    assert_eq!(held.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+    held.remove(&2).unwrap().ack().unwrap();
+    held.remove(&4).unwrap().ack().unwrap();
+    held.remove(&3).unwrap().nack();
+    std::mem::forget((held, c));
+    let s = restart(&mut admin, s);
+    // 3: the restarted sink gets 1, 3, 5 again (attempt 2), then 6; it acks 1 and 6 and holds
+    // 3 and 5, and the process dies again.
+    let mut c = s.attach("search").expect("the dead consumer's claim is free");
+    let got: Vec<_> = (0..4).map(|_| c.try_recv().unwrap()).collect();
+    assert_eq!(
+        got.iter().map(|d| (pos(d), d.attempt())).collect::<Vec<_>>(),
+        [(1, 2), (3, 2), (5, 2), (6, 1)]
+    );
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    let mut got: BTreeMap<u64, _> = got.into_iter().map(|d| (pos(&d), d)).collect();
+    got.remove(&1).unwrap().ack().unwrap();
+    got.remove(&6).unwrap().ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(2)));
+    // A producer of the new process publishes 7 meanwhile.
+    let mut p = s.producer("search").expect("the dead producer's claim is free");
+    assert!(matches!(p.publish(batch(6)), Err(PublishError::PositionRegressed { last: Position(6), .. })));
+    p.publish(batch(7)).unwrap();
+    std::mem::forget((got, c, p));
+    let s = restart(&mut admin, s);
+    // 4: 3 and 5 come back a third time, then 7.
+    let mut c = s.attach("search").expect("free");
+    assert_eq!(drain_ack(&mut c), [(3, 3), (5, 3), (7, 1)]);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(7)));
+    std::mem::forget(c);
+    let s = restart(&mut admin, s);
+    // 5: everything acked: nothing comes back; the producer resumes after 7.
+    let mut c = s.attach("search").expect("free");
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    let mut p = s.producer("search").expect("free");
+    p.publish(batch(8)).unwrap();
+    assert_eq!(drain_ack(&mut c), [(8, 1)]);
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.in_flight, st.released), (8, 8, 0, 0), "{st:?}");
+    assert_eq!(s.trim().unwrap(), 8);
+    assert_eq!(log_len(&mut admin, &name), 0);
+}
+
+/// Closed with unacked, out-of-order acked and released entries, then restarted: the
+/// restarted sink gets what is left, then `Closed`; the producer's publishes are refused and add
+/// nothing to the log.
+#[test]
+fn a_closed_lane_drains_its_unacked_entries_across_a_restart_then_reports_closed() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 8);
+    let mut p = s.producer("search").unwrap();
+    for i in 1..=6 {
+        p.publish(batch(i)).unwrap();
+    }
+    let mut c = s.reattach("search").unwrap();
+    let mut held: BTreeMap<u64, _> = (0..4).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    held.remove(&3).unwrap().ack().unwrap();
+    held.remove(&2).unwrap().nack();
+    p.close();
+    assert!(matches!(p.try_publish(batch(7)), Err(TryPublishError::Closed(_))));
+    assert_eq!(log_len(&mut admin, &name), 6, "a refused publish adds nothing");
+    std::mem::forget((held, c, p));
+    std::mem::forget(s);
+    kill_connections(&mut admin, &name);
+    let s = open(&url, &name, 8);
+    let mut c = s.attach("search").expect("free");
+    let mut got = Vec::new();
+    loop {
+        match c.try_recv() {
+            Ok(d) => {
+                got.push((pos(&d), d.attempt()));
+                d.ack().unwrap();
+            }
+            Err(TryRecvError::Closed) => break,
+            Err(e) => panic!("{e:?} after {got:?}"),
+        }
+    }
+    assert_eq!(got, [(1, 2), (2, 2), (4, 2), (5, 1), (6, 1)]);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(6)));
+    let mut p = s.producer("search").expect("free");
+    assert!(matches!(p.try_publish(batch(7)), Err(TryPublishError::Closed(_))));
+    assert_eq!(log_len(&mut admin, &name), 6);
+}
+
+// ----- The request lane ---------------------------------------------------------------------------
+
+#[test]
+fn a_lone_request_lane_with_many_senders_delivers_each_request_once_within_its_bound() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let cap = 4;
+    let s = open(&url, &name, cap);
+    let senders = 6;
+    let per = 25;
+    let mut ingest = s.reattach_requests();
+    let threads: Vec<_> = (0..senders)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let tx = s.request_sender();
+                for i in 0..per {
+                    tx.publish(backfill("search", &format!("t{t}_{i}"))).unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut seen = BTreeSet::new();
+    let mut per_sender: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let mut nacked_once = BTreeSet::new();
+    while seen.len() < senders * per {
+        let r = ingest.recv_timeout(Duration::from_secs(10)).unwrap().expect("not closed");
+        let st = s.request_stats();
+        assert!(st.published - st.acked_items <= cap as u64, "the bound: {st:?}");
+        let lanestream::Request::Backfill { indexes, .. } = r.item() else { panic!() };
+        let key = indexes[0].as_str().to_owned();
+        // Every 7th is nacked once: it comes back, then is acked.
+        if seen.len() % 7 == 0 && nacked_once.insert(key.clone()) {
+            assert_eq!(r.attempt(), 1);
+            r.nack();
+            continue;
+        }
+        assert!(seen.insert(key.clone()), "{key} acked twice");
+        let (t, i) = key[1..].split_once('_').unwrap();
+        per_sender.entry(t.parse().unwrap()).or_default().push(i.parse().unwrap());
+        r.ack().unwrap();
+    }
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert!(matches!(ingest.try_recv(), Err(TryRecvError::Empty)));
+    for (t, is) in per_sender {
+        let mut sorted = is.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..per).collect::<Vec<_>>(), "sender {t}: each request once");
+    }
+    let st = s.request_stats();
+    assert_eq!(st.acked_items, (senders * per) as u64);
+    assert_eq!(st.published, (senders * per) as u64, "nothing published twice");
+}
+
+/// The request lane alone on its log: out-of-order acks around a held request, the log trimmed
+/// every 64 entries below it (never past it), a restart that gives the held and released
+/// requests back, and no request twice.
+#[test]
+fn the_request_lane_trims_below_its_acked_prefix_and_gives_unacked_requests_back_after_a_restart() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let req_ids = |admin: &mut redis::Connection| -> Vec<u64> {
+        let v: Vec<(String, redis::Value)> =
+            redis::cmd("XRANGE").arg(format!("{{{name}}}:req")).arg("-").arg("+").query(admin).unwrap();
+        v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
+    };
+    let s = open(&url, &name, 256);
+    let tx = s.request_sender();
+    let mut ingest = s.reattach_requests();
+    let index = |r: &lanestream::Request| {
+        let lanestream::Request::Backfill { indexes, .. } = r else { panic!("{r:?}") };
+        indexes[0].as_str()[1..].parse::<u64>().unwrap()
+    };
+    let mut held = Vec::new();
+    for i in 1..=150u64 {
+        tx.publish(backfill("search", &format!("i{i}"))).unwrap();
+        let r = ingest.try_recv().unwrap();
+        assert_eq!((index(r.item()), r.attempt()), (i, 1));
+        match i {
+            20 | 90 => held.push(r),
+            30 => {
+                r.nack();
+                let again = ingest.try_recv().unwrap();
+                assert_eq!((index(again.item()), again.attempt()), (30, 2), "released first");
+                held.push(again);
+            }
+            _ => r.ack().unwrap(),
+        }
+        let first = req_ids(&mut admin).first().copied();
+        assert!(first.is_none_or(|f| f <= 20), "request {first:?} first at {i}: an unacked one was trimmed");
+    }
+    assert_eq!(s.request_stats().acked_items, 19, "the prefix stops at 20");
+    std::mem::forget((held, ingest, tx));
+    std::mem::forget(s);
+    kill_connections(&mut admin, &name);
+    let s = open(&url, &name, 256);
+    let mut ingest = s.reattach_requests();
+    let mut got = Vec::new();
+    while let Ok(r) = ingest.try_recv() {
+        got.push((index(r.item()), r.attempt()));
+        r.ack().unwrap();
+    }
+    assert_eq!(got, [(20, 2), (30, 3), (90, 2)]);
+    let st = s.request_stats();
+    assert_eq!((st.published, st.acked_items), (150, 150), "{st:?}");
+    assert_eq!(s.trim().unwrap(), 0, "the sink log's floor (nothing in it)");
+    assert_eq!(req_ids(&mut admin), Vec::<u64>::new(), "the request log trimmed to its acked prefix");
+}
+
+// ----- Huge batches, a flushed script cache, killed connections -----------------------------------
+
+fn huge(position: u64, envelopes: usize, doc: &'static [u8]) -> LaneItem {
+    let env: Vec<Envelope> = (0..envelopes)
+        .map(|i| Envelope {
+            index: IndexName::new("docs").unwrap(),
+            id: format!("{position}-{i}"),
+            op: Op::Upsert,
+            position: Some(Position(position)),
+            document: bytes::Bytes::from_static(doc),
+            built_at_micros: None,
+        })
+        .collect();
+    LaneItem::Batch(Batch::new(Some(Position(position)), env.into()))
+}
+
+#[test]
+fn huge_batches_go_through_the_plain_xadd_and_xrange_intact() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    static DOC: [u8; 4096] = [b'x'; 4096];
+    let s = open(&url, &name, 4);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    // ~8 MB and ~16 MB: a payload far over any listpack/XADD fast path.
+    let items = [huge(1, 2000, &DOC), huge(2, 4000, &DOC), huge(3, 1, &DOC)];
+    for it in &items {
+        p.publish(it.clone()).unwrap();
+    }
+    let d1 = c.try_recv().unwrap();
+    assert_eq!(d1.item(), &items[0]);
+    // Released and redelivered (the script's own XRANGE, not the pipelined one).
+    d1.nack();
+    let again = c.try_recv().unwrap();
+    assert_eq!((again.item(), again.attempt()), (&items[0], 2));
+    again.ack().unwrap();
+    for it in &items[1..] {
+        let d = c.try_recv().unwrap();
+        assert_eq!(d.item(), it);
+        d.ack().unwrap();
+    }
+    assert_eq!(s.acked("search").unwrap(), Some(Position(3)));
+}
+
+#[test]
+fn a_script_flush_mid_run_reloads_and_lands_each_operation_once() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup_flushing(&url);
+    let s = open(&url, &name, 64);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let flush = |admin: &mut redis::Connection| {
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(admin).unwrap();
+    };
+    let mut held = Vec::new();
+    for i in 1..=30u64 {
+        if i % 2 == 0 {
+            flush(&mut admin);
+        }
+        p.publish(batch(i)).unwrap();
+        if i % 3 == 0 {
+            flush(&mut admin);
+        }
+        let d = c.try_recv().unwrap();
+        assert_eq!((pos(&d), d.attempt()), (i, 1));
+        if i % 5 == 0 {
+            flush(&mut admin);
+        }
+        if i % 4 == 0 {
+            held.push(d); // acked later, out of order
+        } else {
+            d.ack().unwrap();
+        }
+        if i % 8 == 0 {
+            flush(&mut admin);
+            let d = held.remove(0);
+            d.nack();
+            flush(&mut admin);
+            let r = c.try_recv().unwrap();
+            assert_eq!(r.attempt(), 2);
+            flush(&mut admin);
+            r.ack().unwrap();
+        }
+    }
+    flush(&mut admin);
+    held.into_iter().for_each(|d| d.ack().unwrap());
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    assert_eq!(log_ids(&mut admin, &name), (1..=30).collect::<Vec<_>>());
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.delivered), (30, 30, 33), "{st:?}");
+}
+
+#[test]
+fn killed_connections_between_operations_give_clear_errors_then_nothing_twice() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    // No retry: a lost connection is an error at once.
+    let s = RedisStream::builder(url.as_str(), name.as_str())
+        .capacity(8)
+        .retry_for(Duration::ZERO)
+        .sink("search")
+        .build()
+        .unwrap();
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let mut published = 0u64;
+    let mut errors = 0;
+    let mut acked = BTreeSet::new();
+    for i in 1..=40u64 {
+        // Publish `published + 1` until it lands (a lost reply is retried as the same publish).
+        loop {
+            if i % 3 == 0 {
+                kill_connections(&mut admin, &name);
+            }
+            match p.try_publish(batch(published + 1)) {
+                Ok(()) => break,
+                Err(TryPublishError::Backend { error: BackendError::Connection, .. }) => errors += 1,
+                Err(TryPublishError::PositionRegressed { last, .. }) => {
+                    // Landed by an attempt whose reply was lost: never a second time.
+                    panic!("publish {} landed twice? last {last:?}", published + 1)
+                }
+                Err(e) => panic!("publish: {e:?}"),
+            }
+            if i % 3 == 0 {
+                break;
+            }
+        }
+        if s.stats("search").unwrap().published > published {
+            published += 1;
+        }
+        if i % 4 == 0 {
+            kill_connections(&mut admin, &name);
+        }
+        let d = match c.try_recv() {
+            Ok(d) => d,
+            Err(TryRecvError::Backend(BackendError::Connection)) => {
+                errors += 1;
+                match c.try_recv() {
+                    Ok(d) => d,
+                    Err(TryRecvError::Empty) => continue,
+                    Err(e) => panic!("recv after reconnect: {e:?}"),
+                }
+            }
+            Err(TryRecvError::Empty) => continue,
+            Err(e) => panic!("recv: {e:?}"),
+        };
+        assert_eq!(d.attempt(), 1, "delivered once on one connection or another: {d:?}");
+        if i % 5 == 0 {
+            kill_connections(&mut admin, &name);
+        }
+        assert!(acked.insert(pos(&d)), "{} delivered after its ack", pos(&d));
+        d.ack().unwrap();
+    }
+    acked.extend(drain_ack(&mut c).into_iter().map(|(p, a)| {
+        assert_eq!(a, 1);
+        p
+    }));
+    let st = s.stats("search").unwrap();
+    assert_eq!(st.published, published);
+    assert_eq!(acked, (1..=published).collect(), "every publish delivered and acked once");
+    assert_eq!(log_ids(&mut admin, &name), (1..=published).collect::<Vec<_>>(), "no entry twice");
+    assert_eq!((st.acked_items, st.delivered), (published, published), "{st:?}");
+    // A pooled connection found dead gets one fresh retry even without a retry budget: the
+    // kills surface in the stream's last error, not as failed calls.
+    let _ = errors;
+    let last = s.last_error().expect("the lost connections were seen");
+    assert!(last.contains("connection"), "{last}");
+}
+
+// ----- A model of one lane -------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Action {
+    Publish,
+    Recv,
+    Ack(usize),
+    Nack(usize),
+    Drop(usize),
+    StaleAck(usize),
+    /// A taken-over consumer's delivery dropped: its nack is refused, nothing changes.
+    StaleDrop(usize),
+    Reattach,
+    Restart,
+    Trim,
+    /// Every connection of the stream killed (the backend reconnects on the next call).
+    Kill,
+    /// The server's script cache flushed.
+    Flush,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        4 => Just(Action::Publish),
+        5 => Just(Action::Recv),
+        3 => (0..8usize).prop_map(Action::Ack),
+        1 => (0..8usize).prop_map(Action::Nack),
+        1 => (0..8usize).prop_map(Action::Drop),
+        1 => (0..8usize).prop_map(Action::StaleAck),
+        1 => (0..8usize).prop_map(Action::StaleDrop),
+        1 => Just(Action::Reattach),
+        1 => Just(Action::Restart),
+        1 => Just(Action::Trim),
+        1 => Just(Action::Kill),
+        1 => Just(Action::Flush),
+    ]
+}
+
+/// The lane as the contract sees it: entries `1..=published` (entry `k` at position `k`).
+#[derive(Default)]
+struct Model {
+    published: u64,
+    /// Entries handed out for the first time so far (the next new one is `read + 1`).
+    read: u64,
+    acked: BTreeSet<u64>,
+    /// Released, waiting for redelivery (lowest first).
+    released: BTreeSet<u64>,
+    /// Deliveries so far, per entry.
+    deliveries: BTreeMap<u64, u32>,
+}
+
+impl Model {
+    fn prefix(&self) -> u64 {
+        (1..).take_while(|k| self.acked.contains(k)).last().unwrap_or(0)
+    }
+}
+
+fn run_model(url: &str, actions: &[Action]) -> Result<(), TestCaseError> {
+    let (name, _cleanup, mut admin) = setup_flushing(url);
+    let cap = 4usize;
+    let mut s = open(url, &name, cap);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let mut held: Vec<RedisDelivery<LaneItem>> = Vec::new();
+    let mut stale: Vec<RedisDelivery<LaneItem>> = Vec::new();
+    let mut m = Model::default();
+    // Every old epoch's deliveries go back to the released set.
+    let take_back = |m: &mut Model, held: &mut Vec<RedisDelivery<LaneItem>>| {
+        for d in held.iter() {
+            m.released.insert(pos(d));
+        }
+        std::mem::take(held)
+    };
+    for a in actions {
+        match a {
+            Action::Publish => {
+                let r = p.try_publish(batch(m.published + 1));
+                if m.published - m.prefix() < cap as u64 {
+                    prop_assert!(r.is_ok(), "{a:?}: {r:?}");
+                    m.published += 1;
+                } else {
+                    prop_assert!(matches!(r, Err(TryPublishError::Full(_))), "bound: {r:?}");
+                }
+            }
+            Action::Recv => {
+                let want = m.released.first().copied().or((m.read < m.published).then_some(m.read + 1));
+                match (c.try_recv(), want) {
+                    (Ok(d), Some(k)) => {
+                        let n = m.deliveries.entry(k).or_default();
+                        *n += 1;
+                        prop_assert_eq!((pos(&d), d.attempt()), (k, *n));
+                        prop_assert!(!m.acked.contains(&k));
+                        if !m.released.remove(&k) {
+                            m.read += 1;
+                        }
+                        held.push(d);
+                    }
+                    (Err(TryRecvError::Empty), None) => {}
+                    (got, want) => prop_assert!(false, "recv: got {got:?}, want {want:?}"),
+                }
+            }
+            Action::Ack(i) | Action::Nack(i) | Action::Drop(i) if !held.is_empty() => {
+                let d = held.remove(i % held.len());
+                let k = pos(&d);
+                match a {
+                    Action::Ack(_) => {
+                        prop_assert!(d.ack().is_ok());
+                        m.acked.insert(k);
+                    }
+                    Action::Nack(_) => {
+                        d.nack();
+                        m.released.insert(k);
+                    }
+                    _ => {
+                        drop(d);
+                        m.released.insert(k);
+                    }
+                }
+            }
+            Action::StaleAck(i) if !stale.is_empty() => {
+                let d = stale.remove(i % stale.len());
+                let r = d.ack();
+                prop_assert!(matches!(r, Err(AckError::Detached)), "a stale ack: {r:?}");
+            }
+            Action::StaleDrop(i) if !stale.is_empty() => drop(stale.remove(i % stale.len())),
+            Action::Reattach => {
+                let old = take_back(&mut m, &mut held);
+                stale.extend(old);
+                c = s.reattach("search").unwrap();
+            }
+            Action::Restart => {
+                let old = take_back(&mut m, &mut held);
+                std::mem::forget(old);
+                for d in stale.drain(..) {
+                    std::mem::forget(d);
+                }
+                std::mem::forget((c, p));
+                drop(s);
+                kill_connections(&mut admin, &name);
+                s = open(url, &name, cap);
+                c = s.attach("search").unwrap();
+                p = s.producer("search").unwrap();
+            }
+            Action::Trim => {
+                prop_assert_eq!(s.trim().unwrap(), m.prefix());
+                let first = log_ids(&mut admin, &name).first().copied();
+                prop_assert!(first.is_none_or(|f| f == m.prefix() + 1), "first entry {first:?}");
+            }
+            Action::Kill => kill_connections(&mut admin, &name),
+            Action::Flush => {
+                let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+            }
+            _ => {}
+        }
+        let prefix = m.prefix();
+        prop_assert_eq!(s.acked("search").unwrap(), (prefix > 0).then_some(Position(prefix)));
+        let st = s.stats("search").unwrap();
+        prop_assert_eq!((st.published, st.acked_items), (m.published, prefix));
+    }
+    // Drain: every unacked entry comes (back) exactly once more, then the lane is idle.
+    for d in held.drain(..) {
+        m.acked.insert(pos(&d));
+        d.ack().unwrap();
+    }
+    let mut rest = BTreeSet::new();
+    while let Ok(d) = c.try_recv() {
+        prop_assert!(rest.insert(pos(&d)) && !m.acked.contains(&pos(&d)));
+        d.ack().unwrap();
+    }
+    prop_assert_eq!(m.acked.len() + rest.len(), m.published as usize);
+    prop_assert_eq!(s.acked("search").unwrap(), (m.published > 0).then_some(Position(m.published)));
+    for d in stale {
+        std::mem::forget(d);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 300, ..ProptestConfig::default() })]
+    #[test]
+    fn random_operation_sequences_keep_at_least_once_and_the_acked_prefix(
+        actions in proptest::collection::vec(action(), 1..60)
+    ) {
+        let Some(url) = url() else { return Ok(()) };
+        run_model(&url, &actions)?;
+    }
+}
