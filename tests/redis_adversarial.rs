@@ -71,10 +71,9 @@ struct Cleanup {
     _cache: CacheGuard,
 }
 
-/// The server's script cache: tests that flush it hold it alone. A flush between a client's
-/// `SCRIPT LOAD` (after a `NOSCRIPT`) and its second try fails that operation with
-/// `BackendError::Server` (nothing lost: a clear error), which a test running beside a
-/// flushing one would take for a failure.
+/// The server's script cache: tests that flush it hold it alone, so that the other tests' calls
+/// never meet a flush (a call that does is sent again a few times, see
+/// `a_script_cache_flushed_in_a_loop_fails_no_call`; the lock keeps them independent of that).
 static SCRIPT_CACHE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 #[allow(dead_code)] // held for its drop only
@@ -1174,4 +1173,41 @@ proptest! {
         let Some(url) = url() else { return Ok(()) };
         run_model(&url, &actions)?;
     }
+}
+
+/// The script cache flushed every 200 µs on another connection while a producer and a consumer
+/// work: a call whose script is lost again between its reload and its second try is sent once
+/// more (`Pool::run`, a few times), so no publish, receive or ack fails, and each lands once.
+#[test]
+fn a_script_cache_flushed_in_a_loop_fails_no_call() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup_flushing(&url);
+    let s = open(&url, &name, 64);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut flushes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+                flushes += 1;
+                // Often, not back to back: a flush in every round trip would leave no script
+                // loaded long enough to run, however often a call reloads it.
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            flushes
+        })
+    };
+    for i in 1..=300u64 {
+        p.publish(batch(i)).unwrap_or_else(|e| panic!("publish {i}: {e} ({:?})", s.last_error()));
+        let d = c.try_recv().unwrap_or_else(|e| panic!("receive {i}: {e} ({:?})", s.last_error()));
+        assert_eq!((pos(&d), d.attempt()), (i, 1));
+        d.ack().unwrap_or_else(|e| panic!("ack {i}: {e} ({:?})", s.last_error()));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let flushes = flusher.join().unwrap();
+    assert!(flushes > 50, "the cache was flushed only {flushes} times");
+    assert_eq!(s.acked("search").unwrap(), Some(Position(300)));
 }

@@ -24,6 +24,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// How many times [`Pool::run`] sends a call again that failed with `NOSCRIPT` although it had
+/// just loaded its script (the server's script cache flushed in between).
+const SCRIPT_RELOADS: u32 = 3;
+
 use ::redis::{Client, Connection, RedisError, RedisResult};
 
 use crate::error::BackendError;
@@ -193,7 +197,8 @@ impl Pool {
     }
 
     /// Runs `f` on a connection (`f` gets the try number, 0 first), reconnecting and retrying
-    /// after a lost connection within `budget`. A server error is returned at once.
+    /// after a lost connection within `budget`. A server error is returned at once, but for
+    /// `NOSCRIPT` after a reload: `f` runs again, up to [`SCRIPT_RELOADS`] times.
     pub(crate) fn run<R>(
         &self,
         budget: Budget,
@@ -205,6 +210,7 @@ impl Pool {
         };
         let mut tries = 0u32;
         let mut fresh_retry_used = false;
+        let mut script_reloads = 0u32;
         loop {
             // Respect the backoff of an earlier failure before connecting again.
             let wait = self.backoff_left();
@@ -224,6 +230,17 @@ impl Pool {
                             let _ = self.anchor_id();
                         }
                         return Ok(r);
+                    }
+                    // `NOSCRIPT` right after the call loaded the script: the server's script
+                    // cache was flushed in between (`SCRIPT FLUSH`, a failover). The script did
+                    // not run, so the call is sent again (it loads the script again), a few times.
+                    Err(e)
+                        if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript)
+                            && script_reloads < SCRIPT_RELOADS =>
+                    {
+                        script_reloads += 1;
+                        self.put(conn);
+                        continue;
                     }
                     Err(e) if !is_connection_error(&e) => {
                         self.record(format!("redis: {e}"));
