@@ -15,6 +15,7 @@
 #![cfg(feature = "redis")]
 
 mod common;
+mod redis_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,6 +28,7 @@ use lanestream::{
     PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
+use redis_support::delete_keys;
 
 fn url() -> Option<String> {
     match std::env::var("LANESTREAM_REDIS_URL") {
@@ -89,33 +91,6 @@ impl Drop for Cleanup {
         };
         let _ = delete_keys(&mut conn, &self.name);
     }
-}
-
-fn keys_of(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<Vec<String>> {
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{{{name}}}:*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query(conn)?;
-        keys.extend(batch);
-        if next == 0 {
-            return Ok(keys);
-        }
-        cursor = next;
-    }
-}
-
-fn delete_keys(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<()> {
-    let keys = keys_of(conn, name)?;
-    if !keys.is_empty() {
-        redis::cmd("UNLINK").arg(&keys).query::<i64>(conn)?;
-    }
-    Ok(())
 }
 
 /// A test's stream name, its cleanup guard and an admin connection.

@@ -10,6 +10,7 @@
 
 mod common;
 mod port_contract;
+mod redis_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use lanestream::{
     RedisStream, RequestPublisher, Stream, StreamError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
+use redis_support::{delete_keys, keys_of};
 
 /// The server's URL, or `None` (after saying so) when the tests are to be skipped.
 fn url() -> Option<String> {
@@ -99,34 +101,6 @@ impl Drop for Cleanup {
             let _ = delete_keys(&mut conn, &name);
         }
     }
-}
-
-/// The keys of stream `name` (`{name}:*`; the test names hold no glob characters).
-fn keys_of(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<Vec<String>> {
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{{{name}}}:*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query(conn)?;
-        keys.extend(batch);
-        if next == 0 {
-            return Ok(keys);
-        }
-        cursor = next;
-    }
-}
-
-fn delete_keys(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<()> {
-    let keys = keys_of(conn, name)?;
-    if !keys.is_empty() {
-        redis::cmd("UNLINK").arg(&keys).query::<i64>(conn)?;
-    }
-    Ok(())
 }
 
 fn open(url: &str, name: &str, capacity: usize, request_capacity: usize, sinks: &[&str]) -> RedisStream {

@@ -258,18 +258,7 @@ impl LaneDef {
             }
             inv.invoke(c)
         })?;
-        let r = items(&v);
-        Ok(match r.first().map(text) {
-            Some(b"ok" | b"dup") => Published::Done,
-            Some(b"full") => Published::Full,
-            Some(b"closed") => Published::Closed,
-            Some(b"fenced") => Published::Fenced,
-            Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
-                Some(last) => Published::Regressed(last),
-                None => return Err(malformed(pool, "publish", &v)),
-            },
-            _ => return Err(malformed(pool, "publish", &v)),
-        })
+        published(pool, &v)
     }
 
     /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
@@ -315,18 +304,7 @@ impl LaneDef {
             }
             Ok(gate)
         })?;
-        let r = items(&v);
-        Ok(match r.first().map(text) {
-            Some(b"ok" | b"dup") => Published::Done,
-            Some(b"full") => Published::Full,
-            Some(b"closed") => Published::Closed,
-            Some(b"fenced") => Published::Fenced,
-            Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
-                Some(last) => Published::Regressed(last),
-                None => return Err(malformed(pool, "publish", &v)),
-            },
-            _ => return Err(malformed(pool, "publish", &v)),
-        })
+        published(pool, &v)
     }
 
     pub(crate) fn receive(
@@ -574,6 +552,22 @@ fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     let mut cmd = ::redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
     cmd
+}
+
+/// A publish script's reply (`PUBLISH` and `PUBLISH_ALONE` answer alike).
+fn published(pool: &Pool, v: &Value) -> Result<Published, BackendError> {
+    let r = items(v);
+    Ok(match r.first().map(text) {
+        Some(b"ok" | b"dup") => Published::Done,
+        Some(b"full") => Published::Full,
+        Some(b"closed") => Published::Closed,
+        Some(b"fenced") => Published::Fenced,
+        Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
+            Some(last) => Published::Regressed(last),
+            None => return Err(malformed(pool, "publish", v)),
+        },
+        _ => return Err(malformed(pool, "publish", v)),
+    })
 }
 
 /// Runs `eval` (an [`evalsha`] of `script`), then `then` if any, in one round trip; returns
