@@ -287,6 +287,29 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// The start of a column or key object as wal2json writes it, `{"name":"…","type":"…"` with
+    /// no whitespace and a name without escapes: the name's byte range. `None` for any other
+    /// shape (where the scanner then stands is the caller's to undo).
+    #[inline(always)]
+    fn written_name_and_type(&mut self) -> Option<std::ops::Range<usize>> {
+        let bytes = self.text.as_bytes();
+        if bytes.get(self.at..self.at + 9)? != b"{\"name\":\"" {
+            return None;
+        }
+        self.at += 9;
+        let start = self.at;
+        if self.string_body()? {
+            return None;
+        }
+        let name = start..self.at - 1;
+        if bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
+            return None;
+        }
+        self.at += 9;
+        self.string_body()?;
+        Some(name)
+    }
+
     /// One column object as wal2json writes it, `{"name":"…","type":"…","value":…}` with no
     /// whitespace and a name without escapes; `None` (nothing consumed) for any other shape,
     /// which [`column`](Self::column) then reads.
@@ -295,20 +318,7 @@ impl<'a> Scanner<'a> {
         let from = self.at;
         let bytes = self.text.as_bytes();
         let column = (|| {
-            if bytes.get(self.at..self.at + 9)? != b"{\"name\":\"" {
-                return None;
-            }
-            self.at += 9;
-            let start = self.at;
-            if self.string_body()? {
-                return None;
-            }
-            let name = start..self.at - 1;
-            if bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
-                return None;
-            }
-            self.at += 9;
-            self.string_body()?;
+            let name = self.written_name_and_type()?;
             if bytes.get(self.at..self.at + 9)? != b",\"value\":" {
                 return None;
             }
@@ -377,20 +387,7 @@ impl<'a> Scanner<'a> {
         let from = self.at;
         let bytes = self.text.as_bytes();
         let key = (|| {
-            if bytes.get(self.at..self.at + 9)? != b"{\"name\":\"" {
-                return None;
-            }
-            self.at += 9;
-            let start = self.at;
-            if self.string_body()? {
-                return None;
-            }
-            let name = start..self.at - 1;
-            if bytes.get(self.at..self.at + 9)? != b",\"type\":\"" {
-                return None;
-            }
-            self.at += 9;
-            self.string_body()?;
+            let name = self.written_name_and_type()?;
             if bytes.get(self.at)? != &b'}' {
                 return None;
             }
