@@ -1186,3 +1186,106 @@ fn a_script_cache_flushed_in_a_loop_fails_no_call() {
     assert!(flushes > 50, "the cache was flushed only {flushes} times");
     assert_eq!(s.acked("search").unwrap(), Some(Position(300)));
 }
+
+/// A unix-socket proxy in front of the test server that can lose the reply to a publish: armed,
+/// it forwards the next request that carries an `XADD` (a lone lane's publish), lets the server
+/// run it, swallows the reply and closes the client's connection; then it refuses connections
+/// until healed. The client sees a connection error for a publish that landed.
+struct ReplyLosingProxy {
+    url: String,
+    /// 0: pass through; 1: armed; 2: refusing connections.
+    mode: Arc<std::sync::atomic::AtomicU8>,
+    _dir: tempfile::TempDir,
+}
+
+impl ReplyLosingProxy {
+    /// `None` unless the server is on a unix socket (`redis+unix://PATH`, as in CI).
+    fn start(server_url: &str) -> Option<ReplyLosingProxy> {
+        use std::io::{Read, Write};
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let server = server_url.strip_prefix("redis+unix://")?.to_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let mode = Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let m = mode.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { return };
+                if m.load(Ordering::SeqCst) == 2 {
+                    continue; // dropped: refused
+                }
+                let Ok(mut upstream) = UnixStream::connect(&server) else { return };
+                let swallow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (mut c2, mut u2, sw) =
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap(), swallow.clone());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    while let Ok(n @ 1..) = u2.read(&mut buf) {
+                        if !sw.load(Ordering::SeqCst) && c2.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    while let Ok(n @ 1..) = client.read(&mut buf) {
+                        let chunk = &buf[..n];
+                        let cut = m.load(Ordering::SeqCst) == 1 && chunk.windows(4).any(|w| w == b"XADD");
+                        if cut {
+                            swallow.store(true, Ordering::SeqCst);
+                        }
+                        if upstream.write_all(chunk).is_err() {
+                            return;
+                        }
+                        if cut {
+                            std::thread::sleep(Duration::from_millis(100)); // the server runs it
+                            m.store(2, Ordering::SeqCst);
+                            let _ = client.shutdown(std::net::Shutdown::Both);
+                            let _ = upstream.shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Some(ReplyLosingProxy { url: format!("redis+unix://{}", path.display()), mode, _dir: dir })
+    }
+}
+
+/// A publish whose reply was lost landed all the same. Publishing *another* item next must not
+/// be taken for a retry of the lost one (the script's "already published" answer): both land,
+/// in order. Publishing the *same* item again is a retry: it lands once.
+#[test]
+fn a_publish_whose_reply_was_lost_is_told_apart_from_the_next_item() {
+    let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
+    for retry_same in [false, true] {
+        let (name, _cleanup, _admin) = setup(&url);
+        let s = RedisStream::builder(&proxy.url, &name)
+            .capacity(8)
+            .sinks(["search"])
+            .build()
+            .unwrap_or_else(|e| panic!("building {name}: {e}"));
+        let mut p = s.producer("search").unwrap();
+        p.publish(batch(1)).unwrap();
+        proxy.mode.store(1, Ordering::SeqCst);
+        let lost = p.try_publish(batch(2));
+        assert!(matches!(lost, Err(TryPublishError::Backend { .. })), "the reply was lost: {lost:?}");
+        proxy.mode.store(0, Ordering::SeqCst);
+        let next = if retry_same { 2 } else { 3 };
+        p.publish(batch(next)).unwrap();
+        let mut c = s.reattach("search").unwrap();
+        let mut got = Vec::new();
+        while let Ok(d) = c.try_recv() {
+            got.push(pos(&d));
+            d.ack().unwrap();
+        }
+        let want: &[u64] = if retry_same { &[1, 2] } else { &[1, 2, 3] };
+        assert_eq!(got, want, "retry_same: {retry_same}");
+    }
+}

@@ -91,8 +91,13 @@ fn malformed(pool: &Pool, what: &str, v: &Value) -> BackendError {
 
 /// What a publish did.
 pub(crate) enum Published {
-    /// Published (or found already published by an earlier try of the same publish).
+    /// Published (or found already published by an earlier try of the same call, whose reply
+    /// was lost).
     Done,
+    /// The lane's entry for this publish count was already there on the call's first try: an
+    /// earlier call's publish landed although that call ended in an error. Whether it held this
+    /// item is the caller's to tell (`RedisProducer` compares the payloads).
+    Duplicate,
     Full,
     Closed,
     Regressed(Position),
@@ -248,7 +253,9 @@ impl LaneDef {
         if self.alone && mode == "p" && self.sink.is_some() {
             return self.publish_alone(pool, budget, epoch, after, payload, &pos);
         }
-        let v: Value = pool.run(budget, |c, _| {
+        let mut tries = 0;
+        let v: Value = pool.run(budget, |c, t| {
+            tries = t;
             let mut inv = scripts().publish.prepare_invoke();
             inv.key(&self.base).key(&self.ids).key(&self.log).key(&self.meta);
             inv.arg(&self.base).arg(mode).arg(epoch).arg(after).arg(payload).arg(&pos);
@@ -258,7 +265,7 @@ impl LaneDef {
             }
             inv.invoke(c)
         })?;
-        published(pool, &v)
+        published(pool, &v, tries == 0)
     }
 
     /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
@@ -276,7 +283,9 @@ impl LaneDef {
         pos: &str,
     ) -> Result<Published, BackendError> {
         let script = &scripts().publish_alone;
-        let v: Value = pool.run(budget, |c, _| {
+        let mut tries = 0;
+        let v: Value = pool.run(budget, |c, t| {
+            tries = t;
             let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
             eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
             eval.arg(&self.base);
@@ -304,7 +313,7 @@ impl LaneDef {
             }
             Ok(gate)
         })?;
-        published(pool, &v)
+        published(pool, &v, tries == 0)
     }
 
     pub(crate) fn receive(
@@ -554,11 +563,14 @@ fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     cmd
 }
 
-/// A publish script's reply (`PUBLISH` and `PUBLISH_ALONE` answer alike).
-fn published(pool: &Pool, v: &Value) -> Result<Published, BackendError> {
+/// A publish script's reply (`PUBLISH` and `PUBLISH_ALONE` answer alike); `first_try`: the
+/// reply is to the call's first try (a `dup` then is an earlier call's entry).
+fn published(pool: &Pool, v: &Value, first_try: bool) -> Result<Published, BackendError> {
     let r = items(v);
     Ok(match r.first().map(text) {
-        Some(b"ok" | b"dup") => Published::Done,
+        Some(b"ok") => Published::Done,
+        Some(b"dup") if first_try => Published::Duplicate,
+        Some(b"dup") => Published::Done,
         Some(b"full") => Published::Full,
         Some(b"closed") => Published::Closed,
         Some(b"fenced") => Published::Fenced,

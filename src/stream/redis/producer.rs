@@ -13,33 +13,48 @@ use super::item::RedisItem;
 use super::lane::{LaneDef, Published, Publisher};
 use super::shared::Shared;
 use super::waiter::Waiter;
+use crate::codec::AlignedVec;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::{LaneItem, Request};
 use crate::position::Position;
 use crate::stream::port::{LaneProducer, RequestPublisher};
 
-/// One publish step shared by producers and senders: encode, run the publish script, map the
-/// reply. Never waits for room.
+/// An item checked and encoded for a publish: its position and its payload.
+struct Encoded {
+    position: Option<Position>,
+    bytes: AlignedVec,
+}
+
+/// Checks and encodes `item`; hands it back if it cannot be published.
+fn encode<T: RedisItem>(shared: &Shared, item: &T) -> Result<Encoded, Option<BackendError>> {
+    let position = item.position();
+    if position == Some(Position::RESERVED) {
+        return Err(None);
+    }
+    match item.encode() {
+        Ok(bytes) => Ok(Encoded { position, bytes }),
+        Err(e) => {
+            shared.pool.record(format!("lanestream: could not encode: {e}"));
+            Err(Some(BackendError::Server))
+        }
+    }
+}
+
+/// One publish step shared by producers and senders: run the publish script with `encoded`,
+/// map the reply. Never waits for room. `Ok(true)`: published; `Ok(false)`: the entry for this
+/// publish count was there on the first try (`Published::Duplicate`, producers only).
 fn publish_step<T: RedisItem>(
     shared: &Shared,
     lane: &LaneDef,
     who: Publisher,
     item: T,
+    encoded: &Encoded,
     budget: Budget,
-) -> Result<(), TryPublishError<T>> {
-    let position = item.position();
-    if position == Some(Position::RESERVED) {
-        return Err(TryPublishError::InvalidPosition(item));
-    }
-    let bytes = match item.encode() {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            shared.pool.record(format!("lanestream: could not encode: {e}"));
-            return Err(TryPublishError::Backend { item, error: BackendError::Server });
-        }
-    };
-    match lane.publish(&shared.pool, budget, who, &bytes, position) {
-        Ok(Published::Done) => Ok(()),
+) -> Result<(T, bool), TryPublishError<T>> {
+    let position = encoded.position;
+    match lane.publish(&shared.pool, budget, who, &encoded.bytes, position) {
+        Ok(Published::Done) => Ok((item, true)),
+        Ok(Published::Duplicate) => Ok((item, false)),
         Ok(Published::Full) => Err(TryPublishError::Full(item)),
         Ok(Published::Closed) => Err(TryPublishError::Closed(item)),
         Ok(Published::Regressed(last)) => Err(TryPublishError::PositionRegressed {
@@ -49,6 +64,15 @@ fn publish_step<T: RedisItem>(
         }),
         Ok(Published::Fenced) => Err(TryPublishError::Backend { item, error: BackendError::Fenced }),
         Err(error) => Err(TryPublishError::Backend { item, error }),
+    }
+}
+
+/// [`encode`], mapping a refusal to the error that hands `item` back.
+fn encoded<T: RedisItem>(shared: &Shared, item: T) -> Result<(T, Encoded), TryPublishError<T>> {
+    match encode(shared, &item) {
+        Ok(e) => Ok((item, e)),
+        Err(None) => Err(TryPublishError::InvalidPosition(item)),
+        Err(Some(error)) => Err(TryPublishError::Backend { item, error }),
     }
 }
 
@@ -116,6 +140,11 @@ pub struct RedisProducer {
     epoch: u64,
     /// The lane's publish count, as of this producer's last publish.
     published: u64,
+    /// The payload of the last publish that ended in an error: it may have landed all the same
+    /// (a lost reply). A next publish that finds its entry already there (`Duplicate`) is a
+    /// retry of that item if the payloads are equal, else that item landed and the new one goes
+    /// after it.
+    unsure: Option<AlignedVec>,
     token: u64,
     waiter: Option<Waiter>,
 }
@@ -128,14 +157,40 @@ impl RedisProducer {
         published: u64,
         token: u64,
     ) -> Self {
-        RedisProducer { shared, lane, epoch, published, token, waiter: None }
+        RedisProducer { shared, lane, epoch, published, unsure: None, token, waiter: None }
     }
 
     fn step(&mut self, item: LaneItem, budget: Budget) -> Result<(), TryPublishError<LaneItem>> {
-        let who = Publisher::Producer { epoch: self.epoch, published_after: self.published + 1 };
-        publish_step(&self.shared, &self.lane, who, item, budget)?;
-        self.published += 1;
-        Ok(())
+        let (mut item, encoded) = encoded(&self.shared, item)?;
+        loop {
+            let who = Publisher::Producer { epoch: self.epoch, published_after: self.published + 1 };
+            match publish_step(&self.shared, &self.lane, who, item, &encoded, budget) {
+                Ok((_, true)) => {
+                    self.published += 1;
+                    self.unsure = None;
+                    return Ok(());
+                }
+                Ok((back, false)) => {
+                    // The entry is an earlier call's, whose error hid that it landed.
+                    self.published += 1;
+                    if self
+                        .unsure
+                        .take()
+                        .is_some_and(|earlier| earlier.as_slice() == encoded.bytes.as_slice())
+                    {
+                        return Ok(()); // this very item, published again: it landed once
+                    }
+                    item = back; // another item: it goes after the one that landed
+                }
+                Err(TryPublishError::Backend { item, error }) => {
+                    if error != BackendError::Fenced {
+                        self.unsure = Some(encoded.bytes);
+                    }
+                    return Err(TryPublishError::Backend { item, error });
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn poll_publish(
@@ -253,7 +308,9 @@ impl RedisRequestSender {
     }
 
     fn step(&self, request: Request, budget: Budget) -> Result<(), TryPublishError<Request>> {
-        publish_step(&self.shared, &self.lane, Publisher::Sender, request, budget)
+        let (request, encoded) = encoded(&self.shared, request)?;
+        // A sender's publish is never a `Duplicate` (that check is the producer's).
+        publish_step(&self.shared, &self.lane, Publisher::Sender, request, &encoded, budget).map(drop)
     }
 
     fn until(&self, request: Request, deadline: Option<Instant>) -> Result<(), PublishTimeoutError<Request>> {
