@@ -15,10 +15,11 @@
 #![cfg(feature = "redis")]
 
 mod common;
+#[macro_use]
 mod redis_support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -28,42 +29,7 @@ use lanestream::{
     PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
-use redis_support::delete_keys;
-
-fn url() -> Option<String> {
-    match std::env::var("LANESTREAM_REDIS_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
-            panic!("LANESTREAM_REDIS_URL is not set: CI must run the Redis tests against a server")
-        }
-        _ => {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED: LANESTREAM_REDIS_URL is not set: no Redis test ran"
-                );
-            });
-            None
-        }
-    }
-}
-
-macro_rules! server {
-    () => {
-        match url() {
-            Some(url) => url,
-            None => return,
-        }
-    };
-}
-
-fn unique_name() -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("lsa_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
-}
+use redis_support::{delete_keys, kill_connections, unique_name, url};
 
 /// Deletes the stream's keys when dropped (also on a panic); holds the test's share of
 /// [`SCRIPT_CACHE`] until then.
@@ -104,7 +70,7 @@ fn setup_flushing(url: &str) -> (String, Cleanup, redis::Connection) {
 }
 
 fn setup_with(url: &str, cache: CacheGuard) -> (String, Cleanup, redis::Connection) {
-    let name = unique_name();
+    let name = unique_name("lsa");
     let cleanup = Cleanup { url: url.to_owned(), name: name.clone(), _cache: cache };
     let admin = redis::Client::open(url).unwrap().get_connection().unwrap();
     (name, cleanup, admin)
@@ -117,16 +83,6 @@ fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
         .sink("search")
         .build()
         .unwrap_or_else(|e| panic!("building stream {name} on {url}: {e}"))
-}
-
-/// Kills every connection of stream `name` (its process dying, or the network dropping it).
-fn kill_connections(admin: &mut redis::Connection, name: &str) {
-    let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
-    let tag = format!("name=lanestream:{name} ");
-    for line in list.lines().filter(|l| l.contains(&tag)) {
-        let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
-        let _: redis::Value = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(admin).unwrap();
-    }
 }
 
 /// Frees the lane's producer claim as if its holder had died without a word (its handle lives

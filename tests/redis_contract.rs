@@ -10,9 +10,9 @@
 
 mod common;
 mod port_contract;
+#[macro_use]
 mod redis_support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{backfill, batch, snapshot};
@@ -21,47 +21,7 @@ use lanestream::{
     RedisStream, RequestPublisher, Stream, StreamError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
-use redis_support::{delete_keys, keys_of};
-
-/// The server's URL, or `None` (after saying so) when the tests are to be skipped.
-fn url() -> Option<String> {
-    match std::env::var("LANESTREAM_REDIS_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
-            panic!("LANESTREAM_REDIS_URL is not set: CI must run the Redis contract tests against a server")
-        }
-        _ => {
-            // Once, and past the test harness's capture (which only takes `print!`s), so that it shows.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399): no Redis test ran"
-                );
-            });
-            None
-        }
-    }
-}
-
-/// Kills every connection of stream `name` (named `lanestream:<name>`), as if its process had
-/// died or the network had dropped it; other tests' connections are left alone.
-fn kill_connections(admin: &mut redis::Connection, name: &str) {
-    let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
-    let tag = format!("name=lanestream:{name} ");
-    for line in list.lines().filter(|l| l.contains(&tag)) {
-        let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
-        let _: redis::Value = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(admin).unwrap();
-    }
-}
-
-/// A name no other stream of this run (or an earlier one) uses.
-fn unique_name() -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("lst_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
-}
+use redis_support::{delete_keys, keys_of, kill_connections, unique_name, url};
 
 /// Deletes every key of the streams it was given when dropped, also when the test panicked, so
 /// that a run leaves the server as it found it.
@@ -128,7 +88,7 @@ impl Backend for Redis {
 
     fn build(&self, capacity: usize, request_capacity: usize, sinks: &[&str]) -> RedisStream {
         let url = url().expect("checked by the macro's guard");
-        let name = unique_name();
+        let name = unique_name("lst");
         self.cleanup.add(&name);
         open(&url, &name, capacity, request_capacity, sinks)
     }
@@ -168,20 +128,10 @@ port_contract_tests!({
 
 // ----- Redis only ------------------------------------------------------------------------------
 
-/// The server, or an early return (skipped) when none is configured.
-macro_rules! server {
-    () => {
-        match url() {
-            Some(url) => url,
-            None => return,
-        }
-    };
-}
-
 #[test]
 fn redis_state_survives_the_process_a_restarted_sink_gets_its_unacked_batches_again() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     {
@@ -225,7 +175,7 @@ fn redis_state_survives_the_process_a_restarted_sink_gets_its_unacked_batches_ag
 #[test]
 fn redis_a_restarted_ingest_resumes_after_the_last_published_position() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     {
         let s = open(&url, &name, 8, 4, &["a", "b"]);
@@ -254,7 +204,7 @@ fn redis_a_restarted_ingest_resumes_after_the_last_published_position() {
 #[test]
 fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lanes_acked_it() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 8, 4, &["a", "b", "c"]);
     let mut ps: Vec<_> = ["a", "b", "c"].iter().map(|n| s.producer(n).unwrap()).collect();
@@ -301,7 +251,7 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
     s.delete().unwrap();
 
     // Publishing trims by itself every 64 entries, below the slowest lane: b stops acking at 100.
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup2 = Cleanup::of(&url, &name);
     let log = format!("{{{name}}}:log");
     let s = open(&url, &name, 64, 4, &["a", "b"]);
@@ -330,7 +280,7 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
 #[test]
 fn redis_a_lost_connection_reconnects_and_nothing_is_published_or_acked_twice() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 4, 4, &["search"]);
     let mut p = s.producer("search").unwrap();
@@ -365,7 +315,7 @@ fn redis_a_lost_connection_reconnects_and_nothing_is_published_or_acked_twice() 
 fn redis_an_unreachable_server_is_a_clear_error() {
     let _ = server!();
     // Nothing listens on port 1.
-    let err = RedisStream::builder("redis://127.0.0.1:1", unique_name())
+    let err = RedisStream::builder("redis://127.0.0.1:1", unique_name("lst"))
         .retry_for(Duration::from_millis(50))
         .sink("search")
         .build()
@@ -376,7 +326,7 @@ fn redis_an_unreachable_server_is_a_clear_error() {
 #[test]
 fn redis_a_different_set_of_sinks_under_the_same_name_is_refused() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 4, 4, &["a", "b"]);
     let err = RedisStream::builder(url.as_str(), name.as_str()).sinks(["a"]).build().unwrap_err();
@@ -387,7 +337,7 @@ fn redis_a_different_set_of_sinks_under_the_same_name_is_refused() {
 #[test]
 fn redis_async_receive_and_request_publish_wait_without_a_runtime_of_our_own() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 1, 1, &["search"]);
     let mut p = s.producer("search").unwrap();
@@ -472,7 +422,7 @@ fn redis_processes_killed_mid_run_a_restarted_sink_gets_its_unacked_batches_a_re
     if let Ok(spec) = std::env::var("LANESTREAM_REDIS_CHILD") {
         child_role(&url, &spec);
     }
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = RedisStream::builder(url.as_str(), name.as_str()).capacity(16).sink("search").build().unwrap();
     {
@@ -536,7 +486,7 @@ fn redis_the_generic_tests_leave_no_key_behind_even_when_they_fail() {
 #[test]
 fn redis_delete_removes_its_own_keys_only_whatever_glob_characters_the_name_holds() {
     let url = server!();
-    let base = unique_name();
+    let base = unique_name("lst");
     let (globby, other) = (format!("{base}_a*"), format!("{base}_ab"));
     let _cleanup = Cleanup::of(&url, &other);
     let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
@@ -559,7 +509,7 @@ fn redis_delete_removes_its_own_keys_only_whatever_glob_characters_the_name_hold
 #[test]
 fn redis_a_lane_alone_on_its_log_keeps_no_ids_set_and_acks_and_trims_from_its_acked_prefix() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let (log, ids) = (format!("{{{name}}}:log"), format!("{{{name}}}:l:search:ids"));
@@ -607,7 +557,7 @@ fn redis_a_lane_alone_on_its_log_keeps_no_ids_set_and_acks_and_trims_from_its_ac
 #[test]
 fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry() {
     let url = server!();
-    let name = unique_name();
+    let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let log = format!("{{{name}}}:log");

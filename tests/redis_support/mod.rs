@@ -1,6 +1,62 @@
-//! What the Redis test files share: the keys of a test stream, found and deleted.
+//! What the Redis test files share: the server to run against, unique stream names, the keys
+//! of a test stream (found and deleted), and killing a stream's connections.
 
 #![allow(dead_code)] // each test binary uses what it needs
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The server's URL (`LANESTREAM_REDIS_URL`), or `None` (after saying so once) when the tests
+/// are to be skipped. Under CI (`CI=true`) a missing URL fails the test instead: CI must run
+/// the Redis tests against a server.
+pub fn url() -> Option<String> {
+    match std::env::var("LANESTREAM_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+            panic!("LANESTREAM_REDIS_URL is not set: CI must run the Redis tests against a server")
+        }
+        _ => {
+            // Once, and past the test harness's capture (which only takes `print!`s), so that it shows.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399): no Redis test ran"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// The server's URL, or an early return (skipped) from the test when none is configured.
+macro_rules! server {
+    () => {
+        match $crate::redis_support::url() {
+            Some(url) => url,
+            None => return,
+        }
+    };
+}
+
+/// A stream name no other stream of this run (or an earlier one) uses, starting with `prefix`
+/// (which tells the test files' streams apart on a shared server).
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{prefix}_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Kills every connection of stream `name` (named `lanestream:<name>`), as if its process had
+/// died or the network had dropped it; other tests' connections are left alone.
+pub fn kill_connections(admin: &mut redis::Connection, name: &str) {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
+    let tag = format!("name=lanestream:{name} ");
+    for line in list.lines().filter(|l| l.contains(&tag)) {
+        let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
+        let _: redis::Value = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(admin).unwrap();
+    }
+}
 
 /// The keys of stream `name` (`{name}:*`; the test names hold no glob characters).
 pub fn keys_of(conn: &mut redis::Connection, name: &str) -> redis::RedisResult<Vec<String>> {
