@@ -122,6 +122,21 @@ fn drain_ack(c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneIt
     }
 }
 
+/// Publishes the batches at positions `range`, in order.
+fn publish_all(p: &mut impl LaneProducer<LaneItem>, range: std::ops::RangeInclusive<u64>) {
+    for i in range {
+        p.publish(batch(i)).unwrap();
+    }
+}
+
+/// Receives `n` deliveries and holds them by position.
+fn hold(
+    c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>,
+    n: usize,
+) -> BTreeMap<u64, RedisDelivery<LaneItem>> {
+    (0..n).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect()
+}
+
 // ----- Out-of-order acks, nacks, re-attach ------------------------------------------------------
 
 #[test]
@@ -130,12 +145,9 @@ fn out_of_order_acks_with_gaps_then_reattach_redeliver_exactly_the_unacked_with_
     let (name, _cleanup, _admin) = setup(&url);
     let s = open(&url, &name, 16);
     let mut p = s.producer("search").unwrap();
-    for i in 1..=10 {
-        p.publish(batch(i)).unwrap();
-    }
+    publish_all(&mut p, 1..=10);
     let mut c = s.reattach("search").unwrap();
-    let mut held: BTreeMap<u64, RedisDelivery<LaneItem>> =
-        (0..8).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    let mut held = hold(&mut c, 8);
     // Acked: 2, 3, 5, 8 (gaps at 1, 4, 6, 7); 9 and 10 never received.
     for k in [8, 3, 5, 2] {
         held.remove(&k).unwrap().ack().unwrap();
@@ -174,12 +186,9 @@ fn nack_after_a_partial_out_of_order_ack_set_redelivers_only_the_nacked_and_fenc
     let (name, _cleanup, _admin) = setup(&url);
     let s = open(&url, &name, 16);
     let mut p = s.producer("search").unwrap();
-    for i in 1..=6 {
-        p.publish(batch(i)).unwrap();
-    }
+    publish_all(&mut p, 1..=6);
     let mut c = s.reattach("search").unwrap();
-    let mut held: BTreeMap<u64, RedisDelivery<LaneItem>> =
-        (0..6).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    let mut held = hold(&mut c, 6);
     for k in [2, 4, 6] {
         held.remove(&k).unwrap().ack().unwrap();
     }
@@ -273,9 +282,7 @@ fn consumers_stealing_the_lane_from_one_another_ack_every_entry_exactly_once() {
     let producer = {
         let mut p = s.producer("search").unwrap();
         std::thread::spawn(move || {
-            for i in 1..=total {
-                p.publish(batch(i)).unwrap();
-            }
+            publish_all(&mut p, 1..=total);
         })
     };
     let workers: Vec<_> = (0..3)
@@ -463,7 +470,7 @@ fn a_full_lane_refuses_until_the_acked_prefix_moves_and_positions_stay_contiguou
         p.try_publish(batch(i)).unwrap();
     }
     assert!(matches!(p.try_publish(batch(5)), Err(TryPublishError::Full(_))));
-    let mut held: BTreeMap<u64, _> = (0..4).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    let mut held = hold(&mut c, 4);
     // Out-of-order acks make no room: the bound is over the acked prefix.
     for k in [2, 3, 4] {
         held.remove(&k).unwrap().ack().unwrap();
@@ -546,15 +553,13 @@ fn a_restart_at_each_point_of_the_life_cycle_loses_nothing_and_repeats_nothing_a
     let s = restart(&mut admin, s);
     // 1: published, nothing received.
     let mut p = s.producer("search").expect("free");
-    for i in 1..=6 {
-        p.publish(batch(i)).unwrap();
-    }
+    publish_all(&mut p, 1..=6);
     std::mem::forget(p);
     let s = restart(&mut admin, s);
     // 2: received, acked out of order (2, 4), one released (3 nacked, not redelivered), the rest
     // unacked.
     let mut c = s.attach("search").expect("nobody held the lane");
-    let mut held: BTreeMap<u64, _> = (0..5).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    let mut held = hold(&mut c, 5);
     assert_eq!(held.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
     held.remove(&2).unwrap().ack().unwrap();
     held.remove(&4).unwrap().ack().unwrap();
@@ -607,11 +612,9 @@ fn a_closed_lane_drains_its_unacked_entries_across_a_restart_then_reports_closed
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 8);
     let mut p = s.producer("search").unwrap();
-    for i in 1..=6 {
-        p.publish(batch(i)).unwrap();
-    }
+    publish_all(&mut p, 1..=6);
     let mut c = s.reattach("search").unwrap();
-    let mut held: BTreeMap<u64, _> = (0..4).map(|_| c.try_recv().unwrap()).map(|d| (pos(&d), d)).collect();
+    let mut held = hold(&mut c, 4);
     held.remove(&3).unwrap().ack().unwrap();
     held.remove(&2).unwrap().nack();
     p.close();
