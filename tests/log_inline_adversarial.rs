@@ -1252,33 +1252,15 @@ fn a_write_failure_while_both_paths_append_from_many_threads_answers_every_appen
 
 #[test]
 fn a_log_source_publishes_each_append_of_both_paths_once_in_order() {
-    use lanestream::log::LogSource;
     use lanestream::{LaneItem, MemoryStream, Position};
 
     let log = EventLog::in_memory(opts()).unwrap();
     let stream = MemoryStream::builder().capacity(4).sinks(["a", "b"]).build().unwrap();
-    let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
-    let source = thread::spawn(move || {
-        let stats = source.run().unwrap();
-        source.close();
-        stats
+    let source = log_support::spawn_source(&log.reader(), &stream);
+    let sinks = log_support::spawn_sinks(&stream, |item| match item {
+        LaneItem::Batch(b) => Some((b.position, b.envelopes.len() as u64)),
+        _ => None,
     });
-    let sinks: Vec<_> = stream
-        .lanes()
-        .map(|lane| {
-            let mut consumer = lane.attach().unwrap();
-            thread::spawn(move || {
-                let mut got = Vec::new();
-                while let Some(d) = consumer.recv().unwrap() {
-                    if let LaneItem::Batch(b) = d.item() {
-                        got.push((b.position, b.envelopes.len() as u64));
-                    }
-                    d.ack().unwrap();
-                }
-                got
-            })
-        })
-        .collect();
     let acked = mixed_workload(&log, 4, 80, 555);
     let closer = log.clone();
     within("close", move || closer.close());

@@ -15,7 +15,7 @@ use lanestream::log::{
 use lanestream::{
     Consumer, IndexName, LaneItem, MemoryStream, Op, Position, Request, SinkName, Stream, TryRecvError,
 };
-use log_support::{ev, ev_data, pos};
+use log_support::{ev, ev_data, pos, spawn_sinks, spawn_source};
 
 fn index(name: &str) -> IndexName {
     IndexName::new(name).unwrap()
@@ -68,26 +68,8 @@ fn every_appended_event_reaches_every_lane_exactly_once_in_order() {
     let log = memory_log();
     // Small lanes: the source waits on full lanes (backpressure) while the sinks run.
     let stream = MemoryStream::builder().capacity(3).sinks(["search", "cache", "archive"]).build().unwrap();
-    let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
-    let source = thread::spawn(move || {
-        let stats = source.run().unwrap();
-        source.close();
-        stats
-    });
-    let sinks: Vec<_> = stream
-        .lanes()
-        .map(|lane| {
-            let mut consumer = lane.attach().unwrap();
-            thread::spawn(move || {
-                let mut got = Vec::new();
-                while let Some(d) = consumer.recv().unwrap() {
-                    got.push(d.item().clone());
-                    d.ack().unwrap();
-                }
-                got
-            })
-        })
-        .collect();
+    let source = spawn_source(&log.reader(), &stream);
+    let sinks = spawn_sinks(&stream, |item| Some(item.clone()));
     let writers = 4;
     let barrier = Arc::new(Barrier::new(writers));
     let ranges: Vec<PositionRange> = (0..writers)

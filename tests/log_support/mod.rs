@@ -56,3 +56,39 @@ pub fn temp_dir(name: &str) -> TestDir {
 
 /// The longest any test waits for something that should happen at once.
 pub const LIMIT: Duration = Duration::from_secs(20);
+
+/// Runs a [`LogSource`](lanestream::log::LogSource) over `log` into `stream`'s lanes on its own
+/// thread until the log closes; the thread returns the run's stats (the lanes closed after).
+pub fn spawn_source(
+    log: &ReadHandle,
+    stream: &lanestream::MemoryStream,
+) -> std::thread::JoinHandle<lanestream::log::SourceStats> {
+    let mut source = lanestream::log::LogSource::builder(log.clone()).build(stream).unwrap();
+    std::thread::spawn(move || {
+        let stats = source.run().unwrap();
+        source.close();
+        stats
+    })
+}
+
+/// One thread per lane of `stream`: receives every item until the lane closes, acking each;
+/// returns what `keep` made of the items, in order.
+pub fn spawn_sinks<R: Send + 'static>(
+    stream: &lanestream::MemoryStream,
+    keep: fn(&lanestream::LaneItem) -> Option<R>,
+) -> Vec<std::thread::JoinHandle<Vec<R>>> {
+    stream
+        .lanes()
+        .map(|lane| {
+            let mut consumer = lane.attach().unwrap();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while let Some(d) = consumer.recv().unwrap() {
+                    got.extend(keep(d.item()));
+                    d.ack().unwrap();
+                }
+                got
+            })
+        })
+        .collect()
+}
