@@ -56,6 +56,19 @@ local function is_acked(A, an, oo, n)
   if oo == 0 then return false end
   return redis.call('ZCOUNT', A, n, n) > 0
 end
+-- The ack fence of `ACK` and `ACK_ALONE`: the lane hash's `ep an ai oo pw` for an ack of entry
+-- `n` by the holder of `epoch`, or (nil and) the reply when the ack is settled already: a
+-- detached holder's (`unknown` if its retried ack had landed), or an entry acked before.
+local function ack_fence(H, A, epoch, n, retry)
+  local h = redis.call('HMGET', H, 'ep', 'an', 'ai', 'oo', 'pw')
+  local an, oo = num(h[2]), num(h[4])
+  if (h[1] or '0') ~= epoch then
+    if retry == '1' and is_acked(A, an, oo, n) then return nil, {'unknown'} end
+    return nil, {'detached'}
+  end
+  if is_acked(A, an, oo, n) then return nil, {'ok'} end
+  return h
+end
 -- Trims the log below every lane's acked prefix (never above): the entries before each lane's
 -- first unacked one. ARGV[first..] are the ids keys of every lane sharing the log, or (`alone`)
 -- the hash of the one lane that owns it, whose first unacked entry is `an + 1`.
@@ -271,13 +284,9 @@ return {'item', n, 1, entry[2][2]}
 pub(crate) const ACK: &str = r#"
 local H, I, R, A, L, M = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local base, group, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
-local h = redis.call('HMGET', H, 'ep', 'an', 'ai', 'oo', 'pw')
+local h, settled = ack_fence(H, A, ARGV[3], n, ARGV[5])
+if settled then return settled end
 local an, ai, oo = num(h[2]), num(h[3]), num(h[4])
-if (h[1] or '0') ~= ARGV[3] then
-  if ARGV[5] == '1' and is_acked(A, an, oo, n) then return {'unknown'} end
-  return {'detached'}
-end
-if is_acked(A, an, oo, n) then return {'ok'} end
 -- The acked prefix moved to `an` (by `moved` entries, `oo` still out of order; `ap` its last
 -- position, if any): recorded, and a publisher waiting for room rung.
 local function advanced(an, moved, oo, ap)
@@ -329,13 +338,9 @@ return advanced(an, moved, oo, ap)
 pub(crate) const ACK_ALONE: &str = r#"
 local H, A = KEYS[1], KEYS[2]
 local n = tonumber(ARGV[2])
-local h = redis.call('HMGET', H, 'ep', 'an', 'ai', 'oo', 'pw')
+local h, settled = ack_fence(H, A, ARGV[1], n, ARGV[4])
+if settled then return settled end
 local an, ai, oo = num(h[2]), num(h[3]), num(h[4])
-if (h[1] or '0') ~= ARGV[1] then
-  if ARGV[4] == '1' and is_acked(A, an, oo, n) then return {'unknown'} end
-  return {'detached'}
-end
-if is_acked(A, an, oo, n) then return {'ok'} end
 if ARGV[5] ~= '1' then redis.call('HDEL', KEYS[3], s(n)) end
 if n ~= an + 1 then
   redis.call('ZADD', A, n, s(n) .. ':' .. ARGV[3])
