@@ -264,7 +264,9 @@ impl WriteHandle {
         condition: Option<AppendCondition>,
     ) -> Result<PositionRange, AppendError> {
         let (request, slot) = self.prepare(events, condition)?;
-        let Err(request) = Writer::commit_inline(&self.link.writer, &self.link.queue, request) else {
+        let Err(request) =
+            Writer::commit_inline(&self.link.writer, &self.link.queue, &self.link.shared, request)
+        else {
             return slot.wait();
         };
         if self.link.queue.push(request).is_err() {

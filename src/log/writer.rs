@@ -132,6 +132,7 @@ impl Writer {
     pub(crate) fn commit_inline(
         state: &Mutex<Writer>,
         queue: &Queue,
+        shared: &Shared,
         request: Request,
     ) -> Result<(), Request> {
         // Busy (the writer thread or another inline commit) or poisoned: queue it.
@@ -144,13 +145,12 @@ impl Writer {
         let mut batch = std::mem::take(&mut w.scratch.batch);
         batch.push(request);
         // A panic (a storage bug) fails the log as one on the writer thread does: the request
-        // in flight is answered `Shutdown` (its reply sender dropped in the unwinding), later
-        // writes get `Failed`, and the log ends. It does not reach the appender.
+        // in flight is answered `Io` (its reply sender dropped in the unwinding: the outcome is
+        // unknown), later writes get `Failed`, and the log ends. It does not reach the appender.
         let committed = panic::catch_unwind(AssertUnwindSafe(|| w.commit(&mut batch)));
         match committed {
             Ok(wake) => {
                 w.scratch.batch = batch;
-                let shared = w.shared.clone();
                 drop(w);
                 if wake {
                     shared.signal.notify();
@@ -162,7 +162,6 @@ impl Writer {
                 // writer thread, often already waiting with a queued group — must refuse its
                 // requests (`Failed`), not commit them on what the panic left behind. (The
                 // caught panic does not poison the lock, as one on the writer thread does.)
-                let shared = w.shared.clone();
                 let _ = shared
                     .failure
                     .set(Arc::new(io::Error::other("the log's writer panicked (inline commit)")));
