@@ -19,7 +19,7 @@ mod common;
 mod redis_support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -1109,51 +1109,52 @@ proptest! {
     }
 }
 
-/// The script cache flushed every 200 µs on another connection while a producer and a consumer
-/// work: a call whose script is lost again between its reload and its second try is sent once
-/// more (`Pool::run`, a few times), so no publish, receive or ack fails, and each lands once.
+/// The script cache flushed again right after each `SCRIPT LOAD` a call makes to recover from
+/// a `NOSCRIPT` (before the call hears that the load is done), twice in a row for every publish,
+/// receive and ack: each call meets `NOSCRIPT` after its reload and is sent again
+/// (`Pool::run`, up to three times), so no call fails, and each lands once.
 #[test]
-fn a_script_cache_flushed_in_a_loop_fails_no_call() {
+fn a_script_cache_flushed_after_each_reload_fails_no_call() {
     let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
     let (name, _cleanup, mut admin) = setup_flushing(&url);
-    let s = open(&url, &name, 64);
+    let s = RedisStream::builder(&proxy.url, &name).capacity(64).sinks(["search"]).build().unwrap();
     let mut p = s.producer("search").unwrap();
     let mut c = s.reattach("search").unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flusher = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut flushes = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
-                flushes += 1;
-                // Often, not back to back: a flush in every round trip would leave no script
-                // loaded long enough to run, however often a call reloads it.
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            flushes
-        })
+    let mut lost_reloads = || {
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+        proxy.flush_loads.store(2, Ordering::SeqCst);
     };
-    for i in 1..=300u64 {
+    for i in 1..=10u64 {
+        lost_reloads();
         p.publish(batch(i)).unwrap_or_else(|e| panic!("publish {i}: {e} ({:?})", s.last_error()));
+        lost_reloads();
         let d = c.try_recv().unwrap_or_else(|e| panic!("receive {i}: {e} ({:?})", s.last_error()));
         assert_eq!((pos(&d), d.attempt()), (i, 1));
+        lost_reloads();
         d.ack().unwrap_or_else(|e| panic!("ack {i}: {e} ({:?})", s.last_error()));
+        assert_eq!(proxy.flush_loads.load(Ordering::SeqCst), 0, "call {i} reloaded its script twice");
     }
-    stop.store(true, Ordering::Relaxed);
-    let flushes = flusher.join().unwrap();
-    assert!(flushes > 50, "the cache was flushed only {flushes} times");
-    assert_eq!(s.acked("search").unwrap(), Some(Position(300)));
+    assert_eq!(s.acked("search").unwrap(), Some(Position(10)));
 }
 
 /// A unix-socket proxy in front of the test server that can lose the reply to a publish: armed,
 /// it forwards the next request that carries an `XADD` (a lone lane's publish), lets the server
 /// run it, swallows the reply and closes the client's connection; then it refuses connections
 /// until healed. The client sees a connection error for a publish that landed.
+///
+/// It can also flush the server's script cache right after a client's `SCRIPT LOAD` is done and
+/// before the client hears so (`flush_loads` times): the client's next try of the script then
+/// meets `NOSCRIPT` again, every time.
 struct ReplyLosingProxy {
     url: String,
     /// 0: pass through; 1: armed; 2: refusing connections.
     mode: Arc<std::sync::atomic::AtomicU8>,
+    /// How many more `SCRIPT LOAD`s to follow with a flush.
+    flush_loads: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
 }
 
@@ -1167,7 +1168,8 @@ impl ReplyLosingProxy {
         let path = dir.path().join("proxy.sock");
         let listener = UnixListener::bind(&path).unwrap();
         let mode = Arc::new(std::sync::atomic::AtomicU8::new(0));
-        let m = mode.clone();
+        let flush_loads = Arc::new(AtomicUsize::new(0));
+        let (m, loads) = (mode.clone(), flush_loads.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(mut client) = client else { return };
@@ -1176,21 +1178,39 @@ impl ReplyLosingProxy {
                 }
                 let Ok(mut upstream) = UnixStream::connect(&server) else { return };
                 let swallow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                // Set when the request just forwarded is a `SCRIPT LOAD` to follow with a flush.
+                let flush_next = Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let (mut c2, mut u2, sw) =
                     (client.try_clone().unwrap(), upstream.try_clone().unwrap(), swallow.clone());
+                let (flush, admin_url) = (flush_next.clone(), format!("redis+unix://{server}"));
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 1 << 16];
                     while let Ok(n @ 1..) = u2.read(&mut buf) {
+                        if flush.swap(false, Ordering::SeqCst) {
+                            // The load is done; the client does not know yet.
+                            let mut admin =
+                                redis::Client::open(admin_url.as_str()).unwrap().get_connection().unwrap();
+                            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+                        }
                         if !sw.load(Ordering::SeqCst) && c2.write_all(&buf[..n]).is_err() {
                             return;
                         }
                     }
                 });
-                let m = m.clone();
+                let (m, loads) = (m.clone(), loads.clone());
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 1 << 16];
                     while let Ok(n @ 1..) = client.read(&mut buf) {
                         let chunk = &buf[..n];
+                        let is_load = chunk.windows(4).any(|w| w == b"LOAD")
+                            && chunk.windows(6).any(|w| w == b"SCRIPT");
+                        if is_load
+                            && loads
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| k.checked_sub(1))
+                                .is_ok()
+                        {
+                            flush_next.store(true, Ordering::SeqCst);
+                        }
                         let cut = m.load(Ordering::SeqCst) == 1 && chunk.windows(4).any(|w| w == b"XADD");
                         if cut {
                             swallow.store(true, Ordering::SeqCst);
@@ -1209,7 +1229,12 @@ impl ReplyLosingProxy {
                 });
             }
         });
-        Some(ReplyLosingProxy { url: format!("redis+unix://{}", path.display()), mode, _dir: dir })
+        Some(ReplyLosingProxy {
+            url: format!("redis+unix://{}", path.display()),
+            mode,
+            flush_loads,
+            _dir: dir,
+        })
     }
 }
 
