@@ -89,6 +89,12 @@ pub enum StreamError {
     /// The backend failed ([`BackendError`]); nothing was claimed.
     #[error("backend: {0}")]
     Backend(BackendError),
+    /// The stream's lanes share one ring ([`StreamBuilder::shared_ring`](crate::StreamBuilder::shared_ring)),
+    /// so they are published to only together, through the stream's
+    /// [`Fanout`](crate::Fanout) ([`MemoryStream::fanout`](crate::MemoryStream::fanout)); a
+    /// producer of one lane is refused.
+    #[error("lane {0} shares the stream's ring: publish through MemoryStream::fanout")]
+    SharedRing(SinkName),
 }
 
 /// Implements the shared parts of the three publish errors: `into_inner`, the `is_*` helpers and

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::ring::{ProducerState, Ring, NO_POSITION};
+use super::ring::{Cells, ProducerState, Ring, NO_POSITION};
 use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::LaneItem;
 use crate::lane::Lane;
@@ -46,6 +46,10 @@ use crate::sync::Arc;
 /// ```
 pub struct Fanout {
     lanes: Box<[FanoutLane]>,
+    /// The stream's shared ring's cells ([`StreamBuilder::shared_ring`](crate::StreamBuilder::shared_ring)):
+    /// each item is written into them once and published to every lane; `None` when every lane
+    /// has cells of its own (each gets a clone).
+    shared: Option<Arc<Cells<LaneItem>>>,
     /// Per lane, the key of a waiting publish's close-only registration on that lane's room
     /// list (see [`Fanout::wait_for_room`]); `None` while nobody waits.
     close_keys: Box<[Option<u64>]>,
@@ -84,7 +88,8 @@ impl Fanout {
             }
         }
         let close_keys = vec![None; claimed.len()].into_boxed_slice();
-        Ok(Fanout { lanes: claimed.into_boxed_slice(), close_keys })
+        let shared = claimed.first().filter(|l| l.ring.is_shared()).map(|l| l.ring.cells().clone());
+        Ok(Fanout { lanes: claimed.into_boxed_slice(), shared, close_keys })
     }
 
     /// How many lanes it publishes to.
@@ -143,6 +148,17 @@ impl Fanout {
     /// Publishes `items[..n]` (admitted) to every lane; `false` if a lane was closed meanwhile.
     fn push(&mut self, items: &[LaneItem], n: usize) -> bool {
         let positions = |k: u64| items[k as usize].position().map_or(NO_POSITION, |p| p.0);
+        if let Some(cells) = &self.shared {
+            // Written once, published to every lane. Every lane's `tail` equals the cells'
+            // `written` here: a publish that a close stopped half-way is the last one.
+            debug_assert!(self.lanes.iter().all(|l| l.state.tail == cells.written()));
+            let last = (0..n as u64).map(positions).filter(|&p| p != NO_POSITION).last().unwrap_or(NO_POSITION);
+            // SAFETY: we hold every lane's producer role, and `admissible` found room for `n`
+            // items on every lane against a `free` loaded with Acquire: every lane emptied the
+            // slots of items `tail + n - capacity` and below, so no handle reads their cells.
+            unsafe { cells.write(n as u64, |k| (items[k as usize].clone(), positions(k))) };
+            return self.lanes.iter_mut().all(|lane| lane.ring.publish_written(&mut lane.state, n as u64, last));
+        }
         for lane in self.lanes.iter_mut() {
             let pushed = lane
                 .ring
@@ -319,7 +335,7 @@ impl Fanout {
     /// closed flag, the register-then-check order that makes a wake-up impossible to miss
     /// (memory-ordering chapter, P20).
     fn wait_for_room(&mut self, i: usize, deadline: Option<Instant>) -> bool {
-        let Fanout { lanes, close_keys } = self;
+        let Fanout { lanes, close_keys, .. } = self;
         let lanes = &**lanes;
         let woke = lanes[i].ring.wait_writable_or(
             deadline,
@@ -337,6 +353,23 @@ impl Fanout {
     /// As [`publish`](Fanout::publish).
     pub fn publish_async(&mut self, item: LaneItem) -> FanoutPublish<'_> {
         FanoutPublish { fanout: self, item: Some(item), key: None, waiting_on: 0 }
+    }
+
+    /// For a stream with a [shared ring](crate::StreamBuilder::shared_ring): drops now the items
+    /// every lane has acked (their slots emptied). Without it they are dropped when the fan-out
+    /// writes over their cells, when it is dropped, or with the stream, so an idle stream holds
+    /// up to `capacity` acked items. A no-op when every lane has cells of its own (a lane drops
+    /// each item on its final ack).
+    ///
+    /// # Panics
+    /// Resumes the first panic of a dropped item's Drop, once every item is dropped.
+    pub fn reclaim(&mut self) {
+        if let Some(cells) = &self.shared {
+            let end = self.lanes.iter().map(|lane| lane.ring.freed()).min().unwrap_or(0);
+            // SAFETY: we hold every lane's producer role, and every lane's `free` (loaded with
+            // Acquire) is at `end` or past it.
+            unsafe { cells.reclaim(end) };
+        }
     }
 
     /// Closes every lane ([L10](crate::contract#l10)).
@@ -407,7 +440,7 @@ impl Future for FanoutPublish<'_> {
                     return this.finish(Err(refused));
                 }
             };
-            let Fanout { lanes, close_keys } = &mut *this.fanout;
+            let Fanout { lanes, close_keys, .. } = &mut *this.fanout;
             if full != this.waiting_on {
                 lanes[this.waiting_on].ring.cancel_writable(&mut this.key);
                 this.waiting_on = full;
@@ -433,7 +466,7 @@ impl FanoutPublish<'_> {
     }
 
     fn cancel(&mut self) {
-        let Fanout { lanes, close_keys } = &mut *self.fanout;
+        let Fanout { lanes, close_keys, .. } = &mut *self.fanout;
         lanes[self.waiting_on].ring.cancel_writable(&mut self.key);
         cancel_close_waiters(lanes, close_keys);
     }
@@ -464,7 +497,12 @@ fn refusal_error<T>(item: T, refusal: Refusal) -> TryPublishError<T> {
 }
 
 impl Drop for Fanout {
+    /// Drops the shared ring's items every lane has acked ([`reclaim`](Fanout::reclaim)), then
+    /// gives every lane's producer role back.
     fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.reclaim();
+        }
         for lane in self.lanes.iter() {
             lane.ring.release_producer();
         }

@@ -25,7 +25,7 @@ pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
 pub use self::fanout::{Fanout, FanoutPublish};
 pub use self::producer::{Producer, Publish};
-pub(crate) use self::ring::{ProducerState, Ring};
+pub(crate) use self::ring::{Cells, ProducerState, Ring};
 pub use self::run::{Run, RunIter, MAX_RUN};
 pub use self::stats::LaneStats;
 
@@ -115,8 +115,13 @@ impl<T: Item> Lane<T> {
     /// # Errors
     /// [`StreamError::ProducerBusy`] while another producer of this lane is alive. Once it is
     /// dropped (a restarted ingest engine), this succeeds at once and publishing continues after
-    /// the last published item and position.
+    /// the last published item and position. [`StreamError::SharedRing`] for a lane of a stream
+    /// built with a [shared ring](crate::StreamBuilder::shared_ring) (publish through its
+    /// [`Fanout`](crate::Fanout)).
     pub fn producer(&self) -> Result<Producer<T>, StreamError> {
+        if self.ring.is_shared() {
+            return Err(StreamError::SharedRing(self.name.clone()));
+        }
         let state = self.ring.claim_producer().ok_or_else(|| StreamError::ProducerBusy(self.name.clone()))?;
         Ok(Producer::new(self.ring.clone(), state))
     }

@@ -14,7 +14,8 @@ use crate::error::{
     TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::{Consumer, Delivery, Fanout, Lane, LaneStats, Producer, Ring};
+use crate::lane::{Cells, Consumer, Delivery, Fanout, Lane, LaneStats, Producer, Ring};
+use crate::sync::Arc;
 use crate::name::SinkName;
 use crate::position::Position;
 
@@ -33,11 +34,17 @@ pub struct StreamBuilder {
     capacity: usize,
     request_capacity: usize,
     sinks: Vec<String>,
+    shared_ring: bool,
 }
 
 impl Default for StreamBuilder {
     fn default() -> Self {
-        StreamBuilder { capacity: StreamBuilder::DEFAULT_CAPACITY, request_capacity: 64, sinks: Vec::new() }
+        StreamBuilder {
+            capacity: StreamBuilder::DEFAULT_CAPACITY,
+            request_capacity: 64,
+            sinks: Vec::new(),
+            shared_ring: false,
+        }
     }
 }
 
@@ -60,6 +67,26 @@ impl StreamBuilder {
     /// Slots in the request lane (>= 1).
     pub fn request_capacity(mut self, capacity: usize) -> Self {
         self.request_capacity = capacity;
+        self
+    }
+
+    /// Whether the lanes share one ring of items (default `false`: every lane has a ring of its
+    /// own).
+    ///
+    /// With a shared ring, the stream's [`Fanout`] writes each item once into one array of
+    /// `capacity` cells and publishes it to every lane with one step per lane; each lane keeps
+    /// its own cursors and per-slot states (so every rule of the contract holds per lane as
+    /// before: acks in any order, nack, re-attach, the acked position), and reads the items in
+    /// place. No item is cloned per lane and no lane drops one: the fan-out drops an item when it
+    /// reuses its cell (every lane emptied that slot), so the cross-lane traffic per item is the
+    /// one cell the producer writes, as in the LMAX Disruptor's ring. The costs: only the
+    /// fan-out publishes (a lane's [`producer`](Lane::producer) is refused with
+    /// [`StreamError::SharedRing`](crate::StreamError::SharedRing), and so is the port's
+    /// [`Stream::producer`]); the slowest lane holds every lane's room; and up to `capacity`
+    /// acked items stay alive until their cells are reused ([`Fanout::reclaim`] drops them
+    /// sooner).
+    pub fn shared_ring(mut self, shared: bool) -> Self {
+        self.shared_ring = shared;
         self
     }
 
@@ -86,10 +113,17 @@ impl StreamBuilder {
     pub fn build(self) -> Result<MemoryStream, BuildError> {
         let sinks = super::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
         let marks = Marks::new(sinks.len());
+        let cells = self.shared_ring.then(|| Arc::new(Cells::new(self.capacity, true)));
         let lanes = sinks
             .iter()
             .enumerate()
-            .map(|(i, name)| Lane::new(name.clone(), Ring::new(self.capacity, marks.mark(i))))
+            .map(|(i, name)| {
+                let ring = match &cells {
+                    Some(cells) => Ring::with_cells(cells.clone(), marks.mark(i)),
+                    None => Ring::new(self.capacity, marks.mark(i)),
+                };
+                Lane::new(name.clone(), ring)
+            })
             .collect();
         let requests = RequestLane::new(self.request_capacity);
         Ok(MemoryStream { marks, inner: StdArc::new(Inner { sinks: sinks.into(), lanes, requests }) })

@@ -4,7 +4,7 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
 
-use super::slot::{gen, holders, tag, with_tag, Slot, ACKED, DELIVERED, EMPTY, HOLDER_ONE, RELEASED};
+use super::slot::{gen, holders, tag, with_tag, ACKED, DELIVERED, EMPTY, HOLDER_ONE, RELEASED};
 use super::{Ring, NO_POSITION, REQUEST_ONE, ROOM_WANTED};
 use crate::error::AckError;
 use crate::sync::Ordering;
@@ -16,10 +16,11 @@ impl<T> Ring<T> {
     /// The caller holds a live handle on item `index` (so the slot's holder count is > 0: the
     /// item stays initialised and is not moved until the handle ends).
     pub(crate) unsafe fn item(&self, index: u64) -> &T {
-        let slot = self.slot(index);
-        // SAFETY: per the contract, the slot holds initialised item `index` and nothing writes
-        // it while it has holders; shared reads are fine (`T: Sync` for cross-thread handles).
-        slot.item.with(|c| unsafe { (*c).assume_init_ref() })
+        // SAFETY: per the contract, the cell holds initialised item `index` and nothing writes
+        // it while the slot has holders (for shared cells: while this lane's `free` is not past
+        // it, which the fan-out checks before it reuses the cell); shared reads are fine (`T:
+        // Sync` for cross-thread handles).
+        self.cell(index).item.with(|c| unsafe { (*c).assume_init_ref() })
     }
 
     /// Acks delivery `word` of item `index`; ends the handle either way.
@@ -30,7 +31,7 @@ impl<T> Ring<T> {
             self.request_advance();
             return Ok(());
         }
-        self.end_stale(self.slot(index));
+        self.end_stale(index);
         Err(AckError::Detached)
     }
 
@@ -38,15 +39,15 @@ impl<T> Ring<T> {
     /// holder. `false` if a re-attach took the delivery back first (the holder is still
     /// counted: the caller ends it with `end_stale`).
     pub(super) fn ack_slot(&self, index: u64, word: u64) -> bool {
-        let slot = self.slot(index);
+        let state = self.state(index);
         // Relaxed: the compare-and-swap below is what synchronises.
-        let mut now = slot.state.load(Ordering::Relaxed);
+        let mut now = state.load(Ordering::Relaxed);
         while tag(now) == DELIVERED && gen(now) == gen(word) {
             // One fewer holder, ACKED. Release: the sink's writes before the ack are published
             // to the advancer (which acquires the ACKED word) and from there to watermark
             // readers (W4), and our reads of the item happen before it is moved out.
             let acked = with_tag(now, ACKED) - HOLDER_ONE;
-            match slot.state.compare_exchange_weak(now, acked, Ordering::Release, Ordering::Relaxed) {
+            match state.compare_exchange_weak(now, acked, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return true,
                 Err(w) => now = w,
             }
@@ -69,19 +70,19 @@ impl<T> Ring<T> {
         }
         // A re-attach took the delivery back (and counted it): take our count back.
         self.cons.released.fetch_sub(1, Ordering::Relaxed);
-        self.end_stale(self.slot(index));
+        self.end_stale(index);
     }
 
     /// The nack's compare-and-swap: `DELIVERED` (of `word`'s generation) to `RELEASED`, one
     /// fewer holder. `false` if a re-attach took the delivery back first (the holder is still
     /// counted: the caller ends it with `end_stale`). The caller counted the release first.
     pub(super) fn release_slot(&self, index: u64, word: u64) -> bool {
-        let slot = self.slot(index);
-        let mut now = slot.state.load(Ordering::Relaxed);
+        let state = self.state(index);
+        let mut now = state.load(Ordering::Relaxed);
         while tag(now) == DELIVERED && gen(now) == gen(word) {
             // Release: pairs with the consumer's Acquire load of the RELEASED word.
             let released = with_tag(now, RELEASED) - HOLDER_ONE;
-            match slot.state.compare_exchange_weak(now, released, Ordering::Release, Ordering::Relaxed) {
+            match state.compare_exchange_weak(now, released, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return true,
                 Err(w) => now = w,
             }
@@ -91,9 +92,9 @@ impl<T> Ring<T> {
 
     /// Ends a handle whose delivery was taken back by a re-attach: drops its holder count, and
     /// if it was the item's last holder after an ack, lets the prefix advance.
-    pub(super) fn end_stale(&self, slot: &Slot<T>) {
+    pub(super) fn end_stale(&self, index: u64) {
         // Release: our reads of the item happen before the advancer (Acquire) may move it out.
-        let before = slot.state.fetch_sub(HOLDER_ONE, Ordering::Release);
+        let before = self.state(index).fetch_sub(HOLDER_ONE, Ordering::Release);
         debug_assert!(holders(before) > 0, "handle ended on a slot with no holders");
         if tag(before) == ACKED && holders(before) == 1 {
             self.request_advance();
@@ -149,15 +150,14 @@ impl<T> Ring<T> {
         // if item `acked` was acked. Bounding by our own `free` instead of `tail` keeps the
         // advancer off the producer's cache line.
         while acked < free + self.shape.capacity {
-            let slot = self.slot(acked);
             // Acquire: pairs with the ack's Release (W4 chain).
-            if tag(slot.state.load(Ordering::Acquire)) != ACKED {
+            if tag(self.state(acked).load(Ordering::Acquire)) != ACKED {
                 break;
             }
             // SAFETY: the producer wrote the position before publishing item `acked`, which
             // happens before its delivery and so before the ack whose Release word we just
             // acquired; the producer rewrites it only after the slot is emptied, behind `free`.
-            let p = unsafe { slot.position.with(|c| *c) };
+            let p = unsafe { self.cell(acked).position.with(|c| *c) };
             if p != NO_POSITION {
                 position = p;
             }
@@ -173,23 +173,26 @@ impl<T> Ring<T> {
             }
         }
         while free < acked {
-            let slot = self.slot(free);
+            let state = self.state(free);
             // Acquire: pairs with stale handles' Release holder decrements (their reads of the
             // item happen before). The word is ACKED: only the advancer changes an ACKED word's
             // tag, and item `free` is below `acked`.
-            let word = slot.state.load(Ordering::Acquire);
+            let word = state.load(Ordering::Acquire);
             debug_assert_eq!(tag(word), ACKED);
             if holders(word) != 0 {
                 break;
             }
             // SAFETY: item `free` is acked and no handle reads it, so the slot is ours: the
             // consumer never touches an ACKED slot and the producer waits for `free` to pass it.
-            let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
+            // Shared cells keep the item: the fan-out drops it once every lane freed it.
+            let item = (!self.is_shared())
+                .then(|| unsafe { self.cell(free).item.with(|c| ptr::read(c).assume_init()) });
             // Relaxed: published to the producer by the Release store of `free` below. Keeps
             // `gen`; zero holders, zero attempts.
-            slot.state.store(gen(word) | EMPTY, Ordering::Relaxed);
+            state.store(gen(word) | EMPTY, Ordering::Relaxed);
             free += 1;
-            // Release: pairs with the producer's Acquire load of `free` (the slot may be reused).
+            // Release: pairs with the producer's Acquire load of `free` (the slot may be reused;
+            // for shared cells, the fan-out's, which drops the item once every lane passed it).
             self.adv.free.store(free, Ordering::Release);
             // M3: the item is dropped exactly once, here, on its final ack (or when its last
             // stale handle ends); a panic in its Drop is held back until the role is handed back.

@@ -87,17 +87,17 @@ pub(crate) use self::publish::ProducerState;
 pub(crate) use self::receive::Take;
 pub(crate) use self::run::TakeRun;
 pub(crate) use self::slot::attempt;
+pub(crate) use self::slot::Cells;
 
-use std::mem::MaybeUninit;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr;
 
 use crossbeam_utils::CachePadded;
 
-use self::slot::{Slot, EMPTY};
+use self::slot::{Cell, EMPTY};
 use self::wait::WaitList;
 use crate::stream::watermark::AckedMark;
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// "No position" in a slot and in `last_published`.
 pub(crate) const NO_POSITION: u64 = u64::MAX;
@@ -141,7 +141,11 @@ struct AdvancerLine {
 
 /// Read-only after build, read by every side (one cache line, never written).
 struct Shape<T> {
-    slots: Box<[Slot<T>]>,
+    /// Each slot's state word (`gen | holders | attempt | tag`), apart from the items so that
+    /// the consumer side's writes stay off the producer's cache lines.
+    states: Box<[AtomicU64]>,
+    /// Each slot's item and position: the lane's own, or the stream's shared ring's.
+    cells: Arc<Cells<T>>,
     capacity: u64,
     /// `capacity - 1` when the capacity is a power of two, else `u64::MAX` (use `%`).
     mask: u64,
@@ -180,17 +184,19 @@ unsafe impl<T: Send + Sync> Sync for Ring<T> {}
 unsafe impl<T: Send + Sync> Send for Ring<T> {}
 
 impl<T> Ring<T> {
-    /// A ring of `capacity` (>= 1) slots whose acked position is published to `mark`.
+    /// A ring of `capacity` (>= 1) slots with cells of its own, whose acked position is
+    /// published to `mark`.
     pub(crate) fn new(capacity: usize, mark: AckedMark) -> Ring<T> {
         assert!(capacity > 0, "ring capacity must be at least 1");
-        let slots = (0..capacity)
-            .map(|_| Slot {
-                state: AtomicU64::new(EMPTY),
-                position: UnsafeCell::new(NO_POSITION),
-                item: UnsafeCell::new(MaybeUninit::uninit()),
-            })
-            .collect();
-        let capacity = capacity as u64;
+        Ring::with_cells(Arc::new(Cells::new(capacity, false)), mark)
+    }
+
+    /// A ring over `cells` (own, or shared by every lane of a stream and written by its
+    /// fan-out), with as many slots as there are cells.
+    pub(crate) fn with_cells(cells: Arc<Cells<T>>, mark: AckedMark) -> Ring<T> {
+        let capacity = cells.cells.len() as u64;
+        assert!(capacity > 0, "ring capacity must be at least 1");
+        let states = (0..capacity).map(|_| AtomicU64::new(EMPTY)).collect();
         Ring {
             prod: CachePadded::new(ProducerLine {
                 tail: AtomicU64::new(0),
@@ -209,7 +215,8 @@ impl<T> Ring<T> {
                 advance: AtomicUsize::new(0),
             }),
             shape: CachePadded::new(Shape {
-                slots,
+                states,
+                cells,
                 capacity,
                 mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
                 mark,
@@ -220,13 +227,38 @@ impl<T> Ring<T> {
         }
     }
 
+    /// The slot of item `index`.
     #[inline]
-    fn slot(&self, index: u64) -> &Slot<T> {
+    fn at(&self, index: u64) -> usize {
         let i =
             if self.shape.mask != u64::MAX { index & self.shape.mask } else { index % self.shape.capacity };
         debug_assert!(i < self.shape.capacity);
-        // SAFETY: `i < capacity == slots.len()` by the mask/modulo above.
-        unsafe { self.shape.slots.get_unchecked(i as usize) }
+        i as usize
+    }
+
+    /// The state word of item `index`'s slot.
+    #[inline]
+    fn state(&self, index: u64) -> &AtomicU64 {
+        // SAFETY: `at` is below `capacity == states.len()`.
+        unsafe { self.shape.states.get_unchecked(self.at(index)) }
+    }
+
+    /// The cell (item and position) of item `index`'s slot.
+    #[inline]
+    fn cell(&self, index: u64) -> &Cell<T> {
+        // SAFETY: `at` is below `capacity == cells.len()`.
+        unsafe { self.shape.cells.cells.get_unchecked(self.at(index)) }
+    }
+
+    /// Whether the ring's cells are shared by every lane of a stream (written by its fan-out).
+    #[inline]
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shape.cells.shared
+    }
+
+    /// The ring's cells (for the fan-out of a shared ring).
+    pub(crate) fn cells(&self) -> &Arc<Cells<T>> {
+        &self.shape.cells
     }
 
     pub(crate) fn capacity(&self) -> u64 {
@@ -235,18 +267,21 @@ impl<T> Ring<T> {
 }
 
 impl<T> Drop for Ring<T> {
-    /// [M3](crate::contract#m3): drops every item still in the ring (published and not yet emptied by an ack). Keeps
-    /// going when an item's Drop panics, then resumes the first panic.
+    /// [M3](crate::contract#m3): drops every item still in the ring's own cells (published and
+    /// not yet emptied by an ack); shared cells drop their items themselves. Keeps going when an
+    /// item's Drop panics, then resumes the first panic.
     fn drop(&mut self) {
+        if self.is_shared() {
+            return;
+        }
         // `&mut self`: no other thread can hold a handle (each holds an `Arc` of the ring).
         let free = self.adv.free.load(Ordering::Relaxed);
         let tail = self.prod.tail.load(Ordering::Relaxed) >> TAIL_SHIFT;
-        let cap = self.shape.slots.len() as u64;
         let mut first_panic = None;
         for i in free..tail {
-            let slot = &self.shape.slots[(i % cap) as usize];
-            // SAFETY: items `free..tail` are initialised and nothing else references them now.
-            let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
+            // SAFETY: items `free..tail` of own cells are initialised and nothing else references
+            // them now (the cells are this ring's alone).
+            let item = unsafe { self.cell(i).item.with(|c| ptr::read(c).assume_init()) };
             if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {
                 first_panic.get_or_insert(p);
             }

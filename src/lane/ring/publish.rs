@@ -22,6 +22,13 @@ impl<T> Ring<T> {
         self.prod.tail.load(Ordering::Acquire) >> TAIL_SHIFT
     }
 
+    /// Items whose slots are emptied: every handle of them ended.
+    pub(crate) fn freed(&self) -> u64 {
+        // Acquire: pairs with the advancer's Release store of `free` (the last reads of the items
+        // below it happen before).
+        self.adv.free.load(Ordering::Acquire)
+    }
+
     /// Claims the producer role. `None` if a live producer holds it ([L9](crate::contract#l9)).
     pub(crate) fn claim_producer(&self) -> Option<ProducerState> {
         // Acquire: pairs with `release_producer`'s Release, so a restarted producer sees the
@@ -76,14 +83,15 @@ impl<T> Ring<T> {
                 return Err(TryPublishError::Full(item));
             }
         }
-        let slot = self.slot(p.tail);
+        debug_assert!(!self.is_shared(), "a shared ring is published to by its fan-out only");
+        let cell = self.cell(p.tail);
         // SAFETY: item `tail` is not published, and `tail - free < capacity` means the slot's
         // previous item (`tail - capacity`) was moved out by the advancer, which then stored
         // `free` with Release (acquired above). No other thread touches the slot's cells until
         // the `tail` update below publishes them.
         unsafe {
-            slot.item.with_mut(|c| (*c).write(item));
-            slot.position.with_mut(|c| *c = position);
+            cell.item.with_mut(|c| (*c).write(item));
+            cell.position.with_mut(|c| *c = position);
         }
         // Publishing and closing are one atomic step against each other (L3, L10): the count and
         // `CLOSED` share the `tail` word, so either our compare-and-swap lands before `close`'s
@@ -98,7 +106,7 @@ impl<T> Ring<T> {
             if seen & CLOSED != 0 {
                 // SAFETY: we wrote item `tail` above and it was never published, so no other
                 // thread can reach the slot's item; we take it back out exactly once.
-                let item = unsafe { slot.item.with(|c| ptr::read(c).assume_init()) };
+                let item = unsafe { cell.item.with(|c| ptr::read(c).assume_init()) };
                 return Err(TryPublishError::Closed(item));
             }
             match self.prod.tail.compare_exchange_weak(
@@ -150,6 +158,7 @@ impl<T> Ring<T> {
         mut make: impl FnMut(u64) -> (T, u64),
     ) -> bool {
         debug_assert!(n >= 1 && p.tail - p.cached_free + n <= self.shape.capacity);
+        debug_assert!(!self.is_shared(), "a shared ring is published to by its fan-out only");
         // Relaxed: a shortcut, as in `try_push`; the compare-and-swap below decides.
         if self.prod.tail.load(Ordering::Relaxed) & CLOSED != 0 {
             return false;
@@ -157,30 +166,43 @@ impl<T> Ring<T> {
         let mut last = NO_POSITION;
         for k in 0..n {
             let (item, position) = make(k);
-            let slot = self.slot(p.tail + k);
+            let cell = self.cell(p.tail + k);
             // SAFETY: as in `try_push`, for each of items `tail..tail + n`: none is published,
             // and `tail + n - free <= capacity` (checked by the caller against a `free` loaded
             // with Acquire) means each slot's previous item was moved out by the advancer. No
             // other thread touches these cells until the `tail` update below publishes them.
             unsafe {
-                slot.item.with_mut(|c| (*c).write(item));
-                slot.position.with_mut(|c| *c = position);
+                cell.item.with_mut(|c| (*c).write(item));
+                cell.position.with_mut(|c| *c = position);
             }
             if position != NO_POSITION {
                 last = position;
             }
         }
-        // Release, one RMW for the whole run: as in `try_push` (publishes every slot written
-        // above; an RMW, so it sees `ITEMS_WANTED`, and fails on `CLOSED`).
+        if self.publish_written(p, n, last) {
+            return true;
+        }
+        for k in 0..n {
+            // SAFETY: we wrote items `tail..tail + n` above and never published them, so no other
+            // thread can reach them; each is taken back out exactly once.
+            let item = unsafe { self.cell(p.tail + k).item.with(|c| ptr::read(c).assume_init()) };
+            drop(item);
+        }
+        false
+    }
+
+    /// Publishes items `tail..tail + n`, whose cells the caller wrote (the last position among
+    /// them is `last`, or `NO_POSITION`), with one `tail` compare-and-swap. `false` if the lane
+    /// is closed: nothing was published and the cells are the caller's again. The caller holds
+    /// the producer role: this lane's ([`push_run_checked`](Ring::push_run_checked)), or for a
+    /// shared ring every lane's (the fan-out, which writes each shared cell once and then
+    /// publishes it to every lane with this).
+    pub(crate) fn publish_written(&self, p: &mut ProducerState, n: u64, last: u64) -> bool {
+        // Release, one RMW for the whole run: as in `try_push` (publishes every cell written
+        // before it; an RMW, so it sees `ITEMS_WANTED`, and fails on `CLOSED`).
         let mut seen = p.tail << TAIL_SHIFT;
         loop {
             if seen & CLOSED != 0 {
-                for k in 0..n {
-                    // SAFETY: we wrote items `tail..tail + n` above and never published them, so
-                    // no other thread can reach them; each is taken back out exactly once.
-                    let item = unsafe { self.slot(p.tail + k).item.with(|c| ptr::read(c).assume_init()) };
-                    drop(item);
-                }
                 return false;
             }
             match self.prod.tail.compare_exchange_weak(

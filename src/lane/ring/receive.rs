@@ -63,12 +63,12 @@ impl<T> Ring<T> {
         // Acquire: pairs with the advancer's Release store of `free` (slots below are empty).
         let mut i = self.adv.free.load(Ordering::Acquire);
         while i < next {
-            let slot = self.slot(i);
-            let mut word = slot.state.load(Ordering::Acquire);
+            let state = self.state(i);
+            let mut word = state.load(Ordering::Acquire);
             // AcqRel: races a late ack or nack of the same delivery, and stale handles ending
             // (holder count); exactly one of ack and take-back wins (L8).
             while tag(word) == DELIVERED {
-                match slot.state.compare_exchange_weak(
+                match state.compare_exchange_weak(
                     word,
                     with_tag(word, RELEASED),
                     Ordering::AcqRel,
@@ -160,13 +160,13 @@ impl<T> Ring<T> {
                 return if tail & CLOSED != 0 { Take::Closed } else { Take::Empty };
             }
         }
-        let slot = self.slot(next);
+        let state = self.state(next);
         // Relaxed: the slot's last writer (the advancer emptying it) is ordered before us by the
         // `free` -> producer -> `tail` chain acquired above. No handle exists, so no holder.
-        let word = delivered_word(slot.state.load(Ordering::Relaxed), 1);
+        let word = delivered_word(state.load(Ordering::Relaxed), 1);
         // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing else
         // can change a queued slot's word, so a plain store suffices.
-        slot.state.store(word, Ordering::Release);
+        state.store(word, Ordering::Release);
         // Release: `next` is read by re-attach (after the seat) and by statistics.
         self.cons.next.store(next + 1, Ordering::Release);
         // Relaxed: statistics; only the seated consumer writes.
@@ -180,9 +180,9 @@ impl<T> Ring<T> {
         let mut i = self.adv.free.load(Ordering::Acquire);
         let mut start = i;
         while i < next {
-            let slot = self.slot(i);
+            let state = self.state(i);
             // Acquire: pairs with the Release (AcqRel) switch to RELEASED by nack or re-attach.
-            let mut word = slot.state.load(Ordering::Acquire);
+            let mut word = state.load(Ordering::Acquire);
             if tag(word) == RELEASED {
                 // Re-read `free` after the state: if item `i` was still unreclaimed then, the
                 // slot held item `i` (a later item enters only after `i` is reclaimed), and a
@@ -198,7 +198,7 @@ impl<T> Ring<T> {
                 // acquired this RELEASED word we see that thread's earlier switches. Look again
                 // below `i`; the lowest released item wins (`i` only decreases here).
                 if let Some(j) =
-                    (start..i).find(|&j| tag(self.slot(j).state.load(Ordering::Acquire)) == RELEASED)
+                    (start..i).find(|&j| tag(self.state(j).load(Ordering::Acquire)) == RELEASED)
                 {
                     i = j;
                     continue;
@@ -215,7 +215,7 @@ impl<T> Ring<T> {
                     }
                     let new = delivered_word(word, attempt(word).saturating_add(1));
                     // Release: as for a first delivery.
-                    match slot.state.compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed) {
+                    match state.compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed) {
                         Ok(_) => break new,
                         Err(now) => word = now,
                     }

@@ -86,12 +86,12 @@ impl<T> Ring<T> {
         }
         let len = (*cached_tail - next).min(gens.len() as u64) as usize;
         for (j, g) in gens[..len].iter_mut().enumerate() {
-            let slot = self.slot(next + j as u64);
+            let state = self.state(next + j as u64);
             // Relaxed load, Release store: as in `take_seated`, for every item below the `tail`
             // acquired above (the same `free` -> producer -> `tail` chain orders each slot's
             // last writer before us; no handle exists yet, so nothing else writes the word).
-            let word = delivered_word(slot.state.load(Ordering::Relaxed), 1);
-            slot.state.store(word, Ordering::Release);
+            let word = delivered_word(state.load(Ordering::Relaxed), 1);
+            state.store(word, Ordering::Release);
             *g = (gen(word) >> GEN_SHIFT) as u32;
         }
         // Release: as in `take_seated` (`next` is read by re-attach after the seat, and by
@@ -117,7 +117,7 @@ impl<T> Ring<T> {
         if self.ack_slot(index, word) {
             true
         } else {
-            self.end_stale(self.slot(index));
+            self.end_stale(index);
             false
         }
     }
@@ -151,7 +151,7 @@ impl<T> Ring<T> {
             } else {
                 // Relaxed: as in `nack` (a re-attach counted it).
                 self.cons.released.fetch_sub(1, Ordering::Relaxed);
-                self.end_stale(self.slot(index + j as u64));
+                self.end_stale(index + j as u64);
             }
         }
         if released > 0 {
