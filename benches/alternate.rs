@@ -118,6 +118,10 @@ fn main() {
             let label = format!("w2 lanes_{lanes} {batch}: run API[spin] vs disruptor[spin]");
             pair(&label, rounds, m, &mut run, &mut dis);
             drop(run);
+            let mut run = LaneFanRun::with_ring(env.clone(), lanes, false, FanPublish::Run, true);
+            let label = format!("w2 lanes_{lanes} {batch}: shared ring, run API[spin] vs disruptor[spin]");
+            pair(&label, rounds, m, &mut run, &mut dis);
+            drop(run);
             let mut item_run = LaneFanRun::new(env.clone(), lanes, false, FanPublish::Item);
             let label = format!("w2 lanes_{lanes} {batch}: fanout publish+recv_run[spin] vs disruptor[spin]");
             pair(&label, rounds, m, &mut item_run, &mut dis);

@@ -208,7 +208,17 @@ fn spin_publish(p: &mut Producer<LaneItem>, mut it: LaneItem) {
 }
 
 fn lane_stream(sinks: usize) -> MemoryStream {
-    MemoryStream::builder().capacity(CAPACITY).sinks((0..sinks).map(|i| format!("sink_{i}"))).build().unwrap()
+    lane_stream_with(sinks, false)
+}
+
+/// A stream of `sinks` lanes, with one ring each or one shared ring.
+fn lane_stream_with(sinks: usize, shared: bool) -> MemoryStream {
+    MemoryStream::builder()
+        .capacity(CAPACITY)
+        .sinks((0..sinks).map(|i| format!("sink_{i}")))
+        .shared_ring(shared)
+        .build()
+        .unwrap()
 }
 
 // ----- W0: raw atomic ping-pong ------------------------------------------------------------------
@@ -679,7 +689,18 @@ pub struct LaneFanRun {
 
 impl LaneFanRun {
     pub fn new(env: Arc<[Envelope]>, lanes: usize, blocking: bool, mode: FanPublish) -> LaneFanRun {
-        let stream = lane_stream(lanes);
+        LaneFanRun::with_ring(env, lanes, blocking, mode, false)
+    }
+
+    /// As `new`, over one shared ring (`StreamBuilder::shared_ring`) when `shared`.
+    pub fn with_ring(
+        env: Arc<[Envelope]>,
+        lanes: usize,
+        blocking: bool,
+        mode: FanPublish,
+        shared: bool,
+    ) -> LaneFanRun {
+        let stream = lane_stream_with(lanes, shared);
         let fanout = stream.fanout().unwrap();
         let mut consumers: Vec<Consumer<LaneItem>> = stream.lanes().map(|l| l.reattach()).collect();
         let partner = Partner::spawn(move |_, from, to| {

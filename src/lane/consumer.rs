@@ -83,7 +83,7 @@ impl<T: Item> Consumer<T> {
         let max = max.clamp(1, MAX_RUN);
         match self.ring.take_run(self.epoch, &mut self.cached_tail, &mut gens[..max]) {
             TakeRun::Run { index, len, attempt } => {
-                Ok(Run::new(self.ring.clone(), index, len, attempt, gens))
+                Ok(Run::new(self.ring.clone(), self.epoch, index, len, attempt, gens))
             }
             TakeRun::Empty => Err(Miss::Empty),
             TakeRun::Blocked => Err(Miss::Blocked),

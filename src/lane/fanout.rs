@@ -152,12 +152,16 @@ impl Fanout {
             // Written once, published to every lane. Every lane's `tail` equals the cells'
             // `written` here: a publish that a close stopped half-way is the last one.
             debug_assert!(self.lanes.iter().all(|l| l.state.tail == cells.written()));
-            let last = (0..n as u64).map(positions).filter(|&p| p != NO_POSITION).last().unwrap_or(NO_POSITION);
+            let last =
+                (0..n as u64).map(positions).filter(|&p| p != NO_POSITION).last().unwrap_or(NO_POSITION);
             // SAFETY: we hold every lane's producer role, and `admissible` found room for `n`
             // items on every lane against a `free` loaded with Acquire: every lane emptied the
             // slots of items `tail + n - capacity` and below, so no handle reads their cells.
             unsafe { cells.write(n as u64, |k| (items[k as usize].clone(), positions(k))) };
-            return self.lanes.iter_mut().all(|lane| lane.ring.publish_written(&mut lane.state, n as u64, last));
+            return self
+                .lanes
+                .iter_mut()
+                .all(|lane| lane.ring.publish_written(&mut lane.state, n as u64, last));
         }
         for lane in self.lanes.iter_mut() {
             let pushed = lane

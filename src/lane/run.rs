@@ -61,6 +61,8 @@ pub const MAX_RUN: usize = 64;
 pub struct Run<T> {
     /// `None` once acked or released as a whole.
     ring: Option<Arc<Ring<T>>>,
+    /// The epoch of the consumer that received the run (for the seat-held ack).
+    epoch: u64,
     /// The sequence of the run's first item.
     start: u64,
     /// Items `done..len` are outstanding; items below `done` were acked or released.
@@ -74,13 +76,14 @@ pub struct Run<T> {
 impl<T: Item> Run<T> {
     pub(crate) fn new(
         ring: Arc<Ring<T>>,
+        epoch: u64,
         start: u64,
         len: usize,
         attempt: u32,
         gens: [u32; MAX_RUN],
     ) -> Run<T> {
         debug_assert!((1..=MAX_RUN).contains(&len));
-        Run { ring: Some(ring), start, done: 0, len, attempt, gens }
+        Run { ring: Some(ring), epoch, start, done: 0, len, attempt, gens }
     }
 
     fn ring(&self) -> Option<&Ring<T>> {
@@ -186,6 +189,21 @@ impl<T: Item> Run<T> {
         let Some(ring) = self.ring.clone() else { return Ok(0) };
         let end = self.done + n;
         debug_assert!(end <= self.len);
+        if n > 0
+            && ring.ack_run_seated(
+                self.epoch,
+                self.start + self.done as u64,
+                &self.gens[self.done..end],
+                self.attempt,
+            )
+        {
+            self.done = end;
+            ring.run_acked();
+            if self.done == self.len {
+                self.ring = None;
+            }
+            return Ok(n);
+        }
         let (mut landed, mut refused) = (false, false);
         while self.done < end {
             let j = self.done;

@@ -15,9 +15,9 @@ use crate::error::{
 };
 use crate::item::{Item, LaneItem, Request};
 use crate::lane::{Cells, Consumer, Delivery, Fanout, Lane, LaneStats, Producer, Ring};
-use crate::sync::Arc;
 use crate::name::SinkName;
 use crate::position::Position;
+use crate::sync::Arc;
 
 /// Builds a [`MemoryStream`]: a capacity per lane, a request-lane capacity, the sinks.
 ///

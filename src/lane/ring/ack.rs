@@ -96,6 +96,9 @@ impl<T> Ring<T> {
         // Release: our reads of the item happen before the advancer (Acquire) may move it out.
         let before = self.state(index).fetch_sub(HOLDER_ONE, Ordering::Release);
         debug_assert!(holders(before) > 0, "handle ended on a slot with no holders");
+        // After the holder RMW above (program order, Release): a seat-held run ack that reads the
+        // count this lowers sees that RMW done (P21).
+        self.cons.stale.fetch_sub(1, Ordering::Release);
         if tag(before) == ACKED && holders(before) == 1 {
             self.request_advance();
         }

@@ -125,6 +125,9 @@ struct ConsumerLine {
     next: AtomicU64,
     seat: AtomicU64,
     released: AtomicUsize,
+    /// Live stale handles: deliveries a re-attach took back whose handles have not ended.
+    /// Raised by re-attach (under the seat), lowered by each such handle's end.
+    stale: AtomicUsize,
     delivered: AtomicU64,
     redelivered: AtomicU64,
 }
@@ -206,6 +209,7 @@ impl<T> Ring<T> {
                 next: AtomicU64::new(0),
                 seat: AtomicU64::new(0),
                 released: AtomicUsize::new(0),
+                stale: AtomicUsize::new(0),
                 delivered: AtomicU64::new(0),
                 redelivered: AtomicU64::new(0),
             }),

@@ -62,6 +62,7 @@ impl<T> Ring<T> {
         let next = self.cons.next.load(Ordering::Relaxed);
         // Acquire: pairs with the advancer's Release store of `free` (slots below are empty).
         let mut i = self.adv.free.load(Ordering::Acquire);
+        let mut taken_back = 0;
         while i < next {
             let state = self.state(i);
             let mut word = state.load(Ordering::Acquire);
@@ -77,12 +78,19 @@ impl<T> Ring<T> {
                     Ok(_) => {
                         // Release: pairs with the consumer's Acquire load of `released`.
                         self.cons.released.fetch_add(1, Ordering::Release);
+                        taken_back += 1;
                         break;
                     }
                     Err(now) => word = now,
                 }
             }
             i += 1;
+        }
+        if taken_back > 0 {
+            // Each delivery taken back leaves its handle stale until it ends. Counted before the
+            // seat is given back (Release below), so a seat-held run ack sees it (P21). Relaxed:
+            // ordered by that Release; the handles' decrements are RMWs on the same atomic.
+            self.cons.stale.fetch_add(taken_back, Ordering::Relaxed);
         }
         // Release: pairs with the next seat-taker's Acquire.
         self.cons.seat.store((epoch << EPOCH_SHIFT) | ATTACHED, Ordering::Release);
@@ -95,14 +103,21 @@ impl<T> Ring<T> {
     /// one took it already.
     pub(crate) fn detach(&self, epoch: u64) {
         let seated = (epoch << EPOCH_SHIFT) | ATTACHED;
+        let backoff = Backoff::new();
         // Release: pairs with the next `attach`'s Acquire (our `next` and slot writes). The
-        // seat is never BUSY with our epoch here: only we set that, and we are not in a step.
-        let _ = self.cons.seat.compare_exchange(
+        // seat is BUSY with our epoch only while a run of ours is acked on another thread
+        // (`ack_run_seated`, a few stores): wait for it.
+        while let Err(now) = self.cons.seat.compare_exchange(
             seated,
             epoch << EPOCH_SHIFT,
             Ordering::Release,
             Ordering::Relaxed,
-        );
+        ) {
+            if now != seated | BUSY {
+                return; // a newer consumer took the seat
+            }
+            crate::sync::spin(&backoff);
+        }
     }
 
     /// One non-blocking receive step for the consumer of `epoch`: a redelivery first ([L2](crate::contract#l2), [L6](crate::contract#l6)),
@@ -116,20 +131,19 @@ impl<T> Ring<T> {
     /// ([`take_run`](Ring::take_run)), go through here. `None` if another consumer was attached
     /// meanwhile: our epoch is gone.
     pub(super) fn seated<R>(&self, epoch: u64, step: impl FnOnce() -> R) -> Option<R> {
-        // Acquire: pairs with the Release that gave the seat back (a re-attach or our own
-        // previous step). Fails if another consumer was attached: our epoch is gone.
-        if self
-            .cons
-            .seat
-            .compare_exchange(
-                (epoch << EPOCH_SHIFT) | ATTACHED,
-                (epoch << EPOCH_SHIFT) | ATTACHED | BUSY,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .is_err()
+        // Acquire: pairs with the Release that gave the seat back (a re-attach, a seat-held run
+        // ack, or our own previous step). Fails if another consumer was attached: our epoch is
+        // gone. The seat is BUSY with our epoch only while a run of ours is acked on another
+        // thread (`ack_run_seated`, a few stores): wait for it.
+        let seated = (epoch << EPOCH_SHIFT) | ATTACHED;
+        let backoff = Backoff::new();
+        while let Err(now) =
+            self.cons.seat.compare_exchange(seated, seated | BUSY, Ordering::Acquire, Ordering::Relaxed)
         {
-            return None;
+            if now != seated | BUSY {
+                return None;
+            }
+            crate::sync::spin(&backoff);
         }
         let taken = step();
         // Release: pairs with the next seat-taker's Acquire (re-attach reads `next` and the slot
@@ -197,8 +211,7 @@ impl<T> Ring<T> {
                 // one thread releases in lane order (a released run, in-order nacks), so having
                 // acquired this RELEASED word we see that thread's earlier switches. Look again
                 // below `i`; the lowest released item wins (`i` only decreases here).
-                if let Some(j) =
-                    (start..i).find(|&j| tag(self.state(j).load(Ordering::Acquire)) == RELEASED)
+                if let Some(j) = (start..i).find(|&j| tag(self.state(j).load(Ordering::Acquire)) == RELEASED)
                 {
                     i = j;
                     continue;

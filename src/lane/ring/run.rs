@@ -12,8 +12,8 @@
 //! instead of per item on the ack side; one `released` RMW and one wake-up per released run.
 
 use super::receive::Take;
-use super::slot::{delivered_word, gen, GEN_SHIFT};
-use super::{Ring, CLOSED, TAIL_SHIFT};
+use super::slot::{delivered_word, gen, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE};
+use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Gives back `left` counts of `released` when dropped (see `nack_run`).
@@ -120,6 +120,54 @@ impl<T> Ring<T> {
             self.end_stale(index);
             false
         }
+    }
+
+    /// Acks items `index..index + gens.len()` of a run received by the consumer of `epoch`
+    /// (each item's delivery generation in `gens`, all with `attempt`) with one plain store per
+    /// item, holding the seat: `true` if done (the caller then requests one advance with
+    /// [`run_acked`](Ring::run_acked)), `false` if nothing was done and the caller must ack
+    /// item by item with [`ack_in_run`](Ring::ack_in_run).
+    ///
+    /// A plain store is enough while nothing else can write the items' state words: a re-attach
+    /// (the only other writer of a `DELIVERED` word of the current epoch) needs the seat, and a
+    /// stale handle (which lowers the holder count of its item's word) exists only while
+    /// `stale > 0`, and only a re-attach, under the seat, makes one. So this takes the seat
+    /// from `epoch` (failing if a re-attach took the items back, or if the consumer is inside a
+    /// receive step), then checks `stale == 0`, stores the words and gives the seat back
+    /// (P21 in the memory-ordering chapter).
+    pub(crate) fn ack_run_seated(&self, epoch: u64, index: u64, gens: &[u32], attempt: u32) -> bool {
+        let seated = (epoch << EPOCH_SHIFT) | ATTACHED;
+        // Acquire: pairs with the Release that gave the seat back (a re-attach's, so its `stale`
+        // increments are seen below). Fails if the seat is busy or our epoch is gone.
+        if self
+            .cons
+            .seat
+            .compare_exchange(seated, seated | BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        // Acquire: pairs with the Release decrement of every stale handle that ended (one
+        // release sequence on `stale`): reading 0, each one's holder RMW on its item's word
+        // happens before our stores, so none is overwritten.
+        let plain = self.cons.stale.load(Ordering::Acquire) == 0;
+        if plain {
+            let attempt = u64::from(attempt.min(0xFFFF)) << ATTEMPT_SHIFT;
+            for (j, &g) in gens.iter().enumerate() {
+                let state = self.state(index + j as u64);
+                // The delivery's word: our generation, our one holder, DELIVERED.
+                debug_assert_eq!(
+                    state.load(Ordering::Relaxed),
+                    (u64::from(g) << GEN_SHIFT) | HOLDER_ONE | attempt | DELIVERED
+                );
+                // Release: as the ack's compare-and-swap (`ack_slot`): the sink's writes and our
+                // reads of the item happen before the advancer's Acquire of the ACKED word.
+                state.store((u64::from(g) << GEN_SHIFT) | attempt | ACKED, Ordering::Release);
+            }
+        }
+        // Release: pairs with the next seat-taker's Acquire.
+        self.cons.seat.store(seated, Ordering::Release);
+        plain
     }
 
     /// Ends a run's acks: one advancer request for every item acked by
