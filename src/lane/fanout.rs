@@ -153,7 +153,7 @@ impl Fanout {
             // `written` here: a publish that a close stopped half-way is the last one.
             debug_assert!(self.lanes.iter().all(|l| l.state.tail == cells.written()));
             let last =
-                (0..n as u64).map(positions).filter(|&p| p != NO_POSITION).last().unwrap_or(NO_POSITION);
+                (0..n as u64).map(positions).rfind(|&p| p != NO_POSITION).unwrap_or(NO_POSITION);
             // SAFETY: we hold every lane's producer role, and `admissible` found room for `n`
             // items on every lane against a `free` loaded with Acquire: every lane emptied the
             // slots of items `tail + n - capacity` and below, so no handle reads their cells.
