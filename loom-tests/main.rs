@@ -15,5 +15,6 @@ mod reattach;
 mod requests;
 mod ring;
 mod runs;
+mod shared;
 mod wait;
 mod watermark;

@@ -1,0 +1,169 @@
+//! Loom models 18-19: the seat-held run ack (a run's items acked with plain stores while the
+//! ack holds the consumer's seat and no stale handle lives) and the shared ring (one array of
+//! cells written once per item by the fan-out, read in place by every lane).
+
+use lanestream::{LaneItem, MemoryStream, Position, Stream, TryPublishError, TryRecvError};
+use loom::thread;
+
+use crate::support::{self, batch, check};
+
+/// Model 18a: a stale handle ending while the redelivery of its item is acked as a run.
+///
+/// Capacity 2, one lane: the old consumer receives item 1 and keeps the delivery; a re-attach
+/// takes it back (the handle is now stale: one holder on the item's word, `stale == 1`). A
+/// second thread reads the stale handle's item and drops it (its nack is refused, and it ends:
+/// a holder RMW on the word, then `stale` lowered) while the new consumer receives the
+/// redelivery as a run of one and acks it — by plain stores under the seat if it reads
+/// `stale == 0`, else by compare-and-swap. Checked:
+/// - the stale handle reads item 1 whatever the order (its slot is not emptied under it);
+/// - neither the stale handle's holder RMW nor the run's ack is lost: item 1's slot is emptied,
+///   so items 2 and 3 both fit in the ring afterwards (a lost holder decrement would pin the slot
+///   for ever; a plain store overwriting the RMW's result would underflow the holder count, which
+///   the engine's debug assertion reports);
+/// - the acked position and idleness at the end.
+///
+/// Fails when its protection is removed (section 9 of the memory-ordering chapter, rows 44 and
+/// 45): without the `stale` check the plain store races the stale holder's RMW; with a Relaxed
+/// load of `stale` the RMW need not happen before the store.
+///
+/// Why the bound suffices: two threads; the race is the stale handle's two RMWs (word, then
+/// `stale`) against the ack's seat-take, `stale` load and store; one preemption places the
+/// handle's end anywhere in the ack's window, and bound 3 also covers it being preempted between
+/// its own two RMWs.
+#[test]
+fn stale_handle_ending_while_its_redelivery_is_acked_as_a_run() {
+    support::model("stale_handle_ending_while_its_redelivery_is_acked_as_a_run", 3, || {
+        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = lane.producer().unwrap();
+        let mut old = lane.reattach();
+        producer.try_publish(batch(1)).unwrap();
+        let stale = old.try_recv().unwrap();
+        let mut new = lane.reattach();
+        let t = thread::spawn(move || {
+            check(stale.item(), 1);
+            drop(stale);
+        });
+        let run = new.try_recv_run(2).unwrap();
+        assert_eq!((run.len(), run.attempt()), (1, 2));
+        check(run.get(0).unwrap(), 1);
+        run.ack().unwrap();
+        t.join().unwrap();
+        assert_eq!(lane.acked(), Some(Position(1)));
+        producer.try_publish(batch(2)).unwrap();
+        match producer.try_publish(batch(3)) {
+            Ok(()) => {}
+            Err(TryPublishError::Full(_)) => panic!("item 1's slot was never emptied"),
+            Err(e) => panic!("publish: {e:?}"),
+        }
+        let r = new.try_recv_run(2).unwrap();
+        assert_eq!(r.len(), 2);
+        r.ack().unwrap();
+        assert!(stream.is_idle());
+        drop(old);
+    });
+}
+
+/// Model 18b: a run acked on another thread while its consumer receives, then goes away.
+///
+/// Capacity 2, one lane, items 1 and 2: the consumer receives item 1 as a run and hands it to a
+/// thread that acks it (taking the seat, storing, giving it back). Meanwhile the consumer
+/// receives item 2 (a receive step that may find the seat held by the ack) and is dropped (its
+/// detach may find the seat held too). Checked: the receive gets item 2 (never `Detached`: the
+/// seat busy with our own epoch is waited out), and once both are done a plain `attach` succeeds
+/// (the drop cleared the seat's attached flag rather than giving up on the busy seat).
+///
+/// Fails when its protection is removed (rows 46 and 47): a receive step or a detach that treats
+/// a busy seat of its own epoch as a newer consumer reports `Detached`, or leaves the lane
+/// refusing every `attach` with `ConsumerAttached`.
+///
+/// Why the bound suffices: two threads; each of the consumer's seat steps can meet the ack inside
+/// its seat window with one preemption; bound 2 covers both steps meeting it.
+#[test]
+fn a_run_acked_elsewhere_while_its_consumer_receives_and_detaches() {
+    support::model("a_run_acked_elsewhere_while_its_consumer_receives_and_detaches", 2, || {
+        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = lane.producer().unwrap();
+        let mut consumer = lane.attach().unwrap();
+        producer.try_publish(batch(1)).unwrap();
+        producer.try_publish(batch(2)).unwrap();
+        let run = consumer.try_recv_run(1).unwrap();
+        let t = thread::spawn(move || run.ack().unwrap());
+        let second = match consumer.try_recv() {
+            Ok(d) => d,
+            Err(e) => panic!("receive beside a run's ack: {e:?}"),
+        };
+        check(second.item(), 2);
+        second.ack().unwrap();
+        drop(consumer);
+        t.join().unwrap();
+        let mut again = lane.attach().expect("the dropped consumer's seat was cleared");
+        assert!(matches!(again.try_recv(), Err(TryRecvError::Empty)));
+        assert_eq!(lane.acked(), Some(Position(2)));
+    });
+}
+
+/// Model 19: the fan-out reusing a shared cell while both lanes read and ack its item.
+///
+/// Capacity 1, lanes "a" and "b" on one shared ring: item 1 is written once and published to
+/// both. Two threads each receive it as a run on their lane, read it and ack it; the main thread
+/// meanwhile publishes item 2, retrying while it is refused for room — it may write the one cell
+/// only once *both* lanes emptied their slot of item 1 (each lane's `free` Release, acquired by
+/// the fan-out's room check), and it drops item 1 there. Checked:
+/// - each lane reads item 1, then item 2, as published (the overwrite never races a read: loom
+///   checks the cell);
+/// - item 1 is dropped exactly once, by the fan-out, and item 2 with the stream (loom's leak
+///   tracking of the documents; a double drop would be a use after free of the tracked bytes);
+/// - the watermark and idleness at the end.
+///
+/// Fails when its protection is removed (row 48): a fan-out that checks the room of the first
+/// lane only overwrites the cell while lane "b" still reads item 1.
+///
+/// Why the bound suffices: three threads; the race is each reader's read-then-ack against the
+/// fan-out's room check and write; one preemption per reader puts each read anywhere against the
+/// write, so bound 2 covers both readers.
+#[test]
+fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
+    support::model("fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it", 2, || {
+        let stream = MemoryStream::builder()
+            .capacity(1)
+            .request_capacity(1)
+            .sinks(["a", "b"])
+            .shared_ring(true)
+            .build()
+            .unwrap();
+        let mut fanout = stream.fanout().unwrap();
+        let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
+        fanout.try_publish(batch(1)).unwrap();
+        let read_one = |mut c: lanestream::Consumer<LaneItem>| {
+            thread::spawn(move || {
+                let run = c.try_recv_run(1).unwrap();
+                check(run.get(0).unwrap(), 1);
+                run.ack().unwrap();
+                c
+            })
+        };
+        let tb = read_one(consumers.pop().unwrap());
+        let ta = read_one(consumers.pop().unwrap());
+        let mut item = batch(2);
+        loop {
+            match fanout.try_publish(item) {
+                Ok(()) => break,
+                Err(TryPublishError::Full(back)) => {
+                    item = back;
+                    thread::yield_now();
+                }
+                Err(e) => panic!("publish: {e:?}"),
+            }
+        }
+        for t in [ta, tb] {
+            let mut c = t.join().unwrap();
+            let run = c.try_recv_run(1).unwrap();
+            check(run.get(0).unwrap(), 2);
+            run.ack().unwrap();
+        }
+        assert_eq!(stream.watermark(), Some(Position(2)));
+        assert!(stream.is_idle());
+    });
+}
