@@ -78,10 +78,11 @@ fn stale_handle_ending_while_its_redelivery_is_acked_as_a_run() {
 /// refusing every `attach` with `ConsumerAttached`.
 ///
 /// Why the bound suffices: two threads; each of the consumer's seat steps can meet the ack inside
-/// its seat window with one preemption; bound 2 covers both steps meeting it.
+/// its seat window with one preemption; bound 2 covers both steps meeting it, and bound 3 (331
+/// executions) is used.
 #[test]
 fn a_run_acked_elsewhere_while_its_consumer_receives_and_detaches() {
-    support::model("a_run_acked_elsewhere_while_its_consumer_receives_and_detaches", 2, || {
+    support::model("a_run_acked_elsewhere_while_its_consumer_receives_and_detaches", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();
@@ -122,10 +123,11 @@ fn a_run_acked_elsewhere_while_its_consumer_receives_and_detaches() {
 ///
 /// Why the bound suffices: three threads; the race is each reader's read-then-ack against the
 /// fan-out's room check and write; one preemption per reader puts each read anywhere against the
-/// write, so bound 2 covers both readers.
+/// write, so bound 2 covers both readers; the model is small (46 executions at bound 4), and bound
+/// 4 is used.
 #[test]
 fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
-    support::model("fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it", 2, || {
+    support::model("fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it", 4, || {
         let stream = MemoryStream::builder()
             .capacity(1)
             .request_capacity(1)

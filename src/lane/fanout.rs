@@ -20,7 +20,11 @@ use crate::sync::Arc;
 /// It holds every lane's producer role ([L9](crate::contract#l9)): while it lives, no
 /// [`Producer`](crate::Producer) of the stream's lanes can be taken, and dropping it gives every
 /// lane back at once. Each lane gets a clone of each item (for a [`LaneItem`], a reference
-/// count: the envelopes are shared, never copied, [M2](crate::contract#m2)).
+/// count: the envelopes are shared, never copied, [M2](crate::contract#m2)) — unless the stream
+/// was built with a [shared ring](crate::StreamBuilder::shared_ring): then each item is written
+/// once into the one array every lane reads, and published to each lane with one step per lane
+/// ([the contract's shared-ring section](crate::contract#shared-ring)). The shared ring is the
+/// fast fan-out: one write per item, however many lanes.
 ///
 /// An item goes to every lane or to none: a publish waits (or `try_` refuses with `Full`) until
 /// every lane has room, and checks the position against every lane ([L4](crate::contract#l4))
@@ -276,8 +280,8 @@ impl Fanout {
 
     /// Publishes the longest prefix of `items` that every lane has room for now, each lane
     /// receiving the whole prefix in one publication step (one `tail` update per lane, not per
-    /// item), and returns its length (>= 1). Never waits. The items are cloned into every lane;
-    /// `items` stays the caller's.
+    /// item), and returns its length (>= 1). Never waits. The items are cloned into every lane
+    /// (into the one shared array, for a shared ring); `items` stays the caller's.
     ///
     /// # Errors
     /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
