@@ -104,6 +104,13 @@ fn main() {
         let mut ours = LaneFanRun::new(env1.clone(), 1, false, FanPublish::Run);
         let mut rtrb = RtrbW1::new(env1.clone());
         pair("w1 batch_1: lanestream run API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
+        drop(ours);
+        // The same over a one-lane shared ring (the fan-out drops items on the producer's side).
+        let mut ours = LaneFanRun::with_ring(env1.clone(), 1, false, FanPublish::Run, true, FanRecv::Run);
+        pair("w1 batch_1: shared ring, run API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
+        drop(ours);
+        let mut ours = LaneFanRun::with_ring(env1.clone(), 1, false, FanPublish::Item, true, FanRecv::Item);
+        pair("w1 batch_1: shared ring, per-item API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
     }
     let env64 = envelopes(64);
     for (batch, env) in [("batch_1", &env1), ("batch_64", &env64)] {
@@ -118,10 +125,26 @@ fn main() {
             let label = format!("w2 lanes_{lanes} {batch}: run API[spin] vs disruptor[spin]");
             pair(&label, rounds, m, &mut run, &mut dis);
             drop(run);
-            let mut run = LaneFanRun::with_ring(env.clone(), lanes, false, FanPublish::Run, true);
-            let label = format!("w2 lanes_{lanes} {batch}: shared ring, run API[spin] vs disruptor[spin]");
-            pair(&label, rounds, m, &mut run, &mut dis);
-            drop(run);
+            for (blocking, mode) in [(false, "spin"), (true, "stp")] {
+                let mut run =
+                    LaneFanRun::with_ring(env.clone(), lanes, blocking, FanPublish::Run, true, FanRecv::Run);
+                let label =
+                    format!("w2 lanes_{lanes} {batch}: shared ring, run API[{mode}] vs disruptor[spin]");
+                pair(&label, rounds, m, &mut run, &mut dis);
+                drop(run);
+                let mut items = LaneFanRun::with_ring(
+                    env.clone(),
+                    lanes,
+                    blocking,
+                    FanPublish::Item,
+                    true,
+                    FanRecv::Item,
+                );
+                let label =
+                    format!("w2 lanes_{lanes} {batch}: shared ring, per-item API[{mode}] vs disruptor[spin]");
+                pair(&label, rounds, m, &mut items, &mut dis);
+                drop(items);
+            }
             let mut item_run = LaneFanRun::new(env.clone(), lanes, false, FanPublish::Item);
             let label = format!("w2 lanes_{lanes} {batch}: fanout publish+recv_run[spin] vs disruptor[spin]");
             pair(&label, rounds, m, &mut item_run, &mut dis);

@@ -251,3 +251,162 @@ fn fanout_l10_a_close_of_another_lane_wakes_a_waiting_publish_blocking_and_async
     assert_eq!(first.position(), Some(Position(1)));
     assert!(a.try_recv().is_err(), "lane a got nothing more");
 }
+
+/// A stream of `sinks` lanes over one shared ring of `capacity` cells.
+fn shared(capacity: usize, sinks: &[&str]) -> lanestream::MemoryStream {
+    lanestream::MemoryStream::builder()
+        .capacity(capacity)
+        .sinks(sinks.iter().copied())
+        .shared_ring(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn shared_ring_l9_only_the_fanout_publishes() {
+    let s = shared(4, &["a", "b"]);
+    let refused = StreamError::SharedRing(lanestream::SinkName::new("a").unwrap());
+    assert_eq!(s.producer("a").unwrap_err(), refused);
+    assert_eq!(s.lane("a").unwrap().producer().unwrap_err(), refused);
+    let mut fanout = s.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    for sink in ["a", "b"] {
+        let mut c = s.attach(sink).unwrap();
+        c.try_recv().unwrap().ack().unwrap();
+    }
+    assert_eq!(s.watermark(), Some(Position(1)));
+}
+
+#[test]
+fn shared_ring_l3_the_slowest_lane_holds_every_lanes_room() {
+    let s = shared(2, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let (mut a, mut b) = (s.attach("a").unwrap(), s.attach("b").unwrap());
+    fanout.publish_run(&[batch(1), batch(2)]).unwrap();
+    a.try_recv_run(2).unwrap().ack().unwrap();
+    // Lane "a" acked both, lane "b" none: no cell is free.
+    assert!(matches!(fanout.try_publish(batch(3)), Err(TryPublishError::Full(_))));
+    let run = b.try_recv_run(1).unwrap();
+    run.ack().unwrap();
+    fanout.try_publish(batch(3)).unwrap();
+    assert!(matches!(fanout.try_publish(batch(4)), Err(TryPublishError::Full(_))));
+    // Each lane reads its items in place, the reused cell included.
+    let got: Vec<_> = b.try_recv_run(4).unwrap().iter().map(|i| i.position().unwrap().0).collect();
+    assert_eq!(got, [2, 3]);
+    let got: Vec<_> = a.try_recv_run(4).unwrap().iter().map(|i| i.position().unwrap().0).collect();
+    assert_eq!(got, [3]);
+}
+
+#[test]
+fn shared_ring_m3_an_item_is_dropped_once_when_its_cell_is_reused_or_reclaimed() {
+    let envelopes = shared_envelopes(7);
+    let owners = || Arc::strong_count(&envelopes) - 1;
+    let s = shared(2, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let (mut a, mut b) = (s.attach("a").unwrap(), s.attach("b").unwrap());
+    fanout.publish(tracked(Some(1), &envelopes)).unwrap();
+    // One copy in the shared cell, not one per lane.
+    assert_eq!(owners(), 1);
+    for c in [&mut a, &mut b] {
+        c.try_recv().unwrap().ack().unwrap();
+    }
+    // Acked by every lane, still in its cell until reused or reclaimed.
+    assert_eq!(owners(), 1);
+    fanout.reclaim();
+    assert_eq!(owners(), 0);
+    fanout.publish(tracked(Some(2), &envelopes)).unwrap();
+    fanout.publish(tracked(Some(3), &envelopes)).unwrap();
+    for c in [&mut a, &mut b] {
+        c.try_recv_run(2).unwrap().ack().unwrap();
+    }
+    fanout.publish(tracked(Some(4), &envelopes)).unwrap(); // reuses item 2's cell, dropping it
+    assert_eq!(owners(), 2);
+    drop(fanout); // reclaims item 3 (acked by both); item 4 is not acked yet
+    assert_eq!(owners(), 1);
+    drop((a, b));
+    drop(s);
+    assert_eq!(owners(), 0);
+}
+
+#[test]
+fn shared_ring_l8_a_stale_run_keeps_reading_its_item_while_the_other_lane_moves_on() {
+    let s = shared(1, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let mut a = s.attach("a").unwrap();
+    let mut b = s.attach("b").unwrap();
+    fanout.publish(batch(1)).unwrap();
+    let stale = a.try_recv_run(1).unwrap();
+    let mut a2 = s.reattach("a").unwrap();
+    b.try_recv().unwrap().ack().unwrap();
+    a2.try_recv().unwrap().ack().unwrap();
+    // Both lanes acked item 1, but the stale run still reads it: its cell is not reused.
+    assert!(matches!(fanout.try_publish(batch(2)), Err(TryPublishError::Full(_))));
+    assert_eq!(stale.get(0).unwrap().position(), Some(Position(1)));
+    assert_eq!(stale.ack(), Err(lanestream::AckError::Detached));
+    fanout.try_publish(batch(2)).unwrap();
+    assert_eq!(a2.try_recv().unwrap().item().position(), Some(Position(2)));
+}
+
+#[test]
+fn fanout_publish_to_reaches_one_lane_on_separate_and_shared_rings() {
+    for shared_ring in [false, true] {
+        let s = lanestream::MemoryStream::builder()
+            .capacity(4)
+            .sinks(["a", "b", "c"])
+            .shared_ring(shared_ring)
+            .build()
+            .unwrap();
+        let mut fanout = s.fanout().unwrap();
+        let mut consumers: Vec<_> = ["a", "b", "c"].iter().map(|n| s.attach(n).unwrap()).collect();
+        fanout.publish(batch(1)).unwrap();
+        fanout.publish_to(1, snapshot()).unwrap();
+        fanout.try_publish_to(1, snapshot()).unwrap();
+        fanout.publish(batch(2)).unwrap();
+        for (i, c) in consumers.iter_mut().enumerate() {
+            let mut got = Vec::new();
+            while let Ok(run) = c.try_recv_run(8) {
+                got.extend(run.iter().map(|item| item.position().map(|p| p.0)));
+                run.ack().unwrap();
+            }
+            let want: &[Option<u64>] =
+                if i == 1 { &[Some(1), None, None, Some(2)] } else { &[Some(1), Some(2)] };
+            assert_eq!(got, want, "lane {i}, shared ring {shared_ring}");
+            assert!(c.is_empty(), "lane {i} passed its gaps");
+        }
+        assert_eq!(s.watermark(), Some(Position(2)));
+        assert!(s.is_idle(), "shared ring {shared_ring}");
+        // The gaps took cells of every lane and were acked on the way past: the ring is free.
+        for p in 3..7 {
+            fanout.try_publish(batch(p)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn shared_ring_publish_to_single_receives_pass_gaps_and_wake_a_parked_consumer() {
+    let s = shared(2, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let mut a = s.attach("a").unwrap();
+    let mut b = s.attach("b").unwrap();
+    let parked = thread::spawn(move || {
+        // Wakes for each gap, passes it, parks again, and gets item 1.
+        let d = a.recv().unwrap().unwrap();
+        assert_eq!(d.item().position(), Some(Position(1)));
+        d.ack().unwrap();
+        a
+    });
+    thread::sleep(Duration::from_millis(20));
+    let fanout = within(10, "gap publishes", move || {
+        // Three gaps through a ring of two: lane "a"'s parked consumer must pass them.
+        for _ in 0..3 {
+            fanout.publish_to(1, snapshot()).unwrap();
+            let d = b.try_recv().unwrap();
+            assert!(d.item().position().is_none());
+            d.ack().unwrap();
+        }
+        fanout.publish(batch(1)).unwrap();
+        fanout
+    });
+    let _a = within(10, "parked consumer", move || parked.join().unwrap());
+    drop(fanout);
+}

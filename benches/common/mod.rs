@@ -669,6 +669,15 @@ pub enum FanPublish {
     Run,
 }
 
+/// How the consumers of [`LaneFanRun`] receive.
+#[derive(Clone, Copy)]
+pub enum FanRecv {
+    /// `try_recv_run(RUN)` / `recv_run(RUN)`, one ack per run.
+    Run,
+    /// `try_recv` / `recv` and `ack`, item by item (the per-item API).
+    Item,
+}
+
 /// Items per run on both sides of the run API contenders (the most a `Run` holds).
 pub const RUN: usize = lanestream::MAX_RUN;
 
@@ -689,16 +698,18 @@ pub struct LaneFanRun {
 
 impl LaneFanRun {
     pub fn new(env: Arc<[Envelope]>, lanes: usize, blocking: bool, mode: FanPublish) -> LaneFanRun {
-        LaneFanRun::with_ring(env, lanes, blocking, mode, false)
+        LaneFanRun::with_ring(env, lanes, blocking, mode, false, FanRecv::Run)
     }
 
-    /// As `new`, over one shared ring (`StreamBuilder::shared_ring`) when `shared`.
+    /// As `new`, over one shared ring (`StreamBuilder::shared_ring`) when `shared`, the
+    /// consumers receiving as `recv` says.
     pub fn with_ring(
         env: Arc<[Envelope]>,
         lanes: usize,
         blocking: bool,
         mode: FanPublish,
         shared: bool,
+        recv: FanRecv,
     ) -> LaneFanRun {
         let stream = lane_stream_with(lanes, shared);
         let fanout = stream.fanout().unwrap();
@@ -708,6 +719,29 @@ impl LaneFanRun {
             let mut seen = vec![0u64; consumers.len()];
             while seen.iter().any(|&s| s < want) {
                 for (c, seen) in consumers.iter_mut().zip(seen.iter_mut()) {
+                    if let FanRecv::Item = recv {
+                        if blocking {
+                            if *seen < want {
+                                let d = c.recv().unwrap().expect("lane closed early");
+                                apply(&d);
+                                *seen += 1;
+                                d.ack().unwrap();
+                            }
+                            continue;
+                        }
+                        loop {
+                            match c.try_recv() {
+                                Ok(d) => {
+                                    apply(&d);
+                                    *seen += 1;
+                                    d.ack().unwrap();
+                                }
+                                Err(TryRecvError::Empty) => break,
+                                Err(e) => panic!("recv failed: {e}"),
+                            }
+                        }
+                        continue;
+                    }
                     if blocking {
                         if *seen < want {
                             let run = c.recv_run(RUN).unwrap().expect("lane closed early");

@@ -105,6 +105,13 @@ impl Fanout {
     /// returns how many leading items can be published to every lane now (>= 1), or why the
     /// first cannot.
     fn admissible(&mut self, items: &[LaneItem]) -> Result<usize, Refusal> {
+        self.admissible_to(None, items)
+    }
+
+    /// As [`admissible`](Fanout::admissible), for items to every lane (`None`) or to lane `i`
+    /// only: then only that lane needs room, unless the ring is shared (an item takes a cell of
+    /// every lane).
+    fn admissible_to(&mut self, to: Option<usize>, items: &[LaneItem]) -> Result<usize, Refusal> {
         // The highest position any lane has (each lane refuses positions at or below its own).
         let mut last = self
             .lanes
@@ -139,7 +146,11 @@ impl Fanout {
         if self.lanes.iter().any(|lane| lane.ring.is_closed()) {
             return Err(Refusal::Closed);
         }
+        let only = to.filter(|_| self.shared.is_none());
         for (i, lane) in self.lanes.iter_mut().enumerate() {
+            if only.is_some_and(|only| only != i) {
+                continue;
+            }
             let room = lane.ring.room(&mut lane.state, n as u64) as usize;
             if room == 0 {
                 return Err(Refusal::Full(i));
@@ -149,6 +160,24 @@ impl Fanout {
         Ok(n)
     }
 
+    /// Publishes `item` (admitted) to lane `to` only: for a shared ring, to every lane with a
+    /// gap marked on each other lane first. `false` if a lane was closed meanwhile.
+    fn push_to(&mut self, to: usize, item: &LaneItem) -> bool {
+        let position = item.position().map_or(NO_POSITION, |p| p.0);
+        let Some(cells) = &self.shared else {
+            let lane = &mut self.lanes[to];
+            return lane.ring.push_run_checked(&mut lane.state, 1, |_| (item.clone(), position));
+        };
+        // SAFETY: as in `push`, for one item.
+        unsafe { cells.write(1, |_| (item.clone(), position)) };
+        for (i, lane) in self.lanes.iter().enumerate() {
+            if i != to {
+                lane.ring.mark_gap(&lane.state);
+            }
+        }
+        self.lanes.iter_mut().all(|lane| lane.ring.publish_written(&mut lane.state, 1, position))
+    }
+
     /// Publishes `items[..n]` (admitted) to every lane; `false` if a lane was closed meanwhile.
     fn push(&mut self, items: &[LaneItem], n: usize) -> bool {
         let positions = |k: u64| items[k as usize].position().map_or(NO_POSITION, |p| p.0);
@@ -156,8 +185,7 @@ impl Fanout {
             // Written once, published to every lane. Every lane's `tail` equals the cells'
             // `written` here: a publish that a close stopped half-way is the last one.
             debug_assert!(self.lanes.iter().all(|l| l.state.tail == cells.written()));
-            let last =
-                (0..n as u64).map(positions).rfind(|&p| p != NO_POSITION).unwrap_or(NO_POSITION);
+            let last = (0..n as u64).map(positions).rfind(|&p| p != NO_POSITION).unwrap_or(NO_POSITION);
             // SAFETY: we hold every lane's producer role, and `admissible` found room for `n`
             // items on every lane against a `free` loaded with Acquire: every lane emptied the
             // slots of items `tail + n - capacity` and below, so no handle reads their cells.
@@ -190,12 +218,71 @@ impl Fanout {
         self.try_step(item).map_err(|(item, refusal, _)| refusal_error(item, refusal))
     }
 
+    /// Publishes `item` to lane `lane` only (its index in
+    /// [`MemoryStream::lanes`](crate::MemoryStream::lanes) order), waiting (spin, then park) while
+    /// it is full: a reply for one sink, such as the snapshot batches of a
+    /// [backfill](crate::Request::Backfill) it asked for.
+    ///
+    /// With a lane ring each, only that lane is written and needs room. With a
+    /// [shared ring](crate::StreamBuilder::shared_ring) the item takes a cell, so it needs room on
+    /// every lane: it is published to every lane, and every other lane's consumer acks it on its
+    /// way past without delivering it (a gap; such a lane is not idle until its consumer passed
+    /// it, and its acked position may move to the item's position). An item's position, if it has
+    /// one, must grow past every lane's last ([L4](crate::contract#l4)), as for
+    /// [`publish`](Fanout::publish).
+    ///
+    /// # Errors
+    /// As [`publish`](Fanout::publish).
+    ///
+    /// # Panics
+    /// If `lane` is not below [`lanes`](Fanout::lanes).
+    pub fn publish_to(&mut self, lane: usize, mut item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        assert!(lane < self.lanes.len(), "publish_to: lane {lane} of {}", self.lanes.len());
+        loop {
+            match self.try_step_to(Some(lane), item) {
+                Ok(()) => return Ok(()),
+                Err((back, Refusal::Full(i), _)) => {
+                    item = back;
+                    self.wait_for_room(i, None);
+                }
+                Err((back, refusal, _)) => {
+                    return Err(match refusal_error(back, refusal).into_waitable() {
+                        Err(e) => e,
+                        Ok(_) => unreachable!("Full is handled above"),
+                    })
+                }
+            }
+        }
+    }
+
+    /// As [`publish_to`](Fanout::publish_to), never waiting.
+    ///
+    /// # Errors
+    /// As [`try_publish`](Fanout::try_publish).
+    ///
+    /// # Panics
+    /// If `lane` is not below [`lanes`](Fanout::lanes).
+    pub fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        assert!(lane < self.lanes.len(), "try_publish_to: lane {lane} of {}", self.lanes.len());
+        self.try_step_to(Some(lane), item).map_err(|(item, refusal, _)| refusal_error(item, refusal))
+    }
+
     /// One attempt; on refusal the item, why, and the lane to wait for (if full).
     fn try_step(&mut self, item: LaneItem) -> Result<(), (LaneItem, Refusal, usize)> {
+        self.try_step_to(None, item)
+    }
+
+    /// One attempt, to every lane or (`Some(i)`) to lane `i` only (see
+    /// [`publish_to`](Fanout::publish_to)).
+    fn try_step_to(&mut self, to: Option<usize>, item: LaneItem) -> Result<(), (LaneItem, Refusal, usize)> {
         let items = std::slice::from_ref(&item);
-        match self.admissible(items) {
+        match self.admissible_to(to, items) {
             Ok(_) => {
-                if self.push(items, 1) {
+                let pushed = match to {
+                    None => self.push(items, 1),
+                    Some(i) => self.push_to(i, &item),
+                };
+                if pushed {
                     Ok(())
                 } else {
                     Err((item, Refusal::Closed, 0))

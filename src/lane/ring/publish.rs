@@ -191,6 +191,21 @@ impl<T> Ring<T> {
         false
     }
 
+    /// Marks item `tail` (the next to publish) a gap for this lane: a shared ring's item for
+    /// another lane, which this lane's consumer acks on its way past without delivering it (P23).
+    /// The caller holds the producer role, found room for the item ([`room`](Ring::room)) and
+    /// publishes it next with [`publish_written`](Ring::publish_written).
+    pub(crate) fn mark_gap(&self, p: &ProducerState) {
+        debug_assert!(p.tail - p.cached_free < self.shape.capacity);
+        let state = self.state(p.tail);
+        // Relaxed: the slot is empty and unpublished (its last writer, the advancer emptying it,
+        // is ordered before us by the room check's Acquire of `free`), and the `tail` Release
+        // that publishes it orders this store before the consumer's read.
+        let word = state.load(Ordering::Relaxed);
+        debug_assert_eq!(super::slot::tag(word), super::slot::EMPTY);
+        state.store(super::slot::gen(word) | super::slot::SKIPPED, Ordering::Relaxed);
+    }
+
     /// Publishes items `tail..tail + n`, whose cells the caller wrote (the last position among
     /// them is `last`, or `NO_POSITION`), with one `tail` compare-and-swap. `false` if the lane
     /// is closed: nothing was published and the cells are the caller's again. The caller holds

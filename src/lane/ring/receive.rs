@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use crossbeam_utils::Backoff;
 
-use super::slot::{attempt, delivered_word, holders, tag, with_tag, DELIVERED, MAX_HOLDERS, RELEASED};
+use super::slot::{
+    attempt, delivered_word, gen, holders, tag, with_tag, ACKED, DELIVERED, MAX_HOLDERS, RELEASED, SKIPPED,
+};
 use super::wait;
 use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
 use crate::sync::Ordering;
@@ -123,7 +125,22 @@ impl<T> Ring<T> {
     /// One non-blocking receive step for the consumer of `epoch`: a redelivery first ([L2](crate::contract#l2), [L6](crate::contract#l6)),
     /// else the next queued item, else `Empty`/`Closed`. Never blocks ([L12](crate::contract#l12)).
     pub(crate) fn take(&self, epoch: u64, cached_tail: &mut u64) -> Take {
-        self.seated(epoch, || self.take_seated(cached_tail)).unwrap_or(Take::Detached)
+        let mut skipped = false;
+        let taken =
+            self.seated(epoch, || self.take_seated(cached_tail, &mut skipped)).unwrap_or(Take::Detached);
+        if skipped {
+            // The gaps passed are acked: one advancer request for all of them (P23).
+            self.request_advance();
+        }
+        taken
+    }
+
+    /// Acks the gap at `state` (word `word`, `SKIPPED`) on the seated consumer's way past: the
+    /// item is another lane's (P23).
+    pub(super) fn pass_gap(&self, state: &crate::sync::AtomicU64, word: u64) {
+        // Release: pairs with the advancer's Acquire of the word, as an ack's (P8). No handle
+        // exists and only the seated consumer changes a queued slot's word.
+        state.store(gen(word) | ACKED, Ordering::Release);
     }
 
     /// Runs `step` holding the seat of the consumer of `epoch` (P5 in the memory-ordering
@@ -152,10 +169,10 @@ impl<T> Ring<T> {
         Some(taken)
     }
 
-    fn take_seated(&self, cached_tail: &mut u64) -> Take {
+    fn take_seated(&self, cached_tail: &mut u64, skipped: &mut bool) -> Take {
         // Relaxed: `next` is written only by the seated consumer; the seat's Acquire ordered us
         // after the last writer.
-        let next = self.cons.next.load(Ordering::Relaxed);
+        let mut next = self.cons.next.load(Ordering::Relaxed);
         // Relaxed: a count only says "scan"; the scan acquires each slot word. Nack counts
         // before its switch to RELEASED, re-attach counts under the seat.
         if self.cons.released.load(Ordering::Relaxed) > 0 {
@@ -163,29 +180,43 @@ impl<T> Ring<T> {
                 return t;
             }
         }
-        // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
-        if next >= *cached_tail {
-            // Acquire: pairs with the producer's Release compare-and-swap (the slot is
-            // initialised) and with `close`'s Release RMW; `CLOSED` and the count are one word,
-            // so a close we see brings every item published before it.
-            let tail = self.prod.tail.load(Ordering::Acquire);
-            *cached_tail = tail >> TAIL_SHIFT;
-            if next == *cached_tail {
-                return if tail & CLOSED != 0 { Take::Closed } else { Take::Empty };
+        loop {
+            // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
+            if next >= *cached_tail {
+                // Acquire: pairs with the producer's Release compare-and-swap (the slot is
+                // initialised) and with `close`'s Release RMW; `CLOSED` and the count are one
+                // word, so a close we see brings every item published before it.
+                let tail = self.prod.tail.load(Ordering::Acquire);
+                *cached_tail = tail >> TAIL_SHIFT;
+                if next == *cached_tail {
+                    if *skipped {
+                        // Release: as below (the gaps passed are behind `next`).
+                        self.cons.next.store(next, Ordering::Release);
+                    }
+                    return if tail & CLOSED != 0 { Take::Closed } else { Take::Empty };
+                }
             }
+            let state = self.state(next);
+            // Relaxed: the slot's last writer (the advancer emptying it, or the fan-out marking
+            // a gap) is ordered before us by the `free` -> producer -> `tail` chain acquired
+            // above. No handle exists, so no holder.
+            let now = state.load(Ordering::Relaxed);
+            if tag(now) == SKIPPED {
+                self.pass_gap(state, now);
+                next += 1;
+                *skipped = true;
+                continue;
+            }
+            let word = delivered_word(now, 1);
+            // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing
+            // else can change a queued slot's word, so a plain store suffices.
+            state.store(word, Ordering::Release);
+            // Release: `next` is read by re-attach (after the seat) and by statistics.
+            self.cons.next.store(next + 1, Ordering::Release);
+            // Relaxed: statistics; only the seated consumer writes.
+            self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            return Take::Item { index: next, word };
         }
-        let state = self.state(next);
-        // Relaxed: the slot's last writer (the advancer emptying it) is ordered before us by the
-        // `free` -> producer -> `tail` chain acquired above. No handle exists, so no holder.
-        let word = delivered_word(state.load(Ordering::Relaxed), 1);
-        // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing else
-        // can change a queued slot's word, so a plain store suffices.
-        state.store(word, Ordering::Release);
-        // Release: `next` is read by re-attach (after the seat) and by statistics.
-        self.cons.next.store(next + 1, Ordering::Release);
-        // Relaxed: statistics; only the seated consumer writes.
-        self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        Take::Item { index: next, word }
     }
 
     /// Redelivers the lowest released item below `next`, if any.

@@ -12,7 +12,9 @@
 //! instead of per item on the ack side; one `released` RMW and one wake-up per released run.
 
 use super::receive::Take;
-use super::slot::{delivered_word, gen, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE};
+use super::slot::{
+    delivered_word, gen, tag, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE, SKIPPED,
+};
 use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -56,12 +58,20 @@ impl<T> Ring<T> {
     pub(crate) fn take_run(&self, epoch: u64, cached_tail: &mut u64, gens: &mut [u32]) -> TakeRun {
         debug_assert!(!gens.is_empty());
         // The seat, taken and given back as for one item (P5, P16).
-        self.seated(epoch, || self.take_run_seated(cached_tail, gens)).unwrap_or(TakeRun::Detached)
+        let mut skipped = false;
+        let taken = self
+            .seated(epoch, || self.take_run_seated(cached_tail, gens, &mut skipped))
+            .unwrap_or(TakeRun::Detached);
+        if skipped {
+            // As in `take`: one advancer request for the gaps passed (P23).
+            self.request_advance();
+        }
+        taken
     }
 
-    fn take_run_seated(&self, cached_tail: &mut u64, gens: &mut [u32]) -> TakeRun {
+    fn take_run_seated(&self, cached_tail: &mut u64, gens: &mut [u32], skipped: &mut bool) -> TakeRun {
         // Relaxed: as in `take_seated` (only the seated consumer writes `next`).
-        let next = self.cons.next.load(Ordering::Relaxed);
+        let mut next = self.cons.next.load(Ordering::Relaxed);
         // Relaxed: a hint to scan, as in `take_seated`.
         if self.cons.released.load(Ordering::Relaxed) > 0 {
             match self.take_released(next) {
@@ -72,6 +82,31 @@ impl<T> Ring<T> {
                 Some(_) => return TakeRun::Blocked,
                 None => {}
             }
+        }
+        // Gaps first (a shared ring's items for other lanes): acked on the way past, as in
+        // `take_seated`.
+        loop {
+            if next >= *cached_tail {
+                // Acquire: as below.
+                let tail = self.prod.tail.load(Ordering::Acquire);
+                *cached_tail = tail >> TAIL_SHIFT;
+                if next == *cached_tail {
+                    if *skipped {
+                        // Release: as the `next` store below.
+                        self.cons.next.store(next, Ordering::Release);
+                    }
+                    return if tail & CLOSED != 0 { TakeRun::Closed } else { TakeRun::Empty };
+                }
+            }
+            let state = self.state(next);
+            // Relaxed: as in `take_seated`.
+            let now = state.load(Ordering::Relaxed);
+            if tag(now) != SKIPPED {
+                break;
+            }
+            self.pass_gap(state, now);
+            next += 1;
+            *skipped = true;
         }
         // Reload `tail` whenever the cached count cannot fill the run (once per run, not per
         // item). `>=` / saturating: a freshly attached consumer's cache starts at 0.
@@ -84,13 +119,19 @@ impl<T> Ring<T> {
                 return if tail & CLOSED != 0 { TakeRun::Closed } else { TakeRun::Empty };
             }
         }
-        let len = (*cached_tail - next).min(gens.len() as u64) as usize;
+        let mut len = (*cached_tail - next).min(gens.len() as u64) as usize;
         for (j, g) in gens[..len].iter_mut().enumerate() {
             let state = self.state(next + j as u64);
             // Relaxed load, Release store: as in `take_seated`, for every item below the `tail`
             // acquired above (the same `free` -> producer -> `tail` chain orders each slot's
             // last writer before us; no handle exists yet, so nothing else writes the word).
-            let word = delivered_word(state.load(Ordering::Relaxed), 1);
+            let now = state.load(Ordering::Relaxed);
+            if tag(now) == SKIPPED {
+                // A gap ends the run (item `next` is not one: the loop above passed the gaps).
+                len = j;
+                break;
+            }
+            let word = delivered_word(now, 1);
             state.store(word, Ordering::Release);
             *g = (gen(word) >> GEN_SHIFT) as u32;
         }

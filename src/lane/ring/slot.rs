@@ -24,6 +24,10 @@ pub(super) const EMPTY: u64 = 0;
 pub(super) const DELIVERED: u64 = 1;
 pub(super) const RELEASED: u64 = 2;
 pub(super) const ACKED: u64 = 3;
+/// Published to this lane as a gap: a shared ring's item addressed to another lane
+/// (`Fanout::publish_to`). Written by the fan-out before it publishes the slot; the consumer
+/// acks it on its way past (`ACKED`, no holder) and delivers nothing.
+pub(super) const SKIPPED: u64 = 4;
 
 #[inline]
 pub(super) fn tag(word: u64) -> u64 {
