@@ -169,3 +169,58 @@ fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
         assert!(stream.is_idle());
     });
 }
+
+/// Model 20: gaps — a shared ring's item published to one lane, passed by the other lane's
+/// consumer while the fan-out waits to reuse its cell.
+///
+/// Capacity 1, lanes "a" and "b" on one shared ring: the fan-out publishes a snapshot to lane "b"
+/// only (`try_publish_to`; a gap for lane "a"), and lane "b" receives and acks it. A thread then
+/// receives on lane "a" (`recv`, blocking: its step passes the gap — an `ACKED` store and one
+/// advancer request — and then waits for item 1) while the main thread publishes item 1 to both
+/// lanes (`publish`, blocking for room: the one cell is free only once lane "a" passed the gap).
+/// Checked:
+/// - lane "a" is never given the snapshot, and both lanes receive item 1 as published (loom
+///   checks the cell, rewritten only after both lanes emptied the snapshot's slot);
+/// - the publish is woken: passing the gap frees the cell through the advancer, whose request
+///   wakes a producer waiting for room (a lost wake-up or a gap never advanced over is a loom
+///   deadlock);
+/// - the watermark and idleness at the end.
+///
+/// Fails when its protection is removed (row 50): without the advancer request after a step that
+/// passed a gap, the publish waits for ever.
+///
+/// Why the bound suffices: two threads; the race is the consumer's step (gap, then park) against
+/// the fan-out's room check, park, write and `tail` update; one preemption places the step
+/// anywhere against them, bound 3 also covers each side being preempted inside its wait.
+#[test]
+fn a_gap_is_passed_and_its_cell_reused() {
+    support::model("a_gap_is_passed_and_its_cell_reused", 3, || {
+        let stream = MemoryStream::builder()
+            .capacity(1)
+            .request_capacity(1)
+            .sinks(["a", "b"])
+            .shared_ring(true)
+            .build()
+            .unwrap();
+        let mut fanout = stream.fanout().unwrap();
+        let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
+        let mut b = consumers.pop().unwrap();
+        let mut a = consumers.pop().unwrap();
+        fanout.try_publish_to(1, support::snapshot()).unwrap();
+        let d = b.try_recv().unwrap();
+        assert_eq!(d.item().position(), None, "lane b gets the snapshot");
+        d.ack().unwrap();
+        let ta = thread::spawn(move || {
+            let d = a.recv().unwrap().expect("not closed");
+            check(d.item(), 1);
+            d.ack().unwrap();
+        });
+        fanout.publish(batch(1)).unwrap();
+        let d = b.try_recv().unwrap();
+        check(d.item(), 1);
+        d.ack().unwrap();
+        ta.join().unwrap();
+        assert_eq!(stream.watermark(), Some(Position(1)));
+        assert!(stream.is_idle());
+    });
+}

@@ -161,3 +161,8 @@ impl Wake for Flag {
         self.thread.unpark();
     }
 }
+
+/// An unpositioned, empty batch (a snapshot chunk).
+pub fn snapshot() -> LaneItem {
+    LaneItem::Batch(Batch::new(None, StdArc::from(Vec::<Envelope>::new())))
+}
