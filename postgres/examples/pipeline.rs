@@ -54,7 +54,7 @@ use bytes::Bytes;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use lanestream::{
-    AckError, AckHandle, Batch, Envelope, IndexName, Lane, LaneItem, MemoryStream, Op, Position, Producer,
+    AckError, AckHandle, Batch, Envelope, Fanout, IndexName, Lane, LaneItem, MemoryStream, Op, Position,
     PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
 };
 use lanestream_postgres::live::{Confirmer, LiveConfig, LiveSource};
@@ -154,6 +154,10 @@ struct Args {
     /// long as parsing the bundled capture). Files only; the input must fit in memory.
     #[arg(long, conflicts_with = "source")]
     preload: bool,
+    /// One ring per lane, each batch cloned into every lane, instead of the default shared ring
+    /// (each batch written once, read in place by every lane; `StreamBuilder::shared_ring`).
+    #[arg(long)]
+    separate_rings: bool,
     /// Slots per lane, in batches.
     #[arg(long, default_value_t = 1024)]
     capacity: usize,
@@ -519,7 +523,8 @@ struct Ingest {
     bad_shown: u32,
     /// Envelopes of the chunks published of the transaction being published.
     chunk_envelopes: u32,
-    producers: Vec<Producer<LaneItem>>,
+    /// One publisher for every lane (over the shared ring, unless --separate-rings).
+    fanout: Fanout,
     names: Vec<SinkName>,
     requests: lanestream::Consumer<Request>,
     state: Option<State>,
@@ -529,9 +534,10 @@ struct Ingest {
 impl Ingest {
     /// Publishes to every lane; `to` restricts it to one lane (snapshot rows).
     fn publish(&mut self, item: LaneItem, to: Option<usize>) -> Result<(), BoxError> {
-        for (i, p) in self.producers.iter_mut().enumerate() {
-            if to.is_none_or(|t| t == i) {
-                p.publish(item.clone()).map_err(|e| format!("publish to {}: {e}", self.names[i]))?;
+        match to {
+            None => self.fanout.publish(item).map_err(|e| format!("publish: {e}"))?,
+            Some(i) => {
+                self.fanout.publish_to(i, item).map_err(|e| format!("publish to {}: {e}", self.names[i]))?
             }
         }
         Ok(())
@@ -609,9 +615,7 @@ impl Ingest {
             self.report.error = Some(e.to_string());
         }
         // Close every lane: the sinks drain what is queued, then see the end.
-        for p in &self.producers {
-            p.close();
-        }
+        self.fanout.close();
         counters.ingest_done.store(true, Ordering::Release);
         self.report
     }
@@ -751,21 +755,21 @@ impl Ingest {
 
     /// Publishes to every lane, confirming the watermark to the slot every 100 ms while a full
     /// lane keeps it waiting (so the slow sinks' progress reaches PostgreSQL meanwhile).
-    fn publish_confirming(&mut self, item: LaneItem, confirmer: &mut Confirmer<'_>) -> Result<(), BoxError> {
-        for (i, p) in self.producers.iter_mut().enumerate() {
-            let mut item = item.clone();
-            loop {
-                match p.publish_timeout(item, Duration::from_millis(100)) {
-                    Ok(()) => break,
-                    Err(PublishTimeoutError::Timeout(back)) => {
-                        item = back;
-                        confirmer.confirm(self.stream.watermark())?;
-                    }
-                    Err(e) => return Err(format!("publish to {}: {e}", self.names[i]).into()),
+    fn publish_confirming(
+        &mut self,
+        mut item: LaneItem,
+        confirmer: &mut Confirmer<'_>,
+    ) -> Result<(), BoxError> {
+        loop {
+            match self.fanout.publish_timeout(item, Duration::from_millis(100)) {
+                Ok(()) => return Ok(()),
+                Err(PublishTimeoutError::Timeout(back)) => {
+                    item = back;
+                    confirmer.confirm(self.stream.watermark())?;
                 }
+                Err(e) => return Err(format!("publish: {e}").into()),
             }
         }
-        Ok(())
     }
 }
 
@@ -1238,6 +1242,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         .capacity(args.capacity)
         .request_capacity(usize::from(args.sinks).max(1) * 2)
         .sinks(names.iter().cloned())
+        .shared_ring(!args.separate_rings)
         .build()?;
     let lanes: Vec<Lane> = names.iter().map(|n| stream.lane(n)).collect::<Result<_, _>>()?;
     let live = args.source.is_some();
@@ -1306,7 +1311,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         stop: stop.clone(),
         bad_shown: 0,
         chunk_envelopes: 0,
-        producers: lanes.iter().map(Lane::producer).collect::<Result<_, _>>()?,
+        fanout: stream.fanout()?,
         names: lanes.iter().map(|l| l.name().clone()).collect(),
         requests: stream.requests().reattach(),
         state: args.chaos.then(State::new),
