@@ -33,35 +33,54 @@ use crate::support::{self, batch, check};
 #[test]
 fn stale_handle_ending_while_its_redelivery_is_acked_as_a_run() {
     support::model("stale_handle_ending_while_its_redelivery_is_acked_as_a_run", 3, || {
-        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
-        let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
-        let mut old = lane.reattach();
-        producer.try_publish(batch(1)).unwrap();
-        let stale = old.try_recv().unwrap();
-        let mut new = lane.reattach();
-        let t = thread::spawn(move || {
-            check(stale.item(), 1);
-            drop(stale);
-        });
-        let run = new.try_recv_run(2).unwrap();
-        assert_eq!((run.len(), run.attempt()), (1, 2));
-        check(run.get(0).unwrap(), 1);
-        run.ack().unwrap();
-        t.join().unwrap();
-        assert_eq!(lane.acked(), Some(Position(1)));
-        producer.try_publish(batch(2)).unwrap();
-        match producer.try_publish(batch(3)) {
-            Ok(()) => {}
-            Err(TryPublishError::Full(_)) => panic!("item 1's slot was never emptied"),
-            Err(e) => panic!("publish: {e:?}"),
-        }
-        let r = new.try_recv_run(2).unwrap();
-        assert_eq!(r.len(), 2);
-        r.ack().unwrap();
-        assert!(stream.is_idle());
-        drop(old);
+        stale_handle_run(false)
     });
+}
+
+/// Model 18c: model 18a on a one-lane shared ring (published by the fan-out; the lane's advancer
+/// empties slots in one pass, `advance_shared`, and must not empty the slot the stale handle pins).
+#[test]
+fn stale_handle_ending_while_its_redelivery_is_acked_as_a_run_shared_ring() {
+    support::model("stale_handle_ending_while_its_redelivery_is_acked_as_a_run_shared_ring", 3, || {
+        stale_handle_run(true)
+    });
+}
+
+fn stale_handle_run(shared: bool) {
+    let stream = MemoryStream::builder()
+        .capacity(2)
+        .request_capacity(1)
+        .sink("a")
+        .shared_ring(shared)
+        .build()
+        .unwrap();
+    let lane = stream.lane("a").unwrap();
+    let mut fanout = stream.fanout().unwrap();
+    let mut old = lane.reattach();
+    fanout.try_publish(batch(1)).unwrap();
+    let stale = old.try_recv().unwrap();
+    let mut new = lane.reattach();
+    let t = thread::spawn(move || {
+        check(stale.item(), 1);
+        drop(stale);
+    });
+    let run = new.try_recv_run(2).unwrap();
+    assert_eq!((run.len(), run.attempt()), (1, 2));
+    check(run.get(0).unwrap(), 1);
+    run.ack().unwrap();
+    t.join().unwrap();
+    assert_eq!(lane.acked(), Some(Position(1)));
+    fanout.try_publish(batch(2)).unwrap();
+    match fanout.try_publish(batch(3)) {
+        Ok(()) => {}
+        Err(TryPublishError::Full(_)) => panic!("item 1's slot was never emptied"),
+        Err(e) => panic!("publish: {e:?}"),
+    }
+    let r = new.try_recv_run(2).unwrap();
+    assert_eq!(r.len(), 2);
+    r.ack().unwrap();
+    assert!(stream.is_idle());
+    drop(old);
 }
 
 /// Model 18b: a run acked on another thread while its consumer receives, then goes away.

@@ -136,12 +136,77 @@ impl<T> Ring<T> {
         }
     }
 
+    /// [`advance_prefix`](Ring::advance_prefix) for a shared ring, whose slots hold no item of
+    /// their own to drop: one pass that advances the acked prefix and empties each of its slots
+    /// at once when no stale handle pins it (the common case), then publishes `acked_end` (and
+    /// the acked position) before `free`, as the two-pass form does (readers rely on
+    /// `free <= acked_end`). A pinned slot stops the emptying there; the rest of the prefix
+    /// still counts as acked, and the stale handle's end requests another pass.
+    fn advance_shared(&self) {
+        // Relaxed: as in `advance_prefix` (only the advancer writes them).
+        let mut acked = self.adv.acked_end.load(Ordering::Relaxed);
+        let free_before = self.adv.free.load(Ordering::Relaxed);
+        let (start, mut free) = (acked, free_before);
+        let mut position = NO_POSITION;
+        while acked < free + self.shape.capacity {
+            let state = self.state(acked);
+            // Acquire: pairs with the ack's Release (W4 chain), and with stale handles' Release
+            // holder decrements (their reads of the item happen before the slot is emptied).
+            let word = state.load(Ordering::Acquire);
+            if tag(word) != ACKED {
+                break;
+            }
+            // SAFETY: as in `advance_prefix` (the fan-out wrote the position before publishing
+            // item `acked`, and rewrites it only after every lane's `free` passed it).
+            let p = unsafe { self.cell(acked).position.with(|c| *c) };
+            if p != NO_POSITION {
+                position = p;
+            }
+            if free == acked && holders(word) == 0 {
+                // Relaxed: published by the Release store of `free` below. Keeps `gen`.
+                state.store(gen(word) | EMPTY, Ordering::Relaxed);
+                free += 1;
+            }
+            acked += 1;
+        }
+        if acked != start {
+            // Release: as in `advance_prefix`.
+            self.adv.acked_end.store(acked, Ordering::Release);
+            if position != NO_POSITION {
+                // Release: as in `advance_prefix` (W3, W4).
+                self.shape.mark.publish(position);
+            }
+        }
+        // Then the slots the pass left behind a pinned one, as far as no handle pins them now
+        // (the second pass of `advance_prefix`).
+        while free < acked {
+            let state = self.state(free);
+            // Acquire: as above.
+            let word = state.load(Ordering::Acquire);
+            if holders(word) != 0 {
+                break;
+            }
+            // Relaxed: as above.
+            state.store(gen(word) | EMPTY, Ordering::Relaxed);
+            free += 1;
+        }
+        if free != free_before {
+            // Release: pairs with the fan-out's Acquire load of `free` (the cells below may be
+            // reused once every lane passed them).
+            self.adv.free.store(free, Ordering::Release);
+        }
+    }
+
     /// Advances the acked prefix over every contiguous ACKED item (moving the lane's acked
     /// position: an acked item counts at once, [L5](crate::contract#l5)/W1), then empties the slots of the prefix
     /// that no handle reads any more (a detached consumer's stale handle keeps its item's slot,
     /// not the watermark). Must be called only by the advancer. Item drops that panic are caught
     /// (the bookkeeping is already done) and the first panic is kept to be resumed.
     fn advance_prefix(&self, first_panic: &mut Option<Box<dyn std::any::Any + Send>>) {
+        if self.is_shared() {
+            self.advance_shared();
+            return;
+        }
         // Relaxed: only the advancer writes `acked_end` and `free`, and the role's Acquire ordered us
         // after the previous advancer.
         let mut acked = self.adv.acked_end.load(Ordering::Relaxed);
