@@ -53,6 +53,9 @@ fn w1(c: &mut Criterion) {
         fixture(&mut g, "lanestream[spin-then-park]", || LaneW1::new(env.clone(), true));
         fixture(&mut g, "rtrb[spin]", || RtrbW1::new(env.clone()));
         fixture(&mut g, "crossbeam-channel[spin-then-park]", || CrossbeamW1::new(env.clone()));
+        fixture(&mut g, "lanestream-shared-runs[spin]", || {
+            LaneFanRun::with_ring(env.clone(), 1, false, FanPublish::Run, true, FanRecv::Run)
+        });
         fixture(&mut g, "disruptor[spin]", || DisruptorFan::new(env.clone(), 1));
         g.finish();
     }
@@ -63,7 +66,8 @@ fn w1(c: &mut Criterion) {
 /// `try_recv` + `ack` per item); `lanestream-runs[...]` the fan-out producer's `publish_run` in
 /// chunks of 64 with `try_recv_run(64)` / `recv_run(64)` and one ack per run;
 /// `lanestream-fanout+runs[spin]` the fan-out producer's per-item `try_publish` with runs on
-/// the receiving side.
+/// the receiving side; `lanestream-shared-runs[...]` and `lanestream-shared-items[...]` the same
+/// over one shared ring (`StreamBuilder::shared_ring`), through runs and item by item.
 fn w2(c: &mut Criterion) {
     for (suffix, size) in [("", 64usize), ("_batch_1", 1)] {
         let env = envelopes(size);
@@ -79,6 +83,14 @@ fn w2(c: &mut Criterion) {
             fixture(&mut g, "lanestream-fanout+runs[spin]", || {
                 LaneFanRun::new(env.clone(), lanes, false, FanPublish::Item)
             });
+            for (blocking, mode) in [(false, "spin"), (true, "spin-then-park")] {
+                fixture(&mut g, &format!("lanestream-shared-runs[{mode}]"), || {
+                    LaneFanRun::with_ring(env.clone(), lanes, blocking, FanPublish::Run, true, FanRecv::Run)
+                });
+                fixture(&mut g, &format!("lanestream-shared-items[{mode}]"), || {
+                    LaneFanRun::with_ring(env.clone(), lanes, blocking, FanPublish::Item, true, FanRecv::Item)
+                });
+            }
             fixture(&mut g, "disruptor[spin]", || DisruptorFan::new(env.clone(), lanes));
             if size == 64 {
                 fixture(&mut g, "tokio-broadcast[spin]", || BroadcastFan::new(env.clone(), lanes));

@@ -180,6 +180,8 @@ def ratio(g, a, b):
 g = "w1_one_lane/batch_1"
 target("W1 batch 1 lanestream[spin] vs rtrb[spin]", ratio(g, "lanestream[spin]", "rtrb[spin]"),
        "<=", 1.5, "ours/rtrb")
+target("W1 batch 1 shared ring + runs [spin] vs rtrb[spin]", ratio(g, "lanestream-shared-runs[spin]", "rtrb[spin]"),
+       "<=", 1.1, "ours/rtrb")
 target("W1 batch 1 lanestream[spin-then-park] vs crossbeam-channel",
        ratio(g, "crossbeam-channel[spin-then-park]", "lanestream[spin-then-park]"), ">=", 3.0, "crossbeam/ours")
 target("W1 batch 1 lanestream[spin] vs crossbeam-channel",
@@ -195,6 +197,11 @@ for lanes in (4, 8):
                ">=", 1.0, "disruptor/ours")
         target(f"W2{suffix} {lanes} lanes, per-item API, vs disruptor", ratio(g, "disruptor[spin]", "lanestream[spin]"),
                ">=", 0.5, "disruptor/ours")
+        for mode in ("spin", "spin-then-park"):
+            target(f"W2{suffix} {lanes} lanes, shared ring + runs [{mode}], vs disruptor",
+                   ratio(g, "disruptor[spin]", f"lanestream-shared-runs[{mode}]"), ">=", 1.0, "disruptor/ours")
+            target(f"W2{suffix} {lanes} lanes, shared ring, per-item API [{mode}], vs disruptor",
+                   ratio(g, "disruptor[spin]", f"lanestream-shared-items[{mode}]"), ">=", 0.5, "disruptor/ours")
 for size in (1, 64):
     x = med.get((f"w3_round_trip/batch_{size}", "lanestream[spin]"))
     target(f"W3 batch {size} round trip vs W0 (lower of start/end)", x / w0 if x and w0 else None, "<=", 2.0, "ours/W0")
