@@ -163,7 +163,9 @@ impl LogSourceBuilder {
     ///
     /// # Errors
     /// [`SourceError::Stream`] (another live producer on a lane, another attached request
-    /// consumer), [`SourceError::StartBeyondHead`], [`SourceError::NotAnAppendEnd`],
+    /// consumer, or a stream built with a [shared ring](crate::StreamBuilder::shared_ring),
+    /// whose lanes have no producers of their own: the source resumes each lane from its own
+    /// progress, which one shared array of items cannot hold), [`SourceError::StartBeyondHead`], [`SourceError::NotAnAppendEnd`],
     /// [`SourceError::LaneAhead`]. Nothing stays claimed.
     pub fn build(self, stream: &MemoryStream) -> Result<LogSource, SourceError> {
         let shared = self.log.shared.clone();
