@@ -236,23 +236,9 @@ impl Fanout {
     ///
     /// # Panics
     /// If `lane` is not below [`lanes`](Fanout::lanes).
-    pub fn publish_to(&mut self, lane: usize, mut item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+    pub fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         assert!(lane < self.lanes.len(), "publish_to: lane {lane} of {}", self.lanes.len());
-        loop {
-            match self.try_step_to(Some(lane), item) {
-                Ok(()) => return Ok(()),
-                Err((back, Refusal::Full(i), _)) => {
-                    item = back;
-                    self.wait_for_room(i, None);
-                }
-                Err((back, refusal, _)) => {
-                    return Err(match refusal_error(back, refusal).into_waitable() {
-                        Err(e) => e,
-                        Ok(_) => unreachable!("Full is handled above"),
-                    })
-                }
-            }
-        }
+        self.publish_waiting(Some(lane), item)
     }
 
     /// As [`publish_to`](Fanout::publish_to), never waiting.
@@ -298,9 +284,18 @@ impl Fanout {
     ///
     /// # Errors
     /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
-    pub fn publish(&mut self, mut item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+    pub fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        self.publish_waiting(None, item)
+    }
+
+    /// The blocking publish to every lane (`None`) or to one.
+    fn publish_waiting(
+        &mut self,
+        to: Option<usize>,
+        mut item: LaneItem,
+    ) -> Result<(), PublishError<LaneItem>> {
         loop {
-            match self.try_step(item) {
+            match self.try_step_to(to, item) {
                 Ok(()) => return Ok(()),
                 Err((back, Refusal::Full(i), _)) => {
                     item = back;

@@ -136,6 +136,21 @@ impl<T> Ring<T> {
         }
     }
 
+    /// Publishes a pass's new end of the acked prefix (moved from `start` to `acked`) and the
+    /// last position in it (`NO_POSITION` if none) as the lane's acked position. The advancer
+    /// only.
+    fn publish_acked(&self, start: u64, acked: u64, position: u64) {
+        if acked != start {
+            // Release: statistics and `is_idle` readers (Acquire).
+            self.adv.acked_end.store(acked, Ordering::Release);
+            if position != NO_POSITION {
+                // Release: pairs with the watermark's Acquire loads (W4). Positions grow along
+                // the lane, so the mark only grows (W3).
+                self.shape.mark.publish(position);
+            }
+        }
+    }
+
     /// [`advance_prefix`](Ring::advance_prefix) for a shared ring, whose slots hold no item of
     /// their own to drop: one pass that advances the acked prefix and empties each of its slots
     /// at once when no stale handle pins it (the common case), then publishes `acked_end` (and
@@ -169,14 +184,7 @@ impl<T> Ring<T> {
             }
             acked += 1;
         }
-        if acked != start {
-            // Release: as in `advance_prefix`.
-            self.adv.acked_end.store(acked, Ordering::Release);
-            if position != NO_POSITION {
-                // Release: as in `advance_prefix` (W3, W4).
-                self.shape.mark.publish(position);
-            }
-        }
+        self.publish_acked(start, acked, position);
         // Then the slots the pass left behind a pinned one, as far as no handle pins them now
         // (the second pass of `advance_prefix`).
         while free < acked {
@@ -231,15 +239,7 @@ impl<T> Ring<T> {
             }
             acked += 1;
         }
-        if acked != start {
-            // Release: statistics and `is_idle` readers (Acquire).
-            self.adv.acked_end.store(acked, Ordering::Release);
-            if position != NO_POSITION {
-                // Release: pairs with the watermark's Acquire loads (W4). Positions grow along
-                // the lane, so the mark only grows (W3).
-                self.shape.mark.publish(position);
-            }
-        }
+        self.publish_acked(start, acked, position);
         while free < acked {
             let state = self.state(free);
             // Acquire: pairs with stale handles' Release holder decrements (their reads of the

@@ -180,42 +180,61 @@ impl<T> Ring<T> {
                 return t;
             }
         }
+        let now = match self.first_queued(&mut next, cached_tail, skipped) {
+            Ok(word) => word,
+            Err(closed) => return if closed { Take::Closed } else { Take::Empty },
+        };
+        let state = self.state(next);
+        let word = delivered_word(now, 1);
+        // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing else
+        // can change a queued slot's word, so a plain store suffices.
+        state.store(word, Ordering::Release);
+        // Release: `next` is read by re-attach (after the seat) and by statistics.
+        self.cons.next.store(next + 1, Ordering::Release);
+        // Relaxed: statistics; only the seated consumer writes.
+        self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        Take::Item { index: next, word }
+    }
+
+    /// Moves the seated consumer's `next` past the gaps queued at it (a shared ring's items for
+    /// other lanes: each acked on the way past, `*skipped` set), reloading `tail` when `next`
+    /// reaches the cached count. Returns the state word of the first queued item that is not a
+    /// gap (item `*next`), or, when nothing more is queued, whether the lane is closed (`next`
+    /// is stored first if gaps were passed).
+    pub(super) fn first_queued(
+        &self,
+        next: &mut u64,
+        cached_tail: &mut u64,
+        skipped: &mut bool,
+    ) -> Result<u64, bool> {
         loop {
             // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
-            if next >= *cached_tail {
+            if *next >= *cached_tail {
                 // Acquire: pairs with the producer's Release compare-and-swap (the slot is
                 // initialised) and with `close`'s Release RMW; `CLOSED` and the count are one
                 // word, so a close we see brings every item published before it.
                 let tail = self.prod.tail.load(Ordering::Acquire);
                 *cached_tail = tail >> TAIL_SHIFT;
-                if next == *cached_tail {
+                if *next == *cached_tail {
                     if *skipped {
-                        // Release: as below (the gaps passed are behind `next`).
-                        self.cons.next.store(next, Ordering::Release);
+                        // Release: as the receive steps' `next` store (the gaps passed are
+                        // behind it).
+                        self.cons.next.store(*next, Ordering::Release);
                     }
-                    return if tail & CLOSED != 0 { Take::Closed } else { Take::Empty };
+                    return Err(tail & CLOSED != 0);
                 }
             }
-            let state = self.state(next);
+            let state = self.state(*next);
             // Relaxed: the slot's last writer (the advancer emptying it, or the fan-out marking
             // a gap) is ordered before us by the `free` -> producer -> `tail` chain acquired
             // above. No handle exists, so no holder.
             let now = state.load(Ordering::Relaxed);
-            if tag(now) == SKIPPED {
-                self.pass_gap(state, now);
-                next += 1;
-                *skipped = true;
-                continue;
+            if tag(now) != SKIPPED {
+                return Ok(now);
             }
-            let word = delivered_word(now, 1);
-            // Release: pairs with the Acquire of a re-attach scanning delivered slots. Nothing
-            // else can change a queued slot's word, so a plain store suffices.
-            state.store(word, Ordering::Release);
-            // Release: `next` is read by re-attach (after the seat) and by statistics.
-            self.cons.next.store(next + 1, Ordering::Release);
-            // Relaxed: statistics; only the seated consumer writes.
-            self.cons.delivered.store(self.cons.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            return Take::Item { index: next, word };
+            self.pass_gap(state, now);
+            *next += 1;
+            *skipped = true;
         }
     }
 

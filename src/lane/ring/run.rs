@@ -15,7 +15,7 @@ use super::receive::Take;
 use super::slot::{
     delivered_word, gen, tag, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE, SKIPPED,
 };
-use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
+use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT, TAIL_SHIFT};
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Gives back `left` counts of `released` when dropped (see `nack_run`).
@@ -83,41 +83,16 @@ impl<T> Ring<T> {
                 None => {}
             }
         }
-        // Gaps first (a shared ring's items for other lanes): acked on the way past, as in
-        // `take_seated`.
-        loop {
-            if next >= *cached_tail {
-                // Acquire: as below.
-                let tail = self.prod.tail.load(Ordering::Acquire);
-                *cached_tail = tail >> TAIL_SHIFT;
-                if next == *cached_tail {
-                    if *skipped {
-                        // Release: as the `next` store below.
-                        self.cons.next.store(next, Ordering::Release);
-                    }
-                    return if tail & CLOSED != 0 { TakeRun::Closed } else { TakeRun::Empty };
-                }
-            }
-            let state = self.state(next);
-            // Relaxed: as in `take_seated`.
-            let now = state.load(Ordering::Relaxed);
-            if tag(now) != SKIPPED {
-                break;
-            }
-            self.pass_gap(state, now);
-            next += 1;
-            *skipped = true;
+        // Gaps first (a shared ring's items for other lanes): acked on the way past.
+        if let Err(closed) = self.first_queued(&mut next, cached_tail, skipped) {
+            return if closed { TakeRun::Closed } else { TakeRun::Empty };
         }
         // Reload `tail` whenever the cached count cannot fill the run (once per run, not per
         // item). `>=` / saturating: a freshly attached consumer's cache starts at 0.
+        // Item `next` is queued (`first_queued`), so the run has at least one item.
         if cached_tail.saturating_sub(next) < gens.len() as u64 {
-            // Acquire: as in `take_seated` (pairs with the producer's Release compare-and-swap
-            // and with `close`'s Release RMW).
-            let tail = self.prod.tail.load(Ordering::Acquire);
-            *cached_tail = tail >> TAIL_SHIFT;
-            if next == *cached_tail {
-                return if tail & CLOSED != 0 { TakeRun::Closed } else { TakeRun::Empty };
-            }
+            // Acquire: as in `first_queued` (pairs with the producer's Release compare-and-swap).
+            *cached_tail = self.prod.tail.load(Ordering::Acquire) >> TAIL_SHIFT;
         }
         let mut len = (*cached_tail - next).min(gens.len() as u64) as usize;
         for (j, g) in gens[..len].iter_mut().enumerate() {
