@@ -169,13 +169,19 @@ impl Fanout {
             return lane.ring.push_run_checked(&mut lane.state, 1, |_| (item.clone(), position));
         };
         // SAFETY: as in `push`, for one item.
-        unsafe { cells.write(1, |_| (item.clone(), position)) };
+        let dropped = unsafe { cells.write(1, |_| (item.clone(), position)) };
         for (i, lane) in self.lanes.iter().enumerate() {
             if i != to {
                 lane.ring.mark_gap(&lane.state);
             }
         }
-        self.lanes.iter_mut().all(|lane| lane.ring.publish_written(&mut lane.state, 1, position))
+        let published =
+            self.lanes.iter_mut().all(|lane| lane.ring.publish_written(&mut lane.state, 1, position));
+        // As in `push`.
+        if let Err(p) = dropped {
+            std::panic::resume_unwind(p);
+        }
+        published
     }
 
     /// Publishes `items[..n]` (admitted) to every lane; `false` if a lane was closed meanwhile.
@@ -189,11 +195,14 @@ impl Fanout {
             // SAFETY: we hold every lane's producer role, and `admissible` found room for `n`
             // items on every lane against a `free` loaded with Acquire: every lane emptied the
             // slots of items `tail + n - capacity` and below, so no handle reads their cells.
-            unsafe { cells.write(n as u64, |k| (items[k as usize].clone(), positions(k))) };
-            return self
-                .lanes
-                .iter_mut()
-                .all(|lane| lane.ring.publish_written(&mut lane.state, n as u64, last));
+            let dropped = unsafe { cells.write(n as u64, |k| (items[k as usize].clone(), positions(k))) };
+            let published =
+                self.lanes.iter_mut().all(|lane| lane.ring.publish_written(&mut lane.state, n as u64, last));
+            // M3: an old item's drop panic reaches the caller once the new items are published.
+            if let Err(p) = dropped {
+                std::panic::resume_unwind(p);
+            }
+            return published;
         }
         for lane in self.lanes.iter_mut() {
             let pushed = lane
@@ -590,11 +599,18 @@ impl Drop for Fanout {
     /// Drops the shared ring's items every lane has acked ([`reclaim`](Fanout::reclaim)), then
     /// gives every lane's producer role back.
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.reclaim();
-        }
+        // A panicking item drop must not keep the producer roles: they are given back first,
+        // and the panic resumed after (never while unwinding already, M3).
+        let reclaimed = if std::thread::panicking() {
+            Ok(())
+        } else {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.reclaim()))
+        };
         for lane in self.lanes.iter() {
             lane.ring.release_producer();
+        }
+        if let Err(p) = reclaimed {
+            std::panic::resume_unwind(p);
         }
     }
 }

@@ -146,9 +146,15 @@ impl<T> Cells<T> {
     /// below `written + n - capacity` (its `free` is past them, loaded with Acquire): no handle
     /// reads those cells any more, and the items written are not published yet.
     ///
-    /// # Panics
-    /// Resumes the first panic of a dropped item's Drop, once every cell is written.
-    pub(crate) unsafe fn write(&self, n: u64, mut make: impl FnMut(u64) -> (T, u64)) {
+    /// Returns the first panic of a dropped item's Drop, caught once every cell is written: the
+    /// caller publishes the items first and then resumes it, so a panicking drop never leaves
+    /// cells written but unpublished.
+    #[must_use = "a caught drop panic must be resumed once the items are published"]
+    pub(crate) unsafe fn write(
+        &self,
+        n: u64,
+        mut make: impl FnMut(u64) -> (T, u64),
+    ) -> Result<(), Box<dyn std::any::Any + Send>> {
         debug_assert!(self.shared);
         let cap = self.cells.len() as u64;
         let from = self.written();
@@ -181,9 +187,7 @@ impl<T> Cells<T> {
                 }
             }
         }
-        if let Some(p) = first_panic {
-            std::panic::resume_unwind(p);
-        }
+        first_panic.map_or(Ok(()), Err)
     }
 
     /// Drops the items of shared cells below `end` (every lane's `free`, loaded with Acquire, is
