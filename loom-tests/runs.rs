@@ -168,6 +168,55 @@ fn a_released_run_wakes_a_parked_recv_run() {
     });
 }
 
+/// Model 15b: model 15 with `recv_run_async`: a run released on another thread while the
+/// consumer's future is pending.
+///
+/// The future is polled with a waker that unparks the main thread, and polled again (with a new
+/// waker) after each wake-up. Besides the wake-up itself, this reaches the poll that finds the
+/// lane readable (the release is counted) but nothing to take (the slots are not switched yet):
+/// after the second such try in one poll, the poll returns `Pending` and wakes itself instead of
+/// spinning, and the next poll takes the item (the model yields between polls, as an executor
+/// runs other work). Checked as model 15; a lost wake-up (or a self-wake forgotten) is a loom
+/// deadlock.
+///
+/// Why the bound suffices: as model 15.
+#[test]
+fn a_released_run_wakes_a_pending_recv_run_async() {
+    support::model("a_released_run_wakes_a_pending_recv_run_async", 3, || {
+        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = lane.producer().unwrap();
+        let mut consumer = lane.reattach();
+        producer.try_publish(batch(1)).unwrap();
+        producer.try_publish(batch(2)).unwrap();
+        let run = consumer.try_recv_run(2).unwrap();
+        let t = thread::spawn(move || run.nack());
+        for p in 1..=2 {
+            let mut fut = std::pin::pin!(consumer.recv_run_async(2));
+            let again = loop {
+                let (flag, waker) = support::Flag::new();
+                match fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+                    Poll::Ready(r) => break r.unwrap().expect("not closed"),
+                    Poll::Pending => {
+                        flag.wait();
+                        // An executor runs other work between polls (a self-woken future
+                        // included); under loom that is a yield, or a self-wake would spin.
+                        thread::yield_now();
+                    }
+                }
+            };
+            assert_eq!((again.len(), again.attempt()), (1, 2));
+            check(again.get(0).unwrap(), p);
+            again.ack().unwrap();
+        }
+        t.join().unwrap();
+        let stats = lane.stats();
+        assert_eq!((stats.released, stats.in_flight), (0, 0));
+        assert_eq!(lane.acked(), Some(Position(2)));
+        assert!(stream.is_idle());
+    });
+}
+
 /// Model 16: the fan-out producer publishing a run to two lanes with one publication step per
 /// lane, while each lane's consumer receives a run on its own thread.
 ///

@@ -401,6 +401,7 @@ fn poll_with<T: Item, R>(
     cx: &mut Context<'_>,
     mut step: impl FnMut(&mut Consumer<T>) -> Result<R, Miss>,
 ) -> Poll<Result<Option<R>, RecvError>> {
+    let mut readable_but_empty = false;
     loop {
         let done = match step(consumer) {
             Ok(d) => Ok(Some(d)),
@@ -417,6 +418,16 @@ fn poll_with<T: Item, R>(
                 if !consumer.ring.poll_readable(consumer.epoch, key, cx.waker()) {
                     return Poll::Pending;
                 }
+                if readable_but_empty {
+                    // Readable, yet the step found nothing twice: a nack counted its release and
+                    // has not switched the slot yet (the count comes first; its nacker is
+                    // mid-step on another thread). As `wait_for` backs off, ask to be polled
+                    // again and yield to the executor instead of spinning inside this poll.
+                    consumer.ring.cancel_readable(key);
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                readable_but_empty = true;
                 continue;
             }
         };
