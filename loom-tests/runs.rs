@@ -217,6 +217,47 @@ fn a_released_run_wakes_a_pending_recv_run_async() {
     });
 }
 
+/// Model 15c: a run released on another thread while a newer item is queued: the released
+/// items come back before it ([L2](lanestream::contract#l2)), even while the release is half-way.
+///
+/// Capacity 3, items 1, 2 and 3 published; items 1 and 2 are received as one run, which a thread
+/// nacks (one `released` increment for both, then the two switches to `RELEASED`). The main
+/// thread receives three times with `recv_run(1)`, and only counts what it got after it has seen
+/// a redelivery (before that, item 3 may legitimately come first: the nack has not started).
+/// Checked: once item 1 came back, item 2 comes back before item 3 — a receive step that finds
+/// a release counted but not switched yet must not hand out a new item meanwhile.
+///
+/// Why the bound suffices: the race is the consumer's step between the nack's count and its
+/// second switch; one preemption inside the nack places it there, and bound 3 also covers the
+/// consumer being preempted inside its scan.
+#[test]
+fn a_half_released_run_is_not_overtaken_by_a_queued_item() {
+    support::model("a_half_released_run_is_not_overtaken_by_a_queued_item", 3, || {
+        let stream = MemoryStream::builder().capacity(3).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = lane.producer().unwrap();
+        let mut consumer = lane.reattach();
+        for p in 1..=3 {
+            producer.try_publish(batch(p)).unwrap();
+        }
+        let run = consumer.try_recv_run(2).unwrap();
+        assert_eq!(run.len(), 2);
+        let t = thread::spawn(move || run.nack());
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let r = consumer.recv_run(1).unwrap().expect("not closed");
+            let p = support::envelopes(r.get(0).unwrap())[0].position.unwrap().0;
+            got.push((p, r.attempt()));
+            r.ack().unwrap();
+        }
+        t.join().unwrap();
+        // Either item 3 came before the nack started, or the redeliveries came first, in order.
+        let ok = got == [(3, 1), (1, 2), (2, 2)] || got == [(1, 2), (2, 2), (3, 1)];
+        assert!(ok, "received {got:?}");
+        assert!(stream.is_idle());
+    });
+}
+
 /// Model 16: the fan-out producer publishing a run to two lanes with one publication step per
 /// lane, while each lane's consumer receives a run on its own thread.
 ///

@@ -173,12 +173,14 @@ impl<T> Ring<T> {
         // Relaxed: `next` is written only by the seated consumer; the seat's Acquire ordered us
         // after the last writer.
         let mut next = self.cons.next.load(Ordering::Relaxed);
-        // Relaxed: a count only says "scan"; the scan acquires each slot word. Nack counts
-        // before its switch to RELEASED, re-attach counts under the seat.
+        // Relaxed: the scan acquires each slot word. Nack counts before its switch to RELEASED,
+        // re-attach counts under the seat; and a consumer that took one item of a released run
+        // lowered the count itself (an RMW after the nack's increment), so it reads the count
+        // of the run's other items (coherence) and never passes them for a new item.
         if self.cons.released.load(Ordering::Relaxed) > 0 {
-            if let Some(t) = self.take_released(next) {
-                return t;
-            }
+            // A release counted but not switched yet (its nacker is between the two steps)
+            // comes before anything new (L2): nothing is delivered until it shows.
+            return self.take_released(next).unwrap_or(Take::Empty);
         }
         let now = match self.first_queued(&mut next, cached_tail, skipped) {
             Ok(word) => word,

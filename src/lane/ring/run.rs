@@ -80,7 +80,8 @@ impl<T> Ring<T> {
                     return TakeRun::Run { index, len: 1, attempt: super::slot::attempt(word) };
                 }
                 Some(_) => return TakeRun::Blocked,
-                None => {}
+                // As in `take_seated`: a release counted, not switched yet, comes first (L2).
+                None => return TakeRun::Empty,
             }
         }
         // Gaps first (a shared ring's items for other lanes): acked on the way past.
