@@ -11,7 +11,7 @@ use std::time::Instant;
 use crate::envelope::{Envelope, Op};
 use crate::error::{PublishError, StreamError, TryRecvError};
 use crate::item::{Batch, LaneItem, Request};
-use crate::lane::{Consumer, Delivery, LaneStats, Producer};
+use crate::lane::{Consumer, Delivery, Fanout, Lane, LaneStats, Producer};
 use crate::name::{IndexName, SinkName};
 use crate::position::Position;
 use crate::stream::{MemoryStream, Stream};
@@ -157,15 +157,16 @@ impl LogSourceBuilder {
         self
     }
 
-    /// Claims a producer on every lane of `stream` (and, when serving requests, attaches to the
-    /// request lane), checks the start position against the log, and returns the source. Nothing
+    /// Claims a producer on every lane of `stream` — or, for a stream with a
+    /// [shared ring](crate::StreamBuilder::shared_ring), its [`Fanout`](crate::Fanout): each
+    /// append is then written once for every lane, and a backfill's batches go to the asking lane
+    /// with [`publish_to`](crate::Fanout::publish_to) — (and, when serving requests, attaches to
+    /// the request lane), checks the start position against the log, and returns the source. Nothing
     /// is published yet.
     ///
     /// # Errors
-    /// [`SourceError::Stream`] (another live producer on a lane, another attached request
-    /// consumer, or a stream built with a [shared ring](crate::StreamBuilder::shared_ring),
-    /// whose lanes have no producers of their own: the source resumes each lane from its own
-    /// progress, which one shared array of items cannot hold), [`SourceError::StartBeyondHead`], [`SourceError::NotAnAppendEnd`],
+    /// [`SourceError::Stream`] (another live producer on a lane or fan-out, another attached
+    /// request consumer), [`SourceError::StartBeyondHead`], [`SourceError::NotAnAppendEnd`],
     /// [`SourceError::LaneAhead`]. Nothing stays claimed.
     pub fn build(self, stream: &MemoryStream) -> Result<LogSource, SourceError> {
         let shared = self.log.shared.clone();
@@ -188,6 +189,8 @@ impl LogSourceBuilder {
         }
         let start = after.map_or(0, LogPosition::get);
         let mut lanes = Vec::with_capacity(stream.sinks().len());
+        let mut producers = Vec::with_capacity(stream.sinks().len());
+        let shared_ring = stream.lanes().next().is_some_and(|lane| lane.ring().is_shared());
         for lane in stream.lanes() {
             let stats: LaneStats = lane.stats();
             let held = stats.last_published.map_or(0, |p| p.0);
@@ -198,9 +201,18 @@ impl LogSourceBuilder {
                     head: LogPosition::new(head),
                 });
             }
-            let producer = lane.producer()?;
-            lanes.push(Feed { sink: lane.name().clone(), producer, published: start.max(held) });
+            if !shared_ring {
+                producers.push(lane.producer()?);
+            }
+            lanes.push(Feed { sink: lane.name().clone(), published: start.max(held) });
         }
+        // A shared ring's lanes all hold the same items (one `tail` step each per item), so they
+        // share one resume point and take every batch through the fan-out.
+        let out = if shared_ring {
+            Out::Shared { fanout: stream.fanout()?, lanes: stream.lanes().collect() }
+        } else {
+            Out::Lanes(producers)
+        };
         let requests = if self.serve_requests { Some(stream.requests().attach()?) } else { None };
         let indexes = if self.indexes.is_empty() {
             vec![(IndexName::new("events").expect("a valid name"), Query::All)]
@@ -210,6 +222,7 @@ impl LogSourceBuilder {
         Ok(LogSource {
             shared,
             lanes,
+            out,
             requests,
             pending: None,
             indexes,
@@ -224,10 +237,21 @@ impl LogSourceBuilder {
 /// One lane the source feeds.
 struct Feed {
     sink: SinkName,
-    producer: Producer<LaneItem>,
     /// Every append ending at or below this raw position is on the lane (published by this
     /// source or held from before it).
     published: u64,
+}
+
+/// How the source publishes: a producer per lane (index = lane), or, for a stream with a
+/// [shared ring](crate::StreamBuilder::shared_ring), the stream's fan-out (each batch written
+/// once for every lane; a backfill's batches to one lane with `publish_to`).
+enum Out {
+    Lanes(Vec<Producer<LaneItem>>),
+    Shared {
+        fanout: Fanout,
+        /// The lanes, to name the closed one in an error.
+        lanes: Vec<Lane>,
+    },
 }
 
 /// What one [`pump`](LogSource::pump) did.
@@ -282,7 +306,8 @@ impl Pumped {
 /// is redelivered by the lane itself.
 ///
 /// # Driving it
-/// The source holds one producer per lane and the request lane's consumer; dropping it releases
+/// The source holds one producer per lane (or, over a shared ring, the stream's fan-out) and the
+/// request lane's consumer; dropping it releases
 /// them (a successor can be built at once, [L9](crate::contract#l9)) and leaves the lanes open.
 ///
 /// Drive it with [`run`](LogSource::run) on a thread of its own (until the log closes), or call
@@ -313,6 +338,7 @@ impl Pumped {
 pub struct LogSource {
     shared: Arc<Shared>,
     lanes: Vec<Feed>,
+    out: Out,
     requests: Option<Consumer<Request>>,
     /// A request received while waiting, served by the next pump.
     pending: Option<Delivery<Request>>,
@@ -374,12 +400,23 @@ impl LogSource {
             debug_assert!(last >= first && last <= head, "append ends cover every published position");
             i += 1;
             let batch = self.live_batch(first, last);
-            for feed in &mut self.lanes {
-                if feed.published >= last {
-                    continue;
+            match &mut self.out {
+                Out::Lanes(producers) => {
+                    for (feed, producer) in self.lanes.iter_mut().zip(producers.iter_mut()) {
+                        if feed.published >= last {
+                            continue;
+                        }
+                        publish(feed, producer, batch.clone())?;
+                        feed.published = last;
+                    }
                 }
-                publish(feed, batch.clone())?;
-                feed.published = last;
+                Out::Shared { fanout, lanes } => {
+                    // The lanes share one resume point: all of them hold the append, or none.
+                    if self.lanes.iter().any(|feed| feed.published < last) {
+                        fanout.publish(batch).map_err(|e| shared_error(e, lanes, &self.lanes))?;
+                    }
+                    self.lanes.iter_mut().for_each(|feed| feed.published = feed.published.max(last));
+                }
             }
             self.after = last;
             self.stats.appends += 1;
@@ -483,7 +520,7 @@ impl LogSource {
         if !rows.is_empty() {
             self.publish_snapshot(lane, rows)?;
         }
-        publish(&mut self.lanes[lane], LaneItem::SnapshotComplete { indexes })?;
+        self.publish_to(lane, LaneItem::SnapshotComplete { indexes })?;
         // Only now (R2): a crash before this redelivers the request.
         delivery.ack().map_err(|_| SourceError::RequestsDetached)?;
         self.stats.backfills += 1;
@@ -493,10 +530,20 @@ impl LogSource {
 
     fn publish_snapshot(&mut self, lane: usize, rows: Vec<Envelope>) -> Result<(), SourceError> {
         let n = rows.len() as u64;
-        publish(&mut self.lanes[lane], LaneItem::Batch(Batch::new(None, Arc::from(rows))))?;
+        self.publish_to(lane, LaneItem::Batch(Batch::new(None, Arc::from(rows))))?;
         self.stats.snapshot_batches += 1;
         self.stats.snapshot_rows += n;
         Ok(())
+    }
+
+    /// Publishes a backfill's `item` to lane `lane` only.
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), SourceError> {
+        match &mut self.out {
+            Out::Lanes(producers) => publish(&self.lanes[lane], &mut producers[lane], item),
+            Out::Shared { fanout, lanes } => {
+                fanout.publish_to(lane, item).map_err(|e| shared_error(e, lanes, &self.lanes))
+            }
+        }
     }
 
     /// A view of the log up to `head` (at most the published head).
@@ -576,7 +623,10 @@ impl LogSource {
     /// Closes every lane: each sink receives what is queued, then the end
     /// ([L10](crate::contract#l10)). The request lane is left as it is.
     pub fn close(&self) {
-        self.lanes.iter().for_each(|f| f.producer.close());
+        match &self.out {
+            Out::Lanes(producers) => producers.iter().for_each(Producer::close),
+            Out::Shared { fanout, .. } => fanout.close(),
+        }
     }
 }
 
@@ -606,13 +656,30 @@ impl OwnedView {
     }
 }
 
-fn publish(feed: &mut Feed, item: LaneItem) -> Result<(), SourceError> {
-    feed.producer.publish(item).map_err(|e| match e {
+fn publish(feed: &Feed, producer: &mut Producer<LaneItem>, item: LaneItem) -> Result<(), SourceError> {
+    producer.publish(item).map_err(|e| match e {
         PublishError::PositionRegressed { position, last, .. } => {
             SourceError::PositionRegressed { sink: feed.sink.clone(), position, last }
         }
         _ => SourceError::LaneClosed { sink: feed.sink.clone() },
     })
+}
+
+/// A fan-out's refusal as the source's error: a regressed position is every lane's (they hold
+/// the same items; named after the first), a close names the closed lane.
+fn shared_error(e: PublishError<LaneItem>, lanes: &[Lane], feeds: &[Feed]) -> SourceError {
+    let first = || feeds.first().map(|f| f.sink.clone()).expect("a stream has a lane");
+    match e {
+        PublishError::PositionRegressed { position, last, .. } => {
+            SourceError::PositionRegressed { sink: first(), position, last }
+        }
+        _ => SourceError::LaneClosed {
+            sink: lanes
+                .iter()
+                .find(|lane| lane.stats().closed)
+                .map_or_else(first, |lane| lane.name().clone()),
+        },
+    }
 }
 
 /// Wakes a parked thread (the source's own [`wait`](LogSource::wait)).
