@@ -10,18 +10,19 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{batch, run_positions, within};
+use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use lanestream::{
-    AckError, Batch, Envelope, IndexName, Item, LaneItem, MemoryStream, Op, Position, PublishError, Run,
+    AckError, Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, PublishError, Run,
     Stream, StreamError, TryPublishError, TryRecvError, MAX_RUN,
 };
 
@@ -842,4 +843,424 @@ fn shared_l5_l8_m3_seat_held_run_acks_on_workers_racing_reattaches_and_drops_los
 #[test]
 fn own_rings_l5_l8_m3_seat_held_run_acks_on_workers_racing_reattaches_and_drops_lose_nothing() {
     within(60, "stress, own rings", || stress(false, 5, 30_000, 2));
+}
+
+// ----- random op sequences against a model ---------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MState {
+    Queued,
+    Delivered(u32),
+    Released,
+    Acked,
+}
+
+#[derive(Clone, Debug)]
+struct MItem {
+    position: u64,
+    state: MState,
+    attempts: u32,
+}
+
+/// A model lane: every item published, by sequence (small runs: nothing is forgotten).
+#[derive(Default, Debug)]
+struct MLane {
+    items: Vec<MItem>,
+    next: usize,
+    generation: u32,
+    closed: bool,
+}
+
+impl MLane {
+    /// A run of up to `max` items: the lowest released alone, else queued items.
+    fn take_run(&mut self, max: usize) -> Option<(Vec<(usize, u32)>, u32)> {
+        self.generation += 1;
+        let g = self.generation;
+        if let Some(i) = self.items.iter().position(|it| it.state == MState::Released) {
+            let it = &mut self.items[i];
+            it.state = MState::Delivered(g);
+            it.attempts += 1;
+            return Some((vec![(i, g)], it.attempts));
+        }
+        let end = self.items.len().min(self.next + max.clamp(1, MAX_RUN));
+        if end == self.next {
+            return None;
+        }
+        let run = (self.next..end)
+            .map(|i| {
+                self.items[i].state = MState::Delivered(g);
+                self.items[i].attempts = 1;
+                (i, g)
+            })
+            .collect();
+        self.next = end;
+        Some((run, 1))
+    }
+
+    fn ack(&mut self, i: usize, g: u32) -> bool {
+        let landed = self.items[i].state == MState::Delivered(g);
+        if landed {
+            self.items[i].state = MState::Acked;
+        }
+        landed
+    }
+
+    fn release(&mut self, i: usize, g: u32) {
+        if self.items[i].state == MState::Delivered(g) {
+            self.items[i].state = MState::Released;
+        }
+    }
+
+    fn reattach(&mut self) {
+        for it in &mut self.items {
+            if matches!(it.state, MState::Delivered(_)) {
+                it.state = MState::Released;
+            }
+        }
+    }
+
+    fn acked(&self) -> Option<u64> {
+        self.items.iter().take_while(|it| it.state == MState::Acked).map(|it| it.position).last()
+    }
+
+    fn unacked(&self) -> usize {
+        self.items.iter().filter(|it| it.state != MState::Acked).count()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SOp {
+    Publish(u8),
+    PublishOne,
+    RecvRun(u8, u8),
+    Recv(u8),
+    AckThrough(u8, u8),
+    AckRun(u8),
+    NackRun(u8),
+    AckSingle(u8),
+    NackSingle(u8),
+    Reattach(u8),
+    DropAndAttach(u8),
+    CloseLane(u8),
+    Reclaim,
+    NewFanout,
+}
+
+fn sop() -> impl Strategy<Value = SOp> {
+    prop_oneof![
+        3 => (1u8..7).prop_map(SOp::Publish),
+        1 => Just(SOp::PublishOne),
+        3 => (any::<u8>(), 1u8..10).prop_map(|(l, m)| SOp::RecvRun(l, m)),
+        1 => any::<u8>().prop_map(SOp::Recv),
+        2 => (any::<u8>(), any::<u8>()).prop_map(|(h, k)| SOp::AckThrough(h, k)),
+        2 => any::<u8>().prop_map(SOp::AckRun),
+        1 => any::<u8>().prop_map(SOp::NackRun),
+        1 => any::<u8>().prop_map(SOp::AckSingle),
+        1 => any::<u8>().prop_map(SOp::NackSingle),
+        1 => any::<u8>().prop_map(SOp::Reattach),
+        1 => any::<u8>().prop_map(SOp::DropAndAttach),
+        1 => prop_oneof![Just(None), Just(None), Just(None), any::<u8>().prop_map(Some)]
+            .prop_map(|l| l.map_or(SOp::Reclaim, SOp::CloseLane)),
+        1 => Just(SOp::NewFanout),
+    ]
+}
+
+struct HeldRun {
+    lane: usize,
+    run: Run<LaneItem>,
+    /// The model's (item, generation) of each outstanding item, front first.
+    items: std::collections::VecDeque<(usize, u32)>,
+}
+
+struct HeldOne {
+    lane: usize,
+    d: lanestream::Delivery<LaneItem>,
+    item: (usize, u32),
+}
+
+/// Items of lane `lane` whose slots are emptied: the acked prefix no live handle (current or
+/// stale) reads.
+fn freed(m: &MLane, lane: usize, runs: &[HeldRun], singles: &[HeldOne]) -> usize {
+    let holders = |i: usize| {
+        runs.iter().filter(|r| r.lane == lane && r.items.iter().any(|&(j, _)| j == i)).count()
+            + singles.iter().filter(|d| d.lane == lane && d.item.0 == i).count()
+    };
+    m.items.iter().enumerate().take_while(|&(i, it)| it.state == MState::Acked && holders(i) == 0).count()
+}
+
+/// Random sequences of fan-out publishes (runs and single items), runs and single receives,
+/// cumulative and whole-run acks (seat-held or not), nacks, drops, re-attaches, drops followed
+/// by an attach, closes of one lane, reclaims and fan-out replacements, over 1 to 3 lanes sharing
+/// a ring of 1, 2, 3 or 5 cells; after every step the stream is compared with a naive model:
+/// what is delivered (item, attempt, run length), which acks land, the room (the slowest lane's,
+/// stale handles included), the watermark and each lane's acked position and counters, idleness,
+/// and the exact drop count of every item (an item is dropped when the fan-out reuses its cell or
+/// reclaims it, and never while a handle reads it: every held handle reads its item after every
+/// step). In the end every item was acked exactly once on every lane and dropped exactly once.
+fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
+    let names = ["a", "b", "c"];
+    let t = Tracker::new(1 + ops.len() * 7);
+    let s = shared(cap, &names[..lanes_n]);
+    let lanes: Vec<_> = s.lanes().collect();
+    let mut consumers: Vec<_> = lanes.iter().map(|l| l.attach().unwrap()).collect();
+    let mut fanout = Some(s.fanout().unwrap());
+    let mut model: Vec<MLane> = (0..lanes_n).map(|_| MLane::default()).collect();
+    // The canary id of each published item, by sequence; the first sequence not dropped.
+    let mut ids: Vec<u64> = Vec::new();
+    let mut reclaimed = 0usize;
+    let mut next_id = 1u64;
+    let mut runs: Vec<HeldRun> = Vec::new();
+    let mut singles: Vec<HeldOne> = Vec::new();
+    let mut last_pos = 0u64;
+    let mut landed = vec![BTreeSet::new(); lanes_n];
+    let mut last_watermark = None;
+    for &op in ops {
+        match op {
+            SOp::Publish(_) | SOp::PublishOne => {
+                let k = if let SOp::Publish(k) = op { usize::from(k) } else { 1 };
+                let items: Vec<LaneItem> =
+                    (0..k as u64).map(|d| t.item_at(next_id + d, last_pos + 1 + d)).collect();
+                let first_id = next_id;
+                next_id += k as u64;
+                let room = (0..lanes_n)
+                    .map(|l| cap - (model[l].items.len() - freed(&model[l], l, &runs, &singles)))
+                    .min()
+                    .unwrap();
+                let f = fanout.as_mut().unwrap();
+                let n = if let SOp::Publish(_) = op {
+                    let r = f.try_publish_run(&items);
+                    if model.iter().any(|m| m.closed) {
+                        assert_eq!(r, Err(TryPublishError::Closed(0)));
+                        0
+                    } else if room == 0 {
+                        assert_eq!(r, Err(TryPublishError::Full(0)));
+                        0
+                    } else {
+                        assert_eq!(r, Ok(room.min(k)));
+                        room.min(k)
+                    }
+                } else {
+                    let r = f.try_publish(items[0].clone());
+                    if model.iter().any(|m| m.closed) {
+                        assert!(matches!(r, Err(TryPublishError::Closed(_))), "{r:?}");
+                        0
+                    } else if room == 0 {
+                        assert!(matches!(r, Err(TryPublishError::Full(_))), "{r:?}");
+                        0
+                    } else {
+                        assert!(r.is_ok(), "{r:?}");
+                        1
+                    }
+                };
+                drop(items);
+                for j in 0..k as u64 {
+                    let want = usize::from(j >= n as u64);
+                    assert_eq!(t.drops(first_id + j), want, "publish {op:?}: item {j} of the call");
+                }
+                for j in 0..n as u64 {
+                    let seq = ids.len();
+                    ids.push(first_id + j);
+                    if seq >= cap && seq - cap >= reclaimed {
+                        reclaimed = seq - cap + 1;
+                    }
+                    for m in &mut model {
+                        m.items.push(MItem { position: last_pos + 1 + j, state: MState::Queued, attempts: 0 });
+                    }
+                }
+                last_pos += n as u64;
+            }
+            SOp::RecvRun(l, _) | SOp::Recv(l) => {
+                let l = usize::from(l) % lanes_n;
+                let single = matches!(op, SOp::Recv(_));
+                let max = if let SOp::RecvRun(_, m) = op { usize::from(m) } else { 1 };
+                let taken = model[l].take_run(max);
+                if single {
+                    let r = consumers[l].try_recv();
+                    match taken {
+                        Some((items, attempt)) => {
+                            let d = r.expect("the model delivers an item");
+                            assert_eq!(read_alive(&t, &d), model[l].items[items[0].0].position);
+                            assert_eq!(d.attempt(), attempt);
+                            singles.push(HeldOne { lane: l, d, item: items[0] });
+                        }
+                        None => {
+                            let want = if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
+                            assert_eq!(r.map(|d| read_alive(&t, &d)).unwrap_err(), want);
+                        }
+                    }
+                } else {
+                    let r = consumers[l].try_recv_run(max);
+                    match taken {
+                        Some((items, attempt)) => {
+                            let run = r.expect("the model delivers a run");
+                            assert_eq!((run.len(), run.attempt()), (items.len(), attempt));
+                            let got: Vec<u64> = run.iter().map(|it| read_alive(&t, it)).collect();
+                            let want: Vec<u64> = items.iter().map(|&(i, _)| model[l].items[i].position).collect();
+                            assert_eq!(got, want);
+                            runs.push(HeldRun { lane: l, run, items: items.into() });
+                        }
+                        None => {
+                            let want = if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
+                            assert_eq!(r.map(|r| run_positions(&r)).unwrap_err(), want);
+                        }
+                    }
+                }
+            }
+            SOp::AckThrough(h, k) if !runs.is_empty() => {
+                let h = usize::from(h) % runs.len();
+                let held = &mut runs[h];
+                let n = 1 + usize::from(k) % held.items.len();
+                let seq = held.run.sequences().start + n as u64 - 1;
+                let m = &mut model[held.lane];
+                let mut any_refused = false;
+                for _ in 0..n {
+                    let (i, g) = held.items.pop_front().unwrap();
+                    if m.ack(i, g) {
+                        assert!(landed[held.lane].insert(m.items[i].position), "acked twice");
+                    } else {
+                        any_refused = true;
+                    }
+                }
+                let r = held.run.ack_through(seq);
+                if any_refused {
+                    assert_eq!(r, Err(AckError::Detached));
+                } else {
+                    assert_eq!(r, Ok(n));
+                }
+                if held.items.is_empty() {
+                    assert!(held.run.is_empty());
+                    runs.swap_remove(h);
+                }
+            }
+            SOp::AckRun(h) if !runs.is_empty() => {
+                let held = runs.swap_remove(usize::from(h) % runs.len());
+                let m = &mut model[held.lane];
+                let mut any_refused = false;
+                for &(i, g) in &held.items {
+                    if m.ack(i, g) {
+                        assert!(landed[held.lane].insert(m.items[i].position), "acked twice");
+                    } else {
+                        any_refused = true;
+                    }
+                }
+                assert_eq!(held.run.ack().is_err(), any_refused);
+            }
+            SOp::NackRun(h) if !runs.is_empty() => {
+                let held = runs.swap_remove(usize::from(h) % runs.len());
+                for &(i, g) in &held.items {
+                    model[held.lane].release(i, g);
+                }
+                held.run.nack();
+            }
+            SOp::AckSingle(h) if !singles.is_empty() => {
+                let held = singles.swap_remove(usize::from(h) % singles.len());
+                let m = &mut model[held.lane];
+                let ok = m.ack(held.item.0, held.item.1);
+                if ok {
+                    assert!(landed[held.lane].insert(m.items[held.item.0].position), "acked twice");
+                }
+                assert_eq!(held.d.ack().is_ok(), ok);
+            }
+            SOp::NackSingle(h) if !singles.is_empty() => {
+                let held = singles.swap_remove(usize::from(h) % singles.len());
+                model[held.lane].release(held.item.0, held.item.1);
+                held.d.nack();
+            }
+            SOp::Reattach(l) => {
+                let l = usize::from(l) % lanes_n;
+                consumers[l] = lanes[l].reattach();
+                model[l].reattach();
+            }
+            SOp::DropAndAttach(l) => {
+                let l = usize::from(l) % lanes_n;
+                // The polite hand-over: drop the consumer, attach at once (L8: its deliveries are
+                // taken back as by a re-attach).
+                drop(consumers.remove(l));
+                consumers.insert(l, lanes[l].attach().expect("nobody is attached"));
+                model[l].reattach();
+            }
+            SOp::CloseLane(l) => {
+                let l = usize::from(l) % lanes_n;
+                lanes[l].close();
+                model[l].closed = true;
+            }
+            SOp::Reclaim | SOp::NewFanout => {
+                if let SOp::Reclaim = op {
+                    fanout.as_mut().unwrap().reclaim();
+                } else {
+                    drop(fanout.take());
+                    fanout = Some(s.fanout().expect("the fan-out gave every lane back"));
+                }
+                let end = (0..lanes_n).map(|l| freed(&model[l], l, &runs, &singles)).min().unwrap();
+                reclaimed = reclaimed.max(end);
+            }
+            _ => {}
+        }
+        // Drops: exactly the items below `reclaimed`, once.
+        for (seq, &id) in ids.iter().enumerate() {
+            assert_eq!(t.drops(id), usize::from(seq < reclaimed), "item {seq} (canary {id}) after {op:?}");
+        }
+        // Every held handle, stale or not, still reads its own item.
+        for held in &runs {
+            let got: Vec<u64> = held.run.iter().map(|it| read_alive(&t, it)).collect();
+            let want: Vec<u64> = held.items.iter().map(|&(i, _)| model[held.lane].items[i].position).collect();
+            assert_eq!(got, want, "a held run after {op:?}");
+        }
+        for held in &singles {
+            assert_eq!(read_alive(&t, &held.d), model[held.lane].items[held.item.0].position);
+        }
+        let want =
+            model.iter().map(MLane::acked).collect::<Option<Vec<_>>>().and_then(|v| v.into_iter().min());
+        let w = s.watermark();
+        assert_eq!(w.map(|p| p.0), want, "watermark after {op:?}");
+        assert!(w >= last_watermark, "W3");
+        last_watermark = w;
+        for (l, m) in model.iter().enumerate() {
+            assert_eq!(lanes[l].acked().map(|p| p.0), m.acked(), "lane {l} acked after {op:?}");
+            let stats = lanes[l].stats();
+            let released = m.items.iter().filter(|i| i.state == MState::Released).count();
+            let acked_items = m.items.iter().take_while(|i| i.state == MState::Acked).count();
+            let free = freed(m, l, &runs, &singles);
+            assert_eq!(stats.released as usize, released, "lane {l} released after {op:?}");
+            assert_eq!(stats.queued as usize, m.items.len() - m.next, "lane {l} queued after {op:?}");
+            assert_eq!(stats.acked_items as usize, acked_items, "lane {l} acked_items after {op:?}");
+            assert_eq!(stats.in_flight as usize, m.next - acked_items - released, "lane {l} in_flight after {op:?}");
+            assert_eq!(stats.pinned as usize, acked_items - free, "lane {l} pinned after {op:?}");
+            assert_eq!(stats.closed, m.closed);
+            assert_eq!(consumers[l].is_empty(), released == 0 && m.next == m.items.len(), "lane {l} L11");
+        }
+        assert_eq!(s.is_idle(), model.iter().all(|m| m.unacked() == 0), "W5 after {op:?}");
+    }
+    // Drain: give everything back and receive until every item is acked.
+    drop(runs);
+    drop(singles);
+    for (l, c) in consumers.iter_mut().enumerate() {
+        while let Ok(run) = c.try_recv_run(MAX_RUN) {
+            for p in run.iter().map(|it| read_alive(&t, it)) {
+                assert!(landed[l].insert(p), "lane {l}: item {p} delivered again after it was acked");
+            }
+            run.ack().unwrap();
+        }
+    }
+    for (l, got) in landed.iter().enumerate() {
+        assert_eq!(got.iter().copied().collect::<Vec<_>>(), (1..=last_pos).collect::<Vec<_>>(), "lane {l}");
+    }
+    assert!(s.is_idle());
+    drop(fanout);
+    // The fan-out's drop reclaimed every cell: every lane acked every item.
+    assert_eq!(t.not_dropped(1..=next_id - 1, 1), vec![], "after the fan-out's drop");
+    drop((consumers, lanes, s));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
+
+    #[test]
+    fn shared_model_random_sequences_match_the_model_and_drop_each_item_once(
+        lanes_n in 1usize..=3,
+        cap in prop_oneof![Just(1usize), Just(2), Just(3), Just(5)],
+        ops in proptest::collection::vec(sop(), 1..100),
+    ) {
+        shared_ops(lanes_n, cap, &ops);
+    }
 }
