@@ -13,6 +13,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -543,6 +544,102 @@ fn shared_m3_a_panicking_drop_of_an_overwritten_item_keeps_the_fanout_in_step() 
         .collect();
     assert!(got[0] == [3, 4] || got[0] == [4], "lane a got {:?}", got[0]);
     assert_eq!(got[0], got[1], "every lane or none got item 3");
+}
+
+/// Panicking item drops where the shared ring drops items itself: in `reclaim` (the panic
+/// reaches the caller after every reclaimable item was dropped, and the fan-out stays in step:
+/// the reclaimed cells are reused without dropping anything twice) and in the last owner's drop
+/// of the cells (every item still in them dropped once, the first panic resumed).
+#[test]
+fn shared_m3_panicking_drops_in_reclaim_and_in_the_last_owners_drop_drop_every_item_once() {
+    let t = Tracker::new(9);
+    let s = shared(4, &["a", "b"]);
+    let lanes: Vec<_> = s.lanes().collect();
+    let mut cs: Vec<_> = lanes.iter().map(|l| l.attach().unwrap()).collect();
+    let mut fanout = s.fanout().unwrap();
+    for p in 1..=4 {
+        fanout.try_publish(t.item(p)).unwrap();
+    }
+    t.set_panics(2);
+    t.set_panics(3);
+    for c in &mut cs {
+        c.try_recv_run(8).unwrap().ack().unwrap();
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| fanout.reclaim()));
+    assert!(r.is_err(), "the first drop panic reaches reclaim's caller");
+    assert_eq!(t.not_dropped(1..=4, 1), vec![], "reclaim went on past the panics");
+    for p in 5..=8 {
+        fanout.try_publish(t.item(p)).unwrap();
+    }
+    assert_eq!(t.not_dropped(1..=4, 1), vec![], "reused cells drop nothing twice");
+    for c in &mut cs {
+        let run = c.try_recv_run(8).unwrap();
+        assert_eq!(run.iter().map(|it| read_alive(&t, it)).collect::<Vec<_>>(), [5, 6, 7, 8]);
+        // Released again: the items stay queued in the cells.
+    }
+    // 5..=8 are unacked: the fan-out's drop reclaims nothing; the last owner drops them.
+    t.set_panics(6);
+    t.set_panics(7);
+    drop(fanout);
+    assert_eq!(t.not_dropped(5..=8, 0), vec![]);
+    drop((cs, lanes));
+    let r = catch_unwind(AssertUnwindSafe(move || drop(s)));
+    assert!(r.is_err(), "the first drop panic reaches the last owner");
+    assert_eq!(t.not_dropped(1..=8, 1), vec![]);
+}
+
+/// L3 wake-ups on the shared ring: a fan-out publish waiting for room pinned by a stale handle
+/// (every lane acked the item; only the detached consumer's delivery still reads it) is woken
+/// when that handle ends, blocking and async.
+#[test]
+fn shared_l3_a_publish_waiting_on_a_cell_pinned_by_a_stale_handle_wakes_when_it_ends() {
+    for asynchronous in [false, true] {
+        let t = Tracker::new(4);
+        let s = shared(1, &["a", "b"]);
+        let lanes: Vec<_> = s.lanes().collect();
+        let mut fanout = s.fanout().unwrap();
+        fanout.try_publish(t.item(1)).unwrap();
+        let mut old = lanes[0].attach().unwrap();
+        let stale = old.try_recv().unwrap();
+        let mut a = lanes[0].reattach();
+        a.try_recv().unwrap().ack().unwrap();
+        let mut b = lanes[1].attach().unwrap();
+        b.try_recv().unwrap().ack().unwrap();
+        assert_eq!(s.watermark(), Some(Position(1)));
+        if asynchronous {
+            let (wakes, waker) = common::CountingWaker::new();
+            let mut cx = std::task::Context::from_waker(&waker);
+            let mut publish = Box::pin(fanout.publish_async(t.item(2)));
+            assert!(publish.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(wakes.wakes(), 0);
+            assert_eq!(read_alive(&t, &stale), 1);
+            drop(stale);
+            assert!(wakes.wakes() > 0, "the stale handle's end woke nobody");
+            assert!(matches!(publish.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(()))));
+        } else {
+            let (tx, rx) = mpsc::channel();
+            let publisher = {
+                let t = t.clone();
+                thread::spawn(move || {
+                    let r = fanout.publish(t.item(2)).is_ok();
+                    tx.send(()).unwrap();
+                    r
+                })
+            };
+            assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "published over a pinned cell");
+            assert_eq!(read_alive(&t, &stale), 1);
+            drop(stale);
+            assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok(), "the stale handle's end woke nobody");
+            assert!(publisher.join().unwrap());
+        }
+        assert_eq!(t.drops(1), 1);
+        for c in [&mut a, &mut b] {
+            let d = c.try_recv().unwrap();
+            assert_eq!(read_alive(&t, &d), 2);
+            d.ack().unwrap();
+        }
+        drop(old);
+    }
 }
 
 // ----- threads --------------------------------------------------------------------------------------
