@@ -642,6 +642,39 @@ fn shared_l3_a_publish_waiting_on_a_cell_pinned_by_a_stale_handle_wakes_when_it_
     }
 }
 
+/// L4 on the shared ring: a publish refused for its position (regressed, or the reserved
+/// `u64::MAX`) writes no cell, so it drops nothing a cell held; a run stops before the first
+/// refused item and writes only the items before it.
+#[test]
+fn shared_l4_a_refused_position_writes_no_cell_and_drops_nothing() {
+    let t = Tracker::new(8);
+    let s = shared(2, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let mut cs: Vec<_> = s.lanes().map(|l| l.attach().unwrap()).collect();
+    fanout.try_publish(t.item(1)).unwrap();
+    fanout.try_publish(t.item(2)).unwrap();
+    for c in &mut cs {
+        c.try_recv_run(8).unwrap().ack().unwrap();
+    }
+    // Item 1's cell is free to reuse, and still holds it.
+    let r = fanout.try_publish(t.item_at(5, 2));
+    assert!(matches!(r, Err(TryPublishError::PositionRegressed { position: Position(2), last: Position(2), .. })));
+    drop(r);
+    let huge = LaneItem::Batch(Batch::new(Some(Position(u64::MAX)), Vec::new().into()));
+    assert!(matches!(fanout.try_publish(huge), Err(TryPublishError::InvalidPosition(_))));
+    assert_eq!(t.not_dropped(1..=2, 0), vec![], "a refused publish reused a cell");
+    let run = [t.item(3), t.item_at(6, 3)];
+    assert_eq!(fanout.try_publish_run(&run), Ok(1));
+    drop(run);
+    assert_eq!((t.drops(1), t.drops(2), t.drops(3), t.drops(6)), (1, 0, 0, 1));
+    for c in &mut cs {
+        let run = c.try_recv_run(8).unwrap();
+        assert_eq!(run.iter().map(|it| read_alive(&t, it)).collect::<Vec<_>>(), [3]);
+        run.ack().unwrap();
+    }
+    assert_eq!(s.watermark(), Some(Position(3)));
+}
+
 // ----- threads --------------------------------------------------------------------------------------
 
 /// L10 on the shared ring: a close of one lane racing a stream of fan-out publishes (blocking,
