@@ -11,21 +11,21 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{batch, run_positions, within};
+use lanestream::{
+    AckError, Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, PublishError, Run, Stream,
+    StreamError, TryPublishError, TryRecvError, MAX_RUN,
+};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
-use lanestream::{
-    AckError, Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, PublishError, Run,
-    Stream, StreamError, TryPublishError, TryRecvError, MAX_RUN,
-};
 
 // ----- canaries -----------------------------------------------------------------------------------
 
@@ -108,7 +108,11 @@ fn read_alive(tracker: &Tracker, item: &LaneItem) -> u64 {
     let id: u64 = b.envelopes[0].id.parse().expect("a canary id");
     assert_eq!(&b.envelopes[0].document[..], format!("canary-{id}-{p}").as_bytes(), "item {p}: document");
     assert_eq!(b.envelopes[0].position, Some(Position(p)), "item {p}: envelope position");
-    assert_eq!(tracker.drops(id), 0, "item {p} (canary {id}) read through a live handle after it was dropped");
+    assert_eq!(
+        tracker.drops(id),
+        0,
+        "item {p} (canary {id}) read through a live handle after it was dropped"
+    );
     p
 }
 
@@ -301,16 +305,17 @@ fn shared_m3_items_in_every_state_are_dropped_once_whatever_goes_last() {
         assert_eq!(t.not_dropped(1..=1, 1), vec![]);
         assert_eq!(t.not_dropped(2..=5, 0), vec![]);
         let mut held = (Some(fanout), Some(stale), Some(run), Some(a), Some(b), Some(s), Some(lanes));
-        let check_alive = |t: &Tracker, stale: &Option<lanestream::Delivery<LaneItem>>, run: &Option<Run<LaneItem>>| {
-            if let Some(d) = stale {
-                read_alive(t, d);
-            }
-            if let Some(r) = run {
-                r.iter().for_each(|it| {
-                    read_alive(t, it);
-                });
-            }
-        };
+        let check_alive =
+            |t: &Tracker, stale: &Option<lanestream::Delivery<LaneItem>>, run: &Option<Run<LaneItem>>| {
+                if let Some(d) = stale {
+                    read_alive(t, d);
+                }
+                if let Some(r) = run {
+                    r.iter().for_each(|it| {
+                        read_alive(t, it);
+                    });
+                }
+            };
         match order {
             0 => {
                 held.0 = None;
@@ -658,7 +663,10 @@ fn shared_l4_a_refused_position_writes_no_cell_and_drops_nothing() {
     }
     // Item 1's cell is free to reuse, and still holds it.
     let r = fanout.try_publish(t.item_at(5, 2));
-    assert!(matches!(r, Err(TryPublishError::PositionRegressed { position: Position(2), last: Position(2), .. })));
+    assert!(matches!(
+        r,
+        Err(TryPublishError::PositionRegressed { position: Position(2), last: Position(2), .. })
+    ));
     drop(r);
     let huge = LaneItem::Batch(Batch::new(Some(Position(u64::MAX)), Vec::new().into()));
     assert!(matches!(fanout.try_publish(huge), Err(TryPublishError::InvalidPosition(_))));
@@ -799,7 +807,7 @@ fn work_on_run(
     let mut count = 0;
     match rng.gen_range(0..6) {
         // The whole run: seat-held when it can. Ok: every item landed.
-        0 | 1 | 2 => {
+        0..=2 => {
             let n = run.len() as u64;
             if run.ack().is_ok() {
                 (first..first + n).for_each(mark);
@@ -917,7 +925,10 @@ fn stress(shared_ring: bool, capacity: usize, n: u64, seed: u64) {
                             let first = run.get(0).unwrap().position().unwrap().0;
                             for p in first..first + run.len() as u64 {
                                 let times = landed[l][p as usize].load(Ordering::SeqCst);
-                                assert_eq!(times, 0, "lane {l}: item {p} delivered again after its ack landed");
+                                assert_eq!(
+                                    times, 0,
+                                    "lane {l}: item {p} delivered again after its ack landed"
+                                );
                             }
                             // Sometimes ack right here, on the receiving thread, racing the worker's acks.
                             if rng.gen_bool(0.2) {
@@ -1194,7 +1205,11 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                         reclaimed = seq - cap + 1;
                     }
                     for m in &mut model {
-                        m.items.push(MItem { position: last_pos + 1 + j, state: MState::Queued, attempts: 0 });
+                        m.items.push(MItem {
+                            position: last_pos + 1 + j,
+                            state: MState::Queued,
+                            attempts: 0,
+                        });
                     }
                 }
                 last_pos += n as u64;
@@ -1214,7 +1229,8 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                             singles.push(HeldOne { lane: l, d, item: items[0] });
                         }
                         None => {
-                            let want = if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
+                            let want =
+                                if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
                             assert_eq!(r.map(|d| read_alive(&t, &d)).unwrap_err(), want);
                         }
                     }
@@ -1225,12 +1241,14 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                             let run = r.expect("the model delivers a run");
                             assert_eq!((run.len(), run.attempt()), (items.len(), attempt));
                             let got: Vec<u64> = run.iter().map(|it| read_alive(&t, it)).collect();
-                            let want: Vec<u64> = items.iter().map(|&(i, _)| model[l].items[i].position).collect();
+                            let want: Vec<u64> =
+                                items.iter().map(|&(i, _)| model[l].items[i].position).collect();
                             assert_eq!(got, want);
                             runs.push(HeldRun { lane: l, run, items: items.into() });
                         }
                         None => {
-                            let want = if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
+                            let want =
+                                if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
                             assert_eq!(r.map(|r| run_positions(&r)).unwrap_err(), want);
                         }
                     }
@@ -1333,7 +1351,8 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
         // Every held handle, stale or not, still reads its own item.
         for held in &runs {
             let got: Vec<u64> = held.run.iter().map(|it| read_alive(&t, it)).collect();
-            let want: Vec<u64> = held.items.iter().map(|&(i, _)| model[held.lane].items[i].position).collect();
+            let want: Vec<u64> =
+                held.items.iter().map(|&(i, _)| model[held.lane].items[i].position).collect();
             assert_eq!(got, want, "a held run after {op:?}");
         }
         for held in &singles {
@@ -1354,7 +1373,11 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
             assert_eq!(stats.released as usize, released, "lane {l} released after {op:?}");
             assert_eq!(stats.queued as usize, m.items.len() - m.next, "lane {l} queued after {op:?}");
             assert_eq!(stats.acked_items as usize, acked_items, "lane {l} acked_items after {op:?}");
-            assert_eq!(stats.in_flight as usize, m.next - acked_items - released, "lane {l} in_flight after {op:?}");
+            assert_eq!(
+                stats.in_flight as usize,
+                m.next - acked_items - released,
+                "lane {l} in_flight after {op:?}"
+            );
             assert_eq!(stats.pinned as usize, acked_items - free, "lane {l} pinned after {op:?}");
             assert_eq!(stats.closed, m.closed);
             assert_eq!(consumers[l].is_empty(), released == 0 && m.next == m.items.len(), "lane {l} L11");
