@@ -683,6 +683,33 @@ fn shared_l4_a_refused_position_writes_no_cell_and_drops_nothing() {
     assert_eq!(s.watermark(), Some(Position(3)));
 }
 
+/// `Delivery::into_parts` on the shared ring: the clone of the item the consumer keeps outlives
+/// the cell (acked everywhere, reused by the fan-out) and the item is dropped once, when the last
+/// of the two goes.
+#[test]
+fn shared_m3_a_kept_clone_outlives_its_reused_cell_and_the_item_drops_once() {
+    let t = Tracker::new(4);
+    let s = shared(1, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let mut cs: Vec<_> = s.lanes().map(|l| l.attach().unwrap()).collect();
+    fanout.try_publish(t.item(1)).unwrap();
+    let (kept, handle) = cs[0].try_recv().unwrap().into_parts();
+    handle.ack().unwrap();
+    cs[1].try_recv().unwrap().ack().unwrap();
+    fanout.try_publish(t.item(2)).unwrap();
+    assert_eq!(t.drops(1), 0, "the kept clone still holds item 1");
+    assert_eq!(read_alive(&t, &kept), 1);
+    drop(kept);
+    assert_eq!(t.drops(1), 1);
+    for c in &mut cs {
+        let d = c.try_recv().unwrap();
+        assert_eq!(read_alive(&t, &d), 2);
+        d.ack().unwrap();
+    }
+    drop((fanout, cs, s));
+    assert_eq!(t.not_dropped(1..=2, 1), vec![]);
+}
+
 // ----- threads --------------------------------------------------------------------------------------
 
 /// L10 on the shared ring: a close of one lane racing a stream of fan-out publishes (blocking,
