@@ -493,9 +493,9 @@ fn shared_l8_seat_held_acks_around_a_live_stale_handle_keep_holder_counts() {
 
 /// A panic in an item's `Drop` while the fan-out's own `Drop` reclaims the cells: the panic
 /// reaches the dropper (M3: every item still dropped once), and every lane's producer role is
-/// given back all the same, so the stream can be published to again (L9).
+/// given back all the same, so the stream can be published to again (L9). (Failed before
+/// 655b80c: the drop's reclaim panicked before any role was given back: `ProducerBusy` forever.)
 #[test]
-#[ignore = "bug: Fanout::drop runs reclaim() first and a panicking item drop skips every release_producer: the stream's producer roles stay claimed forever (ProducerBusy)"]
 fn shared_l9_m3_a_panicking_drop_in_the_fanouts_drop_still_gives_every_lane_back() {
     let t = Tracker::new(8);
     let s = shared(4, &["a", "b"]);
@@ -517,9 +517,12 @@ fn shared_l9_m3_a_panicking_drop_in_the_fanouts_drop_still_gives_every_lane_back
 /// A panic in the `Drop` of the item whose cell a publish reuses: the panic reaches the
 /// publisher, but the fan-out must stay in step with its lanes: the item of that publish either
 /// reached every lane or none, and the next publish delivers exactly its own item everywhere
-/// (never an item of the panicked call, never into a cell a lane still reads).
+/// (never an item of the panicked call, never into a cell a lane still reads). (Failed before
+/// 655b80c: `Cells::write` resumed the panic before any lane was published to, leaving the
+/// cells' count ahead of every lane's tail; debug builds then tripped `push`'s assertion, and
+/// release builds delivered the panicked call's item in place of the next one and later rewrote,
+/// and dropped, a cell a live delivery still read.)
 #[test]
-#[ignore = "bug: Cells::write resumes an overwritten item's Drop panic before Fanout::push publishes to any lane: cells.written runs ahead of every lane's tail, so the next publish hits the debug_assert in push (release builds: lanes deliver the previous call's item, and a later write drops a cell a lane still reads)"]
 fn shared_m3_a_panicking_drop_of_an_overwritten_item_keeps_the_fanout_in_step() {
     let t = Tracker::new(8);
     let s = shared(2, &["a", "b"]);
