@@ -1021,6 +1021,9 @@ fn own_rings_l5_l8_m3_seat_held_run_acks_on_workers_racing_reattaches_and_drops_
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum MState {
     Queued,
+    /// Another lane's item (`Fanout::try_publish_to`): passed (acked) by this lane's next
+    /// receive step that reaches it, never delivered.
+    Gap,
     Delivered(u32),
     Released,
     Acked,
@@ -1043,7 +1046,8 @@ struct MLane {
 }
 
 impl MLane {
-    /// A run of up to `max` items: the lowest released alone, else queued items.
+    /// A run of up to `max` items: the lowest released alone, else (past the gaps at the
+    /// front, which the step acks) queued items up to the next gap.
     fn take_run(&mut self, max: usize) -> Option<(Vec<(usize, u32)>, u32)> {
         self.generation += 1;
         let g = self.generation;
@@ -1053,7 +1057,14 @@ impl MLane {
             it.attempts += 1;
             return Some((vec![(i, g)], it.attempts));
         }
-        let end = self.items.len().min(self.next + max.clamp(1, MAX_RUN));
+        while self.next < self.items.len() && self.items[self.next].state == MState::Gap {
+            self.items[self.next].state = MState::Acked;
+            self.next += 1;
+        }
+        let mut end = self.items.len().min(self.next + max.clamp(1, MAX_RUN));
+        if let Some(gap) = (self.next..end).find(|&i| self.items[i].state == MState::Gap) {
+            end = gap;
+        }
         if end == self.next {
             return None;
         }
@@ -1103,6 +1114,7 @@ impl MLane {
 enum SOp {
     Publish(u8),
     PublishOne,
+    PublishTo(u8),
     RecvRun(u8, u8),
     Recv(u8),
     AckThrough(u8, u8),
@@ -1121,6 +1133,7 @@ fn sop() -> impl Strategy<Value = SOp> {
     prop_oneof![
         3 => (1u8..7).prop_map(SOp::Publish),
         1 => Just(SOp::PublishOne),
+        2 => any::<u8>().prop_map(SOp::PublishTo),
         3 => (any::<u8>(), 1u8..10).prop_map(|(l, m)| SOp::RecvRun(l, m)),
         1 => any::<u8>().prop_map(SOp::Recv),
         2 => (any::<u8>(), any::<u8>()).prop_map(|(h, k)| SOp::AckThrough(h, k)),
@@ -1159,7 +1172,8 @@ fn freed(m: &MLane, lane: usize, runs: &[HeldRun], singles: &[HeldOne]) -> usize
     m.items.iter().enumerate().take_while(|&(i, it)| it.state == MState::Acked && holders(i) == 0).count()
 }
 
-/// Random sequences of fan-out publishes (runs and single items), runs and single receives,
+/// Random sequences of fan-out publishes (runs, single items, and single items for one lane with
+/// `try_publish_to`, a gap for the other lanes), runs and single receives,
 /// cumulative and whole-run acks (seat-held or not), nacks, drops, re-attaches, drops followed
 /// by an attach, closes of one lane, reclaims and fan-out replacements, over 1 to 3 lanes sharing
 /// a ring of 1, 2, 3 or 5 cells; after every step the stream is compared with a naive model:
@@ -1167,7 +1181,10 @@ fn freed(m: &MLane, lane: usize, runs: &[HeldRun], singles: &[HeldOne]) -> usize
 /// stale handles included), the watermark and each lane's acked position and counters, idleness,
 /// and the exact drop count of every item (an item is dropped when the fan-out reuses its cell or
 /// reclaims it, and never while a handle reads it: every held handle reads its item after every
-/// step). In the end every item was acked exactly once on every lane and dropped exactly once.
+/// step). A gap is passed (acked, not delivered) by its lane's next receive step that reaches it,
+/// ends a run, keeps the lane from idle and its consumer from empty until then. In the end every
+/// item was acked exactly once on every lane it was for, every lane's acked position is the last
+/// position (gaps included), and every item was dropped exactly once.
 fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
     let names = ["a", "b", "c"];
     let t = Tracker::new(1 + ops.len() * 7);
@@ -1184,11 +1201,14 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
     let mut singles: Vec<HeldOne> = Vec::new();
     let mut last_pos = 0u64;
     let mut landed = vec![BTreeSet::new(); lanes_n];
+    // Per lane, the positions published to it as gaps (another lane's items).
+    let mut gaps = vec![BTreeSet::new(); lanes_n];
     let mut last_watermark = None;
     for &op in ops {
         match op {
-            SOp::Publish(_) | SOp::PublishOne => {
+            SOp::Publish(_) | SOp::PublishOne | SOp::PublishTo(_) => {
                 let k = if let SOp::Publish(k) = op { usize::from(k) } else { 1 };
+                let to = if let SOp::PublishTo(l) = op { Some(usize::from(l) % lanes_n) } else { None };
                 let items: Vec<LaneItem> =
                     (0..k as u64).map(|d| t.item_at(next_id + d, last_pos + 1 + d)).collect();
                 let first_id = next_id;
@@ -1211,7 +1231,10 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                         room.min(k)
                     }
                 } else {
-                    let r = f.try_publish(items[0].clone());
+                    let r = match to {
+                        Some(l) => f.try_publish_to(l, items[0].clone()),
+                        None => f.try_publish(items[0].clone()),
+                    };
                     if model.iter().any(|m| m.closed) {
                         assert!(matches!(r, Err(TryPublishError::Closed(_))), "{r:?}");
                         0
@@ -1234,13 +1257,15 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                     if seq >= cap && seq - cap >= reclaimed {
                         reclaimed = seq - cap + 1;
                     }
-                    for m in &mut model {
-                        m.items.push(MItem {
-                            position: last_pos + 1 + j,
-                            state: MState::Queued,
-                            attempts: 0,
-                        });
+                    for (l, m) in model.iter_mut().enumerate() {
+                        let state = if to.is_some_and(|to| to != l) { MState::Gap } else { MState::Queued };
+                        m.items.push(MItem { position: last_pos + 1 + j, state, attempts: 0 });
                     }
+                }
+                if let (Some(to), 1) = (to, n) {
+                    (0..lanes_n).filter(|&l| l != to).for_each(|l| {
+                        gaps[l].insert(last_pos + 1);
+                    });
                 }
                 last_pos += n as u64;
             }
@@ -1426,9 +1451,14 @@ fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
         }
     }
     for (l, got) in landed.iter().enumerate() {
-        assert_eq!(got.iter().copied().collect::<Vec<_>>(), (1..=last_pos).collect::<Vec<_>>(), "lane {l}");
+        let want: Vec<u64> = (1..=last_pos).filter(|p| !gaps[l].contains(p)).collect();
+        assert_eq!(got.iter().copied().collect::<Vec<_>>(), want, "lane {l}");
     }
+    // Every lane's receive steps passed its gaps: idle, and the acked position is the last one.
     assert!(s.is_idle());
+    if last_pos > 0 {
+        assert_eq!(s.watermark(), Some(Position(last_pos)));
+    }
     drop(fanout);
     // The fan-out's drop reclaimed every cell: every lane acked every item.
     assert_eq!(t.not_dropped(1..=next_id - 1, 1), vec![], "after the fan-out's drop");
