@@ -824,13 +824,13 @@ fn work_on_run(
     t: &Tracker,
     landed: &[AtomicUsize],
     mut run: Run<LaneItem>,
-    first: u64,
+    want: &[u64],
 ) -> u64 {
     let mark = |p: u64| {
         assert_eq!(landed[p as usize].fetch_add(1, Ordering::SeqCst), 0, "item {p} landed twice");
     };
     let ps: Vec<u64> = run.iter().map(|it| read_alive(t, it)).collect();
-    assert_eq!(ps, (first..first + ps.len() as u64).collect::<Vec<_>>(), "a run reads items not its own");
+    assert_eq!(ps, want, "a run reads items that are not the ones it was delivered with");
     if rng.gen_bool(0.3) {
         thread::yield_now();
     }
@@ -840,7 +840,7 @@ fn work_on_run(
         0..=2 => {
             let n = run.len() as u64;
             if run.ack().is_ok() {
-                (first..first + n).for_each(mark);
+                ps.iter().copied().for_each(mark);
                 count += n;
             }
         }
@@ -867,7 +867,7 @@ fn work_on_run(
             let k = rng.gen_range(0..run.len() as u64);
             if let Ok(n) = run.ack_through(start + k) {
                 assert_eq!(n as u64, k + 1);
-                (first..=first + k).for_each(mark);
+                ps[..=k as usize].iter().copied().for_each(mark);
                 count += k + 1;
             }
             // The rest once more, read alive, then dropped (released).
@@ -883,8 +883,9 @@ fn work_on_run(
 /// Runs acked on worker threads (the seat-held ack when the seat is free, per item otherwise)
 /// while each lane's receiving thread keeps receiving, re-attaches now and then, and now and
 /// then drops its consumer and attaches a new one at once (which must never find the seat still
-/// taken: `ConsumerAttached`), and the publisher keeps a small shared ring full and reclaims.
-/// No run reads an item not its own or one already dropped; an item whose ack was reported
+/// taken: `ConsumerAttached`), and the publisher keeps a small shared ring full, reclaims, and
+/// now and then publishes an item for one lane only (`publish_to`: a gap for the other lanes of
+/// a shared ring). No run reads an item not its own, one already dropped, or one for another lane; an item whose ack was reported
 /// landed is never delivered again and never lands twice; in the end every lane acked every
 /// item (watermark = last position), nothing is pinned, and every item is dropped exactly once.
 fn stress(shared_ring: bool, capacity: usize, n: u64, seed: u64) {
@@ -893,13 +894,26 @@ fn stress(shared_ring: bool, capacity: usize, n: u64, seed: u64) {
     let s = MemoryStream::builder().capacity(capacity).sinks(sinks).shared_ring(shared_ring).build().unwrap();
     let landed: Arc<Vec<Vec<AtomicUsize>>> =
         Arc::new((0..sinks.len()).map(|_| (0..=n).map(|_| AtomicUsize::new(0)).collect()).collect());
+    // Per position, the one lane it was published to (`publish_to`), or `ALL`.
+    const ALL: usize = usize::MAX;
+    let targets: Arc<Vec<AtomicUsize>> = Arc::new((0..=n).map(|_| AtomicUsize::new(ALL)).collect());
     let mut fanout = s.fanout().unwrap();
     let publisher = {
-        let t = t.clone();
+        let (t, targets) = (t.clone(), targets.clone());
         thread::spawn(move || {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let mut p = 1;
             while p <= n {
+                // (The last item goes to every lane: with a ring per lane, a lane's acked
+                // position ends at the last item published to it.)
+                if p < n && rng.gen_range(0..5) == 0 {
+                    // A reply for one lane: on a shared ring a gap for the others.
+                    let to = rng.gen_range(0..sinks.len());
+                    targets[p as usize].store(to, Ordering::SeqCst);
+                    fanout.publish_to(to, t.item(p)).unwrap();
+                    p += 1;
+                    continue;
+                }
                 let k = rng.gen_range(1..=6).min(n + 1 - p);
                 let items: Vec<LaneItem> = (p..p + k).map(|q| t.item(q)).collect();
                 fanout.publish_run(&items).unwrap();
@@ -915,16 +929,16 @@ fn stress(shared_ring: bool, capacity: usize, n: u64, seed: u64) {
         .lanes()
         .enumerate()
         .map(|(l, lane)| {
-            let (t, landed) = (t.clone(), landed.clone());
+            let (t, landed, targets) = (t.clone(), landed.clone(), targets.clone());
             thread::spawn(move || {
-                let (tx, rx) = mpsc::channel::<(Run<LaneItem>, u64)>();
+                let (tx, rx) = mpsc::channel::<(Run<LaneItem>, Vec<u64>)>();
                 let worker = {
                     let (t, landed) = (t.clone(), landed.clone());
                     thread::spawn(move || {
                         let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (l as u64 + 100));
                         let mut count = 0;
-                        for (run, first) in rx {
-                            count += work_on_run(&mut rng, &t, &landed[l], run, first);
+                        for (run, ps) in rx {
+                            count += work_on_run(&mut rng, &t, &landed[l], run, &ps);
                         }
                         count
                     })
@@ -952,8 +966,11 @@ fn stress(shared_ring: bool, capacity: usize, n: u64, seed: u64) {
                     }
                     match c.recv_run_timeout(rng.gen_range(1..=12), Duration::from_millis(2)) {
                         Ok(Some(run)) => {
-                            let first = run.get(0).unwrap().position().unwrap().0;
-                            for p in first..first + run.len() as u64 {
+                            let ps: Vec<u64> = run.iter().map(|it| read_alive(&t, it)).collect();
+                            assert!(ps.windows(2).all(|w| w[0] < w[1]), "lane {l}: run {ps:?}");
+                            for &p in &ps {
+                                let to = targets[p as usize].load(Ordering::SeqCst);
+                                assert!(to == ALL || to == l, "lane {l}: item {p} was for lane {to} only");
                                 let times = landed[l][p as usize].load(Ordering::SeqCst);
                                 assert_eq!(
                                     times, 0,
@@ -962,14 +979,13 @@ fn stress(shared_ring: bool, capacity: usize, n: u64, seed: u64) {
                             }
                             // Sometimes ack right here, on the receiving thread, racing the worker's acks.
                             if rng.gen_bool(0.2) {
-                                let n = run.len() as u64;
                                 if run.ack().is_ok() {
-                                    for p in first..first + n {
+                                    for &p in &ps {
                                         assert_eq!(landed[l][p as usize].fetch_add(1, Ordering::SeqCst), 0);
                                     }
                                 }
                             } else {
-                                tx.send((run, first)).unwrap();
+                                tx.send((run, ps)).unwrap();
                             }
                         }
                         Ok(None) => unreachable!("never closed"),
