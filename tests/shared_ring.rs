@@ -713,6 +713,47 @@ fn shared_m3_a_kept_clone_outlives_its_reused_cell_and_the_item_drops_once() {
     assert_eq!(t.not_dropped(1..=2, 1), vec![]);
 }
 
+/// A fan-out publish that gives up on a full shared ring (`publish_timeout`, a dropped
+/// `publish_async` future) writes no cell: the item it held is handed back (or dropped with the
+/// future) once, and the cell it would have reused still holds the item a lane reads.
+#[test]
+fn shared_l3_m3_a_publish_that_gives_up_writes_no_cell() {
+    let t = Tracker::new(8);
+    let s = shared(1, &["a", "b"]);
+    let mut fanout = s.fanout().unwrap();
+    let mut cs: Vec<_> = s.lanes().map(|l| l.attach().unwrap()).collect();
+    fanout.try_publish(t.item(1)).unwrap();
+    cs[1].try_recv().unwrap().ack().unwrap();
+    let held = cs[0].try_recv().unwrap();
+    match fanout.publish_timeout(t.item(2), Duration::from_millis(20)) {
+        Err(lanestream::PublishTimeoutError::Timeout(back)) => {
+            assert_eq!(back.position(), Some(Position(2)));
+            assert_eq!(t.drops(2), 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(t.drops(2), 1, "the handed-back item is the caller's, dropped once");
+    {
+        let (wakes, waker) = common::CountingWaker::new();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut publish = Box::pin(fanout.publish_async(t.item(3)));
+        assert!(publish.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(wakes.wakes(), 0);
+    }
+    assert_eq!(t.drops(3), 1, "the dropped future dropped its item, once");
+    assert_eq!(t.drops(1), 0, "no cell was written");
+    assert_eq!(read_alive(&t, &held), 1);
+    held.ack().unwrap();
+    fanout.try_publish(t.item(4)).unwrap();
+    assert_eq!(t.drops(1), 1);
+    for c in &mut cs {
+        let d = c.try_recv().unwrap();
+        assert_eq!(read_alive(&t, &d), 4);
+        d.ack().unwrap();
+    }
+    assert_eq!(s.watermark(), Some(Position(4)));
+}
+
 // ----- threads --------------------------------------------------------------------------------------
 
 /// L10 on the shared ring: a close of one lane racing a stream of fan-out publishes (blocking,
