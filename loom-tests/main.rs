@@ -16,5 +16,6 @@ mod requests;
 mod ring;
 mod runs;
 mod shared;
+mod shared_races;
 mod wait;
 mod watermark;

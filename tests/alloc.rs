@@ -395,3 +395,82 @@ fn two_thread_traffic_allocates_nothing_on_either_side_m2() {
     assert_eq!((producer_side, consumer_side), (0, 0));
     assert_eq!(stream.watermark(), Some(Position(N)));
 }
+
+/// M2 for the shared ring: fan-out publishes (single and runs, reusing cells, which drops the
+/// items they held), runs received and acked with the seat-held ack and cumulatively, released
+/// and redelivered, a re-attach with a stale run acked late (the per-item fallback), single
+/// deliveries, and `reclaim` allocate nothing; M1: live bytes are back where they started once
+/// the items' own storage is accounted for.
+#[test]
+fn shared_ring_fanout_runs_reattach_and_reclaim_allocate_nothing_m2() {
+    for capacity in [16, 5] {
+        let stream = MemoryStream::builder()
+            .capacity(capacity)
+            .sinks(["search", "cache", "archive"])
+            .shared_ring(true)
+            .build()
+            .unwrap();
+        let lanes: Vec<_> = stream.lanes().collect();
+        let mut fanout = stream.fanout().unwrap();
+        let mut consumers: Vec<_> = lanes.iter().map(|lane| lane.attach().unwrap()).collect();
+        let env = envelopes(3);
+        // Round r: one item at position 5r + 1, then a run of the next 4.
+        let rounds: Vec<(LaneItem, Vec<LaneItem>)> = (0..40u64)
+            .map(|r| (batch(&env, 5 * r + 1), (2..=5).map(|k| batch(&env, 5 * r + k)).collect()))
+            .collect();
+        let mut rounds = rounds.into_iter();
+        let live_before = snapshot().1;
+        let n = allocations(|| {
+            for r in 0..40 {
+                let (single, run) = rounds.next().unwrap();
+                fanout.try_publish(single).unwrap();
+                assert_eq!(fanout.try_publish_run(&run), Ok(4));
+                drop(run);
+                for (l, c) in consumers.iter_mut().enumerate() {
+                    match (r + l) % 4 {
+                        // Whole run, seat-held.
+                        0 => c.try_recv_run(16).unwrap().ack().unwrap(),
+                        // Cumulative, then the rest released and redelivered one by one.
+                        1 => {
+                            let mut run = c.try_recv_run(16).unwrap();
+                            let first = run.sequences().start;
+                            run.ack_through(first + 1).unwrap();
+                            drop(run);
+                            for _ in 0..3 {
+                                c.try_recv().unwrap().ack().unwrap();
+                            }
+                        }
+                        // A re-attach with the run outstanding: its late ack is refused item
+                        // by item; the new consumer gets the five again.
+                        2 => {
+                            let stale = c.try_recv_run(16).unwrap();
+                            *c = lanes[l].reattach();
+                            assert!(stale.ack().is_err());
+                            for _ in 0..5 {
+                                c.recv_run(16).unwrap().unwrap().ack().unwrap();
+                            }
+                        }
+                        _ => {
+                            let run = ready(c.recv_run_async(16)).unwrap().unwrap();
+                            assert_eq!(run.len(), 5);
+                            run.ack().unwrap();
+                        }
+                    }
+                    assert!(c.is_empty());
+                }
+                if r % 3 == 0 {
+                    fanout.reclaim();
+                }
+            }
+            fanout.reclaim();
+        });
+        assert_eq!(n, 0, "capacity {capacity}: shared-ring path allocated {n} times");
+        // The run `Vec`s (freed inside) were the only live bytes to go.
+        let freed_vecs = 40 * (4 * std::mem::size_of::<LaneItem>()) as i64;
+        assert_eq!(snapshot().1, live_before - freed_vecs, "capacity {capacity}: live bytes");
+        assert!(stream.is_idle());
+        assert_eq!(stream.watermark(), Some(Position(200)));
+        // Every copy went: the reclaim dropped the last cells' items.
+        assert_eq!(Arc::strong_count(&env), 1);
+    }
+}
