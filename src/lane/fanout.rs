@@ -399,8 +399,9 @@ impl Fanout {
     ///
     /// # Errors
     /// [`PublishError`] whose payload is the index of the first item not published: items
-    /// before it reached every lane (as for [`publish`](Fanout::publish), a close racing the
-    /// run may have let some lanes have that item too).
+    /// before it reached every lane. As for [`publish`](Fanout::publish), a close racing the
+    /// run may have let the lanes before the closed one have the items of the step it stopped
+    /// (from that index on, as many as every lane had room for at once), not only that item.
     pub fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
         let mut done = 0;
         while done < items.len() {

@@ -168,15 +168,18 @@ impl<T> Ring<T> {
         // release sequence on `stale`): reading 0, each one's holder RMW on its item's word
         // happens before our stores, so none is overwritten.
         let plain = self.cons.stale.load(Ordering::Acquire) == 0;
+        // Debug builds check each word is the delivery's own (our generation, our one holder,
+        // DELIVERED), and report a mismatch only after the seat is given back.
+        let mut mismatch = None;
         if plain {
             let attempt = u64::from(attempt.min(0xFFFF)) << ATTEMPT_SHIFT;
             for (j, &g) in gens.iter().enumerate() {
                 let state = self.state(index + j as u64);
-                // The delivery's word: our generation, our one holder, DELIVERED.
-                debug_assert_eq!(
-                    state.load(Ordering::Relaxed),
-                    (u64::from(g) << GEN_SHIFT) | HOLDER_ONE | attempt | DELIVERED
-                );
+                let delivered = (u64::from(g) << GEN_SHIFT) | HOLDER_ONE | attempt | DELIVERED;
+                if cfg!(debug_assertions) && mismatch.is_none() {
+                    let now = state.load(Ordering::Relaxed);
+                    mismatch = (now != delivered).then_some((index + j as u64, now, delivered));
+                }
                 // Release: as the ack's compare-and-swap (`ack_slot`): the sink's writes and our
                 // reads of the item happen before the advancer's Acquire of the ACKED word.
                 state.store((u64::from(g) << GEN_SHIFT) | attempt | ACKED, Ordering::Release);
@@ -184,6 +187,9 @@ impl<T> Ring<T> {
         }
         // Release: pairs with the next seat-taker's Acquire.
         self.cons.seat.store(seated, Ordering::Release);
+        if let Some((i, now, delivered)) = mismatch {
+            panic!("seat-held ack of item {i}: its word is {now:#x}, not its delivery's {delivered:#x}");
+        }
         plain
     }
 
