@@ -915,8 +915,9 @@ fn killed_connections_between_operations_give_clear_errors_then_nothing_twice() 
     assert_eq!(log_ids(&mut admin, &name), (1..=published).collect::<Vec<_>>(), "no entry twice");
     assert_eq!((st.acked_items, st.delivered), (published, published), "{st:?}");
     // A pooled connection found dead gets one fresh retry even without a retry budget: the
-    // kills surface in the stream's last error, not as failed calls.
-    let _ = errors;
+    // kills surface in the stream's count of connection errors and its last error, not as
+    // failed calls (those that did fail are counted too).
+    assert!(s.connection_errors() > errors, "{} counted, {errors} calls failed", s.connection_errors());
     let last = s.last_error().expect("the lost connections were seen");
     assert!(last.contains("connection"), "{last}");
 }

@@ -686,3 +686,40 @@ fn redis_lane_stats_match_the_memory_backend_after_every_step() {
         }
     }
 }
+
+/// Connections killed between calls: every call still succeeds (a retry on a fresh connection,
+/// exactly once), and the losses show in `connection_errors` (and `last_error`), which calls
+/// that met no loss leave alone.
+#[test]
+fn redis_connections_killed_between_calls_are_recovered_silently_and_counted() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let s = open(&url, &name, 4, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let round = |p: &mut lanestream::RedisProducer, c: &mut lanestream::RedisConsumer<LaneItem>, i: u64| {
+        p.try_publish(batch(i)).unwrap();
+        let d = c.try_recv().unwrap();
+        assert_eq!((d.position(), d.attempt()), (Some(Position(i)), 1));
+        d.ack().unwrap();
+    };
+    round(&mut p, &mut c, 1);
+    let (quiet, last) = (s.connection_errors(), s.last_error());
+    for i in 2..=4 {
+        round(&mut p, &mut c, i);
+    }
+    assert_eq!((s.connection_errors(), s.last_error()), (quiet, last), "no loss, nothing counted");
+    for i in 5..=7 {
+        let before = s.connection_errors();
+        kill_connections(&mut admin, &name);
+        round(&mut p, &mut c, i);
+        assert!(s.connection_errors() > before, "round {i}: the killed connections were not counted");
+        assert!(s.last_error().is_some_and(|e| e.contains("connection")), "{:?}", s.last_error());
+    }
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.delivered), (7, 7, 7), "{st:?}");
+    // The clones share the count.
+    assert_eq!(s.clone().connection_errors(), s.connection_errors());
+}

@@ -227,9 +227,28 @@ impl RedisStream {
         &self.name
     }
 
-    /// The message behind the last [`BackendError`] any end of this stream met, if any.
+    /// The message of the last error any end of this stream met, if any: the one behind the
+    /// last [`BackendError`] returned, or a lost connection that a retry recovered from (which
+    /// returned no error). It is history, not status: a later success does not clear it.
     pub fn last_error(&self) -> Option<String> {
         self.shared.pool.last_error()
+    }
+
+    /// How many times a connection of this stream (its ends' and clones' included) was found
+    /// lost or could not be made, since the stream was built: a count that only grows, for
+    /// monitoring.
+    ///
+    /// A call whose lost connection a retry recovered from returns what it would have returned
+    /// without the loss (every script is safe to run twice: a publish lands once, an ack counts
+    /// once), so the loss shows here and in [`last_error`](RedisStream::last_error), not as an
+    /// error of the call. What does surface as an error: a call whose retry budget ran out
+    /// ([`BackendError::Connection`]; the next call reconnects), an ack whose retry cannot tell
+    /// whether it landed ([`AckError::Backend`](crate::AckError)`(Connection)`), and an end
+    /// whose claim another process took while this process's connections were down
+    /// ([`BackendError::Fenced`] on publish, `Detached` on receive and ack). A request sent again
+    /// after a connection lost mid-call may land twice ([R2](crate::contract#r2)).
+    pub fn connection_errors(&self) -> u64 {
+        self.shared.pool.connection_errors()
     }
 
     fn lane(&self, sink: &str) -> Result<&Arc<LaneDef>, StreamError> {
