@@ -512,24 +512,24 @@ impl LaneDef {
     pub(crate) fn stats(&self, pool: &Pool, budget: Budget) -> Result<LaneStats, BackendError> {
         let v: Value = pool.run(budget, |c, _| scripts().stats.key(&self.base).key(&self.rel).invoke(c))?;
         let r = items(&v);
-        if r.len() != 11 {
+        if r.len() != 10 {
             return Err(malformed(pool, "stats", &v));
         }
         let (published, read, acked_items) = (int(&r[1]), int(&r[2]), int(&r[3]));
-        let released = int(&r[10]);
+        let (redelivered, released) = (int(&r[4]), int(&r[9]));
         Ok(LaneStats {
             capacity: self.capacity,
             queued: published.saturating_sub(read),
             released,
             in_flight: read.saturating_sub(acked_items).saturating_sub(released),
-            delivered: int(&r[4]),
-            redelivered: int(&r[5]),
+            delivered: read + redelivered,
+            redelivered,
             published,
             acked_items,
             pinned: 0,
-            last_published: unpad(text(&r[6])),
-            acked: unpad(text(&r[7])),
-            closed: text(&r[8]) == b"1",
+            last_published: unpad(text(&r[5])),
+            acked: unpad(text(&r[6])),
+            closed: text(&r[7]) == b"1",
         })
     }
 

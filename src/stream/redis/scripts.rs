@@ -10,7 +10,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `B` | hash | `cap` capacity; `about` a text longer than 64 bytes (keeps the hash in the hashtable encoding: see `stream.rs`); `pub` items published; `last` the lane's newest entry number; `lp` last published position; `rd` newest entry read by the group; `nread` items read; `an` newest entry of the contiguous acked prefix; `ai` items in it; `ap` its position; `dl` deliveries, `rdl` redeliveries; `closed`; `ep` consumer epoch, `holder` its claim; `pe` producer epoch, `ph` its claim; `lq`/`ln`/`la` the last receive (request number, entry, attempt) for a retried receive |
+//! | `B` | hash | `cap` capacity; `about` a text longer than 64 bytes (keeps the hash in the hashtable encoding: see `stream.rs`); `pub` items published; `last` the lane's newest entry number; `lp` last published position; `rd` newest entry read by the group; `nread` items read; `an` newest entry of the contiguous acked prefix; `ai` items in it; `ap` its position; `rdl` redeliveries (deliveries are `nread + rdl`); `closed`; `ep` consumer epoch, `holder` its claim; `pe` producer epoch, `ph` its claim; `lq` the last receive, for a retried one: its request number when it delivered a new entry (entry `rd`, attempt 1), `request:entry:attempt` when it redelivered one |
 //! | `B:ids` | sorted set | the lane's unacked entries (and acked ones after an unacked one): score = entry number, member = `n:position`; not kept for a lane alone on its log (below) |
 //! | `B:rel` | sorted set | released entries, waiting for redelivery (score = member = entry number) |
 //! | `B:ack` | sorted set | entries acked while an earlier one is out: score = entry number, member = `n` (`n:position` for a lane alone on its log) |
@@ -45,17 +45,46 @@
 //! of the hot path (2 to 6 µs each, against about 1 µs for the same command sent plainly);
 //! payloads are read by a plain `XRANGE` pipelined after the receive script (`RECEIVE`).
 
-/// Shared helpers, prepended to every script.
-const PRELUDE: &str = r#"
+/// Shared helpers: each script gets those it calls prepended, not the rest (every `local
+/// function` is a closure made on every run of a script). See [`source`].
+const HELPERS: &[(&str, &str)] = &[
+    (
+        "s",
+        r#"
 local function s(x) return string.format('%d', x) end
+"#,
+    ),
+    (
+        "num",
+        r#"
 local function num(x) if x then return tonumber(x) else return 0 end end
+"#,
+    ),
+    (
+        "entry_n",
+        r#"
 local function entry_n(id) return tonumber(string.match(id, '^(%d+)')) end
+"#,
+    ),
+    (
+        "ring",
+        r#"
 local function ring(key) redis.call('LPUSH', key, '1'); redis.call('LTRIM', key, 0, 0) end
+"#,
+    ),
+    (
+        "is_acked",
+        r#"
 local function is_acked(A, an, oo, n)
   if n <= an then return true end
   if oo == 0 then return false end
   return redis.call('ZCOUNT', A, n, n) > 0
 end
+"#,
+    ),
+    (
+        "ack_fence",
+        r#"
 -- The ack fence of `ACK` and `ACK_ALONE`: the lane hash's `ep an ai oo pw` for an ack of entry
 -- `n` by the holder of `epoch`, or (nil and) the reply when the ack is settled already: a
 -- detached holder's (`unknown` if its retried ack had landed), or an entry acked before.
@@ -69,6 +98,11 @@ local function ack_fence(H, A, epoch, n, retry)
   if is_acked(A, an, oo, n) then return nil, {'ok'} end
   return h
 end
+"#,
+    ),
+    (
+        "trim",
+        r#"
 -- Trims the log below every lane's acked prefix (never above): the entries before each lane's
 -- first unacked one. ARGV[first..] are the ids keys of every lane sharing the log, or (`alone`)
 -- the hash of the one lane that owns it, whose first unacked entry is `an + 1`.
@@ -89,7 +123,9 @@ local function trim(L, M, seqf, trimf, alone, first)
   end
   return floor
 end
-"#;
+"#,
+    ),
+];
 
 /// Publish one item.
 ///
@@ -172,32 +208,41 @@ return {'ok', n}
 /// (= the entry number `n`), position (padded, or empty), the meta field that numbers the log's
 /// entries, the meta field of the log's trim floor, the lane hash (for the trim floor).
 pub(crate) const PUBLISH_ALONE: &str = r#"
-local H, L, M = KEYS[1], KEYS[2], KEYS[3]
-local base, pos = ARGV[1], ARGV[4]
-local h = redis.call('HMGET', H, 'pe', 'pub', 'closed', 'lp', 'ai', 'cap', 'ep', 'last', 'w')
-local pub, ai, cap, last = num(h[2]), num(h[5]), num(h[6]), num(h[8])
-local lp = h[4] or ''
+local H, L = KEYS[1], KEYS[2]
+local pos = ARGV[4]
+local h = redis.call('HMGET', H, 'pe', 'pub', 'closed', 'lp', 'ai', 'cap', 'last', 'w')
 if (h[1] or '') ~= ARGV[2] then return {'fenced'} end
-local want = tonumber(ARGV[3])
+local pub, want = tonumber(h[2] or 0), tonumber(ARGV[3])
 if pub == want then return {'dup'} end
 if pub ~= want - 1 then return {'fenced'} end
 if h[3] == '1' then return {'closed'} end
-if pos ~= '' and lp ~= '' and pos <= lp then return {'regressed', lp} end
-if pub - ai >= cap then
+local lp = h[4]
+if pos ~= '' and lp and lp ~= '' and pos <= lp then return {'regressed', lp} end
+if pub - tonumber(h[5] or 0) >= tonumber(h[6] or 0) then
   redis.call('HSET', H, 'pw', '1')
   return {'full'}
 end
-local n = last + 1
-if n ~= want then return redis.error_reply('lanestream: lane ' .. base .. ' numbers entry ' .. s(n) .. ', not ' .. s(want)) end
-redis.call('XSETID', L, s(last) .. '-0')
-if pos ~= '' then
-  redis.call('HSET', H, 'pub', s(want), 'last', s(n), 'lp', pos, 'w', '0')
-else
-  redis.call('HSET', H, 'pub', s(want), 'last', s(n), 'w', '0')
+local last = h[7] or '0'
+if tonumber(last) ~= pub then
+  return redis.error_reply('lanestream: lane ' .. ARGV[1] .. ' numbers entry ' .. last .. ' + 1, not ' .. ARGV[3])
 end
-if h[9] == '1' then ring(base .. ':bell:' .. (h[7] or '0')) end
-if n % 64 == 0 then trim(L, M, ARGV[5], ARGV[6], true, 7) end
-return {'ok', n}
+redis.call('XSETID', L, last .. '-0')
+-- Only the fields that change (each costs): `lp` with a position, `w` when a receive waits.
+local waits = h[8] == '1'
+if pos ~= '' then
+  if waits then
+    redis.call('HSET', H, 'pub', want, 'last', want, 'lp', pos, 'w', '0')
+  else
+    redis.call('HSET', H, 'pub', want, 'last', want, 'lp', pos)
+  end
+elseif waits then
+  redis.call('HSET', H, 'pub', want, 'last', want, 'w', '0')
+else
+  redis.call('HSET', H, 'pub', want, 'last', want)
+end
+if waits then ring(ARGV[1] .. ':bell:' .. (redis.call('HGET', H, 'ep') or '0')) end
+if want % 64 == 0 then trim(L, KEYS[3], ARGV[5], ARGV[6], true, 7) end
+return {'ok', want}
 "#;
 
 /// The log's last id between two publishes of a sink lane alone on its log: the highest
@@ -219,13 +264,24 @@ pub(crate) const LOG_FENCE_ID: &str = "18446744073709551615-0";
 pub(crate) const RECEIVE: &str = r#"
 local H, I, R, L, T = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, consumer, rq, alone = ARGV[2], ARGV[3], ARGV[5], ARGV[6] == '1'
-local h = redis.call('HMGET', H, 'ep', 'lq', 'ln', 'la', 'rd', 'last', 'closed', 'nread', 'dl', 'nrel', 'rdl', 'w')
+local h = redis.call('HMGET', H, 'ep', 'lq', 'nrel', 'rd', 'last')
 if (h[1] or '0') ~= ARGV[4] then return {'detached'} end
-if h[2] == rq then
-  local e = redis.call('XRANGE', L, h[3] .. '-0', h[3] .. '-0')
-  return {'item', tonumber(h[3]), tonumber(h[4]), e[1][2][2]}
+local lq = h[2]
+if lq and lq ~= '' then
+  -- A retried request: the same delivery again (`lq` is the request number of a new entry's
+  -- delivery, which is entry `rd`, attempt 1; `rq:n:attempt` of a redelivery's).
+  local m, a
+  if lq == rq then
+    m, a = h[4], '1'
+  elseif string.sub(lq, 1, #rq + 1) == rq .. ':' then
+    m, a = string.match(lq, ':(%d+):(%d+)$')
+  end
+  if m then
+    local e = redis.call('XRANGE', L, m .. '-0', m .. '-0')
+    return {'item', tonumber(m), tonumber(a), e[1][2][2]}
+  end
 end
-local nrel = num(h[10])
+local nrel = tonumber(h[3] or 0)
 if nrel > 0 then
   local r = redis.call('ZRANGE', R, 0, 0)
   local n = tonumber(r[1])
@@ -242,25 +298,27 @@ if nrel > 0 then
     local p = redis.call('XPENDING', L, group, s(n) .. '-0', s(n) .. '-0', 1)
     attempt = p[1][4]
   end
-  redis.call('HSET', H, 'nrel', nrel - 1, 'rdl', num(h[11]) + 1, 'dl', num(h[9]) + 1,
-    'lq', rq, 'ln', n, 'la', attempt)
+  redis.call('HSET', H, 'nrel', nrel - 1, 'lq', rq .. ':' .. s(n) .. ':' .. s(attempt))
+  redis.call('HINCRBY', H, 'rdl', 1)
   return {'item', n, attempt, payload}
 end
-local rd = num(h[5])
-if rd >= num(h[6]) then
-  if h[7] == '1' then return {'closed'} end
-  if h[12] ~= '1' then redis.call('HSET', H, 'w', '1') end
+local rd = tonumber(h[4] or 0)
+if rd >= tonumber(h[5] or 0) then
+  local c = redis.call('HMGET', H, 'closed', 'w')
+  if c[1] == '1' then return {'closed'} end
+  if c[2] ~= '1' then redis.call('HSET', H, 'w', '1') end
   return {'empty'}
 end
 local n = rd + 1
 if alone then
+  -- Entry numbers have no gaps: items read = `rd` (`nread` is kept for `STATS`).
   local payload
-  if ARGV[7] ~= s(n) then
+  if tonumber(ARGV[7]) ~= n then
     local e = redis.call('XRANGE', L, s(n) .. '-0', s(n) .. '-0')
     if not e[1] then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
     payload = e[1][2][2]
   end
-  redis.call('HSET', H, 'rd', s(n), 'nread', s(num(h[8]) + 1), 'dl', s(num(h[9]) + 1), 'lq', rq, 'ln', s(n), 'la', '1')
+  redis.call('HSET', H, 'rd', n, 'nread', n, 'lq', rq)
   return {'item', n, 1, payload}
 end
 -- A log shared with other lanes: the lane's next entry is the first of its ids after `rd`.
@@ -270,7 +328,8 @@ if n > rd + 1 then redis.call('XGROUP', 'SETID', L, group, s(n - 1) .. '-0') end
 local e = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', L, '>')
 local entry = e and e[1][2][1]
 if not entry or entry_n(entry[1]) ~= n then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
-redis.call('HSET', H, 'rd', s(n), 'nread', s(num(h[8]) + 1), 'dl', s(num(h[9]) + 1), 'lq', rq, 'ln', s(n), 'la', '1')
+redis.call('HSET', H, 'rd', n, 'lq', rq)
+redis.call('HINCRBY', H, 'nread', 1)
 return {'item', n, 1, entry[2][2]}
 "#;
 
@@ -338,16 +397,20 @@ return advanced(an, moved, oo, ap)
 pub(crate) const ACK_ALONE: &str = r#"
 local H, A = KEYS[1], KEYS[2]
 local n = tonumber(ARGV[2])
-local h, settled = ack_fence(H, A, ARGV[1], n, ARGV[4])
-if settled then return settled end
-local an, ai, oo = num(h[2]), num(h[3]), num(h[4])
+local h = redis.call('HMGET', H, 'ep', 'an', 'ai', 'oo', 'pw')
+local an, oo = tonumber(h[2] or 0), tonumber(h[4] or 0)
+if (h[1] or '0') ~= ARGV[1] then
+  if ARGV[4] == '1' and is_acked(A, an, oo, n) then return {'unknown'} end
+  return {'detached'}
+end
+if is_acked(A, an, oo, n) then return {'ok'} end
 if ARGV[5] ~= '1' then redis.call('HDEL', KEYS[3], s(n)) end
 if n ~= an + 1 then
   redis.call('ZADD', A, n, s(n) .. ':' .. ARGV[3])
-  redis.call('HSET', H, 'oo', s(oo + 1))
+  redis.call('HSET', H, 'oo', oo + 1)
   return {'ok'}
 end
-local moved, ap = 1, ARGV[3]
+local moved, ap, oo0 = 1, ARGV[3], oo
 an = n
 while oo > 0 do
   local m = redis.call('ZRANGEBYSCORE', A, an + 1, an + 1)
@@ -357,10 +420,18 @@ while oo > 0 do
   local p = string.match(m[1], ':(.*)$')
   if p ~= '' then ap = p end
 end
-if ap ~= '' then
-  redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'ap', ap, 'pw', '0')
+local ai = tonumber(h[3] or 0) + moved
+-- Only the fields that change (each costs): the common in-order ack of a positioned item
+-- writes three.
+if oo == oo0 and h[5] ~= '1' and ap ~= '' then
+  redis.call('HSET', H, 'an', an, 'ai', ai, 'ap', ap)
 else
-  redis.call('HSET', H, 'an', s(an), 'ai', s(ai + moved), 'oo', s(oo), 'pw', '0')
+  local args = {'HSET', H, 'an', an, 'ai', ai, 'oo', oo, 'pw', '0'}
+  if ap ~= '' then
+    table.insert(args, 'ap')
+    table.insert(args, ap)
+  end
+  redis.call(unpack(args))
 end
 if h[5] == '1' then ring(H .. ':pbell') end
 return {'ok'}
@@ -425,7 +496,7 @@ else
     end
   end
 end
-redis.call('HSET', H, 'holder', ARGV[5], 'lq', '', 'ln', '', 'la', '', 'nrel', redis.call('ZCARD', R))
+redis.call('HSET', H, 'holder', ARGV[5], 'lq', '', 'nrel', redis.call('ZCARD', R))
 local oldbell = base .. ':bell:' .. old
 ring(oldbell)
 redis.call('PEXPIRE', oldbell, 60000)
@@ -479,11 +550,11 @@ ring(ARGV[1] .. ':pbell')
 return 1
 "#;
 
-/// A lane's counters, read together.
+/// A lane's counters, read together (deliveries are `nread + rdl`: items read, and redelivered).
 ///
 /// KEYS: lane hash, released. Returns the hash fields then the number released.
 pub(crate) const STATS: &str = r#"
-local h = redis.call('HMGET', KEYS[1], 'cap', 'pub', 'nread', 'ai', 'dl', 'rdl', 'lp', 'ap', 'closed', 'ep')
+local h = redis.call('HMGET', KEYS[1], 'cap', 'pub', 'nread', 'ai', 'rdl', 'lp', 'ap', 'closed', 'ep')
 table.insert(h, redis.call('ZCARD', KEYS[2]))
 return h
 "#;
@@ -497,7 +568,24 @@ pub(crate) const TRIM: &str = r#"
 return trim(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3] == '1', 4)
 "#;
 
-/// Each script with the prelude.
+/// Each script with the helpers it calls (directly or through another helper), in their order.
 pub(crate) fn source(body: &str) -> String {
-    format!("{PRELUDE}{body}")
+    let calls = |text: &str, name: &str| {
+        text.match_indices(name).any(|(i, _)| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + name.len()..].chars().next();
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && after == Some('(')
+        })
+    };
+    // A helper calls only helpers before it: one pass from the last.
+    let mut used = vec![false; HELPERS.len()];
+    for i in (0..HELPERS.len()).rev() {
+        let name = HELPERS[i].0;
+        used[i] = calls(body, name)
+            || HELPERS[i + 1..].iter().zip(&used[i + 1..]).any(|((_, code), u)| *u && calls(code, name));
+    }
+    let mut out: String =
+        HELPERS.iter().zip(&used).filter(|(_, u)| **u).map(|((_, code), _)| *code).collect();
+    out.push_str(body);
+    out
 }
