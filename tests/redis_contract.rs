@@ -723,3 +723,51 @@ fn redis_connections_killed_between_calls_are_recovered_silently_and_counted() {
     // The clones share the count.
     assert_eq!(s.clone().connection_errors(), s.connection_errors());
 }
+
+/// A lane alone on its log: acks in increasing order are plain `XADD`s to its ack log (a gap
+/// left open), a lower one after them is refused there and acked by the script; the acked
+/// position follows the contiguous prefix through every mix, and reading it empties the log.
+#[test]
+fn redis_acks_through_the_ack_log_keep_the_acked_prefix_with_gaps_and_late_acks() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let al = format!("{{{name}}}:l:search:al");
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    for i in 1..=6 {
+        p.publish(batch(i * 10)).unwrap();
+    }
+    let mut held: Vec<Option<_>> = (0..6).map(|_| Some(c.try_recv().unwrap())).collect();
+    let mut ack = |i: usize| held[i - 1].take().unwrap().ack().unwrap();
+    let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&al).query(con).unwrap() };
+    ack(2);
+    ack(4);
+    assert_eq!(len(&mut con), 2, "acks 2 and 4 are records of the ack log");
+    assert_eq!(s.acked("search").unwrap(), None, "1 is out");
+    assert_eq!(len(&mut con), 0, "read after a fold");
+    ack(1); // below 4: refused by the log, acked by the script
+    assert_eq!(s.acked("search").unwrap(), Some(Position(20)));
+    ack(3);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(40)));
+    ack(6);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(40)), "5 is out");
+    ack(5);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(60)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.acked_items, st.in_flight, st.published), (6, 0, 6), "{st:?}");
+    // A re-attach moves the log's fence above the old epoch: the old consumer's ack is refused
+    // (and does not count), the new consumer's lands.
+    p.publish(batch(70)).unwrap();
+    let stale = c.try_recv().unwrap();
+    let mut c2 = s.reattach("search").unwrap();
+    assert_eq!(stale.ack(), Err(AckError::Detached));
+    assert_eq!(s.acked("search").unwrap(), Some(Position(60)));
+    let d = c2.try_recv().unwrap();
+    assert_eq!((d.position(), d.attempt()), (Some(Position(70)), 2));
+    d.ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(70)));
+    assert!(s.is_idle());
+}

@@ -27,6 +27,7 @@ pub(crate) struct Scripts {
     close: Script,
     trim: Script,
     stats: Script,
+    fold: Script,
 }
 
 pub(crate) fn scripts() -> &'static Scripts {
@@ -46,6 +47,7 @@ pub(crate) fn scripts() -> &'static Scripts {
             close: s(scripts::CLOSE),
             trim: s(scripts::TRIM),
             stats: s(scripts::STATS),
+            fold: s(scripts::FOLD),
         }
     })
 }
@@ -152,6 +154,8 @@ pub(crate) struct LaneDef {
     /// The lane owns every entry of its log (one sink, or the request lane): it keeps no ids
     /// set (see `scripts`).
     alone: bool,
+    /// The ack log of a lane alone on its log (`B:al`, see "The ack log" in `scripts`).
+    ack_log_key: String,
     /// The ids keys of every lane that shares this lane's log (for the trim floor); the lane's
     /// own hash when it is alone on its log.
     pub(crate) trim_ids: Vec<String>,
@@ -171,6 +175,7 @@ impl LaneDef {
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
             att: format!("{base}:att"),
+            ack_log_key: format!("{base}:al"),
             log: format!("{prefix}:log"),
             meta: format!("{prefix}:meta"),
             group: sink.as_str().to_owned(),
@@ -193,6 +198,7 @@ impl LaneDef {
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
             att: format!("{base}:att"),
+            ack_log_key: format!("{base}:al"),
             log: format!("{prefix}:req"),
             meta: format!("{prefix}:meta"),
             group: "ingest".to_owned(),
@@ -380,6 +386,11 @@ impl LaneDef {
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
             let retry = if tries > 0 { "1" } else { "0" };
+            if self.alone && tries == 0 && attempt == 1 {
+                if let Some(v) = self.ack_logged(c, epoch, n, &pos)? {
+                    return Ok(v);
+                }
+            }
             if self.alone {
                 let mut inv = scripts().ack_alone.prepare_invoke();
                 inv.key(&self.base).key(&self.ack).key(&self.att);
@@ -397,6 +408,33 @@ impl LaneDef {
             Some(b"unknown") => Acked::Unknown,
             _ => return Err(malformed(pool, "ack", &v)),
         })
+    }
+
+    /// The ack of entry `n` (a first delivery, first try) of a lane alone on its log: a plain
+    /// `XADD` of `<epoch>-<n>` to the lane's ack log, which lands unless a re-attach raised the
+    /// log's last id above the epoch or an ack of a later entry came first (see "The ack log"
+    /// in `scripts`), with the `pw` flag read in the same round trip; a publisher waiting for
+    /// room is rung. `None` when the `XADD` was refused: the caller runs `ACK_ALONE`, which
+    /// tells a detached ack from an out-of-order one (which it acks).
+    fn ack_logged(&self, c: &mut Connection, epoch: u64, n: u64, pos: &str) -> RedisResult<Option<Value>> {
+        let mut pipe = ::redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("XADD").arg(&self.ack_log_key).arg(format!("{epoch}-{n}")).arg("p").arg(pos);
+        pipe.cmd("HGET").arg(&self.base).arg("pw");
+        let replies: Vec<Value> = pipe.query(c)?;
+        if !matches!(replies.first(), Some(Value::BulkString(_))) {
+            return Ok(None);
+        }
+        if matches!(replies.get(1), Some(Value::BulkString(b)) if b == b"1") {
+            // Cleared before the token is pushed: a publisher that sets it again after this
+            // waits for the next ack's token, never for a token already taken.
+            let mut ring = ::redis::pipe();
+            ring.cmd("HSET").arg(&self.base).arg("pw").arg("0").ignore();
+            ring.cmd("LPUSH").arg(self.pbell()).arg("1").ignore();
+            ring.cmd("LTRIM").arg(self.pbell()).arg(0).arg(0).ignore();
+            ring.query::<()>(c)?;
+        }
+        Ok(Some(Value::Array(vec![Value::SimpleString("ok".into())])))
     }
 
     /// Releases entry `n` (delivered as `attempt`) for redelivery; a stale nack does nothing.
@@ -510,7 +548,9 @@ impl LaneDef {
     }
 
     pub(crate) fn stats(&self, pool: &Pool, budget: Budget) -> Result<LaneStats, BackendError> {
-        let v: Value = pool.run(budget, |c, _| scripts().stats.key(&self.base).key(&self.rel).invoke(c))?;
+        let v: Value = pool.run(budget, |c, _| {
+            scripts().stats.key(&self.base).key(&self.rel).arg(self.alone_flag()).invoke(c)
+        })?;
         let r = items(&v);
         if r.len() != 10 {
             return Err(malformed(pool, "stats", &v));
@@ -548,6 +588,27 @@ impl LaneDef {
             }
             inv.invoke(c)
         })
+    }
+
+    /// Folds the ack logs of `lanes` (those alone on their log; the others have none) into their
+    /// acked prefixes, before a plain read of them.
+    pub(crate) fn fold<'a>(
+        pool: &Pool,
+        budget: Budget,
+        lanes: impl Iterator<Item = &'a LaneDef> + Clone,
+    ) -> Result<(), BackendError> {
+        let alone: Vec<&str> = lanes.filter(|l| l.alone).map(|l| l.base.as_str()).collect();
+        if alone.is_empty() {
+            return Ok(());
+        }
+        pool.run(budget, |c, _| {
+            let mut inv = scripts().fold.prepare_invoke();
+            for key in &alone {
+                inv.key(*key);
+            }
+            inv.invoke::<i64>(c)
+        })
+        .map(drop)
     }
 
     /// Waits (at most `timeout`) for a wake-up token on `key`.

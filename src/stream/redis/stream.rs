@@ -275,6 +275,7 @@ impl RedisStream {
         if self.shared.lanes.is_empty() {
             return Ok(None);
         }
+        LaneDef::fold(&self.shared.pool, Budget::Once, self.shared.lanes.iter().map(|l| &**l))?;
         let marks: Vec<Option<String>> = query(&self.shared.pool, Budget::Once, |c| {
             let mut pipe = ::redis::pipe();
             for lane in self.shared.lanes.iter() {
@@ -301,6 +302,8 @@ impl RedisStream {
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
     pub fn try_is_idle(&self) -> Result<bool, BackendError> {
+        let lanes = self.shared.lanes.iter().chain([&self.shared.requests]).map(|l| &**l);
+        LaneDef::fold(&self.shared.pool, Budget::Once, lanes)?;
         let counts: Vec<(Option<u64>, Option<u64>)> = query(&self.shared.pool, Budget::Once, |c| {
             let mut pipe = ::redis::pipe();
             for lane in self.shared.lanes.iter().chain([&self.shared.requests]) {
@@ -410,6 +413,8 @@ impl Stream for RedisStream {
 
     fn acked(&self, sink: &str) -> Result<Option<Position>, StreamError> {
         let lane = self.lane(sink)?;
+        LaneDef::fold(&self.shared.pool, Budget::Retry, [&**lane].into_iter())
+            .map_err(StreamError::Backend)?;
         let ap = lane.field(&self.shared.pool, Budget::Retry, "ap").map_err(StreamError::Backend)?;
         Ok(ap.and_then(|p| p.parse::<u64>().ok()).map(Position))
     }
