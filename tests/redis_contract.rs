@@ -771,3 +771,62 @@ fn redis_acks_through_the_ack_log_keep_the_acked_prefix_with_gaps_and_late_acks(
     assert_eq!(s.acked("search").unwrap(), Some(Position(70)));
     assert!(s.is_idle());
 }
+
+/// A lane alone on its log: the receive of the expected new entry is a plain `XADD` to its
+/// delivery log and an `XRANGE`. A record whose reply never came back (or whose entry was not
+/// published yet) is delivered by the next receive, once; after a re-attach the old consumer's
+/// records are refused, and the entries it was given come again.
+#[test]
+fn redis_receives_through_the_delivery_log_lose_nothing_and_deliver_once() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let (hash, dl) = (format!("{{{name}}}:l:search"), format!("{{{name}}}:l:search:dl"));
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    p.publish(batch(10)).unwrap();
+    c.try_recv().unwrap().ack().unwrap(); // the first receive of an epoch is the script's
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)), "entry 2 is not published");
+    p.publish(batch(20)).unwrap();
+    let d = c.try_recv().unwrap();
+    assert_eq!((d.entry(), d.position(), d.attempt()), (2, Some(Position(20)), 1));
+    d.ack().unwrap();
+    p.publish(batch(30)).unwrap();
+    let d = c.try_recv().unwrap(); // through the delivery log
+    assert_eq!((d.entry(), d.attempt()), (3, 1));
+    d.ack().unwrap();
+    // A receive of entry 4 whose record landed but whose reply was lost: 4 comes, once.
+    p.publish(batch(40)).unwrap();
+    let ep: String = redis::cmd("HGET").arg(&hash).arg("ep").query(&mut con).unwrap();
+    let _: String =
+        redis::cmd("XADD").arg(&dl).arg(format!("{ep}-4")).arg("p").arg("").query(&mut con).unwrap();
+    let d = c.try_recv().unwrap();
+    assert_eq!((d.entry(), d.attempt()), (4, 1));
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.delivered, st.in_flight, st.queued), (4, 1, 0), "{st:?}");
+    // Entry 5 taken through the log, then the lane re-attached: the old consumer is refused,
+    // the new one gets 4 and 5 again (attempt 2) and then 6.
+    p.publish(batch(50)).unwrap();
+    let d5 = c.try_recv().unwrap();
+    assert_eq!((d5.entry(), d5.attempt()), (5, 1));
+    let mut c2 = s.reattach("search").unwrap();
+    p.publish(batch(60)).unwrap();
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Detached)));
+    let got: Vec<_> = (0..3)
+        .map(|_| {
+            let d = c2.try_recv().unwrap();
+            let r = (d.entry(), d.attempt());
+            d.ack().unwrap();
+            r
+        })
+        .collect();
+    assert_eq!(got, [(4, 2), (5, 2), (6, 1)]);
+    assert_eq!(d.ack(), Err(AckError::Detached));
+    assert_eq!(d5.ack(), Err(AckError::Detached));
+    assert_eq!(s.acked("search").unwrap(), Some(Position(60)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.delivered, st.redelivered, st.acked_items, st.in_flight), (8, 2, 6, 0), "{st:?}");
+}

@@ -100,6 +100,27 @@ end
 "#,
     ),
     (
+        "fold_dl",
+        r#"
+-- A lane alone on its log: the deliveries recorded in its delivery log `H:dl` (the receive of
+-- the new entry a consumer expects is a plain `XADD H:dl <epoch>-<n>`: see "The delivery log")
+-- move `rd` (and `nread`, equal on such a lane) up to the newest of them, but not above the
+-- lane's newest entry: a record of an entry not published yet is dropped (its receive found
+-- nothing, and the consumer asks for that entry again). Every reader of `rd` folds first.
+local function fold_dl(H)
+  local K = H .. ':dl'
+  local top = redis.call('XREVRANGE', K, '+', '-', 'COUNT', 1)[1]
+  if not top then return end
+  redis.call('XTRIM', K, 'MAXLEN', 0)
+  local e, n = string.match(top[1], '^(%d+)-(%d+)$')
+  local h = redis.call('HMGET', H, 'ep', 'rd', 'last')
+  if e ~= (h[1] or '0') then return end
+  n = math.min(tonumber(n), tonumber(h[3] or 0))
+  if n > tonumber(h[2] or 0) then redis.call('HSET', H, 'rd', n, 'nread', n) end
+end
+"#,
+    ),
+    (
         "fold",
         r#"
 -- A lane alone on its log: applies the acks recorded in its ack log `H:al` (an in-order ack
@@ -352,22 +373,15 @@ pub(crate) const LOG_FENCE_ID: &str = "18446744073709551615-0";
 pub(crate) const RECEIVE: &str = r#"
 local H, I, R, L, T = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, consumer, rq, alone = ARGV[2], ARGV[3], ARGV[5], ARGV[6] == '1'
+if alone then fold_dl(H) end
 local h = redis.call('HMGET', H, 'ep', 'lq', 'nrel', 'rd', 'last')
 if (h[1] or '0') ~= ARGV[4] then return {'detached'} end
 local lq = h[2]
-if lq and lq ~= '' then
-  -- A retried request: the same delivery again (`lq` is the request number of a new entry's
-  -- delivery, which is entry `rd`, attempt 1; `rq:n:attempt` of a redelivery's).
-  local m, a
-  if lq == rq then
-    m, a = h[4], '1'
-  elseif string.sub(lq, 1, #rq + 1) == rq .. ':' then
-    m, a = string.match(lq, ':(%d+):(%d+)$')
-  end
-  if m then
-    local e = redis.call('XRANGE', L, m .. '-0', m .. '-0')
-    return {'item', tonumber(m), tonumber(a), e[1][2][2]}
-  end
+if lq and string.sub(lq, 1, #rq + 1) == rq .. ':' then
+  -- A retried request (`lq` is `request:entry:attempt`): the same delivery again.
+  local m, a = string.match(lq, ':(%d+):(%d+)$')
+  local e = redis.call('XRANGE', L, m .. '-0', m .. '-0')
+  return {'item', tonumber(m), tonumber(a), e[1][2][2]}
 end
 local nrel = tonumber(h[3] or 0)
 if nrel > 0 then
@@ -391,6 +405,13 @@ if nrel > 0 then
   return {'item', n, attempt, payload}
 end
 local rd = tonumber(h[4] or 0)
+local expect = tonumber(ARGV[7])
+if alone and expect > 0 and expect <= rd then
+  -- Recorded in the delivery log, not received: a receive whose reply was lost, or whose entry
+  -- was not published yet. Delivered now (its payload from the client's `XRANGE`).
+  redis.call('HSET', H, 'lq', rq .. ':' .. ARGV[7] .. ':1')
+  return {'item', expect, 1}
+end
 if rd >= tonumber(h[5] or 0) then
   local c = redis.call('HMGET', H, 'closed', 'w')
   if c[1] == '1' then return {'closed'} end
@@ -406,7 +427,7 @@ if alone then
     if not e[1] then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
     payload = e[1][2][2]
   end
-  redis.call('HSET', H, 'rd', n, 'nread', n, 'lq', rq)
+  redis.call('HSET', H, 'rd', n, 'nread', n, 'lq', rq .. ':' .. s(n) .. ':1')
   return {'item', n, 1, payload}
 end
 -- A log shared with other lanes: the lane's next entry is the first of its ids after `rd`.
@@ -416,7 +437,7 @@ if n > rd + 1 then redis.call('XGROUP', 'SETID', L, group, s(n - 1) .. '-0') end
 local e = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', L, '>')
 local entry = e and e[1][2][1]
 if not entry or entry_n(entry[1]) ~= n then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
-redis.call('HSET', H, 'rd', n, 'lq', rq)
+redis.call('HSET', H, 'rd', n, 'lq', rq .. ':' .. s(n) .. ':1')
 redis.call('HINCRBY', H, 'nread', 1)
 return {'item', n, 1, entry[2][2]}
 "#;
@@ -535,7 +556,10 @@ return {'ok'}
 pub(crate) const NACK: &str = r#"
 local H, R, A, L = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, group, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
-if ARGV[6] == '1' then fold(H) end
+if ARGV[6] == '1' then
+  fold(H)
+  fold_dl(H)
+end
 local h = redis.call('HMGET', H, 'ep', 'an', 'oo', 'rd')
 if (h[1] or '0') ~= ARGV[3] then return {'detached'} end
 if is_acked(A, num(h[2]), num(h[3]), n) then return {'acked'} end
@@ -567,17 +591,21 @@ local cur = redis.call('HGET', H, 'holder') or ''
 if cur == ARGV[5] then return {'ok', tonumber(redis.call('HGET', H, 'ep'))} end
 if mode == 'attach' and cur ~= ARGV[4] then return {'busy', cur} end
 local old = redis.call('HGET', H, 'ep') or '0'
-if ARGV[6] == '1' then fold(H) end
+if ARGV[6] == '1' then
+  fold(H)
+  fold_dl(H)
+end
 local ep = redis.call('HINCRBY', H, 'ep', 1)
 if ARGV[6] == '1' then
   -- The old epoch's acks were folded above: from here on they are refused (an `XADD` of an id
   -- below the log's last id fails).
-  local K = H .. ':al'
-  if redis.call('EXISTS', K) == 1 then
-    redis.call('XSETID', K, s(ep) .. '-0')
-  else
-    redis.call('XADD', K, s(ep) .. '-0', 'p', '')
-    redis.call('XTRIM', K, 'MAXLEN', 0)
+  for _, K in ipairs({H .. ':al', H .. ':dl'}) do
+    if redis.call('EXISTS', K) == 1 then
+      redis.call('XSETID', K, s(ep) .. '-0')
+    else
+      redis.call('XADD', K, s(ep) .. '-0', 'p', '')
+      redis.call('XTRIM', K, 'MAXLEN', 0)
+    end
   end
   local st = redis.call('HMGET', H, 'an', 'rd', 'oo')
   local oo = num(st[3])
@@ -655,7 +683,10 @@ return 1
 /// KEYS: lane hash, released. ARGV: `1` if the lane is alone on its log (its ack log is folded
 /// first). Returns the hash fields then the number released.
 pub(crate) const STATS: &str = r#"
-if ARGV[1] == '1' then fold(KEYS[1]) end
+if ARGV[1] == '1' then
+  fold(KEYS[1])
+  fold_dl(KEYS[1])
+end
 local h = redis.call('HMGET', KEYS[1], 'cap', 'pub', 'nread', 'ai', 'rdl', 'lp', 'ap', 'closed', 'ep')
 table.insert(h, redis.call('ZCARD', KEYS[2]))
 return h
