@@ -278,9 +278,6 @@ impl LaneDef {
         published(pool, &v, tries == 0)
     }
 
-    /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
-    /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
-    /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`).
     /// The claimed producer's publish of entry `n` on a sink lane alone on its log: the
     /// `PUBLISH_ALONE` script, a plain `XADD` of the payload and an `XSETID`, in one `MULTI`.
     fn publish_alone(
@@ -326,6 +323,11 @@ impl LaneDef {
         published(pool, &v, tries == 0)
     }
 
+    /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
+    /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
+    /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`). `fast`: no entry of
+    /// the consumer's epoch waits for redelivery as far as it knows, so the expected entry is
+    /// first taken through the delivery log, without a script (`receive_logged`).
     pub(crate) fn receive(
         &self,
         pool: &Pool,
