@@ -17,6 +17,8 @@
 //! | `B:bell:<epoch>` | list | a wake-up token for the consumer of that epoch (at most one) |
 //! | `B:pbell` | list | a wake-up token for waiting publishers (at most one) |
 //! | `B:att` | hash | a lane alone on its log: entry number → its redeliveries so far (only for entries released at least once, until acked) |
+//! | `B:al` | stream | a lane alone on its log: acks not folded yet, id `<epoch>-<n>`, field `p` the position (see "The ack log") |
+//! | `B:dl` | stream | a lane alone on its log: deliveries of new entries not folded yet, id `<epoch>-<n>` (see "The delivery log") |
 //!
 //! Entries live in the log stream (`{P}:log` for the sink lanes, all sharing it: one consumer
 //! group per sink lane; `{P}:req` for the request lane, group `ingest`), with id `n-0` for entry
@@ -59,8 +61,20 @@
 //! publish that finds the lane full by its last fold, an attach, a nack, `ACK_ALONE`, the trim,
 //! the stats, the watermark, `acked`, `is_idle`. The ids grow, so k records of this epoch from
 //! `an + 1` to `an + k` are exactly those entries: the common fold reads two records, however
-//! many there are. (`INFO commandstats`: the ack script was 4.6 µs per batch; the `XADD` is
-//! 0.8 µs, the folds about 1 µs per 64 acks.)
+//! many there are. (`SLOWLOG`: the ack script took 4.6-6.2 µs per batch, the `XADD` takes
+//! 0.7-0.8 µs.)
+//!
+//! # The delivery log
+//! Likewise, the receive of the new entry the consumer expects (`rd + 1`, when no entry of its
+//! epoch waits for redelivery as far as the consumer knows: no nack since its last new delivery)
+//! is a plain `XADD B:dl <epoch>-<n> p ''` to the lane's delivery log with the entry's `XRANGE`,
+//! in one round trip. The `XADD` is refused after a re-attach (the attach folds the log and
+//! raises its last id to `<new epoch>-0`) and for an entry recorded before. `fold_dl` moves `rd`
+//! (and `nread`) up to the newest record, never above the lane's newest entry: a record of an
+//! entry not published yet (the `XRANGE` found nothing) is dropped, and the consumer asks for
+//! that entry again. A refused record, or a missing entry, sends the consumer to `RECEIVE`
+//! (which folds first, and delivers, once, an entry recorded but not received: a lost reply).
+//! The receive script, an attach, a nack and the stats fold first.
 
 /// Shared helpers: each script gets those it calls prepended, not the rest (every `local
 /// function` is a closure made on every run of a script). See [`source`].
@@ -363,7 +377,8 @@ pub(crate) const LOG_FENCE_ID: &str = "18446744073709551615-0";
 /// KEYS: lane hash, ids, released, log, attempts. ARGV: base, group, consumer name, epoch, request number
 /// (a retried request whose reply was lost gets the same delivery again), `1` if the lane is
 /// alone on its log (its next entry is `rd + 1`), the entry number the client expects next
-/// (`0`: none).
+/// (`0`: none; on a lane alone on its log an expected entry at or below `rd`, after the fold of
+/// the delivery log, was recorded but not received, and is delivered now).
 ///
 /// Replies `{'item', n, attempt, payload}`, or `{'item', n, 1}` without the payload when a lane
 /// alone on its log delivers the new entry the client expected: the client reads that entry's
@@ -499,6 +514,8 @@ return advanced(an, moved, oo, ap)
 /// pending list (its entries are `an + 1 ..= rd`, less `B:ack`) whose first unacked entry is
 /// `an + 1` and whose positions come with the acks. Its own script, with eight keys and arguments
 /// (`ACK` needs eleven, and took fifteen when it served both): each costs a run about 0.1 µs.
+/// A first delivery's first ack try is a record in the ack log instead; this script (which
+/// folds that log first) takes the ones the log refused, retries and redeliveries.
 ///
 /// KEYS: lane hash (also the base of its keys), acked, attempts. ARGV: epoch, n, the entry's
 /// position (padded, or empty), retry (`1` when the first try's reply was lost), the delivery's
@@ -583,7 +600,8 @@ return {'ok'}
 ///
 /// KEYS: lane hash, released, log, acked. ARGV: base, group, mode, expected claim, new claim, `1`
 /// if the lane is alone on its log (its delivered, unacked entries are `an + 1 ..= rd` less
-/// `B:ack`, not the pending list).
+/// `B:ack`, not the pending list; its ack and delivery logs are folded, and their last ids
+/// raised to `<new epoch>-0`: the old epoch's records are refused from now on).
 pub(crate) const ATTACH: &str = r#"
 local H, R, L, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local base, group, mode = ARGV[1], ARGV[2], ARGV[3]
