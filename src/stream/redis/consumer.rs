@@ -49,7 +49,8 @@ pub struct RedisConsumer<T> {
     nacks: Arc<AtomicU64>,
     /// `nacks` as it was when a receive that then delivered a new entry started: while it is
     /// still the count, no entry of this epoch waits for redelivery (released entries come
-    /// first), so the next receive may take the expected entry without a script.
+    /// first), so the next receive may take the expected entry without a script. `None` before
+    /// the first new delivery and after a receive that found nothing.
     clean_at: Option<u64>,
     detached: bool,
     unsent: Unsent,
@@ -142,7 +143,12 @@ impl<T: RedisItem> RedisConsumer<T> {
                     }
                 }
             }
-            Received::Empty => Err(TryRecvError::Empty),
+            Received::Empty => {
+                // The next receive takes the script (one round trip): a delivery-log record of
+                // an entry not published yet would be one more per empty poll.
+                self.clean_at = None;
+                Err(TryRecvError::Empty)
+            }
             Received::Closed => Err(TryRecvError::Closed),
             Received::Detached => {
                 self.detached = true;
