@@ -562,28 +562,29 @@ fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry()
     let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let log = format!("{{{name}}}:log");
     let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&log).query(con).unwrap() };
+    // What a producer of epoch `epoch` adds for entry `n`: a plain XADD of id `n-epoch`.
+    let raw = |con: &mut redis::Connection, n: u64, epoch: u64| -> redis::RedisResult<String> {
+        redis::cmd("XADD").arg(&log).arg(format!("{n}-{epoch}")).arg("d").arg("x").arg("p").arg("").query(con)
+    };
     let s = open(&url, &name, 8, 4, &["search"]);
-    let mut p1 = s.producer("search").unwrap();
+    let mut p1 = s.producer("search").unwrap(); // epoch 1
     let mut c = s.reattach("search").unwrap();
     p1.publish(batch(10)).unwrap();
-    // The payload goes in by a plain XADD of entry `last + 1` inside a MULTI, after the publish
-    // script: that XADD fails unless the script let it through (what a MULTI whose script was
-    // refused, or not run at all, comes to).
-    let raw: redis::RedisResult<String> =
-        redis::cmd("XADD").arg(&log).arg("2-0").arg("d").arg("x").arg("p").arg("").query(&mut con);
-    assert!(raw.is_err(), "a bare XADD of the next entry must fail: {raw:?}");
-    assert_eq!(len(&mut con), 1);
     // Another process takes the producer over (this one's claim given up as if it had died).
     let _: i64 =
         redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(&mut con).unwrap();
     let s2 = open(&url, &name, 8, 4, &["search"]);
-    let mut p2 = s2.producer("search").unwrap();
+    let mut p2 = s2.producer("search").unwrap(); // epoch 2
+    assert!(raw(&mut con, 2, 1).is_err(), "the old epoch's next entry is refused from the claim on");
     match p1.publish(batch(20)) {
         Err(PublishError::Backend { error: lanestream::BackendError::Fenced, .. }) => {}
         other => panic!("the old producer must be fenced: {other:?}"),
     }
     assert_eq!(len(&mut con), 1, "a fenced publish adds no entry");
     p2.publish(batch(20)).unwrap();
+    // The old producer's count stays 1 (its publishes are refused): its next id stays `2-1`.
+    assert!(raw(&mut con, 2, 1).is_err(), "below the live producer's newest entry");
+    assert!(raw(&mut con, 2, 2).is_err(), "an entry is added once");
     // A server that lost its scripts: the publish loads them again and lands once.
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
     p2.publish(batch(30)).unwrap();
@@ -598,6 +599,11 @@ fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry()
         .collect();
     assert_eq!(got, [(1, 10), (2, 20), (3, 30)]);
     assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    // A closed lane takes no entry, also from its live producer's plain XADD.
+    s.close("search").unwrap();
+    assert!(raw(&mut con, 4, 2).is_err(), "closed: the log refuses every id");
+    assert!(matches!(p2.publish(batch(40)), Err(PublishError::Closed(_))));
+    assert_eq!(len(&mut con), 3);
 }
 
 /// One step of [`stats_match_memory`]'s script on a backend: `Ok` carries what the port

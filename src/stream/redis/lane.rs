@@ -129,7 +129,13 @@ pub(crate) enum Acked {
 /// or a request sender.
 #[derive(Clone, Copy)]
 pub(crate) enum Publisher {
-    Producer { epoch: u64, published_after: u64 },
+    /// `proven`: the lane has room for this publish as the producer last learnt, its position
+    /// goes up, and it does not trim the log: a sink lane alone on its log skips its script.
+    Producer {
+        epoch: u64,
+        published_after: u64,
+        proven: bool,
+    },
     Sender,
 }
 
@@ -158,6 +164,8 @@ pub(crate) struct LaneDef {
     ack_log_key: String,
     /// Its delivery log (`B:dl`, see "The delivery log" in `scripts`).
     delivery_log_key: String,
+    /// Its publish log (`B:pl`, see "The publish log" in `scripts`; a sink lane's only).
+    publish_log_key: String,
     /// The ids keys of every lane that shares this lane's log (for the trim floor); the lane's
     /// own hash when it is alone on its log.
     pub(crate) trim_ids: Vec<String>,
@@ -179,6 +187,7 @@ impl LaneDef {
             att: format!("{base}:att"),
             ack_log_key: format!("{base}:al"),
             delivery_log_key: format!("{base}:dl"),
+            publish_log_key: format!("{base}:pl"),
             log: format!("{prefix}:log"),
             meta: format!("{prefix}:meta"),
             group: sink.as_str().to_owned(),
@@ -203,6 +212,7 @@ impl LaneDef {
             att: format!("{base}:att"),
             ack_log_key: format!("{base}:al"),
             delivery_log_key: format!("{base}:dl"),
+            publish_log_key: format!("{base}:pl"),
             log: format!("{prefix}:req"),
             meta: format!("{prefix}:meta"),
             group: "ingest".to_owned(),
@@ -247,6 +257,9 @@ impl LaneDef {
         format!("{}:pbell", self.base)
     }
 
+    /// Publishes `payload` (at `position`). With it, for a producer on a sink lane alone on its
+    /// log, the publish count up to which the lane has room as the gate script saw it, when
+    /// that script ran (see "The publish log" in `scripts`).
     pub(crate) fn publish(
         &self,
         pool: &Pool,
@@ -254,14 +267,14 @@ impl LaneDef {
         who: Publisher,
         payload: &[u8],
         position: Option<Position>,
-    ) -> Result<Published, BackendError> {
-        let (mode, epoch, after) = match who {
-            Publisher::Producer { epoch, published_after } => ("p", epoch, published_after),
-            Publisher::Sender => ("s", 0, 0),
+    ) -> Result<(Published, Option<u64>), BackendError> {
+        let (mode, epoch, after, proven) = match who {
+            Publisher::Producer { epoch, published_after, proven } => ("p", epoch, published_after, proven),
+            Publisher::Sender => ("s", 0, 0, false),
         };
         let pos = pad(position);
         if self.alone && mode == "p" && self.sink.is_some() {
-            return self.publish_alone(pool, budget, epoch, after, payload, &pos);
+            return self.publish_alone(pool, budget, epoch, after, payload, &pos, proven);
         }
         let mut tries = 0;
         let v: Value = pool.run(budget, |c, t| {
@@ -275,11 +288,17 @@ impl LaneDef {
             }
             inv.invoke(c)
         })?;
-        published(pool, &v, tries == 0)
+        Ok((published(pool, &v, tries == 0)?, None))
     }
 
-    /// The claimed producer's publish of entry `n` on a sink lane alone on its log: the
-    /// `PUBLISH_ALONE` script, a plain `XADD` of the payload and an `XSETID`, in one `MULTI`.
+    /// The claimed producer's publish of entry `n` on a sink lane alone on its log: one `MULTI`
+    /// of two plain `XADD`s of id `<n>-<epoch>` (the entry, with its payload, to the log; its
+    /// record to the publish log) and an `HMGET` of the receive-waiting flag, which lands only
+    /// for the live producer of an open lane (see "The publish log" in `scripts`). Before it,
+    /// unless `proven` (the lane has room for it as the producer last learnt, the position goes
+    /// up, and the entry does not trim the log), and after a refused `XADD`, the
+    /// `PUBLISH_ALONE` script: the checks, and the room.
+    #[allow(clippy::too_many_arguments)]
     fn publish_alone(
         &self,
         pool: &Pool,
@@ -288,39 +307,71 @@ impl LaneDef {
         n: u64,
         payload: &[u8],
         pos: &str,
-    ) -> Result<Published, BackendError> {
+        proven: bool,
+    ) -> Result<(Published, Option<u64>), BackendError> {
         let script = &scripts().publish_alone;
-        let mut tries = 0;
-        let v: Value = pool.run(budget, |c, t| {
+        let (mut tries, mut room) = (0, None);
+        let id = format!("{n}-{epoch}");
+        let v: Result<Value, String> = pool.run(budget, |c, t| {
             tries = t;
-            let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
-            eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
-            eval.arg(&self.base);
-            let mut add = ::redis::cmd("XADD");
-            add.arg(&self.log).arg(format!("{n}-0")).arg("d").arg(payload).arg("p").arg(pos);
-            let mut raise = ::redis::cmd("XSETID");
-            raise.arg(&self.log).arg(scripts::LOG_FENCE_ID);
-            let mut pipe = ::redis::pipe();
-            pipe.atomic().ignore_errors().add_command(eval).add_command(add).add_command(raise);
-            let mut replies: Vec<Value> = pipe.query(c)?;
-            if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
-                // Nothing was added: the script did not lower the log's last id (the fence).
-                script.load(c)?;
-                replies = pipe.query(c)?;
+            let mut gated = false;
+            loop {
+                if gated || !proven || t > 0 {
+                    let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
+                    eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
+                    eval.arg(&self.base);
+                    let gate = run_script(c, script, &eval, None)?.remove(0);
+                    let r = items(&gate);
+                    if r.first().map(text) != Some(b"ok") || r.len() != 3 {
+                        return Ok(Ok(gate));
+                    }
+                    if gated {
+                        // Let through twice, refused twice: not a state this backend makes.
+                        return Ok(Err(format!("lanestream: the log of {} refused entry {id}", self.base)));
+                    }
+                    room = Some(int(&r[1]) + int(&r[2]));
+                }
+                let mut pipe = ::redis::pipe();
+                pipe.atomic().ignore_errors();
+                pipe.cmd("XADD").arg(&self.log).arg(&id).arg("d").arg(payload).arg("p").arg(pos);
+                pipe.cmd("XADD").arg(&self.publish_log_key).arg(&id).arg("p").arg(pos);
+                pipe.cmd("HMGET").arg(&self.base).arg("w").arg("ep");
+                let replies: Vec<Value> = pipe.query(c)?;
+                match (replies.first(), replies.get(1)) {
+                    (Some(Value::BulkString(_)), Some(Value::BulkString(_))) => {}
+                    (Some(Value::ServerError(_)), Some(Value::ServerError(_))) if !gated => {
+                        // Refused: a newer producer, a closed lane, or this entry already there
+                        // (a retry of a publish that landed). The script tells which.
+                        gated = true;
+                        continue;
+                    }
+                    _ => {
+                        return Ok(Err(format!("lanestream: publish of {id} on {}: {replies:?}", self.base)));
+                    }
+                }
+                if let Some(Value::Array(w)) = replies.get(2) {
+                    if w.first().map(text) == Some(b"1") {
+                        // A receive found nothing and waits: cleared, then its bell rung.
+                        let bell = format!(
+                            "{}:bell:{}",
+                            self.base,
+                            String::from_utf8_lossy(w.get(1).map_or(b"0", text))
+                        );
+                        let mut ring = ::redis::pipe();
+                        ring.cmd("HSET").arg(&self.base).arg("w").arg("0").ignore();
+                        ring.cmd("LPUSH").arg(&bell).arg("1").ignore();
+                        ring.cmd("LTRIM").arg(&bell).arg(0).arg(0).ignore();
+                        ring.query::<()>(c)?;
+                    }
+                }
+                return Ok(Ok(Value::Array(vec![Value::SimpleString("ok".into())])));
             }
-            let mut replies = replies.into_iter();
-            let gate = match replies.next() {
-                Some(Value::ServerError(e)) => return Err(e.into()),
-                Some(v) => v,
-                None => Value::Nil,
-            };
-            // The XADD must have landed if the script let it through; otherwise it was refused.
-            if let (Some(b"ok"), Some(Value::ServerError(e))) = (items(&gate).first().map(text), replies.next()) {
-                return Err(e.into());
-            }
-            Ok(gate)
         })?;
-        published(pool, &v, tries == 0)
+        let v = v.map_err(|msg| {
+            pool.record(msg);
+            BackendError::Server
+        })?;
+        Ok((published(pool, &v, tries == 0)?, room))
     }
 
     /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
@@ -356,9 +407,8 @@ impl LaneDef {
             if expect == 0 {
                 return run_script(c, &scripts().receive, &eval, None).map(|mut v| (v.remove(0), None));
             }
-            let id = format!("{expect}-0");
             let mut range = ::redis::cmd("XRANGE");
-            range.arg(&self.log).arg(&id).arg(&id);
+            range.arg(&self.log).arg(expect).arg(expect);
             let mut v = run_script(c, &scripts().receive, &eval, Some(range))?;
             let range = v.pop();
             Ok((v.remove(0), range))
@@ -399,11 +449,10 @@ impl LaneDef {
     /// `XRANGE` reply when both did their part; `None` otherwise, and the caller runs `RECEIVE`,
     /// which tells a detached consumer, an entry not published yet, and a lost reply apart.
     fn receive_logged(&self, c: &mut Connection, epoch: u64, n: u64) -> RedisResult<Option<Value>> {
-        let id = format!("{n}-0");
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
         pipe.cmd("XADD").arg(&self.delivery_log_key).arg(format!("{epoch}-{n}")).arg("p").arg("");
-        pipe.cmd("XRANGE").arg(&self.log).arg(&id).arg(&id);
+        pipe.cmd("XRANGE").arg(&self.log).arg(n).arg(n);
         let mut replies: Vec<Value> = pipe.query(c)?;
         let range = replies.pop();
         let logged = matches!(replies.first(), Some(Value::BulkString(_)));
@@ -581,7 +630,18 @@ impl LaneDef {
     }
 
     pub(crate) fn close(&self, pool: &Pool, budget: Budget) -> Result<(), BackendError> {
-        pool.run(budget, |c, _| scripts().close.key(&self.base).arg(&self.base).invoke::<i64>(c)).map(drop)
+        let alone = if self.alone && self.sink.is_some() { "1" } else { "0" };
+        pool.run(budget, |c, _| {
+            scripts()
+                .close
+                .key(&self.base)
+                .key(&self.log)
+                .arg(&self.base)
+                .arg(alone)
+                .arg(scripts::LOG_FENCE_ID)
+                .invoke::<i64>(c)
+        })
+        .map(drop)
     }
 
     pub(crate) fn stats(&self, pool: &Pool, budget: Budget) -> Result<LaneStats, BackendError> {

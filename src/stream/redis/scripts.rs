@@ -114,6 +114,51 @@ end
 "#,
     ),
     (
+        "fence",
+        r#"
+-- Sets the last id of stream `K` (made if missing) to `id`, which must not be below its newest
+-- entry: an `XADD` of an id not above it is refused from now on.
+local function fence(K, id)
+  if redis.call('EXISTS', K) == 1 then
+    redis.call('XSETID', K, id)
+  else
+    redis.call('XADD', K, id, 'p', '')
+    redis.call('XTRIM', K, 'MAXLEN', 0)
+  end
+end
+"#,
+    ),
+    (
+        "fold_pl",
+        r#"
+-- A sink lane alone on its log: the publishes recorded in its publish log `H:pl` (a publish is
+-- a `MULTI` of two plain `XADD`s of id `<n>-<producer epoch>`, the entry and its record: see
+-- "The publish log") move `pub` and `last` up to the newest, and `lp` to the newest position
+-- among them. Every reader of those fields folds first.
+local function fold_pl(H)
+  local P = H .. ':pl'
+  local top = redis.call('XREVRANGE', P, '+', '-', 'COUNT', 1)[1]
+  if not top then return end
+  local n = tonumber(string.match(top[1], '^(%d+)-'))
+  local p = top[2][2]
+  if p == '' then
+    for _, e in ipairs(redis.call('XREVRANGE', P, '+', '-')) do
+      if e[2][2] ~= '' then
+        p = e[2][2]
+        break
+      end
+    end
+  end
+  redis.call('XTRIM', P, 'MAXLEN', 0)
+  if p ~= '' then
+    redis.call('HSET', H, 'pub', n, 'last', n, 'lp', p)
+  else
+    redis.call('HSET', H, 'pub', n, 'last', n)
+  end
+end
+"#,
+    ),
+    (
         "fold_dl",
         r#"
 -- A lane alone on its log: the deliveries recorded in its delivery log `H:dl` (the receive of
@@ -122,6 +167,7 @@ end
 -- lane's newest entry: a record of an entry not published yet is dropped (its receive found
 -- nothing, and the consumer asks for that entry again). Every reader of `rd` folds first.
 local function fold_dl(H)
+  fold_pl(H)
   local K = H .. ':dl'
   local top = redis.call('XREVRANGE', K, '+', '-', 'COUNT', 1)[1]
   if not top then return end
@@ -327,7 +373,8 @@ return {'ok', n}
 pub(crate) const PUBLISH_ALONE: &str = r#"
 local H, L = KEYS[1], KEYS[2]
 local pos = ARGV[4]
-local h = redis.call('HMGET', H, 'pe', 'pub', 'closed', 'lp', 'ai', 'cap', 'last', 'w')
+fold_pl(H)
+local h = redis.call('HMGET', H, 'pe', 'pub', 'closed', 'lp', 'ai', 'cap')
 if (h[1] or '') ~= ARGV[2] then return {'fenced'} end
 local pub, want = tonumber(h[2] or 0), tonumber(ARGV[3])
 if pub == want then return {'dup'} end
@@ -345,27 +392,8 @@ if pub - ai >= cap then
   redis.call('HSET', H, 'pw', '1')
   return {'full'}
 end
-local last = h[7] or '0'
-if tonumber(last) ~= pub then
-  return redis.error_reply('lanestream: lane ' .. ARGV[1] .. ' numbers entry ' .. last .. ' + 1, not ' .. ARGV[3])
-end
-redis.call('XSETID', L, last .. '-0')
--- Only the fields that change (each costs): `lp` with a position, `w` when a receive waits.
-local waits = h[8] == '1'
-if pos ~= '' then
-  if waits then
-    redis.call('HSET', H, 'pub', want, 'last', want, 'lp', pos, 'w', '0')
-  else
-    redis.call('HSET', H, 'pub', want, 'last', want, 'lp', pos)
-  end
-elseif waits then
-  redis.call('HSET', H, 'pub', want, 'last', want, 'w', '0')
-else
-  redis.call('HSET', H, 'pub', want, 'last', want)
-end
-if waits then ring(ARGV[1] .. ':bell:' .. (redis.call('HGET', H, 'ep') or '0')) end
 if want % 64 == 0 then trim(L, KEYS[3], ARGV[5], ARGV[6], true, 7) end
-return {'ok', want}
+return {'ok', ai, cap}
 "#;
 
 /// The log's last id between two publishes of a sink lane alone on its log: the highest
@@ -395,7 +423,7 @@ local lq = h[2]
 if lq and string.sub(lq, 1, #rq + 1) == rq .. ':' then
   -- A retried request (`lq` is `request:entry:attempt`): the same delivery again.
   local m, a = string.match(lq, ':(%d+):(%d+)$')
-  local e = redis.call('XRANGE', L, m .. '-0', m .. '-0')
+  local e = redis.call('XRANGE', L, m, m)
   return {'item', tonumber(m), tonumber(a), e[1][2][2]}
 end
 local nrel = tonumber(h[3] or 0)
@@ -405,7 +433,7 @@ if nrel > 0 then
   redis.call('ZREM', R, r[1])
   local payload, attempt
   if alone then
-    local e = redis.call('XRANGE', L, s(n) .. '-0', s(n) .. '-0')
+    local e = redis.call('XRANGE', L, s(n), s(n))
     if not e[1] then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
     payload = e[1][2][2]
     attempt = 1 + redis.call('HINCRBY', T, s(n), 1)
@@ -438,7 +466,7 @@ if alone then
   -- Entry numbers have no gaps: items read = `rd` (`nread` is kept for `STATS`).
   local payload
   if tonumber(ARGV[7]) ~= n then
-    local e = redis.call('XRANGE', L, s(n) .. '-0', s(n) .. '-0')
+    local e = redis.call('XRANGE', L, s(n), s(n))
     if not e[1] then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
     payload = e[1][2][2]
   end
@@ -617,14 +645,8 @@ local ep = redis.call('HINCRBY', H, 'ep', 1)
 if ARGV[6] == '1' then
   -- The old epoch's acks were folded above: from here on they are refused (an `XADD` of an id
   -- below the log's last id fails).
-  for _, K in ipairs({H .. ':al', H .. ':dl'}) do
-    if redis.call('EXISTS', K) == 1 then
-      redis.call('XSETID', K, s(ep) .. '-0')
-    else
-      redis.call('XADD', K, s(ep) .. '-0', 'p', '')
-      redis.call('XTRIM', K, 'MAXLEN', 0)
-    end
-  end
+  fence(H .. ':al', s(ep) .. '-0')
+  fence(H .. ':dl', s(ep) .. '-0')
   local st = redis.call('HMGET', H, 'an', 'rd', 'oo')
   local oo = num(st[3])
   for n = num(st[1]) + 1, num(st[2]) do
@@ -664,7 +686,12 @@ if cur ~= ARGV[2] then
   redis.call('HSET', H, 'ph', ARGV[2])
 end
 if ARGV[3] == '1' then
-  redis.call('XSETID', KEYS[2], ARGV[4])
+  fold_pl(H)
+  local f = redis.call('HMGET', H, 'pe', 'pub', 'closed')
+  local id = ARGV[4]
+  if f[3] ~= '1' then id = s(num(f[2]) + 1) .. '-' .. s(num(f[1]) - 1) end
+  fence(KEYS[2], id)
+  fence(H .. ':pl', id)
 end
 h = redis.call('HMGET', H, 'pe', 'pub', 'lp')
 return {'ok', tonumber(h[1]), num(h[2]), h[3] or ''}
@@ -691,6 +718,10 @@ return 0
 /// KEYS: lane hash. ARGV: base.
 pub(crate) const CLOSE: &str = r#"
 redis.call('HSET', KEYS[1], 'closed', '1')
+if ARGV[2] == '1' then
+  fence(KEYS[2], ARGV[3])
+  fence(KEYS[1] .. ':pl', ARGV[3])
+end
 ring(ARGV[1] .. ':bell:' .. (redis.call('HGET', KEYS[1], 'ep') or '0'))
 ring(ARGV[1] .. ':pbell')
 return 1
@@ -713,7 +744,10 @@ return h
 /// Fold the ack log of each lane alone on its log given (KEYS: their hashes) into its acked
 /// prefix, before a plain read of it (`acked`, the watermark, `is_idle`).
 pub(crate) const FOLD: &str = r#"
-for _, H in ipairs(KEYS) do fold(H) end
+for _, H in ipairs(KEYS) do
+  fold_pl(H)
+  fold(H)
+end
 return 1
 "#;
 

@@ -395,8 +395,8 @@ impl Stream for RedisStream {
     fn producer(&self, sink: &str) -> Result<RedisProducer, StreamError> {
         let lane = self.lane(sink)?;
         let token = self.shared.pool.token();
-        let (epoch, published) = self.shared.claim_producer(lane, token)?;
-        Ok(RedisProducer::new(self.shared.clone(), lane.clone(), epoch, published, token))
+        let (epoch, published, last) = self.shared.claim_producer(lane, token)?;
+        Ok(RedisProducer::new(self.shared.clone(), lane.clone(), epoch, published, last, token))
     }
 
     fn attach(&self, sink: &str) -> Result<RedisConsumer<LaneItem>, StreamError> {
