@@ -19,10 +19,13 @@
 //! | `B:att` | hash | a lane alone on its log: entry number → its redeliveries so far (only for entries released at least once, until acked) |
 //! | `B:al` | stream | a lane alone on its log: acks not folded yet, id `<epoch>-<n>`, field `p` the position (see "The ack log") |
 //! | `B:dl` | stream | a lane alone on its log: deliveries of new entries not folded yet, id `<epoch>-<n>` (see "The delivery log") |
+//! | `B:pl` | stream | a sink lane alone on its log: publishes not folded yet, id `<n>-<producer epoch>`, field `p` the position (see "The publish log") |
 //!
 //! Entries live in the log stream (`{P}:log` for the sink lanes, all sharing it: one consumer
 //! group per sink lane; `{P}:req` for the request lane, group `ingest`), with id `n-0` for entry
-//! number `n` and fields `d` (the codec's bytes) and `p` (the position, or empty). Positions are
+//! number `n` (`n-<producer epoch>` for a sink lane alone on its log: see "The publish log"; an
+//! entry is read by its number, `XRANGE L n n`) and fields `d` (the codec's bytes) and `p` (the
+//! position, or empty). Positions are
 //! stored as 20-digit zero-padded decimals, so that Lua (whose numbers are doubles) compares
 //! them as strings, exactly.
 //!
@@ -75,6 +78,24 @@
 //! that entry again. A refused record, or a missing entry, sends the consumer to `RECEIVE`
 //! (which folds first, and delivers, once, an entry recorded but not received: a lost reply).
 //! The receive script, an attach, a nack and the stats fold first.
+//!
+//! # The publish log
+//! The claimed producer of a sink lane alone on its log publishes entry `n` with one `MULTI` of
+//! two plain `XADD`s of id `<n>-<producer epoch>` (the entry, with its payload, to the log; its
+//! record `p <position>` to the publish log `B:pl`) and an `HMGET` of `w` and `ep` (a receive
+//! waiting is rung after). Both logs' last ids move together, and the id is the fence: claiming
+//! the producer (a new epoch `E`) sets them to `<pub + 1>-<E - 1>`, so the live producer's
+//! `<pub + 1>-E` lands while an older producer's next, `<c + 1>-e` with `c <= pub`, `e < E`, is
+//! refused (its count never moves again: all its publishes are refused); closing the lane sets
+//! them to [`LOG_FENCE_ID`], so none lands. An entry lands once (its id again is refused). The
+//! producer runs the gate script (`PUBLISH_ALONE`) first when it does not know the lane has room
+//! (past `ai + cap` as the gate last reported: the acked prefix only grows), when the position
+//! may not rise, on every 64th entry (the gate trims the log), after an error, and after a
+//! refused `XADD` (the gate tells a newer producer, a closed lane, and a retry of a publish that
+//! landed apart). `fold_pl` moves `pub` and `last` to the newest record and `lp` to the newest
+//! position, before every reader of them: the gate, the claim, the receive script (through
+//! `fold_dl`), an attach, a nack, the stats, `is_idle`. A capacity lowered by another process's
+//! build applies to a producer from its next gate (at most 64 publishes later).
 
 /// Shared helpers: each script gets those it calls prepended, not the rest (every `local
 /// function` is a closure made on every run of a script). See [`source`].
@@ -350,22 +371,12 @@ if n % 64 == 0 then trim(L, M, ARGV[7], ARGV[9], alone, 11) end
 return {'ok', n}
 "#;
 
-/// Publish one item of the claimed producer of a sink lane alone on its log, without its
-/// payload: the checks and counters of `PUBLISH`, run as the first command of a `MULTI` whose
-/// second is a plain `XADD` of entry `n` with the payload and whose third sets the log's last
-/// id back to [`LOG_FENCE_ID`] (`XSETID`), so the payload never crosses Lua (`ARGV` and the
-/// script's own `XADD` were 3 µs of the publish's 8, `INFO commandstats`).
-///
-/// The fence: between publishes the log's last id is [`LOG_FENCE_ID`], above any entry number,
-/// so a plain `XADD` fails unless this script, having accepted the publish, lowers the last id
-/// to `last` first; the `XSETID` after the `XADD` raises it again. A refused publish (fenced,
-/// closed, full, a duplicate), and a `MULTI` whose script did not run at all (`NOSCRIPT`),
-/// leave the raised id in place, so their `XADD` fails and adds nothing, and their `XSETID`
-/// changes nothing. (The `XSETID` must not depend on the publisher's own entry number: a fenced
-/// producer that is behind would set the last id *down* to it, as Redis allows down to the
-/// newest entry, or anywhere on an emptied log, and another fenced producer's `XADD` would
-/// then land above the lane's newest entry and wedge the live producer's `XSETID last`.)
-/// Claiming the producer raises the id (`CLAIM_PRODUCER`), for a log written before this scheme.
+/// The gate of a publish of the claimed producer of a sink lane alone on its log: the checks
+/// of `PUBLISH` (fenced, a duplicate, closed, a position that does not rise, full), the trim
+/// every 64th entry, and the room (`{'ok', ai, cap}`: the lane takes publishes up to count
+/// `ai + cap`). Writes nothing else: the publish itself is the client's `MULTI` of two plain
+/// `XADD`s that follows (see "The publish log"), which the producer sends without this script
+/// while it knows there is room.
 ///
 /// KEYS: lane hash, log, meta. ARGV: base, producer epoch, the lane's `pub` after this publish
 /// (= the entry number `n`), position (padded, or empty), the meta field that numbers the log's
@@ -396,8 +407,9 @@ if want % 64 == 0 then trim(L, KEYS[3], ARGV[5], ARGV[6], true, 7) end
 return {'ok', ai, cap}
 "#;
 
-/// The log's last id between two publishes of a sink lane alone on its log: the highest
-/// millisecond part Redis takes, far above any entry number (see `PUBLISH_ALONE`).
+/// The last id of the log (and the publish log) of a closed sink lane alone on its log: the
+/// highest millisecond part Redis takes, above any entry, so that no `XADD` lands (see "The
+/// publish log").
 pub(crate) const LOG_FENCE_ID: &str = "18446744073709551615-0";
 
 /// Receive one item: a released one first (lowest entry first), else the next new one.
@@ -675,7 +687,8 @@ return {'ok', ep}
 /// that fences the previous producer's publishes off.
 ///
 /// KEYS: lane hash, log. ARGV: expected claim, new claim, `1` if the lane is alone on its log
-/// (its log's last id is raised to `LOG_FENCE_ID`, the fourth argument: see `PUBLISH_ALONE`).
+/// (its log's and publish log's last ids are set to `<pub + 1>-<new epoch - 1>`, or to
+/// `LOG_FENCE_ID`, the fourth argument, when closed: see "The publish log").
 pub(crate) const CLAIM_PRODUCER: &str = r#"
 local H = KEYS[1]
 local cur = redis.call('HGET', H, 'ph') or ''
@@ -715,7 +728,9 @@ return 0
 
 /// Close a lane and wake everyone waiting on it.
 ///
-/// KEYS: lane hash. ARGV: base.
+/// KEYS: lane hash, log. ARGV: base, `1` for a sink lane alone on its log (its log's and
+/// publish log's last ids are raised to `LOG_FENCE_ID`, the third argument: no `XADD` of its
+/// producer lands any more).
 pub(crate) const CLOSE: &str = r#"
 redis.call('HSET', KEYS[1], 'closed', '1')
 if ARGV[2] == '1' then
