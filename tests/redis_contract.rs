@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::{backfill, batch, snapshot};
 use lanestream::{
     AckError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, PublishError, RedisDelivery,
-    RedisStream, RequestPublisher, Stream, StreamError, TryRecvError,
+    RedisStream, RequestPublisher, Stream, StreamError, TryPublishError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
 use redis_support::{delete_keys, keys_of, kill_connections, unique_name, url};
@@ -835,4 +835,49 @@ fn redis_receives_through_the_delivery_log_lose_nothing_and_deliver_once() {
     assert_eq!(s.acked("search").unwrap(), Some(Position(60)));
     let st = s.stats("search").unwrap();
     assert_eq!((st.delivered, st.redelivered, st.acked_items, st.in_flight), (8, 2, 6, 0), "{st:?}");
+}
+
+/// A lane alone on its log: the producer publishes without a script while the room the last
+/// script reported lasts; the bound holds at its edge (full with `capacity` unacked, room again
+/// after an ack, learnt by the script), and a position that does not rise is refused.
+#[test]
+fn redis_a_producer_publishing_on_known_room_keeps_the_bound_and_the_positions() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let s = open(&url, &name, 3, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    for i in 1..=3 {
+        p.try_publish(batch(i * 10)).unwrap(); // the first runs the script, which reports room for 3
+    }
+    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::Full(_))));
+    let d1 = c.try_recv().unwrap();
+    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::Full(_))), "delivered is not acked");
+    d1.ack().unwrap();
+    p.try_publish(batch(40)).unwrap();
+    assert!(matches!(p.try_publish(batch(50)), Err(TryPublishError::Full(_))));
+    let st = s.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.lag(), st.last_published),
+        (4, 1, 3, Some(Position(40))),
+        "{st:?}"
+    );
+    for _ in 0..3 {
+        c.try_recv().unwrap().ack().unwrap();
+    }
+    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::PositionRegressed { .. })));
+    p.try_publish(snapshot()).unwrap();
+    assert!(matches!(p.try_publish(batch(35)), Err(TryPublishError::PositionRegressed { .. })));
+    p.try_publish(batch(50)).unwrap();
+    let got: Vec<_> = (0..2)
+        .map(|_| {
+            let d = c.try_recv().unwrap();
+            let r = (d.entry(), d.position(), d.attempt());
+            d.ack().unwrap();
+            r
+        })
+        .collect();
+    assert_eq!(got, [(5, None, 1), (6, Some(Position(50)), 1)]);
+    assert_eq!(s.stats("search").unwrap().last_published, Some(Position(50)));
 }
