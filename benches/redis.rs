@@ -12,6 +12,9 @@
 //! (without it the bench says so and exits). `LANESTREAM_BENCH_ROUNDS` and
 //! `LANESTREAM_BENCH_BATCHES` set the ratio's rounds (default 9) and batches per round (2000),
 //! `LANESTREAM_BENCH_ENVELOPES` the envelopes per batch (default 16, about 1.8 KB encoded).
+//! `LANESTREAM_BENCH_ONLY=ours` (or `bare`) runs `LANESTREAM_BENCH_BATCHES` batches of that side
+//! alone and nothing else, for the server's own accounting of one side (`CONFIG RESETSTAT`
+//! before, `INFO commandstats` and `INFO cpu` after).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -170,6 +173,22 @@ fn main() {
     let name = format!("lsbench_{}", std::process::id());
     let mut ours = Ours::new(&url, &name);
     let mut bare = Bare::new(&url, &name);
+
+    if let Ok(only) = std::env::var("LANESTREAM_BENCH_ONLY") {
+        let n = env("LANESTREAM_BENCH_BATCHES", 2000);
+        let took = match only.as_str() {
+            "ours" => ours.run(n),
+            "bare" => bare.run(n),
+            other => panic!("LANESTREAM_BENCH_ONLY is `ours` or `bare`, not {other:?}"),
+        };
+        println!(
+            "redis bench, {only} alone: {n} batches in {took:?}, {:.0} batches/s",
+            n as f64 / took.as_secs_f64()
+        );
+        ours.stream.delete().unwrap();
+        let _: i64 = redis::cmd("DEL").arg(&bare.key).query(&mut bare.conn).unwrap();
+        return;
+    }
 
     // 5 s per side unless the command line says otherwise (`--measurement-time 3`).
     let mut c = Criterion::default().measurement_time(Duration::from_secs(5)).configure_from_args();

@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::{backfill, batch, snapshot};
 use lanestream::{
     AckError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, PublishError, RedisDelivery,
-    RedisStream, RequestPublisher, Stream, StreamError, TryRecvError,
+    RedisStream, RequestPublisher, Stream, StreamError, TryPublishError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
 use redis_support::{delete_keys, keys_of, kill_connections, unique_name, url};
@@ -562,28 +562,29 @@ fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry()
     let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let log = format!("{{{name}}}:log");
     let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&log).query(con).unwrap() };
+    // What a producer of epoch `epoch` adds for entry `n`: a plain XADD of id `n-epoch`.
+    let raw = |con: &mut redis::Connection, n: u64, epoch: u64| -> redis::RedisResult<String> {
+        redis::cmd("XADD").arg(&log).arg(format!("{n}-{epoch}")).arg("d").arg("x").arg("p").arg("").query(con)
+    };
     let s = open(&url, &name, 8, 4, &["search"]);
-    let mut p1 = s.producer("search").unwrap();
+    let mut p1 = s.producer("search").unwrap(); // epoch 1
     let mut c = s.reattach("search").unwrap();
     p1.publish(batch(10)).unwrap();
-    // The payload goes in by a plain XADD of entry `last + 1` inside a MULTI, after the publish
-    // script: that XADD fails unless the script let it through (what a MULTI whose script was
-    // refused, or not run at all, comes to).
-    let raw: redis::RedisResult<String> =
-        redis::cmd("XADD").arg(&log).arg("2-0").arg("d").arg("x").arg("p").arg("").query(&mut con);
-    assert!(raw.is_err(), "a bare XADD of the next entry must fail: {raw:?}");
-    assert_eq!(len(&mut con), 1);
     // Another process takes the producer over (this one's claim given up as if it had died).
     let _: i64 =
         redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(&mut con).unwrap();
     let s2 = open(&url, &name, 8, 4, &["search"]);
-    let mut p2 = s2.producer("search").unwrap();
+    let mut p2 = s2.producer("search").unwrap(); // epoch 2
+    assert!(raw(&mut con, 2, 1).is_err(), "the old epoch's next entry is refused from the claim on");
     match p1.publish(batch(20)) {
         Err(PublishError::Backend { error: lanestream::BackendError::Fenced, .. }) => {}
         other => panic!("the old producer must be fenced: {other:?}"),
     }
     assert_eq!(len(&mut con), 1, "a fenced publish adds no entry");
     p2.publish(batch(20)).unwrap();
+    // The old producer's count stays 1 (its publishes are refused): its next id stays `2-1`.
+    assert!(raw(&mut con, 2, 1).is_err(), "below the live producer's newest entry");
+    assert!(raw(&mut con, 2, 2).is_err(), "an entry is added once");
     // A server that lost its scripts: the publish loads them again and lands once.
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
     p2.publish(batch(30)).unwrap();
@@ -598,4 +599,285 @@ fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry()
         .collect();
     assert_eq!(got, [(1, 10), (2, 20), (3, 30)]);
     assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    // A closed lane takes no entry, also from its live producer's plain XADD.
+    s.close("search").unwrap();
+    assert!(raw(&mut con, 4, 2).is_err(), "closed: the log refuses every id");
+    assert!(matches!(p2.publish(batch(40)), Err(PublishError::Closed(_))));
+    assert_eq!(len(&mut con), 3);
+}
+
+/// One step of [`stats_match_memory`]'s script on a backend: `Ok` carries what the port
+/// returned, for comparison across the backends.
+fn stats_step<S: Stream>(
+    s: &S,
+    p: &mut S::Producer,
+    c: &mut S::Consumer,
+    held: &mut Vec<<S::Consumer as LaneConsumer<LaneItem>>::Delivery>,
+    op: u64,
+    next: &mut u64,
+) -> String {
+    match op % 5 {
+        0 | 1 => match p.try_publish(batch(*next)) {
+            Ok(()) => {
+                *next += 1;
+                "published".into()
+            }
+            Err(e) => format!("publish: {e:?}").chars().take(12).collect(),
+        },
+        2 => match c.try_recv() {
+            Ok(d) => {
+                let r = format!("got {:?} attempt {}", d.position(), d.attempt());
+                held.push(d);
+                r
+            }
+            Err(e) => format!("recv: {e:?}"),
+        },
+        3 if !held.is_empty() => {
+            let i = (op / 5) as usize % held.len();
+            format!("ack: {:?}", held.remove(i).ack())
+        }
+        _ if !held.is_empty() => {
+            let i = (op / 5) as usize % held.len();
+            held.remove(i).nack();
+            "nacked".into()
+        }
+        _ => {
+            let _ = s;
+            "nothing held".into()
+        }
+    }
+}
+
+/// `LaneStats` (all but `pinned`: a stale delivery pins nothing here) match the in-memory
+/// backend's after every step of a seeded mix of publishes, receives, out-of-order acks and
+/// nacks, on a lane alone on its log and on a lane sharing it.
+#[test]
+fn redis_lane_stats_match_the_memory_backend_after_every_step() {
+    let url = server!();
+    for sinks in [&["search"][..], &["search", "cache"][..]] {
+        let name = unique_name("lst");
+        let _cleanup = Cleanup::of(&url, &name);
+        let r = open(&url, &name, 6, 4, sinks);
+        let m = lanestream::MemoryStream::builder().capacity(6).sinks(sinks.iter().copied()).build().unwrap();
+        let (mut rp, mut rc) = (r.producer("search").unwrap(), r.reattach("search").unwrap());
+        let (mut mp, mut mc) = (m.producer("search").unwrap(), m.reattach("search").unwrap());
+        let (mut rheld, mut mheld) = (Vec::new(), Vec::new());
+        let (mut rnext, mut mnext) = (1, 1);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..2000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let op = seed % 1000;
+            let got_r;
+            if op % 37 == 0 {
+                // A re-attach: the held deliveries go stale (compared while still held, then
+                // dropped: a stale one pins its slot in memory only).
+                rc = r.reattach("search").unwrap();
+                mc = m.reattach("search").unwrap();
+                let (mut rs, ms) = (r.stats("search").unwrap(), m.stats("search").unwrap());
+                rs.pinned = ms.pinned;
+                assert_eq!(rs, ms, "{sinks:?} step {step}: re-attached, stale deliveries held");
+                rheld.clear();
+                mheld.clear();
+                got_r = "re-attached".to_string();
+            } else {
+                got_r = stats_step(&r, &mut rp, &mut rc, &mut rheld, op, &mut rnext);
+                let got_m = stats_step(&m, &mut mp, &mut mc, &mut mheld, op, &mut mnext);
+                assert_eq!(got_r, got_m, "{sinks:?} step {step} (op {op})");
+            }
+            let (mut rs, ms) = (r.stats("search").unwrap(), m.stats("search").unwrap());
+            rs.pinned = ms.pinned;
+            assert_eq!(rs, ms, "{sinks:?} step {step} (op {op}): {got_r}");
+        }
+    }
+}
+
+/// Connections killed between calls: every call still succeeds (a retry on a fresh connection,
+/// exactly once), and the losses show in `connection_errors` (and `last_error`), which calls
+/// that met no loss leave alone.
+#[test]
+fn redis_connections_killed_between_calls_are_recovered_silently_and_counted() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let s = open(&url, &name, 4, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let round = |p: &mut lanestream::RedisProducer, c: &mut lanestream::RedisConsumer<LaneItem>, i: u64| {
+        p.try_publish(batch(i)).unwrap();
+        let d = c.try_recv().unwrap();
+        assert_eq!((d.position(), d.attempt()), (Some(Position(i)), 1));
+        d.ack().unwrap();
+    };
+    round(&mut p, &mut c, 1);
+    let (quiet, last) = (s.connection_errors(), s.last_error());
+    for i in 2..=4 {
+        round(&mut p, &mut c, i);
+    }
+    assert_eq!((s.connection_errors(), s.last_error()), (quiet, last), "no loss, nothing counted");
+    for i in 5..=7 {
+        let before = s.connection_errors();
+        kill_connections(&mut admin, &name);
+        round(&mut p, &mut c, i);
+        assert!(s.connection_errors() > before, "round {i}: the killed connections were not counted");
+        assert!(s.last_error().is_some_and(|e| e.contains("connection")), "{:?}", s.last_error());
+    }
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.delivered), (7, 7, 7), "{st:?}");
+    // The clones share the count.
+    assert_eq!(s.clone().connection_errors(), s.connection_errors());
+}
+
+/// A lane alone on its log: acks in increasing order are plain `XADD`s to its ack log (a gap
+/// left open), a lower one after them is refused there and acked by the script; the acked
+/// position follows the contiguous prefix through every mix, and reading it empties the log.
+#[test]
+fn redis_acks_through_the_ack_log_keep_the_acked_prefix_with_gaps_and_late_acks() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let al = format!("{{{name}}}:l:search:al");
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    for i in 1..=6 {
+        p.publish(batch(i * 10)).unwrap();
+    }
+    let mut held: Vec<Option<_>> = (0..6).map(|_| Some(c.try_recv().unwrap())).collect();
+    let mut ack = |i: usize| held[i - 1].take().unwrap().ack().unwrap();
+    let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&al).query(con).unwrap() };
+    ack(2);
+    ack(4);
+    assert_eq!(len(&mut con), 2, "acks 2 and 4 are records of the ack log");
+    assert_eq!(s.acked("search").unwrap(), None, "1 is out");
+    assert_eq!(len(&mut con), 0, "read after a fold");
+    ack(1); // below 4: refused by the log, acked by the script
+    assert_eq!(s.acked("search").unwrap(), Some(Position(20)));
+    ack(3);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(40)));
+    ack(6);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(40)), "5 is out");
+    ack(5);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(60)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.acked_items, st.in_flight, st.published), (6, 0, 6), "{st:?}");
+    // A re-attach moves the log's fence above the old epoch: the old consumer's ack is refused
+    // (and does not count), the new consumer's lands.
+    p.publish(batch(70)).unwrap();
+    let stale = c.try_recv().unwrap();
+    let mut c2 = s.reattach("search").unwrap();
+    assert_eq!(stale.ack(), Err(AckError::Detached));
+    assert_eq!(s.acked("search").unwrap(), Some(Position(60)));
+    let d = c2.try_recv().unwrap();
+    assert_eq!((d.position(), d.attempt()), (Some(Position(70)), 2));
+    d.ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(70)));
+    assert!(s.is_idle());
+}
+
+/// A lane alone on its log: the receive of the expected new entry is a plain `XADD` to its
+/// delivery log and an `XRANGE`. A record whose reply never came back (or whose entry was not
+/// published yet) is delivered by the next receive, once; after a re-attach the old consumer's
+/// records are refused, and the entries it was given come again.
+#[test]
+fn redis_receives_through_the_delivery_log_lose_nothing_and_deliver_once() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let (hash, dl) = (format!("{{{name}}}:l:search"), format!("{{{name}}}:l:search:dl"));
+    let s = open(&url, &name, 8, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    p.publish(batch(10)).unwrap();
+    c.try_recv().unwrap().ack().unwrap(); // the first receive of an epoch is the script's
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)), "entry 2 is not published");
+    p.publish(batch(20)).unwrap();
+    let d = c.try_recv().unwrap();
+    assert_eq!((d.entry(), d.position(), d.attempt()), (2, Some(Position(20)), 1));
+    d.ack().unwrap();
+    p.publish(batch(30)).unwrap();
+    let d = c.try_recv().unwrap(); // through the delivery log
+    assert_eq!((d.entry(), d.attempt()), (3, 1));
+    d.ack().unwrap();
+    // A receive of entry 4 whose record landed but whose reply was lost: 4 comes, once.
+    p.publish(batch(40)).unwrap();
+    let ep: String = redis::cmd("HGET").arg(&hash).arg("ep").query(&mut con).unwrap();
+    let _: String =
+        redis::cmd("XADD").arg(&dl).arg(format!("{ep}-4")).arg("p").arg("").query(&mut con).unwrap();
+    let d = c.try_recv().unwrap();
+    assert_eq!((d.entry(), d.attempt()), (4, 1));
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.delivered, st.in_flight, st.queued), (4, 1, 0), "{st:?}");
+    // Entry 5 taken through the log, then the lane re-attached: the old consumer is refused,
+    // the new one gets 4 and 5 again (attempt 2) and then 6.
+    p.publish(batch(50)).unwrap();
+    let d5 = c.try_recv().unwrap();
+    assert_eq!((d5.entry(), d5.attempt()), (5, 1));
+    let mut c2 = s.reattach("search").unwrap();
+    p.publish(batch(60)).unwrap();
+    assert!(matches!(c.try_recv(), Err(TryRecvError::Detached)));
+    let got: Vec<_> = (0..3)
+        .map(|_| {
+            let d = c2.try_recv().unwrap();
+            let r = (d.entry(), d.attempt());
+            d.ack().unwrap();
+            r
+        })
+        .collect();
+    assert_eq!(got, [(4, 2), (5, 2), (6, 1)]);
+    assert_eq!(d.ack(), Err(AckError::Detached));
+    assert_eq!(d5.ack(), Err(AckError::Detached));
+    assert_eq!(s.acked("search").unwrap(), Some(Position(60)));
+    let st = s.stats("search").unwrap();
+    assert_eq!((st.delivered, st.redelivered, st.acked_items, st.in_flight), (8, 2, 6, 0), "{st:?}");
+}
+
+/// A lane alone on its log: the producer publishes without a script while the room the last
+/// script reported lasts; the bound holds at its edge (full with `capacity` unacked, room again
+/// after an ack, learnt by the script), and a position that does not rise is refused.
+#[test]
+fn redis_a_producer_publishing_on_known_room_keeps_the_bound_and_the_positions() {
+    let url = server!();
+    let name = unique_name("lst");
+    let _cleanup = Cleanup::of(&url, &name);
+    let s = open(&url, &name, 3, 4, &["search"]);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    for i in 1..=3 {
+        p.try_publish(batch(i * 10)).unwrap(); // the first runs the script, which reports room for 3
+    }
+    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::Full(_))));
+    let d1 = c.try_recv().unwrap();
+    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::Full(_))), "delivered is not acked");
+    d1.ack().unwrap();
+    p.try_publish(batch(40)).unwrap();
+    assert!(matches!(p.try_publish(batch(50)), Err(TryPublishError::Full(_))));
+    let st = s.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.lag(), st.last_published),
+        (4, 1, 3, Some(Position(40))),
+        "{st:?}"
+    );
+    for _ in 0..3 {
+        c.try_recv().unwrap().ack().unwrap();
+    }
+    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::PositionRegressed { .. })));
+    p.try_publish(snapshot()).unwrap();
+    assert!(matches!(p.try_publish(batch(35)), Err(TryPublishError::PositionRegressed { .. })));
+    p.try_publish(batch(50)).unwrap();
+    let got: Vec<_> = (0..2)
+        .map(|_| {
+            let d = c.try_recv().unwrap();
+            let r = (d.entry(), d.position(), d.attempt());
+            d.ack().unwrap();
+            r
+        })
+        .collect();
+    assert_eq!(got, [(5, None, 1), (6, Some(Position(50)), 1)]);
+    assert_eq!(s.stats("search").unwrap().last_published, Some(Position(50)));
 }

@@ -20,6 +20,7 @@
 //! connection drops and comes back with a new id, this process moves its live claims over.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -105,6 +106,8 @@ pub(crate) struct Pool {
     claims: Mutex<HashMap<u64, Claim>>,
     next_token: Mutex<u64>,
     last_error: Mutex<Option<String>>,
+    /// Connections found lost or not made (see [`Pool::connection_errors`]).
+    connection_errors: AtomicU64,
 }
 
 /// Whether `e` means the connection is gone (reconnect), rather than a refused command.
@@ -135,6 +138,7 @@ impl Pool {
             claims: Mutex::new(HashMap::new()),
             next_token: Mutex::new(0),
             last_error: Mutex::new(None),
+            connection_errors: AtomicU64::new(0),
         }
     }
 
@@ -145,6 +149,20 @@ impl Pool {
 
     pub(crate) fn record(&self, message: String) {
         *lock(&self.last_error) = Some(message);
+    }
+
+    /// How many times a connection of the stream was found lost or could not be made, the
+    /// ones a retry recovered from included.
+    pub(crate) fn connection_errors(&self) -> u64 {
+        // Relaxed: a monotonic statistics counter; nothing is published through it.
+        self.connection_errors.load(Ordering::Relaxed)
+    }
+
+    /// Records a lost (or not made) connection: the message, and one more in the count.
+    fn record_connection_error(&self, message: String) {
+        // Relaxed: see `connection_errors`.
+        self.connection_errors.fetch_add(1, Ordering::Relaxed);
+        self.record(message);
     }
 
     fn connect(&self) -> RedisResult<Connection> {
@@ -252,7 +270,7 @@ impl Pool {
                 Err(e) => (e, false),
             };
             let (e, pooled) = outcome;
-            self.record(format!("redis connection: {e}"));
+            self.record_connection_error(format!("redis connection: {e}"));
             tries += 1;
             if pooled && !fresh_retry_used {
                 // A pooled connection may have died while idle: one more try on a fresh one.
@@ -280,13 +298,14 @@ impl Pool {
     pub(crate) fn anchor_id(&self) -> Result<u64, BackendError> {
         let mut anchor = lock(&self.anchor);
         if let Some(conn) = anchor.conn.as_mut() {
-            if ::redis::cmd("PING").query::<String>(conn).is_ok() {
-                return Ok(anchor.id);
+            match ::redis::cmd("PING").query::<String>(conn) {
+                Ok(_) => return Ok(anchor.id),
+                Err(e) => self.record_connection_error(format!("redis connection (anchor): {e}")),
             }
         }
         anchor.conn = None;
         let mut conn = self.connect().map_err(|e| {
-            self.record(format!("redis connection: {e}"));
+            self.record_connection_error(format!("redis connection: {e}"));
             BackendError::Connection
         })?;
         let id: u64 = ::redis::cmd("CLIENT").arg("ID").query(&mut conn).map_err(|e| {

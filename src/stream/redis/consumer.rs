@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::thread;
@@ -44,6 +45,13 @@ pub struct RedisConsumer<T> {
     /// The entry number expected next (the one after the last new entry received; 0 before
     /// the first): a lane alone on its log hands that entry's payload over outside Lua.
     expect: u64,
+    /// Nacks sent (or queued) by this consumer's deliveries, counted before they are sent.
+    nacks: Arc<AtomicU64>,
+    /// `nacks` as it was when a receive that then delivered a new entry started: while it is
+    /// still the count, no entry of this epoch waits for redelivery (released entries come
+    /// first), so the next receive may take the expected entry without a script. `None` before
+    /// the first new delivery and after a receive that found nothing.
+    clean_at: Option<u64>,
     detached: bool,
     unsent: Unsent,
     waiter: Option<Waiter>,
@@ -59,6 +67,8 @@ impl<T: RedisItem> RedisConsumer<T> {
             token,
             requests: 0,
             expect: 0,
+            nacks: Arc::new(AtomicU64::new(0)),
+            clean_at: None,
             detached: false,
             unsent: Arc::new(Mutex::new(Vec::new())),
             waiter: None,
@@ -92,15 +102,21 @@ impl<T: RedisItem> RedisConsumer<T> {
                 return Err(TryRecvError::Backend(err));
             }
         }
+        // SeqCst, as the increment: a nack counts itself before it is sent to Redis, so a
+        // receive that starts after a nack completed reads the new count (the increment is a
+        // read-modify-write made visible before the nack's write to the socket).
+        let nacks = self.nacks.load(Ordering::SeqCst);
+        let fast = self.clean_at == Some(nacks);
         match self
             .lane
-            .receive(pool, budget, epoch, self.requests + 1, self.expect)
+            .receive(pool, budget, epoch, self.requests + 1, self.expect, fast)
             .map_err(TryRecvError::Backend)?
         {
             Received::Item { n, attempt, payload } => {
                 self.requests += 1;
                 if attempt == 1 {
                     self.expect = n + 1;
+                    self.clean_at = Some(nacks);
                 }
                 match T::decode(&payload) {
                     Ok(item) => Ok(RedisDelivery {
@@ -112,6 +128,7 @@ impl<T: RedisItem> RedisConsumer<T> {
                         shared: self.shared.clone(),
                         lane: self.lane.clone(),
                         unsent: self.unsent.clone(),
+                        nacks: self.nacks.clone(),
                         done: false,
                     }),
                     Err(e) => {
@@ -120,12 +137,18 @@ impl<T: RedisItem> RedisConsumer<T> {
                             self.lane.base
                         ));
                         // Released again, untouched: it stays first in line (L2).
+                        self.nacks.fetch_add(1, Ordering::SeqCst); // see `step`
                         let _ = self.lane.nack(pool, budget, epoch, n, attempt);
                         Err(TryRecvError::Backend(BackendError::Corrupt))
                     }
                 }
             }
-            Received::Empty => Err(TryRecvError::Empty),
+            Received::Empty => {
+                // The next receive takes the script (one round trip): a delivery-log record of
+                // an entry not published yet would be one more per empty poll.
+                self.clean_at = None;
+                Err(TryRecvError::Empty)
+            }
             Received::Closed => Err(TryRecvError::Closed),
             Received::Detached => {
                 self.detached = true;
@@ -269,6 +292,8 @@ pub struct RedisDelivery<T> {
     shared: Arc<Shared>,
     lane: Arc<LaneDef>,
     unsent: Unsent,
+    /// The consumer's count of nacks (see `RedisConsumer::clean_at`).
+    nacks: Arc<AtomicU64>,
     done: bool,
 }
 
@@ -325,6 +350,10 @@ impl<T> RedisDelivery<T> {
             return;
         }
         self.done = true;
+        // Counted before the nack can reach Redis, so that a receive that starts after it sees
+        // the count changed and runs the script, which delivers released entries first
+        // (SeqCst: see `RedisConsumer::step`).
+        self.nacks.fetch_add(1, Ordering::SeqCst);
         let (epoch, n, attempt) = (self.epoch, self.n, self.attempt);
         if self.lane.nack(&self.shared.pool, Budget::Once, epoch, n, attempt).is_err() {
             lock(&self.unsent).push((epoch, n, attempt));

@@ -27,6 +27,7 @@ pub(crate) struct Scripts {
     close: Script,
     trim: Script,
     stats: Script,
+    fold: Script,
 }
 
 pub(crate) fn scripts() -> &'static Scripts {
@@ -46,6 +47,7 @@ pub(crate) fn scripts() -> &'static Scripts {
             close: s(scripts::CLOSE),
             trim: s(scripts::TRIM),
             stats: s(scripts::STATS),
+            fold: s(scripts::FOLD),
         }
     })
 }
@@ -127,7 +129,13 @@ pub(crate) enum Acked {
 /// or a request sender.
 #[derive(Clone, Copy)]
 pub(crate) enum Publisher {
-    Producer { epoch: u64, published_after: u64 },
+    /// `proven`: the lane has room for this publish as the producer last learnt, its position
+    /// goes up, and it does not trim the log: a sink lane alone on its log skips its script.
+    Producer {
+        epoch: u64,
+        published_after: u64,
+        proven: bool,
+    },
     Sender,
 }
 
@@ -152,6 +160,12 @@ pub(crate) struct LaneDef {
     /// The lane owns every entry of its log (one sink, or the request lane): it keeps no ids
     /// set (see `scripts`).
     alone: bool,
+    /// The ack log of a lane alone on its log (`B:al`, see "The ack log" in `scripts`).
+    ack_log_key: String,
+    /// Its delivery log (`B:dl`, see "The delivery log" in `scripts`).
+    delivery_log_key: String,
+    /// Its publish log (`B:pl`, see "The publish log" in `scripts`; a sink lane's only).
+    publish_log_key: String,
     /// The ids keys of every lane that shares this lane's log (for the trim floor); the lane's
     /// own hash when it is alone on its log.
     pub(crate) trim_ids: Vec<String>,
@@ -171,6 +185,9 @@ impl LaneDef {
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
             att: format!("{base}:att"),
+            ack_log_key: format!("{base}:al"),
+            delivery_log_key: format!("{base}:dl"),
+            publish_log_key: format!("{base}:pl"),
             log: format!("{prefix}:log"),
             meta: format!("{prefix}:meta"),
             group: sink.as_str().to_owned(),
@@ -193,6 +210,9 @@ impl LaneDef {
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
             att: format!("{base}:att"),
+            ack_log_key: format!("{base}:al"),
+            delivery_log_key: format!("{base}:dl"),
+            publish_log_key: format!("{base}:pl"),
             log: format!("{prefix}:req"),
             meta: format!("{prefix}:meta"),
             group: "ingest".to_owned(),
@@ -237,6 +257,9 @@ impl LaneDef {
         format!("{}:pbell", self.base)
     }
 
+    /// Publishes `payload` (at `position`). With it, for a producer on a sink lane alone on its
+    /// log, the publish count up to which the lane has room as the gate script saw it, when
+    /// that script ran (see "The publish log" in `scripts`).
     pub(crate) fn publish(
         &self,
         pool: &Pool,
@@ -244,14 +267,14 @@ impl LaneDef {
         who: Publisher,
         payload: &[u8],
         position: Option<Position>,
-    ) -> Result<Published, BackendError> {
-        let (mode, epoch, after) = match who {
-            Publisher::Producer { epoch, published_after } => ("p", epoch, published_after),
-            Publisher::Sender => ("s", 0, 0),
+    ) -> Result<(Published, Option<u64>), BackendError> {
+        let (mode, epoch, after, proven) = match who {
+            Publisher::Producer { epoch, published_after, proven } => ("p", epoch, published_after, proven),
+            Publisher::Sender => ("s", 0, 0, false),
         };
         let pos = pad(position);
         if self.alone && mode == "p" && self.sink.is_some() {
-            return self.publish_alone(pool, budget, epoch, after, payload, &pos);
+            return self.publish_alone(pool, budget, epoch, after, payload, &pos, proven);
         }
         let mut tries = 0;
         let v: Value = pool.run(budget, |c, t| {
@@ -265,14 +288,17 @@ impl LaneDef {
             }
             inv.invoke(c)
         })?;
-        published(pool, &v, tries == 0)
+        Ok((published(pool, &v, tries == 0)?, None))
     }
 
-    /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
-    /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
-    /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`).
-    /// The claimed producer's publish of entry `n` on a sink lane alone on its log: the
-    /// `PUBLISH_ALONE` script, a plain `XADD` of the payload and an `XSETID`, in one `MULTI`.
+    /// The claimed producer's publish of entry `n` on a sink lane alone on its log: one `MULTI`
+    /// of two plain `XADD`s of id `<n>-<epoch>` (the entry, with its payload, to the log; its
+    /// record to the publish log) and an `HMGET` of the receive-waiting flag, which lands only
+    /// for the live producer of an open lane (see "The publish log" in `scripts`). Before it,
+    /// unless `proven` (the lane has room for it as the producer last learnt, the position goes
+    /// up, and the entry does not trim the log), and after a refused `XADD`, the
+    /// `PUBLISH_ALONE` script: the checks, and the room.
+    #[allow(clippy::too_many_arguments)]
     fn publish_alone(
         &self,
         pool: &Pool,
@@ -281,41 +307,78 @@ impl LaneDef {
         n: u64,
         payload: &[u8],
         pos: &str,
-    ) -> Result<Published, BackendError> {
+        proven: bool,
+    ) -> Result<(Published, Option<u64>), BackendError> {
         let script = &scripts().publish_alone;
-        let mut tries = 0;
-        let v: Value = pool.run(budget, |c, t| {
+        let (mut tries, mut room) = (0, None);
+        let id = format!("{n}-{epoch}");
+        let v: Result<Value, String> = pool.run(budget, |c, t| {
             tries = t;
-            let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
-            eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
-            eval.arg(&self.base);
-            let mut add = ::redis::cmd("XADD");
-            add.arg(&self.log).arg(format!("{n}-0")).arg("d").arg(payload).arg("p").arg(pos);
-            let mut raise = ::redis::cmd("XSETID");
-            raise.arg(&self.log).arg(scripts::LOG_FENCE_ID);
-            let mut pipe = ::redis::pipe();
-            pipe.atomic().ignore_errors().add_command(eval).add_command(add).add_command(raise);
-            let mut replies: Vec<Value> = pipe.query(c)?;
-            if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript)) {
-                // Nothing was added: the script did not lower the log's last id (the fence).
-                script.load(c)?;
-                replies = pipe.query(c)?;
+            let mut gated = false;
+            loop {
+                if gated || !proven || t > 0 {
+                    let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
+                    eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
+                    eval.arg(&self.base);
+                    let gate = run_script(c, script, &eval, None)?.remove(0);
+                    let r = items(&gate);
+                    if r.first().map(text) != Some(b"ok") || r.len() != 3 {
+                        return Ok(Ok(gate));
+                    }
+                    if gated {
+                        // Let through twice, refused twice: not a state this backend makes.
+                        return Ok(Err(format!("lanestream: the log of {} refused entry {id}", self.base)));
+                    }
+                    room = Some(int(&r[1]) + int(&r[2]));
+                }
+                let mut pipe = ::redis::pipe();
+                pipe.atomic().ignore_errors();
+                pipe.cmd("XADD").arg(&self.log).arg(&id).arg("d").arg(payload).arg("p").arg(pos);
+                pipe.cmd("XADD").arg(&self.publish_log_key).arg(&id).arg("p").arg(pos);
+                pipe.cmd("HMGET").arg(&self.base).arg("w").arg("ep");
+                let replies: Vec<Value> = pipe.query(c)?;
+                match (replies.first(), replies.get(1)) {
+                    (Some(Value::BulkString(_)), Some(Value::BulkString(_))) => {}
+                    (Some(Value::ServerError(_)), Some(Value::ServerError(_))) if !gated => {
+                        // Refused: a newer producer, a closed lane, or this entry already there
+                        // (a retry of a publish that landed). The script tells which.
+                        gated = true;
+                        continue;
+                    }
+                    _ => {
+                        return Ok(Err(format!("lanestream: publish of {id} on {}: {replies:?}", self.base)));
+                    }
+                }
+                if let Some(Value::Array(w)) = replies.get(2) {
+                    if w.first().map(text) == Some(b"1") {
+                        // A receive found nothing and waits: cleared, then its bell rung.
+                        let bell = format!(
+                            "{}:bell:{}",
+                            self.base,
+                            String::from_utf8_lossy(w.get(1).map_or(b"0", text))
+                        );
+                        let mut ring = ::redis::pipe();
+                        ring.cmd("HSET").arg(&self.base).arg("w").arg("0").ignore();
+                        ring.cmd("LPUSH").arg(&bell).arg("1").ignore();
+                        ring.cmd("LTRIM").arg(&bell).arg(0).arg(0).ignore();
+                        ring.query::<()>(c)?;
+                    }
+                }
+                return Ok(Ok(Value::Array(vec![Value::SimpleString("ok".into())])));
             }
-            let mut replies = replies.into_iter();
-            let gate = match replies.next() {
-                Some(Value::ServerError(e)) => return Err(e.into()),
-                Some(v) => v,
-                None => Value::Nil,
-            };
-            // The XADD must have landed if the script let it through; otherwise it was refused.
-            if let (Some(b"ok"), Some(Value::ServerError(e))) = (items(&gate).first().map(text), replies.next()) {
-                return Err(e.into());
-            }
-            Ok(gate)
         })?;
-        published(pool, &v, tries == 0)
+        let v = v.map_err(|msg| {
+            pool.record(msg);
+            BackendError::Server
+        })?;
+        Ok((published(pool, &v, tries == 0)?, room))
     }
 
+    /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
+    /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
+    /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`). `fast`: no entry of
+    /// the consumer's epoch waits for redelivery as far as it knows, so the expected entry is
+    /// first taken through the delivery log, without a script (`receive_logged`).
     pub(crate) fn receive(
         &self,
         pool: &Pool,
@@ -323,9 +386,15 @@ impl LaneDef {
         epoch: u64,
         request: u64,
         expect: u64,
+        fast: bool,
     ) -> Result<Received, BackendError> {
         let expect = if self.alone { expect } else { 0 };
-        let (v, range): (Value, Option<Value>) = pool.run(budget, |c, _| {
+        let (v, range): (Value, Option<Value>) = pool.run(budget, |c, tries| {
+            if fast && expect > 0 && tries == 0 {
+                if let Some(payload) = self.receive_logged(c, epoch, expect)? {
+                    return Ok((Value::Nil, Some(payload)));
+                }
+            }
             let mut eval =
                 evalsha(&scripts().receive, &[&self.base, &self.ids, &self.rel, &self.log, &self.att]);
             eval.arg(&self.base)
@@ -338,13 +407,19 @@ impl LaneDef {
             if expect == 0 {
                 return run_script(c, &scripts().receive, &eval, None).map(|mut v| (v.remove(0), None));
             }
-            let id = format!("{expect}-0");
             let mut range = ::redis::cmd("XRANGE");
-            range.arg(&self.log).arg(&id).arg(&id);
+            range.arg(&self.log).arg(expect).arg(expect);
             let mut v = run_script(c, &scripts().receive, &eval, Some(range))?;
             let range = v.pop();
             Ok((v.remove(0), range))
         })?;
+        if v == Value::Nil {
+            // The fast path's: the expected entry, delivered by the delivery log.
+            return match range.as_ref().and_then(range_payload) {
+                Some(payload) => Ok(Received::Item { n: expect, attempt: 1, payload }),
+                None => Err(malformed(pool, "receive (XRANGE)", &v)),
+            };
+        }
         let r = items(&v);
         Ok(match r.first().map(text) {
             Some(b"item") if r.len() == 4 || r.len() == 3 => {
@@ -367,6 +442,23 @@ impl LaneDef {
         })
     }
 
+    /// The receive of new entry `n`, the one the consumer of `epoch` expects, on a lane alone on
+    /// its log, without a script: a plain `XADD` of `<epoch>-<n>` to the lane's delivery log
+    /// (refused once a re-attach raised its last id, or if `n` was recorded before) and an
+    /// `XRANGE` of the entry, in one round trip (see "The delivery log" in `scripts`). The
+    /// `XRANGE` reply when both did their part; `None` otherwise, and the caller runs `RECEIVE`,
+    /// which tells a detached consumer, an entry not published yet, and a lost reply apart.
+    fn receive_logged(&self, c: &mut Connection, epoch: u64, n: u64) -> RedisResult<Option<Value>> {
+        let mut pipe = ::redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("XADD").arg(&self.delivery_log_key).arg(format!("{epoch}-{n}")).arg("p").arg("");
+        pipe.cmd("XRANGE").arg(&self.log).arg(n).arg(n);
+        let mut replies: Vec<Value> = pipe.query(c)?;
+        let range = replies.pop();
+        let logged = matches!(replies.first(), Some(Value::BulkString(_)));
+        Ok(range.filter(|r| logged && range_payload(r).is_some()))
+    }
+
     /// Acks entry `n`, whose item is at `position`, delivered as `attempt`.
     pub(crate) fn ack(
         &self,
@@ -380,6 +472,11 @@ impl LaneDef {
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
             let retry = if tries > 0 { "1" } else { "0" };
+            if self.alone && tries == 0 && attempt == 1 {
+                if let Some(v) = self.ack_logged(c, epoch, n, &pos)? {
+                    return Ok(v);
+                }
+            }
             if self.alone {
                 let mut inv = scripts().ack_alone.prepare_invoke();
                 inv.key(&self.base).key(&self.ack).key(&self.att);
@@ -397,6 +494,33 @@ impl LaneDef {
             Some(b"unknown") => Acked::Unknown,
             _ => return Err(malformed(pool, "ack", &v)),
         })
+    }
+
+    /// The ack of entry `n` (a first delivery, first try) of a lane alone on its log: a plain
+    /// `XADD` of `<epoch>-<n>` to the lane's ack log, which lands unless a re-attach raised the
+    /// log's last id above the epoch or an ack of a later entry came first (see "The ack log"
+    /// in `scripts`), with the `pw` flag read in the same round trip; a publisher waiting for
+    /// room is rung. `None` when the `XADD` was refused: the caller runs `ACK_ALONE`, which
+    /// tells a detached ack from an out-of-order one (which it acks).
+    fn ack_logged(&self, c: &mut Connection, epoch: u64, n: u64, pos: &str) -> RedisResult<Option<Value>> {
+        let mut pipe = ::redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("XADD").arg(&self.ack_log_key).arg(format!("{epoch}-{n}")).arg("p").arg(pos);
+        pipe.cmd("HGET").arg(&self.base).arg("pw");
+        let replies: Vec<Value> = pipe.query(c)?;
+        if !matches!(replies.first(), Some(Value::BulkString(_))) {
+            return Ok(None);
+        }
+        if matches!(replies.get(1), Some(Value::BulkString(b)) if b == b"1") {
+            // Cleared before the token is pushed: a publisher that sets it again after this
+            // waits for the next ack's token, never for a token already taken.
+            let mut ring = ::redis::pipe();
+            ring.cmd("HSET").arg(&self.base).arg("pw").arg("0").ignore();
+            ring.cmd("LPUSH").arg(self.pbell()).arg("1").ignore();
+            ring.cmd("LTRIM").arg(self.pbell()).arg(0).arg(0).ignore();
+            ring.query::<()>(c)?;
+        }
+        Ok(Some(Value::Array(vec![Value::SimpleString("ok".into())])))
     }
 
     /// Releases entry `n` (delivered as `attempt`) for redelivery; a stale nack does nothing.
@@ -506,30 +630,43 @@ impl LaneDef {
     }
 
     pub(crate) fn close(&self, pool: &Pool, budget: Budget) -> Result<(), BackendError> {
-        pool.run(budget, |c, _| scripts().close.key(&self.base).arg(&self.base).invoke::<i64>(c)).map(drop)
+        let alone = if self.alone && self.sink.is_some() { "1" } else { "0" };
+        pool.run(budget, |c, _| {
+            scripts()
+                .close
+                .key(&self.base)
+                .key(&self.log)
+                .arg(&self.base)
+                .arg(alone)
+                .arg(scripts::LOG_FENCE_ID)
+                .invoke::<i64>(c)
+        })
+        .map(drop)
     }
 
     pub(crate) fn stats(&self, pool: &Pool, budget: Budget) -> Result<LaneStats, BackendError> {
-        let v: Value = pool.run(budget, |c, _| scripts().stats.key(&self.base).key(&self.rel).invoke(c))?;
+        let v: Value = pool.run(budget, |c, _| {
+            scripts().stats.key(&self.base).key(&self.rel).arg(self.alone_flag()).invoke(c)
+        })?;
         let r = items(&v);
-        if r.len() != 11 {
+        if r.len() != 10 {
             return Err(malformed(pool, "stats", &v));
         }
         let (published, read, acked_items) = (int(&r[1]), int(&r[2]), int(&r[3]));
-        let released = int(&r[10]);
+        let (redelivered, released) = (int(&r[4]), int(&r[9]));
         Ok(LaneStats {
             capacity: self.capacity,
             queued: published.saturating_sub(read),
             released,
             in_flight: read.saturating_sub(acked_items).saturating_sub(released),
-            delivered: int(&r[4]),
-            redelivered: int(&r[5]),
+            delivered: read + redelivered,
+            redelivered,
             published,
             acked_items,
             pinned: 0,
-            last_published: unpad(text(&r[6])),
-            acked: unpad(text(&r[7])),
-            closed: text(&r[8]) == b"1",
+            last_published: unpad(text(&r[5])),
+            acked: unpad(text(&r[6])),
+            closed: text(&r[7]) == b"1",
         })
     }
 
@@ -548,6 +685,27 @@ impl LaneDef {
             }
             inv.invoke(c)
         })
+    }
+
+    /// Folds the ack logs of `lanes` (those alone on their log; the others have none) into their
+    /// acked prefixes, before a plain read of them.
+    pub(crate) fn fold<'a>(
+        pool: &Pool,
+        budget: Budget,
+        lanes: impl Iterator<Item = &'a LaneDef> + Clone,
+    ) -> Result<(), BackendError> {
+        let alone: Vec<&str> = lanes.filter(|l| l.alone).map(|l| l.base.as_str()).collect();
+        if alone.is_empty() {
+            return Ok(());
+        }
+        pool.run(budget, |c, _| {
+            let mut inv = scripts().fold.prepare_invoke();
+            for key in &alone {
+                inv.key(*key);
+            }
+            inv.invoke::<i64>(c)
+        })
+        .map(drop)
     }
 
     /// Waits (at most `timeout`) for a wake-up token on `key`.

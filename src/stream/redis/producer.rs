@@ -42,7 +42,8 @@ fn encode<T: RedisItem>(shared: &Shared, item: &T) -> Result<Encoded, Option<Bac
 
 /// One publish step shared by producers and senders: run the publish script with `encoded`,
 /// map the reply. Never waits for room. `Ok(true)`: published; `Ok(false)`: the entry for this
-/// publish count was there on the first try (`Published::Duplicate`, producers only).
+/// publish count was there on the first try (`Published::Duplicate`, producers only). `room`:
+/// set to the publish count up to which the lane has room, when the step learnt it.
 fn publish_step<T: RedisItem>(
     shared: &Shared,
     lane: &LaneDef,
@@ -50,9 +51,14 @@ fn publish_step<T: RedisItem>(
     item: T,
     encoded: &Encoded,
     budget: Budget,
+    room: &mut Option<u64>,
 ) -> Result<(T, bool), TryPublishError<T>> {
     let position = encoded.position;
-    match lane.publish(&shared.pool, budget, who, &encoded.bytes, position) {
+    let outcome = lane.publish(&shared.pool, budget, who, &encoded.bytes, position).map(|(p, r)| {
+        *room = r.or(*room);
+        p
+    });
+    match outcome {
         Ok(Published::Done) => Ok((item, true)),
         Ok(Published::Duplicate) => Ok((item, false)),
         Ok(Published::Full) => Err(TryPublishError::Full(item)),
@@ -145,6 +151,13 @@ pub struct RedisProducer {
     /// retry of that item if the payloads are equal, else that item landed and the new one goes
     /// after it.
     unsure: Option<AlignedVec>,
+    /// The publish count up to which the lane has room, as the last publish script saw it (the
+    /// acked prefix only grows): publishes up to it skip the script (a sink lane alone on its log).
+    room: u64,
+    /// The last position published on the lane as this producer knows it (from its claim, then
+    /// its own publishes; `None` when it does not know: after finding an earlier call's publish
+    /// landed). A publish not above it takes the script (which refuses it).
+    last: Option<Option<Position>>,
     token: u64,
     waiter: Option<Waiter>,
 }
@@ -155,24 +168,54 @@ impl RedisProducer {
         lane: Arc<LaneDef>,
         epoch: u64,
         published: u64,
+        last: Option<Position>,
         token: u64,
     ) -> Self {
-        RedisProducer { shared, lane, epoch, published, unsure: None, token, waiter: None }
+        RedisProducer {
+            shared,
+            lane,
+            epoch,
+            published,
+            unsure: None,
+            room: 0,
+            last: Some(last),
+            token,
+            waiter: None,
+        }
     }
 
     fn step(&mut self, item: LaneItem, budget: Budget) -> Result<(), TryPublishError<LaneItem>> {
         let (mut item, encoded) = encoded(&self.shared, item)?;
         loop {
-            let who = Publisher::Producer { epoch: self.epoch, published_after: self.published + 1 };
-            match publish_step(&self.shared, &self.lane, who, item, &encoded, budget) {
+            let after = self.published + 1;
+            // Positions only go up: one at or below the last known is the script's to refuse.
+            let rises = match (encoded.position, self.last) {
+                (_, None) => false,
+                (Some(p), Some(Some(last))) => p > last,
+                _ => true,
+            };
+            // Every 64th entry trims the log (the script does it).
+            let proven = self.unsure.is_none() && after <= self.room && rises && after % 64 != 0;
+            let who = Publisher::Producer { epoch: self.epoch, published_after: after, proven };
+            let mut room = None;
+            let stepped = publish_step(&self.shared, &self.lane, who, item, &encoded, budget, &mut room);
+            if let Some(room) = room {
+                self.room = room;
+            }
+            match stepped {
                 Ok((_, true)) => {
                     self.published += 1;
                     self.unsure = None;
+                    if encoded.position.is_some() {
+                        self.last = Some(encoded.position);
+                    }
                     return Ok(());
                 }
                 Ok((back, false)) => {
-                    // The entry is an earlier call's, whose error hid that it landed.
+                    // The entry is an earlier call's, whose error hid that it landed (and moved
+                    // the last position, which only the script knows now).
                     self.published += 1;
+                    self.last = None;
                     if self
                         .unsure
                         .take()
@@ -310,7 +353,8 @@ impl RedisRequestSender {
     fn step(&self, request: Request, budget: Budget) -> Result<(), TryPublishError<Request>> {
         let (request, encoded) = encoded(&self.shared, request)?;
         // A sender's publish is never a `Duplicate` (that check is the producer's).
-        publish_step(&self.shared, &self.lane, Publisher::Sender, request, &encoded, budget).map(drop)
+        publish_step(&self.shared, &self.lane, Publisher::Sender, request, &encoded, budget, &mut None)
+            .map(drop)
     }
 
     fn until(&self, request: Request, deadline: Option<Instant>) -> Result<(), PublishTimeoutError<Request>> {

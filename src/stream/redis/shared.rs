@@ -62,8 +62,13 @@ impl Shared {
         result
     }
 
-    /// Claims the producer of `lane` under claim `token`: its epoch and publish count.
-    pub(crate) fn claim_producer(&self, lane: &LaneDef, token: u64) -> Result<(u64, u64), StreamError> {
+    /// Claims the producer of `lane` under claim `token`: its epoch, publish count and last
+    /// published position.
+    pub(crate) fn claim_producer(
+        &self,
+        lane: &LaneDef,
+        token: u64,
+    ) -> Result<(u64, u64, Option<Position>), StreamError> {
         let sink = lane.sink.clone().expect("sink lanes have producers");
         let claim = self.pool.claim(token, &lane.base, "ph").map_err(StreamError::Backend)?;
         let result = (|| {
@@ -74,7 +79,7 @@ impl Shared {
                     return Err(StreamError::ProducerBusy(sink.clone()));
                 }
                 match lane.claim_producer(&self.pool, &holder, &claim).map_err(StreamError::Backend)? {
-                    Ok((epoch, published, _last)) => return Ok((epoch, published)),
+                    Ok(claimed) => return Ok(claimed),
                     Err(_) => continue,
                 }
             }

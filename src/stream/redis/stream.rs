@@ -227,9 +227,28 @@ impl RedisStream {
         &self.name
     }
 
-    /// The message behind the last [`BackendError`] any end of this stream met, if any.
+    /// The message of the last error any end of this stream met, if any: the one behind the
+    /// last [`BackendError`] returned, or a lost connection that a retry recovered from (which
+    /// returned no error). It is history, not status: a later success does not clear it.
     pub fn last_error(&self) -> Option<String> {
         self.shared.pool.last_error()
+    }
+
+    /// How many times a connection of this stream (its ends' and clones' included) was found
+    /// lost or could not be made, since the stream was built: a count that only grows, for
+    /// monitoring.
+    ///
+    /// A call whose lost connection a retry recovered from returns what it would have returned
+    /// without the loss (every script is safe to run twice: a publish lands once, an ack counts
+    /// once), so the loss shows here and in [`last_error`](RedisStream::last_error), not as an
+    /// error of the call. What does surface as an error: a call whose retry budget ran out
+    /// ([`BackendError::Connection`]; the next call reconnects), an ack whose retry cannot tell
+    /// whether it landed ([`AckError::Backend`](crate::AckError)`(Connection)`), and an end
+    /// whose claim another process took while this process's connections were down
+    /// ([`BackendError::Fenced`] on publish, `Detached` on receive and ack). A request sent again
+    /// after a connection lost mid-call may land twice ([R2](crate::contract#r2)).
+    pub fn connection_errors(&self) -> u64 {
+        self.shared.pool.connection_errors()
     }
 
     fn lane(&self, sink: &str) -> Result<&Arc<LaneDef>, StreamError> {
@@ -256,6 +275,7 @@ impl RedisStream {
         if self.shared.lanes.is_empty() {
             return Ok(None);
         }
+        LaneDef::fold(&self.shared.pool, Budget::Once, self.shared.lanes.iter().map(|l| &**l))?;
         let marks: Vec<Option<String>> = query(&self.shared.pool, Budget::Once, |c| {
             let mut pipe = ::redis::pipe();
             for lane in self.shared.lanes.iter() {
@@ -282,6 +302,8 @@ impl RedisStream {
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
     pub fn try_is_idle(&self) -> Result<bool, BackendError> {
+        let lanes = self.shared.lanes.iter().chain([&self.shared.requests]).map(|l| &**l);
+        LaneDef::fold(&self.shared.pool, Budget::Once, lanes)?;
         let counts: Vec<(Option<u64>, Option<u64>)> = query(&self.shared.pool, Budget::Once, |c| {
             let mut pipe = ::redis::pipe();
             for lane in self.shared.lanes.iter().chain([&self.shared.requests]) {
@@ -373,8 +395,8 @@ impl Stream for RedisStream {
     fn producer(&self, sink: &str) -> Result<RedisProducer, StreamError> {
         let lane = self.lane(sink)?;
         let token = self.shared.pool.token();
-        let (epoch, published) = self.shared.claim_producer(lane, token)?;
-        Ok(RedisProducer::new(self.shared.clone(), lane.clone(), epoch, published, token))
+        let (epoch, published, last) = self.shared.claim_producer(lane, token)?;
+        Ok(RedisProducer::new(self.shared.clone(), lane.clone(), epoch, published, last, token))
     }
 
     fn attach(&self, sink: &str) -> Result<RedisConsumer<LaneItem>, StreamError> {
@@ -391,6 +413,8 @@ impl Stream for RedisStream {
 
     fn acked(&self, sink: &str) -> Result<Option<Position>, StreamError> {
         let lane = self.lane(sink)?;
+        LaneDef::fold(&self.shared.pool, Budget::Retry, [&**lane].into_iter())
+            .map_err(StreamError::Backend)?;
         let ap = lane.field(&self.shared.pool, Budget::Retry, "ap").map_err(StreamError::Backend)?;
         Ok(ap.and_then(|p| p.parse::<u64>().ok()).map(Position))
     }
