@@ -14,7 +14,8 @@
 # Then the unit tests and doctests of lanestream-postgres (postgres/: the wal2json reader) under
 # Stacked Borrows.
 # Skipped under Miri, each far too slow interpreted and covered natively (proptest, fuzzing):
-# the codec's bit-flip test (thousands of decodes; stopped after 6 minutes), and in
+# the event log's unit tests (src/log/tests.rs: real directories, which Miri's isolation refuses,
+# and the writer thread; the log has no unsafe code), the codec's bit-flip test (thousands of decodes; stopped after 6 minutes), and in
 # lanestream-postgres the wal2json proptest (it also needs the file system) and the
 # bundled-capture test (6018 transactions from a gzip file).
 # Miri also checks data races and leaks. It builds into target/miri.
