@@ -7,6 +7,7 @@
 
 mod fuzz_harness;
 mod model;
+mod shared_model;
 
 mod corpus_replay;
 
@@ -19,6 +20,11 @@ fn replay(target: &str, harness: fn(&[u8])) {
 #[test]
 fn lane_ops_corpus_replays() {
     replay("lane_ops", model::run_bytes);
+}
+
+#[test]
+fn shared_ring_ops_corpus_replays() {
+    replay("shared_ring_ops", shared_model::run_bytes);
 }
 
 #[test]

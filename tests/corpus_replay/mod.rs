@@ -1,9 +1,36 @@
 //! Replays a committed fuzz corpus through a harness function, on stable: every file of
 //! `fuzz/corpus/<target>/` at the workspace root, in name order. A file whose run panics is named
-//! before the panic is resumed. Shared by the core's and `lanestream-postgres`'s replay tests.
+//! when the panic starts (by a panic hook), so it is named even if a second panic while
+//! unwinding (a `Drop` that panics) aborts the test process. Shared by the core's and
+//! `lanestream-postgres`'s replay tests.
 
+use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+thread_local! {
+    /// The corpus file this thread is replaying, if any.
+    static CURRENT: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
+}
+
+/// Installs, once per process, a panic hook that names the corpus file the panicking thread is
+/// replaying, then runs the hook it replaced.
+fn name_failing_files() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // `try_with`: a panic while the thread-local is being destroyed names nothing.
+            let _ = CURRENT.try_with(|current| {
+                if let Some(file) = &*current.borrow() {
+                    eprintln!("corpus file {} failed", file.display());
+                }
+            });
+            previous(info);
+        }));
+    });
+}
 
 /// Runs `harness` on every file of the `target` corpus under `workspace_root`.
 ///
@@ -18,12 +45,11 @@ pub fn replay(workspace_root: &Path, target: &str, harness: fn(&[u8])) {
         .collect();
     files.sort();
     assert!(!files.is_empty(), "corpus {} is empty", dir.display());
+    name_failing_files();
     for file in &files {
         let data = fs::read(file).expect("corpus file");
-        let result = std::panic::catch_unwind(|| harness(&data));
-        if let Err(panic) = result {
-            eprintln!("corpus file {} failed", file.display());
-            std::panic::resume_unwind(panic);
-        }
+        CURRENT.with(|current| *current.borrow_mut() = Some(file.clone()));
+        harness(&data);
     }
+    CURRENT.with(|current| *current.borrow_mut() = None);
 }
