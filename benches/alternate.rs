@@ -112,6 +112,13 @@ fn main() {
         let mut ours = LaneFanRun::with_ring(env1.clone(), 1, false, FanPublish::Item, true, FanRecv::Item);
         pair("w1 batch_1: shared ring, per-item API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
     }
+    {
+        // W3: one batch there and its ack back (the producer waits for the watermark), against an
+        // rtrb pair doing the same hand-off both ways; fewer messages, each is a round trip.
+        let mut ours = LaneRoundTrip::new(env1.clone(), false);
+        let mut rtrb = RtrbRoundTrip::new(env1.clone());
+        pair("w3 batch_1: lanestream[spin] vs rtrb-pair[spin]", rounds, n / 10, &mut ours, &mut rtrb);
+    }
     let env64 = envelopes(64);
     for (batch, env) in [("batch_1", &env1), ("batch_64", &env64)] {
         for lanes in [4usize, 8] {

@@ -149,6 +149,11 @@ struct Shape<T> {
     states: Box<[AtomicU64]>,
     /// Each slot's item and position: the lane's own, or the stream's shared ring's.
     cells: Arc<Cells<T>>,
+    /// The first of `cells`' cells (a boxed slice: it never moves while `cells` lives), so that
+    /// reaching a cell is one load, not two.
+    cell_base: *const Cell<T>,
+    /// `cells.shared`, here for the same reason.
+    shared: bool,
     capacity: u64,
     /// `capacity - 1` when the capacity is a power of two, else `u64::MAX` (use `%`).
     mask: u64,
@@ -220,6 +225,8 @@ impl<T> Ring<T> {
             }),
             shape: CachePadded::new(Shape {
                 states,
+                cell_base: cells.cells.as_ptr(),
+                shared: cells.shared,
                 cells,
                 capacity,
                 mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
@@ -250,14 +257,16 @@ impl<T> Ring<T> {
     /// The cell (item and position) of item `index`'s slot.
     #[inline]
     fn cell(&self, index: u64) -> &Cell<T> {
-        // SAFETY: `at` is below `capacity == cells.len()`.
-        unsafe { self.shape.cells.cells.get_unchecked(self.at(index)) }
+        // SAFETY: `cell_base` points at the first of `capacity` cells in `shape.cells`' boxed
+        // slice, which this ring keeps alive (its `Arc`) and which never moves; `at` is below
+        // `capacity`.
+        unsafe { &*self.shape.cell_base.add(self.at(index)) }
     }
 
     /// Whether the ring's cells are shared by every lane of a stream (written by its fan-out).
     #[inline]
     pub(crate) fn is_shared(&self) -> bool {
-        self.shape.cells.shared
+        self.shape.shared
     }
 
     /// The ring's cells (for the fan-out of a shared ring).
