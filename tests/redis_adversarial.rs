@@ -1290,3 +1290,178 @@ fn a_publish_whose_reply_was_lost_is_told_apart_from_the_next_item() {
         assert_eq!(got, want, "retry_same: {retry_same}");
     }
 }
+
+// ----- The plain-XADD hot path of a lone lane, from two processes (issue 12) ------------------
+//
+// A sink lane alone on its log publishes (`MULTI` of two `XADD`s of `<n>-<producer epoch>`),
+// receives (`XADD B:dl <epoch>-<n>` + `XRANGE`) and acks (`XADD B:al <epoch>-<n>`) without a
+// script; the stream ids are the fences. Two `RedisStream` handles on one stream stand for two
+// processes: the second one re-claims the producer or re-attaches the consumer while the first
+// one's ends live on (zombies).
+
+/// The lone sink lane's hash.
+fn lane_key(name: &str) -> String {
+    format!("{{{name}}}:l:search")
+}
+
+fn is_fenced<T: std::fmt::Debug>(r: &Result<(), TryPublishError<T>>) -> bool {
+    matches!(r, Err(TryPublishError::Backend { error: BackendError::Fenced, .. }))
+}
+
+/// A zombie producer that still "knows" it has room (its last gate reported plenty) publishes
+/// after another process claimed the lane: its plain `MULTI` is refused by the ids, at the exact
+/// edge (its next id `<pub + 1>-<E - 1>` equals the claim's fence) and far past it (after the new
+/// producer published more), and it lands nothing, also on its 64th entry (the gate's turn).
+#[test]
+fn a_zombie_producer_on_known_room_after_a_reclaim_by_another_process_lands_nothing() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s1 = open(&url, &name, 1024);
+    let mut zombie = s1.producer("search").unwrap();
+    publish_all(&mut zombie, 1..=5); // room 1024 proven by the first gate: 2..=5 are plain MULTIs
+    free_producer_claim(&mut admin, &name);
+    let s2 = open(&url, &name, 1024);
+    let mut live = s2.producer("search").unwrap();
+    // Before the live producer publishes: the zombie's next id is the fence itself.
+    let r = zombie.try_publish(batch(6));
+    assert!(is_fenced(&r), "the zombie's publish at the fence: {r:?}");
+    publish_all(&mut live, 6..=60);
+    // The zombie keeps going (its count stays 5): ids `6-1`, below the live producer's.
+    for k in 6..=70 {
+        let r = zombie.try_publish(batch(1000 + k));
+        assert!(is_fenced(&r), "zombie publish {k}: {r:?}");
+    }
+    publish_all(&mut live, 61..=70); // 64 is the gate's (trim) turn
+    let st = s2.stats("search").unwrap();
+    assert_eq!((st.published, st.last_published), (70, Some(Position(70))), "{st:?}");
+    assert_eq!(log_ids(&mut admin, &name), (1..=70).collect::<Vec<_>>(), "nothing of the zombie's");
+    let mut c = s2.reattach("search").unwrap();
+    let got = drain_ack(&mut c);
+    assert_eq!(got, (1..=70).map(|k| (k, 1)).collect::<Vec<_>>());
+    assert_eq!(s1.acked("search").unwrap(), Some(Position(70)), "seen from the zombie's process too");
+    assert!(s1.is_idle() && s2.is_idle());
+    // A third process claims again: both older producers stay fenced, the newest goes on.
+    drop(live);
+    let s3 = open(&url, &name, 1024);
+    let mut third = s3.producer("search").unwrap();
+    let r = zombie.try_publish(batch(2000));
+    assert!(is_fenced(&r), "{r:?}");
+    third.publish(batch(71)).unwrap();
+    assert_eq!(log_ids(&mut admin, &name).last(), Some(&71));
+    assert_eq!(s1.stats("search").unwrap().published, 71);
+}
+
+/// A zombie consumer (another process re-attached the lane) acks and receives on the plain
+/// path: its ack `XADD`s (in order and out of order) and delivery-log records are refused, it
+/// gets `Detached`, and the new consumer gets exactly the old one's unacked entries back first.
+#[test]
+fn a_zombie_consumers_plain_acks_and_receives_after_a_reattach_by_another_process_are_refused() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 16);
+    let mut p = s1.producer("search").unwrap();
+    publish_all(&mut p, 1..=8);
+    let mut old = s1.reattach("search").unwrap();
+    let mut held = hold(&mut old, 5); // 1 by the script, 2..=5 by the delivery log
+    held.remove(&1).unwrap().ack().unwrap(); // a plain ack-log XADD
+    held.remove(&3).unwrap().ack().unwrap(); // out of order, still a plain XADD (id above)
+    let s2 = open(&url, &name, 16);
+    assert_eq!(s2.acked("search").unwrap(), Some(Position(1)), "folded by the reader of another process");
+    let st = s2.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.in_flight, st.delivered), (8, 1, 4, 5), "{st:?}"); // 3 acked waits for 2
+    let mut new = s2.reattach("search").unwrap();
+    // The zombie: its next plain receive (entry 6 expected) and its acks are refused.
+    assert!(matches!(old.try_recv(), Err(TryRecvError::Detached)));
+    assert!(matches!(held.remove(&5).unwrap().ack(), Err(AckError::Detached)), "an ack above the last");
+    assert!(matches!(held.remove(&2).unwrap().ack(), Err(AckError::Detached)), "an ack below the last");
+    drop(held.remove(&4).unwrap()); // a stale nack: nothing
+    let mut got = Vec::new();
+    let mut again = Vec::new();
+    for _ in 0..6 {
+        let d = new.try_recv().unwrap();
+        got.push((pos(&d), d.attempt()));
+        again.push(d);
+    }
+    assert_eq!(got, [(2, 2), (4, 2), (5, 2), (6, 1), (7, 1), (8, 1)], "the unacked first, once each");
+    assert!(matches!(new.try_recv(), Err(TryRecvError::Empty)));
+    assert_eq!(s1.acked("search").unwrap(), Some(Position(1)));
+    for d in again.into_iter().rev() {
+        d.ack().unwrap(); // 8, 7, 6 plain (out of order: refused, then the script), the rest scripts
+    }
+    assert_eq!(s1.acked("search").unwrap(), Some(Position(8)));
+    let st = s1.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.in_flight, st.released, st.delivered, st.redelivered),
+        (8, 8, 0, 0, 11, 3),
+        "{st:?}"
+    );
+    assert!(s1.is_idle());
+    assert_eq!(s2.watermark(), Some(Position(8)));
+}
+
+/// Acks in flight on the plain path (in and out of order) while another process re-attaches:
+/// each lands before the re-attach (and counts) or is refused after (and its entry comes back);
+/// never both, never neither. Right after the re-attach the acked prefix is exactly the
+/// contiguous prefix of the acks that were answered `Ok`.
+#[test]
+fn plain_acks_in_flight_at_a_reattach_by_another_process_land_xor_come_back() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 64);
+    let s2 = open(&url, &name, 64);
+    let mut p = s1.producer("search").unwrap();
+    let per_round = 12u64;
+    let mut both = 0;
+    for round in 0..12u64 {
+        let base = round * per_round;
+        publish_all(&mut p, base + 1..=base + per_round);
+        let mut old = s1.reattach("search").unwrap();
+        let mut held: Vec<_> = (0..per_round).map(|_| old.try_recv().unwrap()).collect();
+        // Mostly in order, some swapped: out-of-order acks are refused by the ack log, then
+        // run the script.
+        if round % 2 == 1 {
+            held.swap(2, 5);
+            held.swap(7, 8);
+        }
+        let barrier = Arc::new(Barrier::new(2));
+        let b2 = barrier.clone();
+        let acker = std::thread::spawn(move || {
+            b2.wait();
+            held.into_iter()
+                .map(|d| {
+                    let k = pos(&d);
+                    (k, d.ack())
+                })
+                .collect::<Vec<_>>()
+        });
+        barrier.wait();
+        if round % 3 == 1 {
+            std::thread::sleep(Duration::from_micros(300 * round));
+        }
+        let mut new = s2.reattach("search").unwrap();
+        let acks = acker.join().unwrap();
+        let landed: BTreeSet<u64> = acks.iter().filter(|(_, r)| r.is_ok()).map(|(k, _)| *k).collect();
+        for (k, r) in &acks {
+            assert!(matches!(r, Ok(()) | Err(AckError::Detached)), "ack of {k}: {r:?}");
+        }
+        let prefix = (base + 1..).take_while(|k| landed.contains(k)).last().unwrap_or(base);
+        assert_eq!(
+            s2.acked("search").unwrap(),
+            (prefix > 0).then_some(Position(prefix)),
+            "round {round}: landed {landed:?}"
+        );
+        let back: Vec<(u64, u32)> = drain_ack(&mut new);
+        let back_set: BTreeSet<u64> = back.iter().map(|(k, _)| *k).collect();
+        assert!(back.iter().all(|&(_, a)| a == 2), "round {round}: {back:?}");
+        assert!(landed.is_disjoint(&back_set), "round {round}: acked and redelivered: {landed:?} {back:?}");
+        let all: BTreeSet<u64> = landed.union(&back_set).copied().collect();
+        assert_eq!(all, (base + 1..=base + per_round).collect(), "round {round}: lost entries");
+        if !landed.is_empty() && !back.is_empty() {
+            both += 1;
+        }
+        assert_eq!(s1.acked("search").unwrap(), Some(Position(base + per_round)));
+        let st = s1.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items), (base + per_round, base + per_round), "{st:?}");
+    }
+    eprintln!("rounds with acks on both sides of the re-attach: {both}");
+}
