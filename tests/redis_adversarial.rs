@@ -1465,3 +1465,368 @@ fn plain_acks_in_flight_at_a_reattach_by_another_process_land_xor_come_back() {
     }
     eprintln!("rounds with acks on both sides of the re-attach: {both}");
 }
+
+/// Waits until the proxy has cut a connection (mode 2), then runs `between` (another process's
+/// step while this one cannot reach Redis) and heals the proxy.
+fn heal_after_cut<T: Send + 'static>(
+    proxy: &ReplyLosingProxy,
+    between: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let mode = proxy.mode.clone();
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        while mode.load(Ordering::SeqCst) != 2 {
+            assert!(start.elapsed() < Duration::from_secs(5), "the proxy never cut");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let out = between();
+        mode.store(0, Ordering::SeqCst);
+        out
+    })
+}
+
+/// A plain ack (`XADD B:al`) whose reply is lost: retried, it counts once (`Ok`); when another
+/// process re-attached the lane meanwhile, the retry cannot tell (`Backend(Connection)`), and the
+/// entry, which did land, is not redelivered.
+#[test]
+fn a_plain_ack_whose_reply_was_lost_counts_once_and_is_never_also_redelivered() {
+    let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
+    for reattach in [false, true] {
+        let (name, _cleanup, _admin) = setup(&url);
+        let s = RedisStream::builder(&proxy.url, &name).capacity(8).sinks(["search"]).build().unwrap();
+        let direct = open(&url, &name, 8);
+        let mut p = direct.producer("search").unwrap();
+        publish_all(&mut p, 1..=4);
+        let mut c = s.reattach("search").unwrap();
+        let d1 = c.try_recv().unwrap();
+        let d2 = c.try_recv().unwrap();
+        assert_eq!((pos(&d1), pos(&d2)), (1, 2));
+        d1.ack().unwrap();
+        proxy.mode.store(1, Ordering::SeqCst);
+        let other = direct.clone();
+        let healer = heal_after_cut(&proxy, move || reattach.then(|| other.reattach("search").unwrap()));
+        let r = d2.ack();
+        let c2 = healer.join().unwrap();
+        assert_eq!(direct.acked("search").unwrap(), Some(Position(2)), "reattach {reattach}: the ack landed");
+        match c2 {
+            None => {
+                assert!(r.is_ok(), "a retried ack that landed: {r:?} ({:?})", s.last_error());
+                assert_eq!(drain_ack(&mut c), [(3, 1), (4, 1)]);
+            }
+            Some(mut c2) => {
+                assert!(
+                    matches!(r, Err(AckError::Backend(BackendError::Connection))),
+                    "landed, then re-attached: unknown to the acker: {r:?}"
+                );
+                assert!(matches!(c.try_recv(), Err(TryRecvError::Detached)));
+                assert_eq!(drain_ack(&mut c2), [(3, 1), (4, 1)], "2 landed: never redelivered");
+            }
+        }
+        let st = direct.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.redelivered), (4, 4, 0), "reattach {reattach}: {st:?}");
+        assert!(s.connection_errors() > 0);
+    }
+}
+
+/// `try_recv`, again while it fails with `Connection` (the pool's reconnect backoff: a
+/// `Budget::Once` call gives up at once while the backoff of an earlier failure runs).
+fn recv_through_backoff(
+    c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>,
+) -> Result<RedisDelivery<LaneItem>, TryRecvError> {
+    let start = std::time::Instant::now();
+    loop {
+        match c.try_recv() {
+            Err(TryRecvError::Backend(BackendError::Connection))
+                if start.elapsed() < Duration::from_secs(3) =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// A plain receive (`XADD B:dl` + `XRANGE`) whose reply is lost: the entry was recorded as
+/// delivered. The consumer's next receive gets it (attempt 1, once), or, when another process
+/// re-attached meanwhile, the new consumer gets it back first (attempt 2) and the old one is
+/// detached.
+#[test]
+fn a_plain_receive_whose_reply_was_lost_is_delivered_once_or_redelivered_after_a_reattach() {
+    let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
+    for reattach in [false, true] {
+        let (name, _cleanup, _admin) = setup(&url);
+        let s = RedisStream::builder(&proxy.url, &name).capacity(8).sinks(["search"]).build().unwrap();
+        let direct = open(&url, &name, 8);
+        let mut p = direct.producer("search").unwrap();
+        publish_all(&mut p, 1..=4);
+        let mut c = s.reattach("search").unwrap();
+        let d1 = c.try_recv().unwrap(); // the script; 2 is the delivery log's
+        assert_eq!(pos(&d1), 1);
+        proxy.mode.store(1, Ordering::SeqCst);
+        let other = direct.clone();
+        let healer = heal_after_cut(&proxy, move || reattach.then(|| other.reattach("search").unwrap()));
+        let lost = c.try_recv();
+        let c2 = healer.join().unwrap();
+        // Recorded in the delivery log: the stats count 2 as delivered.
+        let st = direct.stats("search").unwrap();
+        assert_eq!((st.delivered, st.queued), (2, 2), "reattach {reattach}: {lost:?} {st:?}");
+        match c2 {
+            None => {
+                let mut got = Vec::new();
+                if let Ok(d) = lost {
+                    got.push((pos(&d), d.attempt()));
+                    d.ack().unwrap();
+                } else {
+                    assert!(matches!(lost, Err(TryRecvError::Backend(BackendError::Connection))), "{lost:?}");
+                }
+                // The pool waits out its backoff: `try_recv` says `Connection` until then.
+                if let Ok(d) = recv_through_backoff(&mut c) {
+                    got.push((pos(&d), d.attempt()));
+                    d.ack().unwrap();
+                }
+                got.extend(drain_ack(&mut c));
+                assert_eq!(got, [(2, 1), (3, 1), (4, 1)]);
+                d1.ack().unwrap();
+            }
+            Some(mut c2) => {
+                assert!(
+                    matches!(lost, Err(TryRecvError::Backend(_)) | Err(TryRecvError::Detached)),
+                    "{lost:?}"
+                );
+                let r = recv_through_backoff(&mut c);
+                assert!(matches!(r, Err(TryRecvError::Detached)), "{:?}", r.map(|d| pos(&d)));
+                assert!(matches!(c.try_recv(), Err(TryRecvError::Detached)));
+                assert!(matches!(d1.ack(), Err(AckError::Detached)));
+                assert_eq!(drain_ack(&mut c2), [(1, 2), (2, 2), (3, 1), (4, 1)]);
+            }
+        }
+        let st = direct.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.in_flight, st.released), (4, 4, 0, 0), "{st:?}");
+    }
+}
+
+/// A close from another process races the live producer's plain publishes: every publish that
+/// returned `Ok` arrives (in order), none that returned an error does, and then the consumer
+/// sees `Closed`.
+#[test]
+fn a_close_from_another_process_racing_plain_publishes_keeps_exactly_the_ok_ones() {
+    let url = server!();
+    for round in 0..8u64 {
+        let (name, _cleanup, mut admin) = setup(&url);
+        let s1 = open(&url, &name, 4096);
+        let s2 = open(&url, &name, 4096);
+        let mut p = s1.producer("search").unwrap();
+        let publisher = std::thread::spawn(move || {
+            let mut ok = Vec::new();
+            for k in 1..=3000u64 {
+                match p.try_publish(batch(k)) {
+                    Ok(()) => ok.push(k),
+                    Err(TryPublishError::Closed(_)) => {
+                        // Closed is final: every later publish too.
+                        for j in k + 1..k + 70 {
+                            assert!(matches!(p.try_publish(batch(j)), Err(TryPublishError::Closed(_))));
+                        }
+                        return ok;
+                    }
+                    Err(e) => panic!("publish {k}: {e:?}"),
+                }
+            }
+            ok
+        });
+        std::thread::sleep(Duration::from_millis(2 + 3 * round));
+        s2.close("search").unwrap();
+        let ok = publisher.join().unwrap();
+        assert!(ok.len() < 3000, "the close came after every publish: no race");
+        let n = ok.len() as u64;
+        assert_eq!(ok, (1..=n).collect::<Vec<_>>());
+        let mut c = s2.reattach("search").unwrap();
+        let mut got = Vec::new();
+        loop {
+            match c.try_recv() {
+                Ok(d) => {
+                    got.push(pos(&d));
+                    d.ack().unwrap();
+                }
+                Err(TryRecvError::Closed) => break,
+                Err(e) => panic!("drain: {e:?}"),
+            }
+        }
+        assert_eq!(got, ok, "round {round}");
+        assert_eq!(log_ids(&mut admin, &name).last().copied(), ok.last().copied());
+        let st = s1.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.closed), (n, n, true), "{st:?}");
+    }
+}
+
+/// The room proof at the bound's edge: `capacity` plain publishes while nothing is acked, then
+/// one more is `Full` (its gate runs); a plain ack (not folded yet) makes exactly one slot.
+#[test]
+fn the_room_proof_stops_exactly_at_capacity_and_a_plain_ack_frees_exactly_one_slot() {
+    let url = server!();
+    // One `setup` at a time: each holds a read lock of `SCRIPT_CACHE`, and a second one taken
+    // while a flushing test waits for the write lock would deadlock.
+    for cap in [1u64, 2, 5] {
+        let (name, _cleanup, _admin) = setup(&url);
+        let s = open(&url, &name, cap as usize);
+        let mut p = s.producer("search").unwrap();
+        let mut c = s.reattach("search").unwrap();
+        publish_all(&mut p, 1..=cap);
+        assert!(matches!(p.try_publish(batch(cap + 1)), Err(TryPublishError::Full(_))), "cap {cap}");
+        let mut next = cap + 1;
+        for k in 1..=3 * cap {
+            let d = c.try_recv().unwrap();
+            assert_eq!((pos(&d), d.attempt()), (k, 1));
+            d.ack().unwrap();
+            p.try_publish(batch(next)).unwrap_or_else(|e| panic!("cap {cap}, after ack {k}: {e:?}"));
+            next += 1;
+            assert!(matches!(p.try_publish(batch(next)), Err(TryPublishError::Full(_))), "cap {cap} ack {k}");
+            let st = s.stats("search").unwrap();
+            assert_eq!(st.published - st.acked_items, cap, "{st:?}");
+        }
+    }
+}
+
+/// A capacity lowered by another process's build: the running producer's room proof is from the
+/// old capacity, and it picks the new one up at its next gate, at most 64 publishes later (the
+/// 64th entry always runs the gate). From then on the lower bound holds exactly.
+#[test]
+fn a_capacity_lowered_by_another_process_binds_the_running_producer_within_64_publishes() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 500);
+    let mut p = s1.producer("search").unwrap();
+    publish_all(&mut p, 1..=10);
+    let s2 = open(&url, &name, 4);
+    let mut k = 11;
+    while p.try_publish(batch(k)).is_ok() {
+        k += 1;
+        assert!(k < 200, "the lowered capacity never applied");
+    }
+    let published = k - 1;
+    assert!(published - 10 <= 64, "applied more than 64 publishes later: {published}");
+    assert_eq!(published, 63, "the gate of entry 64 is the first check after the rebuild");
+    // From here on the lane holds at most 4 unacked entries.
+    let mut c = s2.reattach("search").unwrap();
+    for a in 1..=published {
+        let d = c.try_recv().unwrap();
+        assert_eq!(pos(&d), a);
+        d.ack().unwrap();
+        while p.try_publish(batch(k)).is_ok() {
+            k += 1;
+        }
+        let st = s2.stats("search").unwrap();
+        let unacked = st.published - st.acked_items;
+        assert!(unacked <= (published - a).max(4), "after ack {a}: {st:?}");
+        if published - a < 4 {
+            assert_eq!(unacked, 4, "after ack {a}: room left unused: {st:?}");
+        }
+    }
+}
+
+/// The 64th-publish trim (the gate's) with unfolded plain acks and gaps: it removes every
+/// entry below the first unacked one and nothing else; the unacked ones come back intact.
+#[test]
+fn the_64th_publish_trim_never_removes_an_unacked_entry() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 256);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let keep = [5u64, 70, 130];
+    let mut held = Vec::new();
+    for k in 1..=200u64 {
+        p.publish(batch(k)).unwrap();
+        let d = c.try_recv().unwrap();
+        assert_eq!((pos(&d), d.attempt()), (k, 1));
+        if keep.contains(&k) {
+            held.push(d);
+        } else {
+            d.ack().unwrap();
+        }
+        let ids = log_ids(&mut admin, &name);
+        assert!(ids.first().is_none_or(|&f| f <= 5), "after {k}: an unacked entry trimmed: {ids:?}");
+        if k >= 64 {
+            assert_eq!(ids.first(), Some(&5), "after {k}: the 64th trimmed below the first unacked");
+        }
+        assert_eq!(ids.len() as u64, k - ids[0] + 1, "after {k}: a hole in the log");
+    }
+    held.remove(0).ack().unwrap(); // 5: the prefix runs to 69
+    assert_eq!(s.acked("search").unwrap(), Some(Position(69)));
+    publish_all(&mut p, 201..=256); // 256 trims
+    assert_eq!(log_ids(&mut admin, &name).first(), Some(&70));
+    std::mem::forget(held);
+    let mut c2 = s.reattach("search").unwrap();
+    let back = hold(&mut c2, 2);
+    assert_eq!(back.iter().map(|(&k, d)| (k, d.attempt())).collect::<Vec<_>>(), [(70, 2), (130, 2)]);
+    for (_, d) in back {
+        d.ack().unwrap();
+    }
+    let rest = drain_ack(&mut c2);
+    assert_eq!(rest, (201..=256).map(|k| (k, 1)).collect::<Vec<_>>());
+    assert_eq!(s.trim().unwrap(), 256);
+    assert_eq!(log_len(&mut admin, &name), 0);
+}
+
+/// Every handle dropped and rebuilt from Redis while the ack, delivery and publish logs hold
+/// records not folded yet (plain acks in and out of order, plain receives): the new process
+/// sees the right counters, acked position, watermark and idleness, gets back exactly the
+/// unacked entries, and its producer goes on after the last published one.
+#[test]
+fn a_restart_with_unfolded_plain_records_keeps_counters_and_delivers_the_unacked_once() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    {
+        let s = open(&url, &name, 16);
+        let mut p = s.producer("search").unwrap();
+        publish_all(&mut p, 1..=10); // 2..=10 plain MULTIs
+        let mut c = s.reattach("search").unwrap();
+        let mut held = hold(&mut c, 7); // 2..=7 through the delivery log
+        for k in [1, 2, 3, 6] {
+            held.remove(&k).unwrap().ack().unwrap(); // plain XADDs; 6 out of order
+        }
+        // The logs hold records no script folded yet.
+        for log in ["al", "dl"] {
+            let n: usize =
+                redis::cmd("XLEN").arg(format!("{}:{log}", lane_key(&name))).query(&mut admin).unwrap();
+            assert!(n > 0, "{log} is folded already: the test does not test the fold");
+        }
+        std::mem::forget(held);
+        std::mem::forget((c, p));
+        drop(s);
+        kill_connections(&mut admin, &name);
+    }
+    let s = open(&url, &name, 16);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(3)));
+    assert_eq!(s.watermark(), Some(Position(3)));
+    assert!(!s.is_idle());
+    let st = s.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.delivered, st.queued, st.in_flight, st.last_published),
+        (10, 3, 7, 3, 4, Some(Position(10))),
+        "{st:?}"
+    );
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.attach("search").unwrap();
+    let got = drain_ack(&mut c);
+    assert_eq!(got, [(4, 2), (5, 2), (7, 2), (8, 1), (9, 1), (10, 1)]);
+    let r = p.try_publish(batch(10));
+    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "L4 after the restart: {r:?}");
+    p.publish(batch(11)).unwrap();
+    assert_eq!(drain_ack(&mut c), [(11, 1)]);
+    assert!(s.is_idle());
+    assert_eq!(s.watermark(), Some(Position(11)));
+    let st = s.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.in_flight, st.released, st.redelivered),
+        (11, 11, 0, 0, 3),
+        "{st:?}"
+    );
+}
