@@ -1830,3 +1830,256 @@ fn a_restart_with_unfolded_plain_records_keeps_counters_and_delivers_the_unacked
         "{st:?}"
     );
 }
+
+// ----- A proptest of the lone lane's plain path against the in-memory backend -----------------
+
+/// One step of [`run_against_memory`]. Indexes pick a held delivery (modulo how many).
+#[derive(Clone, Debug)]
+enum Step {
+    Publish,
+    Recv,
+    Ack(usize),
+    Nack(usize),
+    Drop(usize),
+    /// A taken-over consumer's delivery acked (Redis only: the memory backend's stale deliveries
+    /// pin slots, its documented difference, so they are dropped there at the take-over).
+    StaleAck(usize),
+    /// Re-attach from process `0` or `1`.
+    Reattach(usize),
+    /// The producer re-claimed by the other process; the old one (a zombie) tries once more.
+    Reclaim,
+    /// Every Redis handle dropped and rebuilt (the memory lane re-attaches).
+    Restart,
+    /// The next plain ack's reply lost (the consumer's process talks through the proxy).
+    LostAck(usize),
+    /// The next receive's reply lost.
+    LostRecv,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => Just(Step::Publish),
+        5 => Just(Step::Recv),
+        4 => (0..8usize).prop_map(Step::Ack),
+        1 => (0..8usize).prop_map(Step::Nack),
+        1 => (0..8usize).prop_map(Step::Drop),
+        1 => (0..8usize).prop_map(Step::StaleAck),
+        1 => (0..2usize).prop_map(Step::Reattach),
+        1 => Just(Step::Reclaim),
+        1 => Just(Step::Restart),
+        1 => (0..8usize).prop_map(Step::LostAck),
+        1 => Just(Step::LostRecv),
+    ]
+}
+
+/// Heals the proxy after a cut, or disarms it if the step sent no `XADD` (a script took it).
+fn disarm(proxy: &ReplyLosingProxy) {
+    let _ = proxy.mode.compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst);
+    proxy.mode.store(0, Ordering::SeqCst);
+}
+
+/// Runs `f` with the proxy armed: the next `XADD` it sends loses its reply; a thread heals the
+/// proxy once it cut (or gives up when `f` returned without a cut).
+static CUTS: AtomicUsize = AtomicUsize::new(0);
+
+fn with_lost_reply<R>(proxy: &ReplyLosingProxy, f: impl FnOnce() -> R) -> R {
+    let mode = proxy.mode.clone();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d2 = done.clone();
+    mode.store(1, Ordering::SeqCst);
+    let healer = std::thread::spawn(move || loop {
+        if mode.load(Ordering::SeqCst) == 2 {
+            CUTS.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+            mode.store(0, Ordering::SeqCst);
+            return;
+        }
+        if d2.load(Ordering::SeqCst) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    });
+    let r = f();
+    done.store(true, Ordering::SeqCst);
+    healer.join().unwrap();
+    disarm(proxy);
+    r
+}
+
+/// The same steps on a one-sink `RedisStream` (two handles: process 1 talks through the
+/// reply-losing proxy and holds the consumer after a `Reattach(1)`) and a `MemoryStream`: the
+/// same publishes refused for room, the same deliveries (position, attempt), the same acked
+/// position, counters, watermark and idleness after every step.
+fn run_against_memory(url: &str, proxy: &ReplyLosingProxy, steps: &[Step]) -> Result<(), TestCaseError> {
+    use lanestream::{Delivery, MemoryStream};
+    let (name, _cleanup, mut admin) = setup(url);
+    let cap = 3usize;
+    let build = |u: &str| RedisStream::builder(u, &name).capacity(cap).sinks(["search"]).build().unwrap();
+    let mut rs = [build(url), build(&proxy.url)];
+    let mem = MemoryStream::builder().capacity(cap).sinks(["search"]).build().unwrap();
+    let mut rp = rs[0].producer("search").unwrap();
+    let mut producer_at = 0usize;
+    let mut mp = mem.producer("search").unwrap();
+    let mut rc = rs[1].reattach("search").unwrap();
+    let mut mc = mem.reattach("search").unwrap();
+    let mut rheld: Vec<RedisDelivery<LaneItem>> = Vec::new();
+    let mut mheld: Vec<Delivery<LaneItem>> = Vec::new();
+    let mut stale: Vec<RedisDelivery<LaneItem>> = Vec::new();
+    let mut next = 1u64;
+    for (i, st) in steps.iter().enumerate() {
+        match st {
+            Step::Publish => {
+                let r = rp.try_publish(batch(next));
+                let m = mp.try_publish(batch(next));
+                match (&r, &m) {
+                    (Ok(()), Ok(())) => next += 1,
+                    (Err(TryPublishError::Full(_)), Err(TryPublishError::Full(_))) => {}
+                    _ => prop_assert!(false, "step {i} publish {next}: redis {r:?}, memory {m:?}"),
+                }
+            }
+            Step::Recv | Step::LostRecv => {
+                let r = if matches!(st, Step::LostRecv) {
+                    with_lost_reply(proxy, || rc.try_recv())
+                } else {
+                    rc.try_recv()
+                };
+                let r = match r {
+                    Err(TryRecvError::Backend(BackendError::Connection)) => recv_through_backoff(&mut rc),
+                    r => r,
+                };
+                let m = mc.try_recv();
+                match (r, m) {
+                    (Ok(r), Ok(m)) => {
+                        prop_assert_eq!(
+                            (pos(&r), r.attempt()),
+                            (m.position().unwrap().0, m.attempt()),
+                            "step {} {:?}",
+                            i,
+                            st
+                        );
+                        rheld.push(r);
+                        mheld.push(m);
+                    }
+                    (Err(TryRecvError::Empty), Err(TryRecvError::Empty)) => {}
+                    (r, m) => prop_assert!(
+                        false,
+                        "step {i} {st:?}: redis {:?}, memory {:?}",
+                        r.map(|d| (pos(&d), d.attempt())),
+                        m.map(|d| (d.position(), d.attempt()))
+                    ),
+                }
+            }
+            Step::Ack(k) | Step::Nack(k) | Step::Drop(k) | Step::LostAck(k) if !rheld.is_empty() => {
+                let j = k % rheld.len();
+                let (r, m) = (rheld.remove(j), mheld.remove(j));
+                match st {
+                    Step::Ack(_) => {
+                        let a = r.ack();
+                        prop_assert!(a.is_ok(), "step {}: {:?}", i, a);
+                        m.ack().unwrap();
+                    }
+                    Step::LostAck(_) => {
+                        let a = with_lost_reply(proxy, || r.ack());
+                        prop_assert!(a.is_ok(), "step {}: a lost ack reply, retried: {:?}", i, a);
+                        m.ack().unwrap();
+                    }
+                    Step::Nack(_) => {
+                        r.nack();
+                        m.nack();
+                    }
+                    _ => drop((r, m)),
+                }
+            }
+            Step::StaleAck(k) if !stale.is_empty() => {
+                let d = stale.remove(k % stale.len());
+                let a = d.ack();
+                prop_assert!(matches!(a, Err(AckError::Detached)), "step {}: a stale ack: {:?}", i, a);
+            }
+            Step::Reattach(h) => {
+                stale.append(&mut rheld);
+                mheld.clear(); // stale in memory: dropped (they would pin slots there)
+                rc = rs[*h].reattach("search").unwrap();
+                mc = mem.reattach("search").unwrap();
+            }
+            Step::Reclaim => {
+                free_producer_claim(&mut admin, &name);
+                producer_at = 1 - producer_at;
+                let mut zombie = std::mem::replace(&mut rp, rs[producer_at].producer("search").unwrap());
+                let z = zombie.try_publish(batch(next));
+                prop_assert!(is_fenced(&z), "step {}: the zombie producer: {:?}", i, z);
+                std::mem::forget(zombie); // its drop would not free the new claim anyway
+                drop(mp);
+                mp = mem.producer("search").unwrap();
+            }
+            Step::Restart => {
+                for d in rheld.drain(..).chain(stale.drain(..)) {
+                    std::mem::forget(d);
+                }
+                std::mem::forget(rp);
+                std::mem::forget(rc);
+                // Rebuilt before the old connections are killed: the new handles' first
+                // connections die too, and they reconnect.
+                rs = [build(url), build(&proxy.url)];
+                kill_connections(&mut admin, &name);
+                rp = rs[0].producer("search").unwrap();
+                producer_at = 0;
+                rc = rs[1].attach("search").unwrap();
+                mheld.clear();
+                mc = mem.reattach("search").unwrap();
+            }
+            _ => {}
+        }
+        let (r, m) = (rs[0].stats("search").unwrap(), mem.stats("search").unwrap());
+        prop_assert_eq!(
+            (r.published, r.acked_items, r.acked, r.last_published),
+            (m.published, m.acked_items, m.acked, m.last_published),
+            "step {} {:?}",
+            i,
+            st
+        );
+        prop_assert_eq!(rs[1].acked("search").unwrap(), mem.acked("search").unwrap());
+        prop_assert_eq!(rs[i % 2].watermark(), mem.watermark());
+        prop_assert_eq!(rs[0].try_is_idle().unwrap(), mem.is_idle(), "step {} {:?}", i, st);
+    }
+    // Drain: both hand out the same rest, then both are idle.
+    for (r, m) in rheld.drain(..).zip(mheld.drain(..)) {
+        r.ack().unwrap();
+        m.ack().unwrap();
+    }
+    loop {
+        match (rc.try_recv(), mc.try_recv()) {
+            (Ok(r), Ok(m)) => {
+                prop_assert_eq!((pos(&r), r.attempt()), (m.position().unwrap().0, m.attempt()));
+                r.ack().unwrap();
+                m.ack().unwrap();
+            }
+            (Err(TryRecvError::Empty), Err(TryRecvError::Empty)) => break,
+            (r, m) => prop_assert!(
+                false,
+                "drain: redis {:?}, memory {:?}",
+                r.map(|d| pos(&d)),
+                m.map(|d| d.position())
+            ),
+        }
+    }
+    prop_assert!(rs[0].try_is_idle().unwrap() && mem.is_idle());
+    prop_assert_eq!(rs[0].acked("search").unwrap(), (next > 1).then_some(Position(next - 1)));
+    for d in stale {
+        std::mem::forget(d);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn the_lone_lanes_plain_path_matches_the_memory_backend(steps in proptest::collection::vec(step(), 1..50)) {
+        let Some(url) = url() else { return Ok(()) };
+        let Some(proxy) = ReplyLosingProxy::start(&url) else {
+            eprintln!("the server is not on a unix socket: this test needs one");
+            return Ok(());
+        };
+        run_against_memory(&url, &proxy, &steps)?;
+        eprintln!("replies lost so far: {}", CUTS.load(Ordering::Relaxed));
+    }
+}
