@@ -2083,3 +2083,95 @@ proptest! {
         eprintln!("replies lost so far: {}", CUTS.load(Ordering::Relaxed));
     }
 }
+
+/// A plain publish whose reply is lost while another process claims the producer: the entry
+/// landed (the claim counts it), the old producer's retry is fenced, and the new producer goes
+/// on right after it: no gap, no duplicate.
+#[test]
+fn a_plain_publish_whose_reply_was_lost_during_a_reclaim_is_counted_and_fenced() {
+    let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s1 = RedisStream::builder(&proxy.url, &name).capacity(64).sinks(["search"]).build().unwrap();
+    let mut old = s1.producer("search").unwrap();
+    publish_all(&mut old, 1..=5); // 2..=5 plain, on known room
+    proxy.mode.store(1, Ordering::SeqCst);
+    let (u, n) = (url.clone(), name.clone());
+    let healer = heal_after_cut(&proxy, move || {
+        let mut admin = redis::Client::open(u.as_str()).unwrap().get_connection().unwrap();
+        free_producer_claim(&mut admin, &n);
+        let s2 = open(&u, &n, 64);
+        let mut live = s2.producer("search").unwrap();
+        live.publish(batch(7)).unwrap();
+        (s2, live)
+    });
+    let lost = old.publish(batch(6));
+    let (s2, mut live) = healer.join().unwrap();
+    assert!(
+        matches!(
+            lost,
+            Err(PublishError::Backend { error: BackendError::Fenced | BackendError::Connection, .. })
+        ),
+        "{lost:?}"
+    );
+    assert!(is_fenced(&old.try_publish(batch(8))), "the old producer stays fenced");
+    live.publish(batch(8)).unwrap();
+    assert_eq!(log_ids(&mut admin, &name), (1..=8).collect::<Vec<_>>());
+    let mut c = s2.reattach("search").unwrap();
+    assert_eq!(drain_ack(&mut c), (1..=8).map(|k| (k, 1)).collect::<Vec<_>>());
+}
+
+/// A zombie consumer receiving on the plain path (delivery-log record + `XRANGE`) while another
+/// process re-attaches: every entry the zombie got comes back to the new consumer as attempt 2,
+/// every other one as attempt 1; none is lost, none comes twice.
+#[test]
+fn plain_receives_racing_a_reattach_by_another_process_hand_back_exactly_what_was_received() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 256);
+    let s2 = open(&url, &name, 256);
+    let mut p = s1.producer("search").unwrap();
+    let per = 40u64;
+    let mut partial = 0;
+    for round in 0..10u64 {
+        let base = round * per;
+        publish_all(&mut p, base + 1..=base + per);
+        let mut old = s1.reattach("search").unwrap();
+        let first = old.try_recv().unwrap(); // the script: the rest go through the delivery log
+        let barrier = Arc::new(Barrier::new(2));
+        let b2 = barrier.clone();
+        let t = std::thread::spawn(move || {
+            let mut got = vec![pos(&first)];
+            let mut keep = vec![first];
+            b2.wait();
+            loop {
+                match old.try_recv() {
+                    Ok(d) => {
+                        assert_eq!(d.attempt(), 1);
+                        got.push(pos(&d));
+                        keep.push(d);
+                    }
+                    Err(TryRecvError::Detached | TryRecvError::Empty) => break,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            std::mem::forget(keep);
+            got
+        });
+        barrier.wait();
+        std::thread::sleep(Duration::from_micros(200 * round));
+        let mut new = s2.reattach("search").unwrap();
+        let got = t.join().unwrap();
+        let back = drain_ack(&mut new);
+        let want: Vec<(u64, u32)> =
+            (base + 1..=base + per).map(|k| (k, if got.contains(&k) { 2 } else { 1 })).collect();
+        assert_eq!(back, want, "round {round}: the zombie got {got:?}");
+        partial += usize::from(got.len() > 1 && got.len() < per as usize);
+        let st = s1.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.in_flight), (base + per, base + per, 0), "{st:?}");
+    }
+    eprintln!("rounds where the re-attach cut into the zombie's receives: {partial}");
+}
