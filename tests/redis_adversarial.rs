@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use common::{backfill, batch};
+use common::{backfill, batch, snapshot};
 use lanestream::{
     AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position,
     PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
@@ -2174,4 +2174,73 @@ fn plain_receives_racing_a_reattach_by_another_process_hand_back_exactly_what_wa
         assert_eq!((st.published, st.acked_items, st.in_flight), (base + per, base + per, 0), "{st:?}");
     }
     eprintln!("rounds where the re-attach cut into the zombie's receives: {partial}");
+}
+
+/// Items without a position between positioned ones on the plain path: the publish log's fold
+/// keeps the last *positioned* item as `last_published`, the ack log's fold the last positioned
+/// acked one as the acked position (its fast path needs a position on its newest record), also
+/// across a restart; the memory backend agrees at every step.
+#[test]
+fn unpositioned_items_on_the_plain_path_keep_the_positions_of_the_last_positioned_ones() {
+    use lanestream::MemoryStream;
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let mem = MemoryStream::builder().capacity(16).sinks(["search"]).build().unwrap();
+    let mut mp = mem.producer("search").unwrap();
+    let mut mc = mem.reattach("search").unwrap();
+    let items = || [batch(1), snapshot(), batch(2), snapshot(), snapshot(), batch(3), snapshot()];
+    let check = |s: &RedisStream, what: &str| {
+        let (r, m) = (s.stats("search").unwrap(), mem.stats("search").unwrap());
+        assert_eq!(
+            (r.published, r.acked_items, r.last_published, r.acked),
+            (m.published, m.acked_items, m.last_published, m.acked),
+            "{what}"
+        );
+        assert_eq!(s.acked("search").unwrap(), mem.acked("search").unwrap(), "{what}");
+        assert_eq!(s.watermark(), mem.watermark(), "{what}");
+    };
+    {
+        let s = open(&url, &name, 16);
+        let mut p = s.producer("search").unwrap();
+        let mut c = s.reattach("search").unwrap();
+        for (k, (a, b)) in items().into_iter().zip(items()).enumerate() {
+            p.publish(a).unwrap();
+            mp.publish(b).unwrap();
+            check(&s, &format!("publish {k}"));
+        }
+        // Ack the first five in order (plain XADDs), checking after each (every read folds).
+        for k in 0..5 {
+            c.try_recv().unwrap().ack().unwrap();
+            mc.try_recv().unwrap().ack().unwrap();
+            check(&s, &format!("ack {k}"));
+        }
+        // The sixth (position 3) received, not acked; the process dies.
+        std::mem::forget(c.try_recv().unwrap());
+        drop(mc.try_recv().unwrap()); // released in memory; taken back by the attach in Redis
+        std::mem::forget((c, p));
+        drop(s);
+        kill_connections(&mut admin, &name);
+    }
+    let s = open(&url, &name, 16);
+    check(&s, "after the restart");
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.attach("search").unwrap();
+    p.publish(snapshot()).unwrap();
+    mp.publish(snapshot()).unwrap();
+    check(&s, "a snapshot published after the restart");
+    let r = p.try_publish(batch(3));
+    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "L4 across the restart: {r:?}");
+    loop {
+        match (c.try_recv(), mc.try_recv()) {
+            (Ok(r), Ok(m)) => {
+                assert_eq!((r.position(), r.attempt()), (m.position(), m.attempt()));
+                r.ack().unwrap();
+                m.ack().unwrap();
+                check(&s, "drain");
+            }
+            (Err(TryRecvError::Empty), Err(TryRecvError::Empty)) => break,
+            (r, m) => panic!("{:?} {:?}", r.map(|d| d.position()), m.map(|d| d.position())),
+        }
+    }
+    assert_eq!(s.acked("search").unwrap(), Some(Position(3)));
 }
