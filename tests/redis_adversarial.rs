@@ -2332,3 +2332,35 @@ fn plain_receives_of_a_deleted_streams_consumer_do_not_move_the_stream_built_aga
     let got = drain_ack(&mut c2);
     assert_eq!(got, (1..=5).map(|k| (k, 1)).collect::<Vec<_>>(), "the old consumer's late receive: {late:?}");
 }
+
+/// The plain path's logs stay small in a steady state where the consumer is always behind (it
+/// never finds the lane empty, so its receives never run the script): every record is folded
+/// and trimmed by some script within a bounded number of operations, or Redis memory grows
+/// with every delivery for as long as the backlog lasts (a backfill of millions of batches).
+#[test]
+#[ignore = "bug: B:dl is folded (and trimmed) only by RECEIVE, ATTACH, NACK and STATS: a consumer that never \\
+            finds its lane empty sends only plain receives, and the delivery log grows by one record per \\
+            delivery (2000 here) for as long as the backlog lasts; the publish gate (fold_pl, fold every \\
+            64th) never folds it"]
+fn the_plain_paths_logs_stay_bounded_while_the_consumer_is_always_behind() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 8);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    publish_all(&mut p, 1..=8);
+    let mut next = 9;
+    for k in 1..=2000u64 {
+        let d = c.try_recv().unwrap();
+        assert_eq!(pos(&d), k);
+        d.ack().unwrap();
+        p.publish(batch(next)).unwrap();
+        next += 1;
+    }
+    let len = |admin: &mut redis::Connection, log: &str| -> usize {
+        redis::cmd("XLEN").arg(format!("{}:{log}", lane_key(&name))).query(admin).unwrap()
+    };
+    let (al, dl, pl) = (len(&mut admin, "al"), len(&mut admin, "dl"), len(&mut admin, "pl"));
+    assert!(al <= 64 + 8 && pl <= 64, "ack log {al}, publish log {pl} records");
+    assert!(dl <= 64 + 8, "delivery log: {dl} records after 2000 deliveries");
+}
