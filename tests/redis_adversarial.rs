@@ -2362,3 +2362,59 @@ fn the_plain_paths_logs_stay_bounded_while_the_consumer_is_always_behind() {
     assert!(al <= 64 + 8 && pl <= 64, "ack log {al}, publish log {pl} records");
     assert!(dl <= 64 + 8, "delivery log: {dl} records after 2000 deliveries");
 }
+
+/// The wake-ups of the plain path: a publisher waiting on a full lane is rung by a plain ack
+/// (`HGET pw` beside the `XADD B:al`), a consumer waiting on an empty lane by a plain publish
+/// (`HMGET w ep` inside the `MULTI`). A missed ring shows as a wait of a whole wait slice
+/// (500 ms) before the waiter looks again.
+#[test]
+fn plain_acks_and_publishes_ring_their_waiters_without_a_wait_slice() {
+    use std::time::Instant;
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 2);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let rounds = 12u64;
+    let mut publisher_waits = Vec::new();
+    let mut consumer_waits = Vec::new();
+    let mut k = 0u64;
+    for _ in 0..rounds {
+        // The publisher waits on a full lane (two unacked); a plain ack frees it.
+        publish_all(&mut p, k + 1..=k + 2);
+        let extra = k + 3;
+        k += 3;
+        let t = std::thread::spawn(move || {
+            p.publish(batch(extra)).unwrap_or_else(|e| panic!("{e:?}"));
+            (p, Instant::now())
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        let d = c.try_recv().unwrap();
+        let acked = Instant::now();
+        d.ack().unwrap();
+        let (back, woke) = t.join().unwrap();
+        p = back;
+        publisher_waits.push(woke.saturating_duration_since(acked));
+        // Drain (the one left, and the extra) so that the consumer then waits on an empty lane.
+        for _ in 0..2 {
+            c.try_recv().unwrap().ack().unwrap();
+        }
+        let t = std::thread::spawn(move || {
+            let d = c.recv().unwrap().unwrap();
+            let woke = Instant::now();
+            d.ack().unwrap();
+            (c, woke)
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        let published = Instant::now();
+        k += 1;
+        p.publish(batch(k)).unwrap();
+        let (back, woke) = t.join().unwrap();
+        c = back;
+        consumer_waits.push(woke.saturating_duration_since(published));
+    }
+    let slow = |w: &[Duration]| w.iter().filter(|d| **d >= Duration::from_millis(400)).count();
+    eprintln!("publisher woken after {publisher_waits:?}\nconsumer woken after {consumer_waits:?}");
+    assert_eq!(slow(&publisher_waits), 0, "publishers waited out a slice: {publisher_waits:?}");
+    assert_eq!(slow(&consumer_waits), 0, "consumers waited out a slice: {consumer_waits:?}");
+}
