@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use common::{backfill, batch};
+use common::{backfill, batch, snapshot};
 use lanestream::{
     AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position,
     PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
@@ -1289,4 +1289,1132 @@ fn a_publish_whose_reply_was_lost_is_told_apart_from_the_next_item() {
         let want: &[u64] = if retry_same { &[1, 2] } else { &[1, 2, 3] };
         assert_eq!(got, want, "retry_same: {retry_same}");
     }
+}
+
+// ----- The plain-XADD hot path of a lone lane, from two processes (issue 12) ------------------
+//
+// A sink lane alone on its log publishes (`MULTI` of two `XADD`s of `<n>-<producer epoch>`),
+// receives (`XADD B:dl <epoch>-<n>` + `XRANGE`) and acks (`XADD B:al <epoch>-<n>`) without a
+// script; the stream ids are the fences. Two `RedisStream` handles on one stream stand for two
+// processes: the second one re-claims the producer or re-attaches the consumer while the first
+// one's ends live on (zombies).
+
+/// The lone sink lane's hash.
+fn lane_key(name: &str) -> String {
+    format!("{{{name}}}:l:search")
+}
+
+fn is_fenced<T: std::fmt::Debug>(r: &Result<(), TryPublishError<T>>) -> bool {
+    matches!(r, Err(TryPublishError::Backend { error: BackendError::Fenced, .. }))
+}
+
+/// A zombie producer that still "knows" it has room (its last gate reported plenty) publishes
+/// after another process claimed the lane: its plain `MULTI` is refused by the ids, at the exact
+/// edge (its next id `<pub + 1>-<E - 1>` equals the claim's fence) and far past it (after the new
+/// producer published more), and it lands nothing, also on its 64th entry (the gate's turn).
+#[test]
+fn a_zombie_producer_on_known_room_after_a_reclaim_by_another_process_lands_nothing() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s1 = open(&url, &name, 1024);
+    let mut zombie = s1.producer("search").unwrap();
+    publish_all(&mut zombie, 1..=5); // room 1024 proven by the first gate: 2..=5 are plain MULTIs
+    free_producer_claim(&mut admin, &name);
+    let s2 = open(&url, &name, 1024);
+    let mut live = s2.producer("search").unwrap();
+    // Before the live producer publishes: the zombie's next id is the fence itself.
+    let r = zombie.try_publish(batch(6));
+    assert!(is_fenced(&r), "the zombie's publish at the fence: {r:?}");
+    publish_all(&mut live, 6..=60);
+    // The zombie keeps going (its count stays 5): ids `6-1`, below the live producer's.
+    for k in 6..=70 {
+        let r = zombie.try_publish(batch(1000 + k));
+        assert!(is_fenced(&r), "zombie publish {k}: {r:?}");
+    }
+    publish_all(&mut live, 61..=70); // 64 is the gate's (trim) turn
+    let st = s2.stats("search").unwrap();
+    assert_eq!((st.published, st.last_published), (70, Some(Position(70))), "{st:?}");
+    assert_eq!(log_ids(&mut admin, &name), (1..=70).collect::<Vec<_>>(), "nothing of the zombie's");
+    let mut c = s2.reattach("search").unwrap();
+    let got = drain_ack(&mut c);
+    assert_eq!(got, (1..=70).map(|k| (k, 1)).collect::<Vec<_>>());
+    assert_eq!(s1.acked("search").unwrap(), Some(Position(70)), "seen from the zombie's process too");
+    assert!(s1.is_idle() && s2.is_idle());
+    // A third process claims again: both older producers stay fenced, the newest goes on.
+    drop(live);
+    let s3 = open(&url, &name, 1024);
+    let mut third = s3.producer("search").unwrap();
+    let r = zombie.try_publish(batch(2000));
+    assert!(is_fenced(&r), "{r:?}");
+    third.publish(batch(71)).unwrap();
+    assert_eq!(log_ids(&mut admin, &name).last(), Some(&71));
+    assert_eq!(s1.stats("search").unwrap().published, 71);
+}
+
+/// A zombie consumer (another process re-attached the lane) acks and receives on the plain
+/// path: its ack `XADD`s (in order and out of order) and delivery-log records are refused, it
+/// gets `Detached`, and the new consumer gets exactly the old one's unacked entries back first.
+#[test]
+fn a_zombie_consumers_plain_acks_and_receives_after_a_reattach_by_another_process_are_refused() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 16);
+    let mut p = s1.producer("search").unwrap();
+    publish_all(&mut p, 1..=8);
+    let mut old = s1.reattach("search").unwrap();
+    let mut held = hold(&mut old, 5); // 1 by the script, 2..=5 by the delivery log
+    held.remove(&1).unwrap().ack().unwrap(); // a plain ack-log XADD
+    held.remove(&3).unwrap().ack().unwrap(); // out of order, still a plain XADD (id above)
+    let s2 = open(&url, &name, 16);
+    assert_eq!(s2.acked("search").unwrap(), Some(Position(1)), "folded by the reader of another process");
+    let st = s2.stats("search").unwrap();
+    assert_eq!((st.published, st.acked_items, st.in_flight, st.delivered), (8, 1, 4, 5), "{st:?}"); // 3 acked waits for 2
+    let mut new = s2.reattach("search").unwrap();
+    // The zombie: its next plain receive (entry 6 expected) and its acks are refused.
+    assert!(matches!(old.try_recv(), Err(TryRecvError::Detached)));
+    assert!(matches!(held.remove(&5).unwrap().ack(), Err(AckError::Detached)), "an ack above the last");
+    assert!(matches!(held.remove(&2).unwrap().ack(), Err(AckError::Detached)), "an ack below the last");
+    drop(held.remove(&4).unwrap()); // a stale nack: nothing
+    let mut got = Vec::new();
+    let mut again = Vec::new();
+    for _ in 0..6 {
+        let d = new.try_recv().unwrap();
+        got.push((pos(&d), d.attempt()));
+        again.push(d);
+    }
+    assert_eq!(got, [(2, 2), (4, 2), (5, 2), (6, 1), (7, 1), (8, 1)], "the unacked first, once each");
+    assert!(matches!(new.try_recv(), Err(TryRecvError::Empty)));
+    assert_eq!(s1.acked("search").unwrap(), Some(Position(1)));
+    for d in again.into_iter().rev() {
+        d.ack().unwrap(); // 8, 7, 6 plain (out of order: refused, then the script), the rest scripts
+    }
+    assert_eq!(s1.acked("search").unwrap(), Some(Position(8)));
+    let st = s1.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.in_flight, st.released, st.delivered, st.redelivered),
+        (8, 8, 0, 0, 11, 3),
+        "{st:?}"
+    );
+    assert!(s1.is_idle());
+    assert_eq!(s2.watermark(), Some(Position(8)));
+}
+
+/// Acks in flight on the plain path (in and out of order) while another process re-attaches:
+/// each lands before the re-attach (and counts) or is refused after (and its entry comes back);
+/// never both, never neither. Right after the re-attach the acked prefix is exactly the
+/// contiguous prefix of the acks that were answered `Ok`.
+#[test]
+fn plain_acks_in_flight_at_a_reattach_by_another_process_land_xor_come_back() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 64);
+    let s2 = open(&url, &name, 64);
+    let mut p = s1.producer("search").unwrap();
+    let per_round = 12u64;
+    let mut both = 0;
+    for round in 0..12u64 {
+        let base = round * per_round;
+        publish_all(&mut p, base + 1..=base + per_round);
+        let mut old = s1.reattach("search").unwrap();
+        let mut held: Vec<_> = (0..per_round).map(|_| old.try_recv().unwrap()).collect();
+        // Mostly in order, some swapped: out-of-order acks are refused by the ack log, then
+        // run the script.
+        if round % 2 == 1 {
+            held.swap(2, 5);
+            held.swap(7, 8);
+        }
+        let barrier = Arc::new(Barrier::new(2));
+        let b2 = barrier.clone();
+        let acker = std::thread::spawn(move || {
+            b2.wait();
+            held.into_iter()
+                .map(|d| {
+                    let k = pos(&d);
+                    (k, d.ack())
+                })
+                .collect::<Vec<_>>()
+        });
+        barrier.wait();
+        if round % 3 == 1 {
+            std::thread::sleep(Duration::from_micros(300 * round));
+        }
+        let mut new = s2.reattach("search").unwrap();
+        let acks = acker.join().unwrap();
+        let landed: BTreeSet<u64> = acks.iter().filter(|(_, r)| r.is_ok()).map(|(k, _)| *k).collect();
+        for (k, r) in &acks {
+            assert!(matches!(r, Ok(()) | Err(AckError::Detached)), "ack of {k}: {r:?}");
+        }
+        let prefix = (base + 1..).take_while(|k| landed.contains(k)).last().unwrap_or(base);
+        assert_eq!(
+            s2.acked("search").unwrap(),
+            (prefix > 0).then_some(Position(prefix)),
+            "round {round}: landed {landed:?}"
+        );
+        let back: Vec<(u64, u32)> = drain_ack(&mut new);
+        let back_set: BTreeSet<u64> = back.iter().map(|(k, _)| *k).collect();
+        assert!(back.iter().all(|&(_, a)| a == 2), "round {round}: {back:?}");
+        assert!(landed.is_disjoint(&back_set), "round {round}: acked and redelivered: {landed:?} {back:?}");
+        let all: BTreeSet<u64> = landed.union(&back_set).copied().collect();
+        assert_eq!(all, (base + 1..=base + per_round).collect(), "round {round}: lost entries");
+        if !landed.is_empty() && !back.is_empty() {
+            both += 1;
+        }
+        assert_eq!(s1.acked("search").unwrap(), Some(Position(base + per_round)));
+        let st = s1.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items), (base + per_round, base + per_round), "{st:?}");
+    }
+    eprintln!("rounds with acks on both sides of the re-attach: {both}");
+}
+
+/// Waits until the proxy has cut a connection (mode 2), then runs `between` (another process's
+/// step while this one cannot reach Redis) and heals the proxy.
+fn heal_after_cut<T: Send + 'static>(
+    proxy: &ReplyLosingProxy,
+    between: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let mode = proxy.mode.clone();
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        while mode.load(Ordering::SeqCst) != 2 {
+            assert!(start.elapsed() < Duration::from_secs(5), "the proxy never cut");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let out = between();
+        mode.store(0, Ordering::SeqCst);
+        out
+    })
+}
+
+/// A plain ack (`XADD B:al`) whose reply is lost: retried, it counts once (`Ok`); when another
+/// process re-attached the lane meanwhile, the retry cannot tell (`Backend(Connection)`), and the
+/// entry, which did land, is not redelivered.
+#[test]
+fn a_plain_ack_whose_reply_was_lost_counts_once_and_is_never_also_redelivered() {
+    let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
+    for reattach in [false, true] {
+        let (name, _cleanup, _admin) = setup(&url);
+        let s = RedisStream::builder(&proxy.url, &name).capacity(8).sinks(["search"]).build().unwrap();
+        let direct = open(&url, &name, 8);
+        let mut p = direct.producer("search").unwrap();
+        publish_all(&mut p, 1..=4);
+        let mut c = s.reattach("search").unwrap();
+        let d1 = c.try_recv().unwrap();
+        let d2 = c.try_recv().unwrap();
+        assert_eq!((pos(&d1), pos(&d2)), (1, 2));
+        d1.ack().unwrap();
+        proxy.mode.store(1, Ordering::SeqCst);
+        let other = direct.clone();
+        let healer = heal_after_cut(&proxy, move || reattach.then(|| other.reattach("search").unwrap()));
+        let r = d2.ack();
+        let c2 = healer.join().unwrap();
+        assert_eq!(direct.acked("search").unwrap(), Some(Position(2)), "reattach {reattach}: the ack landed");
+        match c2 {
+            None => {
+                assert!(r.is_ok(), "a retried ack that landed: {r:?} ({:?})", s.last_error());
+                assert_eq!(drain_ack(&mut c), [(3, 1), (4, 1)]);
+            }
+            Some(mut c2) => {
+                assert!(
+                    matches!(r, Err(AckError::Backend(BackendError::Connection))),
+                    "landed, then re-attached: unknown to the acker: {r:?}"
+                );
+                assert!(matches!(c.try_recv(), Err(TryRecvError::Detached)));
+                assert_eq!(drain_ack(&mut c2), [(3, 1), (4, 1)], "2 landed: never redelivered");
+            }
+        }
+        let st = direct.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.redelivered), (4, 4, 0), "reattach {reattach}: {st:?}");
+        assert!(s.connection_errors() > 0);
+    }
+}
+
+/// `try_recv`, again while it fails with `Connection` (the pool's reconnect backoff: a
+/// `Budget::Once` call gives up at once while the backoff of an earlier failure runs).
+fn recv_through_backoff(
+    c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>,
+) -> Result<RedisDelivery<LaneItem>, TryRecvError> {
+    let start = std::time::Instant::now();
+    loop {
+        match c.try_recv() {
+            Err(TryRecvError::Backend(BackendError::Connection))
+                if start.elapsed() < Duration::from_secs(3) =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// A plain receive (`XADD B:dl` + `XRANGE`) whose reply is lost: the entry was recorded as
+/// delivered. The consumer's next receive gets it (attempt 1, once), or, when another process
+/// re-attached meanwhile, the new consumer gets it back first (attempt 2) and the old one is
+/// detached.
+#[test]
+fn a_plain_receive_whose_reply_was_lost_is_delivered_once_or_redelivered_after_a_reattach() {
+    let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
+    for reattach in [false, true] {
+        let (name, _cleanup, _admin) = setup(&url);
+        let s = RedisStream::builder(&proxy.url, &name).capacity(8).sinks(["search"]).build().unwrap();
+        let direct = open(&url, &name, 8);
+        let mut p = direct.producer("search").unwrap();
+        publish_all(&mut p, 1..=4);
+        let mut c = s.reattach("search").unwrap();
+        let d1 = c.try_recv().unwrap(); // the script; 2 is the delivery log's
+        assert_eq!(pos(&d1), 1);
+        proxy.mode.store(1, Ordering::SeqCst);
+        let other = direct.clone();
+        let healer = heal_after_cut(&proxy, move || reattach.then(|| other.reattach("search").unwrap()));
+        let lost = c.try_recv();
+        let c2 = healer.join().unwrap();
+        // Recorded in the delivery log: the stats count 2 as delivered.
+        let st = direct.stats("search").unwrap();
+        assert_eq!((st.delivered, st.queued), (2, 2), "reattach {reattach}: {lost:?} {st:?}");
+        match c2 {
+            None => {
+                let mut got = Vec::new();
+                if let Ok(d) = lost {
+                    got.push((pos(&d), d.attempt()));
+                    d.ack().unwrap();
+                } else {
+                    assert!(matches!(lost, Err(TryRecvError::Backend(BackendError::Connection))), "{lost:?}");
+                }
+                // The pool waits out its backoff: `try_recv` says `Connection` until then.
+                if let Ok(d) = recv_through_backoff(&mut c) {
+                    got.push((pos(&d), d.attempt()));
+                    d.ack().unwrap();
+                }
+                got.extend(drain_ack(&mut c));
+                assert_eq!(got, [(2, 1), (3, 1), (4, 1)]);
+                d1.ack().unwrap();
+            }
+            Some(mut c2) => {
+                assert!(
+                    matches!(lost, Err(TryRecvError::Backend(_)) | Err(TryRecvError::Detached)),
+                    "{lost:?}"
+                );
+                let r = recv_through_backoff(&mut c);
+                assert!(matches!(r, Err(TryRecvError::Detached)), "{:?}", r.map(|d| pos(&d)));
+                assert!(matches!(c.try_recv(), Err(TryRecvError::Detached)));
+                assert!(matches!(d1.ack(), Err(AckError::Detached)));
+                assert_eq!(drain_ack(&mut c2), [(1, 2), (2, 2), (3, 1), (4, 1)]);
+            }
+        }
+        let st = direct.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.in_flight, st.released), (4, 4, 0, 0), "{st:?}");
+    }
+}
+
+/// A close from another process races the live producer's plain publishes: every publish that
+/// returned `Ok` arrives (in order), none that returned an error does, and then the consumer
+/// sees `Closed`.
+#[test]
+fn a_close_from_another_process_racing_plain_publishes_keeps_exactly_the_ok_ones() {
+    let url = server!();
+    for round in 0..8u64 {
+        let (name, _cleanup, mut admin) = setup(&url);
+        let s1 = open(&url, &name, 4096);
+        let s2 = open(&url, &name, 4096);
+        let mut p = s1.producer("search").unwrap();
+        let publisher = std::thread::spawn(move || {
+            let mut ok = Vec::new();
+            for k in 1..=3000u64 {
+                match p.try_publish(batch(k)) {
+                    Ok(()) => ok.push(k),
+                    Err(TryPublishError::Closed(_)) => {
+                        // Closed is final: every later publish too.
+                        for j in k + 1..k + 70 {
+                            assert!(matches!(p.try_publish(batch(j)), Err(TryPublishError::Closed(_))));
+                        }
+                        return ok;
+                    }
+                    Err(e) => panic!("publish {k}: {e:?}"),
+                }
+            }
+            ok
+        });
+        std::thread::sleep(Duration::from_millis(2 + 3 * round));
+        s2.close("search").unwrap();
+        let ok = publisher.join().unwrap();
+        assert!(ok.len() < 3000, "the close came after every publish: no race");
+        let n = ok.len() as u64;
+        assert_eq!(ok, (1..=n).collect::<Vec<_>>());
+        let mut c = s2.reattach("search").unwrap();
+        let mut got = Vec::new();
+        loop {
+            match c.try_recv() {
+                Ok(d) => {
+                    got.push(pos(&d));
+                    d.ack().unwrap();
+                }
+                Err(TryRecvError::Closed) => break,
+                Err(e) => panic!("drain: {e:?}"),
+            }
+        }
+        assert_eq!(got, ok, "round {round}");
+        assert_eq!(log_ids(&mut admin, &name).last().copied(), ok.last().copied());
+        let st = s1.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.closed), (n, n, true), "{st:?}");
+    }
+}
+
+/// The room proof at the bound's edge: `capacity` plain publishes while nothing is acked, then
+/// one more is `Full` (its gate runs); a plain ack (not folded yet) makes exactly one slot.
+#[test]
+fn the_room_proof_stops_exactly_at_capacity_and_a_plain_ack_frees_exactly_one_slot() {
+    let url = server!();
+    // One `setup` at a time: each holds a read lock of `SCRIPT_CACHE`, and a second one taken
+    // while a flushing test waits for the write lock would deadlock.
+    for cap in [1u64, 2, 5] {
+        let (name, _cleanup, _admin) = setup(&url);
+        let s = open(&url, &name, cap as usize);
+        let mut p = s.producer("search").unwrap();
+        let mut c = s.reattach("search").unwrap();
+        publish_all(&mut p, 1..=cap);
+        assert!(matches!(p.try_publish(batch(cap + 1)), Err(TryPublishError::Full(_))), "cap {cap}");
+        let mut next = cap + 1;
+        for k in 1..=3 * cap {
+            let d = c.try_recv().unwrap();
+            assert_eq!((pos(&d), d.attempt()), (k, 1));
+            d.ack().unwrap();
+            p.try_publish(batch(next)).unwrap_or_else(|e| panic!("cap {cap}, after ack {k}: {e:?}"));
+            next += 1;
+            assert!(matches!(p.try_publish(batch(next)), Err(TryPublishError::Full(_))), "cap {cap} ack {k}");
+            let st = s.stats("search").unwrap();
+            assert_eq!(st.published - st.acked_items, cap, "{st:?}");
+        }
+    }
+}
+
+/// A capacity lowered by another process's build: the running producer's room proof is from the
+/// old capacity, and it picks the new one up at its next gate, at most 64 publishes later (the
+/// 64th entry always runs the gate). From then on the lower bound holds exactly.
+#[test]
+fn a_capacity_lowered_by_another_process_binds_the_running_producer_within_64_publishes() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 500);
+    let mut p = s1.producer("search").unwrap();
+    publish_all(&mut p, 1..=10);
+    let s2 = open(&url, &name, 4);
+    let mut k = 11;
+    while p.try_publish(batch(k)).is_ok() {
+        k += 1;
+        assert!(k < 200, "the lowered capacity never applied");
+    }
+    let published = k - 1;
+    assert!(published - 10 <= 64, "applied more than 64 publishes later: {published}");
+    assert_eq!(published, 63, "the gate of entry 64 is the first check after the rebuild");
+    // From here on the lane holds at most 4 unacked entries.
+    let mut c = s2.reattach("search").unwrap();
+    for a in 1..=published {
+        let d = c.try_recv().unwrap();
+        assert_eq!(pos(&d), a);
+        d.ack().unwrap();
+        while p.try_publish(batch(k)).is_ok() {
+            k += 1;
+        }
+        let st = s2.stats("search").unwrap();
+        let unacked = st.published - st.acked_items;
+        assert!(unacked <= (published - a).max(4), "after ack {a}: {st:?}");
+        if published - a < 4 {
+            assert_eq!(unacked, 4, "after ack {a}: room left unused: {st:?}");
+        }
+    }
+}
+
+/// The 64th-publish trim (the gate's) with unfolded plain acks and gaps: it removes every
+/// entry below the first unacked one and nothing else; the unacked ones come back intact.
+#[test]
+fn the_64th_publish_trim_never_removes_an_unacked_entry() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 256);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let keep = [5u64, 70, 130];
+    let mut held = Vec::new();
+    for k in 1..=200u64 {
+        p.publish(batch(k)).unwrap();
+        let d = c.try_recv().unwrap();
+        assert_eq!((pos(&d), d.attempt()), (k, 1));
+        if keep.contains(&k) {
+            held.push(d);
+        } else {
+            d.ack().unwrap();
+        }
+        let ids = log_ids(&mut admin, &name);
+        assert!(ids.first().is_none_or(|&f| f <= 5), "after {k}: an unacked entry trimmed: {ids:?}");
+        if k >= 64 {
+            assert_eq!(ids.first(), Some(&5), "after {k}: the 64th trimmed below the first unacked");
+        }
+        assert_eq!(ids.len() as u64, k - ids[0] + 1, "after {k}: a hole in the log");
+    }
+    held.remove(0).ack().unwrap(); // 5: the prefix runs to 69
+    assert_eq!(s.acked("search").unwrap(), Some(Position(69)));
+    publish_all(&mut p, 201..=256); // 256 trims
+    assert_eq!(log_ids(&mut admin, &name).first(), Some(&70));
+    std::mem::forget(held);
+    let mut c2 = s.reattach("search").unwrap();
+    let back = hold(&mut c2, 2);
+    assert_eq!(back.iter().map(|(&k, d)| (k, d.attempt())).collect::<Vec<_>>(), [(70, 2), (130, 2)]);
+    for (_, d) in back {
+        d.ack().unwrap();
+    }
+    let rest = drain_ack(&mut c2);
+    assert_eq!(rest, (201..=256).map(|k| (k, 1)).collect::<Vec<_>>());
+    assert_eq!(s.trim().unwrap(), 256);
+    assert_eq!(log_len(&mut admin, &name), 0);
+}
+
+/// Every handle dropped and rebuilt from Redis while the ack, delivery and publish logs hold
+/// records not folded yet (plain acks in and out of order, plain receives): the new process
+/// sees the right counters, acked position, watermark and idleness, gets back exactly the
+/// unacked entries, and its producer goes on after the last published one.
+#[test]
+fn a_restart_with_unfolded_plain_records_keeps_counters_and_delivers_the_unacked_once() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    {
+        let s = open(&url, &name, 16);
+        let mut p = s.producer("search").unwrap();
+        publish_all(&mut p, 1..=10); // 2..=10 plain MULTIs
+        let mut c = s.reattach("search").unwrap();
+        let mut held = hold(&mut c, 7); // 2..=7 through the delivery log
+        for k in [1, 2, 3, 6] {
+            held.remove(&k).unwrap().ack().unwrap(); // plain XADDs; 6 out of order
+        }
+        // The logs hold records no script folded yet.
+        for log in ["al", "dl"] {
+            let n: usize =
+                redis::cmd("XLEN").arg(format!("{}:{log}", lane_key(&name))).query(&mut admin).unwrap();
+            assert!(n > 0, "{log} is folded already: the test does not test the fold");
+        }
+        std::mem::forget(held);
+        std::mem::forget((c, p));
+        drop(s);
+        kill_connections(&mut admin, &name);
+    }
+    let s = open(&url, &name, 16);
+    assert_eq!(s.acked("search").unwrap(), Some(Position(3)));
+    assert_eq!(s.watermark(), Some(Position(3)));
+    assert!(!s.is_idle());
+    let st = s.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.delivered, st.queued, st.in_flight, st.last_published),
+        (10, 3, 7, 3, 4, Some(Position(10))),
+        "{st:?}"
+    );
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.attach("search").unwrap();
+    let got = drain_ack(&mut c);
+    assert_eq!(got, [(4, 2), (5, 2), (7, 2), (8, 1), (9, 1), (10, 1)]);
+    let r = p.try_publish(batch(10));
+    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "L4 after the restart: {r:?}");
+    p.publish(batch(11)).unwrap();
+    assert_eq!(drain_ack(&mut c), [(11, 1)]);
+    assert!(s.is_idle());
+    assert_eq!(s.watermark(), Some(Position(11)));
+    let st = s.stats("search").unwrap();
+    assert_eq!(
+        (st.published, st.acked_items, st.in_flight, st.released, st.redelivered),
+        (11, 11, 0, 0, 3),
+        "{st:?}"
+    );
+}
+
+// ----- A proptest of the lone lane's plain path against the in-memory backend -----------------
+
+/// One step of [`run_against_memory`]. Indexes pick a held delivery (modulo how many).
+#[derive(Clone, Debug)]
+enum Step {
+    Publish,
+    Recv,
+    Ack(usize),
+    Nack(usize),
+    Drop(usize),
+    /// A taken-over consumer's delivery acked (Redis only: the memory backend's stale deliveries
+    /// pin slots, its documented difference, so they are dropped there at the take-over).
+    StaleAck(usize),
+    /// Re-attach from process `0` or `1`.
+    Reattach(usize),
+    /// The producer re-claimed by the other process; the old one (a zombie) tries once more.
+    Reclaim,
+    /// Every Redis handle dropped and rebuilt (the memory lane re-attaches).
+    Restart,
+    /// The next plain ack's reply lost (the consumer's process talks through the proxy).
+    LostAck(usize),
+    /// The next receive's reply lost.
+    LostRecv,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => Just(Step::Publish),
+        5 => Just(Step::Recv),
+        4 => (0..8usize).prop_map(Step::Ack),
+        1 => (0..8usize).prop_map(Step::Nack),
+        1 => (0..8usize).prop_map(Step::Drop),
+        1 => (0..8usize).prop_map(Step::StaleAck),
+        1 => (0..2usize).prop_map(Step::Reattach),
+        1 => Just(Step::Reclaim),
+        1 => Just(Step::Restart),
+        1 => (0..8usize).prop_map(Step::LostAck),
+        1 => Just(Step::LostRecv),
+    ]
+}
+
+/// Heals the proxy after a cut, or disarms it if the step sent no `XADD` (a script took it).
+fn disarm(proxy: &ReplyLosingProxy) {
+    let _ = proxy.mode.compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst);
+    proxy.mode.store(0, Ordering::SeqCst);
+}
+
+/// Runs `f` with the proxy armed: the next `XADD` it sends loses its reply; a thread heals the
+/// proxy once it cut (or gives up when `f` returned without a cut).
+static CUTS: AtomicUsize = AtomicUsize::new(0);
+
+fn with_lost_reply<R>(proxy: &ReplyLosingProxy, f: impl FnOnce() -> R) -> R {
+    let mode = proxy.mode.clone();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d2 = done.clone();
+    mode.store(1, Ordering::SeqCst);
+    let healer = std::thread::spawn(move || loop {
+        if mode.load(Ordering::SeqCst) == 2 {
+            CUTS.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+            mode.store(0, Ordering::SeqCst);
+            return;
+        }
+        if d2.load(Ordering::SeqCst) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    });
+    let r = f();
+    done.store(true, Ordering::SeqCst);
+    healer.join().unwrap();
+    disarm(proxy);
+    r
+}
+
+/// The same steps on a one-sink `RedisStream` (two handles: process 1 talks through the
+/// reply-losing proxy and holds the consumer after a `Reattach(1)`) and a `MemoryStream`: the
+/// same publishes refused for room, the same deliveries (position, attempt), the same acked
+/// position, counters, watermark and idleness after every step.
+fn run_against_memory(url: &str, proxy: &ReplyLosingProxy, steps: &[Step]) -> Result<(), TestCaseError> {
+    use lanestream::{Delivery, MemoryStream};
+    let (name, _cleanup, mut admin) = setup(url);
+    let cap = 3usize;
+    let build = |u: &str| RedisStream::builder(u, &name).capacity(cap).sinks(["search"]).build().unwrap();
+    let mut rs = [build(url), build(&proxy.url)];
+    let mem = MemoryStream::builder().capacity(cap).sinks(["search"]).build().unwrap();
+    let mut rp = rs[0].producer("search").unwrap();
+    let mut producer_at = 0usize;
+    let mut mp = mem.producer("search").unwrap();
+    let mut rc = rs[1].reattach("search").unwrap();
+    let mut mc = mem.reattach("search").unwrap();
+    let mut rheld: Vec<RedisDelivery<LaneItem>> = Vec::new();
+    let mut mheld: Vec<Delivery<LaneItem>> = Vec::new();
+    let mut stale: Vec<RedisDelivery<LaneItem>> = Vec::new();
+    let mut next = 1u64;
+    for (i, st) in steps.iter().enumerate() {
+        match st {
+            Step::Publish => {
+                let r = rp.try_publish(batch(next));
+                let m = mp.try_publish(batch(next));
+                match (&r, &m) {
+                    (Ok(()), Ok(())) => next += 1,
+                    (Err(TryPublishError::Full(_)), Err(TryPublishError::Full(_))) => {}
+                    _ => prop_assert!(false, "step {i} publish {next}: redis {r:?}, memory {m:?}"),
+                }
+            }
+            Step::Recv | Step::LostRecv => {
+                let r = if matches!(st, Step::LostRecv) {
+                    with_lost_reply(proxy, || rc.try_recv())
+                } else {
+                    rc.try_recv()
+                };
+                let r = match r {
+                    Err(TryRecvError::Backend(BackendError::Connection)) => recv_through_backoff(&mut rc),
+                    r => r,
+                };
+                let m = mc.try_recv();
+                match (r, m) {
+                    (Ok(r), Ok(m)) => {
+                        prop_assert_eq!(
+                            (pos(&r), r.attempt()),
+                            (m.position().unwrap().0, m.attempt()),
+                            "step {} {:?}",
+                            i,
+                            st
+                        );
+                        rheld.push(r);
+                        mheld.push(m);
+                    }
+                    (Err(TryRecvError::Empty), Err(TryRecvError::Empty)) => {}
+                    (r, m) => prop_assert!(
+                        false,
+                        "step {i} {st:?}: redis {:?}, memory {:?}",
+                        r.map(|d| (pos(&d), d.attempt())),
+                        m.map(|d| (d.position(), d.attempt()))
+                    ),
+                }
+            }
+            Step::Ack(k) | Step::Nack(k) | Step::Drop(k) | Step::LostAck(k) if !rheld.is_empty() => {
+                let j = k % rheld.len();
+                let (r, m) = (rheld.remove(j), mheld.remove(j));
+                match st {
+                    Step::Ack(_) => {
+                        let a = r.ack();
+                        prop_assert!(a.is_ok(), "step {}: {:?}", i, a);
+                        m.ack().unwrap();
+                    }
+                    Step::LostAck(_) => {
+                        let a = with_lost_reply(proxy, || r.ack());
+                        prop_assert!(a.is_ok(), "step {}: a lost ack reply, retried: {:?}", i, a);
+                        m.ack().unwrap();
+                    }
+                    Step::Nack(_) => {
+                        r.nack();
+                        m.nack();
+                    }
+                    _ => drop((r, m)),
+                }
+            }
+            Step::StaleAck(k) if !stale.is_empty() => {
+                let d = stale.remove(k % stale.len());
+                let a = d.ack();
+                prop_assert!(matches!(a, Err(AckError::Detached)), "step {}: a stale ack: {:?}", i, a);
+            }
+            Step::Reattach(h) => {
+                stale.append(&mut rheld);
+                mheld.clear(); // stale in memory: dropped (they would pin slots there)
+                rc = rs[*h].reattach("search").unwrap();
+                mc = mem.reattach("search").unwrap();
+            }
+            Step::Reclaim => {
+                free_producer_claim(&mut admin, &name);
+                producer_at = 1 - producer_at;
+                let mut zombie = std::mem::replace(&mut rp, rs[producer_at].producer("search").unwrap());
+                let z = zombie.try_publish(batch(next));
+                prop_assert!(is_fenced(&z), "step {}: the zombie producer: {:?}", i, z);
+                std::mem::forget(zombie); // its drop would not free the new claim anyway
+                drop(mp);
+                mp = mem.producer("search").unwrap();
+            }
+            Step::Restart => {
+                for d in rheld.drain(..).chain(stale.drain(..)) {
+                    std::mem::forget(d);
+                }
+                std::mem::forget(rp);
+                std::mem::forget(rc);
+                // Rebuilt before the old connections are killed: the new handles' first
+                // connections die too, and they reconnect.
+                rs = [build(url), build(&proxy.url)];
+                kill_connections(&mut admin, &name);
+                rp = rs[0].producer("search").unwrap();
+                producer_at = 0;
+                rc = rs[1].attach("search").unwrap();
+                mheld.clear();
+                mc = mem.reattach("search").unwrap();
+            }
+            _ => {}
+        }
+        let (r, m) = (rs[0].stats("search").unwrap(), mem.stats("search").unwrap());
+        prop_assert_eq!(
+            (r.published, r.acked_items, r.acked, r.last_published),
+            (m.published, m.acked_items, m.acked, m.last_published),
+            "step {} {:?}",
+            i,
+            st
+        );
+        prop_assert_eq!(rs[1].acked("search").unwrap(), mem.acked("search").unwrap());
+        prop_assert_eq!(rs[i % 2].watermark(), mem.watermark());
+        prop_assert_eq!(rs[0].try_is_idle().unwrap(), mem.is_idle(), "step {} {:?}", i, st);
+    }
+    // Drain: both hand out the same rest, then both are idle.
+    for (r, m) in rheld.drain(..).zip(mheld.drain(..)) {
+        r.ack().unwrap();
+        m.ack().unwrap();
+    }
+    loop {
+        match (rc.try_recv(), mc.try_recv()) {
+            (Ok(r), Ok(m)) => {
+                prop_assert_eq!((pos(&r), r.attempt()), (m.position().unwrap().0, m.attempt()));
+                r.ack().unwrap();
+                m.ack().unwrap();
+            }
+            (Err(TryRecvError::Empty), Err(TryRecvError::Empty)) => break,
+            (r, m) => prop_assert!(
+                false,
+                "drain: redis {:?}, memory {:?}",
+                r.map(|d| pos(&d)),
+                m.map(|d| d.position())
+            ),
+        }
+    }
+    prop_assert!(rs[0].try_is_idle().unwrap() && mem.is_idle());
+    prop_assert_eq!(rs[0].acked("search").unwrap(), (next > 1).then_some(Position(next - 1)));
+    for d in stale {
+        std::mem::forget(d);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn the_lone_lanes_plain_path_matches_the_memory_backend(steps in proptest::collection::vec(step(), 1..50)) {
+        let Some(url) = url() else { return Ok(()) };
+        let Some(proxy) = ReplyLosingProxy::start(&url) else {
+            eprintln!("the server is not on a unix socket: this test needs one");
+            return Ok(());
+        };
+        run_against_memory(&url, &proxy, &steps)?;
+        eprintln!("replies lost so far: {}", CUTS.load(Ordering::Relaxed));
+    }
+}
+
+/// A plain publish whose reply is lost while another process claims the producer: the entry
+/// landed (the claim counts it), the old producer's retry is fenced, and the new producer goes
+/// on right after it: no gap, no duplicate.
+#[test]
+fn a_plain_publish_whose_reply_was_lost_during_a_reclaim_is_counted_and_fenced() {
+    let url = server!();
+    let Some(proxy) = ReplyLosingProxy::start(&url) else {
+        eprintln!("the server is not on a unix socket: this test needs one");
+        return;
+    };
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s1 = RedisStream::builder(&proxy.url, &name).capacity(64).sinks(["search"]).build().unwrap();
+    let mut old = s1.producer("search").unwrap();
+    publish_all(&mut old, 1..=5); // 2..=5 plain, on known room
+    proxy.mode.store(1, Ordering::SeqCst);
+    let (u, n) = (url.clone(), name.clone());
+    let healer = heal_after_cut(&proxy, move || {
+        let mut admin = redis::Client::open(u.as_str()).unwrap().get_connection().unwrap();
+        free_producer_claim(&mut admin, &n);
+        let s2 = open(&u, &n, 64);
+        let mut live = s2.producer("search").unwrap();
+        live.publish(batch(7)).unwrap();
+        (s2, live)
+    });
+    let lost = old.publish(batch(6));
+    let (s2, mut live) = healer.join().unwrap();
+    assert!(
+        matches!(
+            lost,
+            Err(PublishError::Backend { error: BackendError::Fenced | BackendError::Connection, .. })
+        ),
+        "{lost:?}"
+    );
+    assert!(is_fenced(&old.try_publish(batch(8))), "the old producer stays fenced");
+    live.publish(batch(8)).unwrap();
+    assert_eq!(log_ids(&mut admin, &name), (1..=8).collect::<Vec<_>>());
+    let mut c = s2.reattach("search").unwrap();
+    assert_eq!(drain_ack(&mut c), (1..=8).map(|k| (k, 1)).collect::<Vec<_>>());
+}
+
+/// A zombie consumer receiving on the plain path (delivery-log record + `XRANGE`) while another
+/// process re-attaches: every entry the zombie got comes back to the new consumer as attempt 2,
+/// every other one as attempt 1; none is lost, none comes twice.
+#[test]
+fn plain_receives_racing_a_reattach_by_another_process_hand_back_exactly_what_was_received() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 256);
+    let s2 = open(&url, &name, 256);
+    let mut p = s1.producer("search").unwrap();
+    let per = 40u64;
+    let mut partial = 0;
+    for round in 0..10u64 {
+        let base = round * per;
+        publish_all(&mut p, base + 1..=base + per);
+        let mut old = s1.reattach("search").unwrap();
+        let first = old.try_recv().unwrap(); // the script: the rest go through the delivery log
+        let barrier = Arc::new(Barrier::new(2));
+        let b2 = barrier.clone();
+        let t = std::thread::spawn(move || {
+            let mut got = vec![pos(&first)];
+            let mut keep = vec![first];
+            b2.wait();
+            loop {
+                match old.try_recv() {
+                    Ok(d) => {
+                        assert_eq!(d.attempt(), 1);
+                        got.push(pos(&d));
+                        keep.push(d);
+                    }
+                    Err(TryRecvError::Detached | TryRecvError::Empty) => break,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            std::mem::forget(keep);
+            got
+        });
+        barrier.wait();
+        std::thread::sleep(Duration::from_micros(200 * round));
+        let mut new = s2.reattach("search").unwrap();
+        let got = t.join().unwrap();
+        let back = drain_ack(&mut new);
+        let want: Vec<(u64, u32)> =
+            (base + 1..=base + per).map(|k| (k, if got.contains(&k) { 2 } else { 1 })).collect();
+        assert_eq!(back, want, "round {round}: the zombie got {got:?}");
+        partial += usize::from(got.len() > 1 && got.len() < per as usize);
+        let st = s1.stats("search").unwrap();
+        assert_eq!((st.published, st.acked_items, st.in_flight), (base + per, base + per, 0), "{st:?}");
+    }
+    eprintln!("rounds where the re-attach cut into the zombie's receives: {partial}");
+}
+
+/// Items without a position between positioned ones on the plain path: the publish log's fold
+/// keeps the last *positioned* item as `last_published`, the ack log's fold the last positioned
+/// acked one as the acked position (its fast path needs a position on its newest record), also
+/// across a restart; the memory backend agrees at every step.
+#[test]
+fn unpositioned_items_on_the_plain_path_keep_the_positions_of_the_last_positioned_ones() {
+    use lanestream::MemoryStream;
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let mem = MemoryStream::builder().capacity(16).sinks(["search"]).build().unwrap();
+    let mut mp = mem.producer("search").unwrap();
+    let mut mc = mem.reattach("search").unwrap();
+    let items = || [batch(1), snapshot(), batch(2), snapshot(), snapshot(), batch(3), snapshot()];
+    let check = |s: &RedisStream, what: &str| {
+        let (r, m) = (s.stats("search").unwrap(), mem.stats("search").unwrap());
+        assert_eq!(
+            (r.published, r.acked_items, r.last_published, r.acked),
+            (m.published, m.acked_items, m.last_published, m.acked),
+            "{what}"
+        );
+        assert_eq!(s.acked("search").unwrap(), mem.acked("search").unwrap(), "{what}");
+        assert_eq!(s.watermark(), mem.watermark(), "{what}");
+    };
+    {
+        let s = open(&url, &name, 16);
+        let mut p = s.producer("search").unwrap();
+        let mut c = s.reattach("search").unwrap();
+        for (k, (a, b)) in items().into_iter().zip(items()).enumerate() {
+            p.publish(a).unwrap();
+            mp.publish(b).unwrap();
+            check(&s, &format!("publish {k}"));
+        }
+        // Ack the first five in order (plain XADDs), checking after each (every read folds).
+        for k in 0..5 {
+            c.try_recv().unwrap().ack().unwrap();
+            mc.try_recv().unwrap().ack().unwrap();
+            check(&s, &format!("ack {k}"));
+        }
+        // The sixth (position 3) received, not acked; the process dies.
+        std::mem::forget(c.try_recv().unwrap());
+        drop(mc.try_recv().unwrap()); // released in memory; taken back by the attach in Redis
+        std::mem::forget((c, p));
+        drop(s);
+        kill_connections(&mut admin, &name);
+    }
+    let s = open(&url, &name, 16);
+    check(&s, "after the restart");
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.attach("search").unwrap();
+    p.publish(snapshot()).unwrap();
+    mp.publish(snapshot()).unwrap();
+    check(&s, "a snapshot published after the restart");
+    let r = p.try_publish(batch(3));
+    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "L4 across the restart: {r:?}");
+    loop {
+        match (c.try_recv(), mc.try_recv()) {
+            (Ok(r), Ok(m)) => {
+                assert_eq!((r.position(), r.attempt()), (m.position(), m.attempt()));
+                r.ack().unwrap();
+                m.ack().unwrap();
+                check(&s, "drain");
+            }
+            (Err(TryRecvError::Empty), Err(TryRecvError::Empty)) => break,
+            (r, m) => panic!("{:?} {:?}", r.map(|d| d.position()), m.map(|d| d.position())),
+        }
+    }
+    assert_eq!(s.acked("search").unwrap(), Some(Position(3)));
+}
+
+/// `RedisStream::delete` under a live producer that knows it has room: "ends still alive get
+/// errors or empty lanes afterwards". Its next plain `MULTI` must not bring the deleted stream
+/// back (a log entry and a publish-log record on keys that no longer exist are simply created
+/// by `XADD`), and a stream built again under that name must start empty.
+#[test]
+#[ignore = "bug: the plain publish MULTI's XADDs create the deleted log and publish log (no NOMKSTREAM), \
+            the publish returns Ok, and the stream built again folds the record (pub = 4) and fails every \
+            receive with 'log entry 1 is missing' (src/stream/redis/lane.rs publish_alone; fold_pl trusts the record)"]
+fn a_plain_publish_after_delete_does_not_resurrect_the_stream() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s1 = open(&url, &name, 64);
+    let mut p = s1.producer("search").unwrap();
+    publish_all(&mut p, 1..=3); // 2 and 3 plain, on known room
+    s1.delete().unwrap();
+    assert!(redis_support::keys_of(&mut admin, &name).unwrap().is_empty());
+    let after = p.try_publish(batch(4));
+    let left = redis_support::keys_of(&mut admin, &name).unwrap();
+    let s2 = open(&url, &name, 64);
+    let st = s2.stats("search").unwrap();
+    let mut c = s2.reattach("search").unwrap();
+    let got = c.try_recv().map(|d| pos(&d));
+    assert!(
+        left.is_empty() && st.published == 0 && matches!(got, Err(TryRecvError::Empty)),
+        "the deleted stream's producer published {after:?} and left keys {left:?}; the stream built \
+         again counts {} published and delivers {got:?} ({:?})",
+        st.published,
+        s2.last_error()
+    );
+}
+
+/// `RedisStream::delete` under a live consumer, then the stream built again under the same name:
+/// the old consumer's plain acks (`XADD B:al <epoch>-<n>`) must not ack the new stream's entries.
+/// The new stream's first consumer gets epoch 1 again, as the old one had, and the ack log's
+/// fence is `1-0`, so the old consumer's `1-<n>` lands and counts.
+#[test]
+#[ignore = "bug: consumer epochs restart at 1 on a stream built again, so the deleted stream's consumer's \
+            plain acks (XADD B:al 1-<n>, above the new fence 1-0) land and fold into the new stream's acked \
+            prefix (acked = Some(5) with nothing acked); ACK_ALONE's epoch check has the same hole"]
+fn plain_acks_of_a_deleted_streams_consumer_do_not_ack_the_stream_built_again() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 64);
+    let mut p1 = s1.producer("search").unwrap();
+    publish_all(&mut p1, 1..=5);
+    let mut c1 = s1.reattach("search").unwrap();
+    let held = hold(&mut c1, 5);
+    s1.delete().unwrap();
+    drop(p1);
+    let s2 = open(&url, &name, 64);
+    let mut p2 = s2.producer("search").unwrap();
+    publish_all(&mut p2, 1..=5);
+    let mut c2 = s2.reattach("search").unwrap();
+    let late: Vec<_> = held.into_values().map(|d| d.ack()).collect();
+    assert_eq!(
+        s2.acked("search").unwrap(),
+        None,
+        "the new stream's consumer acked nothing; the deleted stream's consumer's acks gave {late:?}"
+    );
+    assert_eq!(drain_ack(&mut c2), (1..=5).map(|k| (k, 1)).collect::<Vec<_>>());
+}
+
+/// As above, for the delivery log: the deleted stream's consumer's plain receive (`XADD B:dl
+/// 1-<n>`, above the new stream's fence `1-0`) must not move the new stream's read position.
+#[test]
+#[ignore = "bug: the deleted stream's consumer's plain receive (XADD B:dl 1-3, above the new fence 1-0) lands, \
+            hands it the new stream's entry 3 (Ok(3)), its drop nacks it (same epoch 1); fold_dl moves rd to 3, \
+            so the new consumer gets [(3, 2), (4, 1), (5, 1)]: entries 1 and 2 sit in flight until a re-attach"]
+fn plain_receives_of_a_deleted_streams_consumer_do_not_move_the_stream_built_again() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s1 = open(&url, &name, 64);
+    let mut p1 = s1.producer("search").unwrap();
+    publish_all(&mut p1, 1..=5);
+    let mut c1 = s1.reattach("search").unwrap();
+    let held = hold(&mut c1, 2); // entry 3 expected next, on the plain path
+    s1.delete().unwrap();
+    drop(p1);
+    let s2 = open(&url, &name, 64);
+    let mut p2 = s2.producer("search").unwrap();
+    publish_all(&mut p2, 1..=5);
+    let mut c2 = s2.reattach("search").unwrap();
+    let late = c1.try_recv().map(|d| pos(&d));
+    std::mem::forget(held);
+    let got = drain_ack(&mut c2);
+    assert_eq!(got, (1..=5).map(|k| (k, 1)).collect::<Vec<_>>(), "the old consumer's late receive: {late:?}");
+}
+
+/// The plain path's logs stay small in a steady state where the consumer is always behind (it
+/// never finds the lane empty, so its receives never run the script): every record is folded
+/// and trimmed by some script within a bounded number of operations, or Redis memory grows
+/// with every delivery for as long as the backlog lasts (a backfill of millions of batches).
+#[test]
+#[ignore = "bug: B:dl is folded (and trimmed) only by RECEIVE, ATTACH, NACK and STATS: a consumer that never \\
+            finds its lane empty sends only plain receives, and the delivery log grows by one record per \\
+            delivery (2000 here) for as long as the backlog lasts; the publish gate (fold_pl, fold every \\
+            64th) never folds it"]
+fn the_plain_paths_logs_stay_bounded_while_the_consumer_is_always_behind() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 8);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    publish_all(&mut p, 1..=8);
+    for k in 1..=2000u64 {
+        let d = c.try_recv().unwrap();
+        assert_eq!(pos(&d), k);
+        d.ack().unwrap();
+        p.publish(batch(k + 8)).unwrap();
+    }
+    let len = |admin: &mut redis::Connection, log: &str| -> usize {
+        redis::cmd("XLEN").arg(format!("{}:{log}", lane_key(&name))).query(admin).unwrap()
+    };
+    let (al, dl, pl) = (len(&mut admin, "al"), len(&mut admin, "dl"), len(&mut admin, "pl"));
+    assert!(al <= 64 + 8 && pl <= 64, "ack log {al}, publish log {pl} records");
+    assert!(dl <= 64 + 8, "delivery log: {dl} records after 2000 deliveries");
+}
+
+/// The wake-ups of the plain path: a publisher waiting on a full lane is rung by a plain ack
+/// (`HGET pw` beside the `XADD B:al`), a consumer waiting on an empty lane by a plain publish
+/// (`HMGET w ep` inside the `MULTI`). A missed ring shows as a wait of a whole wait slice
+/// (500 ms) before the waiter looks again.
+#[test]
+fn plain_acks_and_publishes_ring_their_waiters_without_a_wait_slice() {
+    use std::time::Instant;
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 2);
+    let mut p = s.producer("search").unwrap();
+    let mut c = s.reattach("search").unwrap();
+    let rounds = 12u64;
+    let mut publisher_waits = Vec::new();
+    let mut consumer_waits = Vec::new();
+    let mut k = 0u64;
+    for _ in 0..rounds {
+        // The publisher waits on a full lane (two unacked); a plain ack frees it.
+        publish_all(&mut p, k + 1..=k + 2);
+        let extra = k + 3;
+        k += 3;
+        let t = std::thread::spawn(move || {
+            p.publish(batch(extra)).unwrap_or_else(|e| panic!("{e:?}"));
+            (p, Instant::now())
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        let d = c.try_recv().unwrap();
+        let acked = Instant::now();
+        d.ack().unwrap();
+        let (back, woke) = t.join().unwrap();
+        p = back;
+        publisher_waits.push(woke.saturating_duration_since(acked));
+        // Drain (the one left, and the extra) so that the consumer then waits on an empty lane.
+        for _ in 0..2 {
+            c.try_recv().unwrap().ack().unwrap();
+        }
+        let t = std::thread::spawn(move || {
+            let d = c.recv().unwrap().unwrap();
+            let woke = Instant::now();
+            d.ack().unwrap();
+            (c, woke)
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        let published = Instant::now();
+        k += 1;
+        p.publish(batch(k)).unwrap();
+        let (back, woke) = t.join().unwrap();
+        c = back;
+        consumer_waits.push(woke.saturating_duration_since(published));
+    }
+    let slow = |w: &[Duration]| w.iter().filter(|d| **d >= Duration::from_millis(400)).count();
+    eprintln!("publisher woken after {publisher_waits:?}\nconsumer woken after {consumer_waits:?}");
+    assert_eq!(slow(&publisher_waits), 0, "publishers waited out a slice: {publisher_waits:?}");
+    assert_eq!(slow(&consumer_waits), 0, "consumers waited out a slice: {consumer_waits:?}");
 }
