@@ -2250,9 +2250,6 @@ fn unpositioned_items_on_the_plain_path_keep_the_positions_of_the_last_positione
 /// back (a log entry and a publish-log record on keys that no longer exist are simply created
 /// by `XADD`), and a stream built again under that name must start empty.
 #[test]
-#[ignore = "bug: the plain publish MULTI's XADDs create the deleted log and publish log (no NOMKSTREAM), \
-            the publish returns Ok, and the stream built again folds the record (pub = 4) and fails every \
-            receive with 'log entry 1 is missing' (src/stream/redis/lane.rs publish_alone; fold_pl trusts the record)"]
 fn a_plain_publish_after_delete_does_not_resurrect_the_stream() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
@@ -2281,9 +2278,6 @@ fn a_plain_publish_after_delete_does_not_resurrect_the_stream() {
 /// The new stream's first consumer gets epoch 1 again, as the old one had, and the ack log's
 /// fence is `1-0`, so the old consumer's `1-<n>` lands and counts.
 #[test]
-#[ignore = "bug: consumer epochs restart at 1 on a stream built again, so the deleted stream's consumer's \
-            plain acks (XADD B:al 1-<n>, above the new fence 1-0) land and fold into the new stream's acked \
-            prefix (acked = Some(5) with nothing acked); ACK_ALONE's epoch check has the same hole"]
 fn plain_acks_of_a_deleted_streams_consumer_do_not_ack_the_stream_built_again() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
@@ -2310,9 +2304,6 @@ fn plain_acks_of_a_deleted_streams_consumer_do_not_ack_the_stream_built_again() 
 /// As above, for the delivery log: the deleted stream's consumer's plain receive (`XADD B:dl
 /// 1-<n>`, above the new stream's fence `1-0`) must not move the new stream's read position.
 #[test]
-#[ignore = "bug: the deleted stream's consumer's plain receive (XADD B:dl 1-3, above the new fence 1-0) lands, \
-            hands it the new stream's entry 3 (Ok(3)), its drop nacks it (same epoch 1); fold_dl moves rd to 3, \
-            so the new consumer gets [(3, 2), (4, 1), (5, 1)]: entries 1 and 2 sit in flight until a re-attach"]
 fn plain_receives_of_a_deleted_streams_consumer_do_not_move_the_stream_built_again() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
@@ -2338,10 +2329,6 @@ fn plain_receives_of_a_deleted_streams_consumer_do_not_move_the_stream_built_aga
 /// and trimmed by some script within a bounded number of operations, or Redis memory grows
 /// with every delivery for as long as the backlog lasts (a backfill of millions of batches).
 #[test]
-#[ignore = "bug: B:dl is folded (and trimmed) only by RECEIVE, ATTACH, NACK and STATS: a consumer that never \\
-            finds its lane empty sends only plain receives, and the delivery log grows by one record per \\
-            delivery (2000 here) for as long as the backlog lasts; the publish gate (fold_pl, fold every \\
-            64th) never folds it"]
 fn the_plain_paths_logs_stay_bounded_while_the_consumer_is_always_behind() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);

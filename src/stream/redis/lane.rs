@@ -333,13 +333,24 @@ impl LaneDef {
                 }
                 let mut pipe = ::redis::pipe();
                 pipe.atomic().ignore_errors();
-                pipe.cmd("XADD").arg(&self.log).arg(&id).arg("d").arg(payload).arg("p").arg(pos);
-                pipe.cmd("XADD").arg(&self.publish_log_key).arg(&id).arg("p").arg(pos);
+                // NOMKSTREAM: a deleted stream is not made again by an end still alive (the
+                // reply is nil, and the script says why).
+                pipe.cmd("XADD")
+                    .arg(&self.log)
+                    .arg("NOMKSTREAM")
+                    .arg(&id)
+                    .arg("d")
+                    .arg(payload)
+                    .arg("p")
+                    .arg(pos);
+                pipe.cmd("XADD").arg(&self.publish_log_key).arg("NOMKSTREAM").arg(&id).arg("p").arg(pos);
                 pipe.cmd("HMGET").arg(&self.base).arg("w").arg("ep");
                 let replies: Vec<Value> = pipe.query(c)?;
                 match (replies.first(), replies.get(1)) {
                     (Some(Value::BulkString(_)), Some(Value::BulkString(_))) => {}
-                    (Some(Value::ServerError(_)), Some(Value::ServerError(_))) if !gated => {
+                    (Some(Value::ServerError(_) | Value::Nil), Some(Value::ServerError(_) | Value::Nil))
+                        if !gated =>
+                    {
                         // Refused: a newer producer, a closed lane, or this entry already there
                         // (a retry of a publish that landed). The script tells which.
                         gated = true;
@@ -450,8 +461,20 @@ impl LaneDef {
     /// which tells a detached consumer, an entry not published yet, and a lost reply apart.
     fn receive_logged(&self, c: &mut Connection, epoch: u64, n: u64) -> RedisResult<Option<Value>> {
         let mut pipe = ::redis::pipe();
-        pipe.ignore_errors();
-        pipe.cmd("XADD").arg(&self.delivery_log_key).arg(format!("{epoch}-{n}")).arg("p").arg("");
+        // Atomic: no fold of the delivery log may run between the record and the read (a fold
+        // then could drop the record of an entry published just after it, leaving `rd` below an
+        // entry the consumer holds). NOMKSTREAM: a deleted stream is not made again. MAXLEN 1:
+        // a fold reads only the newest record, and a consumer that never finds its lane empty
+        // (so never runs the script that folds) must not grow the log.
+        pipe.atomic().ignore_errors();
+        pipe.cmd("XADD")
+            .arg(&self.delivery_log_key)
+            .arg("NOMKSTREAM")
+            .arg("MAXLEN")
+            .arg(1)
+            .arg(format!("{epoch}-{n}"))
+            .arg("p")
+            .arg("");
         pipe.cmd("XRANGE").arg(&self.log).arg(n).arg(n);
         let mut replies: Vec<Value> = pipe.query(c)?;
         let range = replies.pop();
@@ -505,7 +528,13 @@ impl LaneDef {
     fn ack_logged(&self, c: &mut Connection, epoch: u64, n: u64, pos: &str) -> RedisResult<Option<Value>> {
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
-        pipe.cmd("XADD").arg(&self.ack_log_key).arg(format!("{epoch}-{n}")).arg("p").arg(pos);
+        // NOMKSTREAM: a deleted stream is not made again by an end still alive.
+        pipe.cmd("XADD")
+            .arg(&self.ack_log_key)
+            .arg("NOMKSTREAM")
+            .arg(format!("{epoch}-{n}"))
+            .arg("p")
+            .arg(pos);
         pipe.cmd("HGET").arg(&self.base).arg("pw");
         let replies: Vec<Value> = pipe.query(c)?;
         if !matches!(replies.first(), Some(Value::BulkString(_))) {

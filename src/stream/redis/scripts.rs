@@ -107,6 +107,17 @@ local function s(x) return string.format('%d', x) end
 "#,
     ),
     (
+        "clock_base",
+        r#"
+-- The server's clock in microseconds, as digits: where a new lane's epochs start (below 2^53, so
+-- exact in Lua's numbers).
+local function clock_base()
+  local t = redis.call('TIME')
+  return s(tonumber(t[1]) * 1000000 + tonumber(t[2]))
+end
+"#,
+    ),
+    (
         "num",
         r#"
 local function num(x) if x then return tonumber(x) else return 0 end end
@@ -653,6 +664,12 @@ if ARGV[6] == '1' then
   fold(H)
   fold_dl(H)
 end
+if old == '0' then
+  -- A lane's first epoch starts at the server's clock in microseconds, not at 1: the ends of a
+  -- stream deleted and built again under this name hold smaller epochs, so their acks and
+  -- receives are refused here (by the epoch checks and by the logs' fences).
+  redis.call('HSET', H, 'ep', clock_base())
+end
 local ep = redis.call('HINCRBY', H, 'ep', 1)
 if ARGV[6] == '1' then
   -- The old epoch's acks were folded above: from here on they are refused (an `XADD` of an id
@@ -695,6 +712,8 @@ local cur = redis.call('HGET', H, 'ph') or ''
 local h
 if cur ~= ARGV[2] then
   if cur ~= ARGV[1] then return {'busy', cur} end
+  -- As the consumer epoch in `ATTACH`: the first producer epoch starts at the clock.
+  if not redis.call('HGET', H, 'pe') then redis.call('HSET', H, 'pe', clock_base()) end
   redis.call('HINCRBY', H, 'pe', 1)
   redis.call('HSET', H, 'ph', ARGV[2])
 end
