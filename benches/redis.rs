@@ -11,7 +11,9 @@
 //! Needs a server: `LANESTREAM_REDIS_URL=redis://127.0.0.1:6399 cargo bench --bench redis`
 //! (without it the bench says so and exits). `LANESTREAM_BENCH_ROUNDS` and
 //! `LANESTREAM_BENCH_BATCHES` set the ratio's rounds (default 9) and batches per round (2000),
-//! `LANESTREAM_BENCH_ENVELOPES` the envelopes per batch (default 16, about 1.8 KB encoded).
+//! `LANESTREAM_BENCH_ENVELOPES` the envelopes per batch (default 16, about 1.8 KB encoded),
+//! `LANESTREAM_BENCH_SINKS` the sinks (default 1: a lane alone on its log; more share one log, and
+//! the bare loop reads and acks through as many consumer groups).
 //! `LANESTREAM_BENCH_ONLY=ours` (or `bare`) runs `LANESTREAM_BENCH_BATCHES` batches of that side
 //! alone and nothing else, for the server's own accounting of one side (`CONFIG RESETSTAT`
 //! before, `INFO commandstats` and `INFO cpu` after).
@@ -56,21 +58,31 @@ trait Side {
     fn run(&mut self, n: u64) -> Duration;
 }
 
-/// The backend: publish, try_recv, ack.
+/// The backend: publish, try_recv, ack — on every lane of `LANESTREAM_BENCH_SINKS` (default 1:
+/// a lane alone on its log; more share one log, one consumer group each).
 struct Ours {
     stream: RedisStream,
-    producer: lanestream::RedisProducer,
-    consumer: lanestream::RedisConsumer<LaneItem>,
+    producers: Vec<lanestream::RedisProducer>,
+    consumers: Vec<lanestream::RedisConsumer<LaneItem>>,
     envelopes: Arc<[Envelope]>,
     next: u64,
 }
 
+/// The sinks of both sides: `bench` alone, or `bench`, `bench_1`, ... for
+/// `LANESTREAM_BENCH_SINKS` > 1.
+fn sinks() -> Vec<String> {
+    (0..env("LANESTREAM_BENCH_SINKS", 1).max(1))
+        .map(|i| if i == 0 { "bench".to_string() } else { format!("bench_{i}") })
+        .collect()
+}
+
 impl Ours {
     fn new(url: &str, name: &str) -> Ours {
-        let stream = RedisStream::builder(url, name).capacity(64).sink("bench").build().unwrap();
-        let producer = stream.producer("bench").unwrap();
-        let consumer = stream.reattach("bench").unwrap();
-        Ours { stream, producer, consumer, envelopes: envelopes(), next: 1 }
+        let names = sinks();
+        let stream = RedisStream::builder(url, name).capacity(64).sinks(names.iter().cloned()).build().unwrap();
+        let producers = names.iter().map(|n| stream.producer(n).unwrap()).collect();
+        let consumers = names.iter().map(|n| stream.reattach(n).unwrap()).collect();
+        Ours { stream, producers, consumers, envelopes: envelopes(), next: 1 }
     }
 }
 
@@ -78,10 +90,14 @@ impl Side for Ours {
     fn run(&mut self, n: u64) -> Duration {
         let start = Instant::now();
         for _ in 0..n {
-            self.producer.publish(batch(&self.envelopes, self.next)).unwrap();
-            let d = self.consumer.try_recv().unwrap();
-            assert_eq!(d.position(), Some(Position(self.next)));
-            d.ack().unwrap();
+            for producer in &mut self.producers {
+                producer.publish(batch(&self.envelopes, self.next)).unwrap();
+            }
+            for consumer in &mut self.consumers {
+                let d = consumer.try_recv().unwrap();
+                assert_eq!(d.position(), Some(Position(self.next)));
+                d.ack().unwrap();
+            }
             self.next += 1;
         }
         start.elapsed()
@@ -89,10 +105,12 @@ impl Side for Ours {
 }
 
 /// The floor: XADD (with an approximate MAXLEN so the stream stays small, as trimming does on
-/// our side), XREADGROUP COUNT 1, XACK.
+/// our side), then for each of as many consumer groups as our side has sinks XREADGROUP COUNT 1
+/// and XACK.
 struct Bare {
     conn: redis::Connection,
     key: String,
+    groups: Vec<String>,
     envelopes: Arc<[Envelope]>,
     next: u64,
 }
@@ -101,15 +119,18 @@ impl Bare {
     fn new(url: &str, name: &str) -> Bare {
         let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
         let key = format!("{{{name}}}:bare");
-        let _: () = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&key)
-            .arg("g")
-            .arg("0")
-            .arg("MKSTREAM")
-            .query(&mut conn)
-            .unwrap();
-        Bare { conn, key, envelopes: envelopes(), next: 1 }
+        let groups: Vec<String> = sinks();
+        for g in &groups {
+            let _: () = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&key)
+                .arg(g)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query(&mut conn)
+                .unwrap();
+        }
+        Bare { conn, key, groups, envelopes: envelopes(), next: 1 }
     }
 }
 
@@ -128,23 +149,25 @@ impl Side for Bare {
                 .arg(bytes.as_slice())
                 .query(&mut self.conn)
                 .unwrap();
-            let reply: redis::Value = redis::cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg("g")
-                .arg("c")
-                .arg("COUNT")
-                .arg(1)
-                .arg("STREAMS")
-                .arg(&self.key)
-                .arg(">")
-                .query(&mut self.conn)
-                .unwrap();
-            let (id, payload) = entry(&reply);
-            let mut aligned: AlignedVec = AlignedVec::with_capacity(payload.len());
-            aligned.extend_from_slice(payload);
-            let item = decode_item(&aligned).unwrap();
-            assert_eq!(item.position(), Some(Position(self.next)));
-            let _: i64 = redis::cmd("XACK").arg(&self.key).arg("g").arg(id).query(&mut self.conn).unwrap();
+            for g in &self.groups {
+                let reply: redis::Value = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(g)
+                    .arg("c")
+                    .arg("COUNT")
+                    .arg(1)
+                    .arg("STREAMS")
+                    .arg(&self.key)
+                    .arg(">")
+                    .query(&mut self.conn)
+                    .unwrap();
+                let (id, payload) = entry(&reply);
+                let mut aligned: AlignedVec = AlignedVec::with_capacity(payload.len());
+                aligned.extend_from_slice(payload);
+                let item = decode_item(&aligned).unwrap();
+                assert_eq!(item.position(), Some(Position(self.next)));
+                let _: i64 = redis::cmd("XACK").arg(&self.key).arg(g).arg(id).query(&mut self.conn).unwrap();
+            }
             self.next += 1;
         }
         start.elapsed()
