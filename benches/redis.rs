@@ -79,7 +79,8 @@ fn sinks() -> Vec<String> {
 impl Ours {
     fn new(url: &str, name: &str) -> Ours {
         let names = sinks();
-        let stream = RedisStream::builder(url, name).capacity(64).sinks(names.iter().cloned()).build().unwrap();
+        let stream =
+            RedisStream::builder(url, name).capacity(64).sinks(names.iter().cloned()).build().unwrap();
         let producers = names.iter().map(|n| stream.producer(n).unwrap()).collect();
         let consumers = names.iter().map(|n| stream.reattach(n).unwrap()).collect();
         Ours { stream, producers, consumers, envelopes: envelopes(), next: 1 }
