@@ -213,6 +213,26 @@ end
 "#,
     ),
     (
+        "absorb",
+        r#"
+-- Entry `an` was just acked at position `ap` (or `''`): moves the acked prefix on over the
+-- out-of-order acks in `A` that follow it (`oo` of them are recorded). Returns the new `an` and
+-- `oo`, how many it moved over, and the last position among them (else `ap`).
+local function absorb(A, an, oo, ap)
+  local moved = 0
+  while oo > 0 do
+    local m = redis.call('ZRANGEBYSCORE', A, an + 1, an + 1)
+    if not m[1] then break end
+    redis.call('ZREM', A, m[1])
+    oo, an, moved = oo - 1, an + 1, moved + 1
+    local p = string.match(m[1], ':(.*)$')
+    if p ~= '' then ap = p end
+  end
+  return an, oo, moved, ap
+end
+"#,
+    ),
+    (
         "fold",
         r#"
 -- A lane alone on its log: applies the acks recorded in its ack log `H:al` (an in-order ack
@@ -248,16 +268,10 @@ local function fold(H)
     if ee ~= ep or n <= an then
       -- another epoch's (dropped), or acked before
     elseif n == an + 1 then
-      an, ai = n, ai + 1
-      if p ~= '' then ap = p end
-      while oo > 0 do
-        local m = redis.call('ZRANGEBYSCORE', A, an + 1, an + 1)
-        if not m[1] then break end
-        redis.call('ZREM', A, m[1])
-        oo, an, ai = oo - 1, an + 1, ai + 1
-        local q = string.match(m[1], ':(.*)$')
-        if q ~= '' then ap = q end
-      end
+      if p == '' then p = ap end
+      local moved
+      an, oo, moved, ap = absorb(A, n, oo, p)
+      ai = ai + 1 + moved
     elseif redis.call('ZCOUNT', A, n, n) == 0 then
       redis.call('ZADD', A, n, en .. ':' .. p)
       oo = oo + 1
@@ -575,30 +589,19 @@ pub(crate) const ACK_ALONE: &str = r#"
 local H, A = KEYS[1], KEYS[2]
 local n = tonumber(ARGV[2])
 fold(H)
-local h = redis.call('HMGET', H, 'ep', 'an', 'ai', 'oo', 'pw')
-local an, oo = tonumber(h[2] or 0), tonumber(h[4] or 0)
-if (h[1] or '0') ~= ARGV[1] then
-  if ARGV[4] == '1' and is_acked(A, an, oo, n) then return {'unknown'} end
-  return {'detached'}
-end
-if is_acked(A, an, oo, n) then return {'ok'} end
+local h, settled = ack_fence(H, A, ARGV[1], n, ARGV[4])
+if not h then return settled end
+local an, oo = num(h[2]), num(h[4])
 if ARGV[5] ~= '1' then redis.call('HDEL', KEYS[3], s(n)) end
 if n ~= an + 1 then
   redis.call('ZADD', A, n, s(n) .. ':' .. ARGV[3])
   redis.call('HSET', H, 'oo', oo + 1)
   return {'ok'}
 end
-local moved, ap, oo0 = 1, ARGV[3], oo
-an = n
-while oo > 0 do
-  local m = redis.call('ZRANGEBYSCORE', A, an + 1, an + 1)
-  if not m[1] then break end
-  redis.call('ZREM', A, m[1])
-  oo, an, moved = oo - 1, an + 1, moved + 1
-  local p = string.match(m[1], ':(.*)$')
-  if p ~= '' then ap = p end
-end
-local ai = tonumber(h[3] or 0) + moved
+local oo0 = oo
+local moved, ap
+an, oo, moved, ap = absorb(A, n, oo, ARGV[3])
+local ai = num(h[3]) + 1 + moved
 -- Only the fields that change (each costs): the common in-order ack of a positioned item
 -- writes three.
 if oo == oo0 and h[5] ~= '1' and ap ~= '' then
