@@ -231,8 +231,8 @@ fn a_released_run_wakes_a_pending_recv_run_async() {
 /// second switch; one preemption inside the nack places it there, and bound 3 also covers the
 /// consumer being preempted inside its scan.
 #[test]
-fn a_half_released_run_is_not_overtaken_by_a_queued_item() {
-    support::model("a_half_released_run_is_not_overtaken_by_a_queued_item", 3, || {
+fn l2_a_half_released_run_is_not_overtaken_by_a_queued_item() {
+    support::model("l2_a_half_released_run_is_not_overtaken_by_a_queued_item", 3, || {
         let stream = MemoryStream::builder().capacity(3).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
         let mut producer = lane.producer().unwrap();

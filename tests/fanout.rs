@@ -348,7 +348,7 @@ fn shared_ring_l8_a_stale_run_keeps_reading_its_item_while_the_other_lane_moves_
 }
 
 #[test]
-fn fanout_publish_to_reaches_one_lane_on_separate_and_shared_rings() {
+fn fanout_l11_w5_publish_to_reaches_one_lane_and_its_gaps_are_passed_on_both_ring_kinds() {
     for shared_ring in [false, true] {
         let s = lanestream::MemoryStream::builder()
             .capacity(4)
