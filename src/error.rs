@@ -89,12 +89,17 @@ pub enum StreamError {
     /// The backend failed ([`BackendError`]); nothing was claimed.
     #[error("backend: {0}")]
     Backend(BackendError),
-    /// The stream's lanes share one ring ([`StreamBuilder::shared_ring`](crate::StreamBuilder::shared_ring)),
-    /// so they are published to only together, through the stream's
-    /// [`Fanout`](crate::Fanout) ([`MemoryStream::fanout`](crate::MemoryStream::fanout)); a
+    /// The stream's lanes share one ring ([`StreamBuilder::shared_ring`](crate::StreamBuilder::shared_ring))
+    /// or, over Redis, are fed by one fan-out (`RedisStreamBuilder::fanout`), so they are
+    /// published to only together, through the stream's fan-out
+    /// ([`MemoryStream::fanout`](crate::MemoryStream::fanout), `RedisStream::fanout`); a
     /// producer of one lane is refused.
-    #[error("lane {0} shares the stream's ring: publish through MemoryStream::fanout")]
+    #[error("lane {0} is published to only through the stream's fan-out")]
     SharedRing(SinkName),
+    /// The stream was not built for a fan-out over Redis (`RedisStreamBuilder::fanout`): its
+    /// lanes are published to through each lane's producer.
+    #[error("the stream was not built with fanout(true): publish through each lane's producer")]
+    NotFanout,
 }
 
 /// Implements the shared parts of the three publish errors: `into_inner`, the `is_*` helpers and

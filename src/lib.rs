@@ -74,7 +74,7 @@ pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
 #[cfg(feature = "redis")]
 pub use stream::redis::{
-    RedisConsumer, RedisDelivery, RedisItem, RedisProducer, RedisRequestSender, RedisStream,
+    RedisConsumer, RedisDelivery, RedisFanout, RedisItem, RedisProducer, RedisRequestSender, RedisStream,
     RedisStreamBuilder,
 };
 pub use stream::{

@@ -105,14 +105,44 @@ impl<T: RedisItem> RedisConsumer<T> {
         // SeqCst, as the increment: a nack counts itself before it is sent to Redis, so a
         // receive that starts after a nack completed reads the new count (the increment is a
         // read-modify-write made visible before the nack's write to the socket).
-        let nacks = self.nacks.load(Ordering::SeqCst);
-        let fast = self.clean_at == Some(nacks);
-        match self
-            .lane
-            .receive(pool, budget, epoch, self.requests + 1, self.expect, fast)
-            .map_err(TryRecvError::Backend)?
-        {
-            Received::Item { n, attempt, payload } => {
+        loop {
+            let nacks = self.nacks.load(Ordering::SeqCst);
+            let fast = self.clean_at == Some(nacks);
+            let received = self
+                .lane
+                .receive(pool, budget, epoch, self.requests + 1, self.expect, fast)
+                .map_err(TryRecvError::Backend)?;
+            if let Received::Item { n, attempt, gap: true, .. } = received {
+                // Another lane's entry on a fan-out stream: acked on the way past (no position,
+                // no delivery), then the next one.
+                self.requests += 1;
+                if attempt == 1 {
+                    self.expect = n + 1;
+                    self.clean_at = Some(nacks);
+                }
+                match self.lane.ack(pool, budget, epoch, n, None, attempt).map_err(TryRecvError::Backend)? {
+                    Acked::Done | Acked::Unknown => continue,
+                    Acked::Detached => {
+                        self.detached = true;
+                        return Err(TryRecvError::Detached);
+                    }
+                }
+            }
+            return self.deliver(received, nacks, epoch, budget);
+        }
+    }
+
+    /// The delivery (or the error) for what one receive found.
+    fn deliver(
+        &mut self,
+        received: Received,
+        nacks: u64,
+        epoch: u64,
+        budget: Budget,
+    ) -> Result<RedisDelivery<T>, TryRecvError> {
+        let pool = &self.shared.pool;
+        match received {
+            Received::Item { n, attempt, payload, .. } => {
                 self.requests += 1;
                 if attempt == 1 {
                     self.expect = n + 1;

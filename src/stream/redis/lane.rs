@@ -23,7 +23,9 @@ pub(crate) struct Scripts {
     nack: Script,
     attach: Script,
     claim_producer: Script,
-    release: Script,
+    pub(crate) claim_fanout: Script,
+    pub(crate) publish_fanout: Script,
+    pub(crate) release: Script,
     close: Script,
     trim: Script,
     stats: Script,
@@ -43,6 +45,8 @@ pub(crate) fn scripts() -> &'static Scripts {
             nack: s(scripts::NACK),
             attach: s(scripts::ATTACH),
             claim_producer: s(scripts::CLAIM_PRODUCER),
+            claim_fanout: s(scripts::CLAIM_FANOUT),
+            publish_fanout: s(scripts::PUBLISH_FANOUT),
             release: s(scripts::RELEASE_CLAIM),
             close: s(scripts::CLOSE),
             trim: s(scripts::TRIM),
@@ -57,19 +61,19 @@ pub(crate) fn pad(p: Option<Position>) -> String {
     p.map_or_else(String::new, |p| format!("{:020}", p.0))
 }
 
-fn unpad(s: &[u8]) -> Option<Position> {
+pub(crate) fn unpad(s: &[u8]) -> Option<Position> {
     std::str::from_utf8(s).ok().and_then(|s| s.parse::<u64>().ok()).map(Position)
 }
 
 /// The pieces of a script's reply.
-fn items(v: &Value) -> &[Value] {
+pub(crate) fn items(v: &Value) -> &[Value] {
     match v {
         Value::Array(items) => items,
         _ => &[],
     }
 }
 
-fn text(v: &Value) -> &[u8] {
+pub(crate) fn text(v: &Value) -> &[u8] {
     match v {
         Value::BulkString(b) => b,
         Value::SimpleString(s) => s.as_bytes(),
@@ -77,7 +81,7 @@ fn text(v: &Value) -> &[u8] {
     }
 }
 
-fn int(v: &Value) -> u64 {
+pub(crate) fn int(v: &Value) -> u64 {
     match v {
         Value::Int(i) => (*i).max(0) as u64,
         Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
@@ -86,7 +90,7 @@ fn int(v: &Value) -> u64 {
 }
 
 /// A malformed reply: a server-side failure as far as the caller is concerned.
-fn malformed(pool: &Pool, what: &str, v: &Value) -> BackendError {
+pub(crate) fn malformed(pool: &Pool, what: &str, v: &Value) -> BackendError {
     pool.record(format!("lanestream: unexpected reply to {what}: {v:?}"));
     BackendError::Server
 }
@@ -109,7 +113,14 @@ pub(crate) enum Published {
 
 /// What a receive found.
 pub(crate) enum Received {
-    Item { n: u64, attempt: u32, payload: Vec<u8> },
+    /// `gap`: an entry of a fan-out stream published to another lane (see "A fan-out stream"
+    /// in `scripts`): the consumer acks it on its way past.
+    Item {
+        n: u64,
+        attempt: u32,
+        payload: Vec<u8>,
+        gap: bool,
+    },
     Empty,
     Closed,
     Detached,
@@ -165,7 +176,12 @@ pub(crate) struct LaneDef {
     /// Its delivery log (`B:dl`, see "The delivery log" in `scripts`).
     delivery_log_key: String,
     /// Its publish log (`B:pl`, see "The publish log" in `scripts`; a sink lane's only).
-    publish_log_key: String,
+    pub(crate) publish_log_key: String,
+    /// A lane of a fan-out stream (see "A fan-out stream" in `scripts`): alone on its log as
+    /// far as its consumer is concerned; published to only by the stream's fan-out.
+    pub(crate) fanout: bool,
+    /// Every lane's publish log, for a lane of a fan-out stream (a close fences them all).
+    fanout_pls: Vec<String>,
     /// The ids keys of every lane that shares this lane's log (for the trim floor); the lane's
     /// own hash when it is alone on its log.
     pub(crate) trim_ids: Vec<String>,
@@ -196,6 +212,8 @@ impl LaneDef {
             scan: 16,
             alone: false,
             trim_ids: Vec::new(),
+            fanout: false,
+            fanout_pls: Vec::new(),
             capacity,
             sink: Some(sink),
             base,
@@ -221,6 +239,8 @@ impl LaneDef {
             scan: 0,
             alone: true,
             trim_ids: vec![base.clone()],
+            fanout: false,
+            fanout_pls: Vec::new(),
             capacity,
             sink: None,
             base,
@@ -233,6 +253,17 @@ impl LaneDef {
         self.scan = 0;
         self.alone = true;
         self.trim_ids = vec![self.base.clone()];
+    }
+
+    /// A lane of a fan-out stream whose lanes' hashes are `hashes` and publish logs `pls`: it
+    /// sees every entry of the log, as a lane alone on it does (its consumer's side runs that
+    /// lane's path), and the trim floor is the least acked prefix of all the lanes.
+    pub(crate) fn fanout_lane(&mut self, hashes: Vec<String>, pls: Vec<String>) {
+        self.scan = 0;
+        self.alone = true;
+        self.fanout = true;
+        self.trim_ids = hashes;
+        self.fanout_pls = pls;
     }
 
     fn alone_flag(&self) -> &'static str {
@@ -426,31 +457,42 @@ impl LaneDef {
         })?;
         if v == Value::Nil {
             // The fast path's: the expected entry, delivered by the delivery log.
-            return match range.as_ref().and_then(range_payload) {
-                Some(payload) => Ok(Received::Item { n: expect, attempt: 1, payload }),
+            return match range.as_ref().and_then(range_entry) {
+                Some((payload, target)) => {
+                    Ok(Received::Item { n: expect, attempt: 1, payload, gap: self.is_gap(target) })
+                }
                 None => Err(malformed(pool, "receive (XRANGE)", &v)),
             };
         }
         let r = items(&v);
         Ok(match r.first().map(text) {
-            Some(b"item") if r.len() == 4 || r.len() == 3 => {
+            Some(b"item") if (3..=5).contains(&r.len()) => {
                 let n = int(&r[1]);
-                let payload = match r.get(3) {
-                    Some(Value::BulkString(b)) => b.clone(),
+                let (payload, target) = match r.get(3) {
+                    Some(Value::BulkString(b)) => (b.clone(), r.get(4).map(|t| text(t).to_vec())),
                     // The expected entry: its payload is the pipelined XRANGE's.
-                    None if n == expect => match range.as_ref().and_then(range_payload) {
-                        Some(b) => b,
+                    None if n == expect => match range.as_ref().and_then(range_entry) {
+                        Some(entry) => entry,
                         None => return Err(malformed(pool, "receive (XRANGE)", &v)),
                     },
                     _ => return Err(malformed(pool, "receive", &v)),
                 };
-                Received::Item { n, attempt: int(&r[2]).min(u32::MAX as u64) as u32, payload }
+                let attempt = int(&r[2]).min(u32::MAX as u64) as u32;
+                Received::Item { n, attempt, payload, gap: self.is_gap(target) }
             }
             Some(b"empty") => Received::Empty,
             Some(b"closed") => Received::Closed,
             Some(b"detached") => Received::Detached,
             _ => return Err(malformed(pool, "receive", &v)),
         })
+    }
+
+    /// Whether an entry published to `target` (`None`: to every lane) is a gap on this lane.
+    fn is_gap(&self, target: Option<Vec<u8>>) -> bool {
+        match (target, &self.sink) {
+            (Some(t), Some(sink)) => t != sink.as_str().as_bytes(),
+            _ => false,
+        }
     }
 
     /// The receive of new entry `n`, the one the consumer of `epoch` expects, on a lane alone on
@@ -479,7 +521,7 @@ impl LaneDef {
         let mut replies: Vec<Value> = pipe.query(c)?;
         let range = replies.pop();
         let logged = matches!(replies.first(), Some(Value::BulkString(_)));
-        Ok(range.filter(|r| logged && range_payload(r).is_some()))
+        Ok(range.filter(|r| logged && range_entry(r).is_some()))
     }
 
     /// Acks entry `n`, whose item is at `position`, delivered as `attempt`.
@@ -659,16 +701,19 @@ impl LaneDef {
     }
 
     pub(crate) fn close(&self, pool: &Pool, budget: Budget) -> Result<(), BackendError> {
-        let alone = if self.alone && self.sink.is_some() { "1" } else { "0" };
+        let mode = match (self.fanout, self.alone && self.sink.is_some()) {
+            (true, _) => "f",
+            (false, true) => "1",
+            (false, false) => "0",
+        };
         pool.run(budget, |c, _| {
-            scripts()
-                .close
-                .key(&self.base)
-                .key(&self.log)
-                .arg(&self.base)
-                .arg(alone)
-                .arg(scripts::LOG_FENCE_ID)
-                .invoke::<i64>(c)
+            let mut inv = scripts().close.prepare_invoke();
+            inv.key(&self.base).key(&self.log);
+            for pl in &self.fanout_pls {
+                inv.key(pl);
+            }
+            inv.arg(&self.base).arg(mode).arg(scripts::LOG_FENCE_ID);
+            inv.invoke::<i64>(c)
         })
         .map(drop)
     }
@@ -792,17 +837,20 @@ fn run_script(c: &mut Connection, script: &Script, eval: &Cmd, then: Option<Cmd>
     Ok(replies)
 }
 
-/// The `d` field (the payload) of the one entry in an `XRANGE` reply.
-fn range_payload(v: &Value) -> Option<Vec<u8>> {
+/// The `d` field (the payload) of the one entry in an `XRANGE` reply, and its `t` field (the
+/// one lane a fan-out's entry was published to), if any.
+fn range_entry(v: &Value) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
     let entry = items(items(v).first()?);
     let fields = items(entry.get(1)?);
-    match fields.first().map(text) {
-        Some(b"d") => match fields.get(1)? {
-            Value::BulkString(b) => Some(b.clone()),
-            _ => None,
-        },
+    let payload = match (fields.first().map(text), fields.get(1)?) {
+        (Some(b"d"), Value::BulkString(b)) => b.clone(),
+        _ => return None,
+    };
+    let target = match (fields.get(4).map(text), fields.get(5)) {
+        (Some(b"t"), Some(t)) => Some(text(t).to_vec()),
         _ => None,
-    }
+    };
+    Some((payload, target))
 }
 
 /// Runs a plain command, for the stream's set-up and reads.

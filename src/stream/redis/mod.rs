@@ -8,6 +8,7 @@
 //! - `shared`: what every end of a stream holds (connections, lane keys) and the ends' claims.
 //! - `waiter`: the helper thread behind the async waits.
 //! - `producer`: [`RedisProducer`] and [`RedisRequestSender`].
+//! - `fanout`: [`RedisFanout`], the one publisher of a fan-out stream.
 //! - `consumer`: [`RedisConsumer`] and [`RedisDelivery`].
 //! - `stream`: [`RedisStream`], its builder and the port.
 //!
@@ -20,6 +21,7 @@
 
 mod conn;
 mod consumer;
+mod fanout;
 mod item;
 mod lane;
 mod producer;
@@ -29,6 +31,7 @@ mod stream;
 mod waiter;
 
 pub use self::consumer::{RedisConsumer, RedisDelivery};
+pub use self::fanout::RedisFanout;
 pub use self::item::RedisItem;
 pub use self::producer::{RedisProducer, RedisRequestSender};
 pub use self::stream::{RedisStream, RedisStreamBuilder};

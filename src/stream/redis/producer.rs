@@ -20,9 +20,9 @@ use crate::position::Position;
 use crate::stream::port::{LaneProducer, RequestPublisher};
 
 /// An item checked and encoded for a publish: its position and its payload.
-struct Encoded {
-    position: Option<Position>,
-    bytes: AlignedVec,
+pub(super) struct Encoded {
+    pub(super) position: Option<Position>,
+    pub(super) bytes: AlignedVec,
 }
 
 /// Checks and encodes `item`; hands it back if it cannot be published.
@@ -74,7 +74,7 @@ fn publish_step<T: RedisItem>(
 }
 
 /// [`encode`], mapping a refusal to the error that hands `item` back.
-fn encoded<T: RedisItem>(shared: &Shared, item: T) -> Result<(T, Encoded), TryPublishError<T>> {
+pub(super) fn encoded<T: RedisItem>(shared: &Shared, item: T) -> Result<(T, Encoded), TryPublishError<T>> {
     match encode(shared, &item) {
         Ok(e) => Ok((item, e)),
         Err(None) => Err(TryPublishError::InvalidPosition(item)),
@@ -82,7 +82,7 @@ fn encoded<T: RedisItem>(shared: &Shared, item: T) -> Result<(T, Encoded), TryPu
     }
 }
 
-fn timeout_error<T>(e: TryPublishError<T>) -> PublishTimeoutError<T> {
+pub(super) fn timeout_error<T>(e: TryPublishError<T>) -> PublishTimeoutError<T> {
     match e {
         TryPublishError::Full(t) => PublishTimeoutError::Timeout(t),
         other => match other.into_waitable() {
@@ -121,7 +121,7 @@ fn publish_until<T>(
     }
 }
 
-fn waitable<T>(e: PublishTimeoutError<T>) -> PublishError<T> {
+pub(super) fn waitable<T>(e: PublishTimeoutError<T>) -> PublishError<T> {
     match e {
         PublishTimeoutError::Timeout(_) => unreachable!("a wait without a deadline never times out"),
         PublishTimeoutError::Closed(t) => PublishError::Closed(t),

@@ -97,6 +97,31 @@
 //! `fold_dl`), an attach, a nack, the stats, `is_idle`. A capacity lowered by another process's
 //! build applies to a producer from its next gate (at most 64 publishes later).
 
+//!
+//! # A fan-out stream
+//! A stream built with `fanout(true)` is published to only through its one fan-out
+//! (`RedisFanout`): every entry of the log goes to every lane (an entry published to one lane is
+//! a *gap* for the others), so every lane owns every entry of the log as a lane alone on its log
+//! does, and runs that lane's hot path unchanged (the delivery log, the ack log, no ids set, no
+//! group pending list). Only the publishing and the trim differ:
+//! - The fan-out publishes entry `n` with one `MULTI` of plain `XADD`s of id `<n>-<fan-out
+//!   epoch>`: the entry (with its payload, once) to the log, and its record to every lane's
+//!   publish log (`p` the position, or `''` on a lane the entry is not for); then `HMGET`s of
+//!   each lane's `w` and `ep`. The log's and the publish logs' last ids move together (the same
+//!   id lands on each, the claim and a close set them all alike), so the `XADD`s of one publish
+//!   all land or are all refused.
+//! - Claiming the fan-out (`CLAIM_FANOUT`) raises the fan-out epoch `fe` in the meta hash, and the
+//!   last ids to `<pub + 1>-<fe - 1>`: an older fan-out's next publish is refused. Closing any
+//!   lane raises them to [`LOG_FENCE_ID`]: the fan-out publishes no more (as the in-memory
+//!   fan-out, which refuses while any lane is closed), while the other lanes' consumers drain
+//!   what was published.
+//! - The gate (`PUBLISH_FANOUT`) checks every lane (and answers the room as the least `ai + cap`);
+//!   it runs when the fan-out cannot prove room, on every 64th entry (it trims the log below the
+//!   least acked prefix of all the lanes) and after a refused `XADD`.
+//! - An entry published to one lane carries a field `t`, that lane's sink. Another lane's
+//!   consumer that receives it acks it on its way past (a plain ack, no position) and receives
+//!   on: the gap costs that lane one round trip and no delivery.
+
 /// Shared helpers: each script gets those it calls prepended, not the rest (every `local
 /// function` is a closure made on every run of a script). See [`source`].
 const HELPERS: &[(&str, &str)] = &[
@@ -308,12 +333,18 @@ end
         r#"
 -- Trims the log below every lane's acked prefix (never above): the entries before each lane's
 -- first unacked one. ARGV[first..] are the ids keys of every lane sharing the log, or (`alone`)
--- the hash of the one lane that owns it, whose first unacked entry is `an + 1`.
+-- the hash of the one lane that owns it, whose first unacked entry is `an + 1` (the hashes of
+-- every lane of a fan-out stream, each of which sees every entry).
 local function trim(L, M, seqf, trimf, alone, first)
   local floor
   if alone then
-    fold(ARGV[first])
-    floor = num(redis.call('HGET', ARGV[first], 'an'))
+    -- (A fan-out stream's lanes each see every entry: the lowest acked prefix of them all.)
+    for i = first, #ARGV do
+      fold(ARGV[i])
+      local an = num(redis.call('HGET', ARGV[i], 'an'))
+      if not floor or an < floor then floor = an end
+    end
+    floor = floor or 0
   else
     floor = num(redis.call('HGET', M, seqf))
     for i = first, #ARGV do
@@ -445,8 +476,10 @@ pub(crate) const LOG_FENCE_ID: &str = "18446744073709551615-0";
 /// (`0`: none; on a lane alone on its log an expected entry at or below `rd`, after the fold of
 /// the delivery log, was recorded but not received, and is delivered now).
 ///
-/// Replies `{'item', n, attempt, payload}`, or `{'item', n, 1}` without the payload when a lane
-/// alone on its log delivers the new entry the client expected: the client reads that entry's
+/// Replies `{'item', n, attempt, payload}` (with a fifth element, the entry's target sink, for
+/// an entry of a fan-out stream published to one lane: see "A fan-out stream"), or
+/// `{'item', n, 1}` without the payload when a lane alone on its log delivers the new entry the
+/// client expected: the client reads that entry's
 /// payload with a plain `XRANGE` sent in the same round trip, after this script (entries are
 /// never changed, and an unacked one is never trimmed), so the payload does not cross Lua.
 /// Such a lane writes nothing to the log on a delivery (see "A lane alone on its log").
@@ -461,18 +494,18 @@ if lq and string.sub(lq, 1, #rq + 1) == rq .. ':' then
   -- A retried request (`lq` is `request:entry:attempt`): the same delivery again.
   local m, a = string.match(lq, ':(%d+):(%d+)$')
   local e = redis.call('XRANGE', L, m, m)
-  return {'item', tonumber(m), tonumber(a), e[1][2][2]}
+  return {'item', tonumber(m), tonumber(a), e[1][2][2], e[1][2][6]}
 end
 local nrel = tonumber(h[3] or 0)
 if nrel > 0 then
   local r = redis.call('ZRANGE', R, 0, 0)
   local n = tonumber(r[1])
   redis.call('ZREM', R, r[1])
-  local payload, attempt
+  local payload, attempt, target
   if alone then
     local e = redis.call('XRANGE', L, s(n), s(n))
     if not e[1] then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
-    payload = e[1][2][2]
+    payload, target = e[1][2][2], e[1][2][6]
     attempt = 1 + redis.call('HINCRBY', T, s(n), 1)
   else
     local c = redis.call('XCLAIM', L, group, consumer, 0, s(n) .. '-0')
@@ -482,7 +515,7 @@ if nrel > 0 then
   end
   redis.call('HSET', H, 'nrel', nrel - 1, 'lq', rq .. ':' .. s(n) .. ':' .. s(attempt))
   redis.call('HINCRBY', H, 'rdl', 1)
-  return {'item', n, attempt, payload}
+  return {'item', n, attempt, payload, target}
 end
 local rd = tonumber(h[4] or 0)
 local expect = tonumber(ARGV[7])
@@ -501,14 +534,14 @@ end
 local n = rd + 1
 if alone then
   -- Entry numbers have no gaps: items read = `rd` (`nread` is kept for `STATS`).
-  local payload
+  local payload, target
   if tonumber(ARGV[7]) ~= n then
     local e = redis.call('XRANGE', L, s(n), s(n))
     if not e[1] then return redis.error_reply('lanestream: log entry ' .. s(n) .. ' is missing') end
-    payload = e[1][2][2]
+    payload, target = e[1][2][2], e[1][2][6]
   end
   redis.call('HSET', H, 'rd', n, 'nread', n, 'lq', rq .. ':' .. s(n) .. ':1')
-  return {'item', n, 1, payload}
+  return {'item', n, 1, payload, target}
 end
 -- A log shared with other lanes: the lane's next entry is the first of its ids after `rd`.
 local nx = redis.call('ZRANGEBYSCORE', I, '(' .. s(rd), '+inf', 'LIMIT', 0, 1)
@@ -732,6 +765,82 @@ h = redis.call('HMGET', H, 'pe', 'pub', 'lp')
 return {'ok', tonumber(h[1]), num(h[2]), h[3] or ''}
 "#;
 
+/// Claim the fan-out of a fan-out stream (only if the claim is still `expected`): a new
+/// fan-out epoch `fe` (in the meta hash) that fences the previous fan-out's publishes off, as
+/// `CLAIM_PRODUCER` does for one lane (see "A fan-out stream").
+///
+/// KEYS: meta, log, then every lane's hash. ARGV: expected claim, new claim, `LOG_FENCE_ID`.
+/// Replies `{'ok', epoch, published, lp of each lane...}`, or `{'busy', holder}`.
+pub(crate) const CLAIM_FANOUT: &str = r#"
+local M = KEYS[1]
+local cur = redis.call('HGET', M, 'fh') or ''
+if cur ~= ARGV[2] then
+  if cur ~= ARGV[1] then return {'busy', cur} end
+  if not redis.call('HGET', M, 'fe') then redis.call('HSET', M, 'fe', clock_base()) end
+  redis.call('HINCRBY', M, 'fe', 1)
+  redis.call('HSET', M, 'fh', ARGV[2])
+end
+local fe = num(redis.call('HGET', M, 'fe'))
+local pub, closed, lps = 0, false, {}
+for i = 3, #KEYS do
+  fold_pl(KEYS[i])
+  local h = redis.call('HMGET', KEYS[i], 'pub', 'closed', 'lp')
+  pub = math.max(pub, num(h[1]))
+  if h[2] == '1' then closed = true end
+  lps[#lps + 1] = h[3] or ''
+end
+local id = ARGV[3]
+if not closed then id = s(pub + 1) .. '-' .. s(fe - 1) end
+fence(KEYS[2], id)
+for i = 3, #KEYS do fence(KEYS[i] .. ':pl', id) end
+local r = {'ok', fe, pub}
+for _, lp in ipairs(lps) do r[#r + 1] = lp end
+return r
+"#;
+
+/// The gate of a fan-out's publish (see "A fan-out stream"): for every lane, the checks of
+/// `PUBLISH_ALONE` (fenced, a duplicate, closed, a position that does not rise on a lane the
+/// entry goes to, full), the trim every 64th entry, and the room (`{'ok', room}`: every lane
+/// takes publishes up to count `room`, the least `ai + cap`). Writes nothing else: the publish
+/// is the client's `MULTI` of plain `XADD`s that follows.
+///
+/// KEYS: meta, log, then every lane's hash. ARGV: fan-out epoch, the count after this publish
+/// (= the entry number `n`), position (padded, or empty), the lane the entry goes to (1-based;
+/// 0: every lane), the meta field numbering the entries, the meta field of the log's trim floor,
+/// then every lane's hash again (for the trim floor). Replies `{'full', lane}` (1-based) for
+/// the first full lane, whose publishers' bell the publisher waits on.
+pub(crate) const PUBLISH_FANOUT: &str = r#"
+local M, L = KEYS[1], KEYS[2]
+local want, pos, to = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+if (redis.call('HGET', M, 'fe') or '') ~= ARGV[1] then return {'fenced'} end
+local room = nil
+for i = 3, #KEYS do
+  local H = KEYS[i]
+  fold_pl(H)
+  local h = redis.call('HMGET', H, 'pub', 'closed', 'lp', 'ai', 'cap')
+  local pub = num(h[1])
+  if pub == want then return {'dup'} end
+  if pub ~= want - 1 then return {'fenced'} end
+  if h[2] == '1' then return {'closed'} end
+  local lp = h[3]
+  if pos ~= '' and (to == 0 or to == i - 2) and lp and lp ~= '' and pos <= lp then
+    return {'regressed', lp}
+  end
+  local ai, cap = num(h[4]), num(h[5])
+  if pub - ai >= cap then
+    fold(H)
+    ai = num(redis.call('HGET', H, 'ai'))
+  end
+  if pub - ai >= cap then
+    redis.call('HSET', H, 'pw', '1')
+    return {'full', i - 2}
+  end
+  if not room or ai + cap < room then room = ai + cap end
+end
+if want % 64 == 0 then trim(L, M, ARGV[5], ARGV[6], true, 7) end
+return {'ok', room}
+"#;
+
 /// Give a claim up (a dropped end), if it is still ours.
 ///
 /// KEYS: lane hash. ARGV: field, our claim.
@@ -750,14 +859,17 @@ return 0
 
 /// Close a lane and wake everyone waiting on it.
 ///
-/// KEYS: lane hash, log. ARGV: base, `1` for a sink lane alone on its log (its log's and
-/// publish log's last ids are raised to `LOG_FENCE_ID`, the third argument: no `XADD` of its
-/// producer lands any more).
+/// KEYS: lane hash, log, then (a lane of a fan-out stream) every lane's publish log. ARGV: base,
+/// `1` for a sink lane alone on its log, `f` for a lane of a fan-out stream (the log's and the
+/// publish logs' last ids are raised to `LOG_FENCE_ID`, the third argument: no `XADD` of the
+/// producer, or of the fan-out, lands any more).
 pub(crate) const CLOSE: &str = r#"
 redis.call('HSET', KEYS[1], 'closed', '1')
 if ARGV[2] == '1' then
   fence(KEYS[2], ARGV[3])
   fence(KEYS[1] .. ':pl', ARGV[3])
+elseif ARGV[2] == 'f' then
+  for i = 2, #KEYS do fence(KEYS[i], ARGV[3]) end
 end
 ring(ARGV[1] .. ':bell:' .. (redis.call('HGET', KEYS[1], 'ep') or '0'))
 ring(ARGV[1] .. ':pbell')

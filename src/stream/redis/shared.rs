@@ -23,6 +23,8 @@ pub(crate) struct Shared {
     pub(crate) watermark: Mutex<Option<Position>>,
     /// The last request-lane stats read, returned while Redis cannot be reached.
     pub(crate) request_stats: Mutex<Option<LaneStats>>,
+    /// Built with `fanout(true)`: the lanes are published to only through the fan-out.
+    pub(crate) fanout: bool,
 }
 
 impl Shared {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::conn::lock;
 use super::conn::{Budget, Pool, Settings};
 use super::consumer::RedisConsumer;
+use super::fanout::{self, RedisFanout};
 use super::lane::{query, LaneDef};
 use super::producer::{RedisProducer, RedisRequestSender};
 use super::shared::Shared;
@@ -43,6 +44,7 @@ pub struct RedisStreamBuilder {
     capacity: usize,
     request_capacity: usize,
     sinks: Vec<String>,
+    fanout: bool,
     settings: Settings,
 }
 
@@ -60,6 +62,7 @@ impl RedisStreamBuilder {
             capacity: Self::DEFAULT_CAPACITY,
             request_capacity: 64,
             sinks: Vec::new(),
+            fanout: false,
             settings: Settings::default(),
         }
     }
@@ -89,6 +92,18 @@ impl RedisStreamBuilder {
         S: Into<String>,
     {
         self.sinks.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Whether the lanes are published to only together, through the stream's one
+    /// [`RedisFanout`] ([`RedisStream::fanout`]; default `false`: each lane through its own
+    /// [`RedisProducer`]). With it each item is written once into the stream's log and published
+    /// to every lane in one round trip, and no script runs on the hot path of any lane (each
+    /// lane's consumer reads every entry of the log, as a lane alone on its log does); a lane's
+    /// own producer is refused with [`StreamError::SharedRing`]. Stored with the stream: every
+    /// process that builds it must ask for the same (else [`BuildError::Mismatch`]).
+    pub fn fanout(mut self, fanout: bool) -> Self {
+        self.fanout = fanout;
         self
     }
 
@@ -126,10 +141,14 @@ impl RedisStreamBuilder {
         let mut lanes: Vec<LaneDef> =
             sinks.iter().map(|s| LaneDef::sink(&prefix, s.clone(), self.capacity)).collect();
         let trim_ids: Vec<String> = lanes.iter().map(|l| l.ids_key().to_owned()).collect();
+        let hashes: Vec<String> = lanes.iter().map(|l| l.base.clone()).collect();
+        let pls: Vec<String> = lanes.iter().map(|l| l.publish_log_key.clone()).collect();
         let alone = lanes.len() == 1;
         for lane in &mut lanes {
             lane.trim_ids = trim_ids.clone();
-            if alone {
+            if self.fanout {
+                lane.fanout_lane(hashes.clone(), pls.clone());
+            } else if alone {
                 lane.alone();
             }
         }
@@ -148,6 +167,23 @@ impl RedisStreamBuilder {
             return Err(BuildError::Mismatch(format!(
                 "stream {:?} has sinks [{stored}], this build asked for [{names}]",
                 self.name
+            )));
+        }
+        // The publishing mode: each lane's producer or the one fan-out (their keys differ).
+        let mode = if self.fanout { "fanout" } else { "lanes" };
+        let stored: String = query(&pool, Budget::Retry, |c| {
+            let mut pipe = ::redis::pipe();
+            pipe.cmd("HSETNX").arg(&meta).arg("mode").arg(mode).ignore();
+            pipe.cmd("HGET").arg(&meta).arg("mode");
+            pipe.query::<(String,)>(c).map(|(m,)| m)
+        })
+        .map_err(backend)?;
+        if stored != mode {
+            return Err(BuildError::Mismatch(format!(
+                "stream {:?} is published to by {}, this build asked for {}",
+                self.name,
+                if stored == "fanout" { "its fan-out" } else { "each lane's producer" },
+                if self.fanout { "a fan-out" } else { "a producer per lane" },
             )));
         }
         for lane in lanes.iter().chain([&requests]) {
@@ -184,6 +220,7 @@ impl RedisStreamBuilder {
             requests: Arc::new(requests),
             watermark: Mutex::new(None),
             request_stats: Mutex::new(None),
+            fanout: self.fanout,
         };
         Ok(RedisStream { shared: Arc::new(shared), name: self.name })
     }
@@ -249,6 +286,22 @@ impl RedisStream {
     /// after a connection lost mid-call may land twice ([R2](crate::contract#r2)).
     pub fn connection_errors(&self) -> u64 {
         self.shared.pool.connection_errors()
+    }
+
+    /// The stream's one publisher, for a stream built with
+    /// [`fanout(true)`](RedisStreamBuilder::fanout): each item written once and published to
+    /// every lane. Claims the fan-out across processes (one lives at a time; a claim of a dead
+    /// process's is taken over, and the older fan-out's publishes are refused from then on).
+    ///
+    /// # Errors
+    /// [`StreamError::NotFanout`] for a stream built without it; [`StreamError::ProducerBusy`]
+    /// (naming the first sink) while another fan-out of the stream is alive;
+    /// [`StreamError::Backend`].
+    pub fn fanout(&self) -> Result<RedisFanout, StreamError> {
+        if !self.shared.fanout {
+            return Err(StreamError::NotFanout);
+        }
+        fanout::claim(&self.shared, self.shared.pool.token())
     }
 
     fn lane(&self, sink: &str) -> Result<&Arc<LaneDef>, StreamError> {
@@ -396,8 +449,14 @@ impl Stream for RedisStream {
         &self.shared.sinks
     }
 
+    /// The producer of `sink`'s lane; refused with [`StreamError::SharedRing`] on a stream
+    /// built with [`fanout(true)`](RedisStreamBuilder::fanout) (publish through
+    /// [`fanout`](RedisStream::fanout)).
     fn producer(&self, sink: &str) -> Result<RedisProducer, StreamError> {
         let lane = self.lane(sink)?;
+        if self.shared.fanout {
+            return Err(StreamError::SharedRing(lane.sink.clone().expect("a sink lane")));
+        }
         let token = self.shared.pool.token();
         let (epoch, published, last) = self.shared.claim_producer(lane, token)?;
         Ok(RedisProducer::new(self.shared.clone(), lane.clone(), epoch, published, last, token))

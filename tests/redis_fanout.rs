@@ -1,0 +1,337 @@
+//! The Redis backend's fan-out stream (`RedisStreamBuilder::fanout`): one publisher writes each
+//! item once into the log, every lane reads every entry. The rules it shares with the in-memory
+//! fan-out over a shared ring (`tests/fanout.rs`): every lane gets every item, in order, once
+//! (L2); the slowest lane bounds the publisher (L3); positions rise on every lane (L4);
+//! `publish_to` reaches one lane, the others pass a gap (W5); a closed lane refuses the fan-out
+//! (L10); one fan-out lives at a time, an older one is fenced (L9); state survives a restart.
+//!
+//! Needs a server (`LANESTREAM_REDIS_URL`), as `tests/redis_contract.rs`.
+#![cfg(feature = "redis")]
+
+mod common;
+#[macro_use]
+mod redis_support;
+
+use std::thread;
+use std::time::Duration;
+
+use common::batch;
+use lanestream::{
+    AckError, BackendError, BuildError, LaneConsumer, LaneItem, Position, PublishError, RedisDelivery,
+    RedisStream, Stream, StreamError, TryPublishError, TryRecvError,
+};
+use redis_support::{delete_keys, unique_name};
+
+const SINKS: [&str; 3] = ["search", "cache", "archive"];
+
+/// Deletes the test stream's keys when dropped, also when the test panicked.
+struct Cleanup {
+    url: String,
+    name: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection()) {
+            let _ = delete_keys(&mut conn, &self.name);
+        }
+    }
+}
+
+fn setup(url: &str) -> (String, Cleanup, redis::Connection) {
+    let name = unique_name("lsf");
+    let admin = redis::Client::open(url).unwrap().get_connection().unwrap();
+    (name.clone(), Cleanup { url: url.to_owned(), name }, admin)
+}
+
+fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
+    RedisStream::builder(url, name)
+        .capacity(capacity)
+        .sinks(SINKS)
+        .fanout(true)
+        .retry_for(Duration::from_secs(2))
+        .build()
+        .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
+}
+
+fn log_ids(admin: &mut redis::Connection, name: &str) -> Vec<u64> {
+    let v: Vec<(String, redis::Value)> =
+        redis::cmd("XRANGE").arg(format!("{{{name}}}:log")).arg("-").arg("+").query(admin).unwrap();
+    v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
+}
+
+fn pos(d: &RedisDelivery<LaneItem>) -> u64 {
+    d.position().unwrap().0
+}
+
+/// (position, attempt) of every delivery until the lane is empty; each acked.
+fn drain_ack(c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>) -> Vec<(u64, u32)> {
+    let mut got = Vec::new();
+    loop {
+        match c.try_recv() {
+            Ok(d) => {
+                got.push((pos(&d), d.attempt()));
+                d.ack().unwrap();
+            }
+            Err(TryRecvError::Empty) => return got,
+            Err(e) => panic!("drain: {e:?}"),
+        }
+    }
+}
+
+fn firsts(range: std::ops::RangeInclusive<u64>) -> Vec<(u64, u32)> {
+    range.map(|p| (p, 1)).collect()
+}
+
+#[test]
+fn every_lane_gets_every_item_once_in_order_and_the_log_holds_each_once() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let stream = open(&url, &name, 64);
+    let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
+    let mut fanout = stream.fanout().unwrap();
+    assert_eq!(fanout.lanes(), 3);
+    for p in 1..=20 {
+        fanout.publish(batch(p)).unwrap();
+    }
+    assert_eq!(log_ids(&mut admin, &name), (1..=20).collect::<Vec<_>>(), "one entry per item");
+    for (sink, c) in SINKS.iter().zip(&mut consumers) {
+        assert_eq!(drain_ack(c), firsts(1..=20), "lane {sink}");
+        let st = stream.stats(sink).unwrap();
+        assert_eq!((st.published, st.acked_items, st.acked), (20, 20, Some(Position(20))), "{st:?}");
+    }
+    assert_eq!(stream.watermark(), Some(Position(20)));
+    assert!(stream.is_idle());
+}
+
+#[test]
+fn a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let stream = open(&url, &name, 8);
+    match stream.producer("cache") {
+        Err(StreamError::SharedRing(sink)) => assert_eq!(sink.as_str(), "cache"),
+        other => panic!("a lane producer of a fan-out stream: {other:?}"),
+    }
+    let other = RedisStream::builder(&url, &name).sinks(SINKS).build();
+    assert!(matches!(other, Err(BuildError::Mismatch(_))), "{other:?}");
+    let (plain, _c2, _a2) = setup(&url);
+    let plain_stream = RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
+    assert!(matches!(plain_stream.fanout(), Err(StreamError::NotFanout)));
+    let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
+    assert!(matches!(fanout_build, Err(BuildError::Mismatch(_))), "{fanout_build:?}");
+}
+
+/// L3: the slowest lane bounds the fan-out; an ack of that lane makes room, also for a publish
+/// waiting on another thread.
+#[test]
+fn the_slowest_lane_bounds_the_fanout_and_its_ack_wakes_a_waiting_publish() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let stream = open(&url, &name, 4);
+    let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
+    let mut fanout = stream.fanout().unwrap();
+    for p in 1..=4 {
+        fanout.try_publish(batch(p)).unwrap();
+    }
+    // Lanes 0 and 2 ack everything; lane 1 acks nothing: still full.
+    assert_eq!(drain_ack(&mut consumers[0]), firsts(1..=4));
+    assert_eq!(drain_ack(&mut consumers[2]), firsts(1..=4));
+    match fanout.try_publish(batch(5)) {
+        Err(TryPublishError::Full(item)) => assert_eq!(item.position(), Some(Position(5))),
+        other => panic!("a full lane: {other:?}"),
+    }
+    let slow = thread::spawn({
+        let stream = stream.clone();
+        move || {
+            let mut c = stream.reattach("cache").unwrap();
+            thread::sleep(Duration::from_millis(200));
+            let d = c.recv().unwrap().unwrap();
+            assert_eq!((pos(&d), d.attempt()), (1, 1));
+            d.ack().unwrap();
+            c
+        }
+    });
+    // Waits for the slow lane's ack (bounded: a failing slow thread must not hang the test).
+    fanout.publish_timeout(batch(5), Duration::from_secs(20)).unwrap();
+    let mut cache = slow.join().unwrap();
+    assert_eq!(drain_ack(&mut cache), firsts(2..=5));
+    assert_eq!(drain_ack(&mut consumers[0]), firsts(5..=5));
+    assert_eq!(drain_ack(&mut consumers[2]), firsts(5..=5));
+    assert_eq!(stream.watermark(), Some(Position(5)));
+}
+
+/// W5 and L4: an item published to one lane reaches it alone (the others pass the gap without
+/// a delivery), and positions must rise on the lanes an item goes to.
+#[test]
+fn publish_to_reaches_one_lane_and_the_others_pass_the_gap() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let stream = open(&url, &name, 8);
+    let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
+    let mut fanout = stream.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    fanout.publish_to(1, batch(2)).unwrap();
+    // Position 2 went to lane 1 only: lane 0 may take it, lane 1 may not.
+    match fanout.try_publish_to(1, batch(2)) {
+        Err(TryPublishError::PositionRegressed { position, last, .. }) => {
+            assert_eq!((position, last), (Position(2), Position(2)))
+        }
+        other => panic!("a position not above lane 1's last: {other:?}"),
+    }
+    fanout.publish_to(0, batch(2)).unwrap();
+    match fanout.publish(batch(2)) {
+        Err(PublishError::PositionRegressed { .. }) => {}
+        other => panic!("not above every lane's last: {other:?}"),
+    }
+    fanout.publish(batch(3)).unwrap();
+    assert_eq!(drain_ack(&mut consumers[0]), firsts(1..=3));
+    assert_eq!(drain_ack(&mut consumers[1]), firsts(1..=3));
+    assert_eq!(drain_ack(&mut consumers[2]), vec![(1, 1), (3, 1)], "the gaps are not delivered");
+    for sink in SINKS {
+        let st = stream.stats(sink).unwrap();
+        assert_eq!((st.published, st.acked_items, st.acked), (4, 4, Some(Position(3))), "{sink}: {st:?}");
+    }
+    assert!(stream.is_idle());
+    // A trailing gap is passed by the next receive, which then finds the lane empty.
+    fanout.publish_to(2, batch(4)).unwrap();
+    assert!(!stream.is_idle());
+    assert!(matches!(consumers[0].try_recv(), Err(TryRecvError::Empty)));
+    assert!(matches!(consumers[1].try_recv(), Err(TryRecvError::Empty)));
+    assert_eq!(drain_ack(&mut consumers[2]), firsts(4..=4));
+    assert!(stream.is_idle());
+    assert_eq!(stream.watermark(), Some(Position(3)), "lanes 0 and 1 are acked to 3");
+}
+
+/// L9 across processes: a second process takes the fan-out over only from a dead holder, and
+/// the older fan-out's publishes (on room it knew) land nothing afterwards.
+#[test]
+fn a_fanout_claimed_by_another_process_fences_the_old_one() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s1 = open(&url, &name, 1024);
+    let mut old = s1.fanout().unwrap();
+    for p in 1..=5 {
+        old.publish(batch(p)).unwrap();
+    }
+    let s2 = open(&url, &name, 1024);
+    assert!(matches!(s2.fanout(), Err(StreamError::ProducerBusy(_))), "the holder is alive");
+    // The old holder's claim is gone without a word (as if its process died; its handle lives).
+    let _: i64 =
+        redis::cmd("HSET").arg(format!("{{{name}}}:meta")).arg("fh").arg("").query(&mut admin).unwrap();
+    let mut live = s2.fanout().unwrap();
+    let fenced = |r: Result<(), TryPublishError<LaneItem>>| {
+        matches!(r, Err(TryPublishError::Backend { error: BackendError::Fenced, .. }))
+    };
+    assert!(fenced(old.try_publish(batch(6))), "the old fan-out at the fence");
+    for p in 6..=70 {
+        live.publish(batch(p)).unwrap();
+    }
+    for k in 0..70 {
+        assert!(fenced(old.try_publish(batch(1000 + k))), "old publish {k}");
+    }
+    assert_eq!(log_ids(&mut admin, &name), (1..=70).collect::<Vec<_>>(), "nothing of the old fan-out's");
+    for sink in SINKS {
+        let mut c = s2.reattach(sink).unwrap();
+        assert_eq!(drain_ack(&mut c), firsts(1..=70), "{sink}");
+    }
+    assert!(s1.is_idle() && s2.is_idle());
+}
+
+/// State survives the process: a fan-out built again resumes after the last entry, refuses a
+/// position that does not rise, and the consumers re-attach to their unacked entries.
+#[test]
+fn a_restarted_fanout_resumes_and_reattached_lanes_get_their_unacked_entries() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    {
+        let stream = open(&url, &name, 16);
+        let mut fanout = stream.fanout().unwrap();
+        for p in 1..=3 {
+            fanout.publish(batch(p)).unwrap();
+        }
+        let mut c = stream.attach("search").unwrap();
+        c.try_recv().unwrap().ack().unwrap();
+        let _held = c.try_recv().unwrap(); // delivered, never acked: the process dies
+        std::mem::forget(_held);
+    }
+    let stream = open(&url, &name, 16);
+    let mut fanout = stream.fanout().unwrap();
+    assert!(matches!(fanout.try_publish(batch(3)), Err(TryPublishError::PositionRegressed { .. })));
+    fanout.publish(batch(4)).unwrap();
+    let mut search = stream.reattach("search").unwrap();
+    assert_eq!(drain_ack(&mut search), vec![(2, 2), (3, 1), (4, 1)]);
+    let mut cache = stream.reattach("cache").unwrap();
+    assert_eq!(drain_ack(&mut cache), firsts(1..=4));
+    assert_eq!(stream.acked("search").unwrap(), Some(Position(4)));
+}
+
+/// L10: closing any lane stops the fan-out (as the in-memory one); every lane still drains
+/// what was published, and only the closed lane reports closed.
+#[test]
+fn a_closed_lane_refuses_the_fanout_and_every_lane_drains() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let stream = open(&url, &name, 16);
+    let mut fanout = stream.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    fanout.publish(batch(2)).unwrap();
+    stream.close("cache").unwrap();
+    assert!(matches!(fanout.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(fanout.publish_to(0, batch(3)), Err(PublishError::Closed(_))));
+    let mut search = stream.attach("search").unwrap();
+    assert_eq!(drain_ack(&mut search), firsts(1..=2));
+    let mut cache = stream.attach("cache").unwrap();
+    assert_eq!(drain_ack_until_closed(&mut cache), firsts(1..=2));
+    assert!(matches!(search.try_recv(), Err(TryRecvError::Empty)), "search is not closed");
+    // A fan-out built again stays refused.
+    drop(fanout);
+    let mut again = stream.fanout().unwrap();
+    assert!(matches!(again.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
+}
+
+fn drain_ack_until_closed(
+    c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>,
+) -> Vec<(u64, u32)> {
+    let mut got = Vec::new();
+    while let Some(d) = c.recv_timeout(Duration::from_secs(5)).unwrap() {
+        got.push((pos(&d), d.attempt()));
+        d.ack().unwrap();
+    }
+    got
+}
+
+/// The trim (every 64th publish, and `trim`) keeps every entry some lane has not acked.
+#[test]
+fn the_trim_keeps_what_the_slowest_lane_has_not_acked() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let stream = open(&url, &name, 256);
+    let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
+    let mut fanout = stream.fanout().unwrap();
+    for p in 1..=130 {
+        fanout.publish(batch(p)).unwrap();
+    }
+    assert_eq!(drain_ack(&mut consumers[0]).len(), 130);
+    assert_eq!(drain_ack(&mut consumers[2]).len(), 130);
+    for _ in 0..10 {
+        consumers[1].try_recv().unwrap().ack().unwrap();
+    }
+    assert_eq!(stream.trim().unwrap(), 10, "the floor is the slowest lane's acked prefix");
+    assert_eq!(log_ids(&mut admin, &name), (11..=130).collect::<Vec<_>>());
+    // A receive past the trim still finds its entries; a nack redelivers first.
+    let d = consumers[1].try_recv().unwrap();
+    assert_eq!(pos(&d), 11);
+    d.nack();
+    let d = consumers[1].try_recv().unwrap();
+    assert_eq!((pos(&d), d.attempt()), (11, 2));
+    d.ack().unwrap();
+    assert_eq!(drain_ack(&mut consumers[1]), firsts(12..=130));
+    assert_eq!(stream.trim().unwrap(), 130);
+    assert!(log_ids(&mut admin, &name).is_empty());
+    // A stale ack after a re-attach is refused (the lane's ack log is fenced as a lone lane's).
+    fanout.publish(batch(131)).unwrap();
+    let d = consumers[0].try_recv().unwrap();
+    let _new = stream.reattach(SINKS[0]).unwrap();
+    assert_eq!(d.ack(), Err(AckError::Detached));
+}
