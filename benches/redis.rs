@@ -13,7 +13,10 @@
 //! `LANESTREAM_BENCH_BATCHES` set the ratio's rounds (default 9) and batches per round (2000),
 //! `LANESTREAM_BENCH_ENVELOPES` the envelopes per batch (default 16, about 1.8 KB encoded),
 //! `LANESTREAM_BENCH_SINKS` the sinks (default 1: a lane alone on its log; more share one log, and
-//! the bare loop reads and acks through as many consumer groups).
+//! the bare loop reads and acks through as many consumer groups). With more than one sink our
+//! side is a fan-out stream (`RedisStreamBuilder::fanout`: one publish for every lane, as the
+//! bare loop's one `XADD`); `LANESTREAM_BENCH_FANOUT=0` publishes through each lane's producer
+//! instead.
 //! `LANESTREAM_BENCH_ONLY=ours` (or `bare`) runs `LANESTREAM_BENCH_BATCHES` batches of that side
 //! alone and nothing else, for the server's own accounting of one side (`CONFIG RESETSTAT`
 //! before, `INFO commandstats` and `INFO cpu` after).
@@ -62,6 +65,9 @@ trait Side {
 /// a lane alone on its log; more share one log, one consumer group each).
 struct Ours {
     stream: RedisStream,
+    /// The fan-out (more than one sink, unless `LANESTREAM_BENCH_FANOUT=0`), else a producer
+    /// per lane.
+    fanout: Option<lanestream::RedisFanout>,
     producers: Vec<lanestream::RedisProducer>,
     consumers: Vec<lanestream::RedisConsumer<LaneItem>>,
     envelopes: Arc<[Envelope]>,
@@ -79,11 +85,20 @@ fn sinks() -> Vec<String> {
 impl Ours {
     fn new(url: &str, name: &str) -> Ours {
         let names = sinks();
-        let stream =
-            RedisStream::builder(url, name).capacity(64).sinks(names.iter().cloned()).build().unwrap();
-        let producers = names.iter().map(|n| stream.producer(n).unwrap()).collect();
+        let fanout = names.len() > 1 && env("LANESTREAM_BENCH_FANOUT", 1) == 1;
+        let stream = RedisStream::builder(url, name)
+            .capacity(64)
+            .sinks(names.iter().cloned())
+            .fanout(fanout)
+            .build()
+            .unwrap();
+        let (fanout, producers) = if fanout {
+            (Some(stream.fanout().unwrap()), Vec::new())
+        } else {
+            (None, names.iter().map(|n| stream.producer(n).unwrap()).collect())
+        };
         let consumers = names.iter().map(|n| stream.reattach(n).unwrap()).collect();
-        Ours { stream, producers, consumers, envelopes: envelopes(), next: 1 }
+        Ours { stream, fanout, producers, consumers, envelopes: envelopes(), next: 1 }
     }
 }
 
@@ -91,6 +106,9 @@ impl Side for Ours {
     fn run(&mut self, n: u64) -> Duration {
         let start = Instant::now();
         for _ in 0..n {
+            if let Some(fanout) = &mut self.fanout {
+                fanout.publish(batch(&self.envelopes, self.next)).unwrap();
+            }
             for producer in &mut self.producers {
                 producer.publish(batch(&self.envelopes, self.next)).unwrap();
             }

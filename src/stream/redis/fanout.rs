@@ -22,12 +22,11 @@ use crate::item::LaneItem;
 use crate::position::Position;
 
 /// The keys of a fan-out stream that the fan-out writes: the log, the meta hash (the fan-out's
-/// epoch `fe` and claim `fh`), every lane's hash and publish log.
+/// epoch `fe` and claim `fh`), every lane's hash.
 struct Keys {
     log: String,
     meta: String,
     hashes: Vec<String>,
-    pls: Vec<String>,
     sinks: Vec<String>,
 }
 
@@ -37,7 +36,6 @@ impl Keys {
             log: lanes[0].log.clone(),
             meta: lanes[0].meta.clone(),
             hashes: lanes.iter().map(|l| l.base.clone()).collect(),
-            pls: lanes.iter().map(|l| l.publish_log_key.clone()).collect(),
             sinks: lanes.iter().map(|l| l.sink.as_ref().map_or("", |s| s.as_str()).to_owned()).collect(),
         }
     }
@@ -390,9 +388,8 @@ impl RedisFanout {
     }
 
     /// One publish of entry `n`: the gate (`PUBLISH_FANOUT`) first unless `proven` (and after a
-    /// refused `XADD`), then one `MULTI` of the entry's `XADD` to the log, its record's to every
-    /// lane's publish log, and every lane's receive-waiting flag (see "A fan-out stream" in
-    /// `scripts`).
+    /// refused `XADD`), then the entry's `XADD` to the log with every lane's receive-waiting flag
+    /// in the same round trip (see "A fan-out stream" in `scripts`).
     #[allow(clippy::too_many_arguments)]
     fn publish_once(
         &self,
@@ -429,10 +426,9 @@ impl RedisFanout {
                     }
                 }
                 match self.append(c, &id, to, payload, &pos)? {
-                    Ok(true) => return Ok(Ok(Value::Array(vec![Value::SimpleString("ok".into())]))),
-                    Ok(false) if !gated => gated = true, // refused: the gate tells why
-                    Ok(false) => return Ok(Err(format!("lanestream: the fan-out's log refused entry {id}"))),
-                    Err(msg) => return Ok(Err(msg)),
+                    true => return Ok(Ok(Value::Array(vec![Value::SimpleString("ok".into())]))),
+                    false if !gated => gated = true, // refused: the gate tells why
+                    false => return Ok(Err(format!("lanestream: the fan-out's log refused entry {id}"))),
                 }
             }
         })?;
@@ -470,9 +466,11 @@ impl RedisFanout {
         inv.invoke(c)
     }
 
-    /// The `MULTI` of one publish: `Ok(true)` if every `XADD` landed, `Ok(false)` if they were
-    /// all refused (a newer fan-out, a closed lane, or this entry there already: the gate tells
-    /// which), `Err` if only some landed. Rings the bell of each lane whose consumer waits.
+    /// The `XADD` of one publish, pipelined with a read of every lane's receive-waiting flag:
+    /// `true` if it landed, `false` if it was refused (a newer fan-out, a closed lane, or this
+    /// entry there already: the gate tells which). Rings the bell of each lane whose consumer
+    /// waits: a receive that found the lane empty set its flag before this `XADD` (it reads the
+    /// log in one script), so the read after it sees the flag.
     fn append(
         &self,
         c: &mut Connection,
@@ -480,38 +478,25 @@ impl RedisFanout {
         to: Option<usize>,
         payload: &[u8],
         pos: &str,
-    ) -> RedisResult<Result<bool, String>> {
-        let lanes = self.keys.hashes.len();
+    ) -> RedisResult<bool> {
         let mut pipe = ::redis::pipe();
-        pipe.atomic().ignore_errors();
+        pipe.ignore_errors();
         // NOMKSTREAM: a deleted stream is not made again by a fan-out still alive.
         let entry = pipe.cmd("XADD").arg(&self.keys.log).arg("NOMKSTREAM").arg(id);
         entry.arg("d").arg(payload).arg("p").arg(pos);
         if let Some(i) = to {
             entry.arg("t").arg(&self.keys.sinks[i]);
         }
-        for (i, pl) in self.keys.pls.iter().enumerate() {
-            let p = if to.is_none_or(|t| t == i) { pos } else { "" };
-            pipe.cmd("XADD").arg(pl).arg("NOMKSTREAM").arg(id).arg("p").arg(p);
-        }
         for h in &self.keys.hashes {
             pipe.cmd("HMGET").arg(h).arg("w").arg("ep");
         }
         let replies: Vec<Value> = pipe.query(c)?;
-        let landed = replies[..=lanes].iter().filter(|r| matches!(r, Value::BulkString(_))).count();
-        if landed == 0 {
-            return Ok(Ok(false));
-        }
-        if landed != lanes + 1 {
-            // Some landed and some did not: the last ids moved apart, which this backend never
-            // does (see "A fan-out stream"); reported, not hidden.
-            return Ok(Err(format!(
-                "lanestream: fan-out publish {id} landed on part of its keys: {replies:?}"
-            )));
+        if !matches!(replies.first(), Some(Value::BulkString(_))) {
+            return Ok(false);
         }
         let mut ring = ::redis::pipe();
         let mut any = false;
-        for (h, w) in self.keys.hashes.iter().zip(&replies[lanes + 1..]) {
+        for (h, w) in self.keys.hashes.iter().zip(&replies[1..]) {
             let w = items(w);
             if w.first().map(text) == Some(b"1") {
                 // A receive found nothing and waits: cleared, then its bell rung.
@@ -525,7 +510,7 @@ impl RedisFanout {
         if any {
             ring.query::<()>(c)?;
         }
-        Ok(Ok(true))
+        Ok(true)
     }
 }
 

@@ -176,12 +176,10 @@ pub(crate) struct LaneDef {
     /// Its delivery log (`B:dl`, see "The delivery log" in `scripts`).
     delivery_log_key: String,
     /// Its publish log (`B:pl`, see "The publish log" in `scripts`; a sink lane's only).
-    pub(crate) publish_log_key: String,
+    publish_log_key: String,
     /// A lane of a fan-out stream (see "A fan-out stream" in `scripts`): alone on its log as
     /// far as its consumer is concerned; published to only by the stream's fan-out.
     pub(crate) fanout: bool,
-    /// Every lane's publish log, for a lane of a fan-out stream (a close fences them all).
-    fanout_pls: Vec<String>,
     /// The ids keys of every lane that shares this lane's log (for the trim floor); the lane's
     /// own hash when it is alone on its log.
     pub(crate) trim_ids: Vec<String>,
@@ -213,7 +211,6 @@ impl LaneDef {
             alone: false,
             trim_ids: Vec::new(),
             fanout: false,
-            fanout_pls: Vec::new(),
             capacity,
             sink: Some(sink),
             base,
@@ -240,7 +237,6 @@ impl LaneDef {
             alone: true,
             trim_ids: vec![base.clone()],
             fanout: false,
-            fanout_pls: Vec::new(),
             capacity,
             sink: None,
             base,
@@ -255,15 +251,14 @@ impl LaneDef {
         self.trim_ids = vec![self.base.clone()];
     }
 
-    /// A lane of a fan-out stream whose lanes' hashes are `hashes` and publish logs `pls`: it
-    /// sees every entry of the log, as a lane alone on it does (its consumer's side runs that
-    /// lane's path), and the trim floor is the least acked prefix of all the lanes.
-    pub(crate) fn fanout_lane(&mut self, hashes: Vec<String>, pls: Vec<String>) {
+    /// A lane of a fan-out stream whose lanes' hashes are `hashes`: it sees every entry of the
+    /// log, as a lane alone on it does (its consumer's side runs that lane's path), and the trim
+    /// floor is the least acked prefix of all the lanes.
+    pub(crate) fn fanout_lane(&mut self, hashes: Vec<String>) {
         self.scan = 0;
         self.alone = true;
         self.fanout = true;
         self.trim_ids = hashes;
-        self.fanout_pls = pls;
     }
 
     fn alone_flag(&self) -> &'static str {
@@ -709,9 +704,6 @@ impl LaneDef {
         pool.run(budget, |c, _| {
             let mut inv = scripts().close.prepare_invoke();
             inv.key(&self.base).key(&self.log);
-            for pl in &self.fanout_pls {
-                inv.key(pl);
-            }
             inv.arg(&self.base).arg(mode).arg(scripts::LOG_FENCE_ID);
             inv.invoke::<i64>(c)
         })

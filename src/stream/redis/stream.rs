@@ -142,12 +142,11 @@ impl RedisStreamBuilder {
             sinks.iter().map(|s| LaneDef::sink(&prefix, s.clone(), self.capacity)).collect();
         let trim_ids: Vec<String> = lanes.iter().map(|l| l.ids_key().to_owned()).collect();
         let hashes: Vec<String> = lanes.iter().map(|l| l.base.clone()).collect();
-        let pls: Vec<String> = lanes.iter().map(|l| l.publish_log_key.clone()).collect();
         let alone = lanes.len() == 1;
         for lane in &mut lanes {
             lane.trim_ids = trim_ids.clone();
             if self.fanout {
-                lane.fanout_lane(hashes.clone(), pls.clone());
+                lane.fanout_lane(hashes.clone());
             } else if alone {
                 lane.alone();
             }
@@ -188,13 +187,13 @@ impl RedisStreamBuilder {
         }
         for lane in lanes.iter().chain([&requests]) {
             let _: i64 = query(&pool, Budget::Retry, |c| {
-                ::redis::cmd("HSET")
-                    .arg(&lane.base)
-                    .arg("cap")
-                    .arg(lane.capacity)
-                    .arg("about")
-                    .arg(LANE_HASH_ABOUT)
-                    .query(c)
+                let mut set = ::redis::cmd("HSET");
+                set.arg(&lane.base).arg("cap").arg(lane.capacity).arg("about").arg(LANE_HASH_ABOUT);
+                if lane.fanout {
+                    // The lane's publishes are the log's entries (see "A fan-out stream").
+                    set.arg("fan").arg("1");
+                }
+                set.query(c)
             })
             .map_err(backend)?;
             let created: Result<(), BackendError> = query(&pool, Budget::Retry, |c| {
