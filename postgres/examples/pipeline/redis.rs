@@ -1,12 +1,13 @@
 //! `--backend redis://...`: the pipeline as separate processes over [`RedisStream`], one role
 //! each (`--role ingest`, `--role sink --lane NAME`, `--role delete`).
 //!
-//! - **ingest** reads the input (the bundled capture by default), publishes each transaction to
-//!   every sink's lane of the Redis stream `--stream-name`, closes the lanes, waits (at most
-//!   `--wait-secs`) until the watermark reaches the last commit LSN, then checks every sink's
-//!   output in `--out` (unless `--discard`): each published transaction's envelopes are there
-//!   exactly once. A restarted ingest publishes nothing twice: each lane resumes after the
-//!   batches it already holds (its publish count is in Redis; the input must be the same).
+//! - **ingest** reads the input (the bundled capture by default), publishes each transaction
+//!   once to every sink's lane of the Redis stream `--stream-name` through the stream's fan-out
+//!   (built with `fanout(true)`: written once into the Redis log), closes the lanes, waits (at
+//!   most `--wait-secs`) until the watermark reaches the last commit LSN, then checks every
+//!   sink's output in `--out` (unless `--discard`): each published transaction's envelopes are
+//!   there exactly once. A restarted ingest publishes nothing twice: it resumes after the
+//!   batches the log already holds (the publish count is in Redis; the input must be the same).
 //! - **sink** re-attaches to its lane (a restarted sink gets its unacked batches again, in
 //!   order), writes each batch's envelopes as NDJSON to `--out/<lane>.ndjson` and acks only after
 //!   the output and its checkpoint are on disk (the live mode's durable sink: after a restart it
@@ -26,9 +27,7 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::{
-    LaneConsumer, LaneItem, LaneProducer, Position, RedisDelivery, RedisStream, Stream, TryRecvError,
-};
+use lanestream::{LaneConsumer, LaneItem, Position, RedisDelivery, RedisStream, Stream, TryRecvError};
 use lanestream_postgres::wal2json::Wal2JsonReader;
 
 use super::{lsn, lsn_text, open_input, sink_names, write_ndjson, Args, BoxError, Durable, Ingest, Received};
@@ -58,6 +57,7 @@ pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
         .capacity(args.capacity)
         .request_capacity(usize::from(args.sinks).max(1) * 2)
         .sinks(names.iter().cloned())
+        .fanout(true)
         .build()?;
     match role {
         Role::Ingest => ingest(args, &stream, &names),
@@ -83,12 +83,12 @@ pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
 /// The ingest process.
 fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, BoxError> {
     let started = Instant::now();
-    let mut producers = names.iter().map(|n| stream.producer(n)).collect::<Result<Vec<_>, _>>()?;
-    // A restarted ingest: every lane gets every batch of the input, in input order, and a
-    // lane's publish count is exact (a publish lands once), so lane i resumes after its first
-    // `published` batches (chunks of a large transaction included).
-    let resume: Vec<u64> =
-        names.iter().map(|n| stream.stats(n).map(|s| s.published)).collect::<Result<_, _>>()?;
+    // One publisher for every lane: each batch is written once into the Redis log.
+    let mut fanout = stream.fanout()?;
+    // A restarted ingest: every lane gets every batch of the input, in input order, and the
+    // publish count is exact (a publish lands once), so it resumes after the first `published`
+    // batches (chunks of a large transaction included).
+    let resume = stream.stats(&names[0])?.published;
     // Every transaction of the input (published now or by an earlier run): (position, envelopes).
     let mut published: Vec<(u64, u32)> = Vec::new();
     let (mut chunk_envelopes, mut sent, mut skipped) = (0u32, 0u64, 0u64);
@@ -97,13 +97,10 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     for (k, next) in (0u64..).zip(batches) {
         let batch = next.map_err(|e| super::input_error(&e, args))?;
         let envelopes = u32::try_from(batch.envelopes.len())?;
-        let item = LaneItem::Batch(batch.clone());
-        for (i, p) in producers.iter_mut().enumerate() {
-            if k < resume[i] {
-                skipped += 1;
-                continue;
-            }
-            p.publish(item.clone()).map_err(|e| format!("publish to {}: {e}", names[i]))?;
+        if k < resume {
+            skipped += 1;
+        } else {
+            fanout.publish(LaneItem::Batch(batch.clone())).map_err(|e| format!("publish: {e}"))?;
             sent += 1;
         }
         match batch.position {
@@ -113,10 +110,10 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
             None => chunk_envelopes = chunk_envelopes.saturating_add(envelopes),
         }
     }
-    producers.iter().for_each(|p| p.close());
+    fanout.close()?;
     let last_commit = published.last().map(|&(p, _)| Position(p));
     println!(
-        "ingest: {} transactions read, {sent} batches published to {} lanes ({skipped} published by an earlier run) in {:.2} s; lanes closed",
+        "ingest: {} transactions read, {sent} batches published once to each of {} lanes ({skipped} published by an earlier run) in {:.2} s; lanes closed",
         published.len(),
         names.len(),
         started.elapsed().as_secs_f64()
