@@ -112,15 +112,22 @@ impl<T: RedisItem> RedisConsumer<T> {
                 .lane
                 .receive(pool, budget, epoch, self.requests + 1, self.expect, fast)
                 .map_err(TryRecvError::Backend)?;
-            if let Received::Item { n, attempt, gap: true, .. } = received {
-                // Another lane's entry on a fan-out stream: acked on the way past (no position,
-                // no delivery), then the next one.
+            if let Received::Item { n, attempt, gap: true, payload } = &received {
+                // Another lane's entry on a fan-out stream: acked on the way past, with its
+                // position (the lane acked everything before it, as a gap of the in-memory shared
+                // ring), never delivered; then the next one.
+                let (n, attempt) = (*n, *attempt);
+                let position = T::decode(payload).ok().and_then(|item| item.position());
                 self.requests += 1;
                 if attempt == 1 {
                     self.expect = n + 1;
                     self.clean_at = Some(nacks);
                 }
-                match self.lane.ack(pool, budget, epoch, n, None, attempt).map_err(TryRecvError::Backend)? {
+                match self
+                    .lane
+                    .ack(pool, budget, epoch, n, position, attempt)
+                    .map_err(TryRecvError::Backend)?
+                {
                     Acked::Done | Acked::Unknown => continue,
                     Acked::Detached => {
                         self.detached = true;
