@@ -29,7 +29,7 @@ use lanestream::{
     PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
-use redis_support::{delete_keys, kill_connections, unique_name, url};
+use redis_support::{delete_keys, drain_ack, kill_connections, log_ids, pos, unique_name, url};
 
 /// Deletes the stream's keys when dropped (also on a panic); holds the test's share of
 /// [`SCRIPT_CACHE`] until then.
@@ -94,32 +94,6 @@ fn free_producer_claim(admin: &mut redis::Connection, name: &str) {
 
 fn log_len(admin: &mut redis::Connection, name: &str) -> usize {
     redis::cmd("XLEN").arg(format!("{{{name}}}:log")).query(admin).unwrap()
-}
-
-/// The entry numbers in the sink log.
-fn log_ids(admin: &mut redis::Connection, name: &str) -> Vec<u64> {
-    let v: Vec<(String, redis::Value)> =
-        redis::cmd("XRANGE").arg(format!("{{{name}}}:log")).arg("-").arg("+").query(admin).unwrap();
-    v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
-}
-
-fn pos(d: &RedisDelivery<LaneItem>) -> u64 {
-    d.position().unwrap().0
-}
-
-/// (position, attempt) of every delivery `try_recv` gives until the lane is empty; each is acked.
-fn drain_ack(c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>) -> Vec<(u64, u32)> {
-    let mut got = Vec::new();
-    loop {
-        match c.try_recv() {
-            Ok(d) => {
-                got.push((pos(&d), d.attempt()));
-                d.ack().unwrap();
-            }
-            Err(TryRecvError::Empty) => return got,
-            Err(e) => panic!("drain: {e:?}"),
-        }
-    }
 }
 
 /// Publishes the batches at positions `range`, in order.

@@ -20,7 +20,7 @@ use lanestream::{
     AckError, BackendError, BuildError, LaneConsumer, LaneItem, Position, PublishError, RedisDelivery,
     RedisStream, Stream, StreamError, TryPublishError, TryRecvError,
 };
-use redis_support::{delete_keys, unique_name};
+use redis_support::{delete_keys, drain_ack, log_ids, pos, unique_name};
 
 const SINKS: [&str; 3] = ["search", "cache", "archive"];
 
@@ -52,31 +52,6 @@ fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
         .retry_for(Duration::from_secs(2))
         .build()
         .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
-}
-
-fn log_ids(admin: &mut redis::Connection, name: &str) -> Vec<u64> {
-    let v: Vec<(String, redis::Value)> =
-        redis::cmd("XRANGE").arg(format!("{{{name}}}:log")).arg("-").arg("+").query(admin).unwrap();
-    v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
-}
-
-fn pos(d: &RedisDelivery<LaneItem>) -> u64 {
-    d.position().unwrap().0
-}
-
-/// (position, attempt) of every delivery until the lane is empty; each acked.
-fn drain_ack(c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>) -> Vec<(u64, u32)> {
-    let mut got = Vec::new();
-    loop {
-        match c.try_recv() {
-            Ok(d) => {
-                got.push((pos(&d), d.attempt()));
-                d.ack().unwrap();
-            }
-            Err(TryRecvError::Empty) => return got,
-            Err(e) => panic!("drain: {e:?}"),
-        }
-    }
 }
 
 fn firsts(range: std::ops::RangeInclusive<u64>) -> Vec<(u64, u32)> {

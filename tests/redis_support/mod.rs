@@ -86,3 +86,35 @@ pub fn delete_keys(conn: &mut redis::Connection, name: &str) -> redis::RedisResu
     }
     Ok(())
 }
+
+/// The entry numbers in stream `name`'s sink log, in order.
+pub fn log_ids(admin: &mut redis::Connection, name: &str) -> Vec<u64> {
+    let v: Vec<(String, redis::Value)> =
+        redis::cmd("XRANGE").arg(format!("{{{name}}}:log")).arg("-").arg("+").query(admin).unwrap();
+    v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
+}
+
+/// A delivery's position (the test batches all have one).
+pub fn pos(d: &lanestream::RedisDelivery<lanestream::LaneItem>) -> u64 {
+    d.position().unwrap().0
+}
+
+/// (position, attempt) of every delivery `try_recv` gives until the lane is empty; each is acked.
+pub fn drain_ack(
+    c: &mut impl lanestream::LaneConsumer<
+        lanestream::LaneItem,
+        Delivery = lanestream::RedisDelivery<lanestream::LaneItem>,
+    >,
+) -> Vec<(u64, u32)> {
+    let mut got = Vec::new();
+    loop {
+        match c.try_recv() {
+            Ok(d) => {
+                got.push((pos(&d), d.attempt()));
+                d.ack().unwrap();
+            }
+            Err(lanestream::TryRecvError::Empty) => return got,
+            Err(e) => panic!("drain: {e:?}"),
+        }
+    }
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ::redis::{Connection, RedisResult, Value};
 
 use super::conn::{Budget, Pool};
-use super::lane::{int, items, malformed, pad, scripts, text, unpad, LaneDef, Published};
+use super::lane::{int, items, malformed, pad, published, scripts, text, unpad, LaneDef, Published};
 use super::producer::{encoded, timeout_error, waitable};
 use super::scripts::LOG_FENCE_ID;
 use super::shared::Shared;
@@ -436,20 +436,7 @@ impl RedisFanout {
             pool.record(msg);
             BackendError::Server
         })?;
-        let r = items(&v);
-        Ok(match r.first().map(text) {
-            Some(b"ok") => Published::Done,
-            Some(b"dup") if tries == 0 => Published::Duplicate,
-            Some(b"dup") => Published::Done,
-            Some(b"full") => Published::Full,
-            Some(b"closed") => Published::Closed,
-            Some(b"fenced") => Published::Fenced,
-            Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
-                Some(last) => Published::Regressed(last),
-                None => return Err(malformed(pool, "fan-out publish", &v)),
-            },
-            _ => return Err(malformed(pool, "fan-out publish", &v)),
-        })
+        published(pool, &v, tries == 0)
     }
 
     /// Runs `PUBLISH_FANOUT` for entry `n` (loading it into a server that does not know it).

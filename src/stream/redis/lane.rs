@@ -787,9 +787,9 @@ fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     cmd
 }
 
-/// A publish script's reply (`PUBLISH` and `PUBLISH_ALONE` answer alike); `first_try`: the
-/// reply is to the call's first try (a `dup` then is an earlier call's entry).
-fn published(pool: &Pool, v: &Value, first_try: bool) -> Result<Published, BackendError> {
+/// A publish script's reply (`PUBLISH`, `PUBLISH_ALONE` and `PUBLISH_FANOUT` answer alike);
+/// `first_try`: the reply is to the call's first try (a `dup` then is an earlier call's entry).
+pub(crate) fn published(pool: &Pool, v: &Value, first_try: bool) -> Result<Published, BackendError> {
     let r = items(v);
     Ok(match r.first().map(text) {
         Some(b"ok") => Published::Done,
