@@ -118,17 +118,19 @@ impl<T: RedisItem> RedisConsumer<T> {
                 // ring), never delivered; then the next one.
                 let (n, attempt) = (*n, *attempt);
                 let position = T::decode(payload).ok().and_then(|item| item.position());
-                self.requests += 1;
-                if attempt == 1 {
-                    self.expect = n + 1;
-                    self.clean_at = Some(nacks);
-                }
-                match self
-                    .lane
-                    .ack(pool, budget, epoch, n, position, attempt)
-                    .map_err(TryRecvError::Backend)?
-                {
-                    Acked::Done | Acked::Unknown => continue,
+                // On an error the consumer does not move on: its next receive (the same request
+                // number, the same expected entry) gets the gap again, and acks it again (an ack
+                // that landed counts once).
+                let acked = self.lane.ack(pool, budget, epoch, n, position, attempt);
+                match acked.map_err(TryRecvError::Backend)? {
+                    Acked::Done | Acked::Unknown => {
+                        self.requests += 1;
+                        if attempt == 1 {
+                            self.expect = n + 1;
+                            self.clean_at = Some(nacks);
+                        }
+                        continue;
+                    }
                     Acked::Detached => {
                         self.detached = true;
                         return Err(TryRecvError::Detached);

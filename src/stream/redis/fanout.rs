@@ -50,8 +50,9 @@ struct Learnt {
     full: Option<usize>,
 }
 
-/// What a claim of the fan-out returns: its epoch, the publish count, each lane's last position.
-type Claimed = (u64, u64, Vec<Option<Position>>);
+/// What a claim of the fan-out returns: its epoch, the publish count, the last position published
+/// (the highest of the lanes').
+type Claimed = (u64, u64, Option<Position>);
 
 /// Claims the fan-out of the stream in `shared` under claim `token`.
 pub(crate) fn claim(shared: &Arc<Shared>, token: u64) -> Result<RedisFanout, StreamError> {
@@ -83,7 +84,7 @@ pub(crate) fn claim(shared: &Arc<Shared>, token: u64) -> Result<RedisFanout, Str
             published,
             unsure: None,
             room: 0,
-            last: last.into_iter().map(Some).collect(),
+            last: Some(last),
             token,
             waiter: None,
         }),
@@ -113,7 +114,7 @@ fn claim_once(
     let r = items(&v);
     match r.first().map(text) {
         Some(b"ok") if r.len() == 3 + keys.hashes.len() => {
-            let last = r[3..].iter().map(|v| unpad(text(v))).collect();
+            let last = r[3..].iter().filter_map(|v| unpad(text(v))).max();
             Ok(Some((int(&r[1]), int(&r[2]), last)))
         }
         Some(b"busy") => Ok(None),
@@ -156,12 +157,14 @@ pub struct RedisFanout {
     epoch: u64,
     /// The stream's publish count (entries in its log, gaps included), as of the last publish.
     published: u64,
-    /// The payload of the last publish that ended in an error (see `RedisProducer`'s).
-    unsure: Option<AlignedVec>,
+    /// The payload and target of the last publish that ended in an error (see
+    /// `RedisProducer`'s): the same bytes to another target are another publish.
+    unsure: Option<(AlignedVec, Option<usize>)>,
     /// The publish count up to which every lane has room, as the gate last saw it.
     room: u64,
-    /// Each lane's last position as this fan-out knows it (`None`: it does not know).
-    last: Vec<Option<Option<Position>>>,
+    /// The last position published, to any lane, as this fan-out knows it (`None`: it does not
+    /// know). Positions rise across the log: a lane passes a gap at its position.
+    last: Option<Option<Position>>,
     token: u64,
     waiter: Option<Waiter>,
 }
@@ -217,8 +220,10 @@ impl RedisFanout {
     }
 
     /// Publishes `item` to lane `lane` (in [`sinks`](crate::Stream::sinks) order) only, e.g.
-    /// a backfill's reply; the other lanes pass its entry as a gap. Waits while any lane is full
-    /// (the entry takes a place in every lane until passed). Its position must rise on that lane.
+    /// a backfill's reply; the other lanes pass its entry as a gap (acked at its position: they
+    /// acked everything before it). Waits while any lane is full (the entry takes a place in
+    /// every lane until passed). Its position must rise above every lane's last, as for
+    /// [`publish`](RedisFanout::publish).
     ///
     /// # Errors
     /// As [`publish`](RedisFanout::publish).
@@ -328,19 +333,14 @@ impl RedisFanout {
     ) -> Result<(), (TryPublishError<LaneItem>, usize)> {
         let (item, encoded) = encoded(&self.shared, item).map_err(|e| (e, 0))?;
         let position = encoded.position;
-        let targets = match to {
-            Some(i) => i..i + 1,
-            None => 0..self.lanes(),
-        };
         loop {
             let after = self.published + 1;
-            // Positions only go up on each lane: one at or below the last known is the gate's
-            // to refuse.
-            let rises = self.last[targets.clone()].iter().all(|last| match (position, last) {
+            // Positions only go up: one at or below the last known is the gate's to refuse.
+            let rises = match (position, self.last) {
                 (_, None) => false,
-                (Some(p), Some(Some(last))) => p > *last,
+                (Some(p), Some(Some(last))) => p > last,
                 _ => true,
-            });
+            };
             // Every 64th entry trims the log (the gate does it).
             let proven = self.unsure.is_none() && after <= self.room && rises && after % 64 != 0;
             let mut learnt = Learnt::default();
@@ -353,19 +353,17 @@ impl RedisFanout {
                     self.published += 1;
                     self.unsure = None;
                     if position.is_some() {
-                        self.last[targets].iter_mut().for_each(|last| *last = Some(position));
+                        self.last = Some(position);
                     }
                     return Ok(());
                 }
                 Ok(Published::Duplicate) => {
                     // The entry is an earlier call's, whose error hid that it landed.
                     self.published += 1;
-                    self.last.iter_mut().for_each(|last| *last = None);
-                    if self
-                        .unsure
-                        .take()
-                        .is_some_and(|earlier| earlier.as_slice() == encoded.bytes.as_slice())
-                    {
+                    self.last = None;
+                    if self.unsure.take().is_some_and(|(earlier, earlier_to)| {
+                        earlier.as_slice() == encoded.bytes.as_slice() && earlier_to == to
+                    }) {
                         return Ok(()); // this very item, published again: it landed once
                     }
                     continue; // another item: it goes after the one that landed
@@ -379,7 +377,7 @@ impl RedisFanout {
                 },
                 Ok(Published::Fenced) => TryPublishError::Backend { item, error: BackendError::Fenced },
                 Err(error) => {
-                    self.unsure = Some(encoded.bytes);
+                    self.unsure = Some((encoded.bytes, to));
                     return Err((TryPublishError::Backend { item, error }, 0));
                 }
             };

@@ -704,6 +704,11 @@ impl LaneDef {
         pool.run(budget, |c, _| {
             let mut inv = scripts().close.prepare_invoke();
             inv.key(&self.base).key(&self.log);
+            if self.fanout {
+                for hash in &self.trim_ids {
+                    inv.key(hash);
+                }
+            }
             inv.arg(&self.base).arg(mode).arg(scripts::LOG_FENCE_ID);
             inv.invoke::<i64>(c)
         })

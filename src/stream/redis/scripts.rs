@@ -198,18 +198,16 @@ local function fold_pl(H)
   local f = redis.call('HMGET', H, 'fan', 'last')
   if f[1] == '1' then
     -- A lane of a fan-out stream: the log itself records the publishes (see "A fan-out
-    -- stream"). `lp`: the newest positioned entry after `last` that goes to this lane.
-    local prefix, sink = string.match(H, '^({.*}):l:(.*)$')
-    local L, last = prefix .. ':log', num(f[2])
+    -- stream"). `lp`: the newest positioned entry after `last`, whichever lanes it goes to
+    -- (positions rise across the log: a lane passes a gap at its position).
+    local L, last = string.match(H, '^({.*}):l:') .. ':log', num(f[2])
     local top = redis.call('XREVRANGE', L, '+', '-', 'COUNT', 1)[1]
     if not top or entry_n(top[1]) <= last then return end
     local n, p = entry_n(top[1]), ''
     local es = {top}
-    if top[2][4] == '' or (top[2][6] and top[2][6] ~= sink) then
-      es = redis.call('XREVRANGE', L, '+', s(last + 1) .. '-0')
-    end
+    if top[2][4] == '' then es = redis.call('XREVRANGE', L, '+', s(last + 1) .. '-0') end
     for _, e in ipairs(es) do
-      if e[2][4] ~= '' and (not e[2][6] or e[2][6] == sink) then
+      if e[2][4] ~= '' then
         p = e[2][4]
         break
       end
@@ -826,34 +824,40 @@ return r
 "#;
 
 /// The gate of a fan-out's publish (see "A fan-out stream"): for every lane, the checks of
-/// `PUBLISH_ALONE` (fenced, a duplicate, closed, a position that does not rise on a lane the
-/// entry goes to, full), the trim every 64th entry, and the room (`{'ok', room}`: every lane
+/// `PUBLISH_ALONE` (fenced, a duplicate, a position that does not rise above every lane's last,
+/// closed, full), the trim every 64th entry, and the room (`{'ok', room}`: every lane
 /// takes publishes up to count `room`, the least `ai + cap`). Writes nothing else: the publish
 /// is the client's `MULTI` of plain `XADD`s that follows.
 ///
 /// KEYS: meta, log, then every lane's hash. ARGV: fan-out epoch, the count after this publish
 /// (= the entry number `n`), position (padded, or empty), the lane the entry goes to (1-based;
-/// 0: every lane), the meta field numbering the entries, the meta field of the log's trim floor,
+/// 0: every lane; not used by the checks), the meta field numbering the entries, the meta field of the log's trim floor,
 /// then every lane's hash again (for the trim floor). Replies `{'full', lane}` (1-based) for
 /// the first full lane, whose publishers' bell the publisher waits on.
 pub(crate) const PUBLISH_FANOUT: &str = r#"
 local M, L = KEYS[1], KEYS[2]
-local want, pos, to = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local want, pos = tonumber(ARGV[2]), ARGV[3]
 if (redis.call('HGET', M, 'fe') or '') ~= ARGV[1] then return {'fenced'} end
-local room = nil
+-- As the in-memory fan-out, in its order: the position (against the highest of every lane's,
+-- for an entry to one lane too: the others ack its gap at its position), any lane closed (even
+-- while another is full), then room on every lane.
+local hs, lp, closed = {}, '', false
 for i = 3, #KEYS do
-  local H = KEYS[i]
-  fold_pl(H)
-  local h = redis.call('HMGET', H, 'pub', 'closed', 'lp', 'ai', 'cap')
+  fold_pl(KEYS[i])
+  local h = redis.call('HMGET', KEYS[i], 'pub', 'closed', 'lp', 'ai', 'cap')
   local pub = num(h[1])
   if pub == want then return {'dup'} end
   if pub ~= want - 1 then return {'fenced'} end
-  if h[2] == '1' then return {'closed'} end
-  local lp = h[3]
-  if pos ~= '' and (to == 0 or to == i - 2) and lp and lp ~= '' and pos <= lp then
-    return {'regressed', lp}
-  end
-  local ai, cap = num(h[4]), num(h[5])
+  if h[3] and h[3] > lp then lp = h[3] end
+  if h[2] == '1' then closed = true end
+  hs[i] = h
+end
+if pos ~= '' and lp ~= '' and pos <= lp then return {'regressed', lp} end
+if closed then return {'closed'} end
+local room = nil
+for i = 3, #KEYS do
+  local H, h = KEYS[i], hs[i]
+  local pub, ai, cap = num(h[1]), num(h[4]), num(h[5])
   if pub - ai >= cap then
     fold(H)
     ai = num(redis.call('HGET', H, 'ai'))
@@ -886,10 +890,11 @@ return 0
 
 /// Close a lane and wake everyone waiting on it.
 ///
-/// KEYS: lane hash, log. ARGV: base, `1` for a sink lane alone on its log (its log's and
-/// publish log's last ids are raised to `LOG_FENCE_ID`, the third argument: no `XADD` of its
-/// producer lands any more), `f` for a lane of a fan-out stream (the log's last id is: no
-/// `XADD` of the fan-out lands any more).
+/// KEYS: lane hash, log, then (a lane of a fan-out stream) every lane's hash. ARGV: base, `1`
+/// for a sink lane alone on its log (its log's and publish log's last ids are raised to
+/// `LOG_FENCE_ID`, the third argument: no `XADD` of its producer lands any more), `f` for a lane
+/// of a fan-out stream (the log's last id is: no `XADD` of the fan-out lands any more; and
+/// every lane's publishers are rung, since a waiting fan-out waits on the full lane's bell).
 pub(crate) const CLOSE: &str = r#"
 redis.call('HSET', KEYS[1], 'closed', '1')
 if ARGV[2] == '1' then
@@ -897,6 +902,7 @@ if ARGV[2] == '1' then
   fence(KEYS[1] .. ':pl', ARGV[3])
 elseif ARGV[2] == 'f' then
   fence(KEYS[2], ARGV[3])
+  for i = 3, #KEYS do ring(KEYS[i] .. ':pbell') end
 end
 ring(ARGV[1] .. ':bell:' .. (redis.call('HGET', KEYS[1], 'ep') or '0'))
 ring(ARGV[1] .. ':pbell')
