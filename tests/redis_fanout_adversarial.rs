@@ -617,6 +617,54 @@ fn a_closed_lane_refuses_a_new_fanout_and_known_room() {
     assert_eq!(assert_last_ids_equal(&mut admin, &name, &SINKS), "18446744073709551615-0");
 }
 
+/// L10 as the in-memory fan-out: a closed lane refuses the publish even while another lane is
+/// full (rather than the publish waiting for room). The Redis gate checks the lanes in order
+/// and answers `full` for a full lane before it looks at a later, closed one: a waiting publish
+/// then waits on the full lane's bell, which the close does not ring.
+#[test]
+#[ignore = "bug: PUBLISH_FANOUT returns {'full', i} for a full lane before it sees a later lane \
+            closed; try_publish answers Full, a waiting publish waits (forever if the full lane's \
+            consumer never acks) where the in-memory Fanout answers Closed"]
+fn a_full_stream_with_a_closed_lane_refuses_as_closed() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 2);
+    let mut f = s.fanout().unwrap();
+    f.publish(batch(1)).unwrap();
+    f.publish(batch(2)).unwrap();
+    s.close("cache").unwrap();
+    let r = f.try_publish(batch(3));
+    assert!(matches!(r, Err(TryPublishError::Closed(_))), "try_publish: {r:?}");
+    let t = Instant::now();
+    let r = f.publish_timeout(batch(3), Duration::from_secs(2));
+    assert!(matches!(r, Err(PublishTimeoutError::Closed(_))), "publish: {r:?} after {:?}", t.elapsed());
+}
+
+/// A position that does not rise on lane 1 is refused at once by the in-memory fan-out, whatever
+/// the room; the Redis gate answers `full` for a full lane 0 first, so a waiting publish of an
+/// item that can never land waits for lane 0's consumer, and only then learns it regressed.
+#[test]
+#[ignore = "bug: PUBLISH_FANOUT checks full per lane before a later lane's position (and \
+            RedisFanout::step, which knows the lane's last position, does not refuse locally): \
+            try_publish answers Full, a waiting publish waits, for an item refused anyway"]
+fn a_full_lane_hides_a_regressed_position_on_a_later_lane() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 2);
+    let mut f = s.fanout().unwrap();
+    f.publish(batch(1)).unwrap();
+    f.publish_to(1, batch(5)).unwrap();
+    let r = f.try_publish(batch(3));
+    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "try_publish: {r:?}");
+    let t = Instant::now();
+    let r = f.publish_timeout(batch(3), Duration::from_secs(2));
+    assert!(
+        matches!(r, Err(PublishTimeoutError::PositionRegressed { .. })),
+        "publish: {r:?} after {:?}",
+        t.elapsed()
+    );
+}
+
 // ----- gaps -------------------------------------------------------------------------------------
 
 /// A gap whose plain ack was lost (the request never reached Redis, on a never-waiting receive)
@@ -1013,4 +1061,333 @@ fn the_trim_keeps_unpassed_gaps_and_unacked_entries() {
         assert_eq!(drain_ack(c), firsts(257..=320));
     }
     assert!(s.is_idle());
+}
+
+// ----- the model: the in-memory shared-ring fan-out ----------------------------------------------
+
+/// One step of the random sequence, on both the Redis fan-out stream and an in-memory stream
+/// with a shared ring and its `Fanout` (the reference).
+#[derive(Clone, Debug)]
+enum Op {
+    /// `try_publish` of the next position.
+    Publish,
+    /// `try_publish_to` lane (mod lanes) of the next position.
+    PublishTo(usize),
+    /// `try_publish` of the last position again (refused if it landed on some lane).
+    Republish,
+    /// `try_publish` of a snapshot (no position).
+    Snapshot,
+    /// `try_recv` on a lane; a delivery is held.
+    Recv(usize),
+    /// Ack held delivery (mod held) of a lane.
+    Ack(usize, usize),
+    /// Nack held delivery (mod held) of a lane.
+    Nack(usize, usize),
+    /// Re-attach a lane (its held deliveries dropped after: stale).
+    Reattach(usize),
+    /// Every handle dropped; the stream (Redis: rebuilt from the server), its fan-out and every
+    /// lane's consumer (re-attached) made again.
+    Restart,
+    /// Close a lane.
+    Close(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => Just(Op::Publish),
+        3 => (0..3usize).prop_map(Op::PublishTo),
+        1 => Just(Op::Republish),
+        1 => Just(Op::Snapshot),
+        7 => (0..3usize).prop_map(Op::Recv),
+        5 => (0..3usize, 0..4usize).prop_map(|(l, i)| Op::Ack(l, i)),
+        1 => (0..3usize, 0..4usize).prop_map(|(l, i)| Op::Nack(l, i)),
+        1 => (0..3usize).prop_map(Op::Reattach),
+        1 => Just(Op::Restart),
+        1 => (0..3usize).prop_map(Op::Close),
+    ]
+}
+
+/// The outcome of a publish, as both sides tell it.
+fn published<T>(r: Result<(), TryPublishError<T>>) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(TryPublishError::Full(_)) => "full".into(),
+        Err(TryPublishError::Closed(_)) => "closed".into(),
+        Err(TryPublishError::PositionRegressed { position, last, .. }) => format!("regressed {position:?} {last:?}"),
+        Err(TryPublishError::InvalidPosition(_)) => "invalid".into(),
+        Err(TryPublishError::Backend { error, .. }) => format!("backend {error:?}"),
+        Err(_) => "another refusal".into(),
+    }
+}
+
+fn recv_one<C: LaneConsumer<LaneItem>>(c: &mut C, held: &mut Vec<C::Delivery>) -> String {
+    match c.try_recv() {
+        Ok(d) => {
+            let s = format!("item {:?} attempt {}", d.position(), d.attempt());
+            held.push(d);
+            s
+        }
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+fn settle<D: LaneDelivery<LaneItem>>(held: &mut Vec<D>, i: usize, ack: bool) -> String {
+    if held.is_empty() {
+        return "none held".into();
+    }
+    let d = held.remove(i % held.len());
+    let p = d.position();
+    if ack {
+        format!("ack {p:?}: {:?}", d.ack())
+    } else {
+        d.nack();
+        format!("nack {p:?}")
+    }
+}
+
+/// One side of the model: a stream, its fan-out, every lane's consumer and held deliveries.
+trait Side {
+    fn publish(&mut self, to: Option<usize>, p: u64) -> String;
+    fn recv(&mut self, lane: usize) -> String;
+    fn settle(&mut self, lane: usize, i: usize, ack: bool) -> String;
+    fn reattach(&mut self, lane: usize);
+    fn restart(&mut self);
+    fn close(&mut self, lane: usize);
+    /// is_idle, the watermark, each lane's (published, acked items, acked position).
+    fn observe(&self) -> (String, String);
+}
+
+struct MemSide {
+    sinks: Vec<&'static str>,
+    stream: MemoryStream,
+    fan: Option<lanestream::Fanout>,
+    cons: Vec<<MemoryStream as Stream>::Consumer>,
+    held: Vec<Vec<<<MemoryStream as Stream>::Consumer as LaneConsumer<LaneItem>>::Delivery>>,
+}
+
+impl MemSide {
+    fn new(sinks: &[&'static str], capacity: usize) -> MemSide {
+        let stream =
+            MemoryStream::builder().capacity(capacity).shared_ring(true).sinks(sinks.iter().copied()).build().unwrap();
+        let fan = Some(stream.fanout().unwrap());
+        let cons = sinks.iter().map(|s| Stream::attach(&stream, s).unwrap()).collect();
+        MemSide { sinks: sinks.to_vec(), stream, fan, cons, held: sinks.iter().map(|_| Vec::new()).collect() }
+    }
+}
+
+impl Side for MemSide {
+    fn publish(&mut self, to: Option<usize>, p: u64) -> String {
+        let f = self.fan.as_mut().unwrap();
+        let item = if p == 0 { common::snapshot() } else { batch(p) };
+        published(match to {
+            Some(i) => f.try_publish_to(i, item),
+            None => f.try_publish(item),
+        })
+    }
+    fn recv(&mut self, lane: usize) -> String {
+        recv_one(&mut self.cons[lane], &mut self.held[lane])
+    }
+    fn settle(&mut self, lane: usize, i: usize, ack: bool) -> String {
+        settle(&mut self.held[lane], i, ack)
+    }
+    fn reattach(&mut self, lane: usize) {
+        self.cons[lane] = Stream::reattach(&self.stream, self.sinks[lane]).unwrap();
+        self.held[lane].clear();
+    }
+    fn restart(&mut self) {
+        self.held.iter_mut().for_each(Vec::clear);
+        self.fan = None;
+        self.fan = Some(self.stream.fanout().unwrap());
+        for (i, sink) in self.sinks.iter().enumerate() {
+            self.cons[i] = Stream::reattach(&self.stream, sink).unwrap();
+        }
+    }
+    fn close(&mut self, lane: usize) {
+        Stream::close(&self.stream, self.sinks[lane]).unwrap();
+    }
+    fn observe(&self) -> (String, String) {
+        observe(&self.stream, &self.sinks)
+    }
+}
+
+/// Idleness and each lane's counts; then the watermark and each lane's acked position (which
+/// may differ once a gap was passed: the in-memory lane's acked position may move to a gap's,
+/// see the contract's shared-ring section).
+fn observe<S: Stream>(s: &S, sinks: &[&str]) -> (String, String) {
+    let stats: Vec<_> = sinks.iter().map(|sink| (sink, s.stats(sink).unwrap())).collect();
+    let counts: Vec<String> = stats
+        .iter()
+        .map(|(sink, st)| format!("{sink}: published {} acked_items {}", st.published, st.acked_items))
+        .collect();
+    let acked: Vec<String> = stats.iter().map(|(sink, st)| format!("{sink}: acked {:?}", st.acked)).collect();
+    (
+        format!("idle {}; {}", s.is_idle(), counts.join("; ")),
+        format!("watermark {:?}; {}", s.watermark(), acked.join("; ")),
+    )
+}
+
+struct RedisSide {
+    url: String,
+    name: String,
+    capacity: usize,
+    sinks: Vec<&'static str>,
+    stream: RedisStream,
+    fan: Option<RedisFanout>,
+    cons: Vec<lanestream::RedisConsumer<LaneItem>>,
+    held: Vec<Vec<RedisDelivery<LaneItem>>>,
+}
+
+impl RedisSide {
+    fn new(url: &str, name: &str, sinks: &[&'static str], capacity: usize) -> RedisSide {
+        let stream = open_sinks(url, name, capacity, sinks);
+        let fan = Some(stream.fanout().unwrap());
+        let cons = sinks.iter().map(|s| stream.attach(s).unwrap()).collect();
+        RedisSide {
+            url: url.to_owned(),
+            name: name.to_owned(),
+            capacity,
+            sinks: sinks.to_vec(),
+            stream,
+            fan,
+            cons,
+            held: sinks.iter().map(|_| Vec::new()).collect(),
+        }
+    }
+}
+
+impl Side for RedisSide {
+    fn publish(&mut self, to: Option<usize>, p: u64) -> String {
+        let f = self.fan.as_mut().unwrap();
+        let item = if p == 0 { common::snapshot() } else { batch(p) };
+        published(match to {
+            Some(i) => f.try_publish_to(i, item),
+            None => f.try_publish(item),
+        })
+    }
+    fn recv(&mut self, lane: usize) -> String {
+        recv_one(&mut self.cons[lane], &mut self.held[lane])
+    }
+    fn settle(&mut self, lane: usize, i: usize, ack: bool) -> String {
+        settle(&mut self.held[lane], i, ack)
+    }
+    fn reattach(&mut self, lane: usize) {
+        self.cons[lane] = self.stream.reattach(self.sinks[lane]).unwrap();
+        self.held[lane].clear();
+    }
+    fn restart(&mut self) {
+        self.held.iter_mut().for_each(Vec::clear);
+        self.cons.clear();
+        self.fan = None;
+        self.stream = open_sinks(&self.url, &self.name, self.capacity, &self.sinks);
+        self.fan = Some(self.stream.fanout().unwrap());
+        self.cons = self.sinks.iter().map(|s| self.stream.reattach(s).unwrap()).collect();
+    }
+    fn close(&mut self, lane: usize) {
+        self.stream.close(self.sinks[lane]).unwrap();
+    }
+    fn observe(&self) -> (String, String) {
+        observe(&self.stream, &self.sinks)
+    }
+}
+
+/// Runs `ops` on both sides; the first step whose outcome differs fails, with the trace.
+fn run_model(url: &str, lanes: usize, capacity: usize, ops: &[Op], compare_observed: bool) -> Result<(), TestCaseError> {
+    let sinks = &SINKS[..lanes];
+    let (name, _cleanup, mut admin) = setup(url);
+    let mut mem = MemSide::new(sinks, capacity);
+    let mut red = RedisSide::new(url, &name, sinks, capacity);
+    let mut next = 0u64;
+    let mut gaps = false;
+    let mut closed = false;
+    let mut trace = Vec::new();
+    for op in ops {
+        let (m, r) = match *op {
+            Op::Publish | Op::PublishTo(_) => {
+                next += 1;
+                let to = match *op {
+                    Op::PublishTo(i) => Some(i % lanes),
+                    _ => None,
+                };
+                (mem.publish(to, next), red.publish(to, next))
+            }
+            Op::Republish => {
+                if next == 0 {
+                    next = 1;
+                }
+                (mem.publish(None, next), red.publish(None, next))
+            }
+            Op::Snapshot => (mem.publish(None, 0), red.publish(None, 0)),
+            Op::Recv(l) => (mem.recv(l % lanes), red.recv(l % lanes)),
+            Op::Ack(l, i) => (mem.settle(l % lanes, i, true), red.settle(l % lanes, i, true)),
+            Op::Nack(l, i) => (mem.settle(l % lanes, i, false), red.settle(l % lanes, i, false)),
+            Op::Reattach(l) => {
+                mem.reattach(l % lanes);
+                red.reattach(l % lanes);
+                (String::new(), String::new())
+            }
+            Op::Restart => {
+                mem.restart();
+                red.restart();
+                (String::new(), String::new())
+            }
+            Op::Close(l) => {
+                mem.close(l % lanes);
+                red.close(l % lanes);
+                (String::new(), String::new())
+            }
+        };
+        trace.push(format!("{op:?}: {r}"));
+        // The known bug of `a_full_stream_with_a_closed_lane_refuses_as_closed`: left aside here
+        // so that the model looks further.
+        let r = if m == "closed" && r == "full" { m.clone() } else { r };
+        // Likewise `a_full_lane_hides_a_regressed_position_on_a_later_lane`.
+        let r = if m.starts_with("regressed") && r == "full" { m.clone() } else { r };
+        // The order of the refusals: the in-memory fan-out checks the position before the
+        // lanes' close, the Redis gate each lane's close before its position.
+        closed |= matches!(op, Op::Close(_));
+        let r = if closed && m.starts_with("regressed") && r == "closed" { m.clone() } else { r };
+        prop_assert_eq!(&m, &r, "step {} diverged; trace:\n{}", trace.len(), trace.join("\n"));
+        gaps |= matches!(op, Op::PublishTo(_)) && r == "ok";
+        if compare_observed {
+            let (mo, ro) = (mem.observe(), red.observe());
+            prop_assert_eq!(&mo.0, &ro.0, "after step {}; trace:\n{}", trace.len(), trace.join("\n"));
+            if !gaps {
+                prop_assert_eq!(&mo.1, &ro.1, "after step {}; trace:\n{}", trace.len(), trace.join("\n"));
+            }
+        }
+    }
+    // The log's and the publish logs' last ids never diverge.
+    assert_last_ids_equal(&mut admin, &name, sinks);
+    if std::env::var_os("FANOUT_MODEL_TRACE").is_some() {
+        eprintln!("model: {} lanes, capacity {capacity}:\n{}", lanes, trace.join("\n"));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The Redis fan-out stream and the in-memory shared-ring fan-out, step by step: the same
+    /// publish outcomes (ok, full, closed), the same deliveries (position, attempt), the same
+    /// ack results.
+    #[test]
+    fn the_redis_fanout_follows_the_in_memory_shared_ring(
+        lanes in 2..=3usize,
+        capacity in 2..=4usize,
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        let Some(url) = redis_support::url() else { return Ok(()) };
+        run_model(&url, lanes, capacity, &ops, false)?;
+    }
+
+    /// As above, and after every step the same idleness, watermark and per-lane stats.
+    #[test]
+    fn the_redis_fanout_observes_as_the_in_memory_shared_ring(
+        lanes in 2..=3usize,
+        capacity in 2..=4usize,
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        let Some(url) = redis_support::url() else { return Ok(()) };
+        run_model(&url, lanes, capacity, &ops, true)?;
+    }
 }
