@@ -585,6 +585,57 @@ fn a_deleted_streams_fanout_does_not_publish_into_the_stream_built_again() {
     );
 }
 
+/// A fan-out stream of one sink: `publish_to(0)` is a publish (no gap), the field `t` names the
+/// lane itself and is delivered; the trim and a restart work as with more lanes.
+#[test]
+fn a_fanout_of_one_lane_has_no_gaps() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    {
+        let s = open_sinks(&url, &name, 8, &["only"]);
+        let mut f = s.fanout().unwrap();
+        let mut c = s.attach("only").unwrap();
+        for p in 1..=70 {
+            if p % 2 == 0 {
+                f.publish_to(0, batch(p)).unwrap();
+            } else {
+                f.publish(batch(p)).unwrap();
+            }
+            assert_eq!(drain_ack(&mut c), firsts(p..=p));
+        }
+        f.publish_to(0, batch(71)).unwrap();
+    }
+    let s = open_sinks(&url, &name, 8, &["only"]);
+    let mut f = s.fanout().unwrap();
+    assert!(matches!(f.try_publish_to(0, batch(71)), Err(TryPublishError::PositionRegressed { .. })));
+    f.publish(batch(72)).unwrap();
+    assert_eq!(drain_ack(&mut s.reattach("only").unwrap()), firsts(71..=72));
+    assert!(log_ids(&mut admin, &name).first().is_some_and(|&n| n >= 64), "trimmed at entry 64");
+    assert_last_ids_equal(&mut admin, &name, &["only"]);
+    assert_eq!(s.watermark(), Some(Position(72)));
+}
+
+/// A close of the very lane a waiting publish waits on (full) wakes it at once with `Closed`.
+#[test]
+fn a_close_of_the_full_lane_wakes_a_waiting_publish() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 2);
+    let mut f = s.fanout().unwrap();
+    f.publish(batch(1)).unwrap();
+    f.publish(batch(2)).unwrap();
+    let waiting = thread::spawn(move || {
+        let t = Instant::now();
+        let r = f.publish_timeout(batch(3), Duration::from_secs(5));
+        (matches!(r, Err(PublishTimeoutError::Closed(_))), t.elapsed())
+    });
+    thread::sleep(Duration::from_millis(100));
+    s.close("search").unwrap();
+    let (closed, waited) = waiting.join().unwrap();
+    assert!(closed, "the waiting publish ends Closed");
+    assert!(waited < Duration::from_millis(500), "woken by the close's ring, not a wait slice: {waited:?}");
+}
+
 // ----- close racing publishes -------------------------------------------------------------------
 
 /// A close of one lane (from another thread, or another process's handle) racing a publishing
