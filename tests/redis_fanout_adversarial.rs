@@ -1330,6 +1330,95 @@ fn a_waiting_consumer_is_woken_although_the_ring_was_lost() {
     assert!(latency < Duration::from_millis(200), "the consumer woke {latency:?} after the publish");
 }
 
+/// Runs `fut` to its end on this thread (a waker that unparks it).
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        thread::park_timeout(Duration::from_millis(50));
+    }
+}
+
+/// A consumer waiting (blocking, and as a task) while only gaps arrive passes them and keeps
+/// waiting; the next item meant for it wakes it at once.
+#[test]
+fn a_waiting_consumer_passes_gaps_and_wakes_for_its_item() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 8);
+    let mut f = s.fanout().unwrap();
+    for asynchronous in [false, true] {
+        let base = if asynchronous { 10 } else { 0 };
+        let stream = s.clone();
+        let waiter = thread::spawn(move || {
+            let mut c = stream.reattach("search").unwrap();
+            let d = if asynchronous {
+                block_on(c.recv_async()).unwrap().unwrap()
+            } else {
+                c.recv_timeout(Duration::from_secs(5)).unwrap().unwrap()
+            };
+            let at = Instant::now();
+            let got = (pos(&d), d.attempt());
+            d.ack().unwrap();
+            (got, at)
+        });
+        thread::sleep(Duration::from_millis(100));
+        f.publish_to(1, batch(base + 1)).unwrap();
+        thread::sleep(Duration::from_millis(50));
+        f.publish_to(2, batch(base + 2)).unwrap();
+        thread::sleep(Duration::from_millis(50));
+        let t = Instant::now();
+        f.publish(batch(base + 3)).unwrap();
+        let (got, at) = waiter.join().unwrap();
+        assert_eq!(got, (base + 3, 1), "async: {asynchronous}");
+        let latency = at.saturating_duration_since(t);
+        assert!(latency < Duration::from_millis(250), "async {asynchronous}: woken {latency:?} after");
+    }
+    assert_eq!(s.stats("search").unwrap().acked_items, 6);
+}
+
+/// `publish_async` waits as a task for the slowest lane's ack, then lands once.
+#[test]
+fn publish_async_waits_for_the_slowest_lane() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 2);
+    let mut f = s.fanout().unwrap();
+    f.publish(batch(1)).unwrap();
+    f.publish_to(0, batch(2)).unwrap();
+    let stream = s.clone();
+    let acker = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(150));
+        let mut got = Vec::new();
+        for sink in SINKS {
+            got.push(drain_ack(&mut stream.attach(sink).unwrap()));
+        }
+        got
+    });
+    let t = Instant::now();
+    block_on(f.publish_async(batch(3))).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(100), "it waited for room");
+    let got = acker.join().unwrap();
+    assert_eq!(got[0], firsts(1..=2));
+    assert_eq!(got[1], firsts(1..=1));
+    // Lane archive (drained last) may get 3 in the acker's drain: 3 lands as soon as it passed
+    // its gap.
+    let late: Vec<_> = SINKS.iter().map(|sink| drain_ack(&mut s.reattach(sink).unwrap())).collect();
+    assert_eq!(late[0], firsts(3..=3));
+    assert_eq!(late[1], firsts(3..=3));
+    assert_eq!([&got[2][..], &late[2][..]].concat(), firsts([1, 3]), "lane archive");
+}
+
 /// Contract `LaneStats::delivered` ("deliveries made"): a gap passed on the way is no delivery;
 /// the in-memory shared ring does not count it, the Redis lane does (its `nread` moves over
 /// the gap).
