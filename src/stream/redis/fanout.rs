@@ -416,6 +416,13 @@ impl RedisFanout {
                             learnt.full = Some((int(&r[1]) as usize).saturating_sub(1));
                             return Ok(Ok(gate));
                         }
+                        Some(b"dup") => {
+                            // A publish that landed (this call's first try, or an earlier
+                            // call's) whose reply, and so its wake-ups, was lost: the waiting
+                            // receives are rung now.
+                            self.wake(c)?;
+                            return Ok(Ok(gate));
+                        }
                         _ => return Ok(Ok(gate)),
                     }
                     if gated {
@@ -479,12 +486,28 @@ impl RedisFanout {
         if !matches!(replies.first(), Some(Value::BulkString(_))) {
             return Ok(false);
         }
+        self.ring(c, &replies[1..])?;
+        Ok(true)
+    }
+
+    /// Reads every lane's receive-waiting flag and rings the lanes whose consumer waits.
+    fn wake(&self, c: &mut Connection) -> RedisResult<()> {
+        let mut pipe = ::redis::pipe();
+        for h in &self.keys.hashes {
+            pipe.cmd("HMGET").arg(h).arg("w").arg("ep");
+        }
+        let flags: Vec<Value> = pipe.query(c)?;
+        self.ring(c, &flags)
+    }
+
+    /// Rings the bell of each lane whose flags (`HMGET w ep`, in lane order) say its consumer
+    /// waits, clearing the flag first.
+    fn ring(&self, c: &mut Connection, flags: &[Value]) -> RedisResult<()> {
         let mut ring = ::redis::pipe();
         let mut any = false;
-        for (h, w) in self.keys.hashes.iter().zip(&replies[1..]) {
+        for (h, w) in self.keys.hashes.iter().zip(flags) {
             let w = items(w);
             if w.first().map(text) == Some(b"1") {
-                // A receive found nothing and waits: cleared, then its bell rung.
                 let bell = format!("{h}:bell:{}", String::from_utf8_lossy(w.get(1).map_or(b"0", text)));
                 ring.cmd("HSET").arg(h).arg("w").arg("0").ignore();
                 ring.cmd("LPUSH").arg(&bell).arg("1").ignore();
@@ -495,7 +518,7 @@ impl RedisFanout {
         if any {
             ring.query::<()>(c)?;
         }
-        Ok(true)
+        Ok(())
     }
 }
 

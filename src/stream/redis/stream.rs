@@ -403,8 +403,8 @@ impl RedisStream {
     /// for retiring a pipeline. Ends still alive get errors or empty lanes afterwards, and do not
     /// make the stream again. A stream built again under the same name starts its epochs at the
     /// server's clock, so the old consumers' acks and receives are refused there; but stop every
-    /// producer of the old stream before building it again: a producer still publishing on room
-    /// it knew could add entries to the new stream.
+    /// producer and fan-out of the old stream before building it again: one still publishing on
+    /// room it knew could add entries to the new stream.
     ///
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
