@@ -90,11 +90,16 @@ fn a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
     }
     let other = RedisStream::builder(&url, &name).sinks(SINKS).build();
     assert!(matches!(other, Err(BuildError::Mismatch(_))), "{other:?}");
-    let (plain, _c2, _a2) = setup(&url);
+    let (plain, _c2, mut admin) = setup(&url);
     let plain_stream = RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
     assert!(matches!(plain_stream.fanout(), Err(StreamError::NotFanout)));
     let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
     assert!(matches!(fanout_build, Err(BuildError::Mismatch(_))), "{fanout_build:?}");
+    // A stream made before the mode was recorded was published to per lane: not a fan-out's.
+    let _: i64 = redis::cmd("HDEL").arg(format!("{{{plain}}}:meta")).arg("mode").query(&mut admin).unwrap();
+    let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
+    assert!(matches!(fanout_build, Err(BuildError::Mismatch(_))), "{fanout_build:?}");
+    RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
 }
 
 /// L3: the slowest lane bounds the fan-out; an ack of that lane makes room, also for a publish

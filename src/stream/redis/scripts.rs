@@ -872,6 +872,21 @@ if want % 64 == 0 then trim(L, M, ARGV[5], ARGV[6], true, 7) end
 return {'ok', room}
 "#;
 
+/// Record the stream's shape when it is new, and read it back: its sinks and how it is published
+/// to (`lanes`: a producer per lane; `fanout`: its one fan-out). A stream made before the mode was
+/// recorded was published to per lane.
+///
+/// KEYS: meta. ARGV: the sinks (comma-separated), the mode. Replies `{sinks, mode}` as stored.
+pub(crate) const DESCRIBE: &str = r#"
+local M = KEYS[1]
+if redis.call('HSETNX', M, 'sinks', ARGV[1]) == 1 then
+  redis.call('HSET', M, 'mode', ARGV[2])
+elseif not redis.call('HGET', M, 'mode') then
+  redis.call('HSET', M, 'mode', 'lanes')
+end
+return redis.call('HMGET', M, 'sinks', 'mode')
+"#;
+
 /// Give a claim up (a dropped end), if it is still ours.
 ///
 /// KEYS: lane hash. ARGV: field, our claim.

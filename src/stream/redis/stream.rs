@@ -155,12 +155,12 @@ impl RedisStreamBuilder {
         let meta = format!("{prefix}:meta");
         let names = sinks.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",");
         let backend = BuildError::Backend;
-        let _: i64 = query(&pool, Budget::Retry, |c| {
-            ::redis::cmd("HSETNX").arg(&meta).arg("sinks").arg(&names).query(c)
-        })
-        .map_err(backend)?;
-        let stored: String =
-            query(&pool, Budget::Retry, |c| ::redis::cmd("HGET").arg(&meta).arg("sinks").query(c))
+        // The sinks and the publishing mode (each lane's producer or the one fan-out: their keys
+        // differ), recorded by the build that makes the stream.
+        let mode = if self.fanout { "fanout" } else { "lanes" };
+        let describe = ::redis::Script::new(&super::scripts::source(super::scripts::DESCRIBE));
+        let (stored, stored_mode): (String, String) =
+            query(&pool, Budget::Retry, |c| describe.key(&meta).arg(&names).arg(mode).invoke(c))
                 .map_err(backend)?;
         if stored != names {
             return Err(BuildError::Mismatch(format!(
@@ -168,15 +168,7 @@ impl RedisStreamBuilder {
                 self.name
             )));
         }
-        // The publishing mode: each lane's producer or the one fan-out (their keys differ).
-        let mode = if self.fanout { "fanout" } else { "lanes" };
-        let stored: String = query(&pool, Budget::Retry, |c| {
-            let mut pipe = ::redis::pipe();
-            pipe.cmd("HSETNX").arg(&meta).arg("mode").arg(mode).ignore();
-            pipe.cmd("HGET").arg(&meta).arg("mode");
-            pipe.query::<(String,)>(c).map(|(m,)| m)
-        })
-        .map_err(backend)?;
+        let stored = stored_mode;
         if stored != mode {
             return Err(BuildError::Mismatch(format!(
                 "stream {:?} is published to by {}, this build asked for {}",
