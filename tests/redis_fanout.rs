@@ -317,3 +317,39 @@ fn the_trim_keeps_what_the_slowest_lane_has_not_acked() {
     let _new = stream.reattach(SINKS[0]).unwrap();
     assert_eq!(d.ack(), Err(AckError::Detached));
 }
+
+/// The last position survives a run of unpositioned entries (chunks of a large transaction)
+/// longer than one page of the log's read-back: a fan-out claimed after them still refuses a
+/// position at or below it (I1, L4).
+#[test]
+fn the_last_position_is_found_behind_many_unpositioned_entries() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let stream = open(&url, &name, 128);
+    let chunk = || LaneItem::Batch(lanestream::Batch::new(None, Vec::new().into()));
+    {
+        let mut fanout = stream.fanout().unwrap();
+        fanout.publish(batch(5)).unwrap();
+        for _ in 0..40 {
+            fanout.publish(chunk()).unwrap();
+        }
+    }
+    let mut fanout = stream.fanout().unwrap();
+    match fanout.try_publish(batch(5)) {
+        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(5)),
+        other => panic!("a position not above the last, behind 40 chunks: {other:?}"),
+    }
+    fanout.publish(chunk()).unwrap();
+    fanout.publish(batch(6)).unwrap();
+    let st = stream.stats("cache").unwrap();
+    assert_eq!((st.published, st.last_published), (43, Some(Position(6))), "{st:?}");
+    let mut c = stream.attach("cache").unwrap();
+    let mut positions = Vec::new();
+    while let Ok(d) = c.try_recv() {
+        positions.push(d.position());
+        d.ack().unwrap();
+    }
+    assert_eq!(positions.len(), 43);
+    assert_eq!((positions[0], positions[42]), (Some(Position(5)), Some(Position(6))));
+    assert_eq!(stream.acked("cache").unwrap(), Some(Position(6)));
+}

@@ -203,14 +203,20 @@ local function fold_pl(H)
     local L, last = string.match(H, '^({.*}):l:') .. ':log', num(f[2])
     local top = redis.call('XREVRANGE', L, '+', '-', 'COUNT', 1)[1]
     if not top or entry_n(top[1]) <= last then return end
-    local n, p = entry_n(top[1]), ''
-    local es = {top}
-    if top[2][4] == '' then es = redis.call('XREVRANGE', L, '+', s(last + 1) .. '-0') end
-    for _, e in ipairs(es) do
-      if e[2][4] ~= '' then
-        p = e[2][4]
-        break
+    local n, p = entry_n(top[1]), top[2][4]
+    -- An unpositioned newest entry (a chunk of a large transaction): look further back, a page
+    -- at a time (the entries carry their payloads).
+    local hi = '(' .. top[1]
+    while p == '' do
+      local es = redis.call('XREVRANGE', L, hi, s(last + 1) .. '-0', 'COUNT', 16)
+      for _, e in ipairs(es) do
+        if e[2][4] ~= '' then
+          p = e[2][4]
+          break
+        end
       end
+      if #es < 16 then break end
+      hi = '(' .. es[#es][1]
     end
     if p ~= '' then
       redis.call('HSET', H, 'pub', n, 'last', n, 'lp', p)
