@@ -383,3 +383,142 @@ fn a_trim_below_unfolded_positions_keeps_the_last_position() {
     assert_eq!(s.watermark(), Some(Position(3)), "W3: the watermark never goes back");
 }
 
+// ----- concurrency -----------------------------------------------------------------------------
+
+/// Item `k` of the busy runs: its `changes` is `k` (its identity), its position `k` unless
+/// `k % 5 == 0` (a chunk, unpositioned).
+fn item(k: u64) -> LaneItem {
+    let position = (k % 5 != 0).then_some(Position(k));
+    LaneItem::Batch(lanestream::Batch { position, changes: k, envelopes: Vec::new().into() })
+}
+
+fn id_of(d: &RedisDelivery<LaneItem>) -> u64 {
+    match d.item() {
+        LaneItem::Batch(b) => b.changes,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The lane item `k` goes to in the busy runs (`None`: every lane).
+fn busy_to(k: u64) -> Option<usize> {
+    (k % 7 == 0).then_some((k / 7 % 3) as usize)
+}
+
+/// A fan-out publishing 300 items (a seventh to one lane, a fifth unpositioned) to three lanes of
+/// capacity 4, each lane's consumer on its own thread (its own process's handle) nacking and
+/// re-attaching now and then, and a reader thread calling stats, `acked`, the watermark,
+/// `is_idle` (and, with `trim`, `RedisStream::trim`) in a loop: every lane acks each item meant
+/// for it, first deliveries come in order, a lane's acked position and the watermark never go
+/// back, `published` never goes back nor above the log's newest entry, the fan-out never errs,
+/// and the final watermark is the last position.
+fn busy_run(trim: bool) {
+    use rand::{Rng, SeedableRng};
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 4);
+    let n = 300u64;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut consumers = Vec::new();
+    for (i, sink) in SINKS.iter().enumerate() {
+        let other = open(&url, &name, 4);
+        let want: Vec<u64> = (1..=n).filter(|&k| busy_to(k).is_none_or(|t| t == i)).collect();
+        consumers.push(thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64 + 41);
+            let mut c = other.attach(sink).unwrap();
+            let mut acked = BTreeSet::new();
+            let mut firsts = Vec::new();
+            let mut last_acked: Option<Position> = None;
+            let deadline = Instant::now() + Duration::from_secs(25);
+            while acked.len() < want.len() {
+                assert!(Instant::now() < deadline, "lane {sink}: acked {} of {}", acked.len(), want.len());
+                let Some(d) = c.recv_timeout(Duration::from_millis(200)).unwrap() else { continue };
+                let k = id_of(&d);
+                assert!(busy_to(k).is_none_or(|t| t == i), "lane {sink} got item {k} of lane {:?}", busy_to(k));
+                if d.attempt() == 1 {
+                    firsts.push(k);
+                }
+                match rng.gen_range(0..20) {
+                    0 | 1 => d.nack(),
+                    2 => {
+                        std::mem::forget(d);
+                        c = other.reattach(sink).unwrap();
+                    }
+                    _ => {
+                        if d.ack().is_ok() {
+                            acked.insert(k);
+                        }
+                    }
+                }
+                let now = other.acked(sink).unwrap();
+                assert!(now >= last_acked, "lane {sink}: acked position went back {last_acked:?} -> {now:?}");
+                last_acked = now;
+            }
+            assert!(firsts.windows(2).all(|w| w[0] < w[1]), "lane {sink}: first deliveries {firsts:?}");
+            assert_eq!(acked.into_iter().collect::<Vec<_>>(), want, "lane {sink}");
+        }));
+    }
+    let reader = {
+        let (s, stop, url, name) = (open(&url, &name, 4), stop.clone(), url.clone(), name.clone());
+        thread::spawn(move || {
+            let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+            let mut published = [0u64; 3];
+            let mut acked_items = [0u64; 3];
+            let mut mark: Option<Position> = None;
+            let mut rounds = 0;
+            while !stop.load(Ordering::SeqCst) {
+                for (i, sink) in SINKS.iter().enumerate() {
+                    let st = s.stats(sink).unwrap();
+                    let top = log_top(&mut admin, &name);
+                    assert!(st.published <= top || top == 0, "lane {sink}: published {} > log top {top}", st.published);
+                    assert!(st.published >= published[i], "lane {sink}: published went back {} -> {}", published[i], st.published);
+                    assert!(st.acked_items >= acked_items[i], "lane {sink}: acked items went back");
+                    assert!(st.acked_items <= st.published, "lane {sink}: {st:?}");
+                    published[i] = st.published;
+                    acked_items[i] = st.acked_items;
+                }
+                let w = s.try_watermark().unwrap();
+                assert!(w >= mark, "W3: watermark went back {mark:?} -> {w:?}");
+                mark = w;
+                let _ = s.try_is_idle().unwrap();
+                if trim {
+                    s.trim().unwrap();
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let mut f = s.fanout().unwrap();
+    for k in 1..=n {
+        let r = match busy_to(k) {
+            Some(i) => f.publish_to(i, item(k)),
+            None => f.publish(item(k)),
+        };
+        r.unwrap_or_else(|e| panic!("publish {k}: {e:?}"));
+    }
+    let results: Vec<_> = consumers.into_iter().map(|c| c.join()).collect();
+    stop.store(true, Ordering::SeqCst);
+    let rounds = reader.join();
+    for r in results {
+        r.unwrap();
+    }
+    let rounds = rounds.unwrap();
+    eprintln!("reader rounds: {rounds}");
+    assert!(rounds > 0);
+    for sink in SINKS {
+        assert_eq!(drain_ack(&mut s.reattach(sink).unwrap()), vec![], "lane {sink}");
+    }
+    assert!(s.is_idle());
+    // Item 300 is a chunk to lane search... the last position is 299.
+    assert_eq!(s.watermark(), Some(Position((1..=n).filter(|k| k % 5 != 0).max().unwrap())));
+}
+
+#[test]
+fn a_busy_fanout_with_a_stats_and_watermark_reader_loses_nothing() {
+    busy_run(false);
+}
+
+#[test]
+fn a_busy_fanout_with_a_trimming_reader_loses_nothing() {
+    busy_run(true);
+}
