@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::{batch, snapshot};
 use lanestream::{
-    BackendError, BuildError, LaneConsumer, LaneDelivery, LaneItem, Position, RedisDelivery, RedisStream,
+    BackendError, BuildError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, RedisDelivery, RedisStream,
     Stream, TryPublishError, TryRecvError,
 };
 use redis_support::{delete_keys, unique_name};
@@ -521,4 +521,59 @@ fn a_busy_fanout_with_a_stats_and_watermark_reader_loses_nothing() {
 #[test]
 fn a_busy_fanout_with_a_trimming_reader_loses_nothing() {
     busy_run(true);
+}
+
+// ----- the mode ----------------------------------------------------------------------------------
+
+/// Two processes build the same new stream at once, one as a fan-out stream and one published
+/// per lane, over and over on fresh names: exactly one mode wins (the other build gets
+/// `Mismatch`), the meta hash records the winner's, and the lane hashes carry `fan` exactly when
+/// the fan-out won; the winner's stream works in its mode; a third build in the losing mode is
+/// refused too.
+#[test]
+fn racing_builds_in_different_modes_give_exactly_one_mode() {
+    let url = server!();
+    for round in 0..16 {
+        let (name, _cleanup, mut admin) = setup(&url);
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let build = |fanout: bool| {
+            let (url, name, barrier) = (url.clone(), name.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                builder(&url, &name, 8, &SINKS, fanout).build()
+            })
+        };
+        // Alternate which one starts first.
+        let (a, b) = if round % 2 == 0 { (build(true), build(false)) } else { (build(false), build(true)) };
+        let (ra, rb) = (a.join().unwrap(), b.join().unwrap());
+        let (fan_r, lanes_r) = if round % 2 == 0 { (ra, rb) } else { (rb, ra) };
+        let mode: Option<String> =
+            redis::cmd("HGET").arg(format!("{{{name}}}:meta")).arg("mode").query(&mut admin).unwrap();
+        let fans: Vec<Option<String>> = SINKS
+            .iter()
+            .map(|sink| redis::cmd("HGET").arg(format!("{{{name}}}:l:{sink}")).arg("fan").query(&mut admin).unwrap())
+            .collect();
+        match (fan_r, lanes_r) {
+            (Ok(s), Err(BuildError::Mismatch(_))) => {
+                assert_eq!(mode.as_deref(), Some("fanout"), "round {round}");
+                assert!(fans.iter().all(|f| f.as_deref() == Some("1")), "round {round}: {fans:?}");
+                let mut f = s.fanout().unwrap();
+                f.publish(batch(1)).unwrap();
+                assert!(matches!(builder(&url, &name, 8, &SINKS, false).build(), Err(BuildError::Mismatch(_))));
+                for sink in SINKS {
+                    assert_eq!(drain_ack(&mut s.attach(sink).unwrap()), firsts([1]), "round {round}");
+                }
+            }
+            (Err(BuildError::Mismatch(_)), Ok(s)) => {
+                assert_eq!(mode.as_deref(), Some("lanes"), "round {round}");
+                assert!(fans.iter().all(|f| f.is_none()), "round {round}: {fans:?}");
+                assert!(s.fanout().is_err(), "round {round}: a fan-out of a stream published per lane");
+                s.producer("cache").unwrap().publish(batch(1)).unwrap();
+                assert!(matches!(builder(&url, &name, 8, &SINKS, true).build(), Err(BuildError::Mismatch(_))));
+                assert_eq!(drain_ack(&mut s.attach("cache").unwrap()), firsts([1]), "round {round}");
+                assert_eq!(drain_ack(&mut s.attach("search").unwrap()), vec![], "round {round}");
+            }
+            (a, b) => panic!("round {round}: fan-out build {a:?}, per-lane build {b:?}"),
+        }
+    }
 }
