@@ -577,3 +577,95 @@ fn racing_builds_in_different_modes_give_exactly_one_mode() {
         }
     }
 }
+
+// ----- positions ---------------------------------------------------------------------------------
+
+/// A positioned entry, then `k` chunks (unpositioned) on either side of the 16-entry page
+/// `fold_pl` looks back by, none folded into any lane (no gate runs: the room is known, and no
+/// lane receives), then a restart: the new fan-out knows the last position (7, not the older
+/// 5), refuses 7 as regressed and takes 8; every lane gets every item once.
+#[test]
+fn a_run_of_chunks_at_every_page_edge_keeps_the_last_position_across_a_restart() {
+    let url = server!();
+    for k in [0usize, 1, 14, 15, 16, 17, 31, 32, 33, 48, 60] {
+        let (name, _cleanup, mut admin) = setup(&url);
+        let s = open(&url, &name, 128);
+        {
+            let mut f = s.fanout().unwrap();
+            f.publish(batch(5)).unwrap();
+            f.publish(batch(7)).unwrap();
+            for _ in 0..k {
+                f.publish(snapshot()).unwrap();
+            }
+        }
+        for sink in SINKS {
+            assert_eq!(hfield(&mut admin, &name, sink, "last"), 0, "k {k}: lane {sink} folded already");
+        }
+        let mut f = open(&url, &name, 128).fanout().unwrap();
+        match f.try_publish(batch(7)) {
+            Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(7), "k {k}"),
+            other => panic!("k {k}: position 7 again: {other:?}"),
+        }
+        match f.try_publish_to(1, batch(6)) {
+            Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(7), "k {k}"),
+            other => panic!("k {k}: position 6 to one lane: {other:?}"),
+        }
+        f.try_publish(batch(8)).unwrap();
+        for sink in SINKS {
+            let st = s.stats(sink).unwrap();
+            assert_eq!((st.published, st.last_published), (k as u64 + 3, Some(Position(8))), "k {k}: lane {sink}");
+        }
+        let mut want = vec![(5, 1), (7, 1)];
+        want.extend(std::iter::repeat_n((0, 1), k));
+        want.push((8, 1));
+        for sink in SINKS {
+            assert_eq!(drain_ack(&mut s.attach(sink).unwrap()), want, "k {k}: lane {sink}");
+        }
+        assert_eq!(s.watermark(), Some(Position(8)), "k {k}");
+        assert!(s.is_idle(), "k {k}");
+    }
+}
+
+/// An unpositioned item published to one lane: the other lanes pass its gap without moving
+/// their acked position; a positioned one to one lane moves the others' acked positions to it
+/// once passed (the watermark follows the slowest lane, never going back); every lane's
+/// acked position and the watermark are checked after each step.
+#[test]
+fn unpositioned_and_positioned_gaps_move_acked_positions_as_the_shared_ring() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 16);
+    let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
+    let mut f = s.fanout().unwrap();
+    let acked = |s: &RedisStream| SINKS.map(|sink| s.acked(sink).unwrap().map(|p| p.0));
+    f.publish(batch(1)).unwrap();
+    f.publish_to(0, snapshot()).unwrap();
+    for c in &mut cs {
+        drain_ack(c);
+    }
+    assert_eq!(acked(&s), [Some(1); 3], "a passed unpositioned gap moves nothing");
+    assert_eq!(s.watermark(), Some(Position(1)));
+    f.publish_to(1, batch(3)).unwrap();
+    f.publish_to(1, snapshot()).unwrap();
+    assert_eq!(drain_ack(&mut cs[0]), vec![]);
+    assert_eq!(acked(&s), [Some(3), Some(1), Some(1)], "lane search passed both gaps");
+    assert_eq!(s.watermark(), Some(Position(1)));
+    assert_eq!(drain_ack(&mut cs[1]), vec![(3, 1), (0, 1)]);
+    assert_eq!(acked(&s), [Some(3), Some(3), Some(1)]);
+    assert_eq!(s.watermark(), Some(Position(1)));
+    // Lane archive: holds the gap's neighbour, a nack, a re-attach.
+    f.publish(batch(4)).unwrap();
+    let d = cs[2].try_recv().unwrap(); // passes gaps 3 and the chunk, delivers 4
+    assert_eq!(pos(&d), 4);
+    assert_eq!(acked(&s), [Some(3), Some(3), Some(3)]);
+    assert_eq!(s.watermark(), Some(Position(3)));
+    d.nack();
+    cs[2] = s.reattach("archive").unwrap();
+    assert_eq!(acked(&s)[2], Some(3), "a re-attach keeps the passed gaps acked");
+    assert_eq!(drain_ack(&mut cs[2]), vec![(4, 2)]);
+    for c in &mut cs[..2] {
+        assert_eq!(drain_ack(c), vec![(4, 1)]);
+    }
+    assert_eq!(s.watermark(), Some(Position(4)));
+    assert!(s.is_idle());
+}
