@@ -740,3 +740,84 @@ fn a_gap_whose_ack_reply_was_lost_and_then_trimmed_does_not_stick_the_lane() {
 fn a_fast_path_gap_whose_ack_reply_was_lost_and_then_trimmed_does_not_stick_the_lane() {
     gap_ack_lost_then_trimmed(true);
 }
+
+// ----- the lone lane and the per-lane producers (the scripts they share were touched) ------------
+
+/// A stream published per lane (`sinks`; one sink: the lane alone on its log): each lane's
+/// producer publishes 130 items (a fifth unpositioned; the trim runs at entries 64 and 128, and
+/// through `RedisStream::trim` from another handle every 10 items) while its consumer takes them
+/// through its fast paths, nacking now and then; then a restart of every producer, which must
+/// know its lane's last position; every item arrives once first, in order, and is acked; stats,
+/// `is_idle` and the watermark agree.
+fn per_lane_run(sinks: &[&str]) {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = builder(&url, &name, 8, sinks, false).build().unwrap();
+    let trimmer = builder(&url, &name, 8, sinks, false).build().unwrap();
+    let mut ps: Vec<_> = sinks.iter().map(|sink| s.producer(sink).unwrap()).collect();
+    let mut cs: Vec<_> = sinks.iter().map(|sink| s.attach(sink).unwrap()).collect();
+    let mut got: Vec<Vec<(u64, u32)>> = vec![Vec::new(); sinks.len()];
+    let take = |c: &mut lanestream::RedisConsumer<LaneItem>, got: &mut Vec<(u64, u32)>, nack_every: u64| {
+        let mut i = 0;
+        while let Ok(d) = c.try_recv() {
+            i += 1;
+            got.push((id_of(&d), d.attempt()));
+            if nack_every > 0 && i % nack_every == 0 && d.attempt() == 1 {
+                d.nack();
+            } else {
+                d.ack().unwrap();
+            }
+        }
+    };
+    for k in 1..=130u64 {
+        for p in &mut ps {
+            // Each lane's consumer drains every round: never full.
+            p.try_publish(item(k)).unwrap_or_else(|e| panic!("publish {k}: {e:?}"));
+        }
+        for (i, c) in cs.iter_mut().enumerate() {
+            take(c, &mut got[i], 7);
+        }
+        if k % 10 == 0 {
+            trimmer.trim().unwrap();
+        }
+    }
+    drop(ps);
+    let mut ps: Vec<_> = sinks.iter().map(|sink| open_lanes(&url, &name, sinks).producer(sink).unwrap()).collect();
+    for (i, p) in ps.iter_mut().enumerate() {
+        match p.try_publish(batch(129)) {
+            Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(129), "lane {i}"),
+            other => panic!("lane {i}: position 129 again after a restart: {other:?}"),
+        }
+        p.try_publish(item(131)).unwrap();
+    }
+    for (i, c) in cs.iter_mut().enumerate() {
+        take(c, &mut got[i], 0);
+    }
+    for (i, sink) in sinks.iter().enumerate() {
+        let firsts: Vec<u64> = got[i].iter().filter(|(_, a)| *a == 1).map(|(k, _)| *k).collect();
+        assert_eq!(firsts, (1..=131).collect::<Vec<_>>(), "lane {sink}: first deliveries");
+        let mut all: Vec<u64> = got[i].iter().map(|(k, _)| *k).collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 131, "lane {sink}");
+        let st = s.stats(sink).unwrap();
+        assert_eq!((st.published, st.acked_items, st.last_published), (131, 131, Some(Position(131))), "lane {sink}");
+        assert_eq!(s.acked(sink).unwrap(), Some(Position(131)), "lane {sink}");
+    }
+    assert!(s.is_idle());
+    assert_eq!(s.watermark(), Some(Position(131)));
+}
+
+fn open_lanes(url: &str, name: &str, sinks: &[&str]) -> RedisStream {
+    builder(url, name, 8, sinks, false).build().unwrap()
+}
+
+#[test]
+fn the_lone_lane_keeps_its_counts_positions_and_items_across_trims_and_a_restart() {
+    per_lane_run(&["search"]);
+}
+
+#[test]
+fn per_lane_producers_keep_their_counts_positions_and_items_across_trims_and_a_restart() {
+    per_lane_run(&SINKS);
+}
