@@ -679,6 +679,75 @@ fn unpositioned_and_positioned_gaps_move_acked_positions_as_the_shared_ring() {
     assert!(s.is_idle());
 }
 
+/// The 64th entry's gate trims the log (after folding every lane): with every lane caught up
+/// through its fast paths, the trim leaves only the newest entries, and a restart's claim
+/// counts on from the lanes' folded `pub` (entry numbers never go back); the log never holds an
+/// entry twice.
+#[test]
+fn the_64th_gate_trims_after_folding_and_a_restart_counts_on() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url);
+    let s = open(&url, &name, 128);
+    let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
+    {
+        let mut f = s.fanout().unwrap();
+        f.publish(batch(1)).unwrap();
+        for c in &mut cs {
+            c.try_recv().unwrap().ack().unwrap();
+        }
+        for p in 2..=63 {
+            f.publish(batch(p)).unwrap();
+            for c in &mut cs {
+                let d = c.try_recv().unwrap(); // fast path: no fold
+                assert_eq!(pos(&d), p);
+                d.ack().unwrap();
+            }
+        }
+        f.publish(batch(64)).unwrap(); // the gate trims below every lane's acked 63
+    }
+    assert_eq!(log_ids(&mut admin, &name), vec![64]);
+    let mut g = open(&url, &name, 128).fanout().unwrap();
+    match g.try_publish(batch(64)) {
+        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(64)),
+        other => panic!("{other:?}"),
+    }
+    g.try_publish(batch(65)).unwrap();
+    assert_eq!(log_ids(&mut admin, &name), vec![64, 65]);
+    for (sink, c) in SINKS.iter().zip(&mut cs) {
+        assert_eq!(drain_ack(c), firsts([64, 65]), "lane {sink}");
+    }
+    assert!(s.is_idle());
+    assert_eq!(s.watermark(), Some(Position(65)));
+}
+
+/// A publish waiting on the full lane's bell is woken by the close of another lane (the close
+/// rings every lane's publishers), and ends `Closed` well within a wait slice (500 ms).
+#[test]
+fn a_close_of_a_lane_that_is_not_full_wakes_a_waiting_publish() {
+    let url = server!();
+    let (name, _cleanup, _admin) = setup(&url);
+    let s = open(&url, &name, 2);
+    let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
+    let mut f = s.fanout().unwrap();
+    f.publish(batch(1)).unwrap();
+    f.publish(batch(2)).unwrap();
+    for c in &mut cs[..2] {
+        assert_eq!(drain_ack(c), firsts([1, 2]));
+    }
+    // Only lane archive is full.
+    let waiting = thread::spawn(move || {
+        let t = Instant::now();
+        let r = f.publish_timeout(batch(3), Duration::from_secs(5));
+        (format!("{r:?}"), t.elapsed())
+    });
+    thread::sleep(Duration::from_millis(150));
+    s.close("search").unwrap();
+    let (r, waited) = waiting.join().unwrap();
+    assert!(r.starts_with("Err(Closed"), "the waiting publish ends Closed: {r}");
+    assert!(waited < Duration::from_millis(450), "woken by the close's ring, not a wait slice: {waited:?}");
+    assert_eq!(drain_ack(&mut cs[2]), firsts([1, 2]));
+}
+
 // ----- lost replies next to the trim -------------------------------------------------------------
 
 /// A lane alone on its log's ack `XADD` (the consumer's fast-path ack, to `B:al`).
