@@ -1329,3 +1329,24 @@ proptest! {
         run_model(&url, lanes, capacity, &ops, false)?;
     }
 }
+
+
+proptest! {
+    // Each cut costs a reconnect (and 80 ms when the server runs the request first): fewer cases.
+    #![proptest_config(ProptestConfig { cases: 40, max_shrink_iters: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// As above (observed), the Redis side talking through a proxy that cuts one request now and
+    /// then (the fan-out's publish `XADD`, its gate, a lane's plain receive or ack, any script),
+    /// with trims and receive-and-ack steps between.
+    #[test]
+    fn the_redis_fanout_follows_the_in_memory_shared_ring_through_lost_replies_and_trims(
+        lanes in 2..=3usize,
+        capacity in 2..=4usize,
+        ops in proptest::collection::vec(cut_op(), 1..60),
+    ) {
+        let Some(url) = redis_support::url() else { return Ok(()) };
+        static PROXY: std::sync::OnceLock<Option<CutProxy>> = std::sync::OnceLock::new();
+        let Some(proxy) = PROXY.get_or_init(|| CutProxy::start(&url)).as_ref() else { return Ok(()) };
+        run_model_via(&url, Some(proxy), lanes, capacity, &ops, true)?;
+    }
+}
