@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::{batch, snapshot};
 use lanestream::{
-    BackendError, BuildError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, MemoryStream, Position,
-    RedisDelivery, RedisFanout, RedisStream, Stream, TryPublishError, TryRecvError,
+    BuildError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, MemoryStream, Position, RedisDelivery,
+    RedisFanout, RedisStream, Stream, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
 use redis_support::{delete_keys, unique_name};
@@ -49,7 +49,13 @@ fn setup(url: &str) -> (String, Cleanup, redis::Connection) {
     (name.clone(), Cleanup { url: url.to_owned(), name }, admin)
 }
 
-fn builder(url: &str, name: &str, capacity: usize, sinks: &[&str], fanout: bool) -> lanestream::RedisStreamBuilder {
+fn builder(
+    url: &str,
+    name: &str,
+    capacity: usize,
+    sinks: &[&str],
+    fanout: bool,
+) -> lanestream::RedisStreamBuilder {
     RedisStream::builder(url, name)
         .capacity(capacity)
         .sinks(sinks.iter().copied())
@@ -58,7 +64,9 @@ fn builder(url: &str, name: &str, capacity: usize, sinks: &[&str], fanout: bool)
 }
 
 fn open_sinks(url: &str, name: &str, capacity: usize, sinks: &[&str]) -> RedisStream {
-    builder(url, name, capacity, sinks, true).build().unwrap_or_else(|e| panic!("building stream {name}: {e}"))
+    builder(url, name, capacity, sinks, true)
+        .build()
+        .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
 }
 
 fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
@@ -269,9 +277,7 @@ macro_rules! proxy {
 /// Publishes 1 (received by every lane through the receive script, which folds the log into the
 /// lane's `pub`/`last`), then 2..=4 received and acked through the consumers' plain fast paths
 /// (no script: no fold of the log into the lane hashes), never polling the lanes empty.
-fn fast_path_setup(
-    s: &RedisStream,
-) -> (lanestream::RedisFanout, Vec<lanestream::RedisConsumer<LaneItem>>) {
+fn fast_path_setup(s: &RedisStream) -> (lanestream::RedisFanout, Vec<lanestream::RedisConsumer<LaneItem>>) {
     let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
     let mut f = s.fanout().unwrap();
     f.publish(batch(1)).unwrap();
@@ -442,7 +448,11 @@ fn busy_run(trim: bool) {
                 assert!(Instant::now() < deadline, "lane {sink}: acked {} of {}", acked.len(), want.len());
                 let Some(d) = c.recv_timeout(Duration::from_millis(200)).unwrap() else { continue };
                 let k = id_of(&d);
-                assert!(busy_to(k).is_none_or(|t| t == i), "lane {sink} got item {k} of lane {:?}", busy_to(k));
+                assert!(
+                    busy_to(k).is_none_or(|t| t == i),
+                    "lane {sink} got item {k} of lane {:?}",
+                    busy_to(k)
+                );
                 if d.attempt() == 1 {
                     firsts.push(k);
                 }
@@ -478,8 +488,17 @@ fn busy_run(trim: bool) {
                 for (i, sink) in SINKS.iter().enumerate() {
                     let st = s.stats(sink).unwrap();
                     let top = log_top(&mut admin, &name);
-                    assert!(st.published <= top || top == 0, "lane {sink}: published {} > log top {top}", st.published);
-                    assert!(st.published >= published[i], "lane {sink}: published went back {} -> {}", published[i], st.published);
+                    assert!(
+                        st.published <= top || top == 0,
+                        "lane {sink}: published {} > log top {top}",
+                        st.published
+                    );
+                    assert!(
+                        st.published >= published[i],
+                        "lane {sink}: published went back {} -> {}",
+                        published[i],
+                        st.published
+                    );
                     assert!(st.acked_items >= acked_items[i], "lane {sink}: acked items went back");
                     assert!(st.acked_items <= st.published, "lane {sink}: {st:?}");
                     published[i] = st.published;
@@ -560,7 +579,9 @@ fn racing_builds_in_different_modes_give_exactly_one_mode() {
             redis::cmd("HGET").arg(format!("{{{name}}}:meta")).arg("mode").query(&mut admin).unwrap();
         let fans: Vec<Option<String>> = SINKS
             .iter()
-            .map(|sink| redis::cmd("HGET").arg(format!("{{{name}}}:l:{sink}")).arg("fan").query(&mut admin).unwrap())
+            .map(|sink| {
+                redis::cmd("HGET").arg(format!("{{{name}}}:l:{sink}")).arg("fan").query(&mut admin).unwrap()
+            })
             .collect();
         match (fan_r, lanes_r) {
             (Ok(s), Err(BuildError::Mismatch(_))) => {
@@ -568,7 +589,10 @@ fn racing_builds_in_different_modes_give_exactly_one_mode() {
                 assert!(fans.iter().all(|f| f.as_deref() == Some("1")), "round {round}: {fans:?}");
                 let mut f = s.fanout().unwrap();
                 f.publish(batch(1)).unwrap();
-                assert!(matches!(builder(&url, &name, 8, &SINKS, false).build(), Err(BuildError::Mismatch(_))));
+                assert!(matches!(
+                    builder(&url, &name, 8, &SINKS, false).build(),
+                    Err(BuildError::Mismatch(_))
+                ));
                 for sink in SINKS {
                     assert_eq!(drain_ack(&mut s.attach(sink).unwrap()), firsts([1]), "round {round}");
                 }
@@ -578,7 +602,10 @@ fn racing_builds_in_different_modes_give_exactly_one_mode() {
                 assert!(fans.iter().all(|f| f.is_none()), "round {round}: {fans:?}");
                 assert!(s.fanout().is_err(), "round {round}: a fan-out of a stream published per lane");
                 s.producer("cache").unwrap().publish(batch(1)).unwrap();
-                assert!(matches!(builder(&url, &name, 8, &SINKS, true).build(), Err(BuildError::Mismatch(_))));
+                assert!(matches!(
+                    builder(&url, &name, 8, &SINKS, true).build(),
+                    Err(BuildError::Mismatch(_))
+                ));
                 assert_eq!(drain_ack(&mut s.attach("cache").unwrap()), firsts([1]), "round {round}");
                 assert_eq!(drain_ack(&mut s.attach("search").unwrap()), vec![], "round {round}");
             }
@@ -622,7 +649,11 @@ fn a_run_of_chunks_at_every_page_edge_keeps_the_last_position_across_a_restart()
         f.try_publish(batch(8)).unwrap();
         for sink in SINKS {
             let st = s.stats(sink).unwrap();
-            assert_eq!((st.published, st.last_published), (k as u64 + 3, Some(Position(8))), "k {k}: lane {sink}");
+            assert_eq!(
+                (st.published, st.last_published),
+                (k as u64 + 3, Some(Position(8))),
+                "k {k}: lane {sink}"
+            );
         }
         let mut want = vec![(5, 1), (7, 1)];
         want.extend(std::iter::repeat_n((0, 1), k));
@@ -860,10 +891,13 @@ fn per_lane_run(sinks: &[&str]) {
         }
     }
     drop(ps);
-    let mut ps: Vec<_> = sinks.iter().map(|sink| open_lanes(&url, &name, sinks).producer(sink).unwrap()).collect();
+    let mut ps: Vec<_> =
+        sinks.iter().map(|sink| open_lanes(&url, &name, sinks).producer(sink).unwrap()).collect();
     for (i, p) in ps.iter_mut().enumerate() {
         match p.try_publish(batch(129)) {
-            Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(129), "lane {i}"),
+            Err(TryPublishError::PositionRegressed { last, .. }) => {
+                assert_eq!(last, Position(129), "lane {i}")
+            }
             other => panic!("lane {i}: position 129 again after a restart: {other:?}"),
         }
         p.try_publish(item(131)).unwrap();
@@ -879,7 +913,11 @@ fn per_lane_run(sinks: &[&str]) {
         all.dedup();
         assert_eq!(all.len(), 131, "lane {sink}");
         let st = s.stats(sink).unwrap();
-        assert_eq!((st.published, st.acked_items, st.last_published), (131, 131, Some(Position(131))), "lane {sink}");
+        assert_eq!(
+            (st.published, st.acked_items, st.last_published),
+            (131, 131, Some(Position(131))),
+            "lane {sink}"
+        );
         assert_eq!(s.acked(sink).unwrap(), Some(Position(131)), "lane {sink}");
     }
     assert!(s.is_idle());
@@ -1329,7 +1367,6 @@ proptest! {
         run_model(&url, lanes, capacity, &ops, false)?;
     }
 }
-
 
 proptest! {
     // Each cut costs a reconnect (and 80 ms when the server runs the request first): fewer cases.
