@@ -309,7 +309,6 @@ fn fast_path_setup(s: &RedisStream) -> (lanestream::RedisFanout, Vec<lanestream:
 /// Fault: `scripts.rs` `trim` helper / `TRIM` (no `fold_pl` before the floor is taken; the
 /// 64th-entry trim in `PUBLISH_FANOUT` is safe: the gate folds every lane first).
 #[test]
-#[ignore = "bug: RedisStream::trim empties the log before the lanes fold their publishes (fold_pl); the fan-out is then Fenced"]
 fn a_trim_that_empties_the_log_keeps_every_lanes_publish_count() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
@@ -337,7 +336,6 @@ fn a_trim_that_empties_the_log_keeps_every_lanes_publish_count() {
 /// acked. Seen: lanes cache and archive never deliver them (their `rd` folds to the log's top),
 /// lane search delivers them but its acks are no-ops (`an` is 4): the lane stays un-idle.
 #[test]
-#[ignore = "bug: a fan-out re-claimed after RedisStream::trim emptied the log reuses entry numbers; items are lost"]
 fn a_reclaim_after_the_trim_emptied_the_log_loses_nothing() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
@@ -362,7 +360,6 @@ fn a_reclaim_after_the_trim_emptied_the_log_loses_nothing() {
 /// acked). A restarted fan-out is then let publish position 2 (expected: `PositionRegressed`
 /// with last 3), and the watermark goes back from 3 to 2 (W3).
 #[test]
-#[ignore = "bug: RedisStream::trim below unfolded positioned entries loses the last position; a regressed publish is let through"]
 fn a_trim_below_unfolded_positions_keeps_the_last_position() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
@@ -839,13 +836,11 @@ fn gap_ack_lost_then_trimmed(fast: bool) {
 }
 
 #[test]
-#[ignore = "bug: a gap whose ack reply was lost, trimmed before the next receive, makes every later receive err (RECEIVE's lq replay reads a trimmed entry)"]
 fn a_gap_whose_ack_reply_was_lost_and_then_trimmed_does_not_stick_the_lane() {
     gap_ack_lost_then_trimmed(false);
 }
 
 #[test]
-#[ignore = "bug: as above, for a gap taken by the fast path (RECEIVE's expect <= rd branch, then its lq replay)"]
 fn a_fast_path_gap_whose_ack_reply_was_lost_and_then_trimmed_does_not_stick_the_lane() {
     gap_ack_lost_then_trimmed(true);
 }

@@ -48,6 +48,8 @@ struct Learnt {
     room: Option<u64>,
     /// The lane (0-based) the gate found full.
     full: Option<usize>,
+    /// The last position published before this entry (from the gate).
+    last: Option<Option<Position>>,
 }
 
 /// What a claim of the fan-out returns: its epoch, the publish count, the last position published
@@ -167,6 +169,19 @@ pub struct RedisFanout {
     last: Option<Option<Position>>,
     token: u64,
     waiter: Option<Waiter>,
+}
+
+/// One publish, as [`RedisFanout::publish_once`] takes it: entry `n`, to lane `to` (or every
+/// lane), the encoded item and its position, the last position as the fan-out knows it, and
+/// whether it may skip the gate.
+#[derive(Clone, Copy)]
+struct Publish<'a> {
+    n: u64,
+    to: Option<usize>,
+    payload: &'a [u8],
+    position: Option<Position>,
+    known: Option<Option<Position>>,
+    proven: bool,
 }
 
 impl RedisFanout {
@@ -344,9 +359,14 @@ impl RedisFanout {
             // Every 64th entry trims the log (the gate does it).
             let proven = self.unsure.is_none() && after <= self.room && rises && after % 64 != 0;
             let mut learnt = Learnt::default();
-            let outcome = self.publish_once(budget, after, to, &encoded.bytes, position, proven, &mut learnt);
+            let publish =
+                Publish { n: after, to, payload: &encoded.bytes, position, known: self.last, proven };
+            let outcome = self.publish_once(budget, &publish, &mut learnt);
             if let Some(room) = learnt.room {
                 self.room = room;
+            }
+            if learnt.last.is_some() {
+                self.last = learnt.last;
             }
             let error = match outcome {
                 Ok(Published::Done) => {
@@ -385,23 +405,26 @@ impl RedisFanout {
         }
     }
 
-    /// One publish of entry `n`: the gate (`PUBLISH_FANOUT`) first unless `proven` (and after a
-    /// refused `XADD`), then the entry's `XADD` to the log with every lane's receive-waiting flag
-    /// in the same round trip (see "A fan-out stream" in `scripts`).
-    #[allow(clippy::too_many_arguments)]
+    /// One publish of entry `p.n`: the gate (`PUBLISH_FANOUT`) first unless `p.proven` (and
+    /// after a refused `XADD`), then the entry's `XADD` to the log with every lane's
+    /// receive-waiting flag in the same round trip (see "A fan-out stream" in `scripts`).
     fn publish_once(
         &self,
         budget: Budget,
-        n: u64,
-        to: Option<usize>,
-        payload: &[u8],
-        position: Option<Position>,
-        proven: bool,
+        p: &Publish<'_>,
         learnt: &mut Learnt,
     ) -> Result<Published, BackendError> {
+        let Publish { n, to, payload, position, known, proven } = *p;
         let pool = &self.shared.pool;
         let pos = pad(position);
         let id = format!("{n}-{}", self.epoch);
+        // The entry's `p`: the last position published as of it (see "A fan-out stream"); for an
+        // unpositioned item the one before, which the gate tells when the fan-out does not know.
+        let mut record = match (position, known) {
+            (Some(_), _) => Some(pos.clone()),
+            (None, Some(last)) => Some(pad(last)),
+            (None, None) => None,
+        };
         let mut tries = 0;
         let v: Result<Value, String> = pool.run(budget, |c, t| {
             tries = t;
@@ -411,7 +434,13 @@ impl RedisFanout {
                     let gate = self.gate(c, n, to, &pos)?;
                     let r = items(&gate);
                     match r.first().map(text) {
-                        Some(b"ok") if r.len() == 2 => learnt.room = Some(int(&r[1])),
+                        Some(b"ok") if r.len() == 3 => {
+                            learnt.room = Some(int(&r[1]));
+                            learnt.last = Some(unpad(text(&r[2])));
+                            if record.is_none() {
+                                record = Some(String::from_utf8_lossy(text(&r[2])).into_owned());
+                            }
+                        }
                         Some(b"full") if r.len() == 2 => {
                             learnt.full = Some((int(&r[1]) as usize).saturating_sub(1));
                             return Ok(Ok(gate));
@@ -430,7 +459,10 @@ impl RedisFanout {
                         return Ok(Err(format!("lanestream: the fan-out's log refused entry {id}")));
                     }
                 }
-                match self.append(c, &id, to, payload, &pos)? {
+                let Some(record) = record.as_deref() else {
+                    return Ok(Err(format!("lanestream: fan-out entry {id}: no last position known")));
+                };
+                match self.append(c, &id, to, payload, record)? {
                     true => return Ok(Ok(Value::Array(vec![Value::SimpleString("ok".into())]))),
                     false if !gated => gated = true, // refused: the gate tells why
                     false => return Ok(Err(format!("lanestream: the fan-out's log refused entry {id}"))),

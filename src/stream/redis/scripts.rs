@@ -108,20 +108,28 @@
 //!   entry (with its payload, once) to the log, pipelined with `HMGET`s of each lane's `w` and
 //!   `ep` (a receive waiting is rung after). The log is also the lanes' publish record: a lane of
 //!   a fan-out stream (its hash's `fan` is `1`) has no publish log, and `fold_pl` moves its
-//!   `pub`, `last` and `lp` from the log's newest entries (`lp` from those that go to the lane).
-//!   (`INFO commandstats`: a record per lane in the publish's `MULTI` cost three `XADD`s of
-//!   about 1.2 µs each per batch with three sinks.)
+//!   `pub` and `last` to the log's newest entry and `lp` to that entry's `p`, which is the last
+//!   position published as of that entry (the item's own, or for an unpositioned item the one
+//!   before it: positions rise across the log), so the newest entry alone tells all. Every trim
+//!   folds the lanes first. (`INFO commandstats`: a record per lane in the publish's `MULTI`
+//!   cost three `XADD`s of about 1.2 µs each per batch with three sinks; looking back for the
+//!   last positioned entry read every unpositioned entry's payload into Lua, about 50 ms for
+//!   sixty chunks of 256 KB in one script.)
 //! - Claiming the fan-out (`CLAIM_FANOUT`) raises the fan-out epoch `fe` in the meta hash, and the
 //!   log's last id to `<pub + 1>-<fe - 1>`: an older fan-out's next publish is refused. Closing
 //!   any lane raises it to [`LOG_FENCE_ID`]: the fan-out publishes no more (as the in-memory
 //!   fan-out, which refuses while any lane is closed), while the other lanes' consumers drain
 //!   what was published.
-//! - The gate (`PUBLISH_FANOUT`) checks every lane (and answers the room as the least `ai + cap`);
-//!   it runs when the fan-out cannot prove room, on every 64th entry (it trims the log below the
-//!   least acked prefix of all the lanes) and after a refused `XADD`.
+//! - The gate (`PUBLISH_FANOUT`) checks every lane (and answers the room as the least `ai + cap`,
+//!   and the last position); it runs when the fan-out cannot prove room or does not know the
+//!   last position, on every 64th entry (it trims the log below the least acked prefix of all
+//!   the lanes) and after a refused `XADD`.
 //! - An entry published to one lane carries a field `t`, that lane's sink. Another lane's
-//!   consumer that receives it acks it on its way past (a plain ack, no position) and receives
-//!   on: the gap costs that lane one round trip and no delivery.
+//!   consumer that receives it acks it on its way past (a plain ack at the item's position) and
+//!   receives on: the gap costs that lane one round trip and no delivery. A receive that would
+//!   give an entry again (a retried request, a delivery recorded but not received) skips it if
+//!   the lane has acked it since: only a gap is acked without being received (its ack's reply
+//!   lost), and the entry may be trimmed by then.
 
 /// Shared helpers: each script gets those it calls prepended, not the rest (every `local
 /// function` is a closure made on every run of a script). See [`source`].
@@ -198,26 +206,12 @@ local function fold_pl(H)
   local f = redis.call('HMGET', H, 'fan', 'last')
   if f[1] == '1' then
     -- A lane of a fan-out stream: the log itself records the publishes (see "A fan-out
-    -- stream"). `lp`: the newest positioned entry after `last`, whichever lanes it goes to
-    -- (positions rise across the log: a lane passes a gap at its position).
+    -- stream"); the newest entry's `p` is the last position published (whichever lanes it
+    -- went to), so one entry tells all.
     local L, last = string.match(H, '^({.*}):l:') .. ':log', num(f[2])
     local top = redis.call('XREVRANGE', L, '+', '-', 'COUNT', 1)[1]
     if not top or entry_n(top[1]) <= last then return end
     local n, p = entry_n(top[1]), top[2][4]
-    -- An unpositioned newest entry (a chunk of a large transaction): look further back, a page
-    -- at a time (the entries carry their payloads).
-    local hi = '(' .. top[1]
-    while p == '' do
-      local es = redis.call('XREVRANGE', L, hi, s(last + 1) .. '-0', 'COUNT', 16)
-      for _, e in ipairs(es) do
-        if e[2][4] ~= '' then
-          p = e[2][4]
-          break
-        end
-      end
-      if #es < 16 then break end
-      hi = '(' .. es[#es][1]
-    end
     if p ~= '' then
       redis.call('HSET', H, 'pub', n, 'last', n, 'lp', p)
     else
@@ -370,8 +364,10 @@ end
 local function trim(L, M, seqf, trimf, alone, first)
   local floor
   if alone then
-    -- (A fan-out stream's lanes each see every entry: the lowest acked prefix of them all.)
+    -- (A fan-out stream's lanes each see every entry: the lowest acked prefix of them all. Their
+    -- publish record is the log itself, folded before any of it goes.)
     for i = first, #ARGV do
+      fold_pl(ARGV[i])
       fold(ARGV[i])
       local an = num(redis.call('HGET', ARGV[i], 'an'))
       if not floor or an < floor then floor = an end
@@ -522,11 +518,22 @@ if alone then fold_dl(H) end
 local h = redis.call('HMGET', H, 'ep', 'lq', 'nrel', 'rd', 'last')
 if (h[1] or '0') ~= ARGV[4] then return {'detached'} end
 local lq = h[2]
+-- Whether entry `n` of a lane alone on its log was acked since it was delivered: a gap of a
+-- fan-out stream, acked on the way past with its reply lost (see "A fan-out stream"; the entry
+-- may be trimmed by now). Not delivered again.
+local function acked_since(n)
+  if not alone then return false end
+  fold(H)
+  local a = redis.call('HMGET', H, 'an', 'oo')
+  return is_acked(H .. ':ack', num(a[1]), num(a[2]), n)
+end
 if lq and string.sub(lq, 1, #rq + 1) == rq .. ':' then
   -- A retried request (`lq` is `request:entry:attempt`): the same delivery again.
   local m, a = string.match(lq, ':(%d+):(%d+)$')
-  local e = redis.call('XRANGE', L, m, m)
-  return {'item', tonumber(m), tonumber(a), e[1][2][2], e[1][2][6]}
+  if not acked_since(tonumber(m)) then
+    local e = redis.call('XRANGE', L, m, m)
+    return {'item', tonumber(m), tonumber(a), e[1][2][2], e[1][2][6]}
+  end
 end
 local nrel = tonumber(h[3] or 0)
 if nrel > 0 then
@@ -551,7 +558,7 @@ if nrel > 0 then
 end
 local rd = tonumber(h[4] or 0)
 local expect = tonumber(ARGV[7])
-if alone and expect > 0 and expect <= rd then
+if alone and expect > 0 and expect <= rd and not acked_since(expect) then
   -- Recorded in the delivery log, not received: a receive whose reply was lost, or whose entry
   -- was not published yet. Delivered now (its payload from the client's `XRANGE`).
   redis.call('HSET', H, 'lq', rq .. ':' .. ARGV[7] .. ':1')
@@ -831,9 +838,10 @@ return r
 
 /// The gate of a fan-out's publish (see "A fan-out stream"): for every lane, the checks of
 /// `PUBLISH_ALONE` (fenced, a duplicate, a position that does not rise above every lane's last,
-/// closed, full), the trim every 64th entry, and the room (`{'ok', room}`: every lane
-/// takes publishes up to count `room`, the least `ai + cap`). Writes nothing else: the publish
-/// is the client's `MULTI` of plain `XADD`s that follows.
+/// closed, full), the trim every 64th entry, and the room (`{'ok', room, lp}`: every lane
+/// takes publishes up to count `room`, the least `ai + cap`, and the last position published,
+/// padded or empty). Writes nothing else: the publish
+/// is the client's plain `XADD` that follows.
 ///
 /// KEYS: meta, log, then every lane's hash. ARGV: fan-out epoch, the count after this publish
 /// (= the entry number `n`), position (padded, or empty), the lane the entry goes to (1-based;
@@ -875,7 +883,7 @@ for i = 3, #KEYS do
   if not room or ai + cap < room then room = ai + cap end
 end
 if want % 64 == 0 then trim(L, M, ARGV[5], ARGV[6], true, 7) end
-return {'ok', room}
+return {'ok', room, lp}
 "#;
 
 /// Record the stream's shape when it is new, and read it back: its sinks and how it is published
