@@ -20,48 +20,13 @@ use lanestream::{
     AckError, BackendError, BuildError, LaneConsumer, LaneItem, Position, PublishError, RedisDelivery,
     RedisStream, Stream, StreamError, TryPublishError, TryRecvError,
 };
-use redis_support::{delete_keys, drain_ack, log_ids, pos, unique_name};
-
-const SINKS: [&str; 3] = ["search", "cache", "archive"];
-
-/// Deletes the test stream's keys when dropped, also when the test panicked.
-struct Cleanup {
-    url: String,
-    name: String,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection()) {
-            let _ = delete_keys(&mut conn, &self.name);
-        }
-    }
-}
-
-fn setup(url: &str) -> (String, Cleanup, redis::Connection) {
-    let name = unique_name("lsf");
-    let admin = redis::Client::open(url).unwrap().get_connection().unwrap();
-    (name.clone(), Cleanup { url: url.to_owned(), name }, admin)
-}
-
-fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
-    RedisStream::builder(url, name)
-        .capacity(capacity)
-        .sinks(SINKS)
-        .fanout(true)
-        .retry_for(Duration::from_secs(2))
-        .build()
-        .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
-}
-
-fn firsts(range: std::ops::RangeInclusive<u64>) -> Vec<(u64, u32)> {
-    range.map(|p| (p, 1)).collect()
-}
+use redis_support::fanout::{firsts, open, setup, SINKS};
+use redis_support::{drain_ack, log_ids, pos};
 
 #[test]
 fn every_lane_gets_every_item_once_in_order_and_the_log_holds_each_once() {
     let url = server!();
-    let (name, _cleanup, mut admin) = setup(&url);
+    let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 64);
     let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
     let mut fanout = stream.fanout().unwrap();
@@ -82,7 +47,7 @@ fn every_lane_gets_every_item_once_in_order_and_the_log_holds_each_once() {
 #[test]
 fn a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 8);
     match stream.producer("cache") {
         Err(StreamError::SharedRing(sink)) => assert_eq!(sink.as_str(), "cache"),
@@ -90,7 +55,7 @@ fn a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
     }
     let other = RedisStream::builder(&url, &name).sinks(SINKS).build();
     assert!(matches!(other, Err(BuildError::Mismatch(_))), "{other:?}");
-    let (plain, _c2, mut admin) = setup(&url);
+    let (plain, _c2, mut admin) = setup(&url, "lsf");
     let plain_stream = RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
     assert!(matches!(plain_stream.fanout(), Err(StreamError::NotFanout)));
     let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
@@ -107,7 +72,7 @@ fn a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
 #[test]
 fn the_slowest_lane_bounds_the_fanout_and_its_ack_wakes_a_waiting_publish() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 4);
     let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
     let mut fanout = stream.fanout().unwrap();
@@ -147,7 +112,7 @@ fn the_slowest_lane_bounds_the_fanout_and_its_ack_wakes_a_waiting_publish() {
 #[test]
 fn publish_to_reaches_one_lane_and_the_others_pass_the_gap() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 8);
     let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
     let mut fanout = stream.fanout().unwrap();
@@ -190,7 +155,7 @@ fn publish_to_reaches_one_lane_and_the_others_pass_the_gap() {
 #[test]
 fn a_fanout_claimed_by_another_process_fences_the_old_one() {
     let url = server!();
-    let (name, _cleanup, mut admin) = setup(&url);
+    let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let s1 = open(&url, &name, 1024);
     let mut old = s1.fanout().unwrap();
     for p in 1..=5 {
@@ -225,7 +190,7 @@ fn a_fanout_claimed_by_another_process_fences_the_old_one() {
 #[test]
 fn a_restarted_fanout_resumes_and_reattached_lanes_get_their_unacked_entries() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsf");
     {
         let stream = open(&url, &name, 16);
         let mut fanout = stream.fanout().unwrap();
@@ -253,7 +218,7 @@ fn a_restarted_fanout_resumes_and_reattached_lanes_get_their_unacked_entries() {
 #[test]
 fn a_closed_lane_refuses_the_fanout_and_every_lane_drains() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 16);
     let mut fanout = stream.fanout().unwrap();
     fanout.publish(batch(1)).unwrap();
@@ -287,7 +252,7 @@ fn drain_ack_until_closed(
 #[test]
 fn the_trim_keeps_what_the_slowest_lane_has_not_acked() {
     let url = server!();
-    let (name, _cleanup, mut admin) = setup(&url);
+    let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 256);
     let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
     let mut fanout = stream.fanout().unwrap();
@@ -324,7 +289,7 @@ fn the_trim_keeps_what_the_slowest_lane_has_not_acked() {
 #[test]
 fn the_last_position_is_found_behind_many_unpositioned_entries() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 128);
     let chunk = || LaneItem::Batch(lanestream::Batch::new(None, Vec::new().into()));
     {

@@ -14,8 +14,8 @@ mod common;
 mod redis_support;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -25,60 +25,8 @@ use lanestream::{
     RedisFanout, RedisStream, Stream, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
-use redis_support::{delete_keys, unique_name};
-
-const SINKS: [&str; 3] = ["search", "cache", "archive"];
-
-/// Deletes the test stream's keys when dropped, also when the test panicked.
-struct Cleanup {
-    url: String,
-    name: String,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection()) {
-            let _ = delete_keys(&mut conn, &self.name);
-        }
-    }
-}
-
-fn setup(url: &str) -> (String, Cleanup, redis::Connection) {
-    let name = unique_name("lsfb");
-    let admin = redis::Client::open(url).unwrap().get_connection().unwrap();
-    (name.clone(), Cleanup { url: url.to_owned(), name }, admin)
-}
-
-fn builder(
-    url: &str,
-    name: &str,
-    capacity: usize,
-    sinks: &[&str],
-    fanout: bool,
-) -> lanestream::RedisStreamBuilder {
-    RedisStream::builder(url, name)
-        .capacity(capacity)
-        .sinks(sinks.iter().copied())
-        .fanout(fanout)
-        .retry_for(Duration::from_secs(2))
-}
-
-fn open_sinks(url: &str, name: &str, capacity: usize, sinks: &[&str]) -> RedisStream {
-    builder(url, name, capacity, sinks, true)
-        .build()
-        .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
-}
-
-fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
-    open_sinks(url, name, capacity, &SINKS)
-}
-
-/// The entry numbers in the stream's log.
-fn log_ids(admin: &mut redis::Connection, name: &str) -> Vec<u64> {
-    let v: Vec<(String, redis::Value)> =
-        redis::cmd("XRANGE").arg(format!("{{{name}}}:log")).arg("-").arg("+").query(admin).unwrap();
-    v.into_iter().map(|(id, _)| id.split('-').next().unwrap().parse().unwrap()).collect()
-}
+use redis_support::fanout::{builder, firsts, open, open_sinks, setup, SINKS};
+use redis_support::{drain_ack, log_ids, pos};
 
 /// The newest entry number in the stream's log (0 if empty).
 fn log_top(admin: &mut redis::Connection, name: &str) -> u64 {
@@ -100,25 +48,6 @@ fn hfield(admin: &mut redis::Connection, name: &str, sink: &str, field: &str) ->
     v.and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
-fn pos(d: &RedisDelivery<LaneItem>) -> u64 {
-    d.position().unwrap().0
-}
-
-/// (position, attempt) of every delivery until the lane is empty; each acked.
-fn drain_ack(c: &mut impl LaneConsumer<LaneItem, Delivery = RedisDelivery<LaneItem>>) -> Vec<(u64, u32)> {
-    let mut got = Vec::new();
-    loop {
-        match c.try_recv() {
-            Ok(d) => {
-                got.push((d.position().map_or(0, |p| p.0), d.attempt()));
-                d.ack().unwrap();
-            }
-            Err(TryRecvError::Empty) | Err(TryRecvError::Closed) => return got,
-            Err(e) => panic!("drain: {e:?}"),
-        }
-    }
-}
-
 /// The log's last id (the fan-out's fence); the lanes of a fan-out stream keep no publish log.
 fn assert_last_ids_equal(admin: &mut redis::Connection, name: &str, sinks: &[&str]) {
     for sink in sinks {
@@ -127,150 +56,9 @@ fn assert_last_ids_equal(admin: &mut redis::Connection, name: &str, sinks: &[&st
     }
 }
 
-fn firsts(range: impl IntoIterator<Item = u64>) -> Vec<(u64, u32)> {
-    range.into_iter().map(|p| (p, 1)).collect()
-}
-
 // ----- a proxy that cuts one request ----------------------------------------------------------
 
-/// An armed cut: the pattern, whether the server runs the request first, whether new
-/// connections are refused after it.
-type Cut = (Vec<u8>, bool, bool);
-
-/// A unix-socket proxy in front of the test server. Armed with a byte pattern, it cuts the
-/// connection of the next request that contains it: `after` lets the server run the request
-/// first and swallows its reply (a lost reply), else the request never reaches the server (a
-/// lost request). Connections made later pass through, unless armed to refuse them until healed
-/// (so that the pool's one fresh retry of a never-waiting call fails too).
-struct CutProxy {
-    url: String,
-    arm: Arc<Mutex<Option<Cut>>>,
-    cuts: Arc<AtomicUsize>,
-    refusing: Arc<AtomicBool>,
-    _dir: tempfile::TempDir,
-}
-
-impl CutProxy {
-    /// `None` unless the server is on a unix socket.
-    fn start(server_url: &str) -> Option<CutProxy> {
-        use std::io::{Read, Write};
-        use std::os::unix::net::{UnixListener, UnixStream};
-        let server = server_url.strip_prefix("redis+unix://")?.to_owned();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cut.sock");
-        let listener = UnixListener::bind(&path).unwrap();
-        let arm: Arc<Mutex<Option<Cut>>> = Arc::new(Mutex::new(None));
-        let cuts = Arc::new(AtomicUsize::new(0));
-        let refusing = Arc::new(AtomicBool::new(false));
-        let (a, k, r) = (arm.clone(), cuts.clone(), refusing.clone());
-        thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(mut client) = client else { return };
-                if r.load(Ordering::SeqCst) {
-                    continue; // dropped: refused
-                }
-                let Ok(mut upstream) = UnixStream::connect(&server) else { return };
-                let swallow = Arc::new(AtomicBool::new(false));
-                let (mut c2, mut u2, sw) =
-                    (client.try_clone().unwrap(), upstream.try_clone().unwrap(), swallow.clone());
-                thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    while let Ok(n @ 1..) = u2.read(&mut buf) {
-                        if sw.load(Ordering::SeqCst) || c2.write_all(&buf[..n]).is_err() {
-                            return;
-                        }
-                    }
-                });
-                let (a, k, r) = (a.clone(), k.clone(), r.clone());
-                thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    while let Ok(n @ 1..) = client.read(&mut buf) {
-                        let chunk = &buf[..n];
-                        let cut = {
-                            let mut arm = a.lock().unwrap();
-                            let hit = arm.as_ref().is_some_and(|(pat, _, _)| {
-                                chunk.windows(pat.len()).any(|w| w == pat.as_slice())
-                            });
-                            if hit {
-                                arm.take().map(|(_, after, refuse)| (after, refuse))
-                            } else {
-                                None
-                            }
-                        };
-                        match cut {
-                            None => {
-                                if upstream.write_all(chunk).is_err() {
-                                    return;
-                                }
-                            }
-                            Some((after, refuse)) => {
-                                swallow.store(true, Ordering::SeqCst);
-                                if refuse {
-                                    r.store(true, Ordering::SeqCst);
-                                }
-                                if after {
-                                    let _ = upstream.write_all(chunk);
-                                    thread::sleep(Duration::from_millis(80)); // the server runs it
-                                }
-                                k.fetch_add(1, Ordering::SeqCst);
-                                let _ = client.shutdown(std::net::Shutdown::Both);
-                                let _ = upstream.shutdown(std::net::Shutdown::Both);
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        Some(CutProxy { url: format!("redis+unix://{}", path.display()), arm, cuts, refusing, _dir: dir })
-    }
-
-    /// Cuts the next request holding `pattern` (`after`: the server ran it), then lets new
-    /// connections through.
-    fn arm(&self, pattern: &[u8], after: bool) {
-        *self.arm.lock().unwrap() = Some((pattern.to_vec(), after, false));
-    }
-
-    /// As [`arm`](CutProxy::arm), then refuses new connections until [`heal`](CutProxy::heal).
-    fn arm_refusing(&self, pattern: &[u8], after: bool) {
-        *self.arm.lock().unwrap() = Some((pattern.to_vec(), after, true));
-    }
-
-    /// Lets connections through again, and waits out the pool's reconnect backoff (a
-    /// never-waiting call during it errs at once).
-    fn heal(&self) {
-        if self.refusing.swap(false, Ordering::SeqCst) {
-            thread::sleep(Duration::from_millis(250));
-        }
-    }
-
-    fn disarm(&self) {
-        *self.arm.lock().unwrap() = None;
-        self.heal();
-    }
-
-    fn cuts(&self) -> usize {
-        self.cuts.load(Ordering::SeqCst)
-    }
-}
-
-/// The fan-out's publish: its `XADD` to the log (the only `XADD` to the log with `NOMKSTREAM`
-/// right after the key: the consumers' `XRANGE`s of the log carry entry numbers there).
-const APPEND: &[u8] = b":log\r\n$10\r\nNOMKSTREAM";
-/// The gate's `EVALSHA` (its arguments end with the meta fields `seq` and `trim`).
-const GATE: &[u8] = b"seq\r\n$4\r\ntrim\r\n";
-
-macro_rules! proxy {
-    ($url:expr) => {
-        match CutProxy::start(&$url) {
-            Some(p) => p,
-            None => {
-                eprintln!("the server is not on a unix socket: this test needs one");
-                return;
-            }
-        }
-    };
-}
+use redis_support::cut_proxy::{CutProxy, APPEND, GATE};
 
 // ----- the fold from the log, and the trim ----------------------------------------------------
 
@@ -311,7 +99,7 @@ fn fast_path_setup(s: &RedisStream) -> (lanestream::RedisFanout, Vec<lanestream:
 #[test]
 fn a_trim_that_empties_the_log_keeps_every_lanes_publish_count() {
     let url = server!();
-    let (name, _cleanup, mut admin) = setup(&url);
+    let (name, _cleanup, mut admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 4);
     let (mut f, mut cs) = fast_path_setup(&s);
     assert_eq!(s.trim().unwrap(), 4);
@@ -338,7 +126,7 @@ fn a_trim_that_empties_the_log_keeps_every_lanes_publish_count() {
 #[test]
 fn a_reclaim_after_the_trim_emptied_the_log_loses_nothing() {
     let url = server!();
-    let (name, _cleanup, mut admin) = setup(&url);
+    let (name, _cleanup, mut admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 4);
     let (f, mut cs) = fast_path_setup(&s);
     drop(f);
@@ -362,7 +150,7 @@ fn a_reclaim_after_the_trim_emptied_the_log_loses_nothing() {
 #[test]
 fn a_trim_below_unfolded_positions_keeps_the_last_position() {
     let url = server!();
-    let (name, _cleanup, mut admin) = setup(&url);
+    let (name, _cleanup, mut admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 8);
     let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
     let mut f = s.fanout().unwrap();
@@ -426,7 +214,7 @@ fn busy_to(k: u64) -> Option<usize> {
 fn busy_run(trim: bool) {
     use rand::{Rng, SeedableRng};
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 4);
     let n = 300u64;
     let stop = Arc::new(AtomicBool::new(false));
@@ -559,7 +347,7 @@ fn a_busy_fanout_with_a_trimming_reader_loses_nothing() {
 fn racing_builds_in_different_modes_give_exactly_one_mode() {
     let url = server!();
     for round in 0..16 {
-        let (name, _cleanup, mut admin) = setup(&url);
+        let (name, _cleanup, mut admin) = setup(&url, "lsfb");
         let barrier = Arc::new(std::sync::Barrier::new(2));
         let build = |fanout: bool| {
             let (url, name, barrier) = (url.clone(), name.clone(), barrier.clone());
@@ -621,7 +409,7 @@ fn racing_builds_in_different_modes_give_exactly_one_mode() {
 fn a_run_of_chunks_at_every_page_edge_keeps_the_last_position_across_a_restart() {
     let url = server!();
     for k in [0usize, 1, 14, 15, 16, 17, 31, 32, 33, 48, 60] {
-        let (name, _cleanup, mut admin) = setup(&url);
+        let (name, _cleanup, mut admin) = setup(&url, "lsfb");
         let s = open(&url, &name, 128);
         {
             let mut f = s.fanout().unwrap();
@@ -670,7 +458,7 @@ fn a_run_of_chunks_at_every_page_edge_keeps_the_last_position_across_a_restart()
 #[test]
 fn unpositioned_and_positioned_gaps_move_acked_positions_as_the_shared_ring() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 16);
     let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
     let mut f = s.fanout().unwrap();
@@ -714,7 +502,7 @@ fn unpositioned_and_positioned_gaps_move_acked_positions_as_the_shared_ring() {
 #[test]
 fn the_64th_gate_trims_after_folding_and_a_restart_counts_on() {
     let url = server!();
-    let (name, _cleanup, mut admin) = setup(&url);
+    let (name, _cleanup, mut admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 128);
     let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
     {
@@ -753,7 +541,7 @@ fn the_64th_gate_trims_after_folding_and_a_restart_counts_on() {
 #[test]
 fn a_close_of_a_lane_that_is_not_full_wakes_a_waiting_publish() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 2);
     let mut cs: Vec<_> = SINKS.iter().map(|sink| s.attach(sink).unwrap()).collect();
     let mut f = s.fanout().unwrap();
@@ -798,7 +586,7 @@ const ACK_LOG: &[u8] = b":al\r\n$10\r\nNOMKSTREAM";
 fn gap_ack_lost_then_trimmed(fast: bool) {
     let url = server!();
     let proxy = proxy!(url);
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsfb");
     let s = open(&url, &name, 16);
     let via = open(&proxy.url, &name, 16);
     let mut f = s.fanout().unwrap();
@@ -855,7 +643,7 @@ fn a_fast_path_gap_whose_ack_reply_was_lost_and_then_trimmed_does_not_stick_the_
 /// `is_idle` and the watermark agree.
 fn per_lane_run(sinks: &[&str]) {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url);
+    let (name, _cleanup, _admin) = setup(&url, "lsfb");
     let s = builder(&url, &name, 8, sinks, false).build().unwrap();
     let trimmer = builder(&url, &name, 8, sinks, false).build().unwrap();
     let mut ps: Vec<_> = sinks.iter().map(|sink| s.producer(sink).unwrap()).collect();
@@ -1228,7 +1016,7 @@ fn run_model_via(
     compare_observed: bool,
 ) -> Result<(), TestCaseError> {
     let sinks = &SINKS[..lanes];
-    let (name, _cleanup, mut admin) = setup(url);
+    let (name, _cleanup, mut admin) = setup(url, "lsfb");
     let mut mem = MemSide::new(sinks, capacity);
     let mut red = RedisSide::new(via.map_or(url, |p| p.url.as_str()), &name, sinks, capacity);
     let mut cut: Option<(Vec<u8>, bool)> = None;
@@ -1332,7 +1120,7 @@ fn run_model_via(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 400, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 160, max_shrink_iters: 400, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// The first pass's model against the in-memory shared-ring fan-out (same publish outcomes,
     /// deliveries, ack results, and after every step the same idleness, counts, watermark and
@@ -1365,7 +1153,7 @@ proptest! {
 
 proptest! {
     // Each cut costs a reconnect (and 80 ms when the server runs the request first): fewer cases.
-    #![proptest_config(ProptestConfig { cases: 40, max_shrink_iters: 200, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 200, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// As above (observed), the Redis side talking through a proxy that cuts one request now and
     /// then (the fan-out's publish `XADD`, its gate, a lane's plain receive or ack, any script),

@@ -5,6 +5,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+#[macro_use]
+pub mod cut_proxy;
+pub mod fanout;
+
 /// The server's URL (`LANESTREAM_REDIS_URL`), or `None` (after saying so once) when the tests
 /// are to be skipped. Under CI (`CI=true`) a missing URL fails the test instead: CI must run
 /// the Redis tests against a server.
@@ -99,7 +103,8 @@ pub fn pos(d: &lanestream::RedisDelivery<lanestream::LaneItem>) -> u64 {
     d.position().unwrap().0
 }
 
-/// (position, attempt) of every delivery `try_recv` gives until the lane is empty; each is acked.
+/// (position, attempt) of every delivery `try_recv` gives until the lane is empty or closed;
+/// each is acked (an unpositioned item counts as position 0).
 pub fn drain_ack(
     c: &mut impl lanestream::LaneConsumer<
         lanestream::LaneItem,
@@ -110,10 +115,10 @@ pub fn drain_ack(
     loop {
         match c.try_recv() {
             Ok(d) => {
-                got.push((pos(&d), d.attempt()));
+                got.push((d.position().map_or(0, |p| p.0), d.attempt()));
                 d.ack().unwrap();
             }
-            Err(lanestream::TryRecvError::Empty) => return got,
+            Err(lanestream::TryRecvError::Empty | lanestream::TryRecvError::Closed) => return got,
             Err(e) => panic!("drain: {e:?}"),
         }
     }
