@@ -12,11 +12,10 @@ use ::redis::{Connection, RedisResult, Value};
 
 use super::conn::{Budget, Pool};
 use super::lane::{int, items, malformed, pad, published, scripts, text, unpad, LaneDef, Published};
-use super::producer::{encoded, timeout_error, waitable};
+use super::producer::{encoded, timeout_error, waitable, Progress};
 use super::scripts::LOG_FENCE_ID;
 use super::shared::Shared;
 use super::waiter::Waiter;
-use crate::codec::AlignedVec;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::LaneItem;
 use crate::position::Position;
@@ -58,43 +57,18 @@ type Claimed = (u64, u64, Option<Position>);
 
 /// Claims the fan-out of the stream in `shared` under claim `token`.
 pub(crate) fn claim(shared: &Arc<Shared>, token: u64) -> Result<RedisFanout, StreamError> {
-    let busy = || StreamError::ProducerBusy(shared.sinks[0].clone());
     let keys = Keys::new(&shared.lanes);
-    let pool = &shared.pool;
-    let claim = pool.claim(token, &keys.meta, "fh").map_err(StreamError::Backend)?;
-    let result = (|| {
-        for _ in 0..8 {
-            let holder: Option<String> = pool
-                .run(Budget::Retry, |c, _| ::redis::cmd("HGET").arg(&keys.meta).arg("fh").query(c))
-                .map_err(StreamError::Backend)?;
-            let holder = holder.unwrap_or_default();
-            if holder != claim && pool.holder_alive(&holder).map_err(StreamError::Backend)? {
-                return Err(busy());
-            }
-            match claim_once(pool, &keys, &holder, &claim).map_err(StreamError::Backend)? {
-                Some(claimed) => return Ok(claimed),
-                None => continue, // the holder changed under us: look again
-            }
-        }
-        Err(busy())
-    })();
-    match result {
-        Ok((epoch, published, last)) => Ok(RedisFanout {
-            shared: shared.clone(),
-            keys,
-            epoch,
-            published,
-            unsure: None,
-            room: 0,
-            last: Some(last),
-            token,
-            waiter: None,
-        }),
-        Err(e) => {
-            pool.forget(token);
-            Err(e)
-        }
-    }
+    let (epoch, published, last) = shared.claim_fanout(token, &keys.meta, |expected, claim| {
+        claim_once(&shared.pool, &keys, expected, claim)
+    })?;
+    Ok(RedisFanout {
+        shared: shared.clone(),
+        keys,
+        epoch,
+        progress: Progress::new(published, last),
+        token,
+        waiter: None,
+    })
 }
 
 /// One run of `CLAIM_FANOUT`: `None` if the holder is no longer `expected`.
@@ -157,16 +131,11 @@ pub struct RedisFanout {
     shared: Arc<Shared>,
     keys: Keys,
     epoch: u64,
-    /// The stream's publish count (entries in its log, gaps included), as of the last publish.
-    published: u64,
-    /// The payload and target of the last publish that ended in an error (see
-    /// `RedisProducer`'s): the same bytes to another target are another publish.
-    unsure: Option<(AlignedVec, Option<usize>)>,
-    /// The publish count up to which every lane has room, as the gate last saw it.
-    room: u64,
-    /// The last position published, to any lane, as this fan-out knows it (`None`: it does not
-    /// know). Positions rise across the log: a lane passes a gap at its position.
-    last: Option<Option<Position>>,
+    /// The stream's publish count (entries in its log, gaps included) and what the fan-out
+    /// knows besides; a publish's target is its lane, or every lane (`None`). The last position
+    /// is the last published to any lane: positions rise across the log (a lane passes a gap at
+    /// its position).
+    progress: Progress<Option<usize>>,
     token: u64,
     waiter: Option<Waiter>,
 }
@@ -349,41 +318,19 @@ impl RedisFanout {
         let (item, encoded) = encoded(&self.shared, item).map_err(|e| (e, 0))?;
         let position = encoded.position;
         loop {
-            let after = self.published + 1;
-            // Positions only go up: one at or below the last known is the gate's to refuse.
-            let rises = match (position, self.last) {
-                (_, None) => false,
-                (Some(p), Some(Some(last))) => p > last,
-                _ => true,
-            };
-            // Every 64th entry trims the log (the gate does it).
-            let proven = self.unsure.is_none() && after <= self.room && rises && after % 64 != 0;
+            let (n, proven) = self.progress.next(position);
             let mut learnt = Learnt::default();
-            let publish =
-                Publish { n: after, to, payload: &encoded.bytes, position, known: self.last, proven };
+            let known = self.progress.last;
+            let publish = Publish { n, to, payload: &encoded.bytes, position, known, proven };
             let outcome = self.publish_once(budget, &publish, &mut learnt);
-            if let Some(room) = learnt.room {
-                self.room = room;
-            }
-            if learnt.last.is_some() {
-                self.last = learnt.last;
-            }
+            self.progress.learnt(learnt.room, learnt.last);
             let error = match outcome {
                 Ok(Published::Done) => {
-                    self.published += 1;
-                    self.unsure = None;
-                    if position.is_some() {
-                        self.last = Some(position);
-                    }
+                    self.progress.landed(position);
                     return Ok(());
                 }
                 Ok(Published::Duplicate) => {
-                    // The entry is an earlier call's, whose error hid that it landed.
-                    self.published += 1;
-                    self.last = None;
-                    if self.unsure.take().is_some_and(|(earlier, earlier_to)| {
-                        earlier.as_slice() == encoded.bytes.as_slice() && earlier_to == to
-                    }) {
+                    if self.progress.found_landed(&encoded.bytes, &to) {
                         return Ok(()); // this very item, published again: it landed once
                     }
                     continue; // another item: it goes after the one that landed
@@ -397,7 +344,7 @@ impl RedisFanout {
                 },
                 Ok(Published::Fenced) => TryPublishError::Backend { item, error: BackendError::Fenced },
                 Err(error) => {
-                    self.unsure = Some((encoded.bytes, to));
+                    self.progress.failed(encoded.bytes, to);
                     return Err((TryPublishError::Backend { item, error }, 0));
                 }
             };
@@ -571,7 +518,7 @@ impl fmt::Debug for RedisFanout {
             .field("log", &self.keys.log)
             .field("lanes", &self.keys.sinks)
             .field("epoch", &self.epoch)
-            .field("published", &self.published)
+            .field("published", &self.progress.published)
             .finish_non_exhaustive()
     }
 }

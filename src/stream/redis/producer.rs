@@ -133,6 +133,80 @@ pub(super) fn waitable<T>(e: PublishTimeoutError<T>) -> PublishError<T> {
     }
 }
 
+/// What a claimed publisher (a lane's producer, or a fan-out) knows between its publishes: what
+/// lets a publish skip the gate script, and what tells a retried publish from the next item.
+/// `K` tells the targets of one publisher's publishes apart (`()` for a producer, the lane or
+/// every lane for a fan-out).
+pub(super) struct Progress<K> {
+    /// The publish count, as of the last publish.
+    pub(super) published: u64,
+    /// The payload and target of the last publish that ended in an error: it may have landed all
+    /// the same (a lost reply). A next publish that finds its entry already there is a retry of
+    /// that item if both are equal, else that item landed and the new one goes after it.
+    unsure: Option<(AlignedVec, K)>,
+    /// The publish count up to which the lane (every lane) has room, as the gate last saw it
+    /// (the acked prefix only grows): publishes up to it skip the gate.
+    room: u64,
+    /// The last position published as this publisher knows it (from its claim, then its own
+    /// publishes; `None` when it does not know: after finding an earlier call's publish landed).
+    /// A publish not above it takes the gate (which refuses it).
+    pub(super) last: Option<Option<Position>>,
+}
+
+impl<K: PartialEq> Progress<K> {
+    /// A claimed publisher's: the publish count and the last position, as the claim read them.
+    pub(super) fn new(published: u64, last: Option<Position>) -> Self {
+        Progress { published, unsure: None, room: 0, last: Some(last) }
+    }
+
+    /// The count a publish of an item at `position` would take, and whether it may skip the
+    /// gate: room proven, its position rises (or it has none), nothing unsure, and not every
+    /// 64th entry (the gate trims the log then).
+    pub(super) fn next(&self, position: Option<Position>) -> (u64, bool) {
+        let after = self.published + 1;
+        let rises = match (position, self.last) {
+            (_, None) => false,
+            (Some(p), Some(Some(last))) => p > last,
+            _ => true,
+        };
+        (after, self.unsure.is_none() && after <= self.room && rises && after % 64 != 0)
+    }
+
+    /// What a gate answered: the room, and the last position before this publish.
+    pub(super) fn learnt(&mut self, room: Option<u64>, last: Option<Option<Position>>) {
+        if let Some(room) = room {
+            self.room = room;
+        }
+        if last.is_some() {
+            self.last = last;
+        }
+    }
+
+    /// The publish of an item at `position` landed.
+    pub(super) fn landed(&mut self, position: Option<Position>) {
+        self.published += 1;
+        self.unsure = None;
+        if position.is_some() {
+            self.last = Some(position);
+        }
+    }
+
+    /// The entry for the next count was there already: an earlier call's, whose error hid that it
+    /// landed (and moved the last position, which only the gate knows now). `true` if it was
+    /// this very publish (`bytes` to `target`) again: it landed once.
+    pub(super) fn found_landed(&mut self, bytes: &[u8], target: &K) -> bool {
+        self.published += 1;
+        self.last = None;
+        self.unsure.take().is_some_and(|(earlier, to)| earlier.as_slice() == bytes && to == *target)
+    }
+
+    /// The publish of `bytes` to `target` ended in an error that leaves it unsure: it may have
+    /// landed.
+    pub(super) fn failed(&mut self, bytes: AlignedVec, target: K) {
+        self.unsure = Some((bytes, target));
+    }
+}
+
 /// The publishing end of a sink lane over Redis (at most one per lane, across processes:
 /// [L9](crate::contract#l9)).
 ///
@@ -144,20 +218,9 @@ pub struct RedisProducer {
     shared: Arc<Shared>,
     lane: Arc<LaneDef>,
     epoch: u64,
-    /// The lane's publish count, as of this producer's last publish.
-    published: u64,
-    /// The payload of the last publish that ended in an error: it may have landed all the same
-    /// (a lost reply). A next publish that finds its entry already there (`Duplicate`) is a
-    /// retry of that item if the payloads are equal, else that item landed and the new one goes
-    /// after it.
-    unsure: Option<AlignedVec>,
-    /// The publish count up to which the lane has room, as the last publish script saw it (the
-    /// acked prefix only grows): publishes up to it skip the script (a sink lane alone on its log).
-    room: u64,
-    /// The last position published on the lane as this producer knows it (from its claim, then
-    /// its own publishes; `None` when it does not know: after finding an earlier call's publish
-    /// landed). A publish not above it takes the script (which refuses it).
-    last: Option<Option<Position>>,
+    /// The lane's publish count and what the producer knows besides (the gate is the publish
+    /// script; only a sink lane alone on its log skips it).
+    progress: Progress<()>,
     token: u64,
     waiter: Option<Waiter>,
 }
@@ -171,63 +234,31 @@ impl RedisProducer {
         last: Option<Position>,
         token: u64,
     ) -> Self {
-        RedisProducer {
-            shared,
-            lane,
-            epoch,
-            published,
-            unsure: None,
-            room: 0,
-            last: Some(last),
-            token,
-            waiter: None,
-        }
+        RedisProducer { shared, lane, epoch, progress: Progress::new(published, last), token, waiter: None }
     }
 
     fn step(&mut self, item: LaneItem, budget: Budget) -> Result<(), TryPublishError<LaneItem>> {
         let (mut item, encoded) = encoded(&self.shared, item)?;
         loop {
-            let after = self.published + 1;
-            // Positions only go up: one at or below the last known is the script's to refuse.
-            let rises = match (encoded.position, self.last) {
-                (_, None) => false,
-                (Some(p), Some(Some(last))) => p > last,
-                _ => true,
-            };
-            // Every 64th entry trims the log (the script does it).
-            let proven = self.unsure.is_none() && after <= self.room && rises && after % 64 != 0;
+            let (after, proven) = self.progress.next(encoded.position);
             let who = Publisher::Producer { epoch: self.epoch, published_after: after, proven };
             let mut room = None;
             let stepped = publish_step(&self.shared, &self.lane, who, item, &encoded, budget, &mut room);
-            if let Some(room) = room {
-                self.room = room;
-            }
+            self.progress.learnt(room, None);
             match stepped {
                 Ok((_, true)) => {
-                    self.published += 1;
-                    self.unsure = None;
-                    if encoded.position.is_some() {
-                        self.last = Some(encoded.position);
-                    }
+                    self.progress.landed(encoded.position);
                     return Ok(());
                 }
                 Ok((back, false)) => {
-                    // The entry is an earlier call's, whose error hid that it landed (and moved
-                    // the last position, which only the script knows now).
-                    self.published += 1;
-                    self.last = None;
-                    if self
-                        .unsure
-                        .take()
-                        .is_some_and(|earlier| earlier.as_slice() == encoded.bytes.as_slice())
-                    {
+                    if self.progress.found_landed(&encoded.bytes, &()) {
                         return Ok(()); // this very item, published again: it landed once
                     }
                     item = back; // another item: it goes after the one that landed
                 }
                 Err(TryPublishError::Backend { item, error }) => {
                     if error != BackendError::Fenced {
-                        self.unsure = Some(encoded.bytes);
+                        self.progress.failed(encoded.bytes, ());
                     }
                     return Err(TryPublishError::Backend { item, error });
                 }
@@ -329,7 +360,7 @@ impl fmt::Debug for RedisProducer {
         f.debug_struct("RedisProducer")
             .field("lane", &self.lane.base)
             .field("epoch", &self.epoch)
-            .field("published", &self.published)
+            .field("published", &self.progress.published)
             .finish_non_exhaustive()
     }
 }

@@ -204,35 +204,30 @@ end
 -- reader of those fields folds first.
 local function fold_pl(H)
   local f = redis.call('HMGET', H, 'fan', 'last')
+  local n, p
   if f[1] == '1' then
     -- A lane of a fan-out stream: the log itself records the publishes (see "A fan-out
     -- stream"); the newest entry's `p` is the last position published (whichever lanes it
     -- went to), so one entry tells all.
-    local L, last = string.match(H, '^({.*}):l:') .. ':log', num(f[2])
+    local L = string.match(H, '^({.*}):l:') .. ':log'
     local top = redis.call('XREVRANGE', L, '+', '-', 'COUNT', 1)[1]
-    if not top or entry_n(top[1]) <= last then return end
-    local n, p = entry_n(top[1]), top[2][4]
-    if p ~= '' then
-      redis.call('HSET', H, 'pub', n, 'last', n, 'lp', p)
-    else
-      redis.call('HSET', H, 'pub', n, 'last', n)
-    end
-    return
-  end
-  local P = H .. ':pl'
-  local top = redis.call('XREVRANGE', P, '+', '-', 'COUNT', 1)[1]
-  if not top then return end
-  local n = tonumber(string.match(top[1], '^(%d+)-'))
-  local p = top[2][2]
-  if p == '' then
-    for _, e in ipairs(redis.call('XREVRANGE', P, '+', '-')) do
-      if e[2][2] ~= '' then
-        p = e[2][2]
-        break
+    if not top or entry_n(top[1]) <= num(f[2]) then return end
+    n, p = entry_n(top[1]), top[2][4]
+  else
+    local P = H .. ':pl'
+    local top = redis.call('XREVRANGE', P, '+', '-', 'COUNT', 1)[1]
+    if not top then return end
+    n, p = entry_n(top[1]), top[2][2]
+    if p == '' then
+      for _, e in ipairs(redis.call('XREVRANGE', P, '+', '-')) do
+        if e[2][2] ~= '' then
+          p = e[2][2]
+          break
+        end
       end
     end
+    redis.call('XTRIM', P, 'MAXLEN', 0)
   end
-  redis.call('XTRIM', P, 'MAXLEN', 0)
   if p ~= '' then
     redis.call('HSET', H, 'pub', n, 'last', n, 'lp', p)
   else

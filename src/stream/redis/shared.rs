@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::conn::{Budget, Pool};
 use super::lane::LaneDef;
-use crate::error::StreamError;
+use crate::error::{BackendError, StreamError};
 use crate::lane::LaneStats;
 use crate::name::SinkName;
 use crate::position::Position;
@@ -28,32 +28,38 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Attaches (`polite`) or re-attaches a consumer of `lane` under claim `token`.
-    pub(crate) fn attach_lane(&self, lane: &LaneDef, polite: bool, token: u64) -> Result<u64, StreamError> {
-        let busy = || match &lane.sink {
-            Some(sink) => StreamError::ConsumerAttached(sink.clone()),
-            None => StreamError::RequestConsumerAttached,
-        };
-        let claim = self.pool.claim(token, &lane.base, "holder").map_err(StreamError::Backend)?;
+    /// Takes claim `token` (registered under `key`'s `field`) of an end that one holder has at a
+    /// time. `polite`: reads the holder first and refuses with `busy()` while it is alive and not
+    /// this claim; else (a take-over) expects no holder in particular. `take(expected, claim)`
+    /// runs the claim script, which claims only while the holder is still `expected` (`None`
+    /// when it changed under us: look again, 8 times at most). Forgets the token on failure.
+    fn claim_end<R>(
+        &self,
+        token: u64,
+        key: &str,
+        field: &'static str,
+        polite: bool,
+        busy: impl Fn() -> StreamError,
+        mut take: impl FnMut(&str, &str) -> Result<Option<R>, BackendError>,
+    ) -> Result<R, StreamError> {
+        let claim = self.pool.claim(token, key, field).map_err(StreamError::Backend)?;
         let result = (|| {
             for _ in 0..8 {
                 let expected = if polite {
-                    let holder =
-                        lane.field(&self.pool, Budget::Retry, "holder").map_err(StreamError::Backend)?;
+                    let holder: Option<String> = self
+                        .pool
+                        .run(Budget::Retry, |c, _| ::redis::cmd("HGET").arg(key).arg(field).query(c))
+                        .map_err(StreamError::Backend)?;
                     let holder = holder.unwrap_or_default();
-                    if holder == claim {
-                        holder
-                    } else if self.pool.holder_alive(&holder).map_err(StreamError::Backend)? {
+                    if holder != claim && self.pool.holder_alive(&holder).map_err(StreamError::Backend)? {
                         return Err(busy());
-                    } else {
-                        holder
                     }
+                    holder
                 } else {
                     String::new()
                 };
-                match lane.attach(&self.pool, polite, &expected, &claim).map_err(StreamError::Backend)? {
-                    Ok(epoch) => return Ok(epoch),
-                    Err(_) => continue, // the holder changed under us: look again
+                if let Some(claimed) = take(&expected, &claim).map_err(StreamError::Backend)? {
+                    return Ok(claimed);
                 }
             }
             Err(busy())
@@ -64,6 +70,17 @@ impl Shared {
         result
     }
 
+    /// Attaches (`polite`) or re-attaches a consumer of `lane` under claim `token`.
+    pub(crate) fn attach_lane(&self, lane: &LaneDef, polite: bool, token: u64) -> Result<u64, StreamError> {
+        let busy = || match &lane.sink {
+            Some(sink) => StreamError::ConsumerAttached(sink.clone()),
+            None => StreamError::RequestConsumerAttached,
+        };
+        self.claim_end(token, &lane.base, "holder", polite, busy, |expected, claim| {
+            Ok(lane.attach(&self.pool, polite, expected, claim)?.ok())
+        })
+    }
+
     /// Claims the producer of `lane` under claim `token`: its epoch, publish count and last
     /// published position.
     pub(crate) fn claim_producer(
@@ -72,24 +89,21 @@ impl Shared {
         token: u64,
     ) -> Result<(u64, u64, Option<Position>), StreamError> {
         let sink = lane.sink.clone().expect("sink lanes have producers");
-        let claim = self.pool.claim(token, &lane.base, "ph").map_err(StreamError::Backend)?;
-        let result = (|| {
-            for _ in 0..8 {
-                let holder = lane.field(&self.pool, Budget::Retry, "ph").map_err(StreamError::Backend)?;
-                let holder = holder.unwrap_or_default();
-                if holder != claim && self.pool.holder_alive(&holder).map_err(StreamError::Backend)? {
-                    return Err(StreamError::ProducerBusy(sink.clone()));
-                }
-                match lane.claim_producer(&self.pool, &holder, &claim).map_err(StreamError::Backend)? {
-                    Ok(claimed) => return Ok(claimed),
-                    Err(_) => continue,
-                }
-            }
-            Err(StreamError::ProducerBusy(sink.clone()))
-        })();
-        if result.is_err() {
-            self.pool.forget(token);
-        }
-        result
+        let busy = || StreamError::ProducerBusy(sink.clone());
+        self.claim_end(token, &lane.base, "ph", true, busy, |expected, claim| {
+            Ok(lane.claim_producer(&self.pool, expected, claim)?.ok())
+        })
+    }
+
+    /// Claims the fan-out of a fan-out stream (its claim `fh` in the meta hash `meta`) under
+    /// claim `token`, with `take` the claim script's run (see [`claim_end`](Shared::claim_end)).
+    pub(crate) fn claim_fanout<R>(
+        &self,
+        token: u64,
+        meta: &str,
+        take: impl FnMut(&str, &str) -> Result<Option<R>, BackendError>,
+    ) -> Result<R, StreamError> {
+        let busy = || StreamError::ProducerBusy(self.sinks[0].clone());
+        self.claim_end(token, meta, "fh", true, busy, take)
     }
 }
