@@ -24,7 +24,7 @@ use redis_support::fanout::{firsts, open, setup, SINKS};
 use redis_support::{drain_ack, log_ids, pos};
 
 #[test]
-fn every_lane_gets_every_item_once_in_order_and_the_log_holds_each_once() {
+fn redis_fanout_l2_every_lane_gets_every_item_once_in_order_and_the_log_holds_each_once() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 64);
@@ -45,7 +45,7 @@ fn every_lane_gets_every_item_once_in_order_and_the_log_holds_each_once() {
 }
 
 #[test]
-fn a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
+fn redis_fanout_l1_l9_a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 8);
@@ -70,7 +70,7 @@ fn a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
 /// L3: the slowest lane bounds the fan-out; an ack of that lane makes room, also for a publish
 /// waiting on another thread.
 #[test]
-fn the_slowest_lane_bounds_the_fanout_and_its_ack_wakes_a_waiting_publish() {
+fn redis_fanout_l3_the_slowest_lane_bounds_the_fanout_and_its_ack_wakes_a_waiting_publish() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 4);
@@ -110,7 +110,7 @@ fn the_slowest_lane_bounds_the_fanout_and_its_ack_wakes_a_waiting_publish() {
 /// a delivery, acked at its position, as the in-memory shared ring's), and positions rise
 /// across the log, for items to one lane too.
 #[test]
-fn publish_to_reaches_one_lane_and_the_others_pass_the_gap() {
+fn redis_fanout_l4_w5_publish_to_reaches_one_lane_and_the_others_pass_the_gap() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 8);
@@ -153,7 +153,7 @@ fn publish_to_reaches_one_lane_and_the_others_pass_the_gap() {
 /// L9 across processes: a second process takes the fan-out over only from a dead holder, and
 /// the older fan-out's publishes (on room it knew) land nothing afterwards.
 #[test]
-fn a_fanout_claimed_by_another_process_fences_the_old_one() {
+fn redis_fanout_l9_a_fanout_claimed_by_another_process_fences_the_old_one() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let s1 = open(&url, &name, 1024);
@@ -188,7 +188,7 @@ fn a_fanout_claimed_by_another_process_fences_the_old_one() {
 /// State survives the process: a fan-out built again resumes after the last entry, refuses a
 /// position that does not rise, and the consumers re-attach to their unacked entries.
 #[test]
-fn a_restarted_fanout_resumes_and_reattached_lanes_get_their_unacked_entries() {
+fn redis_fanout_l4_l8_a_restarted_fanout_resumes_and_reattached_lanes_get_their_unacked_entries() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsf");
     {
@@ -216,7 +216,7 @@ fn a_restarted_fanout_resumes_and_reattached_lanes_get_their_unacked_entries() {
 /// L10: closing any lane stops the fan-out (as the in-memory one); every lane still drains
 /// what was published, and only the closed lane reports closed.
 #[test]
-fn a_closed_lane_refuses_the_fanout_and_every_lane_drains() {
+fn redis_fanout_l10_a_closed_lane_refuses_the_fanout_and_every_lane_drains() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 16);
@@ -250,7 +250,7 @@ fn drain_ack_until_closed(
 
 /// The trim (every 64th publish, and `trim`) keeps every entry some lane has not acked.
 #[test]
-fn the_trim_keeps_what_the_slowest_lane_has_not_acked() {
+fn redis_fanout_l5_l6_l8_the_trim_keeps_what_the_slowest_lane_has_not_acked() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 256);
@@ -287,7 +287,7 @@ fn the_trim_keeps_what_the_slowest_lane_has_not_acked() {
 /// longer than one page of the log's read-back: a fan-out claimed after them still refuses a
 /// position at or below it (I1, L4).
 #[test]
-fn the_last_position_is_found_behind_many_unpositioned_entries() {
+fn redis_fanout_i1_l4_the_last_position_is_found_behind_many_unpositioned_entries() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 128);

@@ -74,7 +74,7 @@ fn drain_all(url: &str, name: &str, capacity: usize) -> Vec<Vec<(u64, u32)>> {
 /// once), another item goes after it. When the fresh retry does reach Redis, the publish
 /// resolves itself: `Ok`, landed once. On every lane, once each; the log holds each entry once.
 #[test]
-fn a_lost_multi_reply_then_the_same_or_another_item_lands_once_in_order() {
+fn l2_a_lost_publish_reply_then_the_same_or_another_item_lands_once_in_order() {
     let url = server!();
     let proxy = proxy!(url);
     for (retry_same, refuse) in [(true, true), (false, true), (false, false)] {
@@ -114,7 +114,7 @@ fn a_lost_multi_reply_then_the_same_or_another_item_lands_once_in_order() {
 /// A waiting `publish` whose publish `XADD`'s reply is lost retries within its budget: the retry finds
 /// the entry landed (the gate's `dup`) and returns `Ok` once; nothing lands twice.
 #[test]
-fn a_waiting_publish_retries_a_lost_multi_reply_and_lands_once() {
+fn l3_a_waiting_publish_retries_a_lost_publish_reply_and_lands_once() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
@@ -137,7 +137,7 @@ fn a_waiting_publish_retries_a_lost_multi_reply_and_lands_once() {
 /// full lane): the publish errs (never-waiting) or retries (waiting); nothing lands twice and
 /// nothing is skipped, also across the 64th entry (whose gate trims).
 #[test]
-fn a_lost_gate_reply_neither_duplicates_nor_skips() {
+fn l2_a_lost_gate_reply_neither_duplicates_nor_skips() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
@@ -174,7 +174,7 @@ fn a_lost_gate_reply_neither_duplicates_nor_skips() {
 /// lane 1 only, so a publish to every lane either lands it on the others or is refused
 /// (position 2 does not rise on lane 1); an `Ok` that leaves lanes 0 and 2 without it loses it.
 #[test]
-fn an_unsure_publish_to_is_not_taken_for_a_publish_to_every_lane() {
+fn l2_an_unsure_publish_to_is_not_taken_for_a_publish_to_every_lane() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
@@ -209,7 +209,7 @@ fn free_claim(admin: &mut redis::Connection, name: &str) {
 /// `publish_to`, not from a waiting `publish` (which must return, not wait forever), and not by
 /// retrying an unsure publish; the live one's entries are whole on every lane.
 #[test]
-fn a_zombie_fanout_lands_nothing_at_any_edge() {
+fn l9_a_zombie_fanout_lands_nothing_at_any_edge() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     let s1 = open(&url, &name, 8);
@@ -269,7 +269,7 @@ fn a_zombie_fanout_lands_nothing_at_any_edge() {
 /// A zombie whose last publish was unsure (its reply lost): once another fan-out took over,
 /// its retry is fenced, never counted as the landed duplicate of someone else's entry.
 #[test]
-fn a_zombie_retrying_an_unsure_publish_is_fenced() {
+fn l9_a_zombie_retrying_an_unsure_publish_is_fenced() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
@@ -297,7 +297,7 @@ fn a_zombie_retrying_an_unsure_publish_is_fenced() {
 /// Another process claims the fan-out after the holder's connections were killed (its
 /// process is taken for dead); the old one reconnects and is fenced, also on its 64th entry.
 #[test]
-fn a_fanout_claimed_after_killing_its_connections_fences_the_reconnecting_one() {
+fn l9_a_fanout_claimed_after_killing_its_connections_fences_the_reconnecting_one() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     let s1 = open(&url, &name, 256);
@@ -331,7 +331,7 @@ fn a_fanout_claimed_after_killing_its_connections_fences_the_reconnecting_one() 
 /// must not bring the deleted stream back (NOMKSTREAM), and a stream built again under the
 /// name starts empty.
 #[test]
-fn a_fanout_publish_after_delete_does_not_resurrect_the_stream() {
+fn l9_a_fanout_publish_after_delete_does_not_resurrect_the_stream() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     let s1 = open(&url, &name, 64);
@@ -356,7 +356,7 @@ fn a_fanout_publish_after_delete_does_not_resurrect_the_stream() {
 #[ignore = "known limitation, documented (README, RedisStream::delete): a fan-out (or producer) \
             of a deleted stream still publishing on known room lands its XADD in the stream built \
             again (the fence orders ids by entry number first, and a new stream starts at 1)"]
-fn a_deleted_streams_fanout_does_not_publish_into_the_stream_built_again() {
+fn l9_a_deleted_streams_fanout_does_not_publish_into_the_stream_built_again() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     let s1 = open(&url, &name, 64);
@@ -383,7 +383,7 @@ fn a_deleted_streams_fanout_does_not_publish_into_the_stream_built_again() {
 /// A fan-out stream of one sink: `publish_to(0)` is a publish (no gap), the field `t` names the
 /// lane itself and is delivered; the trim and a restart work as with more lanes.
 #[test]
-fn a_fanout_of_one_lane_has_no_gaps() {
+fn w5_a_fanout_of_one_lane_has_no_gaps() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     {
@@ -412,7 +412,7 @@ fn a_fanout_of_one_lane_has_no_gaps() {
 
 /// A close of the very lane a waiting publish waits on (full) wakes it at once with `Closed`.
 #[test]
-fn a_close_of_the_full_lane_wakes_a_waiting_publish() {
+fn l10_a_close_of_the_full_lane_wakes_a_waiting_publish() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 2);
@@ -438,7 +438,7 @@ fn a_close_of_the_full_lane_wakes_a_waiting_publish() {
 /// returned `Closed` is; every lane drains, only the closed one reports closed; the log's and
 /// the publish logs' last ids stay equal (at the close fence).
 #[test]
-fn a_close_racing_publishes_loses_nothing_and_delivers_nothing_refused() {
+fn l10_a_close_racing_publishes_loses_nothing_and_delivers_nothing_refused() {
     let url = server!();
     for round in 0..6u64 {
         let (name, _cleanup, mut admin) = setup(&url, "lsfa");
@@ -502,7 +502,7 @@ fn a_close_racing_publishes_loses_nothing_and_delivers_nothing_refused() {
 /// A closed lane refuses every later publish of any fan-out: a new claim, `publish_to` another
 /// lane, and a publish on room the fan-out knew; the log and publish logs stay fenced.
 #[test]
-fn a_closed_lane_refuses_a_new_fanout_and_known_room() {
+fn l10_a_closed_lane_refuses_a_new_fanout_and_known_room() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 64);
@@ -524,7 +524,7 @@ fn a_closed_lane_refuses_a_new_fanout_and_known_room() {
 /// and answers `full` for a full lane before it looks at a later, closed one: a waiting publish
 /// then waits on the full lane's bell, which the close does not ring.
 #[test]
-fn a_full_stream_with_a_closed_lane_refuses_as_closed() {
+fn l3_l10_a_full_stream_with_a_closed_lane_refuses_as_closed() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 2);
@@ -543,7 +543,7 @@ fn a_full_stream_with_a_closed_lane_refuses_as_closed() {
 /// the room; the Redis gate answers `full` for a full lane 0 first, so a waiting publish of an
 /// item that can never land waits for lane 0's consumer, and only then learns it regressed.
 #[test]
-fn a_full_lane_hides_a_regressed_position_on_a_later_lane() {
+fn l4_a_full_lane_hides_a_regressed_position_on_a_later_lane() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 2);
@@ -568,7 +568,7 @@ fn a_full_lane_hides_a_regressed_position_on_a_later_lane() {
 /// the lane must come back to idle, its acked prefix must pass the gap, and the fan-out must not
 /// stay full. Else the lane's acked prefix stops below the gap for good (until a re-attach).
 #[test]
-fn a_gap_whose_ack_was_lost_is_acked_later() {
+fn w5_a_gap_whose_ack_was_lost_is_acked_later() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
@@ -607,7 +607,7 @@ fn a_gap_whose_ack_was_lost_is_acked_later() {
 /// A gap whose ack landed but whose reply was lost: the same lane's later receives go on, the
 /// gap is not delivered, nothing is delivered twice.
 #[test]
-fn a_gap_whose_ack_reply_was_lost_is_passed_once() {
+fn w5_a_gap_whose_ack_reply_was_lost_is_passed_once() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
@@ -635,7 +635,7 @@ fn a_gap_whose_ack_reply_was_lost_is_passed_once() {
 /// died before its ack reached Redis; the re-attached consumer gets it again as a gap (attempt 2),
 /// passes and acks it without a delivery, and delivers the unacked item around it again.
 #[test]
-fn a_gap_redelivered_after_a_reattach_is_passed_not_delivered() {
+fn l8_a_gap_redelivered_after_a_reattach_is_passed_not_delivered() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
@@ -669,7 +669,7 @@ fn a_gap_redelivered_after_a_reattach_is_passed_not_delivered() {
 /// place until passed); the fan-out is full until every other lane's consumer passed them, and
 /// a receive that only passes gaps (finding nothing to deliver) wakes a waiting publish.
 #[test]
-fn gaps_fill_every_lane_and_passing_them_makes_room_and_wakes() {
+fn l3_gaps_fill_every_lane_and_passing_them_makes_room_and_wakes() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 4);
@@ -719,7 +719,7 @@ fn gaps_fill_every_lane_and_passing_them_makes_room_and_wakes() {
 /// A nack right before a gap: the nacked item comes again first, then the gap is passed (not
 /// delivered), then the next item; and a nack of an item after a passed gap likewise.
 #[test]
-fn a_nack_next_to_a_gap_redelivers_the_item_and_passes_the_gap_once() {
+fn l6_a_nack_next_to_a_gap_redelivers_the_item_and_passes_the_gap_once() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 8);
@@ -752,7 +752,7 @@ fn a_nack_next_to_a_gap_redelivers_the_item_and_passes_the_gap_once() {
 /// item still unacked (its ack out of order); the new consumer gets the unacked items again,
 /// not the gap; the old consumer's late ack is refused.
 #[test]
-fn a_reattach_after_a_passed_gap_redelivers_only_the_items() {
+fn l8_a_reattach_after_a_passed_gap_redelivers_only_the_items() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 8);
@@ -782,7 +782,7 @@ fn a_reattach_after_a_passed_gap_redelivers_only_the_items() {
 /// A trailing gap: the lane is not idle and its consumer not empty until a receive passed it;
 /// the watermark, `acked` and the stats count it then.
 #[test]
-fn a_trailing_gap_holds_idleness_until_passed() {
+fn l11_w5_a_trailing_gap_holds_idleness_until_passed() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 8);
@@ -818,7 +818,7 @@ fn a_trailing_gap_holds_idleness_until_passed() {
 /// (an item to one lane or to all is refused at or below the highest published, whichever
 /// lane that went to); every lane gets its items once (redelivered ones again).
 #[test]
-fn a_restart_mid_way_resumes_and_keeps_each_lanes_last_position() {
+fn l4_a_restart_mid_way_resumes_and_keeps_the_last_position() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     {
@@ -866,7 +866,7 @@ fn a_restart_mid_way_resumes_and_keeps_each_lanes_last_position() {
 /// every lane's last (its docs: "must grow past every lane's last, as for publish"); the Redis
 /// fan-out checks the target lane only. Same call sequence on both.
 #[test]
-fn publish_to_position_rule_matches_the_in_memory_fanout() {
+fn l4_publish_to_position_rule_matches_the_in_memory_fanout() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 8);
@@ -887,7 +887,7 @@ fn publish_to_position_rule_matches_the_in_memory_fanout() {
 /// yet passed included: one lane receives nothing for 200 entries (a third of them gaps for
 /// it), then everything is still there for it, in order.
 #[test]
-fn the_trim_keeps_unpassed_gaps_and_unacked_entries() {
+fn l5_the_trim_keeps_unpassed_gaps_and_unacked_entries() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 256);
@@ -966,7 +966,7 @@ fn the_trim_keeps_unpassed_gaps_and_unacked_entries() {
 /// process's handle: every lane gets each item meant for it (and no other) and acks it; first
 /// deliveries come in order; the fan-out never errs; the log and publish logs stay in step.
 #[test]
-fn a_fanout_and_three_wobbly_consumers_lose_nothing() {
+fn l2_l8_a_fanout_and_three_wobbly_consumers_lose_nothing() {
     use rand::{Rng, SeedableRng};
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
@@ -1035,7 +1035,7 @@ fn a_fanout_and_three_wobbly_consumers_lose_nothing() {
 /// Two processes claim the fan-out at once, over and over: exactly one gets it each time, and
 /// the one that got it publishes while the other is refused.
 #[test]
-fn racing_claims_give_the_fanout_to_exactly_one() {
+fn l9_racing_claims_give_the_fanout_to_exactly_one() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url, "lsfa");
     let a = open(&url, &name, 64);
@@ -1070,7 +1070,7 @@ fn racing_claims_give_the_fanout_to_exactly_one() {
 /// The claim's reply lost: the retried claim is the same claim (not a second epoch that fences
 /// its own fan-out); the fan-out publishes.
 #[test]
-fn a_claim_whose_reply_was_lost_still_publishes() {
+fn l9_a_claim_whose_reply_was_lost_still_publishes() {
     let url = server!();
     let proxy = proxy!(url);
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
@@ -1138,7 +1138,7 @@ fn block_on<F: std::future::Future>(fut: F) -> F::Output {
 /// A consumer waiting (blocking, and as a task) while only gaps arrive passes them and keeps
 /// waiting; the next item meant for it wakes it at once.
 #[test]
-fn a_waiting_consumer_passes_gaps_and_wakes_for_its_item() {
+fn w5_a_waiting_consumer_passes_gaps_and_wakes_for_its_item() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 8);
@@ -1175,7 +1175,7 @@ fn a_waiting_consumer_passes_gaps_and_wakes_for_its_item() {
 
 /// `publish_async` waits as a task for the slowest lane's ack, then lands once.
 #[test]
-fn publish_async_waits_for_the_slowest_lane() {
+fn l3_publish_async_waits_for_the_slowest_lane() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 2);
@@ -1211,7 +1211,7 @@ fn publish_async_waits_for_the_slowest_lane() {
 #[test]
 #[ignore = "documented difference (README, Redis backend): a passed gap counts in the Redis lane's \
             stats.delivered (nread = rd on a lane alone on its log), not in the in-memory shared ring's"]
-fn a_passed_gap_is_not_counted_as_a_delivery() {
+fn w5_a_passed_gap_is_not_counted_as_a_delivery() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 8);
