@@ -229,7 +229,7 @@ impl<T> Ring<T> {
                 shared: cells.shared,
                 cells,
                 capacity,
-                mask: if capacity.is_power_of_two() { capacity - 1 } else { u64::MAX },
+                mask: slot::mask_of(capacity),
                 mark,
             }),
             producer_live: AtomicBool::new(false),
@@ -241,10 +241,7 @@ impl<T> Ring<T> {
     /// The slot of item `index`.
     #[inline]
     fn at(&self, index: u64) -> usize {
-        let i =
-            if self.shape.mask != u64::MAX { index & self.shape.mask } else { index % self.shape.capacity };
-        debug_assert!(i < self.shape.capacity);
-        i as usize
+        slot::slot_of(index, self.shape.capacity, self.shape.mask)
     }
 
     /// The state word of item `index`'s slot.

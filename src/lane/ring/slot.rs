@@ -78,6 +78,24 @@ pub(super) struct Cell<T> {
     pub(super) item: UnsafeCell<MaybeUninit<T>>,
 }
 
+/// `capacity - 1` when the capacity is a power of two, else `u64::MAX`: see [`slot_of`].
+pub(super) fn mask_of(capacity: u64) -> u64 {
+    if capacity.is_power_of_two() {
+        capacity - 1
+    } else {
+        u64::MAX
+    }
+}
+
+/// The slot (and cell) of item `index` in a ring of `capacity`: a mask when the capacity is a
+/// power of two (`mask` from [`mask_of`]), else the remainder (a division, on every item).
+#[inline]
+pub(super) fn slot_of(index: u64, capacity: u64, mask: u64) -> usize {
+    let i = if mask != u64::MAX { index & mask } else { index % capacity };
+    debug_assert!(i < capacity);
+    i as usize
+}
+
 /// A ring's cells: its own, or one array shared by every lane of a stream and written once per
 /// item by the stream's fan-out (`shared`).
 ///
@@ -89,6 +107,8 @@ pub(super) struct Cell<T> {
 /// ([`reclaim`](super::Ring::reclaim_shared)); the rest are dropped with the array.
 pub(crate) struct Cells<T> {
     pub(super) cells: Box<[Cell<T>]>,
+    /// [`mask_of`] the capacity: a cell is found without a division.
+    mask: u64,
     pub(super) shared: bool,
     /// Shared cells: written by the fan-out only, on a line of their own (every lane's hot path
     /// reads `cells` and `shared` above).
@@ -123,13 +143,14 @@ impl<T> Cells<T> {
                     item: UnsafeCell::new(MaybeUninit::uninit()),
                 })
                 .collect(),
+            mask: mask_of(capacity as u64),
             shared,
             counts: CachePadded::new(Counts { reclaimed: AtomicU64::new(0), written: AtomicU64::new(0) }),
         }
     }
 
     fn cell(&self, index: u64) -> &Cell<T> {
-        &self.cells[(index % self.cells.len() as u64) as usize]
+        &self.cells[slot_of(index, self.cells.len() as u64, self.mask)]
     }
 
     /// Items written so far.
