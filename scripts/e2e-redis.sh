@@ -41,7 +41,8 @@ fi
 cargo build --quiet --release -p lanestream-postgres --example pipeline
 bin="${CARGO_TARGET_DIR:-target}/release/examples/pipeline"
 out="$work/out"
-common=(--backend "$url" --stream-name "e2e_redis_$$" --out "$out" --quiet)
+# Chunks of 5 changes: the sink SIGKILL below lands in the middle of large transactions (C1).
+common=(--backend "$url" --stream-name "e2e_redis_$$" --out "$out" --quiet --max-batch-changes 5)
 "$bin" "${common[@]}" --role delete >/dev/null # a fresh stream
 
 start=$(date +%s)
@@ -62,10 +63,10 @@ ingest=$!
 pids+=("$ingest")
 
 # Kill the victim once its durable checkpoint covers 1 MB of output (of about 10), 0.2-0.7 s later.
-progress() { # the output length in the victim's checkpoint ("LSN LENGTH"), 0 before the first
+progress() { # the output length in the victim's checkpoint ("LSN LENGTH [...]"), 0 before the first
     local c
-    c=$(cat "$out/archive.checkpoint" 2>/dev/null || true)
-    echo "${c#* }" | grep -E '^[0-9]+$' || echo 0
+    c=$(awk '{print $2}' "$out/archive.checkpoint" 2>/dev/null || true)
+    echo "$c" | grep -E '^[0-9]+$' || echo 0
 }
 for _ in $(seq 600); do [ "$(progress)" -ge 1000000 ] && break; sleep 0.05; done
 [ "$(progress)" -ge 1000000 ] || fail "the archive sink's checkpoint did not reach 1 MB of output in 30 s"

@@ -123,7 +123,9 @@ def poller(outdir, sinks, stopfile, log):
             for sink in sinks.split(","):
                 try:
                     with open(os.path.join(outdir, f"{sink}.checkpoint")) as c:
-                        applied[sink] = lsn(c.read().split()[0])
+                        # "LSN LENGTH [...]"; "-" before the first whole transaction.
+                        first = c.read().split()[0]
+                        applied[sink] = baseline if first == "-" else lsn(first)
                 except FileNotFoundError:
                     applied[sink] = baseline
             checks += 1

@@ -34,16 +34,29 @@ pub trait Item {
 pub struct Batch {
     /// The position of the batch's last change (the commit LSN); `None` for snapshot rows.
     pub position: Option<Position>,
-    /// How many changes the source transaction held (for wal2json input: its I/U/D/T actions).
+    /// How many changes the source transaction held (for wal2json input: its I/U/D/T actions);
+    /// for one chunk of a large transaction, that chunk's share.
     pub changes: u64,
+    /// Where this batch's envelopes start within their transaction: the number of envelopes of
+    /// the same transaction published in earlier chunks. `0` for a whole transaction, for a
+    /// large transaction's first chunk and for snapshot batches.
+    ///
+    /// A large transaction is published as unpositioned chunks followed by its positioned last
+    /// batch, and a sink may ack a chunk as soon as the chunk is durable
+    /// ([C1](crate::contract#c1)): after a sink restart, the chunks it acked are not redelivered,
+    /// while a restarted source sends the whole transaction again from its start. The offset is
+    /// what lets the sink tell the two apart: it resumes a transaction at the envelope its
+    /// checkpoint records (skipping `recorded - offset` envelopes of a batch that overlaps it).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub offset: u64,
     /// The envelopes, shared: cloning the batch clones this `Arc`, not the documents.
     pub envelopes: Arc<[Envelope]>,
 }
 
 impl Batch {
-    /// A batch whose `changes` is the number of envelopes.
+    /// A batch whose `changes` is the number of envelopes, at offset 0 (a whole transaction).
     pub fn new(position: Option<Position>, envelopes: Arc<[Envelope]>) -> Batch {
-        Batch { position, changes: envelopes.len() as u64, envelopes }
+        Batch { position, changes: envelopes.len() as u64, offset: 0, envelopes }
     }
 }
 

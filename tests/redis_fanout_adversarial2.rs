@@ -189,7 +189,7 @@ fn l4_w3_a_trim_below_unfolded_positions_keeps_the_last_position() {
 /// `k % 5 == 0` (a chunk, unpositioned).
 fn item(k: u64) -> LaneItem {
     let position = (k % 5 != 0).then_some(Position(k));
-    LaneItem::Batch(lanestream::Batch { position, changes: k, envelopes: Vec::new().into() })
+    LaneItem::Batch(lanestream::Batch { position, changes: k, offset: 0, envelopes: Vec::new().into() })
 }
 
 fn id_of(d: &RedisDelivery<LaneItem>) -> u64 {

@@ -20,10 +20,13 @@
 //! logical replication slot through [`lanestream_postgres::live`] instead of a file, and confirms
 //! it up to the stream's watermark, never more, after each poll, while a full lane keeps it
 //! waiting, while idle and at shutdown (SIGTERM/SIGINT, or `--end-lsn`). Its sinks are durable
-//! ([`Durable`]): before acking they fsync `<sink>.ndjson` and atomically replace
-//! `<sink>.checkpoint` (last applied commit LSN, output length); at start they cut the output back
-//! to the checkpoint and skip every transaction at or before it, so however the process dies the
-//! outputs hold every committed change exactly once (`scripts/e2e-postgres.sh` SIGKILLs it).
+//! ([`lanestream_postgres::ndjson::DurableNdjson`]): before acking they fsync `<sink>.ndjson` and
+//! atomically replace `<sink>.checkpoint` (last applied commit LSN, output length, and the
+//! progress inside a transaction still in chunks); at start they cut the output back to the
+//! checkpoint and skip what it covers, so however the process dies the outputs hold every
+//! committed change exactly once (`scripts/e2e-postgres.sh` SIGKILLs it). With
+//! `--kill-sink-after` the file input's sinks are durable too, and the summary reads every output
+//! back against what was published.
 //!
 //! **Over Redis** (`--backend redis://... --role ingest|sink|delete`): the ingest and each sink
 //! run as separate processes on a [`lanestream::RedisStream`]; see `pipeline/redis.rs` and
@@ -58,6 +61,7 @@ use lanestream::{
     PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
 };
 use lanestream_postgres::live::{Confirmer, LiveConfig, LiveSource};
+use lanestream_postgres::ndjson::{write_line, DurableNdjson};
 use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -393,6 +397,52 @@ impl Received {
     }
 }
 
+/// Compares a sink's NDJSON output with what was published: envelopes per transaction,
+/// counted by the `position` each line starts with. Returns ((transactions, envelopes) lost,
+/// envelopes written more than once); transactions without envelopes are left out (they write
+/// nothing; the watermark check covers their acks).
+/// With `since`, lines at positions before it are left out (an earlier run's, on the live
+/// source); snapshot rows (position null) and lines past the last published transaction (chunks
+/// of a transaction the ingest stopped in) always are.
+pub(crate) fn check_output(
+    path: &Path,
+    published: &[(u64, u32)],
+    since: Option<u64>,
+) -> Result<((u64, u64), u64), BoxError> {
+    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut lines: HashMap<u64, u32> = HashMap::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.starts_with("{\"position\":null") {
+            continue;
+        }
+        let bad = || format!("{}:{}: expected a line starting {{\"position\":\"X/Y\"", path.display(), i + 1);
+        let rest = line.strip_prefix("{\"position\":\"").ok_or_else(bad)?;
+        let lsn = rest.split_once('"').ok_or_else(bad)?.0;
+        let p = Position::from_lsn(lsn).map_err(|_| bad())?.0;
+        // Past the last transaction published: chunks of one the ingest stopped in the middle of.
+        let unfinished = published.last().is_some_and(|&(last, _)| p > last);
+        if since.is_none_or(|s| p >= s) && !unfinished {
+            *lines.entry(p).or_default() += 1;
+        }
+    }
+    let mut positions: Vec<(u64, u32)> = lines.into_iter().collect();
+    positions.sort_unstable();
+    // A transaction without envelopes leaves no line: only its ack (the watermark) shows it.
+    let published: Vec<(u64, u32)> = published.iter().copied().filter(|&(_, n)| n > 0).collect();
+    let published = published.as_slice();
+    let mut received = Received::default();
+    for &(p, n) in &positions {
+        received.record(p, n);
+    }
+    let expected: HashMap<u64, u32> = published.iter().copied().collect();
+    let duplicates = positions
+        .iter()
+        .map(|&(p, n)| u64::from(n.saturating_sub(expected.get(&p).copied().unwrap_or(0))))
+        .sum();
+    Ok((received.lost(published), duplicates))
+}
+
 /// The two kinds of lane item a sink is delivered.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -520,6 +570,8 @@ fn apply_to_state(state: &mut State, batch: &Batch) {
 struct Ingest {
     stream: MemoryStream,
     stop: Arc<AtomicBool>,
+    /// Set by a sink engine that stopped with an error.
+    sink_failed: Arc<AtomicBool>,
     bad_shown: u32,
     /// Envelopes of the chunks published of the transaction being published.
     chunk_envelopes: u32,
@@ -535,7 +587,23 @@ impl Ingest {
     /// Publishes to every lane; `to` restricts it to one lane (snapshot rows).
     fn publish(&mut self, item: LaneItem, to: Option<usize>) -> Result<(), BoxError> {
         match to {
-            None => self.fanout.publish(item).map_err(|e| format!("publish: {e}"))?,
+            None => {
+                // Waits for room, but not for a sink engine that stopped with an error (its lane
+                // would stay full forever): the run ends and its summary says FAIL.
+                let mut item = item;
+                loop {
+                    match self.fanout.publish_timeout(item, Duration::from_millis(100)) {
+                        Ok(()) => break,
+                        Err(PublishTimeoutError::Timeout(back)) if !self.sink_failed.load(Ordering::Acquire) => {
+                            item = back;
+                        }
+                        Err(PublishTimeoutError::Timeout(_)) => {
+                            return Err("publish: a sink engine stopped with an error (see below)".into())
+                        }
+                        Err(e) => return Err(format!("publish: {e}").into()),
+                    }
+                }
+            }
             Some(i) => {
                 self.fanout.publish_to(i, item).map_err(|e| format!("publish to {}: {e}", self.names[i]))?
             }
@@ -803,9 +871,11 @@ fn input_error(e: &Wal2JsonError, args: &Args) -> BoxError {
 
 struct Sink {
     lane: Lane,
+    /// File mode: the output, flushed before each ack (no checkpoint).
     out: Option<BufWriter<File>>,
-    /// Live mode: the output's checkpoint (fsync before ack, resume after a restart).
-    durable: Option<Durable>,
+    /// Live mode (and file mode with --kill-sink-after): the durable output (fsync and
+    /// checkpoint before ack, resume after a restart; contract C1).
+    durable: Option<DurableNdjson>,
     slow: Option<Duration>,
     chaos: Option<StdRng>,
     requests: lanestream::RequestSender,
@@ -813,6 +883,8 @@ struct Sink {
     line: Vec<u8>,
     /// --kill-sink-after (the first sink only); taken when it fires.
     kill: Option<Kill>,
+    /// Set when this engine stops with an error (the ingest then stops waiting for its lane).
+    failed: Arc<AtomicBool>,
 }
 
 impl Sink {
@@ -859,29 +931,23 @@ impl Sink {
             }
             (None, None) => self.report.snapshot_envelopes += batch.envelopes.len() as u64,
         }
-        if let Some(out) = &mut self.out {
-            let position = batch.position.or_else(|| batch.envelopes.first().and_then(|e| e.position));
-            if let (Some(d), Some(p)) = (&mut self.durable, position) {
-                if !d.begin(out, p, batch.position.is_some())? {
-                    // Applied before a restart (PostgreSQL re-sends from the confirmed position).
-                    if batch.position.is_some() {
-                        self.report.transactions_skipped += 1;
-                    }
-                    return Ok(());
-                }
+        if let Some(d) = &mut self.durable {
+            let applied = d.apply(batch)?;
+            self.report.bytes_written += applied.bytes;
+            if batch.position.is_some() && applied.written == 0 && applied.skipped > 0 {
+                // Applied before a restart (PostgreSQL re-sends from the confirmed position).
+                self.report.transactions_skipped += 1;
             }
+        } else if let Some(out) = &mut self.out {
             let mut written = 0;
             for e in batch.envelopes.iter() {
                 self.line.clear();
-                write_ndjson(&mut self.line, e)?;
+                write_line(&mut self.line, e);
                 out.write_all(&self.line)?;
                 written += self.line.len() as u64;
             }
             self.report.bytes_written += written;
-            match &mut self.durable {
-                Some(d) => d.wrote(written), // made durable before the acks (commit)
-                None => out.flush()?,        // flushed before the ack
-            }
+            out.flush()?; // flushed before the ack
         }
         if let Some(d) = self.slow {
             thread::sleep(d);
@@ -899,8 +965,10 @@ impl Sink {
     fn run(mut self) -> SinkReport {
         if let Err(e) = self.consume() {
             self.report.error = Some(e.to_string());
+            // Release pairs with the ingest's Acquire load: it stops waiting for this lane.
+            self.failed.store(true, Ordering::Release);
         }
-        self.report.checkpoint = self.durable.as_ref().and_then(|d| d.committed);
+        self.report.checkpoint = self.durable.as_ref().and_then(|d| d.checkpoint().committed);
         self.report.finished = Some(Instant::now());
         self.report
     }
@@ -1035,6 +1103,8 @@ impl Sink {
         // the consumer) un-dropped until the new engine has re-attached, so that nothing is
         // released by a drop; the re-attach takes every unacked batch back.
         let unflushed = self.out.take().map(BufWriter::into_parts);
+        // Its durable output dies with it: unflushed lines lost, the output's lock released.
+        let had_durable = self.durable.take().is_some();
         let zombie = (consumer, held, unflushed);
         let until = Instant::now() + kill.down;
         while Instant::now() < until {
@@ -1047,12 +1117,8 @@ impl Sink {
         }
         // The new engine: the durable output reopened from its checkpoint (what was written
         // after it is cut off and comes again), then a fresh consumer over the same lane.
-        match (&kill.out_dir, self.durable.is_some()) {
-            (Some(dir), true) => {
-                let (file, durable) = Durable::open(dir, mine.as_str())?;
-                self.out = Some(BufWriter::with_capacity(1 << 16, file));
-                self.durable = Some(durable);
-            }
+        match (&kill.out_dir, had_durable) {
+            (Some(dir), true) => self.durable = Some(DurableNdjson::open(dir, mine.as_str(), Duration::ZERO)?),
             _ => self.out = zombie.2.map(|(file, _lost)| BufWriter::with_capacity(1 << 16, file)),
         }
         let consumer = self.lane.reattach();
@@ -1065,8 +1131,8 @@ impl Sink {
     /// Acks the held deliveries in a random order (L5: any order is fine), after making their
     /// output durable (live mode).
     fn ack_held(&mut self, held: &mut Vec<(AckHandle<LaneItem>, Kind)>) -> Result<(), BoxError> {
-        if let (Some(d), Some(out)) = (&mut self.durable, &mut self.out) {
-            d.commit(out)?;
+        if let Some(d) = &mut self.durable {
+            d.commit()?;
         }
         if let Some(rng) = self.chaos.as_mut() {
             held.shuffle(rng);
@@ -1089,146 +1155,6 @@ impl Sink {
         self.report.backfill_requested = true;
         Ok(())
     }
-}
-
-/// A live-mode sink's durability: the NDJSON output and a checkpoint file
-/// (`<sink>.checkpoint`: the last applied commit LSN and the output's length then). Before acking,
-/// the output is fsynced and the checkpoint replaced atomically (write, fsync, rename, fsync the
-/// directory); at start, the output is cut back to the checkpoint's length (a transaction
-/// written after it was never acked, so PostgreSQL sends it again), and every transaction at or
-/// before the checkpoint is skipped. So the output holds every committed change exactly once
-/// across SIGKILLs, though the lanes and the slot deliver at least once.
-struct Durable {
-    dir: PathBuf,
-    name: String,
-    /// Last checkpointed: position and output length.
-    committed: Option<Position>,
-    /// Written so far (the checkpoint's next candidate): the last complete transaction and the
-    /// output's length.
-    written: Option<Position>,
-    len: u64,
-    /// Chunks of a large transaction written but not complete: its position and the output's
-    /// length before them.
-    chunks: Option<(Position, u64)>,
-    dirty: bool,
-}
-
-impl Durable {
-    /// Opens `<dir>/<name>.ndjson` for appending after the checkpoint's length.
-    fn open(dir: &Path, name: &str) -> Result<(File, Durable), BoxError> {
-        let checkpoint = dir.join(format!("{name}.checkpoint"));
-        let (committed, len) = match std::fs::read_to_string(&checkpoint) {
-            Ok(text) => {
-                let bad = || format!("{}: expected \"LSN LENGTH\", got {text:?}", checkpoint.display());
-                let (lsn, len) = text.trim().split_once(' ').ok_or_else(bad)?;
-                (Some(Position::from_lsn(lsn).map_err(|_| bad())?), len.parse::<u64>().map_err(|_| bad())?)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (None, 0),
-            Err(e) => return Err(format!("cannot read {}: {e}", checkpoint.display()).into()),
-        };
-        let path = dir.join(format!("{name}.ndjson"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-        let on_disk = file.metadata()?.len();
-        if on_disk < len {
-            return Err(format!(
-                "{} holds {on_disk} bytes, less than its checkpoint's {len}",
-                path.display()
-            )
-            .into());
-        }
-        // What was written after the checkpoint was never acked: it comes again.
-        file.set_len(len)?;
-        file.sync_all()?;
-        let durable = Durable {
-            dir: dir.to_path_buf(),
-            name: name.to_owned(),
-            committed,
-            written: committed,
-            len,
-            chunks: None,
-            dirty: false,
-        };
-        Ok((file, durable))
-    }
-
-    /// Before writing a batch at `position` (`last`: the positioned batch of its transaction,
-    /// else a chunk): whether to write it. Drops the chunks of a transaction that never
-    /// completed (discarded by --skip-bad-lines).
-    fn begin(&mut self, out: &mut BufWriter<File>, position: Position, last: bool) -> Result<bool, BoxError> {
-        if self.written.is_some_and(|w| position <= w) {
-            return Ok(false);
-        }
-        if let Some((p, before)) = self.chunks {
-            if p != position {
-                out.flush()?;
-                out.get_ref().set_len(before)?;
-                self.len = before;
-                self.chunks = None;
-            }
-        }
-        if last {
-            self.written = Some(position);
-            self.chunks = None;
-            self.dirty = true;
-        } else if self.chunks.is_none() {
-            self.chunks = Some((position, self.len));
-        }
-        Ok(true)
-    }
-
-    /// Counts `bytes` written by the batch just begun.
-    fn wrote(&mut self, bytes: u64) {
-        self.len += bytes;
-    }
-
-    /// Makes everything written durable and moves the checkpoint to the last complete
-    /// transaction; called before acking.
-    fn commit(&mut self, out: &mut BufWriter<File>) -> Result<(), BoxError> {
-        if !self.dirty {
-            return Ok(());
-        }
-        let Some(position) = self.written else { return Ok(()) };
-        out.flush()?;
-        out.get_ref().sync_data()?;
-        // The checkpoint's length leaves out chunks of a transaction not complete yet.
-        let len = self.chunks.map_or(self.len, |(_, before)| before);
-        let tmp = self.dir.join(format!("{}.checkpoint.tmp", self.name));
-        {
-            let mut f = File::create(&tmp)?;
-            writeln!(f, "{position} {len}")?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, self.dir.join(format!("{}.checkpoint", self.name)))?;
-        File::open(&self.dir)?.sync_all()?;
-        self.committed = Some(position);
-        self.dirty = false;
-        Ok(())
-    }
-}
-
-/// `{"position":"X/Y","index":…,"id":…,"op":…,"document":<the row JSON or null>}\n`
-fn write_ndjson(line: &mut Vec<u8>, e: &Envelope) -> Result<(), BoxError> {
-    line.extend_from_slice(b"{\"position\":");
-    match e.position {
-        Some(p) => write!(line, "\"{p}\"")?,
-        None => line.extend_from_slice(b"null"),
-    }
-    write!(line, ",\"index\":\"{}\",\"id\":", e.index)?;
-    serde_json::to_writer(&mut *line, &e.id)?;
-    line.extend_from_slice(b",\"op\":");
-    serde_json::to_writer(&mut *line, &e.op)?; // `Op`'s own serde name: "upsert", ...
-    line.extend_from_slice(b",\"document\":");
-    if e.document.is_empty() {
-        line.extend_from_slice(b"null");
-    } else {
-        line.extend_from_slice(&e.document); // already JSON (the wal2json reader validated it)
-    }
-    line.extend_from_slice(b"}\n");
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1259,12 +1185,28 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         None => Input::File(open_input(&args.input, args.preload)?),
     };
     let stop = Arc::new(AtomicBool::new(false));
+    let sink_failed = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone())?;
     }
     if !args.discard {
         std::fs::create_dir_all(&args.out)
             .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    }
+
+    // Durable sinks: always on the live source; on the file input with --kill-sink-after, so that
+    // a sink engine killed mid-transaction resumes from its checkpoint (contract C1). A file
+    // run starts afresh: an earlier run's checkpoints are for another input.
+    let durable_sinks = live || args.kill_sink_after.is_some();
+    if durable_sinks && !live && !args.discard {
+        for name in &names {
+            for file in [format!("{name}.ndjson"), format!("{name}.checkpoint")] {
+                match std::fs::remove_file(args.out.join(&file)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.into()),
+                    _ => {}
+                }
+            }
+        }
     }
 
     let counters = Arc::new(Counters::default());
@@ -1275,10 +1217,9 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     for (i, lane) in lanes.iter().enumerate() {
         let (out, durable) = if args.discard {
             (None, None)
-        } else if live {
+        } else if durable_sinks {
             // Durable: resume after the checkpoint, fsync before every ack.
-            let (file, durable) = Durable::open(&args.out, lane.name().as_str())?;
-            (Some(BufWriter::with_capacity(1 << 16, file)), Some(durable))
+            (None, Some(DurableNdjson::open(&args.out, lane.name().as_str(), Duration::ZERO)?))
         } else {
             let path = args.out.join(format!("{}.ndjson", lane.name()));
             let file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
@@ -1299,8 +1240,9 @@ fn run(args: &Args) -> Result<bool, BoxError> {
                 down: Duration::from_millis(args.sink_down_ms),
                 stream: stream.clone(),
                 lanes: lanes.clone(),
-                out_dir: (live && !args.discard).then(|| args.out.clone()),
+                out_dir: (durable_sinks && !args.discard).then(|| args.out.clone()),
             }),
+            failed: sink_failed.clone(),
         };
         sink_threads
             .push(thread::Builder::new().name(format!("sink-{}", lane.name())).spawn(move || sink.run())?);
@@ -1309,6 +1251,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     let ingest = Ingest {
         stream: stream.clone(),
         stop: stop.clone(),
+        sink_failed: sink_failed.clone(),
         bad_shown: 0,
         chunk_envelopes: 0,
         fanout: stream.fanout()?,
@@ -1401,6 +1344,22 @@ fn run(args: &Args) -> Result<bool, BoxError> {
                     "sink {} died holding {} unacked batches; only {} came again",
                     s.name, k.held_unacked, k.redelivered_after_reattach
                 ));
+            }
+        }
+        if durable_sinks && !args.discard {
+            // The sink's output itself, read back, against what the source published: each
+            // transaction's envelopes exactly once (what the sink says it received is not
+            // enough: acked chunks were once cut off by a restart while the counts said PASS).
+            let path = args.out.join(format!("{}.ndjson", s.name));
+            let since = live.then(|| ingest.published.first().map_or(u64::MAX, |&(p, _)| p));
+            let (lost, duplicates) = check_output(&path, &ingest.published, since)?;
+            if lost.1 > 0 || duplicates > 0 {
+                let what = format!(
+                    "sink {}'s output lacks {} transactions / {} envelopes and holds {duplicates} envelopes twice",
+                    s.name, lost.0, lost.1
+                );
+                eprintln!("error: {what}");
+                failures.push(what);
             }
         }
         per_sink.push(SinkSummary::new(s, lsn(lane.stats().acked), transactions_lost, envelopes_lost));

@@ -8,6 +8,8 @@
 //!   positioned at its commit LSN.
 //! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
 //!   polling and confirmed only up to the stream's watermark.
+//! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
+//!   back on restart, chunks of large transactions resumed by offset), one writer per output.
 //!
 //! The `pipeline` example (`cargo run --release -p lanestream-postgres --example pipeline`) runs
 //! the bundled real capture through a [`lanestream::MemoryStream`] into sink threads and checks
@@ -18,4 +20,5 @@
 #![forbid(unsafe_code)]
 
 pub mod live;
+pub mod ndjson;
 pub mod wal2json;

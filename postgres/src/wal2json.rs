@@ -60,7 +60,10 @@
 //!   envelopes carry the `B` line's `lsn` (the commit LSN in format-version 2); the `C` gives the
 //!   positioned batch with the rest. Only that last batch moves the watermark, so the watermark
 //!   never passes a half-delivered transaction, and the builder holds at most `n` changes.
-//!   Summed over a transaction's batches, `changes` is its number of I/U/D/T lines.
+//!   Summed over a transaction's batches, `changes` is its number of I/U/D/T lines. Each batch's
+//!   [`Batch::offset`] is the number of envelopes of the transaction in the chunks before it, so a
+//!   sink that acked some chunks before a restart resumes at the right envelope
+//!   ([I4, C1](lanestream::contract#c1)).
 //!
 //! # Ids
 //! **Which columns.** The key columns of a row are, in this order of preference:
@@ -924,6 +927,8 @@ struct OpenTxn {
     total_changes: u64,
     /// Unpositioned chunks returned so far.
     chunks: u64,
+    /// Envelopes returned in those chunks: the next batch's [`Batch::offset`].
+    offset: u64,
     /// Bad lines inside the transaction; the first one's number.
     bad_lines: u64,
     first_bad: u64,
@@ -942,6 +947,7 @@ impl OpenTxn {
             changes: 0,
             total_changes: 0,
             chunks: 0,
+            offset: 0,
             bad_lines: 0,
             first_bad: 0,
             pending: Vec::with_capacity(hint.0.min(1 << 10)),
@@ -1280,7 +1286,9 @@ impl TransactionBuilder {
             txn.docs = Vec::with_capacity(self.hint.1);
             let changes = std::mem::take(&mut txn.changes);
             txn.chunks += 1;
-            return Ok(Some(Batch { position: None, changes, envelopes }));
+            let offset = txn.offset;
+            txn.offset += envelopes.len() as u64;
+            return Ok(Some(Batch { position: None, changes, offset, envelopes }));
         }
         Ok(None)
     }
@@ -1348,7 +1356,7 @@ impl TransactionBuilder {
         let envelopes = txn.take_envelopes(Some(position));
         self.last_commit = Some(position);
         self.transactions += 1;
-        Ok(Some(Batch { position: Some(position), changes: txn.changes, envelopes }))
+        Ok(Some(Batch { position: Some(position), changes: txn.changes, offset: txn.offset, envelopes }))
     }
 
     /// The table's index name and key columns; leaves `self.name_key` set to its key.
@@ -1907,23 +1915,31 @@ mod tests {
             .iter()
             .map(|b| {
                 let ids: Vec<_> = b.envelopes.iter().map(|e| (e.op, e.id.as_str(), e.position)).collect();
-                (b.position, b.changes, ids)
+                (b.position, b.changes, b.offset, ids)
             })
             .collect();
         let p = Some(Position(0xA0));
+        // Each batch's offset: the envelopes of the transaction before it (I4).
         assert_eq!(
             shape,
             [
-                (None, 2, vec![(Op::Upsert, "1", p), (Op::Upsert, "2", p)]),
-                (None, 2, vec![(Op::Upsert, "3", p), (Op::Upsert, "4", p)]),
-                (p, 1, vec![(Op::Delete, "5", p), (Op::Upsert, "9", p)]),
+                (None, 2, 0, vec![(Op::Upsert, "1", p), (Op::Upsert, "2", p)]),
+                (None, 2, 2, vec![(Op::Upsert, "3", p), (Op::Upsert, "4", p)]),
+                (p, 1, 4, vec![(Op::Delete, "5", p), (Op::Upsert, "9", p)]),
             ]
         );
         assert_eq!(b.transactions(), 1);
+        // The next transaction starts at offset 0 again.
+        let again: Vec<String> = lines.iter().map(|l| l.replace("0/A0", "0/B0")).collect();
+        let got = batches(&mut b, &again.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!(got.iter().map(|b| b.offset).collect::<Vec<_>>(), [0, 2, 4]);
         // A multiple of the chunk size: the C gives an empty positioned batch.
         let mut b = TransactionBuilder::new().with_max_batch_changes(Some(5));
         let got = batches(&mut b, &lines).unwrap();
-        assert_eq!(got.iter().map(|b| (b.position, b.changes)).collect::<Vec<_>>(), [(None, 5), (p, 0)]);
+        assert_eq!(
+            got.iter().map(|b| (b.position, b.changes, b.offset)).collect::<Vec<_>>(),
+            [(None, 5, 0), (p, 0, 6)]
+        );
         // A bad line after a chunk: the C says how many chunks are out.
         let mut damaged = lines.clone();
         damaged.insert(4, "not json");

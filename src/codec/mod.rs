@@ -11,8 +11,9 @@
 //!   deserializing: a [`BatchView`]'s envelopes hand out `&str` and `&[u8]` borrowed from the buffer.
 //!
 //! # Format
-//! The root is a small frame: a 4-byte magic (`LSI1` for a lane item, `LSR1` for a request; the
-//! digit is the format version) and the value, in rkyv 0.8's default layout (little-endian, 32-bit
+//! The root is a small frame: a 4-byte magic (`LSI2` for a lane item, `LSR1` for a request; the
+//! digit is the format version: `LSI2` added [`Batch::offset`], so `LSI1` bytes are refused
+//! rather than misread: a validation error, or [`CodecError::WrongMagic`]) and the value, in rkyv 0.8's default layout (little-endian, 32-bit
 //! relative pointers, aligned). Names travel as strings and are re-validated on read; positions as
 //! `u64`; an envelope's document as a byte vector. The buffer must start at an address aligned to
 //! [`REQUIRED_ALIGN`] bytes (an [`AlignedVec`] is); copy unaligned input into an [`AlignedVec`]
@@ -70,8 +71,9 @@ use crate::position::Position;
 /// The alignment, in bytes, the start of an encoded buffer must have. [`AlignedVec`] has it.
 pub const REQUIRED_ALIGN: usize = 8;
 
-/// Magic of an encoded [`LaneItem`] (`LSI1`, format version 1).
-const ITEM_MAGIC: u32 = u32::from_le_bytes(*b"LSI1");
+/// Magic of an encoded [`LaneItem`] (`LSI2`, format version 2: version 1 had no
+/// [`Batch::offset`]).
+const ITEM_MAGIC: u32 = u32::from_le_bytes(*b"LSI2");
 /// Magic of an encoded [`Request`] (`LSR1`, format version 1).
 const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"LSR1");
 
@@ -153,6 +155,7 @@ enum WireItem {
 struct WireBatch {
     position: Option<u64>,
     changes: u64,
+    offset: u64,
     envelopes: Vec<WireEnvelope>,
 }
 
@@ -221,6 +224,7 @@ pub fn encode_item(item: &LaneItem) -> Result<AlignedVec, CodecError> {
         LaneItem::Batch(b) => WireItem::Batch(WireBatch {
             position: b.position.map(|p| p.0),
             changes: b.changes,
+            offset: b.offset,
             envelopes: b.envelopes.iter().map(wire_envelope).collect(),
         }),
         LaneItem::SnapshotComplete { indexes } => WireItem::SnapshotComplete { indexes: wire_names(indexes) },
@@ -372,6 +376,7 @@ pub fn decode_item(bytes: &[u8]) -> Result<LaneItem, CodecError> {
             LaneItem::Batch(Batch {
                 position: b.position.as_ref().map(|p| Position(p.to_native())),
                 changes: b.changes.to_native(),
+                offset: b.offset.to_native(),
                 envelopes,
             })
         }
@@ -456,6 +461,11 @@ impl<'a> BatchView<'a> {
         self.batch.changes.to_native()
     }
 
+    /// Where the batch's envelopes start within their transaction ([`Batch::offset`]).
+    pub fn offset(&self) -> u64 {
+        self.batch.offset.to_native()
+    }
+
     /// The number of envelopes.
     pub fn len(&self) -> usize {
         self.batch.envelopes.len()
@@ -482,6 +492,7 @@ impl fmt::Debug for BatchView<'_> {
         f.debug_struct("BatchView")
             .field("position", &self.position())
             .field("changes", &self.changes())
+            .field("offset", &self.offset())
             .field("envelopes", &self.len())
             .finish()
     }
@@ -588,6 +599,7 @@ mod tests {
             LaneItem::Batch(Batch {
                 position: Some(Position(u64::MAX - 1)),
                 changes: 2,
+                offset: 5,
                 envelopes: vec![
                     envelope("public_users", "42", Op::Upsert, Some(9), br#"{"id":42,"name":"x"}"#),
                     envelope("public_users", "41", Op::Delete, Some(9), b""),
@@ -634,6 +646,7 @@ mod tests {
         let view = view_batch(&bytes).unwrap();
         assert_eq!(view.position(), batch.position);
         assert_eq!(view.changes(), batch.changes);
+        assert_eq!(view.offset(), batch.offset);
         assert_eq!(view.len(), batch.envelopes.len());
         for (v, e) in view.envelopes().zip(batch.envelopes.iter()) {
             assert_eq!(v.index(), e.index.as_str());

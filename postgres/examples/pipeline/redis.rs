@@ -20,17 +20,15 @@
 //! directory); with `--discard` it checks the watermark only. `scripts/e2e-redis.sh` runs the
 //! three sinks and the ingest as processes and SIGKILLs one sink mid-run.
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter};
-use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::{LaneConsumer, LaneItem, Position, RedisDelivery, RedisStream, Stream, TryRecvError};
 use lanestream_postgres::wal2json::Wal2JsonReader;
 
-use super::{lsn, lsn_text, open_input, sink_names, write_ndjson, Args, BoxError, Durable, Ingest, Received};
+use lanestream_postgres::ndjson::DurableNdjson;
+
+use super::{check_output, lsn, lsn_text, open_input, sink_names, Args, BoxError, Ingest};
 
 /// What a process of the multi-process pipeline does.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,7 +142,7 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
             println!("sink {name}: acked {}", lsn_text(&lsn(acked)));
             continue;
         }
-        let (lost, duplicates) = check_output(&args.out.join(format!("{name}.ndjson")), &published)?;
+        let (lost, duplicates) = check_output(&args.out.join(format!("{name}.ndjson")), &published, None)?;
         println!(
             "sink {name}: acked {}, output lost {} transactions / {} envelopes, {duplicates} envelopes written twice",
             lsn_text(&lsn(acked)),
@@ -180,54 +178,27 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     }
 }
 
-/// Compares a sink's NDJSON output with what was published: envelopes per transaction,
-/// counted by the `position` each line starts with. Returns ((transactions, envelopes) lost,
-/// envelopes written more than once); transactions without envelopes are left out (they write
-/// nothing; the watermark check covers their acks).
-fn check_output(path: &Path, published: &[(u64, u32)]) -> Result<((u64, u64), u64), BoxError> {
-    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let mut lines: HashMap<u64, u32> = HashMap::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line?;
-        let bad = || format!("{}:{}: expected a line starting {{\"position\":\"X/Y\"", path.display(), i + 1);
-        let rest = line.strip_prefix("{\"position\":\"").ok_or_else(bad)?;
-        let lsn = rest.split_once('"').ok_or_else(bad)?.0;
-        *lines.entry(Position::from_lsn(lsn).map_err(|_| bad())?.0).or_default() += 1;
-    }
-    let mut positions: Vec<(u64, u32)> = lines.into_iter().collect();
-    positions.sort_unstable();
-    // A transaction without envelopes leaves no line: only its ack (the watermark) shows it.
-    let published: Vec<(u64, u32)> = published.iter().copied().filter(|&(_, n)| n > 0).collect();
-    let published = published.as_slice();
-    let mut received = Received::default();
-    for &(p, n) in &positions {
-        received.record(p, n);
-    }
-    let expected: HashMap<u64, u32> = published.iter().copied().collect();
-    let duplicates = positions
-        .iter()
-        .map(|&(p, n)| u64::from(n.saturating_sub(expected.get(&p).copied().unwrap_or(0))))
-        .sum();
-    Ok((received.lost(published), duplicates))
-}
 
 /// A sink process: re-attach, apply durably, ack; until the lane is closed and drained.
+///
+/// The lane is claimed first (fencing any older engine of it), then the output is opened as its
+/// only writer: an older engine still running holds the output's lock until it notices the
+/// fence (its next receive or ack fails) and exits, so nothing it writes can land after this
+/// engine's open has cut the output back to the checkpoint ([C1](lanestream::contract#c1)).
 fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError> {
     let started = Instant::now();
-    let (mut out, mut durable) = if args.discard {
-        (None, None)
+    let mut consumer = stream.reattach(lane)?;
+    let mut out = if args.discard {
+        None
     } else {
         std::fs::create_dir_all(&args.out)
             .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-        let (file, durable) = Durable::open(&args.out, lane)?;
-        (Some(BufWriter::with_capacity(1 << 16, file)), Some(durable))
+        Some(DurableNdjson::open(&args.out, lane, OUTPUT_LOCK_WAIT)?)
     };
-    let resumed_at = durable.as_ref().and_then(|d| d.committed);
+    let resumed_at = out.as_ref().and_then(|d| d.checkpoint().committed);
     let slow = args.slow_sink.then(|| Duration::from_micros(args.slow_sink_micros));
-    let mut consumer = stream.reattach(lane)?;
     let mut held: Vec<RedisDelivery<LaneItem>> = Vec::new();
     let (mut delivered, mut redelivered, mut skipped) = (0u64, 0u64, 0u64);
-    let mut line = Vec::with_capacity(4096);
     loop {
         // Never wait while holding deliveries: the ingest may be waiting for their room.
         let delivery = if held.is_empty() {
@@ -239,7 +210,7 @@ fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError>
             match consumer.try_recv() {
                 Ok(d) => d,
                 Err(TryRecvError::Empty | TryRecvError::Closed) => {
-                    commit(&mut durable, &mut out, &mut held, lane)?;
+                    commit(&mut out, &mut held, lane)?;
                     continue;
                 }
                 Err(e) => return Err(format!("lane {lane}: {e}").into()),
@@ -250,22 +221,8 @@ fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError>
             redelivered += 1;
         }
         if let (LaneItem::Batch(batch), Some(out)) = (delivery.item(), out.as_mut()) {
-            let position = batch.position.or_else(|| batch.envelopes.first().and_then(|e| e.position));
-            let d = durable.as_mut().expect("durable with an output");
-            let write = match position {
-                Some(p) => d.begin(out, p, batch.position.is_some())?,
-                None => true,
-            };
-            if write {
-                let mut written = 0;
-                for e in batch.envelopes.iter() {
-                    line.clear();
-                    write_ndjson(&mut line, e)?;
-                    std::io::Write::write_all(out, &line)?;
-                    written += line.len() as u64;
-                }
-                d.wrote(written);
-            } else if batch.position.is_some() {
+            let applied = out.apply(batch)?;
+            if batch.position.is_some() && applied.written == 0 && applied.skipped > 0 {
                 skipped += 1; // applied before a restart, not acked then
             }
         }
@@ -274,10 +231,10 @@ fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError>
         }
         held.push(delivery);
         if held.len() >= 256 {
-            commit(&mut durable, &mut out, &mut held, lane)?;
+            commit(&mut out, &mut held, lane)?;
         }
     }
-    commit(&mut durable, &mut out, &mut held, lane)?;
+    commit(&mut out, &mut held, lane)?;
     println!(
         "sink {lane}: {delivered} deliveries ({redelivered} redeliveries, {skipped} transactions already applied before a restart{}) in {:.2} s; lane closed and drained, acked {}",
         resumed_at.map_or_else(String::new, |p| format!(", resumed after checkpoint {p}")),
@@ -287,16 +244,19 @@ fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError>
     Ok(true)
 }
 
-/// Makes what was written durable (output fsynced, checkpoint replaced), then acks it: one
+/// How long a sink engine waits for an older engine of its lane to let the output go (it does
+/// when it notices it was fenced).
+const OUTPUT_LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// Makes what was applied durable (output fsynced, checkpoint replaced), then acks it: one
 /// fsync per round of deliveries (group commit).
 fn commit(
-    durable: &mut Option<Durable>,
-    out: &mut Option<BufWriter<File>>,
+    out: &mut Option<DurableNdjson>,
     held: &mut Vec<RedisDelivery<LaneItem>>,
     lane: &str,
 ) -> Result<(), BoxError> {
-    if let (Some(d), Some(out)) = (durable.as_mut(), out.as_mut()) {
-        d.commit(out)?;
+    if let Some(out) = out.as_mut() {
+        out.commit()?;
     }
     for delivery in held.drain(..) {
         delivery.ack().map_err(|e| format!("ack on lane {lane}: {e}"))?;
