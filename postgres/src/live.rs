@@ -583,7 +583,13 @@ impl LiveSource {
             let Some(row) = row else { return Ok(None) };
             let columns = row.get::<_, Option<Vec<String>>>(0).filter(|c| !c.is_empty());
             let index: Option<bool> = row.get(1);
-            Ok(columns.map(|c| if index == Some(true) { CatalogKey::IdentityIndex(c) } else { CatalogKey::PrimaryKey(c) }))
+            Ok(columns.map(|c| {
+                if index == Some(true) {
+                    CatalogKey::IdentityIndex(c)
+                } else {
+                    CatalogKey::PrimaryKey(c)
+                }
+            }))
         })
     }
 
@@ -600,8 +606,13 @@ impl LiveSource {
     /// [`LiveError`] from the server; [`LiveError::Side`] when the second connection is lost and
     /// cannot be restored.
     pub fn confirm(&mut self, upto: Option<Position>) -> Result<Option<Position>, LiveError> {
-        Confirmer { side: &self.side, slot: &self.config.slot, confirmed: &mut self.confirmed, decoded: self.decoded }
-            .confirm(upto)
+        Confirmer {
+            side: &self.side,
+            slot: &self.config.slot,
+            confirmed: &mut self.confirmed,
+            decoded: self.decoded,
+        }
+        .confirm(upto)
     }
 
     /// The slot's `confirmed_flush_lsn` read from the server.
@@ -613,7 +624,12 @@ impl LiveSource {
         let slot = self.config.slot.clone();
         let row = side.run(
             || "reading the slot's confirmed_flush_lsn".to_owned(),
-            |c| c.query_opt("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text", &[&slot]),
+            |c| {
+                c.query_opt(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text",
+                    &[&slot],
+                )
+            },
         )?;
         match row {
             Some(row) => Ok(lsn_of(row.get(0))),
@@ -643,8 +659,12 @@ impl LiveSource {
         let mut outcome = PollOutcome { flushed, ..PollOutcome::default() };
         let mut skipping = false;
         let mut handed_over = self.handed_over;
-        let mut confirmer =
-            Confirmer { side: &self.side, slot: &slot, confirmed: &mut self.confirmed, decoded: self.decoded };
+        let mut confirmer = Confirmer {
+            side: &self.side,
+            slot: &slot,
+            confirmed: &mut self.confirmed,
+            decoded: self.decoded,
+        };
         {
             let mut rows = self
                 .client

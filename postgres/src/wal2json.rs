@@ -837,7 +837,11 @@ fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseR
             .ok_or_else(|| Wal2JsonErrorKind::MissingKeyColumn { column: name.to_owned(), side })?;
         if col.value == "null" {
             // Filled in by the caller, which knows the table and the LSN.
-            return Err(Wal2JsonErrorKind::NullKey { table: String::new(), column: name.to_owned(), lsn: String::new() });
+            return Err(Wal2JsonErrorKind::NullKey {
+                table: String::new(),
+                column: name.to_owned(),
+                lsn: String::new(),
+            });
         }
         push(i, &col.value)
     };
@@ -1466,20 +1470,33 @@ impl TransactionBuilder {
                 Some(lookup) => match lookup(schema, table) {
                     Err(error) => {
                         self.tables.remove(self.name_key.as_slice());
-                        return Err(Wal2JsonErrorKind::KeyLookupFailed { table: format!("{schema}.{table}"), error });
+                        return Err(Wal2JsonErrorKind::KeyLookupFailed {
+                            table: format!("{schema}.{table}"),
+                            error,
+                        });
                     }
-                    Ok(Some(CatalogKey::IdentityIndex(c))) if !c.is_empty() => (Some(Arc::from(c)), None, true),
+                    Ok(Some(CatalogKey::IdentityIndex(c))) if !c.is_empty() => {
+                        (Some(Arc::from(c)), None, true)
+                    }
                     Ok(Some(CatalogKey::PrimaryKey(c))) if !c.is_empty() => (None, Some(Arc::from(c)), true),
                     Ok(_) => (None, None, true),
                 },
             },
         };
         let index = index_name(schema, table);
-        let columns = row.map(|r| r.iter().map(|c| c.name.clone().into_owned()).collect()).unwrap_or_default();
+        let columns =
+            row.map(|r| r.iter().map(|c| c.name.clone().into_owned()).collect()).unwrap_or_default();
         let pk = pk.iter().map(|k| k.name.clone().into_owned()).collect();
         self.tables.insert(
             self.name_key.clone(),
-            Table { index: index.clone(), key: key.clone(), primary: primary.clone(), looked_up, columns, pk },
+            Table {
+                index: index.clone(),
+                key: key.clone(),
+                primary: primary.clone(),
+                looked_up,
+                columns,
+                pk,
+            },
         );
         Ok((index, key, primary))
     }
@@ -1856,7 +1873,8 @@ mod tests {
         let counter = asked.clone();
         let mut b = TransactionBuilder::new().with_key_lookup(Box::new(move |schema, table| {
             counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok((schema == "public" && table == "accounts").then(|| CatalogKey::IdentityIndex(vec!["email".to_owned()])))
+            Ok((schema == "public" && table == "accounts")
+                .then(|| CatalogKey::IdentityIndex(vec!["email".to_owned()])))
         }));
         assert_eq!(ops(&batches(&mut b, &lines).expect("no error")), got);
         assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
@@ -1920,8 +1938,10 @@ mod tests {
         ]
         .concat();
         let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-        let ids: Vec<String> =
-            ops(&batches(&mut b, &lines).expect("keys follow the stream")).into_iter().map(|(_, id, _)| id).collect();
+        let ids: Vec<String> = ops(&batches(&mut b, &lines).expect("keys follow the stream"))
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect();
         assert_eq!(ids, ["1", "2", "3:1", "3:2"]);
         // Asked again only when the key the stream carries changed (id → uid → (uid, k)).
         assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 3);
@@ -1937,12 +1957,16 @@ mod tests {
             Ok(Some(CatalogKey::IdentityIndex(vec![column.to_owned()])))
         }));
         let insert = |col: &str, v: &str| {
-            format!(r#"{{"action":"I","schema":"public","table":"t","columns":[{{"name":"{col}","type":"text","value":"{v}"}},{{"name":"n","type":"integer","value":1}}],"pk":[]}}"#)
+            format!(
+                r#"{{"action":"I","schema":"public","table":"t","columns":[{{"name":"{col}","type":"text","value":"{v}"}},{{"name":"n","type":"integer","value":1}}],"pk":[]}}"#
+            )
         };
         let lines = [txn("0/1", &[&insert("email", "a")]), txn("0/2", &[&insert("mail", "b")])].concat();
         let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-        let ids: Vec<String> =
-            ops(&batches(&mut b, &lines).expect("looked up again")).into_iter().map(|(_, id, _)| id).collect();
+        let ids: Vec<String> = ops(&batches(&mut b, &lines).expect("looked up again"))
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect();
         assert_eq!(ids, ["a", "b"]);
         assert!(answers.lock().expect("lock").is_empty());
     }
@@ -1972,7 +1996,8 @@ mod tests {
         // ...and nothing was cached as "no key": once the look-up works, the index keys the rows.
         fail.store(false, std::sync::atomic::Ordering::Relaxed);
         let rest: Vec<&str> = lines[3..].iter().map(String::as_str).collect();
-        let ids: Vec<String> = ops(&batches(&mut b, &rest).expect("ok")).into_iter().map(|(_, id, _)| id).collect();
+        let ids: Vec<String> =
+            ops(&batches(&mut b, &rest).expect("ok")).into_iter().map(|(_, id, _)| id).collect();
         assert_eq!(ids, ["a@x", "a@x", "b@x", "b@x"]);
     }
 

@@ -265,7 +265,10 @@ fn a_server_that_does_not_allow_wal2json_as_an_output_plugin_is_a_clear_error() 
 
 /// Polls once and pushes every line into `builder` (with `source`'s key look-up): the batches,
 /// and the errors, in order.
-fn poll_batches(source: &mut LiveSource, builder: &mut TransactionBuilder) -> Vec<Result<Batch, Wal2JsonError>> {
+fn poll_batches(
+    source: &mut LiveSource,
+    builder: &mut TransactionBuilder,
+) -> Vec<Result<Batch, Wal2JsonError>> {
     let mut out = Vec::new();
     let mut line_no = 0;
     source
@@ -301,13 +304,18 @@ fn keyed_builder(source: &LiveSource) -> TransactionBuilder {
 fn keys_follow_the_stream_when_the_key_column_is_renamed_while_running() {
     let _server = serial();
     let mut c = sql();
-    c.batch_execute("DROP TABLE IF EXISTS t_rename_live; CREATE TABLE t_rename_live (id int PRIMARY KEY, v int)")
-        .expect("table");
+    c.batch_execute(
+        "DROP TABLE IF EXISTS t_rename_live; CREATE TABLE t_rename_live (id int PRIMARY KEY, v int)",
+    )
+    .expect("table");
     drop_slot("t_rename_live");
     let mut source = LiveSource::connect(config("t_rename_live")).expect("source");
     let mut builder = keyed_builder(&source);
     c.batch_execute("INSERT INTO t_rename_live VALUES (1, 1)").expect("insert");
-    assert_eq!(ids_of(poll_batches(&mut source, &mut builder), "public_t_rename_live"), Ok(vec!["1".to_owned()]));
+    assert_eq!(
+        ids_of(poll_batches(&mut source, &mut builder), "public_t_rename_live"),
+        Ok(vec!["1".to_owned()])
+    );
     c.batch_execute(
         "ALTER TABLE t_rename_live RENAME COLUMN id TO uid; INSERT INTO t_rename_live VALUES (2, 1);
          UPDATE t_rename_live SET v = 2 WHERE uid = 1; DELETE FROM t_rename_live WHERE uid = 2",
@@ -326,8 +334,10 @@ fn keys_follow_the_stream_when_the_key_column_is_renamed_while_running() {
 fn keys_follow_the_stream_when_the_key_column_was_renamed_while_down() {
     let _server = serial();
     let mut c = sql();
-    c.batch_execute("DROP TABLE IF EXISTS t_rename_down; CREATE TABLE t_rename_down (id int PRIMARY KEY, v int)")
-        .expect("table");
+    c.batch_execute(
+        "DROP TABLE IF EXISTS t_rename_down; CREATE TABLE t_rename_down (id int PRIMARY KEY, v int)",
+    )
+    .expect("table");
     drop_slot("t_rename_down");
     drop(LiveSource::connect(config("t_rename_down")).expect("slot"));
     // While no source runs: changes under the old name, the rename, changes under the new one.
@@ -351,8 +361,10 @@ fn keys_follow_the_stream_when_the_key_column_was_renamed_while_down() {
 fn keys_follow_the_stream_when_the_key_is_redefined_with_more_columns() {
     let _server = serial();
     let mut c = sql();
-    c.batch_execute("DROP TABLE IF EXISTS t_rekey; CREATE TABLE t_rekey (id int PRIMARY KEY, k int NOT NULL)")
-        .expect("table");
+    c.batch_execute(
+        "DROP TABLE IF EXISTS t_rekey; CREATE TABLE t_rekey (id int PRIMARY KEY, k int NOT NULL)",
+    )
+    .expect("table");
     drop_slot("t_rekey");
     let mut source = LiveSource::connect(config("t_rekey")).expect("source");
     let mut builder = keyed_builder(&source);
@@ -419,7 +431,8 @@ fn a_nan_or_infinite_key_fails_its_transaction_instead_of_sharing_one_id() {
     drop_slot("t_nan");
     let mut source = LiveSource::connect(config("t_nan")).expect("source");
     let mut builder = keyed_builder(&source);
-    c.batch_execute("INSERT INTO t_nan VALUES ('NaN', 1), ('Infinity', 2), ('-Infinity', 3)").expect("insert");
+    c.batch_execute("INSERT INTO t_nan VALUES ('NaN', 1), ('Infinity', 2), ('-Infinity', 3)")
+        .expect("insert");
     let e = ids_of(poll_batches(&mut source, &mut builder), "public_t_nan")
         .expect_err("three rows must not get one id");
     assert!(e.contains("public.t_nan") && e.contains("\"id\"") && e.contains("is null"), "{e}");
@@ -477,13 +490,15 @@ fn an_idle_slot_follows_the_wal_of_a_busy_neighbour_database_within_max_slot_wal
     drop_slot("t_idle");
     let mut source = LiveSource::connect(config("t_idle")).expect("source");
     // A slot nothing reads or confirms: what max_slot_wal_keep_size does to a stuck slot.
-    c.batch_execute("SELECT pg_create_logical_replication_slot('t_idle_control', 'wal2json')").expect("control");
+    c.batch_execute("SELECT pg_create_logical_replication_slot('t_idle_control', 'wal2json')")
+        .expect("control");
     let keep = Setting::set("max_slot_wal_keep_size", "32MB");
     // 10 steps of 16 MB of WAL (a segment switch each) in the other database, 160 MB in all,
     // while this database is idle; a checkpoint after each (where the server invalidates slots).
     for step in 0..10 {
         neighbour.batch_execute("INSERT INTO w VALUES (1); SELECT pg_switch_wal()").expect("WAL");
-        let written: String = c.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).expect("lsn").get(0);
+        let written: String =
+            c.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).expect("lsn").get(0);
         let written = Position::from_lsn(&written).expect("LSN");
         assert!(poll_lines(&mut source).is_empty(), "nothing of ours to decode");
         source.confirm(source.confirmed()).expect("confirm");
