@@ -297,7 +297,7 @@ for s in ${sinks//,/ }; do
     check '$helper replay "$out/$s.ndjson" "$dump" >&2' "sink $s: output replayed == the table contents"
 done
 rekeyed=$(grep -c '"index":"public_rekey"' "$out/search.ndjson" || true)
-check '[[ $rekeyed -gt 0 ]] && grep -q "\"id\":\"[0-9]*:[12]\"" "$out/search.ndjson"' "key DDL mid-run: $rekeyed envelopes of public.rekey, keyed by (rid, k) after the key was redefined"
+check '[[ $rekeyed -gt 0 ]] && grep -q "\"index\":\"public_rekey\",\"id\":\"[0-9]*:[12]\"" "$out/search.ndjson"' "key DDL mid-run: $rekeyed envelopes of public.rekey, keyed by (rid, k) after the key was redefined"
 
 # The slot dropped by an admin, a change committed meanwhile: the pipeline must refuse to carry on.
 pg_psql -Atc "SELECT pg_drop_replication_slot('lanestream')" >/dev/null
