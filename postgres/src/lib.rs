@@ -5,9 +5,11 @@
 //!
 //! - [`wal2json`]: reads PostgreSQL logical decoding output in wal2json format-version 2 and
 //!   builds one [`lanestream::Batch`] per committed transaction (large ones in chunks),
-//!   positioned at its commit LSN.
+//!   positioned at its commit LSN. Changes to a partitioned table arrive under each partition's
+//!   name (see [`wal2json`], *Partitioned tables*).
 //! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
-//!   polling and confirmed only up to the stream's watermark.
+//!   polling and confirmed only up to the stream's watermark (or, when every lane has acked
+//!   everything, up to where it decoded, so an idle slot follows the server's WAL).
 //!
 //! The `pipeline` example (`cargo run --release -p lanestream-postgres --example pipeline`) runs
 //! the bundled real capture through a [`lanestream::MemoryStream`] into sink threads and checks

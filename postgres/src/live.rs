@@ -525,6 +525,13 @@ impl LiveSource {
         self.confirmed
     }
 
+    /// The WAL flush position read before the last peek that came to the end of the WAL: every
+    /// transaction committed before it was handed over (see the module docs, *How an idle slot
+    /// keeps moving*); `None` before such a peek.
+    pub fn decoded(&self) -> Option<Position> {
+        self.decoded.map(|d| d.upto)
+    }
+
     /// Where the slot stood when this source took it: whether this source created it, its
     /// consistent point then, its `restart_lsn` and `confirmed_flush_lsn`.
     pub fn slot_positions(&self) -> SlotPositions {

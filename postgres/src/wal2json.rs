@@ -64,12 +64,22 @@
 //!
 //! # Ids
 //! **Which columns.** The key columns of a row are, in this order of preference:
-//! 1. the columns given for its table with [`TransactionBuilder::set_key_columns`] or returned by
-//!    the [key lookup](TransactionBuilder::with_key_lookup) — the columns of the table's replica
-//!    identity (its primary key, or the index of `REPLICA IDENTITY USING INDEX`); the live
-//!    source ([`crate::live`]) reads them from the catalog;
-//! 2. the line's `pk` (wal2json's `include-pk=true`: the primary key, in column order);
-//! 3. every column of the row, in order.
+//! 1. the columns given for its table with [`TransactionBuilder::set_key_columns`];
+//! 2. the columns of its replica identity index (`REPLICA IDENTITY USING INDEX`) as the
+//!    [key lookup](TransactionBuilder::with_key_lookup) returns them
+//!    ([`CatalogKey::IdentityIndex`]; the live source ([`crate::live`]) reads the catalog);
+//! 3. the line's `pk` (wal2json's `include-pk=true`: the primary key *as it was at that change*,
+//!    so keys follow the stream across a renamed key column or a redefined key, whenever the
+//!    reader reads that change);
+//! 4. the key lookup's primary key ([`CatalogKey::PrimaryKey`]), for lines without a `pk`;
+//! 5. every column of the row, in order.
+//!
+//! The key lookup is asked when a table is first met and again when a line shows its answer
+//! stale (a different `pk`, an `identity` other than the looked-up index, a key column missing
+//! from the row). A key column holding NULL fails the transaction
+//! ([`Wal2JsonErrorKind::NullKey`]: wal2json writes numeric and float `NaN`, `Infinity` and
+//! `-Infinity` as `null`, so such rows would share one id); a failed look-up fails it too
+//! ([`Wal2JsonErrorKind::KeyLookupFailed`]), never keying rows by every column instead.
 //!
 //! The new row (`columns`) and the old one (`identity`) are keyed by the same columns, so a row
 //! keeps one id across insert, update and delete, and a key change gives a delete of the old id.
@@ -96,6 +106,15 @@
 //! the key gives a delete of the old id and an upsert of a new document without that column: a
 //! merging sink loses the value. Use `REPLICA IDENTITY FULL` on tables whose keys change and
 //! which hold TOASTed values.
+//!
+//! # Partitioned tables
+//! wal2json reports a change to a partitioned table under the partition that holds the row
+//! (`schema` and `table` are the leaf partition's, e.g. `public.measurements_2024_01`, never the
+//! parent `public.measurements`), so each partition is its own index
+//! (`public_measurements_2024_01`), keyed by the partition's own replica identity; an update that
+//! moves a row to another partition arrives as a delete from the old partition and an insert into
+//! the new one. A sink that wants one index per partitioned table maps the partitions' names to
+//! it (and a `TRUNCATE` of the parent arrives as one `T` per partition).
 //!
 //! # At least once
 //! A client that confirms a batch's position (the commit LSN) to its replication slot gets that
