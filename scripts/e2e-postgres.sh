@@ -190,6 +190,11 @@ for ((i = 1; i < ${#confirms[@]}; i++)); do
 done
 log "the slot's confirmed position moved between $advanced of $((${#confirms[@]} - 1)) consecutive kills" 
 
+# The reference: the audit slot's whole change list (our database is quiet from here on; the
+# neighbour phase below may invalidate the audit slot, which nothing confirms).
+pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL, 'format-version', '2',
+    'include-lsn', 'true', 'include-xids', 'true', 'include-timestamp', 'true', 'include-pk', 'true')" >"$ref/stream.jsonl"
+
 # A busy neighbour database while ours is idle: the slot must follow the WAL and survive
 # max_slot_wal_keep_size.
 pg_psql -c "ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'" >/dev/null
@@ -233,9 +238,7 @@ log "last run done: $(tail -n 1 "$PG_TMP/final.out" | cut -c1-100)"
 touch "$stopfile"
 wait "$poller_pid"
 
-# The reference: the audit slot's whole change list, through the same reader (file input).
-pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL, 'format-version', '2',
-    'include-lsn', 'true', 'include-xids', 'true', 'include-timestamp', 'true', 'include-pk', 'true')" >"$ref/stream.jsonl"
+# The reference, through the same reader (file input), of the change list taken above.
 "$pipeline" --input "$ref/stream.jsonl" --out "$ref" --quiet --key-columns public.keyless=email --max-batch-changes 2000 \
     --summary-json "$ref/summary.json" >"$ref/summary.out" 2>&1 || {
     cat "$ref/summary.out" >&2
