@@ -190,6 +190,9 @@ for ((i = 1; i < ${#confirms[@]}; i++)); do
 done
 log "the slot's confirmed position moved between $advanced of $((${#confirms[@]} - 1)) consecutive kills" 
 
+# The neighbour database (its CREATE DATABASE is an empty transaction of ours).
+pg_psql -c "CREATE DATABASE neighbour" >/dev/null
+pg_psql -d neighbour -c "CREATE TABLE w (a int)" >/dev/null
 # The reference: the audit slot's whole change list (our database is quiet from here on; the
 # neighbour phase below may invalidate the audit slot, which nothing confirms).
 pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL, 'format-version', '2',
@@ -199,8 +202,6 @@ pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL,
 # max_slot_wal_keep_size.
 pg_psql -c "ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'" >/dev/null
 pg_psql -Atc "SELECT pg_reload_conf()" >/dev/null
-pg_psql -c "CREATE DATABASE neighbour" >/dev/null
-pg_psql -d neighbour -c "CREATE TABLE w (a int)" >/dev/null
 "$pipeline" --source "$url" --slot lanestream "${common[@]}" \
     --summary-json "$PG_TMP/neighbour.json" >"$PG_TMP/neighbour.out" 2>&1 &
 pid=$!
@@ -287,7 +288,8 @@ check '((kills >= kills_wanted))' "$kills SIGKILLs of the live pipeline (wanted 
 check '[[ $(field result "$PG_TMP/final.json") == \"PASS\" ]]' "the last run PASSes: $(tail -n 1 "$PG_TMP/final.out")"
 last_commit=$(sed -n 's/^{"action":"C".*"lsn":"\([^"]*\)".*/\1/p' "$ref/stream.jsonl" | tail -n 1)
 lsn_ge() { [[ $(pg_psql -Atc "SELECT '$1'::pg_lsn >= '$2'::pg_lsn") == t ]]; }
-check '[[ $watermark == "$last_commit" ]] && lsn_ge "$confirmed" "$watermark"' "slot confirmed_flush_lsn $confirmed >= the final watermark $watermark == the last commit $last_commit (past it only where nothing of ours was committed)"
+applied=$(for s in ${sinks//,/ }; do cut -d' ' -f1 "$out/$s.checkpoint"; done | sort -u | tr '\n' ' ')
+check '[[ $applied == "$last_commit " && ( $watermark == null || $watermark == "$last_commit" ) ]] && lsn_ge "$confirmed" "$last_commit"' "slot confirmed_flush_lsn $confirmed >= every sink's checkpoint ($applied) == the last commit $last_commit (final watermark $watermark; past it only where nothing of ours was committed)"
 check '[[ $confirmed != "$watermark" && -z $resent ]] || [[ $resent == "$confirmed" ]]' "after a restart the slot sends again the transaction at the confirmed position, if it is a commit (at least once): ${resent:-nothing (confirmed past the last commit, idle)}"
 check '((checks > 50 && violations == 0))' "poller: $violations of $checks reads saw the slot confirmed past a commit a sink had not durably applied"
 check '((neighbour_ok)) && [[ $neighbour_status != lost* ]] && [[ $(field result "$PG_TMP/neighbour.json") == \"PASS\" ]]' "busy neighbour database (192 MB of WAL, max_slot_wal_keep_size 64MB): the idle slot followed and survived ($neighbour_status), the run PASSes"
