@@ -6,20 +6,31 @@
 #    key changes), no primary key with REPLICA IDENTITY USING INDEX (`keyless`, the issue's case),
 #    no key at all with REPLICA IDENTITY FULL (`events`: NULL next to the text 'null'), a TOASTed
 #    column left out of most updates (`docs`), a table truncated now and then (`scratch`), and
-#    large transactions (`bulk`, published in chunks: --max-batch-changes 2000).
+#    large transactions (`bulk`, published in chunks: --max-batch-changes 2000), and key DDL
+#    mid-run (`rekey`: its primary-key column renamed, then the key redefined as (rid, k), while
+#    the pipeline runs or lies SIGKILLed).
 # 2. Two slots: `lanestream`, read by the pipeline, and `audit`, never read until the end.
 # 3. Concurrent writers (one psql each) for WRITE_SECONDS, while the pipeline runs in live mode
 #    (`--source postgres://... --slot lanestream`, durable NDJSON sinks, one of them slow) and is
 #    SIGKILLed at random points and restarted: at least KILLS times. Meanwhile a poller reads
-#    pg_replication_slots.confirmed_flush_lsn and then every sink's durable checkpoint, and counts
-#    a violation whenever the slot was confirmed past what a sink had durably applied.
+#    pg_replication_slots.confirmed_flush_lsn and then every sink's durable checkpoint; a read
+#    where the slot was confirmed past a commit (of the reference change list) that a sink had not
+#    durably applied is a violation.
 #    One run (the third) is not SIGKILLed: its first sink's engine is killed instead
 #    (--kill-sink-after: it dies holding unacked batches and unflushed output, and a new engine
 #    re-attaches 1.5 s later), then the run is stopped with SIGTERM; its summary must PASS and show
 #    every unacked batch redelivered and the watermark held at the dead sink's last ack meanwhile
 #    (the poller checks the slot against the sinks' checkpoints during that run too).
-# 4. After the writers stop, the pipeline runs once more to the end of the WAL (--end-lsn) and
-#    exits cleanly (its summary must PASS, the slot confirmed at the final watermark).
+# 4. After the writers stop: a busy neighbour database. With max_slot_wal_keep_size = 64MB, 192 MB
+#    of WAL are written to another database of the server (segment switches and checkpoints) while
+#    the pipeline's database is idle: the slot must follow (confirmed up to where it decoded) and
+#    survive, and the run (stopped with SIGTERM) must PASS. Then the pipeline runs once more to the
+#    end of the WAL (--end-lsn) and exits cleanly (its summary must PASS, the slot confirmed at
+#    the final watermark, or past it where nothing of ours was committed).
+# 6. At the end, the slot dropped (as an admin would) and a change committed meanwhile: started
+#    without --create-slot, the pipeline must refuse, saying the slot was dropped and the sinks need
+#    a backfill (not advising --create-slot); started with --create-slot, it must refuse with the
+#    gap error naming both positions, drop the slot it created, and never print PASS.
 # 0. First, the live source's own tests (postgres/tests/live.rs, ignored by a plain cargo test) run
 #    against the cluster: every misconfiguration error, confirms, the catalog key look-up.
 # 5. Checks: every sink's output is byte for byte the reference output (the `audit` slot's full
@@ -108,18 +119,19 @@ CREATE TABLE events (k text, n int, t text);
 ALTER TABLE events REPLICA IDENTITY FULL;
 CREATE TABLE scratch (id int PRIMARY KEY, v int);
 CREATE TABLE bulk (id int PRIMARY KEY, v text);
+CREATE TABLE rekey (id int PRIMARY KEY, k int NOT NULL, v int);
 SELECT 1 FROM pg_create_logical_replication_slot('lanestream', 'wal2json');
 SELECT 1 FROM pg_create_logical_replication_slot('audit', 'wal2json');
 SQL
 
 # The poller, in the background until the stop file appears.
 stopfile=$PG_TMP/stop-poller
-$helper poller "$out" "$sinks" "$stopfile" "$PG_TMP/poller.log" >"$PG_TMP/poller.out" &
+$helper poller "$out" "$sinks" "$stopfile" "$PG_TMP/poller.samples" >"$PG_TMP/poller.out" &
 poller_pid=$!
 
 # The writers.
 writer_pids=()
-for kind in accounts keyless docs events scratch bulk; do
+for kind in accounts keyless docs events scratch bulk rekey; do
     $helper writer "$kind" "$write_seconds" "$((seed + ${#writer_pids[@]}))" |
         "$PG_BIN/psql" -X -q >/dev/null 2>>"$PG_TMP/writers.err" &
     writer_pids+=($!)
@@ -178,6 +190,43 @@ for ((i = 1; i < ${#confirms[@]}; i++)); do
 done
 log "the slot's confirmed position moved between $advanced of $((${#confirms[@]} - 1)) consecutive kills" 
 
+# The neighbour database (its CREATE DATABASE is an empty transaction of ours).
+pg_psql -c "CREATE DATABASE neighbour" >/dev/null
+pg_psql -d neighbour -c "CREATE TABLE w (a int)" >/dev/null
+# The reference: the audit slot's whole change list (our database is quiet from here on; the
+# neighbour phase below may invalidate the audit slot, which nothing confirms).
+pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL, 'format-version', '2',
+    'include-lsn', 'true', 'include-xids', 'true', 'include-timestamp', 'true', 'include-pk', 'true')" >"$ref/stream.jsonl"
+
+# A busy neighbour database while ours is idle: the slot must follow the WAL and survive
+# max_slot_wal_keep_size.
+pg_psql -c "ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'" >/dev/null
+pg_psql -Atc "SELECT pg_reload_conf()" >/dev/null
+"$pipeline" --source "$url" --slot lanestream "${common[@]}" \
+    --summary-json "$PG_TMP/neighbour.json" >"$PG_TMP/neighbour.out" 2>&1 &
+pid=$!
+neighbour_ok=1
+for step in $(seq 1 12); do
+    written=$(pg_psql -d neighbour -Atc "INSERT INTO w VALUES (1)" -c "SELECT pg_switch_wal()" -c "SELECT pg_current_wal_flush_lsn()" | tail -n 1)
+    # The signal: the slot's confirmed_flush_lsn reaching what was written (30 s at most).
+    deadline=$((SECONDS + 30))
+    until [[ $(pg_psql -Atc "SELECT confirmed_flush_lsn >= '$written' FROM pg_replication_slots WHERE slot_name = 'lanestream'") == t ]]; do
+        if ((SECONDS > deadline)) || ! kill -0 "$pid" 2>/dev/null; then
+            log "neighbour step $step: the slot did not follow the WAL to $written"
+            neighbour_ok=0
+            break 2
+        fi
+        sleep 0.05
+    done
+    pg_psql -c CHECKPOINT >/dev/null
+done
+neighbour_status=$(pg_psql -Atc "SELECT wal_status || ' ' || confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'lanestream'")
+kill -TERM "$pid" 2>/dev/null || true
+wait "$pid" || neighbour_ok=0
+pg_psql -c "ALTER SYSTEM RESET max_slot_wal_keep_size" >/dev/null
+pg_psql -Atc "SELECT pg_reload_conf()" >/dev/null
+log "neighbour: 192 MB of WAL elsewhere; slot $neighbour_status; run: $(tail -n 1 "$PG_TMP/neighbour.out" | cut -c1-100)"
+
 # The last run: up to the end of the WAL, then a clean exit with the final confirm.
 end=$(pg_psql -Atc "SELECT pg_current_wal_flush_lsn()")
 log "last run, to $end"
@@ -189,11 +238,8 @@ log "last run, to $end"
 log "last run done: $(tail -n 1 "$PG_TMP/final.out" | cut -c1-100)"
 touch "$stopfile"
 wait "$poller_pid"
-read -r checks violations <"$PG_TMP/poller.out"
 
-# The reference: the audit slot's whole change list, through the same reader (file input).
-pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL, 'format-version', '2',
-    'include-lsn', 'true', 'include-xids', 'true', 'include-timestamp', 'true', 'include-pk', 'true')" >"$ref/stream.jsonl"
+# The reference, through the same reader (file input), of the change list taken above.
 "$pipeline" --input "$ref/stream.jsonl" --out "$ref" --quiet --key-columns public.keyless=email --max-batch-changes 2000 \
     --summary-json "$ref/summary.json" >"$ref/summary.out" 2>&1 || {
     cat "$ref/summary.out" >&2
@@ -201,10 +247,11 @@ pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('audit', NULL, NULL,
 }
 
 log "reference run done"
+read -r checks violations < <($helper violations "$PG_TMP/poller.samples" "$ref/stream.jsonl" 2>"$PG_TMP/violations.log")
 # The tables, as "index<TAB>row".
 dump=$PG_TMP/tables.tsv
 : >"$dump"
-for t in accounts keyless docs events scratch bulk; do
+for t in accounts keyless docs events scratch bulk rekey; do
     pg_psql -At -F $'\t' -c "SELECT 'public_$t', row_to_json(x) FROM $t x" >>"$dump"
 done
 
@@ -239,9 +286,13 @@ PY
 check '[[ $sink_kill == ok* ]]' "sink-kill run: the killed sink's unacked batches came again to the re-attached engine, the watermark stayed at its last ack while it was dead, and the run PASSes: ${sink_kill#* }"
 check '((kills >= kills_wanted))' "$kills SIGKILLs of the live pipeline (wanted $kills_wanted)"
 check '[[ $(field result "$PG_TMP/final.json") == \"PASS\" ]]' "the last run PASSes: $(tail -n 1 "$PG_TMP/final.out")"
-check '[[ $confirmed == "$watermark" ]]' "slot confirmed_flush_lsn $confirmed == the final watermark $watermark"
-check '[[ $resent == "$confirmed" ]]' "the transaction at the confirmed position ($resent) is sent again after a restart (at least once)"
-check '((checks > 50 && violations == 0))' "poller: $violations of $checks reads saw the slot confirmed past a sink's durable checkpoint"
+last_commit=$(sed -n 's/^{"action":"C".*"lsn":"\([^"]*\)".*/\1/p' "$ref/stream.jsonl" | tail -n 1)
+lsn_ge() { [[ $(pg_psql -Atc "SELECT '$1'::pg_lsn >= '$2'::pg_lsn") == t ]]; }
+applied=$(for s in ${sinks//,/ }; do cut -d' ' -f1 "$out/$s.checkpoint"; done | sort -u | tr '\n' ' ')
+check '[[ $applied == "$last_commit " && ( $watermark == null || $watermark == "$last_commit" ) ]] && lsn_ge "$confirmed" "$last_commit"' "slot confirmed_flush_lsn $confirmed >= every sink's checkpoint ($applied) == the last commit $last_commit (final watermark $watermark; past it only where nothing of ours was committed)"
+check '[[ $confirmed != "$watermark" && -z $resent ]] || [[ $resent == "$confirmed" ]]' "after a restart the slot sends again the transaction at the confirmed position, if it is a commit (at least once): ${resent:-nothing (confirmed past the last commit, idle)}"
+check '((checks > 50 && violations == 0))' "poller: $violations of $checks reads saw the slot confirmed past a commit a sink had not durably applied"
+check '((neighbour_ok)) && [[ $neighbour_status != lost* ]] && [[ $(field result "$PG_TMP/neighbour.json") == \"PASS\" ]]' "busy neighbour database (192 MB of WAL, max_slot_wal_keep_size 64MB): the idle slot followed and survived ($neighbour_status), the run PASSes"
 check '[[ $changes -gt 1000 ]]' "the reference holds $changes changes in $commits transactions"
 chunks=$(field chunks_published "$ref/summary.json")
 check '[[ $chunks -gt 0 ]]' "large transactions were published in chunks ($chunks chunks at --max-batch-changes 2000)"
@@ -250,9 +301,30 @@ for s in ${sinks//,/ }; do
     check '$helper positions "$out/$s.ndjson" >/dev/null' "sink $s: each transaction once, in commit order"
     check '$helper replay "$out/$s.ndjson" "$dump" >&2' "sink $s: output replayed == the table contents"
 done
+rekeyed=$(grep -c '"index":"public_rekey"' "$out/search.ndjson" || true)
+check '[[ $rekeyed -gt 0 ]] && grep -q "\"index\":\"public_rekey\",\"id\":\"[0-9]*:[12]\"" "$out/search.ndjson"' "key DDL mid-run: $rekeyed envelopes of public.rekey, keyed by (rid, k) after the key was redefined"
+
+# The slot dropped by an admin, a change committed meanwhile: the pipeline must refuse to carry on.
+pg_psql -Atc "SELECT pg_drop_replication_slot('lanestream')" >/dev/null
+pg_psql -c "INSERT INTO accounts VALUES (999999, 'committed while the slot was gone', 0)" >/dev/null
+gap_end=$(pg_psql -Atc "SELECT pg_current_wal_flush_lsn()")
+if "$pipeline" --source "$url" --slot lanestream "${common[@]}" --end-lsn "$gap_end" >"$PG_TMP/dropped.out" 2>&1; then
+    dropped_rc=0
+else
+    dropped_rc=$?
+fi
+check '((dropped_rc != 0)) && grep -q "was dropped" "$PG_TMP/dropped.out" && grep -q backfill "$PG_TMP/dropped.out" && ! grep -q "PASS" "$PG_TMP/dropped.out"' "a dropped slot: the pipeline refuses and says the sinks need a backfill: $(grep error: "$PG_TMP/dropped.out" | cut -c1-160)"
+if "$pipeline" --source "$url" --slot lanestream --create-slot "${common[@]}" --end-lsn "$gap_end" >"$PG_TMP/recreated.out" 2>&1; then
+    recreated_rc=0
+else
+    recreated_rc=$?
+fi
+slot_left=$(pg_psql -Atc "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'lanestream'")
+check '((recreated_rc != 0)) && grep -q "was created now" "$PG_TMP/recreated.out" && ! grep -q "PASS" "$PG_TMP/recreated.out" && ((slot_left == 0))' "a re-created slot over older checkpoints is a gap: refused, no PASS, the new slot dropped again: $(grep error: "$PG_TMP/recreated.out" | cut -c1-200)"
+
 if ((fail)); then
-    pg_log "kept for inspection: none (the cluster dir is removed); poller log tail:"
-    tail -n 5 "$PG_TMP/poller.log" >&2
+    pg_log "kept for inspection: none (the cluster dir is removed); violations:"
+    tail -n 5 "$PG_TMP/violations.log" >&2
     exit 1
 fi
 log "end to end ok: seed $seed, $kills kills, $commits transactions, $changes changes, $checks confirmed-vs-applied reads"

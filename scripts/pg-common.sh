@@ -98,7 +98,7 @@ listen_addresses = '127.0.0.1'
 port = $PGPORT
 unix_socket_directories = '$PG_TMP'
 wal_level = logical
-max_replication_slots = 4
+max_replication_slots = 16
 max_wal_senders = 4
 # A throwaway cluster: durability off, speed on (synchronous_commit stays on so the WAL holds
 # every commit when the workload returns).

@@ -5,9 +5,11 @@
 //!
 //! - [`wal2json`]: reads PostgreSQL logical decoding output in wal2json format-version 2 and
 //!   builds one [`lanestream::Batch`] per committed transaction (large ones in chunks),
-//!   positioned at its commit LSN.
+//!   positioned at its commit LSN. Changes to a partitioned table arrive under each partition's
+//!   name (see [`wal2json`], *Partitioned tables*).
 //! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
-//!   polling and confirmed only up to the stream's watermark.
+//!   polling and confirmed only up to the stream's watermark (or, when every lane has acked
+//!   everything, up to where it decoded, so an idle slot follows the server's WAL).
 //! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
 //!   back on restart, chunks of large transactions resumed by offset), one writer per output.
 //!

@@ -27,6 +27,40 @@
 //! (spilling to disk past `work_mem`) before sending them; this client reads them one at a time,
 //! so its memory stays bounded by the lanes.
 //!
+//! # How an idle slot keeps moving
+//! A slot pins the WAL from its `restart_lsn` on, and the WAL of *every* database of the server
+//! counts: a quiet database next to a busy one decodes nothing (no commit of ours, so no
+//! watermark to confirm), and with `max_slot_wal_keep_size` set the server would invalidate the
+//! slot. So [`poll`](LiveSource::poll) remembers, when a peek came to the end of the WAL
+//! ([`PollOutcome::caught_up`]), the WAL flush position read just before it
+//! ([`PollOutcome::flushed`]): every transaction that committed before it has been handed over.
+//! Once the position given to [`confirm`](LiveSource::confirm) covers the last transaction
+//! handed over (every lane acked it: the stream is idle up to there), nothing before that flush
+//! position is pending, and `confirm` advances the slot to it, past WAL that held nothing for us.
+//! A transaction still in progress at that position is not skipped: PostgreSQL re-sends every
+//! transaction whose commit comes at or after the confirmed position, and keeps the WAL of its
+//! start (the slot's `restart_lsn` follows the decoded `xl_running_xacts` records, which the
+//! server logs at checkpoints and every 15 s while WAL is written). So the confirmed position is
+//! either the watermark (a commit LSN: that transaction comes again after a restart) or, when
+//! idle, a WAL position past the last commit handed over (nothing comes again).
+//!
+//! # A slot created over sinks that are behind it
+//! A slot created now decodes only transactions that commit after its *consistent point*
+//! ([`SlotPositions::consistent_point`]). Sinks whose durable checkpoints are older (the slot
+//! was dropped and is being re-created for them) would silently miss everything committed in
+//! between: [`check_resume`](LiveSource::check_resume) refuses that with
+//! [`LiveError::SlotGap`], dropping the slot it just created (so that a second try is refused
+//! too, rather than carrying on over the gap). Such sinks need a backfill.
+//!
+//! # Keys of the catalog
+//! [`key_lookup`](LiveSource::key_lookup) reads a table's replica identity from the catalog on
+//! the second connection, reconnecting it when it is lost (a terminated backend, a restarted
+//! server) and retrying within [`SIDE_RETRY_BUDGET`]; a look-up that still fails is an error
+//! ([`LiveError::Side`]), which the reader turns into an error of the change's transaction, never
+//! into "no key". The reader asks again whenever a table's shape changes (its columns or its
+//! primary key), and prefers the key each change carries (`pk`) to the catalog's primary key, so
+//! keys follow the stream across `ALTER TABLE` (see [`crate::wal2json`], *Ids*).
+//!
 //! # Why SQL polling rather than streaming replication
 //! The standard (`START_REPLICATION` in CopyBoth mode with standby status updates) needs a client
 //! that speaks CopyBoth; no released version of the well-kept Rust clients does (rust-postgres
@@ -41,7 +75,11 @@
 //! # Errors
 //! Every misconfiguration a user hits first has its own [`LiveError`] with what to do: a wrong
 //! password, `wal_level` not `logical`, the wal2json plugin not installed, the slot missing (and
-//! `--create-slot` not given), the slot of another plugin, the slot held by another client.
+//! creating it not asked for), the slot of another plugin, the slot held by another client, a
+//! slot created after the sinks' checkpoints ([`LiveError::SlotGap`]). Any other server error
+//! ([`LiveError::Db`]) shows the server's message, SQLSTATE, detail and hint (an invalidated
+//! slot, for one: SQLSTATE 55000, "This slot has been invalidated because it exceeded the
+//! maximum reserved size").
 
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -53,7 +91,11 @@ use postgres::{Client, NoTls};
 
 use lanestream::Position;
 
-use crate::wal2json::KeyLookup;
+use crate::wal2json::{CatalogKey, KeyLookup};
+
+/// How long the second connection (confirms, catalog look-ups) is reconnected and its statement
+/// retried after the connection was lost, before the error is returned.
+pub const SIDE_RETRY_BUDGET: Duration = Duration::from_secs(10);
 
 /// The wal2json options of every peek (the same as `pg_recvlogical -o ...` in the scripts).
 pub const WAL2JSON_OPTIONS: [(&str, &str); 5] = [
@@ -114,9 +156,25 @@ pub enum LiveError {
     /// not list.
     #[error("the server does not allow wal2json as an output plugin ({0}); add it to output_plugin_libraries in postgresql.conf and reload the server's configuration")]
     PluginNotAllowed(String),
-    /// The slot does not exist and creating it was not asked for.
-    #[error("replication slot {0:?} does not exist (pass --create-slot to create it)")]
+    /// The slot does not exist and creating it was not asked for. A new pipeline creates it
+    /// ([`LiveConfig::create_slot`], the pipeline example's `--create-slot`); for sinks that
+    /// read it before, it was dropped, and a new one would start after a gap
+    /// ([`LiveError::SlotGap`]): they need a backfill.
+    #[error("replication slot {0:?} does not exist (a new pipeline, whose sinks start empty, creates it: --create-slot; sinks that read it before need a backfill, since a new slot starts at the current WAL position)")]
     NoSlot(String),
+    /// This source created the slot, and its consistent point (the first position it decodes)
+    /// is after the sinks' durable checkpoint: the transactions committed between the two are in
+    /// no slot (the slot was dropped and re-created), so carrying on would skip them. The slot
+    /// this source created was dropped again.
+    #[error("replication slot {slot:?} was created now, at {consistent_point}, but the sinks' checkpoint is at {checkpoint}: what was committed between the two was never decoded for them (the slot was dropped) and a new slot cannot bring it back; the new slot was dropped again. Backfill the sinks (empty them and load the tables' rows, then start them on a new slot); do not re-create the slot for these sinks")]
+    SlotGap {
+        /// The slot.
+        slot: String,
+        /// The sinks' (lowest) durable checkpoint: the last commit LSN they applied.
+        checkpoint: Position,
+        /// The created slot's consistent point (its `confirmed_flush_lsn` at creation).
+        consistent_point: Position,
+    },
     /// The slot exists but is not a logical slot of the wal2json plugin.
     #[error("replication slot {slot:?} uses the plugin {plugin:?}, not wal2json (use another slot name)")]
     WrongPlugin {
@@ -133,9 +191,23 @@ pub enum LiveError {
         /// Who holds it, as the server tells.
         holder: String,
     },
-    /// Any other error from the server or the connection.
-    #[error("PostgreSQL: {0}")]
+    /// Any other error from the server or the connection; the message holds the server's
+    /// message, SQLSTATE, detail and hint.
+    #[error("PostgreSQL: {}", describe_full(.0))]
     Db(#[from] postgres::Error),
+    /// The second connection (confirms, catalog look-ups) failed, and reconnecting and retrying
+    /// within [`SIDE_RETRY_BUDGET`] did not help.
+    #[error("{what} failed on the live source's second connection after {attempts} attempts within {budget:?} (reconnecting each time): {last}; check that the server is up and that nothing terminates lanestream's connections")]
+    Side {
+        /// The statement: `catalog key look-up of schema.table`, `confirm`, ...
+        what: String,
+        /// How many times it was tried.
+        attempts: u32,
+        /// The retry budget.
+        budget: Duration,
+        /// The last error, as [`LiveError::Db`] would show it.
+        last: String,
+    },
     /// The row handler failed (the caller's error, e.g. closed lanes).
     #[error("{0}")]
     Handler(String),
@@ -156,6 +228,30 @@ fn describe(e: &postgres::Error) -> String {
             Some(cause) => format!("{e}: {cause}"),
             None => e.to_string(),
         },
+    }
+}
+
+/// The whole text of an error: for a server error its message, SQLSTATE, detail and hint (and
+/// where), for a client error its chain of causes.
+fn describe_full(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{}: {} (SQLSTATE {})", db.severity(), db.message(), db.code().code());
+            if let Some(d) = db.detail() {
+                s.push_str("; detail: ");
+                s.push_str(d);
+            }
+            if let Some(h) = db.hint() {
+                s.push_str("; hint: ");
+                s.push_str(h);
+            }
+            if let Some(w) = db.where_() {
+                s.push_str("; where: ");
+                s.push_str(w);
+            }
+            s
+        }
+        None => describe(e),
     }
 }
 
@@ -198,19 +294,104 @@ pub struct PollOutcome {
     pub flushed: Option<Position>,
 }
 
+/// Where the slot stood when [`LiveSource::connect`] took it (`pg_replication_slots`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotPositions {
+    /// Whether this source created the slot ([`LiveConfig::create_slot`] and it did not exist).
+    pub created: bool,
+    /// For a slot created by this source: its consistent point, the LSN
+    /// `pg_create_logical_replication_slot` returned (its `confirmed_flush_lsn` at creation):
+    /// it decodes only transactions that commit at or after it. `None` for a slot that existed.
+    pub consistent_point: Option<Position>,
+    /// The slot's `restart_lsn`: the oldest WAL it keeps (what `max_slot_wal_keep_size` counts).
+    pub restart_lsn: Option<Position>,
+    /// The slot's `confirmed_flush_lsn`: it re-sends every transaction committing at or after it.
+    pub confirmed_flush: Option<Position>,
+}
+
+/// What the last caught-up peek decoded: up to `upto` (the WAL flush position read before it),
+/// with `handed_over` the last commit handed over by then.
+#[derive(Clone, Copy, Debug)]
+struct Decoded {
+    upto: Position,
+    handed_over: Option<Position>,
+}
+
 /// A wal2json slot read by SQL polling; see the [module docs](self).
 pub struct LiveSource {
     config: LiveConfig,
     /// The connection that peeks.
     client: Client,
     /// A second connection, for confirms while a peek streams and for catalog look-ups.
-    side: Arc<Mutex<Client>>,
+    side: Arc<Mutex<Side>>,
     /// The slot's confirmed position as last set or read.
     confirmed: Option<Position>,
     /// The commit LSN of the last transaction handed over in this run.
     handed_over: Option<Position>,
+    /// What the last caught-up peek decoded (see the module docs, *How an idle slot keeps moving*).
+    decoded: Option<Decoded>,
+    /// The slot as found at connect.
+    positions: SlotPositions,
     /// Rows asked of the next peek.
     max_rows: u32,
+}
+
+/// The second connection, reconnected when lost.
+struct Side {
+    config: LiveConfig,
+    client: Option<Client>,
+}
+
+impl Side {
+    /// Runs `f` on the connection; when the connection is lost (or the server ends the session,
+    /// SQLSTATE class 57P or 08), reconnects and tries again, within [`SIDE_RETRY_BUDGET`].
+    fn run<T>(
+        &mut self,
+        what: impl FnOnce() -> String,
+        mut f: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, LiveError> {
+        let deadline = Instant::now() + SIDE_RETRY_BUDGET;
+        let mut attempts = 0u32;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            attempts += 1;
+            let last = match self.client.as_mut() {
+                Some(client) => match f(client) {
+                    Ok(v) => return Ok(v),
+                    Err(e) if lost(&e) || client.is_closed() => {
+                        self.client = None;
+                        describe_full(&e)
+                    }
+                    Err(e) => return Err(classify(e, &self.config.slot)),
+                },
+                None => match connect_one(&self.config, "lanestream side") {
+                    Ok(c) => {
+                        self.client = Some(c);
+                        attempts -= 1; // connecting is not an attempt of the statement
+                        continue;
+                    }
+                    Err(e) => e.to_string(),
+                },
+            };
+            if Instant::now() + backoff > deadline {
+                return Err(LiveError::Side { what: what(), attempts, budget: SIDE_RETRY_BUDGET, last });
+            }
+            thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Whether an error means the connection is gone (rather than the statement failed).
+fn lost(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => code.code().starts_with("57P") || code.code().starts_with("08"),
+        // A client-side error without a server code: I/O on the socket.
+        None => e.as_db_error().is_none(),
+    }
 }
 
 impl std::fmt::Debug for LiveSource {
@@ -227,11 +408,11 @@ fn lsn_of(text: Option<String>) -> Option<Position> {
     text.and_then(|t| Position::from_lsn(&t).ok())
 }
 
-fn connect_one(config: &LiveConfig) -> Result<Client, LiveError> {
+fn connect_one(config: &LiveConfig, application_name: &str) -> Result<Client, LiveError> {
     let mut pg: postgres::Config =
         config.url.parse().map_err(|e: postgres::Error| LiveError::Connect(e.to_string()))?;
     if pg.get_application_name().is_none() {
-        pg.application_name("lanestream");
+        pg.application_name(application_name);
     }
     pg.connect(NoTls).map_err(|e| match classify(e, &config.slot) {
         LiveError::Db(e) => LiveError::Connect(describe(&e)),
@@ -246,7 +427,7 @@ impl LiveSource {
     /// A [`LiveError`] naming the misconfiguration.
     pub fn connect(config: LiveConfig) -> Result<LiveSource, LiveError> {
         let slot = config.slot.clone();
-        let mut client = connect_one(&config)?;
+        let mut client = connect_one(&config, "lanestream")?;
         let wal_level: String = client.query_one("SHOW wal_level", &[])?.get(0);
         if wal_level != "logical" {
             return Err(LiveError::WalLevel(wal_level));
@@ -280,23 +461,26 @@ impl LiveSource {
              FROM pg_replication_slots WHERE slot_name = $1::text",
             &[&slot],
         )?;
+        let mut positions = SlotPositions::default();
         if row.is_none() {
             if !config.create_slot {
                 return Err(LiveError::NoSlot(slot));
             }
-            client
+            let created = client
                 .query_one(
                     "SELECT lsn::text FROM pg_create_logical_replication_slot($1::text, 'wal2json')",
                     &[&slot],
                 )
                 .map_err(|e| classify(e, &slot))?;
+            positions.created = true;
+            positions.consistent_point = lsn_of(created.get(0));
         } else if let Some(row) = row {
             let plugin: String = row.get(0);
             if plugin != "wal2json" {
                 return Err(LiveError::WrongPlugin { slot, plugin });
             }
         }
-        let side = connect_one(&config)?;
+        let side = Side { client: Some(connect_one(&config, "lanestream side")?), config: config.clone() };
         let mut source = LiveSource {
             max_rows: config.max_rows.max(1),
             config,
@@ -304,6 +488,8 @@ impl LiveSource {
             side: Arc::new(Mutex::new(side)),
             confirmed: None,
             handed_over: None,
+            decoded: None,
+            positions,
         };
         source.wait_until_free(deadline)?;
         Ok(source)
@@ -315,12 +501,15 @@ impl LiveSource {
         loop {
             let row = self.client.query_one(
                 "SELECT active_pid, confirmed_flush_lsn::text, \
-                 (SELECT coalesce(application_name, '') FROM pg_stat_activity WHERE pid = active_pid) \
+                 (SELECT coalesce(application_name, '') FROM pg_stat_activity WHERE pid = active_pid), \
+                 restart_lsn::text \
                  FROM pg_replication_slots WHERE slot_name = $1::text",
                 &[&self.config.slot],
             )?;
             let pid: Option<i32> = row.get(0);
             self.confirmed = lsn_of(row.get(1));
+            self.positions.confirmed_flush = self.confirmed;
+            self.positions.restart_lsn = lsn_of(row.get(3));
             let Some(pid) = pid else { return Ok(()) };
             if Instant::now() >= deadline {
                 let app: Option<String> = row.get(2);
@@ -336,36 +525,101 @@ impl LiveSource {
         self.confirmed
     }
 
+    /// The WAL flush position read before the last peek that came to the end of the WAL: every
+    /// transaction committed before it was handed over (see the module docs, *How an idle slot
+    /// keeps moving*); `None` before such a peek.
+    pub fn decoded(&self) -> Option<Position> {
+        self.decoded.map(|d| d.upto)
+    }
+
+    /// Where the slot stood when this source took it: whether this source created it, its
+    /// consistent point then, its `restart_lsn` and `confirmed_flush_lsn`.
+    pub fn slot_positions(&self) -> SlotPositions {
+        self.positions
+    }
+
+    /// Checks that sinks whose durable checkpoint is `checkpoint` (the lowest last applied
+    /// commit LSN over the sinks; `None` when no sink has one, a new pipeline) can resume on this
+    /// slot without a gap: when this source created the slot and its consistent point is after
+    /// `checkpoint`, the transactions committed in between were never decoded for the sinks.
+    ///
+    /// # Errors
+    /// [`LiveError::SlotGap`] naming both positions, after dropping the slot this source created
+    /// (so a second try is refused too); [`LiveError`] from the server if dropping it fails.
+    pub fn check_resume(&mut self, checkpoint: Option<Position>) -> Result<(), LiveError> {
+        let (Some(checkpoint), Some(consistent_point)) = (checkpoint, self.positions.consistent_point) else {
+            return Ok(());
+        };
+        if !self.positions.created || checkpoint >= consistent_point {
+            return Ok(());
+        }
+        self.client
+            .execute("SELECT pg_drop_replication_slot($1::text)", &[&self.config.slot])
+            .map_err(|e| classify(e, &self.config.slot))?;
+        Err(LiveError::SlotGap { slot: self.config.slot.clone(), checkpoint, consistent_point })
+    }
+
     /// A key lookup for [`TransactionBuilder::with_key_lookup`](crate::wal2json::TransactionBuilder::with_key_lookup)
-    /// that reads a table's replica identity from the catalog (on the second connection): the
-    /// columns of its identity index under `REPLICA IDENTITY USING INDEX`, else of its primary
+    /// that reads a table's replica identity from the catalog (on the second connection):
+    /// [`CatalogKey::IdentityIndex`] with the columns of its identity index under
+    /// `REPLICA IDENTITY USING INDEX`, else [`CatalogKey::PrimaryKey`] with those of its primary
     /// key, in column order (as wal2json's `pk`); `None` for a table without either.
+    ///
+    /// # Errors
+    /// The look-up fails with [`LiveError::Side`] when the second connection is lost and cannot
+    /// be restored within [`SIDE_RETRY_BUDGET`], or with another [`LiveError`] from the server:
+    /// never `Ok(None)` for a look-up that did not happen.
     pub fn key_lookup(&self) -> KeyLookup {
         let side = self.side.clone();
         Box::new(move |schema, table| {
-            let mut client = side.lock().ok()?;
-            let row = client
-                .query_opt(
-                    "SELECT array_agg(a.attname::text ORDER BY a.attnum) \
-                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                     JOIN pg_index i ON i.indrelid = c.oid \
-                     JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY (i.indkey) \
-                     WHERE n.nspname = $1::text AND c.relname = $2::text \
-                     AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END",
-                    &[&schema, &table],
-                )
-                .ok()??;
-            row.get::<_, Option<Vec<String>>>(0).filter(|c| !c.is_empty())
+            let mut side = side.lock().map_err(|_| "the live source's second connection: lock poisoned")?;
+            let row = side.run(
+                || format!("the catalog key look-up of {schema}.{table}"),
+                |client| {
+                    client.query_opt(
+                        "SELECT array_agg(a.attname::text ORDER BY a.attnum), bool_or(c.relreplident = 'i') \
+                         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                         JOIN pg_index i ON i.indrelid = c.oid \
+                         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY (i.indkey) \
+                         WHERE n.nspname = $1::text AND c.relname = $2::text \
+                         AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END",
+                        &[&schema, &table],
+                    )
+                },
+            )?;
+            let Some(row) = row else { return Ok(None) };
+            let columns = row.get::<_, Option<Vec<String>>>(0).filter(|c| !c.is_empty());
+            let index: Option<bool> = row.get(1);
+            Ok(columns.map(|c| {
+                if index == Some(true) {
+                    CatalogKey::IdentityIndex(c)
+                } else {
+                    CatalogKey::PrimaryKey(c)
+                }
+            }))
         })
     }
 
     /// Confirms the slot up to `upto` (the stream's watermark: never more) when that is past the
     /// confirmed position; returns the confirmed position. Safe to call while a peek streams.
     ///
+    /// When `upto` covers the last transaction handed over (so every lane acked everything this
+    /// source handed over: the stream is idle) and the last peek came to the end of the WAL, the
+    /// slot is confirmed up to where that peek decoded instead, past WAL that held nothing for
+    /// this slot (written by other databases, say): see the module docs, *How an idle slot keeps
+    /// moving*.
+    ///
     /// # Errors
-    /// [`LiveError`] from the server.
+    /// [`LiveError`] from the server; [`LiveError::Side`] when the second connection is lost and
+    /// cannot be restored.
     pub fn confirm(&mut self, upto: Option<Position>) -> Result<Option<Position>, LiveError> {
-        Confirmer { side: &self.side, slot: &self.config.slot, confirmed: &mut self.confirmed }.confirm(upto)
+        Confirmer {
+            side: &self.side,
+            slot: &self.config.slot,
+            confirmed: &mut self.confirmed,
+            decoded: self.decoded,
+        }
+        .confirm(upto)
     }
 
     /// The slot's `confirmed_flush_lsn` read from the server.
@@ -374,11 +628,20 @@ impl LiveSource {
     /// [`LiveError`] from the server.
     pub fn read_confirmed(&mut self) -> Result<Option<Position>, LiveError> {
         let mut side = self.side.lock().map_err(|_| LiveError::Handler("lock poisoned".into()))?;
-        let row = side.query_one(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text",
-            &[&self.config.slot],
+        let slot = self.config.slot.clone();
+        let row = side.run(
+            || "reading the slot's confirmed_flush_lsn".to_owned(),
+            |c| {
+                c.query_opt(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text",
+                    &[&slot],
+                )
+            },
         )?;
-        Ok(lsn_of(row.get(0)))
+        match row {
+            Some(row) => Ok(lsn_of(row.get(0))),
+            None => Err(LiveError::NoSlot(slot)),
+        }
     }
 
     /// Peeks the slot and hands each line of the transactions not handed over before (in this
@@ -403,7 +666,12 @@ impl LiveSource {
         let mut outcome = PollOutcome { flushed, ..PollOutcome::default() };
         let mut skipping = false;
         let mut handed_over = self.handed_over;
-        let mut confirmer = Confirmer { side: &self.side, slot: &slot, confirmed: &mut self.confirmed };
+        let mut confirmer = Confirmer {
+            side: &self.side,
+            slot: &slot,
+            confirmed: &mut self.confirmed,
+            decoded: self.decoded,
+        };
         {
             let mut rows = self
                 .client
@@ -431,6 +699,11 @@ impl LiveSource {
         }
         self.handed_over = handed_over;
         outcome.caught_up = outcome.rows < u64::from(self.max_rows);
+        if outcome.caught_up {
+            if let Some(upto) = flushed {
+                self.decoded = Some(Decoded { upto, handed_over });
+            }
+        }
         // A backlog of transactions already handed over filled the whole peek: ask for more.
         self.max_rows = if outcome.lines == 0 && !outcome.caught_up {
             self.max_rows.saturating_mul(2)
@@ -443,9 +716,11 @@ impl LiveSource {
 
 /// Confirms the slot from inside a [`LiveSource::poll`] handler (on the second connection).
 pub struct Confirmer<'a> {
-    side: &'a Arc<Mutex<Client>>,
+    side: &'a Arc<Mutex<Side>>,
     slot: &'a str,
     confirmed: &'a mut Option<Position>,
+    /// What the last caught-up peek before this one decoded.
+    decoded: Option<Decoded>,
 }
 
 impl std::fmt::Debug for Confirmer<'_> {
@@ -460,17 +735,27 @@ impl Confirmer<'_> {
     /// # Errors
     /// [`LiveError`] from the server.
     pub fn confirm(&mut self, upto: Option<Position>) -> Result<Option<Position>, LiveError> {
-        let Some(upto) = upto else { return Ok(*self.confirmed) };
+        // Idle: everything handed over up to the decoded position is acked, so nothing before
+        // that position is pending.
+        let idle = self
+            .decoded
+            .filter(|d| d.handed_over.is_none_or(|h| upto.is_some_and(|u| u >= h)))
+            .map(|d| d.upto);
+        let Some(upto) = upto.max(idle) else { return Ok(*self.confirmed) };
         if self.confirmed.is_some_and(|c| c >= upto) {
             return Ok(*self.confirmed);
         }
         let mut side = self.side.lock().map_err(|_| LiveError::Handler("confirm: lock poisoned".into()))?;
-        let row = side
-            .query_one(
-                "SELECT end_lsn::text FROM pg_replication_slot_advance($1::text, ($2::text)::pg_lsn)",
-                &[&self.slot, &upto.to_string()],
-            )
-            .map_err(|e| classify(e, self.slot))?;
+        let target = upto.to_string();
+        let row = side.run(
+            || format!("confirming the slot up to {target}"),
+            |c| {
+                c.query_one(
+                    "SELECT end_lsn::text FROM pg_replication_slot_advance($1::text, ($2::text)::pg_lsn)",
+                    &[&self.slot, &target],
+                )
+            },
+        )?;
         *self.confirmed = lsn_of(row.get(0)).or(*self.confirmed);
         Ok(*self.confirmed)
     }

@@ -67,12 +67,22 @@
 //!
 //! # Ids
 //! **Which columns.** The key columns of a row are, in this order of preference:
-//! 1. the columns given for its table with [`TransactionBuilder::set_key_columns`] or returned by
-//!    the [key lookup](TransactionBuilder::with_key_lookup) — the columns of the table's replica
-//!    identity (its primary key, or the index of `REPLICA IDENTITY USING INDEX`); the live
-//!    source ([`crate::live`]) reads them from the catalog;
-//! 2. the line's `pk` (wal2json's `include-pk=true`: the primary key, in column order);
-//! 3. every column of the row, in order.
+//! 1. the columns given for its table with [`TransactionBuilder::set_key_columns`];
+//! 2. the columns of its replica identity index (`REPLICA IDENTITY USING INDEX`) as the
+//!    [key lookup](TransactionBuilder::with_key_lookup) returns them
+//!    ([`CatalogKey::IdentityIndex`]; the live source ([`crate::live`]) reads the catalog);
+//! 3. the line's `pk` (wal2json's `include-pk=true`: the primary key *as it was at that change*,
+//!    so keys follow the stream across a renamed key column or a redefined key, whenever the
+//!    reader reads that change);
+//! 4. the key lookup's primary key ([`CatalogKey::PrimaryKey`]), for lines without a `pk`;
+//! 5. every column of the row, in order.
+//!
+//! The key lookup is asked when a table is first met and again when a line shows its answer
+//! stale (a different `pk`, an `identity` other than the looked-up index, a key column missing
+//! from the row). A key column holding NULL fails the transaction
+//! ([`Wal2JsonErrorKind::NullKey`]: wal2json writes numeric and float `NaN`, `Infinity` and
+//! `-Infinity` as `null`, so such rows would share one id); a failed look-up fails it too
+//! ([`Wal2JsonErrorKind::KeyLookupFailed`]), never keying rows by every column instead.
 //!
 //! The new row (`columns`) and the old one (`identity`) are keyed by the same columns, so a row
 //! keeps one id across insert, update and delete, and a key change gives a delete of the old id.
@@ -99,6 +109,15 @@
 //! the key gives a delete of the old id and an upsert of a new document without that column: a
 //! merging sink loses the value. Use `REPLICA IDENTITY FULL` on tables whose keys change and
 //! which hold TOASTed values.
+//!
+//! # Partitioned tables
+//! wal2json reports a change to a partitioned table under the partition that holds the row
+//! (`schema` and `table` are the leaf partition's, e.g. `public.measurements_2024_01`, never the
+//! parent `public.measurements`), so each partition is its own index
+//! (`public_measurements_2024_01`), keyed by the partition's own replica identity; an update that
+//! moves a row to another partition arrives as a delete from the old partition and an insert into
+//! the new one. A sink that wants one index per partitioned table maps the partitions' names to
+//! it (and a `TRUNCATE` of the parent arrives as one `T` per partition).
 //!
 //! # At least once
 //! A client that confirms a batch's position (the commit LSN) to its replication slot gets that
@@ -232,10 +251,11 @@ impl Wal2JsonError {
             )
     }
 
-    /// Whether reading may go on after this error (everything but I/O errors). See the module
-    /// docs for what happens to the open transaction.
+    /// Whether reading may go on after this error (everything but I/O errors and failed key
+    /// look-ups, after which nothing can be read right). See the module docs for what happens to
+    /// the open transaction.
     pub fn is_recoverable(&self) -> bool {
-        !matches!(self.kind, Wal2JsonErrorKind::Io(_))
+        !matches!(self.kind, Wal2JsonErrorKind::Io(_) | Wal2JsonErrorKind::KeyLookupFailed { .. })
     }
 }
 
@@ -351,6 +371,31 @@ pub enum Wal2JsonErrorKind {
         table: String,
         /// The identity's columns, now used as the key.
         columns: Vec<String>,
+    },
+    /// A key column of a change holds NULL. Key columns are never NULL (a primary key's, and a
+    /// replica identity index's, are `NOT NULL`), so this is wal2json writing a value it cannot
+    /// print as `null`: numeric and float `NaN`, `Infinity` and `-Infinity` (an upstream bug).
+    /// Such rows would all get one id (`\N`), and deleting one would remove the others from a
+    /// keyed sink, so the transaction fails instead.
+    #[error("table {table}: key column {column:?} is null in the change at LSN {lsn} (key columns are NOT NULL: this is wal2json writing numeric/float NaN, Infinity or -Infinity as null, which would give such rows one id); use another key for the table (REPLICA IDENTITY USING INDEX on columns without such values) or keep these values out of its key")]
+    NullKey {
+        /// `schema.table`.
+        table: String,
+        /// The key column.
+        column: String,
+        /// The change's `lsn` (or, without one, its transaction's commit LSN; `unknown`).
+        lsn: String,
+    },
+    /// The key look-up ([`TransactionBuilder::with_key_lookup`]) failed for a table: its key is
+    /// unknown, so no id can be built for its rows (ids from every column would not match the
+    /// others). Not recoverable: reading on would lose the transaction.
+    #[error("the key look-up of table {table} failed: {error}; no id was built from it (stop, fix the cause, and start again: the transaction comes again)")]
+    KeyLookupFailed {
+        /// `schema.table`.
+        table: String,
+        /// Why.
+        #[source]
+        error: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A line is longer than the reader's limit; it was skipped (and its transaction, if one is
     /// open, will be discarded at its `C`).
@@ -797,7 +842,8 @@ enum KeyRef<'k, 'a> {
     All,
 }
 
-/// The id of a row: its key values (or all its values without a key), joined with `:`.
+/// The id of a row: its key values (or all its values without a key), joined with `:`. A key
+/// column holding NULL is [`Wal2JsonErrorKind::NullKey`] (its table and LSN left empty).
 fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseResult<String> {
     let mut id = String::new();
     let mut push = |i: usize, value: &str| {
@@ -811,6 +857,14 @@ fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseR
             .iter()
             .find(|c| c.name == name)
             .ok_or_else(|| Wal2JsonErrorKind::MissingKeyColumn { column: name.to_owned(), side })?;
+        if col.value == "null" {
+            // Filled in by the caller, which knows the table and the LSN.
+            return Err(Wal2JsonErrorKind::NullKey {
+                table: String::new(),
+                column: name.to_owned(),
+                lsn: String::new(),
+            });
+        }
         push(i, &col.value)
     };
     match key {
@@ -992,17 +1046,39 @@ impl OpenTxn {
 /// What the builder knows of one table.
 struct Table {
     index: IndexName,
-    /// Its key columns when known from outside the stream ([`TransactionBuilder::set_key_columns`],
-    /// the key lookup) or learned from an identity ([`Wal2JsonErrorKind::UnknownReplicaIdentity`]).
+    /// Its key columns when they beat the line's `pk`: given by the caller
+    /// ([`TransactionBuilder::set_key_columns`]), the identity index of the key lookup
+    /// ([`CatalogKey::IdentityIndex`]), or learned from an identity
+    /// ([`Wal2JsonErrorKind::UnknownReplicaIdentity`]).
     key: Option<Arc<[String]>>,
-    /// For a table without any key: the column names of its last row, to recognise an index
-    /// identity.
+    /// The key lookup's primary key ([`CatalogKey::PrimaryKey`]): used only for lines without
+    /// a `pk` (wal2json run without `include-pk`).
+    primary: Option<Arc<[String]>>,
+    /// Whether `key` came from the key lookup (then it is asked again when the shape changes).
+    looked_up: bool,
+    /// The column names of its last row (a table without any key: to recognise an index
+    /// identity; with a key lookup: to see its shape change).
     columns: Vec<String>,
+    /// With a key lookup: the `pk` names of its last line (its shape, with `columns`).
+    pk: Vec<String>,
 }
 
-/// Looks up a table's key columns (schema, table) → the replica identity's columns; see
+/// A table's key as the catalog gives it (see [`TransactionBuilder::with_key_lookup`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CatalogKey {
+    /// The primary key's columns, in column order (what wal2json's `pk` gives each change).
+    PrimaryKey(Vec<String>),
+    /// The columns of the index of `REPLICA IDENTITY USING INDEX`, in column order: the
+    /// `identity` of updates and deletes, which wal2json's `pk` does not give.
+    IdentityIndex(Vec<String>),
+}
+
+/// Looks up a table's key (schema, table) in the catalog: `Ok(None)` for a table without a
+/// primary key or identity index, `Err` when the look-up failed (which fails the change's
+/// transaction with [`Wal2JsonErrorKind::KeyLookupFailed`]); see
 /// [`TransactionBuilder::with_key_lookup`].
-pub type KeyLookup = Box<dyn FnMut(&str, &str) -> Option<Vec<String>> + Send>;
+pub type KeyLookup =
+    Box<dyn FnMut(&str, &str) -> Result<Option<CatalogKey>, Box<dyn std::error::Error + Send + Sync>> + Send>;
 
 /// Turns wal2json format-version 2 lines into batches, one line at a time.
 ///
@@ -1103,9 +1179,14 @@ impl TransactionBuilder {
         }
     }
 
-    /// Asks `lookup(schema, table)` for the key columns of each table the first time the builder
-    /// meets it (the live source reads them from the catalog); `None` means no key beyond the
-    /// line's `pk`. Columns given with [`set_key_columns`](Self::set_key_columns) come first.
+    /// Asks `lookup(schema, table)` for the key of each table the first time the builder meets
+    /// it, and again whenever its shape changes (the column names of its rows, or the line's
+    /// `pk`) or a key column is missing from a row (the live source reads the catalog). An
+    /// [`CatalogKey::IdentityIndex`] keys the table's rows; a [`CatalogKey::PrimaryKey`] only
+    /// lines without a `pk` (the line's `pk` is the key as it was at that change, where the
+    /// catalog tells how it is now). A failed look-up fails the change with
+    /// [`Wal2JsonErrorKind::KeyLookupFailed`] and is asked again at the next change. Columns
+    /// given with [`set_key_columns`](Self::set_key_columns) come first.
     pub fn with_key_lookup(mut self, lookup: KeyLookup) -> Self {
         self.lookup = Some(lookup);
         self
@@ -1223,7 +1304,8 @@ impl TransactionBuilder {
         let schema = string_field(f.schema.as_deref(), action, "schema", "")?;
         let table = string_field(f.table.as_deref(), action, "table", "")?;
         let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
-        let (index, known_key) = self.table(&schema, &table);
+        let row = if action == 'D' { identity } else { columns };
+        let (index, known_key, primary) = self.table(&schema, &table, pk, row, identity)?;
         // Compute everything that can fail before touching the transaction.
         let filled = match (action, columns, identity) {
             ('U', Some(new), Some(old)) => filled_row(new, old),
@@ -1233,11 +1315,30 @@ impl TransactionBuilder {
         let key = match (&known_key, pk) {
             (Some(names), _) => KeyRef::Named(names),
             (None, Some(pk)) if !pk.is_empty() => KeyRef::Pk(pk),
-            _ => {
-                self.learn_identity(&schema, &table, columns, identity)?;
-                KeyRef::All
-            }
+            (None, _) => match &primary {
+                Some(names) => KeyRef::Named(names),
+                None => {
+                    self.learn_identity(&schema, &table, columns, identity)?;
+                    KeyRef::All
+                }
+            },
         };
+        let begin_lsn = self.open.as_ref().and_then(|t| t.begin_lsn);
+        let named = |e: Wal2JsonErrorKind| match e {
+            Wal2JsonErrorKind::NullKey { column, .. } => Wal2JsonErrorKind::NullKey {
+                table: format!("{schema}.{table}"),
+                column,
+                lsn: f
+                    .lsn
+                    .as_deref()
+                    .and_then(json_str)
+                    .map(Cow::into_owned)
+                    .or_else(|| begin_lsn.map(|p| p.to_string()))
+                    .unwrap_or_else(|| "unknown".to_owned()),
+            },
+            e => e,
+        };
+        let row_id = |row: &[Column<'_>], side| row_id(row, key, side).map_err(named);
         let mut out: [Planned<'_, '_>; 2] = [None, None];
         match action {
             'T' => out[0] = Some((String::new(), Op::Truncate, None)),
@@ -1247,14 +1348,14 @@ impl TransactionBuilder {
                     field: "identity",
                     hint: " (the table needs a primary key or REPLICA IDENTITY FULL)",
                 })?;
-                out[0] = Some((row_id(old, key, "identity")?, Op::Delete, Some(old)));
+                out[0] = Some((row_id(old, "identity")?, Op::Delete, Some(old)));
             }
             _ => {
                 let new =
                     columns.ok_or(Wal2JsonErrorKind::MissingField { action, field: "columns", hint: "" })?;
-                let new_id = row_id(new, key, "columns")?;
+                let new_id = row_id(new, "columns")?;
                 if let (Some(old), 'U') = (identity, action) {
-                    let old_id = row_id(old, key, "identity")?;
+                    let old_id = row_id(old, "identity")?;
                     if old_id != new_id {
                         out[0] = Some((old_id, Op::Delete, Some(old)));
                     }
@@ -1359,34 +1460,96 @@ impl TransactionBuilder {
         Ok(Some(Batch { position: Some(position), changes: txn.changes, offset: txn.offset, envelopes }))
     }
 
-    /// The table's index name and key columns; leaves `self.name_key` set to its key.
-    fn table(&mut self, schema: &str, table: &str) -> (IndexName, Option<Arc<[String]>>) {
+    /// The table's index name, its key when that beats the line's `pk` (given, the catalog's
+    /// identity index, or learned), and the catalog's primary key; leaves `self.name_key` set to
+    /// its key. With a key lookup, asks it the first time the table is met and again when the
+    /// line shows the answer stale: its `pk` differs from the last line's, its `identity` is not
+    /// the looked-up identity index, or a key column is missing from `row` (the row the id is
+    /// built from).
+    ///
+    /// # Errors
+    /// [`Wal2JsonErrorKind::KeyLookupFailed`] (nothing is cached: the next change asks again).
+    fn table(
+        &mut self,
+        schema: &str,
+        table: &str,
+        pk: Option<&[Key<'_>]>,
+        row: Option<&[Column<'_>]>,
+        identity: Option<&[Column<'_>]>,
+    ) -> ParseResult<TableKeys> {
         self.name_key.clear();
         self.name_key.extend_from_slice(schema.as_bytes());
         self.name_key.push(0);
         self.name_key.extend_from_slice(table.as_bytes());
+        let pk = pk.unwrap_or(&[]);
         if let Some(t) = self.tables.get(self.name_key.as_slice()) {
-            return (t.index.clone(), t.key.clone());
+            if !(t.looked_up && stale(t, pk, row, identity)) {
+                return Ok((t.index.clone(), t.key.clone(), t.primary.clone()));
+            }
         }
         if self.tables.len() >= MAX_CACHED_NAMES {
             self.tables.clear();
         }
-        let key = match self.keys.get(self.name_key.as_slice()) {
-            Some(k) => k.clone(),
-            None => self
-                .lookup
-                .as_mut()
-                .and_then(|lookup| lookup(schema, table))
-                .filter(|c| !c.is_empty())
-                .map(Arc::from),
+        let (key, primary, looked_up) = match self.keys.get(self.name_key.as_slice()) {
+            Some(k) => (k.clone(), None, false),
+            None => match self.lookup.as_mut() {
+                None => (None, None, false),
+                Some(lookup) => match lookup(schema, table) {
+                    Err(error) => {
+                        self.tables.remove(self.name_key.as_slice());
+                        return Err(Wal2JsonErrorKind::KeyLookupFailed {
+                            table: format!("{schema}.{table}"),
+                            error,
+                        });
+                    }
+                    Ok(Some(CatalogKey::IdentityIndex(c))) if !c.is_empty() => {
+                        (Some(Arc::from(c)), None, true)
+                    }
+                    Ok(Some(CatalogKey::PrimaryKey(c))) if !c.is_empty() => (None, Some(Arc::from(c)), true),
+                    Ok(_) => (None, None, true),
+                },
+            },
         };
         let index = index_name(schema, table);
+        let columns =
+            row.map(|r| r.iter().map(|c| c.name.clone().into_owned()).collect()).unwrap_or_default();
+        let pk = pk.iter().map(|k| k.name.clone().into_owned()).collect();
         self.tables.insert(
             self.name_key.clone(),
-            Table { index: index.clone(), key: key.clone(), columns: Vec::new() },
+            Table {
+                index: index.clone(),
+                key: key.clone(),
+                primary: primary.clone(),
+                looked_up,
+                columns,
+                pk,
+            },
         );
-        (index, key)
+        Ok((index, key, primary))
     }
+}
+
+/// A table's index name, its key when that beats the line's `pk`, and the catalog's primary key.
+type TableKeys = (IndexName, Option<Arc<[String]>>, Option<Arc<[String]>>);
+
+/// Whether a line shows the key lookup's answer for table `t` stale (see
+/// [`TransactionBuilder::table`]).
+fn stale(t: &Table, pk: &[Key<'_>], row: Option<&[Column<'_>]>, identity: Option<&[Column<'_>]>) -> bool {
+    if t.pk.len() != pk.len() || t.pk.iter().zip(pk).any(|(a, b)| *a != b.name) {
+        return true;
+    }
+    if let (Some(key), Some(identity)) = (&t.key, identity) {
+        if key.len() != identity.len() || key.iter().zip(identity).any(|(a, b)| *a != b.name) {
+            return true;
+        }
+    }
+    let names: &[String] = match (&t.key, &t.primary) {
+        (Some(k), _) => k,
+        (None, _) if !pk.is_empty() => return false, // the line's own pk: nothing looked up
+        (None, Some(p)) => p,
+        (None, None) => return false,
+    };
+    row.is_some_and(|row| names.iter().any(|n| !row.iter().any(|c| c.name == n.as_str())))
 }
 
 fn table_key(schema: &str, table: &str) -> Vec<u8> {
@@ -1737,7 +1900,8 @@ mod tests {
         let counter = asked.clone();
         let mut b = TransactionBuilder::new().with_key_lookup(Box::new(move |schema, table| {
             counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            (schema == "public" && table == "accounts").then(|| vec!["email".to_owned()])
+            Ok((schema == "public" && table == "accounts")
+                .then(|| CatalogKey::IdentityIndex(vec!["email".to_owned()])))
         }));
         assert_eq!(ops(&batches(&mut b, &lines).expect("no error")), got);
         assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
@@ -1767,6 +1931,128 @@ mod tests {
         let got: Vec<_> =
             ops(&batches(&mut b, &rest).unwrap()).into_iter().map(|(op, id, _)| (op, id)).collect();
         assert_eq!(got, [(Op::Delete, "a@x".into()), (Op::Upsert, "b@x".into()), (Op::Delete, "b@x".into())]);
+    }
+
+    /// An insert into `public.t` with columns `(name, value)` and `pk` names.
+    fn keyed_insert(columns: &[(&str, &str)], pk: &[&str]) -> String {
+        let cols: Vec<String> = columns
+            .iter()
+            .map(|(n, v)| format!(r#"{{"name":"{n}","type":"numeric","value":{v}}}"#))
+            .collect();
+        let pk: Vec<String> = pk.iter().map(|n| format!(r#"{{"name":"{n}","type":"numeric"}}"#)).collect();
+        format!(
+            r#"{{"action":"I","schema":"public","table":"t","columns":[{}],"pk":[{}],"lsn":"0/AB"}}"#,
+            cols.join(","),
+            pk.join(",")
+        )
+    }
+
+    #[test]
+    fn keys_follow_the_pk_each_change_carries_across_key_ddl() {
+        // The catalog says (today) the key is `uid`; the stream's changes carry their own `pk`:
+        // before a rename (`id`), after it (`uid`), after the key was redefined as (uid, k).
+        let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = asked.clone();
+        let mut b = TransactionBuilder::new().with_key_lookup(Box::new(move |_, _| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(Some(CatalogKey::PrimaryKey(vec!["uid".to_owned()])))
+        }));
+        let lines = [
+            txn("0/1", &[&keyed_insert(&[("id", "1"), ("k", "1")], &["id"])]),
+            txn("0/2", &[&keyed_insert(&[("uid", "2"), ("k", "1")], &["uid"])]),
+            txn("0/3", &[&keyed_insert(&[("uid", "3"), ("k", "1")], &["uid", "k"])]),
+            txn("0/4", &[&keyed_insert(&[("uid", "3"), ("k", "2")], &["uid", "k"])]),
+        ]
+        .concat();
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let ids: Vec<String> = ops(&batches(&mut b, &lines).expect("keys follow the stream"))
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect();
+        assert_eq!(ids, ["1", "2", "3:1", "3:2"]);
+        // Asked again only when the key the stream carries changed (id → uid → (uid, k)).
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn an_identity_index_is_looked_up_again_when_the_rows_no_longer_have_its_columns() {
+        // REPLICA IDENTITY USING INDEX on `email`, renamed to `mail` while running.
+        let answers = Arc::new(std::sync::Mutex::new(vec!["mail", "email"]));
+        let next = answers.clone();
+        let mut b = TransactionBuilder::new().with_key_lookup(Box::new(move |_, _| {
+            let column = next.lock().expect("lock").pop().expect("asked too often");
+            Ok(Some(CatalogKey::IdentityIndex(vec![column.to_owned()])))
+        }));
+        let insert = |col: &str, v: &str| {
+            format!(
+                r#"{{"action":"I","schema":"public","table":"t","columns":[{{"name":"{col}","type":"text","value":"{v}"}},{{"name":"n","type":"integer","value":1}}],"pk":[]}}"#
+            )
+        };
+        let lines = [txn("0/1", &[&insert("email", "a")]), txn("0/2", &[&insert("mail", "b")])].concat();
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let ids: Vec<String> = ops(&batches(&mut b, &lines).expect("looked up again"))
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert!(answers.lock().expect("lock").is_empty());
+    }
+
+    #[test]
+    fn a_failed_key_lookup_fails_the_transaction_and_never_keys_by_every_column() {
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let failing = fail.clone();
+        let mut b = TransactionBuilder::new().with_key_lookup(Box::new(move |_, _| {
+            if failing.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err("the side connection was terminated".into());
+            }
+            Ok(Some(CatalogKey::IdentityIndex(vec!["email".to_owned()])))
+        }));
+        let lines = accounts_lines();
+        b.push_line(1, lines[0].as_bytes()).expect("B");
+        let e = b.push_line(2, lines[1].as_bytes()).unwrap_err();
+        assert!(
+            matches!(e.kind(), Wal2JsonErrorKind::KeyLookupFailed { table, .. } if table == "public.accounts"),
+            "{e}"
+        );
+        assert!(!e.is_recoverable(), "reading on after a failed look-up would lose the transaction");
+        assert!(e.to_string().contains("the side connection was terminated"), "{e}");
+        // Its transaction is never published...
+        let e = b.push_line(3, lines[2].as_bytes()).unwrap_err();
+        assert!(matches!(e.kind(), Wal2JsonErrorKind::DamagedTransaction { .. }), "{e}");
+        // ...and nothing was cached as "no key": once the look-up works, the index keys the rows.
+        fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        let rest: Vec<&str> = lines[3..].iter().map(String::as_str).collect();
+        let ids: Vec<String> =
+            ops(&batches(&mut b, &rest).expect("ok")).into_iter().map(|(_, id, _)| id).collect();
+        assert_eq!(ids, ["a@x", "a@x", "b@x", "b@x"]);
+    }
+
+    #[test]
+    fn a_null_in_a_key_column_fails_the_transaction_naming_table_column_and_lsn() {
+        // wal2json writes numeric NaN, Infinity and -Infinity as null: three rows, one id.
+        for (pk, key) in [(&["id"][..], None), (&[][..], Some(vec!["id".to_owned()]))] {
+            let mut b = TransactionBuilder::new();
+            if let Some(key) = key {
+                b.set_key_columns("public", "t", Some(key));
+            }
+            let lines = txn("0/10", &[&keyed_insert(&[("id", "null"), ("v", "1")], pk)]);
+            b.push_line(1, lines[0].as_bytes()).expect("B");
+            let e = b.push_line(2, lines[1].as_bytes()).unwrap_err();
+            assert!(
+                matches!(e.kind(), Wal2JsonErrorKind::NullKey { table, column, lsn }
+                    if table == "public.t" && column == "id" && lsn == "0/AB"),
+                "{e}"
+            );
+            assert!(e.to_string().contains("NaN"), "{e}");
+            let e = b.push_line(3, lines[2].as_bytes()).unwrap_err();
+            assert!(matches!(e.kind(), Wal2JsonErrorKind::DamagedTransaction { .. }), "{e}");
+        }
+        // Without a key, NULL is a value like any other (REPLICA IDENTITY FULL tables).
+        let mut b = TransactionBuilder::new();
+        let lines = txn("0/10", &[&keyed_insert(&[("id", "null"), ("v", "1")], &[])]);
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        assert_eq!(ops(&batches(&mut b, &lines).expect("ok"))[0].1, "\\N:1");
     }
 
     fn one_of<T>(a: Result<Option<T>, Wal2JsonError>, b: Result<Option<T>, Wal2JsonError>) -> Option<T> {
