@@ -418,7 +418,7 @@ impl RedisFanout {
         })?;
         let v = v.map_err(|msg| {
             pool.record(msg);
-            BackendError::Server
+            BackendError::Server(crate::error::ServerReason::UnexpectedReply)
         })?;
         published(pool, &v, tries == 0)
     }

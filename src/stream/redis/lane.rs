@@ -92,7 +92,7 @@ pub(crate) fn int(v: &Value) -> u64 {
 /// A malformed reply: a server-side failure as far as the caller is concerned.
 pub(crate) fn malformed(pool: &Pool, what: &str, v: &Value) -> BackendError {
     pool.record(format!("lanestream: unexpected reply to {what}: {v:?}"));
-    BackendError::Server
+    BackendError::Server(crate::error::ServerReason::UnexpectedReply)
 }
 
 /// What a publish did.
@@ -406,7 +406,7 @@ impl LaneDef {
         })?;
         let v = v.map_err(|msg| {
             pool.record(msg);
-            BackendError::Server
+            BackendError::Server(crate::error::ServerReason::UnexpectedReply)
         })?;
         Ok((published(pool, &v, tries == 0)?, room))
     }
