@@ -166,3 +166,38 @@ fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
     server.wait_ready();
     let _ = redis_support::delete_keys(&mut server.admin(), &name);
 }
+
+/// The stream's state lost (here: its keys deleted, as a restart without persistence leaves
+/// it): the ends are told the state is gone ([`BackendError::StateLost`]), not that another
+/// process took the lane over, which none did: the fan-out's publish, the consumer's receive
+/// and a held delivery's ack. Also after a new build made the stream afresh.
+#[test]
+fn redis_restart_a_lost_state_is_reported_as_state_lost_not_as_a_take_over() {
+    use lanestream::{AckError, BackendError, PublishError, RecvError};
+    let server = own_server!();
+    let url = server.url.clone();
+    let name = redis_support::unique_name("rsg");
+    let stream = open(&url, &name);
+    let mut consumer = stream.attach("search").unwrap();
+    let mut fanout = stream.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    fanout.publish(batch(2)).unwrap();
+    let held = consumer.recv().unwrap().unwrap();
+    redis_support::delete_keys(&mut server.admin(), &name).unwrap();
+
+    match fanout.publish(batch(3)) {
+        Err(PublishError::Backend { error: BackendError::StateLost, .. }) => {}
+        other => panic!("a publish after the state loss: {:?}", other.map_err(|e| e.to_string())),
+    }
+    match held.ack() {
+        Err(AckError::Backend(BackendError::StateLost)) => {}
+        other => panic!("an ack after the state loss: {other:?}"),
+    }
+    // A new process builds the stream afresh: the old ends still learn their state is gone.
+    let _fresh = open(&url, &name);
+    match consumer.recv() {
+        Err(RecvError::Backend(BackendError::StateLost)) => {}
+        other => panic!("a receive after the state loss: {:?}", other.map(|d| d.map(|d| d.position()))),
+    }
+    assert!(BackendError::StateLost.to_string().contains("state in the backend is gone"));
+}

@@ -116,6 +116,8 @@ pub(crate) struct Pool {
     backoff: Mutex<Backoff>,
     anchor: Mutex<Anchor>,
     claims: Mutex<HashMap<u64, Claim>>,
+    /// The stream's incarnation (the meta hash's `inc`) when it was built.
+    incarnation: Mutex<Option<String>>,
     next_token: Mutex<u64>,
     last_error: Mutex<Option<String>>,
     /// Connections found lost or not made (see [`Pool::connection_errors`]).
@@ -175,6 +177,7 @@ impl Pool {
             backoff: Mutex::new(Backoff { delay: settings.backoff_min, not_before: None }),
             anchor: Mutex::new(Anchor { conn: None, id: 0 }),
             claims: Mutex::new(HashMap::new()),
+            incarnation: Mutex::new(None),
             next_token: Mutex::new(0),
             last_error: Mutex::new(None),
             connection_errors: AtomicU64::new(0),
@@ -345,6 +348,36 @@ impl Pool {
                 return Err(BackendError::Connection);
             }
             thread::sleep(wait);
+        }
+    }
+
+    /// A fresh incarnation for a stream this build may create (random, as the nonce).
+    pub(crate) fn fresh_incarnation(&self) -> String {
+        nonce()
+    }
+
+    /// Records the stream's incarnation, as its build read it.
+    pub(crate) fn set_incarnation(&self, incarnation: String) {
+        *lock(&self.incarnation) = Some(incarnation);
+    }
+
+    /// After an epoch check refused an end (fenced, detached): [`BackendError::StateLost`] if
+    /// the stream's incarnation in meta hash `meta` is gone or another one (the state this end
+    /// knew is lost: nobody took the lane over), else `Ok` (a real take-over; also when the
+    /// incarnation cannot be read).
+    pub(crate) fn check_state(&self, meta: &str) -> Result<(), BackendError> {
+        let Some(ours) = lock(&self.incarnation).clone() else { return Ok(()) };
+        let now = self.run(Budget::Retry, |c, _| {
+            ::redis::cmd("HGET").arg(meta).arg("inc").query::<Option<String>>(c)
+        });
+        match now {
+            Ok(now) if now.as_deref() != Some(ours.as_str()) => {
+                self.record(format!(
+                    "lanestream: the stream's state is gone ({meta} holds incarnation {now:?}, built as {ours:?})"
+                ));
+                Err(BackendError::StateLost)
+            }
+            _ => Ok(()),
         }
     }
 

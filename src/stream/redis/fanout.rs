@@ -420,7 +420,7 @@ impl RedisFanout {
             pool.record(msg);
             BackendError::Server(crate::error::ServerReason::UnexpectedReply)
         })?;
-        published(pool, &v, tries == 0)
+        published(pool, &self.keys.meta, &v, tries == 0)
     }
 
     /// Runs `PUBLISH_FANOUT` for entry `n` (loading it into a server that does not know it).

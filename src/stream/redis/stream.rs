@@ -159,9 +159,11 @@ impl RedisStreamBuilder {
         // differ), recorded by the build that makes the stream.
         let mode = if self.fanout { "fanout" } else { "lanes" };
         let describe = ::redis::Script::new(&super::scripts::source(super::scripts::DESCRIBE));
-        let (stored, stored_mode): (String, String) =
-            query(&pool, Budget::Retry, |c| describe.key(&meta).arg(&names).arg(mode).invoke(c))
+        let fresh = pool.fresh_incarnation();
+        let (stored, stored_mode, incarnation): (String, String, String) =
+            query(&pool, Budget::Retry, |c| describe.key(&meta).arg(&names).arg(mode).arg(&fresh).invoke(c))
                 .map_err(backend)?;
+        pool.set_incarnation(incarnation);
         if stored != names {
             return Err(BuildError::Mismatch(format!(
                 "stream {:?} has sinks [{stored}], this build asked for [{names}]",
