@@ -85,8 +85,9 @@ progress() { # the output length in the victim's checkpoint ("LSN LENGTH"), 0 be
 for _ in $(seq 600); do [ "$(progress)" -ge 300000 ] && break; sleep 0.05; done
 [ "$(progress)" -ge 300000 ] || fail "the archive sink's checkpoint did not reach 300 kB of output in 30 s"
 restart_started=$(date +%s.%N)
+at=$(progress)
 restart_redis
-echo "redis-server restarted (appendonly yes) mid-run, down for $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $restart_started }") s, at checkpoint $(progress) bytes"
+echo "redis-server restarted (appendonly yes) mid-run at checkpoint $at bytes, in $(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $restart_started }") s (stop, start, load)"
 for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || fail "process $pid ended at the Redis restart"; done
 # Kill the victim once its durable checkpoint covers 1 MB of output (of about 10), 0.2-0.7 s later.
 for _ in $(seq 600); do [ "$(progress)" -ge 1000000 ] && break; sleep 0.05; done

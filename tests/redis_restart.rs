@@ -120,11 +120,13 @@ fn redis_restart_l9_a_dead_holders_claim_stays_dead_after_a_restart_although_its
     let _ = redis_support::delete_keys(&mut server.admin(), &name);
 }
 
-/// A restart whose loading takes a while (`LOADING` for about a second): a publish, a receive,
-/// an ack and a read of the stream sent meanwhile are retried within `retry_for`, and succeed;
-/// the deliveries held across the restart are still acknowledgeable.
+/// A restart whose loading takes a while (`LOADING` for about a second): a publish of the
+/// fan-out, one of a lane producer alone on its log (a `MULTI`/`EXEC`, refused whole), a receive,
+/// an ack and a read of the stream, sent meanwhile from threads of their own, are retried within
+/// `retry_for` and succeed; the deliveries held across the restart are still acknowledgeable.
 #[test]
 fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
+    use lanestream::LaneProducer;
     let mut server = own_server!();
     let url = server.url.clone();
     let name = redis_support::unique_name("rsl");
@@ -135,6 +137,15 @@ fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
         fanout.publish(batch(p)).unwrap();
     }
     let held = consumer.recv().unwrap().unwrap();
+    let alone_name = redis_support::unique_name("rsla");
+    let alone = RedisStream::builder(&url, &alone_name)
+        .capacity(8)
+        .sink("search")
+        .retry_for(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut producer = alone.producer("search").unwrap();
+    producer.publish(batch(1)).unwrap();
     // Enough keys that loading them, slowed down, takes about a second.
     let mut admin = server.admin();
     let _: i64 = redis::cmd("EVAL")
@@ -151,18 +162,29 @@ fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
         loading.as_ref().is_err_and(|e| e.code() == Some("LOADING")),
         "the server answers LOADING while it loads: {loading:?}"
     );
-    held.ack().unwrap_or_else(|e| panic!("an ack during LOADING: {e} ({:?})", stream.last_error()));
-    fanout.publish(batch(4)).unwrap_or_else(|e| panic!("a publish during LOADING: {e}"));
-    let positions: Vec<u64> = (0..3)
-        .map(|_| {
-            let d = consumer.recv().unwrap_or_else(|e| panic!("a receive during LOADING: {e}")).unwrap();
-            let p = d.position().unwrap().0;
-            d.ack().unwrap();
-            p
-        })
-        .collect();
-    assert_eq!(positions, [2, 3, 4]);
+    std::thread::scope(|s| {
+        s.spawn(|| producer.publish(batch(2)).unwrap_or_else(|e| panic!("a producer's publish during LOADING: {e}")));
+        s.spawn(|| {
+            // Before or after the producer's publish (on its own thread) lands.
+            let published = alone.stats("search").unwrap_or_else(|e| panic!("a read during LOADING: {e}")).published;
+            assert!(published == 1 || published == 2, "{published}");
+        });
+        s.spawn(|| fanout.publish(batch(4)).unwrap_or_else(|e| panic!("a publish during LOADING: {e}")));
+        s.spawn(|| {
+            held.ack().unwrap_or_else(|e| panic!("an ack during LOADING: {e} ({:?})", stream.last_error()));
+            let positions: Vec<u64> = (0..3)
+                .map(|_| {
+                    let d = consumer.recv().unwrap_or_else(|e| panic!("a receive during LOADING: {e}")).unwrap();
+                    let p = d.position().unwrap().0;
+                    d.ack().unwrap();
+                    p
+                })
+                .collect();
+            assert_eq!(positions, [2, 3, 4]);
+        });
+    });
     assert_eq!(stream.acked("search").unwrap(), Some(Position(4)));
+    assert_eq!(alone.stats("search").unwrap().published, 2);
     server.wait_ready();
     let _ = redis_support::delete_keys(&mut server.admin(), &name);
 }

@@ -133,16 +133,28 @@ fn is_connection_error(e: &RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
+/// The server's error code of `e`: for an aborted `MULTI`/`EXEC` (`EXECABORT`), that of the
+/// queued command the server refused (the cause); `None` if `e` is no server error.
+fn code(e: &RedisError) -> Option<String> {
+    if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ExecAbort) {
+        let inner = e.clone().into_server_errors();
+        if let Some((_, first)) = inner.as_deref().and_then(|errs| errs.first()) {
+            return Some(first.code().to_owned());
+        }
+    }
+    e.code().map(str::to_owned)
+}
+
 /// Whether `e` is a transient refusal: a server state that passes (loading its data after a
 /// restart, a long script, a failover), the command not run; retried like a lost connection,
 /// on the same connection.
 fn is_transient(e: &RedisError) -> bool {
-    matches!(e.retry_method(), ::redis::RetryMethod::WaitAndRetry) || e.code() == Some("BUSY")
+    code(e).is_some_and(|c| matches!(c.as_str(), "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
 }
 
 /// The reason to give for server error `e`.
 pub(crate) fn reason(e: &RedisError) -> ServerReason {
-    e.code().map_or(ServerReason::UnexpectedReply, ServerReason::from_code)
+    code(e).map_or(ServerReason::UnexpectedReply, |c| ServerReason::from_code(&c))
 }
 
 /// 128 random bits as 32 hex digits, from the OS; from the clock and the process id should the
