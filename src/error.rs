@@ -100,7 +100,9 @@ impl fmt::Display for ServerReason {
             ServerReason::Busy => "the server is busy or failing over (retry later)",
             ServerReason::ReadOnly => "READONLY, a read-only replica (connect to the primary)",
             ServerReason::NoPermission => "no permission (check the user's ACL and the credentials)",
-            ServerReason::WrongType => "WRONGTYPE, a key of the stream holds another type (another writer under its prefix?)",
+            ServerReason::WrongType => {
+                "WRONGTYPE, a key of the stream holds another type (another writer under its prefix?)"
+            }
             ServerReason::UnexpectedReply => "an unexpected reply (an incompatible version's stream?)",
             ServerReason::Other(code) => return write!(f, "{code}"),
         })

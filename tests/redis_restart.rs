@@ -18,7 +18,7 @@ mod redis_support;
 use std::time::Duration;
 
 use common::batch;
-use lanestream::{LaneConsumer, LaneDelivery, Position, RedisStream, Stream, StreamError};
+use lanestream::{LaneConsumer, Position, RedisStream, Stream, StreamError};
 use redis_support::fanout::SINKS;
 use redis_support::server::Server;
 
@@ -89,13 +89,17 @@ fn redis_restart_l9_a_dead_holders_claim_stays_dead_after_a_restart_although_its
     let mut admin = server.admin();
     for id in dead_ids {
         let listed: String = redis::cmd("CLIENT").arg("LIST").arg("ID").arg(id).query(&mut admin).unwrap();
-        assert!(!listed.trim().is_empty(), "client id {id} is some other connection's now (dead: {dead_ids:?})");
+        assert!(
+            !listed.trim().is_empty(),
+            "client id {id} is some other connection's now (dead: {dead_ids:?})"
+        );
     }
 
     // The new process: takes the dead one's claims.
     let live = open(&url, &name);
     let mut fanout = live.fanout().unwrap_or_else(|e| panic!("the dead fan-out's claim looked alive: {e}"));
-    let mut consumer = live.attach("search").unwrap_or_else(|e| panic!("the dead consumer looked alive: {e}"));
+    let mut consumer =
+        live.attach("search").unwrap_or_else(|e| panic!("the dead consumer looked alive: {e}"));
     fanout.publish(batch(2)).unwrap();
     let got: Vec<_> = (0..2)
         .map(|_| {
@@ -115,7 +119,10 @@ fn redis_restart_l9_a_dead_holders_claim_stays_dead_after_a_restart_although_its
     let more: Vec<redis::Connection> = (0..8).map(|_| server.admin()).collect();
     let other = open(&url, &name);
     assert!(matches!(other.fanout(), Err(StreamError::ProducerBusy(_))), "a live fan-out's claim was taken");
-    assert!(matches!(other.attach("search"), Err(StreamError::ConsumerAttached(_))), "a live consumer's claim was taken");
+    assert!(
+        matches!(other.attach("search"), Err(StreamError::ConsumerAttached(_))),
+        "a live consumer's claim was taken"
+    );
     drop((others, more, other));
     let _ = redis_support::delete_keys(&mut server.admin(), &name);
 }
@@ -163,10 +170,13 @@ fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
         "the server answers LOADING while it loads: {loading:?}"
     );
     std::thread::scope(|s| {
-        s.spawn(|| producer.publish(batch(2)).unwrap_or_else(|e| panic!("a producer's publish during LOADING: {e}")));
+        s.spawn(|| {
+            producer.publish(batch(2)).unwrap_or_else(|e| panic!("a producer's publish during LOADING: {e}"))
+        });
         s.spawn(|| {
             // Before or after the producer's publish (on its own thread) lands.
-            let published = alone.stats("search").unwrap_or_else(|e| panic!("a read during LOADING: {e}")).published;
+            let published =
+                alone.stats("search").unwrap_or_else(|e| panic!("a read during LOADING: {e}")).published;
             assert!(published == 1 || published == 2, "{published}");
         });
         s.spawn(|| fanout.publish(batch(4)).unwrap_or_else(|e| panic!("a publish during LOADING: {e}")));
@@ -174,7 +184,8 @@ fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
             held.ack().unwrap_or_else(|e| panic!("an ack during LOADING: {e} ({:?})", stream.last_error()));
             let positions: Vec<u64> = (0..3)
                 .map(|_| {
-                    let d = consumer.recv().unwrap_or_else(|e| panic!("a receive during LOADING: {e}")).unwrap();
+                    let d =
+                        consumer.recv().unwrap_or_else(|e| panic!("a receive during LOADING: {e}")).unwrap();
                     let p = d.position().unwrap().0;
                     d.ack().unwrap();
                     p

@@ -37,7 +37,9 @@ use super::{lsn, lsn_text, open_input, sink_names, write_ndjson, Args, BoxError,
 macro_rules! transient {
     () => {
         lanestream::BackendError::Connection
-            | lanestream::BackendError::Server(lanestream::ServerReason::Loading | lanestream::ServerReason::Busy)
+            | lanestream::BackendError::Server(
+                lanestream::ServerReason::Loading | lanestream::ServerReason::Busy,
+            )
     };
 }
 

@@ -149,7 +149,8 @@ fn code(e: &RedisError) -> Option<String> {
 /// restart, a long script, a failover), the command not run; retried like a lost connection,
 /// on the same connection.
 fn is_transient(e: &RedisError) -> bool {
-    code(e).is_some_and(|c| matches!(c.as_str(), "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
+    code(e)
+        .is_some_and(|c| matches!(c.as_str(), "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
 }
 
 /// The reason to give for server error `e`.
@@ -162,9 +163,8 @@ pub(crate) fn reason(e: &RedisError) -> ServerReason {
 fn nonce() -> String {
     let mut bytes = [0u8; 16];
     if getrandom::getrandom(&mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         bytes = (nanos ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -379,9 +379,8 @@ impl Pool {
     /// incarnation cannot be read).
     pub(crate) fn check_state(&self, meta: &str) -> Result<(), BackendError> {
         let Some(ours) = lock(&self.incarnation).clone() else { return Ok(()) };
-        let now = self.run(Budget::Retry, |c, _| {
-            ::redis::cmd("HGET").arg(meta).arg("inc").query::<Option<String>>(c)
-        });
+        let now = self
+            .run(Budget::Retry, |c, _| ::redis::cmd("HGET").arg(meta).arg("inc").query::<Option<String>>(c));
         match now {
             Ok(now) if now.as_deref() != Some(ours.as_str()) => {
                 self.record(format!(

@@ -802,7 +802,12 @@ fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
 /// `first_try`: the reply is to the call's first try (a `dup` then is an earlier call's entry).
 /// A fenced publish is [`BackendError::StateLost`] when the stream's state (its meta hash
 /// `meta`) is gone.
-pub(crate) fn published(pool: &Pool, meta: &str, v: &Value, first_try: bool) -> Result<Published, BackendError> {
+pub(crate) fn published(
+    pool: &Pool,
+    meta: &str,
+    v: &Value,
+    first_try: bool,
+) -> Result<Published, BackendError> {
     let r = items(v);
     Ok(match r.first().map(text) {
         Some(b"ok") => Published::Done,
