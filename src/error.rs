@@ -79,6 +79,12 @@ pub enum ServerReason {
 impl ServerReason {
     /// The reason for a server error `code` (the first word of a Redis error reply, such as
     /// `OOM` or `LOADING`).
+    ///
+    /// ```
+    /// use lanestream::ServerReason;
+    /// assert_eq!(ServerReason::from_code("OOM"), ServerReason::OutOfMemory);
+    /// assert_eq!(ServerReason::from_code("NOSCRIPT").to_string(), "NOSCRIPT");
+    /// ```
     pub fn from_code(code: &str) -> ServerReason {
         match code {
             "OOM" => ServerReason::OutOfMemory,
@@ -119,6 +125,12 @@ pub struct ErrorCode {
 
 impl ErrorCode {
     /// The code `code`, cut to 16 bytes (at a character boundary).
+    ///
+    /// ```
+    /// use lanestream::ErrorCode;
+    /// assert_eq!(ErrorCode::new("EXECABORT").as_str(), "EXECABORT");
+    /// assert_eq!(ErrorCode::new("A_VERY_LONG_ERROR_CODE").as_str(), "A_VERY_LONG_ERRO");
+    /// ```
     pub fn new(code: &str) -> ErrorCode {
         let mut len = code.len().min(16);
         while !code.is_char_boundary(len) {

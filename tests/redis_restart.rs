@@ -234,3 +234,31 @@ fn redis_restart_a_lost_state_is_reported_as_state_lost_not_as_a_take_over() {
     }
     assert!(BackendError::StateLost.to_string().contains("state in the backend is gone"));
 }
+
+/// A refused command carries the server's reason: a server out of memory (`maxmemory` reached,
+/// `noeviction`) refuses a publish with `Server(OutOfMemory)`, item handed back, and the
+/// message says what to do; the stream's last error has the server's own words.
+#[test]
+fn redis_restart_a_refusal_carries_the_servers_reason() {
+    use lanestream::{BackendError, PublishError, ServerReason};
+    let server = own_server!();
+    let url = server.url.clone();
+    let name = redis_support::unique_name("rso");
+    let stream = open(&url, &name);
+    let mut fanout = stream.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    let mut admin = server.admin();
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("noeviction").query(&mut admin).unwrap();
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(1).query(&mut admin).unwrap();
+    match fanout.publish(batch(2)) {
+        Err(e @ PublishError::Backend { error: BackendError::Server(ServerReason::OutOfMemory), .. }) => {
+            assert!(e.to_string().contains("OOM"), "{e}");
+            assert_eq!(e.into_inner().position(), Some(Position(2)));
+        }
+        other => panic!("a publish over maxmemory: {:?}", other.map_err(|e| e.to_string())),
+    }
+    assert!(stream.last_error().is_some_and(|m| m.contains("OOM")), "{:?}", stream.last_error());
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0).query(&mut admin).unwrap();
+    fanout.publish(batch(2)).unwrap();
+}
