@@ -19,18 +19,145 @@ pub enum BackendError {
     /// ack, the outcome is unknown: it may have landed.
     #[error("lost the connection to the backend (the next call reconnects)")]
     Connection,
-    /// The backend refused the command (a server error: out of memory, no permission, wrong
-    /// type under a key...).
-    #[error("the backend refused the command")]
-    Server,
+    /// The backend refused the command, for the server's reason given ([`ServerReason`]; the
+    /// server's whole message is the Redis backend's `RedisStream::last_error`). The command
+    /// did not run. A transient refusal (the server still loading its data after a restart,
+    /// busy with a script) is retried within the backend's retry budget first.
+    #[error("the backend refused the command: {0}")]
+    Server(ServerReason),
     /// A newer end of the lane, from another process, took it over while this one's claim
     /// looked dead (its connection had dropped): this end is fenced off and must be dropped.
     #[error("a newer end in another process took the lane over; this end is fenced off")]
     Fenced,
+    /// The stream's state in the backend is gone: its keys were deleted, or the server
+    /// restarted without persistence (or a new stream of that name was built since). Nothing
+    /// took the lane over; what this end held (deliveries, acks, publish counts) is lost with
+    /// it. Drop every end and the stream, rebuild it, and publish again from the source's
+    /// confirmed position (for the Redis backend: configure the server with `appendonly yes`
+    /// so that a restart keeps the stream).
+    #[error(
+        "the stream's state in the backend is gone (its keys were deleted or the server restarted without persistence): rebuild the stream and publish again from the source's confirmed position"
+    )]
+    StateLost,
     /// The backend holds an entry that does not decode (validated decode failed); it was
     /// released again, untouched.
     #[error("the backend holds an entry that does not decode")]
     Corrupt,
+}
+
+/// Why the backend's server refused a command ([`BackendError::Server`]): the server's error
+/// code, sorted into the causes a caller can act on. `Copy`, as [`BackendError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerReason {
+    /// `OOM`: the server reached its `maxmemory` (with a policy that refuses writes). Free
+    /// memory (let the sinks ack, so the log is trimmed) or raise `maxmemory`, then retry.
+    OutOfMemory,
+    /// `LOADING`: the server was still loading its data after a restart when the retry budget
+    /// ran out (or the call never waits). Retry later.
+    Loading,
+    /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`: a transient server state (a script
+    /// running too long, a failover) that outlasted the retry budget. Retry later.
+    Busy,
+    /// `READONLY`: the server is a read-only replica. Point the stream at the primary.
+    ReadOnly,
+    /// `NOPERM`, `NOAUTH`, `WRONGPASS`: the connection's user may not run the command. Grant
+    /// the user the stream's keys and the scripting and stream commands, or fix the URL's
+    /// credentials.
+    NoPermission,
+    /// `WRONGTYPE`: a key of the stream holds a value of another type (something else writes
+    /// under the stream's `{name}:` prefix). Use another stream name or remove those keys.
+    WrongType,
+    /// The server answered something this version does not expect (a stream written by an
+    /// incompatible version?). The backend's last error has the reply.
+    UnexpectedReply,
+    /// Another server error; its code (the first word of the server's message, at most 16
+    /// bytes).
+    Other(ErrorCode),
+}
+
+impl ServerReason {
+    /// The reason for a server error `code` (the first word of a Redis error reply, such as
+    /// `OOM` or `LOADING`).
+    ///
+    /// ```
+    /// use lanestream::ServerReason;
+    /// assert_eq!(ServerReason::from_code("OOM"), ServerReason::OutOfMemory);
+    /// assert_eq!(ServerReason::from_code("NOSCRIPT").to_string(), "NOSCRIPT");
+    /// ```
+    pub fn from_code(code: &str) -> ServerReason {
+        match code {
+            "OOM" => ServerReason::OutOfMemory,
+            "LOADING" => ServerReason::Loading,
+            "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" => ServerReason::Busy,
+            "READONLY" => ServerReason::ReadOnly,
+            "NOPERM" | "NOAUTH" | "WRONGPASS" => ServerReason::NoPermission,
+            "WRONGTYPE" => ServerReason::WrongType,
+            other => ServerReason::Other(ErrorCode::new(other)),
+        }
+    }
+}
+
+impl fmt::Display for ServerReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ServerReason::OutOfMemory => "OOM, out of memory (free memory or raise maxmemory, then retry)",
+            ServerReason::Loading => "LOADING, the server is still loading its data (retry later)",
+            ServerReason::Busy => "the server is busy or failing over (retry later)",
+            ServerReason::ReadOnly => "READONLY, a read-only replica (connect to the primary)",
+            ServerReason::NoPermission => "no permission (check the user's ACL and the credentials)",
+            ServerReason::WrongType => {
+                "WRONGTYPE, a key of the stream holds another type (another writer under its prefix?)"
+            }
+            ServerReason::UnexpectedReply => "an unexpected reply (an incompatible version's stream?)",
+            ServerReason::Other(code) => return write!(f, "{code}"),
+        })
+    }
+}
+
+/// A server error's code, kept inline (at most 16 bytes, longer ones cut) so that errors stay
+/// `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode {
+    len: u8,
+    bytes: [u8; 16],
+}
+
+impl ErrorCode {
+    /// The code `code`, cut to 16 bytes (at a character boundary).
+    ///
+    /// ```
+    /// use lanestream::ErrorCode;
+    /// assert_eq!(ErrorCode::new("EXECABORT").as_str(), "EXECABORT");
+    /// assert_eq!(ErrorCode::new("A_VERY_LONG_ERROR_CODE").as_str(), "A_VERY_LONG_ERRO");
+    /// ```
+    pub fn new(code: &str) -> ErrorCode {
+        let mut len = code.len().min(16);
+        while !code.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0u8; 16];
+        bytes[..len].copy_from_slice(&code.as_bytes()[..len]);
+        ErrorCode { len: len as u8, bytes }
+    }
+
+    /// The code as text.
+    pub fn as_str(&self) -> &str {
+        // Cut at a character boundary of a `&str` in `new`.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Why a stream or lane could not be built. Nothing is built.
@@ -57,6 +184,10 @@ pub enum BuildError {
     /// The backend could not be reached or refused to set the stream up.
     #[error("backend: {0}")]
     Backend(BackendError),
+    /// A backend's URL does not parse (for Redis: `redis://host:port/db`,
+    /// `redis+unix:///path/to/socket`...); the message says why.
+    #[error("invalid backend URL {0}")]
+    InvalidUrl(String),
     /// A backend's stream name is empty or holds a character the backend reserves (for Redis:
     /// `{` and `}`, which delimit the keys' hash tag).
     #[error("invalid stream name {0:?}")]

@@ -60,8 +60,8 @@ mod sync;
 
 pub use envelope::{Envelope, Op};
 pub use error::{
-    AckError, BackendError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError,
-    StreamError, TryPublishError, TryRecvError,
+    AckError, BackendError, BuildError, ErrorCode, PublishError, PublishTimeoutError, RecvError,
+    RecvTimeoutError, ServerReason, StreamError, TryPublishError, TryRecvError,
 };
 pub use item::{Batch, Item, LaneItem, Request};
 #[cfg(feature = "futures")]

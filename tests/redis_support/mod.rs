@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[macro_use]
 pub mod cut_proxy;
 pub mod fanout;
+pub mod server;
 
 /// The server's URL (`LANESTREAM_REDIS_URL`), or `None` (after saying so once) when the tests
 /// are to be skipped. Under CI (`CI=true`) a missing URL fails the test instead: CI must run
@@ -51,11 +52,11 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Kills every connection of stream `name` (named `lanestream:<name>`), as if its process had
-/// died or the network had dropped it; other tests' connections are left alone.
+/// Kills every connection of stream `name` (named `lanestream:<name>{<nonce>}`), as if its
+/// process had died or the network had dropped it; other tests' connections are left alone.
 pub fn kill_connections(admin: &mut redis::Connection, name: &str) {
     let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
-    let tag = format!("name=lanestream:{name} ");
+    let tag = format!("name=lanestream:{name}{{");
     for line in list.lines().filter(|l| l.contains(&tag)) {
         let id = line.split(' ').find_map(|f| f.strip_prefix("id=")).unwrap();
         let _: redis::Value = redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(admin).unwrap();

@@ -30,6 +30,17 @@ use lanestream_postgres::ndjson::DurableNdjson;
 
 use super::{check_output, lsn, lsn_text, open_input, sink_names, Args, BoxError, Ingest};
 
+/// The backend errors of a never-waiting call that a blip gives (a lost connection, a server
+/// restarting or still loading its data): the next call retries, within the retry budget.
+macro_rules! transient {
+    () => {
+        lanestream::BackendError::Connection
+            | lanestream::BackendError::Server(
+                lanestream::ServerReason::Loading | lanestream::ServerReason::Busy,
+            )
+    };
+}
+
 /// What a process of the multi-process pipeline does.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -120,7 +131,12 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     // The sinks ack up to the last commit (the watermark is read from Redis).
     let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
     let watermark = loop {
-        let w = stream.try_watermark()?;
+        // A blip (see `transient!`) is waited out, up to the deadline, as an unmoved watermark.
+        let w = match stream.try_watermark() {
+            Ok(w) => w,
+            Err(transient!()) if Instant::now() <= deadline => None,
+            Err(e) => return Err(e.into()),
+        };
         if w >= last_commit || Instant::now() > deadline {
             break w;
         }
@@ -209,7 +225,11 @@ fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError>
         } else {
             match consumer.try_recv() {
                 Ok(d) => d,
-                Err(TryRecvError::Empty | TryRecvError::Closed) => {
+                // A blip (a lost connection, a restarting server: the never-waiting receive
+                // does not retry) is ridden out as "nothing more now": the held deliveries are
+                // committed (their acks retry within the stream's retry budget), then the
+                // blocking receive waits, retrying too.
+                Err(TryRecvError::Empty | TryRecvError::Closed | TryRecvError::Backend(transient!())) => {
                     commit(&mut out, &mut held, lane)?;
                     continue;
                 }

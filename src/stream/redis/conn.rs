@@ -1,5 +1,6 @@
 //! Connections: a small pool of sync `redis` connections, retries with backoff after a lost
-//! connection, and the anchor connection whose client id marks this process's claims alive.
+//! connection or a transient server state, and the anchor connection that marks this process's
+//! claims alive.
 //!
 //! # Retries
 //! Every script the backend runs is safe to run twice (a retried publish is recognised by the
@@ -7,17 +8,26 @@
 //! set, a retried nack by the attempt, a retried claim by its token), so after a lost
 //! connection [`Pool::run`] reconnects and runs it again, waiting between tries with an
 //! exponential backoff (from 10 ms, doubling, at most 1 s) for as long as its budget allows.
+//! A transient refusal is retried the same way, on the same connection: a server still loading
+//! its data after a restart (`LOADING`), busy with a script (`BUSY`), failing over (`TRYAGAIN`,
+//! `MASTERDOWN`, `CLUSTERDOWN`); the command did not run. When the budget runs out it is
+//! [`BackendError::Server`] with its [`ServerReason`].
 //! The one exception is a request sender's publish, which may land twice (requests are
 //! at-least-once, [R2](crate::contract#r2)). When the budget runs out the caller gets
 //! [`BackendError::Connection`]; the next call starts reconnecting again, after the backoff.
 //!
 //! # Claims and the anchor
-//! A claim (a lane's producer, its attached consumer) is stored in Redis as
-//! `<client id>:<token>`, where the client id is that of this stream's anchor connection, which
-//! does nothing but stay open while the stream or any of its ends lives. Another process may
-//! take a claim over only once that client id is no longer connected (`CLIENT LIST ID`), which
-//! Redis sees as soon as the holder's process dies, with no lease to time out. If the anchor's
-//! connection drops and comes back with a new id, this process moves its live claims over.
+//! A claim (a lane's producer, its attached consumer, the fan-out) is stored in Redis as
+//! `<client id>:<nonce>:<token>`: the client id is that of this stream's anchor connection,
+//! which does nothing but stay open while the stream or any of its ends lives; the nonce is
+//! 128 random bits drawn when the stream is built, carried in the name of every connection of
+//! the stream (`CLIENT SETNAME lanestream:<stream>{<nonce>}`). Another process may take a claim
+//! over only once no connection with that client id *and* that nonce in its name is connected
+//! (`CLIENT LIST ID`), which Redis sees as soon as the holder's process dies, with no lease to
+//! time out. The id alone would not do: Redis numbers clients from 1 again after a restart, so
+//! a dead holder's id is soon some unrelated connection's; the nonce is never reused. If the
+//! anchor's connection drops and comes back with a new id, this process moves its live claims
+//! over.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +41,7 @@ const SCRIPT_RELOADS: u32 = 3;
 
 use ::redis::{Client, Connection, RedisError, RedisResult};
 
-use crate::error::BackendError;
+use crate::error::{BackendError, ServerReason};
 
 /// Locks `m`, ignoring poisoning (the backend's critical sections hold plain values).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -97,13 +107,17 @@ struct Claim {
 /// The stream's connections.
 pub(crate) struct Pool {
     client: Client,
-    /// `CLIENT SETNAME` of every connection: `lanestream:<stream name>`.
+    /// 32 hex digits drawn at random for this stream (see "Claims and the anchor").
+    nonce: String,
+    /// `CLIENT SETNAME` of every connection: `lanestream:<stream name>{<nonce>}`.
     client_name: String,
     pub(crate) settings: Settings,
     idle: Mutex<Vec<Connection>>,
     backoff: Mutex<Backoff>,
     anchor: Mutex<Anchor>,
     claims: Mutex<HashMap<u64, Claim>>,
+    /// The stream's incarnation (the meta hash's `inc`) when it was built.
+    incarnation: Mutex<Option<String>>,
     next_token: Mutex<u64>,
     last_error: Mutex<Option<String>>,
     /// Connections found lost or not made (see [`Pool::connection_errors`]).
@@ -119,6 +133,43 @@ fn is_connection_error(e: &RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
+/// The server's error code of `e`: for an aborted `MULTI`/`EXEC` (`EXECABORT`), that of the
+/// queued command the server refused (the cause); `None` if `e` is no server error.
+fn code(e: &RedisError) -> Option<String> {
+    if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ExecAbort) {
+        let inner = e.clone().into_server_errors();
+        if let Some((_, first)) = inner.as_deref().and_then(|errs| errs.first()) {
+            return Some(first.code().to_owned());
+        }
+    }
+    e.code().map(str::to_owned)
+}
+
+/// Whether `e` is a transient refusal: a server state that passes (loading its data after a
+/// restart, a long script, a failover), the command not run; retried like a lost connection,
+/// on the same connection.
+fn is_transient(e: &RedisError) -> bool {
+    code(e)
+        .is_some_and(|c| matches!(c.as_str(), "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
+}
+
+/// The reason to give for server error `e`.
+pub(crate) fn reason(e: &RedisError) -> ServerReason {
+    code(e).map_or(ServerReason::UnexpectedReply, |c| ServerReason::from_code(&c))
+}
+
+/// 128 random bits as 32 hex digits, from the OS; from the clock and the process id should the
+/// OS have none to give (still unique in practice, as no two processes share both).
+fn nonce() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom::getrandom(&mut bytes).is_err() {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        bytes = (nanos ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The longest a new connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -128,14 +179,17 @@ const MAX_IDLE: usize = 16;
 impl Pool {
     pub(crate) fn new(client: Client, settings: Settings, stream: &str) -> Pool {
         let name: String = stream.chars().map(|c| if c.is_ascii_graphic() { c } else { '_' }).collect();
+        let nonce = nonce();
         Pool {
             client,
-            client_name: format!("lanestream:{name}"),
+            client_name: format!("lanestream:{name}{{{nonce}}}"),
+            nonce,
             settings,
             idle: Mutex::new(Vec::new()),
             backoff: Mutex::new(Backoff { delay: settings.backoff_min, not_before: None }),
             anchor: Mutex::new(Anchor { conn: None, id: 0 }),
             claims: Mutex::new(HashMap::new()),
+            incarnation: Mutex::new(None),
             next_token: Mutex::new(0),
             last_error: Mutex::new(None),
             connection_errors: AtomicU64::new(0),
@@ -203,6 +257,16 @@ impl Pool {
         wait
     }
 
+    /// After a transient refusal: the connections are fine, but the next try waits for the
+    /// backoff, which doubles (the backoff's instant is not set: a pooled connection may be
+    /// used at once by another call, and meets the same refusal).
+    fn failed_transient(&self) -> Duration {
+        let mut b = lock(&self.backoff);
+        let wait = b.delay;
+        b.delay = (b.delay * 2).min(self.settings.backoff_max);
+        wait
+    }
+
     fn succeeded(&self) {
         let mut b = lock(&self.backoff);
         b.delay = self.settings.backoff_min;
@@ -260,10 +324,23 @@ impl Pool {
                         self.put(conn);
                         continue;
                     }
+                    // A transient refusal (`LOADING` after a restart...): the command did not run;
+                    // the connection is fine. Wait (the backoff) and send it again.
+                    Err(e) if is_transient(&e) => {
+                        self.record(format!("redis: {e}"));
+                        self.put(conn);
+                        tries += 1;
+                        let wait = self.failed_transient();
+                        if Instant::now() + wait > give_up {
+                            return Err(BackendError::Server(reason(&e)));
+                        }
+                        thread::sleep(wait);
+                        continue;
+                    }
                     Err(e) if !is_connection_error(&e) => {
                         self.record(format!("redis: {e}"));
                         self.put(conn);
-                        return Err(BackendError::Server);
+                        return Err(BackendError::Server(reason(&e)));
                     }
                     Err(e) => (e, pooled),
                 },
@@ -286,6 +363,35 @@ impl Pool {
         }
     }
 
+    /// A fresh incarnation for a stream this build may create (random, as the nonce).
+    pub(crate) fn fresh_incarnation(&self) -> String {
+        nonce()
+    }
+
+    /// Records the stream's incarnation, as its build read it.
+    pub(crate) fn set_incarnation(&self, incarnation: String) {
+        *lock(&self.incarnation) = Some(incarnation);
+    }
+
+    /// After an epoch check refused an end (fenced, detached): [`BackendError::StateLost`] if
+    /// the stream's incarnation in meta hash `meta` is gone or another one (the state this end
+    /// knew is lost: nobody took the lane over), else `Ok` (a real take-over; also when the
+    /// incarnation cannot be read).
+    pub(crate) fn check_state(&self, meta: &str) -> Result<(), BackendError> {
+        let Some(ours) = lock(&self.incarnation).clone() else { return Ok(()) };
+        let now = self
+            .run(Budget::Retry, |c, _| ::redis::cmd("HGET").arg(meta).arg("inc").query::<Option<String>>(c));
+        match now {
+            Ok(now) if now.as_deref() != Some(ours.as_str()) => {
+                self.record(format!(
+                    "lanestream: the stream's state is gone ({meta} holds incarnation {now:?}, built as {ours:?})"
+                ));
+                Err(BackendError::StateLost)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// A fresh claim token, unique in this process.
     pub(crate) fn token(&self) -> u64 {
         let mut t = lock(&self.next_token);
@@ -300,6 +406,8 @@ impl Pool {
         if let Some(conn) = anchor.conn.as_mut() {
             match ::redis::cmd("PING").query::<String>(conn) {
                 Ok(_) => return Ok(anchor.id),
+                // A refusal (`LOADING`...) came over the connection: it is alive.
+                Err(e) if !is_connection_error(&e) => return Ok(anchor.id),
                 Err(e) => self.record_connection_error(format!("redis connection (anchor): {e}")),
             }
         }
@@ -326,11 +434,11 @@ impl Pool {
         let script = ::redis::Script::new(&super::scripts::source(super::scripts::MOVE_CLAIM));
         let claims: Vec<(u64, String, &'static str, String)> = lock(&self.claims)
             .iter()
-            .filter(|(_, c)| c.value.starts_with(&format!("{old}:")))
+            .filter(|(_, c)| c.value.starts_with(&format!("{old}:{}:", self.nonce)))
             .map(|(t, c)| (*t, c.key.clone(), c.field, c.value.clone()))
             .collect();
         for (token, key, field, value) in claims {
-            let moved_to = format!("{new}:{token}");
+            let moved_to = format!("{new}:{}:{token}", self.nonce);
             let moved = self.run(Budget::Once, |c, _| {
                 script.key(&key).arg(field).arg(&value).arg(&moved_to).invoke::<i64>(c)
             });
@@ -345,7 +453,7 @@ impl Pool {
     /// The claim value for `token`, registered as live (under `key`'s `field`) until
     /// [`forget`](Pool::forget).
     pub(crate) fn claim(&self, token: u64, key: &str, field: &'static str) -> Result<String, BackendError> {
-        let value = format!("{}:{token}", self.anchor_id()?);
+        let value = format!("{}:{}:{token}", self.anchor_id()?, self.nonce);
         lock(&self.claims).insert(token, Claim { key: key.to_owned(), field, value: value.clone() });
         Ok(value)
     }
@@ -360,17 +468,31 @@ impl Pool {
         lock(&self.claims).remove(&token);
     }
 
-    /// Whether the end holding claim `holder` (`<client id>:<token>`) is alive: ours if it is
-    /// registered here, another process's if its client id is still connected.
+    /// Whether the end holding claim `holder` (`<client id>:<nonce>:<token>`) is alive: ours
+    /// (our nonce) if it is registered here, another process's if a connection with its client
+    /// id and its nonce in its name is connected. A claim of an earlier version
+    /// (`<client id>:<token>`) is alive while its client id is connected.
     pub(crate) fn holder_alive(&self, holder: &str) -> Result<bool, BackendError> {
-        let Some((id, _)) = holder.split_once(':') else { return Ok(false) };
+        let parts: Vec<&str> = holder.split(':').collect();
+        let (id, nonce) = match parts[..] {
+            [id, nonce, _token] => (id, Some(nonce)),
+            [id, _token] => (id, None),
+            _ => return Ok(false),
+        };
         let Ok(id) = id.parse::<u64>() else { return Ok(false) };
-        if id == self.anchor_id()? {
+        if nonce == Some(self.nonce.as_str()) {
             return Ok(lock(&self.claims).values().any(|c| c.value == holder));
         }
         let listed: String =
             self.run(Budget::Retry, |c, _| ::redis::cmd("CLIENT").arg("LIST").arg("ID").arg(id).query(c))?;
-        Ok(!listed.trim().is_empty())
+        let Some(line) = listed.lines().find(|l| !l.trim().is_empty()) else { return Ok(false) };
+        Ok(match nonce {
+            Some(nonce) => {
+                let tag = format!("{{{nonce}}}");
+                line.split(' ').any(|f| f.strip_prefix("name=").is_some_and(|name| name.ends_with(&tag)))
+            }
+            None => true,
+        })
     }
 
     /// Blocks until a token arrives on `key` (consumed) or `timeout` passes; `Ok(true)` if one

@@ -418,9 +418,9 @@ impl RedisFanout {
         })?;
         let v = v.map_err(|msg| {
             pool.record(msg);
-            BackendError::Server
+            BackendError::Server(crate::error::ServerReason::UnexpectedReply)
         })?;
-        published(pool, &v, tries == 0)
+        published(pool, &self.keys.meta, &v, tries == 0)
     }
 
     /// Runs `PUBLISH_FANOUT` for entry `n` (loading it into a server that does not know it).

@@ -92,7 +92,7 @@ pub(crate) fn int(v: &Value) -> u64 {
 /// A malformed reply: a server-side failure as far as the caller is concerned.
 pub(crate) fn malformed(pool: &Pool, what: &str, v: &Value) -> BackendError {
     pool.record(format!("lanestream: unexpected reply to {what}: {v:?}"));
-    BackendError::Server
+    BackendError::Server(crate::error::ServerReason::UnexpectedReply)
 }
 
 /// What a publish did.
@@ -314,7 +314,7 @@ impl LaneDef {
             }
             inv.invoke(c)
         })?;
-        Ok((published(pool, &v, tries == 0)?, None))
+        Ok((published(pool, &self.meta, &v, tries == 0)?, None))
     }
 
     /// The claimed producer's publish of entry `n` on a sink lane alone on its log: one `MULTI`
@@ -406,9 +406,9 @@ impl LaneDef {
         })?;
         let v = v.map_err(|msg| {
             pool.record(msg);
-            BackendError::Server
+            BackendError::Server(crate::error::ServerReason::UnexpectedReply)
         })?;
-        Ok((published(pool, &v, tries == 0)?, room))
+        Ok((published(pool, &self.meta, &v, tries == 0)?, room))
     }
 
     /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
@@ -477,7 +477,10 @@ impl LaneDef {
             }
             Some(b"empty") => Received::Empty,
             Some(b"closed") => Received::Closed,
-            Some(b"detached") => Received::Detached,
+            Some(b"detached") => {
+                pool.check_state(&self.meta)?;
+                Received::Detached
+            }
             _ => return Err(malformed(pool, "receive", &v)),
         })
     }
@@ -550,7 +553,10 @@ impl LaneDef {
         })?;
         Ok(match items(&v).first().map(text) {
             Some(b"ok") => Acked::Done,
-            Some(b"detached") => Acked::Detached,
+            Some(b"detached") => {
+                pool.check_state(&self.meta)?;
+                Acked::Detached
+            }
             Some(b"unknown") => Acked::Unknown,
             _ => return Err(malformed(pool, "ack", &v)),
         })
@@ -794,7 +800,14 @@ fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
 
 /// A publish script's reply (`PUBLISH`, `PUBLISH_ALONE` and `PUBLISH_FANOUT` answer alike);
 /// `first_try`: the reply is to the call's first try (a `dup` then is an earlier call's entry).
-pub(crate) fn published(pool: &Pool, v: &Value, first_try: bool) -> Result<Published, BackendError> {
+/// A fenced publish is [`BackendError::StateLost`] when the stream's state (its meta hash
+/// `meta`) is gone.
+pub(crate) fn published(
+    pool: &Pool,
+    meta: &str,
+    v: &Value,
+    first_try: bool,
+) -> Result<Published, BackendError> {
     let r = items(v);
     Ok(match r.first().map(text) {
         Some(b"ok") => Published::Done,
@@ -802,7 +815,10 @@ pub(crate) fn published(pool: &Pool, v: &Value, first_try: bool) -> Result<Publi
         Some(b"dup") => Published::Done,
         Some(b"full") => Published::Full,
         Some(b"closed") => Published::Closed,
-        Some(b"fenced") => Published::Fenced,
+        Some(b"fenced") => {
+            pool.check_state(meta)?;
+            Published::Fenced
+        }
         Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
             Some(last) => Published::Regressed(last),
             None => return Err(malformed(pool, "publish", v)),

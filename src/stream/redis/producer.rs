@@ -35,7 +35,9 @@ fn encode<T: RedisItem>(shared: &Shared, item: &T) -> Result<Encoded, Option<Bac
         Ok(bytes) => Ok(Encoded { position, bytes }),
         Err(e) => {
             shared.pool.record(format!("lanestream: could not encode: {e}"));
-            Err(Some(BackendError::Server))
+            Err(Some(BackendError::Server(crate::error::ServerReason::Other(crate::error::ErrorCode::new(
+                "ENCODE",
+            )))))
         }
     }
 }

@@ -883,9 +883,12 @@ return {'ok', room, lp}
 
 /// Record the stream's shape when it is new, and read it back: its sinks and how it is published
 /// to (`lanes`: a producer per lane; `fanout`: its one fan-out). A stream made before the mode was
-/// recorded was published to per lane.
+/// recorded was published to per lane. Its incarnation `inc` (random, set once): an end refused
+/// by an epoch check tells from it whether the stream's state is gone (`inc` missing, or another
+/// one: the keys deleted, the server restarted without persistence) rather than taken over.
 ///
-/// KEYS: meta. ARGV: the sinks (comma-separated), the mode. Replies `{sinks, mode}` as stored.
+/// KEYS: meta. ARGV: the sinks (comma-separated), the mode, a fresh incarnation. Replies
+/// `{sinks, mode, inc}` as stored.
 pub(crate) const DESCRIBE: &str = r#"
 local M = KEYS[1]
 if redis.call('HSETNX', M, 'sinks', ARGV[1]) == 1 then
@@ -893,7 +896,8 @@ if redis.call('HSETNX', M, 'sinks', ARGV[1]) == 1 then
 elseif not redis.call('HGET', M, 'mode') then
   redis.call('HSET', M, 'mode', 'lanes')
 end
-return redis.call('HMGET', M, 'sinks', 'mode')
+redis.call('HSETNX', M, 'inc', ARGV[3])
+return redis.call('HMGET', M, 'sinks', 'mode', 'inc')
 "#;
 
 /// Give a claim up (a dropped end), if it is still ours.

@@ -127,7 +127,7 @@ impl RedisStreamBuilder {
     /// # Errors
     /// As [`StreamBuilder::build`](crate::StreamBuilder::build), plus
     /// [`BuildError::InvalidStreamName`] (empty, or holding `{` or `}`),
-    /// [`BuildError::Backend`] (Redis unreachable, or refusing) and [`BuildError::Mismatch`]
+    /// [`BuildError::InvalidUrl`], [`BuildError::Backend`] (Redis unreachable, or refusing) and [`BuildError::Mismatch`]
     /// (Redis holds a stream of that name with other sinks).
     pub fn build(self) -> Result<RedisStream, BuildError> {
         let sinks = crate::stream::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
@@ -135,7 +135,7 @@ impl RedisStreamBuilder {
             return Err(BuildError::InvalidStreamName(self.name));
         }
         let client = ::redis::Client::open(self.url.as_str())
-            .map_err(|_| BuildError::Backend(BackendError::Server))?;
+            .map_err(|e| BuildError::InvalidUrl(format!("{}: {e}", self.url)))?;
         let pool = Pool::new(client, self.settings, &self.name);
         let prefix = format!("{{{}}}", self.name);
         let mut lanes: Vec<LaneDef> =
@@ -159,9 +159,11 @@ impl RedisStreamBuilder {
         // differ), recorded by the build that makes the stream.
         let mode = if self.fanout { "fanout" } else { "lanes" };
         let describe = ::redis::Script::new(&super::scripts::source(super::scripts::DESCRIBE));
-        let (stored, stored_mode): (String, String) =
-            query(&pool, Budget::Retry, |c| describe.key(&meta).arg(&names).arg(mode).invoke(c))
+        let fresh = pool.fresh_incarnation();
+        let (stored, stored_mode, incarnation): (String, String, String) =
+            query(&pool, Budget::Retry, |c| describe.key(&meta).arg(&names).arg(mode).arg(&fresh).invoke(c))
                 .map_err(backend)?;
+        pool.set_incarnation(incarnation);
         if stored != names {
             return Err(BuildError::Mismatch(format!(
                 "stream {:?} has sinks [{stored}], this build asked for [{names}]",
