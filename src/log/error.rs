@@ -135,8 +135,12 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
-    /// A segment holds bytes recovery will not drop: a damaged record that is not the tail of
-    /// the last segment, a foreign header, or records out of sequence. Nothing was truncated.
+    /// A segment holds bytes recovery will not drop: a damaged record that is not a torn tail
+    /// (in a segment other than the last, or followed by a whole CRC-valid record, which a
+    /// crash never leaves after a torn one), a foreign header, or records out of sequence.
+    /// Nothing was truncated or otherwise changed: the acknowledged records after the damage
+    /// are still on disk. Restore the segment from a backup or a replica; `offset` is where
+    /// the damaged record starts.
     #[error("corrupt log segment {segment} at byte {offset}: {reason}")]
     Corrupt {
         /// The segment file.
