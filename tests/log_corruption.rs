@@ -115,7 +115,11 @@ fn a_genuine_torn_tail_cut_mid_record_with_garbage_after_is_still_truncated() {
             let log = EventLog::open(&dir, LogOptions::default()).unwrap();
             assert_eq!(positions(&all(&log.reader())), [1, 2, 3], "cut at {cut}");
             drop(log);
-            assert_eq!(fs::read(&seg).unwrap(), &good[..last], "cut at {cut}: truncated to the last valid record");
+            assert_eq!(
+                fs::read(&seg).unwrap(),
+                &good[..last],
+                "cut at {cut}: truncated to the last valid record"
+            );
         }
     }
 }
@@ -142,8 +146,14 @@ fn every_single_byte_flip_before_the_last_record_is_refused_as_corrupt_never_ope
                     fs::write(&seg, &good).unwrap();
                 }
                 Err(OpenError::Corrupt { offset, .. }) => {
-                    assert_eq!(offset, starts[record] as u64, "byte {at} ^ {bit:#x}: names the flipped record");
-                    assert!(fs::read(&seg).unwrap() == bytes, "byte {at} ^ {bit:#x}: the segment was changed");
+                    assert_eq!(
+                        offset, starts[record] as u64,
+                        "byte {at} ^ {bit:#x}: names the flipped record"
+                    );
+                    assert!(
+                        fs::read(&seg).unwrap() == bytes,
+                        "byte {at} ^ {bit:#x}: the segment was changed"
+                    );
                     refused += 1;
                 }
                 Err(e) => panic!("byte {at} ^ {bit:#x}: {e}"),

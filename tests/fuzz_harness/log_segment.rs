@@ -380,7 +380,7 @@ pub fn log_segment(data: &[u8]) {
     // Never truncate a valid record (independent of the reference's walk): whatever recovery
     // cut off the last segment holds no whole, CRC-valid frame at any offset.
     let (_, last_before) = segments.last().unwrap();
-    let kept = fs::metadata(&last_segment_path(&dir.0, &segments)).unwrap().len() as usize;
+    let kept = fs::metadata(last_segment_path(&dir.0, &segments)).unwrap().len() as usize;
     if kept < last_before.len() {
         assert!(
             !any_crc_valid_frame(last_before, kept),
