@@ -128,7 +128,8 @@ fn write_log_segment_seeds() {
 
 /// The `log_segment` harness's reference reader agrees with the log on a real log, so the corpus
 /// replay is not vacuous: the seed of a whole segment reads as its four events, a torn copy as
-/// the prefix before the tear, and a foreign header as corruption.
+/// the prefix before the tear, and a foreign header or a damaged record before valid ones as
+/// corruption.
 #[test]
 fn log_segment_reference_reads_the_seeds_as_written() {
     use fuzz_harness::log_segment::{expect, layout, Expect};
@@ -148,4 +149,7 @@ fn log_segment_reference_reads_the_seeds_as_written() {
     let mut foreign = seed("seed-whole-file");
     foreign[4] ^= 1; // the magic's first byte (after the 4-byte harness prefix)
     assert_eq!(count(&foreign), None);
+    // A damaged record followed by whole, CRC-valid ones is corruption, not a torn tail.
+    assert_eq!(count(&seed("regression-flipped-bit-before-valid-records")), None);
+    assert_eq!(count(&seed("regression-flipped-length-before-valid-records")), None);
 }

@@ -113,8 +113,9 @@ impl AppendError {
     }
 }
 
-/// Why a log could not be opened. Nothing is running; the directory is as it was, except that a
-/// torn tail found by recovery was truncated away (it was never acknowledged).
+/// Why a log could not be opened. Nothing is running and nothing stays claimed; the directory is
+/// as it was, except that a torn tail found by recovery was truncated away (it was never
+/// acknowledged) and that its `LOCK` file exists.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
@@ -122,8 +123,22 @@ pub enum OpenError {
     #[error("invalid log option: {0}")]
     InvalidOption(&'static str),
     /// This process already has the log in `path` open (two writers would interleave records).
-    #[error("the log in {0} is already open in this process")]
+    /// Nothing was read or changed; close the other handle first.
+    #[error("the log in {0} is already open in this process; close it before opening it again")]
     AlreadyOpen(PathBuf),
+    /// Another process has the log in `dir` open: it holds the exclusive advisory lock on the
+    /// directory's `LOCK` file (two writers would interleave records). Nothing was read or
+    /// changed. Close the log in that process first; the lock goes with the process however it
+    /// ends, killed included, so a stale lock is never left behind.
+    #[error(
+        "the log in {} is open in another process (it holds the lock on {}); close it there first",
+        .dir.display(),
+        .dir.join(super::storage::LOCK_FILE).display()
+    )]
+    Locked {
+        /// The log directory (canonical).
+        dir: PathBuf,
+    },
     /// A file or directory operation failed.
     #[error("{op} {path}: {source}")]
     Io {
@@ -135,8 +150,12 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
-    /// A segment holds bytes recovery will not drop: a damaged record that is not the tail of
-    /// the last segment, a foreign header, or records out of sequence. Nothing was truncated.
+    /// A segment holds bytes recovery will not drop: a damaged record that is not a torn tail
+    /// (in a segment other than the last, or followed by a whole CRC-valid record, which a
+    /// crash never leaves after a torn one), a foreign header, or records out of sequence.
+    /// Nothing was truncated or otherwise changed: the acknowledged records after the damage
+    /// are still on disk. Restore the segment from a backup or a replica; `offset` is where
+    /// the damaged record starts.
     #[error("corrupt log segment {segment} at byte {offset}: {reason}")]
     Corrupt {
         /// The segment file.

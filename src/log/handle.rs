@@ -66,11 +66,15 @@ impl EventLog {
     /// [the format](super#on-disk)), truncates a torn tail, rebuilds the index, and resumes at
     /// the recovered head + 1. An append is acknowledged once its group commit is fsynced.
     ///
-    /// One process may have a given directory open once at a time; the log does not guard
-    /// against two processes opening it.
+    /// One writer per directory: while a log is open its directory is claimed in this process
+    /// and, against other processes, by an exclusive advisory lock (`flock(2)`) on the file
+    /// `LOCK` in it, taken before recovery reads anything and held until the log's writer stops
+    /// (or the process ends, however). Advisory: only lanestream logs honour it, and it is as
+    /// good as the file system's `flock` (local file systems; not every network one).
     ///
     /// # Errors
-    /// [`OpenError::InvalidOption`], [`OpenError::AlreadyOpen`], [`OpenError::Io`],
+    /// [`OpenError::InvalidOption`], [`OpenError::AlreadyOpen`] (open in this process),
+    /// [`OpenError::Locked`] (open in another process), [`OpenError::Io`],
     /// [`OpenError::Corrupt`].
     pub fn open(dir: impl AsRef<Path>, options: LogOptions) -> Result<WriteHandle, OpenError> {
         EventLog::open_with(dir.as_ref(), options, |s| s)

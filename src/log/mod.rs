@@ -65,7 +65,11 @@
 //! Segment files of length-prefixed, CRC32C-checked records, one record per append; recovery on
 //! open validates every record, truncates a torn tail (never acknowledged), never exposes a
 //! phantom and resumes at the recovered head + 1, with the index — and so every condition's view
-//! — rebuilt from the records. The format is described in the source of `segment.rs`.
+//! — rebuilt from the records. A damaged record that is not a torn tail (one followed by a whole,
+//! CRC-valid record, which a crash never leaves) fails the open with [`OpenError::Corrupt`] and
+//! truncates nothing. One writer per directory: an open log holds an exclusive lock on the
+//! directory's `LOCK` file, and an open from another process fails with
+//! [`OpenError::Locked`]. The format is described in the source of `segment.rs`.
 //!
 //! ```
 //! use lanestream::log::{Event, EventLog, LogOptions, Query, QueryItem};

@@ -17,11 +17,27 @@
 //! # Recovery
 //! Opening reads every segment in order and validates every record: its length, its CRC32C, that
 //! its first position is the next one expected (dense from 1) and that it decodes (UTF-8 names,
-//! sorted unique tags, exact lengths). In the last segment, the first record that fails — the
-//! tail a crash tore, which was never acknowledged since a reply waits for the fsync — and
-//! everything after it is truncated away, and appends resume right after the last valid record.
-//! Anywhere else a bad record is corruption of acknowledged data: opening fails with
-//! [`OpenError::Corrupt`] and changes nothing.
+//! sorted unique tags, exact lengths). A record that is incomplete or fails its CRC is what a
+//! crash leaves at the end of the last segment: the group commit being written, never
+//! acknowledged since a reply waits for the fsync. It is truncated away (it and everything after
+//! it), and appends resume right after the last valid record — but only if it is a genuine torn
+//! tail:
+//!
+//! - Only in the last segment. Anywhere else a bad record is corruption of acknowledged data.
+//! - Only if no whole, CRC-valid frame starts anywhere after the bad record's first byte (every
+//!   byte offset is tried, not just the one the bad record's length points to, which may itself
+//!   be the damaged field). Records are written in order and each group commit is synced before
+//!   the next one starts, so a crash never leaves a valid record after a torn one; one found
+//!   there means the bad record was written and synced before it — acknowledged data, damaged
+//!   since (a flipped bit in its length, its CRC or its payload). A frame counts when its length
+//!   is at least [`MIN_PAYLOAD`] (the smallest record there is), it ends inside the file and its
+//!   CRC32C matches; garbage in a torn tail (zeros, a half-written record) does not pass that.
+//! - A whole, CRC-valid record that does not decode, or whose position is not the next one, is
+//!   corruption wherever it is (a torn write cannot pass the CRC).
+//!
+//! Corruption fails the open with [`OpenError::Corrupt`], naming the segment and the bad
+//! record's offset, and changes nothing on disk. A damaged *last* record, with nothing valid
+//! after it, cannot be told from a torn write and is truncated like one (as in LevelDB).
 
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -43,6 +59,9 @@ pub(crate) const FRAME_LEN: usize = 8;
 pub(crate) const PAYLOAD_FIXED: usize = 12;
 /// The largest payload a record may hold, in bytes.
 pub(crate) const MAX_PAYLOAD: usize = u32::MAX as usize;
+/// The smallest payload a record can have, in bytes: the fixed part and one event with a
+/// one-byte type, no tags and no data (`type_len | type | tag_count | data_len`).
+pub(crate) const MIN_PAYLOAD: usize = PAYLOAD_FIXED + 2 + 1 + 2 + 4;
 
 /// The header of the segment starting at `first`.
 pub(crate) fn header(first: u64) -> [u8; HEADER_LEN] {
@@ -81,7 +100,8 @@ pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event]) {
 /// Why a record could not be read.
 #[derive(Debug)]
 pub(crate) enum RecordError {
-    /// Incomplete or failing its CRC: what a torn write leaves.
+    /// Incomplete or failing its CRC: what a torn write leaves, or damage (recovery tells the
+    /// two apart by what follows, see the module docs).
     Torn(&'static str),
     /// Whole and CRC-valid, yet wrong: corruption, never a torn write.
     Invalid(String),
@@ -173,6 +193,28 @@ pub(crate) fn decode_record(bytes: &Bytes, at: usize) -> Result<(u64, Vec<Event>
     Ok((first, events, FRAME_LEN + len))
 }
 
+/// Whether a whole frame whose CRC32C checks starts at `at` in `bytes`, with a payload of at
+/// least [`MIN_PAYLOAD`] bytes: what only a completed write of a record leaves.
+fn crc_valid_frame_at(bytes: &[u8], at: usize) -> bool {
+    let Some(frame) = bytes.get(at..at + FRAME_LEN) else { return false };
+    let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(frame[4..].try_into().expect("4 bytes"));
+    if len < MIN_PAYLOAD || bytes.len() - at - FRAME_LEN < len {
+        return false;
+    }
+    let payload = &bytes[at + FRAME_LEN..at + FRAME_LEN + len];
+    crc32c::crc32c_append(crc32c::crc32c(&frame[..4]), payload) == crc
+}
+
+/// The first offset after `bad` (the start of a record that failed) at which a whole,
+/// CRC-valid frame starts, if any: the proof that `bad` is damage, not a torn tail (see the
+/// module docs). Tries every byte offset, since the bad record's own length may be what is
+/// damaged.
+pub(crate) fn valid_frame_after(bytes: &[u8], bad: usize) -> Option<usize> {
+    let last_start = bytes.len().checked_sub(FRAME_LEN + MIN_PAYLOAD)?;
+    (bad + 1..=last_start).find(|&at| crc_valid_frame_at(bytes, at))
+}
+
 /// What recovery found.
 #[derive(Debug)]
 pub(crate) struct Recovered {
@@ -240,7 +282,18 @@ pub(crate) fn recover(
                     on_append(rec_first, events);
                     at += len;
                 }
-                Err(RecordError::Torn(_)) if is_last => {
+                Err(RecordError::Torn(why)) if is_last => {
+                    if let Some(valid) = valid_frame_after(&bytes, at) {
+                        return Err(corrupt(
+                            at,
+                            format!(
+                                "{why}, yet a whole CRC-valid record follows at byte {valid}: a crash \
+                                 never leaves a valid record after a torn one, so this is damage to \
+                                 acknowledged records, not a torn tail; nothing was truncated — \
+                                 restore the segment from a backup or a replica"
+                            ),
+                        ));
+                    }
                     let file = OpenOptions::new().write(true).open(path).map_err(io_err("opening", path))?;
                     file.set_len(at as u64).map_err(io_err("truncating", path))?;
                     file.sync_all().map_err(io_err("syncing", path))?;

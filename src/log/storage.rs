@@ -49,27 +49,66 @@ fn open_dirs() -> &'static Mutex<HashSet<PathBuf>> {
     DIRS.get_or_init(Default::default)
 }
 
-/// This process's claim on a log directory, released on drop.
+/// The file in a log directory whose exclusive advisory lock (`flock(2)`; `LockFileEx` on
+/// Windows) the writer holds while the log is open. Created on first open and never removed
+/// (removing it would let two processes lock two different files of one name).
+pub(crate) const LOCK_FILE: &str = "LOCK";
+
+/// The writer's claim on a log directory: this process's entry in its set of open directories
+/// and the exclusive lock on the directory's [`LOCK_FILE`] against other processes. Released on
+/// drop; the lock also goes with the process, however it ends (the kernel drops it with the
+/// last descriptor, SIGKILL included).
 #[derive(Debug)]
-pub(crate) struct DirClaim(PathBuf);
+pub(crate) struct DirClaim {
+    dir: PathBuf,
+    /// The locked file; `None` only while dropping.
+    lock_file: Option<File>,
+}
 
 impl DirClaim {
-    /// Claims `dir` (canonical).
+    /// Claims `dir` (canonical): first in this process, then across processes. Taken before
+    /// recovery reads or truncates anything, so that a second writer changes nothing.
     ///
     /// # Errors
-    /// [`OpenError::AlreadyOpen`] while another log of this process has it.
+    /// [`OpenError::AlreadyOpen`] while another log of this process has it;
+    /// [`OpenError::Locked`] while another process has it open; [`OpenError::Io`] if the lock
+    /// file cannot be created or locked. Nothing stays claimed on an error.
     pub(crate) fn claim(dir: &Path) -> Result<DirClaim, OpenError> {
-        if lock(open_dirs()).insert(dir.to_path_buf()) {
-            Ok(DirClaim(dir.to_path_buf()))
-        } else {
-            Err(OpenError::AlreadyOpen(dir.to_path_buf()))
+        if !lock(open_dirs()).insert(dir.to_path_buf()) {
+            return Err(OpenError::AlreadyOpen(dir.to_path_buf()));
         }
+        // From here on, dropping `claim` takes the entry out again on every early return.
+        let mut claim = DirClaim { dir: dir.to_path_buf(), lock_file: None };
+        let path = dir.join(LOCK_FILE);
+        let io = |op| {
+            let path = path.clone();
+            move |source| OpenError::Io { op, path, source }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io("creating the lock file"))?;
+        // Through the trait, not `file.try_lock()`: that would be std's `File::try_lock`
+        // (Rust 1.89, above the library's MSRV) on newer compilers.
+        match fs4::FileExt::try_lock(&file) {
+            Ok(()) => {}
+            Err(fs4::TryLockError::WouldBlock) => return Err(OpenError::Locked { dir: dir.to_path_buf() }),
+            Err(fs4::TryLockError::Error(e)) => return Err(io("locking")(e)),
+        }
+        claim.lock_file = Some(file);
+        Ok(claim)
     }
 }
 
 impl Drop for DirClaim {
     fn drop(&mut self) {
-        lock(open_dirs()).remove(&self.0);
+        // Unlock (close) before leaving the set, so that a log of this process that claims the
+        // directory next never finds its own old lock still held.
+        drop(self.lock_file.take());
+        lock(open_dirs()).remove(&self.dir);
     }
 }
 

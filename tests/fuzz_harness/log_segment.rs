@@ -6,6 +6,9 @@
 //!   finds (every event byte-exact, positions dense from 1, a torn tail of the last segment
 //!   truncated away) or, where the reference finds damage recovery must not drop, fails with
 //!   [`OpenError::Corrupt`] and leaves every file as it was;
+//! - never truncate a valid record: checked apart from the reference, the bytes an open cut off
+//!   the last segment hold no whole, CRC-valid frame (at any byte offset), since a crash never
+//!   leaves one after a torn record — a bad record followed by one is corruption;
 //! - a recovered log takes appends (one conditional, checked against the recovered events), and
 //!   reopening it gives back the recovered prefix plus those appends, the condition state
 //!   included.
@@ -30,6 +33,9 @@ use lanestream::log::{
 pub const MAGIC: [u8; 8] = *b"LSLOG\0\0\x01";
 /// A segment header's size, in bytes.
 pub const HEADER_LEN: usize = 16;
+/// The smallest payload a record has: first position, count, and one event of a one-byte type,
+/// no tags and no data.
+pub const MIN_PAYLOAD: usize = 8 + 4 + 2 + 1 + 2 + 4;
 
 /// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), table-driven; written here rather than
 /// taken from the library's dependency so that the reference shares no code with the reader.
@@ -164,6 +170,26 @@ fn record(b: &[u8]) -> Record {
     }
 }
 
+/// Whether `b` starts with a whole frame of at least [`MIN_PAYLOAD`] bytes whose CRC32C checks
+/// (whatever its payload decodes to).
+fn crc_valid_frame(b: &[u8]) -> bool {
+    if b.len() < 8 {
+        return false;
+    }
+    let len = u32::from_le_bytes(b[..4].try_into().unwrap()) as usize;
+    if len < MIN_PAYLOAD || b.len() - 8 < len {
+        return false;
+    }
+    let mut checked = b[..4].to_vec();
+    checked.extend_from_slice(&b[8..8 + len]);
+    crc32c(&checked) == u32::from_le_bytes(b[4..8].try_into().unwrap())
+}
+
+/// Whether a whole, CRC-valid frame starts at any byte offset of `b` from `from` on.
+pub fn any_crc_valid_frame(b: &[u8], from: usize) -> bool {
+    (from..b.len()).any(|at| crc_valid_frame(&b[at..]))
+}
+
 /// What the reference expects of opening a directory of segments.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Expect {
@@ -208,7 +234,8 @@ pub fn expect(segments: &[(u64, Vec<u8>)]) -> Expect {
                     events.extend(evs);
                     at += len;
                 }
-                Record::Torn if is_last => break,
+                // A torn tail only if nothing whole and CRC-valid follows the bad record.
+                Record::Torn if is_last && !any_crc_valid_frame(bytes, at + 1) => break,
                 Record::Torn | Record::Invalid => return Expect::Corrupt,
             }
         }
@@ -261,6 +288,11 @@ impl Drop for TempDir {
 
 fn segment_path(dir: &Path, first: u64) -> PathBuf {
     dir.join(format!("{first:020}.seg"))
+}
+
+/// The path of the last of `segments` in `dir`.
+fn last_segment_path(dir: &Path, segments: &[(u64, Vec<u8>)]) -> PathBuf {
+    segment_path(dir, segments.last().unwrap().0)
 }
 
 /// The segment files of `dir` (name's position, bytes), sorted.
@@ -345,6 +377,16 @@ pub fn log_segment(data: &[u8]) {
         (Ok(log), Expect::Opens { .. }) => log,
     };
     let Expect::Opens { events, last_len } = expected else { unreachable!() };
+    // Never truncate a valid record (independent of the reference's walk): whatever recovery
+    // cut off the last segment holds no whole, CRC-valid frame at any offset.
+    let (_, last_before) = segments.last().unwrap();
+    let kept = fs::metadata(last_segment_path(&dir.0, &segments)).unwrap().len() as usize;
+    if kept < last_before.len() {
+        assert!(
+            !any_crc_valid_frame(last_before, kept),
+            "recovery truncated the last segment to {kept} bytes, cutting off a whole CRC-valid record"
+        );
+    }
     assert_eq!(read_all(&log), events, "recovered events differ from the valid prefix");
     let n = events.len() as u64;
     assert_eq!(log.head().map_or(0, LogPosition::get), n);
