@@ -601,7 +601,9 @@ impl Ingest {
                 loop {
                     match self.fanout.publish_timeout(item, Duration::from_millis(100)) {
                         Ok(()) => break,
-                        Err(PublishTimeoutError::Timeout(back)) if !self.sink_failed.load(Ordering::Acquire) => {
+                        Err(PublishTimeoutError::Timeout(back))
+                            if !self.sink_failed.load(Ordering::Acquire) =>
+                        {
                             item = back;
                         }
                         Err(PublishTimeoutError::Timeout(_)) => {
@@ -1147,7 +1149,9 @@ impl Sink {
         // The new engine: the durable output reopened from its checkpoint (what was written
         // after it is cut off and comes again), then a fresh consumer over the same lane.
         match (&kill.out_dir, had_durable) {
-            (Some(dir), true) => self.durable = Some(DurableNdjson::open(dir, mine.as_str(), Duration::ZERO)?),
+            (Some(dir), true) => {
+                self.durable = Some(DurableNdjson::open(dir, mine.as_str(), Duration::ZERO)?)
+            }
             _ => self.out = zombie.2.map(|(file, _lost)| BufWriter::with_capacity(1 << 16, file)),
         }
         let consumer = self.lane.reattach();

@@ -80,7 +80,9 @@ pub enum NdjsonError {
     },
     /// Another sink engine (in this process or another) holds the output: only one may write
     /// it. Stop the other engine, or wait longer.
-    #[error("{path} is held by another sink engine (waited {waited:?}); stop it, or let it notice it was fenced")]
+    #[error(
+        "{path} is held by another sink engine (waited {waited:?}); stop it, or let it notice it was fenced"
+    )]
     Locked {
         /// The output file.
         path: PathBuf,
@@ -97,7 +99,9 @@ pub enum NdjsonError {
     },
     /// The output is shorter than its checkpoint says: acked output is missing (the file was
     /// cut or replaced by something else). Nothing is written.
-    #[error("{path} holds {on_disk} bytes, less than its checkpoint's {checkpoint}: acked output is missing")]
+    #[error(
+        "{path} holds {on_disk} bytes, less than its checkpoint's {checkpoint}: acked output is missing"
+    )]
     ShortOutput {
         /// The output file.
         path: PathBuf,
@@ -414,12 +418,7 @@ mod tests {
             let envelopes: Arc<[Envelope]> = part.iter().map(|&i| envelope(i, p)).collect();
             let last = k + 1 == parts.len();
             let len = envelopes.len() as u64;
-            out.push(Batch {
-                position: last.then_some(p),
-                changes: len,
-                offset,
-                envelopes,
-            });
+            out.push(Batch { position: last.then_some(p), changes: len, offset, envelopes });
             offset += len;
         }
         out
@@ -465,7 +464,10 @@ mod tests {
         }
         sink.commit().unwrap();
         assert_eq!(ids(dir.path()), expected(&[(5, 2), (7, 10)]));
-        assert_eq!(sink.checkpoint(), Checkpoint { committed: Some(Position(7)), partial: None, ..sink.checkpoint() });
+        assert_eq!(
+            sink.checkpoint(),
+            Checkpoint { committed: Some(Position(7)), partial: None, ..sink.checkpoint() }
+        );
     }
 
     /// C1: after the source restarts, the whole half-applied transaction comes again from its
@@ -560,7 +562,10 @@ mod tests {
     #[test]
     fn checkpoint_forms() {
         let p = |t: &str| Checkpoint::parse(t);
-        assert_eq!(p("0/10 42\n"), Some(Checkpoint { committed: Some(Position(16)), len: 42, partial: None }));
+        assert_eq!(
+            p("0/10 42\n"),
+            Some(Checkpoint { committed: Some(Position(16)), len: 42, partial: None })
+        );
         let c = Checkpoint {
             committed: None,
             len: 9,

@@ -445,7 +445,12 @@ impl LogSource {
                 }
             }
         }
-        LaneItem::Batch(Batch { position, changes: last - first + 1, offset: 0, envelopes: Arc::from(envelopes) })
+        LaneItem::Batch(Batch {
+            position,
+            changes: last - first + 1,
+            offset: 0,
+            envelopes: Arc::from(envelopes),
+        })
     }
 
     fn serve_requests(&mut self, done: &mut Pumped) -> Result<(), SourceError> {

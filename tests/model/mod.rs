@@ -495,7 +495,12 @@ pub fn serial_of(item: &LaneItem) -> u64 {
 
 fn make_item(spec: ItemSpec, lane: &ModelLane, serial: u64) -> LaneItem {
     let batch = |position: Option<u64>| {
-        LaneItem::Batch(Batch { position: position.map(Position), changes: serial, offset: 0, envelopes: Arc::from([]) })
+        LaneItem::Batch(Batch {
+            position: position.map(Position),
+            changes: serial,
+            offset: 0,
+            envelopes: Arc::from([]),
+        })
     };
     match spec {
         ItemSpec::At(p) => batch(Some(p.get())),

@@ -194,7 +194,6 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     }
 }
 
-
 /// A sink process: re-attach, apply durably, ack; until the lane is closed and drained.
 ///
 /// The lane is claimed first (fencing any older engine of it), then the output is opened as its
