@@ -158,7 +158,7 @@ impl Checkpoint {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
             Err(source) => return Err(NdjsonError::Io { path, source }),
         };
-        Checkpoint::parse(&text).ok_or_else(|| NdjsonError::BadCheckpoint { path, text })
+        Checkpoint::parse(&text).ok_or(NdjsonError::BadCheckpoint { path, text })
     }
 
     fn parse(text: &str) -> Option<Checkpoint> {
