@@ -178,7 +178,10 @@ impl Checkpoint {
             }),
             _ => return None,
         };
-        Some(Checkpoint { committed, len, partial })
+        let checkpoint = Checkpoint { committed, len, partial };
+        // A half-applied transaction starts within the output and after the last whole one.
+        let consistent = partial.is_none_or(|t| t.start <= len && committed.is_none_or(|c| t.position > c));
+        consistent.then_some(checkpoint)
     }
 
     fn line(&self) -> String {
@@ -277,32 +280,42 @@ impl DurableNdjson {
     /// the next [`commit`](Self::commit)). A batch is placed by its transaction's position — its
     /// own, or for a chunk its envelopes' — and its [`offset`](Batch::offset): a transaction at
     /// or before the last whole one is skipped, and so is the part of a chunk already applied.
-    /// A batch with no position anywhere (snapshot rows) is written as it is.
+    /// A batch with no position anywhere (snapshot rows) is written as it is: snapshot rows are
+    /// applied at least once (a redelivered snapshot batch is written again; their upserts are
+    /// idempotent by id, and [R2](lanestream::contract#r2) already has a sink see some twice).
     ///
     /// A chunk of another transaction than the one half applied means that one was dropped by
     /// the source (a damaged transaction): its envelopes are cut off the output first.
     ///
     /// # Errors
-    /// [`NdjsonError::ChunkGap`] (nothing written), [`NdjsonError::Io`].
+    /// [`NdjsonError::ChunkGap`] (nothing changed), [`NdjsonError::Io`]. After an error the sink
+    /// is to be dropped and opened again (what it holds is then its checkpoint's).
     pub fn apply(&mut self, batch: &Batch) -> Result<Applied, NdjsonError> {
         let envelopes = &batch.envelopes[..];
         let Some(position) = batch.position.or_else(|| envelopes.first().and_then(|e| e.position)) else {
             return self.write(envelopes);
         };
         let n = envelopes.len() as u64;
+        let end = batch.offset.checked_add(n).ok_or(NdjsonError::ChunkGap {
+            position,
+            offset: batch.offset,
+            applied: self.applied.partial.map_or(0, |t| t.envelopes),
+        })?;
         if self.applied.committed.is_some_and(|c| position <= c) {
             return Ok(Applied { skipped: n, ..Applied::default() });
         }
-        if let Some(t) = self.applied.partial.filter(|t| t.position != position) {
-            // The half-applied transaction will never complete: drop what was written of it.
-            self.out.flush().map_err(|e| self.io(e))?;
-            self.out.get_ref().set_len(t.start).map_err(|e| self.io(e))?;
-            self.applied.len = t.start;
-            self.applied.partial = None;
-        }
-        let (done, start) = self.applied.partial.map_or((0, self.applied.len), |t| (t.envelopes, t.start));
+        // Where this transaction stands: half applied, or new (after a half-applied other one,
+        // which will then never complete, or after whole ones).
+        let (done, start) = match self.applied.partial {
+            Some(t) if t.position == position => (t.envelopes, t.start),
+            Some(t) => (0, t.start),
+            None => (0, self.applied.len),
+        };
         if batch.offset > done {
             return Err(NdjsonError::ChunkGap { position, offset: batch.offset, applied: done });
+        }
+        if let Some(t) = self.applied.partial.filter(|t| t.position != position) {
+            self.drop_partial(t)?;
         }
         let skip = (done - batch.offset).min(n);
         let mut applied = self.write(&envelopes[skip as usize..])?;
@@ -311,10 +324,23 @@ impl DurableNdjson {
             self.applied.committed = Some(position);
             self.applied.partial = None;
         } else {
-            let envelopes = done.max(batch.offset + n);
+            let envelopes = done.max(end);
             self.applied.partial = Some(Partial { position, envelopes, start });
         }
         Ok(applied)
+    }
+
+    /// Drops a half-applied transaction the source will never complete (it discarded it): what
+    /// is applied so far is committed first, then a checkpoint that leaves the transaction out,
+    /// and only then is the output cut, so a crash anywhere in between reopens on a checkpoint
+    /// no longer than the output (the cut may have been acked before: it must not come back).
+    fn drop_partial(&mut self, t: Partial) -> Result<(), NdjsonError> {
+        self.commit()?;
+        self.applied.len = t.start;
+        self.applied.partial = None;
+        self.commit()?;
+        self.out.get_ref().set_len(t.start).map_err(|e| self.io(e))?;
+        Ok(())
     }
 
     fn write(&mut self, envelopes: &[Envelope]) -> Result<Applied, NdjsonError> {
@@ -544,6 +570,26 @@ mod tests {
         assert_eq!(sink.checkpoint().partial, None);
     }
 
+    /// Dropping a discarded transaction's committed chunks is durable before the cut: a crash
+    /// right after it reopens (the checkpoint is no longer than the output), without the chunks.
+    #[test]
+    fn a_crash_after_dropping_a_discarded_transaction_reopens_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = open(dir.path());
+        sink.apply(&transaction(1, 1, 5)[0]).unwrap();
+        for b in &transaction(2, 6, 2)[..2] {
+            sink.apply(b).unwrap();
+        }
+        sink.commit().unwrap(); // acked: the chunks of 2 are in the checkpoint
+        sink.apply(&transaction(3, 1, 5)[0]).unwrap(); // 2 was discarded: cut, not committed
+        drop(sink); // dies before the next commit
+        let mut sink = DurableNdjson::open(dir.path(), "s", Duration::ZERO).unwrap();
+        assert_eq!(sink.checkpoint().partial, None);
+        sink.apply(&transaction(3, 1, 5)[0]).unwrap();
+        sink.commit().unwrap();
+        assert_eq!(ids(dir.path()), expected(&[(1, 1), (3, 1)]));
+    }
+
     /// One writer: a second open of the same output is refused while the first holds it (fault
     /// 7 of the faults issue: a second sink engine's writes landed in the first's output), and
     /// succeeds once the first is gone.
@@ -573,7 +619,18 @@ mod tests {
         };
         assert_eq!(c.line(), "- 9 1/20 3 1\n");
         assert_eq!(p(&c.line()), Some(c));
-        for bad in ["", "0/10", "0/10 x", "x 1", "0/10 1 0/20 3", "0/10 1 0/20 3 1 2"] {
+        // Malformed, or inconsistent: a partial starting past the output's end, or at or before
+        // the last whole transaction.
+        for bad in [
+            "",
+            "0/10",
+            "0/10 x",
+            "x 1",
+            "0/10 1 0/20 3",
+            "0/10 1 0/20 3 1 2",
+            "0/10 1 0/20 3 2",
+            "0/20 9 0/20 3 1",
+        ] {
             assert_eq!(p(bad), None, "{bad:?}");
         }
     }
