@@ -323,7 +323,7 @@ else
     recreated_rc=$?
 fi
 slot_left=$(pg_psql -Atc "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'lanestream'")
-check '((recreated_rc != 0)) && grep -q "was created now" "$PG_TMP/recreated.out" && ! grep -q "PASS" "$PG_TMP/recreated.out" && ((slot_left == 0))' "a re-created slot over older checkpoints is a gap: refused, no PASS, the new slot dropped again: $(grep error: "$PG_TMP/recreated.out" | cut -c1-200)"
+check '((recreated_rc != 0)) && grep -q "refuses it over these checkpoints" "$PG_TMP/recreated.out" && ! grep -q "PASS" "$PG_TMP/recreated.out" && ((slot_left == 0))' "--create-slot over older checkpoints creates nothing (a new slot would be a gap): refused, no PASS, no slot: $(grep error: "$PG_TMP/recreated.out" | cut -c1-200)"
 
 if ((fail)); then
     pg_log "kept for inspection: none (the cluster dir is removed); violations:"

@@ -754,9 +754,12 @@ impl Ingest {
                     Err(e) => self.handle(Err(e), args, counters, Some(confirmer)),
                 }
             })?;
-            // A peek returns whole transactions: nothing is left open (unless the handler failed,
-            // and then we are leaving).
-            let _ = builder.finish(line_no);
+            // A peek returns whole transactions (PostgreSQL checks its row limit after a commit):
+            // one left open would be marked handed over and skipped by the next peek, so it is
+            // an error, never dropped.
+            builder
+                .finish(line_no)
+                .map_err(|e| format!("the live source's peek ended inside a transaction: {e}"))?;
             let done = end.is_some_and(|end| outcome.caught_up && outcome.flushed.is_some_and(|f| f >= end));
             if done {
                 break;
@@ -1210,12 +1213,15 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             if args.chaos {
                 return Err("--chaos is for the file input; the live source's sinks are durable".into());
             }
-            let mut config = LiveConfig::new(url.clone(), args.slot.clone());
-            config.create_slot = args.create_slot;
-            config.slot_wait = Duration::from_secs(args.slot_wait_secs);
             // The sinks' durable checkpoints: a slot that is missing, or created now after them,
-            // would skip what was committed in between.
+            // would skip what was committed in between. So --create-slot creates nothing over
+            // checkpoints: a new slot starts at the current WAL position, after every checkpoint
+            // of this server (a slot created and then left behind by a crash before the check
+            // below would pass it on the next run).
             let checkpoints = if args.discard { Vec::new() } else { sink_checkpoints(&args.out, &names)? };
+            let mut config = LiveConfig::new(url.clone(), args.slot.clone());
+            config.create_slot = args.create_slot && checkpoints.is_empty();
+            config.slot_wait = Duration::from_secs(args.slot_wait_secs);
             let mut source = LiveSource::connect(config).map_err(|e| -> BoxError {
                 match e {
                     LiveError::NoSlot(slot) if !checkpoints.is_empty() => format!(

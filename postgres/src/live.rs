@@ -665,6 +665,7 @@ impl LiveSource {
         let max_rows = i32::try_from(self.max_rows).unwrap_or(i32::MAX);
         let mut outcome = PollOutcome { flushed, ..PollOutcome::default() };
         let mut skipping = false;
+        let mut unreadable = false;
         let mut handed_over = self.handed_over;
         let mut confirmer = Confirmer {
             side: &self.side,
@@ -683,6 +684,9 @@ impl LiveSource {
                 // wal2json writes "action" first: B and C are told by their first bytes.
                 if line.starts_with(r#"{"action":"B""#) {
                     let commit = begin_lsn(line);
+                    // A transaction whose position cannot be read cannot be told handed over
+                    // and acked: no idle advance after this peek (fail closed).
+                    unreadable |= commit.is_none();
                     skipping = match (commit, self.handed_over) {
                         (Some(c), Some(done)) => c <= done,
                         _ => false,
@@ -698,8 +702,10 @@ impl LiveSource {
             }
         }
         self.handed_over = handed_over;
-        outcome.caught_up = outcome.rows < u64::from(self.max_rows);
-        if outcome.caught_up {
+        // Against the limit the peek was sent (capped at i32::MAX), not the u32 asked for: a peek
+        // cut off by the limit is never taken for one that reached the end of the WAL.
+        outcome.caught_up = outcome.rows < u64::from(max_rows.unsigned_abs());
+        if outcome.caught_up && !unreadable {
             if let Some(upto) = flushed {
                 self.decoded = Some(Decoded { upto, handed_over });
             }
