@@ -81,6 +81,27 @@ fn i1_a_memory_delivery_reports_its_items_position() {
     assert_eq!(got.iter().map(|d| (**d).position()).collect::<Vec<_>>(), [Some(Position(7)), None, None]);
 }
 
+// Backend-independent: a chunk's offset travels with it through serde and the codec (I4), and
+// a batch written before the field existed reads as offset 0.
+#[test]
+fn i4_a_chunks_offset_travels_with_it() {
+    let chunk = LaneItem::Batch(Batch {
+        position: None,
+        changes: 2,
+        offset: 6,
+        envelopes: vec![envelope("public_users", "7", Some(9), br#"{"id":7}"#)].into(),
+    });
+    let json = serde_json::to_value(&chunk).unwrap();
+    assert_eq!(json["batch"]["offset"], 6);
+    assert_eq!(serde_json::from_value::<LaneItem>(json).unwrap(), chunk);
+    let bytes = lanestream::codec::encode_item(&chunk).unwrap();
+    assert_eq!(lanestream::codec::decode_item(&bytes).unwrap(), chunk);
+    assert_eq!(lanestream::codec::view_batch(&bytes).unwrap().offset(), 6);
+    let older: LaneItem =
+        serde_json::from_str(r#"{"batch":{"position":3,"changes":0,"envelopes":[]}}"#).unwrap();
+    assert!(matches!(older, LaneItem::Batch(Batch { offset: 0, .. })));
+}
+
 // Backend-independent: no stream, only the items' serde form.
 #[test]
 fn i3_items_round_trip_through_externally_tagged_snake_case_json() {
