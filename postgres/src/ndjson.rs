@@ -57,7 +57,7 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -236,15 +236,17 @@ impl DurableNdjson {
         let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io)?;
         let started = Instant::now();
         loop {
-            match file.try_lock() {
+            // The lock the event log takes on its directory too (fs4's flock, through the trait:
+            // std's own `File::try_lock` would need Rust 1.89).
+            match fs4::FileExt::try_lock(&file) {
                 Ok(()) => break,
-                Err(TryLockError::WouldBlock) if started.elapsed() < lock_wait => {
+                Err(fs4::TryLockError::WouldBlock) if started.elapsed() < lock_wait => {
                     std::thread::sleep(Duration::from_millis(10).min(lock_wait));
                 }
-                Err(TryLockError::WouldBlock) => {
+                Err(fs4::TryLockError::WouldBlock) => {
                     return Err(NdjsonError::Locked { path, waited: started.elapsed() });
                 }
-                Err(TryLockError::Error(e)) => return Err(io(e)),
+                Err(fs4::TryLockError::Error(e)) => return Err(io(e)),
             }
         }
         // Read under the lock: the previous writer has stopped.
