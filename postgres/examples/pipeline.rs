@@ -60,7 +60,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use lanestream::{
     AckError, AckHandle, Batch, Envelope, Fanout, IndexName, Lane, LaneItem, MemoryStream, Op, Position,
-    PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
+    PublishError, PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
 };
 use lanestream_postgres::live::{Confirmer, LiveConfig, LiveError, LiveSource};
 use lanestream_postgres::ndjson::{write_line, Checkpoint, DurableNdjson};
@@ -577,8 +577,6 @@ fn apply_to_state(state: &mut State, batch: &Batch) {
 struct Ingest {
     stream: MemoryStream,
     stop: Arc<AtomicBool>,
-    /// Set by a sink engine that stopped with an error.
-    sink_failed: Arc<AtomicBool>,
     bad_shown: u32,
     /// Envelopes of the chunks published of the transaction being published.
     chunk_envelopes: u32,
@@ -594,25 +592,15 @@ impl Ingest {
     /// Publishes to every lane; `to` restricts it to one lane (snapshot rows).
     fn publish(&mut self, item: LaneItem, to: Option<usize>) -> Result<(), BoxError> {
         match to {
-            None => {
-                // Waits for room, but not for a sink engine that stopped with an error (its lane
-                // would stay full forever): the run ends and its summary says FAIL.
-                let mut item = item;
-                loop {
-                    match self.fanout.publish_timeout(item, Duration::from_millis(100)) {
-                        Ok(()) => break,
-                        Err(PublishTimeoutError::Timeout(back))
-                            if !self.sink_failed.load(Ordering::Acquire) =>
-                        {
-                            item = back;
-                        }
-                        Err(PublishTimeoutError::Timeout(_)) => {
-                            return Err("publish: a sink engine stopped with an error (see below)".into())
-                        }
-                        Err(e) => return Err(format!("publish: {e}").into()),
-                    }
+            // A sink engine that stopped with an error closed its lane (Sink::run): a publish
+            // waiting for that lane's room returns Closed, and the run ends with FAIL.
+            None => self.fanout.publish(item).map_err(|e| match e {
+                PublishError::Closed(_) => {
+                    "publish: a lane was closed by its sink engine, which stopped with an error (see below)"
+                        .to_owned()
                 }
-            }
+                e => format!("publish: {e}"),
+            })?,
             Some(i) => {
                 self.fanout.publish_to(i, item).map_err(|e| format!("publish to {}: {e}", self.names[i]))?
             }
@@ -917,8 +905,6 @@ struct Sink {
     line: Vec<u8>,
     /// --kill-sink-after (the first sink only); taken when it fires.
     kill: Option<Kill>,
-    /// Set when this engine stops with an error (the ingest then stops waiting for its lane).
-    failed: Arc<AtomicBool>,
 }
 
 impl Sink {
@@ -999,8 +985,9 @@ impl Sink {
     fn run(mut self) -> SinkReport {
         if let Err(e) = self.consume() {
             self.report.error = Some(e.to_string());
-            // Release pairs with the ingest's Acquire load: it stops waiting for this lane.
-            self.failed.store(true, Ordering::Release);
+            // Nobody will drain this lane now: closing it wakes the ingest's waiting publish
+            // (Closed, L10) instead of leaving it waiting for room forever.
+            self.lane.close();
         }
         self.report.checkpoint = self.durable.as_ref().and_then(|d| d.checkpoint().committed);
         self.report.finished = Some(Instant::now());
@@ -1245,7 +1232,6 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         None => Input::File(open_input(&args.input, args.preload)?),
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let sink_failed = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone())?;
     }
@@ -1302,7 +1288,6 @@ fn run(args: &Args) -> Result<bool, BoxError> {
                 lanes: lanes.clone(),
                 out_dir: (durable_sinks && !args.discard).then(|| args.out.clone()),
             }),
-            failed: sink_failed.clone(),
         };
         sink_threads
             .push(thread::Builder::new().name(format!("sink-{}", lane.name())).spawn(move || sink.run())?);
@@ -1311,7 +1296,6 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     let ingest = Ingest {
         stream: stream.clone(),
         stop: stop.clone(),
-        sink_failed: sink_failed.clone(),
         bad_shown: 0,
         chunk_envelopes: 0,
         fanout: stream.fanout()?,
