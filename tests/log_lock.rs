@@ -78,9 +78,11 @@ fn a_second_process_is_refused_the_log_until_the_holder_dies() {
 
     let before = segment_bytes(&dir);
     match EventLog::open(&dir, LogOptions::default()) {
-        Err(OpenError::Locked { dir: locked }) => {
-            assert_eq!(locked, fs::canonicalize(&dir).unwrap());
-            let message = OpenError::Locked { dir: locked }.to_string();
+        Err(e @ OpenError::Locked { .. }) => {
+            let OpenError::Locked { dir: locked, lock_file } = &e else { unreachable!() };
+            assert_eq!(*locked, fs::canonicalize(&dir).unwrap());
+            assert_eq!(*lock_file, locked.join("LOCK"));
+            let message = e.to_string();
             assert!(message.contains("another process"), "{message}");
         }
         Err(e) => panic!("expected Locked while the child holds the log, got {e}"),

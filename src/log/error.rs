@@ -133,11 +133,13 @@ pub enum OpenError {
     #[error(
         "the log in {} is open in another process (it holds the lock on {}); close it there first",
         .dir.display(),
-        .dir.join(super::storage::LOCK_FILE).display()
+        .lock_file.display()
     )]
     Locked {
         /// The log directory (canonical).
         dir: PathBuf,
+        /// The file whose lock the other process holds (`LOCK` in `dir`).
+        lock_file: PathBuf,
     },
     /// A file or directory operation failed.
     #[error("{op} {path}: {source}")]

@@ -95,7 +95,9 @@ impl DirClaim {
         // (Rust 1.89, above the library's MSRV) on newer compilers.
         match fs4::FileExt::try_lock(&file) {
             Ok(()) => {}
-            Err(fs4::TryLockError::WouldBlock) => return Err(OpenError::Locked { dir: dir.to_path_buf() }),
+            Err(fs4::TryLockError::WouldBlock) => {
+                return Err(OpenError::Locked { dir: dir.to_path_buf(), lock_file: path });
+            }
             Err(fs4::TryLockError::Error(e)) => return Err(io("locking")(e)),
         }
         claim.lock_file = Some(file);
