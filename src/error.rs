@@ -175,6 +175,16 @@ pub enum BuildError {
         /// The capacity asked for, in slots.
         capacity: usize,
     },
+    /// A memory budget of 0 bytes was asked for ([`StreamBuilder::memory_budget`](crate::StreamBuilder::memory_budget)):
+    /// nothing could ever be published. Leave the budget out for none.
+    #[error("memory budget must be at least 1 byte (got 0)")]
+    ZeroBudget,
+    /// A memory budget above [`MAX_BUDGET`](crate::MAX_BUDGET) was asked for.
+    #[error("memory budget {bytes} bytes is above the limit of {max} bytes", max = crate::MAX_BUDGET)]
+    BudgetTooLarge {
+        /// The budget asked for, in bytes.
+        bytes: u64,
+    },
     /// A sink name was given twice.
     #[error("sink {0} is named twice")]
     DuplicateSink(SinkName),
@@ -249,6 +259,19 @@ macro_rules! publish_error_common {
             /// Whether the lane was closed.
             pub fn is_closed(&self) -> bool {
                 matches!(self, $name::Closed(_))
+            }
+
+            /// The same cause, carrying `f(item)` instead of the item (for a run's index).
+            pub fn map<U>(self, f: impl FnOnce(T) -> U) -> $name<U> {
+                match self {
+                    $($name::$only(t) => $name::$only(f(t)),)*
+                    $name::Closed(t) => $name::Closed(f(t)),
+                    $name::InvalidPosition(t) => $name::InvalidPosition(f(t)),
+                    $name::PositionRegressed { item, position, last } => {
+                        $name::PositionRegressed { item: f(item), position, last }
+                    }
+                    $name::Backend { item, error } => $name::Backend { item: f(item), error },
+                }
             }
         }
 

@@ -15,7 +15,20 @@ pub trait Item {
     /// the previous positioned value on its lane ([L4](crate::contract#l4)) and which the lane's acked
     /// position and the watermark follow once it is acked; `None` for anything else.
     fn position(&self) -> Option<Position>;
+
+    /// What the value costs against a stream's memory budget, in bytes
+    /// ([`StreamBuilder::memory_budget`](crate::StreamBuilder::memory_budget),
+    /// [M4](crate::contract#m4)). Computed once per publish, only on a stream with a budget;
+    /// the default is the value's own size (`size_of_val(self)`).
+    fn charge(&self) -> u64 {
+        std::mem::size_of_val(self) as u64
+    }
 }
+
+/// The fixed charge of one envelope against a memory budget, besides its id's and document's
+/// bytes: the envelope's own size in the batch's shared array (`size_of::<Envelope>()`, 120
+/// bytes on 64-bit targets), which covers its index name's and id's handles.
+pub const ENVELOPE_OVERHEAD: u64 = std::mem::size_of::<crate::Envelope>() as u64;
 
 /// One committed source transaction (or a chunk of snapshot rows), built once and shared by every
 /// lane and every redelivery.
@@ -96,6 +109,23 @@ impl LaneItem {
 impl Item for LaneItem {
     fn position(&self) -> Option<Position> {
         LaneItem::position(self)
+    }
+
+    /// A batch: its documents' and ids' bytes plus [`ENVELOPE_OVERHEAD`] per envelope, plus
+    /// the item's own size; `SnapshotComplete`: the item's own size. Shared envelopes are
+    /// charged once per publish, however many lanes hold them.
+    fn charge(&self) -> u64 {
+        let own = std::mem::size_of::<LaneItem>() as u64;
+        match self {
+            LaneItem::Batch(b) => {
+                own + b
+                    .envelopes
+                    .iter()
+                    .map(|e| e.document.len() as u64 + e.id.len() as u64 + ENVELOPE_OVERHEAD)
+                    .sum::<u64>()
+            }
+            _ => own,
+        }
     }
 }
 

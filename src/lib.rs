@@ -57,18 +57,19 @@ mod name;
 mod position;
 mod stream;
 mod sync;
+mod wait;
 
 pub use envelope::{Envelope, Op};
 pub use error::{
     AckError, BackendError, BuildError, ErrorCode, PublishError, PublishTimeoutError, RecvError,
     RecvTimeoutError, ServerReason, StreamError, TryPublishError, TryRecvError,
 };
-pub use item::{Batch, Item, LaneItem, Request};
+pub use item::{Batch, Item, LaneItem, Request, ENVELOPE_OVERHEAD};
 #[cfg(feature = "futures")]
 pub use lane::ConsumerStream;
 pub use lane::{
-    AckHandle, Consumer, Delivery, Fanout, FanoutPublish, Lane, LaneStats, Producer, Publish, Recv, RecvRun,
-    Run, RunIter, MAX_CAPACITY, MAX_RUN,
+    AckHandle, Consumer, Delivery, Fanout, FanoutPublish, Lane, LaneStats, MemoryStats, Producer, Publish,
+    Recv, RecvRun, Run, RunIter, MAX_CAPACITY, MAX_RUN,
 };
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
@@ -78,8 +79,8 @@ pub use stream::redis::{
     RedisStreamBuilder,
 };
 pub use stream::{
-    LaneConsumer, LaneDelivery, LaneProducer, MemoryStream, RequestLane, RequestPublisher, RequestSender,
-    Stream, StreamBuilder,
+    LaneConsumer, LaneDelivery, MemoryStream, RequestLane, RequestPublisher, RequestSender, Stream,
+    StreamBuilder, StreamFanout, MAX_BUDGET,
 };
 
 /// `Send`/`Sync` bounds and consume-on-ack, pinned by `compile_fail` doctests.

@@ -3,7 +3,10 @@
 //!
 //! - [`ring`] (private): the shared state and its protocol, one room per side: the slot state
 //!   word, the producer side, the consumer side and its seat, acks and the advancer, counters.
-//! - [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`], [`Run`]: the ends users hold.
+//! - `publisher` (private): the one publishing engine behind [`Fanout`], [`Producer`] and the
+//!   request lane's senders.
+//! - [`Fanout`], [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`], [`Run`]: the ends
+//!   users hold.
 //! - [`Lane`]: a handle that hands out the ends; [`Lane::standalone`] builds one outside any
 //!   stream for any [`Item`] type.
 
@@ -13,6 +16,7 @@ mod consumer;
 mod delivery;
 mod fanout;
 mod producer;
+mod publisher;
 mod ring;
 mod run;
 mod stats;
@@ -23,9 +27,10 @@ use std::fmt;
 pub use self::adapter::ConsumerStream;
 pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
-pub use self::fanout::{Fanout, FanoutPublish};
+pub use self::fanout::{Fanout, FanoutPublish, MemoryStats};
 pub use self::producer::{Producer, Publish};
-pub(crate) use self::ring::{Cells, ProducerState, Ring};
+pub(crate) use self::publisher::{publish_until, Publisher, Stop, Target};
+pub(crate) use self::ring::{Cells, Ring};
 pub use self::run::{Run, RunIter, MAX_RUN};
 pub use self::stats::LaneStats;
 
@@ -52,26 +57,28 @@ pub(crate) fn check_capacity(capacity: usize, what: &'static str) -> Result<(), 
     Ok(())
 }
 
-/// A handle on one lane: get its [`Producer`] and [`Consumer`], read its statistics. Cheap to
-/// clone.
+/// A handle on one lane: attach its [`Consumer`], close it, read its statistics (and, for a
+/// standalone lane, take its [`Producer`]). Cheap to clone.
 ///
 /// A stream's lanes carry [`LaneItem`]s. [`Lane::standalone`] builds a lane outside any stream,
 /// for any [`Item`] type (its acked position counts for no watermark).
 pub struct Lane<T = LaneItem> {
     name: SinkName,
     ring: Arc<Ring<T>>,
+    /// A lane of its own ([`Lane::standalone`]), not one of a stream's.
+    standalone: bool,
 }
 
 impl<T> Clone for Lane<T> {
     fn clone(&self) -> Self {
-        Lane { name: self.name.clone(), ring: self.ring.clone() }
+        Lane { name: self.name.clone(), ring: self.ring.clone(), standalone: self.standalone }
     }
 }
 
 impl<T> Lane<T> {
-    /// The lane of `name` over a new ring.
+    /// The lane of `name` over a new ring, one of a stream's.
     pub(crate) fn new(name: SinkName, ring: Ring<T>) -> Lane<T> {
-        Lane { name, ring: Arc::new(ring) }
+        Lane { name, ring: Arc::new(ring), standalone: false }
     }
 }
 
@@ -97,7 +104,8 @@ impl<T: Item> Lane<T> {
     /// [`MAX_CAPACITY`].
     pub fn standalone(name: SinkName, capacity: usize) -> Result<Lane<T>, BuildError> {
         check_capacity(capacity, "a standalone lane")?;
-        Ok(Lane::new(name, Ring::new(capacity, AckedMark::standalone())))
+        let cells = Arc::new(Cells::new(capacity, None));
+        Ok(Lane { standalone: true, ..Lane::new(name, Ring::new(cells, AckedMark::standalone())) })
     }
 
     /// The lane's ring (for the stream's fan-out publisher).
@@ -110,20 +118,22 @@ impl<T: Item> Lane<T> {
         &self.name
     }
 
-    /// The lane's producer ([L9](crate::contract#l9)).
+    /// The producer of a [standalone](Lane::standalone) lane ([L9](crate::contract#l9)).
     ///
     /// # Errors
-    /// [`StreamError::ProducerBusy`] while another producer of this lane is alive. Once it is
+    /// [`StreamError::ProducerBusy`] while another producer of this lane is alive, and for a
+    /// lane of a stream (its lanes are published to together, by the stream's
+    /// [`Fanout`](crate::Fanout), which holds the role while it lives). Once the producer is
     /// dropped (a restarted ingest engine), this succeeds at once and publishing continues after
-    /// the last published item and position. [`StreamError::SharedRing`] for a lane of a stream
-    /// built with a [shared ring](crate::StreamBuilder::shared_ring) (publish through its
-    /// [`Fanout`](crate::Fanout)).
+    /// the last published item and position.
     pub fn producer(&self) -> Result<Producer<T>, StreamError> {
-        if self.ring.is_shared() {
-            return Err(StreamError::SharedRing(self.name.clone()));
+        let busy = || StreamError::ProducerBusy(self.name.clone());
+        if !self.standalone {
+            return Err(busy());
         }
-        let state = self.ring.claim_producer().ok_or_else(|| StreamError::ProducerBusy(self.name.clone()))?;
-        Ok(Producer::new(self.ring.clone(), state))
+        Publisher::claim(self.ring.cells().clone(), Box::new([self.ring.clone()]))
+            .map(Producer::new)
+            .ok_or_else(busy)
     }
 
     /// A consumer of the lane, refusing while another consumer of it is alive.
@@ -146,9 +156,11 @@ impl<T: Item> Lane<T> {
         Consumer::attach(self.ring.clone(), true).expect("a re-attach never refuses")
     }
 
-    /// Closes the lane, as [`Producer::close`] does, without holding the producer: for a
-    /// supervisor shutting a pipeline down while the producer waits in `publish` ([L10](crate::contract#l10)). Wakes
-    /// every waiter; a waiting publish returns `Closed` with its item.
+    /// Closes the lane without holding the producer: for a supervisor shutting a pipeline down
+    /// while the publisher waits in `publish` ([L10](crate::contract#l10)). The lane's consumer
+    /// drains, then ends; the stream's fan-out publishes to no lane from then on (an item goes
+    /// to every lane or to none). Wakes every waiter; a waiting publish returns `Closed` with its
+    /// item.
     pub fn close(&self) {
         self.ring.close();
     }

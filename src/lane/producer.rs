@@ -1,4 +1,5 @@
-//! [`Producer`]: the publishing end of a lane.
+//! [`Producer`]: the publishing end of a standalone lane, and [`Publish`], the one future of
+//! every async publish.
 
 use std::fmt;
 use std::future::Future;
@@ -6,37 +7,46 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::ring::{ProducerState, Ring};
+use super::publisher::{cancel_room, poll_room, Publisher, Refusal, Stop, Target};
+use super::ring::Ring;
 use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::Item;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::Mutex;
 
-/// The publishing end of one lane: at most one is alive per lane ([L9](crate::contract#l9)); dropping it lets a
-/// restarted ingest engine take the lane at once with [`Lane::producer`](crate::Lane::producer).
+/// The publishing end of a [standalone lane](crate::Lane::standalone): at most one is alive per
+/// lane ([L9](crate::contract#l9)); dropping it lets a restarted producer take the lane at once
+/// with [`Lane::producer`](crate::Lane::producer). A stream's lanes are published to together,
+/// through the stream's [`Fanout`](crate::Fanout).
+///
+/// Runs are the fast path ([`publish_run`](Producer::publish_run): one publication step for
+/// the run); [`publish`](Producer::publish) is the run of one, as rtrb's `push` beside its
+/// `write_chunk`.
 ///
 /// `Producer<T>` is `Send` (and `Sync`) only when `T: Send + Sync`: the item is shared with
 /// handles on other threads. Publishing takes `&mut self`.
 ///
 /// ```
-/// use lanestream::{MemoryStream, LaneItem, Batch, Position, TryPublishError};
-/// let stream = MemoryStream::builder().capacity(1).sink("search").build().unwrap();
-/// let lane = stream.lane("search").unwrap();
+/// use lanestream::{Item, Lane, Position, SinkName};
+/// #[derive(Debug)]
+/// struct Tick(u64);
+/// impl Item for Tick {
+///     fn position(&self) -> Option<Position> { Some(Position(self.0)) }
+/// }
+/// let lane = Lane::standalone(SinkName::new("ticks").unwrap(), 1).unwrap();
 /// let mut producer = lane.producer().unwrap();
-/// let batch = |p| LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()));
-/// producer.try_publish(batch(1)).unwrap();
+/// producer.try_publish(Tick(1)).unwrap();
 /// // The lane holds one item: the next one comes back with `Full`, untouched.
-/// let err = producer.try_publish(batch(2)).unwrap_err();
+/// let err = producer.try_publish(Tick(2)).unwrap_err();
 /// assert!(err.is_full());
-/// assert_eq!(err.into_inner().position(), Some(Position(2)));
+/// assert_eq!(err.into_inner().0, 2);
 /// ```
 pub struct Producer<T> {
-    ring: Arc<Ring<T>>,
-    state: ProducerState,
+    publisher: Publisher<T>,
 }
 
 impl<T: Item> Producer<T> {
-    pub(crate) fn new(ring: Arc<Ring<T>>, state: ProducerState) -> Producer<T> {
-        Producer { ring, state }
+    pub(crate) fn new(publisher: Publisher<T>) -> Producer<T> {
+        Producer { publisher }
     }
 
     /// Publishes `item` if there is room now; never waits.
@@ -48,7 +58,7 @@ impl<T: Item> Producer<T> {
     /// greater than the last positioned item's ([L4](crate::contract#l4)),
     /// [`InvalidPosition`](TryPublishError::InvalidPosition) for `Position(u64::MAX)`.
     pub fn try_publish(&mut self, item: T) -> Result<(), TryPublishError<T>> {
-        self.ring.try_push(&mut self.state, item)
+        self.publisher.try_step(None, item).map_err(|(item, refusal)| refusal.error(item))
     }
 
     /// Publishes `item`, waiting (spin, then park) while the lane is full
@@ -57,8 +67,7 @@ impl<T: Item> Producer<T> {
     /// # Errors
     /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
     pub fn publish(&mut self, item: T) -> Result<(), PublishError<T>> {
-        let (ring, state) = (&self.ring, &mut self.state);
-        ring.publish_blocking(item, |item| ring.try_push(state, item))
+        self.publisher.publish_until(None, item, None).map_err(Stop::untimed)
     }
 
     /// Publishes `item`, waiting at most `timeout` for room.
@@ -75,8 +84,7 @@ impl<T: Item> Producer<T> {
     /// # Errors
     /// As [`publish_timeout`](Producer::publish_timeout).
     pub fn publish_deadline(&mut self, item: T, deadline: Instant) -> Result<(), PublishTimeoutError<T>> {
-        let (ring, state) = (&self.ring, &mut self.state);
-        ring.publish_until(item, deadline, |item| ring.try_push(state, item))
+        self.publisher.publish_until(None, item, Some(deadline)).map_err(Stop::timed)
     }
 
     /// Publishes `item`, waiting asynchronously while the lane is full. Works on any executor.
@@ -85,61 +93,82 @@ impl<T: Item> Producer<T> {
     /// # Errors
     /// As [`publish`](Producer::publish).
     pub fn publish_async(&mut self, item: T) -> Publish<'_, T> {
-        Publish { ring: &self.ring, state: State::Own(&mut self.state), item: Some(item), key: None }
+        Publish::own(&mut self.publisher, None, item)
+    }
+
+    /// Publishes the longest prefix of `items` that fits now, with one publication step, and
+    /// returns its length (>= 1; 0 for no items). Never waits. The items are cloned in; `items`
+    /// stays the caller's.
+    ///
+    /// # Errors
+    /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
+    /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)`. A prefix stops before an item
+    /// that would be refused.
+    pub fn try_publish_run(&mut self, items: &[T]) -> Result<usize, TryPublishError<usize>>
+    where
+        T: Clone,
+    {
+        if items.is_empty() {
+            return Ok(0);
+        }
+        self.publisher.try_step_run(items).map_err(|refusal| refusal.error(0))
+    }
+
+    /// Publishes every item of `items`, in order, in as few publication steps as the room
+    /// allows, waiting while the lane is full.
+    ///
+    /// # Errors
+    /// [`PublishError`] whose payload is the index of the first item not published.
+    pub fn publish_run(&mut self, items: &[T]) -> Result<(), PublishError<usize>>
+    where
+        T: Clone,
+    {
+        self.publisher.publish_run(items)
     }
 
     /// Closes the lane ([L10](crate::contract#l10)): consumers receive everything queued or
     /// released, then `None`. Publishing fails with `Closed` from now on, for this and any later
     /// producer. Takes no slot; wakes every waiter. Idempotent.
     pub fn close(&self) {
-        self.ring.close();
+        self.publisher.close();
     }
 
     /// Whether the lane was closed.
     pub fn is_closed(&self) -> bool {
-        self.ring.is_closed()
+        self.publisher.is_closed()
     }
 
     /// The lane's capacity in items.
     pub fn capacity(&self) -> usize {
-        self.ring.capacity() as usize
-    }
-}
-
-impl<T> Drop for Producer<T> {
-    fn drop(&mut self) {
-        self.ring.release_producer();
+        self.publisher.capacity() as usize
     }
 }
 
 impl<T> fmt::Debug for Producer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Producer").field("published", &self.state.tail).finish_non_exhaustive()
+        f.debug_struct("Producer").field("lanes", &self.publisher.lanes()).finish_non_exhaustive()
     }
 }
 
-/// Whose producer state a [`Publish`] pushes with.
-enum State<'a> {
-    /// A lane producer's own.
-    Own(&'a mut ProducerState),
-    /// The request lane's, shared by its senders behind a lock held for one push at a time.
-    Shared(&'a Mutex<ProducerState>),
-}
-
-/// The future of [`Producer::publish_async`] and of the request lane's `publish_async`: tries
-/// to publish, and while the lane is full waits for room with the task's waker registered.
+/// The future of every async publish ([`Fanout::publish_async`](crate::Fanout::publish_async),
+/// [`Producer::publish_async`], the request lane's): tries to publish, and while refused with
+/// `Full` waits for the lane short of room with the task's waker registered (no thread, any
+/// executor). Dropping it drops the item it holds (nothing was published).
 #[must_use = "futures do nothing unless polled"]
 pub struct Publish<'a, T> {
-    ring: &'a Ring<T>,
-    state: State<'a>,
+    target: Target<'a, T>,
     item: Option<T>,
     key: Option<u64>,
 }
 
 impl<'a, T> Publish<'a, T> {
-    /// A publish through a producer state shared behind `state`'s lock.
-    pub(crate) fn shared(ring: &'a Ring<T>, state: &'a Mutex<ProducerState>, item: T) -> Publish<'a, T> {
-        Publish { ring, state: State::Shared(state), item: Some(item), key: None }
+    pub(crate) fn own(publisher: &'a mut Publisher<T>, to: Option<usize>, item: T) -> Publish<'a, T> {
+        Publish { target: Target::Own(publisher, to), item: Some(item), key: None }
+    }
+
+    /// A publish through a publisher shared behind `publisher`'s lock, over the one lane `ring`.
+    pub(crate) fn shared(publisher: &'a Mutex<Publisher<T>>, ring: &'a Ring<T>, item: T) -> Publish<'a, T> {
+        Publish { target: Target::Shared(publisher, ring), item: Some(item), key: None }
     }
 }
 
@@ -153,17 +182,15 @@ impl<T: Item> Future for Publish<'_, T> {
         let this = &mut *self;
         loop {
             let item = this.item.take().expect("Publish polled after completion");
-            let pushed = match &mut this.state {
-                State::Own(state) => this.ring.try_push(state, item),
-                State::Shared(state) => this.ring.try_push(&mut lock(state), item),
-            };
-            match pushed.map_err(TryPublishError::into_waitable) {
-                Err(Ok(back)) => this.item = Some(back),
+            match this.target.step(item) {
                 Ok(()) => return this.finish(Ok(())),
-                Err(Err(refused)) => return this.finish(Err(refused)),
-            }
-            if !this.ring.poll_writable(&mut this.key, cx.waker()) {
-                return Poll::Pending;
+                Err((back, Refusal::Full { lane, need })) => {
+                    this.item = Some(back);
+                    if !poll_room(this.target.ring(lane), need, &mut this.key, cx.waker()) {
+                        return Poll::Pending;
+                    }
+                }
+                Err((back, refusal)) => return this.finish(Err(refusal.refused(back))),
             }
         }
     }
@@ -171,14 +198,21 @@ impl<T: Item> Future for Publish<'_, T> {
 
 impl<T> Publish<'_, T> {
     fn finish(&mut self, done: Result<(), PublishError<T>>) -> Poll<Result<(), PublishError<T>>> {
-        self.ring.cancel_writable(&mut self.key);
+        self.cancel();
         Poll::Ready(done)
+    }
+
+    fn cancel(&mut self) {
+        if self.key.is_some() {
+            // Every lane's ring waits on the cells' one room list.
+            cancel_room(self.target.ring(0), &mut self.key);
+        }
     }
 }
 
 impl<T> Drop for Publish<'_, T> {
     fn drop(&mut self) {
-        self.ring.cancel_writable(&mut self.key);
+        self.cancel();
     }
 }
 

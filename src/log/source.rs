@@ -190,7 +190,7 @@ impl LogSourceBuilder {
         let start = after.map_or(0, LogPosition::get);
         let mut lanes = Vec::with_capacity(stream.sinks().len());
         let mut producers = Vec::with_capacity(stream.sinks().len());
-        let shared_ring = stream.lanes().next().is_some_and(|lane| lane.ring().is_shared());
+        let shared_ring = true; // every stream is one shared array now (the log crate move rewrites this)
         for lane in stream.lanes() {
             let stats: LaneStats = lane.stats();
             let held = stats.last_published.map_or(0, |p| p.0);

@@ -4,9 +4,11 @@ use std::fmt;
 use std::sync::Arc as StdArc;
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use super::port::{LaneConsumer, LaneDelivery, LaneProducer, Stream};
+use super::port::{LaneConsumer, LaneDelivery, Stream, StreamFanout};
 use super::requests::{RequestLane, RequestSender};
 use super::watermark::Marks;
 use crate::error::{
@@ -14,12 +16,17 @@ use crate::error::{
     TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::{Cells, Consumer, Delivery, Fanout, Lane, LaneStats, Producer, Ring};
+use crate::lane::{Cells, Consumer, Delivery, Fanout, Lane, LaneStats, MemoryStats, Ring};
 use crate::name::SinkName;
 use crate::position::Position;
 use crate::sync::Arc;
+use crate::wait;
 
-/// Builds a [`MemoryStream`]: a capacity per lane, a request-lane capacity, the sinks.
+/// The largest memory budget: 2^62 bytes (a budget counts bytes in a `u64` that must not
+/// overflow while one more item is added).
+pub const MAX_BUDGET: u64 = 1 << 62;
+
+/// Builds a [`MemoryStream`]: a capacity, a memory budget, a request-lane capacity, the sinks.
 ///
 /// ```
 /// use lanestream::{BuildError, MemoryStream, Stream};
@@ -34,7 +41,7 @@ pub struct StreamBuilder {
     capacity: usize,
     request_capacity: usize,
     sinks: Vec<String>,
-    shared_ring: bool,
+    memory_budget: Option<u64>,
 }
 
 impl Default for StreamBuilder {
@@ -43,7 +50,7 @@ impl Default for StreamBuilder {
             capacity: StreamBuilder::DEFAULT_CAPACITY,
             request_capacity: 64,
             sinks: Vec::new(),
-            shared_ring: false,
+            memory_budget: None,
         }
     }
 }
@@ -70,23 +77,19 @@ impl StreamBuilder {
         self
     }
 
-    /// Whether the lanes share one ring of items (default `false`: every lane has a ring of its
-    /// own).
+    /// Bounds the bytes held by published batches that are not dropped yet
+    /// ([M4](crate::contract#m4)): each item is charged [`Item::charge`] bytes (for a batch, its
+    /// documents' and ids' bytes plus [`ENVELOPE_OVERHEAD`](crate::ENVELOPE_OVERHEAD) per
+    /// envelope), once however many lanes hold it, and released when it is dropped (acked on
+    /// every lane, at the latest at the fan-out's next publish). A publish waits (blocking,
+    /// async, or up to its timeout) while the budget is spent, as it waits for room; capacity
+    /// stays the bound in slots. An item larger than the whole budget is admitted only when
+    /// nothing else is held, so it never deadlocks. Default: no budget (capacity alone bounds).
     ///
-    /// With a shared ring, the stream's [`Fanout`] writes each item once into one array of
-    /// `capacity` cells and publishes it to every lane with one step per lane; each lane keeps
-    /// its own cursors and per-slot states (so every rule of the contract holds per lane as
-    /// before: acks in any order, nack, re-attach, the acked position), and reads the items in
-    /// place. No item is cloned per lane and no lane drops one: the fan-out drops an item when it
-    /// reuses its cell (every lane emptied that slot), so the cross-lane traffic per item is the
-    /// one cell the producer writes, as in the LMAX Disruptor's ring. The costs: only the
-    /// fan-out publishes (a lane's [`producer`](Lane::producer) is refused with
-    /// [`StreamError::SharedRing`](crate::StreamError::SharedRing), and so is the port's
-    /// [`Stream::producer`]); the slowest lane holds every lane's room; and up to `capacity`
-    /// acked items stay alive until their cells are reused ([`Fanout::reclaim`] drops them
-    /// sooner).
-    pub fn shared_ring(mut self, shared: bool) -> Self {
-        self.shared_ring = shared;
+    /// `build` refuses 0 with [`BuildError::ZeroBudget`] and more than [`MAX_BUDGET`] with
+    /// [`BuildError::BudgetTooLarge`].
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = Some(bytes);
         self
     }
 
@@ -109,45 +112,45 @@ impl StreamBuilder {
     /// Builds the stream, allocating every lane's slots now ([M1](crate::contract#m1)).
     ///
     /// # Errors
-    /// [`BuildError::ZeroCapacity`], [`BuildError::InvalidSink`], [`BuildError::DuplicateSink`].
+    /// [`BuildError::ZeroCapacity`], [`BuildError::CapacityTooLarge`], [`BuildError::InvalidSink`],
+    /// [`BuildError::DuplicateSink`], [`BuildError::ZeroBudget`], [`BuildError::BudgetTooLarge`].
     pub fn build(self) -> Result<MemoryStream, BuildError> {
         let sinks = super::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
+        match self.memory_budget {
+            Some(0) => return Err(BuildError::ZeroBudget),
+            Some(bytes) if bytes > MAX_BUDGET => return Err(BuildError::BudgetTooLarge { bytes }),
+            _ => {}
+        }
         let marks = Marks::new(sinks.len());
-        let cells = self.shared_ring.then(|| Arc::new(Cells::new(self.capacity, true)));
+        let cells = Arc::new(Cells::new(self.capacity, self.memory_budget));
         let lanes = sinks
             .iter()
             .enumerate()
-            .map(|(i, name)| {
-                let ring = match &cells {
-                    Some(cells) => Ring::with_cells(cells.clone(), marks.mark(i)),
-                    None => Ring::new(self.capacity, marks.mark(i)),
-                };
-                Lane::new(name.clone(), ring)
-            })
+            .map(|(i, name)| Lane::new(name.clone(), Ring::new(cells.clone(), marks.mark(i))))
             .collect();
         let requests = RequestLane::new(self.request_capacity);
-        Ok(MemoryStream { marks, inner: StdArc::new(Inner { sinks: sinks.into(), lanes, requests }) })
+        Ok(MemoryStream { marks, inner: StdArc::new(Inner { sinks: sinks.into(), cells, lanes, requests }) })
     }
 }
 
 struct Inner {
     sinks: Box<[SinkName]>,
+    /// The one array every lane reads, with its cursor.
+    cells: Arc<Cells<LaneItem>>,
     lanes: Box<[Lane]>,
     requests: RequestLane,
 }
 
-/// The in-memory, lock-free engine behind the [`Stream`] port: one bounded ring per sink, the
-/// request lane, and the watermark over the lanes' acked positions. Cheap to clone (a reference
+/// The in-memory, lock-free engine behind the [`Stream`] port: one bounded array of cells that
+/// every sink's lane reads in place, published to by the stream's one [`Fanout`]; the request
+/// lane; and the watermark over the lanes' acked positions. Cheap to clone (a reference
 /// count); every clone is the same stream.
 ///
 /// ```
 /// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(8).sinks(["search", "cache"]).build().unwrap();
 /// let batch = LaneItem::Batch(Batch::new(Some(Position(42)), Vec::new().into()));
-/// for sink in stream.sinks() {
-///     let lane = stream.lane(sink.as_str()).unwrap();
-///     lane.producer().unwrap().publish(batch.clone()).unwrap(); // one Arc, shared
-/// }
+/// stream.fanout().unwrap().publish(batch).unwrap(); // written once, read by both lanes
 /// assert_eq!(stream.watermark(), None); // nobody acked yet
 /// for sink in stream.sinks() {
 ///     let mut consumer = stream.lane(sink.as_str()).unwrap().reattach();
@@ -191,15 +194,29 @@ impl MemoryStream {
             .ok_or_else(|| StreamError::UnknownLane(sink.to_owned()))
     }
 
-    /// One publisher for every lane ([`Fanout`]): publishes each item to every lane in one
-    /// pass, and runs of items with one publication step per lane. It holds every lane's
-    /// producer role ([L9](crate::contract#l9)) until it is dropped.
-    ///
-    /// # Errors
-    /// [`StreamError::ProducerBusy`] (naming the first such lane) while a producer of some lane
-    /// is alive; no lane is claimed then.
-    pub fn fanout(&self) -> Result<Fanout, StreamError> {
-        Fanout::claim(&self.inner.lanes)
+    /// What the published items hold in memory now ([`MemoryStats`]): items not dropped yet and
+    /// their charges against the [memory budget](StreamBuilder::memory_budget).
+    pub fn memory(&self) -> MemoryStats {
+        MemoryStats::of(&self.inner.cells)
+    }
+
+    /// [W6](crate::contract#w6): whether the watermark can no longer move: a lane was closed
+    /// (nothing more is published) and every lane is idle (nothing left to ack).
+    fn settled(&self) -> bool {
+        self.inner.cells.any_closed() && self.inner.lanes.iter().all(Lane::is_idle)
+    }
+
+    /// The watermark if it is at least `at_least` or can no longer move (a wait is over).
+    fn watermark_reached(&self, at_least: Position) -> Option<Option<Position>> {
+        let now = self.watermark();
+        (now >= Some(at_least) || self.inner.lanes.is_empty() || self.settled()).then_some(now)
+    }
+
+    /// Asks every lane's advancer to wake the watermark waiters (before the re-check).
+    fn want_watermark(&self) {
+        for lane in self.inner.lanes.iter() {
+            lane.ring().want_watermark();
+        }
     }
 
     /// The request lane (sink engines to the ingest engine).
@@ -209,7 +226,7 @@ impl MemoryStream {
 }
 
 impl Stream for MemoryStream {
-    type Producer = Producer<LaneItem>;
+    type Fanout = Fanout;
     type Consumer = Consumer<LaneItem>;
     type RequestSender = RequestSender;
     type RequestConsumer = Consumer<Request>;
@@ -218,8 +235,14 @@ impl Stream for MemoryStream {
         &self.inner.sinks
     }
 
-    fn producer(&self, sink: &str) -> Result<Producer<LaneItem>, StreamError> {
-        self.lane_ref(sink)?.producer()
+    /// The stream's one publisher ([`Fanout`]). It holds the producer role
+    /// ([L9](crate::contract#l9)) until it is dropped.
+    ///
+    /// # Errors
+    /// [`StreamError::ProducerBusy`] (naming the first lane) while another fan-out of the
+    /// stream is alive.
+    fn fanout(&self) -> Result<Fanout, StreamError> {
+        Fanout::claim(&self.inner.cells, &self.inner.lanes)
     }
 
     fn attach(&self, sink: &str) -> Result<Consumer<LaneItem>, StreamError> {
@@ -267,6 +290,16 @@ impl Stream for MemoryStream {
         self.marks.watermark()
     }
 
+    fn wait_watermark(&self, at_least: Position, deadline: Option<Instant>) -> Option<Position> {
+        let ready = || self.watermark_reached(at_least);
+        let waited = wait::block_until(self.marks.waiters(), || self.want_watermark(), deadline, ready);
+        waited.unwrap_or_else(|| self.watermark())
+    }
+
+    fn wait_watermark_async(&self, at_least: Position) -> impl Future<Output = Option<Position>> + Send + '_ {
+        WaitWatermark { stream: self, at_least, key: None }
+    }
+
     fn is_idle(&self) -> bool {
         self.inner.lanes.iter().all(Lane::is_idle) && self.inner.requests.is_idle()
     }
@@ -282,38 +315,6 @@ impl fmt::Debug for MemoryStream {
 }
 
 // The in-memory lane ends are the port's ends for every item type, statically dispatched.
-
-impl<T: Item + Send + Sync> LaneProducer<T> for Producer<T> {
-    #[inline]
-    fn try_publish(&mut self, item: T) -> Result<(), TryPublishError<T>> {
-        Producer::try_publish(self, item)
-    }
-
-    #[inline]
-    fn publish(&mut self, item: T) -> Result<(), PublishError<T>> {
-        Producer::publish(self, item)
-    }
-
-    fn publish_deadline(&mut self, item: T, deadline: Instant) -> Result<(), PublishTimeoutError<T>> {
-        Producer::publish_deadline(self, item, deadline)
-    }
-
-    fn publish_async(&mut self, item: T) -> impl Future<Output = Result<(), PublishError<T>>> + Send + '_ {
-        Producer::publish_async(self, item)
-    }
-
-    fn close(&self) {
-        Producer::close(self)
-    }
-
-    fn is_closed(&self) -> bool {
-        Producer::is_closed(self)
-    }
-
-    fn capacity(&self) -> usize {
-        Producer::capacity(self)
-    }
-}
 
 impl<T: Item + Send + Sync> LaneConsumer<T> for Consumer<T> {
     type Delivery = Delivery<T>;
@@ -362,5 +363,88 @@ impl<T: Item + Send + Sync> LaneDelivery<T> for Delivery<T> {
 
     fn nack(self) {
         Delivery::nack(self)
+    }
+}
+
+/// The future of [`MemoryStream`]'s `wait_watermark_async`: registers the task on the
+/// watermark's wait list and asks every lane's advancer to wake it, then re-checks.
+struct WaitWatermark<'a> {
+    stream: &'a MemoryStream,
+    at_least: Position,
+    key: Option<u64>,
+}
+
+impl Future for WaitWatermark<'_> {
+    type Output = Option<Position>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Position>> {
+        let this = &mut *self;
+        let (stream, at_least) = (this.stream, this.at_least);
+        let waiters = stream.marks.waiters();
+        match wait::poll_until(waiters, || stream.want_watermark(), &mut this.key, cx.waker(), || {
+            stream.watermark_reached(at_least)
+        }) {
+            Some(now) => Poll::Ready(now),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for WaitWatermark<'_> {
+    fn drop(&mut self) {
+        self.stream.marks.waiters().cancel(&mut self.key);
+    }
+}
+
+impl StreamFanout for Fanout {
+    fn lanes(&self) -> usize {
+        Fanout::lanes(self)
+    }
+
+    #[inline]
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        Fanout::try_publish(self, item)
+    }
+
+    #[inline]
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        Fanout::publish(self, item)
+    }
+
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+        Fanout::publish_deadline(self, item, deadline)
+    }
+
+    fn publish_async(
+        &mut self,
+        item: LaneItem,
+    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
+        Fanout::publish_async(self, item)
+    }
+
+    #[inline]
+    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+        Fanout::try_publish_run(self, items)
+    }
+
+    #[inline]
+    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+        Fanout::publish_run(self, items)
+    }
+
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        Fanout::publish_to(self, lane, item)
+    }
+
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        Fanout::try_publish_to(self, lane, item)
+    }
+
+    fn close(&self) {
+        Fanout::close(self)
     }
 }

@@ -2,7 +2,8 @@
 //! ([`MemoryStream`]), the request lane, and the watermark.
 //!
 //! - `port`: the traits any backend implements, with associated lane ends.
-//! - `memory`: [`MemoryStream`] and its [`StreamBuilder`]: one lane per sink, in this process.
+//! - `memory`: [`MemoryStream`] and its [`StreamBuilder`]: one array of cells every sink's lane
+//!   reads in place, in this process.
 //! - `requests`: the request lane ([`RequestLane`], [`RequestSender`]), sinks to ingest.
 //! - `redis` (feature `redis`): [`RedisStream`](crate::RedisStream), the port over Redis Streams.
 //! - `watermark` (private): the lanes' acked marks and their lock-free minimum.
@@ -14,8 +15,8 @@ pub(crate) mod redis;
 mod requests;
 pub(crate) mod watermark;
 
-pub use self::memory::{MemoryStream, StreamBuilder};
-pub use self::port::{LaneConsumer, LaneDelivery, LaneProducer, RequestPublisher, Stream};
+pub use self::memory::{MemoryStream, StreamBuilder, MAX_BUDGET};
+pub use self::port::{LaneConsumer, LaneDelivery, RequestPublisher, Stream, StreamFanout};
 pub use self::requests::{RequestLane, RequestSender};
 
 use crate::error::BuildError;

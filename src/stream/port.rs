@@ -6,8 +6,9 @@
 //!
 //! | family | blocking | never blocks | bounded wait | async |
 //! |---|---|---|---|---|
-//! | publish | `publish` | `try_publish` | `publish_timeout`, `publish_deadline` | `publish_async` |
+//! | publish (the fan-out) | `publish`, `publish_run`, `publish_to` | `try_publish`, `try_publish_run`, `try_publish_to` | `publish_timeout`, `publish_deadline` | `publish_async` |
 //! | receive | `recv` | `try_recv` | `recv_timeout`, `recv_deadline` | `recv_async` |
+//! | watermark | `wait_watermark(p, None)` | `watermark` | `wait_watermark(p, Some(deadline))` | `wait_watermark_async` |
 //!
 //! Attaching a consumer comes in two forms: [`Stream::attach`] refuses while another consumer
 //! of the lane is attached ([`StreamError::ConsumerAttached`]); [`Stream::reattach`] detaches it
@@ -25,27 +26,29 @@ use crate::lane::LaneStats;
 use crate::name::SinkName;
 use crate::position::Position;
 
-/// The stream port: lanes to the sinks, the request lane back, and the watermark.
+/// The stream port: one publisher into the lanes, the lanes to the sinks, the request lane
+/// back, and the watermark.
 ///
-/// Implemented by [`MemoryStream`](crate::MemoryStream). Code written against `S: Stream` runs
-/// on any backend; see [the contract](crate::contract) for the rules every backend keeps.
+/// Implemented by [`MemoryStream`](crate::MemoryStream) (and `RedisStream` with the `redis`
+/// feature). Code written against `S: Stream` runs on any backend; see [the
+/// contract](crate::contract) for the rules every backend keeps.
 ///
 /// ```
-/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, MemoryStream, Position, Stream};
+/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, MemoryStream, Position, Stream, StreamFanout};
 ///
 /// fn one_round<S: Stream>(stream: &S) -> Option<Position> {
-///     let mut producer = stream.producer("search").unwrap();
+///     let mut fanout = stream.fanout().unwrap();
 ///     let mut consumer = stream.attach("search").unwrap();
-///     producer.publish(LaneItem::Batch(Batch::new(Some(Position(9)), Vec::new().into()))).unwrap();
+///     fanout.publish(LaneItem::Batch(Batch::new(Some(Position(9)), Vec::new().into()))).unwrap();
 ///     consumer.try_recv().unwrap().ack().unwrap();
-///     stream.watermark()
+///     stream.wait_watermark(Position(9), None)
 /// }
 /// let stream = MemoryStream::builder().sink("search").build().unwrap();
 /// assert_eq!(one_round(&stream), Some(Position(9)));
 /// ```
 pub trait Stream: Send + Sync {
-    /// The publishing end of one sink lane.
-    type Producer: LaneProducer<LaneItem>;
+    /// The stream's one publisher: every lane at once, or one lane ([L9](crate::contract#l9)).
+    type Fanout: StreamFanout;
     /// The receiving end of one sink lane.
     type Consumer: LaneConsumer<LaneItem>;
     /// A publisher of requests (any number, on any threads: [R1](crate::contract#r1)).
@@ -56,12 +59,14 @@ pub trait Stream: Send + Sync {
     /// The sinks, in build order (fixed at build: [L1](crate::contract#l1)).
     fn sinks(&self) -> &[SinkName];
 
-    /// The producer of `sink`'s lane ([L9](crate::contract#l9)).
+    /// The stream's one publisher ([L9](crate::contract#l9)): writes each item once and
+    /// publishes it to every lane. Dropping it (or its process dying, on a broker) lets a
+    /// restarted ingest engine take the stream at once, publishing after what was published.
     ///
     /// # Errors
-    /// [`StreamError::UnknownLane`]; [`StreamError::ProducerBusy`] while another producer of the
-    /// lane is alive.
-    fn producer(&self, sink: &str) -> Result<Self::Producer, StreamError>;
+    /// [`StreamError::ProducerBusy`] (naming the first lane) while another fan-out of the stream
+    /// is alive.
+    fn fanout(&self) -> Result<Self::Fanout, StreamError>;
 
     /// A consumer of `sink`'s lane, refusing while another consumer of it is attached.
     ///
@@ -78,8 +83,9 @@ pub trait Stream: Send + Sync {
     /// [`StreamError::UnknownLane`].
     fn reattach(&self, sink: &str) -> Result<Self::Consumer, StreamError>;
 
-    /// Closes `sink`'s lane from outside the producer (a supervisor shutting down while the
-    /// producer waits): as [`LaneProducer::close`] ([L10](crate::contract#l10)).
+    /// Closes `sink`'s lane from outside the publisher (a supervisor shutting down while the
+    /// publisher waits): the lane's consumer drains, then ends, and the fan-out publishes to no
+    /// lane from then on ([L10](crate::contract#l10)).
     ///
     /// # Errors
     /// [`StreamError::UnknownLane`].
@@ -122,52 +128,99 @@ pub trait Stream: Send + Sync {
     /// from one thread ([W3](crate::contract#w3)).
     fn watermark(&self) -> Option<Position>;
 
+    /// Waits until the watermark is at least `at_least` ([W6](crate::contract#w6)), `deadline`
+    /// passes (`None`: no deadline), or the watermark can no longer move (the stream closed and
+    /// every lane idle; or no lanes); returns the watermark read last, which the caller compares
+    /// with `at_least`. Spins briefly, then parks; an ack that moves the watermark always wakes
+    /// it. For a source confirming as soon as the sinks have acked, instead of sleep-polling
+    /// [`watermark`](Stream::watermark).
+    fn wait_watermark(&self, at_least: Position, deadline: Option<Instant>) -> Option<Position>;
+
+    /// The async form of [`wait_watermark`](Stream::wait_watermark), without a deadline (wrap
+    /// it in the executor's timeout); any executor.
+    fn wait_watermark_async(&self, at_least: Position) -> impl Future<Output = Option<Position>> + Send + '_;
+
     /// Whether every lane and the request lane have nothing queued, released, or
     /// delivered-but-unacked ([W5](crate::contract#w5)).
     fn is_idle(&self) -> bool;
 }
 
-/// The publishing end of a lane carrying `T` (at most one per lane: [L9](crate::contract#l9)).
+/// The publishing end of a stream ([`Stream::fanout`]): every lane at once, or one lane
+/// ([`publish_to`](StreamFanout::publish_to)). **Runs are the fast path**; the per-item forms
+/// are the run of one.
 ///
-/// Every error hands the item back untouched; nothing was enqueued.
-pub trait LaneProducer<T>: Send {
-    /// Publishes `item` if there is room now; never waits.
+/// An item goes to every lane or to none. Every error hands the item (or, for runs, the index
+/// of the first item not published) back; nothing of it was enqueued.
+pub trait StreamFanout: Send {
+    /// How many lanes it publishes to.
+    fn lanes(&self) -> usize;
+
+    /// Publishes `item` to every lane if there is room now; never waits.
     ///
     /// # Errors
-    /// [`TryPublishError`]: `Full`, `Closed`, `PositionRegressed`, `InvalidPosition`.
-    fn try_publish(&mut self, item: T) -> Result<(), TryPublishError<T>>;
+    /// [`TryPublishError`]: `Full`, `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
 
-    /// Publishes `item`, waiting while the lane is full ([L3](crate::contract#l3)).
+    /// Publishes `item` to every lane, waiting while some lane is full ([L3](crate::contract#l3)).
     ///
     /// # Errors
-    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`.
-    fn publish(&mut self, item: T) -> Result<(), PublishError<T>>;
+    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
 
-    /// Publishes `item`, waiting until `deadline` at most.
+    /// Publishes `item` to every lane, waiting until `deadline` at most.
     ///
     /// # Errors
     /// [`PublishTimeoutError`]: `Timeout` or one of [`PublishError`]'s causes.
-    fn publish_deadline(&mut self, item: T, deadline: Instant) -> Result<(), PublishTimeoutError<T>>;
+    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>>;
 
-    /// Publishes `item`, waiting `timeout` at most.
+    /// Publishes `item` to every lane, waiting `timeout` at most.
     ///
     /// # Errors
-    /// As [`publish_deadline`](LaneProducer::publish_deadline).
-    fn publish_timeout(&mut self, item: T, timeout: Duration) -> Result<(), PublishTimeoutError<T>> {
+    /// As [`publish_deadline`](StreamFanout::publish_deadline).
+    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishTimeoutError<LaneItem>> {
         self.publish_deadline(item, Instant::now() + timeout)
     }
 
-    /// Publishes `item`, waiting asynchronously while the lane is full; any executor.
-    fn publish_async(&mut self, item: T) -> impl Future<Output = Result<(), PublishError<T>>> + Send + '_;
+    /// Publishes `item` to every lane, waiting asynchronously while some lane is full; any
+    /// executor. Dropping the future drops the item it holds.
+    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_;
 
-    /// Closes the lane ([L10](crate::contract#l10)); idempotent.
+    /// Publishes the longest prefix of `items` that can go now, in one step; its length (>= 1;
+    /// 0 for no items). Never waits.
+    ///
+    /// # Errors
+    /// When not even the first item can go: [`TryPublishError`] carrying index 0.
+    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>>;
+
+    /// Publishes every item of `items`, in order, waiting for room.
+    ///
+    /// # Errors
+    /// [`PublishError`] carrying the index of the first item not published (the ones before it
+    /// reached every lane).
+    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>>;
+
+    /// Publishes `item` to lane `lane` only (its index in [`Stream::sinks`] order), waiting for
+    /// room: a reply for one sink, such as a [backfill](crate::Request::Backfill)'s batches.
+    /// Every other lane skips it.
+    ///
+    /// # Errors
+    /// As [`publish`](StreamFanout::publish).
+    ///
+    /// # Panics
+    /// If `lane` is not below [`lanes`](StreamFanout::lanes).
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
+
+    /// As [`publish_to`](StreamFanout::publish_to), never waiting.
+    ///
+    /// # Errors
+    /// As [`try_publish`](StreamFanout::try_publish).
+    ///
+    /// # Panics
+    /// If `lane` is not below [`lanes`](StreamFanout::lanes).
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
+
+    /// Closes every lane ([L10](crate::contract#l10)); idempotent.
     fn close(&self);
-
-    /// Whether the lane was closed.
-    fn is_closed(&self) -> bool;
-
-    /// The lane's capacity, in items.
-    fn capacity(&self) -> usize;
 }
 
 /// The receiving end of a lane carrying `T`.

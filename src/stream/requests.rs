@@ -8,14 +8,14 @@ use super::port::RequestPublisher;
 use super::watermark::AckedMark;
 use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::Request;
-use crate::lane::{Consumer, LaneStats, ProducerState, Publish, Ring};
-use crate::sync::{lock, Arc, Mutex};
+use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Stop, Target};
+use crate::sync::{Arc, Mutex};
 
 struct RequestShared {
     ring: Arc<Ring<Request>>,
-    /// The single producer state, shared by every [`RequestSender`]: each publish step takes
+    /// The lane's one publisher, shared by every [`RequestSender`]: each publish step takes
     /// this lock for its non-blocking part only; waiting for room happens outside it.
-    producer: Mutex<ProducerState>,
+    publisher: Mutex<Publisher<Request>>,
 }
 
 /// The request lane: sink engines publish [`Request`]s with a [`RequestSender`] (any number,
@@ -44,9 +44,10 @@ pub struct RequestLane {
 impl RequestLane {
     /// A request lane of `capacity` (already checked) slots.
     pub(crate) fn new(capacity: usize) -> RequestLane {
-        let ring = Arc::new(Ring::new(capacity, AckedMark::standalone()));
-        let producer = ring.claim_producer().expect("a new ring has no producer");
-        RequestLane { shared: StdArc::new(RequestShared { ring, producer: Mutex::new(producer) }) }
+        let cells = Arc::new(Cells::new(capacity, None));
+        let ring = Arc::new(Ring::new(cells.clone(), AckedMark::standalone()));
+        let publisher = Publisher::claim(cells, Box::new([ring.clone()])).expect("a new lane has no publisher");
+        RequestLane { shared: StdArc::new(RequestShared { ring, publisher: Mutex::new(publisher) }) }
     }
 
     /// A sender; clone it freely.
@@ -105,8 +106,7 @@ impl RequestSender {
     /// # Errors
     /// Hands `request` back: [`TryPublishError::Full`] or [`TryPublishError::Closed`].
     pub fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
-        let mut state = lock(&self.shared.producer);
-        self.shared.ring.try_push(&mut state, request)
+        self.target().step(request).map_err(|(request, refusal)| refusal.error(request))
     }
 
     /// Publishes `request`, waiting while the lane is full.
@@ -114,7 +114,7 @@ impl RequestSender {
     /// # Errors
     /// [`PublishError::Closed`], request handed back.
     pub fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        self.shared.ring.publish_blocking(request, |request| self.try_publish(request))
+        publish_until(&mut self.target(), request, None).map_err(Stop::untimed)
     }
 
     /// Publishes `request`, waiting at most `timeout` for room.
@@ -138,7 +138,7 @@ impl RequestSender {
         request: Request,
         deadline: Instant,
     ) -> Result<(), PublishTimeoutError<Request>> {
-        self.shared.ring.publish_until(request, deadline, |request| self.try_publish(request))
+        publish_until(&mut self.target(), request, Some(deadline)).map_err(Stop::timed)
     }
 
     /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
@@ -146,7 +146,12 @@ impl RequestSender {
     /// # Errors
     /// As [`publish`](RequestSender::publish).
     pub fn publish_async(&self, request: Request) -> Publish<'_, Request> {
-        Publish::shared(&self.shared.ring, &self.shared.producer, request)
+        Publish::shared(&self.shared.publisher, &self.shared.ring, request)
+    }
+
+    /// The shared publisher, stepped under its lock, waited for outside it.
+    fn target(&self) -> Target<'_, Request> {
+        Target::Shared(&self.shared.publisher, &self.shared.ring)
     }
 }
 

@@ -24,18 +24,35 @@ use crossbeam_utils::CachePadded;
 
 use crate::position::Position;
 use crate::sync::{AtomicU64, Ordering};
+use crate::wait::WaitList;
 
 /// A mark with no acked position yet.
 const NO_MARK: u64 = 0;
 
-/// The acked marks of a set of lanes, one cache line each, read together by [`watermark`].
+/// The acked marks of a set of lanes, one cache line each, read together by [`watermark`], and
+/// the list of threads and tasks waiting for the watermark to move ([W6](crate::contract#w6)).
 #[derive(Clone)]
-pub(crate) struct Marks(StdArc<[CachePadded<AtomicU64>]>);
+pub(crate) struct Marks(StdArc<MarksInner>);
+
+struct MarksInner {
+    marks: Box<[CachePadded<AtomicU64>]>,
+    /// Confirmers waiting in `wait_watermark`; notified by an advancer that sees the
+    /// `WATERMARK_WANTED` wish in its lane's `advance` word, and by closes.
+    waiters: WaitList,
+}
 
 impl Marks {
     /// `lanes` unset marks.
     pub(crate) fn new(lanes: usize) -> Marks {
-        Marks((0..lanes).map(|_| CachePadded::new(AtomicU64::new(NO_MARK))).collect())
+        Marks(StdArc::new(MarksInner {
+            marks: (0..lanes).map(|_| CachePadded::new(AtomicU64::new(NO_MARK))).collect(),
+            waiters: WaitList::new(1),
+        }))
+    }
+
+    /// The list a watermark waiter registers on.
+    pub(crate) fn waiters(&self) -> &WaitList {
+        &self.0.waiters
     }
 
     /// The mark of lane `index`, for the lane to publish its acked position to.
@@ -43,18 +60,18 @@ impl Marks {
     /// # Panics
     /// If `index` is not below the number of lanes.
     pub(crate) fn mark(&self, index: usize) -> AckedMark {
-        assert!(index < self.0.len(), "mark {index} out of {} lanes", self.0.len());
+        assert!(index < self.0.marks.len(), "mark {index} out of {} lanes", self.0.marks.len());
         AckedMark { marks: self.clone(), index }
     }
 
     /// The minimum over the marks, or `None` if any is unset or there are none ([W1](crate::contract#w1)).
     #[inline]
     pub(crate) fn watermark(&self) -> Option<Position> {
-        if self.0.is_empty() {
+        if self.0.marks.is_empty() {
             return None;
         }
         // Acquire: pairs with `AckedMark::publish`'s Release store (W4).
-        let min = self.0.iter().map(|mark| mark.load(Ordering::Acquire)).min().unwrap_or(NO_MARK);
+        let min = self.0.marks.iter().map(|mark| mark.load(Ordering::Acquire)).min().unwrap_or(NO_MARK);
         (min != NO_MARK).then(|| Position(min - 1))
     }
 }
@@ -74,7 +91,13 @@ impl AckedMark {
     #[inline]
     fn cell(&self) -> &AtomicU64 {
         // The index was checked in `Marks::mark`.
-        &self.marks.0[self.index]
+        &self.marks.0.marks[self.index]
+    }
+
+    /// Wakes every watermark waiter (the lane's advancer saw a `WATERMARK_WANTED` wish after
+    /// publishing the mark, or the lane was closed).
+    pub(crate) fn notify(&self) {
+        self.marks.0.waiters.notify();
     }
 
     /// Publishes `position` as the lane's acked position. Called only by the lane's advancer,

@@ -1,11 +1,8 @@
 //! Handles and the advancer: reading a delivered item, ack, nack, stale handles ending, and the
 //! lock-free advancer that moves the contiguous acked prefix and empties slots.
 
-use std::panic::{self, AssertUnwindSafe};
-use std::ptr;
-
 use super::slot::{gen, holders, tag, with_tag, ACKED, DELIVERED, EMPTY, HOLDER_ONE, RELEASED};
-use super::{Ring, NO_POSITION, REQUEST_ONE, ROOM_WANTED};
+use super::{Ring, NO_POSITION, REQUEST_ONE, ROOM_WANTED, WATERMARK_WANTED};
 use crate::error::AckError;
 use crate::sync::Ordering;
 
@@ -65,7 +62,7 @@ impl<T> Ring<T> {
         // Relaxed: the consumer acquires the slot word itself.
         self.cons.released.fetch_add(1, Ordering::Relaxed);
         if self.release_slot(index, word) {
-            self.items.notify();
+            self.shape.cells.items.notify();
             return;
         }
         // A re-attach took the delivery back (and counted it): take our count back.
@@ -118,26 +115,22 @@ impl<T> Ring<T> {
             return; // the current advancer will see our request and go round again
         }
         let mut seen = before + REQUEST_ONE;
-        let mut first_panic = None;
         loop {
-            self.advance_prefix(&mut first_panic);
-            // AcqRel: success hands the role back (Release for the next advancer) and clears
-            // `ROOM_WANTED`; failure acquires the requests (or the producer's wish) that arrived
-            // meanwhile, and we go round again.
+            self.advance_prefix();
+            // AcqRel: success hands the role back (Release for the next advancer) and clears the
+            // wishes; failure acquires the requests (or wishes) that arrived meanwhile, and we go
+            // round again.
             match self.adv.advance.compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => break,
                 Err(now) => seen = now,
             }
         }
+        // Only the advancer's swap clears a wish, so the word it swapped holds every wish made.
         if seen & ROOM_WANTED != 0 {
-            self.room.notify();
+            self.shape.cells.room.notify();
         }
-        if let Some(p) = first_panic {
-            // Never while unwinding: a stale delivery dropped during a panic must not turn the
-            // item's drop panic into an abort (as `Ring::drop`). The item was dropped either way.
-            if !std::thread::panicking() {
-                panic::resume_unwind(p);
-            }
+        if seen & WATERMARK_WANTED != 0 {
+            self.shape.mark.notify();
         }
     }
 
@@ -156,18 +149,25 @@ impl<T> Ring<T> {
         }
     }
 
-    /// [`advance_prefix`](Ring::advance_prefix) for a shared ring, whose slots hold no item of
-    /// their own to drop: one pass that advances the acked prefix and empties each of its slots
-    /// at once when no stale handle pins it (the common case), then publishes `acked_end` (and
-    /// the acked position) before `free`, as the two-pass form does (readers rely on
-    /// `free <= acked_end`). A pinned slot stops the emptying there; the rest of the prefix
-    /// still counts as acked, and the stale handle's end requests another pass.
-    fn advance_shared(&self) {
-        // Relaxed: as in `advance_prefix` (only the advancer writes them).
+    /// Advances the acked prefix over every contiguous ACKED item (moving the lane's acked
+    /// position: an acked item counts at once, [L5](crate::contract#l5)/W1), and empties the
+    /// slots of the prefix that no handle reads any more, in one pass when no stale handle pins
+    /// one (the common case); then publishes `acked_end` (and the acked position) before `free`
+    /// (readers rely on `free <= acked_end`). A pinned slot stops the emptying there; the rest of
+    /// the prefix still counts as acked, and the stale handle's end requests another pass. The
+    /// slots' items stay in the cells: the publisher drops them once every lane freed them.
+    /// Must be called only by the advancer.
+    fn advance_prefix(&self) {
+        // Relaxed: only the advancer writes `acked_end` and `free`, and the role's Acquire
+        // ordered us after the previous advancer.
         let mut acked = self.adv.acked_end.load(Ordering::Relaxed);
         let free_before = self.adv.free.load(Ordering::Relaxed);
         let (start, mut free) = (acked, free_before);
         let mut position = NO_POSITION;
+        // Below `free + capacity` the slot of item `acked` belongs to that item or, if it is not
+        // published yet, to nobody (item `acked - capacity` was emptied): its word is ACKED only
+        // if item `acked` was acked. Bounding by our own `free` instead of the cursor keeps the
+        // advancer off the publisher's cache line.
         while acked < free + self.shape.capacity {
             let state = self.state(acked);
             // Acquire: pairs with the ack's Release (W4 chain), and with stale handles' Release
@@ -176,8 +176,9 @@ impl<T> Ring<T> {
             if tag(word) != ACKED {
                 break;
             }
-            // SAFETY: as in `advance_prefix` (the fan-out wrote the position before publishing
-            // item `acked`, and rewrites it only after every lane's `free` passed it).
+            // SAFETY: the publisher wrote the position before publishing item `acked`, which
+            // happens before its delivery (or gap) and so before the ack whose Release word we
+            // just acquired; it rewrites the cell only after every lane's `free` passed it.
             let p = unsafe { self.cell(acked).position.with(|c| *c) };
             if p != NO_POSITION {
                 position = p;
@@ -190,12 +191,12 @@ impl<T> Ring<T> {
             acked += 1;
         }
         self.publish_acked(start, acked, position);
-        // Then the slots the pass left behind a pinned one, as far as no handle pins them now
-        // (the second pass of `advance_prefix`).
+        // Then the slots the pass left behind a pinned one, as far as no handle pins them now.
         while free < acked {
             let state = self.state(free);
             // Acquire: as above.
             let word = state.load(Ordering::Acquire);
+            debug_assert_eq!(tag(word), ACKED);
             if holders(word) != 0 {
                 break;
             }
@@ -204,74 +205,9 @@ impl<T> Ring<T> {
             free += 1;
         }
         if free != free_before {
-            // Release: pairs with the fan-out's Acquire load of `free` (the cells below may be
-            // reused once every lane passed them).
+            // Release: pairs with the publisher's Acquire load of `free` (the cells below may be
+            // reused and their items dropped once every lane passed them).
             self.adv.free.store(free, Ordering::Release);
-        }
-    }
-
-    /// Advances the acked prefix over every contiguous ACKED item (moving the lane's acked
-    /// position: an acked item counts at once, [L5](crate::contract#l5)/W1), then empties the slots of the prefix
-    /// that no handle reads any more (a detached consumer's stale handle keeps its item's slot,
-    /// not the watermark). Must be called only by the advancer. Item drops that panic are caught
-    /// (the bookkeeping is already done) and the first panic is kept to be resumed.
-    fn advance_prefix(&self, first_panic: &mut Option<Box<dyn std::any::Any + Send>>) {
-        if self.is_shared() {
-            self.advance_shared();
-            return;
-        }
-        // Relaxed: only the advancer writes `acked_end` and `free`, and the role's Acquire ordered us
-        // after the previous advancer.
-        let mut acked = self.adv.acked_end.load(Ordering::Relaxed);
-        let mut free = self.adv.free.load(Ordering::Relaxed);
-        let start = acked;
-        let mut position = NO_POSITION;
-        // Below `free + capacity` the slot of item `acked` holds that item or, if it is not
-        // published yet, nothing (item `acked - capacity` was emptied): its word is ACKED only
-        // if item `acked` was acked. Bounding by our own `free` instead of `tail` keeps the
-        // advancer off the producer's cache line.
-        while acked < free + self.shape.capacity {
-            // Acquire: pairs with the ack's Release (W4 chain).
-            if tag(self.state(acked).load(Ordering::Acquire)) != ACKED {
-                break;
-            }
-            // SAFETY: the producer wrote the position before publishing item `acked`, which
-            // happens before its delivery and so before the ack whose Release word we just
-            // acquired; the producer rewrites it only after the slot is emptied, behind `free`.
-            let p = unsafe { self.cell(acked).position.with(|c| *c) };
-            if p != NO_POSITION {
-                position = p;
-            }
-            acked += 1;
-        }
-        self.publish_acked(start, acked, position);
-        while free < acked {
-            let state = self.state(free);
-            // Acquire: pairs with stale handles' Release holder decrements (their reads of the
-            // item happen before). The word is ACKED: only the advancer changes an ACKED word's
-            // tag, and item `free` is below `acked`.
-            let word = state.load(Ordering::Acquire);
-            debug_assert_eq!(tag(word), ACKED);
-            if holders(word) != 0 {
-                break;
-            }
-            // SAFETY: item `free` is acked and no handle reads it, so the slot is ours: the
-            // consumer never touches an ACKED slot and the producer waits for `free` to pass it.
-            // Shared cells keep the item: the fan-out drops it once every lane freed it.
-            let item = (!self.is_shared())
-                .then(|| unsafe { self.cell(free).item.with(|c| ptr::read(c).assume_init()) });
-            // Relaxed: published to the producer by the Release store of `free` below. Keeps
-            // `gen`; zero holders, zero attempts.
-            state.store(gen(word) | EMPTY, Ordering::Relaxed);
-            free += 1;
-            // Release: pairs with the producer's Acquire load of `free` (the slot may be reused;
-            // for shared cells, the fan-out's, which drops the item once every lane passed it).
-            self.adv.free.store(free, Ordering::Release);
-            // M3: the item is dropped exactly once, here, on its final ack (or when its last
-            // stale handle ends); a panic in its Drop is held back until the role is handed back.
-            if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(item))) {
-                first_panic.get_or_insert(p);
-            }
         }
     }
 }

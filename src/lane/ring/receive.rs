@@ -9,8 +9,9 @@ use crossbeam_utils::Backoff;
 use super::slot::{
     attempt, delivered_word, gen, holders, tag, with_tag, ACKED, DELIVERED, MAX_HOLDERS, RELEASED, SKIPPED,
 };
-use super::wait;
-use super::{Ring, ATTACHED, BUSY, CLOSED, EPOCH_SHIFT, TAIL_SHIFT};
+use super::slot::CURSOR_SHIFT;
+use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
+use crate::wait;
 use crate::sync::Ordering;
 
 /// What the seated consumer found.
@@ -97,7 +98,7 @@ impl<T> Ring<T> {
         // Release: pairs with the next seat-taker's Acquire.
         self.cons.seat.store((epoch << EPOCH_SHIFT) | ATTACHED, Ordering::Release);
         // Wake a detached consumer parked in `recv`, so it returns `Detached`.
-        self.items.notify();
+        self.shape.cells.items.notify();
         Some(epoch)
     }
 
@@ -212,18 +213,18 @@ impl<T> Ring<T> {
         loop {
             // `>=`: a freshly attached consumer's cache starts at 0, behind `next`.
             if *next >= *cached_tail {
-                // Acquire: pairs with the producer's Release compare-and-swap (the slot is
-                // initialised) and with `close`'s Release RMW; `CLOSED` and the count are one
+                // Acquire: pairs with the publisher's Release compare-and-swap (the cell is
+                // written) and with `close`'s Release RMW; `CLOSED` and the count are one
                 // word, so a close we see brings every item published before it.
-                let tail = self.prod.tail.load(Ordering::Acquire);
-                *cached_tail = tail >> TAIL_SHIFT;
+                let tail = self.shape.cells.cursor.load(Ordering::Acquire);
+                *cached_tail = tail >> CURSOR_SHIFT;
                 if *next == *cached_tail {
                     if *skipped {
                         // Release: as the receive steps' `next` store (the gaps passed are
                         // behind it).
                         self.cons.next.store(*next, Ordering::Release);
                     }
-                    return Err(tail & CLOSED != 0);
+                    return Err(self.ended(tail));
                 }
             }
             let state = self.state(*next);
@@ -312,8 +313,8 @@ impl<T> Ring<T> {
         (self.cons.seat.load(Ordering::Acquire) >> EPOCH_SHIFT) != epoch
             || self.cons.released.load(Ordering::Acquire) > 0
             || {
-                let tail = self.prod.tail.load(Ordering::Acquire);
-                tail & CLOSED != 0 || self.cons.next.load(Ordering::Acquire) != tail >> TAIL_SHIFT
+                let tail = self.shape.cells.cursor.load(Ordering::Acquire);
+                self.ended(tail) || self.cons.next.load(Ordering::Acquire) != tail >> CURSOR_SHIFT
             }
     }
 
@@ -326,7 +327,7 @@ impl<T> Ring<T> {
     /// Waits (spin, then park) until a receive by the consumer of `epoch` could make progress.
     /// `false` if `deadline` passed first.
     pub(crate) fn wait_readable(&self, epoch: u64, deadline: Option<Instant>) -> bool {
-        wait::block_until(&self.items, || self.want_items(), deadline, || self.readable(epoch).then_some(()))
+        wait::block_until(&self.shape.cells.items, || self.shape.cells.want_items(), deadline, || self.readable(epoch).then_some(()))
             .is_some()
     }
 
@@ -334,12 +335,12 @@ impl<T> Ring<T> {
     /// receive could make progress now, else `waker` is registered under `key` (replacing an
     /// earlier registration, so re-polling never grows the list).
     pub(crate) fn poll_readable(&self, epoch: u64, key: &mut Option<u64>, waker: &Waker) -> bool {
-        wait::poll_until(&self.items, || self.want_items(), key, waker, || self.readable(epoch).then_some(()))
+        wait::poll_until(&self.shape.cells.items, || self.shape.cells.want_items(), key, waker, || self.readable(epoch).then_some(()))
             .is_some()
     }
 
     /// Cancels a registration made by [`poll_readable`](Ring::poll_readable).
     pub(crate) fn cancel_readable(&self, key: &mut Option<u64>) {
-        self.items.cancel(key);
+        self.shape.cells.items.cancel(key);
     }
 }

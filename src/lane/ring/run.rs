@@ -15,7 +15,8 @@ use super::receive::Take;
 use super::slot::{
     delivered_word, gen, tag, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE, SKIPPED,
 };
-use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT, TAIL_SHIFT};
+use super::slot::CURSOR_SHIFT;
+use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
 use crate::sync::{AtomicUsize, Ordering};
 
 /// Gives back `left` counts of `released` when dropped (see `nack_run`).
@@ -93,7 +94,7 @@ impl<T> Ring<T> {
         // Item `next` is queued (`first_queued`), so the run has at least one item.
         if cached_tail.saturating_sub(next) < gens.len() as u64 {
             // Acquire: as in `first_queued` (pairs with the producer's Release compare-and-swap).
-            *cached_tail = self.prod.tail.load(Ordering::Acquire) >> TAIL_SHIFT;
+            *cached_tail = self.shape.cells.cursor.load(Ordering::Acquire) >> CURSOR_SHIFT;
         }
         let mut len = (*cached_tail - next).min(gens.len() as u64) as usize;
         for (j, g) in gens[..len].iter_mut().enumerate() {
@@ -226,7 +227,7 @@ impl<T> Ring<T> {
             }
         }
         if released > 0 {
-            self.items.notify();
+            self.shape.cells.items.notify();
         }
     }
 }

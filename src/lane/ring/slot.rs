@@ -5,7 +5,8 @@ use std::mem::MaybeUninit;
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicU64, Ordering, UnsafeCell};
+use crate::sync::{AtomicBool, AtomicU64, Ordering, UnsafeCell};
+use crate::wait::WaitList;
 
 pub(super) const TAG_MASK: u64 = 0xFF;
 pub(super) const ATTEMPT_SHIFT: u32 = 8;
@@ -24,7 +25,7 @@ pub(super) const EMPTY: u64 = 0;
 pub(super) const DELIVERED: u64 = 1;
 pub(super) const RELEASED: u64 = 2;
 pub(super) const ACKED: u64 = 3;
-/// Published to this lane as a gap: a shared ring's item addressed to another lane
+/// Published to this lane as a gap: an item addressed to another lane
 /// (`Fanout::publish_to`). Written by the fan-out before it publishes the slot; the consumer
 /// acks it on its way past (`ACKED`, no holder) and delivers nothing.
 pub(super) const SKIPPED: u64 = 4;
@@ -67,14 +68,16 @@ pub(super) fn delivered_word(word: u64, attempt: u32) -> u64 {
         | DELIVERED
 }
 
-/// One slot's item and position, apart from its state word: the producer writes cells, the
-/// consumer side writes state words (`Shape::states`), so neither side's writes move the other's
-/// cache lines (a consumer's state store never pulls the line of the cell the producer fills next).
+/// One cell: an item, its position and its charge, apart from the lanes' state words. The
+/// publisher writes cells, the lanes' consumer sides write state words (`Shape::states`), so
+/// neither side's writes move the other's cache lines.
 pub(super) struct Cell<T> {
-    /// The item's position, or `NO_POSITION`. Written by the producer with the item.
+    /// The item's position, or `NO_POSITION`. Written by the publisher with the item.
     pub(super) position: UnsafeCell<u64>,
-    /// Initialised for items in `free..tail` (a lane's own cells), or for the shared ring's
-    /// items in `reclaimed..written` ([`Cells`]).
+    /// The item's [charge](crate::Item::charge) against the memory budget (0 without one).
+    /// Written and read by the publisher only.
+    pub(super) charge: UnsafeCell<u64>,
+    /// Initialised for the items in `reclaimed..written` ([`Cells`]).
     pub(super) item: UnsafeCell<MaybeUninit<T>>,
 }
 
@@ -96,166 +99,264 @@ pub(super) fn slot_of(index: u64, capacity: u64, mask: u64) -> usize {
     i as usize
 }
 
-/// A ring's cells: its own, or one array shared by every lane of a stream and written once per
-/// item by the stream's fan-out (`shared`).
+/// Bit 0 of the cursor: a consumer (of any lane) waits for items.
+pub(super) const ITEMS_WANTED: u64 = 1;
+/// Bit 1 of the cursor: a lane is closed; nothing more is published to any lane.
+pub(crate) const CLOSED: u64 = 2;
+/// The published count sits above the two flag bits of the cursor.
+pub(super) const CURSOR_SHIFT: u32 = 2;
+
+/// The one array of cells every lane of a stream reads in place, and its one publication
+/// cursor ([the contract's layout section](crate::contract#layout)).
 ///
-/// Own cells hold items in the lane's `free..tail`, and the lane's advancer moves each item out
-/// and drops it when its slot is emptied. Shared cells hold every item from `reclaimed` to
-/// `written` (both advanced only by the fan-out, which holds every lane's producer role): a
-/// lane's advancer empties its own state word and leaves the item, and the fan-out drops an item
-/// when it reuses its cell (every lane's `free` passed it) or reclaims the cells every lane freed
-/// ([`reclaim`](super::Ring::reclaim_shared)); the rest are dropped with the array.
+/// The publisher ([`Publisher`](crate::lane::Publisher), holding the producer role) writes each
+/// item once into cell `i % capacity` and publishes it to every lane with one Release
+/// compare-and-swap of `cursor`, as the LMAX Disruptor publishes with one cursor for all its
+/// consumers; each lane keeps its own state words, consumer seat and acked prefix. An item's
+/// cell is reused only after every lane emptied its slot (each lane's `free` passed it). Cells
+/// hold every item from `reclaimed` to `written`: the publisher drops the items every lane freed
+/// at its next publish (and when it is dropped), the rest are dropped with the array.
 pub(crate) struct Cells<T> {
     pub(super) cells: Box<[Cell<T>]>,
     /// [`mask_of`] the capacity: a cell is found without a division.
     mask: u64,
-    pub(super) shared: bool,
-    /// Shared cells: written by the fan-out only, on a line of their own (every lane's hot path
-    /// reads `cells` and `shared` above).
-    counts: CachePadded<Counts>,
+    /// `published << CURSOR_SHIFT | CLOSED | ITEMS_WANTED`: advanced only by the publisher, with a
+    /// compare-and-swap that fails once `CLOSED` is set (publishing and closing are one atomic
+    /// step against each other: [L10](crate::contract#l10)); consumers set `ITEMS_WANTED` (RMW)
+    /// before they wait. Every lane's consumer reads it (Acquire), nothing else is on its line.
+    pub(crate) cursor: CachePadded<AtomicU64>,
+    /// Consumers of every lane wait here for items; notified by a publish that sees
+    /// `ITEMS_WANTED`, and by nacks, re-attaches and closes (rare: every lane's waiter re-checks).
+    pub(crate) items: WaitList,
+    /// The publisher waits here for room or budget; notified by the advancer of the lane it
+    /// waits for (`ROOM_WANTED` in that lane's `advance` word) and by a close of any lane.
+    pub(crate) room: WaitList,
+    /// The publisher's counters, on a line of their own.
+    pub(crate) counts: CachePadded<Counts>,
+    /// Whether a publisher holds the producer role ([L9](crate::contract#l9)).
+    pub(crate) producer_live: AtomicBool,
+    /// The memory budget in bytes ([M4](crate::contract#m4)), if any.
+    pub(crate) budget: Option<u64>,
 }
 
-/// The shared cells' counters. Relaxed throughout: only the fan-out (holding every lane's
-/// producer role, claimed with Acquire and given back with Release) writes or reads them while
-/// the cells live, and the last owner's drop reads them after every other owner is gone.
-struct Counts {
+/// The publisher's counters. Written only by the publisher (holding the producer role, claimed
+/// with Acquire and given back with Release), so its own accesses are Relaxed; other threads
+/// read them Relaxed as statistics, and the last owner's drop reads them after every other owner
+/// is gone.
+pub(crate) struct Counts {
     /// Items below this were dropped.
-    reclaimed: AtomicU64,
-    /// Items below this were written.
-    written: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
+    /// Items below this were written (`written` = the published count, except inside a publish).
+    pub(crate) written: AtomicU64,
+    /// The last position published (`NO_POSITION` if none).
+    pub(crate) last_published: AtomicU64,
+    /// The charges of the items in `reclaimed..written`, in bytes.
+    pub(crate) held_bytes: AtomicU64,
 }
 
 // SAFETY: the cells hand out `&T` to handles on other threads (needs `T: Sync`) and move `T`s
-// between the producer and whichever thread drops them (needs `T: Send`). Every access to a
-// cell is serialised by its ring's protocol (ring module docs): the producer writes a cell only
+// between the publisher and whichever thread drops them (needs `T: Send`). Every access to a
+// cell is serialised by the ring's protocol (ring module docs): the publisher writes a cell only
 // while no lane's slot of it is in use, and readers read it only while their slot is.
 unsafe impl<T: Send + Sync> Sync for Cells<T> {}
 // SAFETY: as above; the cells own `T`s and drop them on whatever thread drops them last.
 unsafe impl<T: Send + Sync> Send for Cells<T> {}
 
 impl<T> Cells<T> {
-    /// `capacity` empty cells, own (`shared == false`) or shared.
-    pub(crate) fn new(capacity: usize, shared: bool) -> Cells<T> {
+    /// `capacity` (>= 1) empty cells, with a memory budget of `budget` bytes if any.
+    pub(crate) fn new(capacity: usize, budget: Option<u64>) -> Cells<T> {
+        assert!(capacity > 0, "ring capacity must be at least 1");
         Cells {
             cells: (0..capacity)
                 .map(|_| Cell {
                     position: UnsafeCell::new(super::NO_POSITION),
+                    charge: UnsafeCell::new(0),
                     item: UnsafeCell::new(MaybeUninit::uninit()),
                 })
                 .collect(),
             mask: mask_of(capacity as u64),
-            shared,
-            counts: CachePadded::new(Counts { reclaimed: AtomicU64::new(0), written: AtomicU64::new(0) }),
+            cursor: CachePadded::new(AtomicU64::new(0)),
+            items: WaitList::new(2),
+            room: WaitList::new(2),
+            counts: CachePadded::new(Counts {
+                reclaimed: AtomicU64::new(0),
+                written: AtomicU64::new(0),
+                last_published: AtomicU64::new(super::NO_POSITION),
+                held_bytes: AtomicU64::new(0),
+            }),
+            producer_live: AtomicBool::new(false),
+            budget,
         }
     }
 
-    fn cell(&self, index: u64) -> &Cell<T> {
+    pub(super) fn cell(&self, index: u64) -> &Cell<T> {
         &self.cells[slot_of(index, self.cells.len() as u64, self.mask)]
     }
 
-    /// Items written so far.
-    pub(crate) fn written(&self) -> u64 {
-        // Relaxed: see `Counts`.
-        self.counts.written.load(Ordering::Relaxed)
+    pub(crate) fn capacity(&self) -> u64 {
+        self.cells.len() as u64
     }
 
-    /// Writes items `written..written + n` into shared cells (`make(k)` gives item `written + k`
-    /// and its position, or `NO_POSITION`), dropping each cell's previous item on the way.
+    /// Items published so far.
+    #[inline]
+    pub(crate) fn published(&self) -> u64 {
+        // Acquire: pairs with the publisher's Release compare-and-swap (the cells are written).
+        self.cursor.load(Ordering::Acquire) >> CURSOR_SHIFT
+    }
+
+    /// Whether a lane was closed (nothing more is published).
+    pub(crate) fn any_closed(&self) -> bool {
+        // Acquire: pairs with `close`'s Release RMW.
+        self.cursor.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// Items written and not dropped yet, and their charges in bytes.
+    pub(crate) fn held(&self) -> (u64, u64) {
+        // Relaxed: statistics (see `Counts`); `reclaimed <= written`, loaded first.
+        let reclaimed = self.counts.reclaimed.load(Ordering::Relaxed);
+        let written = self.counts.written.load(Ordering::Relaxed);
+        (written.saturating_sub(reclaimed), self.counts.held_bytes.load(Ordering::Relaxed))
+    }
+
+    /// The memory budget in bytes, if any.
+    pub(crate) fn budget(&self) -> Option<u64> {
+        self.budget
+    }
+
+    /// The last position published, if any.
+    pub(crate) fn last_published(&self) -> Option<crate::Position> {
+        // Relaxed: statistics.
+        let last = self.counts.last_published.load(Ordering::Relaxed);
+        (last != super::NO_POSITION).then_some(crate::Position(last))
+    }
+
+    /// Marks that a consumer is about to wait for items (before its re-check).
+    pub(crate) fn want_items(&self) {
+        // AcqRel RMW: totally ordered with the publisher's compare-and-swap, which either sees
+        // the bit (and notifies) or is read by this RMW, so the consumer's re-check sees it.
+        self.cursor.fetch_or(ITEMS_WANTED, Ordering::AcqRel);
+    }
+
+    /// Stops publishing to every lane: an RMW on the cursor, so it is ordered against every
+    /// publish (a consumer that sees `CLOSED` sees the count of every item published before it).
+    pub(crate) fn close(&self) {
+        // Release: pairs with the consumers' Acquire loads of the cursor.
+        self.cursor.fetch_or(CLOSED, Ordering::Release);
+        self.items.notify();
+        self.room.notify();
+    }
+
+    /// Writes `item` (its position, or `NO_POSITION`, and its charge) into the cell of item
+    /// `index`.
     ///
     /// # Safety
-    /// The caller holds every lane's producer role, and every lane emptied the slots of items
-    /// below `written + n - capacity` (its `free` is past them, loaded with Acquire): no handle
-    /// reads those cells any more, and the items written are not published yet.
+    /// The caller holds the producer role; item `index` is not published, and the cell's
+    /// previous item was dropped ([`reclaim`](Cells::reclaim)) after every lane freed it.
+    #[inline]
+    pub(crate) unsafe fn write(&self, index: u64, item: T, position: u64, charge: u64) {
+        let cell = self.cell(index);
+        // SAFETY: the caller's guarantee: nothing else touches the cell until it is published.
+        unsafe {
+            cell.item.with_mut(|c| (*c).write(item));
+            cell.position.with_mut(|c| *c = position);
+            cell.charge.with_mut(|c| *c = charge);
+        }
+    }
+
+    /// Takes item `index` back out of its cell: it was written and never published.
     ///
-    /// Returns the first panic of a dropped item's Drop, caught once every cell is written: the
-    /// caller publishes the items first and then resumes it, so a panicking drop never leaves
-    /// cells written but unpublished.
-    #[must_use = "a caught drop panic must be resumed once the items are published"]
-    pub(crate) unsafe fn write(
-        &self,
-        n: u64,
-        mut make: impl FnMut(u64) -> (T, u64),
-    ) -> Result<(), Box<dyn std::any::Any + Send>> {
-        debug_assert!(self.shared);
-        let cap = self.cells.len() as u64;
-        let from = self.written();
-        let mut first_panic = None;
-        for k in 0..n {
-            let i = from + k;
-            let cell = self.cell(i);
-            // The cell's previous item, `i - capacity`, unless it was reclaimed already.
-            let old = if i >= cap && i - cap >= self.counts.reclaimed.load(Ordering::Relaxed) {
-                // SAFETY: item `i - capacity` is initialised (at or above `reclaimed`) and no
-                // handle reads it (the caller's guarantee); it is moved out exactly once, and
-                // `reclaimed` passes it at once, so no later drop reads it again.
-                let old = unsafe { cell.item.with(|c| std::ptr::read(c).assume_init()) };
-                self.counts.reclaimed.store(i - cap + 1, Ordering::Relaxed);
-                Some(old)
-            } else {
-                None
-            };
-            let (item, position) = make(k);
-            // SAFETY: the cell is empty now (its old item moved out above, or never written or
-            // reclaimed) and unpublished: only we touch it until a lane's `tail` publishes it.
-            unsafe {
-                cell.item.with_mut(|c| (*c).write(item));
-                cell.position.with_mut(|c| *c = position);
+    /// # Safety
+    /// The caller holds the producer role, wrote item `index` and did not publish it (nor take
+    /// it back before).
+    pub(crate) unsafe fn take_back(&self, index: u64) -> T {
+        // SAFETY: the caller's guarantee: the cell holds the item, no other thread reaches it.
+        unsafe { self.cell(index).item.with(|c| std::ptr::read(c).assume_init()) }
+    }
+
+    /// Publishes items `tail..tail + n` (written by the caller, the producer role's holder) to
+    /// every lane with one compare-and-swap of the cursor, and wakes waiting consumers if one
+    /// asked. `Err` if the stream was closed: nothing was published.
+    #[inline]
+    pub(crate) fn publish(&self, tail: u64, n: u64) -> Result<(), ()> {
+        // Release: pairs with the consumers' Acquire loads of the cursor (publishes every cell
+        // written before it). An RMW, so it sees an `ITEMS_WANTED` set by a consumer about to
+        // wait (either we see the bit and clear it in the same step, or the consumer's RMW comes
+        // after ours and its re-check sees the items), and it fails on `CLOSED` (publishing and
+        // closing are one atomic step against each other, L3/L10). Failure: Relaxed, we only
+        // learn the flags.
+        let mut seen = tail << CURSOR_SHIFT;
+        loop {
+            if seen & CLOSED != 0 {
+                return Err(());
             }
-            self.counts.written.store(i + 1, Ordering::Relaxed);
-            if let Some(old) = old {
-                if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(old))) {
-                    first_panic.get_or_insert(p);
-                }
+            match self.cursor.compare_exchange_weak(
+                seen,
+                (tail + n) << CURSOR_SHIFT,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => seen = now,
             }
         }
-        first_panic.map_or(Ok(()), Err)
+        if seen & ITEMS_WANTED != 0 {
+            self.items.notify();
+        }
+        Ok(())
     }
 
-    /// Drops the items of shared cells below `end` (every lane's `free`, loaded with Acquire, is
-    /// at `end` or past it) that were not dropped yet.
+    /// Drops the items below `end` (every lane's `free`, loaded with Acquire, is at `end` or
+    /// past it) that were not dropped yet, releasing their charges.
     ///
     /// # Safety
-    /// As [`write`](Cells::write): the caller holds every lane's producer role and every lane
-    /// emptied the slots of the items below `end`.
+    /// The caller holds the producer role and every lane emptied the slots of the items below
+    /// `end`: no handle reads their cells any more.
     ///
-    /// # Panics
-    /// Resumes the first panic of a dropped item's Drop, once every item is dropped.
-    pub(crate) unsafe fn reclaim(&self, end: u64) {
-        debug_assert!(self.shared);
-        let end = end.min(self.written());
-        let mut first_panic = None;
+    /// Returns the first panic of a dropped item's Drop, caught once every item is dropped
+    /// ([M3](crate::contract#m3)): the caller resumes it when its own step is done.
+    #[must_use = "a caught drop panic must be resumed"]
+    pub(crate) unsafe fn reclaim(&self, end: u64) -> Result<(), Box<dyn std::any::Any + Send>> {
+        // Relaxed: the publisher's own counters (see `Counts`).
+        let end = end.min(self.counts.written.load(Ordering::Relaxed));
         let mut i = self.counts.reclaimed.load(Ordering::Relaxed);
+        if i >= end {
+            return Ok(());
+        }
+        let mut first_panic = None;
+        let mut released = 0;
         while i < end {
+            let cell = self.cell(i);
             // SAFETY: item `i` is initialised (`reclaimed <= i < written`), no handle reads it
             // (the caller's guarantee), and `reclaimed` passes it before it is dropped.
-            let item = unsafe { self.cell(i).item.with(|c| std::ptr::read(c).assume_init()) };
+            let (item, charge) =
+                unsafe { (cell.item.with(|c| std::ptr::read(c).assume_init()), cell.charge.with(|c| *c)) };
+            released += charge;
             i += 1;
             self.counts.reclaimed.store(i, Ordering::Relaxed);
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(item))) {
                 first_panic.get_or_insert(p);
             }
         }
-        if let Some(p) = first_panic {
-            std::panic::resume_unwind(p);
+        if released != 0 {
+            let held = self.counts.held_bytes.load(Ordering::Relaxed);
+            self.counts.held_bytes.store(held - released, Ordering::Relaxed);
         }
+        first_panic.map_or(Ok(()), Err)
     }
 }
 
 impl<T> Drop for Cells<T> {
-    /// [M3](crate::contract#m3) for shared cells: drops every item not reclaimed yet. (A lane's
-    /// own cells are emptied by its ring's drop.) Keeps going when an item's Drop panics, then
-    /// resumes the first panic.
+    /// [M3](crate::contract#m3): drops every item not reclaimed yet. Keeps going when an item's
+    /// Drop panics, then resumes the first panic.
     fn drop(&mut self) {
-        if !self.shared {
-            return;
-        }
         // Relaxed: `&mut self`, every other owner is gone.
-        let (from, to) = (self.counts.reclaimed.load(Ordering::Relaxed), self.written());
+        let from = self.counts.reclaimed.load(Ordering::Relaxed);
+        let to = self.counts.written.load(Ordering::Relaxed);
         let mut first_panic = None;
         for i in from..to {
             let cell = self.cell(i);
-            // SAFETY: items `reclaimed..written` are initialised (the fan-out drops an item only
-            // when it advances `reclaimed` past it) and nothing else references them now.
+            // SAFETY: items `reclaimed..written` are initialised (the publisher drops an item
+            // only when it advances `reclaimed` past it) and nothing else references them now.
             let item = unsafe { cell.item.with(|c| std::ptr::read(c).assume_init()) };
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(item))) {
                 first_panic.get_or_insert(p);

@@ -1,6 +1,6 @@
 //! Lock-free reads of a ring's state: idleness, acked position, counters.
 
-use super::{Ring, NO_POSITION};
+use super::Ring;
 use crate::lane::stats::LaneStats;
 use crate::position::Position;
 use crate::sync::Ordering;
@@ -8,7 +8,7 @@ use crate::sync::Ordering;
 impl<T> Ring<T> {
     /// [W5](crate::contract#w5) for one lane: nothing queued, released, or delivered-but-unacked.
     pub(crate) fn is_idle(&self) -> bool {
-        // Load `acked_end` before `tail`: both grow and `acked_end <= tail`, so equality means that at
+        // Load `acked_end` before the cursor: both grow and `acked_end <= tail`, so equality means that at
         // the moment of the first load everything published was acked.
         let acked = self.adv.acked_end.load(Ordering::Acquire);
         acked == self.published()
@@ -27,7 +27,6 @@ impl<T> Ring<T> {
         let next = self.cons.next.load(Ordering::Acquire);
         let tail = self.published();
         let released = (self.cons.released.load(Ordering::Relaxed) as u64).min(next - acked);
-        let last = self.prod.last_published.load(Ordering::Relaxed);
         LaneStats {
             capacity: self.shape.capacity as usize,
             queued: tail - next,
@@ -39,7 +38,7 @@ impl<T> Ring<T> {
             published: tail,
             acked_items: acked,
             pinned: acked - free,
-            last_published: (last != NO_POSITION).then_some(Position(last)),
+            last_published: self.shape.cells.last_published(),
             acked: self.acked(),
             closed: self.is_closed(),
         }

@@ -522,3 +522,52 @@ impl fmt::Debug for RedisFanout {
             .finish_non_exhaustive()
     }
 }
+
+// A stop-gap while the Redis backend moves to one layout: runs publish item by item.
+impl crate::stream::port::StreamFanout for RedisFanout {
+    fn lanes(&self) -> usize {
+        RedisFanout::lanes(self)
+    }
+
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        RedisFanout::try_publish(self, item)
+    }
+
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        RedisFanout::publish(self, item)
+    }
+
+    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>> {
+        RedisFanout::publish_deadline(self, item, deadline)
+    }
+
+    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
+        RedisFanout::publish_async(self, item)
+    }
+
+    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+        match items.first() {
+            None => Ok(0),
+            Some(item) => RedisFanout::try_publish(self, item.clone()).map(|()| 1).map_err(|e| e.map(|_| 0)),
+        }
+    }
+
+    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+        for (i, item) in items.iter().enumerate() {
+            RedisFanout::publish(self, item.clone()).map_err(|e| e.map(|_| i))?;
+        }
+        Ok(())
+    }
+
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        RedisFanout::publish_to(self, lane, item)
+    }
+
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        RedisFanout::try_publish_to(self, lane, item)
+    }
+
+    fn close(&self) {
+        let _ = RedisFanout::close(self);
+    }
+}

@@ -17,7 +17,7 @@ use crate::codec::AlignedVec;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::{LaneItem, Request};
 use crate::position::Position;
-use crate::stream::port::{LaneProducer, RequestPublisher};
+use crate::stream::port::RequestPublisher;
 
 /// An item checked and encoded for a publish: its position and its payload.
 pub(super) struct Encoded {
@@ -291,16 +291,18 @@ impl RedisProducer {
     }
 }
 
-impl LaneProducer<LaneItem> for RedisProducer {
-    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+/// The per-lane producer of the retired layout (being removed: the fan-out is the only way).
+#[allow(missing_docs)]
+impl RedisProducer {
+    pub fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
         self.step(item, Budget::Once)
     }
 
-    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+    pub fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         self.publish_until(item, None).map_err(waitable)
     }
 
-    fn publish_deadline(
+    pub fn publish_deadline(
         &mut self,
         item: LaneItem,
         deadline: Instant,
@@ -308,7 +310,7 @@ impl LaneProducer<LaneItem> for RedisProducer {
         self.publish_until(item, Some(deadline))
     }
 
-    fn publish_async(
+    pub fn publish_async(
         &mut self,
         item: LaneItem,
     ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
@@ -316,15 +318,15 @@ impl LaneProducer<LaneItem> for RedisProducer {
         poll_fn(move |cx| self.poll_publish(&mut item, cx))
     }
 
-    fn close(&self) {
+    pub fn close(&self) {
         let _ = self.lane.close(&self.shared.pool, Budget::Retry);
     }
 
-    fn is_closed(&self) -> bool {
+    pub fn is_closed(&self) -> bool {
         matches!(self.lane.field(&self.shared.pool, Budget::Once, "closed"), Ok(Some(c)) if c == "1")
     }
 
-    fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.lane.capacity
     }
 }

@@ -9,7 +9,7 @@ use super::conn::{Budget, Pool, Settings};
 use super::consumer::RedisConsumer;
 use super::fanout::{self, RedisFanout};
 use super::lane::{query, LaneDef};
-use super::producer::{RedisProducer, RedisRequestSender};
+use super::producer::RedisRequestSender;
 use super::shared::Shared;
 use crate::error::{BackendError, BuildError, StreamError};
 use crate::item::{LaneItem, Request};
@@ -433,7 +433,7 @@ impl RedisStream {
 }
 
 impl Stream for RedisStream {
-    type Producer = RedisProducer;
+    type Fanout = RedisFanout;
     type Consumer = RedisConsumer<LaneItem>;
     type RequestSender = RedisRequestSender;
     type RequestConsumer = RedisConsumer<Request>;
@@ -442,17 +442,23 @@ impl Stream for RedisStream {
         &self.shared.sinks
     }
 
-    /// The producer of `sink`'s lane; refused with [`StreamError::SharedRing`] on a stream
-    /// built with [`fanout(true)`](RedisStreamBuilder::fanout) (publish through
-    /// [`fanout`](RedisStream::fanout)).
-    fn producer(&self, sink: &str) -> Result<RedisProducer, StreamError> {
-        let lane = self.lane(sink)?;
-        if self.shared.fanout {
-            return Err(StreamError::SharedRing(lane.sink.clone().expect("a sink lane")));
+    fn fanout(&self) -> Result<RedisFanout, StreamError> {
+        RedisStream::fanout(self)
+    }
+
+    // A stop-gap while the Redis backend moves to one layout: polls the watermark.
+    fn wait_watermark(&self, at_least: Position, deadline: Option<std::time::Instant>) -> Option<Position> {
+        loop {
+            let now = self.watermark();
+            if now >= Some(at_least) || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return now;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let token = self.shared.pool.token();
-        let (epoch, published, last) = self.shared.claim_producer(lane, token)?;
-        Ok(RedisProducer::new(self.shared.clone(), lane.clone(), epoch, published, last, token))
+    }
+
+    fn wait_watermark_async(&self, at_least: Position) -> impl std::future::Future<Output = Option<Position>> + Send + '_ {
+        std::future::ready(self.wait_watermark(at_least, None))
     }
 
     fn attach(&self, sink: &str) -> Result<RedisConsumer<LaneItem>, StreamError> {
