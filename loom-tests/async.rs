@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use lanestream::{MemoryStream, Position};
+use lanestream::{MemoryStream, Position, Stream};
 use loom::thread;
 
 use crate::support::{self, batch, check, Flag};
@@ -30,7 +30,7 @@ fn recv_async_repolled_with_a_new_waker_then_dropped_after_wake() {
     support::model("recv_async_repolled_with_a_new_waker_then_dropped_after_wake", 3, || {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let p = thread::spawn(move || producer.publish(batch(1)).unwrap());
 
@@ -76,7 +76,7 @@ fn publish_async_repolled_with_a_new_waker_while_acked() {
     support::model("publish_async_repolled_with_a_new_waker_while_acked", 3, || {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         let d1 = consumer.try_recv().unwrap();

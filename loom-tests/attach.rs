@@ -1,7 +1,7 @@
 //! Loom model 10: a plain `attach` racing a consumer's drop and a `reattach` (L8): the seat's
 //! `ATTACHED` bit and the epoch-checked detach.
 
-use lanestream::{AckError, MemoryStream, Position, StreamError, TryRecvError};
+use lanestream::{AckError, MemoryStream, Position, StreamError, TryRecvError, Stream};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -42,7 +42,7 @@ fn attach_racing_a_consumer_drop_and_a_reattach() {
     support::model("attach_racing_a_consumer_drop_and_a_reattach", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         producer.try_publish(batch(1)).unwrap();
         producer.try_publish(batch(2)).unwrap();
         let mut c1 = lane.attach().unwrap();

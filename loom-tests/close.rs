@@ -26,7 +26,7 @@ fn close_racing_the_last_publish() {
     support::model("close_racing_the_last_publish", 3, || {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let p = thread::spawn(move || {
             producer.publish(batch(1)).unwrap();
@@ -61,7 +61,7 @@ fn close_wakes_blocked_and_async_consumers() {
         // Blocking waiter.
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let producer = lane.producer().unwrap();
+        let producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let c = thread::spawn(move || assert!(consumer.recv().unwrap().is_none()));
         producer.close();
@@ -70,7 +70,7 @@ fn close_wakes_blocked_and_async_consumers() {
         // Async waiter.
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let producer = lane.producer().unwrap();
+        let producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let closer = thread::spawn(move || producer.close());
         let (flag, waker) = Flag::new();
@@ -90,7 +90,7 @@ fn close_wakes_blocked_and_async_consumers() {
         // Producer blocked on a full lane.
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         producer.try_publish(batch(1)).unwrap();
         let p = thread::spawn(move || match producer.publish(batch(2)) {
             Err(PublishError::Closed(item)) => check(&item, 2),
@@ -130,7 +130,7 @@ fn close_racing_a_publish_from_another_thread() {
     support::model("close_racing_a_publish_from_another_thread", 3, || {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.attach().unwrap();
 
         let p = thread::spawn(move || match producer.publish(batch(1)) {

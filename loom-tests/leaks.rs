@@ -1,9 +1,9 @@
-//! Loom model 9: every item is dropped exactly once — on its final ack, or when the last
-//! reference to the lane goes — with no leak (M3).
+//! Loom model 9: every item is dropped exactly once — once acked on every lane, by the fan-out's
+//! next publish, or when the last reference to the stream goes — with no leak (M3).
 
 use std::sync::Arc as StdArc;
 
-use lanestream::{LaneItem, MemoryStream};
+use lanestream::{LaneItem, MemoryStream, Stream};
 use loom::thread;
 
 use crate::support::{self, batch, check, envelopes};
@@ -23,12 +23,13 @@ fn owners(item: &LaneItem) -> usize {
 /// instead of 2 without freeing anything.
 ///
 /// Scenario (capacity 2): items 1 and 2 published and delivered; an acker thread acks item 1
-/// while the main thread drops delivery 2 (a nack: released, still owned by the ring), so the
-/// ack's advance (which drops item 1) races the nack. Then item 3 is published (queued, never
-/// delivered), item 2 is redelivered to a reader thread, and the main thread drops every handle
-/// it has on the stream while the reader still reads item 2. Whichever thread lets go of the
-/// ring last drops it, and with it items 2 and 3. Item 1 must be dropped by its ack (before the
-/// acker returns), items 2 and 3 by the ring's teardown, each exactly once.
+/// while the main thread drops delivery 2 (a nack: released, still owned by the stream), so the
+/// ack's advance (which frees item 1's slot) races the nack. Then item 3 is published (queued,
+/// never delivered): that publish drops item 1, which every lane freed. Item 2 is redelivered to
+/// a reader thread, and the main thread drops every handle it has on the stream while the reader
+/// still reads item 2. Whichever thread lets go of the cells last drops them, and with them items
+/// 2 and 3. Item 1 must be dropped by the publish after its ack, items 2 and 3 by the teardown,
+/// each exactly once.
 ///
 /// Why the bound suffices: at most two threads run at once; each race (ack/advance vs nack,
 /// reader vs teardown, which thread drops the ring last) is decided by one preemption; bound 3
@@ -45,7 +46,7 @@ fn items_dropped_exactly_once_on_ack_and_teardown() {
         {
             let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
             let lane = stream.lane("a").unwrap();
-            let mut producer = lane.producer().unwrap();
+            let mut producer = stream.fanout().unwrap();
             let mut consumer = lane.reattach();
             producer.try_publish(keep[0][0].clone()).unwrap();
             producer.try_publish(keep[1][0].clone()).unwrap();
@@ -58,8 +59,9 @@ fn items_dropped_exactly_once_on_ack_and_teardown() {
             });
             drop(d2);
             acker.join().unwrap();
-            assert_eq!(owners(&keep[0][0]), 2, "item 1 dropped exactly once, on its ack");
+            assert_eq!(owners(&keep[0][0]), 3, "item 1 acked, held until the next publish");
             producer.try_publish(keep[2][0].clone()).unwrap();
+            assert_eq!(owners(&keep[0][0]), 2, "item 1 dropped exactly once, by the next publish");
             assert_eq!(owners(&keep[1][0]), 3, "item 2 released, still in the ring");
             assert_eq!(owners(&keep[2][0]), 3, "item 3 queued in the ring");
 

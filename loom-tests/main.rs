@@ -8,6 +8,7 @@ mod support;
 
 mod r#async;
 mod attach;
+mod budget;
 mod close;
 mod leaks;
 mod log;

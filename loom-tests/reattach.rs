@@ -27,7 +27,7 @@ fn reattach_racing_a_late_ack() {
     support::model("reattach_racing_a_late_ack", 3, || {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut old = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         let late = old.try_recv().unwrap();

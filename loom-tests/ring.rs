@@ -37,7 +37,7 @@ fn wrap(capacity: u64, items: u64) {
     let stream =
         MemoryStream::builder().capacity(capacity as usize).request_capacity(1).sink("a").build().unwrap();
     let lane = stream.lane("a").unwrap();
-    let mut producer = lane.producer().unwrap();
+    let mut producer = stream.fanout().unwrap();
     let mut consumer = lane.reattach();
     let cells = Arc::new(Cells::new(items as usize));
 
@@ -85,7 +85,7 @@ fn out_of_order_acks_while_the_producer_waits() {
     support::model("out_of_order_acks_while_the_producer_waits", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let applied = Arc::new(Cells::new(1));
 

@@ -33,7 +33,7 @@ fn runs_across_a_wrap_while_the_producer_waits() {
     support::model("runs_across_a_wrap_while_the_producer_waits", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let cells = Arc::new(Cells::new(4));
         let written = cells.clone();
@@ -86,7 +86,7 @@ fn reattach_racing_a_runs_late_ack() {
     support::model("reattach_racing_a_runs_late_ack", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut old = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         producer.try_publish(batch(2)).unwrap();
@@ -148,7 +148,7 @@ fn a_released_run_wakes_a_parked_recv_run() {
     support::model("a_released_run_wakes_a_parked_recv_run", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         producer.try_publish(batch(2)).unwrap();
@@ -185,7 +185,7 @@ fn a_released_run_wakes_a_pending_recv_run_async() {
     support::model("a_released_run_wakes_a_pending_recv_run_async", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         producer.try_publish(batch(2)).unwrap();
@@ -235,7 +235,7 @@ fn l2_a_half_released_run_is_not_overtaken_by_a_queued_item() {
     support::model("l2_a_half_released_run_is_not_overtaken_by_a_queued_item", 3, || {
         let stream = MemoryStream::builder().capacity(3).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         for p in 1..=3 {
             producer.try_publish(batch(p)).unwrap();

@@ -32,28 +32,11 @@ use crate::support::{self, batch, check};
 /// its own two RMWs.
 #[test]
 fn stale_handle_ending_while_its_redelivery_is_acked_as_a_run() {
-    support::model("stale_handle_ending_while_its_redelivery_is_acked_as_a_run", 3, || {
-        stale_handle_run(false)
-    });
+    support::model("stale_handle_ending_while_its_redelivery_is_acked_as_a_run", 3, stale_handle_run);
 }
 
-/// Model 18c: model 18a on a one-lane shared ring (published by the fan-out; the lane's advancer
-/// empties slots in one pass, `advance_shared`, and must not empty the slot the stale handle pins).
-#[test]
-fn stale_handle_ending_while_its_redelivery_is_acked_as_a_run_shared_ring() {
-    support::model("stale_handle_ending_while_its_redelivery_is_acked_as_a_run_shared_ring", 3, || {
-        stale_handle_run(true)
-    });
-}
-
-fn stale_handle_run(shared: bool) {
-    let stream = MemoryStream::builder()
-        .capacity(2)
-        .request_capacity(1)
-        .sink("a")
-        .shared_ring(shared)
-        .build()
-        .unwrap();
+fn stale_handle_run() {
+    let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
     let lane = stream.lane("a").unwrap();
     let mut fanout = stream.fanout().unwrap();
     let mut old = lane.reattach();
@@ -104,7 +87,7 @@ fn a_run_acked_elsewhere_while_its_consumer_receives_and_detaches() {
     support::model("a_run_acked_elsewhere_while_its_consumer_receives_and_detaches", 3, || {
         let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.attach().unwrap();
         producer.try_publish(batch(1)).unwrap();
         producer.try_publish(batch(2)).unwrap();
@@ -151,7 +134,6 @@ fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
             .capacity(1)
             .request_capacity(1)
             .sinks(["a", "b"])
-            .shared_ring(true)
             .build()
             .unwrap();
         let mut fanout = stream.fanout().unwrap();
@@ -218,7 +200,6 @@ fn a_gap_is_passed_and_its_cell_reused() {
             .capacity(1)
             .request_capacity(1)
             .sinks(["a", "b"])
-            .shared_ring(true)
             .build()
             .unwrap();
         let mut fanout = stream.fanout().unwrap();

@@ -34,7 +34,6 @@ fn a_blocking_fanout_publish_reuses_a_shared_cell_after_both_lanes_acked() {
             .capacity(1)
             .request_capacity(1)
             .sinks(["a", "b"])
-            .shared_ring(true)
             .build()
             .unwrap();
         let mut fanout = stream.fanout().unwrap();

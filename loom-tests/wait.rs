@@ -1,7 +1,7 @@
 //! Loom model 5: blocking waits without lost wake-ups (the "nobody is waiting" shortcut racing
 //! a thread about to park), for the consumer (items) and for the producer (room).
 
-use lanestream::{MemoryStream, Position};
+use lanestream::{MemoryStream, Position, Stream};
 use loom::thread;
 
 use crate::support::{self, batch, check};
@@ -22,7 +22,7 @@ fn consumer_about_to_park_while_producer_publishes() {
     support::model("consumer_about_to_park_while_producer_publishes", 3, || {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let p = thread::spawn(move || producer.publish(batch(1)).unwrap());
         let d = consumer.recv().unwrap().expect("not closed");
@@ -46,7 +46,7 @@ fn producer_waiting_for_room_while_consumer_acks() {
     support::model("producer_waiting_for_room_while_consumer_acks", 3, || {
         let stream = MemoryStream::builder().capacity(1).request_capacity(1).sink("a").build().unwrap();
         let lane = stream.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         producer.try_publish(batch(1)).unwrap();
         let d1 = consumer.try_recv().unwrap();

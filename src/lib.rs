@@ -1,14 +1,16 @@
 //! lanestream: the lock-free, in-process stream port of a change-processing pipeline.
 //!
 //! An ingest engine builds each committed source transaction into one [`Batch`] (an
-//! `Arc<[Envelope]>`, built once, shared zero-copy) and publishes it into one bounded
-//! single-producer/single-consumer [`Lane`] per sink. Sink engines receive a [`Delivery`], apply
-//! it and ack it; each ack advances that lane's acked position, and the [`watermark`] — the
-//! minimum acked position over all lanes, computed lock-free on read — is what the source may
-//! confirm, so nothing is lost when anything crashes. A [`RequestLane`] carries backfill
-//! requests back up.
+//! `Arc<[Envelope]>`, built once, shared zero-copy) and publishes it with the stream's one
+//! [`Fanout`]: written once into one bounded array that every sink's [`Lane`] reads in place,
+//! with one publication step for every lane. Sink engines receive a [`Delivery`] (or a [`Run`]
+//! of them, the fast path), apply it and ack it; each ack advances that lane's acked position,
+//! and the [`watermark`] — the minimum acked position over all lanes, computed lock-free on read
+//! and waitable with [`wait_watermark`] — is what the source may confirm, so nothing is lost when
+//! anything crashes. A [`RequestLane`] carries backfill requests back up.
 //!
 //! [`watermark`]: Stream::watermark
+//! [`wait_watermark`]: Stream::wait_watermark
 //!
 //! ```
 //! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
@@ -20,23 +22,20 @@
 //!     .map(|lane| {
 //!         let mut consumer = lane.attach()?;
 //!         Ok(thread::spawn(move || {
-//!             while let Some(delivery) = consumer.recv().unwrap() {
-//!                 // apply the batch to the sink, then:
-//!                 delivery.ack().unwrap();
+//!             while let Some(run) = consumer.recv_run(64).unwrap() {
+//!                 // apply the run of batches to the sink, then:
+//!                 run.ack().unwrap();
 //!             }
 //!         }))
 //!     })
 //!     .collect::<Result<_, lanestream::StreamError>>()?;
-//! let mut producers = stream.lanes().map(|l| l.producer()).collect::<Result<Vec<_>, _>>()?;
-//! for lsn in 1..=100 {
-//!     let batch = LaneItem::Batch(Batch::new(Some(Position(lsn)), Vec::new().into()));
-//!     for p in &mut producers {
-//!         p.publish(batch.clone())?; // moves a reference count, not the envelopes
-//!     }
-//! }
-//! producers.iter().for_each(|p| p.close());
+//! let mut fanout = stream.fanout()?;
+//! let batches: Vec<LaneItem> =
+//!     (1..=100).map(|lsn| LaneItem::Batch(Batch::new(Some(Position(lsn)), Vec::new().into()))).collect();
+//! fanout.publish_run(&batches)?; // each batch written once, read by both lanes
+//! assert_eq!(stream.wait_watermark(Position(100), None), Some(Position(100)));
+//! fanout.close();
 //! sinks.into_iter().for_each(|t| t.join().unwrap());
-//! assert_eq!(stream.watermark(), Some(Position(100)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]

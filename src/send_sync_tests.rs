@@ -153,7 +153,7 @@
 //! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
-//! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
+//! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
 //! let delivery = lane.reattach().try_recv().unwrap();
 //! delivery.ack().unwrap();
 //! ```
@@ -162,7 +162,7 @@
 //! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
-//! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
+//! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
 //! let delivery = lane.reattach().try_recv().unwrap();
 //! delivery.ack().unwrap();
 //! delivery.ack().unwrap();
@@ -172,7 +172,7 @@
 //! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
-//! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
+//! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
 //! let handle = lane.reattach().try_recv().unwrap().into_handle();
 //! handle.ack().unwrap();
 //! handle.nack();
@@ -182,7 +182,7 @@
 //! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
-//! lane.producer().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
+//! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
 //! let handle = lane.reattach().try_recv().unwrap().into_handle();
 //! let copy = handle.clone(); // a handle cannot be duplicated either
 //! ```

@@ -20,12 +20,12 @@ use crate::item::Item;
 ///
 /// ```
 /// use futures_core::Stream;
-/// use lanestream::{Batch, LaneItem, MemoryStream, Position};
+/// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream as _};
 /// use std::pin::pin;
 ///
 /// let stream = MemoryStream::builder().capacity(4).sink("search").build().unwrap();
 /// let lane = stream.lane("search").unwrap();
-/// let mut producer = lane.producer().unwrap();
+/// let mut producer = stream.fanout().unwrap();
 /// producer.publish(LaneItem::Batch(Batch::new(Some(Position(3)), Vec::new().into()))).unwrap();
 /// producer.close();
 /// let mut deliveries = pin!(lane.attach().unwrap().into_stream());

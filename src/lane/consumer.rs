@@ -42,7 +42,7 @@ use crate::sync::Arc;
 /// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(4).sink("cache").build().unwrap();
 /// let lane = stream.lane("cache").unwrap();
-/// let mut producer = lane.producer().unwrap();
+/// let mut producer = stream.fanout().unwrap();
 /// let mut consumer = lane.attach().unwrap();
 /// producer.publish(LaneItem::Batch(Batch::new(Some(Position(7)), Vec::new().into()))).unwrap();
 /// producer.close();
@@ -222,7 +222,7 @@ impl<T: Item> Consumer<T> {
     /// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, TryRecvError};
     /// let stream = MemoryStream::builder().capacity(8).sink("s").build().unwrap();
     /// let lane = stream.lane("s").unwrap();
-    /// let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.attach().unwrap());
+    /// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.attach().unwrap());
     /// assert!(matches!(consumer.try_recv_run(16), Err(TryRecvError::Empty)));
     /// for p in 1..=3 {
     ///     producer.publish(LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()))).unwrap();

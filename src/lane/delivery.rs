@@ -92,7 +92,7 @@ impl<T> fmt::Debug for AckHandle<T> {
 /// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(2).sink("s").build().unwrap();
 /// let lane = stream.lane("s").unwrap();
-/// let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+/// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.reattach());
 /// producer.publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
 /// let first = consumer.try_recv().unwrap();
 /// assert_eq!(first.attempt(), 1);

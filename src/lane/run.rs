@@ -41,7 +41,7 @@ pub const MAX_RUN: usize = 64;
 /// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
 /// let stream = MemoryStream::builder().capacity(8).sink("search").build().unwrap();
 /// let lane = stream.lane("search").unwrap();
-/// let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.attach().unwrap());
+/// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.attach().unwrap());
 /// for p in 1..=5 {
 ///     producer.publish(LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()))).unwrap();
 /// }

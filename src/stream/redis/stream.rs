@@ -230,10 +230,10 @@ impl RedisStreamBuilder {
 /// message behind the last [`BackendError`].
 ///
 /// ```no_run
-/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, RedisStream, Stream};
+/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, Position, RedisStream, Stream, StreamFanout};
 /// let stream = RedisStream::builder("redis://127.0.0.1:6379", "orders").sink("search").build()?;
-/// let mut producer = stream.producer("search")?;
-/// producer.publish(LaneItem::Batch(Batch::new(Some(Position(7)), Vec::new().into()))).unwrap();
+/// let mut fanout = stream.fanout()?;
+/// fanout.publish(LaneItem::Batch(Batch::new(Some(Position(7)), Vec::new().into()))).unwrap();
 /// // ...in the sink process (a restarted one re-attaches and gets its unacked batches again):
 /// let mut consumer = stream.reattach("search")?;
 /// consumer.recv()?.unwrap().ack()?;
