@@ -1,4 +1,4 @@
-//! Loom model 21: the memory budget ([M4](lanestream::contract#m4)) — a publish waiting on the
+//! Loom model 23: the memory budget ([M4](lanestream::contract#m4)) — a publish waiting on the
 //! budget is woken by the ack that lets the fan-out drop what held it, and a batch over the whole
 //! budget is admitted alone.
 
@@ -7,7 +7,7 @@ use loom::thread;
 
 use crate::support::{self, batch, check};
 
-/// Model 21a: a blocking publish waiting on a spent budget while the only sink acks.
+/// Model 23a: a blocking publish waiting on a spent budget while the only sink acks.
 ///
 /// Capacity 2 (room for both items), a budget of exactly one batch's charge: item 1 is published
 /// and delivered; a thread acks it while the main thread publishes item 2, which the budget
@@ -51,7 +51,7 @@ fn a_publish_waiting_on_the_budget_is_woken_by_the_ack_that_frees_it() {
     });
 }
 
-/// Model 21b: a batch larger than the whole budget goes alone, never deadlocking.
+/// Model 23b: a batch larger than the whole budget goes alone, never deadlocking.
 ///
 /// A budget of 1 byte (every batch is over it): item 1 is admitted because nothing is held;
 /// item 2 is refused while item 1 is held, and admitted once a thread acked item 1 — here with

@@ -76,7 +76,7 @@ fn watermark_under_concurrent_acks() {
     });
 }
 
-/// Model 22: `wait_watermark` ([W6](lanestream::contract#w6)) woken by the acks that move the
+/// Model 24: `wait_watermark` ([W6](lanestream::contract#w6)) woken by the acks that move the
 /// watermark.
 ///
 /// Two lanes, one item published to both; a thread per lane acks its delivery while the main

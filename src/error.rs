@@ -167,23 +167,27 @@ pub enum BuildError {
     /// A capacity of 0 was asked for; every lane needs at least one slot.
     #[error("capacity must be at least 1 (got 0 for {0})")]
     ZeroCapacity(&'static str),
-    /// A capacity above [`MAX_CAPACITY`](crate::MAX_CAPACITY) was asked for.
-    #[error("capacity {capacity} for {what} is above the limit of {max} slots", max = crate::MAX_CAPACITY)]
+    /// A capacity above the limit ([`MAX_CAPACITY`](crate::MAX_CAPACITY)) was asked for.
+    #[error("capacity {capacity} for {what} is above the limit of {max} slots")]
     CapacityTooLarge {
         /// Which lane(s) the capacity was for.
         what: &'static str,
         /// The capacity asked for, in slots.
         capacity: usize,
+        /// The limit, in slots.
+        max: usize,
     },
     /// A memory budget of 0 bytes was asked for ([`StreamBuilder::memory_budget`](crate::StreamBuilder::memory_budget)):
     /// nothing could ever be published. Leave the budget out for none.
     #[error("memory budget must be at least 1 byte (got 0)")]
     ZeroBudget,
-    /// A memory budget above [`MAX_BUDGET`](crate::MAX_BUDGET) was asked for.
-    #[error("memory budget {bytes} bytes is above the limit of {max} bytes", max = crate::MAX_BUDGET)]
+    /// A memory budget above the limit ([`MAX_BUDGET`](crate::MAX_BUDGET)) was asked for.
+    #[error("memory budget {bytes} bytes is above the limit of {max} bytes")]
     BudgetTooLarge {
         /// The budget asked for, in bytes.
         bytes: u64,
+        /// The limit, in bytes.
+        max: u64,
     },
     /// A sink name was given twice.
     #[error("sink {0} is named twice")]
@@ -230,10 +234,8 @@ pub enum StreamError {
     /// The backend failed ([`BackendError`]); nothing was claimed.
     #[error("backend: {0}")]
     Backend(BackendError),
-    /// The stream's lanes share one ring ([`StreamBuilder::shared_ring`](crate::StreamBuilder::shared_ring))
-    /// or, over Redis, are fed by one fan-out (`RedisStreamBuilder::fanout`), so they are
-    /// published to only together, through the stream's fan-out
-    /// ([`MemoryStream::fanout`](crate::MemoryStream::fanout), `RedisStream::fanout`); a
+    /// Over Redis, the lanes are fed by one fan-out (`RedisStreamBuilder::fanout`), so they are
+    /// published to only together, through the stream's fan-out (`RedisStream::fanout`); a
     /// producer of one lane is refused.
     #[error("lane {0} is published to only through the stream's fan-out")]
     SharedRing(SinkName),

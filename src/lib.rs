@@ -68,7 +68,7 @@ pub use item::{Batch, Item, LaneItem, Request, ENVELOPE_OVERHEAD};
 pub use lane::ConsumerStream;
 pub use lane::{
     AckHandle, Consumer, Delivery, Fanout, FanoutPublish, Lane, LaneStats, MemoryStats, Producer, Publish,
-    Recv, RecvRun, Run, RunIter, MAX_CAPACITY, MAX_RUN,
+    Recv, RecvRun, Run, RunIter, MAX_BUDGET, MAX_CAPACITY, MAX_RUN,
 };
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
@@ -79,7 +79,7 @@ pub use stream::redis::{
 };
 pub use stream::{
     LaneConsumer, LaneDelivery, MemoryStream, RequestLane, RequestPublisher, RequestSender, Stream,
-    StreamBuilder, StreamFanout, MAX_BUDGET,
+    StreamBuilder, StreamFanout,
 };
 
 /// `Send`/`Sync` bounds and consume-on-ack, pinned by `compile_fail` doctests.

@@ -34,7 +34,7 @@ fn m4_a_budget_of_zero_or_past_the_limit_is_refused_at_build() {
     let zero = MemoryStream::builder().sink("a").memory_budget(0).build();
     assert!(matches!(zero, Err(BuildError::ZeroBudget)), "{zero:?}");
     let huge = MemoryStream::builder().sink("a").memory_budget(MAX_BUDGET + 1).build();
-    assert!(matches!(huge, Err(BuildError::BudgetTooLarge { bytes }) if bytes == MAX_BUDGET + 1), "{huge:?}");
+    assert!(matches!(huge, Err(BuildError::BudgetTooLarge { bytes, max }) if bytes == MAX_BUDGET + 1 && max == MAX_BUDGET), "{huge:?}");
     assert!(MemoryStream::builder().sink("a").memory_budget(MAX_BUDGET).build().is_ok());
 }
 

@@ -275,7 +275,7 @@ fn index_name(name: &rkyv::string::ArchivedString) -> Result<&str, CodecError> {
 fn name_is_valid(name: &str) -> bool {
     let bytes = name.as_bytes();
     !bytes.is_empty()
-        && bytes.len() <= crate::MAX_NAME_LEN
+        && bytes.len() <= crate::name::MAX_NAME_LEN
         && !bytes[0].is_ascii_digit()
         && bytes.iter().all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }

@@ -7,6 +7,8 @@
 //!   request lane's senders.
 //! - [`Fanout`], [`Producer`], [`Consumer`], [`Delivery`] / [`AckHandle`], [`Run`]: the ends
 //!   users hold.
+//! - `marks` (private): the lanes' acked marks (written by each lane's advancer), their
+//!   lock-free minimum (the watermark) and the watermark's wait list.
 //! - [`Lane`]: a handle that hands out the ends; [`Lane::standalone`] builds one outside any
 //!   stream for any [`Item`] type.
 
@@ -15,6 +17,7 @@ mod adapter;
 mod consumer;
 mod delivery;
 mod fanout;
+pub(crate) mod marks;
 mod producer;
 mod publisher;
 mod ring;
@@ -29,6 +32,7 @@ pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
 pub use self::fanout::{Fanout, FanoutPublish, MemoryStats};
 pub use self::producer::{Producer, Publish};
+pub(crate) use self::marks::{AckedMark, Marks};
 pub(crate) use self::publisher::{publish_until, Publisher, Stop, Target};
 pub(crate) use self::ring::{Cells, Ring};
 pub use self::run::{Run, RunIter, MAX_RUN};
@@ -38,7 +42,6 @@ use crate::error::{BuildError, StreamError};
 use crate::item::{Item, LaneItem};
 use crate::name::SinkName;
 use crate::position::Position;
-use crate::stream::watermark::AckedMark;
 use crate::sync::Arc;
 
 /// The most slots a lane may have: 2^24 (16,777,216). A slot takes at least one 64-byte cache
@@ -46,13 +49,26 @@ use crate::sync::Arc;
 /// with [`BuildError::CapacityTooLarge`] rather than failing to allocate.
 pub const MAX_CAPACITY: usize = 1 << 24;
 
+/// The largest memory budget: 2^62 bytes (a budget counts bytes in a `u64` that must not
+/// overflow while one more item's charge is added).
+pub const MAX_BUDGET: u64 = 1 << 62;
+
+/// Checks a memory budget ([M4](crate::contract#m4)).
+pub(crate) fn check_budget(bytes: u64) -> Result<(), BuildError> {
+    match bytes {
+        0 => Err(BuildError::ZeroBudget),
+        b if b > MAX_BUDGET => Err(BuildError::BudgetTooLarge { bytes, max: MAX_BUDGET }),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a capacity asked for `what`.
 pub(crate) fn check_capacity(capacity: usize, what: &'static str) -> Result<(), BuildError> {
     if capacity == 0 {
         return Err(BuildError::ZeroCapacity(what));
     }
     if capacity > MAX_CAPACITY {
-        return Err(BuildError::CapacityTooLarge { what, capacity });
+        return Err(BuildError::CapacityTooLarge { what, capacity, max: MAX_CAPACITY });
     }
     Ok(())
 }

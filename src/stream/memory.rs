@@ -10,21 +10,17 @@ use std::time::Instant;
 
 use super::port::{LaneConsumer, LaneDelivery, Stream, StreamFanout};
 use super::requests::{RequestLane, RequestSender};
-use super::watermark::Marks;
+use crate::lane::Marks;
 use crate::error::{
     AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
     TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::{Cells, Consumer, Delivery, Fanout, Lane, LaneStats, MemoryStats, Ring};
+use crate::lane::{check_budget, Cells, Consumer, Delivery, Fanout, Lane, LaneStats, MemoryStats, Ring};
 use crate::name::SinkName;
 use crate::position::Position;
 use crate::sync::Arc;
 use crate::wait;
-
-/// The largest memory budget: 2^62 bytes (a budget counts bytes in a `u64` that must not
-/// overflow while one more item is added).
-pub const MAX_BUDGET: u64 = 1 << 62;
 
 /// Builds a [`MemoryStream`]: a capacity, a memory budget, a request-lane capacity, the sinks.
 ///
@@ -86,7 +82,7 @@ impl StreamBuilder {
     /// stays the bound in slots. An item larger than the whole budget is admitted only when
     /// nothing else is held, so it never deadlocks. Default: no budget (capacity alone bounds).
     ///
-    /// `build` refuses 0 with [`BuildError::ZeroBudget`] and more than [`MAX_BUDGET`] with
+    /// `build` refuses 0 with [`BuildError::ZeroBudget`] and more than [`MAX_BUDGET`](crate::MAX_BUDGET) with
     /// [`BuildError::BudgetTooLarge`].
     pub fn memory_budget(mut self, bytes: u64) -> Self {
         self.memory_budget = Some(bytes);
@@ -116,10 +112,8 @@ impl StreamBuilder {
     /// [`BuildError::DuplicateSink`], [`BuildError::ZeroBudget`], [`BuildError::BudgetTooLarge`].
     pub fn build(self) -> Result<MemoryStream, BuildError> {
         let sinks = super::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
-        match self.memory_budget {
-            Some(0) => return Err(BuildError::ZeroBudget),
-            Some(bytes) if bytes > MAX_BUDGET => return Err(BuildError::BudgetTooLarge { bytes }),
-            _ => {}
+        if let Some(bytes) = self.memory_budget {
+            check_budget(bytes)?;
         }
         let marks = Marks::new(sinks.len());
         let cells = Arc::new(Cells::new(self.capacity, self.memory_budget));

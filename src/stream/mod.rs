@@ -1,21 +1,20 @@
-//! The stream: the port ([`Stream`] and the lane-end traits), the in-memory backend
-//! ([`MemoryStream`]), the request lane, and the watermark.
+//! The stream: the port ([`Stream`] and the end traits), the in-memory backend
+//! ([`MemoryStream`]) and the request lane.
 //!
 //! - `port`: the traits any backend implements, with associated lane ends.
 //! - `memory`: [`MemoryStream`] and its [`StreamBuilder`]: one array of cells every sink's lane
 //!   reads in place, in this process.
 //! - `requests`: the request lane ([`RequestLane`], [`RequestSender`]), sinks to ingest.
 //! - `redis` (feature `redis`): [`RedisStream`](crate::RedisStream), the port over Redis Streams.
-//! - `watermark` (private): the lanes' acked marks and their lock-free minimum.
+
 
 mod memory;
 pub(crate) mod port;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 mod requests;
-pub(crate) mod watermark;
 
-pub use self::memory::{MemoryStream, StreamBuilder, MAX_BUDGET};
+pub use self::memory::{MemoryStream, StreamBuilder};
 pub use self::port::{LaneConsumer, LaneDelivery, RequestPublisher, Stream, StreamFanout};
 pub use self::requests::{RequestLane, RequestSender};
 

@@ -5,7 +5,7 @@ use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use super::port::RequestPublisher;
-use super::watermark::AckedMark;
+use crate::lane::AckedMark;
 use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::Request;
 use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Stop, Target};

@@ -106,7 +106,7 @@ pub(crate) use self::slot::{Cells, CLOSED};
 use crossbeam_utils::CachePadded;
 
 use self::slot::{Cell, EMPTY};
-use crate::stream::watermark::AckedMark;
+use crate::lane::marks::AckedMark;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize};
 
 /// "No position" in a cell and in `last_published`.

@@ -224,10 +224,10 @@ impl<T> Cells<T> {
     }
 
     /// The last position published, if any.
-    pub(crate) fn last_published(&self) -> Option<crate::Position> {
+    pub(crate) fn last_published(&self) -> Option<crate::position::Position> {
         // Relaxed: statistics.
         let last = self.counts.last_published.load(Ordering::Relaxed);
-        (last != super::NO_POSITION).then_some(crate::Position(last))
+        (last != super::NO_POSITION).then_some(crate::position::Position(last))
     }
 
     /// Marks that a consumer is about to wait for items (before its re-check).
