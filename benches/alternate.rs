@@ -85,93 +85,65 @@ fn main() {
         "{:<44} {:>8} {:>8} {:>8}  [min .. max] of per-round ratios",
         "workload: lanestream vs peer", "ours", "peer", "ratio"
     );
+    // Every row is like for like, and its label says how each side publishes and receives:
+    // `publish=item` one item per call (lanestream `Fanout::try_publish`, rtrb `push`, the
+    // disruptor's `try_publish`), `publish=run64` chunks of 64 (lanestream `try_publish_run`, rtrb
+    // `write_chunk_uninit`, the disruptor's `try_batch_publish(64)`); `receive=item` one item per
+    // call and its ack (lanestream `try_recv` + `ack`, rtrb `pop`), `receive=run` what is there, up
+    // to 64, in one step (lanestream `try_recv_run(64)` + one ack, rtrb `read_chunk`, the
+    // disruptor's poller, which always hands out what is available).
     let env1 = envelopes(1);
     {
         let mut ours = LaneW1::new(env1.clone(), false);
         let mut rtrb = RtrbW1::new(env1.clone());
-        pair("w1 batch_1: lanestream[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
+        pair("w1 batch_1 publish=item receive=item: lanestream[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
         let mut cb = CrossbeamW1::new(env1.clone());
-        pair("w1 batch_1: lanestream[spin] vs crossbeam[stp]", rounds, n, &mut ours, &mut cb);
+        pair("w1 batch_1 publish=item receive=item: lanestream[spin] vs crossbeam[stp]", rounds, n, &mut ours, &mut cb);
     }
     {
         let mut ours = LaneW1::new(env1.clone(), true);
         let mut cb = CrossbeamW1::new(env1.clone());
-        pair("w1 batch_1: lanestream[stp] vs crossbeam[stp]", rounds, n, &mut ours, &mut cb);
+        pair("w1 batch_1 publish=item receive=item: lanestream[stp] vs crossbeam[stp]", rounds, n, &mut ours, &mut cb);
     }
     {
-        // W1 through the run API (one lane: the fan-out producer's `publish_run` in chunks of
-        // 64, `try_recv_run(64)`, one ack per run) against the SPSC floor.
-        let mut ours = LaneFanRun::new(env1.clone(), 1, false, FanPublish::Run);
         let mut rtrb = RtrbW1::new(env1.clone());
-        pair("w1 batch_1: lanestream run API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
+        let mut ours = LaneFanRun::new(env1.clone(), 1, false, FanPublish::Item);
+        pair("w1 batch_1 publish=item receive=run: lanestream[spin] vs rtrb item[spin]", rounds, n, &mut ours, &mut rtrb);
         drop(ours);
-        // The same over a one-lane shared ring (the fan-out drops items on the producer's side).
-        let mut ours = LaneFanRun::with_ring(env1.clone(), 1, false, FanPublish::Run, true, FanRecv::Run);
-        pair("w1 batch_1: shared ring, run API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
-        drop(ours);
-        let mut ours = LaneFanRun::with_ring(env1.clone(), 1, false, FanPublish::Item, true, FanRecv::Item);
-        pair("w1 batch_1: shared ring, per-item API[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
+        let mut chunks = RtrbW1::with_chunks(env1.clone(), true);
+        let mut ours = LaneFanRun::new(env1.clone(), 1, false, FanPublish::Run);
+        pair("w1 batch_1 publish=run64 receive=run: lanestream[spin] vs rtrb chunks[spin]", rounds, n, &mut ours, &mut chunks);
     }
     {
         // W3: one batch there and its ack back (the producer waits for the watermark), against an
         // rtrb pair doing the same hand-off both ways; fewer messages, each is a round trip.
         let mut ours = LaneRoundTrip::new(env1.clone(), false);
         let mut rtrb = RtrbRoundTrip::new(env1.clone());
-        pair("w3 batch_1: lanestream[spin] vs rtrb-pair[spin]", rounds, n / 10, &mut ours, &mut rtrb);
+        pair("w3 batch_1 publish=item receive=item: lanestream[spin] vs rtrb-pair[spin]", rounds, n / 10, &mut ours, &mut rtrb);
     }
     let env64 = envelopes(64);
     for (batch, env) in [("batch_1", &env1), ("batch_64", &env64)] {
         for lanes in [4usize, 8] {
             let m = n / 4;
             let mut dis = DisruptorFan::new(env.clone(), lanes);
-            let mut per_item = LaneFan::new(env.clone(), lanes);
-            let label = format!("w2 lanes_{lanes} {batch}: per-item API[spin] vs disruptor[spin]");
-            pair(&label, rounds, m, &mut per_item, &mut dis);
-            drop(per_item);
-            let mut run = LaneFanRun::new(env.clone(), lanes, false, FanPublish::Run);
-            let label = format!("w2 lanes_{lanes} {batch}: run API[spin] vs disruptor[spin]");
-            pair(&label, rounds, m, &mut run, &mut dis);
-            drop(run);
             for (blocking, mode) in [(false, "spin"), (true, "stp")] {
-                let mut run =
-                    LaneFanRun::with_ring(env.clone(), lanes, blocking, FanPublish::Run, true, FanRecv::Run);
+                let mut ours = LaneFanRun::new(env.clone(), lanes, blocking, FanPublish::Item);
                 let label =
-                    format!("w2 lanes_{lanes} {batch}: shared ring, run API[{mode}] vs disruptor[spin]");
-                pair(&label, rounds, m, &mut run, &mut dis);
-                drop(run);
-                let mut items = LaneFanRun::with_ring(
-                    env.clone(),
-                    lanes,
-                    blocking,
-                    FanPublish::Item,
-                    true,
-                    FanRecv::Item,
-                );
-                let label =
-                    format!("w2 lanes_{lanes} {batch}: shared ring, per-item API[{mode}] vs disruptor[spin]");
-                pair(&label, rounds, m, &mut items, &mut dis);
-                drop(items);
+                    format!("w2 lanes_{lanes} {batch} publish=item receive=run: lanestream[{mode}] vs disruptor[spin]");
+                pair(&label, rounds, m, &mut ours, &mut dis);
             }
-            let mut item_run = LaneFanRun::new(env.clone(), lanes, false, FanPublish::Item);
-            let label = format!("w2 lanes_{lanes} {batch}: fanout publish+recv_run[spin] vs disruptor[spin]");
-            pair(&label, rounds, m, &mut item_run, &mut dis);
-            drop(item_run);
-            let mut stp = LaneFanRun::new(env.clone(), lanes, true, FanPublish::Run);
-            let label = format!("w2 lanes_{lanes} {batch}: run API[stp] vs disruptor[spin]");
-            pair(&label, rounds, m, &mut stp, &mut dis);
+            let mut ours = LaneFan::new(env.clone(), lanes);
+            let label =
+                format!("w2 lanes_{lanes} {batch} publish=item receive=item: lanestream[spin] vs disruptor[spin]");
+            pair(&label, rounds, m, &mut ours, &mut dis);
+            drop((ours, dis));
+            let mut dis = DisruptorFan::with_batch(env.clone(), lanes, true);
+            for (blocking, mode) in [(false, "spin"), (true, "stp")] {
+                let mut ours = LaneFanRun::new(env.clone(), lanes, blocking, FanPublish::Run);
+                let label =
+                    format!("w2 lanes_{lanes} {batch} publish=run64 receive=run: lanestream[{mode}] vs disruptor[spin]");
+                pair(&label, rounds, m, &mut ours, &mut dis);
+            }
         }
-    }
-    {
-        // Reference counting: every lane's batches over one shared `Arc` (one count line that
-        // every lane's drop touches) vs over one `Arc` per lane.
-        let mut shared = LaneFan::new(env64.clone(), 8);
-        let mut distinct = LaneFan::distinct(env64.clone(), 8);
-        pair(
-            "w2 lanes_8 batch_64: one shared Arc vs one Arc per lane",
-            rounds,
-            n / 4,
-            &mut shared,
-            &mut distinct,
-        );
     }
 }

@@ -53,45 +53,36 @@ fn w1(c: &mut Criterion) {
         fixture(&mut g, "lanestream[spin-then-park]", || LaneW1::new(env.clone(), true));
         fixture(&mut g, "rtrb[spin]", || RtrbW1::new(env.clone()));
         fixture(&mut g, "crossbeam-channel[spin-then-park]", || CrossbeamW1::new(env.clone()));
-        fixture(&mut g, "lanestream-shared-runs[spin]", || {
-            LaneFanRun::with_ring(env.clone(), 1, false, FanPublish::Run, true, FanRecv::Run)
-        });
+        fixture(&mut g, "lanestream-runs[spin]", || LaneFanRun::new(env.clone(), 1, false, FanPublish::Run));
+        fixture(&mut g, "rtrb-chunks[spin]", || RtrbW1::with_chunks(env.clone(), true));
         fixture(&mut g, "disruptor[spin]", || DisruptorFan::new(env.clone(), 1));
         g.finish();
     }
 }
 
 /// W2 at batches of 64 envelopes (`w2_fan_out/lanes_N`, the README's table) and of 1
-/// (`w2_fan_out_batch_1/lanes_N`). `lanestream[spin]` is the per-item API (a producer per lane,
-/// `try_recv` + `ack` per item); `lanestream-runs[...]` the fan-out producer's `publish_run` in
-/// chunks of 64 with `try_recv_run(64)` / `recv_run(64)` and one ack per run;
-/// `lanestream-fanout+runs[spin]` the fan-out producer's per-item `try_publish` with runs on
-/// the receiving side; `lanestream-shared-runs[...]` and `lanestream-shared-items[...]` the same
-/// over one shared ring (`StreamBuilder::shared_ring`), through runs and item by item.
+/// (`w2_fan_out_batch_1/lanes_N`). Every lanestream contender publishes through the stream's one
+/// fan-out: `lanestream-items[spin]` per item on both ends (`try_publish`, `try_recv` + `ack`);
+/// `lanestream-item+runs[...]` per-item `try_publish` / `publish` with `try_recv_run(64)` /
+/// `recv_run(64)` and one ack per run (against `disruptor[spin]`, per-item `try_publish`);
+/// `lanestream-runs[...]` `publish_run` in chunks of 64 with runs on the receiving side (against
+/// `disruptor-batch64[spin]`, `try_batch_publish(64)`).
 fn w2(c: &mut Criterion) {
     for (suffix, size) in [("", 64usize), ("_batch_1", 1)] {
         let env = envelopes(size);
         for lanes in [4usize, 8] {
             let mut g = c.benchmark_group(format!("w2_fan_out{suffix}/lanes_{lanes}"));
-            fixture(&mut g, "lanestream[spin]", || LaneFan::new(env.clone(), lanes));
-            fixture(&mut g, "lanestream-runs[spin]", || {
-                LaneFanRun::new(env.clone(), lanes, false, FanPublish::Run)
-            });
-            fixture(&mut g, "lanestream-runs[spin-then-park]", || {
-                LaneFanRun::new(env.clone(), lanes, true, FanPublish::Run)
-            });
-            fixture(&mut g, "lanestream-fanout+runs[spin]", || {
-                LaneFanRun::new(env.clone(), lanes, false, FanPublish::Item)
-            });
+            fixture(&mut g, "lanestream-items[spin]", || LaneFan::new(env.clone(), lanes));
             for (blocking, mode) in [(false, "spin"), (true, "spin-then-park")] {
-                fixture(&mut g, &format!("lanestream-shared-runs[{mode}]"), || {
-                    LaneFanRun::with_ring(env.clone(), lanes, blocking, FanPublish::Run, true, FanRecv::Run)
+                fixture(&mut g, &format!("lanestream-item+runs[{mode}]"), || {
+                    LaneFanRun::new(env.clone(), lanes, blocking, FanPublish::Item)
                 });
-                fixture(&mut g, &format!("lanestream-shared-items[{mode}]"), || {
-                    LaneFanRun::with_ring(env.clone(), lanes, blocking, FanPublish::Item, true, FanRecv::Item)
+                fixture(&mut g, &format!("lanestream-runs[{mode}]"), || {
+                    LaneFanRun::new(env.clone(), lanes, blocking, FanPublish::Run)
                 });
             }
             fixture(&mut g, "disruptor[spin]", || DisruptorFan::new(env.clone(), lanes));
+            fixture(&mut g, "disruptor-batch64[spin]", || DisruptorFan::with_batch(env.clone(), lanes, true));
             if size == 64 {
                 fixture(&mut g, "tokio-broadcast[spin]", || BroadcastFan::new(env.clone(), lanes));
                 fixture(&mut g, "bus[spin]", || BusFan::new(env.clone(), lanes));

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use crossbeam_utils::CachePadded;
 use disruptor::{BusySpin, Polling, Producer as _};
 use lanestream::{
-    Batch, Consumer, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Producer, Stream,
+    Batch, Consumer, Envelope, Fanout, IndexName, LaneItem, MemoryStream, Op, Position, Stream,
     TryPublishError, TryRecvError,
 };
 
@@ -192,9 +192,9 @@ pub trait Fixture {
     fn run(&mut self, n: u64) -> Duration;
 }
 
-/// Retries `try_publish` while the lane is full (spin).
+/// Retries `try_publish` while a lane is full (spin).
 #[inline]
-fn spin_publish(p: &mut Producer<LaneItem>, mut it: LaneItem) {
+fn spin_publish(p: &mut Fanout, mut it: LaneItem) {
     loop {
         match p.try_publish(it) {
             Ok(()) => return,
@@ -207,18 +207,9 @@ fn spin_publish(p: &mut Producer<LaneItem>, mut it: LaneItem) {
     }
 }
 
+/// A stream of `sinks` lanes (one array of cells every lane reads).
 fn lane_stream(sinks: usize) -> MemoryStream {
-    lane_stream_with(sinks, false)
-}
-
-/// A stream of `sinks` lanes, with one ring each or one shared ring.
-fn lane_stream_with(sinks: usize, shared: bool) -> MemoryStream {
-    MemoryStream::builder()
-        .capacity(CAPACITY)
-        .sinks((0..sinks).map(|i| format!("sink_{i}")))
-        .shared_ring(shared)
-        .build()
-        .unwrap()
+    MemoryStream::builder().capacity(CAPACITY).sinks((0..sinks).map(|i| format!("sink_{i}"))).build().unwrap()
 }
 
 // ----- W0: raw atomic ping-pong ------------------------------------------------------------------
@@ -263,10 +254,11 @@ impl Fixture for PingPong {
 
 // ----- W1: one lane, publish + recv + ack ------------------------------------------------------
 
-/// lanestream, one lane: `try_publish` / `try_recv` + `ack` (`blocking == false`, spin) or
-/// `publish` / `recv` + `ack` (`blocking == true`, spin-then-park).
+/// lanestream, one lane, item by item on both ends: the fan-out's `try_publish` / `try_recv` +
+/// `ack` (`blocking == false`, spin) or `publish` / `recv` + `ack` (`blocking == true`,
+/// spin-then-park).
 pub struct LaneW1 {
-    producer: Producer<LaneItem>,
+    producer: Fanout,
     partner: Partner,
     env: Arc<[Envelope]>,
     pos: u64,
@@ -278,7 +270,7 @@ impl LaneW1 {
     pub fn new(env: Arc<[Envelope]>, blocking: bool) -> LaneW1 {
         let stream = lane_stream(1);
         let lane = stream.lanes().next().unwrap();
-        let producer = lane.producer().unwrap();
+        let producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let partner = Partner::spawn(move |_, from, to| {
             for _ in from..to {
@@ -317,19 +309,40 @@ impl Fixture for LaneW1 {
     }
 }
 
-/// rtrb: `push` / `pop` (spin). No acks: the SPSC floor.
+/// rtrb: `push` / `pop` item by item (`chunks == false`), or `write_chunk_uninit(RUN)` +
+/// `fill_from_iter` / `read_chunk` + `commit_all` in chunks of up to [`RUN`] (`chunks == true`;
+/// spin either way). No acks: the SPSC floor.
 pub struct RtrbW1 {
     producer: rtrb::Producer<LaneItem>,
     partner: Partner,
     env: Arc<[Envelope]>,
     pos: u64,
+    chunks: bool,
 }
 
 impl RtrbW1 {
     pub fn new(env: Arc<[Envelope]>) -> RtrbW1 {
+        RtrbW1::with_chunks(env, false)
+    }
+
+    pub fn with_chunks(env: Arc<[Envelope]>, chunks: bool) -> RtrbW1 {
         let (producer, mut consumer) = rtrb::RingBuffer::new(CAPACITY);
         let partner = Partner::spawn(move |_, from, to| {
-            for _ in from..to {
+            let mut left = to - from;
+            while left > 0 {
+                if chunks {
+                    let n = consumer.slots().min(RUN).min(left as usize);
+                    if n == 0 {
+                        relax();
+                        continue;
+                    }
+                    let chunk = consumer.read_chunk(n).unwrap();
+                    let (a, b) = chunk.as_slices();
+                    a.iter().chain(b).for_each(apply);
+                    chunk.commit_all();
+                    left -= n as u64;
+                    continue;
+                }
                 let it = loop {
                     match consumer.pop() {
                         Ok(it) => break it,
@@ -337,17 +350,33 @@ impl RtrbW1 {
                     }
                 };
                 apply(&it);
+                left -= 1;
             }
         });
-        RtrbW1 { producer, partner, env, pos: 0 }
+        RtrbW1 { producer, partner, env, pos: 0, chunks }
     }
 }
 
 impl Fixture for RtrbW1 {
     fn run(&mut self, n: u64) -> Duration {
         self.partner.timed_through(n, |_| {
-            for _ in 0..n {
+            let mut left = n;
+            while left > 0 {
+                if self.chunks {
+                    let k = self.producer.slots().min(RUN).min(left as usize);
+                    if k == 0 {
+                        relax();
+                        continue;
+                    }
+                    let (env, pos) = (&self.env, self.pos);
+                    let chunk = self.producer.write_chunk_uninit(k).unwrap();
+                    chunk.fill_from_iter((1..=k as u64).map(|i| item(env, pos + i)));
+                    self.pos += k as u64;
+                    left -= k as u64;
+                    continue;
+                }
                 self.pos += 1;
+                left -= 1;
                 let mut it = item(&self.env, self.pos);
                 loop {
                     match self.producer.push(it) {
@@ -412,10 +441,18 @@ pub struct DisruptorFan {
     partner: Partner,
     env: Arc<[Envelope]>,
     pos: u64,
+    /// `try_batch_publish` of [`RUN`] slots at a time instead of `try_publish` per item.
+    batch: bool,
 }
 
 impl DisruptorFan {
     pub fn new(env: Arc<[Envelope]>, consumers: usize) -> DisruptorFan {
+        DisruptorFan::with_batch(env, consumers, false)
+    }
+
+    /// As `new`, publishing with `try_batch_publish(RUN, ..)` when `batch` (the peer's batch
+    /// API, against lanestream's `publish_run`).
+    pub fn with_batch(env: Arc<[Envelope]>, consumers: usize, batch: bool) -> DisruptorFan {
         let (first, b) =
             disruptor::build_single_producer(CAPACITY, || None::<LaneItem>, BusySpin).new_event_poller();
         let mut pollers = vec![first];
@@ -449,12 +486,42 @@ impl DisruptorFan {
                 }
             }
         });
-        DisruptorFan { producer, partner, env, pos: 0 }
+        DisruptorFan { producer, partner, env, pos: 0, batch }
     }
 }
 
 impl Fixture for DisruptorFan {
     fn run(&mut self, n: u64) -> Duration {
+        if self.batch {
+            return self.partner.timed_through(n, |_| {
+                let mut left = n;
+                while left > 0 {
+                    let k = (RUN as u64).min(left) as usize;
+                    let (env, pos) = (&self.env, self.pos);
+                    // (The batch iterator's type is not nameable outside the crate: one closure
+                    // per arm.)
+                    macro_rules! fill {
+                        () => {
+                            |iter| {
+                                for (i, slot) in iter.enumerate() {
+                                    *slot = Some(item(env, pos + 1 + i as u64));
+                                }
+                            }
+                        };
+                    }
+                    let published = match &mut self.producer {
+                        DProducer::One(p) => p.try_batch_publish(k, fill!()).is_ok(),
+                        DProducer::Many(p) => p.try_batch_publish(k, fill!()).is_ok(),
+                    };
+                    if published {
+                        self.pos += k as u64;
+                        left -= k as u64;
+                    } else {
+                        relax();
+                    }
+                }
+            });
+        }
         self.partner.timed_through(n, |_| {
             for _ in 0..n {
                 self.pos += 1;
@@ -480,32 +547,21 @@ impl Fixture for DisruptorFan {
 
 // ----- W2: fan-out -------------------------------------------------------------------------------
 
-/// lanestream, one lane per consumer: the producer publishes each batch to every lane
-/// (`try_publish`, spin; an `Arc` clone per lane); one thread drains every consumer in turn
-/// (`try_recv` + `ack`); the run ends when the stream's watermark reaches the last position.
+/// lanestream item by item on both ends: the fan-out's `try_publish` (spin) writes each batch
+/// once for every lane; one thread drains every consumer in turn (`try_recv` + `ack`); the run
+/// ends when the stream's watermark reaches the last position.
 pub struct LaneFan {
     stream: MemoryStream,
-    producers: Vec<Producer<LaneItem>>,
+    fanout: Fanout,
     partner: Partner,
     env: Arc<[Envelope]>,
-    /// `Some`: each lane gets batches over its own copy of the envelopes (its own reference
-    /// count), to measure what N sinks dropping clones of one `Arc` cost.
-    distinct: Option<Vec<Arc<[Envelope]>>>,
     pos: u64,
 }
 
 impl LaneFan {
-    /// As [`LaneFan::new`], but every lane's batches share an `Arc` of their own (a deep copy
-    /// of `env` per lane), so no two lanes touch one reference count.
-    pub fn distinct(env: Arc<[Envelope]>, lanes: usize) -> LaneFan {
-        let mut fan = LaneFan::new(env.clone(), lanes);
-        fan.distinct = Some((0..lanes).map(|_| env.iter().cloned().collect::<Vec<_>>().into()).collect());
-        fan
-    }
-
     pub fn new(env: Arc<[Envelope]>, lanes: usize) -> LaneFan {
         let stream = lane_stream(lanes);
-        let producers: Vec<_> = stream.lanes().map(|l| l.producer().unwrap()).collect();
+        let fanout = stream.fanout().unwrap();
         let mut consumers: Vec<Consumer<LaneItem>> = stream.lanes().map(|l| l.reattach()).collect();
         let partner = Partner::spawn(move |_, from, to| {
             let want = to - from;
@@ -527,7 +583,7 @@ impl LaneFan {
                 relax();
             }
         });
-        LaneFan { stream, producers, partner, env, distinct: None, pos: 0 }
+        LaneFan { stream, fanout, partner, env, pos: 0 }
     }
 }
 
@@ -536,18 +592,7 @@ impl Fixture for LaneFan {
         self.partner.timed(n, |_| {
             for _ in 0..n {
                 self.pos += 1;
-                if let Some(envs) = &self.distinct {
-                    for (p, env) in self.producers.iter_mut().zip(envs) {
-                        spin_publish(p, item(env, self.pos));
-                    }
-                    continue;
-                }
-                let it = item(&self.env, self.pos);
-                let (last, rest) = self.producers.split_last_mut().unwrap();
-                for p in rest {
-                    spin_publish(p, it.clone());
-                }
-                spin_publish(last, it);
+                spin_publish(&mut self.fanout, item(&self.env, self.pos));
             }
             let last = Some(Position(self.pos));
             while self.stream.watermark() != last {
@@ -665,7 +710,7 @@ pub enum FanPublish {
     /// `Fanout::try_publish` / `publish`: one item to every lane per call.
     Item,
     /// `Fanout::try_publish_run` / `publish_run` over chunks of [`RUN`] items: one publication
-    /// step per lane per chunk.
+    /// step for every lane per chunk.
     Run,
 }
 
@@ -698,20 +743,18 @@ pub struct LaneFanRun {
 
 impl LaneFanRun {
     pub fn new(env: Arc<[Envelope]>, lanes: usize, blocking: bool, mode: FanPublish) -> LaneFanRun {
-        LaneFanRun::with_ring(env, lanes, blocking, mode, false, FanRecv::Run)
+        LaneFanRun::with_recv(env, lanes, blocking, mode, FanRecv::Run)
     }
 
-    /// As `new`, over one shared ring (`StreamBuilder::shared_ring`) when `shared`, the
-    /// consumers receiving as `recv` says.
-    pub fn with_ring(
+    /// As `new`, the consumers receiving as `recv` says.
+    pub fn with_recv(
         env: Arc<[Envelope]>,
         lanes: usize,
         blocking: bool,
         mode: FanPublish,
-        shared: bool,
         recv: FanRecv,
     ) -> LaneFanRun {
-        let stream = lane_stream_with(lanes, shared);
+        let stream = lane_stream(lanes);
         let fanout = stream.fanout().unwrap();
         let mut consumers: Vec<Consumer<LaneItem>> = stream.lanes().map(|l| l.reattach()).collect();
         let partner = Partner::spawn(move |_, from, to| {
@@ -837,7 +880,7 @@ impl Fixture for LaneFanRun {
 /// spins until the watermark reaches it. Consumer `try_recv` (spin) or `recv` (spin-then-park).
 pub struct LaneRoundTrip {
     stream: MemoryStream,
-    producer: Producer<LaneItem>,
+    producer: Fanout,
     partner: Partner,
     env: Arc<[Envelope]>,
     pos: u64,
@@ -847,7 +890,7 @@ impl LaneRoundTrip {
     pub fn new(env: Arc<[Envelope]>, blocking: bool) -> LaneRoundTrip {
         let stream = lane_stream(1);
         let lane = stream.lanes().next().unwrap();
-        let producer = lane.producer().unwrap();
+        let producer = stream.fanout().unwrap();
         let mut consumer = lane.reattach();
         let partner = Partner::spawn(move |_, from, to| {
             for _ in from..to {
@@ -1006,7 +1049,7 @@ impl Drop for Racer {
 pub fn ack_cycle() -> impl FnMut() + Send + 'static {
     let stream = lane_stream(1);
     let lane = stream.lanes().next().unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (stream.fanout().unwrap(), lane.reattach());
     let env = envelopes(1);
     let mut pos = 0;
     move || {
@@ -1029,22 +1072,23 @@ impl Marks {
     pub fn lanestream(lanes: usize, racing: bool) -> Marks {
         let stream = lane_stream(lanes);
         let env = envelopes(1);
-        let mut ends: Vec<_> = stream.lanes().map(|l| (l.producer().unwrap(), l.reattach())).collect();
-        for (p, c) in &mut ends {
-            spin_publish(p, item(&env, 1));
+        let mut fanout = stream.fanout().unwrap();
+        let mut consumers: Vec<_> = stream.lanes().map(|l| l.reattach()).collect();
+        spin_publish(&mut fanout, item(&env, 1));
+        for c in &mut consumers {
             c.try_recv().unwrap().ack().unwrap();
         }
         assert_eq!(stream.watermark(), Some(Position(1)));
         let racer = racing.then(|| {
             let (mut i, mut pos) = (0, 1);
+            // One publish for every lane, then one ack per lane in turn: one mark write per step.
             Racer::spawn(move || {
-                let (p, c) = &mut ends[i];
-                i = (i + 1) % lanes;
                 if i == 0 {
                     pos += 1;
+                    spin_publish(&mut fanout, item(&env, pos));
                 }
-                spin_publish(p, item(&env, pos));
-                c.try_recv().unwrap().ack().unwrap();
+                consumers[i].try_recv().unwrap().ack().unwrap();
+                i = (i + 1) % lanes;
             })
         });
         Marks::Lanestream { stream, _racer: racer }
@@ -1180,7 +1224,7 @@ impl Wake {
             WakeKind::LaneAsync | WakeKind::LaneBlocking => {
                 let stream = lane_stream(1);
                 let lane = stream.lanes().next().unwrap();
-                let mut producer = lane.producer().unwrap();
+                let mut producer = stream.fanout().unwrap();
                 let mut consumer = lane.reattach();
                 let partner = if matches!(kind, WakeKind::LaneAsync) {
                     let rt = rt();

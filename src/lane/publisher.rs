@@ -246,7 +246,9 @@ impl<T> Publisher<T> {
         // Relaxed: the publisher's own counters (see `Counts`).
         self.cells.counts.written.store(self.tail + n, Ordering::Relaxed);
         let held = self.cells.counts.held_bytes.load(Ordering::Relaxed);
-        self.cells.counts.held_bytes.store(held + charged, Ordering::Relaxed);
+        if charged != 0 {
+            self.cells.counts.held_bytes.store(held + charged, Ordering::Relaxed);
+        }
         match self.cells.publish(self.tail, n) {
             Ok(()) => {
                 self.tail += n;
@@ -259,7 +261,9 @@ impl<T> Publisher<T> {
             }
             Err(()) => {
                 self.cells.counts.written.store(self.tail, Ordering::Relaxed);
-                self.cells.counts.held_bytes.store(held, Ordering::Relaxed);
+                if charged != 0 {
+                    self.cells.counts.held_bytes.store(held, Ordering::Relaxed);
+                }
                 let back = (0..n)
                     .map(|k| {
                         let index = self.tail + k;
