@@ -73,7 +73,7 @@ fn via_hand_loop(log: &ReadHandle, appends: u64) -> Duration {
     let (stream, sink) = stream_and_sink();
     let index = IndexName::new("events").unwrap();
     let start = Instant::now();
-    let mut producer = stream.producer("sink").unwrap();
+    let mut producer = stream.fanout().unwrap();
     let mut sub = log.subscribe(Query::All, None);
     loop {
         match sub.try_next_batch() {

@@ -3,7 +3,9 @@
 //! A sink engine asks the ingest engine for a snapshot of an index with `Request::Backfill`
 //! (through `stream.requests().sender()`). The ingest engine consumes the request lane
 //! (`stream.requests().attach()`), publishes the snapshot as batches without a position, then
-//! `LaneItem::SnapshotComplete`, and acks the request only after that: the protocol of rule R2.
+//! `LaneItem::SnapshotComplete`, to the asking sink's lane only (`Fanout::publish_to`: the other
+//! lanes pass them without a delivery), and acks the request only after that: the protocol of
+//! rule R2.
 //!
 //! The first ingest engine crashes half-way through the snapshot, before acking; its restarted
 //! successor takes the request lane over with `reattach()` and receives the same request again
@@ -30,12 +32,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let users = IndexName::new("users")?;
     let live = |p: u64| LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()));
 
-    // Live traffic first: both sinks ack position 100, so the watermark is 100.
-    {
-        let (mut to_search, mut to_cache) = (stream.producer("search")?, stream.producer("cache")?);
-        to_search.publish(live(100))?;
-        to_cache.publish(live(100))?;
-    } // the producers are dropped here; a restarted ingest engine claims them again
+    // The search sink's lane, by its index in the stream's sinks (for `publish_to`).
+    let search_lane = stream.sinks().iter().position(|s| s.as_str() == "search").ok_or("no search lane")?;
+
+    // Live traffic first, through the stream's one fan-out: both sinks ack position 100, so the
+    // watermark is 100.
+    stream.fanout()?.publish(live(100))?; // the fan-out is dropped here; a restarted engine claims it again
     apply_all("search", &mut search, &stream)?;
     apply_all("cache", &mut cache, &stream)?;
     assert_eq!(stream.watermark(), Some(Position(100)));
@@ -47,14 +49,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .publish(Request::Backfill { sink: "search".parse()?, indexes: vec![users.clone()] })?;
 
     // Ingest engine #1 takes the request, hands it to a snapshot worker, publishes one snapshot
-    // chunk, then crashes: its request consumer and its producer go away, and the worker, stuck,
+    // chunk, then crashes: its request consumer and its fan-out go away, and the worker, stuck,
     // still holds the request's ack handle. Nothing acked the request.
     let stuck_worker = {
         let mut requests = stream.requests().attach()?;
         let request = requests.try_recv()?;
         println!("ingest #1: got {:?} (attempt {})", request.item(), request.attempt());
         assert_eq!(request.attempt(), 1);
-        stream.producer("search")?.publish(snapshot_chunk(&users, 1..=3))?;
+        stream.fanout()?.publish_to(search_lane, snapshot_chunk(&users, 1..=3))?;
         println!("ingest #1: crashed mid-snapshot, request not acked");
         request.into_handle()
     };
@@ -74,16 +76,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let Request::Backfill { sink, indexes } = request.item().clone() else {
         return Err(format!("a request this example does not serve: {:?}", request.item()).into());
     };
-    let mut to_sink = stream.producer(sink.as_str())?;
-    to_sink.publish(snapshot_chunk(&users, 1..=3))?; // the snapshot starts over
-    to_sink.publish(snapshot_chunk(&users, 4..=5))?;
-    to_sink.publish(LaneItem::SnapshotComplete { indexes })?;
+    let lane = stream.sinks().iter().position(|s| *s == sink).ok_or("a request for an unknown sink")?;
+    let mut fanout = stream.fanout()?;
+    fanout.publish_to(lane, snapshot_chunk(&users, 1..=3))?; // the snapshot starts over
+    fanout.publish_to(lane, snapshot_chunk(&users, 4..=5))?;
+    fanout.publish_to(lane, LaneItem::SnapshotComplete { indexes })?;
     request.ack()?; // only now: SnapshotComplete is on the sink's lane
     println!("ingest #2: snapshot complete, request acked");
 
-    // Live traffic goes on, interleaved with the snapshot on the sink's lane.
-    to_sink.publish(live(200))?;
-    stream.producer("cache")?.publish(live(200))?;
+    // Live traffic goes on, to every lane, after the snapshot on the sink's lane.
+    fanout.publish(live(200))?;
     apply_all("cache", &mut cache, &stream)?;
     apply_all("search", &mut search, &stream)?;
 

@@ -44,8 +44,8 @@ fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
         }));
     }
 
-    // The ingest engine: one producer per lane, one batch per transaction, built once.
-    let mut producers = stream.lanes().map(|lane| lane.producer()).collect::<Result<Vec<_>, _>>()?;
+    // The ingest engine: the stream's one fan-out, one batch per transaction, built once.
+    let mut fanout = stream.fanout()?;
     let mut last = None;
     for txn in 1..=TRANSACTIONS {
         let position = Position(0x16B_3700 + txn); // the commit LSN, strictly increasing
@@ -58,10 +58,8 @@ fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             built_at_micros: None,
         };
         let batch = LaneItem::Batch(Batch::new(Some(position), Arc::from(vec![envelope])));
-        for producer in &mut producers {
-            // Waits while the lane is full (capacity 4 here); moves a reference count.
-            producer.publish(batch.clone())?;
-        }
+        // Written once, read in place by every lane; waits while a lane is full (capacity 4 here).
+        fanout.publish(batch)?;
         last = Some(position);
         println!(
             "published transaction {txn} at {position} (watermark so far: {})",
@@ -70,7 +68,7 @@ fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
 
     // Close every lane: the sinks drain what is left, then `recv` returns `Ok(None)`.
-    producers.iter().for_each(|p| p.close());
+    fanout.close();
     let applied: Vec<usize> = sinks.into_iter().map(|t| t.join().expect("sink thread panicked")).collect();
 
     // What the source may confirm: the last position every sink acked.

@@ -45,15 +45,13 @@ async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
 
     // The ingest engine: one batch per transaction (positions 1, 2, ...), published to every lane.
-    let mut producers = stream.lanes().map(|lane| lane.producer()).collect::<Result<Vec<_>, _>>()?;
+    let mut fanout = stream.fanout()?;
     let ingest = tokio::spawn(async move {
         for n in 1..=BATCHES {
             let batch = LaneItem::Batch(Batch::new(Some(Position(n)), Vec::new().into()));
-            for producer in &mut producers {
-                producer.publish_async(batch.clone()).await.expect("lane open, positions increase");
-            }
+            fanout.publish_async(batch).await.expect("lanes open, positions increase");
         }
-        producers.iter().for_each(|p| p.close()); // the sinks drain, then recv_async gives None
+        fanout.close(); // the sinks drain, then recv_async gives None
     });
 
     // The watermark reader: what the source may confirm, polled every 10 ms.

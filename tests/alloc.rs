@@ -117,9 +117,9 @@ fn counting_allocator_sees_allocations() {
 
 #[test]
 fn publish_recv_ack_nack_allocate_nothing_after_build_m2() {
-    let stream = MemoryStream::builder().capacity(8).sinks(["search", "cache"]).build().unwrap();
+    let stream = MemoryStream::builder().capacity(8).sink("search").build().unwrap();
     let lane = stream.lane("search").unwrap();
-    let mut producer = lane.producer().unwrap();
+    let mut producer = stream.fanout().unwrap();
     let mut consumer = lane.reattach();
     let env = envelopes(3);
     let mut pos = 0;
@@ -189,9 +189,9 @@ fn pos_of(lane: &lanestream::Lane) -> u64 {
 /// nothing.
 #[test]
 fn runs_receive_ack_nack_allocate_nothing_after_build_m2() {
-    let stream = MemoryStream::builder().capacity(16).sinks(["search", "cache"]).build().unwrap();
+    let stream = MemoryStream::builder().capacity(16).sink("search").build().unwrap();
     let lane = stream.lane("search").unwrap();
-    let mut producer = lane.producer().unwrap();
+    let mut producer = stream.fanout().unwrap();
     let mut consumer = lane.reattach();
     let env = envelopes(3);
     let mut pos = 0;
@@ -298,8 +298,8 @@ fn request_lane_allocates_nothing_after_build_m2() {
 #[test]
 fn memory_stays_flat_over_a_million_operations_m1() {
     let stream = MemoryStream::builder().capacity(7).sinks(["a", "b"]).build().unwrap();
-    let lanes: Vec<_> = stream.lanes().collect();
-    let mut ends: Vec<_> = lanes.iter().map(|l| (l.producer().unwrap(), l.reattach())).collect();
+    let mut fanout = stream.fanout().unwrap();
+    let mut consumers: Vec<_> = stream.lanes().map(|l| l.reattach()).collect();
     let env = envelopes(2);
     let mut held = Vec::with_capacity(8);
     let (before_allocs, before_live) = snapshot();
@@ -307,13 +307,9 @@ fn memory_stays_flat_over_a_million_operations_m1() {
     let mut pos = 0u64;
     while ops < 1_000_000 {
         pos += 1;
-        let item = batch(&env, pos);
-        for (p, _) in ends.iter_mut() {
-            p.try_publish(item.clone()).unwrap();
-            ops += 1;
-        }
-        drop(item);
-        for (_, c) in ends.iter_mut() {
+        fanout.try_publish(batch(&env, pos)).unwrap();
+        ops += 1;
+        for c in consumers.iter_mut() {
             let d = c.try_recv().unwrap();
             ops += 1;
             match pos % 3 {
@@ -354,9 +350,8 @@ fn memory_stays_flat_over_a_million_operations_m1() {
 #[test]
 fn two_thread_traffic_allocates_nothing_on_either_side_m2() {
     let stream = MemoryStream::builder().capacity(16).sink("s").build().unwrap();
-    let lane = stream.lane("s").unwrap();
-    let mut producer = lane.producer().unwrap();
-    let mut consumer = lane.reattach();
+    let mut producer = stream.fanout().unwrap();
+    let mut consumer = stream.lane("s").unwrap().reattach();
     const N: u64 = 100_000;
     let consumer_side = std::thread::spawn(move || {
         allocations(|| {
@@ -396,20 +391,16 @@ fn two_thread_traffic_allocates_nothing_on_either_side_m2() {
     assert_eq!(stream.watermark(), Some(Position(N)));
 }
 
-/// M2 for the shared ring: fan-out publishes (single and runs, reusing cells, which drops the
-/// items they held), runs received and acked with the seat-held ack and cumulatively, released
-/// and redelivered, a re-attach with a stale run acked late (the per-item fallback), single
-/// deliveries, and `reclaim` allocate nothing; M1: live bytes are back where they started once
-/// the items' own storage is accounted for.
+/// M2 for the one array of cells: fan-out publishes (single and runs, reusing cells, and
+/// dropping the items every lane freed), runs received and acked with the seat-held ack and
+/// cumulatively, released and redelivered, a re-attach with a stale run acked late (the per-item
+/// fallback) and single deliveries allocate nothing; M1: live bytes are back where they started
+/// once the items' own storage is accounted for; M3: the fan-out's drop drops the last items.
 #[test]
-fn shared_ring_fanout_runs_reattach_and_reclaim_allocate_nothing_m2() {
+fn fanout_runs_redeliveries_and_reattach_allocate_nothing_and_the_fanout_drop_frees_the_rest_m2() {
     for capacity in [16, 5] {
-        let stream = MemoryStream::builder()
-            .capacity(capacity)
-            .sinks(["search", "cache", "archive"])
-            .shared_ring(true)
-            .build()
-            .unwrap();
+        let stream =
+            MemoryStream::builder().capacity(capacity).sinks(["search", "cache", "archive"]).build().unwrap();
         let lanes: Vec<_> = stream.lanes().collect();
         let mut fanout = stream.fanout().unwrap();
         let mut consumers: Vec<_> = lanes.iter().map(|lane| lane.attach().unwrap()).collect();
@@ -458,11 +449,7 @@ fn shared_ring_fanout_runs_reattach_and_reclaim_allocate_nothing_m2() {
                     }
                     assert!(c.is_empty());
                 }
-                if r % 3 == 0 {
-                    fanout.reclaim();
-                }
             }
-            fanout.reclaim();
         });
         assert_eq!(n, 0, "capacity {capacity}: shared-ring path allocated {n} times");
         // The run `Vec`s (freed inside) were the only live bytes to go.
@@ -470,7 +457,10 @@ fn shared_ring_fanout_runs_reattach_and_reclaim_allocate_nothing_m2() {
         assert_eq!(snapshot().1, live_before - freed_vecs, "capacity {capacity}: live bytes");
         assert!(stream.is_idle());
         assert_eq!(stream.watermark(), Some(Position(200)));
-        // Every copy went: the reclaim dropped the last cells' items.
-        assert_eq!(Arc::strong_count(&env), 1);
+        // The last round's items, acked everywhere, wait for a publish; the fan-out's drop drops them.
+        assert_eq!(stream.memory().held_items, 5);
+        assert_eq!(Arc::strong_count(&env), 1 + 5);
+        drop(fanout);
+        assert_eq!((stream.memory().held_items, Arc::strong_count(&env)), (0, 1), "every copy went");
     }
 }

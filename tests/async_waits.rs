@@ -26,7 +26,7 @@ async fn pipe_tokio(items: u64) {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
     let mut c = lane.reattach();
-    let mut p = lane.producer().unwrap();
+    let mut p = s.fanout().unwrap();
     let consumer = tokio::spawn(async move {
         let mut got = Vec::new();
         while let Some(d) = c.recv_async().await.unwrap() {
@@ -67,7 +67,7 @@ fn recv_async_and_publish_async_on_futures_executor_against_blocking_threads() {
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
     // Async consumer, blocking producer.
-    let mut p = lane.producer().unwrap();
+    let mut p = s.fanout().unwrap();
     let producer = thread::spawn(move || {
         for i in 1..=1_000 {
             p.publish(batch(i)).unwrap();
@@ -106,7 +106,7 @@ fn recv_async_and_publish_async_on_futures_executor_against_blocking_threads() {
 fn a_recv_repolled_with_a_different_waker_wakes_the_latest_waker() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     let (a, wa) = CountingWaker::new();
     let (b, wb) = CountingWaker::new();
     let mut fut = pin!(c.recv_async());
@@ -125,7 +125,7 @@ fn a_recv_repolled_with_a_different_waker_wakes_the_latest_waker() {
 fn a_publish_repolled_with_a_different_waker_wakes_the_latest_waker() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     let d1 = c.try_recv().unwrap();
     let (a, wa) = CountingWaker::new();
@@ -147,7 +147,7 @@ fn a_publish_repolled_with_a_different_waker_wakes_the_latest_waker() {
 fn a_recv_dropped_right_after_being_woken_loses_nothing() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     for i in 1..=2 {
         let (w, waker) = CountingWaker::new();
         {
@@ -175,7 +175,7 @@ fn a_recv_dropped_right_after_being_woken_loses_nothing() {
 fn a_publish_dropped_right_after_being_woken_drops_its_item_and_leaves_the_lane_usable() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     let env = shared_envelopes(2);
     let (w, waker) = CountingWaker::new();
@@ -195,7 +195,7 @@ fn a_publish_dropped_right_after_being_woken_drops_its_item_and_leaves_the_lane_
 fn close_wakes_an_async_recv_which_then_returns_none() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     let d1 = c.try_recv().unwrap();
     let (w, waker) = CountingWaker::new();
@@ -211,7 +211,7 @@ fn close_wakes_an_async_recv_which_then_returns_none() {
 async fn close_ends_an_async_recv_waiting_in_another_task() {
     let s = stream(2, &["search"]);
     let lane = s.lane("search").unwrap();
-    let p = lane.producer().unwrap();
+    let p = s.fanout().unwrap();
     let mut c = lane.reattach();
     let waiter = tokio::spawn(async move { c.recv_async().await.map(|d| d.is_none()) });
     tokio::task::yield_now().await;
@@ -234,8 +234,7 @@ async fn reattach_wakes_an_async_recv_with_detached() {
 #[test]
 fn an_async_publish_on_a_closed_lane_hands_the_item_back() {
     let s = stream(1, &["search"]);
-    let lane = s.lane("search").unwrap();
-    let mut p = lane.producer().unwrap();
+    let mut p = s.fanout().unwrap();
     p.close();
     match futures_executor::block_on(p.publish_async(batch(1))) {
         Err(PublishError::Closed(item)) => assert_eq!(item, batch(1)),

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{batch, stream, Tick};
 use lanestream::{
-    BuildError, Item, Lane, MemoryStream, Position, SinkName, StreamError, TryPublishError, TryRecvError,
-    MAX_CAPACITY,
+    BuildError, Item, Lane, MemoryStream, Position, SinkName, Stream, StreamError, TryPublishError,
+    TryRecvError, MAX_CAPACITY,
 };
 
 fn ticks(capacity: usize) -> Lane<Tick> {
@@ -127,9 +127,8 @@ fn l10_close_racing_a_publish_loop_never_loses_nor_resurrects_an_item() {
         let published = Arc::new(AtomicU64::new(0));
         let start = Arc::new(Barrier::new(2));
         let producer = {
-            let (lane, published, start) = (lane.clone(), published.clone(), start.clone());
+            let (mut p, published, start) = (s.fanout().unwrap(), published.clone(), start.clone());
             thread::spawn(move || {
-                let mut p = lane.producer().unwrap();
                 start.wait();
                 let mut lsn = 1;
                 loop {
@@ -193,52 +192,69 @@ impl Drop for PanicsOnDrop {
     }
 }
 
-/// A stale delivery dropped while its thread unwinds, which ends the item's last holder after an
-/// ack: the item is dropped (its `Drop` panics) and the process goes on, no abort; the panic
-/// that unwinds is the thread's own.
+/// A stale delivery and the producer dropped while their thread unwinds, after the item's last
+/// holder was that stale delivery: the unwind frees the item but drops nothing (an item's `Drop`
+/// that panics while the thread unwinds would abort), so the process goes on and the panic that
+/// unwinds is the thread's own; the lane's drop drops the item later, once.
 #[test]
-fn m3_a_stale_delivery_dropped_during_unwinding_does_not_abort_on_an_item_drop_panic() {
+fn m3_a_stale_delivery_and_the_producer_dropped_during_unwinding_do_not_abort_on_an_item_drop_panic() {
     let lane: Lane<PanicsOnDrop> = Lane::standalone(SinkName::new("p").unwrap(), 2).unwrap();
     let drops = Arc::new(AtomicUsize::new(0));
-    lane.producer().unwrap().publish(PanicsOnDrop(drops.clone())).unwrap();
+    let mut producer = lane.producer().unwrap();
+    producer.publish(PanicsOnDrop(drops.clone())).unwrap();
     let stale = lane.attach().unwrap().try_recv().unwrap();
     let mut consumer = lane.reattach();
     consumer.try_recv().unwrap().ack().unwrap();
     assert_eq!(lane.stats().pinned, 1);
     let unwound = panic::catch_unwind(AssertUnwindSafe(move || {
+        let _producer = producer;
         let _held = stale;
         panic!("the worker holding the stale delivery fails");
     }));
     let message = unwound.unwrap_err();
     assert_eq!(message.downcast_ref::<&str>(), Some(&"the worker holding the stale delivery fails"));
-    assert_eq!(drops.load(Ordering::SeqCst), 1, "the item is dropped exactly once");
+    assert_eq!(drops.load(Ordering::SeqCst), 0, "nothing is dropped while the thread unwinds");
     assert_eq!(lane.stats().pinned, 0);
+    let dropped = panic::catch_unwind(AssertUnwindSafe(move || drop((consumer, lane))));
+    assert!(dropped.is_err(), "the lane's drop drops the item, whose drop panic surfaces");
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "the item is dropped exactly once");
 }
 
-/// Outside an unwind, the same drop panic reaches the thread that dropped the last holder.
+/// Outside an unwind, the same drop panic reaches the thread that drops the producer once the
+/// stale delivery freed the item (the producer's drop drops what the lane freed).
 #[test]
-fn m3_a_stale_delivery_dropped_normally_surfaces_the_item_drop_panic() {
+fn m3_a_producer_dropped_normally_after_a_stale_delivery_surfaces_the_item_drop_panic() {
     let lane: Lane<PanicsOnDrop> = Lane::standalone(SinkName::new("p").unwrap(), 2).unwrap();
     let drops = Arc::new(AtomicUsize::new(0));
-    lane.producer().unwrap().publish(PanicsOnDrop(drops.clone())).unwrap();
+    let mut producer = lane.producer().unwrap();
+    producer.publish(PanicsOnDrop(drops.clone())).unwrap();
     let stale = lane.attach().unwrap().try_recv().unwrap();
     lane.reattach().try_recv().unwrap().ack().unwrap();
-    let dropped = panic::catch_unwind(AssertUnwindSafe(move || drop(stale)));
+    drop(stale);
+    assert_eq!(drops.load(Ordering::SeqCst), 0, "freed, not dropped: the producer drops it");
+    assert!(lane.is_idle() && lane.stats().pinned == 0);
+    let dropped = panic::catch_unwind(AssertUnwindSafe(move || drop(producer)));
     assert!(dropped.is_err(), "the drop panic surfaces");
     assert_eq!(drops.load(Ordering::SeqCst), 1);
-    assert!(lane.is_idle() && lane.stats().pinned == 0);
+    lane.producer().expect("the panicking drop gave the producer role back");
 }
 
 #[test]
 fn l1_capacities_above_the_limit_are_refused_at_build_with_the_limit_named() {
     for capacity in [MAX_CAPACITY + 1, 1 << 40, usize::MAX] {
         let err = MemoryStream::builder().capacity(capacity).sink("a").build().unwrap_err();
-        assert_eq!(err, BuildError::CapacityTooLarge { what: "sink lanes", capacity });
+        assert_eq!(err, BuildError::CapacityTooLarge { what: "sink lanes", capacity, max: MAX_CAPACITY });
         assert!(err.to_string().contains(&MAX_CAPACITY.to_string()), "{err}");
         let err = MemoryStream::builder().request_capacity(capacity).sink("a").build().unwrap_err();
-        assert_eq!(err, BuildError::CapacityTooLarge { what: "the request lane", capacity });
+        assert_eq!(
+            err,
+            BuildError::CapacityTooLarge { what: "the request lane", capacity, max: MAX_CAPACITY }
+        );
         let err = Lane::<Tick>::standalone(SinkName::new("a").unwrap(), capacity).unwrap_err();
-        assert_eq!(err, BuildError::CapacityTooLarge { what: "a standalone lane", capacity });
+        assert_eq!(
+            err,
+            BuildError::CapacityTooLarge { what: "a standalone lane", capacity, max: MAX_CAPACITY }
+        );
     }
 }
 

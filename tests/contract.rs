@@ -72,7 +72,7 @@ port_contract_tests!(Memory);
 fn i1_a_memory_delivery_reports_its_items_position() {
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     for item in [batch(7), snapshot(), complete("users")] {
         p.publish(item).unwrap();
     }
@@ -197,7 +197,7 @@ fn l1_sinks_are_fixed_at_build_and_bad_configurations_are_refused() {
 fn l6_nack_dropped_handle_and_dropped_delivery_each_release_for_redelivery_first() {
     let s = stream(7, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     for i in 1..=6 {
         p.publish(batch(i)).unwrap();
     }
@@ -239,7 +239,7 @@ fn l7_ack_consumes_the_handle_so_each_delivery_is_acked_at_most_once() {
     let ack_handle: fn(AckHandle<LaneItem>) -> Result<(), AckError> = AckHandle::ack;
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     p.publish(batch(1)).unwrap();
     p.publish(batch(2)).unwrap();
     ack_delivery(c.try_recv().unwrap()).unwrap();
@@ -259,7 +259,7 @@ fn l7_ack_consumes_the_handle_so_each_delivery_is_acked_at_most_once() {
 fn l8_slot_is_not_reused_while_a_detached_delivery_still_reads_it() {
     let s = stream(1, &["search"]);
     let lane = s.lane("search").unwrap();
-    let mut p = lane.producer().unwrap();
+    let mut p = s.fanout().unwrap();
     let env = shared_envelopes(1);
     p.publish(tracked(Some(1), &env)).unwrap();
     let stale = lane.reattach().try_recv().unwrap();
@@ -274,25 +274,34 @@ fn l8_slot_is_not_reused_while_a_detached_delivery_still_reads_it() {
     assert_eq!(Arc::strong_count(&env), 2, "the item is still in its slot");
     drop(stale);
     assert_eq!(lane.acked(), Some(Position(1)));
-    assert_eq!(Arc::strong_count(&env), 1, "emptied once the last reader left");
+    // Freed once the last reader left; dropped by the fan-out's next publish (M3).
+    assert_eq!(Arc::strong_count(&env), 2, "kept until the fan-out's next publish");
     p.try_publish(batch(2)).unwrap();
+    assert_eq!(Arc::strong_count(&env), 1, "dropped by the next publish, which took the cell");
     assert_eq!(pos(&c2.try_recv().unwrap()), 2);
 }
 
-// Memory-specific: `Lane` handles (`MemoryStream::lane`) are the in-memory backend's own API.
+// Memory-specific: `Lane` handles (`MemoryStream::lane`) and clones of a `MemoryStream` are the
+// in-memory backend's own API.
 #[test]
-fn l9_every_lane_handle_shares_the_one_producer_claim() {
-    let s = stream(8, &["search"]);
-    let lane = s.lane("search").unwrap();
-    let p1 = lane.producer().unwrap();
-    assert_eq!(lane.producer().unwrap_err(), StreamError::ProducerBusy(SinkName::new("search").unwrap()));
-    // Through another handle on the same lane, and from another thread: still busy.
-    let other = s.lane("search").unwrap();
-    assert!(matches!(other.producer(), Err(StreamError::ProducerBusy(_))));
+fn l9_every_clone_of_the_stream_shares_the_one_fanout_claim_and_a_lane_has_no_producer_of_its_own() {
+    let s = stream(8, &["search", "cache"]);
+    let busy = StreamError::ProducerBusy(SinkName::new("search").unwrap());
+    let lane = s.lane("cache").unwrap();
+    // A stream's lane is published to by the fan-out only: its own producer is refused, with or
+    // without a fan-out alive.
+    assert_eq!(lane.producer().unwrap_err(), StreamError::ProducerBusy(SinkName::new("cache").unwrap()));
+    let f1 = s.fanout().unwrap();
+    assert_eq!(s.fanout().unwrap_err(), busy);
+    // Through a clone of the stream, and from another thread: still busy.
+    let other = s.clone();
+    assert_eq!(other.fanout().unwrap_err(), busy);
     let s2 = s.clone();
-    assert!(thread::spawn(move || s2.lane("search").unwrap().producer().is_err()).join().unwrap());
-    drop(p1);
-    other.producer().expect("a restarted producer gets the lane at once, through any handle");
+    assert!(thread::spawn(move || s2.fanout().is_err()).join().unwrap());
+    assert!(matches!(lane.producer(), Err(StreamError::ProducerBusy(_))));
+    drop(f1);
+    other.fanout().expect("a restarted fan-out gets the stream at once, through any clone");
+    assert!(matches!(lane.producer(), Err(StreamError::ProducerBusy(_))), "still no lane producer");
 }
 
 // ----- Memory ----------------------------------------------------------------------------------
@@ -335,7 +344,7 @@ fn m1_lane_memory_is_fixed_at_build_and_repolling_keeps_one_waker() {
     // Capacity is fixed: after heavy traffic the lane still holds `capacity` items, no more.
     let s = stream(3, &["search"]);
     let lane = s.lane("search").unwrap();
-    let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
+    let (mut p, mut c) = (s.fanout().unwrap(), lane.reattach());
     for i in 1..=3_000 {
         p.publish(batch(i)).unwrap();
         c.try_recv().unwrap().ack().unwrap();
@@ -344,7 +353,7 @@ fn m1_lane_memory_is_fixed_at_build_and_repolling_keeps_one_waker() {
         p.try_publish(batch(i)).unwrap();
     }
     assert!(matches!(p.try_publish(batch(3_004)), Err(TryPublishError::Full(_))));
-    assert_eq!((lane.stats().capacity, p.capacity()), (3, 3));
+    assert_eq!(lane.stats().capacity, 3);
     let drained: Vec<_> = (0..3).map(|_| c.try_recv().unwrap()).collect();
     drained.into_iter().for_each(|d| d.ack().unwrap());
 
@@ -386,33 +395,36 @@ fn m1_lane_memory_is_fixed_at_build_and_repolling_keeps_one_waker() {
     assert_eq!(LIVE_WAKERS.load(Ordering::SeqCst) - base, 0, "a dropped future deregisters");
 }
 
-// Memory-specific: counts the in-memory lanes' item copies with `Arc::strong_count`, and lanes kept
-// alive by deliveries alone.
+// Memory-specific: counts the in-memory stream's item copies with `Arc::strong_count`, and cells
+// kept alive by deliveries alone.
 #[test]
-fn m3_every_item_is_dropped_exactly_once_on_final_ack_or_stream_drop() {
+fn m3_every_item_is_dropped_exactly_once_at_the_publish_after_its_last_ack_or_with_the_stream() {
     let envs: Vec<Arc<[Envelope]>> = (0..5).map(shared_envelopes).collect();
     let s = stream(5, &["a", "b"]);
-    let mut ps: Vec<_> = s.lanes().map(|l| l.producer().unwrap()).collect();
+    let mut p = s.fanout().unwrap();
     let mut cs: Vec<_> = s.lanes().map(|l| l.reattach()).collect();
     for (i, env) in envs.iter().enumerate() {
-        for p in &mut ps {
-            p.publish(tracked(Some(i as u64 + 1), env)).unwrap();
-        }
+        p.publish(tracked(Some(i as u64 + 1), env)).unwrap();
     }
     let count = |i: usize| Arc::strong_count(&envs[i]) - 1;
-    assert!((0..5).all(|i| count(i) == 2), "one copy per lane, none per delivery");
-    // Lane a: ack item 0 (dropped), nack 1 and redeliver (not dropped), hold 2.
+    assert!((0..5).all(|i| count(i) == 1), "one copy for every lane, none per delivery");
+    // Item 0: acked on lane a only, then on lane b too: dropped at the fan-out's next publish.
     cs[0].try_recv().unwrap().ack().unwrap();
-    assert_eq!(count(0), 1);
+    assert_eq!(count(0), 1, "lane b still holds it");
+    cs[1].try_recv().unwrap().ack().unwrap();
+    assert_eq!(count(0), 1, "acked everywhere, dropped at the next publish");
+    p.publish(batch(6)).unwrap();
+    assert_eq!(count(0), 0, "dropped by the publish after its last ack");
+    // Lane a: nack 1 and redeliver (not dropped), hold 2.
     cs[0].try_recv().unwrap().nack();
     let r1 = cs[0].try_recv().unwrap();
-    assert_eq!((count(1), r1.attempt()), (2, 2), "redelivery reads the same copy");
+    assert_eq!((count(1), r1.attempt()), (1, 2), "redelivery reads the same copy");
     let held = cs[0].try_recv().unwrap();
-    // Stream, producers and consumers gone: the held deliveries keep their lane alive.
-    drop((s, ps, cs));
-    assert!((1..5).all(|i| count(i) >= 1));
+    // Stream, fan-out and consumers gone: the held deliveries keep the cells alive.
+    drop((s, p, cs));
+    assert!((1..5).all(|i| count(i) == 1), "{:?}", (0..5).map(count).collect::<Vec<_>>());
     drop(r1);
-    assert_eq!(count(1), 1, "lane a is still alive through `held`");
+    assert_eq!(count(1), 1, "the cells are still alive through `held`");
     drop(held);
     assert!((0..5).all(|i| count(i) == 0), "{:?}", (0..5).map(count).collect::<Vec<_>>());
 }

@@ -1,6 +1,7 @@
-//! M3: every item is dropped exactly once — on its final ack, or when the last handle on its lane
-//! goes (stream dropped with items queued, delivered, released or acked out of order), also after
-//! a re-attach and after a panic in an item's `Drop`.
+//! M3: every item is dropped exactly once — by the producer's (the fan-out's) next publish after
+//! its final ack, or the producer's drop, or when the last handle on its lane goes (stream dropped
+//! with items queued, delivered, released or acked out of order), also after a re-attach and after
+//! a panic in an item's `Drop`.
 //!
 //! Generic lanes ([`Lane::standalone`]) carry [`Counted`] items, each with its own drop counter;
 //! stream lanes carry [`LaneItem`]s whose shared envelopes' `Arc::strong_count` counts live copies.
@@ -13,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::{shared_envelopes, stream, tracked};
-use lanestream::{Batch, Envelope, IndexName, Item, Lane, LaneItem, Op, Position, SinkName};
+use lanestream::{Batch, Envelope, IndexName, Item, Lane, LaneItem, Op, Position, SinkName, Stream};
 
 /// An item that counts its drops in `drops[id]`, and panics when dropped if `panics`.
 struct Counted {
@@ -69,17 +70,22 @@ fn lane(capacity: usize) -> Lane<Counted> {
 }
 
 #[test]
-fn m3_each_item_dropped_once_on_its_final_ack_and_not_before() {
+fn m3_each_item_dropped_once_by_the_publish_after_its_final_ack_and_not_before() {
     for cap in [1, 2, 3, 5, 7] {
         let n = 20 * cap + 3;
         let counter = Counter::new(n);
         let lane = lane(cap);
         let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
         let mut id = 0;
+        let mut acked = 0..0;
         while id < n {
             let fill = (n - id).min(cap);
             for k in 0..fill {
                 p.try_publish(counter.item(id + k)).unwrap();
+                if k == 0 {
+                    let dropped = acked.clone().all(|i| counter.get(i) == 1);
+                    assert!(dropped, "capacity {cap}: not dropped by the next publish: {:?}", counter.all());
+                }
             }
             let mut held = Vec::new();
             for k in 0..fill {
@@ -99,10 +105,17 @@ fn m3_each_item_dropped_once_on_its_final_ack_and_not_before() {
             }
             assert!((id..id + fill).all(|i| counter.get(i) == 0), "capacity {cap}: dropped out of prefix");
             first.ack().unwrap();
-            assert!((id..id + fill).all(|i| counter.get(i) == 1), "capacity {cap}: {:?}", counter.all());
+            let kept = (id..id + fill).all(|i| counter.get(i) == 0);
+            assert!(kept, "capacity {cap}: dropped before the next publish: {:?}", counter.all());
+            acked = id..id + fill;
             id += fill;
         }
-        drop((p, c, lane));
+        drop(p);
+        assert!(
+            acked.clone().all(|i| counter.get(i) == 1),
+            "capacity {cap}: the producer's drop drops the last"
+        );
+        drop((c, lane));
         assert!(counter.all().iter().all(|&d| d == 1), "capacity {cap}: {:?}", counter.all());
     }
 }
@@ -150,21 +163,25 @@ fn m3_items_dropped_once_across_reattach_with_stale_handles() {
     assert_eq!(counter.all(), [0; 5], "the stale deliveries still read the items");
     let mut stale = stale.into_iter();
     assert!(stale.next().unwrap().ack().is_err());
+    assert_eq!(counter.all(), [0; 5], "item 0 is freed: dropped by the next publish");
+    p.publish(counter.item(3)).unwrap();
     assert_eq!(counter.all(), [1, 0, 0, 0, 0]);
     drop(stale);
-    assert_eq!(counter.all(), [1, 1, 1, 0, 0]);
-    p.publish(counter.item(3)).unwrap();
+    assert_eq!(counter.all(), [1, 0, 0, 0, 0]);
     p.publish(counter.item(4)).unwrap();
+    assert_eq!(counter.all(), [1, 1, 1, 0, 0]);
     let mut c3 = lane.reattach();
     let _stale = c2.try_recv(); // detached: nothing
     c3.try_recv().unwrap().ack().unwrap();
-    assert_eq!(counter.all(), [1, 1, 1, 1, 0]);
-    drop((p, c1, c2, c3, lane));
+    assert_eq!(counter.all(), [1, 1, 1, 0, 0]);
+    drop(p);
+    assert_eq!(counter.all(), [1, 1, 1, 1, 0], "the producer's drop dropped the freed item 3");
+    drop((c1, c2, c3, lane));
     assert_eq!(counter.all(), [1; 5]);
 }
 
 #[test]
-fn m3_a_panicking_drop_on_final_ack_is_resumed_after_the_bookkeeping() {
+fn m3_a_panicking_drop_at_the_next_publish_is_resumed_after_the_publish() {
     let counter = Counter::new(4);
     let lane = lane(2);
     let (mut p, mut c) = (lane.producer().unwrap(), lane.reattach());
@@ -172,19 +189,23 @@ fn m3_a_panicking_drop_on_final_ack_is_resumed_after_the_bookkeeping() {
     p.publish(counter.panicking(1)).unwrap();
     let d0 = c.try_recv().unwrap();
     c.try_recv().unwrap().ack().unwrap(); // out of order: nothing dropped yet
-                                          // This ack completes the prefix 0, 1: item 1's Drop panics in the acking thread.
-    let r = catch_unwind(AssertUnwindSafe(|| d0.ack()));
-    assert!(r.is_err(), "the panic is resumed to the acker");
-    assert_eq!(counter.all(), [1, 1, 0, 0]);
-    assert_eq!(lane.acked(), Some(Position(2)), "the lane moved on before the panic surfaced");
+                                          // This ack completes the prefix 0, 1: the acker drops nothing.
+    d0.ack().unwrap();
+    assert_eq!(counter.all(), [0; 4]);
+    assert_eq!(lane.acked(), Some(Position(2)));
     assert!(lane.is_idle());
+    // The next publish drops items 0 and 1: item 1's Drop panics in the publishing thread.
+    let r = catch_unwind(AssertUnwindSafe(|| p.publish(counter.item(2))));
+    assert!(r.is_err(), "the panic is resumed to the publisher");
+    assert_eq!(counter.all(), [1, 1, 0, 0]);
+    assert_eq!(lane.stats().published, 3, "the publish was done before the panic surfaced");
     // The lane keeps working.
-    p.publish(counter.item(2)).unwrap();
     p.publish(counter.item(3)).unwrap();
     c.try_recv().unwrap().ack().unwrap();
     c.try_recv().unwrap().ack().unwrap();
-    assert_eq!(counter.all(), [1; 4]);
     assert_eq!(lane.acked(), Some(Position(4)));
+    drop(p);
+    assert_eq!(counter.all(), [1; 4]);
 }
 
 #[test]
@@ -209,13 +230,11 @@ fn m3_stream_drop_releases_every_copy_of_every_shared_batch() {
     let envs: Vec<Arc<[Envelope]>> = (0..6).map(shared_envelopes).collect();
     let s = stream(7, &["a", "b", "c"]);
     let lanes: Vec<_> = s.lanes().collect();
-    let mut ps: Vec<_> = lanes.iter().map(|l| l.producer().unwrap()).collect();
+    let mut p = s.fanout().unwrap();
     for (i, env) in envs.iter().enumerate() {
-        for p in &mut ps {
-            p.publish(tracked(Some(i as u64 + 1), env)).unwrap();
-        }
+        p.publish(tracked(Some(i as u64 + 1), env)).unwrap();
     }
-    assert!(envs.iter().all(|e| Arc::strong_count(e) == 4));
+    assert!(envs.iter().all(|e| Arc::strong_count(e) == 2), "one copy for every lane, and ours");
     // Lane a: all acked. Lane b: some delivered and released, split items kept. Lane c: queued.
     let mut ca = lanes[0].reattach();
     while let Ok(d) = ca.try_recv() {
@@ -225,12 +244,12 @@ fn m3_stream_drop_releases_every_copy_of_every_shared_batch() {
     let (item, handle) = cb.try_recv().unwrap().into_parts();
     cb.try_recv().unwrap().nack();
     let held = cb.try_recv().unwrap();
-    assert_eq!(Arc::strong_count(&envs[0]), 4, "lanes b, c, the split-off clone, ours");
-    assert!(envs[1..].iter().all(|e| Arc::strong_count(e) == 3), "lane a dropped its copies on ack");
+    assert_eq!(Arc::strong_count(&envs[0]), 3, "the stream's copy, the split-off clone, ours");
+    assert!(envs[1..].iter().all(|e| Arc::strong_count(e) == 2), "lane a's acks drop nothing");
     drop(item); // the split-off clone
-    assert_eq!(Arc::strong_count(&envs[0]), 3);
-    drop((s, ps, ca, cb, lanes));
-    assert!(envs.iter().all(|e| Arc::strong_count(e) >= 2), "lane b lives on through its handles");
+    assert_eq!(Arc::strong_count(&envs[0]), 2);
+    drop((s, p, ca, cb, lanes));
+    assert!(envs.iter().all(|e| Arc::strong_count(e) == 2), "the cells live on through lane b's handles");
     drop(handle);
     drop(held);
     let counts: Vec<_> = envs.iter().map(Arc::strong_count).collect();
@@ -272,7 +291,7 @@ fn m3_stream_drop_survives_a_lane_item_whose_drop_panics() {
     let envs: Vec<Arc<[Envelope]>> = (0..4).map(shared_envelopes).collect();
     let s = stream(6, &["a"]);
     let lane = s.lane("a").unwrap();
-    let mut p = lane.producer().unwrap();
+    let mut p = s.fanout().unwrap();
     p.publish(tracked(Some(1), &envs[0])).unwrap();
     p.publish(bomb).unwrap();
     for (i, env) in envs.iter().enumerate().skip(1) {

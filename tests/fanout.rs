@@ -9,7 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::{batch, shared_envelopes, snapshot, stream, tracked, within};
-use lanestream::{Position, PublishError, Stream, StreamError, TryPublishError, TryRecvError};
+use lanestream::{Position, PublishError, Stream, TryPublishError, TryRecvError};
 
 #[test]
 fn fanout_l2_publishes_each_item_to_every_lane_in_order() {
@@ -29,27 +29,6 @@ fn fanout_l2_publishes_each_item_to_every_lane_in_order() {
     }
     assert_eq!(s.watermark(), Some(Position(4)));
     assert!(s.is_idle());
-}
-
-#[test]
-fn fanout_l9_holds_every_producer_role_and_gives_them_back_on_drop() {
-    let s = stream(4, &["a", "b"]);
-    let held = s.producer("b").unwrap();
-    assert_eq!(s.fanout().unwrap_err(), StreamError::ProducerBusy(lanestream::SinkName::new("b").unwrap()));
-    // The failed claim released lane "a" again.
-    drop(s.producer("a").unwrap());
-    drop(held);
-    let fanout = s.fanout().unwrap();
-    assert!(matches!(s.producer("a"), Err(StreamError::ProducerBusy(_))));
-    assert!(matches!(s.fanout(), Err(StreamError::ProducerBusy(_))));
-    drop(fanout);
-    let mut a = s.producer("a").unwrap();
-    a.publish(batch(1)).unwrap();
-    drop(a);
-    // A fan-out after a lane's own producer continues after its last position (L4).
-    let mut fanout = s.fanout().unwrap();
-    assert!(matches!(fanout.try_publish(batch(1)), Err(TryPublishError::PositionRegressed { .. })));
-    fanout.try_publish(batch(2)).unwrap();
 }
 
 #[test]
@@ -165,26 +144,6 @@ fn fanout_l10_close_refuses_on_every_lane_and_consumers_drain() {
     }
 }
 
-/// M2/M3: a fan-out clones the item's `Arc` once per lane, never the envelopes, and every
-/// clone is dropped once (on its lane's ack, or with the stream).
-#[test]
-fn fanout_m3_one_reference_per_lane_each_dropped_once() {
-    let envelopes = shared_envelopes(3);
-    {
-        let s = stream(4, &["a", "b", "c"]);
-        let mut fanout = s.fanout().unwrap();
-        fanout.publish(tracked(Some(1), &envelopes)).unwrap();
-        fanout.publish_run(&[tracked(Some(2), &envelopes), tracked(Some(3), &envelopes)]).unwrap();
-        // Ours, and one per lane for each of the three items (the run's originals were
-        // temporaries, dropped after the call).
-        assert_eq!(Arc::strong_count(&envelopes), 1 + 3 * 3);
-        let mut a = s.attach("a").unwrap();
-        a.try_recv_run(8).unwrap().ack().unwrap();
-        assert_eq!(Arc::strong_count(&envelopes), 1 + 2 * 3);
-    }
-    assert_eq!(Arc::strong_count(&envelopes), 1);
-}
-
 /// The async form: ready at once with room; while a lane is full it is pending (its waker
 /// registered, no spinning) and an ack on the full lane wakes it; then every lane has the item.
 #[test]
@@ -252,34 +211,9 @@ fn fanout_l10_a_close_of_another_lane_wakes_a_waiting_publish_blocking_and_async
     assert!(a.try_recv().is_err(), "lane a got nothing more");
 }
 
-/// A stream of `sinks` lanes over one shared ring of `capacity` cells.
-fn shared(capacity: usize, sinks: &[&str]) -> lanestream::MemoryStream {
-    lanestream::MemoryStream::builder()
-        .capacity(capacity)
-        .sinks(sinks.iter().copied())
-        .shared_ring(true)
-        .build()
-        .unwrap()
-}
-
 #[test]
-fn shared_ring_l9_only_the_fanout_publishes() {
-    let s = shared(4, &["a", "b"]);
-    let refused = StreamError::SharedRing(lanestream::SinkName::new("a").unwrap());
-    assert_eq!(s.producer("a").unwrap_err(), refused);
-    assert_eq!(s.lane("a").unwrap().producer().unwrap_err(), refused);
-    let mut fanout = s.fanout().unwrap();
-    fanout.publish(batch(1)).unwrap();
-    for sink in ["a", "b"] {
-        let mut c = s.attach(sink).unwrap();
-        c.try_recv().unwrap().ack().unwrap();
-    }
-    assert_eq!(s.watermark(), Some(Position(1)));
-}
-
-#[test]
-fn shared_ring_l3_the_slowest_lane_holds_every_lanes_room() {
-    let s = shared(2, &["a", "b"]);
+fn fanout_l3_the_slowest_lane_holds_every_lanes_room() {
+    let s = stream(2, &["a", "b"]);
     let mut fanout = s.fanout().unwrap();
     let (mut a, mut b) = (s.attach("a").unwrap(), s.attach("b").unwrap());
     fanout.publish_run(&[batch(1), batch(2)]).unwrap();
@@ -297,31 +231,38 @@ fn shared_ring_l3_the_slowest_lane_holds_every_lanes_room() {
     assert_eq!(got, [3]);
 }
 
+/// M2/M3: the fan-out writes one copy of each item for every lane (a clone of the item's `Arc`,
+/// never of the envelopes), and drops it once: at its next publish after every lane acked it
+/// (or its drop), else with the stream.
 #[test]
-fn shared_ring_m3_an_item_is_dropped_once_when_its_cell_is_reused_or_reclaimed() {
+fn fanout_m3_one_copy_for_every_lane_dropped_once_at_the_next_publish_after_every_lane_acked_it() {
     let envelopes = shared_envelopes(7);
     let owners = || Arc::strong_count(&envelopes) - 1;
-    let s = shared(2, &["a", "b"]);
+    let s = stream(2, &["a", "b"]);
     let mut fanout = s.fanout().unwrap();
     let (mut a, mut b) = (s.attach("a").unwrap(), s.attach("b").unwrap());
     fanout.publish(tracked(Some(1), &envelopes)).unwrap();
-    // One copy in the shared cell, not one per lane.
+    // One copy in the stream's cell, not one per lane.
     assert_eq!(owners(), 1);
-    for c in [&mut a, &mut b] {
-        c.try_recv().unwrap().ack().unwrap();
-    }
-    // Acked by every lane, still in its cell until reused or reclaimed.
+    a.try_recv().unwrap().ack().unwrap();
+    assert_eq!(owners(), 1, "lane b still holds it");
+    b.try_recv().unwrap().ack().unwrap();
+    // Acked by every lane, still in its cell until the fan-out's next publish.
     assert_eq!(owners(), 1);
-    fanout.reclaim();
-    assert_eq!(owners(), 0);
-    fanout.publish(tracked(Some(2), &envelopes)).unwrap();
-    fanout.publish(tracked(Some(3), &envelopes)).unwrap();
+    // The run's originals are temporaries, dropped after the call; the publish dropped item 1.
+    fanout.publish_run(&[tracked(Some(2), &envelopes), tracked(Some(3), &envelopes)]).unwrap();
+    assert_eq!(owners(), 2, "items 2 and 3; item 1 dropped by the publish");
     for c in [&mut a, &mut b] {
         c.try_recv_run(2).unwrap().ack().unwrap();
     }
-    fanout.publish(tracked(Some(4), &envelopes)).unwrap(); // reuses item 2's cell, dropping it
+    fanout.publish(tracked(Some(4), &envelopes)).unwrap(); // reuses item 2's cell, drops 2 and 3
+    assert_eq!(owners(), 1);
+    fanout.publish(tracked(Some(5), &envelopes)).unwrap();
+    for c in [&mut a, &mut b] {
+        c.try_recv().unwrap().ack().unwrap();
+    }
     assert_eq!(owners(), 2);
-    drop(fanout); // reclaims item 3 (acked by both); item 4 is not acked yet
+    drop(fanout); // drops item 4 (acked by both); item 5 is not acked yet
     assert_eq!(owners(), 1);
     drop((a, b));
     drop(s);
@@ -329,8 +270,8 @@ fn shared_ring_m3_an_item_is_dropped_once_when_its_cell_is_reused_or_reclaimed()
 }
 
 #[test]
-fn shared_ring_l8_a_stale_run_keeps_reading_its_item_while_the_other_lane_moves_on() {
-    let s = shared(1, &["a", "b"]);
+fn fanout_l8_a_stale_run_keeps_reading_its_item_while_the_other_lane_moves_on() {
+    let s = stream(1, &["a", "b"]);
     let mut fanout = s.fanout().unwrap();
     let mut a = s.attach("a").unwrap();
     let mut b = s.attach("b").unwrap();
@@ -348,43 +289,35 @@ fn shared_ring_l8_a_stale_run_keeps_reading_its_item_while_the_other_lane_moves_
 }
 
 #[test]
-fn fanout_l11_w5_publish_to_reaches_one_lane_and_its_gaps_are_passed_on_both_ring_kinds() {
-    for shared_ring in [false, true] {
-        let s = lanestream::MemoryStream::builder()
-            .capacity(4)
-            .sinks(["a", "b", "c"])
-            .shared_ring(shared_ring)
-            .build()
-            .unwrap();
-        let mut fanout = s.fanout().unwrap();
-        let mut consumers: Vec<_> = ["a", "b", "c"].iter().map(|n| s.attach(n).unwrap()).collect();
-        fanout.publish(batch(1)).unwrap();
-        fanout.publish_to(1, snapshot()).unwrap();
-        fanout.try_publish_to(1, snapshot()).unwrap();
-        fanout.publish(batch(2)).unwrap();
-        for (i, c) in consumers.iter_mut().enumerate() {
-            let mut got = Vec::new();
-            while let Ok(run) = c.try_recv_run(8) {
-                got.extend(run.iter().map(|item| item.position().map(|p| p.0)));
-                run.ack().unwrap();
-            }
-            let want: &[Option<u64>] =
-                if i == 1 { &[Some(1), None, None, Some(2)] } else { &[Some(1), Some(2)] };
-            assert_eq!(got, want, "lane {i}, shared ring {shared_ring}");
-            assert!(c.is_empty(), "lane {i} passed its gaps");
+fn fanout_l11_w5_publish_to_reaches_one_lane_and_its_gaps_are_passed() {
+    let s = stream(4, &["a", "b", "c"]);
+    let mut fanout = s.fanout().unwrap();
+    let mut consumers: Vec<_> = ["a", "b", "c"].iter().map(|n| s.attach(n).unwrap()).collect();
+    fanout.publish(batch(1)).unwrap();
+    fanout.publish_to(1, snapshot()).unwrap();
+    fanout.try_publish_to(1, snapshot()).unwrap();
+    fanout.publish(batch(2)).unwrap();
+    for (i, c) in consumers.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while let Ok(run) = c.try_recv_run(8) {
+            got.extend(run.iter().map(|item| item.position().map(|p| p.0)));
+            run.ack().unwrap();
         }
-        assert_eq!(s.watermark(), Some(Position(2)));
-        assert!(s.is_idle(), "shared ring {shared_ring}");
-        // The gaps took cells of every lane and were acked on the way past: the ring is free.
-        for p in 3..7 {
-            fanout.try_publish(batch(p)).unwrap();
-        }
+        let want: &[Option<u64>] = if i == 1 { &[Some(1), None, None, Some(2)] } else { &[Some(1), Some(2)] };
+        assert_eq!(got, want, "lane {i}");
+        assert!(c.is_empty(), "lane {i} passed its gaps");
+    }
+    assert_eq!(s.watermark(), Some(Position(2)));
+    assert!(s.is_idle());
+    // The gaps took cells of every lane and were acked on the way past: the cells are free.
+    for p in 3..7 {
+        fanout.try_publish(batch(p)).unwrap();
     }
 }
 
 #[test]
-fn shared_ring_publish_to_single_receives_pass_gaps_and_wake_a_parked_consumer() {
-    let s = shared(2, &["a", "b"]);
+fn fanout_l11_publish_to_single_receives_pass_gaps_and_wake_a_parked_consumer() {
+    let s = stream(2, &["a", "b"]);
     let mut fanout = s.fanout().unwrap();
     let mut a = s.attach("a").unwrap();
     let mut b = s.attach("b").unwrap();

@@ -65,24 +65,13 @@ fn assert_is_append(log: &WriteHandle, item: &LaneItem, range: PositionRange) {
 
 #[test]
 fn every_appended_event_reaches_every_lane_exactly_once_in_order() {
-    every_appended_event_reaches_every_lane(false);
+    every_appended_event_reaches_every_lane();
 }
 
-/// The same over a shared ring: the source publishes each append once, through the fan-out.
-#[test]
-fn every_appended_event_reaches_every_lane_exactly_once_in_order_over_a_shared_ring() {
-    every_appended_event_reaches_every_lane(true);
-}
-
-fn every_appended_event_reaches_every_lane(shared_ring: bool) {
+fn every_appended_event_reaches_every_lane() {
     let log = memory_log();
     // Small lanes: the source waits on full lanes (backpressure) while the sinks run.
-    let stream = MemoryStream::builder()
-        .capacity(3)
-        .sinks(["search", "cache", "archive"])
-        .shared_ring(shared_ring)
-        .build()
-        .unwrap();
+    let stream = MemoryStream::builder().capacity(3).sinks(["search", "cache", "archive"]).build().unwrap();
     let source = spawn_source(&log.reader(), &stream);
     let sinks = spawn_sinks(&stream, |item| Some(item.clone()));
     let writers = 4;
@@ -157,24 +146,12 @@ fn append_n(log: &WriteHandle, n: usize) -> Vec<PositionRange> {
 
 #[test]
 fn a_restarted_source_resumes_after_the_watermark_publishing_nothing_twice_and_losing_nothing() {
-    restarted_source_resumes(false);
+    restarted_source_resumes();
 }
 
-/// The same over a shared ring: the lanes hold the same items, so they share one resume point.
-#[test]
-fn a_restarted_source_resumes_after_the_watermark_publishing_nothing_twice_and_losing_nothing_over_a_shared_ring(
-) {
-    restarted_source_resumes(true);
-}
-
-fn restarted_source_resumes(shared_ring: bool) {
+fn restarted_source_resumes() {
     let log = memory_log();
-    let stream = MemoryStream::builder()
-        .capacity(16)
-        .sinks(["fast", "slow"])
-        .shared_ring(shared_ring)
-        .build()
-        .unwrap();
+    let stream = MemoryStream::builder().capacity(16).sinks(["fast", "slow"]).build().unwrap();
     let (mut fast, mut slow) = (stream.attach("fast").unwrap(), stream.attach("slow").unwrap());
     append_n(&log, 3);
     log.append(vec![ev("T", &[]), ev("T", &[])], None).unwrap(); // positions 4..=5: one batch
@@ -196,7 +173,7 @@ fn restarted_source_resumes(shared_ring: bool) {
         assert_eq!(held.position(), Some(Position(3)));
         drop(held);
         acked.insert("slow", slow_acked);
-    } // the source stops (crashes): its producers are dropped
+    } // the source stops (crashes): its fan-out is dropped
     assert_eq!(stream.watermark(), Some(Position(2)));
 
     // The log goes on without a source.
@@ -259,7 +236,7 @@ fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_clai
     assert_eq!(err.to_string(), "cannot start after position 9: the log's head is 3");
     // A lane holding a batch the log does not have: a stream fed by another log.
     stream
-        .producer("search")
+        .fanout()
         .unwrap()
         .publish(LaneItem::Batch(lanestream::Batch::new(Some(Position(10)), Arc::from(vec![]))))
         .unwrap();
@@ -271,7 +248,7 @@ fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_clai
     // A refused build leaves nothing claimed.
     let stream = MemoryStream::builder().capacity(4).sinks(["search"]).build().unwrap();
     let _ = LogSource::builder(log.reader()).after(Some(pos(9))).build(&stream).unwrap_err();
-    assert!(stream.producer("search").is_ok() && stream.attach_requests().is_ok());
+    assert!(stream.fanout().is_ok() && stream.attach_requests().is_ok());
 }
 
 fn backfill(sink: &str, indexes: &[&str]) -> Request {
@@ -283,24 +260,12 @@ fn backfill(sink: &str, indexes: &[&str]) -> Request {
 
 #[test]
 fn backfill_answers_with_the_matching_events_then_snapshot_complete_then_the_live_tail() {
-    backfill_answers(false);
+    backfill_answers();
 }
 
-/// The same over a shared ring: the backfill's batches go to the asking lane only (gaps on the
-/// other lane, which its consumer passes without a delivery).
-#[test]
-fn backfill_answers_with_the_matching_events_then_snapshot_complete_then_the_live_tail_over_a_shared_ring() {
-    backfill_answers(true);
-}
-
-fn backfill_answers(shared_ring: bool) {
+fn backfill_answers() {
     let log = memory_log();
-    let stream = MemoryStream::builder()
-        .capacity(32)
-        .sinks(["search", "cache"])
-        .shared_ring(shared_ring)
-        .build()
-        .unwrap();
+    let stream = MemoryStream::builder().capacity(32).sinks(["search", "cache"]).build().unwrap();
     let (mut search, mut cache) = (stream.attach("search").unwrap(), stream.attach("cache").unwrap());
     let mut source = LogSource::builder(log.reader())
         .index(index("courses"), Query::types(["CourseDefined"]))

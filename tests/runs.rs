@@ -19,7 +19,7 @@ fn runs_l2_a_run_is_the_queued_items_in_publish_order_up_to_max_across_wraps() {
     for capacity in [1usize, 2, 3, 5, 7, 8] {
         let s = stream(capacity, &["a"]);
         let lane = s.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = s.fanout().unwrap();
         let mut consumer = lane.attach().unwrap();
         let mut next = 1;
         let mut got = Vec::new();
@@ -48,7 +48,7 @@ fn runs_l2_a_run_is_the_queued_items_in_publish_order_up_to_max_across_wraps() {
 #[test]
 fn runs_max_is_clamped_to_1_and_max_run() {
     let s = stream(256, &["a"]);
-    publish_range(&s, "a", 1..=200);
+    publish_range(&s, 1..=200);
     let mut consumer = s.attach("a").unwrap();
     let one = consumer.try_recv_run(0).unwrap();
     assert_eq!(run_positions(&one), [1]);
@@ -63,7 +63,7 @@ fn runs_max_is_clamped_to_1_and_max_run() {
 #[test]
 fn runs_l5_ack_through_is_cumulative_and_the_acked_position_follows_the_prefix() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=6);
+    publish_range(&s, 1..=6);
     let mut consumer = s.attach("a").unwrap();
     let single = consumer.try_recv().unwrap(); // item 1, outstanding
     let mut run = consumer.try_recv_run(8).unwrap();
@@ -95,7 +95,7 @@ fn runs_l5_ack_through_is_cumulative_and_the_acked_position_follows_the_prefix()
 #[test]
 fn runs_l5_ack_through_position_skips_unpositioned_items_after_the_position() {
     let s = stream(8, &["a"]);
-    let mut producer = s.producer("a").unwrap();
+    let mut producer = s.fanout().unwrap();
     for item in [batch(1), common::snapshot(), batch(5), common::snapshot(), batch(9)] {
         producer.publish(item).unwrap();
     }
@@ -114,7 +114,7 @@ fn runs_l5_ack_through_position_skips_unpositioned_items_after_the_position() {
 #[test]
 fn runs_l6_nack_releases_the_remainder_which_comes_back_first_one_item_per_run() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=4);
+    publish_range(&s, 1..=4);
     let mut consumer = s.attach("a").unwrap();
     let mut run = consumer.try_recv_run(3).unwrap();
     assert_eq!(run.ack_through(0).unwrap(), 1); // item 1
@@ -135,7 +135,7 @@ fn runs_l6_nack_releases_the_remainder_which_comes_back_first_one_item_per_run()
 #[test]
 fn runs_l6_dropping_a_run_releases_it_and_single_receives_see_the_redeliveries() {
     let s = stream(4, &["a"]);
-    publish_range(&s, "a", 1..=3);
+    publish_range(&s, 1..=3);
     let mut consumer = s.attach("a").unwrap();
     drop(consumer.try_recv_run(8).unwrap());
     let stats = s.stats("a").unwrap();
@@ -152,7 +152,7 @@ fn runs_l6_dropping_a_run_releases_it_and_single_receives_see_the_redeliveries()
 #[test]
 fn runs_l8_reattach_mid_run_the_acked_part_counts_the_rest_is_redelivered_in_order() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=5);
+    publish_range(&s, 1..=5);
     let mut old = s.attach("a").unwrap();
     let mut run = old.try_recv_run(8).unwrap();
     assert_eq!(run.ack_through(1).unwrap(), 2); // items 1, 2 land
@@ -180,7 +180,7 @@ fn runs_l8_reattach_mid_run_the_acked_part_counts_the_rest_is_redelivered_in_ord
 #[test]
 fn runs_l8_a_stale_run_dropped_releases_nothing_more() {
     let s = stream(4, &["a"]);
-    publish_range(&s, "a", 1..=2);
+    publish_range(&s, 1..=2);
     let mut old = s.attach("a").unwrap();
     let run = old.try_recv_run(4).unwrap();
     let mut new = s.reattach("a").unwrap();
@@ -229,7 +229,7 @@ fn runs_l8_the_holder_bound_holds_for_redeliveries_in_runs() {
 #[test]
 fn runs_l10_recv_run_drains_then_returns_none_and_none_is_not_final_while_a_run_is_out() {
     let s = stream(4, &["a"]);
-    publish_range(&s, "a", 1..=3);
+    publish_range(&s, 1..=3);
     s.close("a").unwrap();
     let mut consumer = s.attach("a").unwrap();
     let run = consumer.recv_run(2).unwrap().unwrap();
@@ -269,7 +269,7 @@ fn runs_a_blocked_recv_run_wakes_on_publish_and_an_async_one_is_woken() {
     let publisher = s.clone();
     let t = thread::spawn(move || {
         thread::sleep(Duration::from_millis(20));
-        publish_range(&publisher, "a", 1..=1);
+        publish_range(&publisher, 1..=1);
     });
     let got = within(10, "recv_run woken by a publish", move || {
         let run = consumer.recv_run(8).unwrap().unwrap();
@@ -286,7 +286,7 @@ fn runs_a_blocked_recv_run_wakes_on_publish_and_an_async_one_is_woken() {
     {
         let mut fut = std::pin::pin!(consumer.recv_run_async(8));
         assert!(fut.as_mut().poll(&mut cx).is_pending());
-        publish_range(&s, "a", 2..=3);
+        publish_range(&s, 2..=3);
         assert_eq!(counter.wakes(), 1, "the publish woke the pending recv_run_async");
         match fut.as_mut().poll(&mut cx) {
             Poll::Ready(Ok(Some(run))) => {
@@ -303,7 +303,7 @@ fn runs_a_blocked_recv_run_wakes_on_publish_and_an_async_one_is_woken() {
 }
 
 fn publish_all_from(s: &MemoryStream, p: u64) {
-    s.lane("a").unwrap().producer().unwrap().publish(batch(p)).unwrap();
+    s.fanout().unwrap().publish(batch(p)).unwrap();
 }
 
 #[test]
@@ -322,8 +322,7 @@ fn runs_l12_try_recv_run_never_blocks_and_reports_detached() {
 #[test]
 fn runs_w1_runs_acked_on_worker_threads_move_the_watermark() {
     let s = stream(16, &["a", "b"]);
-    publish_range(&s, "a", 1..=10);
-    publish_range(&s, "b", 1..=10);
+    publish_range(&s, 1..=10); // to both lanes
     let mut a = s.attach("a").unwrap();
     let mut b = s.attach("b").unwrap();
     let first = a.try_recv_run(4).unwrap();
@@ -342,14 +341,14 @@ fn runs_w1_runs_acked_on_worker_threads_move_the_watermark() {
     assert!(s.is_idle());
 }
 
-/// M3: every item of a run is dropped once: acked ones on the advancer's pass, released and
-/// re-acked ones on their final ack, the rest with the stream.
+/// M3: every item of a run is dropped once: acked ones (through `ack_through`, or released and
+/// acked again) at the fan-out's next publish, the rest with the stream.
 #[test]
 fn runs_m3_items_of_runs_are_dropped_exactly_once() {
     let envelopes = shared_envelopes(7);
     {
         let s = stream(8, &["a"]);
-        let mut producer = s.producer("a").unwrap();
+        let mut producer = s.fanout().unwrap();
         for p in 1..=8 {
             producer.publish(tracked(Some(p), &envelopes)).unwrap();
         }
@@ -357,10 +356,14 @@ fn runs_m3_items_of_runs_are_dropped_exactly_once() {
         let mut consumer = s.attach("a").unwrap();
         let mut run = consumer.try_recv_run(5).unwrap();
         run.ack_through(1).unwrap();
-        assert_eq!(Arc::strong_count(&envelopes), 7);
+        assert_eq!(Arc::strong_count(&envelopes), 9, "acked, dropped at the next publish");
+        producer.publish(batch(9)).unwrap();
+        assert_eq!(Arc::strong_count(&envelopes), 7, "the publish dropped the two acked items");
         drop(run); // 3 released
         consumer.try_recv_run(1).unwrap().ack().unwrap();
-        assert_eq!(Arc::strong_count(&envelopes), 6);
+        assert_eq!(Arc::strong_count(&envelopes), 7);
+        producer.publish(batch(10)).unwrap();
+        assert_eq!(Arc::strong_count(&envelopes), 6, "the re-acked item went at the next publish");
         let _outstanding = consumer.try_recv_run(8).unwrap();
     }
     assert_eq!(Arc::strong_count(&envelopes), 1);
@@ -385,11 +388,12 @@ impl Drop for Boom {
     }
 }
 
-/// M3 with runs: dropping a stale run whose first item's last holder it was lets that item go,
-/// and its `Drop` panics; the run still ends its other items (no slot stays pinned), the panic
-/// reaches the thread that dropped the run, and every item is dropped once.
+/// M3 with runs: dropping a stale run whose first item's last holder it was frees that item and
+/// ends the run's other items (no slot stays pinned) without dropping any; the producer's next
+/// publish drops it, its `Drop` panics, and the panic reaches the publishing thread once the
+/// publish is done; every item is dropped once.
 #[test]
-fn runs_m3_a_panicking_item_drop_while_a_run_is_released_ends_the_rest_of_the_run() {
+fn runs_m3_a_stale_run_dropped_frees_its_items_and_a_panicking_drop_reaches_the_next_publish() {
     let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let lane: Lane<Boom> = Lane::standalone(SinkName::new("boom").unwrap(), 4).unwrap();
     let mut producer = lane.producer().unwrap();
@@ -403,13 +407,20 @@ fn runs_m3_a_panicking_item_drop_while_a_run_is_released_ends_the_rest_of_the_ru
     new.try_recv_run(4).unwrap().ack().unwrap();
     assert_eq!(lane.stats().pinned, 1);
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(stale)));
-    assert!(dropped.is_err(), "item 1's drop panic reaches the thread that dropped the run");
-    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(dropped.is_ok(), "dropping the run drops no item: the producer's next publish does");
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 0);
     let stats = lane.stats();
     assert_eq!((stats.pinned, stats.released), (0, 2), "the run's other items were ended");
-    for _ in 0..2 {
+    let published = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        producer.publish(Boom(4, drops.clone())).unwrap();
+    }));
+    assert!(published.is_err(), "item 1's drop panic reaches the thread that published next");
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(lane.stats().published, 4, "the publish was done before the panic reached it");
+    for _ in 0..3 {
         new.try_recv_run(4).unwrap().ack().unwrap();
     }
     assert!(lane.is_idle());
-    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 3);
+    drop(producer);
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 4, "the producer's drop dropped the rest");
 }

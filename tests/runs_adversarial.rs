@@ -18,7 +18,7 @@ use common::{
 };
 use lanestream::{
     AckError, Delivery, Item, Lane, LaneItem, Position, PublishError, PublishTimeoutError, Run, SinkName,
-    Stream, TryPublishError, TryRecvError, MAX_RUN,
+    Stream, StreamError, TryPublishError, TryRecvError, MAX_RUN,
 };
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 #[test]
 fn runs_l5_ack_through_the_largest_sequence_acks_the_whole_run() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=4);
+    publish_range(&s, 1..=4);
     let mut consumer = s.attach("a").unwrap();
     let mut run = consumer.try_recv_run(8).unwrap();
     assert_eq!(run.sequences(), 0..4);
@@ -50,11 +50,11 @@ fn runs_l5_ack_through_the_largest_sequence_acks_the_whole_run() {
 #[test]
 fn runs_l5_ack_through_below_twice_and_beyond_acks_each_item_once() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=2);
+    publish_range(&s, 1..=2);
     let mut consumer = s.attach("a").unwrap();
     // Items 1..2 are acked through a first run, so the second run starts at sequence 2.
     consumer.try_recv_run(8).unwrap().ack().unwrap();
-    publish_range(&s, "a", 3..=7);
+    publish_range(&s, 3..=7);
     let mut run = consumer.try_recv_run(8).unwrap();
     assert_eq!(run.sequences(), 2..7);
     assert_eq!(run.ack_through(0), Ok(0), "below the run");
@@ -85,7 +85,7 @@ fn runs_l5_ack_through_below_twice_and_beyond_acks_each_item_once() {
 #[test]
 fn runs_l5_ack_through_position_between_below_and_with_snapshots_in_front() {
     let s = stream(8, &["a"]);
-    let mut producer = s.producer("a").unwrap();
+    let mut producer = s.fanout().unwrap();
     producer.try_publish(snapshot()).unwrap();
     producer.try_publish(batch(10)).unwrap();
     producer.try_publish(batch(20)).unwrap();
@@ -120,7 +120,7 @@ fn runs_l5_ack_through_position_between_below_and_with_snapshots_in_front() {
 #[test]
 fn runs_l2_l5_runs_and_single_receives_interleave_in_order_and_out_of_order_acks_keep_the_prefix() {
     let s = stream(16, &["a"]);
-    publish_range(&s, "a", 1..=10);
+    publish_range(&s, 1..=10);
     let mut c = s.attach("a").unwrap();
     let d1 = c.try_recv().unwrap();
     let mut r2 = c.try_recv_run(3).unwrap();
@@ -153,7 +153,7 @@ fn runs_l2_l5_runs_and_single_receives_interleave_in_order_and_out_of_order_acks
 #[test]
 fn runs_l2_l6_releases_of_runs_and_singles_come_back_earliest_first_each_once() {
     let s = stream(16, &["a"]);
-    publish_range(&s, "a", 1..=9);
+    publish_range(&s, 1..=9);
     let mut c = s.attach("a").unwrap();
     let mut ra = c.try_recv_run(3).unwrap(); // 1 2 3
     let rb = c.try_recv_run(3).unwrap(); // 4 5 6
@@ -163,7 +163,7 @@ fn runs_l2_l6_releases_of_runs_and_singles_come_back_earliest_first_each_once() 
     d7.nack();
     drop(rb);
     ra.nack();
-    publish_range(&s, "a", 10..=11);
+    publish_range(&s, 10..=11);
     let mut got = Vec::new();
     while let Ok(run) = c.try_recv_run(64) {
         got.push((run_positions(&run), run.attempt()));
@@ -192,7 +192,7 @@ fn runs_l2_l6_releases_of_runs_and_singles_come_back_earliest_first_each_once() 
 #[test]
 fn runs_l2_a_run_never_carries_a_new_item_past_a_released_one() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=6);
+    publish_range(&s, 1..=6);
     let mut c = s.attach("a").unwrap();
     let r = c.try_recv_run(2).unwrap(); // 1 2
     drop(r);
@@ -215,7 +215,7 @@ fn runs_l2_a_run_never_carries_a_new_item_past_a_released_one() {
 #[test]
 fn runs_l8_w3_stale_run_acks_are_refused_and_the_watermark_never_passes_an_unacked_item() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=5);
+    publish_range(&s, 1..=5);
     let mut old = s.attach("a").unwrap();
     let mut run = old.try_recv_run(8).unwrap();
     assert_eq!(run.ack_through_position(Position(1)), Ok(1));
@@ -255,7 +255,7 @@ fn runs_l8_w3_stale_run_acks_are_refused_and_the_watermark_never_passes_an_unack
 fn runs_l8_a_stale_run_reads_its_own_items_while_the_new_consumer_laps_the_ring() {
     let s = stream(3, &["a"]);
     let lane = s.lane("a").unwrap();
-    let mut producer = lane.producer().unwrap();
+    let mut producer = s.fanout().unwrap();
     for p in 1..=3 {
         producer.try_publish(batch(p)).unwrap();
     }
@@ -291,7 +291,7 @@ fn runs_l8_late_run_acks_racing_a_reattach_land_xor_are_redelivered() {
     for round in 0..300u64 {
         let s = stream(ITEMS as usize, &["a"]);
         let base = round * 100;
-        publish_range(&s, "a", base + 1..=base + ITEMS);
+        publish_range(&s, base + 1..=base + ITEMS);
         let lane = s.lane("a").unwrap();
         let mut old = lane.attach().unwrap();
         let mut run = old.try_recv_run(MAX_RUN).unwrap();
@@ -352,7 +352,7 @@ fn runs_l8_late_run_acks_racing_a_reattach_land_xor_are_redelivered() {
 fn runs_l2_l6_l10_capacity_1_runs_of_one_through_nack_reattach_and_close() {
     let s = stream(1, &["a"]);
     let lane = s.lane("a").unwrap();
-    let mut producer = lane.producer().unwrap();
+    let mut producer = s.fanout().unwrap();
     let mut c = lane.attach().unwrap();
     for p in 1..=50u64 {
         producer.try_publish(batch(p)).unwrap();
@@ -396,7 +396,7 @@ fn runs_l2_max_runs_straddle_the_wrap_for_capacities_around_max_run() {
     for capacity in [MAX_RUN - 1, MAX_RUN, MAX_RUN + 1, 2 * MAX_RUN + 3] {
         let s = stream(capacity, &["a"]);
         let lane = s.lane("a").unwrap();
-        let mut producer = lane.producer().unwrap();
+        let mut producer = s.fanout().unwrap();
         let mut c = lane.attach().unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(capacity as u64);
         let (mut next_pub, mut expect) = (1u64, 1u64);
@@ -477,10 +477,10 @@ fn runs_l2_l8_holder_bound_with_a_multi_item_stale_run_nothing_overtakes() {
 #[test]
 fn runs_l10_close_with_a_run_outstanding_and_a_recv_run_blocked() {
     let s = stream(4, &["a"]);
-    publish_range(&s, "a", 1..=3);
+    publish_range(&s, 1..=3);
     let mut c = s.attach("a").unwrap();
     let out = c.try_recv_run(8).unwrap();
-    let mut producer = s.producer("a").unwrap();
+    let mut producer = s.fanout().unwrap();
     let s2 = s.clone();
     let closer = thread::spawn(move || {
         thread::sleep(Duration::from_millis(30));
@@ -649,22 +649,23 @@ fn fanout_l8_a_detached_consumer_changes_nothing_for_the_publisher() {
     assert!(s.is_idle());
 }
 
-/// Positions are checked against every lane, also after lanes' own producers published different
-/// positions: a fan-out item is refused on all lanes or published on all.
+/// Positions are checked against the last published by any fan-out of the stream, also after a
+/// restarted fan-out published: a refused item is refused on every lane, a run stops before its
+/// first refused item, and a new fan-out continues after the last position.
 #[test]
-fn fanout_l4_lanes_that_diverged_refuse_all_or_none() {
+fn fanout_l4_a_refused_position_is_refused_on_every_lane_and_a_new_fanout_continues_after_the_last() {
     let s = stream(8, &["a", "b"]);
     {
         let mut fanout = s.fanout().unwrap();
         fanout.publish_run(&[batch(1), batch(2)]).unwrap();
     }
-    s.producer("a").unwrap().publish(batch(5)).unwrap();
+    s.fanout().unwrap().publish(batch(5)).unwrap();
     let mut fanout = s.fanout().unwrap();
-    // 3 is past lane b's last (2) but not lane a's (5).
+    // 3 is past the first fan-out's last (2) but not the restarted one's (5).
     let r = fanout.try_publish(batch(3));
-    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "{r:?}");
+    assert!(matches!(r, Err(TryPublishError::PositionRegressed { last: Position(5), .. })), "{r:?}");
     assert_eq!(fanout.try_publish_run(&[batch(4), batch(6)]).unwrap_err().into_inner(), 0);
-    assert_eq!(s.stats("b").unwrap().published, 2);
+    assert_eq!(s.stats("b").unwrap().published, 3);
     assert_eq!(s.stats("a").unwrap().published, 3);
     // A run whose second item regresses publishes the first only.
     assert_eq!(fanout.try_publish_run(&[batch(6), batch(6)]), Ok(1));
@@ -676,25 +677,31 @@ fn fanout_l4_lanes_that_diverged_refuse_all_or_none() {
         assert_eq!(s.stats(sink).unwrap().last_published, Some(Position(6)), "lane {sink}");
     }
     drop(fanout);
-    // A lane producer after the fan-out continues after 6.
-    let mut b = s.producer("b").unwrap();
-    assert!(matches!(b.try_publish(batch(6)), Err(TryPublishError::PositionRegressed { .. })));
-    b.try_publish(batch(7)).unwrap();
+    // A new fan-out after the dropped one continues after 6.
+    let mut again = s.fanout().unwrap();
+    assert!(matches!(again.try_publish(batch(6)), Err(TryPublishError::PositionRegressed { .. })));
+    again.try_publish(batch(7)).unwrap();
+    assert_eq!((s.stats("a").unwrap().published, s.stats("b").unwrap().published), (5, 5));
 }
 
-/// A fan-out claim refused by one lane's live producer takes no lane: every other lane's
-/// producer can still be claimed, and the fan-out can be claimed once the producer is gone.
+/// A fan-out claim refused while another fan-out lives takes nothing: refused again and again,
+/// and no lane hands out a producer of its own; once the live fan-out is gone, the next claim
+/// gets every lane.
 #[test]
-fn fanout_l9_a_refused_claim_leaves_every_lane_free() {
+fn fanout_l9_a_refused_claim_takes_nothing_and_the_next_claim_gets_every_lane() {
     let s = stream(2, &["a", "b", "c"]);
-    let held = s.producer("c").unwrap();
-    assert!(s.fanout().is_err());
-    let a = s.producer("a").unwrap();
-    let b = s.producer("b").unwrap();
-    drop((a, b, held));
+    let held = s.fanout().unwrap();
+    for _ in 0..3 {
+        assert_eq!(s.fanout().unwrap_err(), StreamError::ProducerBusy(SinkName::new("a").unwrap()));
+    }
+    for lane in s.lanes() {
+        assert_eq!(lane.producer().unwrap_err(), StreamError::ProducerBusy(lane.name().clone()));
+    }
+    drop(held);
     let mut fanout = s.fanout().unwrap();
     assert_eq!(fanout.lanes(), 3);
     fanout.try_publish(batch(1)).unwrap();
+    assert!(s.lanes().all(|lane| lane.stats().published == 1));
 }
 
 // ----- the watermark under concurrent runs on several lanes ----------------------------------------
@@ -1188,7 +1195,7 @@ fn runs_l12_a_dropped_recv_run_async_future_takes_nothing() {
     {
         let mut fut = Box::pin(c.recv_run_async(4));
         assert!(matches!(fut.as_mut().poll(&mut cx), Poll::Pending));
-        publish_range(&s, "a", 1..=3);
+        publish_range(&s, 1..=3);
         assert!(wakes.wakes() >= 1, "publishing woke nobody");
     }
     let run = c.try_recv_run(4).unwrap();
@@ -1211,9 +1218,8 @@ fn runs_l5_l8_m3_runs_acked_on_workers_across_reattaches_lose_nothing_and_read_t
     let landed: Arc<Vec<AtomicU8>> = Arc::new((0..=N).map(|_| AtomicU8::new(0)).collect());
     let count = Arc::new(AtomicU64::new(0));
     let producer = {
-        let lane = lane.clone();
+        let mut producer = s.fanout().unwrap();
         thread::spawn(move || {
-            let mut producer = lane.producer().unwrap();
             for p in 1..=N {
                 producer.publish(batch(p)).unwrap();
             }
@@ -1312,7 +1318,7 @@ fn fanout_l10_closing_another_lane_wakes_a_publish_run_waiting_for_room() {
 #[test]
 fn runs_l8_attach_after_the_consumer_dropped_takes_back_its_outstanding_run() {
     let s = stream(8, &["a"]);
-    publish_range(&s, "a", 1..=4);
+    publish_range(&s, 1..=4);
     let lane = s.lane("a").unwrap();
     let mut old = lane.attach().unwrap();
     let mut run = old.try_recv_run(8).unwrap();
@@ -1340,18 +1346,19 @@ fn runs_l12_a_past_deadline_returns_what_is_there_and_times_out_on_nothing() {
     let mut c = s.attach("a").unwrap();
     let past = Instant::now() - Duration::from_millis(10);
     assert!(c.recv_run_deadline(4, past).unwrap_err().is_timeout());
-    publish_range(&s, "a", 1..=2);
+    publish_range(&s, 1..=2);
     let run = c.recv_run_deadline(4, past).unwrap().unwrap();
     assert_eq!(run_positions(&run), [1, 2]);
     assert!(c.recv_run_timeout(4, Duration::ZERO).unwrap_err().is_timeout());
     run.ack().unwrap();
 }
 
-/// An item of a run that panics when dropped (M3): acking the run finishes the bookkeeping
-/// (every item acked, the acked position at the end, each item dropped exactly once) and then
-/// surfaces the panic; a partly acked run whose ack panicked still releases its remainder.
+/// An item of a run that panics when dropped (M3): acking the run does the bookkeeping (every
+/// item acked, the acked position at the end) and drops nothing; the producer's next publish
+/// drops the acked items, each exactly once, is done, and then surfaces the panic; the partly
+/// acked run still releases its remainder.
 #[test]
-fn runs_m3_a_panicking_drop_inside_a_run_ack_keeps_the_bookkeeping() {
+fn runs_m3_a_panicking_drop_of_acked_run_items_surfaces_at_the_next_publish_after_the_bookkeeping() {
     use std::panic::{catch_unwind, AssertUnwindSafe};
 
     struct Boom {
@@ -1372,7 +1379,7 @@ fn runs_m3_a_panicking_drop_inside_a_run_ack_keeps_the_bookkeeping() {
         }
     }
 
-    let drops: Arc<Vec<AtomicU8>> = Arc::new((0..=6).map(|_| AtomicU8::new(0)).collect());
+    let drops: Arc<Vec<AtomicU8>> = Arc::new((0..=7).map(|_| AtomicU8::new(0)).collect());
     let lane: Lane<Boom> = Lane::standalone(SinkName::new("boom").unwrap(), 8).unwrap();
     let mut producer = lane.producer().unwrap();
     for p in 1..=6 {
@@ -1380,12 +1387,15 @@ fn runs_m3_a_panicking_drop_inside_a_run_ack_keeps_the_bookkeeping() {
     }
     let mut c = lane.attach().unwrap();
     let mut run = c.try_recv_run(8).unwrap();
-    let r = catch_unwind(AssertUnwindSafe(|| run.ack_through(2)));
-    assert!(r.is_err(), "the drop panic was swallowed");
+    assert_eq!(run.ack_through(2), Ok(3), "the ack drops nothing");
     assert_eq!(lane.acked(), Some(Position(3)), "items 1..3 are acked");
+    assert!((1..=6).all(|p| drops[p].load(Ordering::SeqCst) == 0));
+    let r = catch_unwind(AssertUnwindSafe(|| producer.publish(Boom { p: 7, drops: drops.clone() })));
+    assert!(r.is_err(), "the drop panic was swallowed");
     for p in 1..=3 {
         assert_eq!(drops[p].load(Ordering::SeqCst), 1, "item {p} dropped once");
     }
+    assert_eq!(lane.stats().published, 7, "the publish was done before the panic surfaced");
     assert_eq!(run.sequences(), 3..6);
     drop(run); // releases 4..6
     let mut got = Vec::new();
@@ -1393,10 +1403,10 @@ fn runs_m3_a_panicking_drop_inside_a_run_ack_keeps_the_bookkeeping() {
         got.extend(r.iter().map(|b| b.p));
         r.ack().unwrap();
     }
-    assert_eq!(got, [4, 5, 6]);
-    assert_eq!(lane.acked(), Some(Position(6)));
+    assert_eq!(got, [4, 5, 6, 7]);
+    assert_eq!(lane.acked(), Some(Position(7)));
     drop((c, producer, lane));
-    for p in 1..=6 {
+    for p in 1..=7 {
         assert_eq!(drops[p].load(Ordering::SeqCst), 1, "item {p} dropped once");
     }
 }
@@ -1408,7 +1418,7 @@ fn runs_m3_a_panicking_drop_inside_a_run_ack_keeps_the_bookkeeping() {
 fn runs_l2_a_run_released_on_another_thread_comes_back_in_order_while_the_consumer_races_it() {
     for round in 0..400u64 {
         let s = stream(16, &["a"]);
-        publish_range(&s, "a", 1..=8);
+        publish_range(&s, 1..=8);
         let mut c = s.attach("a").unwrap();
         let run = c.try_recv_run(8).unwrap();
         let go = Arc::new(AtomicBool::new(false));
@@ -1447,10 +1457,10 @@ fn runs_l2_l6_no_new_item_between_the_redeliveries_of_a_run_released_on_another_
     let mut interleaved = Vec::new();
     for round in 0..400u64 {
         let s = stream(16, &["a"]);
-        publish_range(&s, "a", 1..=8);
+        publish_range(&s, 1..=8);
         let mut c = s.attach("a").unwrap();
         let run = c.try_recv_run(8).unwrap();
-        publish_range(&s, "a", 9..=12);
+        publish_range(&s, 9..=12);
         let go = Arc::new(AtomicBool::new(false));
         let dropper = {
             let go = go.clone();

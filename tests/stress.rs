@@ -1,6 +1,6 @@
 //! A multi-threaded run over three lanes that checks the model's invariants at the end.
 //!
-//! One ingest thread publishes every batch to each lane (restarting its producers now and then);
+//! One ingest thread publishes every batch to every lane through the fan-out (restarting it now and then);
 //! one sink thread per lane receives, nacks or drops some deliveries, and hands the rest to two
 //! worker threads that ack them in shuffled order; a chaos thread re-attaches consumers
 //! mid-stream (the sinks then see `Detached` and re-attach themselves); a reader thread checks
@@ -197,21 +197,19 @@ fn stress_three_lanes_with_nacks_drops_shuffled_acks_and_reattaches() {
         })
     };
 
-    // The ingest engine, restarting its producers every 7000 batches.
+    // The ingest engine, restarting its fan-out every 7000 batches.
     let ingest = {
         let (s, batches, ingest_done) = (s.clone(), batches.clone(), ingest_done.clone());
         thread::spawn(move || {
-            let mut ps: Vec<_> = s.lanes().map(|l| l.producer().unwrap()).collect();
+            let mut fanout = Some(s.fanout().unwrap());
             for (i, b) in batches.iter().enumerate() {
                 if i > 0 && i % 7000 == 0 {
-                    ps.clear();
-                    ps = s.lanes().map(|l| l.producer().unwrap()).collect();
+                    drop(fanout.take());
+                    fanout = Some(s.fanout().expect("a restarted fan-out gets the stream at once"));
                 }
-                for p in &mut ps {
-                    p.publish(b.clone()).unwrap();
-                }
+                fanout.as_mut().unwrap().publish(b.clone()).unwrap();
             }
-            ps.iter().for_each(|p| p.close());
+            fanout.as_ref().unwrap().close();
             ingest_done.store(true, Ordering::Release);
         })
     };

@@ -31,7 +31,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use lanestream::{LaneItem, MemoryStream};
+use lanestream::{LaneItem, MemoryStream, Stream};
 use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonReader};
 
 // The pipeline example's allocator, so that the pipeline row measures what the example runs.
@@ -94,15 +94,13 @@ fn pipeline(bytes: &[u8], sinks: usize) -> u64 {
             })
         })
         .collect();
-    let mut producers: Vec<_> = lanes.iter().map(|l| l.producer().expect("producer")).collect();
+    // The stream's one fan-out: each batch written once, read in place by every lane.
+    let mut fanout = stream.fanout().expect("fan-out");
     let builder = TransactionBuilder::new().with_max_batch_changes(Some(10_000));
     for batch in Wal2JsonReader::new(bytes).with_builder(builder) {
-        let item = LaneItem::Batch(batch.expect("the capture parses"));
-        for p in &mut producers {
-            p.publish(item.clone()).expect("publish");
-        }
+        fanout.publish(LaneItem::Batch(batch.expect("the capture parses"))).expect("publish");
     }
-    producers.iter().for_each(|p| p.close());
+    fanout.close();
     threads.into_iter().map(|t| t.join().expect("sink thread")).sum()
 }
 

@@ -165,10 +165,6 @@ struct Args {
     /// long as parsing the bundled capture). Files only; the input must fit in memory.
     #[arg(long, conflicts_with = "source")]
     preload: bool,
-    /// One ring per lane, each batch cloned into every lane, instead of the default shared ring
-    /// (each batch written once, read in place by every lane; `StreamBuilder::shared_ring`).
-    #[arg(long)]
-    separate_rings: bool,
     /// Slots per lane, in batches.
     #[arg(long, default_value_t = 1024)]
     capacity: usize,
@@ -580,7 +576,7 @@ struct Ingest {
     bad_shown: u32,
     /// Envelopes of the chunks published of the transaction being published.
     chunk_envelopes: u32,
-    /// One publisher for every lane (over the shared ring, unless --separate-rings).
+    /// The stream's one publisher: each batch written once, read in place by every lane.
     fanout: Fanout,
     names: Vec<SinkName>,
     requests: lanestream::Consumer<Request>,
@@ -1191,7 +1187,6 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         .capacity(args.capacity)
         .request_capacity(usize::from(args.sinks).max(1) * 2)
         .sinks(names.iter().cloned())
-        .shared_ring(!args.separate_rings)
         .build()?;
     let lanes: Vec<Lane> = names.iter().map(|n| stream.lane(n)).collect::<Result<_, _>>()?;
     let live = args.source.is_some();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use lanestream::{
     Batch, Consumer, Delivery, Envelope, IndexName, Item, LaneItem, MemoryStream, Op, Position, Request, Run,
-    SinkName,
+    SinkName, Stream,
 };
 
 /// A positioned batch with no envelopes.
@@ -72,12 +72,12 @@ pub fn run_positions(run: &Run<LaneItem>) -> Vec<u64> {
     run.iter().map(|item| item.position().expect("a positioned item").0).collect()
 }
 
-/// Publishes `batch(p)` for each `p` of `range` into `sink`'s lane with `try_publish`, so a lane
-/// without room fails the test rather than waiting.
-pub fn publish_range(stream: &MemoryStream, sink: &str, range: std::ops::RangeInclusive<u64>) {
-    let mut producer = stream.lane(sink).unwrap().producer().unwrap();
+/// Publishes `batch(p)` for each `p` of `range` to every lane of `stream`, through a fan-out of
+/// its own, with `try_publish`, so a lane without room fails the test rather than waiting.
+pub fn publish_range(stream: &MemoryStream, range: std::ops::RangeInclusive<u64>) {
+    let mut fanout = stream.fanout().unwrap();
     for p in range {
-        producer.try_publish(batch(p)).unwrap();
+        fanout.try_publish(batch(p)).unwrap();
     }
 }
 

@@ -1,20 +1,25 @@
-//! The reference model of a [`MemoryStream`]'s sink lanes, and the harness that applies one
-//! operation to the real stream and to the model and compares them.
+//! The reference model of a [`MemoryStream`]'s sink lanes and its one fan-out, and the harness
+//! that applies one operation to the real stream and to the model and compares them.
 //!
 //! Shared, by path, by `tests/proptest_model.rs`, `tests/fuzz_corpus_replay.rs` and the cargo-fuzz
 //! target `fuzz/fuzz_targets/lane_ops.rs`, so the property test, the fuzzer and the corpus replay
 //! run exactly the same logic.
 //!
-//! The model is deliberately naive: per lane one `VecDeque` of the items not yet reclaimed, each
+//! The model is deliberately naive: per lane one `VecDeque` of the items not yet freed, each
 //! with a plain state (queued, delivered, released, acked), its attempt count and how many live
 //! handles read it. It follows the crate's contract (`lanestream::contract`):
 //! - L2/L6: a receive takes the lowest released item first, else the next queued one.
-//! - L3/L4: publish refuses a closed lane, the reserved position, a regressed position, a full
-//!   lane (checked in that order) and hands the item back.
+//! - L3/L4: a publish goes to every lane or to none; it refuses the reserved position, a regressed
+//!   position, a stream with a closed lane, a full lane (checked in that order: the engine's) and
+//!   hands the item back.
+//! - L9: one fan-out at a time (`ProducerBusy` naming the first lane); a new one continues after
+//!   the last position published; a stream's lane has no producer of its own.
 //! - L5: the acked position is the last positioned item of the contiguous acked prefix.
 //! - L8: a re-attach releases every delivered item; the old consumer's handles go stale: their
 //!   ack is refused with `Detached`, their nack or drop does nothing but end the handle.
-//! - L10: a closed lane still delivers what is queued or released, then `Closed`.
+//! - L10: a close of any lane stops the fan-out (every publish is refused with `Closed`); a
+//!   closed lane still delivers what is queued or released, then `Closed`; the other lanes' own
+//!   consumers drain and wait, not closed.
 //! - W1/W3/W5: watermark = min of the lanes' acked positions; never decreases; idle = nothing
 //!   queued, released or unacked.
 //!
@@ -28,8 +33,8 @@ use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use lanestream::{
-    AckError, Batch, Consumer, Delivery, IndexName, Lane, LaneItem, LaneStats, MemoryStream, Position,
-    Producer, PublishError, PublishTimeoutError, RecvTimeoutError, Stream, StreamError, TryPublishError,
+    AckError, Batch, Consumer, Delivery, Fanout, IndexName, Lane, LaneItem, LaneStats, MemoryStream,
+    Position, PublishError, PublishTimeoutError, RecvTimeoutError, Stream, StreamError, TryPublishError,
     TryRecvError,
 };
 
@@ -74,12 +79,14 @@ pub struct LaneIx(pub u8);
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldIx(pub u8);
 
-/// One operation, applied to the real stream and to the model.
+/// One operation, applied to the real stream and to the model. (The lane of a publish, a close
+/// of the fan-out, a drop and a claim of it is left over from per-lane producers: a publish goes
+/// to every lane, and the fan-out is the stream's; the bytes of the fuzz corpus still decode.)
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// `Producer::try_publish`.
+    /// `Fanout::try_publish` (to every lane; the lane is not used).
     TryPublish(LaneIx, ItemSpec),
-    /// `Producer::publish` when the model says it would not wait, else `publish_timeout(0)`.
+    /// `Fanout::publish` when the model says it would not wait, else `publish_timeout(0)`.
     Publish(LaneIx, ItemSpec),
     /// `Consumer::try_recv` on the lane's current consumer.
     TryRecv(LaneIx),
@@ -97,11 +104,12 @@ pub enum Op {
     SplitAck(HeldIx),
     /// Ask the lane for its consumer again (re-attach, L8).
     Reattach(LaneIx),
-    /// `Producer::close`.
+    /// `Lane::close` of the lane (L10: it stops the fan-out).
     Close(LaneIx),
-    /// Drop the lane's producer (if live).
+    /// Drop the fan-out (if live).
     DropProducer(LaneIx),
-    /// `Lane::producer()`: `ProducerBusy` while one is live, else a fresh producer (L9).
+    /// `MemoryStream::fanout()`: `ProducerBusy` while one is live, else a fresh fan-out (L9); and
+    /// the lane's own `Lane::producer()`, always `ProducerBusy`.
     ClaimProducer(LaneIx),
     /// Read watermark, is_idle and every lane's stats (also done after every operation).
     Check,
@@ -165,7 +173,6 @@ pub struct ModelLane {
     acked_mark: Option<u64>,
     last_published: Option<u64>,
     closed: bool,
-    producer_live: bool,
     delivered: u64,
     redelivered: u64,
 }
@@ -180,12 +187,16 @@ struct MHeld {
 }
 
 /// The reference model: one [`ModelLane`] per sink, the held handles in the same order as the
-/// harness holds the real deliveries.
+/// harness holds the real deliveries, and the fan-out's state.
 #[derive(Clone, Debug)]
 pub struct Model {
     lanes: Vec<ModelLane>,
     held: Vec<MHeld>,
     next_serial: u64,
+    /// Whether a fan-out of the stream is live.
+    producer_live: bool,
+    /// The last position published (L4), the same for every lane.
+    last_published: Option<u64>,
 }
 
 /// The observable result of one operation; both sides must give the same.
@@ -238,7 +249,6 @@ impl ModelLane {
             acked_mark: None,
             last_published: None,
             closed: false,
-            producer_live: true,
             delivered: 0,
             redelivered: 0,
         }
@@ -279,21 +289,12 @@ impl ModelLane {
         }
     }
 
-    fn publish(&mut self, serial: u64, position: Option<u64>) -> Outcome {
-        if self.closed {
-            return Outcome::Closed(serial);
-        }
-        if position == Some(u64::MAX) {
-            return Outcome::InvalidPosition(serial);
-        }
-        if let (Some(p), Some(last)) = (position, self.last_published) {
-            if p <= last {
-                return Outcome::Regressed { serial, position: p, last };
-            }
-        }
-        if self.tail - self.free >= self.capacity {
-            return Outcome::Full(serial);
-        }
+    fn is_full(&self) -> bool {
+        self.tail - self.free >= self.capacity
+    }
+
+    /// Appends an item the fan-out published (to every lane).
+    fn push(&mut self, serial: u64, position: Option<u64>) {
         self.items.push_back(MItem {
             seq: self.tail,
             serial,
@@ -307,20 +308,11 @@ impl ModelLane {
         if position.is_some() {
             self.last_published = position;
         }
-        Outcome::Published
     }
 
     /// Whether a receive would find nothing (so a blocking receive would wait).
     fn would_wait(&self) -> bool {
         self.released() == 0 && self.next == self.tail && !self.closed
-    }
-
-    /// Whether a publish of an item at `position` would find the lane full (and nothing else wrong).
-    fn publish_would_wait(&self, position: Option<u64>) -> bool {
-        !self.closed
-            && position != Some(u64::MAX)
-            && !matches!((position, self.last_published), (Some(p), Some(l)) if p <= l)
-            && self.tail - self.free >= self.capacity
     }
 
     /// One receive step: (outcome, the new held handle if any).
@@ -425,7 +417,48 @@ impl Model {
             lanes: (0..lanes).map(|_| ModelLane::new(capacity)).collect(),
             held: Vec::new(),
             next_serial: 0,
+            producer_live: true,
+            last_published: None,
         }
+    }
+
+    /// A publish by the fan-out, to every lane or none (L3, L4, L10), checked in the engine's
+    /// order: the position, then a closed lane, then a full one.
+    fn publish(&mut self, serial: u64, position: Option<u64>) -> Outcome {
+        if position == Some(u64::MAX) {
+            return Outcome::InvalidPosition(serial);
+        }
+        if let (Some(p), Some(last)) = (position, self.last_published) {
+            if p <= last {
+                return Outcome::Regressed { serial, position: p, last };
+            }
+        }
+        if self.lanes.iter().any(|l| l.closed) {
+            return Outcome::Closed(serial);
+        }
+        if self.lanes.iter().any(ModelLane::is_full) {
+            return Outcome::Full(serial);
+        }
+        for lane in &mut self.lanes {
+            lane.push(serial, position);
+        }
+        if position.is_some() {
+            self.last_published = position;
+        }
+        Outcome::Published
+    }
+
+    /// Whether a publish of an item at `position` would find a lane full (and nothing else wrong).
+    fn publish_would_wait(&self, position: Option<u64>) -> bool {
+        position != Some(u64::MAX)
+            && !matches!((position, self.last_published), (Some(p), Some(l)) if p <= l)
+            && !self.lanes.iter().any(|l| l.closed)
+            && self.lanes.iter().any(ModelLane::is_full)
+    }
+
+    /// Whether a lane was closed: the fan-out is stopped (L10).
+    fn any_closed(&self) -> bool {
+        self.lanes.iter().any(|l| l.closed)
     }
 
     /// W1: the minimum acked position over the lanes; `None` until every lane has one.
@@ -448,7 +481,6 @@ impl Model {
 
 struct RealLane {
     lane: Lane,
-    producer: Option<Producer<LaneItem>>,
     consumer: Consumer<LaneItem>,
     detached: VecDeque<Consumer<LaneItem>>,
 }
@@ -456,29 +488,26 @@ struct RealLane {
 /// The real stream and the ends the harness holds.
 pub struct Real {
     stream: MemoryStream,
+    fanout: Option<Fanout>,
     lanes: Vec<RealLane>,
     held: Vec<Delivery<LaneItem>>,
 }
 
 impl Real {
-    /// A stream of `lanes` lanes named `s0`, `s1`, ... of `capacity` slots, each with a producer
-    /// and a consumer.
+    /// A stream of `lanes` lanes named `s0`, `s1`, ... of `capacity` slots, with its fan-out and
+    /// a consumer for each lane.
     pub fn new(lanes: usize, capacity: usize) -> Real {
         let stream = MemoryStream::builder()
             .capacity(capacity)
             .sinks((0..lanes).map(|i| format!("s{i}")))
             .build()
             .expect("valid stream");
+        let fanout = Some(stream.fanout().expect("a fresh stream has no fan-out"));
         let lanes = stream
             .lanes()
-            .map(|lane| RealLane {
-                producer: Some(lane.producer().expect("fresh lane has no producer")),
-                consumer: lane.reattach(),
-                detached: VecDeque::new(),
-                lane,
-            })
+            .map(|lane| RealLane { consumer: lane.reattach(), detached: VecDeque::new(), lane })
             .collect();
-        Real { stream, lanes, held: Vec::new() }
+        Real { stream, fanout, lanes, held: Vec::new() }
     }
 }
 
@@ -493,7 +522,7 @@ pub fn serial_of(item: &LaneItem) -> u64 {
     }
 }
 
-fn make_item(spec: ItemSpec, lane: &ModelLane, serial: u64) -> LaneItem {
+fn make_item(spec: ItemSpec, last_published: Option<u64>, serial: u64) -> LaneItem {
     let batch = |position: Option<u64>| {
         LaneItem::Batch(Batch {
             position: position.map(Position),
@@ -505,7 +534,7 @@ fn make_item(spec: ItemSpec, lane: &ModelLane, serial: u64) -> LaneItem {
     match spec {
         ItemSpec::At(p) => batch(Some(p.get())),
         ItemSpec::Ahead(k) => {
-            batch(Some(lane.last_published.map_or(0, |l| l.saturating_add(1 + u64::from(k % 4)))))
+            batch(Some(last_published.map_or(0, |l| l.saturating_add(1 + u64::from(k % 4)))))
         }
         ItemSpec::Snapshot => batch(None),
         ItemSpec::SnapshotComplete => LaneItem::SnapshotComplete {
@@ -620,24 +649,22 @@ impl Harness {
 
     fn apply_both(&mut self, op: Op) -> (Outcome, Outcome) {
         match op {
-            Op::TryPublish(l, spec) | Op::Publish(l, spec) => {
-                let l = self.lane_of(l);
+            Op::TryPublish(_, spec) | Op::Publish(_, spec) => {
                 let (real, model) = (&mut self.real, &mut self.model);
-                let Some(producer) = real.lanes[l].producer.as_mut() else {
+                let Some(producer) = real.fanout.as_mut() else {
                     return (Outcome::Skipped, Outcome::Skipped);
                 };
                 let serial = model.next_serial;
                 model.next_serial += 1;
-                let lane = &mut model.lanes[l];
-                let item = make_item(spec, lane, serial);
+                let item = make_item(spec, model.last_published, serial);
                 let position = item.position().map(|p| p.0);
-                let waits = lane.publish_would_wait(position);
+                let waits = model.publish_would_wait(position);
                 let r = match op {
                     Op::TryPublish(..) => Published::Try(producer.try_publish(item)),
                     _ if waits => Published::Timed(producer.publish_timeout(item, Duration::ZERO)),
                     _ => Published::Wait(producer.publish(item)),
                 };
-                let m = match lane.publish(serial, position) {
+                let m = match model.publish(serial, position) {
                     Outcome::Full(s) if !matches!(op, Op::TryPublish(..)) => Outcome::Timeout(s),
                     m => m,
                 };
@@ -743,49 +770,52 @@ impl Harness {
             Op::Close(l) => {
                 let l = self.lane_of(l);
                 let (real, model) = (&mut self.real, &mut self.model);
-                let Some(producer) = real.lanes[l].producer.as_ref() else {
-                    return (Outcome::Skipped, Outcome::Skipped);
-                };
-                producer.close();
-                assert!(producer.is_closed());
+                real.lanes[l].lane.close();
+                assert!(real.lanes[l].lane.stats().closed);
+                if let Some(fanout) = &real.fanout {
+                    assert!(fanout.is_closed(), "a lane's close stops the fan-out (L10)");
+                }
                 model.lanes[l].closed = true;
                 (Outcome::Done, Outcome::Done)
             }
-            Op::DropProducer(l) => {
-                let l = self.lane_of(l);
+            Op::DropProducer(_) => {
                 let (real, model) = (&mut self.real, &mut self.model);
-                let real_out = match real.lanes[l].producer.take() {
+                let real_out = match real.fanout.take() {
                     Some(p) => {
                         drop(p);
                         Outcome::Done
                     }
                     None => Outcome::Skipped,
                 };
-                let lane = &mut model.lanes[l];
-                let model_out = if lane.producer_live { Outcome::Done } else { Outcome::Skipped };
-                lane.producer_live = false;
+                let model_out = if model.producer_live { Outcome::Done } else { Outcome::Skipped };
+                model.producer_live = false;
                 (real_out, model_out)
             }
             Op::ClaimProducer(l) => {
                 let l = self.lane_of(l);
                 let (real, model) = (&mut self.real, &mut self.model);
-                let lane = &mut real.lanes[l];
-                let real_out = match lane.lane.producer() {
+                let lane = &real.lanes[l];
+                match lane.lane.producer() {
+                    Err(StreamError::ProducerBusy(name)) => assert_eq!(&name, lane.lane.name()),
+                    other => {
+                        panic!("a stream's lane handed out a producer of its own: {:?}", other.map(|_| ()))
+                    }
+                }
+                let real_out = match real.stream.fanout() {
                     Ok(p) => {
-                        assert!(lane.producer.is_none(), "a second live producer was handed out (L9)");
-                        assert_eq!(p.is_closed(), model.lanes[l].closed);
-                        lane.producer = Some(p);
+                        assert!(real.fanout.is_none(), "a second live fan-out was handed out (L9)");
+                        assert_eq!(p.is_closed(), model.any_closed());
+                        real.fanout = Some(p);
                         Outcome::Claimed
                     }
                     Err(StreamError::ProducerBusy(name)) => {
-                        assert_eq!(&name, lane.lane.name());
+                        assert_eq!(name.as_str(), "s0", "the busy claim names the first lane");
                         Outcome::ProducerBusy
                     }
                     Err(e) => panic!("unexpected {e:?}"),
                 };
-                let lane = &mut model.lanes[l];
-                let model_out = if lane.producer_live { Outcome::ProducerBusy } else { Outcome::Claimed };
-                lane.producer_live = true;
+                let model_out = if model.producer_live { Outcome::ProducerBusy } else { Outcome::Claimed };
+                model.producer_live = true;
                 (real_out, model_out)
             }
             Op::Check => (Outcome::Done, Outcome::Done),
@@ -832,9 +862,9 @@ impl Harness {
                 "lane {i} is_empty (L11); trace: {trace:?}"
             );
             assert!(!real.consumer.is_detached(), "current consumer detached; trace: {trace:?}");
-            if let Some(p) = &real.producer {
-                assert_eq!(p.is_closed(), model.closed);
-            }
+        }
+        if let Some(p) = &self.real.fanout {
+            assert_eq!(p.is_closed(), self.model.any_closed(), "fan-out closed; trace: {trace:?}");
         }
     }
 

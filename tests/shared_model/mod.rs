@@ -1,5 +1,5 @@
-//! The reference model of the shared ring ([`StreamBuilder::shared_ring`], its `Fanout`), and
-//! the harness that applies random operations to a stream and to the model and compares them
+//! The reference model of a stream's one array of cells as its lanes and its one `Fanout` see it,
+//! and the harness that applies random operations to a stream and to the model and compares them
 //! after every step ([`shared_ops`]).
 //!
 //! Shared, by path, by `tests/shared_ring.rs` (its proptest, and the canaries of its other
@@ -13,7 +13,6 @@
 //! last copy does: the count is the item's drop count ([M3]), and a handle that reads an item
 //! whose count is not 0 read it after it was dropped.
 //!
-//! [`StreamBuilder::shared_ring`]: lanestream::StreamBuilder::shared_ring
 //! [M3]: lanestream::contract#m3
 #![allow(dead_code)]
 
@@ -126,9 +125,9 @@ pub fn read_alive(tracker: &Tracker, item: &LaneItem) -> u64 {
     p
 }
 
-/// A stream of `capacity` cells shared by the lanes of `sinks` (`shared_ring(true)`).
+/// A stream of `capacity` cells read by the lanes of `sinks`.
 pub fn shared(capacity: usize, sinks: &[&str]) -> MemoryStream {
-    MemoryStream::builder().capacity(capacity).sinks(sinks.iter().copied()).shared_ring(true).build().unwrap()
+    MemoryStream::builder().capacity(capacity).sinks(sinks.iter().copied()).build().unwrap()
 }
 
 // ----- the model ------------------------------------------------------------------------------------
@@ -244,7 +243,9 @@ pub enum SOp {
     Reattach(u8),
     DropAndAttach(u8),
     CloseLane(u8),
-    Reclaim,
+    /// Reads `MemoryStream::memory` (checked after every step too): the items published and
+    /// not dropped yet.
+    Memory,
     NewFanout,
 }
 
@@ -274,13 +275,14 @@ fn freed(m: &MLane, lane: usize, runs: &[HeldRun], singles: &[HeldOne]) -> usize
 /// Random sequences of fan-out publishes (runs, single items, and single items for one lane with
 /// `try_publish_to`, a gap for the other lanes), runs and single receives,
 /// cumulative and whole-run acks (seat-held or not), nacks, drops, re-attaches, drops followed
-/// by an attach, closes of one lane, reclaims and fan-out replacements, over 1 to 3 lanes sharing
-/// a ring of 1, 2, 3 or 5 cells; after every step the stream is compared with a naive model:
-/// what is delivered (item, attempt, run length), which acks land, the room (the slowest lane's,
-/// stale handles included), the watermark and each lane's acked position and counters, idleness,
-/// and the exact drop count of every item (an item is dropped when the fan-out reuses its cell or
-/// reclaims it, and never while a handle reads it: every held handle reads its item after every
-/// step). A gap is passed (acked, not delivered) by its lane's next receive step that reaches it,
+/// by an attach, closes of one lane, memory reads and fan-out replacements, over 1 to 3 lanes
+/// reading an array of 1, 2, 3 or 5 cells; after every step the stream is compared with a naive
+/// model: what is delivered (item, attempt, run length), which acks land, the room (the slowest
+/// lane's, stale handles included), the watermark and each lane's acked position and counters,
+/// idleness, the items held (`memory()`), and the exact drop count of every item (an item is
+/// dropped by the fan-out's first publish that is not refused as closed after every lane freed
+/// it, or by the fan-out's drop, and never while a handle reads it: every held handle reads its
+/// item after every step). A gap is passed (acked, not delivered) by its lane's next receive step that reaches it,
 /// ends a run, keeps the lane from idle and its consumer from empty until then. In the end every
 /// item was acked exactly once on every lane it was for, every lane's acked position is the last
 /// position (gaps included), and every item was dropped exactly once.
@@ -312,6 +314,11 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                     (0..k as u64).map(|d| t.item_at(next_id + d, last_pos + 1 + d)).collect();
                 let first_id = next_id;
                 next_id += k as u64;
+                if !model.iter().any(|m| m.closed) {
+                    // M3: the publish first drops every item every lane freed.
+                    let end = (0..lanes_n).map(|l| freed(&model[l], l, &runs, &singles)).min().unwrap();
+                    reclaimed = reclaimed.max(end);
+                }
                 let room = (0..lanes_n)
                     .map(|l| cap - (model[l].items.len() - freed(&model[l], l, &runs, &singles)))
                     .min()
@@ -351,11 +358,7 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                     assert_eq!(t.drops(first_id + j), want, "publish {op:?}: item {j} of the call");
                 }
                 for j in 0..n as u64 {
-                    let seq = ids.len();
                     ids.push(first_id + j);
-                    if seq >= cap && seq - cap >= reclaimed {
-                        reclaimed = seq - cap + 1;
-                    }
                     for (l, m) in model.iter_mut().enumerate() {
                         let state = if to.is_some_and(|to| to != l) { MState::Gap } else { MState::Queued };
                         m.items.push(MItem { position: last_pos + 1 + j, state, attempts: 0 });
@@ -486,22 +489,23 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                 lanes[l].close();
                 model[l].closed = true;
             }
-            SOp::Reclaim | SOp::NewFanout => {
-                if let SOp::Reclaim = op {
-                    fanout.as_mut().unwrap().reclaim();
-                } else {
-                    drop(fanout.take());
-                    fanout = Some(s.fanout().expect("the fan-out gave every lane back"));
-                }
+            SOp::Memory => {}
+            SOp::NewFanout => {
+                drop(fanout.take());
+                fanout = Some(s.fanout().expect("the fan-out gave the stream back"));
+                // M3: the dropped fan-out dropped every item every lane freed.
                 let end = (0..lanes_n).map(|l| freed(&model[l], l, &runs, &singles)).min().unwrap();
                 reclaimed = reclaimed.max(end);
             }
             _ => {}
         }
-        // Drops: exactly the items below `reclaimed`, once.
+        // Drops: exactly the items below `reclaimed`, once; the rest held.
         for (seq, &id) in ids.iter().enumerate() {
             assert_eq!(t.drops(id), usize::from(seq < reclaimed), "item {seq} (canary {id}) after {op:?}");
         }
+        let memory = s.memory();
+        assert_eq!(memory.held_items as usize, ids.len() - reclaimed, "items held after {op:?}");
+        assert_eq!((memory.held_bytes, memory.budget), (0, None), "no budget");
         // Every held handle, stale or not, still reads its own item.
         for held in &runs {
             let got: Vec<u64> = held.run.iter().map(|it| read_alive(&t, it)).collect();
@@ -559,7 +563,7 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
         assert_eq!(s.watermark(), Some(Position(last_pos)));
     }
     drop(fanout);
-    // The fan-out's drop reclaimed every cell: every lane acked every item.
+    // The fan-out's drop dropped every item: every lane acked every item.
     assert_eq!(t.not_dropped(1..=next_id - 1, 1), vec![], "after the fan-out's drop");
     drop((consumers, lanes, s));
 }
