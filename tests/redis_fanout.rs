@@ -1,5 +1,5 @@
-//! The Redis backend's fan-out stream (`RedisStreamBuilder::fanout`): one publisher writes each
-//! item once into the log, every lane reads every entry. The rules it shares with the in-memory
+//! The Redis backend's fan-out (`Stream::fanout`, the only publisher of a Redis stream): it writes
+//! each item once into the log, every lane reads every entry. The rules it shares with the in-memory
 //! fan-out over a shared ring (`tests/fanout.rs`): every lane gets every item, in order, once
 //! (L2); the slowest lane bounds the publisher (L3); positions rise on every lane (L4);
 //! `publish_to` reaches one lane, the others pass a gap (W5); a closed lane refuses the fan-out
@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::batch;
 use lanestream::{
     AckError, BackendError, BuildError, LaneConsumer, LaneItem, Position, PublishError, RedisDelivery,
-    RedisStream, Stream, StreamError, TryPublishError, TryRecvError,
+    RedisStream, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
 use redis_support::fanout::{firsts, open, setup, SINKS};
 use redis_support::{drain_ack, log_ids, pos};
@@ -44,27 +44,55 @@ fn redis_fanout_l2_every_lane_gets_every_item_once_in_order_and_the_log_holds_ea
     assert!(stream.is_idle());
 }
 
+/// L1: the layout is stored with the stream. A stream stored in the retired
+/// per-lane-producer layout (recorded as `lanes`, or made before the layout was recorded) is
+/// refused at build with `RetiredLayout`, which says what to do, and is left untouched; deleted,
+/// it is built again in the one layout.
 #[test]
-fn redis_fanout_l1_l9_a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
+fn redis_fanout_l1_a_stream_in_the_retired_layout_is_refused_at_build_and_can_be_deleted() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url, "lsf");
+    let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 8);
-    match stream.producer("cache") {
-        Err(StreamError::SharedRing(sink)) => assert_eq!(sink.as_str(), "cache"),
-        other => panic!("a lane producer of a fan-out stream: {other:?}"),
-    }
     let other = RedisStream::builder(&url, &name).sinks(SINKS).build();
     assert!(matches!(other, Err(BuildError::Mismatch(_))), "{other:?}");
-    let (plain, _c2, mut admin) = setup(&url, "lsf");
-    let plain_stream = RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
-    assert!(matches!(plain_stream.fanout(), Err(StreamError::NotFanout)));
-    let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
-    assert!(matches!(fanout_build, Err(BuildError::Mismatch(_))), "{fanout_build:?}");
-    // A stream made before the mode was recorded was published to per lane: not a fan-out's.
-    let _: i64 = redis::cmd("HDEL").arg(format!("{{{plain}}}:meta")).arg("mode").query(&mut admin).unwrap();
-    let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
-    assert!(matches!(fanout_build, Err(BuildError::Mismatch(_))), "{fanout_build:?}");
-    RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
+    let meta = format!("{{{name}}}:meta");
+    let layout = |admin: &mut redis::Connection| -> Option<String> {
+        redis::cmd("HGET").arg(&meta).arg("mode").query(admin).unwrap()
+    };
+    assert_eq!(layout(&mut admin).as_deref(), Some("fanout"));
+    let mut fanout = stream.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    drop(fanout);
+    for retired in [Some("lanes"), None] {
+        match retired {
+            Some(mode) => {
+                let _: i64 = redis::cmd("HSET").arg(&meta).arg("mode").arg(mode).query(&mut admin).unwrap();
+            }
+            None => {
+                let _: i64 = redis::cmd("HDEL").arg(&meta).arg("mode").query(&mut admin).unwrap();
+            }
+        }
+        let keys_before = redis_support::keys_of(&mut admin, &name).unwrap().len();
+        match open_retired(&url, &name) {
+            Err(BuildError::RetiredLayout(stored)) => assert_eq!(stored, name),
+            other => panic!("a stream in the retired layout ({retired:?}): {other:?}"),
+        }
+        let message = open_retired(&url, &name).unwrap_err().to_string();
+        assert!(message.contains("retired") && message.contains("delete"), "{message}");
+        assert_eq!(layout(&mut admin).as_deref(), Some("lanes"), "recorded as the retired layout, nothing else");
+        assert_eq!(redis_support::keys_of(&mut admin, &name).unwrap().len(), keys_before, "no key made");
+    }
+    RedisStream::builder(&url, &name).delete().unwrap();
+    assert!(redis_support::keys_of(&mut admin, &name).unwrap().is_empty());
+    let again = open(&url, &name, 8);
+    assert_eq!(layout(&mut admin).as_deref(), Some("fanout"));
+    let mut fanout = again.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    assert_eq!(drain_ack(&mut again.attach("cache").unwrap()), firsts(1..=1));
+}
+
+fn open_retired(url: &str, name: &str) -> Result<RedisStream, BuildError> {
+    RedisStream::builder(url, name).capacity(8).sinks(SINKS).build()
 }
 
 /// L3: the slowest lane bounds the fan-out; an ack of that lane makes room, also for a publish

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use common::batch;
 use lanestream::{
     BackendError, LaneConsumer, MemoryStream, Position, PublishError, PublishTimeoutError, RedisFanout,
-    RedisStream, Stream, StreamError, TryPublishError, TryRecvError,
+    RedisStream, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
 use redis_support::fanout::{firsts, open, open_sinks, setup, SINKS};
 use redis_support::{drain_ack, kill_connections, log_ids, pos};

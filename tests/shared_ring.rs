@@ -44,7 +44,7 @@ fn shared_l9_lane_and_port_producers_are_refused_the_fanout_is_not() {
                 Err(StreamError::SharedRing(name)) => assert_eq!(name.as_str(), sink),
                 other => panic!("lane {sink}: {:?}", other.map(|_| ())),
             }
-            match Stream::producer(s, sink) {
+            match s.producer(sink) {
                 Err(StreamError::SharedRing(name)) => assert_eq!(name.as_str(), sink),
                 other => panic!("port {sink}: {:?}", other.map(|_| ())),
             }
@@ -67,7 +67,7 @@ fn shared_l9_lane_and_port_producers_are_refused_the_fanout_is_not() {
     }
     assert_eq!(s.watermark(), Some(Position(2)));
     // Unknown lanes are still unknown.
-    assert!(matches!(Stream::producer(&s, "zz"), Err(StreamError::UnknownLane(_))));
+    assert!(matches!(s.producer("zz"), Err(StreamError::UnknownLane(_))));
     // Without a shared ring, lane producers work (and block the fan-out).
     let own = common::stream(4, &["a"]);
     let _p = own.lane("a").unwrap().producer().unwrap();

@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::Arc as StdArc;
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::port::{LaneConsumer, LaneDelivery, LaneProducer, Stream};
+use super::port::{LaneConsumer, LaneDelivery, LaneProducer, Stream, StreamFanout};
 use super::requests::{RequestLane, RequestSender};
 use super::watermark::Marks;
 use crate::error::{
@@ -208,8 +208,26 @@ impl MemoryStream {
     }
 }
 
+impl MemoryStream {
+    /// The producer of `sink`'s lane (the lane's own, outside the port: the port publishes
+    /// through [`fanout`](MemoryStream::fanout)).
+    ///
+    /// # Errors
+    /// [`StreamError::UnknownLane`]; [`StreamError::ProducerBusy`] while another producer of the
+    /// lane (or a fan-out) is alive; [`StreamError::SharedRing`] on a shared ring.
+    pub fn producer(&self, sink: &str) -> Result<Producer<LaneItem>, StreamError> {
+        self.lane_ref(sink)?.producer()
+    }
+
+    /// Whether the watermark can no longer move: every lane closed with nothing left unacked
+    /// (or no lane at all).
+    fn watermark_final(&self) -> bool {
+        self.inner.lanes.iter().all(|lane| lane.stats().closed && lane.is_idle())
+    }
+}
+
 impl Stream for MemoryStream {
-    type Producer = Producer<LaneItem>;
+    type Fanout = Fanout;
     type Consumer = Consumer<LaneItem>;
     type RequestSender = RequestSender;
     type RequestConsumer = Consumer<Request>;
@@ -218,8 +236,8 @@ impl Stream for MemoryStream {
         &self.inner.sinks
     }
 
-    fn producer(&self, sink: &str) -> Result<Producer<LaneItem>, StreamError> {
-        self.lane_ref(sink)?.producer()
+    fn fanout(&self) -> Result<Fanout, StreamError> {
+        MemoryStream::fanout(self)
     }
 
     fn attach(&self, sink: &str) -> Result<Consumer<LaneItem>, StreamError> {
@@ -267,8 +285,89 @@ impl Stream for MemoryStream {
         self.marks.watermark()
     }
 
+    /// A simple loop for now (it reads the watermark every millisecond).
+    fn wait_watermark(&self, at_least: Position, deadline: Option<Instant>) -> Option<Position> {
+        loop {
+            let w = self.watermark();
+            if w >= Some(at_least) || self.watermark_final() || deadline.is_some_and(|d| Instant::now() >= d) {
+                return w;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// For now the blocking wait on a thread of its own, which wakes the task when it returns.
+    fn wait_watermark_async(&self, at_least: Position) -> impl Future<Output = Option<Position>> + Send + '_ {
+        let mut done: Option<std::sync::mpsc::Receiver<Option<Position>>> = None;
+        std::future::poll_fn(move |cx| {
+            let w = self.watermark();
+            if w >= Some(at_least) || self.watermark_final() {
+                return std::task::Poll::Ready(w);
+            }
+            if let Some(rx) = &done {
+                if let Ok(w) = rx.try_recv() {
+                    return std::task::Poll::Ready(w);
+                }
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (stream, waker) = (self.clone(), cx.waker().clone());
+            std::thread::spawn(move || {
+                let _ = tx.send(stream.wait_watermark(at_least, None));
+                waker.wake();
+            });
+            done = Some(rx);
+            std::task::Poll::Pending
+        })
+    }
+
     fn is_idle(&self) -> bool {
         self.inner.lanes.iter().all(Lane::is_idle) && self.inner.requests.is_idle()
+    }
+}
+
+impl StreamFanout for Fanout {
+    fn lanes(&self) -> usize {
+        Fanout::lanes(self)
+    }
+
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        Fanout::try_publish(self, item)
+    }
+
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        Fanout::publish(self, item)
+    }
+
+    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>> {
+        Fanout::publish_deadline(self, item, deadline)
+    }
+
+    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishTimeoutError<LaneItem>> {
+        Fanout::publish_timeout(self, item, timeout)
+    }
+
+    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
+        Fanout::publish_async(self, item)
+    }
+
+    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+        Fanout::try_publish_run(self, items)
+    }
+
+    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+        Fanout::publish_run(self, items)
+    }
+
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        Fanout::publish_to(self, lane, item)
+    }
+
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        Fanout::try_publish_to(self, lane, item)
+    }
+
+    fn close(&self) {
+        Fanout::close(self)
     }
 }
 

@@ -15,7 +15,7 @@ mod requests;
 pub(crate) mod watermark;
 
 pub use self::memory::{MemoryStream, StreamBuilder};
-pub use self::port::{LaneConsumer, LaneDelivery, LaneProducer, RequestPublisher, Stream};
+pub use self::port::{LaneConsumer, LaneDelivery, LaneProducer, RequestPublisher, Stream, StreamFanout};
 pub use self::requests::{RequestLane, RequestSender};
 
 use crate::error::BuildError;

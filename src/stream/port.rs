@@ -7,7 +7,9 @@
 //! | family | blocking | never blocks | bounded wait | async |
 //! |---|---|---|---|---|
 //! | publish | `publish` | `try_publish` | `publish_timeout`, `publish_deadline` | `publish_async` |
+//! | publish a run | `publish_run` | `try_publish_run` | | |
 //! | receive | `recv` | `try_recv` | `recv_timeout`, `recv_deadline` | `recv_async` |
+//! | watermark | `wait_watermark(at_least, None)` | `watermark` | `wait_watermark(at_least, Some(deadline))` | `wait_watermark_async` |
 //!
 //! Attaching a consumer comes in two forms: [`Stream::attach`] refuses while another consumer
 //! of the lane is attached ([`StreamError::ConsumerAttached`]); [`Stream::reattach`] detaches it
@@ -27,25 +29,28 @@ use crate::position::Position;
 
 /// The stream port: lanes to the sinks, the request lane back, and the watermark.
 ///
-/// Implemented by [`MemoryStream`](crate::MemoryStream). Code written against `S: Stream` runs
-/// on any backend; see [the contract](crate::contract) for the rules every backend keeps.
+/// Implemented by [`MemoryStream`](crate::MemoryStream) and (feature `redis`)
+/// [`RedisStream`](crate::RedisStream). Code written against `S: Stream` runs on any backend;
+/// see [the contract](crate::contract) for the rules every backend keeps. Every item is
+/// published through the stream's one [`fanout`](Stream::fanout) ([L9](crate::contract#l9)),
+/// which writes it once and publishes it to every lane.
 ///
 /// ```
-/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, MemoryStream, Position, Stream};
+/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, MemoryStream, Position, Stream, StreamFanout};
 ///
 /// fn one_round<S: Stream>(stream: &S) -> Option<Position> {
-///     let mut producer = stream.producer("search").unwrap();
+///     let mut fanout = stream.fanout().unwrap();
 ///     let mut consumer = stream.attach("search").unwrap();
-///     producer.publish(LaneItem::Batch(Batch::new(Some(Position(9)), Vec::new().into()))).unwrap();
+///     fanout.publish(LaneItem::Batch(Batch::new(Some(Position(9)), Vec::new().into()))).unwrap();
 ///     consumer.try_recv().unwrap().ack().unwrap();
-///     stream.watermark()
+///     stream.wait_watermark(Position(9), None)
 /// }
 /// let stream = MemoryStream::builder().sink("search").build().unwrap();
 /// assert_eq!(one_round(&stream), Some(Position(9)));
 /// ```
 pub trait Stream: Send + Sync {
-    /// The publishing end of one sink lane.
-    type Producer: LaneProducer<LaneItem>;
+    /// The one publisher of the stream's lanes ([L9](crate::contract#l9)).
+    type Fanout: StreamFanout;
     /// The receiving end of one sink lane.
     type Consumer: LaneConsumer<LaneItem>;
     /// A publisher of requests (any number, on any threads: [R1](crate::contract#r1)).
@@ -56,12 +61,16 @@ pub trait Stream: Send + Sync {
     /// The sinks, in build order (fixed at build: [L1](crate::contract#l1)).
     fn sinks(&self) -> &[SinkName];
 
-    /// The producer of `sink`'s lane ([L9](crate::contract#l9)).
+    /// The stream's one publisher ([L9](crate::contract#l9)): writes each item once and
+    /// publishes it to every lane (or to one, [`StreamFanout::publish_to`]). At most one lives at
+    /// a time; dropping it lets the next one be taken at once, and that one publishes after what
+    /// was published.
     ///
     /// # Errors
-    /// [`StreamError::UnknownLane`]; [`StreamError::ProducerBusy`] while another producer of the
-    /// lane is alive.
-    fn producer(&self, sink: &str) -> Result<Self::Producer, StreamError>;
+    /// [`StreamError::ProducerBusy`] (naming the first lane) while another fan-out of the stream
+    /// is alive (on a broker: held by a live claim of another process too); a backend's own
+    /// failure ([`StreamError::Backend`]).
+    fn fanout(&self) -> Result<Self::Fanout, StreamError>;
 
     /// A consumer of `sink`'s lane, refusing while another consumer of it is attached.
     ///
@@ -78,8 +87,9 @@ pub trait Stream: Send + Sync {
     /// [`StreamError::UnknownLane`].
     fn reattach(&self, sink: &str) -> Result<Self::Consumer, StreamError>;
 
-    /// Closes `sink`'s lane from outside the producer (a supervisor shutting down while the
-    /// producer waits): as [`LaneProducer::close`] ([L10](crate::contract#l10)).
+    /// Closes `sink`'s lane from outside the fan-out (a supervisor shutting down while the
+    /// fan-out waits): as [`StreamFanout::close`] for one lane ([L10](crate::contract#l10)); the
+    /// fan-out refuses every publish from then on.
     ///
     /// # Errors
     /// [`StreamError::UnknownLane`].
@@ -122,12 +132,116 @@ pub trait Stream: Send + Sync {
     /// from one thread ([W3](crate::contract#w3)).
     fn watermark(&self) -> Option<Position>;
 
+    /// Waits until the watermark is at least `at_least`, `deadline` passes (`None`: no
+    /// deadline), or every lane is closed with nothing left unacked (the watermark can no longer
+    /// move); returns the watermark read last: compare it with `at_least` to tell which
+    /// ([W6](crate::contract#w6)). An ack that moves the watermark always wakes it (no lost
+    /// wake-up); it returns at once for a stream with no lanes. Never panics.
+    fn wait_watermark(&self, at_least: Position, deadline: Option<Instant>) -> Option<Position>;
+
+    /// The async form of [`wait_watermark`](Stream::wait_watermark), without a deadline (wrap it
+    /// in the executor's timeout); any executor. Dropping the future cancels the wait.
+    fn wait_watermark_async(&self, at_least: Position) -> impl Future<Output = Option<Position>> + Send + '_;
+
     /// Whether every lane and the request lane have nothing queued, released, or
     /// delivered-but-unacked ([W5](crate::contract#w5)).
     fn is_idle(&self) -> bool;
 }
 
-/// The publishing end of a lane carrying `T` (at most one per lane: [L9](crate::contract#l9)).
+/// The publishing end of a stream: every lane at once (or one lane,
+/// [`publish_to`](StreamFanout::publish_to)); at most one per stream ([L9](crate::contract#l9)).
+///
+/// An item goes to every lane or to none: a publish waits (or `try_` refuses with `Full`) until
+/// every lane has room ([L3](crate::contract#l3)), its position must rise
+/// ([L4](crate::contract#l4)), and a closed lane refuses every publish
+/// ([L10](crate::contract#l10)). Every error hands the item(s) back untouched (for runs: the index
+/// of the first item not published); nothing was enqueued. **Runs are the fast path**
+/// ([`publish_run`](StreamFanout::publish_run)); the per-item calls are their simple special case.
+pub trait StreamFanout: Send {
+    /// How many lanes it publishes to (the stream's sinks, in [`Stream::sinks`] order).
+    fn lanes(&self) -> usize;
+
+    /// Publishes `item` to every lane if every lane has room now; never waits.
+    ///
+    /// # Errors
+    /// [`TryPublishError`]: `Full` (no lane got it), `Closed` (a lane is closed),
+    /// `PositionRegressed`, `InvalidPosition`, `Backend`; the item handed back.
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
+
+    /// Publishes `item` to every lane, waiting while a lane is full ([L3](crate::contract#l3)).
+    ///
+    /// # Errors
+    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`; the item
+    /// handed back.
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
+
+    /// As [`publish`](StreamFanout::publish), waiting until `deadline` at most.
+    ///
+    /// # Errors
+    /// [`PublishTimeoutError`]: `Timeout` (the item handed back, nothing enqueued) or one of
+    /// [`PublishError`]'s causes.
+    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant)
+        -> Result<(), PublishTimeoutError<LaneItem>>;
+
+    /// As [`publish`](StreamFanout::publish), waiting `timeout` at most.
+    ///
+    /// # Errors
+    /// As [`publish_deadline`](StreamFanout::publish_deadline).
+    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishTimeoutError<LaneItem>> {
+        self.publish_deadline(item, Instant::now() + timeout)
+    }
+
+    /// As [`publish`](StreamFanout::publish), waiting asynchronously while a lane is full; any
+    /// executor.
+    ///
+    /// # Errors
+    /// As [`publish`](StreamFanout::publish).
+    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_;
+
+    /// Publishes the longest leading part of `items` that can go now (at least one item),
+    /// never waiting, and returns how many went (`Ok(0)` for an empty slice). The items are
+    /// cloned; `items` stays the caller's.
+    ///
+    /// # Errors
+    /// When not even the first item can go: [`TryPublishError`] with the count published, 0
+    /// (`Full(0)`, `Closed(0)`, `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)`,
+    /// `Backend { item: 0, .. }`). A leading part stops before an item that would be refused.
+    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>>;
+
+    /// Publishes every item of `items` to every lane, in order, waiting for room.
+    ///
+    /// # Errors
+    /// [`PublishError`] whose payload is how many items were published before the refusal (the
+    /// index of the first item not published).
+    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>>;
+
+    /// Publishes `item` to lane `lane` only (its index in [`Stream::sinks`] order), waiting for
+    /// room: a backfill's answer to one sink. The other lanes skip it (a gap).
+    ///
+    /// # Errors
+    /// As [`publish`](StreamFanout::publish).
+    ///
+    /// # Panics
+    /// If `lane >= self.lanes()`.
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
+
+    /// As [`publish_to`](StreamFanout::publish_to), never waiting.
+    ///
+    /// # Errors
+    /// As [`try_publish`](StreamFanout::try_publish).
+    ///
+    /// # Panics
+    /// If `lane >= self.lanes()`.
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
+
+    /// Closes every lane ([L10](crate::contract#l10)); idempotent. Consumers receive what is
+    /// queued, then `None`; every waiter is woken.
+    fn close(&self);
+}
+
+/// The publishing end of one in-memory lane carrying `T` (at most one per lane:
+/// [L9](crate::contract#l9)): a [`Lane`](crate::Lane)'s own producer, outside the stream port
+/// (a stream publishes through its [`StreamFanout`]).
 ///
 /// Every error hands the item back untouched; nothing was enqueued.
 pub trait LaneProducer<T>: Send {

@@ -34,9 +34,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::{
-    AckError, Batch, Envelope, Item, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position,
+    AckError, Batch, Envelope, Item, LaneConsumer, LaneDelivery, LaneItem, Position,
     PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, Request, RequestPublisher, SinkName,
-    Stream, StreamError, TryPublishError, TryRecvError,
+    Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
 
 use crate::common::{backfill, batch, complete, envelope, shared_envelopes, snapshot, tracked, within};
@@ -219,7 +219,7 @@ pub fn i1_position_is_the_batchs_and_none_for_snapshot_rows_and_snapshot_complet
     assert_eq!(Item::position(&backfill("search", "users")), None);
     // The same through a lane: a delivery reports its item's position.
     let s = stream(b, 3, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     for item in [batch(7), snapshot(), complete("users")] {
         p.publish(item).unwrap();
     }
@@ -231,8 +231,8 @@ pub fn i2_empty_batch_keeps_its_position_and_acking_it_counts<B: Backend>(b: &B)
     let empty = Batch::new(Some(Position(9)), Vec::new().into());
     assert_eq!((empty.position, empty.changes, empty.envelopes.len()), (Some(Position(9)), 0, 0));
     let s = stream(b, 2, &["search", "cache"]);
+    s.fanout().unwrap().publish(LaneItem::Batch(empty.clone())).unwrap();
     for sink in sink_names(&s) {
-        s.producer(&sink).unwrap().publish(LaneItem::Batch(empty.clone())).unwrap();
         let d = s.reattach(&sink).unwrap().try_recv().unwrap();
         assert_eq!(d.item().position(), Some(Position(9)));
         d.ack().unwrap();
@@ -251,7 +251,6 @@ pub fn l1_the_sinks_are_the_built_ones_and_any_other_name_is_an_unknown_lane<B: 
         assert_eq!(s.acked(sink).unwrap(), None);
     }
     let unknown = StreamError::UnknownLane("nope".into());
-    assert_eq!(err(s.producer("nope")), unknown);
     assert_eq!(err(s.attach("nope")), unknown);
     assert_eq!(err(s.reattach("nope")), unknown);
     assert_eq!(s.close("nope"), Err(unknown.clone()));
@@ -263,7 +262,7 @@ pub fn l1_the_sinks_are_the_built_ones_and_any_other_name_is_an_unknown_lane<B: 
 
 pub fn l2_delivery_is_in_publish_order_with_redeliveries_first<B: Backend>(b: &B) {
     let s = stream(b, 7, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     for i in 1..=6 {
         p.publish(batch(i)).unwrap();
     }
@@ -288,7 +287,7 @@ pub fn l2_wraparound_keeps_publish_order_for_capacities_1_2_3_5_7<B: Backend>(b:
     let name = b.name();
     for cap in WRAP_CAPACITIES {
         let s = stream(b, cap, &["search"]);
-        let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+        let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
         let mut next_pos = 1u64;
         let mut expected = 1u64;
         let mut deliveries = 0u64;
@@ -342,7 +341,7 @@ pub fn l2_wraparound_keeps_publish_order_for_capacities_1_2_3_5_7<B: Backend>(b:
 
 pub fn l3_try_publish_on_a_full_lane_hands_the_item_back_with_full<B: Backend>(b: &B) {
     let s = stream(b, 2, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let env = shared_envelopes(3);
     p.try_publish(batch(1)).unwrap();
     p.try_publish(batch(2)).unwrap();
@@ -363,7 +362,7 @@ pub fn l3_try_publish_on_a_full_lane_hands_the_item_back_with_full<B: Backend>(b
 pub fn l3_publish_on_a_full_lane_waits_until_an_ack_makes_room<B: Backend>(b: &B) {
     let s = stream(b, 1, &["search"]);
     let mut c = s.reattach("search").unwrap();
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     p.publish(batch(1)).unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let publisher = {
@@ -387,10 +386,9 @@ pub fn l3_publish_on_a_full_lane_waits_until_an_ack_makes_room<B: Backend>(b: &B
 
 pub fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed<B: Backend>(b: &B) {
     let s = stream(b, 2, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     p.publish(batch(1)).unwrap();
     p.close();
-    assert!(p.is_closed());
     {
         let st = s.stats("search").unwrap();
         assert!(st.closed);
@@ -409,9 +407,9 @@ pub fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed<B: Backend
             other => panic!("{}: expected Closed, got {other:?}", b.name()),
         }
     }
-    // Also for a later producer of the same lane.
+    // Also for a later fan-out of the stream.
     drop(p);
-    let mut p2 = s.producer("search").unwrap();
+    let mut p2 = s.fanout().unwrap();
     assert!(matches!(p2.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
     assert_eq!(Arc::strong_count(&env), 1);
     {
@@ -422,7 +420,7 @@ pub fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed<B: Backend
 
 pub fn l4_regressed_position_is_refused_and_item_handed_back<B: Backend>(b: &B) {
     let s = stream(b, 8, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     p.publish(batch(10)).unwrap();
     let env = shared_envelopes(0);
     for bad in [10, 9, 0] {
@@ -456,7 +454,7 @@ pub fn l4_regressed_position_is_refused_and_item_handed_back<B: Backend>(b: &B) 
 
 pub fn l5_acked_position_follows_the_contiguous_acked_prefix<B: Backend>(b: &B) {
     let s = stream(b, 5, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     for item in [batch(10), batch(20), snapshot(), batch(30), batch(40)] {
         p.publish(item).unwrap();
     }
@@ -485,7 +483,7 @@ pub fn l5_acked_position_follows_the_contiguous_acked_prefix<B: Backend>(b: &B) 
 
 pub fn l5_acks_from_other_threads_in_any_order_count<B: Backend>(b: &B) {
     let s = stream(b, 5, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     let mut next = 1;
     for round in 0..40 {
         for _ in 0..5 {
@@ -516,7 +514,7 @@ pub fn l5_acks_from_other_threads_in_any_order_count<B: Backend>(b: &B) {
 
 pub fn l6_only_released_items_are_redelivered_and_attempt_counts_deliveries<B: Backend>(b: &B) {
     let s = stream(b, 5, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     for i in 1..=4 {
         p.publish(batch(i)).unwrap();
     }
@@ -549,7 +547,7 @@ pub fn l6_only_released_items_are_redelivered_and_attempt_counts_deliveries<B: B
 
 pub fn l8_reattach_redelivers_unacked_in_order_and_detaches_old<B: Backend>(b: &B) {
     let s = stream(b, 7, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c1 = s.reattach("search").unwrap();
     for i in 1..=6 {
         p.publish(batch(i)).unwrap();
@@ -593,7 +591,7 @@ pub fn l8_reattached_consumer_that_caught_up_sees_empty_not_a_phantom_item<B: Ba
     let name = b.name();
     for cap in WRAP_CAPACITIES {
         let s = stream(b, cap, &["search"]);
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         p.publish(batch(1)).unwrap();
         s.reattach("search").unwrap().try_recv().unwrap().ack().unwrap();
         let mut c2 = s.reattach("search").unwrap();
@@ -620,7 +618,7 @@ pub fn l8_reattached_consumer_that_caught_up_sees_empty_not_a_phantom_item<B: Ba
 
 pub fn l8_late_ack_before_reattach_lands_and_is_not_redelivered<B: Backend>(b: &B) {
     let s = stream(b, 3, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c1 = s.reattach("search").unwrap();
     p.publish(batch(1)).unwrap();
     p.publish(batch(2)).unwrap();
@@ -640,7 +638,7 @@ pub fn l8_late_ack_before_reattach_lands_and_is_not_redelivered<B: Backend>(b: &
 
 pub fn l8_late_ack_after_reattach_is_detached_and_the_item_redelivered<B: Backend>(b: &B) {
     let s = stream(b, 3, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c1 = s.reattach("search").unwrap();
     p.publish(batch(1)).unwrap();
     let h1 = b.worker_handle(c1.try_recv().unwrap());
@@ -663,7 +661,7 @@ pub fn l8_late_ack_after_reattach_is_detached_and_the_item_redelivered<B: Backen
 
 pub fn l8_late_ack_racing_a_reattach_lands_xor_is_redelivered<B: Backend>(b: &B) {
     let s = stream(b, 1, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let (mut landed, mut refused) = (0, 0);
     let rounds = scaled(b, 300, 50);
     for i in 1..=rounds {
@@ -699,7 +697,7 @@ pub fn l8_late_ack_racing_a_reattach_lands_xor_is_redelivered<B: Backend>(b: &B)
 
 pub fn l8_an_ack_counts_at_once_while_a_detached_delivery_still_holds_the_slot<B: Backend>(b: &B) {
     let s = stream(b, 1, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     p.publish(batch(1)).unwrap();
     let stale = s.reattach("search").unwrap().try_recv().unwrap();
     let mut c2 = s.reattach("search").unwrap();
@@ -758,7 +756,7 @@ pub fn l8_attach_refuses_while_a_consumer_is_attached_and_takes_back_a_dropped_o
     b: &B,
 ) {
     let s = stream(b, 4, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     for i in 1..=3 {
         p.publish(batch(i)).unwrap();
     }
@@ -785,20 +783,20 @@ pub fn l8_attach_refuses_while_a_consumer_is_attached_and_takes_back_a_dropped_o
 
 pub fn l9_second_live_producer_is_busy_and_a_restarted_producer_continues<B: Backend>(b: &B) {
     let s = Arc::new(stream(b, 8, &["search"]));
-    let mut p1 = s.producer("search").unwrap();
-    assert_eq!(err(s.producer("search")), StreamError::ProducerBusy(SinkName::new("search").unwrap()));
+    let mut p1 = s.fanout().unwrap();
+    assert_eq!(err(s.fanout()), StreamError::ProducerBusy(SinkName::new("search").unwrap()));
     // Through another reference to the stream, and from another thread: still busy.
     let other = s.clone();
-    assert!(matches!(other.producer("search"), Err(StreamError::ProducerBusy(_))));
+    assert!(matches!(other.fanout(), Err(StreamError::ProducerBusy(_))));
     let s2 = s.clone();
-    assert!(thread::spawn(move || s2.producer("search").is_err()).join().unwrap());
+    assert!(thread::spawn(move || s2.fanout().is_err()).join().unwrap());
     // The other side never blocks asking for a lane.
     let mut c = s.reattach("search").unwrap();
     for i in 1..=3 {
         p1.publish(batch(i)).unwrap();
     }
     drop(p1);
-    let mut p2 = other.producer("search").expect("a restarted producer gets the lane at once");
+    let mut p2 = other.fanout().expect("a restarted producer gets the lane at once");
     assert!(matches!(
         p2.try_publish(batch(3)),
         Err(TryPublishError::PositionRegressed { last: Position(3), .. })
@@ -820,7 +818,7 @@ pub fn l9_racing_producer_claims_exactly_one_wins<B: Backend>(b: &B) {
                 let (s, barrier) = (s.clone(), barrier.clone());
                 thread::spawn(move || {
                     barrier.wait();
-                    s.producer("search")
+                    s.fanout()
                 })
             })
             .collect();
@@ -832,7 +830,7 @@ pub fn l9_racing_producer_claims_exactly_one_wins<B: Backend>(b: &B) {
 
 pub fn l10_close_drains_queued_and_released_items_then_recv_returns_none<B: Backend>(b: &B) {
     let s = stream(b, 5, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     for i in 1..=4 {
         p.publish(batch(i)).unwrap();
     }
@@ -858,7 +856,7 @@ pub fn l10_close_drains_queued_and_released_items_then_recv_returns_none<B: Back
 
 pub fn l10_close_wakes_a_blocked_recv<B: Backend>(b: &B) {
     let s = stream(b, 2, &["search"]);
-    let p = s.producer("search").unwrap();
+    let p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let blocked = thread::spawn(move || c.recv().map(|d| d.is_none()));
     thread::sleep(Duration::from_millis(30));
@@ -868,7 +866,7 @@ pub fn l10_close_wakes_a_blocked_recv<B: Backend>(b: &B) {
 
 pub fn l10_lane_close_wakes_a_blocked_publish_which_hands_the_item_back<B: Backend>(b: &B) {
     let s = stream(b, 1, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     p.publish(batch(1)).unwrap();
     // The lane is full: this publish waits, holding the only producer (L9), so the supervisor
@@ -903,7 +901,7 @@ pub fn l10_request_lane_close_refuses_senders_and_drains_then_ends<B: Backend>(b
 pub fn l10_close_racing_a_last_publish_still_delivers_the_item<B: Backend>(b: &B) {
     for round in 0..200u64 {
         let s = stream(b, 2, &["search"]);
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         let mut c = s.reattach("search").unwrap();
         let n = 1 + round % 3;
         let consumer = thread::spawn(move || {
@@ -926,7 +924,7 @@ pub fn l10_close_racing_a_last_publish_still_delivers_the_item<B: Backend>(b: &B
 pub fn l10_close_takes_no_slot_even_on_a_full_lane<B: Backend>(b: &B) {
     for cap in WRAP_CAPACITIES {
         let s = stream(b, cap, &["search"]);
-        let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+        let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
         for i in 1..=cap as u64 {
             p.try_publish(batch(i)).unwrap();
         }
@@ -947,7 +945,7 @@ pub fn l10_close_takes_no_slot_even_on_a_full_lane<B: Backend>(b: &B) {
 
 pub fn l11_is_empty_means_nothing_queued_and_nothing_released<B: Backend>(b: &B) {
     let s = stream(b, 3, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     assert!(c.is_empty());
     p.publish(batch(1)).unwrap();
     assert!(!c.is_empty(), "queued");
@@ -970,7 +968,7 @@ pub fn l11_is_empty_means_nothing_queued_and_nothing_released<B: Backend>(b: &B)
 
 pub fn l12_try_recv_returns_promptly_while_a_publish_is_blocked_on_a_full_lane<B: Backend>(b: &B) {
     let s = stream(b, 1, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     p.publish(batch(1)).unwrap();
     let d1 = c.try_recv().unwrap();
     let publisher = thread::spawn(move || p.publish(batch(2)).map_err(|e| format!("{e:?}")));
@@ -992,7 +990,7 @@ pub fn l12_try_recv_returns_promptly_while_a_publish_is_blocked_on_a_full_lane<B
 
 pub fn l12_try_recv_never_blocks_against_a_publisher_in_full_flight<B: Backend>(b: &B) {
     let s = stream(b, 3, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     let n = scaled(b, 20_000, 500);
     let publisher = thread::spawn(move || {
         for i in 1..=n {
@@ -1024,37 +1022,44 @@ pub fn l12_try_recv_never_blocks_against_a_publisher_in_full_flight<B: Backend>(
 
 // ----- Watermark and idleness ------------------------------------------------------------------
 
-/// Publishes `from..=upto` and acks each at once.
-fn ack_to<P: LaneProducer<LaneItem>, C: LaneConsumer<LaneItem>>(p: &mut P, c: &mut C, from: u64, upto: u64) {
+/// Receives `from..=upto` (published before) and acks each at once.
+fn ack_to<C: LaneConsumer<LaneItem>>(c: &mut C, from: u64, upto: u64) {
     for i in from..=upto {
-        p.publish(batch(i)).unwrap();
-        c.try_recv().unwrap().ack().unwrap();
+        let d = c.try_recv().unwrap();
+        assert_eq!(d.item().position(), Some(Position(i)));
+        d.ack().unwrap();
     }
 }
 
 pub fn w1_watermark_is_the_min_over_lanes_and_none_until_every_lane_acked<B: Backend>(b: &B) {
     assert_eq!(stream(b, 4, &[]).watermark(), None, "no lanes");
-    let s = stream(b, 4, &["a", "b", "c"]);
+    let s = stream(b, 16, &["a", "b", "c"]);
     let names = sink_names(&s);
-    let mut ps: Vec<_> = names.iter().map(|n| s.producer(n).unwrap()).collect();
+    let mut f = s.fanout().unwrap();
     let mut cs: Vec<_> = names.iter().map(|n| s.reattach(n).unwrap()).collect();
     assert_eq!(s.watermark(), None);
-    ack_to(&mut ps[0], &mut cs[0], 1, 5);
-    ack_to(&mut ps[1], &mut cs[1], 1, 3);
+    f.publish(snapshot()).unwrap();
+    for i in 1..=9 {
+        f.publish(batch(i)).unwrap();
+    }
+    for c in &mut cs[..2] {
+        c.try_recv().unwrap().ack().unwrap(); // the snapshot row
+    }
+    ack_to(&mut cs[0], 1, 5);
+    ack_to(&mut cs[1], 1, 3);
     assert_eq!(s.watermark(), None, "lane c has acked nothing");
-    ps[2].publish(snapshot()).unwrap();
     cs[2].try_recv().unwrap().ack().unwrap();
     assert_eq!(s.watermark(), None, "a snapshot row is not a position");
-    ack_to(&mut ps[2], &mut cs[2], 1, 9);
+    ack_to(&mut cs[2], 1, 9);
     assert_eq!(s.watermark(), Some(Position(3)));
-    ack_to(&mut ps[1], &mut cs[1], 4, 7);
+    ack_to(&mut cs[1], 4, 7);
     assert_eq!(s.watermark(), Some(Position(5)));
     assert_eq!(names.iter().map(|n| s.acked(n).unwrap().unwrap().0).collect::<Vec<_>>(), [5, 7, 9]);
 }
 
 pub fn w2_snapshot_batches_snapshot_complete_and_requests_never_move_the_watermark<B: Backend>(b: &B) {
     let s = stream(b, 8, &["search"]);
-    let (mut p, mut c) = (s.producer("search").unwrap(), s.reattach("search").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
     p.publish(batch(5)).unwrap();
     c.try_recv().unwrap().ack().unwrap();
     assert_eq!(s.watermark(), Some(Position(5)));
@@ -1127,13 +1132,11 @@ pub fn w3_watermark_never_decreases_seen_from_one_thread<B: Backend>(b: &B) {
             (last, reads)
         })
     };
-    let mut ps: Vec<_> = sink_names(&*s).iter().map(|n| s.producer(n).unwrap()).collect();
+    let mut f = s.fanout().unwrap();
     for i in 1..=n {
-        for p in &mut ps {
-            p.publish(batch(i)).unwrap();
-        }
+        f.publish(batch(i)).unwrap();
     }
-    ps.iter().for_each(|p| p.close());
+    f.close();
     within(60, "sinks", move || sinks.into_iter().for_each(|t| t.join().unwrap()));
     done.store(true, Ordering::Release);
     let (last, reads) = reader.join().unwrap();
@@ -1184,13 +1187,11 @@ pub fn w4_a_reader_that_sees_watermark_p_sees_the_sinks_writes_up_to_p<B: Backen
             }
         })
     };
-    let mut ps: Vec<_> = sink_names(&*s).iter().map(|n| s.producer(n).unwrap()).collect();
+    let mut f = s.fanout().unwrap();
     for i in 1..=n as u64 {
-        for p in &mut ps {
-            p.publish(batch(i)).unwrap();
-        }
+        f.publish(batch(i)).unwrap();
     }
-    ps.iter().for_each(|p| p.close());
+    f.close();
     sinks.into_iter().for_each(|t| t.join().unwrap());
     let checked = within(30, "reader", move || reader.join().unwrap());
     assert!(checked > 0);
@@ -1199,10 +1200,15 @@ pub fn w4_a_reader_that_sees_watermark_p_sees_the_sinks_writes_up_to_p<B: Backen
 pub fn w5_is_idle_only_when_nothing_is_queued_released_or_unacked_anywhere<B: Backend>(b: &B) {
     let s = stream(b, 4, &["a", "b"]);
     assert!(s.is_idle());
-    let (mut p, mut c) = (s.producer("b").unwrap(), s.reattach("b").unwrap());
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("b").unwrap());
     p.publish(batch(1)).unwrap();
     p.publish(batch(2)).unwrap();
     assert!(!s.is_idle(), "queued");
+    // Lane a takes both at once: from here on only lane b holds anything.
+    let mut a = s.reattach("a").unwrap();
+    ack_to(&mut a, 1, 2);
+    assert_lane_idle(b, &s, "a", true, "lane a acked everything");
+    assert!(!s.is_idle(), "queued on lane b");
     let d1 = c.try_recv().unwrap();
     let d2 = c.try_recv().unwrap();
     assert!(!s.is_idle(), "delivered, unacked");
@@ -1227,6 +1233,8 @@ pub fn w5_is_idle_only_when_nothing_is_queued_released_or_unacked_anywhere<B: Ba
     p.close();
     assert!(!s.is_idle());
     c.recv().unwrap().unwrap().ack().unwrap();
+    assert!(!s.is_idle(), "lane a still holds 3");
+    a.recv().unwrap().unwrap().ack().unwrap();
     assert!(s.is_idle());
 }
 
@@ -1322,15 +1330,16 @@ fn serve_backfill<B: Backend>(
     let d = ingest.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
     let attempt = d.attempt();
     let Request::Backfill { sink, indexes } = d.item().clone() else { unreachable!() };
-    let mut p = s.producer(sink.as_str()).unwrap();
+    let lane = s.sinks().iter().position(|n| *n == sink).expect("a backfill for a sink of the stream");
+    let mut p = s.fanout().unwrap();
     for row in 0..rows {
         if crash_after == Some(row) {
-            return None; // crash: delivery and producer dropped un-acked
+            return None; // crash: delivery and fan-out dropped un-acked
         }
         let env: Arc<[Envelope]> = vec![envelope(indexes[0].as_str(), &row.to_string(), None, b"{}")].into();
-        p.publish(LaneItem::Batch(Batch::new(None, env))).unwrap();
+        p.publish_to(lane, LaneItem::Batch(Batch::new(None, env))).unwrap();
     }
-    p.publish(LaneItem::SnapshotComplete { indexes }).unwrap();
+    p.publish_to(lane, LaneItem::SnapshotComplete { indexes }).unwrap();
     let published = s.stats(sink.as_str()).unwrap().published;
     d.ack().unwrap();
     assert_eq!(s.stats(sink.as_str()).unwrap().published, published, "nothing after the ack");
@@ -1349,7 +1358,7 @@ pub fn r2_backfill_is_acked_after_snapshot_complete_and_redelivered_after_a_cras
         let st = s.request_stats();
         assert_eq!(st.released, 1, "the crashed engine's delivery was released");
     }
-    // Ingest engine 2 (restarted: re-attached request consumer, new producer) gets it again.
+    // Ingest engine 2 (restarted: re-attached request consumer, new fan-out) gets it again.
     let mut ingest2 = s.reattach_requests();
     assert_eq!(serve_backfill::<B>(&mut ingest2, &s, 4, None), Some(2));
     {
