@@ -28,7 +28,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput};
 use lanestream::codec::{decode_item, encode_item, AlignedVec};
 use lanestream::{
-    Batch, Envelope, IndexName, LaneConsumer, LaneItem, StreamFanout, Op, Position, RedisStream, Stream,
+    Batch, Envelope, IndexName, LaneConsumer, LaneItem, Op, Position, RedisStream, Stream, StreamFanout,
 };
 
 /// A count from the environment (criterion owns the command line).
@@ -82,7 +82,8 @@ fn sinks() -> Vec<String> {
 impl Ours {
     fn new(url: &str, name: &str) -> Ours {
         let names = sinks();
-        let stream = RedisStream::builder(url, name).capacity(64).sinks(names.iter().cloned()).build().unwrap();
+        let stream =
+            RedisStream::builder(url, name).capacity(64).sinks(names.iter().cloned()).build().unwrap();
         let fanout = stream.fanout().unwrap();
         let consumers = names.iter().map(|n| stream.reattach(n).unwrap()).collect();
         Ours { stream, fanout, consumers, envelopes: envelopes(), next: 1 }

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use common::{backfill, batch, snapshot};
 use lanestream::{
-    AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, StreamFanout, Op, Position,
-    PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
+    AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, Op, Position, PublishError,
+    RedisDelivery, RedisStream, RequestPublisher, Stream, StreamFanout, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
 use redis_support::{delete_keys, drain_ack, kill_connections, log_ids, pos, unique_name, url};

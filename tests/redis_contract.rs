@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use common::{backfill, batch, snapshot};
 use lanestream::{
-    AckError, LaneConsumer, LaneDelivery, LaneItem, StreamFanout, Position, PublishError, RedisDelivery,
-    RedisStream, RequestPublisher, Stream, StreamError, TryPublishError, TryRecvError,
+    AckError, LaneConsumer, LaneDelivery, LaneItem, Position, PublishError, RedisDelivery, RedisStream,
+    RequestPublisher, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
 use redis_support::{delete_keys, keys_of, kill_connections, unique_name, url};
@@ -562,7 +562,8 @@ fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry()
     let mut c = s.reattach("search").unwrap();
     p1.publish(batch(10)).unwrap();
     // Another process takes the fan-out over (this one's claim given up as if it had died).
-    let _: i64 = redis::cmd("HSET").arg(format!("{{{name}}}:meta")).arg("fh").arg("").query(&mut con).unwrap();
+    let _: i64 =
+        redis::cmd("HSET").arg(format!("{{{name}}}:meta")).arg("fh").arg("").query(&mut con).unwrap();
     let s2 = open(&url, &name, 8, 4, &["search"]);
     let mut p2 = s2.fanout().unwrap(); // epoch 2
     assert!(raw(&mut con, 2, 1).is_err(), "the old epoch's next entry is refused from the claim on");

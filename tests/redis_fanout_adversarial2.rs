@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::{batch, snapshot};
 use lanestream::{
-    LaneConsumer, LaneDelivery, LaneItem, StreamFanout, MemoryStream, Position, RedisDelivery,
-    RedisFanout, RedisStream, Stream, TryPublishError, TryRecvError,
+    LaneConsumer, LaneDelivery, LaneItem, MemoryStream, Position, RedisDelivery, RedisFanout, RedisStream,
+    Stream, StreamFanout, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
 use redis_support::fanout::{builder, firsts, open, open_sinks, setup, SINKS};

@@ -81,8 +81,8 @@ impl StreamBuilder {
     /// reuses its cell (every lane emptied that slot), so the cross-lane traffic per item is the
     /// one cell the producer writes, as in the LMAX Disruptor's ring. The costs: only the
     /// fan-out publishes (a lane's [`producer`](Lane::producer) is refused with
-    /// [`StreamError::SharedRing`](crate::StreamError::SharedRing), and so is the port's
-    /// [`Stream::producer`]); the slowest lane holds every lane's room; and up to `capacity`
+    /// [`StreamError::SharedRing`](crate::StreamError::SharedRing), and so is
+    /// [`MemoryStream::producer`]); the slowest lane holds every lane's room; and up to `capacity`
     /// acked items stay alive until their cells are reused ([`Fanout::reclaim`] drops them
     /// sooner).
     pub fn shared_ring(mut self, shared: bool) -> Self {
@@ -289,7 +289,8 @@ impl Stream for MemoryStream {
     fn wait_watermark(&self, at_least: Position, deadline: Option<Instant>) -> Option<Position> {
         loop {
             let w = self.watermark();
-            if w >= Some(at_least) || self.watermark_final() || deadline.is_some_and(|d| Instant::now() >= d) {
+            if w >= Some(at_least) || self.watermark_final() || deadline.is_some_and(|d| Instant::now() >= d)
+            {
                 return w;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -338,15 +339,26 @@ impl StreamFanout for Fanout {
         Fanout::publish(self, item)
     }
 
-    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
         Fanout::publish_deadline(self, item, deadline)
     }
 
-    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_timeout(
+        &mut self,
+        item: LaneItem,
+        timeout: Duration,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
         Fanout::publish_timeout(self, item, timeout)
     }
 
-    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
+    fn publish_async(
+        &mut self,
+        item: LaneItem,
+    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
         Fanout::publish_async(self, item)
     }
 

@@ -180,14 +180,21 @@ pub trait StreamFanout: Send {
     /// # Errors
     /// [`PublishTimeoutError`]: `Timeout` (the item handed back, nothing enqueued) or one of
     /// [`PublishError`]'s causes.
-    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant)
-        -> Result<(), PublishTimeoutError<LaneItem>>;
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>>;
 
     /// As [`publish`](StreamFanout::publish), waiting `timeout` at most.
     ///
     /// # Errors
     /// As [`publish_deadline`](StreamFanout::publish_deadline).
-    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_timeout(
+        &mut self,
+        item: LaneItem,
+        timeout: Duration,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
         self.publish_deadline(item, Instant::now() + timeout)
     }
 
@@ -196,7 +203,10 @@ pub trait StreamFanout: Send {
     ///
     /// # Errors
     /// As [`publish`](StreamFanout::publish).
-    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_;
+    fn publish_async(
+        &mut self,
+        item: LaneItem,
+    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_;
 
     /// Publishes the longest leading part of `items` that can go now (at least one item),
     /// never waiting, and returns how many went (`Ok(0)` for an empty slice). The items are

@@ -31,14 +31,15 @@ pub fn setup(url: &str, prefix: &str) -> (String, Cleanup, redis::Connection) {
 
 /// The builder of the fan-out tests' streams, retrying a lost connection for 2 s.
 pub fn builder(url: &str, name: &str, capacity: usize, sinks: &[&str]) -> lanestream::RedisStreamBuilder {
-    RedisStream::builder(url, name).capacity(capacity).sinks(sinks.iter().copied()).retry_for(Duration::from_secs(2))
+    RedisStream::builder(url, name)
+        .capacity(capacity)
+        .sinks(sinks.iter().copied())
+        .retry_for(Duration::from_secs(2))
 }
 
 /// A stream of `sinks`.
 pub fn open_sinks(url: &str, name: &str, capacity: usize, sinks: &[&str]) -> RedisStream {
-    builder(url, name, capacity, sinks)
-        .build()
-        .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
+    builder(url, name, capacity, sinks).build().unwrap_or_else(|e| panic!("building stream {name}: {e}"))
 }
 
 /// A fan-out stream of [`SINKS`].

@@ -41,7 +41,11 @@ impl Keys {
             log: shared.log.clone(),
             meta: shared.meta.clone(),
             hashes: shared.lanes.iter().map(|l| l.base.clone()).collect(),
-            sinks: shared.lanes.iter().map(|l| l.sink.as_ref().map_or("", |s| s.as_str()).to_owned()).collect(),
+            sinks: shared
+                .lanes
+                .iter()
+                .map(|l| l.sink.as_ref().map_or("", |s| s.as_str()).to_owned())
+                .collect(),
         }
     }
 }
@@ -414,7 +418,11 @@ impl RedisFanout {
     /// One run attempt, never waiting: publishes a leading part of `items` (at most
     /// [`RUN_MAX`]) and returns its length; on `Full`, the full lane too. One item, or an unsure
     /// earlier publish to tell apart from this run's items, takes the single publish's path.
-    fn run_step(&mut self, items: &[LaneItem], budget: Budget) -> Result<usize, (TryPublishError<usize>, usize)> {
+    fn run_step(
+        &mut self,
+        items: &[LaneItem],
+        budget: Budget,
+    ) -> Result<usize, (TryPublishError<usize>, usize)> {
         let Some(head) = items.first() else { return Ok(0) };
         if self.keys.hashes.is_empty() {
             return Ok(items.len()); // to no lane: published to every lane there is
@@ -444,7 +452,7 @@ impl RedisFanout {
                 for h in &self.keys.hashes {
                     inv.key(h);
                 }
-                inv.arg(self.epoch).arg(first).arg(run.len()).arg("trim");
+                inv.arg(self.epoch).arg(first).arg(run.len());
                 for (position, bytes) in &run {
                     inv.arg(bytes.as_slice()).arg(pad(*position));
                 }
@@ -471,7 +479,10 @@ impl RedisFanout {
                     if n == 0 {
                         // The first item's position did not rise after all (the gate's checks
                         // passed it): the single publish refuses it with the last position.
-                        return self.step(None, head.clone(), budget).map(|()| 1).map_err(|(e, full)| (index(e), full));
+                        return self
+                            .step(None, head.clone(), budget)
+                            .map(|()| 1)
+                            .map_err(|(e, full)| (index(e), full));
                     }
                     return Ok(n);
                 }
@@ -541,14 +552,21 @@ impl StreamFanout for RedisFanout {
         self.until(None, item, None).map_err(waitable)
     }
 
-    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
         self.until(None, item, Some(deadline))
     }
 
     /// Waits as a task: the wait runs on a helper thread of this fan-out
     /// (`lanestream-redis-publish-wait`, started on the first wait), which wakes the task; no
     /// runtime.
-    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
+    fn publish_async(
+        &mut self,
+        item: LaneItem,
+    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
         let mut item = Some(item);
         poll_fn(move |cx| self.poll_publish(&mut item, cx))
     }

@@ -521,8 +521,7 @@ impl LaneDef {
     }
 
     pub(crate) fn stats(&self, pool: &Pool, budget: Budget) -> Result<LaneStats, BackendError> {
-        let v: Value =
-            pool.run(budget, |c, _| scripts().stats.key(&self.base).key(&self.rel).invoke(c))?;
+        let v: Value = pool.run(budget, |c, _| scripts().stats.key(&self.base).key(&self.rel).invoke(c))?;
         let r = items(&v);
         if r.len() != 10 {
             return Err(malformed(pool, "stats", &v));

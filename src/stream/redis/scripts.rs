@@ -672,8 +672,8 @@ return {'ok', room, lp}
 /// through Lua here (one script per run, against one plain `XADD` per item).
 ///
 /// KEYS: meta, log, then every lane's hash. ARGV: fan-out epoch, the first entry's number `n`,
-/// how many entries `k`, the meta field of the log's trim floor, then `k` pairs (payload,
-/// position padded or empty), then every lane's hash again (for the trim floor). Replies
+/// how many entries `k`, then `k` pairs (payload, position padded or empty), then every lane's
+/// hash again (for the trim floor, the meta field `trim`). Replies
 /// `{'ok', published, room, lp}` (room: the count up to which every lane takes publishes),
 /// `{'landed', m}` (entries from `n` on are in the log already: the first `m` of them, a try
 /// whose reply was lost, or an earlier call's), `{'full', lane}` (1-based), `{'closed'}`,
@@ -681,7 +681,7 @@ return {'ok', room, lp}
 pub(crate) const PUBLISH_RUN: &str = r#"
 local M, L = KEYS[1], KEYS[2]
 local first, k = tonumber(ARGV[2]), tonumber(ARGV[3])
-local hashes = 5 + 2 * k
+local hashes = 4 + 2 * k
 if (redis.call('HGET', M, 'fe') or '') ~= ARGV[1] then return {'fenced'} end
 local hs, lp, closed = {}, '', false
 for i = 3, #KEYS do
@@ -694,7 +694,7 @@ end
 local pub = num(hs[3][1])
 if pub >= first then return {'landed', math.min(pub - first + 1, k)} end
 if pub ~= first - 1 then return {'fenced'} end
-local pos = ARGV[6]
+local pos = ARGV[5]
 if pos ~= '' and lp ~= '' and pos <= lp then return {'regressed', lp} end
 if closed then return {'closed'} end
 local room = nil
@@ -713,16 +713,16 @@ for i = 3, #KEYS do
 end
 local n = 0
 while n < k and pub + n + 1 <= room do
-  pos = ARGV[6 + 2 * n]
+  pos = ARGV[5 + 2 * n]
   if pos ~= '' then
     if lp ~= '' and pos <= lp then break end
     lp = pos
   end
   local id = s(pub + n + 1) .. '-' .. ARGV[1]
-  local added = redis.pcall('XADD', L, 'NOMKSTREAM', id, 'd', ARGV[5 + 2 * n], 'p', lp)
+  local added = redis.pcall('XADD', L, 'NOMKSTREAM', id, 'd', ARGV[4 + 2 * n], 'p', lp)
   if type(added) ~= 'string' then break end
   n = n + 1
-  if (pub + n) % 64 == 0 then trim(L, M, ARGV[4], hashes) end
+  if (pub + n) % 64 == 0 then trim(L, M, 'trim', hashes) end
 end
 for i = 3, #KEYS do
   local w = redis.call('HMGET', KEYS[i], 'w', 'ep')

@@ -138,7 +138,9 @@ impl RedisRequestSender {
                 last,
                 item: request,
             }),
-            Ok(Published::Fenced) => Err(TryPublishError::Backend { item: request, error: BackendError::Fenced }),
+            Ok(Published::Fenced) => {
+                Err(TryPublishError::Backend { item: request, error: BackendError::Fenced })
+            }
             Err(error) => Err(TryPublishError::Backend { item: request, error }),
         }
     }

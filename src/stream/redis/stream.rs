@@ -167,8 +167,10 @@ impl RedisStreamBuilder {
         let describe = ::redis::Script::new(&super::scripts::source(super::scripts::DESCRIBE));
         let fresh = pool.fresh_incarnation();
         let (stored, stored_layout, incarnation): (String, String, String) =
-            query(&pool, Budget::Retry, |c| describe.key(&meta).arg(&names).arg(LAYOUT).arg(&fresh).invoke(c))
-                .map_err(backend)?;
+            query(&pool, Budget::Retry, |c| {
+                describe.key(&meta).arg(&names).arg(LAYOUT).arg(&fresh).invoke(c)
+            })
+            .map_err(backend)?;
         if stored_layout != LAYOUT {
             return Err(BuildError::RetiredLayout(self.name));
         }
@@ -195,7 +197,8 @@ impl RedisStreamBuilder {
         // deleted stream does not make it again; this build does).
         let log = format!("{prefix}:log");
         let make = ::redis::Script::new(MAKE_LOGS);
-        let _: i64 = query(&pool, Budget::Retry, |c| make.key(&log).key(&requests.log).invoke(c)).map_err(backend)?;
+        let _: i64 =
+            query(&pool, Budget::Retry, |c| make.key(&log).key(&requests.log).invoke(c)).map_err(backend)?;
         pool.anchor_id().map_err(backend)?;
         let shared = Shared {
             pool,
@@ -344,7 +347,11 @@ impl RedisStream {
     /// A wake-up key of its own for one watermark wait (see "Watermark waiters" in `scripts`).
     fn watermark_bell(&self) -> WatermarkBell {
         let token = self.shared.pool.token();
-        let key = format!("{}:wbell:{}:{token}", self.shared.meta.trim_end_matches(":meta"), self.shared.pool.nonce());
+        let key = format!(
+            "{}:wbell:{}:{token}",
+            self.shared.meta.trim_end_matches(":meta"),
+            self.shared.pool.nonce()
+        );
         WatermarkBell { shared: self.shared.clone(), key }
     }
 
@@ -586,7 +593,9 @@ impl Stream for RedisStream {
             }
             // On an error the waiter's wait (one wait slice at most) runs all the same.
             let shared = self.shared.clone();
-            waiter.get_or_insert_with(|| Waiter::new(shared, Waiter::WATERMARK)).arm(bell.key.clone(), cx.waker());
+            waiter
+                .get_or_insert_with(|| Waiter::new(shared, Waiter::WATERMARK))
+                .arm(bell.key.clone(), cx.waker());
             Poll::Pending
         })
     }
