@@ -1,7 +1,10 @@
-//! Adversarial tests of the Redis backend's hot path for a lane alone on its log (one sink lane,
-//! or the request lane): no pending list (delivered, unacked entries are `an + 1 ..= rd` less the
+//! Adversarial tests of the Redis backend's hot path on a stream with one sink lane (and on the
+//! request lane): no pending list (delivered, unacked entries are `an + 1 ..= rd` less the
 //! out-of-order acked set, redeliveries counted in `B:att`), the receive script with a plain
-//! `XRANGE` beside it, the publish `MULTI` (gate script, plain `XADD`, `XSETID`) and `ACK_ALONE`.
+//! `XRANGE` beside it, the plain delivery-log and ack-log records, and the publish (the gate
+//! script, a plain `XADD`). The publisher is the stream's fan-out, its only publisher since the
+//! per-lane producers retired (issue 20); "producer" in the names and texts below is that
+//! fan-out, and "the plain path" the script-free one, which every lane runs now.
 //!
 //! They hunt for breaks of the contract (`src/docs/contract.md`): out-of-order acks with gaps
 //! then re-attach, nacks after partial out-of-order acks, stale acks racing a re-attach, fenced
@@ -1748,8 +1751,8 @@ fn the_64th_publish_trim_never_removes_an_unacked_entry() {
     assert_eq!(log_len(&mut admin, &name), 0);
 }
 
-/// Every handle dropped and rebuilt from Redis while the ack, delivery and publish logs hold
-/// records not folded yet (plain acks in and out of order, plain receives): the new process
+/// Every handle dropped and rebuilt from Redis while the ack and delivery logs (and the log, the
+/// lane's publish record) hold records not folded yet (plain acks in and out of order, plain receives): the new process
 /// sees the right counters, acked position, watermark and idleness, gets back exactly the
 /// unacked entries, and its producer goes on after the last published one.
 #[test]
@@ -1759,7 +1762,7 @@ fn a_restart_with_unfolded_plain_records_keeps_counters_and_delivers_the_unacked
     {
         let s = open(&url, &name, 16);
         let mut p = s.fanout().unwrap();
-        publish_all(&mut p, 1..=10); // 2..=10 plain MULTIs
+        publish_all(&mut p, 1..=10); // 2..=10 plain XADDs
         let mut c = s.reattach("search").unwrap();
         let mut held = hold(&mut c, 7); // 2..=7 through the delivery log
         for k in [1, 2, 3, 6] {
@@ -2318,8 +2321,10 @@ fn the_plain_paths_logs_stay_bounded_while_the_consumer_is_always_behind() {
     let len = |admin: &mut redis::Connection, log: &str| -> usize {
         redis::cmd("XLEN").arg(format!("{}:{log}", lane_key(&name))).query(admin).unwrap()
     };
-    let (al, dl, pl) = (len(&mut admin, "al"), len(&mut admin, "dl"), len(&mut admin, "pl"));
-    assert!(al <= 64 + 8 && pl <= 64, "ack log {al}, publish log {pl} records");
+    // The log is the publish record (no publish log any more): it is trimmed below the acked
+    // prefix every 64th entry.
+    let (al, dl, log) = (len(&mut admin, "al"), len(&mut admin, "dl"), log_len(&mut admin, &name));
+    assert!(al <= 64 + 8 && log <= 64 + 8, "ack log {al} records, log {log} entries");
     assert!(dl <= 64 + 8, "delivery log: {dl} records after 2000 deliveries");
 }
 
