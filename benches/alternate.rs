@@ -96,30 +96,66 @@ fn main() {
     {
         let mut ours = LaneW1::new(env1.clone(), false);
         let mut rtrb = RtrbW1::new(env1.clone());
-        pair("w1 batch_1 publish=item receive=item: lanestream[spin] vs rtrb[spin]", rounds, n, &mut ours, &mut rtrb);
+        pair(
+            "w1 batch_1 publish=item receive=item: lanestream[spin] vs rtrb[spin]",
+            rounds,
+            n,
+            &mut ours,
+            &mut rtrb,
+        );
         let mut cb = CrossbeamW1::new(env1.clone());
-        pair("w1 batch_1 publish=item receive=item: lanestream[spin] vs crossbeam[stp]", rounds, n, &mut ours, &mut cb);
+        pair(
+            "w1 batch_1 publish=item receive=item: lanestream[spin] vs crossbeam[stp]",
+            rounds,
+            n,
+            &mut ours,
+            &mut cb,
+        );
     }
     {
         let mut ours = LaneW1::new(env1.clone(), true);
         let mut cb = CrossbeamW1::new(env1.clone());
-        pair("w1 batch_1 publish=item receive=item: lanestream[stp] vs crossbeam[stp]", rounds, n, &mut ours, &mut cb);
+        pair(
+            "w1 batch_1 publish=item receive=item: lanestream[stp] vs crossbeam[stp]",
+            rounds,
+            n,
+            &mut ours,
+            &mut cb,
+        );
     }
     {
         let mut rtrb = RtrbW1::new(env1.clone());
         let mut ours = LaneFanRun::new(env1.clone(), 1, false, FanPublish::Item);
-        pair("w1 batch_1 publish=item receive=run: lanestream[spin] vs rtrb item[spin]", rounds, n, &mut ours, &mut rtrb);
+        pair(
+            "w1 batch_1 publish=item receive=run: lanestream[spin] vs rtrb item[spin]",
+            rounds,
+            n,
+            &mut ours,
+            &mut rtrb,
+        );
         drop(ours);
         let mut chunks = RtrbW1::with_chunks(env1.clone(), true);
         let mut ours = LaneFanRun::new(env1.clone(), 1, false, FanPublish::Run);
-        pair("w1 batch_1 publish=run64 receive=run: lanestream[spin] vs rtrb chunks[spin]", rounds, n, &mut ours, &mut chunks);
+        pair(
+            "w1 batch_1 publish=run64 receive=run: lanestream[spin] vs rtrb chunks[spin]",
+            rounds,
+            n,
+            &mut ours,
+            &mut chunks,
+        );
     }
     {
         // W3: one batch there and its ack back (the producer waits for the watermark), against an
         // rtrb pair doing the same hand-off both ways; fewer messages, each is a round trip.
         let mut ours = LaneRoundTrip::new(env1.clone(), false);
         let mut rtrb = RtrbRoundTrip::new(env1.clone());
-        pair("w3 batch_1 publish=item receive=item: lanestream[spin] vs rtrb-pair[spin]", rounds, n / 10, &mut ours, &mut rtrb);
+        pair(
+            "w3 batch_1 publish=item receive=item: lanestream[spin] vs rtrb-pair[spin]",
+            rounds,
+            n / 10,
+            &mut ours,
+            &mut rtrb,
+        );
     }
     let env64 = envelopes(64);
     for (batch, env) in [("batch_1", &env1), ("batch_64", &env64)] {
@@ -133,8 +169,9 @@ fn main() {
                 pair(&label, rounds, m, &mut ours, &mut dis);
             }
             let mut ours = LaneFan::new(env.clone(), lanes);
-            let label =
-                format!("w2 lanes_{lanes} {batch} publish=item receive=item: lanestream[spin] vs disruptor[spin]");
+            let label = format!(
+                "w2 lanes_{lanes} {batch} publish=item receive=item: lanestream[spin] vs disruptor[spin]"
+            );
             pair(&label, rounds, m, &mut ours, &mut dis);
             drop((ours, dis));
             let mut dis = DisruptorFan::with_batch(env.clone(), lanes, true);

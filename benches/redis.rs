@@ -4,7 +4,8 @@
 //! Both sides do the same work per batch: encode it with the codec, add it to a stream, read it
 //! back through a consumer group, decode it (validated), ack it; one thread, one batch in flight
 //! (three round trips per batch for each side: the bare loop's three commands; the backend's
-//! publish `MULTI`, receive script with its `XRANGE`, and ack script). Criterion
+//! publish `XADD`, receive (a delivery-log record with its `XRANGE`) and ack (an ack-log
+//! record)). Criterion
 //! measures each side; then interleaved rounds (ours, bare, bare, ours, ...) give the ratio
 //! (backend batches/s over bare batches/s; the goal is >= 0.8).
 //!
@@ -12,11 +13,10 @@
 //! (without it the bench says so and exits). `LANESTREAM_BENCH_ROUNDS` and
 //! `LANESTREAM_BENCH_BATCHES` set the ratio's rounds (default 9) and batches per round (2000),
 //! `LANESTREAM_BENCH_ENVELOPES` the envelopes per batch (default 16, about 1.8 KB encoded),
-//! `LANESTREAM_BENCH_SINKS` the sinks (default 1: a lane alone on its log; more share one log, and
-//! the bare loop reads and acks through as many consumer groups). With more than one sink our
-//! side is a fan-out stream (`RedisStreamBuilder::fanout`: one publish for every lane, as the
-//! bare loop's one `XADD`); `LANESTREAM_BENCH_FANOUT=0` publishes through each lane's producer
-//! instead.
+//! `LANESTREAM_BENCH_SINKS` the sinks (default 1; more share one log, and the bare loop reads
+//! and acks through as many consumer groups). Our side publishes through the stream's fan-out
+//! (one publish for every lane, as the bare loop's one `XADD`), the only publisher a Redis
+//! stream has.
 //! `LANESTREAM_BENCH_ONLY=ours` (or `bare`) runs `LANESTREAM_BENCH_BATCHES` batches of that side
 //! alone and nothing else, for the server's own accounting of one side (`CONFIG RESETSTAT`
 //! before, `INFO commandstats` and `INFO cpu` after).
@@ -28,7 +28,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput};
 use lanestream::codec::{decode_item, encode_item, AlignedVec};
 use lanestream::{
-    Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position, RedisStream, Stream,
+    Batch, Envelope, IndexName, LaneConsumer, LaneItem, Op, Position, RedisStream, Stream, StreamFanout,
 };
 
 /// A count from the environment (criterion owns the command line).
@@ -61,14 +61,11 @@ trait Side {
     fn run(&mut self, n: u64) -> Duration;
 }
 
-/// The backend: publish, try_recv, ack — on every lane of `LANESTREAM_BENCH_SINKS` (default 1:
-/// a lane alone on its log; more share one log, one consumer group each).
+/// The backend: the fan-out's publish, then try_recv and ack on every lane of
+/// `LANESTREAM_BENCH_SINKS` (default 1).
 struct Ours {
     stream: RedisStream,
-    /// The fan-out (more than one sink, unless `LANESTREAM_BENCH_FANOUT=0`), else a producer
-    /// per lane.
-    fanout: Option<lanestream::RedisFanout>,
-    producers: Vec<lanestream::RedisProducer>,
+    fanout: lanestream::RedisFanout,
     consumers: Vec<lanestream::RedisConsumer<LaneItem>>,
     envelopes: Arc<[Envelope]>,
     next: u64,
@@ -85,20 +82,11 @@ fn sinks() -> Vec<String> {
 impl Ours {
     fn new(url: &str, name: &str) -> Ours {
         let names = sinks();
-        let fanout = names.len() > 1 && env("LANESTREAM_BENCH_FANOUT", 1) == 1;
-        let stream = RedisStream::builder(url, name)
-            .capacity(64)
-            .sinks(names.iter().cloned())
-            .fanout(fanout)
-            .build()
-            .unwrap();
-        let (fanout, producers) = if fanout {
-            (Some(stream.fanout().unwrap()), Vec::new())
-        } else {
-            (None, names.iter().map(|n| stream.producer(n).unwrap()).collect())
-        };
+        let stream =
+            RedisStream::builder(url, name).capacity(64).sinks(names.iter().cloned()).build().unwrap();
+        let fanout = stream.fanout().unwrap();
         let consumers = names.iter().map(|n| stream.reattach(n).unwrap()).collect();
-        Ours { stream, fanout, producers, consumers, envelopes: envelopes(), next: 1 }
+        Ours { stream, fanout, consumers, envelopes: envelopes(), next: 1 }
     }
 }
 
@@ -106,12 +94,7 @@ impl Side for Ours {
     fn run(&mut self, n: u64) -> Duration {
         let start = Instant::now();
         for _ in 0..n {
-            if let Some(fanout) = &mut self.fanout {
-                fanout.publish(batch(&self.envelopes, self.next)).unwrap();
-            }
-            for producer in &mut self.producers {
-                producer.publish(batch(&self.envelopes, self.next)).unwrap();
-            }
+            self.fanout.publish(batch(&self.envelopes, self.next)).unwrap();
             for consumer in &mut self.consumers {
                 let d = consumer.try_recv().unwrap();
                 assert_eq!(d.position(), Some(Position(self.next)));

@@ -209,6 +209,19 @@ pub enum BuildError {
     /// The backend already holds a stream under this name, built with other sinks.
     #[error("the backend's stream was built differently: {0}")]
     Mismatch(String),
+    /// The backend holds the stream (named here) in a layout this version no longer writes
+    /// or reads: over Redis, the retired per-lane-producer layout (a producer per lane on a
+    /// shared log, with consumer groups), which every stream made before the fan-out became the
+    /// only publisher of a stream has. Nothing was changed. Drain it with the version that
+    /// wrote it, then delete it (`RedisStreamBuilder::delete`, or its `{name}:*` keys) and
+    /// build it again: it is made in the current layout (one log written once by the fan-out, every
+    /// lane reading it).
+    #[error(
+        "stream {0:?} is stored in the retired per-lane-producer layout, which this version no longer \
+         reads: drain it with the version that wrote it, then delete it (RedisStreamBuilder::delete) and \
+         build it again in the fan-out layout"
+    )]
+    RetiredLayout(String),
 }
 
 /// Why a lane end could not be had from a stream. The stream is unchanged.
@@ -234,15 +247,6 @@ pub enum StreamError {
     /// The backend failed ([`BackendError`]); nothing was claimed.
     #[error("backend: {0}")]
     Backend(BackendError),
-    /// Over Redis, the lanes are fed by one fan-out (`RedisStreamBuilder::fanout`), so they are
-    /// published to only together, through the stream's fan-out (`RedisStream::fanout`); a
-    /// producer of one lane is refused.
-    #[error("lane {0} is published to only through the stream's fan-out")]
-    SharedRing(SinkName),
-    /// The stream was not built for a fan-out over Redis (`RedisStreamBuilder::fanout`): its
-    /// lanes are published to through each lane's producer.
-    #[error("the stream was not built with fanout(true): publish through each lane's producer")]
-    NotFanout,
 }
 
 /// Implements the shared parts of the three publish errors: `into_inner`, the `is_*` helpers and

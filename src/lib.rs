@@ -74,8 +74,7 @@ pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
 #[cfg(feature = "redis")]
 pub use stream::redis::{
-    RedisConsumer, RedisDelivery, RedisFanout, RedisItem, RedisProducer, RedisRequestSender, RedisStream,
-    RedisStreamBuilder,
+    RedisConsumer, RedisDelivery, RedisFanout, RedisItem, RedisRequestSender, RedisStream, RedisStreamBuilder,
 };
 pub use stream::{
     LaneConsumer, LaneDelivery, MemoryStream, RequestLane, RequestPublisher, RequestSender, Stream,

@@ -77,11 +77,18 @@ mod imp {
 pub(crate) use imp::*;
 pub(crate) use std::sync::atomic::Ordering;
 
-/// Locks `m`, ignoring poisoning: the engine's critical sections hold plain lists that a panic
-/// cannot leave half-updated.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> impl std::ops::DerefMut<Target = T> + '_ {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    }
+/// Locks `m`, ignoring poisoning: the engine's critical sections hold plain lists and values
+/// that a panic cannot leave half-updated. The crate's one lock helper; it hands back the
+/// mutex's own guard, so that a condition variable can wait on it. The Redis backend locks its
+/// `std::sync::Mutex`es with it too: they are this shim's `Mutex` in every build the backend
+/// is part of (it does not build under loom, which models the in-memory engine and the log).
+#[cfg(not(lanestream_loom))]
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// As the std build's: loom's guard.
+#[cfg(lanestream_loom)]
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> loom::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

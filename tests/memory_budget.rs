@@ -26,7 +26,12 @@ fn sized(position: u64, n: usize, size: usize) -> LaneItem {
 }
 
 fn budgeted(capacity: usize, sinks: &[&str], budget: u64) -> MemoryStream {
-    MemoryStream::builder().capacity(capacity).sinks(sinks.iter().copied()).memory_budget(budget).build().unwrap()
+    MemoryStream::builder()
+        .capacity(capacity)
+        .sinks(sinks.iter().copied())
+        .memory_budget(budget)
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -34,7 +39,10 @@ fn m4_a_budget_of_zero_or_past_the_limit_is_refused_at_build() {
     let zero = MemoryStream::builder().sink("a").memory_budget(0).build();
     assert!(matches!(zero, Err(BuildError::ZeroBudget)), "{zero:?}");
     let huge = MemoryStream::builder().sink("a").memory_budget(MAX_BUDGET + 1).build();
-    assert!(matches!(huge, Err(BuildError::BudgetTooLarge { bytes, max }) if bytes == MAX_BUDGET + 1 && max == MAX_BUDGET), "{huge:?}");
+    assert!(
+        matches!(huge, Err(BuildError::BudgetTooLarge { bytes, max }) if bytes == MAX_BUDGET + 1 && max == MAX_BUDGET),
+        "{huge:?}"
+    );
     assert!(MemoryStream::builder().sink("a").memory_budget(MAX_BUDGET).build().is_ok());
 }
 

@@ -1,7 +1,10 @@
-//! Adversarial tests of the Redis backend's hot path for a lane alone on its log (one sink lane,
-//! or the request lane): no pending list (delivered, unacked entries are `an + 1 ..= rd` less the
+//! Adversarial tests of the Redis backend's hot path on a stream with one sink lane (and on the
+//! request lane): no pending list (delivered, unacked entries are `an + 1 ..= rd` less the
 //! out-of-order acked set, redeliveries counted in `B:att`), the receive script with a plain
-//! `XRANGE` beside it, the publish `MULTI` (gate script, plain `XADD`, `XSETID`) and `ACK_ALONE`.
+//! `XRANGE` beside it, the plain delivery-log and ack-log records, and the publish (the gate
+//! script, a plain `XADD`). The publisher is the stream's fan-out, its only publisher since the
+//! per-lane producers retired (issue 20); "producer" in the names and texts below is that
+//! fan-out, and "the plain path" the script-free one, which every lane runs now.
 //!
 //! They hunt for breaks of the contract (`src/docs/contract.md`): out-of-order acks with gaps
 //! then re-attach, nacks after partial out-of-order acks, stale acks racing a re-attach, fenced
@@ -25,8 +28,8 @@ use std::time::Duration;
 
 use common::{backfill, batch, snapshot};
 use lanestream::{
-    AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneProducer, Op, Position,
-    PublishError, RedisDelivery, RedisStream, RequestPublisher, Stream, TryPublishError, TryRecvError,
+    AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, Op, Position, PublishError,
+    RedisDelivery, RedisStream, RequestPublisher, Stream, StreamFanout, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
 use redis_support::{delete_keys, drain_ack, kill_connections, log_ids, pos, unique_name, url};
@@ -85,11 +88,10 @@ fn open(url: &str, name: &str, capacity: usize) -> RedisStream {
         .unwrap_or_else(|e| panic!("building stream {name} on {url}: {e}"))
 }
 
-/// Frees the lane's producer claim as if its holder had died without a word (its handle lives
+/// Frees the stream's fan-out claim as if its holder had died without a word (its handle lives
 /// on: a zombie).
 fn free_producer_claim(admin: &mut redis::Connection, name: &str) {
-    let _: i64 =
-        redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(admin).unwrap();
+    let _: i64 = redis::cmd("HSET").arg(format!("{{{name}}}:meta")).arg("fh").arg("").query(admin).unwrap();
 }
 
 fn log_len(admin: &mut redis::Connection, name: &str) -> usize {
@@ -97,7 +99,7 @@ fn log_len(admin: &mut redis::Connection, name: &str) -> usize {
 }
 
 /// Publishes the batches at positions `range`, in order.
-fn publish_all(p: &mut impl LaneProducer<LaneItem>, range: std::ops::RangeInclusive<u64>) {
+fn publish_all(p: &mut impl StreamFanout, range: std::ops::RangeInclusive<u64>) {
     for i in range {
         p.publish(batch(i)).unwrap();
     }
@@ -118,7 +120,7 @@ fn out_of_order_acks_with_gaps_then_reattach_redeliver_exactly_the_unacked_with_
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s = open(&url, &name, 16);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     publish_all(&mut p, 1..=10);
     let mut c = s.reattach("search").unwrap();
     let mut held = hold(&mut c, 8);
@@ -159,7 +161,7 @@ fn nack_after_a_partial_out_of_order_ack_set_redelivers_only_the_nacked_and_fenc
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s = open(&url, &name, 16);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     publish_all(&mut p, 1..=6);
     let mut c = s.reattach("search").unwrap();
     let mut held = hold(&mut c, 6);
@@ -194,7 +196,7 @@ fn a_stale_consumers_ack_racing_a_reattach_lands_xor_is_redelivered() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s = open(&url, &name, 64);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let rounds = 40u64;
     let mut acked_by_old = 0;
     let mut redelivered = 0;
@@ -254,7 +256,7 @@ fn consumers_stealing_the_lane_from_one_another_ack_every_entry_exactly_once() {
     let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = {
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         std::thread::spawn(move || {
             publish_all(&mut p, 1..=total);
         })
@@ -311,7 +313,7 @@ fn a_producer_reclaimed_while_the_old_one_publishes_lands_nothing_after_the_clai
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 1024);
-    let mut old = s.producer("search").unwrap();
+    let mut old = s.fanout().unwrap();
     old.publish(batch(1)).unwrap();
     let s_old = s.clone();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -346,7 +348,7 @@ fn a_producer_reclaimed_while_the_old_one_publishes_lands_nothing_after_the_clai
     std::thread::sleep(Duration::from_millis(30));
     free_producer_claim(&mut admin, &name);
     let s2 = open(&url, &name, 1024);
-    let mut new = s2.producer("search").expect("the claim was freed");
+    let mut new = s2.fanout().expect("the claim was freed");
     let landed = t.join().unwrap();
     stop.store(true, Ordering::Relaxed);
     let last = *landed.last().unwrap();
@@ -372,16 +374,16 @@ fn two_zombie_producers_of_different_ages_add_nothing_and_do_not_wedge_the_live_
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 64);
     // Generation 1 publishes 1; generation 2 publishes 2 and 3; generation 3 takes over.
-    let mut z1 = s.producer("search").unwrap();
+    let mut z1 = s.fanout().unwrap();
     z1.publish(batch(1)).unwrap();
     free_producer_claim(&mut admin, &name);
     let s2 = open(&url, &name, 64);
-    let mut z2 = s2.producer("search").unwrap();
+    let mut z2 = s2.fanout().unwrap();
     z2.publish(batch(2)).unwrap();
     z2.publish(batch(3)).unwrap();
     free_producer_claim(&mut admin, &name);
     let s3 = open(&url, &name, 64);
-    let mut live = s3.producer("search").unwrap();
+    let mut live = s3.fanout().unwrap();
     // The zombies publish on (each is told it is fenced).
     for z in [&mut z1, &mut z2] {
         assert!(matches!(
@@ -402,17 +404,17 @@ fn zombie_producers_on_a_trimmed_empty_log_add_nothing() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 64);
-    let mut z1 = s.producer("search").unwrap();
+    let mut z1 = s.fanout().unwrap();
     z1.publish(batch(1)).unwrap();
     free_producer_claim(&mut admin, &name);
     let s2 = open(&url, &name, 64);
-    let mut z2 = s2.producer("search").unwrap();
+    let mut z2 = s2.fanout().unwrap();
     for i in 2..=6 {
         z2.publish(batch(i)).unwrap();
     }
     free_producer_claim(&mut admin, &name);
     let s3 = open(&url, &name, 64);
-    let mut live = s3.producer("search").unwrap();
+    let mut live = s3.fanout().unwrap();
     live.publish(batch(7)).unwrap();
     let mut c = s3.reattach("search").unwrap();
     assert_eq!(drain_ack(&mut c).len(), 7);
@@ -438,7 +440,7 @@ fn a_full_lane_refuses_until_the_acked_prefix_moves_and_positions_stay_contiguou
     let (name, _cleanup, mut admin) = setup(&url);
     let cap = 4;
     let s = open(&url, &name, cap);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     for i in 1..=4 {
         p.try_publish(batch(i)).unwrap();
@@ -480,7 +482,7 @@ fn trimming_never_passes_the_watermark_also_on_the_publish_path() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 256);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     // Hold 10 and ack everything else out of order around it, over several 64-entry trims.
     let mut held10 = None;
@@ -526,7 +528,7 @@ fn a_restart_at_each_point_of_the_life_cycle_loses_nothing_and_repeats_nothing_a
     let s = open(&url, &name, 8);
     let s = restart(&mut admin, s);
     // 1: published, nothing received.
-    let mut p = s.producer("search").expect("free");
+    let mut p = s.fanout().expect("free");
     publish_all(&mut p, 1..=6);
     std::mem::forget(p);
     let s = restart(&mut admin, s);
@@ -554,7 +556,7 @@ fn a_restart_at_each_point_of_the_life_cycle_loses_nothing_and_repeats_nothing_a
     got.remove(&6).unwrap().ack().unwrap();
     assert_eq!(s.acked("search").unwrap(), Some(Position(2)));
     // A producer of the new process publishes 7 meanwhile.
-    let mut p = s.producer("search").expect("the dead producer's claim is free");
+    let mut p = s.fanout().expect("the dead producer's claim is free");
     assert!(matches!(p.publish(batch(6)), Err(PublishError::PositionRegressed { last: Position(6), .. })));
     p.publish(batch(7)).unwrap();
     std::mem::forget((got, c, p));
@@ -568,7 +570,7 @@ fn a_restart_at_each_point_of_the_life_cycle_loses_nothing_and_repeats_nothing_a
     // 5: everything acked: nothing comes back; the producer resumes after 7.
     let mut c = s.attach("search").expect("free");
     assert!(matches!(c.try_recv(), Err(TryRecvError::Empty)));
-    let mut p = s.producer("search").expect("free");
+    let mut p = s.fanout().expect("free");
     p.publish(batch(8)).unwrap();
     assert_eq!(drain_ack(&mut c), [(8, 1)]);
     let st = s.stats("search").unwrap();
@@ -585,7 +587,7 @@ fn a_closed_lane_drains_its_unacked_entries_across_a_restart_then_reports_closed
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 8);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     publish_all(&mut p, 1..=6);
     let mut c = s.reattach("search").unwrap();
     let mut held = hold(&mut c, 4);
@@ -612,7 +614,7 @@ fn a_closed_lane_drains_its_unacked_entries_across_a_restart_then_reports_closed
     }
     assert_eq!(got, [(1, 2), (2, 2), (4, 2), (5, 1), (6, 1)]);
     assert_eq!(s.acked("search").unwrap(), Some(Position(6)));
-    let mut p = s.producer("search").expect("free");
+    let mut p = s.fanout().expect("free");
     assert!(matches!(p.try_publish(batch(7)), Err(TryPublishError::Closed(_))));
     assert_eq!(log_len(&mut admin, &name), 6);
 }
@@ -748,7 +750,7 @@ fn huge_batches_go_through_the_plain_xadd_and_xrange_intact() {
     let (name, _cleanup, _admin) = setup(&url);
     static DOC: [u8; 4096] = [b'x'; 4096];
     let s = open(&url, &name, 4);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     // ~8 MB and ~16 MB: a payload far over any listpack/XADD fast path.
     let items = [huge(1, 2000, &DOC), huge(2, 4000, &DOC), huge(3, 1, &DOC)];
@@ -775,7 +777,7 @@ fn a_script_flush_mid_run_reloads_and_lands_each_operation_once() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup_flushing(&url);
     let s = open(&url, &name, 64);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let flush = |admin: &mut redis::Connection| {
         let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(admin).unwrap();
@@ -829,7 +831,7 @@ fn killed_connections_between_operations_give_clear_errors_then_nothing_twice() 
         .sink("search")
         .build()
         .unwrap();
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let mut published = 0u64;
     let mut errors = 0;
@@ -957,7 +959,7 @@ fn run_model(url: &str, actions: &[Action]) -> Result<(), TestCaseError> {
     let (name, _cleanup, mut admin) = setup_flushing(url);
     let cap = 4usize;
     let mut s = open(url, &name, cap);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let mut held: Vec<RedisDelivery<LaneItem>> = Vec::new();
     let mut stale: Vec<RedisDelivery<LaneItem>> = Vec::new();
@@ -1037,7 +1039,7 @@ fn run_model(url: &str, actions: &[Action]) -> Result<(), TestCaseError> {
                 kill_connections(&mut admin, &name);
                 s = open(url, &name, cap);
                 c = s.attach("search").unwrap();
-                p = s.producer("search").unwrap();
+                p = s.fanout().unwrap();
             }
             Action::Trim => {
                 prop_assert_eq!(s.trim().unwrap(), m.prefix());
@@ -1097,7 +1099,7 @@ fn a_script_cache_flushed_after_each_reload_fails_no_call() {
     };
     let (name, _cleanup, mut admin) = setup_flushing(&url);
     let s = RedisStream::builder(&proxy.url, &name).capacity(64).sinks(["search"]).build().unwrap();
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let mut lost_reloads = || {
         let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
@@ -1246,7 +1248,7 @@ fn a_publish_whose_reply_was_lost_is_told_apart_from_the_next_item() {
             .sinks(["search"])
             .build()
             .unwrap_or_else(|e| panic!("building {name}: {e}"));
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         p.publish(batch(1)).unwrap();
         proxy.mode.store(1, Ordering::SeqCst);
         let lost = p.try_publish(batch(2));
@@ -1291,11 +1293,11 @@ fn a_zombie_producer_on_known_room_after_a_reclaim_by_another_process_lands_noth
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s1 = open(&url, &name, 1024);
-    let mut zombie = s1.producer("search").unwrap();
+    let mut zombie = s1.fanout().unwrap();
     publish_all(&mut zombie, 1..=5); // room 1024 proven by the first gate: 2..=5 are plain MULTIs
     free_producer_claim(&mut admin, &name);
     let s2 = open(&url, &name, 1024);
-    let mut live = s2.producer("search").unwrap();
+    let mut live = s2.fanout().unwrap();
     // Before the live producer publishes: the zombie's next id is the fence itself.
     let r = zombie.try_publish(batch(6));
     assert!(is_fenced(&r), "the zombie's publish at the fence: {r:?}");
@@ -1317,7 +1319,7 @@ fn a_zombie_producer_on_known_room_after_a_reclaim_by_another_process_lands_noth
     // A third process claims again: both older producers stay fenced, the newest goes on.
     drop(live);
     let s3 = open(&url, &name, 1024);
-    let mut third = s3.producer("search").unwrap();
+    let mut third = s3.fanout().unwrap();
     let r = zombie.try_publish(batch(2000));
     assert!(is_fenced(&r), "{r:?}");
     third.publish(batch(71)).unwrap();
@@ -1333,7 +1335,7 @@ fn a_zombie_consumers_plain_acks_and_receives_after_a_reattach_by_another_proces
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s1 = open(&url, &name, 16);
-    let mut p = s1.producer("search").unwrap();
+    let mut p = s1.fanout().unwrap();
     publish_all(&mut p, 1..=8);
     let mut old = s1.reattach("search").unwrap();
     let mut held = hold(&mut old, 5); // 1 by the script, 2..=5 by the delivery log
@@ -1383,7 +1385,7 @@ fn plain_acks_in_flight_at_a_reattach_by_another_process_land_xor_come_back() {
     let (name, _cleanup, _admin) = setup(&url);
     let s1 = open(&url, &name, 64);
     let s2 = open(&url, &name, 64);
-    let mut p = s1.producer("search").unwrap();
+    let mut p = s1.fanout().unwrap();
     let per_round = 12u64;
     let mut both = 0;
     for round in 0..12u64 {
@@ -1473,7 +1475,7 @@ fn a_plain_ack_whose_reply_was_lost_counts_once_and_is_never_also_redelivered() 
         let (name, _cleanup, _admin) = setup(&url);
         let s = RedisStream::builder(&proxy.url, &name).capacity(8).sinks(["search"]).build().unwrap();
         let direct = open(&url, &name, 8);
-        let mut p = direct.producer("search").unwrap();
+        let mut p = direct.fanout().unwrap();
         publish_all(&mut p, 1..=4);
         let mut c = s.reattach("search").unwrap();
         let d1 = c.try_recv().unwrap();
@@ -1539,7 +1541,7 @@ fn a_plain_receive_whose_reply_was_lost_is_delivered_once_or_redelivered_after_a
         let (name, _cleanup, _admin) = setup(&url);
         let s = RedisStream::builder(&proxy.url, &name).capacity(8).sinks(["search"]).build().unwrap();
         let direct = open(&url, &name, 8);
-        let mut p = direct.producer("search").unwrap();
+        let mut p = direct.fanout().unwrap();
         publish_all(&mut p, 1..=4);
         let mut c = s.reattach("search").unwrap();
         let d1 = c.try_recv().unwrap(); // the script; 2 is the delivery log's
@@ -1597,7 +1599,7 @@ fn a_close_from_another_process_racing_plain_publishes_keeps_exactly_the_ok_ones
         let (name, _cleanup, mut admin) = setup(&url);
         let s1 = open(&url, &name, 4096);
         let s2 = open(&url, &name, 4096);
-        let mut p = s1.producer("search").unwrap();
+        let mut p = s1.fanout().unwrap();
         let publisher = std::thread::spawn(move || {
             let mut ok = Vec::new();
             for k in 1..=3000u64 {
@@ -1650,7 +1652,7 @@ fn the_room_proof_stops_exactly_at_capacity_and_a_plain_ack_frees_exactly_one_sl
     for cap in [1u64, 2, 5] {
         let (name, _cleanup, _admin) = setup(&url);
         let s = open(&url, &name, cap as usize);
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         let mut c = s.reattach("search").unwrap();
         publish_all(&mut p, 1..=cap);
         assert!(matches!(p.try_publish(batch(cap + 1)), Err(TryPublishError::Full(_))), "cap {cap}");
@@ -1676,7 +1678,7 @@ fn a_capacity_lowered_by_another_process_binds_the_running_producer_within_64_pu
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s1 = open(&url, &name, 500);
-    let mut p = s1.producer("search").unwrap();
+    let mut p = s1.fanout().unwrap();
     publish_all(&mut p, 1..=10);
     let s2 = open(&url, &name, 4);
     let mut k = 11;
@@ -1712,7 +1714,7 @@ fn the_64th_publish_trim_never_removes_an_unacked_entry() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 256);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let keep = [5u64, 70, 130];
     let mut held = Vec::new();
@@ -1749,8 +1751,8 @@ fn the_64th_publish_trim_never_removes_an_unacked_entry() {
     assert_eq!(log_len(&mut admin, &name), 0);
 }
 
-/// Every handle dropped and rebuilt from Redis while the ack, delivery and publish logs hold
-/// records not folded yet (plain acks in and out of order, plain receives): the new process
+/// Every handle dropped and rebuilt from Redis while the ack and delivery logs (and the log, the
+/// lane's publish record) hold records not folded yet (plain acks in and out of order, plain receives): the new process
 /// sees the right counters, acked position, watermark and idleness, gets back exactly the
 /// unacked entries, and its producer goes on after the last published one.
 #[test]
@@ -1759,8 +1761,8 @@ fn a_restart_with_unfolded_plain_records_keeps_counters_and_delivers_the_unacked
     let (name, _cleanup, mut admin) = setup(&url);
     {
         let s = open(&url, &name, 16);
-        let mut p = s.producer("search").unwrap();
-        publish_all(&mut p, 1..=10); // 2..=10 plain MULTIs
+        let mut p = s.fanout().unwrap();
+        publish_all(&mut p, 1..=10); // 2..=10 plain XADDs
         let mut c = s.reattach("search").unwrap();
         let mut held = hold(&mut c, 7); // 2..=7 through the delivery log
         for k in [1, 2, 3, 6] {
@@ -1787,7 +1789,7 @@ fn a_restart_with_unfolded_plain_records_keeps_counters_and_delivers_the_unacked
         (10, 3, 7, 3, 4, Some(Position(10))),
         "{st:?}"
     );
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.attach("search").unwrap();
     let got = drain_ack(&mut c);
     assert_eq!(got, [(4, 2), (5, 2), (7, 2), (8, 1), (9, 1), (10, 1)]);
@@ -1891,9 +1893,9 @@ fn run_against_memory(url: &str, proxy: &ReplyLosingProxy, steps: &[Step]) -> Re
     let build = |u: &str| RedisStream::builder(u, &name).capacity(cap).sinks(["search"]).build().unwrap();
     let mut rs = [build(url), build(&proxy.url)];
     let mem = MemoryStream::builder().capacity(cap).sinks(["search"]).build().unwrap();
-    let mut rp = rs[0].producer("search").unwrap();
+    let mut rp = rs[0].fanout().unwrap();
     let mut producer_at = 0usize;
-    let mut mp = mem.producer("search").unwrap();
+    let mut mp = mem.fanout().unwrap();
     let mut rc = rs[1].reattach("search").unwrap();
     let mut mc = mem.reattach("search").unwrap();
     let mut rheld: Vec<RedisDelivery<LaneItem>> = Vec::new();
@@ -1978,12 +1980,12 @@ fn run_against_memory(url: &str, proxy: &ReplyLosingProxy, steps: &[Step]) -> Re
             Step::Reclaim => {
                 free_producer_claim(&mut admin, &name);
                 producer_at = 1 - producer_at;
-                let mut zombie = std::mem::replace(&mut rp, rs[producer_at].producer("search").unwrap());
+                let mut zombie = std::mem::replace(&mut rp, rs[producer_at].fanout().unwrap());
                 let z = zombie.try_publish(batch(next));
                 prop_assert!(is_fenced(&z), "step {}: the zombie producer: {:?}", i, z);
                 std::mem::forget(zombie); // its drop would not free the new claim anyway
                 drop(mp);
-                mp = mem.producer("search").unwrap();
+                mp = mem.fanout().unwrap();
             }
             Step::Restart => {
                 for d in rheld.drain(..).chain(stale.drain(..)) {
@@ -1995,7 +1997,7 @@ fn run_against_memory(url: &str, proxy: &ReplyLosingProxy, steps: &[Step]) -> Re
                 // connections die too, and they reconnect.
                 rs = [build(url), build(&proxy.url)];
                 kill_connections(&mut admin, &name);
-                rp = rs[0].producer("search").unwrap();
+                rp = rs[0].fanout().unwrap();
                 producer_at = 0;
                 rc = rs[1].attach("search").unwrap();
                 mheld.clear();
@@ -2070,7 +2072,7 @@ fn a_plain_publish_whose_reply_was_lost_during_a_reclaim_is_counted_and_fenced()
     };
     let (name, _cleanup, mut admin) = setup(&url);
     let s1 = RedisStream::builder(&proxy.url, &name).capacity(64).sinks(["search"]).build().unwrap();
-    let mut old = s1.producer("search").unwrap();
+    let mut old = s1.fanout().unwrap();
     publish_all(&mut old, 1..=5); // 2..=5 plain, on known room
     proxy.mode.store(1, Ordering::SeqCst);
     let (u, n) = (url.clone(), name.clone());
@@ -2078,7 +2080,7 @@ fn a_plain_publish_whose_reply_was_lost_during_a_reclaim_is_counted_and_fenced()
         let mut admin = redis::Client::open(u.as_str()).unwrap().get_connection().unwrap();
         free_producer_claim(&mut admin, &n);
         let s2 = open(&u, &n, 64);
-        let mut live = s2.producer("search").unwrap();
+        let mut live = s2.fanout().unwrap();
         live.publish(batch(7)).unwrap();
         (s2, live)
     });
@@ -2107,7 +2109,7 @@ fn plain_receives_racing_a_reattach_by_another_process_hand_back_exactly_what_wa
     let (name, _cleanup, _admin) = setup(&url);
     let s1 = open(&url, &name, 256);
     let s2 = open(&url, &name, 256);
-    let mut p = s1.producer("search").unwrap();
+    let mut p = s1.fanout().unwrap();
     let per = 40u64;
     let mut partial = 0;
     for round in 0..10u64 {
@@ -2160,7 +2162,7 @@ fn unpositioned_items_on_the_plain_path_keep_the_positions_of_the_last_positione
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let mem = MemoryStream::builder().capacity(16).sinks(["search"]).build().unwrap();
-    let mut mp = mem.producer("search").unwrap();
+    let mut mp = mem.fanout().unwrap();
     let mut mc = mem.reattach("search").unwrap();
     let items = || [batch(1), snapshot(), batch(2), snapshot(), snapshot(), batch(3), snapshot()];
     let check = |s: &RedisStream, what: &str| {
@@ -2175,7 +2177,7 @@ fn unpositioned_items_on_the_plain_path_keep_the_positions_of_the_last_positione
     };
     {
         let s = open(&url, &name, 16);
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         let mut c = s.reattach("search").unwrap();
         for (k, (a, b)) in items().into_iter().zip(items()).enumerate() {
             p.publish(a).unwrap();
@@ -2197,7 +2199,7 @@ fn unpositioned_items_on_the_plain_path_keep_the_positions_of_the_last_positione
     }
     let s = open(&url, &name, 16);
     check(&s, "after the restart");
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.attach("search").unwrap();
     p.publish(snapshot()).unwrap();
     mp.publish(snapshot()).unwrap();
@@ -2228,7 +2230,7 @@ fn a_plain_publish_after_delete_does_not_resurrect_the_stream() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s1 = open(&url, &name, 64);
-    let mut p = s1.producer("search").unwrap();
+    let mut p = s1.fanout().unwrap();
     publish_all(&mut p, 1..=3); // 2 and 3 plain, on known room
     s1.delete().unwrap();
     assert!(redis_support::keys_of(&mut admin, &name).unwrap().is_empty());
@@ -2256,14 +2258,14 @@ fn plain_acks_of_a_deleted_streams_consumer_do_not_ack_the_stream_built_again() 
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s1 = open(&url, &name, 64);
-    let mut p1 = s1.producer("search").unwrap();
+    let mut p1 = s1.fanout().unwrap();
     publish_all(&mut p1, 1..=5);
     let mut c1 = s1.reattach("search").unwrap();
     let held = hold(&mut c1, 5);
     s1.delete().unwrap();
     drop(p1);
     let s2 = open(&url, &name, 64);
-    let mut p2 = s2.producer("search").unwrap();
+    let mut p2 = s2.fanout().unwrap();
     publish_all(&mut p2, 1..=5);
     let mut c2 = s2.reattach("search").unwrap();
     let late: Vec<_> = held.into_values().map(|d| d.ack()).collect();
@@ -2282,14 +2284,14 @@ fn plain_receives_of_a_deleted_streams_consumer_do_not_move_the_stream_built_aga
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s1 = open(&url, &name, 64);
-    let mut p1 = s1.producer("search").unwrap();
+    let mut p1 = s1.fanout().unwrap();
     publish_all(&mut p1, 1..=5);
     let mut c1 = s1.reattach("search").unwrap();
     let held = hold(&mut c1, 2); // entry 3 expected next, on the plain path
     s1.delete().unwrap();
     drop(p1);
     let s2 = open(&url, &name, 64);
-    let mut p2 = s2.producer("search").unwrap();
+    let mut p2 = s2.fanout().unwrap();
     publish_all(&mut p2, 1..=5);
     let mut c2 = s2.reattach("search").unwrap();
     let late = c1.try_recv().map(|d| pos(&d));
@@ -2307,7 +2309,7 @@ fn the_plain_paths_logs_stay_bounded_while_the_consumer_is_always_behind() {
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
     let s = open(&url, &name, 8);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     publish_all(&mut p, 1..=8);
     for k in 1..=2000u64 {
@@ -2319,8 +2321,10 @@ fn the_plain_paths_logs_stay_bounded_while_the_consumer_is_always_behind() {
     let len = |admin: &mut redis::Connection, log: &str| -> usize {
         redis::cmd("XLEN").arg(format!("{}:{log}", lane_key(&name))).query(admin).unwrap()
     };
-    let (al, dl, pl) = (len(&mut admin, "al"), len(&mut admin, "dl"), len(&mut admin, "pl"));
-    assert!(al <= 64 + 8 && pl <= 64, "ack log {al}, publish log {pl} records");
+    // The log is the publish record (no publish log any more): it is trimmed below the acked
+    // prefix every 64th entry.
+    let (al, dl, log) = (len(&mut admin, "al"), len(&mut admin, "dl"), log_len(&mut admin, &name));
+    assert!(al <= 64 + 8 && log <= 64 + 8, "ack log {al} records, log {log} entries");
     assert!(dl <= 64 + 8, "delivery log: {dl} records after 2000 deliveries");
 }
 
@@ -2334,7 +2338,7 @@ fn plain_acks_and_publishes_ring_their_waiters_without_a_wait_slice() {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url);
     let s = open(&url, &name, 2);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let rounds = 12u64;
     let mut publisher_waits = Vec::new();

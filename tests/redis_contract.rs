@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use common::{backfill, batch, snapshot};
 use lanestream::{
-    AckError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, Position, PublishError, RedisDelivery,
-    RedisStream, RequestPublisher, Stream, StreamError, TryPublishError, TryRecvError,
+    AckError, LaneConsumer, LaneDelivery, LaneItem, Position, PublishError, RedisDelivery, RedisStream,
+    RequestPublisher, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
 use redis_support::{delete_keys, keys_of, kill_connections, unique_name, url};
@@ -137,7 +137,7 @@ fn redis_state_survives_the_process_a_restarted_sink_gets_its_unacked_batches_ag
     {
         // Process 1: ingest publishes 1..=5; the sink applies and acks 1 and 3, holds 2, 4 and 5.
         let s = open(&url, &name, 8, 4, &["search"]);
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         for i in 1..=5 {
             p.publish(batch(i)).unwrap();
         }
@@ -165,7 +165,7 @@ fn redis_state_survives_the_process_a_restarted_sink_gets_its_unacked_batches_ag
     got.into_iter().for_each(|d| d.ack().unwrap());
     assert_eq!(s.acked("search").unwrap(), Some(Position(5)));
     // The restarted ingest takes the dead producer's claim and resumes after position 5.
-    let mut p = s.producer("search").expect("the dead producer's claim is free");
+    let mut p = s.fanout().expect("the dead producer's claim is free");
     assert!(matches!(p.publish(batch(5)), Err(PublishError::PositionRegressed { last: Position(5), .. })));
     p.publish(batch(6)).unwrap();
     assert_eq!(c.try_recv().unwrap().position(), Some(Position(6)));
@@ -179,22 +179,17 @@ fn redis_a_restarted_ingest_resumes_after_the_last_published_position() {
     let _cleanup = Cleanup::of(&url, &name);
     {
         let s = open(&url, &name, 8, 4, &["a", "b"]);
-        for sink in ["a", "b"] {
-            let mut p = s.producer(sink).unwrap();
-            for i in 1..=3 {
-                p.publish(batch(i)).unwrap();
-            }
+        let mut p = s.fanout().unwrap();
+        for i in 1..=3 {
+            p.publish(batch(i)).unwrap();
         }
         // Dropped: the stream's anchor connection closes, as when the process dies.
     }
     let s = open(&url, &name, 8, 4, &["a", "b"]);
+    let mut p = s.fanout().expect("the dead fan-out's claim is free");
+    assert!(matches!(p.publish(batch(3)), Err(PublishError::PositionRegressed { last: Position(3), .. })));
+    p.publish(batch(4)).unwrap();
     for sink in ["a", "b"] {
-        let mut p = s.producer(sink).expect("the dead producer's claim is free");
-        assert!(matches!(
-            p.publish(batch(3)),
-            Err(PublishError::PositionRegressed { last: Position(3), .. })
-        ));
-        p.publish(batch(4)).unwrap();
         let st = s.stats(sink).unwrap();
         assert_eq!((st.published, st.last_published), (4, Some(Position(4))));
     }
@@ -207,18 +202,14 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
     let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 8, 4, &["a", "b", "c"]);
-    let mut ps: Vec<_> = ["a", "b", "c"].iter().map(|n| s.producer(n).unwrap()).collect();
+    let mut f = s.fanout().unwrap();
     let mut cs: Vec<_> = ["a", "b", "c"].iter().map(|n| s.reattach(n).unwrap()).collect();
     for i in 1..=4 {
-        for p in &mut ps {
-            p.publish(batch(i)).unwrap();
-        }
+        f.publish(batch(i)).unwrap();
     }
-    // A lane-only item (a snapshot row for "b") in between.
-    ps[1].publish(snapshot()).unwrap();
-    for p in &mut ps {
-        p.publish(batch(5)).unwrap();
-    }
+    // A lane-only item (a snapshot row for "b") in between: a gap for a and c.
+    f.publish_to(1, snapshot()).unwrap();
+    f.publish(batch(5)).unwrap();
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_connection().unwrap();
     let log = format!("{{{name}}}:log");
@@ -245,9 +236,9 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
     assert_eq!(len(&mut con), 0);
     assert_eq!(s.watermark(), Some(Position(5)));
     assert!(s.is_idle());
-    // Each lane is a consumer group on the one stream.
+    // No consumer group: each lane's hash holds its deliveries.
     let groups: Vec<redis::Value> = redis::cmd("XINFO").arg("GROUPS").arg(&log).query(&mut con).unwrap();
-    assert_eq!(groups.len(), 3);
+    assert_eq!(groups.len(), 0);
     s.delete().unwrap();
 
     // Publishing trims by itself every 64 entries, below the slowest lane: b stops acking at 100.
@@ -255,11 +246,11 @@ fn redis_a_batch_published_to_every_lane_is_stored_once_and_trimmed_once_all_lan
     let _cleanup2 = Cleanup::of(&url, &name);
     let log = format!("{{{name}}}:log");
     let s = open(&url, &name, 64, 4, &["a", "b"]);
-    let mut ps: Vec<_> = ["a", "b"].iter().map(|n| s.producer(n).unwrap()).collect();
+    let mut f = s.fanout().unwrap();
     let mut cs: Vec<_> = ["a", "b"].iter().map(|n| s.reattach(n).unwrap()).collect();
     for i in 1..=130 {
-        for (k, (p, c)) in ps.iter_mut().zip(cs.iter_mut()).enumerate() {
-            p.publish(batch(i)).unwrap();
+        f.publish(batch(i)).unwrap();
+        for (k, c) in cs.iter_mut().enumerate() {
             if k == 0 || i <= 100 {
                 c.try_recv().unwrap().ack().unwrap();
             }
@@ -283,7 +274,7 @@ fn redis_a_lost_connection_reconnects_and_nothing_is_published_or_acked_twice() 
     let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 4, 4, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut admin = client.get_connection().unwrap();
@@ -307,7 +298,7 @@ fn redis_a_lost_connection_reconnects_and_nothing_is_published_or_acked_twice() 
     assert_eq!((st.published, st.acked_items, st.delivered), (20, 20, 20), "{st:?}");
     assert_eq!(s.watermark(), Some(Position(20)));
     // The claims moved to the new anchor: this process's producer is still the lane's.
-    assert!(matches!(s.producer("search"), Err(StreamError::ProducerBusy(_))));
+    assert!(matches!(s.fanout(), Err(StreamError::ProducerBusy(_))));
     s.delete().unwrap();
 }
 
@@ -340,7 +331,7 @@ fn redis_async_receive_and_request_publish_wait_without_a_runtime_of_our_own() {
     let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 1, 1, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let s2 = s.clone();
     let publisher = std::thread::spawn(move || {
@@ -381,7 +372,7 @@ fn child_role(url: &str, spec: &str) -> ! {
             keep.push(Box::new(c));
         }
         "ingest" => {
-            let mut p = s.producer("search").unwrap();
+            let mut p = s.fanout().unwrap();
             for i in 11..=15 {
                 p.publish(batch(i)).unwrap();
             }
@@ -426,7 +417,7 @@ fn redis_processes_killed_mid_run_a_restarted_sink_gets_its_unacked_batches_a_re
     let _cleanup = Cleanup::of(&url, &name);
     let s = RedisStream::builder(url.as_str(), name.as_str()).capacity(16).sink("search").build().unwrap();
     {
-        let mut p = s.producer("search").unwrap();
+        let mut p = s.fanout().unwrap();
         for i in 1..=10 {
             p.publish(batch(i)).unwrap();
         }
@@ -446,7 +437,7 @@ fn redis_processes_killed_mid_run_a_restarted_sink_gets_its_unacked_batches_a_re
     assert_eq!(s.watermark(), Some(Position(10)));
     // The ingest process publishes 11..=15 and is killed; the restarted one resumes after 15.
     run_child_and_kill(TEST, &name, "ingest");
-    let mut p = s.producer("search").expect("the killed ingest's claim is free");
+    let mut p = s.fanout().expect("the killed ingest's claim is free");
     assert!(matches!(p.publish(batch(15)), Err(PublishError::PositionRegressed { last: Position(15), .. })));
     p.publish(batch(16)).unwrap();
     let got: Vec<_> = std::iter::from_fn(|| c.try_recv().ok())
@@ -469,7 +460,7 @@ fn redis_the_generic_tests_leave_no_key_behind_even_when_they_fail() {
     let backend = Redis { cleanup: Cleanup::new(&url) };
     let (a, b) = (backend.build(2, 2, &["search"]), backend.build(2, 2, &["search", "cache"]));
     let names = [a.name().to_owned(), b.name().to_owned()];
-    a.producer("search").unwrap().publish(batch(1)).unwrap();
+    a.fanout().unwrap().publish(batch(1)).unwrap();
     assert!(!keys_of(&mut admin, &names[0]).unwrap().is_empty(), "the stream has keys while it lives");
     // A failing test: the panic unwinds through the backend, which cleans up.
     let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
@@ -491,8 +482,8 @@ fn redis_delete_removes_its_own_keys_only_whatever_glob_characters_the_name_hold
     let _cleanup = Cleanup::of(&url, &other);
     let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let (g, o) = (open(&url, &globby, 2, 2, &["search"]), open(&url, &other, 2, 2, &["search"]));
-    g.producer("search").unwrap().publish(batch(1)).unwrap();
-    o.producer("search").unwrap().publish(batch(1)).unwrap();
+    g.fanout().unwrap().publish(batch(1)).unwrap();
+    o.fanout().unwrap().publish(batch(1)).unwrap();
     let before = keys_of(&mut admin, &other).unwrap().len();
     assert!(before > 0);
     g.delete().unwrap();
@@ -515,7 +506,7 @@ fn redis_a_lane_alone_on_its_log_keeps_no_ids_set_and_acks_and_trims_from_its_ac
     let (log, ids) = (format!("{{{name}}}:log"), format!("{{{name}}}:l:search:ids"));
     let len = |con: &mut redis::Connection| -> usize { redis::cmd("XLEN").arg(&log).query(con).unwrap() };
     let s = open(&url, &name, 8, 4, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     for i in 1..=5 {
         p.publish(batch(i * 10)).unwrap();
@@ -567,14 +558,14 @@ fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry()
         redis::cmd("XADD").arg(&log).arg(format!("{n}-{epoch}")).arg("d").arg("x").arg("p").arg("").query(con)
     };
     let s = open(&url, &name, 8, 4, &["search"]);
-    let mut p1 = s.producer("search").unwrap(); // epoch 1
+    let mut p1 = s.fanout().unwrap(); // epoch 1
     let mut c = s.reattach("search").unwrap();
     p1.publish(batch(10)).unwrap();
-    // Another process takes the producer over (this one's claim given up as if it had died).
+    // Another process takes the fan-out over (this one's claim given up as if it had died).
     let _: i64 =
-        redis::cmd("HSET").arg(format!("{{{name}}}:l:search")).arg("ph").arg("").query(&mut con).unwrap();
+        redis::cmd("HSET").arg(format!("{{{name}}}:meta")).arg("fh").arg("").query(&mut con).unwrap();
     let s2 = open(&url, &name, 8, 4, &["search"]);
-    let mut p2 = s2.producer("search").unwrap(); // epoch 2
+    let mut p2 = s2.fanout().unwrap(); // epoch 2
     assert!(raw(&mut con, 2, 1).is_err(), "the old epoch's next entry is refused from the claim on");
     match p1.publish(batch(20)) {
         Err(PublishError::Backend { error: lanestream::BackendError::Fenced, .. }) => {}
@@ -610,7 +601,7 @@ fn redis_a_fenced_producer_or_a_publish_whose_script_did_not_run_adds_no_entry()
 /// returned, for comparison across the backends.
 fn stats_step<S: Stream>(
     s: &S,
-    p: &mut S::Producer,
+    p: &mut S::Fanout,
     c: &mut S::Consumer,
     held: &mut Vec<<S::Consumer as LaneConsumer<LaneItem>>::Delivery>,
     op: u64,
@@ -659,8 +650,8 @@ fn redis_lane_stats_match_the_memory_backend_after_every_step() {
         let _cleanup = Cleanup::of(&url, &name);
         let r = open(&url, &name, 6, 4, sinks);
         let m = lanestream::MemoryStream::builder().capacity(6).sinks(sinks.iter().copied()).build().unwrap();
-        let (mut rp, mut rc) = (r.producer("search").unwrap(), r.reattach("search").unwrap());
-        let (mut mp, mut mc) = (m.producer("search").unwrap(), m.reattach("search").unwrap());
+        let (mut rp, mut rc) = (r.fanout().unwrap(), r.reattach("search").unwrap());
+        let (mut mp, mut mc) = (m.fanout().unwrap(), m.reattach("search").unwrap());
         let (mut rheld, mut mheld) = (Vec::new(), Vec::new());
         let (mut rnext, mut mnext) = (1, 1);
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -702,10 +693,10 @@ fn redis_connections_killed_between_calls_are_recovered_silently_and_counted() {
     let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 4, 4, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     let mut admin = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
-    let round = |p: &mut lanestream::RedisProducer, c: &mut lanestream::RedisConsumer<LaneItem>, i: u64| {
+    let round = |p: &mut lanestream::RedisFanout, c: &mut lanestream::RedisConsumer<LaneItem>, i: u64| {
         p.try_publish(batch(i)).unwrap();
         let d = c.try_recv().unwrap();
         assert_eq!((d.position(), d.attempt()), (Some(Position(i)), 1));
@@ -741,7 +732,7 @@ fn redis_acks_through_the_ack_log_keep_the_acked_prefix_with_gaps_and_late_acks(
     let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let al = format!("{{{name}}}:l:search:al");
     let s = open(&url, &name, 8, 4, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     for i in 1..=6 {
         p.publish(batch(i * 10)).unwrap();
@@ -790,7 +781,7 @@ fn redis_receives_through_the_delivery_log_lose_nothing_and_deliver_once() {
     let mut con = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let (hash, dl) = (format!("{{{name}}}:l:search"), format!("{{{name}}}:l:search:dl"));
     let s = open(&url, &name, 8, 4, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     p.publish(batch(10)).unwrap();
     c.try_recv().unwrap().ack().unwrap(); // the first receive of an epoch is the script's
@@ -846,7 +837,7 @@ fn redis_a_producer_publishing_on_known_room_keeps_the_bound_and_the_positions()
     let name = unique_name("lst");
     let _cleanup = Cleanup::of(&url, &name);
     let s = open(&url, &name, 3, 4, &["search"]);
-    let mut p = s.producer("search").unwrap();
+    let mut p = s.fanout().unwrap();
     let mut c = s.reattach("search").unwrap();
     for i in 1..=3 {
         p.try_publish(batch(i * 10)).unwrap(); // the first runs the script, which reports room for 3

@@ -1,5 +1,5 @@
-//! The Redis backend's fan-out stream (`RedisStreamBuilder::fanout`): one publisher writes each
-//! item once into the log, every lane reads every entry. The rules it shares with the in-memory
+//! The Redis backend's fan-out (`Stream::fanout`, the only publisher of a Redis stream): it writes
+//! each item once into the log, every lane reads every entry. The rules it shares with the in-memory
 //! fan-out over a shared ring (`tests/fanout.rs`): every lane gets every item, in order, once
 //! (L2); the slowest lane bounds the publisher (L3); positions rise on every lane (L4);
 //! `publish_to` reaches one lane, the others pass a gap (W5); a closed lane refuses the fan-out
@@ -13,12 +13,12 @@ mod common;
 mod redis_support;
 
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::batch;
 use lanestream::{
     AckError, BackendError, BuildError, LaneConsumer, LaneItem, Position, PublishError, RedisDelivery,
-    RedisStream, Stream, StreamError, TryPublishError, TryRecvError,
+    RedisStream, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
 use redis_support::fanout::{firsts, open, setup, SINKS};
 use redis_support::{drain_ack, log_ids, pos};
@@ -44,27 +44,60 @@ fn redis_fanout_l2_every_lane_gets_every_item_once_in_order_and_the_log_holds_ea
     assert!(stream.is_idle());
 }
 
+/// L1: the layout is stored with the stream. A stream stored in the retired
+/// per-lane-producer layout (recorded as `lanes`, or made before the layout was recorded) is
+/// refused at build with `RetiredLayout`, which says what to do, and is left untouched; deleted,
+/// it is built again in the one layout.
 #[test]
-fn redis_fanout_l1_l9_a_lane_producer_is_refused_and_the_mode_is_stored_with_the_stream() {
+fn redis_fanout_l1_a_stream_in_the_retired_layout_is_refused_at_build_and_can_be_deleted() {
     let url = server!();
-    let (name, _cleanup, _admin) = setup(&url, "lsf");
+    let (name, _cleanup, mut admin) = setup(&url, "lsf");
     let stream = open(&url, &name, 8);
-    match stream.producer("cache") {
-        Err(StreamError::SharedRing(sink)) => assert_eq!(sink.as_str(), "cache"),
-        other => panic!("a lane producer of a fan-out stream: {other:?}"),
+    let other = RedisStream::builder(&url, &name).sinks(SINKS[..2].iter().copied()).build();
+    assert!(matches!(other, Err(BuildError::Mismatch(_))), "other sinks: {other:?}");
+    RedisStream::builder(&url, &name).sinks(SINKS).build().expect("the same sinks, the one layout");
+    let meta = format!("{{{name}}}:meta");
+    let layout = |admin: &mut redis::Connection| -> Option<String> {
+        redis::cmd("HGET").arg(&meta).arg("mode").query(admin).unwrap()
+    };
+    assert_eq!(layout(&mut admin).as_deref(), Some("fanout"));
+    let mut fanout = stream.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    drop(fanout);
+    for retired in [Some("lanes"), None] {
+        match retired {
+            Some(mode) => {
+                let _: i64 = redis::cmd("HSET").arg(&meta).arg("mode").arg(mode).query(&mut admin).unwrap();
+            }
+            None => {
+                let _: i64 = redis::cmd("HDEL").arg(&meta).arg("mode").query(&mut admin).unwrap();
+            }
+        }
+        let keys_before = redis_support::keys_of(&mut admin, &name).unwrap().len();
+        match open_retired(&url, &name) {
+            Err(BuildError::RetiredLayout(stored)) => assert_eq!(stored, name),
+            other => panic!("a stream in the retired layout ({retired:?}): {other:?}"),
+        }
+        let message = open_retired(&url, &name).unwrap_err().to_string();
+        assert!(message.contains("retired") && message.contains("delete"), "{message}");
+        assert_eq!(
+            layout(&mut admin).as_deref(),
+            Some("lanes"),
+            "recorded as the retired layout, nothing else"
+        );
+        assert_eq!(redis_support::keys_of(&mut admin, &name).unwrap().len(), keys_before, "no key made");
     }
-    let other = RedisStream::builder(&url, &name).sinks(SINKS).build();
-    assert!(matches!(other, Err(BuildError::Mismatch(_))), "{other:?}");
-    let (plain, _c2, mut admin) = setup(&url, "lsf");
-    let plain_stream = RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
-    assert!(matches!(plain_stream.fanout(), Err(StreamError::NotFanout)));
-    let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
-    assert!(matches!(fanout_build, Err(BuildError::Mismatch(_))), "{fanout_build:?}");
-    // A stream made before the mode was recorded was published to per lane: not a fan-out's.
-    let _: i64 = redis::cmd("HDEL").arg(format!("{{{plain}}}:meta")).arg("mode").query(&mut admin).unwrap();
-    let fanout_build = RedisStream::builder(&url, &plain).sinks(SINKS).fanout(true).build();
-    assert!(matches!(fanout_build, Err(BuildError::Mismatch(_))), "{fanout_build:?}");
-    RedisStream::builder(&url, &plain).sinks(SINKS).build().unwrap();
+    RedisStream::builder(&url, &name).delete().unwrap();
+    assert!(redis_support::keys_of(&mut admin, &name).unwrap().is_empty());
+    let again = open(&url, &name, 8);
+    assert_eq!(layout(&mut admin).as_deref(), Some("fanout"));
+    let mut fanout = again.fanout().unwrap();
+    fanout.publish(batch(1)).unwrap();
+    assert_eq!(drain_ack(&mut again.attach("cache").unwrap()), firsts(1..=1));
+}
+
+fn open_retired(url: &str, name: &str) -> Result<RedisStream, BuildError> {
+    RedisStream::builder(url, name).capacity(8).sinks(SINKS).build()
 }
 
 /// L3: the slowest lane bounds the fan-out; an ack of that lane makes room, also for a publish
@@ -317,4 +350,87 @@ fn redis_fanout_i1_l4_the_last_position_is_found_behind_many_unpositioned_entrie
     assert_eq!(positions.len(), 43);
     assert_eq!((positions[0], positions[42]), (Some(Position(5)), Some(Position(6))));
     assert_eq!(stream.acked("cache").unwrap(), Some(Position(6)));
+}
+
+/// W6 on Redis: a watermark waiter (blocking, and async on its helper thread) is woken by the ack
+/// that moves the watermark, through a wake-up key of its own: never after waiting out a wait
+/// slice (500 ms), in 12 rounds. Its key and its registration are gone once it returned.
+#[test]
+fn redis_fanout_w6_an_ack_wakes_a_watermark_waiter_without_a_wait_slice() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url, "lsf");
+    let stream = open(&url, &name, 64);
+    let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
+    let mut fanout = stream.fanout().unwrap();
+    let mut waits = Vec::new();
+    for round in 0..12u64 {
+        let p = round + 1;
+        fanout.publish(batch(p)).unwrap();
+        // Every lane but the last acks: the watermark waits on that one.
+        for c in &mut consumers[..2] {
+            assert_eq!(drain_ack(c), firsts(p..=p));
+        }
+        let waiter = {
+            let s = stream.clone();
+            thread::spawn(move || {
+                let w = if round % 2 == 0 {
+                    s.wait_watermark(Position(p), Some(Instant::now() + Duration::from_secs(20)))
+                } else {
+                    futures_executor::block_on(s.wait_watermark_async(Position(p)))
+                };
+                (w, Instant::now())
+            })
+        };
+        thread::sleep(Duration::from_millis(30));
+        let acked = Instant::now();
+        assert_eq!(drain_ack(&mut consumers[2]), firsts(p..=p));
+        let (w, woke) = waiter.join().unwrap();
+        assert_eq!(w, Some(Position(p)), "round {round}");
+        waits.push(woke.saturating_duration_since(acked));
+    }
+    eprintln!("watermark waiters woken after {waits:?}");
+    let slow = waits.iter().filter(|d| **d >= Duration::from_millis(400)).count();
+    assert_eq!(slow, 0, "watermark waiters waited out a slice: {waits:?}");
+    let left: Vec<String> = redis_support::keys_of(&mut admin, &name)
+        .unwrap()
+        .into_iter()
+        .filter(|k| k.contains(":wbell:") || k.ends_with(":ww"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Runs on Redis: one script per run of up to 64 items; a run longer than that goes in several,
+/// the lanes get every item once, in order, and the log holds each once (a trim at every 64th
+/// entry included); a run that starts with an unpositioned item and one with a refused item
+/// in the middle stop where they must.
+#[test]
+fn redis_fanout_l2_runs_publish_every_item_once_in_order_across_scripts_and_trims() {
+    let url = server!();
+    let (name, _cleanup, mut admin) = setup(&url, "lsf");
+    let stream = open(&url, &name, 256);
+    let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
+    let mut fanout = stream.fanout().unwrap();
+    let items: Vec<LaneItem> = (1..=150).map(batch).collect();
+    fanout.publish_run(&items).unwrap();
+    assert_eq!(log_ids(&mut admin, &name), (1..=150).collect::<Vec<_>>(), "one entry per item");
+    let unpositioned = LaneItem::Batch(lanestream::Batch::new(None, Vec::new().into()));
+    assert_eq!(fanout.try_publish_run(&[unpositioned.clone(), batch(151), batch(3), batch(152)]), Ok(2));
+    for (sink, c) in SINKS.iter().zip(&mut consumers) {
+        let got = drain_ack(c);
+        let expected: Vec<(u64, u32)> = (1..=150).map(|p| (p, 1)).chain([(0, 1), (151, 1)]).collect();
+        assert_eq!(got, expected, "lane {sink}");
+    }
+    assert_eq!(stream.watermark(), Some(Position(151)));
+    assert_eq!(stream.trim().unwrap(), 152);
+    // The restarted fan-out knows the last position from the log written by runs.
+    drop(fanout);
+    let mut fanout = stream.fanout().unwrap();
+    assert!(matches!(
+        fanout.try_publish_run(&[batch(151), batch(153)]),
+        Err(TryPublishError::PositionRegressed { item: 0, .. })
+    ));
+    fanout.publish_run(&[batch(153), batch(154)]).unwrap();
+    for c in &mut consumers {
+        assert_eq!(drain_ack(c), firsts(153..=154));
+    }
 }

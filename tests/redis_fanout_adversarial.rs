@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use common::batch;
 use lanestream::{
     BackendError, LaneConsumer, MemoryStream, Position, PublishError, PublishTimeoutError, RedisFanout,
-    RedisStream, Stream, StreamError, TryPublishError, TryRecvError,
+    RedisStream, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
 use redis_support::fanout::{firsts, open, open_sinks, setup, SINKS};
 use redis_support::{drain_ack, kill_connections, log_ids, pos};
@@ -871,7 +871,7 @@ fn l4_publish_to_position_rule_matches_the_in_memory_fanout() {
     let (name, _cleanup, _admin) = setup(&url, "lsfa");
     let s = open(&url, &name, 8);
     let mut f = s.fanout().unwrap();
-    let m = MemoryStream::builder().capacity(8).shared_ring(true).sinks(SINKS).build().unwrap();
+    let m = MemoryStream::builder().capacity(8).sinks(SINKS).build().unwrap();
     let mut g = m.fanout().unwrap();
     f.publish_to(1, batch(5)).unwrap();
     g.publish_to(1, batch(5)).unwrap();
@@ -1220,7 +1220,7 @@ fn w5_a_passed_gap_is_not_counted_as_a_delivery() {
     f.publish_to(1, batch(1)).unwrap();
     f.publish(batch(2)).unwrap();
     assert_eq!(drain_ack(&mut c), firsts(2..=2));
-    let m = MemoryStream::builder().capacity(8).shared_ring(true).sinks(SINKS).build().unwrap();
+    let m = MemoryStream::builder().capacity(8).sinks(SINKS).build().unwrap();
     let mut g = m.fanout().unwrap();
     let mut mc = Stream::attach(&m, "search").unwrap();
     g.publish_to(1, batch(1)).unwrap();

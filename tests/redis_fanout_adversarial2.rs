@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::{batch, snapshot};
 use lanestream::{
-    BuildError, LaneConsumer, LaneDelivery, LaneItem, LaneProducer, MemoryStream, Position, RedisDelivery,
-    RedisFanout, RedisStream, Stream, TryPublishError, TryRecvError,
+    LaneConsumer, LaneDelivery, LaneItem, MemoryStream, Position, RedisDelivery, RedisFanout, RedisStream,
+    Stream, StreamFanout, TryPublishError, TryRecvError,
 };
 use proptest::prelude::*;
 use redis_support::fanout::{builder, firsts, open, open_sinks, setup, SINKS};
@@ -338,63 +338,44 @@ fn w3_a_busy_fanout_with_a_trimming_reader_loses_nothing() {
 
 // ----- the mode ----------------------------------------------------------------------------------
 
-/// Two processes build the same new stream at once, one as a fan-out stream and one published
-/// per lane, over and over on fresh names: exactly one mode wins (the other build gets
-/// `Mismatch`), the meta hash records the winner's, and the lane hashes carry `fan` exactly when
-/// the fan-out won; the winner's stream works in its mode; a third build in the losing mode is
-/// refused too.
+/// Two processes build the same new stream at once, over and over on fresh names: both builds
+/// succeed in the one layout (the meta hash records `fanout`, every lane hash carries `fan`),
+/// and the stream works through either handle: one fan-out between them, every lane gets its
+/// item.
 #[test]
-fn l1_racing_builds_in_different_modes_give_exactly_one_mode() {
+fn l1_racing_builds_of_a_new_stream_give_the_one_layout() {
     let url = server!();
     for round in 0..16 {
         let (name, _cleanup, mut admin) = setup(&url, "lsfb");
         let barrier = Arc::new(std::sync::Barrier::new(2));
-        let build = |fanout: bool| {
+        let build = || {
             let (url, name, barrier) = (url.clone(), name.clone(), barrier.clone());
             thread::spawn(move || {
                 barrier.wait();
-                builder(&url, &name, 8, &SINKS, fanout).build()
+                builder(&url, &name, 8, &SINKS).build()
             })
         };
-        // Alternate which one starts first.
-        let (a, b) = if round % 2 == 0 { (build(true), build(false)) } else { (build(false), build(true)) };
-        let (ra, rb) = (a.join().unwrap(), b.join().unwrap());
-        let (fan_r, lanes_r) = if round % 2 == 0 { (ra, rb) } else { (rb, ra) };
+        let (a, b) = (build(), build());
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        let (a, b) = match (a, b) {
+            (Ok(a), Ok(b)) => (a, b),
+            other => panic!("round {round}: {other:?}"),
+        };
         let mode: Option<String> =
             redis::cmd("HGET").arg(format!("{{{name}}}:meta")).arg("mode").query(&mut admin).unwrap();
+        assert_eq!(mode.as_deref(), Some("fanout"), "round {round}");
         let fans: Vec<Option<String>> = SINKS
             .iter()
             .map(|sink| {
                 redis::cmd("HGET").arg(format!("{{{name}}}:l:{sink}")).arg("fan").query(&mut admin).unwrap()
             })
             .collect();
-        match (fan_r, lanes_r) {
-            (Ok(s), Err(BuildError::Mismatch(_))) => {
-                assert_eq!(mode.as_deref(), Some("fanout"), "round {round}");
-                assert!(fans.iter().all(|f| f.as_deref() == Some("1")), "round {round}: {fans:?}");
-                let mut f = s.fanout().unwrap();
-                f.publish(batch(1)).unwrap();
-                assert!(matches!(
-                    builder(&url, &name, 8, &SINKS, false).build(),
-                    Err(BuildError::Mismatch(_))
-                ));
-                for sink in SINKS {
-                    assert_eq!(drain_ack(&mut s.attach(sink).unwrap()), firsts([1]), "round {round}");
-                }
-            }
-            (Err(BuildError::Mismatch(_)), Ok(s)) => {
-                assert_eq!(mode.as_deref(), Some("lanes"), "round {round}");
-                assert!(fans.iter().all(|f| f.is_none()), "round {round}: {fans:?}");
-                assert!(s.fanout().is_err(), "round {round}: a fan-out of a stream published per lane");
-                s.producer("cache").unwrap().publish(batch(1)).unwrap();
-                assert!(matches!(
-                    builder(&url, &name, 8, &SINKS, true).build(),
-                    Err(BuildError::Mismatch(_))
-                ));
-                assert_eq!(drain_ack(&mut s.attach("cache").unwrap()), firsts([1]), "round {round}");
-                assert_eq!(drain_ack(&mut s.attach("search").unwrap()), vec![], "round {round}");
-            }
-            (a, b) => panic!("round {round}: fan-out build {a:?}, per-lane build {b:?}"),
+        assert!(fans.iter().all(|f| f.as_deref() == Some("1")), "round {round}: {fans:?}");
+        let mut f = a.fanout().unwrap();
+        assert!(b.fanout().is_err(), "round {round}: one fan-out between the two handles");
+        f.publish(batch(1)).unwrap();
+        for sink in SINKS {
+            assert_eq!(drain_ack(&mut b.attach(sink).unwrap()), firsts([1]), "round {round}");
         }
     }
 }
@@ -633,20 +614,21 @@ fn w5_a_fast_path_gap_whose_ack_reply_was_lost_and_then_trimmed_does_not_stick_t
     gap_ack_lost_then_trimmed(true);
 }
 
-// ----- the lone lane and the per-lane producers (the scripts they share were touched) ------------
+// ----- one lane and many lanes, through a long run with trims and a restart --------------------
 
-/// A stream published per lane (`sinks`; one sink: the lane alone on its log): each lane's
-/// producer publishes 130 items (a fifth unpositioned; the trim runs at entries 64 and 128, and
-/// through `RedisStream::trim` from another handle every 10 items) while its consumer takes them
-/// through its fast paths, nacking now and then; then a restart of every producer, which must
-/// know its lane's last position; every item arrives once first, in order, and is acked; stats,
-/// `is_idle` and the watermark agree.
+/// A stream of `sinks` (one sink, or several): the fan-out publishes 130 items (a fifth
+/// unpositioned; the trim runs at entries 64 and 128, and through `RedisStream::trim` from
+/// another handle every 10 items) while each lane's consumer takes them through its fast paths,
+/// nacking now and then; then a restart of the fan-out, which must know the last position; every
+/// item arrives once first on every lane, in order, and is acked; stats, `is_idle` and the
+/// watermark agree. (Until the fan-out became the only publisher, this ran each lane's own
+/// producer.)
 fn per_lane_run(sinks: &[&str]) {
     let url = server!();
     let (name, _cleanup, _admin) = setup(&url, "lsfb");
-    let s = builder(&url, &name, 8, sinks, false).build().unwrap();
-    let trimmer = builder(&url, &name, 8, sinks, false).build().unwrap();
-    let mut ps: Vec<_> = sinks.iter().map(|sink| s.producer(sink).unwrap()).collect();
+    let s = builder(&url, &name, 8, sinks).build().unwrap();
+    let trimmer = builder(&url, &name, 8, sinks).build().unwrap();
+    let mut f = s.fanout().unwrap();
     let mut cs: Vec<_> = sinks.iter().map(|sink| s.attach(sink).unwrap()).collect();
     let mut got: Vec<Vec<(u64, u32)>> = vec![Vec::new(); sinks.len()];
     let take = |c: &mut lanestream::RedisConsumer<LaneItem>, got: &mut Vec<(u64, u32)>, nack_every: u64| {
@@ -662,10 +644,8 @@ fn per_lane_run(sinks: &[&str]) {
         }
     };
     for k in 1..=130u64 {
-        for p in &mut ps {
-            // Each lane's consumer drains every round: never full.
-            p.try_publish(item(k)).unwrap_or_else(|e| panic!("publish {k}: {e:?}"));
-        }
+        // Each lane's consumer drains every round: never full.
+        f.try_publish(item(k)).unwrap_or_else(|e| panic!("publish {k}: {e:?}"));
         for (i, c) in cs.iter_mut().enumerate() {
             take(c, &mut got[i], 7);
         }
@@ -673,18 +653,14 @@ fn per_lane_run(sinks: &[&str]) {
             trimmer.trim().unwrap();
         }
     }
-    drop(ps);
-    let mut ps: Vec<_> =
-        sinks.iter().map(|sink| open_lanes(&url, &name, sinks).producer(sink).unwrap()).collect();
-    for (i, p) in ps.iter_mut().enumerate() {
-        match p.try_publish(batch(129)) {
-            Err(TryPublishError::PositionRegressed { last, .. }) => {
-                assert_eq!(last, Position(129), "lane {i}")
-            }
-            other => panic!("lane {i}: position 129 again after a restart: {other:?}"),
-        }
-        p.try_publish(item(131)).unwrap();
+    drop(f);
+    let restarted = open_lanes(&url, &name, sinks);
+    let mut f = restarted.fanout().unwrap();
+    match f.try_publish(batch(129)) {
+        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(129)),
+        other => panic!("position 129 again after a restart: {other:?}"),
     }
+    f.try_publish(item(131)).unwrap();
     for (i, c) in cs.iter_mut().enumerate() {
         take(c, &mut got[i], 0);
     }
@@ -708,7 +684,7 @@ fn per_lane_run(sinks: &[&str]) {
 }
 
 fn open_lanes(url: &str, name: &str, sinks: &[&str]) -> RedisStream {
-    builder(url, name, 8, sinks, false).build().unwrap()
+    builder(url, name, 8, sinks).build().unwrap()
 }
 
 #[test]
@@ -717,7 +693,7 @@ fn l5_the_lone_lane_keeps_its_counts_positions_and_items_across_trims_and_a_rest
 }
 
 #[test]
-fn l5_per_lane_producers_keep_their_counts_positions_and_items_across_trims_and_a_restart() {
+fn l5_every_lane_keeps_its_counts_positions_and_items_across_trims_and_a_restart() {
     per_lane_run(&SINKS);
 }
 /// One step of the random sequence, on both the Redis fan-out stream and an in-memory stream
@@ -843,12 +819,7 @@ struct MemSide {
 
 impl MemSide {
     fn new(sinks: &[&'static str], capacity: usize) -> MemSide {
-        let stream = MemoryStream::builder()
-            .capacity(capacity)
-            .shared_ring(true)
-            .sinks(sinks.iter().copied())
-            .build()
-            .unwrap();
+        let stream = MemoryStream::builder().capacity(capacity).sinks(sinks.iter().copied()).build().unwrap();
         let fan = Some(stream.fanout().unwrap());
         let cons = sinks.iter().map(|s| Stream::attach(&stream, s).unwrap()).collect();
         MemSide { sinks: sinks.to_vec(), stream, fan, cons, held: sinks.iter().map(|_| Vec::new()).collect() }

@@ -18,7 +18,7 @@ mod redis_support;
 use std::time::Duration;
 
 use common::batch;
-use lanestream::{LaneConsumer, Position, RedisStream, Stream, StreamError};
+use lanestream::{LaneConsumer, Position, RedisStream, Stream, StreamError, StreamFanout};
 use redis_support::fanout::SINKS;
 use redis_support::server::Server;
 
@@ -37,7 +37,6 @@ fn open(url: &str, name: &str) -> RedisStream {
     RedisStream::builder(url, name)
         .capacity(64)
         .sinks(SINKS)
-        .fanout(true)
         .retry_for(Duration::from_secs(10))
         .build()
         .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
@@ -133,7 +132,7 @@ fn redis_restart_l9_a_dead_holders_claim_stays_dead_after_a_restart_although_its
 /// `retry_for` and succeed; the deliveries held across the restart are still acknowledgeable.
 #[test]
 fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
-    use lanestream::LaneProducer;
+    use lanestream::StreamFanout;
     let mut server = own_server!();
     let url = server.url.clone();
     let name = redis_support::unique_name("rsl");
@@ -151,7 +150,7 @@ fn redis_restart_loading_is_a_transient_state_retried_within_retry_for() {
         .retry_for(Duration::from_secs(10))
         .build()
         .unwrap();
-    let mut producer = alone.producer("search").unwrap();
+    let mut producer = alone.fanout().unwrap();
     producer.publish(batch(1)).unwrap();
     // Enough keys that loading them, slowed down, takes about a second.
     let mut admin = server.admin();

@@ -61,13 +61,19 @@ fn w6_a_closed_and_drained_stream_ends_the_wait_below_the_target() {
         c.recv().unwrap().unwrap().ack().unwrap();
     }
     // Closed, every lane idle: the watermark can no longer reach 100.
-    assert_eq!(within(10, "wait_watermark on a settled stream", move || waiter.join().unwrap()), Some(Position(1)));
+    assert_eq!(
+        within(10, "wait_watermark on a settled stream", move || waiter.join().unwrap()),
+        Some(Position(1))
+    );
 }
 
 #[test]
 fn w6_a_stream_with_no_lanes_never_waits() {
     let stream = MemoryStream::builder().build().unwrap();
-    assert_eq!(within(10, "wait_watermark with no lanes", move || stream.wait_watermark(Position(1), None)), None);
+    assert_eq!(
+        within(10, "wait_watermark with no lanes", move || stream.wait_watermark(Position(1), None)),
+        None
+    );
 }
 
 #[test]

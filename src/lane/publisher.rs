@@ -29,9 +29,15 @@ use crate::wait;
 /// Why an item cannot be published now.
 pub(crate) enum Refusal {
     /// Lane `lane` must free items below `need` first (its room, or the budget's oldest item).
-    Full { lane: usize, need: u64 },
+    Full {
+        lane: usize,
+        need: u64,
+    },
     Closed,
-    Regressed { position: Position, last: Position },
+    Regressed {
+        position: Position,
+        last: Position,
+    },
     Invalid,
 }
 
@@ -41,7 +47,9 @@ impl Refusal {
         match self {
             Refusal::Full { .. } => TryPublishError::Full(value),
             Refusal::Closed => TryPublishError::Closed(value),
-            Refusal::Regressed { position, last } => TryPublishError::PositionRegressed { item: value, position, last },
+            Refusal::Regressed { position, last } => {
+                TryPublishError::PositionRegressed { item: value, position, last }
+            }
             Refusal::Invalid => TryPublishError::InvalidPosition(value),
         }
     }
@@ -328,7 +336,12 @@ impl<T> Publisher<T> {
 
     /// The one blocking publish of `item` to every lane (`to == None`) or to lane `to`
     /// ([`publish_until`]).
-    pub(crate) fn publish_until(&mut self, to: Option<usize>, item: T, deadline: Option<Instant>) -> Result<(), Stop<T>>
+    pub(crate) fn publish_until(
+        &mut self,
+        to: Option<usize>,
+        item: T,
+        deadline: Option<Instant>,
+    ) -> Result<(), Stop<T>>
     where
         T: Item,
     {

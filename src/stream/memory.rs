@@ -10,12 +10,12 @@ use std::time::Instant;
 
 use super::port::{LaneConsumer, LaneDelivery, Stream, StreamFanout};
 use super::requests::{RequestLane, RequestSender};
-use crate::lane::Marks;
 use crate::error::{
     AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
     TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
+use crate::lane::Marks;
 use crate::lane::{check_budget, Cells, Consumer, Delivery, Fanout, Lane, LaneStats, MemoryStats, Ring};
 use crate::name::SinkName;
 use crate::position::Position;
@@ -375,9 +375,13 @@ impl Future for WaitWatermark<'_> {
         let this = &mut *self;
         let (stream, at_least) = (this.stream, this.at_least);
         let waiters = stream.marks.waiters();
-        match wait::poll_until(waiters, || stream.want_watermark(), &mut this.key, cx.waker(), || {
-            stream.watermark_reached(at_least)
-        }) {
+        match wait::poll_until(
+            waiters,
+            || stream.want_watermark(),
+            &mut this.key,
+            cx.waker(),
+            || stream.watermark_reached(at_least),
+        ) {
             Some(now) => Poll::Ready(now),
             None => Poll::Pending,
         }

@@ -7,7 +7,6 @@
 //! - `requests`: the request lane ([`RequestLane`], [`RequestSender`]), sinks to ingest.
 //! - `redis` (feature `redis`): [`RedisStream`](crate::RedisStream), the port over Redis Streams.
 
-
 mod memory;
 pub(crate) mod port;
 #[cfg(feature = "redis")]

@@ -171,19 +171,30 @@ pub trait StreamFanout: Send {
     ///
     /// # Errors
     /// [`PublishTimeoutError`]: `Timeout` or one of [`PublishError`]'s causes.
-    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>>;
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>>;
 
     /// Publishes `item` to every lane, waiting `timeout` at most.
     ///
     /// # Errors
     /// As [`publish_deadline`](StreamFanout::publish_deadline).
-    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_timeout(
+        &mut self,
+        item: LaneItem,
+        timeout: Duration,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
         self.publish_deadline(item, Instant::now() + timeout)
     }
 
     /// Publishes `item` to every lane, waiting asynchronously while some lane is full; any
     /// executor. Dropping the future drops the item it holds.
-    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_;
+    fn publish_async(
+        &mut self,
+        item: LaneItem,
+    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_;
 
     /// Publishes the longest prefix of `items` that can go now, in one step; its length (>= 1;
     /// 0 for no items). Never waits.

@@ -5,9 +5,9 @@ use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
 use super::port::RequestPublisher;
-use crate::lane::AckedMark;
 use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::Request;
+use crate::lane::AckedMark;
 use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Stop, Target};
 use crate::sync::{Arc, Mutex};
 
@@ -46,7 +46,8 @@ impl RequestLane {
     pub(crate) fn new(capacity: usize) -> RequestLane {
         let cells = Arc::new(Cells::new(capacity, None));
         let ring = Arc::new(Ring::new(cells.clone(), AckedMark::standalone()));
-        let publisher = Publisher::claim(cells, Box::new([ring.clone()])).expect("a new lane has no publisher");
+        let publisher =
+            Publisher::claim(cells, Box::new([ring.clone()])).expect("a new lane has no publisher");
         RequestLane { shared: StdArc::new(RequestShared { ring, publisher: Mutex::new(publisher) }) }
     }
 

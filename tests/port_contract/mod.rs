@@ -111,6 +111,7 @@ macro_rules! port_contract_tests {
             l3_try_publish_on_a_full_lane_hands_the_item_back_with_full,
             l3_publish_on_a_full_lane_waits_until_an_ack_makes_room,
             l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed,
+            l4_publish_to_reaches_one_lane_and_panics_past_the_last,
             l4_regressed_position_is_refused_and_item_handed_back,
             l5_acked_position_follows_the_contiguous_acked_prefix,
             l5_acks_from_other_threads_in_any_order_count,
@@ -139,6 +140,8 @@ macro_rules! port_contract_tests {
             w3_watermark_never_decreases_seen_from_one_thread,
             w4_a_reader_that_sees_watermark_p_sees_the_sinks_writes_up_to_p,
             w5_is_idle_only_when_nothing_is_queued_released_or_unacked_anywhere,
+            w6_wait_watermark_returns_at_the_target_at_the_deadline_or_once_closed_and_drained,
+            l3_runs_publish_what_fits_now_or_every_item_waiting_for_room,
             r1_many_senders_publish_requests_concurrently_and_one_ingest_engine_consumes,
             r1_attach_requests_refuses_while_an_ingest_engine_is_attached,
             r2_requests_follow_the_lane_rules_for_nack_redelivery_and_reattach,
@@ -416,6 +419,25 @@ pub fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed<B: Backend
         let st = s.stats("search").unwrap();
         assert_eq!(st.published, 1);
     }
+}
+
+/// L4 and the port's `publish_to`: an item to one lane reaches that lane only (the others skip
+/// it), its position counts on every lane (a later item must rise above it), and a lane index
+/// past the last panics.
+pub fn l4_publish_to_reaches_one_lane_and_panics_past_the_last<B: Backend>(b: &B) {
+    let s = stream(b, 4, &["a", "b"]);
+    let mut f = s.fanout().unwrap();
+    let (mut ca, mut cb) = (s.reattach("a").unwrap(), s.reattach("b").unwrap());
+    f.publish(batch(1)).unwrap();
+    f.publish_to(1, batch(2)).unwrap();
+    f.try_publish_to(0, batch(3)).unwrap();
+    assert!(matches!(f.try_publish(batch(3)), Err(TryPublishError::PositionRegressed { .. })));
+    f.publish(batch(4)).unwrap();
+    assert_eq!(drain_try(&mut ca), [Some(1), Some(3), Some(4)]);
+    assert_eq!(drain_try(&mut cb), [Some(1), Some(2), Some(4)]);
+    assert_eq!(f.lanes(), 2);
+    let past = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.publish_to(2, batch(5))));
+    assert!(past.is_err(), "{}: publish_to past the last lane must panic", b.name());
 }
 
 pub fn l4_regressed_position_is_refused_and_item_handed_back<B: Backend>(b: &B) {
@@ -796,7 +818,7 @@ pub fn l9_a_second_live_fanout_is_busy_and_a_restarted_fanout_continues<B: Backe
         p1.publish(batch(i)).unwrap();
     }
     drop(p1);
-    let mut p2 = other.fanout().expect("a restarted fan-out gets the stream at once");
+    let mut p2 = other.fanout().expect("a restarted producer gets the lane at once");
     assert!(matches!(
         p2.try_publish(batch(3)),
         Err(TryPublishError::PositionRegressed { last: Position(3), .. })
@@ -1022,10 +1044,12 @@ pub fn l12_try_recv_never_blocks_against_a_publisher_in_full_flight<B: Backend>(
 
 // ----- Watermark and idleness ------------------------------------------------------------------
 
-/// Receives the next `n` items of a lane and acks each.
-fn ack_next<C: LaneConsumer<LaneItem>>(c: &mut C, n: usize) {
-    for _ in 0..n {
-        c.try_recv().unwrap().ack().unwrap();
+/// Receives `from..=upto` (published before) and acks each at once.
+fn ack_to<C: LaneConsumer<LaneItem>>(c: &mut C, from: u64, upto: u64) {
+    for i in from..=upto {
+        let d = c.try_recv().unwrap();
+        assert_eq!(d.item().position(), Some(Position(i)));
+        d.ack().unwrap();
     }
 }
 
@@ -1033,23 +1057,24 @@ pub fn w1_watermark_is_the_min_over_lanes_and_none_until_every_lane_acked<B: Bac
     assert_eq!(stream(b, 4, &[]).watermark(), None, "no lanes");
     let s = stream(b, 16, &["a", "b", "c"]);
     let names = sink_names(&s);
-    let mut p = s.fanout().unwrap();
+    let mut f = s.fanout().unwrap();
     let mut cs: Vec<_> = names.iter().map(|n| s.reattach(n).unwrap()).collect();
     assert_eq!(s.watermark(), None);
-    // Every lane gets a snapshot row, then positions 1..=9; each lane acks at its own pace.
-    p.publish(snapshot()).unwrap();
+    f.publish(snapshot()).unwrap();
     for i in 1..=9 {
-        p.publish(batch(i)).unwrap();
+        f.publish(batch(i)).unwrap();
     }
-    assert_eq!(s.watermark(), None, "publishing moves nothing");
-    ack_next(&mut cs[0], 1 + 5);
-    ack_next(&mut cs[1], 1 + 3);
+    for c in &mut cs[..2] {
+        c.try_recv().unwrap().ack().unwrap(); // the snapshot row
+    }
+    ack_to(&mut cs[0], 1, 5);
+    ack_to(&mut cs[1], 1, 3);
     assert_eq!(s.watermark(), None, "lane c has acked nothing");
-    ack_next(&mut cs[2], 1);
+    cs[2].try_recv().unwrap().ack().unwrap();
     assert_eq!(s.watermark(), None, "a snapshot row is not a position");
-    ack_next(&mut cs[2], 9);
+    ack_to(&mut cs[2], 1, 9);
     assert_eq!(s.watermark(), Some(Position(3)));
-    ack_next(&mut cs[1], 4);
+    ack_to(&mut cs[1], 4, 7);
     assert_eq!(s.watermark(), Some(Position(5)));
     assert_eq!(names.iter().map(|n| s.acked(n).unwrap().unwrap().0).collect::<Vec<_>>(), [5, 7, 9]);
 }
@@ -1129,11 +1154,11 @@ pub fn w3_watermark_never_decreases_seen_from_one_thread<B: Backend>(b: &B) {
             (last, reads)
         })
     };
-    let mut p = s.fanout().unwrap();
+    let mut f = s.fanout().unwrap();
     for i in 1..=n {
-        p.publish(batch(i)).unwrap();
+        f.publish(batch(i)).unwrap();
     }
-    p.close();
+    f.close();
     within(60, "sinks", move || sinks.into_iter().for_each(|t| t.join().unwrap()));
     done.store(true, Ordering::Release);
     let (last, reads) = reader.join().unwrap();
@@ -1184,28 +1209,125 @@ pub fn w4_a_reader_that_sees_watermark_p_sees_the_sinks_writes_up_to_p<B: Backen
             }
         })
     };
-    let mut p = s.fanout().unwrap();
+    let mut f = s.fanout().unwrap();
     for i in 1..=n as u64 {
-        p.publish(batch(i)).unwrap();
+        f.publish(batch(i)).unwrap();
     }
-    p.close();
+    f.close();
     sinks.into_iter().for_each(|t| t.join().unwrap());
     let checked = within(30, "reader", move || reader.join().unwrap());
     assert!(checked > 0);
+}
+
+/// W6: `wait_watermark` returns at once once the watermark is there (and for a stream with no
+/// lanes), at the deadline while it is not, woken by the ack that moves it (blocking and async,
+/// from other threads), and once every lane is closed and acked (the watermark is final: it
+/// returns what it is, below the target).
+pub fn w6_wait_watermark_returns_at_the_target_at_the_deadline_or_once_closed_and_drained<B: Backend>(b: &B) {
+    assert_eq!(stream(b, 4, &[]).wait_watermark(Position(1), None), None, "no lanes: at once");
+    let s = Arc::new(stream(b, 8, &["a", "b"]));
+    let mut f = s.fanout().unwrap();
+    let (mut ca, mut cb) = (s.reattach("a").unwrap(), s.reattach("b").unwrap());
+    let start = Instant::now();
+    assert_eq!(s.wait_watermark(Position(1), Some(start + Duration::from_millis(50))), None);
+    assert!(start.elapsed() >= Duration::from_millis(50), "{}: returned before the deadline", b.name());
+    for i in 1..=4 {
+        f.publish(batch(i)).unwrap();
+    }
+    ack_to(&mut ca, 1, 3);
+    ack_to(&mut cb, 1, 1);
+    assert_eq!(s.wait_watermark(Position(1), None), Some(Position(1)), "there already");
+    let deadline = Instant::now() + Duration::from_millis(30);
+    assert_eq!(s.wait_watermark(Position(2), Some(deadline)), Some(Position(1)), "the deadline");
+    let waiter = {
+        let s = s.clone();
+        thread::spawn(move || s.wait_watermark(Position(2), None))
+    };
+    thread::sleep(Duration::from_millis(30));
+    ack_to(&mut cb, 2, 2);
+    assert_eq!(within(10, "wait_watermark", move || waiter.join().unwrap()), Some(Position(2)));
+    ack_to(&mut cb, 3, 3);
+    let waiter = {
+        let s = s.clone();
+        thread::spawn(move || futures_executor::block_on(s.wait_watermark_async(Position(4))))
+    };
+    thread::sleep(Duration::from_millis(30));
+    ack_to(&mut ca, 4, 4);
+    ack_to(&mut cb, 4, 4);
+    assert_eq!(within(10, "wait_watermark_async", move || waiter.join().unwrap()), Some(Position(4)));
+    // Every lane closed and drained: 10 can never come; the wait returns the final watermark.
+    f.publish(batch(5)).unwrap();
+    let waiter = {
+        let s = s.clone();
+        thread::spawn(move || s.wait_watermark(Position(10), None))
+    };
+    f.close();
+    ack_to(&mut ca, 5, 5);
+    thread::sleep(Duration::from_millis(30));
+    assert!(!waiter.is_finished(), "{}: lane b still holds 5: the watermark may move", b.name());
+    ack_to(&mut cb, 5, 5);
+    assert_eq!(within(10, "wait_watermark once final", move || waiter.join().unwrap()), Some(Position(5)));
+    assert_eq!(futures_executor::block_on(s.wait_watermark_async(Position(10))), Some(Position(5)));
+}
+
+/// L3 for runs: `try_publish_run` publishes the leading items every lane has room for now (at
+/// least one, or the refusal of the first with its index, 0), stopping before an item that would
+/// be refused; `publish_run` publishes every item, in order, waiting for room; an error's payload
+/// is the index of the first item not published.
+pub fn l3_runs_publish_what_fits_now_or_every_item_waiting_for_room<B: Backend>(b: &B) {
+    let s = Arc::new(stream(b, 4, &["a", "b"]));
+    let mut f = s.fanout().unwrap();
+    let (mut ca, mut cb) = (s.reattach("a").unwrap(), s.reattach("b").unwrap());
+    let items: Vec<LaneItem> = (1..=10).map(batch).collect();
+    assert_eq!(f.try_publish_run(&[]), Ok(0));
+    assert_eq!(f.try_publish_run(&items), Ok(4), "{}: as many as every lane has room for", b.name());
+    assert_eq!(f.try_publish_run(&items[4..]), Err(TryPublishError::Full(0)));
+    ack_to(&mut ca, 1, 4);
+    ack_to(&mut cb, 1, 2);
+    assert_eq!(f.try_publish_run(&items[4..]), Ok(2), "{}: lane b has room for 2", b.name());
+    assert!(matches!(
+        f.try_publish_run(&items[..2]),
+        Err(TryPublishError::PositionRegressed { item: 0, position: Position(1), last: Position(6) })
+    ));
+    ack_to(&mut ca, 5, 6);
+    ack_to(&mut cb, 3, 6);
+    assert_eq!(f.try_publish_run(&[batch(7), batch(8), batch(3), batch(9)]), Ok(2), "stops before 3");
+    let sinks: Vec<_> = [ca, cb]
+        .into_iter()
+        .map(|mut c| {
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                while let Some(d) = c.recv().unwrap() {
+                    got.push(pos(&d));
+                    d.ack().unwrap();
+                }
+                got
+            })
+        })
+        .collect();
+    let rest: Vec<LaneItem> = (9..=40).map(batch).collect();
+    f.publish_run(&rest).unwrap();
+    f.close();
+    for (lane, t) in sinks.into_iter().enumerate() {
+        let got = within(30, "sinks", move || t.join().unwrap());
+        assert_eq!(got, (7..=40).collect::<Vec<_>>(), "{}: lane {lane}", b.name());
+    }
+    assert_eq!(f.publish_run(&[batch(41), batch(42)]), Err(PublishError::Closed(0)));
+    assert_eq!(s.watermark(), Some(Position(40)));
 }
 
 pub fn w5_is_idle_only_when_nothing_is_queued_released_or_unacked_anywhere<B: Backend>(b: &B) {
     let s = stream(b, 4, &["a", "b"]);
     assert!(s.is_idle());
     let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("b").unwrap());
-    let mut a = s.reattach("a").unwrap();
     p.publish(batch(1)).unwrap();
     p.publish(batch(2)).unwrap();
     assert!(!s.is_idle(), "queued");
-    // Lane a acks both at once; lane b goes through every state.
-    assert_eq!(drain_try(&mut a), [Some(1), Some(2)]);
+    // Lane a takes both at once: from here on only lane b holds anything.
+    let mut a = s.reattach("a").unwrap();
+    ack_to(&mut a, 1, 2);
     assert_lane_idle(b, &s, "a", true, "lane a acked everything");
-    assert!(!s.is_idle(), "lane b: queued");
+    assert!(!s.is_idle(), "queued on lane b");
     let d1 = c.try_recv().unwrap();
     let d2 = c.try_recv().unwrap();
     assert!(!s.is_idle(), "delivered, unacked");
@@ -1230,7 +1352,7 @@ pub fn w5_is_idle_only_when_nothing_is_queued_released_or_unacked_anywhere<B: Ba
     p.close();
     assert!(!s.is_idle());
     c.recv().unwrap().unwrap().ack().unwrap();
-    assert!(!s.is_idle(), "lane a still holds item 3");
+    assert!(!s.is_idle(), "lane a still holds 3");
     a.recv().unwrap().unwrap().ack().unwrap();
     assert!(s.is_idle());
 }
@@ -1327,8 +1449,7 @@ fn serve_backfill<B: Backend>(
     let d = ingest.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
     let attempt = d.attempt();
     let Request::Backfill { sink, indexes } = d.item().clone() else { unreachable!() };
-    // The reply goes to the asking sink's lane only.
-    let lane = s.sinks().iter().position(|n| *n == sink).expect("a known sink");
+    let lane = s.sinks().iter().position(|n| *n == sink).expect("a backfill for a sink of the stream");
     let mut p = s.fanout().unwrap();
     for row in 0..rows {
         if crash_after == Some(row) {

@@ -132,8 +132,8 @@ impl CutProxy {
 /// The fan-out's publish: its `XADD` to the log (the only `XADD` to the log with `NOMKSTREAM`
 /// right after the key: the consumers' `XRANGE`s of the log carry entry numbers there).
 pub const APPEND: &[u8] = b":log\r\n$10\r\nNOMKSTREAM";
-/// The gate's `EVALSHA` (its arguments end with the meta fields `seq` and `trim`).
-pub const GATE: &[u8] = b"seq\r\n$4\r\ntrim\r\n";
+/// The gate's `EVALSHA` (its arguments hold the meta field `trim`; so do `RedisStream::trim`'s).
+pub const GATE: &[u8] = b"\r\n$4\r\ntrim\r\n";
 
 /// A [`CutProxy`] in front of the server at `$url`, or an early return (with a word) when the
 /// server is not on a unix socket.

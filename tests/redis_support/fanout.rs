@@ -29,27 +29,17 @@ pub fn setup(url: &str, prefix: &str) -> (String, Cleanup, redis::Connection) {
     (name.clone(), Cleanup { url: url.to_owned(), name }, admin)
 }
 
-/// The builder of the fan-out tests' streams (`fanout`: built for a fan-out), retrying a lost
-/// connection for 2 s.
-pub fn builder(
-    url: &str,
-    name: &str,
-    capacity: usize,
-    sinks: &[&str],
-    fanout: bool,
-) -> lanestream::RedisStreamBuilder {
+/// The builder of the fan-out tests' streams, retrying a lost connection for 2 s.
+pub fn builder(url: &str, name: &str, capacity: usize, sinks: &[&str]) -> lanestream::RedisStreamBuilder {
     RedisStream::builder(url, name)
         .capacity(capacity)
         .sinks(sinks.iter().copied())
-        .fanout(fanout)
         .retry_for(Duration::from_secs(2))
 }
 
-/// A fan-out stream of `sinks`.
+/// A stream of `sinks`.
 pub fn open_sinks(url: &str, name: &str, capacity: usize, sinks: &[&str]) -> RedisStream {
-    builder(url, name, capacity, sinks, true)
-        .build()
-        .unwrap_or_else(|e| panic!("building stream {name}: {e}"))
+    builder(url, name, capacity, sinks).build().unwrap_or_else(|e| panic!("building stream {name}: {e}"))
 }
 
 /// A fan-out stream of [`SINKS`].

@@ -3,7 +3,7 @@
 //!
 //! - **ingest** reads the input (the bundled capture by default), publishes each transaction
 //!   once to every sink's lane of the Redis stream `--stream-name` through the stream's fan-out
-//!   (built with `fanout(true)`: written once into the Redis log), closes the lanes, waits (at
+//!   (written once into the Redis log), closes the lanes, waits (at
 //!   most `--wait-secs`) until the watermark reaches the last commit LSN, then checks every
 //!   sink's output in `--out` (unless `--discard`): each published transaction's envelopes are
 //!   there exactly once. A restarted ingest publishes nothing twice: it resumes after the
@@ -23,7 +23,9 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::{LaneConsumer, LaneItem, Position, RedisDelivery, RedisStream, Stream, TryRecvError};
+use lanestream::{
+    LaneConsumer, LaneItem, Position, RedisDelivery, RedisStream, Stream, StreamFanout, TryRecvError,
+};
 use lanestream_postgres::wal2json::Wal2JsonReader;
 
 use lanestream_postgres::ndjson::DurableNdjson;
@@ -66,7 +68,6 @@ pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
         .capacity(args.capacity)
         .request_capacity(usize::from(args.sinks).max(1) * 2)
         .sinks(names.iter().cloned())
-        .fanout(true)
         .build()?;
     match role {
         Role::Ingest => ingest(args, &stream, &names),
@@ -119,7 +120,7 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
             None => chunk_envelopes = chunk_envelopes.saturating_add(envelopes),
         }
     }
-    fanout.close()?;
+    fanout.try_close()?;
     let last_commit = published.last().map(|&(p, _)| Position(p));
     println!(
         "ingest: {} transactions read, {sent} batches published once to each of {} lanes ({skipped} published by an earlier run) in {:.2} s; lanes closed",
@@ -130,17 +131,11 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
 
     // The sinks ack up to the last commit (the watermark is read from Redis).
     let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
-    let watermark = loop {
-        // A blip (see `transient!`) is waited out, up to the deadline, as an unmoved watermark.
-        let w = match stream.try_watermark() {
-            Ok(w) => w,
-            Err(transient!()) if Instant::now() <= deadline => None,
-            Err(e) => return Err(e.into()),
-        };
-        if w >= last_commit || Instant::now() > deadline {
-            break w;
-        }
-        thread::sleep(Duration::from_millis(50));
+    // Woken by the acks (a blip of Redis is waited out, up to the deadline, as an unmoved
+    // watermark); it returns early once every lane is closed and acked.
+    let watermark = match last_commit {
+        Some(at_least) => stream.wait_watermark(at_least, Some(deadline)),
+        None => stream.watermark(),
     };
     let mut failures = Vec::new();
     if watermark != last_commit {

@@ -6,13 +6,13 @@ use std::time::Instant;
 
 use crossbeam_utils::Backoff;
 
+use super::slot::CURSOR_SHIFT;
 use super::slot::{
     attempt, delivered_word, gen, holders, tag, with_tag, ACKED, DELIVERED, MAX_HOLDERS, RELEASED, SKIPPED,
 };
-use super::slot::CURSOR_SHIFT;
 use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
-use crate::wait;
 use crate::sync::Ordering;
+use crate::wait;
 
 /// What the seated consumer found.
 pub(crate) enum Take {
@@ -327,16 +327,27 @@ impl<T> Ring<T> {
     /// Waits (spin, then park) until a receive by the consumer of `epoch` could make progress.
     /// `false` if `deadline` passed first.
     pub(crate) fn wait_readable(&self, epoch: u64, deadline: Option<Instant>) -> bool {
-        wait::block_until(&self.shape.cells.items, || self.shape.cells.want_items(), deadline, || self.readable(epoch).then_some(()))
-            .is_some()
+        wait::block_until(
+            &self.shape.cells.items,
+            || self.shape.cells.want_items(),
+            deadline,
+            || self.readable(epoch).then_some(()),
+        )
+        .is_some()
     }
 
     /// One poll of the async form of [`wait_readable`](Ring::wait_readable): `true` if a
     /// receive could make progress now, else `waker` is registered under `key` (replacing an
     /// earlier registration, so re-polling never grows the list).
     pub(crate) fn poll_readable(&self, epoch: u64, key: &mut Option<u64>, waker: &Waker) -> bool {
-        wait::poll_until(&self.shape.cells.items, || self.shape.cells.want_items(), key, waker, || self.readable(epoch).then_some(()))
-            .is_some()
+        wait::poll_until(
+            &self.shape.cells.items,
+            || self.shape.cells.want_items(),
+            key,
+            waker,
+            || self.readable(epoch).then_some(()),
+        )
+        .is_some()
     }
 
     /// Cancels a registration made by [`poll_readable`](Ring::poll_readable).

@@ -12,10 +12,10 @@
 //! instead of per item on the ack side; one `released` RMW and one wake-up per released run.
 
 use super::receive::Take;
+use super::slot::CURSOR_SHIFT;
 use super::slot::{
     delivered_word, gen, tag, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE, SKIPPED,
 };
-use super::slot::CURSOR_SHIFT;
 use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
 use crate::sync::{AtomicUsize, Ordering};
 

@@ -4,7 +4,7 @@
 //!
 //! # Retries
 //! Every script the backend runs is safe to run twice (a retried publish is recognised by the
-//! lane's publish count, a retried receive by its request number, a retried ack by the acked
+//! stream's publish count, a retried receive by its request number, a retried ack by the acked
 //! set, a retried nack by the attempt, a retried claim by its token), so after a lost
 //! connection [`Pool::run`] reconnects and runs it again, waiting between tries with an
 //! exponential backoff (from 10 ms, doubling, at most 1 s) for as long as its budget allows.
@@ -17,7 +17,7 @@
 //! [`BackendError::Connection`]; the next call starts reconnecting again, after the backoff.
 //!
 //! # Claims and the anchor
-//! A claim (a lane's producer, its attached consumer, the fan-out) is stored in Redis as
+//! A claim (a lane's attached consumer, the stream's fan-out) is stored in Redis as
 //! `<client id>:<nonce>:<token>`: the client id is that of this stream's anchor connection,
 //! which does nothing but stay open while the stream or any of its ends lives; the nonce is
 //! 128 random bits drawn when the stream is built, carried in the name of every connection of
@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -42,11 +42,7 @@ const SCRIPT_RELOADS: u32 = 3;
 use ::redis::{Client, Connection, RedisError, RedisResult};
 
 use crate::error::{BackendError, ServerReason};
-
-/// Locks `m`, ignoring poisoning (the backend's critical sections hold plain values).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 /// How long to keep retrying, and the timeouts, of one stream's connections.
 #[derive(Clone, Copy, Debug)]
@@ -390,6 +386,12 @@ impl Pool {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The stream's nonce (32 hex digits, unique to this build of the stream in this process):
+    /// with a [`token`](Pool::token), a key name no other waiter anywhere uses.
+    pub(crate) fn nonce(&self) -> &str {
+        &self.nonce
     }
 
     /// A fresh claim token, unique in this process.

@@ -10,7 +10,6 @@ use std::task::{Context, Poll};
 use std::thread;
 use std::time::Instant;
 
-use super::conn::lock;
 use super::conn::Budget;
 use super::item::RedisItem;
 use super::lane::{Acked, LaneDef, Received};
@@ -19,6 +18,7 @@ use super::waiter::Waiter;
 use crate::error::{AckError, BackendError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::position::Position;
 use crate::stream::port::{LaneConsumer, LaneDelivery};
+use crate::sync::lock;
 
 /// Nacks that could not reach Redis (a lost connection while dropping a delivery), retried
 /// before the consumer's next receive.
@@ -27,9 +27,10 @@ type Unsent = Arc<Mutex<Vec<(u64, u64, u32)>>>;
 /// The receiving end of a lane over Redis: [`LaneConsumer`] for sink lanes (`T` =
 /// [`LaneItem`](crate::LaneItem)) and the request lane (`T` = [`Request`](crate::Request)).
 ///
-/// Each receive is one round trip: a script run in Redis (on a lane alone on its log, with a
-/// plain `XRANGE` of the expected entry in the same round trip, so the payload does not pass
-/// through the script); a receive that waits blocks on a wake-up list
+/// Each receive is one round trip: a plain record in the lane's delivery log with an `XRANGE`
+/// of the expected entry, or a script run in Redis (with a plain `XRANGE` of the expected entry
+/// in the same round trip, so the payload does not pass through the script); a receive that
+/// waits blocks on a wake-up list
 /// (`BLPOP`) that publishes, nacks, closes and re-attaches push to. The async forms hand that
 /// wait to a helper thread of this consumer (started on the first wait), which wakes the task;
 /// no async runtime is involved.
@@ -43,7 +44,7 @@ pub struct RedisConsumer<T> {
     /// Receive requests made in this epoch (a retried request is recognised by its number).
     requests: u64,
     /// The entry number expected next (the one after the last new entry received; 0 before
-    /// the first): a lane alone on its log hands that entry's payload over outside Lua.
+    /// the first): the lane hands that entry's payload over outside Lua.
     expect: u64,
     /// Nacks sent (or queued) by this consumer's deliveries, counted before they are sent.
     nacks: Arc<AtomicU64>,
@@ -113,7 +114,7 @@ impl<T: RedisItem> RedisConsumer<T> {
                 .receive(pool, budget, epoch, self.requests + 1, self.expect, fast)
                 .map_err(TryRecvError::Backend)?;
             if let Received::Item { n, attempt, gap: true, payload } = &received {
-                // Another lane's entry on a fan-out stream: acked on the way past, with its
+                // Another lane's entry on the sink log: acked on the way past, with its
                 // position (the lane acked everything before it, as a gap of the in-memory shared
                 // ring), never delivered; then the next one.
                 let (n, attempt) = (*n, *attempt);
@@ -236,7 +237,7 @@ impl<T: RedisItem> RedisConsumer<T> {
             Err(TryRecvError::Empty) => {
                 let bell = self.lane.bell(self.epoch.unwrap_or(0));
                 let shared = self.shared.clone();
-                self.waiter.get_or_insert_with(|| Waiter::new(shared)).arm(bell, cx.waker());
+                self.waiter.get_or_insert_with(|| Waiter::new(shared, Waiter::RECV)).arm(bell, cx.waker());
                 Poll::Pending
             }
         }
@@ -323,7 +324,7 @@ impl<T> fmt::Debug for RedisConsumer<T> {
 /// consumer detached) pins nothing in the lane.
 pub struct RedisDelivery<T> {
     item: T,
-    /// The item's position, handed to the ack (a lane alone on its log takes it from there).
+    /// The item's position, handed to the ack (the lane takes it from there).
     position: Option<Position>,
     n: u64,
     attempt: u32,
@@ -355,7 +356,8 @@ impl<T> RedisDelivery<T> {
         self.item.position()
     }
 
-    /// The entry number of the item in its lane's Redis stream (its entry id is `<n>-0`).
+    /// The entry number of the item in its lane's Redis stream (its entry id is `<n>-<epoch>`
+    /// on the sink log, `<n>-0` on the request log).
     pub fn entry(&self) -> u64 {
         self.n
     }

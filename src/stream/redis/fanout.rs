@@ -1,27 +1,33 @@
-//! [`RedisFanout`]: the one publisher of a fan-out stream over Redis, which writes each entry
-//! once into the log and publishes it to every lane (see "A fan-out stream" in `scripts`).
+//! [`RedisFanout`]: the one publisher of a Redis stream, which writes each entry once into the
+//! log and publishes it to every lane (see "The fan-out" in `scripts`).
 
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ::redis::{Connection, RedisResult, Value};
 
 use super::conn::{Budget, Pool};
-use super::lane::{int, items, malformed, pad, published, scripts, text, unpad, LaneDef, Published};
-use super::producer::{encoded, timeout_error, waitable, Progress};
+use super::item::RedisItem;
+use super::lane::{int, items as parts, malformed, pad, published, scripts, text, unpad, Published};
 use super::scripts::LOG_FENCE_ID;
+use super::sender::{encoded, publish_until, waitable};
 use super::shared::Shared;
 use super::waiter::Waiter;
+use crate::codec::AlignedVec;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::LaneItem;
 use crate::position::Position;
+use crate::stream::port::StreamFanout;
 
-/// The keys of a fan-out stream that the fan-out writes: the log, the meta hash (the fan-out's
-/// epoch `fe` and claim `fh`), every lane's hash.
+/// The most entries one run script publishes (a longer run goes in several; each script's
+/// arguments are held in the server's memory while it runs).
+const RUN_MAX: usize = 64;
+
+/// The keys of the stream that the fan-out writes: the log, the meta hash (the fan-out's epoch
+/// `fe` and claim `fh`), every lane's hash.
 struct Keys {
     log: String,
     meta: String,
@@ -30,12 +36,16 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(lanes: &[Arc<LaneDef>]) -> Keys {
+    fn new(shared: &Shared) -> Keys {
         Keys {
-            log: lanes[0].log.clone(),
-            meta: lanes[0].meta.clone(),
-            hashes: lanes.iter().map(|l| l.base.clone()).collect(),
-            sinks: lanes.iter().map(|l| l.sink.as_ref().map_or("", |s| s.as_str()).to_owned()).collect(),
+            log: shared.log.clone(),
+            meta: shared.meta.clone(),
+            hashes: shared.lanes.iter().map(|l| l.base.clone()).collect(),
+            sinks: shared
+                .lanes
+                .iter()
+                .map(|l| l.sink.as_ref().map_or("", |s| s.as_str()).to_owned())
+                .collect(),
         }
     }
 }
@@ -55,12 +65,17 @@ struct Learnt {
 /// (the highest of the lanes').
 type Claimed = (u64, u64, Option<Position>);
 
-/// Claims the fan-out of the stream in `shared` under claim `token`.
+/// Claims the fan-out of the stream in `shared` under claim `token`. A stream with no lanes has
+/// nothing to claim: its fan-out publishes to no lane (every publish succeeds, as in memory).
 pub(crate) fn claim(shared: &Arc<Shared>, token: u64) -> Result<RedisFanout, StreamError> {
-    let keys = Keys::new(&shared.lanes);
-    let (epoch, published, last) = shared.claim_fanout(token, &keys.meta, |expected, claim| {
-        claim_once(&shared.pool, &keys, expected, claim)
-    })?;
+    let keys = Keys::new(shared);
+    let (epoch, published, last) = if keys.hashes.is_empty() {
+        (0, 0, None)
+    } else {
+        shared.claim_fanout(token, &keys.meta, |expected, claim| {
+            claim_once(&shared.pool, &keys, expected, claim)
+        })?
+    };
     Ok(RedisFanout {
         shared: shared.clone(),
         keys,
@@ -87,7 +102,7 @@ fn claim_once(
         inv.arg(expected).arg(claim).arg(LOG_FENCE_ID);
         inv.invoke(c)
     })?;
-    let r = items(&v);
+    let r = parts(&v);
     match r.first().map(text) {
         Some(b"ok") if r.len() == 3 + keys.hashes.len() => {
             let last = r[3..].iter().filter_map(|v| unpad(text(v))).max();
@@ -98,27 +113,28 @@ fn claim_once(
     }
 }
 
-/// The one publisher of a stream built with
-/// [`RedisStreamBuilder::fanout`](crate::RedisStreamBuilder::fanout), from
-/// [`RedisStream::fanout`](crate::RedisStream::fanout): each item is written once into the
-/// stream's Redis log (its payload crosses the network once) and published to every lane in the
-/// same round trip, with no script on the hot path; every lane's consumer then reads it as a
-/// lane alone on its log does. At most one lives per stream across processes, as a lane's
-/// producer ([L9](crate::contract#l9)): claiming it starts a new fan-out epoch that fences the
-/// previous one's publishes off ([`BackendError::Fenced`]).
+/// The one publisher of a [`RedisStream`](crate::RedisStream), from
+/// [`Stream::fanout`](crate::Stream::fanout): each item is written once into the stream's Redis
+/// log (its payload crosses the network once) and published to every lane in the same round
+/// trip, with no script on the hot path of a single publish while it knows there is room; every
+/// lane's consumer then reads it from the log. A run
+/// ([`publish_run`](StreamFanout::publish_run)) is one script and one round trip for up to 64
+/// items. At most one lives per stream across processes ([L9](crate::contract#l9)): claiming it
+/// starts a new fan-out epoch that fences the previous one's publishes off
+/// ([`BackendError::Fenced`]).
 ///
-/// As the in-memory [`Fanout`](crate::Fanout): an item goes to every lane or to none (a publish
-/// waits, or `try_` refuses with `Full`, until every lane has room: [L3](crate::contract#l3)),
-/// its position must rise on every lane it goes to ([L4](crate::contract#l4)), a closed lane
-/// refuses every publish, and [`publish_to`](RedisFanout::publish_to) sends an item to one lane
-/// (the others pass it as a gap: one round trip of their consumer, no delivery).
+/// As the in-memory [`Fanout`](crate::Fanout) ([`StreamFanout`]): an item goes to every lane or
+/// to none (a publish waits, or `try_` refuses with `Full`, until every lane has room:
+/// [L3](crate::contract#l3)), its position must rise on every lane it goes to
+/// ([L4](crate::contract#l4)), a closed lane refuses every publish, and
+/// [`publish_to`](StreamFanout::publish_to) sends an item to one lane (the others pass it as a
+/// gap: one round trip of their consumer, no delivery; the entry takes a place in every lane
+/// until passed). A [`BackendError::Connection`] leaves a publish unsure (it may have landed):
+/// publishing the same item(s) again lands them once.
 ///
 /// ```no_run
-/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, Position, RedisStream, Stream};
-/// let stream = RedisStream::builder("redis://127.0.0.1:6379", "orders")
-///     .sinks(["search", "cache"])
-///     .fanout(true)
-///     .build()?;
+/// use lanestream::{Batch, LaneConsumer, LaneDelivery, LaneItem, Position, RedisStream, Stream, StreamFanout};
+/// let stream = RedisStream::builder("redis://127.0.0.1:6379", "orders").sinks(["search", "cache"]).build()?;
 /// let mut fanout = stream.fanout()?;
 /// fanout.publish(LaneItem::Batch(Batch::new(Some(Position(7)), Vec::new().into()))).unwrap();
 /// for sink in ["search", "cache"] {
@@ -135,7 +151,7 @@ pub struct RedisFanout {
     /// knows besides; a publish's target is its lane, or every lane (`None`). The last position
     /// is the last published to any lane: positions rise across the log (a lane passes a gap at
     /// its position).
-    progress: Progress<Option<usize>>,
+    progress: Progress,
     token: u64,
     waiter: Option<Waiter>,
 }
@@ -154,101 +170,12 @@ struct Publish<'a> {
 }
 
 impl RedisFanout {
-    /// How many lanes it publishes to.
-    pub fn lanes(&self) -> usize {
-        self.keys.hashes.len()
-    }
-
-    /// Publishes `item` to every lane if every lane has room now; never waits.
-    ///
-    /// # Errors
-    /// [`TryPublishError`]: `Full` (no lane got it), `Closed` (a lane is closed),
-    /// `PositionRegressed`, `InvalidPosition`, `Backend` (`Fenced`: another fan-out was claimed
-    /// since; `Connection`: the publish may have landed, and a next publish of the same item
-    /// lands it once); the item handed back.
-    pub fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
-        self.step(None, item, Budget::Once).map_err(|(e, _)| e)
-    }
-
-    /// Publishes `item` to every lane, waiting while a lane is full ([L3](crate::contract#l3)).
-    ///
-    /// # Errors
-    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`; the item
-    /// handed back.
-    pub fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        self.until(None, item, None).map_err(waitable)
-    }
-
-    /// [`publish`](RedisFanout::publish) until `deadline`.
-    ///
-    /// # Errors
-    /// As [`publish`](RedisFanout::publish), plus `Timeout` with the item.
-    pub fn publish_deadline(
-        &mut self,
-        item: LaneItem,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        self.until(None, item, Some(deadline))
-    }
-
-    /// [`publish`](RedisFanout::publish) for at most `timeout`.
-    ///
-    /// # Errors
-    /// As [`publish_deadline`](RedisFanout::publish_deadline).
-    pub fn publish_timeout(
-        &mut self,
-        item: LaneItem,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        self.until(None, item, Some(Instant::now() + timeout))
-    }
-
-    /// Publishes `item` to lane `lane` (in [`sinks`](crate::Stream::sinks) order) only, e.g.
-    /// a backfill's reply; the other lanes pass its entry as a gap (acked at its position: they
-    /// acked everything before it). Waits while any lane is full (the entry takes a place in
-    /// every lane until passed). Its position must rise above every lane's last, as for
-    /// [`publish`](RedisFanout::publish).
-    ///
-    /// # Errors
-    /// As [`publish`](RedisFanout::publish).
-    ///
-    /// # Panics
-    /// If `lane` is not below [`lanes`](RedisFanout::lanes).
-    pub fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        assert!(lane < self.lanes(), "publish_to: lane {lane} of {}", self.lanes());
-        self.until(Some(lane), item, None).map_err(waitable)
-    }
-
-    /// As [`publish_to`](RedisFanout::publish_to), never waiting.
-    ///
-    /// # Errors
-    /// As [`try_publish`](RedisFanout::try_publish).
-    ///
-    /// # Panics
-    /// If `lane` is not below [`lanes`](RedisFanout::lanes).
-    pub fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
-        assert!(lane < self.lanes(), "try_publish_to: lane {lane} of {}", self.lanes());
-        self.step(Some(lane), item, Budget::Once).map_err(|(e, _)| e)
-    }
-
-    /// [`publish`](RedisFanout::publish), waiting as a task: the wait runs on a helper thread
-    /// of this fan-out (started on the first wait), which wakes the task; no runtime.
-    ///
-    /// # Errors
-    /// As [`publish`](RedisFanout::publish).
-    pub fn publish_async(
-        &mut self,
-        item: LaneItem,
-    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
-        let mut item = Some(item);
-        poll_fn(move |cx| self.poll_publish(&mut item, cx))
-    }
-
-    /// Closes every lane ([L10](crate::contract#l10)); retried within the retry budget.
+    /// Closes every lane ([L10](crate::contract#l10)), reporting a backend failure
+    /// ([`close`](StreamFanout::close) cannot); retried within the retry budget.
     ///
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
-    pub fn close(&self) -> Result<(), BackendError> {
+    pub fn try_close(&self) -> Result<(), BackendError> {
         for lane in self.shared.lanes.iter() {
             lane.close(&self.shared.pool, Budget::Retry)?;
         }
@@ -267,7 +194,7 @@ impl RedisFanout {
                 *item = Some(back);
                 let bell = self.shared.lanes[full].pbell();
                 let shared = self.shared.clone();
-                self.waiter.get_or_insert_with(|| Waiter::new(shared)).arm(bell, cx.waker());
+                self.waiter.get_or_insert_with(|| Waiter::new(shared, Waiter::PUBLISH)).arm(bell, cx.waker());
                 Poll::Pending
             }
             Err((e, _)) => Poll::Ready(Err(match e.into_waitable() {
@@ -278,34 +205,17 @@ impl RedisFanout {
     }
 
     /// Publishes, waiting on the full lane's publishers' bell while a lane is full, until
-    /// `deadline` if any.
+    /// `deadline` if any (the backend's one blocking body, `sender::publish_until`).
     fn until(
         &mut self,
         to: Option<usize>,
-        mut item: LaneItem,
+        item: LaneItem,
         deadline: Option<Instant>,
     ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        loop {
-            let full = match self.step(to, item, Budget::Retry) {
-                Err((TryPublishError::Full(back), full)) => {
-                    item = back;
-                    full
-                }
-                other => return other.map_err(|(e, _)| timeout_error(e)),
-            };
-            let mut slice = self.shared.pool.settings.wait_slice;
-            if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(PublishTimeoutError::Timeout(item));
-                }
-                slice = slice.min(left);
-            }
-            let lane = &self.shared.lanes[full];
-            if lane.wait(&self.shared.pool, &lane.pbell(), slice).is_err() {
-                thread::sleep(self.shared.pool.settings.backoff_min);
-            }
-        }
+        let shared = self.shared.clone();
+        publish_until(&shared, item, deadline, |item| {
+            self.step(to, item, Budget::Retry).map_err(|(e, full)| (e, shared.lanes[full].pbell()))
+        })
     }
 
     /// One publish attempt, never waiting; on `Full`, the full lane too.
@@ -316,6 +226,9 @@ impl RedisFanout {
         budget: Budget,
     ) -> Result<(), (TryPublishError<LaneItem>, usize)> {
         let (item, encoded) = encoded(&self.shared, item).map_err(|e| (e, 0))?;
+        if self.keys.hashes.is_empty() {
+            return Ok(()); // to no lane: published to every lane there is
+        }
         let position = encoded.position;
         loop {
             let (n, proven) = self.progress.next(position);
@@ -344,7 +257,7 @@ impl RedisFanout {
                 },
                 Ok(Published::Fenced) => TryPublishError::Backend { item, error: BackendError::Fenced },
                 Err(error) => {
-                    self.progress.failed(encoded.bytes, to);
+                    self.progress.failed(vec![encoded.bytes], to);
                     return Err((TryPublishError::Backend { item, error }, 0));
                 }
             };
@@ -379,7 +292,7 @@ impl RedisFanout {
             loop {
                 if gated || !proven || t > 0 {
                     let gate = self.gate(c, n, to, &pos)?;
-                    let r = items(&gate);
+                    let r = parts(&gate);
                     match r.first().map(text) {
                         Some(b"ok") if r.len() == 3 => {
                             learnt.room = Some(int(&r[1]));
@@ -430,7 +343,7 @@ impl RedisFanout {
         for h in &self.keys.hashes {
             inv.key(h);
         }
-        inv.arg(self.epoch).arg(n).arg(pos).arg(to.map_or(0, |i| i + 1)).arg("seq").arg("trim");
+        inv.arg(self.epoch).arg(n).arg(pos).arg(to.map_or(0, |i| i + 1)).arg("trim");
         for h in &self.keys.hashes {
             inv.arg(h);
         }
@@ -485,7 +398,7 @@ impl RedisFanout {
         let mut ring = ::redis::pipe();
         let mut any = false;
         for (h, w) in self.keys.hashes.iter().zip(flags) {
-            let w = items(w);
+            let w = parts(w);
             if w.first().map(text) == Some(b"1") {
                 let bell = format!("{h}:bell:{}", String::from_utf8_lossy(w.get(1).map_or(b"0", text)));
                 ring.cmd("HSET").arg(h).arg("w").arg("0").ignore();
@@ -498,6 +411,327 @@ impl RedisFanout {
             ring.query::<()>(c)?;
         }
         Ok(())
+    }
+}
+
+impl RedisFanout {
+    /// One run attempt, never waiting: publishes a leading part of `items` (at most
+    /// [`RUN_MAX`]) and returns its length; on `Full`, the full lane too. One item, or an unsure
+    /// earlier publish to tell apart from this run's items, takes the single publish's path.
+    fn run_step(
+        &mut self,
+        items: &[LaneItem],
+        budget: Budget,
+    ) -> Result<usize, (TryPublishError<usize>, usize)> {
+        let Some(head) = items.first() else { return Ok(0) };
+        if self.keys.hashes.is_empty() {
+            return Ok(items.len()); // to no lane: published to every lane there is
+        }
+        let index = |e: TryPublishError<LaneItem>| with_index(e, 0);
+        if items.len() == 1 || self.progress.unsure.is_some() {
+            return self.step(None, head.clone(), budget).map(|()| 1).map_err(|(e, full)| (index(e), full));
+        }
+        let mut run: Vec<(Option<Position>, AlignedVec)> = Vec::with_capacity(items.len().min(RUN_MAX));
+        for item in items.iter().take(RUN_MAX) {
+            let position = item.position();
+            match item.encode() {
+                Ok(bytes) if position != Some(Position::RESERVED) => run.push((position, bytes)),
+                _ => break, // refused on its own: the single publish tells why
+            }
+        }
+        if run.len() < 2 {
+            return self.step(None, head.clone(), budget).map(|()| 1).map_err(|(e, full)| (index(e), full));
+        }
+        loop {
+            let first = self.progress.published + 1;
+            let mut tries = 0;
+            let v: Result<Value, BackendError> = self.shared.pool.run(budget, |c, t| {
+                tries = t;
+                let mut inv = scripts().publish_run.prepare_invoke();
+                inv.key(&self.keys.meta).key(&self.keys.log);
+                for h in &self.keys.hashes {
+                    inv.key(h);
+                }
+                inv.arg(self.epoch).arg(first).arg(run.len());
+                for (position, bytes) in &run {
+                    inv.arg(bytes.as_slice()).arg(pad(*position));
+                }
+                for h in &self.keys.hashes {
+                    inv.arg(h);
+                }
+                inv.invoke(c)
+            });
+            let v = match v {
+                Ok(v) => v,
+                Err(error) => {
+                    // Some of the run may have landed: the next publish tells (see `Progress`).
+                    self.progress.failed(run.into_iter().map(|(_, b)| b).collect(), None);
+                    return Err((TryPublishError::Backend { item: 0, error }, 0));
+                }
+            };
+            let r = parts(&v);
+            let refused = match r.first().map(text) {
+                Some(b"ok") if r.len() == 4 => {
+                    let n = int(&r[1]) as usize;
+                    self.progress.learnt(Some(int(&r[2])), None);
+                    let last = run[..n].iter().filter_map(|(p, _)| *p).next_back();
+                    self.progress.landed_run(n as u64, last);
+                    if n == 0 {
+                        // The first item's position did not rise after all (the gate's checks
+                        // passed it): the single publish refuses it with the last position.
+                        return self
+                            .step(None, head.clone(), budget)
+                            .map(|()| 1)
+                            .map_err(|(e, full)| (index(e), full));
+                    }
+                    return Ok(n);
+                }
+                Some(b"landed") if r.len() == 2 => {
+                    let m = int(&r[1]);
+                    if tries > 0 {
+                        // This call's own first try landed them; its reply was lost.
+                        let last = run[..m as usize].iter().filter_map(|(p, _)| *p).next_back();
+                        self.progress.landed_run(m, last);
+                        return Ok(m as usize);
+                    }
+                    // Entries nobody here is unsure of: published past this fan-out's count
+                    // (not by another fan-out: that one's claim fenced this one). Skipped over,
+                    // as the single publish does.
+                    self.progress.published += m;
+                    self.progress.last = None;
+                    continue;
+                }
+                Some(b"full") if r.len() == 2 => {
+                    let lane = (int(&r[1]) as usize).saturating_sub(1);
+                    return Err((TryPublishError::Full(0), lane));
+                }
+                Some(b"closed") => TryPublishError::Closed(0),
+                Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
+                    Some(last) => TryPublishError::PositionRegressed {
+                        item: 0,
+                        position: run[0].0.expect("only positioned items regress"),
+                        last,
+                    },
+                    None => {
+                        let error = malformed(&self.shared.pool, "publish run", &v);
+                        TryPublishError::Backend { item: 0, error }
+                    }
+                },
+                Some(b"fenced") => match self.shared.pool.check_state(&self.keys.meta) {
+                    Ok(()) => TryPublishError::Backend { item: 0, error: BackendError::Fenced },
+                    Err(error) => TryPublishError::Backend { item: 0, error },
+                },
+                _ => {
+                    let error = malformed(&self.shared.pool, "publish run", &v);
+                    TryPublishError::Backend { item: 0, error }
+                }
+            };
+            return Err((refused, 0));
+        }
+    }
+}
+
+impl StreamFanout for RedisFanout {
+    fn lanes(&self) -> usize {
+        self.keys.hashes.len()
+    }
+
+    /// Publishes `item` to every lane if every lane has room now; never waits (one try, no
+    /// reconnecting).
+    ///
+    /// # Errors
+    /// [`TryPublishError`]: `Full` (no lane got it), `Closed` (a lane is closed),
+    /// `PositionRegressed`, `InvalidPosition`, `Backend` (`Fenced`: another fan-out was claimed
+    /// since; `Connection`: the publish may have landed, and a next publish of the same item
+    /// lands it once); the item handed back.
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        self.step(None, item, Budget::Once).map_err(|(e, _)| e)
+    }
+
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        self.until(None, item, None).map_err(waitable)
+    }
+
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Instant,
+    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+        self.until(None, item, Some(deadline))
+    }
+
+    /// Waits as a task: the wait runs on a helper thread of this fan-out
+    /// (`lanestream-redis-publish-wait`, started on the first wait), which wakes the task; no
+    /// runtime.
+    fn publish_async(
+        &mut self,
+        item: LaneItem,
+    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
+        let mut item = Some(item);
+        poll_fn(move |cx| self.poll_publish(&mut item, cx))
+    }
+
+    /// One script and one round trip for up to 64 items (two or more; one item takes the single
+    /// publish's path), one try.
+    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+        self.run_step(items, Budget::Once).map_err(|(e, _)| e)
+    }
+
+    /// One script and one round trip per 64 items while every lane has room; waits on the full
+    /// lane's bell (the one blocking body of the backend) while one is full.
+    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+        let mut done = 0;
+        let shared = self.shared.clone();
+        while done < items.len() {
+            let rest = &items[done..];
+            let mut went = 0;
+            let waited = publish_until(&shared, 0usize, None, |_| match self.run_step(rest, Budget::Retry) {
+                Ok(n) => {
+                    went = n;
+                    Ok(())
+                }
+                Err((e, full)) => Err((e, shared.lanes[full].pbell())),
+            });
+            match waited {
+                Ok(()) => done += went,
+                Err(e) => return Err(shifted(waitable(e), done)),
+            }
+        }
+        Ok(())
+    }
+
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        assert!(lane < self.lanes(), "publish_to: lane {lane} of {}", self.lanes());
+        self.until(Some(lane), item, None).map_err(waitable)
+    }
+
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+        assert!(lane < self.lanes(), "try_publish_to: lane {lane} of {}", self.lanes());
+        self.step(Some(lane), item, Budget::Once).map_err(|(e, _)| e)
+    }
+
+    /// Closes every lane; retried within the retry budget, then given up silently (see
+    /// [`try_close`](RedisFanout::try_close)).
+    fn close(&self) {
+        let _ = self.try_close();
+    }
+}
+
+/// `e` with the index `i` of the refused item in place of the item (a run's error).
+fn with_index(e: TryPublishError<LaneItem>, i: usize) -> TryPublishError<usize> {
+    match e {
+        TryPublishError::Full(_) => TryPublishError::Full(i),
+        TryPublishError::Closed(_) => TryPublishError::Closed(i),
+        TryPublishError::InvalidPosition(_) => TryPublishError::InvalidPosition(i),
+        TryPublishError::PositionRegressed { position, last, .. } => {
+            TryPublishError::PositionRegressed { item: i, position, last }
+        }
+        TryPublishError::Backend { error, .. } => TryPublishError::Backend { item: i, error },
+    }
+}
+
+/// A run's error `e` about the rest of the run, about the whole run: its index moved up by
+/// `done`, the items published before the rest.
+fn shifted(e: PublishError<usize>, done: usize) -> PublishError<usize> {
+    match e {
+        PublishError::Closed(i) => PublishError::Closed(done + i),
+        PublishError::InvalidPosition(i) => PublishError::InvalidPosition(done + i),
+        PublishError::PositionRegressed { item, position, last } => {
+            PublishError::PositionRegressed { item: done + item, position, last }
+        }
+        PublishError::Backend { item, error } => PublishError::Backend { item: done + item, error },
+    }
+}
+
+/// What the fan-out knows between its publishes: what lets a publish skip the gate script, and
+/// what tells a retried publish from the next item. A publish's target is its lane, or every
+/// lane (`None`).
+struct Progress {
+    /// The stream's publish count (entries in its log, gaps included), as of the last publish.
+    published: u64,
+    /// The payloads and target of the last publish that ended in an error (one item, or a
+    /// run's items in order): they may have landed all the same (a lost reply), the first ones
+    /// of a run at least. A next publish that finds its entry already there is a retry of the
+    /// first of them if both are equal, else that one landed and the new item goes after it.
+    unsure: Option<(Vec<AlignedVec>, Option<usize>)>,
+    /// The publish count up to which every lane has room, as the gate last saw it (the acked
+    /// prefix only grows): publishes up to it skip the gate.
+    room: u64,
+    /// The last position published as the fan-out knows it (from its claim, then its own
+    /// publishes; `None` when it does not know: after finding an earlier call's publish landed).
+    /// A publish not above it takes the gate (which refuses it). Positions rise across the log
+    /// (a lane passes a gap at its position).
+    last: Option<Option<Position>>,
+}
+
+impl Progress {
+    /// A claimed fan-out's: the publish count and the last position, as the claim read them.
+    fn new(published: u64, last: Option<Position>) -> Self {
+        Progress { published, unsure: None, room: 0, last: Some(last) }
+    }
+
+    /// The count a publish of an item at `position` would take, and whether it may skip the
+    /// gate: room proven, its position rises (or it has none), nothing unsure, and not every
+    /// 64th entry (the gate trims the log then).
+    fn next(&self, position: Option<Position>) -> (u64, bool) {
+        let after = self.published + 1;
+        let rises = match (position, self.last) {
+            (_, None) => false,
+            (Some(p), Some(Some(last))) => p > last,
+            _ => true,
+        };
+        (after, self.unsure.is_none() && after <= self.room && rises && after % 64 != 0)
+    }
+
+    /// What a gate answered: the room, and the last position before this publish.
+    fn learnt(&mut self, room: Option<u64>, last: Option<Option<Position>>) {
+        if let Some(room) = room {
+            self.room = room;
+        }
+        if last.is_some() {
+            self.last = last;
+        }
+    }
+
+    /// The publish of an item at `position` landed (nothing is unsure any more: it went after
+    /// whatever had landed).
+    fn landed(&mut self, position: Option<Position>) {
+        self.landed_run(1, position);
+    }
+
+    /// A run of `n` items landed, the last positioned of them at `last` (if any).
+    fn landed_run(&mut self, n: u64, last: Option<Position>) {
+        if n == 0 {
+            return;
+        }
+        self.published += n;
+        self.unsure = None;
+        if last.is_some() {
+            self.last = Some(last);
+        }
+    }
+
+    /// The entry for the next count was there already: an earlier call's, whose error hid that it
+    /// landed (and moved the last position, which only the gate knows now). `true` if it was
+    /// this very publish (`bytes` to `target`) again: it landed once.
+    fn found_landed(&mut self, bytes: &[u8], target: &Option<usize>) -> bool {
+        self.published += 1;
+        self.last = None;
+        let Some((earlier, to)) = &mut self.unsure else { return false };
+        let same = !earlier.is_empty() && earlier[0].as_slice() == bytes && to == target;
+        if !earlier.is_empty() {
+            earlier.remove(0);
+        }
+        if earlier.is_empty() {
+            self.unsure = None;
+        }
+        same
+    }
+
+    /// The publish of `bytes` (one item, or a run's in order) to `target` ended in an error that
+    /// leaves it unsure: it may have landed.
+    fn failed(&mut self, bytes: Vec<AlignedVec>, target: Option<usize>) {
+        self.unsure = Some((bytes, target));
     }
 }
 
@@ -520,54 +754,5 @@ impl fmt::Debug for RedisFanout {
             .field("epoch", &self.epoch)
             .field("published", &self.progress.published)
             .finish_non_exhaustive()
-    }
-}
-
-// A stop-gap while the Redis backend moves to one layout: runs publish item by item.
-impl crate::stream::port::StreamFanout for RedisFanout {
-    fn lanes(&self) -> usize {
-        RedisFanout::lanes(self)
-    }
-
-    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
-        RedisFanout::try_publish(self, item)
-    }
-
-    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        RedisFanout::publish(self, item)
-    }
-
-    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishTimeoutError<LaneItem>> {
-        RedisFanout::publish_deadline(self, item, deadline)
-    }
-
-    fn publish_async(&mut self, item: LaneItem) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
-        RedisFanout::publish_async(self, item)
-    }
-
-    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
-        match items.first() {
-            None => Ok(0),
-            Some(item) => RedisFanout::try_publish(self, item.clone()).map(|()| 1).map_err(|e| e.map(|_| 0)),
-        }
-    }
-
-    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
-        for (i, item) in items.iter().enumerate() {
-            RedisFanout::publish(self, item.clone()).map_err(|e| e.map(|_| i))?;
-        }
-        Ok(())
-    }
-
-    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        RedisFanout::publish_to(self, lane, item)
-    }
-
-    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
-        RedisFanout::try_publish_to(self, lane, item)
-    }
-
-    fn close(&self) {
-        let _ = RedisFanout::close(self);
     }
 }

@@ -16,20 +16,20 @@ use crate::position::Position;
 /// The compiled scripts (hashed once; loaded into the server on first use).
 pub(crate) struct Scripts {
     publish: Script,
-    publish_alone: Script,
     receive: Script,
     ack: Script,
-    ack_alone: Script,
     nack: Script,
     attach: Script,
-    claim_producer: Script,
     pub(crate) claim_fanout: Script,
     pub(crate) publish_fanout: Script,
+    pub(crate) publish_run: Script,
     pub(crate) release: Script,
     close: Script,
     trim: Script,
     stats: Script,
     fold: Script,
+    pub(crate) watermark: Script,
+    ring_watermark: Script,
 }
 
 pub(crate) fn scripts() -> &'static Scripts {
@@ -38,20 +38,20 @@ pub(crate) fn scripts() -> &'static Scripts {
         let s = |body| Script::new(&scripts::source(body));
         Scripts {
             publish: s(scripts::PUBLISH),
-            publish_alone: s(scripts::PUBLISH_ALONE),
             receive: s(scripts::RECEIVE),
             ack: s(scripts::ACK),
-            ack_alone: s(scripts::ACK_ALONE),
             nack: s(scripts::NACK),
             attach: s(scripts::ATTACH),
-            claim_producer: s(scripts::CLAIM_PRODUCER),
             claim_fanout: s(scripts::CLAIM_FANOUT),
             publish_fanout: s(scripts::PUBLISH_FANOUT),
+            publish_run: s(scripts::PUBLISH_RUN),
             release: s(scripts::RELEASE_CLAIM),
             close: s(scripts::CLOSE),
             trim: s(scripts::TRIM),
             stats: s(scripts::STATS),
             fold: s(scripts::FOLD),
+            watermark: s(scripts::WATERMARK),
+            ring_watermark: s(scripts::RING_WATERMARK),
         }
     })
 }
@@ -100,21 +100,21 @@ pub(crate) enum Published {
     /// Published (or found already published by an earlier try of the same call, whose reply
     /// was lost).
     Done,
-    /// The lane's entry for this publish count was already there on the call's first try: an
-    /// earlier call's publish landed although that call ended in an error. Whether it held this
-    /// item is the caller's to tell (`RedisProducer` compares the payloads).
+    /// The entry for this publish count was already there on the call's first try: an earlier
+    /// call's publish landed although that call ended in an error. Whether it held this item is
+    /// the caller's to tell (`RedisFanout` compares the payloads).
     Duplicate,
     Full,
     Closed,
     Regressed(Position),
-    /// A newer producer holds the lane.
+    /// A newer fan-out holds the stream.
     Fenced,
 }
 
 /// What a receive found.
 pub(crate) enum Received {
-    /// `gap`: an entry of a fan-out stream published to another lane (see "A fan-out stream"
-    /// in `scripts`): the consumer acks it on its way past.
+    /// `gap`: an entry of the sink log published to another lane (see "The fan-out" in
+    /// `scripts`): the consumer acks it on its way past.
     Item {
         n: u64,
         attempt: u32,
@@ -129,25 +129,12 @@ pub(crate) enum Received {
 /// What an ack did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Acked {
+    /// Acked (or found acked before).
     Done,
     Detached,
     /// A retried ack found the epoch changed and the item acked: maybe by the first try, maybe
     /// by the new consumer after a redelivery.
     Unknown,
-}
-
-/// Who publishes: the lane's claimed producer (epoch-fenced, exactly once per publish count)
-/// or a request sender.
-#[derive(Clone, Copy)]
-pub(crate) enum Publisher {
-    /// `proven`: the lane has room for this publish as the producer last learnt, its position
-    /// goes up, and it does not trim the log: a sink lane alone on its log skips its script.
-    Producer {
-        epoch: u64,
-        published_after: u64,
-        proven: bool,
-    },
-    Sender,
 }
 
 /// One lane's keys and constants.
@@ -156,121 +143,70 @@ pub(crate) struct LaneDef {
     pub(crate) sink: Option<SinkName>,
     /// The lane's base key (also its hash).
     pub(crate) base: String,
-    ids: String,
     rel: String,
     ack: String,
-    /// A lane alone on its log: the redeliveries of each released entry (`B:att`).
+    /// The redeliveries of each released entry (`B:att`).
     att: String,
+    /// The ack log (`B:al`, see "The ack log" in `scripts`).
+    ack_log_key: String,
+    /// The delivery log (`B:dl`, see "The delivery log" in `scripts`).
+    delivery_log_key: String,
     pub(crate) log: String,
     pub(crate) meta: String,
-    pub(crate) group: String,
-    seq_field: &'static str,
+    /// The meta field of the log's trim floor.
     trim_field: &'static str,
-    /// How many entries past the lane's newest a publish looks through for the same payload.
-    scan: u32,
-    /// The lane owns every entry of its log (one sink, or the request lane): it keeps no ids
-    /// set (see `scripts`).
-    alone: bool,
-    /// The ack log of a lane alone on its log (`B:al`, see "The ack log" in `scripts`).
-    ack_log_key: String,
-    /// Its delivery log (`B:dl`, see "The delivery log" in `scripts`).
-    delivery_log_key: String,
-    /// Its publish log (`B:pl`, see "The publish log" in `scripts`; a sink lane's only).
-    publish_log_key: String,
-    /// A lane of a fan-out stream (see "A fan-out stream" in `scripts`): alone on its log as
-    /// far as its consumer is concerned; published to only by the stream's fan-out.
-    pub(crate) fanout: bool,
-    /// The ids keys of every lane that shares this lane's log (for the trim floor); the lane's
-    /// own hash when it is alone on its log.
-    pub(crate) trim_ids: Vec<String>,
+    /// The hashes of every lane that reads this lane's log (every sink lane for a sink lane;
+    /// the lane's own for the request lane): the trim floor, and the lanes whose `ww` an ack's
+    /// wake-up of the watermark waiters clears.
+    pub(crate) hashes: Vec<String>,
+    /// The watermark waiters' set (`{P}:ww`, see "Watermark waiters" in `scripts`).
+    pub(crate) watermark_waiters: String,
     pub(crate) capacity: usize,
 }
 
-/// The consumer name every delivery of a lane's group goes to (epochs, not names, tell the
-/// consumers apart).
-const CONSUMER: &str = "consumer";
-
 impl LaneDef {
-    /// A sink lane of the stream whose hash-tagged prefix is `prefix`.
-    pub(crate) fn sink(prefix: &str, sink: SinkName, capacity: usize) -> LaneDef {
-        let base = format!("{prefix}:l:{sink}");
-        LaneDef {
-            ids: format!("{base}:ids"),
-            rel: format!("{base}:rel"),
-            ack: format!("{base}:ack"),
-            att: format!("{base}:att"),
-            ack_log_key: format!("{base}:al"),
-            delivery_log_key: format!("{base}:dl"),
-            publish_log_key: format!("{base}:pl"),
-            log: format!("{prefix}:log"),
-            meta: format!("{prefix}:meta"),
-            group: sink.as_str().to_owned(),
-            seq_field: "seq",
-            trim_field: "trim",
-            scan: 16,
-            alone: false,
-            trim_ids: Vec::new(),
-            fanout: false,
-            capacity,
-            sink: Some(sink),
-            base,
-        }
+    /// A sink lane of the stream whose hash-tagged prefix is `prefix`, one of those whose hashes
+    /// are `hashes` (every sink lane's, in order).
+    pub(crate) fn sink(prefix: &str, sink: SinkName, capacity: usize, hashes: Vec<String>) -> LaneDef {
+        let base = LaneDef::sink_base(prefix, &sink);
+        LaneDef::new(prefix, base, Some(sink), "log", "trim", hashes, capacity)
+    }
+
+    /// The base key (and hash) of sink lane `sink` of the stream whose prefix is `prefix`.
+    pub(crate) fn sink_base(prefix: &str, sink: &SinkName) -> String {
+        format!("{prefix}:l:{sink}")
     }
 
     /// The request lane of the stream whose prefix is `prefix`.
     pub(crate) fn requests(prefix: &str, capacity: usize) -> LaneDef {
         let base = format!("{prefix}:r");
+        LaneDef::new(prefix, base.clone(), None, "req", "rtrim", vec![base], capacity)
+    }
+
+    fn new(
+        prefix: &str,
+        base: String,
+        sink: Option<SinkName>,
+        log: &str,
+        trim_field: &'static str,
+        hashes: Vec<String>,
+        capacity: usize,
+    ) -> LaneDef {
         LaneDef {
-            ids: format!("{base}:ids"),
             rel: format!("{base}:rel"),
             ack: format!("{base}:ack"),
             att: format!("{base}:att"),
             ack_log_key: format!("{base}:al"),
             delivery_log_key: format!("{base}:dl"),
-            publish_log_key: format!("{base}:pl"),
-            log: format!("{prefix}:req"),
+            log: format!("{prefix}:{log}"),
             meta: format!("{prefix}:meta"),
-            group: "ingest".to_owned(),
-            seq_field: "rseq",
-            trim_field: "rtrim",
-            scan: 0,
-            alone: true,
-            trim_ids: vec![base.clone()],
-            fanout: false,
+            trim_field,
+            hashes,
+            watermark_waiters: format!("{prefix}:ww"),
             capacity,
-            sink: None,
+            sink,
             base,
         }
-    }
-
-    /// No other lane shares the log: nothing to look for when publishing, and no ids set (the
-    /// trim floor is the lane's own acked prefix).
-    pub(crate) fn alone(&mut self) {
-        self.scan = 0;
-        self.alone = true;
-        self.trim_ids = vec![self.base.clone()];
-    }
-
-    /// A lane of a fan-out stream whose lanes' hashes are `hashes`: it sees every entry of the
-    /// log, as a lane alone on it does (its consumer's side runs that lane's path), and the trim
-    /// floor is the least acked prefix of all the lanes.
-    pub(crate) fn fanout_lane(&mut self, hashes: Vec<String>) {
-        self.scan = 0;
-        self.alone = true;
-        self.fanout = true;
-        self.trim_ids = hashes;
-    }
-
-    fn alone_flag(&self) -> &'static str {
-        if self.alone {
-            "1"
-        } else {
-            "0"
-        }
-    }
-
-    pub(crate) fn ids_key(&self) -> &str {
-        &self.ids
     }
 
     /// The consumer wake-up key of `epoch`.
@@ -283,139 +219,34 @@ impl LaneDef {
         format!("{}:pbell", self.base)
     }
 
-    /// Publishes `payload` (at `position`). With it, for a producer on a sink lane alone on its
-    /// log, the publish count up to which the lane has room as the gate script saw it, when
-    /// that script ran (see "The publish log" in `scripts`).
+    /// A request sender's publish of `payload` (at `position`) on the request lane (see "The
+    /// request lane" in `scripts`).
     pub(crate) fn publish(
         &self,
         pool: &Pool,
         budget: Budget,
-        who: Publisher,
         payload: &[u8],
         position: Option<Position>,
-    ) -> Result<(Published, Option<u64>), BackendError> {
-        let (mode, epoch, after, proven) = match who {
-            Publisher::Producer { epoch, published_after, proven } => ("p", epoch, published_after, proven),
-            Publisher::Sender => ("s", 0, 0, false),
-        };
+    ) -> Result<Published, BackendError> {
         let pos = pad(position);
-        if self.alone && mode == "p" && self.sink.is_some() {
-            return self.publish_alone(pool, budget, epoch, after, payload, &pos, proven);
-        }
-        let mut tries = 0;
-        let v: Value = pool.run(budget, |c, t| {
-            tries = t;
+        let v: Value = pool.run(budget, |c, _| {
             let mut inv = scripts().publish.prepare_invoke();
-            inv.key(&self.base).key(&self.ids).key(&self.log).key(&self.meta);
-            inv.arg(&self.base).arg(mode).arg(epoch).arg(after).arg(payload).arg(&pos);
-            inv.arg(self.seq_field).arg(self.scan).arg(self.trim_field).arg(self.alone_flag());
-            for ids in &self.trim_ids {
-                inv.arg(ids);
+            inv.key(&self.base).key(&self.log).key(&self.meta);
+            inv.arg(&self.base).arg(payload).arg(&pos).arg(self.trim_field);
+            for hash in &self.hashes {
+                inv.arg(hash);
             }
             inv.invoke(c)
         })?;
-        Ok((published(pool, &self.meta, &v, tries == 0)?, None))
+        // A sender's publish is never a duplicate (a retried one may land twice: R2).
+        published(pool, &self.meta, &v, false)
     }
 
-    /// The claimed producer's publish of entry `n` on a sink lane alone on its log: one `MULTI`
-    /// of two plain `XADD`s of id `<n>-<epoch>` (the entry, with its payload, to the log; its
-    /// record to the publish log) and an `HMGET` of the receive-waiting flag, which lands only
-    /// for the live producer of an open lane (see "The publish log" in `scripts`). Before it,
-    /// unless `proven` (the lane has room for it as the producer last learnt, the position goes
-    /// up, and the entry does not trim the log), and after a refused `XADD`, the
-    /// `PUBLISH_ALONE` script: the checks, and the room.
-    #[allow(clippy::too_many_arguments)]
-    fn publish_alone(
-        &self,
-        pool: &Pool,
-        budget: Budget,
-        epoch: u64,
-        n: u64,
-        payload: &[u8],
-        pos: &str,
-        proven: bool,
-    ) -> Result<(Published, Option<u64>), BackendError> {
-        let script = &scripts().publish_alone;
-        let (mut tries, mut room) = (0, None);
-        let id = format!("{n}-{epoch}");
-        let v: Result<Value, String> = pool.run(budget, |c, t| {
-            tries = t;
-            let mut gated = false;
-            loop {
-                if gated || !proven || t > 0 {
-                    let mut eval = evalsha(script, &[&self.base, &self.log, &self.meta]);
-                    eval.arg(&self.base).arg(epoch).arg(n).arg(pos).arg(self.seq_field).arg(self.trim_field);
-                    eval.arg(&self.base);
-                    let gate = run_script(c, script, &eval, None)?.remove(0);
-                    let r = items(&gate);
-                    if r.first().map(text) != Some(b"ok") || r.len() != 3 {
-                        return Ok(Ok(gate));
-                    }
-                    if gated {
-                        // Let through twice, refused twice: not a state this backend makes.
-                        return Ok(Err(format!("lanestream: the log of {} refused entry {id}", self.base)));
-                    }
-                    room = Some(int(&r[1]) + int(&r[2]));
-                }
-                let mut pipe = ::redis::pipe();
-                pipe.atomic().ignore_errors();
-                // NOMKSTREAM: a deleted stream is not made again by an end still alive (the
-                // reply is nil, and the script says why).
-                pipe.cmd("XADD")
-                    .arg(&self.log)
-                    .arg("NOMKSTREAM")
-                    .arg(&id)
-                    .arg("d")
-                    .arg(payload)
-                    .arg("p")
-                    .arg(pos);
-                pipe.cmd("XADD").arg(&self.publish_log_key).arg("NOMKSTREAM").arg(&id).arg("p").arg(pos);
-                pipe.cmd("HMGET").arg(&self.base).arg("w").arg("ep");
-                let replies: Vec<Value> = pipe.query(c)?;
-                match (replies.first(), replies.get(1)) {
-                    (Some(Value::BulkString(_)), Some(Value::BulkString(_))) => {}
-                    (Some(Value::ServerError(_) | Value::Nil), Some(Value::ServerError(_) | Value::Nil))
-                        if !gated =>
-                    {
-                        // Refused: a newer producer, a closed lane, or this entry already there
-                        // (a retry of a publish that landed). The script tells which.
-                        gated = true;
-                        continue;
-                    }
-                    _ => {
-                        return Ok(Err(format!("lanestream: publish of {id} on {}: {replies:?}", self.base)));
-                    }
-                }
-                if let Some(Value::Array(w)) = replies.get(2) {
-                    if w.first().map(text) == Some(b"1") {
-                        // A receive found nothing and waits: cleared, then its bell rung.
-                        let bell = format!(
-                            "{}:bell:{}",
-                            self.base,
-                            String::from_utf8_lossy(w.get(1).map_or(b"0", text))
-                        );
-                        let mut ring = ::redis::pipe();
-                        ring.cmd("HSET").arg(&self.base).arg("w").arg("0").ignore();
-                        ring.cmd("LPUSH").arg(&bell).arg("1").ignore();
-                        ring.cmd("LTRIM").arg(&bell).arg(0).arg(0).ignore();
-                        ring.query::<()>(c)?;
-                    }
-                }
-                return Ok(Ok(Value::Array(vec![Value::SimpleString("ok".into())])));
-            }
-        })?;
-        let v = v.map_err(|msg| {
-            pool.record(msg);
-            BackendError::Server(crate::error::ServerReason::UnexpectedReply)
-        })?;
-        Ok((published(pool, &self.meta, &v, tries == 0)?, room))
-    }
-
-    /// Receives the lane's next item. `expect` is the entry number the consumer expects next (0:
-    /// none): when the lane is alone on its log and delivers that entry, its payload comes from a
-    /// plain `XRANGE` pipelined after the script (see `scripts::RECEIVE`). `fast`: no entry of
-    /// the consumer's epoch waits for redelivery as far as it knows, so the expected entry is
-    /// first taken through the delivery log, without a script (`receive_logged`).
+    /// Receives the lane's next item. `expect` is the entry number the consumer expects next
+    /// (0: none): when the lane delivers that entry, its payload comes from a plain `XRANGE`
+    /// pipelined after the script (see `scripts::RECEIVE`). `fast`: no entry of the consumer's
+    /// epoch waits for redelivery as far as it knows, so the expected entry is first taken
+    /// through the delivery log, without a script (`receive_logged`).
     pub(crate) fn receive(
         &self,
         pool: &Pool,
@@ -425,22 +256,14 @@ impl LaneDef {
         expect: u64,
         fast: bool,
     ) -> Result<Received, BackendError> {
-        let expect = if self.alone { expect } else { 0 };
         let (v, range): (Value, Option<Value>) = pool.run(budget, |c, tries| {
             if fast && expect > 0 && tries == 0 {
                 if let Some(payload) = self.receive_logged(c, epoch, expect)? {
                     return Ok((Value::Nil, Some(payload)));
                 }
             }
-            let mut eval =
-                evalsha(&scripts().receive, &[&self.base, &self.ids, &self.rel, &self.log, &self.att]);
-            eval.arg(&self.base)
-                .arg(&self.group)
-                .arg(CONSUMER)
-                .arg(epoch)
-                .arg(request)
-                .arg(self.alone_flag());
-            eval.arg(expect);
+            let mut eval = evalsha(&scripts().receive, &[&self.base, &self.rel, &self.log, &self.att]);
+            eval.arg(epoch).arg(request).arg(expect);
             if expect == 0 {
                 return run_script(c, &scripts().receive, &eval, None).map(|mut v| (v.remove(0), None));
             }
@@ -493,8 +316,7 @@ impl LaneDef {
         }
     }
 
-    /// The receive of new entry `n`, the one the consumer of `epoch` expects, on a lane alone on
-    /// its log, without a script: a plain `XADD` of `<epoch>-<n>` to the lane's delivery log
+    /// The receive of new entry `n`, the one the consumer of `epoch` expects, without a script: a plain `XADD` of `<epoch>-<n>` to the lane's delivery log
     /// (refused once a re-attach raised its last id, or if `n` was recorded before) and an
     /// `XRANGE` of the entry, in one round trip (see "The delivery log" in `scripts`). The
     /// `XRANGE` reply when both did their part; `None` otherwise, and the caller runs `RECEIVE`,
@@ -522,7 +344,8 @@ impl LaneDef {
         Ok(range.filter(|r| logged && range_entry(r).is_some()))
     }
 
-    /// Acks entry `n`, whose item is at `position`, delivered as `attempt`.
+    /// Acks entry `n`, whose item is at `position`, delivered as `attempt`; rings the watermark
+    /// waiters if any waits (see "Watermark waiters" in `scripts`).
     pub(crate) fn ack(
         &self,
         pool: &Pool,
@@ -535,21 +358,19 @@ impl LaneDef {
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
             let retry = if tries > 0 { "1" } else { "0" };
-            if self.alone && tries == 0 && attempt == 1 {
+            if tries == 0 && attempt == 1 {
                 if let Some(v) = self.ack_logged(c, epoch, n, &pos)? {
                     return Ok(v);
                 }
             }
-            if self.alone {
-                let mut inv = scripts().ack_alone.prepare_invoke();
-                inv.key(&self.base).key(&self.ack).key(&self.att);
-                inv.arg(epoch).arg(n).arg(&pos).arg(retry).arg(attempt);
-                return inv.invoke(c);
-            }
             let mut inv = scripts().ack.prepare_invoke();
-            inv.key(&self.base).key(&self.ids).key(&self.rel).key(&self.ack).key(&self.log).key(&self.meta);
-            inv.arg(&self.base).arg(&self.group).arg(epoch).arg(n).arg(retry);
-            inv.invoke(c)
+            inv.key(&self.base).key(&self.ack).key(&self.att);
+            inv.arg(epoch).arg(n).arg(&pos).arg(retry).arg(attempt);
+            let v: Value = inv.invoke(c)?;
+            if items(&v).get(1).map(text) == Some(b"ww") {
+                self.ring_watermark(c)?;
+            }
+            Ok(v)
         })?;
         Ok(match items(&v).first().map(text) {
             Some(b"ok") => Acked::Done,
@@ -562,11 +383,11 @@ impl LaneDef {
         })
     }
 
-    /// The ack of entry `n` (a first delivery, first try) of a lane alone on its log: a plain
-    /// `XADD` of `<epoch>-<n>` to the lane's ack log, which lands unless a re-attach raised the
-    /// log's last id above the epoch or an ack of a later entry came first (see "The ack log"
-    /// in `scripts`), with the `pw` flag read in the same round trip; a publisher waiting for
-    /// room is rung. `None` when the `XADD` was refused: the caller runs `ACK_ALONE`, which
+    /// The ack of entry `n` (a first delivery, first try): a plain `XADD` of `<epoch>-<n>` to the
+    /// lane's ack log, which lands unless a re-attach raised the log's last id above the epoch or
+    /// an ack of a later entry came first (see "The ack log" in `scripts`), with the `pw` and
+    /// `ww` flags read in the same round trip; a publisher waiting for room is rung, and so are
+    /// the watermark waiters. `None` when the `XADD` was refused: the caller runs `ACK`, which
     /// tells a detached ack from an out-of-order one (which it acks).
     fn ack_logged(&self, c: &mut Connection, epoch: u64, n: u64, pos: &str) -> RedisResult<Option<Value>> {
         let mut pipe = ::redis::pipe();
@@ -578,12 +399,13 @@ impl LaneDef {
             .arg(format!("{epoch}-{n}"))
             .arg("p")
             .arg(pos);
-        pipe.cmd("HGET").arg(&self.base).arg("pw");
+        pipe.cmd("HMGET").arg(&self.base).arg("pw").arg("ww");
         let replies: Vec<Value> = pipe.query(c)?;
         if !matches!(replies.first(), Some(Value::BulkString(_))) {
             return Ok(None);
         }
-        if matches!(replies.get(1), Some(Value::BulkString(b)) if b == b"1") {
+        let flags = replies.get(1).map_or(&[][..], items);
+        if flags.first().map(text) == Some(b"1") {
             // Cleared before the token is pushed: a publisher that sets it again after this
             // waits for the next ack's token, never for a token already taken.
             let mut ring = ::redis::pipe();
@@ -592,7 +414,20 @@ impl LaneDef {
             ring.cmd("LTRIM").arg(self.pbell()).arg(0).arg(0).ignore();
             ring.query::<()>(c)?;
         }
+        if flags.get(1).map(text) == Some(b"1") {
+            self.ring_watermark(c)?;
+        }
         Ok(Some(Value::Array(vec![Value::SimpleString("ok".into())])))
+    }
+
+    /// Rings every watermark waiter of the stream (`RING_WATERMARK`): an ack found `ww` set.
+    fn ring_watermark(&self, c: &mut Connection) -> RedisResult<()> {
+        let mut inv = scripts().ring_watermark.prepare_invoke();
+        inv.key(&self.watermark_waiters);
+        for hash in &self.hashes {
+            inv.key(hash);
+        }
+        inv.invoke::<i64>(c).map(drop)
     }
 
     /// Releases entry `n` (delivered as `attempt`) for redelivery; a stale nack does nothing.
@@ -610,14 +445,11 @@ impl LaneDef {
                 .key(&self.base)
                 .key(&self.rel)
                 .key(&self.ack)
-                .key(&self.log)
                 .key(&self.att)
                 .arg(&self.base)
-                .arg(&self.group)
                 .arg(epoch)
                 .arg(n)
                 .arg(attempt)
-                .arg(self.alone_flag())
                 .invoke::<Value>(c)
         })
         .map(drop)
@@ -637,14 +469,11 @@ impl LaneDef {
                 .attach
                 .key(&self.base)
                 .key(&self.rel)
-                .key(&self.log)
                 .key(&self.ack)
                 .arg(&self.base)
-                .arg(&self.group)
                 .arg(if polite { "attach" } else { "reattach" })
                 .arg(expected)
                 .arg(claim)
-                .arg(self.alone_flag())
                 .invoke(c)
         })?;
         let r = items(&v);
@@ -655,35 +484,7 @@ impl LaneDef {
         }
     }
 
-    /// Claims the producer: `Ok(Ok((epoch, published, last position)))`, or `Ok(Err(holder))`.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn claim_producer(
-        &self,
-        pool: &Pool,
-        expected: &str,
-        claim: &str,
-    ) -> Result<Result<(u64, u64, Option<Position>), String>, BackendError> {
-        let v: Value = pool.run(Budget::Retry, |c, _| {
-            let alone = if self.alone && self.sink.is_some() { "1" } else { "0" };
-            scripts()
-                .claim_producer
-                .key(&self.base)
-                .key(&self.log)
-                .arg(expected)
-                .arg(claim)
-                .arg(alone)
-                .arg(scripts::LOG_FENCE_ID)
-                .invoke(c)
-        })?;
-        let r = items(&v);
-        match r.first().map(text) {
-            Some(b"ok") if r.len() == 4 => Ok(Ok((int(&r[1]), int(&r[2]), unpad(text(&r[3]))))),
-            Some(b"busy") if r.len() == 2 => Ok(Err(String::from_utf8_lossy(text(&r[1])).into_owned())),
-            _ => Err(malformed(pool, "claim", &v)),
-        }
-    }
-
-    /// Gives up claim `claim` under `field` (`holder` or `ph`) if Redis still holds it.
+    /// Gives up claim `claim` under `field` (`holder`) if Redis still holds it.
     pub(crate) fn release(&self, pool: &Pool, field: &str, claim: &str) -> Result<(), BackendError> {
         pool.run(Budget::Once, |c, _| {
             scripts().release.key(&self.base).arg(field).arg(claim).invoke::<i64>(c)
@@ -701,30 +502,26 @@ impl LaneDef {
         pool.run(budget, |c, _| ::redis::cmd("HGET").arg(&self.base).arg(field).query(c))
     }
 
+    /// Closes the lane (see `scripts::CLOSE`): for a sink lane, the fan-out publishes no more.
     pub(crate) fn close(&self, pool: &Pool, budget: Budget) -> Result<(), BackendError> {
-        let mode = match (self.fanout, self.alone && self.sink.is_some()) {
-            (true, _) => "f",
-            (false, true) => "1",
-            (false, false) => "0",
-        };
+        let sink = self.sink.is_some();
         pool.run(budget, |c, _| {
             let mut inv = scripts().close.prepare_invoke();
             inv.key(&self.base).key(&self.log);
-            if self.fanout {
-                for hash in &self.trim_ids {
+            if sink {
+                inv.key(&self.watermark_waiters);
+                for hash in &self.hashes {
                     inv.key(hash);
                 }
             }
-            inv.arg(&self.base).arg(mode).arg(scripts::LOG_FENCE_ID);
+            inv.arg(&self.base).arg(if sink { "f" } else { "r" }).arg(scripts::LOG_FENCE_ID);
             inv.invoke::<i64>(c)
         })
         .map(drop)
     }
 
     pub(crate) fn stats(&self, pool: &Pool, budget: Budget) -> Result<LaneStats, BackendError> {
-        let v: Value = pool.run(budget, |c, _| {
-            scripts().stats.key(&self.base).key(&self.rel).arg(self.alone_flag()).invoke(c)
-        })?;
+        let v: Value = pool.run(budget, |c, _| scripts().stats.key(&self.base).key(&self.rel).invoke(c))?;
         let r = items(&v);
         if r.len() != 10 {
             return Err(malformed(pool, "stats", &v));
@@ -747,37 +544,33 @@ impl LaneDef {
         })
     }
 
-    /// Trims the log shared with this lane below every lane's acked prefix; returns the floor
+    /// Trims this lane's log below every reading lane's acked prefix; returns the floor
     /// (entries up to it are gone).
     pub(crate) fn trim(&self, pool: &Pool, budget: Budget) -> Result<u64, BackendError> {
         pool.run(budget, |c, _| {
             let mut inv = scripts().trim.prepare_invoke();
-            inv.key(&self.log)
-                .key(&self.meta)
-                .arg(self.seq_field)
-                .arg(self.trim_field)
-                .arg(self.alone_flag());
-            for ids in &self.trim_ids {
-                inv.arg(ids);
+            inv.key(&self.log).key(&self.meta).arg(self.trim_field);
+            for hash in &self.hashes {
+                inv.arg(hash);
             }
             inv.invoke(c)
         })
     }
 
-    /// Folds the ack logs of `lanes` (those alone on their log; the others have none) into their
-    /// acked prefixes, before a plain read of them.
+    /// Folds the publish records and ack logs of `lanes` into their counters and acked
+    /// prefixes, before a plain read of them.
     pub(crate) fn fold<'a>(
         pool: &Pool,
         budget: Budget,
-        lanes: impl Iterator<Item = &'a LaneDef> + Clone,
+        lanes: impl Iterator<Item = &'a LaneDef>,
     ) -> Result<(), BackendError> {
-        let alone: Vec<&str> = lanes.filter(|l| l.alone).map(|l| l.base.as_str()).collect();
-        if alone.is_empty() {
+        let hashes: Vec<&str> = lanes.map(|l| l.base.as_str()).collect();
+        if hashes.is_empty() {
             return Ok(());
         }
         pool.run(budget, |c, _| {
             let mut inv = scripts().fold.prepare_invoke();
-            for key in &alone {
+            for key in &hashes {
                 inv.key(*key);
             }
             inv.invoke::<i64>(c)
@@ -798,8 +591,9 @@ fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     cmd
 }
 
-/// A publish script's reply (`PUBLISH`, `PUBLISH_ALONE` and `PUBLISH_FANOUT` answer alike);
-/// `first_try`: the reply is to the call's first try (a `dup` then is an earlier call's entry).
+/// A publish script's reply (`PUBLISH` and `PUBLISH_FANOUT` answer alike);
+/// `first_try`: the reply is to the call's first try (a `dup` then is an earlier call's entry;
+/// `false` for a sender, whose publish is never a duplicate).
 /// A fenced publish is [`BackendError::StateLost`] when the stream's state (its meta hash
 /// `meta`) is gone.
 pub(crate) fn published(

@@ -7,10 +7,10 @@
 //! - `lane`: one lane's keys and the operations on them.
 //! - `shared`: what every end of a stream holds (connections, lane keys) and the ends' claims.
 //! - `waiter`: the helper thread behind the async waits.
-//! - `producer`: [`RedisProducer`] and [`RedisRequestSender`].
-//! - `fanout`: [`RedisFanout`], the one publisher of a fan-out stream.
+//! - `sender`: [`RedisRequestSender`], and the publishers' shared steps (the blocking body).
+//! - `fanout`: [`RedisFanout`], the one publisher of a stream's sink lanes.
 //! - `consumer`: [`RedisConsumer`] and [`RedisDelivery`].
-//! - `stream`: [`RedisStream`], its builder and the port.
+//! - `stream`: [`RedisStream`], its builder and the port (the watermark wait included).
 //!
 //! The modules depend on each other in that order (`stream` on the ends, the ends on `shared`
 //! and `waiter`, those on `lane` and `conn`), without a cycle.
@@ -19,13 +19,18 @@
 //! receive. The README's "Redis backend" section lists where this backend differs from the
 //! in-memory one.
 
+// The backend's mutexes are `std::sync::Mutex`es, locked with `crate::sync::lock`, which takes
+// the shim's: the two are one type except under loom, which models the in-memory engine only.
+#[cfg(lanestream_loom)]
+compile_error!("the Redis backend does not build under --cfg lanestream_loom");
+
 mod conn;
 mod consumer;
 mod fanout;
 mod item;
 mod lane;
-mod producer;
 mod scripts;
+mod sender;
 mod shared;
 mod stream;
 mod waiter;
@@ -33,5 +38,5 @@ mod waiter;
 pub use self::consumer::{RedisConsumer, RedisDelivery};
 pub use self::fanout::RedisFanout;
 pub use self::item::RedisItem;
-pub use self::producer::{RedisProducer, RedisRequestSender};
+pub use self::sender::RedisRequestSender;
 pub use self::stream::{RedisStream, RedisStreamBuilder};

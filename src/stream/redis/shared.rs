@@ -1,8 +1,9 @@
 //! [`Shared`]: what every end of one stream holds on to (the connections and the lanes' keys),
-//! and the claims of a lane's ends (attaching a consumer, claiming the producer).
+//! and the claims of the ends that one holder has at a time (a lane's attached consumer, the
+//! stream's fan-out).
 //!
-//! The ends (`producer`, `consumer`) and the stream (`stream`) depend on this module, never the
-//! other way round.
+//! The ends (`sender`, `fanout`, `consumer`) and the stream (`stream`) depend on this module,
+//! never the other way round.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,12 +20,16 @@ pub(crate) struct Shared {
     pub(crate) sinks: Box<[SinkName]>,
     pub(crate) lanes: Box<[Arc<LaneDef>]>,
     pub(crate) requests: Arc<LaneDef>,
+    /// The sink log (`{P}:log`), written by the fan-out.
+    pub(crate) log: String,
+    /// The meta hash (`{P}:meta`): the shape, the fan-out's epoch and claim, the trim floors.
+    pub(crate) meta: String,
+    /// The watermark waiters' set (`{P}:ww`, see "Watermark waiters" in `scripts`).
+    pub(crate) watermark_waiters: String,
     /// The highest watermark read, returned while Redis cannot be reached.
     pub(crate) watermark: Mutex<Option<Position>>,
     /// The last request-lane stats read, returned while Redis cannot be reached.
     pub(crate) request_stats: Mutex<Option<LaneStats>>,
-    /// Built with `fanout(true)`: the lanes are published to only through the fan-out.
-    pub(crate) fanout: bool,
 }
 
 impl Shared {
@@ -81,22 +86,9 @@ impl Shared {
         })
     }
 
-    /// Claims the producer of `lane` under claim `token`: its epoch, publish count and last
-    /// published position.
-    pub(crate) fn claim_producer(
-        &self,
-        lane: &LaneDef,
-        token: u64,
-    ) -> Result<(u64, u64, Option<Position>), StreamError> {
-        let sink = lane.sink.clone().expect("sink lanes have producers");
-        let busy = || StreamError::ProducerBusy(sink.clone());
-        self.claim_end(token, &lane.base, "ph", true, busy, |expected, claim| {
-            Ok(lane.claim_producer(&self.pool, expected, claim)?.ok())
-        })
-    }
-
-    /// Claims the fan-out of a fan-out stream (its claim `fh` in the meta hash `meta`) under
-    /// claim `token`, with `take` the claim script's run (see [`claim_end`](Shared::claim_end)).
+    /// Claims the stream's fan-out (its claim `fh` in the meta hash `meta`) under claim `token`,
+    /// with `take` the claim script's run (see [`claim_end`](Shared::claim_end)). The stream has
+    /// at least one sink (the busy error names the first).
     pub(crate) fn claim_fanout<R>(
         &self,
         token: u64,

@@ -1,22 +1,33 @@
 //! [`RedisStream`] and its builder: the [`Stream`] port over Redis Streams.
 
 use std::fmt;
+use std::future::{poll_fn, Future};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::task::Poll;
+use std::thread;
+use std::time::{Duration, Instant};
 
-use super::conn::lock;
+use ::redis::Value;
+
 use super::conn::{Budget, Pool, Settings};
 use super::consumer::RedisConsumer;
 use super::fanout::{self, RedisFanout};
-use super::lane::{query, LaneDef};
-use super::producer::RedisRequestSender;
+use super::lane::{items, malformed, query, scripts, text, unpad, LaneDef};
+use super::sender::RedisRequestSender;
 use super::shared::Shared;
+use super::waiter::Waiter;
 use crate::error::{BackendError, BuildError, StreamError};
 use crate::item::{LaneItem, Request};
 use crate::lane::LaneStats;
 use crate::name::SinkName;
 use crate::position::Position;
 use crate::stream::port::Stream;
+use crate::sync::lock;
+
+/// The layout this version writes and reads, as the meta hash records it (`mode`): one log
+/// written once by the fan-out, every sink lane reading it. The retired per-lane-producer
+/// layout is `lanes` (and every stream made before the layout was recorded).
+const LAYOUT: &str = "fanout";
 
 /// The `about` field of every lane hash. Its value is longer than Redis's
 /// `hash-max-listpack-value` (64 bytes by default), which keeps the hash in Redis's hashtable
@@ -44,7 +55,6 @@ pub struct RedisStreamBuilder {
     capacity: usize,
     request_capacity: usize,
     sinks: Vec<String>,
-    fanout: bool,
     settings: Settings,
 }
 
@@ -62,7 +72,6 @@ impl RedisStreamBuilder {
             capacity: Self::DEFAULT_CAPACITY,
             request_capacity: 64,
             sinks: Vec::new(),
-            fanout: false,
             settings: Settings::default(),
         }
     }
@@ -79,7 +88,7 @@ impl RedisStreamBuilder {
         self
     }
 
-    /// Adds a sink (one lane: one consumer group).
+    /// Adds a sink (one lane).
     pub fn sink(mut self, name: impl Into<String>) -> Self {
         self.sinks.push(name.into());
         self
@@ -92,18 +101,6 @@ impl RedisStreamBuilder {
         S: Into<String>,
     {
         self.sinks.extend(names.into_iter().map(Into::into));
-        self
-    }
-
-    /// Whether the lanes are published to only together, through the stream's one
-    /// [`RedisFanout`] ([`RedisStream::fanout`]; default `false`: each lane through its own
-    /// [`RedisProducer`]). With it each item is written once into the stream's log and published
-    /// to every lane in one round trip, and no script runs on the hot path of any lane (each
-    /// lane's consumer reads every entry of the log, as a lane alone on its log does); a lane's
-    /// own producer is refused with [`StreamError::SharedRing`]. Stored with the stream: every
-    /// process that builds it must ask for the same (else [`BuildError::Mismatch`]).
-    pub fn fanout(mut self, fanout: bool) -> Self {
-        self.fanout = fanout;
         self
     }
 
@@ -120,15 +117,36 @@ impl RedisStreamBuilder {
         self
     }
 
-    /// Connects, checks or creates the stream's keys and groups, and returns the stream. A
-    /// stream of the same name already in Redis (a restarted process) is picked up where it
-    /// was: its entries, pending deliveries and acked positions are kept.
+    /// Deletes every key stored in Redis under the stream's name, whatever its layout, without
+    /// building it (as [`RedisStream::delete`]): for a stream in the retired layout, which
+    /// [`build`](RedisStreamBuilder::build) refuses ([`BuildError::RetiredLayout`]). Stop every
+    /// end of that stream first. The sinks and capacities are not used.
+    ///
+    /// # Errors
+    /// [`BuildError::InvalidStreamName`], [`BuildError::InvalidUrl`], [`BuildError::Backend`]
+    /// (Redis unreachable within the retry budget, or refusing).
+    pub fn delete(self) -> Result<(), BuildError> {
+        if self.name.is_empty() || self.name.contains(['{', '}']) {
+            return Err(BuildError::InvalidStreamName(self.name));
+        }
+        let client = ::redis::Client::open(self.url.as_str())
+            .map_err(|e| BuildError::InvalidUrl(format!("{}: {e}", self.url)))?;
+        let pool = Pool::new(client, self.settings, &self.name);
+        delete_stream(&pool, &self.name).map_err(BuildError::Backend)
+    }
+
+    /// Connects, checks or creates the stream's keys, and returns the stream. A stream of the
+    /// same name already in Redis (a restarted process) is picked up where it was: its entries,
+    /// pending deliveries and acked positions are kept.
     ///
     /// # Errors
     /// As [`StreamBuilder::build`](crate::StreamBuilder::build), plus
     /// [`BuildError::InvalidStreamName`] (empty, or holding `{` or `}`),
-    /// [`BuildError::InvalidUrl`], [`BuildError::Backend`] (Redis unreachable, or refusing) and [`BuildError::Mismatch`]
-    /// (Redis holds a stream of that name with other sinks).
+    /// [`BuildError::InvalidUrl`], [`BuildError::Backend`] (Redis unreachable, or refusing),
+    /// [`BuildError::RetiredLayout`] (Redis holds a stream of that name in the retired
+    /// per-lane-producer layout: nothing is changed; delete it with
+    /// [`delete`](RedisStreamBuilder::delete) and build again) and [`BuildError::Mismatch`] (Redis holds a stream of that name with other
+    /// sinks).
     pub fn build(self) -> Result<RedisStream, BuildError> {
         let sinks = crate::stream::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
         if self.name.is_empty() || self.name.contains(['{', '}']) {
@@ -138,31 +156,24 @@ impl RedisStreamBuilder {
             .map_err(|e| BuildError::InvalidUrl(format!("{}: {e}", self.url)))?;
         let pool = Pool::new(client, self.settings, &self.name);
         let prefix = format!("{{{}}}", self.name);
-        let mut lanes: Vec<LaneDef> =
-            sinks.iter().map(|s| LaneDef::sink(&prefix, s.clone(), self.capacity)).collect();
-        let trim_ids: Vec<String> = lanes.iter().map(|l| l.ids_key().to_owned()).collect();
-        let hashes: Vec<String> = lanes.iter().map(|l| l.base.clone()).collect();
-        let alone = lanes.len() == 1;
-        for lane in &mut lanes {
-            lane.trim_ids = trim_ids.clone();
-            if self.fanout {
-                lane.fanout_lane(hashes.clone());
-            } else if alone {
-                lane.alone();
-            }
-        }
+        let hashes: Vec<String> = sinks.iter().map(|s| LaneDef::sink_base(&prefix, s)).collect();
+        let lanes: Vec<LaneDef> =
+            sinks.iter().map(|s| LaneDef::sink(&prefix, s.clone(), self.capacity, hashes.clone())).collect();
         let requests = LaneDef::requests(&prefix, self.request_capacity);
         let meta = format!("{prefix}:meta");
         let names = sinks.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",");
         let backend = BuildError::Backend;
-        // The sinks and the publishing mode (each lane's producer or the one fan-out: their keys
-        // differ), recorded by the build that makes the stream.
-        let mode = if self.fanout { "fanout" } else { "lanes" };
+        // The sinks and the layout, recorded by the build that makes the stream.
         let describe = ::redis::Script::new(&super::scripts::source(super::scripts::DESCRIBE));
         let fresh = pool.fresh_incarnation();
-        let (stored, stored_mode, incarnation): (String, String, String) =
-            query(&pool, Budget::Retry, |c| describe.key(&meta).arg(&names).arg(mode).arg(&fresh).invoke(c))
-                .map_err(backend)?;
+        let (stored, stored_layout, incarnation): (String, String, String) =
+            query(&pool, Budget::Retry, |c| {
+                describe.key(&meta).arg(&names).arg(LAYOUT).arg(&fresh).invoke(c)
+            })
+            .map_err(backend)?;
+        if stored_layout != LAYOUT {
+            return Err(BuildError::RetiredLayout(self.name));
+        }
         pool.set_incarnation(incarnation);
         if stored != names {
             return Err(BuildError::Mismatch(format!(
@@ -170,58 +181,55 @@ impl RedisStreamBuilder {
                 self.name
             )));
         }
-        let stored = stored_mode;
-        if stored != mode {
-            return Err(BuildError::Mismatch(format!(
-                "stream {:?} is published to by {}, this build asked for {}",
-                self.name,
-                if stored == "fanout" { "its fan-out" } else { "each lane's producer" },
-                if self.fanout { "a fan-out" } else { "a producer per lane" },
-            )));
-        }
         for lane in lanes.iter().chain([&requests]) {
             let _: i64 = query(&pool, Budget::Retry, |c| {
                 let mut set = ::redis::cmd("HSET");
                 set.arg(&lane.base).arg("cap").arg(lane.capacity).arg("about").arg(LANE_HASH_ABOUT);
-                if lane.fanout {
-                    // The lane's publishes are the log's entries (see "A fan-out stream").
+                if lane.sink.is_some() {
+                    // The lane's publishes are the log's entries (see "The fan-out").
                     set.arg("fan").arg("1");
                 }
                 set.query(c)
             })
             .map_err(backend)?;
-            let created: Result<(), BackendError> = query(&pool, Budget::Retry, |c| {
-                match ::redis::cmd("XGROUP")
-                    .arg("CREATE")
-                    .arg(&lane.log)
-                    .arg(&lane.group)
-                    .arg("0")
-                    .arg("MKSTREAM")
-                    .query::<()>(c)
-                {
-                    Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
-                    other => other,
-                }
-            });
-            created.map_err(backend)?;
         }
+        // The logs, made empty if missing (every publish and record is `NOMKSTREAM`: an end of a
+        // deleted stream does not make it again; this build does).
+        let log = format!("{prefix}:log");
+        let make = ::redis::Script::new(MAKE_LOGS);
+        let _: i64 =
+            query(&pool, Budget::Retry, |c| make.key(&log).key(&requests.log).invoke(c)).map_err(backend)?;
         pool.anchor_id().map_err(backend)?;
         let shared = Shared {
             pool,
             sinks: sinks.into(),
             lanes: lanes.into_iter().map(Arc::new).collect(),
             requests: Arc::new(requests),
+            log,
+            meta,
+            watermark_waiters: format!("{prefix}:ww"),
             watermark: Mutex::new(None),
             request_stats: Mutex::new(None),
-            fanout: self.fanout,
         };
         Ok(RedisStream { shared: Arc::new(shared), name: self.name })
     }
 }
 
-/// The [`Stream`] port over Redis Streams (feature `redis`): one Redis stream per pipeline,
-/// shared by every sink lane, one consumer group per sink lane, and a second stream with one
-/// group for the request lane. Cheap to clone; every clone is the same stream. Several
+/// Makes each log stream given (KEYS) that does not exist, empty (an entry `0-1` added and
+/// trimmed: every entry's id is above it).
+const MAKE_LOGS: &str = r#"
+for _, K in ipairs(KEYS) do
+  if redis.call('EXISTS', K) == 0 then
+    redis.call('XADD', K, '0-1', 'p', '')
+    redis.call('XTRIM', K, 'MAXLEN', 0)
+  end
+end
+return 1
+"#;
+
+/// The [`Stream`] port over Redis Streams (feature `redis`): one Redis stream per pipeline
+/// (its log), written once by the stream's one [`RedisFanout`] and read by every sink lane, and
+/// a second stream for the request lane. Cheap to clone; every clone is the same stream. Several
 /// processes may open the same stream (by name) and hold its ends: an ingest engine in one, each
 /// sink engine in its own.
 ///
@@ -237,7 +245,8 @@ impl RedisStreamBuilder {
 /// // ...in the sink process (a restarted one re-attaches and gets its unacked batches again):
 /// let mut consumer = stream.reattach("search")?;
 /// consumer.recv()?.unwrap().ack()?;
-/// assert_eq!(stream.watermark(), Some(Position(7)));
+/// // ...in the ingest process: confirm once every sink has acked it.
+/// assert_eq!(stream.wait_watermark(Position(7), None), Some(Position(7)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
@@ -281,22 +290,6 @@ impl RedisStream {
         self.shared.pool.connection_errors()
     }
 
-    /// The stream's one publisher, for a stream built with
-    /// [`fanout(true)`](RedisStreamBuilder::fanout): each item written once and published to
-    /// every lane. Claims the fan-out across processes (one lives at a time; a claim of a dead
-    /// process's is taken over, and the older fan-out's publishes are refused from then on).
-    ///
-    /// # Errors
-    /// [`StreamError::NotFanout`] for a stream built without it; [`StreamError::ProducerBusy`]
-    /// (naming the first sink) while another fan-out of the stream is alive;
-    /// [`StreamError::Backend`].
-    pub fn fanout(&self) -> Result<RedisFanout, StreamError> {
-        if !self.shared.fanout {
-            return Err(StreamError::NotFanout);
-        }
-        fanout::claim(&self.shared, self.shared.pool.token())
-    }
-
     fn lane(&self, sink: &str) -> Result<&Arc<LaneDef>, StreamError> {
         self.shared
             .lanes
@@ -318,28 +311,48 @@ impl RedisStream {
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
     pub fn try_watermark(&self) -> Result<Option<Position>, BackendError> {
-        if self.shared.lanes.is_empty() {
-            return Ok(None);
+        self.read_watermark(None).map(|(w, _)| w)
+    }
+
+    /// One run of `WATERMARK` (one round trip): the watermark (never below one this stream read
+    /// before: [W3](crate::contract#w3)) and whether it is final (every lane closed, everything
+    /// published acked); with `waiter`, its wake-up key registered first (see "Watermark
+    /// waiters" in `scripts`).
+    fn read_watermark(&self, waiter: Option<&str>) -> Result<(Option<Position>, bool), BackendError> {
+        let shared = &self.shared;
+        if shared.lanes.is_empty() {
+            return Ok((None, true));
         }
-        LaneDef::fold(&self.shared.pool, Budget::Once, self.shared.lanes.iter().map(|l| &**l))?;
-        let marks: Vec<Option<String>> = query(&self.shared.pool, Budget::Once, |c| {
-            let mut pipe = ::redis::pipe();
-            for lane in self.shared.lanes.iter() {
-                pipe.cmd("HGET").arg(&lane.base).arg("ap");
+        let v: Value = shared.pool.run(Budget::Once, |c, _| {
+            let mut inv = scripts().watermark.prepare_invoke();
+            inv.key(&shared.meta).key(&shared.watermark_waiters);
+            for lane in shared.lanes.iter() {
+                inv.key(&lane.base);
             }
-            pipe.query(c)
+            inv.arg(waiter.unwrap_or(""));
+            inv.invoke(c)
         })?;
-        let mut min: Option<u64> = None;
-        for mark in marks {
-            let Some(p) = mark.and_then(|m| m.parse::<u64>().ok()) else { return Ok(None) };
-            min = Some(min.map_or(p, |m| m.min(p)));
+        let r = items(&v);
+        if r.len() != 2 {
+            return Err(malformed(&shared.pool, "watermark", &v));
         }
-        let w = min.map(Position);
-        let mut seen = lock(&self.shared.watermark);
+        let w = unpad(text(&r[0]));
+        let mut seen = lock(&shared.watermark);
         if w > *seen {
             *seen = w;
         }
-        Ok(w)
+        Ok((*seen, text(&r[1]) == b"1"))
+    }
+
+    /// A wake-up key of its own for one watermark wait (see "Watermark waiters" in `scripts`).
+    fn watermark_bell(&self) -> WatermarkBell {
+        let token = self.shared.pool.token();
+        let key = format!(
+            "{}:wbell:{}:{token}",
+            self.shared.meta.trim_end_matches(":meta"),
+            self.shared.pool.nonce()
+        );
+        WatermarkBell { shared: self.shared.clone(), key }
     }
 
     /// Whether the stream is idle, or the error that kept it from being read
@@ -378,7 +391,7 @@ impl RedisStream {
         self.shared.requests.close(&self.shared.pool, Budget::Retry)
     }
 
-    /// Trims the shared log now, below every sink lane's acked prefix (never above: the
+    /// Trims the sink log now, below every sink lane's acked prefix (never above: the
     /// entries before each lane's first unacked one), as publishing does every 64 entries;
     /// returns the entry number up to which entries are gone. The request lane's log is trimmed
     /// too.
@@ -393,42 +406,46 @@ impl RedisStream {
         }
     }
 
-    /// Deletes every key of this stream from Redis (entries, groups, lane state): for tests and
-    /// for retiring a pipeline. Ends still alive get errors or empty lanes afterwards, and do not
+    /// Deletes every key of this stream from Redis (entries, lane state): for tests, for
+    /// retiring a pipeline, and for a stream stored in the retired layout
+    /// ([`BuildError::RetiredLayout`]). Ends still alive get errors or empty lanes afterwards, and do not
     /// make the stream again. A stream built again under the same name starts its epochs at the
     /// server's clock, so the old consumers' acks and receives are refused there; but stop every
-    /// producer and fan-out of the old stream before building it again: one still publishing on
-    /// room it knew could add entries to the new stream.
+    /// fan-out of the old stream before building it again: one still publishing on room it knew
+    /// could add entries to the new stream.
     ///
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.
     pub fn delete(&self) -> Result<(), BackendError> {
-        // The name goes into a SCAN pattern: its glob characters are escaped, so that a stream
-        // named `a*` deletes its own keys, not those of every stream whose name starts with `a`.
-        let mut pattern = String::with_capacity(self.name.len() + 4);
-        pattern.push('{');
-        for c in self.name.chars() {
-            if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
-                pattern.push('\\');
-            }
-            pattern.push(c);
+        delete_stream(&self.shared.pool, &self.name)
+    }
+}
+
+/// Deletes every key of stream `name` (`{name}:*`) through `pool`.
+fn delete_stream(pool: &Pool, name: &str) -> Result<(), BackendError> {
+    // The name goes into a SCAN pattern: its glob characters are escaped, so that a stream
+    // named `a*` deletes its own keys, not those of every stream whose name starts with `a`.
+    let mut pattern = String::with_capacity(name.len() + 4);
+    pattern.push('{');
+    for c in name.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+            pattern.push('\\');
         }
-        pattern.push_str("}:*");
-        let mut cursor = 0u64;
-        loop {
-            let (next, keys): (u64, Vec<String>) = query(&self.shared.pool, Budget::Retry, |c| {
-                ::redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query(c)
-            })?;
-            if !keys.is_empty() {
-                query(&self.shared.pool, Budget::Retry, |c| {
-                    ::redis::cmd("UNLINK").arg(&keys).query::<i64>(c)
-                })?;
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
+        pattern.push(c);
+    }
+    pattern.push_str("}:*");
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = query(pool, Budget::Retry, |c| {
+            ::redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query(c)
+        })?;
+        if !keys.is_empty() {
+            query(pool, Budget::Retry, |c| ::redis::cmd("UNLINK").arg(&keys).query::<i64>(c))?;
         }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
 }
 
@@ -442,23 +459,12 @@ impl Stream for RedisStream {
         &self.shared.sinks
     }
 
+    /// Claims the fan-out across processes (one lives at a time; a claim of a dead process's is
+    /// taken over at once, and the older fan-out's publishes are refused from then on with
+    /// [`BackendError::Fenced`]).
     fn fanout(&self) -> Result<RedisFanout, StreamError> {
-        RedisStream::fanout(self)
-    }
-
-    // A stop-gap while the Redis backend moves to one layout: polls the watermark.
-    fn wait_watermark(&self, at_least: Position, deadline: Option<std::time::Instant>) -> Option<Position> {
-        loop {
-            let now = self.watermark();
-            if now >= Some(at_least) || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                return now;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    }
-
-    fn wait_watermark_async(&self, at_least: Position) -> impl std::future::Future<Output = Option<Position>> + Send + '_ {
-        std::future::ready(self.wait_watermark(at_least, None))
+        let token = self.shared.pool.token();
+        fanout::claim(&self.shared, token)
     }
 
     fn attach(&self, sink: &str) -> Result<RedisConsumer<LaneItem>, StreamError> {
@@ -535,9 +541,91 @@ impl Stream for RedisStream {
         self.try_watermark().unwrap_or_else(|_| *lock(&self.shared.watermark))
     }
 
+    /// Blocks on a wake-up key of this wait's own, which every ack that finds a watermark
+    /// waiter registered rings (see "Watermark waiters" in `scripts`): no polling. Each wait
+    /// lasts at most the stream's wait slice, after which it reads again (a wake-up lost with a
+    /// connection costs that much); while Redis cannot be reached it keeps trying until the
+    /// deadline and returns the highest watermark read before.
+    fn wait_watermark(&self, at_least: Position, deadline: Option<Instant>) -> Option<Position> {
+        if self.shared.lanes.is_empty() {
+            return None;
+        }
+        let bell = self.watermark_bell();
+        let settings = self.shared.pool.settings;
+        loop {
+            match self.read_watermark(Some(&bell.key)) {
+                Ok((w, done)) if done || w >= Some(at_least) => return w,
+                Ok(_) => {}
+                Err(_) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return *lock(&self.shared.watermark);
+                    }
+                    thread::sleep(settings.backoff_min);
+                    continue;
+                }
+            }
+            let mut slice = settings.wait_slice;
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return *lock(&self.shared.watermark);
+                }
+                slice = slice.min(left);
+            }
+            if self.shared.pool.wait_token(&bell.key, slice).is_err() {
+                thread::sleep(settings.backoff_min);
+            }
+        }
+    }
+
+    /// The wait runs on a helper thread of this future (`lanestream-redis-watermark-wait`,
+    /// started on its first wait), which wakes the task; no runtime.
+    fn wait_watermark_async(&self, at_least: Position) -> impl Future<Output = Option<Position>> + Send + '_ {
+        let bell = self.watermark_bell();
+        let mut waiter: Option<Waiter> = None;
+        poll_fn(move |cx| {
+            if self.shared.lanes.is_empty() {
+                return Poll::Ready(None);
+            }
+            match self.read_watermark(Some(&bell.key)) {
+                Ok((w, done)) if done || w >= Some(at_least) => return Poll::Ready(w),
+                _ => {}
+            }
+            // On an error the waiter's wait (one wait slice at most) runs all the same.
+            let shared = self.shared.clone();
+            waiter
+                .get_or_insert_with(|| Waiter::new(shared, Waiter::WATERMARK))
+                .arm(bell.key.clone(), cx.waker());
+            Poll::Pending
+        })
+    }
+
     /// Whether everything is acked; `false` while Redis cannot be reached.
     fn is_idle(&self) -> bool {
         self.try_is_idle().unwrap_or(false)
+    }
+}
+
+/// One watermark wait's wake-up key; dropped, it leaves the waiters' set (a token pushed after
+/// that expires with its key).
+struct WatermarkBell {
+    shared: Arc<Shared>,
+    key: String,
+}
+
+impl Drop for WatermarkBell {
+    fn drop(&mut self) {
+        let _ = self.shared.pool.run(Budget::Once, |c, _| {
+            ::redis::pipe()
+                .cmd("SREM")
+                .arg(&self.shared.watermark_waiters)
+                .arg(&self.key)
+                .ignore()
+                .cmd("DEL")
+                .arg(&self.key)
+                .ignore()
+                .query::<()>(c)
+        });
     }
 }
 

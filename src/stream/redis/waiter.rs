@@ -1,12 +1,13 @@
-//! [`Waiter`]: the helper thread behind the async waits of a consumer or a producer.
+//! [`Waiter`]: the helper thread behind the async waits of a consumer, a publisher or a
+//! watermark waiter.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::Waker;
 use std::thread;
 use std::time::Duration;
 
-use super::conn::lock;
 use super::shared::Shared;
+use crate::sync::lock;
 
 struct WaitInner {
     /// The wake-up key to wait on, while armed.
@@ -20,8 +21,10 @@ struct WaitState {
     cv: Condvar,
 }
 
-/// A helper thread that waits on a wake-up key for an async receive or publish, then wakes
-/// the task. One per end, started on its first async wait, stopped when the end is dropped.
+/// A helper thread that waits on a wake-up key for an async receive, publish or watermark wait,
+/// then wakes the task. One per end (per waiting future for request senders and watermark
+/// waits), started on its first async wait, stopped when the end is dropped; named after what it
+/// waits for ([`Waiter::RECV`], ...), so that a thread list tells them apart.
 ///
 /// No wake-up is lost: the task tried the operation before arming, and everything that could
 /// make it succeed pushes a token after changing the lane, which stays in the list until a
@@ -32,14 +35,27 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    pub(crate) fn new(shared: Arc<Shared>) -> Waiter {
+    /// The thread name of a consumer's waiter (an async receive).
+    pub(crate) const RECV: &'static str = "lanestream-redis-recv-wait";
+    /// The thread name of a fan-out's waiter (an async publish waiting for room).
+    pub(crate) const PUBLISH: &'static str = "lanestream-redis-publish-wait";
+    /// The thread name of a request sender's waiter (an async request publish).
+    pub(crate) const REQUEST: &'static str = "lanestream-redis-request-wait";
+    /// The thread name of an async watermark wait's waiter.
+    pub(crate) const WATERMARK: &'static str = "lanestream-redis-watermark-wait";
+
+    /// Starts the helper thread, named `role` (one of the constants above).
+    ///
+    /// # Panics
+    /// If the thread cannot be spawned (as `std::thread::spawn`).
+    pub(crate) fn new(shared: Arc<Shared>, role: &'static str) -> Waiter {
         let state = Arc::new(WaitState {
             inner: Mutex::new(WaitInner { key: None, waker: None, stop: false }),
             cv: Condvar::new(),
         });
         let st = state.clone();
         thread::Builder::new()
-            .name("lanestream-redis-wait".into())
+            .name(role.into())
             .spawn(move || loop {
                 let key = {
                     let mut inner = lock(&st.inner);
@@ -66,7 +82,7 @@ impl Waiter {
                     w.wake();
                 }
             })
-            .expect("spawn the lanestream redis wait thread");
+            .unwrap_or_else(|e| panic!("spawning the {role} thread: {e}"));
         Waiter { state }
     }
 
