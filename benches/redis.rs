@@ -17,6 +17,9 @@
 //! and acks through as many consumer groups). Our side publishes through the stream's fan-out
 //! (one publish for every lane, as the bare loop's one `XADD`), the only publisher a Redis
 //! stream has.
+//! `LANESTREAM_BENCH_RUN=64` publishes in runs of that many batches on both sides (ours one
+//! `publish_run`, the bare loop one pipeline of as many `XADD`s: one round trip per run each),
+//! then receives and acks them one at a time on both (default 1: one publish per batch).
 //! `LANESTREAM_BENCH_ONLY=ours` (or `bare`) runs `LANESTREAM_BENCH_BATCHES` batches of that side
 //! alone and nothing else, for the server's own accounting of one side (`CONFIG RESETSTAT`
 //! before, `INFO commandstats` and `INFO cpu` after).
@@ -90,8 +93,17 @@ impl Ours {
     }
 }
 
+/// How many batches each publish carries on both sides (`LANESTREAM_BENCH_RUN`, at least 1).
+fn run_len() -> u64 {
+    env("LANESTREAM_BENCH_RUN", 1).max(1)
+}
+
 impl Side for Ours {
     fn run(&mut self, n: u64) -> Duration {
+        let k = run_len();
+        if k > 1 {
+            return self.runs(n, k);
+        }
         let start = Instant::now();
         for _ in 0..n {
             self.fanout.publish(batch(&self.envelopes, self.next)).unwrap();
@@ -101,6 +113,27 @@ impl Side for Ours {
                 d.ack().unwrap();
             }
             self.next += 1;
+        }
+        start.elapsed()
+    }
+}
+
+impl Ours {
+    /// `n` batches (rounded up to whole runs) in runs of `k`: one `publish_run` each, then every
+    /// lane receives and acks them one at a time.
+    fn runs(&mut self, n: u64, k: u64) -> Duration {
+        let start = Instant::now();
+        for _ in 0..n.div_ceil(k) {
+            let run: Vec<LaneItem> = (self.next..self.next + k).map(|p| batch(&self.envelopes, p)).collect();
+            self.fanout.publish_run(&run).unwrap();
+            for consumer in &mut self.consumers {
+                for p in self.next..self.next + k {
+                    let d = consumer.try_recv().unwrap();
+                    assert_eq!(d.position(), Some(Position(p)));
+                    d.ack().unwrap();
+                }
+            }
+            self.next += k;
         }
         start.elapsed()
     }
@@ -138,6 +171,10 @@ impl Bare {
 
 impl Side for Bare {
     fn run(&mut self, n: u64) -> Duration {
+        let k = run_len();
+        if k > 1 {
+            return self.runs(n, k);
+        }
         let start = Instant::now();
         for _ in 0..n {
             let bytes = encode_item(&batch(&self.envelopes, self.next)).unwrap();
@@ -171,6 +208,53 @@ impl Side for Bare {
                 let _: i64 = redis::cmd("XACK").arg(&self.key).arg(g).arg(id).query(&mut self.conn).unwrap();
             }
             self.next += 1;
+        }
+        start.elapsed()
+    }
+}
+
+impl Bare {
+    /// `n` batches (rounded up to whole runs) in runs of `k`: one pipeline of `k` `XADD`s each,
+    /// then for each group `k` times `XREADGROUP COUNT 1` and `XACK`.
+    fn runs(&mut self, n: u64, k: u64) -> Duration {
+        let start = Instant::now();
+        for _ in 0..n.div_ceil(k) {
+            let mut pipe = redis::pipe();
+            for p in self.next..self.next + k {
+                let bytes = encode_item(&batch(&self.envelopes, p)).unwrap();
+                pipe.cmd("XADD")
+                    .arg(&self.key)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(1000)
+                    .arg("*")
+                    .arg("d")
+                    .arg(bytes.as_slice());
+            }
+            let _: Vec<String> = pipe.query(&mut self.conn).unwrap();
+            for g in &self.groups {
+                for p in self.next..self.next + k {
+                    let reply: redis::Value = redis::cmd("XREADGROUP")
+                        .arg("GROUP")
+                        .arg(g)
+                        .arg("c")
+                        .arg("COUNT")
+                        .arg(1)
+                        .arg("STREAMS")
+                        .arg(&self.key)
+                        .arg(">")
+                        .query(&mut self.conn)
+                        .unwrap();
+                    let (id, payload) = entry(&reply);
+                    let mut aligned: AlignedVec = AlignedVec::with_capacity(payload.len());
+                    aligned.extend_from_slice(payload);
+                    let item = decode_item(&aligned).unwrap();
+                    assert_eq!(item.position(), Some(Position(p)));
+                    let _: i64 =
+                        redis::cmd("XACK").arg(&self.key).arg(g).arg(id).query(&mut self.conn).unwrap();
+                }
+            }
+            self.next += k;
         }
         start.elapsed()
     }

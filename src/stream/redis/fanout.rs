@@ -267,7 +267,7 @@ impl RedisFanout {
 
     /// One publish of entry `p.n`: the gate (`PUBLISH_FANOUT`) first unless `p.proven` (and
     /// after a refused `XADD`), then the entry's `XADD` to the log with every lane's
-    /// receive-waiting flag in the same round trip (see "A fan-out stream" in `scripts`).
+    /// receive-waiting flag in the same round trip (see "The fan-out" in `scripts`).
     fn publish_once(
         &self,
         budget: Budget,
@@ -278,7 +278,7 @@ impl RedisFanout {
         let pool = &self.shared.pool;
         let pos = pad(position);
         let id = format!("{n}-{}", self.epoch);
-        // The entry's `p`: the last position published as of it (see "A fan-out stream"); for an
+        // The entry's `p`: the last position published as of it (see "The fan-out"); for an
         // unpositioned item the one before, which the gate tells when the fan-out does not know.
         let mut record = match (position, known) {
             (Some(_), _) => Some(pos.clone()),
