@@ -62,8 +62,13 @@ fn a_publish_waiting_on_the_budget_is_woken_by_the_ack_that_frees_it() {
 #[test]
 fn a_batch_over_the_budget_is_admitted_alone() {
     support::model("a_batch_over_the_budget_is_admitted_alone", 2, || {
-        let stream =
-            MemoryStream::builder().capacity(2).request_capacity(1).sink("a").memory_budget(1).build().unwrap();
+        let stream = MemoryStream::builder()
+            .capacity(2)
+            .request_capacity(1)
+            .sink("a")
+            .memory_budget(1)
+            .build()
+            .unwrap();
         let lane = stream.lane("a").unwrap();
         let mut fanout = stream.fanout().unwrap();
         let mut consumer = lane.reattach();

@@ -130,12 +130,8 @@ fn a_run_acked_elsewhere_while_its_consumer_receives_and_detaches() {
 #[test]
 fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
     support::model("fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it", 4, || {
-        let stream = MemoryStream::builder()
-            .capacity(1)
-            .request_capacity(1)
-            .sinks(["a", "b"])
-            .build()
-            .unwrap();
+        let stream =
+            MemoryStream::builder().capacity(1).request_capacity(1).sinks(["a", "b"]).build().unwrap();
         let mut fanout = stream.fanout().unwrap();
         let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
         fanout.try_publish(batch(1)).unwrap();
@@ -196,12 +192,8 @@ fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
 #[test]
 fn a_gap_is_passed_and_its_cell_reused() {
     support::model("a_gap_is_passed_and_its_cell_reused", 3, || {
-        let stream = MemoryStream::builder()
-            .capacity(1)
-            .request_capacity(1)
-            .sinks(["a", "b"])
-            .build()
-            .unwrap();
+        let stream =
+            MemoryStream::builder().capacity(1).request_capacity(1).sinks(["a", "b"]).build().unwrap();
         let mut fanout = stream.fanout().unwrap();
         let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
         let mut b = consumers.pop().unwrap();

@@ -30,12 +30,8 @@ use crate::support::{self, batch, check};
 #[test]
 fn a_blocking_fanout_publish_reuses_a_shared_cell_after_both_lanes_acked() {
     support::model("a_blocking_fanout_publish_reuses_a_shared_cell_after_both_lanes_acked", 2, || {
-        let stream = MemoryStream::builder()
-            .capacity(1)
-            .request_capacity(1)
-            .sinks(["a", "b"])
-            .build()
-            .unwrap();
+        let stream =
+            MemoryStream::builder().capacity(1).request_capacity(1).sinks(["a", "b"]).build().unwrap();
         let mut fanout = stream.fanout().unwrap();
         let mut consumers: Vec<_> = stream.lanes().map(|l| l.attach().unwrap()).collect();
         fanout.try_publish(batch(1)).unwrap();
