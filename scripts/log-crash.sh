@@ -10,7 +10,7 @@
 #   scripts/log-crash.sh            20 cycles (CI)
 #   scripts/log-crash.sh --full     200 cycles
 #   scripts/log-crash.sh --cycles N
-# Uses the release build of examples/log_crash_child.rs (built here if needed; CI has built it in
+# Uses the release build of log/examples/log_crash_child.rs (built here if needed; CI has built it in
 # the examples step). Prints a PASS or FAIL line last; exits non-zero on failure, keeping the log
 # directory for a look.
 set -euo pipefail
@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-cargo build --quiet --release -p lanestream --example log_crash_child
+cargo build --quiet --release -p lanestream-log --example log_crash_child
 bin="${CARGO_TARGET_DIR:-target}/release/examples/log_crash_child"
 work=$(mktemp -d "${TMPDIR:-/tmp}/lanestream-log-crash.XXXXXX")
 dir="$work/log" acks="$work/acks.txt"
