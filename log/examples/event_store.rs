@@ -115,7 +115,7 @@ fn subscribe(
     let query = decision_query(s, c);
     let (ct, st) = (course_tag(c), student_tag(s));
     loop {
-        let seen = log.read(&query, None, usize::MAX);
+        let seen = log.read(&query, None, usize::MAX).unwrap();
         assert!(!seen.is_cut_short());
         let mut capacity = None;
         let (mut in_course, mut of_student, mut already) = (0, 0, false);
@@ -275,7 +275,7 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let mut truth = Enrolment::new();
     let mut per_student: BTreeMap<u32, usize> = BTreeMap::new();
     let mut duplicates = 0;
-    for e in log.read(&Query::types(["StudentSubscribed"]), None, usize::MAX) {
+    for e in log.read(&Query::types(["StudentSubscribed"]), None, usize::MAX).unwrap() {
         let text = std::str::from_utf8(e.event.data())?;
         let (c, s) = text.split_once(' ').ok_or("a malformed subscription")?;
         let (c, s): (u32, u32) = (c.parse()?, s.parse()?);

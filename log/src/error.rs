@@ -115,7 +115,8 @@ impl AppendError {
 
 /// Why a log could not be opened. Nothing is running and nothing stays claimed; the directory is
 /// as it was, except that a torn tail found by recovery was truncated away (it was never
-/// acknowledged) and that its `LOCK` file exists.
+/// acknowledged), that index files a crash left half-written (`.idx.tmp`) were removed, and that
+/// its `LOCK` file exists.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
@@ -152,6 +153,23 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    /// A file of the log was written by a version of its format this build does not read (a
+    /// newer lanestream-log). Nothing was read or changed; open the log with that version.
+    #[error("{file} is in log format version {found}; this build reads version {supported}")]
+    UnsupportedVersion {
+        /// The segment or index file.
+        file: PathBuf,
+        /// The version the file says it is in.
+        found: u8,
+        /// The version this build reads and writes.
+        supported: u8,
+    },
+    /// The log directory holds a file that is not one of the log's (a segment
+    /// `<20 digits>.seg`, its index `<20 digits>.idx`, or `LOCK`): the directory may not be a
+    /// log's, or something was put there or renamed. Nothing was read or changed; move the file
+    /// out (or open the right directory).
+    #[error("{0} is not a file of a lanestream log (segments are <20 digits>.seg, their indexes <20 digits>.idx); move it out of the log directory")]
+    StrayFile(PathBuf),
     /// A segment holds bytes recovery will not drop: a damaged record that is not a torn tail
     /// (in a segment other than the last, or followed by a whole CRC-valid record, which a
     /// crash never leaves after a torn one), a foreign header, or records out of sequence.
@@ -169,7 +187,39 @@ pub enum OpenError {
     },
 }
 
-/// Why a subscription ended other than by the log closing.
+/// Why events could not be read back from a durable log's segment files. Nothing changed: the
+/// read (or the subscription's cursor) is where it was, and the same read can be tried again.
+///
+/// The log checks every record it reads (its length, its CRC32C, the positions it holds), so
+/// a damaged segment gives this error, never a wrong event.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// Reading the segment failed (the disk, or a file cut short since the log opened it).
+    #[error("reading log segment {segment} at byte {offset}: {source}")]
+    Io {
+        /// The segment file.
+        segment: PathBuf,
+        /// Where the record read starts, in bytes from the segment's start.
+        offset: u64,
+        /// The cause.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The bytes read are not the record the log's index says is there: the segment was
+    /// damaged or changed since the log was opened. Restore it from a backup or a replica.
+    #[error("corrupt log segment {segment} at byte {offset}: {reason}")]
+    Corrupt {
+        /// The segment file.
+        segment: PathBuf,
+        /// Where the record read starts, in bytes from the segment's start.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Why a subscription ended other than by the log closing, or could not deliver its next batch.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubscriptionError {
@@ -177,6 +227,10 @@ pub enum SubscriptionError {
     /// failed was delivered, and no more will come.
     #[error("the log's writer failed: {0}")]
     Failed(#[source] Arc<io::Error>),
+    /// The next batch's events could not be read back from the segments; the subscription did
+    /// not move (calling again retries the same batch).
+    #[error(transparent)]
+    Read(#[from] ReadError),
 }
 
 /// Why [`Subscription::try_next_batch`](super::Subscription::try_next_batch) returned nothing.
@@ -192,6 +246,9 @@ pub enum TryNextError {
     /// As [`SubscriptionError::Failed`].
     #[error("the log's writer failed: {0}")]
     Failed(#[source] Arc<io::Error>),
+    /// As [`SubscriptionError::Read`].
+    #[error(transparent)]
+    Read(#[from] ReadError),
 }
 
 /// Why [`Subscription::next_batch_timeout`](super::Subscription::next_batch_timeout) returned no
@@ -205,4 +262,7 @@ pub enum NextTimeoutError {
     /// As [`SubscriptionError::Failed`].
     #[error("the log's writer failed: {0}")]
     Failed(#[source] Arc<io::Error>),
+    /// As [`SubscriptionError::Read`].
+    #[error(transparent)]
+    Read(#[from] ReadError),
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::error::EventError;
+use super::error::{EventError, ReadError};
+use super::file::{Loc, SegmentFile};
 use super::names::NameTable;
 use super::position::LogPosition;
 
@@ -46,9 +47,19 @@ pub struct Event {
 enum Repr {
     /// Built by a caller ([`Event::new`]): the event's own names.
     Own(Arc<Inner>),
-    /// Stored by the log: record `.1` of one group commit's [`Block`], whose names are interned
-    /// (stored once per distinct name, referred to by id).
+    /// Stored by the log: record `.1` of a [`Block`], whose names are interned (stored once per
+    /// distinct name, referred to by id). Handed out as is only when the block holds its
+    /// payloads ([`Payloads::Memory`]); events of a block on disk leave the log as `Loaded`.
     Stored(Arc<Block>, u32),
+    /// Record `i` of a block on disk with its payload, read from the segment file
+    /// ([`Event::load`]): one small allocation per event read, so that an event stays two words.
+    Loaded(Arc<Loaded>),
+}
+
+struct Loaded {
+    block: Arc<Block>,
+    i: u32,
+    data: Bytes,
 }
 
 struct Inner {
@@ -58,15 +69,52 @@ struct Inner {
     data: Bytes,
 }
 
-/// The events of one group commit as the log keeps them: one contiguous array of records and one
-/// of their tags' name ids, instead of separately allocated names per event (the writer interns
-/// the names in a [`NameTable`] and builds one block per group commit).
+/// Events as the log keeps them, at consecutive positions from [`Block::first`]: one contiguous
+/// array of records and one of their tags' name ids, instead of separately allocated names per
+/// event (the writer interns the names in a [`NameTable`]). The writer builds one block per group
+/// commit; opening a log builds one per segment.
 pub(crate) struct Block {
+    /// The position of record 0.
+    first: u64,
     records: Vec<Record>,
     /// The tags of every record, concatenated in record order (each record's in name order,
     /// unique).
     tags: Vec<u32>,
     names: Arc<NameTable>,
+    payloads: Payloads,
+}
+
+impl fmt::Debug for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Block")
+            .field("first", &self.first)
+            .field("len", &self.records.len())
+            .field("on_disk", &matches!(self.payloads, Payloads::Disk { .. }))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a block's payloads are.
+pub(crate) enum Payloads {
+    /// In memory, one per record (an in-memory log).
+    Memory(Vec<Bytes>),
+    /// In a segment file, one location per record (a durable log): read on demand, through the
+    /// log's cache.
+    Disk {
+        /// The segment holding every record of the block.
+        file: Arc<SegmentFile>,
+        /// Per record, where its append's frame and its payload are.
+        at: Vec<Loc>,
+    },
+}
+
+impl Payloads {
+    fn len(&self) -> usize {
+        match self {
+            Payloads::Memory(v) => v.len(),
+            Payloads::Disk { at, .. } => at.len(),
+        }
+    }
 }
 
 struct Record {
@@ -74,31 +122,71 @@ struct Record {
     event_type: u32,
     /// Where this record's tags end in [`Block::tags`] (they start where the previous record's end).
     tags_end: u32,
-    data: Bytes,
 }
 
 impl Block {
-    /// A block for `events` events carrying `tags` tags in all.
-    pub(crate) fn with_capacity(events: usize, tags: usize, names: Arc<NameTable>) -> Block {
-        Block { records: Vec::with_capacity(events), tags: Vec::with_capacity(tags), names }
+    /// A block for `events` events from position `first`, carrying `tags` tags in all; its
+    /// payloads come with [`Block::seal`].
+    pub(crate) fn with_capacity(first: u64, events: usize, tags: usize, names: Arc<NameTable>) -> Block {
+        Block {
+            first,
+            records: Vec::with_capacity(events),
+            tags: Vec::with_capacity(tags),
+            names,
+            payloads: Payloads::Memory(Vec::new()),
+        }
     }
 
     /// Adds one record (type and tags as ids in the block's names, the tags in name order,
     /// unique); returns its index.
-    pub(crate) fn push(&mut self, event_type: u32, tags: impl IntoIterator<Item = u32>, data: Bytes) -> u32 {
+    pub(crate) fn push(&mut self, event_type: u32, tags: impl IntoIterator<Item = u32>) -> u32 {
         self.tags.extend(tags);
-        let tags_end = u32::try_from(self.tags.len()).expect("a group commit holds under 2^32 tags");
+        let tags_end = u32::try_from(self.tags.len()).expect("a block holds under 2^32 tags");
         debug_assert!({
             let start = self.records.last().map_or(0, |r| r.tags_end as usize);
             self.tags[start..].windows(2).all(|w| self.names.get(w[0]) < self.names.get(w[1]))
         });
-        self.records.push(Record { event_type, tags_end, data });
-        u32::try_from(self.records.len() - 1).expect("a group commit holds under 2^32 events")
+        self.records.push(Record { event_type, tags_end });
+        u32::try_from(self.records.len() - 1).expect("a block holds under 2^32 events")
+    }
+
+    /// Gives the block its payloads, one per record.
+    ///
+    /// # Panics
+    /// If `payloads` does not hold one per record.
+    pub(crate) fn seal(mut self, payloads: Payloads) -> Block {
+        assert_eq!(payloads.len(), self.records.len(), "one payload per record");
+        self.payloads = payloads;
+        self
     }
 
     /// How many records the block holds.
     pub(crate) fn len(&self) -> usize {
         self.records.len()
+    }
+
+    /// The position of record 0.
+    pub(crate) fn first(&self) -> u64 {
+        self.first
+    }
+
+    /// Record `i`'s type name id and tag name ids.
+    pub(crate) fn names_of(&self, i: usize) -> (u32, &[u32]) {
+        let start = if i == 0 { 0 } else { self.records[i - 1].tags_end as usize };
+        (self.records[i].event_type, &self.tags[start..self.records[i].tags_end as usize])
+    }
+
+    /// The names the ids refer to.
+    pub(crate) fn names(&self) -> &NameTable {
+        &self.names
+    }
+
+    /// The payload locations, for a block on disk.
+    pub(crate) fn locations(&self) -> Option<&[Loc]> {
+        match &self.payloads {
+            Payloads::Memory(_) => None,
+            Payloads::Disk { at, .. } => Some(at),
+        }
     }
 
     fn tags_of(&self, i: usize) -> TagSlice<'_> {
@@ -200,17 +288,41 @@ impl Event {
         Event { repr: Repr::Own(Arc::new(Inner { event_type, tags, data })) }
     }
 
-    /// Record `i` of `block` (`i < block.len()`), as the log stores and reads it.
+    /// Record `i` of `block` (`i < block.len()`), as the log stores it.
     pub(crate) fn stored(block: Arc<Block>, i: u32) -> Event {
         debug_assert!((i as usize) < block.len());
         Event { repr: Repr::Stored(block, i) }
     }
 
+    /// The event as it leaves the log: itself, or, for one stored in a block on disk, a copy
+    /// carrying its payload read from the segment (through the cache). `position` is the
+    /// event's (checked against the record read).
+    ///
+    /// # Errors
+    /// [`ReadError`] when the segment cannot be read or the record read is not the one the
+    /// index says is there.
+    pub(crate) fn load(&self, position: u64) -> Result<Event, ReadError> {
+        let Repr::Stored(block, i) = &self.repr else { return Ok(self.clone()) };
+        let Payloads::Disk { file, at } = &block.payloads else { return Ok(self.clone()) };
+        let data = file.payload(&at[*i as usize], position)?;
+        Ok(Event { repr: Repr::Loaded(Arc::new(Loaded { block: block.clone(), i: *i, data })) })
+    }
+
+    /// The block and record index of a stored event.
+    fn stored_parts(&self) -> Option<(&Block, usize)> {
+        match &self.repr {
+            Repr::Own(_) => None,
+            Repr::Stored(block, i) => Some((block, *i as usize)),
+            Repr::Loaded(l) => Some((&l.block, l.i as usize)),
+        }
+    }
+
     /// The event's type.
     pub fn event_type(&self) -> &str {
-        match &self.repr {
-            Repr::Own(inner) => &inner.event_type,
-            Repr::Stored(block, i) => block.names.get(block.records[*i as usize].event_type),
+        match (&self.repr, self.stored_parts()) {
+            (Repr::Own(inner), _) => &inner.event_type,
+            (_, Some((block, i))) => block.names.get(block.records[i].event_type),
+            (_, None) => unreachable!("stored_parts covers the stored forms"),
         }
     }
 
@@ -221,9 +333,10 @@ impl Event {
 
     /// The tags as stored (sorted, unique).
     pub(crate) fn tag_slice(&self) -> TagSlice<'_> {
-        match &self.repr {
-            Repr::Own(inner) => TagSlice::Own(&inner.tags),
-            Repr::Stored(block, i) => block.tags_of(*i as usize),
+        match (&self.repr, self.stored_parts()) {
+            (Repr::Own(inner), _) => TagSlice::Own(&inner.tags),
+            (_, Some((block, i))) => block.tags_of(i),
+            (_, None) => unreachable!("stored_parts covers the stored forms"),
         }
     }
 
@@ -236,7 +349,15 @@ impl Event {
     pub fn data(&self) -> &Bytes {
         match &self.repr {
             Repr::Own(inner) => &inner.data,
-            Repr::Stored(block, i) => &block.records[*i as usize].data,
+            Repr::Loaded(l) => &l.data,
+            Repr::Stored(block, i) => match &block.payloads {
+                Payloads::Memory(v) => &v[*i as usize],
+                // The log loads every event of a block on disk (`Event::load`) before it hands
+                // it out, and looks only at the names of the ones it keeps.
+                Payloads::Disk { .. } => {
+                    unreachable!("an event on disk is loaded before its payload is read")
+                }
+            },
         }
     }
 
@@ -256,8 +377,8 @@ impl Event {
 impl PartialEq for Event {
     /// Equal when type, tags and payload are (however each event is stored).
     fn eq(&self, other: &Event) -> bool {
-        if let (Repr::Stored(a, i), Repr::Stored(b, j)) = (&self.repr, &other.repr) {
-            if Arc::ptr_eq(a, b) && i == j {
+        if let (Some((a, i)), Some((b, j))) = (self.stored_parts(), other.stored_parts()) {
+            if std::ptr::eq(a, b) && i == j {
                 return true;
             }
         }

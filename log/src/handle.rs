@@ -9,14 +9,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::condition::AppendCondition;
-use super::error::{AppendError, OpenError};
+use super::error::{AppendError, OpenError, ReadError};
 use super::event::Event;
+use super::file::{FrameCache, SegmentFile};
 use super::options::LogOptions;
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
 use super::queue::{lock, AppendResult, Queue, ReplySlot, Request};
 use super::read::{ReadHandle, Reads};
-use super::segment::{header, recover, SegmentWriter, HEADER_LEN};
+use super::segment::{header, recover, Files, SegmentWriter, HEADER_LEN};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
 use super::storage::{sync_dir, DirClaim, FileStorage, Storage};
@@ -34,7 +35,7 @@ use crate::sync::{JoinHandle, Mutex};
 /// let log = EventLog::in_memory(LogOptions::default())?;
 /// let course = Query::tags(["course:3"]);
 /// // Decide on what the log says about course 3 ...
-/// let seen = log.read(&course, None, usize::MAX);
+/// let seen = log.read(&course, None, usize::MAX)?;
 /// assert!(seen.events().is_empty());
 /// // ... and append only if nothing about it was appended since.
 /// let guard = AppendCondition::new(course.clone(), seen.head());
@@ -104,18 +105,35 @@ impl EventLog {
         let claim = DirClaim::claim(&dir)?;
         let events = EventSlots::new();
         let mut index = IndexWriter::new();
-        let recovered = recover(&dir, |first, appended| index.add_append(&events, first, appended))?;
-        let (storage, current_len) = match &recovered.last {
-            Some(path) => {
-                let len = fs::metadata(path).map_err(io("reading", path))?.len();
-                (FileStorage::resume(&dir, path, claim).map_err(io("opening", path))?, len)
+        let cache = (options.cache_bytes > 0).then(|| Arc::new(FrameCache::new(options.cache_bytes)));
+        let recovered =
+            recover(&dir, cache.clone(), |segment, file| index.add_segment(&events, segment, file))?;
+        index.shrink_scratch();
+        let (storage, current_len, files) = match recovered.last {
+            Some(last) => {
+                let storage =
+                    FileStorage::resume(&dir, &last.path, claim).map_err(io("opening", &last.path))?;
+                let files = Files {
+                    dir: dir.clone(),
+                    cache,
+                    first: last.first,
+                    file: last.file,
+                    blocks: last.blocks,
+                };
+                (storage, last.len, files)
             }
-            None => (
-                FileStorage::create(&dir, 1, &header(1), claim).map_err(io("creating a segment in", &dir))?,
-                HEADER_LEN as u64,
-            ),
+            None => {
+                let storage = FileStorage::create(&dir, 1, &header(1), claim)
+                    .map_err(io("creating a segment in", &dir))?;
+                let path = dir.join(super::storage::segment_name(1));
+                let file = SegmentFile::open(&path, 1, cache.clone()).map_err(io("opening", &path))?;
+                let files =
+                    Files { dir: dir.clone(), cache, first: 1, file: Arc::new(file), blocks: Vec::new() };
+                (storage, HEADER_LEN as u64, files)
+            }
         };
-        let segments = SegmentWriter::new(wrap(Box::new(storage)), current_len, options.segment_bytes);
+        let segments =
+            SegmentWriter::new(wrap(Box::new(storage)), current_len, options.segment_bytes, Some(files));
         start(options, events, index, recovered.next - 1, Some(segments))
     }
 }
@@ -142,7 +160,8 @@ impl EventLog {
             }
         }
         options.validate()?;
-        let segments = SegmentWriter::new(Box::new(SyncFails), HEADER_LEN as u64, options.segment_bytes);
+        let segments =
+            SegmentWriter::new(Box::new(SyncFails), HEADER_LEN as u64, options.segment_bytes, None);
         start(options, EventSlots::new(), IndexWriter::new(), 0, Some(segments))
     }
 }
@@ -296,12 +315,23 @@ impl WriteHandle {
     }
 
     /// As [`ReadHandle::read`].
-    pub fn read(&self, query: &Query, after: Option<LogPosition>, limit: usize) -> Reads {
+    ///
+    /// # Errors
+    /// As [`ReadHandle::read`].
+    pub fn read(&self, query: &Query, after: Option<LogPosition>, limit: usize) -> Result<Reads, ReadError> {
         self.reader.read(query, after, limit)
     }
 
     /// As [`ReadHandle::read_back`].
-    pub fn read_back(&self, query: &Query, before: Option<LogPosition>, limit: usize) -> Reads {
+    ///
+    /// # Errors
+    /// As [`ReadHandle::read`].
+    pub fn read_back(
+        &self,
+        query: &Query,
+        before: Option<LogPosition>,
+        limit: usize,
+    ) -> Result<Reads, ReadError> {
         self.reader.read_back(query, before, limit)
     }
 

@@ -18,11 +18,12 @@ pub struct LogOptions {
     pub(crate) max_append_bytes: usize,
     pub(crate) segment_bytes: u64,
     pub(crate) subscription_batch: usize,
+    pub(crate) cache_bytes: u64,
 }
 
 impl Default for LogOptions {
     /// A queue of 1,024 appends; group commits of up to 1,024 appends or 8 MiB; appends of up to
-    /// 16 MiB; 256 MiB segments; subscription batches of up to 1,024 events.
+    /// 16 MiB; 256 MiB segments; subscription batches of up to 1,024 events; a 64 MiB cache.
     fn default() -> Self {
         LogOptions {
             queue_capacity: 1024,
@@ -31,6 +32,7 @@ impl Default for LogOptions {
             max_append_bytes: 16 << 20,
             segment_bytes: 256 << 20,
             subscription_batch: 1024,
+            cache_bytes: 64 << 20,
         }
     }
 }
@@ -75,6 +77,21 @@ impl LogOptions {
     /// The most events one subscription batch holds (at least 1).
     pub fn subscription_batch(mut self, events: usize) -> Self {
         self.subscription_batch = events;
+        self
+    }
+
+    /// The most bytes of records a durable log keeps in memory for reads, in bytes (0: none).
+    ///
+    /// A durable log keeps in memory only its index — per event its type and tags (as ids of
+    /// names stored once), its position in the type and tag posting lists, and where its payload
+    /// is on disk (see the crate docs, "Memory", for the bytes per event) — and reads payloads
+    /// back from the segment files, one whole record (append) per read, checked against its
+    /// CRC32C. This cache keeps the records read most recently and most often (`quick_cache`'s
+    /// CLOCK-Pro), up to this many bytes of them, so hot records cost no system call; beyond
+    /// it the operating system's page cache still serves what it holds. An in-memory log holds
+    /// every payload anyway and has no cache.
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.cache_bytes = bytes;
         self
     }
 

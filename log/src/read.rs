@@ -4,6 +4,7 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 
+use super::error::ReadError;
 use super::event::SequencedEvent;
 use super::position::{raw, LogPosition, PositionRange};
 use super::query::Query;
@@ -27,23 +28,29 @@ impl ReadHandle {
     /// head at the call (`after == None`: from the first event).
     ///
     /// Costs O(log n) plus the candidates of the most selective posting list of each query item
-    /// ([`Query::All`] walks positions directly).
-    pub fn read(&self, query: &Query, after: Option<LogPosition>, limit: usize) -> Reads {
+    /// ([`Query::All`] walks positions directly); in a durable log, plus one read of each
+    /// matching record not in the cache ([`LogOptions::cache_bytes`](crate::LogOptions::cache_bytes)).
+    ///
+    /// # Errors
+    /// [`ReadError`] when a durable log's record cannot be read back (a failing disk, a
+    /// damaged segment); nothing changed, the read can be tried again. An in-memory log never
+    /// fails a read.
+    pub fn read(&self, query: &Query, after: Option<LogPosition>, limit: usize) -> Result<Reads, ReadError> {
         let snap = self.shared.snapshot.load();
         let view = View::published(snap.head, &snap.types, &snap.tags, &self.shared.events);
         let after_raw = raw(after);
-        let (events, cut_short) = view.collect(query, after_raw, snap.head, Dir::Up, limit);
+        let (events, cut_short) = view.collect(query, after_raw, snap.head, Dir::Up, limit)?;
         let resume = if cut_short {
             events.last().map_or(after_raw, |e| e.position.get())
         } else {
             snap.head.max(after_raw)
         };
-        Reads {
+        Ok(Reads {
             events,
             head: LogPosition::from_raw(snap.head),
             cut_short,
             resume: LogPosition::from_raw(resume),
-        }
+        })
     }
 
     /// Up to `limit` events matching `query` at positions below `before` (below and at `W`, the
@@ -51,17 +58,25 @@ impl ReadHandle {
     ///
     /// [`Reads::resume`] is the position to pass as `before` to go on, or `None` when the read
     /// reached the start of the log.
-    pub fn read_back(&self, query: &Query, before: Option<LogPosition>, limit: usize) -> Reads {
+    ///
+    /// # Errors
+    /// As [`read`](ReadHandle::read).
+    pub fn read_back(
+        &self,
+        query: &Query,
+        before: Option<LogPosition>,
+        limit: usize,
+    ) -> Result<Reads, ReadError> {
         let snap = self.shared.snapshot.load();
         let view = View::published(snap.head, &snap.types, &snap.tags, &self.shared.events);
         let hi = before.map_or(snap.head, |b| (b.get() - 1).min(snap.head));
-        let (events, cut_short) = view.collect(query, 0, hi, Dir::Down, limit);
+        let (events, cut_short) = view.collect(query, 0, hi, Dir::Down, limit)?;
         let resume = if cut_short {
             LogPosition::from_raw(events.last().map_or(hi + 1, |e| e.position.get()))
         } else {
             None
         };
-        Reads { events, head: LogPosition::from_raw(snap.head), cut_short, resume }
+        Ok(Reads { events, head: LogPosition::from_raw(snap.head), cut_short, resume })
     }
 
     /// A subscription to every event matching `query` after `after` (`None`: from the first
@@ -77,10 +92,16 @@ impl ReadHandle {
     }
 
     /// The event at `position`, if the published head covers it.
-    pub fn get(&self, position: LogPosition) -> Option<SequencedEvent> {
+    ///
+    /// # Errors
+    /// As [`read`](ReadHandle::read).
+    pub fn get(&self, position: LogPosition) -> Result<Option<SequencedEvent>, ReadError> {
         let head = self.shared.head();
-        (position.get() <= head)
-            .then(|| SequencedEvent { position, event: self.shared.events.at(position.get()).clone() })
+        if position.get() > head {
+            return Ok(None);
+        }
+        let event = self.shared.events.at(position.get()).load(position.get())?;
+        Ok(Some(SequencedEvent { position, event }))
     }
 
     /// The append that put the event at `position` there: every position it was given, if the

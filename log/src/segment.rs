@@ -3,9 +3,13 @@
 //!
 //! # Format
 //! A log directory holds segment files named by the position of their first event
-//! (`00000000000000000001.seg`, 20 digits). A segment is a 16-byte header — the magic
-//! `LSLOG\0\0\x01` then the first position (u64, little-endian) — followed by records. A record is
-//! one whole append, so an append is on disk entirely or not at all:
+//! (`00000000000000000001.seg`, 20 digits), the persisted index of each sealed segment beside it
+//! (`00000000000000000001.idx`, see `segindex.rs`) and the writer's `LOCK` file; nothing else (a
+//! stray file fails the open). A segment is a 16-byte header — the magic `LSLOG\0\0`, the format
+//! version (one byte: [`FORMAT_VERSION`], 1), then the first position (u64, little-endian) —
+//! followed by records. A file of another version fails the open
+//! ([`OpenError::UnsupportedVersion`]) before anything is changed. A record is one whole append,
+//! so an append is on disk entirely or not at all:
 //!
 //! ```text
 //! record  = len: u32 | crc: u32 | payload (len bytes)         crc = CRC32C(len bytes ++ payload)
@@ -15,7 +19,10 @@
 //! ```
 //!
 //! # Recovery
-//! Opening reads every segment in order and validates every record: its length, its CRC32C, that
+//! Opening takes each sealed segment (every one but the last) from its index file when that can
+//! be trusted (see `segindex.rs`: it is never trusted over the segment; a missing, torn or
+//! corrupt one is rebuilt by the scan below and written again), and scans the others — the last
+//! segment always. A scan validates every record: its length, its CRC32C, that
 //! its first position is the next one expected (dense from 1) and that it decodes (UTF-8 names,
 //! sorted unique tags, exact lengths). A record that is incomplete or fails its CRC is what a
 //! crash leaves at the end of the last segment: the group commit being written, never
@@ -41,15 +48,19 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
+use std::mem;
 use std::path::{Path, PathBuf};
-
-use bytes::Bytes;
+use std::sync::Arc;
 
 use super::error::OpenError;
-use super::event::{Event, MAX_NAME_LEN, MAX_TAGS};
-use super::storage::{list_segments, Storage};
+use super::event::{Block, Event, MAX_NAME_LEN, MAX_TAGS};
+use super::file::{FrameCache, Loc, SegmentFile};
+use super::segindex::{index_name, read_index, write_index, SegmentIndex};
+use super::storage::{list_dir, segment_name, Storage};
 
-/// The segment header's magic.
+/// The version of the format this build reads and writes (segments and index files).
+pub(crate) const FORMAT_VERSION: u8 = 1;
+/// The segment header's magic: `LSLOG\0\0`, then the version byte.
 pub(crate) const MAGIC: [u8; 8] = *b"LSLOG\0\0\x01";
 /// The segment header's size, in bytes.
 pub(crate) const HEADER_LEN: usize = 16;
@@ -63,6 +74,8 @@ pub(crate) const MAX_PAYLOAD: usize = u32::MAX as usize;
 /// one-byte type, no tags and no data (`type_len | type | tag_count | data_len`).
 pub(crate) const MIN_PAYLOAD: usize = PAYLOAD_FIXED + 2 + 1 + 2 + 4;
 
+const _: () = assert!(MAGIC[7] == FORMAT_VERSION);
+
 /// The header of the segment starting at `first`.
 pub(crate) fn header(first: u64) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
@@ -71,9 +84,11 @@ pub(crate) fn header(first: u64) -> [u8; HEADER_LEN] {
     h
 }
 
-/// Appends the record of the append `events` starting at position `first` to `buf`.
-pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event]) {
+/// Appends the record of the append `events` starting at position `first` to `buf`, and one
+/// [`Loc`] per event to `locs` (its `frame_at` an offset in `buf`).
+pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event], locs: &mut Vec<Loc>) {
     let start = buf.len();
+    let locs_from = locs.len();
     buf.extend_from_slice(&[0u8; FRAME_LEN]);
     buf.extend_from_slice(&first.to_le_bytes());
     buf.extend_from_slice(&(events.len() as u32).to_le_bytes());
@@ -87,14 +102,19 @@ pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event]) {
             buf.extend_from_slice(t.as_bytes());
         }
         buf.extend_from_slice(&(e.data().len() as u32).to_le_bytes());
+        let data_at = (buf.len() - start) as u32;
         buf.extend_from_slice(e.data());
         debug_assert_eq!(buf.len() - event_start, e.encoded_len(), "Event::encoded_len is this layout");
+        locs.push(Loc::new(start as u64, 0, data_at, e.data().len() as u32));
     }
     let len = (buf.len() - start - FRAME_LEN) as u32;
     let len_bytes = len.to_le_bytes();
     let crc = crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &buf[start + FRAME_LEN..]);
     buf[start..start + 4].copy_from_slice(&len_bytes);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    for loc in &mut locs[locs_from..] {
+        loc.frame_len = len + FRAME_LEN as u32;
+    }
 }
 
 /// Why a record could not be read.
@@ -107,14 +127,14 @@ pub(crate) enum RecordError {
     Invalid(String),
 }
 
-/// A cursor over the bytes of a segment (all of it in memory; event payloads are slices of it).
+/// A cursor over the bytes of a segment.
 struct Reader<'a> {
-    bytes: &'a Bytes,
+    bytes: &'a [u8],
     at: usize,
     end: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<std::ops::Range<usize>, RecordError> {
         if self.end - self.at < n {
             return Err(RecordError::Invalid(format!("field of {n} bytes runs past the record")));
@@ -133,20 +153,24 @@ impl Reader<'_> {
         Ok(u32::from_le_bytes(self.bytes[r].try_into().expect("4 bytes")) as usize)
     }
 
-    fn name(&mut self) -> Result<Box<str>, RecordError> {
+    fn name(&mut self) -> Result<&'a str, RecordError> {
         let n = self.u16()?;
         if n == 0 || n > MAX_NAME_LEN {
             return Err(RecordError::Invalid(format!("name of {n} bytes")));
         }
         let r = self.take(n)?;
-        std::str::from_utf8(&self.bytes[r])
-            .map(Box::from)
-            .map_err(|_| RecordError::Invalid("name is not UTF-8".into()))
+        std::str::from_utf8(&self.bytes[r]).map_err(|_| RecordError::Invalid("name is not UTF-8".into()))
     }
 }
 
-/// Reads the record at `at` in `bytes`: its first position, its events and its total length.
-pub(crate) fn decode_record(bytes: &Bytes, at: usize) -> Result<(u64, Vec<Event>, usize), RecordError> {
+/// Reads the record at `at` in `bytes` (a whole segment) into `index`: its events' names and
+/// payload locations. Returns its first position, its event count and its total length; on an
+/// error `index` is as it was (but for names added).
+pub(crate) fn decode_record(
+    bytes: &[u8],
+    at: usize,
+    index: &mut SegmentIndex,
+) -> Result<(u64, usize, usize), RecordError> {
     let rest = bytes.len() - at;
     if rest < FRAME_LEN {
         return Err(RecordError::Torn("incomplete record frame"));
@@ -161,6 +185,20 @@ pub(crate) fn decode_record(bytes: &Bytes, at: usize) -> Result<(u64, Vec<Event>
     if crc32c::crc32c_append(crc32c::crc32c(&len_bytes), payload) != crc {
         return Err(RecordError::Torn("record fails its CRC32C"));
     }
+    let before = index.events.len();
+    let result = decode_events(bytes, at, len, index);
+    if result.is_err() {
+        index.truncate(before);
+    }
+    result
+}
+
+fn decode_events(
+    bytes: &[u8],
+    at: usize,
+    len: usize,
+    index: &mut SegmentIndex,
+) -> Result<(u64, usize, usize), RecordError> {
     let mut r = Reader { bytes, at: at + FRAME_LEN, end: at + FRAME_LEN + len };
     let first_r = r.take(8)?;
     let first = u64::from_le_bytes(bytes[first_r].try_into().expect("8 bytes"));
@@ -168,29 +206,35 @@ pub(crate) fn decode_record(bytes: &Bytes, at: usize) -> Result<(u64, Vec<Event>
     if count == 0 {
         return Err(RecordError::Invalid("record of no events".into()));
     }
-    let mut events = Vec::with_capacity(count.min(len / 8));
+    let frame_len =
+        u32::try_from(FRAME_LEN + len).map_err(|_| RecordError::Invalid("record too long".into()))?;
+    let mut tags: Vec<u32> = Vec::new();
     for _ in 0..count {
-        let event_type = r.name()?;
+        let ty = r.name()?;
+        let ty = index.name(ty);
         let ntags = r.u16()?;
         if ntags > MAX_TAGS {
             return Err(RecordError::Invalid(format!("{ntags} tags")));
         }
-        let mut tags: Vec<Box<str>> = Vec::with_capacity(ntags);
+        tags.clear();
+        let mut prev: Option<&str> = None;
         for _ in 0..ntags {
             let t = r.name()?;
-            if tags.last().is_some_and(|prev| **prev >= *t) {
+            if prev.is_some_and(|p| p >= t) {
                 return Err(RecordError::Invalid("tags not sorted and unique".into()));
             }
-            tags.push(t);
+            prev = Some(t);
+            tags.push(index.name(t));
         }
         let n = r.u32()?;
-        let data = bytes.slice(r.take(n)?);
-        events.push(Event::from_parts(event_type, tags.into_boxed_slice(), data));
+        let data = r.take(n)?;
+        let loc = Loc::new(at as u64, frame_len, (data.start - at) as u32, n as u32);
+        index.push(ty, &tags, loc);
     }
     if r.at != r.end {
         return Err(RecordError::Invalid("bytes left over after the last event".into()));
     }
-    Ok((first, events, FRAME_LEN + len))
+    Ok((first, count, FRAME_LEN + len))
 }
 
 /// Whether a whole frame whose CRC32C checks starts at `at` in `bytes`, with a payload of at
@@ -215,96 +259,239 @@ pub(crate) fn valid_frame_after(bytes: &[u8], bad: usize) -> Option<usize> {
     (bad + 1..=last_start).find(|&at| crc_valid_frame_at(bytes, at))
 }
 
+/// The segment appends go on in after recovery.
+#[derive(Debug)]
+pub(crate) struct LastSegment {
+    pub(crate) path: PathBuf,
+    pub(crate) first: u64,
+    /// Its length after recovery (a torn tail truncated away).
+    pub(crate) len: u64,
+    pub(crate) file: Arc<SegmentFile>,
+    /// What recovery made of its records (for its index when the writer seals it).
+    pub(crate) blocks: Vec<Arc<Block>>,
+}
+
 /// What recovery found.
 #[derive(Debug)]
 pub(crate) struct Recovered {
     /// The next position to assign (recovered max + 1).
     pub(crate) next: u64,
-    /// The segment appends go on in, and whether it still has to be created.
-    pub(crate) last: Option<PathBuf>,
+    /// The segment appends go on in; `None` for a directory with no segment yet.
+    pub(crate) last: Option<LastSegment>,
+    /// How many sealed segments were taken from their index files, and how many scanned (their
+    /// index missing or not trusted, and written again).
+    pub(crate) indexes_used: usize,
+    pub(crate) indexes_rebuilt: usize,
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OpenError + 'a {
     move |source| OpenError::Io { op, path: path.to_path_buf(), source }
 }
 
-/// Recovers the log in `dir`, calling `on_append(first, events)` for every record (one append)
-/// in order, `first` being the position of its first event.
+/// Checks a segment's header (`bytes`, its first bytes): magic, version, first position.
+fn check_header(path: &Path, bytes: &[u8], first: u64) -> Result<(), OpenError> {
+    if bytes[..7] == MAGIC[..7] && bytes[7] != FORMAT_VERSION {
+        return Err(OpenError::UnsupportedVersion {
+            file: path.to_path_buf(),
+            found: bytes[7],
+            supported: FORMAT_VERSION,
+        });
+    }
+    if bytes[..8] != MAGIC || bytes[8..16] != first.to_le_bytes() {
+        return Err(OpenError::Corrupt {
+            segment: path.to_path_buf(),
+            offset: 0,
+            reason: "not a lanestream log segment header, or a header naming another position".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Recovers the log in `dir`, calling `on_segment(index, file)` for every segment in order (its
+/// events at positions `index.first..index.next()`), which returns the blocks it stored them in.
+/// Sealed segments come from their index files when those can be trusted, and are scanned (and
+/// their index files written again) otherwise; the last segment is always scanned.
 pub(crate) fn recover(
     dir: &Path,
-    mut on_append: impl FnMut(u64, Vec<Event>),
+    cache: Option<Arc<FrameCache>>,
+    on_segment: impl FnMut(&SegmentIndex, Arc<SegmentFile>) -> Arc<Block>,
 ) -> Result<Recovered, OpenError> {
-    let segments = list_segments(dir).map_err(io_err("listing", dir))?;
-    let mut next = 1u64;
-    let n = segments.len();
-    for (i, (first, path)) in segments.iter().enumerate() {
-        let is_last = i + 1 == n;
-        let corrupt = |offset: usize, reason: String| OpenError::Corrupt {
-            segment: path.clone(),
-            offset: offset as u64,
-            reason,
-        };
-        let bytes = Bytes::from(fs::read(path).map_err(io_err("reading", path))?);
-        if *first != next {
-            return Err(corrupt(0, format!("segment starts at position {first}, expected {next}")));
-        }
-        if bytes.len() < HEADER_LEN {
-            if is_last && MAGIC.starts_with(&bytes[..bytes.len().min(8)]) {
-                // A header torn while the segment was being created: write it again.
-                let h = header(*first);
-                fs::write(path, h).map_err(io_err("rewriting header of", path))?;
-                OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .and_then(|f| f.sync_all())
-                    .map_err(io_err("syncing", path))?;
-                continue;
-            }
-            return Err(corrupt(0, "segment shorter than its header".into()));
-        }
-        if bytes[..8] != MAGIC || bytes[8..16] != first.to_le_bytes() {
-            return Err(corrupt(
-                0,
-                "not a lanestream log segment header, or a header naming another position".into(),
-            ));
-        }
-        let mut at = HEADER_LEN;
-        while at < bytes.len() {
-            match decode_record(&bytes, at) {
-                Ok((rec_first, events, len)) => {
-                    if rec_first != next {
-                        return Err(corrupt(
-                            at,
-                            format!("record starts at position {rec_first}, expected {next}"),
-                        ));
-                    }
-                    next += events.len() as u64;
-                    on_append(rec_first, events);
-                    at += len;
-                }
-                Err(RecordError::Torn(why)) if is_last => {
-                    if let Some(valid) = valid_frame_after(&bytes, at) {
-                        return Err(corrupt(
-                            at,
-                            format!(
-                                "{why}, yet a whole CRC-valid record follows at byte {valid}: a crash \
-                                 never leaves a valid record after a torn one, so this is damage to \
-                                 acknowledged records, not a torn tail; nothing was truncated — \
-                                 restore the segment from a backup or a replica"
-                            ),
-                        ));
-                    }
-                    let file = OpenOptions::new().write(true).open(path).map_err(io_err("opening", path))?;
-                    file.set_len(at as u64).map_err(io_err("truncating", path))?;
-                    file.sync_all().map_err(io_err("syncing", path))?;
-                    break;
-                }
-                Err(RecordError::Torn(why)) => return Err(corrupt(at, why.into())),
-                Err(RecordError::Invalid(why)) => return Err(corrupt(at, why)),
-            }
+    let mut written = Vec::new();
+    let result = recover_into(dir, cache, on_segment, &mut written);
+    if result.is_err() {
+        // A refused open leaves the directory as it was: the index files it rebuilt go again.
+        for path in written {
+            let _ = fs::remove_file(path);
         }
     }
-    Ok(Recovered { next, last: segments.last().map(|(_, p)| p.clone()) })
+    result
+}
+
+fn recover_into(
+    dir: &Path,
+    cache: Option<Arc<FrameCache>>,
+    mut on_segment: impl FnMut(&SegmentIndex, Arc<SegmentFile>) -> Arc<Block>,
+    written: &mut Vec<PathBuf>,
+) -> Result<Recovered, OpenError> {
+    let listing = list_dir(dir)?;
+    for tmp in &listing.tmp {
+        // An index file a crash left half-written: its segment's index is rebuilt below if it
+        // has none.
+        fs::remove_file(tmp).map_err(io_err("removing", tmp))?;
+    }
+    let segments = listing.segments;
+    if let Some(first) =
+        listing.indexes.iter().find(|f| segments.binary_search_by_key(*f, |(s, _)| *s).is_err())
+    {
+        return Err(OpenError::Corrupt {
+            segment: dir.join(segment_name(*first)),
+            offset: 0,
+            reason: format!(
+                "the segment is missing, yet its index {} is there: acknowledged events may have \
+                 been deleted; restore the segment from a backup or a replica",
+                index_name(*first)
+            ),
+        });
+    }
+    let mut next = 1u64;
+    let n = segments.len();
+    let mut out = Recovered { next, last: None, indexes_used: 0, indexes_rebuilt: 0 };
+    for (i, (first, path)) in segments.iter().enumerate() {
+        let is_last = i + 1 == n;
+        if *first != next {
+            return Err(OpenError::Corrupt {
+                segment: path.clone(),
+                offset: 0,
+                reason: format!("segment starts at position {first}, expected {next}"),
+            });
+        }
+        let open = |path: &Path| {
+            SegmentFile::open(path, *first, cache.clone()).map(Arc::new).map_err(io_err("opening", path))
+        };
+        if !is_last {
+            let file = open(path)?;
+            let len = fs::metadata(path).map_err(io_err("reading", path))?.len();
+            let mut head = [0u8; HEADER_LEN];
+            if len >= HEADER_LEN as u64 {
+                use std::io::Read;
+                fs::File::open(path)
+                    .and_then(|mut f| f.read_exact(&mut head))
+                    .map_err(io_err("reading", path))?;
+                check_header(path, &head, *first)?;
+                if let Some(index) =
+                    read_index(dir, *first, len).map_err(io_err("reading the index of", path))?
+                {
+                    next = index.next();
+                    on_segment(&index, file);
+                    out.indexes_used += 1;
+                    continue;
+                }
+            }
+            let index = scan(path, *first, false)?.0;
+            // Best effort: without it the next open scans this segment again.
+            if write_index(dir, &index).is_ok() {
+                written.push(dir.join(index_name(*first)));
+            }
+            next = index.next();
+            on_segment(&index, file);
+            out.indexes_rebuilt += 1;
+            continue;
+        }
+        // The last segment: appends go on in it, so an index file of it (written by a seal that
+        // a crash cut short before the next segment was created) would go stale; it is rebuilt
+        // when the segment is sealed.
+        let stale = dir.join(index_name(*first));
+        if stale.exists() {
+            fs::remove_file(&stale).map_err(io_err("removing", &stale))?;
+        }
+        let (index, len) = scan(path, *first, true)?;
+        next = index.next();
+        let file = open(path)?;
+        let block = on_segment(&index, file.clone());
+        let blocks = if index.events.is_empty() { Vec::new() } else { vec![block] };
+        out.last = Some(LastSegment { path: path.clone(), first: *first, len, file, blocks });
+    }
+    out.next = next;
+    Ok(out)
+}
+
+/// Scans the segment `path` (first position `first`): every record validated (module docs). In
+/// the last segment (`is_last`) a torn tail is truncated away and a torn header written again.
+/// Returns its index and its length after that.
+fn scan(path: &Path, first: u64, is_last: bool) -> Result<(SegmentIndex, u64), OpenError> {
+    let corrupt = |offset: usize, reason: String| OpenError::Corrupt {
+        segment: path.to_path_buf(),
+        offset: offset as u64,
+        reason,
+    };
+    let bytes = fs::read(path).map_err(io_err("reading", path))?;
+    let mut index = SegmentIndex::new(first);
+    if bytes.len() < HEADER_LEN {
+        if is_last && MAGIC.starts_with(&bytes[..bytes.len().min(8)]) {
+            // A header torn while the segment was being created: write it again.
+            let h = header(first);
+            fs::write(path, h).map_err(io_err("rewriting header of", path))?;
+            OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err("syncing", path))?;
+            return Ok((index, HEADER_LEN as u64));
+        }
+        return Err(corrupt(0, "segment shorter than its header".into()));
+    }
+    check_header(path, &bytes[..HEADER_LEN], first)?;
+    let mut next = first;
+    let mut at = HEADER_LEN;
+    while at < bytes.len() {
+        match decode_record(&bytes, at, &mut index) {
+            Ok((rec_first, count, len)) => {
+                if rec_first != next {
+                    index.truncate(index.events.len() - count);
+                    return Err(corrupt(
+                        at,
+                        format!("record starts at position {rec_first}, expected {next}"),
+                    ));
+                }
+                next += count as u64;
+                at += len;
+            }
+            Err(RecordError::Torn(why)) if is_last => {
+                if let Some(valid) = valid_frame_after(&bytes, at) {
+                    return Err(corrupt(
+                        at,
+                        format!(
+                            "{why}, yet a whole CRC-valid record follows at byte {valid}: a crash \
+                             never leaves a valid record after a torn one, so this is damage to \
+                             acknowledged records, not a torn tail; nothing was truncated — \
+                             restore the segment from a backup or a replica"
+                        ),
+                    ));
+                }
+                let file = OpenOptions::new().write(true).open(path).map_err(io_err("opening", path))?;
+                file.set_len(at as u64).map_err(io_err("truncating", path))?;
+                file.sync_all().map_err(io_err("syncing", path))?;
+                break;
+            }
+            Err(RecordError::Torn(why)) => return Err(corrupt(at, why.into())),
+            Err(RecordError::Invalid(why)) => return Err(corrupt(at, why)),
+        }
+    }
+    index.len = at as u64;
+    Ok((index, at as u64))
+}
+
+/// The files of a durable log, for reading back what the writer appends and indexing each
+/// segment it seals.
+#[derive(Debug)]
+pub(crate) struct Files {
+    pub(crate) dir: PathBuf,
+    pub(crate) cache: Option<Arc<FrameCache>>,
+    /// The segment being appended to: its first position, its read handle, the blocks written
+    /// to it so far.
+    pub(crate) first: u64,
+    pub(crate) file: Arc<SegmentFile>,
+    pub(crate) blocks: Vec<Arc<Block>>,
 }
 
 /// Appends group commits to the segments, starting a new segment when the current one is full.
@@ -315,20 +502,47 @@ pub(crate) struct SegmentWriter {
     current_len: u64,
     /// The size at which a segment is closed and the next group commit starts a new one.
     segment_bytes: u64,
+    /// `None` for a storage with no files (the loom models' failing one): the payloads stay in
+    /// memory.
+    files: Option<Files>,
 }
 
 impl SegmentWriter {
-    pub(crate) fn new(storage: Box<dyn Storage>, current_len: u64, segment_bytes: u64) -> SegmentWriter {
-        SegmentWriter { storage, current_len, segment_bytes }
+    pub(crate) fn new(
+        storage: Box<dyn Storage>,
+        current_len: u64,
+        segment_bytes: u64,
+        files: Option<Files>,
+    ) -> SegmentWriter {
+        SegmentWriter { storage, current_len, segment_bytes, files }
     }
 
     /// Writes the records in `records` (whose first position is `first`) and syncs them: the
-    /// one fsync of a group commit.
-    pub(crate) fn commit(&mut self, records: &[u8], first: u64) -> io::Result<()> {
+    /// one fsync of a group commit. Returns where they went: the segment (open for reads) and
+    /// the offset of `records[0]` in it (`None` without files).
+    ///
+    /// A full segment is sealed first: its index file written (best effort: if that fails, the
+    /// next open scans the segment instead), then the next segment created.
+    pub(crate) fn commit(
+        &mut self,
+        records: &[u8],
+        first: u64,
+    ) -> io::Result<Option<(Arc<SegmentFile>, u64)>> {
         if self.current_len >= self.segment_bytes && self.current_len > HEADER_LEN as u64 {
+            if let Some(files) = &mut self.files {
+                let blocks = mem::take(&mut files.blocks);
+                let index = SegmentIndex::from_blocks(files.first, self.current_len, &blocks);
+                let _ = write_index(&files.dir, &index);
+            }
             self.storage.create_segment(first, &header(first))?;
             self.current_len = HEADER_LEN as u64;
+            if let Some(files) = &mut self.files {
+                let path = files.dir.join(segment_name(first));
+                files.file = Arc::new(SegmentFile::open(&path, first, files.cache.clone())?);
+                files.first = first;
+            }
         }
+        let base = self.current_len;
         let mut rest = records;
         while !rest.is_empty() {
             match self.storage.write(rest) {
@@ -341,6 +555,14 @@ impl SegmentWriter {
                 Err(e) => return Err(e),
             }
         }
-        self.storage.sync()
+        self.storage.sync()?;
+        Ok(self.files.as_ref().map(|f| (f.file.clone(), base)))
+    }
+
+    /// Remembers a block written to the current segment (for its index when it is sealed).
+    pub(crate) fn add_block(&mut self, block: Arc<Block>) {
+        if let Some(files) = &mut self.files {
+            files.blocks.push(block);
+        }
     }
 }

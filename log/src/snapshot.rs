@@ -9,11 +9,14 @@ use std::sync::Arc;
 
 use std::collections::HashMap;
 
-use super::event::{Block, Event, SequencedEvent};
+use super::error::ReadError;
+use super::event::{Block, Event, Payloads, SequencedEvent};
+use super::file::SegmentFile;
 use super::index::{KeyMap, Postings, PostingsView};
 use super::names::NameTable;
 use super::position::LogPosition;
 use super::query::{Query, QueryItem};
+use super::segindex::SegmentIndex;
 use super::slots::EventSlots;
 
 /// One published state of the log.
@@ -147,6 +150,13 @@ impl Lists {
         self.staged.clear();
     }
 
+    /// Gives the staging scratch's memory back (after recovery, which staged whole segments).
+    fn shrink(&mut self) {
+        self.staged = Vec::new();
+        self.touched = Vec::new();
+        self.sorted = Vec::new();
+    }
+
     /// The name id of list `id`.
     fn name(&self, id: u32) -> u32 {
         self.entries[id as usize].name
@@ -209,34 +219,74 @@ impl IndexWriter {
         self.staged_ends.clear();
     }
 
-    /// The events staged since the last call, `events` (in position order, the payloads taken
-    /// from them), as one block with interned names.
-    pub(crate) fn take_block<'e>(&mut self, events: impl IntoIterator<Item = &'e Event>) -> Block {
-        let mut block = Block::with_capacity(self.staged_events, self.staged_tags, self.names.clone());
+    /// The events staged since the last call, the first at `first`, as one block with interned
+    /// names and `payloads` (one per event, in position order).
+    pub(crate) fn take_block(&mut self, first: u64, payloads: Payloads) -> Block {
+        let mut block = Block::with_capacity(first, self.staged_events, self.staged_tags, self.names.clone());
         let mut names = self.staged_names.iter().copied();
-        for e in events {
+        for _ in 0..self.staged_events {
             let t = names.next().expect("a type per staged event");
             let k = names.next().expect("a tag count per staged event") as usize;
             let tag_lists = &self.tag_lists;
             let tags = names.by_ref().take(k).map(|id| tag_lists.name(id));
-            block.push(self.type_lists.name(t), tags, e.data().clone());
+            block.push(self.type_lists.name(t), tags);
         }
         debug_assert!(names.next().is_none() && block.len() == self.staged_events);
         self.staged_names.clear();
         self.staged_events = 0;
         self.staged_tags = 0;
-        block
+        block.seal(payloads)
     }
 
-    /// Stages, indexes and stores one recovered append at `first` (recovery only: no
-    /// conditions, so it is flushed and stored at once).
-    pub(crate) fn add_append(&mut self, events: &EventSlots, first: u64, appended: Vec<Event>) {
-        self.stage_append(first, &appended);
+    /// Gives back the scratch memory recovery's staging of whole segments took (the writer's
+    /// group commits grow it again only to their own size).
+    pub(crate) fn shrink_scratch(&mut self) {
+        self.type_lists.shrink();
+        self.tag_lists.shrink();
+        self.staged_ends = Vec::new();
+        self.staged_names = Vec::new();
+    }
+
+    /// Indexes and stores one recovered segment (recovery only: no conditions, so it is flushed
+    /// and stored at once), its payloads left in `file`; returns the block holding its events.
+    pub(crate) fn add_segment(
+        &mut self,
+        events: &EventSlots,
+        index: &SegmentIndex,
+        file: Arc<SegmentFile>,
+    ) -> Arc<Block> {
+        let first = index.first;
+        let mut block = Block::with_capacity(first, index.events.len(), index.tags.len(), self.names.clone());
+        // The segment's own name ids -> list ids, per kind (a name may be a type and a tag).
+        let mut type_ids: Vec<Option<u32>> = vec![None; index.names.len()];
+        let mut tag_ids: Vec<Option<u32>> = vec![None; index.names.len()];
+        let mut tags = Vec::new();
+        for (i, e) in index.events.iter().enumerate() {
+            let position = first + i as u64;
+            let t = *type_ids[e.ty as usize].get_or_insert_with(|| {
+                self.type_lists.id(&index.names[e.ty as usize], 0, &mut self.types, &self.names)
+            });
+            self.type_lists.stage(t, position);
+            tags.clear();
+            for (at, &local) in index.tags_of(i).iter().enumerate() {
+                let id = *tag_ids[local as usize].get_or_insert_with(|| {
+                    self.tag_lists.id(&index.names[local as usize], at, &mut self.tags, &self.names)
+                });
+                self.tag_lists.stage(id, position);
+                tags.push(self.tag_lists.name(id));
+            }
+            block.push(self.type_lists.name(t), tags.iter().copied());
+        }
+        for r in index.records() {
+            self.staged_ends.push(first + r.end as u64 - 1);
+        }
         self.flush();
-        let block = Arc::new(self.take_block(&appended));
-        for i in 0..appended.len() {
+        let at = index.events.iter().map(|e| e.loc).collect();
+        let block = Arc::new(block.seal(Payloads::Disk { file, at }));
+        for i in 0..block.len() {
             events.set(first + i as u64, Event::stored(block.clone(), i as u32));
         }
+        block
     }
 }
 
@@ -454,7 +504,11 @@ impl<'a> View<'a> {
         found
     }
 
-    /// Up to `limit` matching events in `(lo, hi]` in `dir` order, and whether more matched.
+    /// Up to `limit` matching events in `(lo, hi]` in `dir` order (their payloads read from
+    /// the segments for a log on disk), and whether more matched.
+    ///
+    /// # Errors
+    /// [`ReadError`] if a payload cannot be read back.
     pub(crate) fn collect(
         &self,
         query: &'a Query,
@@ -462,19 +516,29 @@ impl<'a> View<'a> {
         hi: u64,
         dir: Dir,
         limit: usize,
-    ) -> (Vec<SequencedEvent>, bool) {
+    ) -> Result<(Vec<SequencedEvent>, bool), ReadError> {
         let mut out = Vec::new();
         let mut more = false;
+        let mut failed = None;
         self.scan(query, lo, hi, dir, |p| {
             if out.len() == limit {
                 more = true;
                 return false;
             }
             let position = LogPosition::new(p).expect("positions start at 1");
-            out.push(SequencedEvent { position, event: self.event(p).clone() });
+            match self.event(p).load(p) {
+                Ok(event) => out.push(SequencedEvent { position, event }),
+                Err(e) => {
+                    failed = Some(e);
+                    return false;
+                }
+            }
             true
         });
-        (out, more)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((out, more)),
+        }
     }
 }
 

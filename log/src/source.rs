@@ -15,6 +15,7 @@ use lanestream::{
 
 use crate::sync::{self, Thread};
 
+use super::error::ReadError;
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
 use super::read::ReadHandle;
@@ -90,6 +91,10 @@ pub enum SourceError {
     /// the lanes.
     #[error("the log failed: {0}")]
     LogFailed(Arc<std::io::Error>),
+    /// An append's events (or a backfill's) could not be read back from the log's segments;
+    /// nothing of that batch was published, and the next pump tries it again.
+    #[error(transparent)]
+    Read(#[from] ReadError),
 }
 
 fn show(p: Option<LogPosition>) -> String {
@@ -367,7 +372,7 @@ impl LogSource {
     /// # Errors
     /// [`SourceError::LaneClosed`], [`SourceError::PositionRegressed`] (the batch was not
     /// published to that lane; lanes before it in sink order have it, and the next pump resumes
-    /// from each lane's own progress), [`SourceError::RequestsDetached`].
+    /// from each lane's own progress), [`SourceError::RequestsDetached`], [`SourceError::Read`].
     pub fn pump(&mut self) -> Result<Pumped, SourceError> {
         let mut done = Pumped::default();
         self.serve_requests(&mut done)?;
@@ -381,7 +386,7 @@ impl LogSource {
             let (first, last) = (self.after + 1, ends.get(i));
             debug_assert!(last >= first && last <= head, "append ends cover every published position");
             i += 1;
-            let batch = self.live_batch(first, last);
+            let batch = self.live_batch(first, last)?;
             let Out { fanout, lanes } = &mut self.out;
             if self.lanes.iter().all(|feed| feed.published < last) {
                 // Every lane lacks it (always, once the source has published anything: lanes
@@ -406,11 +411,16 @@ impl LogSource {
     }
 
     /// The batch of the append `first..=last`.
-    fn live_batch(&self, first: u64, last: u64) -> LaneItem {
+    fn live_batch(&self, first: u64, last: u64) -> Result<LaneItem, ReadError> {
         let position = Some(Position(last));
         let mut envelopes = Vec::with_capacity((last - first + 1) as usize);
         for p in first..=last {
-            let event = self.shared.events.at(p);
+            let stored = self.shared.events.at(p);
+            // Read the payload only if some index takes the event.
+            if !self.indexes.iter().any(|(_, query)| query.matches(stored)) {
+                continue;
+            }
+            let event = &stored.load(p)?;
             for (index, query) in &self.indexes {
                 if query.matches(event) {
                     envelopes.push(Envelope {
@@ -424,12 +434,12 @@ impl LogSource {
                 }
             }
         }
-        LaneItem::Batch(Batch {
+        Ok(LaneItem::Batch(Batch {
             position,
             changes: last - first + 1,
             offset: 0,
             envelopes: Arc::from(envelopes),
-        })
+        }))
     }
 
     fn serve_requests(&mut self, done: &mut Pumped) -> Result<(), SourceError> {
@@ -486,7 +496,7 @@ impl LogSource {
         for (index, query) in &queries {
             let mut after = 0;
             loop {
-                let (events, more) = view.collect(query, after, upto, Dir::Up, self.snapshot_batch);
+                let (events, more) = view.collect(query, after, upto, Dir::Up, self.snapshot_batch)?;
                 for e in &events {
                     rows.push(Envelope {
                         index: index.clone(),
@@ -628,7 +638,7 @@ impl OwnedView {
         upto: u64,
         dir: Dir,
         limit: usize,
-    ) -> (Vec<super::event::SequencedEvent>, bool) {
+    ) -> Result<(Vec<super::event::SequencedEvent>, bool), ReadError> {
         let view = View::published(
             self.head.min(self.snapshot.head),
             &self.snapshot.types,

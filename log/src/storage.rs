@@ -34,8 +34,7 @@ pub(crate) fn segment_name(first: u64) -> String {
 
 /// The first position a segment file name stands for, if it is one.
 pub(crate) fn parse_segment_name(name: &str) -> Option<u64> {
-    let digits = name.strip_suffix(".seg")?;
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
+    parse_name(name, ".seg")
 }
 
 /// Syncs a directory, so that a file created or renamed in it survives a crash.
@@ -161,15 +160,50 @@ impl Storage for FileStorage {
     }
 }
 
-/// Lists the segment files of `dir`, sorted by first position.
-pub(crate) fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if let Some(first) = entry.file_name().to_str().and_then(parse_segment_name) {
-            out.push((first, entry.path()));
+/// What a log directory holds.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    /// The segment files, by first position (ascending).
+    pub(crate) segments: Vec<(u64, PathBuf)>,
+    /// The first positions of the segments that have an index file (ascending).
+    pub(crate) indexes: Vec<u64>,
+    /// Index files a crash left half-written (`.idx.tmp`).
+    pub(crate) tmp: Vec<PathBuf>,
+}
+
+/// The first position a `<20 digits><suffix>` file name stands for, if it is one.
+fn parse_name(name: &str, suffix: &str) -> Option<u64> {
+    let digits = name.strip_suffix(suffix)?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
+}
+
+/// Lists the files of the log directory `dir`.
+///
+/// # Errors
+/// [`OpenError::StrayFile`] for a file (or directory) that is not one of the log's: segments,
+/// index files, their temporary files, and [`LOCK_FILE`]. [`OpenError::Io`] if the directory
+/// cannot be read.
+pub(crate) fn list_dir(dir: &Path) -> Result<Listing, OpenError> {
+    let io = |source| OpenError::Io { op: "listing", path: dir.to_path_buf(), source };
+    let mut out = Listing::default();
+    for entry in fs::read_dir(dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { return Err(OpenError::StrayFile(entry.path())) };
+        if name == LOCK_FILE {
+            continue;
+        }
+        if let Some(first) = parse_segment_name(name) {
+            out.segments.push((first, entry.path()));
+        } else if let Some(first) = parse_name(name, ".idx") {
+            out.indexes.push(first);
+        } else if parse_name(name, ".idx.tmp").is_some() {
+            out.tmp.push(entry.path());
+        } else {
+            return Err(OpenError::StrayFile(entry.path()));
         }
     }
-    out.sort();
+    out.segments.sort();
+    out.indexes.sort();
     Ok(out)
 }

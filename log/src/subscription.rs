@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::error::{NextTimeoutError, SubscriptionError, TryNextError};
+use super::error::{NextTimeoutError, ReadError, SubscriptionError, TryNextError};
 use super::event::SequencedEvent;
 use super::position::LogPosition;
 use super::query::Query;
@@ -26,6 +26,8 @@ enum Step {
     Nothing,
     Closed,
     Failed(Arc<std::io::Error>),
+    /// The batch's events could not be read back; the cursor did not move.
+    Read(ReadError),
 }
 
 /// Every event matching a query after a position, exactly once, ascending, in batches; from
@@ -88,7 +90,10 @@ impl Subscription {
         let failure = self.shared.failure.get().cloned();
         let snap = self.shared.snapshot.load();
         let view = View::published(snap.head, &snap.types, &snap.tags, &self.shared.events);
-        let (events, _) = view.collect(&self.query, self.after, snap.head, Dir::Up, self.batch);
+        let events = match view.collect(&self.query, self.after, snap.head, Dir::Up, self.batch) {
+            Ok((events, _)) => events,
+            Err(e) => return Step::Read(e),
+        };
         if let Some(last) = events.last() {
             self.after = last.position.get();
             return Step::Batch(events);
@@ -110,13 +115,14 @@ impl Subscription {
     ///
     /// # Errors
     /// [`TryNextError::Empty`] (nothing new yet), [`TryNextError::Closed`] (closed and
-    /// drained), [`TryNextError::Failed`].
+    /// drained), [`TryNextError::Failed`], [`TryNextError::Read`] (the cursor did not move).
     pub fn try_next_batch(&mut self) -> Result<Vec<SequencedEvent>, TryNextError> {
         match self.step() {
             Step::Batch(b) => Ok(b),
             Step::Nothing => Err(TryNextError::Empty),
             Step::Closed => Err(TryNextError::Closed),
             Step::Failed(c) => Err(TryNextError::Failed(c)),
+            Step::Read(e) => Err(TryNextError::Read(e)),
         }
     }
 
@@ -125,13 +131,15 @@ impl Subscription {
     ///
     /// # Errors
     /// [`SubscriptionError::Failed`] once the writer failed and every event published before
-    /// was delivered.
+    /// was delivered; [`SubscriptionError::Read`] when the batch could not be read back from a
+    /// durable log's segments (the cursor did not move: calling again retries it).
     pub fn next_batch(&mut self) -> Result<Option<Vec<SequencedEvent>>, SubscriptionError> {
         loop {
             match self.step() {
                 Step::Batch(b) => return Ok(Some(b)),
                 Step::Closed => return Ok(None),
                 Step::Failed(c) => return Err(SubscriptionError::Failed(c)),
+                Step::Read(e) => return Err(SubscriptionError::Read(e)),
                 Step::Nothing => {
                     let (shared, after) = (&self.shared, self.after);
                     shared.signal.wait(|| Self::ready(shared, after), None);
@@ -143,7 +151,8 @@ impl Subscription {
     /// As [`next_batch`](Subscription::next_batch), waiting until `deadline` at most.
     ///
     /// # Errors
-    /// [`NextTimeoutError::Timeout`] when nothing came in time; [`NextTimeoutError::Failed`].
+    /// [`NextTimeoutError::Timeout`] when nothing came in time; [`NextTimeoutError::Failed`];
+    /// [`NextTimeoutError::Read`].
     pub fn next_batch_deadline(
         &mut self,
         deadline: Instant,
@@ -153,6 +162,7 @@ impl Subscription {
                 Step::Batch(b) => return Ok(Some(b)),
                 Step::Closed => return Ok(None),
                 Step::Failed(c) => return Err(NextTimeoutError::Failed(c)),
+                Step::Read(e) => return Err(NextTimeoutError::Read(e)),
                 Step::Nothing => {
                     let (shared, after) = (&self.shared, self.after);
                     if !shared.signal.wait(|| Self::ready(shared, after), Some(deadline)) {
@@ -208,6 +218,7 @@ impl Future for NextBatch<'_> {
                 Step::Batch(b) => return Poll::Ready(Ok(Some(b))),
                 Step::Closed => return Poll::Ready(Ok(None)),
                 Step::Failed(c) => return Poll::Ready(Err(SubscriptionError::Failed(c))),
+                Step::Read(e) => return Poll::Ready(Err(SubscriptionError::Read(e))),
                 Step::Nothing => {
                     let (shared, after) = (&this.sub.shared, this.sub.after);
                     if shared

@@ -256,7 +256,7 @@ fn failed_fsync_fails_every_request_of_the_drain_and_refuses_further_writes() {
     drop(log);
     // After reopening: the acknowledged appends are there; the failed ones whole or not at all.
     let log = EventLog::open(dir.path(), LogOptions::default()).unwrap();
-    let all = log.read(&Query::All, None, usize::MAX).into_events();
+    let all = log.read(&Query::All, None, usize::MAX).unwrap().into_events();
     assert_eq!(all[0].event, ev("Before", &["k"]));
     assert_eq!(all[1].event, ev("Blocker", &[]));
     let tail: Vec<_> = all[2..].iter().map(|s| s.event.event_type().to_owned()).collect();
@@ -278,7 +278,7 @@ fn short_write_then_failure_leaves_a_torn_tail_that_recovery_truncates() {
     let len_before = std::fs::metadata(&seg).unwrap().len();
     let log = EventLog::open(dir.path(), LogOptions::default()).unwrap();
     assert!(std::fs::metadata(&seg).unwrap().len() < len_before, "the torn record was truncated");
-    let all = log.read(&Query::All, None, usize::MAX).into_events();
+    let all = log.read(&Query::All, None, usize::MAX).unwrap().into_events();
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].position, ok.first);
     assert_eq!(log.append(vec![ev("Next", &[])], None).unwrap().first, pos(2));
@@ -459,7 +459,7 @@ fn a_blocking_append_to_an_idle_writer_commits_on_its_own_thread() {
     let threads = control.plan.lock().unwrap().sync_threads.clone();
     assert_eq!(threads[..2], [me, them], "each blocking append fsynced on its own thread");
     assert!(threads[2] != me && threads[2] != them, "the async append was committed by the writer thread");
-    assert_eq!(log.read(&Query::All, None, usize::MAX).events().len(), 3);
+    assert_eq!(log.read(&Query::All, None, usize::MAX).unwrap().events().len(), 3);
     log.close();
 }
 
@@ -550,6 +550,7 @@ fn an_append_whose_commit_panicked_is_answered_io_and_may_be_back_after_reopen()
         let again = EventLog::open(dir, LogOptions::default()).unwrap();
         let types: Vec<String> = again
             .read(&Query::All, None, usize::MAX)
+            .unwrap()
             .events()
             .iter()
             .map(|s| s.event.event_type().to_owned())

@@ -31,6 +31,8 @@ use crate::sync::{lock, JoinHandle, Mutex, Ordering, ThreadBuilder};
 
 use super::error::AppendError;
 use super::event::Event;
+use super::event::Payloads;
+use super::file::Loc;
 use super::position::{raw, LogPosition, PositionRange};
 use super::queue::{AppendResult, Queue, ReplySender, Request};
 use super::segment::{encode_record, SegmentWriter};
@@ -61,6 +63,8 @@ pub(crate) struct Scratch {
     records: Vec<u8>,
     outcomes: Vec<(ReplySender, AppendResult)>,
     events: Vec<Event>,
+    /// Where each staged event's payload lands in `records` (then in its segment).
+    locs: Vec<Loc>,
 }
 
 /// Ends the log when the writer thread stops, however it stops: refuses new requests, answers
@@ -187,7 +191,7 @@ impl Writer {
     }
 
     fn commit_with(&mut self, batch: &mut Vec<Request>, scratch: &mut Scratch) -> bool {
-        let Scratch { records, outcomes, events, .. } = scratch;
+        let Scratch { records, outcomes, events, locs, .. } = scratch;
         if let Some(cause) = self.shared.failure.get() {
             for r in batch.drain(..) {
                 r.reply.send(Err(AppendError::Failed(cause.clone())));
@@ -195,6 +199,7 @@ impl Writer {
             return false;
         }
         records.clear();
+        locs.clear();
         let mut staged = self.head;
         for r in batch.drain(..) {
             let result = self.decide(&r, staged, events);
@@ -202,7 +207,7 @@ impl Writer {
                 let first = staged + 1;
                 let n = r.events.len() as u64;
                 if self.segments.is_some() {
-                    encode_record(records, first, &r.events);
+                    encode_record(records, first, &r.events, locs);
                 }
                 self.index.stage_append(first, &r.events);
                 events.extend(r.events);
@@ -213,23 +218,41 @@ impl Writer {
         let published = staged > self.head;
         if published {
             // Index and store the group commit: one run per posting list, one block of events
-            // with interned names; readers see none of it until the snapshot below.
+            // with interned names (and, on disk, where each payload went); readers see none of
+            // it until the snapshot below.
             self.index.flush();
-            let block = Arc::new(self.index.take_block(events.iter()));
+            let first = self.head + 1;
+            let written = match &mut self.segments {
+                Some(segments) => match segments.commit(records, first) {
+                    Ok(written) => written,
+                    Err(e) => {
+                        let cause = Arc::new(e);
+                        let _ = self.shared.failure.set(cause.clone());
+                        for (reply, _) in outcomes.drain(..) {
+                            reply.send(Err(AppendError::Io(cause.clone())));
+                        }
+                        events.clear();
+                        return true;
+                    }
+                },
+                None => None,
+            };
+            let payloads = match written {
+                Some((file, base)) => {
+                    // The payloads are on disk now: the block keeps where, not the bytes.
+                    locs.iter_mut().for_each(|l| l.shift(base));
+                    Payloads::Disk { file, at: std::mem::take(locs) }
+                }
+                None => Payloads::Memory(events.iter().map(|e| e.data().clone()).collect()),
+            };
+            let block = Arc::new(self.index.take_block(first, payloads));
+            if let Some(segments) = &mut self.segments {
+                segments.add_block(block.clone());
+            }
             for i in 0..events.len() {
-                self.shared.events.set(self.head + 1 + i as u64, Event::stored(block.clone(), i as u32));
+                self.shared.events.set(first + i as u64, Event::stored(block.clone(), i as u32));
             }
             events.clear();
-            if let Some(segments) = &mut self.segments {
-                if let Err(e) = segments.commit(records, self.head + 1) {
-                    let cause = Arc::new(e);
-                    let _ = self.shared.failure.set(cause.clone());
-                    for (reply, _) in outcomes.drain(..) {
-                        reply.send(Err(AppendError::Io(cause.clone())));
-                    }
-                    return true;
-                }
-            }
             self.shared.snapshot.store(Arc::new(Snapshot {
                 head: staged,
                 types: self.index.types.clone(),

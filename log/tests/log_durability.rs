@@ -8,7 +8,7 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 
-use lanestream_log::{AppendCondition, AppendError, EventLog, LogOptions, OpenError, Query};
+use lanestream_log::{AppendCondition, AppendError, EventLog, LogOptions, OpenError, Query, ReadError};
 use log_support::{all, ev, ev_data, pos, positions, temp_dir};
 
 fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
@@ -46,17 +46,19 @@ fn reopen_recovers_every_acknowledged_append_byte_exact_and_resumes_at_max_plus_
     let log = EventLog::open(&dir, LogOptions::default()).unwrap();
     assert_eq!(all(&log.reader()), before);
     for (r, events) in &written {
-        let got = log.read(
-            &Query::All,
-            pos(r.first.get()).get().checked_sub(1).and_then(lanestream_log::LogPosition::new),
-            events.len(),
-        );
+        let got = log
+            .read(
+                &Query::All,
+                pos(r.first.get()).get().checked_sub(1).and_then(lanestream_log::LogPosition::new),
+                events.len(),
+            )
+            .unwrap();
         assert_eq!(got.events().iter().map(|s| s.event.clone()).collect::<Vec<_>>(), *events);
     }
     let head = log.head().unwrap();
     assert_eq!(log.append(vec![ev("Next", &[])], None).unwrap().first.get(), head.get() + 1);
     // the index is rebuilt: a selective read answers the same
-    assert_eq!(log.read(&Query::tags(["a:17"]), None, 100).len(), 2);
+    assert_eq!(log.read(&Query::tags(["a:17"]), None, 100).unwrap().len(), 2);
 }
 
 #[test]
@@ -158,18 +160,33 @@ fn segments_roll_and_recover_across_files() {
     assert!(segs.len() > 5, "rolled into {} segments", segs.len());
     let log = EventLog::open(&dir, options.clone()).unwrap();
     assert_eq!(all(&log.reader()), before);
-    assert_eq!(log.read(&Query::tags(["n:3"]), None, 100).len(), 10);
+    assert_eq!(log.read(&Query::tags(["n:3"]), None, 100).unwrap().len(), 10);
     assert_eq!(log.append(vec![ev("Next", &[])], None).unwrap().first, pos(101));
     drop(log);
-    // A damaged record in a segment that is not the last is corruption: refused, nothing cut.
+    // A damaged record in a sealed segment (not the last) whose index file is whole: the open
+    // takes the segment from its index (it does not read every record), and the read of the
+    // damaged record is refused naming the file and the record's offset; every other event
+    // reads, nothing is cut.
     let victim = &segs[1];
     let mut bytes = fs::read(victim).unwrap();
     bytes[30] ^= 0x01;
     fs::write(victim, &bytes).unwrap();
     let sizes: Vec<u64> = segs.iter().map(|p| fs::metadata(p).unwrap().len()).collect();
+    let log = EventLog::open(&dir, options.clone()).unwrap();
+    let err = log.read(&Query::All, None, usize::MAX).unwrap_err();
+    assert!(
+        matches!(&err, ReadError::Corrupt { segment, offset: 16, .. } if segment.ends_with(victim.file_name().unwrap())),
+        "{err}"
+    );
+    let first_of_victim: u64 = victim.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    let others = log.read(&Query::All, Some(pos(first_of_victim)), usize::MAX).unwrap();
+    assert_eq!(others.events().first().map(|e| e.position.get()), Some(first_of_victim + 1));
+    drop(log);
+    // Without the index, the open scans the segment and refuses it: corruption, nothing cut.
+    fs::remove_file(victim.with_extension("idx")).unwrap();
     let err = EventLog::open(&dir, options).unwrap_err();
     assert!(
-        matches!(&err, OpenError::Corrupt { segment, .. } if segment.ends_with(victim.file_name().unwrap())),
+        matches!(&err, OpenError::Corrupt { segment, offset: 16, .. } if segment.ends_with(victim.file_name().unwrap())),
         "{err}"
     );
     assert_eq!(

@@ -54,14 +54,14 @@ proptest! {
             let a = after.min(head);
             // read
             let want: Vec<u64> = scan.iter().copied().filter(|&p| p > a).collect();
-            let r = log.read(&q, after_p, limit);
+            let r = log.read(&q, after_p, limit).unwrap();
             let got: Vec<u64> = r.events().iter().map(|e| e.position.get()).collect();
             prop_assert_eq!(&got[..], &want[..want.len().min(limit)], "read {:?} after {}", q, a);
             prop_assert_eq!(r.is_cut_short(), want.len() > limit);
             // read_back below `after + 1`
             let before = LogPosition::new(a + 1);
             let want_back: Vec<u64> = scan.iter().rev().copied().filter(|&p| p <= a).collect();
-            let b = log.read_back(&q, before, limit);
+            let b = log.read_back(&q, before, limit).unwrap();
             let got_back: Vec<u64> = b.events().iter().map(|e| e.position.get()).collect();
             prop_assert_eq!(&got_back[..], &want_back[..want_back.len().min(limit)], "read_back {:?} before {}", q, a + 1);
             // condition: the lowest match after `after`, or none

@@ -50,7 +50,7 @@ fn parts(e: &Event) -> (String, Vec<String>, Bytes) {
 /// Reads `range` on this thread and checks that it holds exactly `events`.
 fn assert_reads_back(log: &ReadHandle, range: PositionRange, events: &[Event], who: &str) {
     let after = before(range.first);
-    let got = log.read(&Query::All, after, events.len());
+    let got = log.read(&Query::All, after, events.len()).unwrap();
     assert_eq!(
         got.events().iter().map(|s| s.position.get()).collect::<Vec<_>>(),
         range.iter().map(|p| p.get()).collect::<Vec<_>>(),
@@ -349,7 +349,7 @@ fn racing_guards_on_both_paths_exactly_one_wins_and_every_loser_names_its_matchi
         if round % 2 == 0 {
             log.append(vec![uev("Old", &[key.as_str()], round, 0)], None).unwrap();
         }
-        let seen = log.read(&q, None, usize::MAX);
+        let seen = log.read(&q, None, usize::MAX).unwrap();
         let guard = AppendCondition::new(q.clone(), seen.head());
         let start = Arc::new(Barrier::new(RACERS));
         let racers: Vec<_> = (0..RACERS)
@@ -388,7 +388,7 @@ fn racing_guards_on_both_paths_exactly_one_wins_and_every_loser_names_its_matchi
             }
         }
         // The claim is the only matching event above `after`, and the log agrees.
-        let now = log.read(&q, guard.after, usize::MAX);
+        let now = log.read(&q, guard.after, usize::MAX).unwrap();
         assert_eq!(now.events().iter().map(|s| s.position).collect::<Vec<_>>(), [claim_at], "round {round}");
     }
     stop.store(true, Ordering::Relaxed);
@@ -419,7 +419,7 @@ fn read_decide_append_with_guards_on_both_paths_never_exceeds_a_capacity() {
                     }
                     let key = format!("cap:{k}");
                     let q = Query::tags([key.clone()]);
-                    let seen = log.read(&q, None, usize::MAX);
+                    let seen = log.read(&q, None, usize::MAX).unwrap();
                     if seen.len() >= CAP {
                         full[k] = true;
                         continue;
@@ -434,7 +434,8 @@ fn read_decide_append_with_guards_on_both_paths_never_exceeds_a_capacity() {
                     };
                     match r {
                         Ok(range) => {
-                            let mine = log.reader().get(range.first).expect("Ok range readable at once");
+                            let mine =
+                                log.reader().get(range.first).unwrap().expect("Ok range readable at once");
                             assert!(mine.event.has_tag(&key));
                         }
                         Err(AppendError::Conflict { at }) => {
@@ -444,10 +445,11 @@ fn read_decide_append_with_guards_on_both_paths_never_exceeds_a_capacity() {
                                 "at {at:?} not above after {:?}",
                                 guard.after
                             );
-                            let hit = log.reader().get(at).expect("the conflicting event is readable");
+                            let hit =
+                                log.reader().get(at).unwrap().expect("the conflicting event is readable");
                             assert!(hit.event.has_tag(&key), "conflict at {at:?} names a non-matching event");
                             // And it is the lowest match above `after`.
-                            let lowest = log.read(&q, guard.after, 1);
+                            let lowest = log.read(&q, guard.after, 1).unwrap();
                             assert_eq!(lowest.events()[0].position, at);
                         }
                         Err(e) => panic!("{e:?}"),
@@ -458,7 +460,7 @@ fn read_decide_append_with_guards_on_both_paths_never_exceeds_a_capacity() {
         .collect();
     workers.into_iter().for_each(|w| w.join().unwrap());
     for k in 0..KEYS {
-        let n = log.read(&Query::tags([format!("cap:{k}")]), None, usize::MAX).len();
+        let n = log.read(&Query::tags([format!("cap:{k}")]), None, usize::MAX).unwrap().len();
         assert_eq!(n, CAP, "key {k} holds {n} seats");
     }
     log.close();
@@ -661,7 +663,7 @@ fn two_threads_closing_at_once_both_return_after_the_claim_is_released() {
         let n = again.head().map_or(0, |p| p.get());
         match r {
             Ok(range) => assert_eq!(
-                again.reader().get(range.first).unwrap().event.data(),
+                again.reader().get(range.first).unwrap().unwrap().event.data(),
                 &Bytes::from(format!("{}:", 1000 + round))
             ),
             Err(AppendError::Shutdown) => {
@@ -1018,7 +1020,7 @@ fn run_model(threads: Vec<Vec<Op>>) -> Result<(), TestCaseError> {
                     };
                     if let Ok(r) = &result {
                         // Read-your-writes.
-                        assert_eq!(log.reader().get(r.last).map(|s| s.position), Some(r.last));
+                        assert_eq!(log.reader().get(r.last).unwrap().map(|s| s.position), Some(r.last));
                     }
                     out.push(Done { thread: t, events, condition, result, seen });
                     // After the async append it chased: program order says it comes later.

@@ -96,7 +96,7 @@ fn match_rule_types_ored_tags_anded_items_ored_same_in_read_subscribe_and_condit
     ];
     for (q, want) in cases {
         // read
-        assert_eq!(positions(log.read(&q, None, usize::MAX).events()), want, "read {q:?}");
+        assert_eq!(positions(log.read(&q, None, usize::MAX).unwrap().events()), want, "read {q:?}");
         // matches() agrees with the log
         let scanned: Vec<u64> = all(&log.reader())
             .into_iter()
@@ -185,7 +185,7 @@ fn readers_never_see_part_of_an_append() {
             thread::spawn(move || {
                 let mut checks = 0u64;
                 while !stop.load(Ordering::Relaxed) || checks == 0 {
-                    let reads = r.read(&Query::All, None, usize::MAX);
+                    let reads = r.read(&Query::All, None, usize::MAX).unwrap();
                     // Each append of n events carries "i/n" payloads; the pinned head ends one.
                     if let Some(last) = reads.events().last() {
                         let text = std::str::from_utf8(last.event.data()).unwrap().to_owned();
@@ -224,7 +224,7 @@ fn ok_range_is_readable_at_once_from_every_thread() {
         let mut n = 0;
         for range in rx {
             // read-your-writes, from another thread: the reply came after the publish.
-            let reads = reader.read(&Query::All, before(range.first), range.len() as usize);
+            let reads = reader.read(&Query::All, before(range.first), range.len() as usize).unwrap();
             assert_eq!(reads.events().len() as u64, range.len(), "{range} not visible");
             assert_eq!(reads.events()[0].position, range.first);
             n += 1;
@@ -310,7 +310,7 @@ fn eight_threads_250_appends_positions_1_to_2000_dense_and_read_back_exact() {
     }
     // per-thread order is preserved
     for t in 0..8 {
-        let mine = log.read(&Query::tags([format!("thread:{t}")]), None, usize::MAX);
+        let mine = log.read(&Query::tags([format!("thread:{t}")]), None, usize::MAX).unwrap();
         let seq: Vec<String> =
             mine.events().iter().map(|s| String::from_utf8(s.event.data().to_vec()).unwrap()).collect();
         assert_eq!(seq, (0..250).map(|i| format!("{t}:{i}")).collect::<Vec<_>>());
@@ -324,26 +324,26 @@ fn read_limit_cut_short_resume_token_and_read_back() {
         log.append(vec![ev("E", if i % 2 == 0 { &["even"] } else { &["odd"] })], None).unwrap();
     }
     let q = Query::tags(["even"]); // 1 3 5 7 9
-    let r = log.read(&q, None, 2);
+    let r = log.read(&q, None, 2).unwrap();
     assert_eq!(
         (positions(r.events()), r.is_cut_short(), r.resume(), r.head()),
         (vec![1, 3], true, Some(pos(3)), Some(pos(10)))
     );
-    let r = log.read(&q, r.resume(), 10);
+    let r = log.read(&q, r.resume(), 10).unwrap();
     assert_eq!((positions(r.events()), r.is_cut_short(), r.resume()), (vec![5, 7, 9], false, Some(pos(10))));
-    let r = log.read(&q, Some(pos(9)), 1);
+    let r = log.read(&q, Some(pos(9)), 1).unwrap();
     assert_eq!((r.len(), r.is_cut_short()), (0, false), "exactly at the limit is not cut short");
-    let r = log.read(&q, Some(pos(6)), 2);
+    let r = log.read(&q, Some(pos(6)), 2).unwrap();
     assert!(!r.is_cut_short(), "7 and 9 fill the limit exactly");
-    let r = log.read(&q, None, 0);
+    let r = log.read(&q, None, 0).unwrap();
     assert_eq!((r.len(), r.is_cut_short(), r.resume()), (0, true, None));
     // read_back: newest first
-    let b = log.read_back(&q, None, 2);
+    let b = log.read_back(&q, None, 2).unwrap();
     assert_eq!((positions(b.events()), b.is_cut_short(), b.resume()), (vec![9, 7], true, Some(pos(7))));
-    let b = log.read_back(&q, b.resume(), 10);
+    let b = log.read_back(&q, b.resume(), 10).unwrap();
     assert_eq!((positions(b.events()), b.is_cut_short(), b.resume()), (vec![5, 3, 1], false, None));
-    assert_eq!(positions(log.read_back(&Query::All, Some(pos(4)), 10).events()), [3, 2, 1]);
-    assert_eq!(positions(log.read_back(&Query::All, Some(pos(1)), 10).events()), Vec::<u64>::new());
+    assert_eq!(positions(log.read_back(&Query::All, Some(pos(4)), 10).unwrap().events()), [3, 2, 1]);
+    assert_eq!(positions(log.read_back(&Query::All, Some(pos(1)), 10).unwrap().events()), Vec::<u64>::new());
 }
 
 #[test]

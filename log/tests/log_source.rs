@@ -53,7 +53,7 @@ fn assert_is_append(log: &WriteHandle, item: &LaneItem, range: PositionRange) {
     assert_eq!(batch.changes, range.len());
     assert_eq!(batch.envelopes.len() as u64, range.len());
     for (envelope, p) in batch.envelopes.iter().zip(range.iter()) {
-        let event = log.reader().get(p).unwrap().event;
+        let event = log.reader().get(p).unwrap().unwrap().event;
         assert_eq!(envelope.index.as_str(), "events");
         assert_eq!(envelope.id, p.get().to_string());
         assert_eq!(envelope.op, Op::Upsert);
@@ -338,7 +338,7 @@ fn backfill_answers(shared_ring: bool) {
         assert!(b.envelopes.len() <= 2);
         for e in b.envelopes.iter() {
             assert_eq!((e.index.as_str(), e.position), ("courses", None));
-            let event = log.reader().get(pos(e.id.parse().unwrap())).unwrap().event;
+            let event = log.reader().get(pos(e.id.parse().unwrap())).unwrap().unwrap().event;
             assert_eq!(event.event_type(), "CourseDefined");
             assert_eq!(e.document, *event.data());
             snapshot_ids.push(e.id.parse::<u64>().unwrap());
@@ -346,6 +346,7 @@ fn backfill_answers(shared_ring: bool) {
     }
     let expected: Vec<u64> = log
         .read(&Query::types(["CourseDefined"]), None, usize::MAX)
+        .unwrap()
         .events()
         .iter()
         .map(|s| s.position.get())

@@ -168,7 +168,7 @@ fn dropping_the_last_write_handle_ends_subscriptions() {
     assert!(reader.is_closed());
     assert_eq!(positions(&sub.next_batch().unwrap().unwrap()), [1]);
     assert!(sub.next_batch().unwrap().is_none());
-    assert_eq!(reader.read(&Query::All, None, 10).len(), 1, "reads work after the close");
+    assert_eq!(reader.read(&Query::All, None, 10).unwrap().len(), 1, "reads work after the close");
 }
 
 #[test]

@@ -389,7 +389,7 @@ impl Harness {
                 let want: Vec<u64> = all.iter().copied().take(limit).collect();
                 let cut_short = all.len() > limit;
                 let resume = if cut_short { want.last().copied().unwrap_or(after) } else { head.max(after) };
-                let got = self.log.read(&q, LogPosition::new(after), limit);
+                let got = self.log.read(&q, LogPosition::new(after), limit).unwrap();
                 self.check_reads(&format!("{op:?}"), &got, &want, cut_short, resume);
             }
             Op::ReadBack { query, before, limit } => {
@@ -403,12 +403,12 @@ impl Harness {
                 let want: Vec<u64> = all.iter().copied().take(limit).collect();
                 let cut_short = all.len() > limit;
                 let resume = if cut_short { want.last().copied().unwrap_or(hi + 1) } else { 0 };
-                let got = self.log.read_back(&q, before.and_then(LogPosition::new), limit);
+                let got = self.log.read_back(&q, before.and_then(LogPosition::new), limit).unwrap();
                 self.check_reads(&format!("{op:?}"), &got, &want, cut_short, resume);
             }
             Op::Get { position } => {
                 let p = 1 + *position as u64 % (self.model.head() + 2);
-                let got = self.log.reader().get(LogPosition::new(p).unwrap());
+                let got = self.log.reader().get(LogPosition::new(p).unwrap()).unwrap();
                 assert_eq!(got.is_some(), p <= self.model.head(), "get({p})");
                 if let Some(s) = got {
                     assert_eq!(s.position.get(), p);
@@ -478,7 +478,7 @@ impl Harness {
 
     fn check_all(&self) {
         let reader: ReadHandle = self.log.reader();
-        let all = reader.read(&Query::All, None, usize::MAX);
+        let all = reader.read(&Query::All, None, usize::MAX).unwrap();
         assert_eq!(positions(all.events()), (1..=self.model.head()).collect::<Vec<_>>());
         self.check_events(all.events());
     }

@@ -11,7 +11,10 @@
 //!   leaves one after a torn record — a bad record followed by one is corruption;
 //! - a recovered log takes appends (one conditional, checked against the recovered events), and
 //!   reopening it gives back the recovered prefix plus those appends, the condition state
-//!   included.
+//!   included;
+//! - the sealed segments' index files are never trusted over the segments: each one cut short or
+//!   with a bit flipped (where, chosen by the input), the log reopens to the same events and
+//!   rewrites them byte for byte; a refused open leaves no file behind (no index it rebuilt).
 //!
 //! Input layout: `flags | split (u16 LE) | second segment's first position | body`.
 //! `flags`: bit 0 prepends a valid header to the first segment, bit 1 splits the body into two
@@ -203,6 +206,8 @@ pub enum Expect {
     },
     /// Refused as corrupt, nothing changed.
     Corrupt,
+    /// A segment header of this magic but another format version: refused as such.
+    Unsupported,
 }
 
 /// The reference reading of `segments` (first position from the file name, bytes), in order.
@@ -220,6 +225,9 @@ pub fn expect(segments: &[(u64, Vec<u8>)]) -> Expect {
                 continue;
             }
             return Expect::Corrupt;
+        }
+        if bytes[..7] == MAGIC[..7] && bytes[7] != MAGIC[7] {
+            return Expect::Unsupported;
         }
         if bytes[..HEADER_LEN] != header(*first)[..] {
             return Expect::Corrupt;
@@ -348,7 +356,7 @@ fn options(segment_bytes: u64) -> LogOptions {
 }
 
 fn read_all(log: &lanestream_log::WriteHandle) -> Vec<RefEvent> {
-    let reads = log.read(&Query::All, None, usize::MAX);
+    let reads = log.read(&Query::All, None, usize::MAX).unwrap();
     for (i, s) in reads.events().iter().enumerate() {
         assert_eq!(s.position.get(), i as u64 + 1, "positions not dense from 1");
     }
@@ -368,12 +376,18 @@ pub fn log_segment(data: &[u8]) {
     }
     let expected = expect(&segments);
     let log = match (EventLog::open(&dir.0, options(segment_bytes)), &expected) {
-        (Err(OpenError::Corrupt { .. }), Expect::Corrupt) => {
+        (Err(OpenError::Corrupt { .. }), Expect::Corrupt)
+        | (Err(OpenError::UnsupportedVersion { .. }), Expect::Unsupported) => {
             assert_eq!(read_segments(&dir.0), segments, "a refused open changed the files");
+            assert_eq!(
+                fs::read_dir(&dir.0).unwrap().count(),
+                segments.len() + 1,
+                "a refused open left files behind"
+            );
             return;
         }
         (Err(e), _) => panic!("open failed ({e}); the reference expected {expected:?}"),
-        (Ok(_), Expect::Corrupt) => panic!("opened a directory the reference finds corrupt"),
+        (Ok(_), Expect::Corrupt | Expect::Unsupported) => panic!("opened a directory the reference refuses"),
         (Ok(log), Expect::Opens { .. }) => log,
     };
     let Expect::Opens { events, last_len } = expected else { unreachable!() };
@@ -423,4 +437,33 @@ pub fn log_segment(data: &[u8]) {
         "the condition state after reopening: {again:?}"
     );
     log.close();
+    drop(log);
+
+    // The index files of the sealed segments are never trusted over the segments: each one cut
+    // short or with a bit flipped (where, chosen by the input), the log reopens to the same
+    // events and writes the index files again, byte for byte as they were.
+    let mut indexes: Vec<PathBuf> = fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "idx"))
+        .collect();
+    indexes.sort();
+    let originals: Vec<Vec<u8>> = indexes.iter().map(|p| fs::read(p).unwrap()).collect();
+    let seed = data.iter().fold(0usize, |h, &b| h.wrapping_mul(31).wrapping_add(b as usize));
+    for (k, (path, original)) in indexes.iter().zip(&originals).enumerate() {
+        let mut b = original.clone();
+        let at = seed.wrapping_add(k * 7919) % b.len();
+        if seed & 1 == 0 {
+            b.truncate(at);
+        } else {
+            b[at] ^= 1 << (seed % 8);
+        }
+        fs::write(path, &b).unwrap();
+    }
+    let log = EventLog::open(&dir.0, options(segment_bytes)).expect("reopening with damaged index files");
+    assert_eq!(read_all(&log), all, "the log reopened over damaged index files differs");
+    log.close();
+    drop(log);
+    let rebuilt: Vec<Vec<u8>> = indexes.iter().map(|p| fs::read(p).unwrap()).collect();
+    assert!(rebuilt == originals, "the index files were not rebuilt as they were");
 }

@@ -29,7 +29,7 @@ pub fn positions(events: &[SequencedEvent]) -> Vec<u64> {
 
 /// Every event of the log.
 pub fn all(log: &ReadHandle) -> Vec<SequencedEvent> {
-    log.read(&Query::All, None, usize::MAX).into_events()
+    log.read(&Query::All, None, usize::MAX).unwrap().into_events()
 }
 
 /// A fresh, empty directory for one test; it and everything in it are removed when the value

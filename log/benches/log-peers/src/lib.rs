@@ -102,7 +102,7 @@ impl Store for Ours {
 
     fn read(&self, tag: Option<&str>) -> usize {
         let q = tag.map_or(ls::Query::All, |t| ls::Query::tags([t]));
-        let reads = self.0.read(&q, None, usize::MAX);
+        let reads = self.0.read(&q, None, usize::MAX).unwrap();
         reads.events().iter().map(|s| s.event.data().len()).sum::<usize>() / PAYLOAD
     }
 
