@@ -165,7 +165,7 @@ pub enum OpenError {
         supported: u8,
     },
     /// The log directory holds a file that is not one of the log's (a segment
-    /// `<20 digits>.seg`, its index `<20 digits>.idx`, or `LOCK`): the directory may not be a
+    /// `<20 digits>.seg`, its index `<20 digits>.idx`, `LOCK` or `COMMIT`): the directory may not be a
     /// log's, or something was put there or renamed. Nothing was read or changed; move the file
     /// out (or open the right directory).
     #[error("{0} is not a file of a lanestream log (segments are <20 digits>.seg, their indexes <20 digits>.idx); move it out of the log directory")]

@@ -113,6 +113,13 @@ impl SegmentFile {
         Ok(SegmentFile { path: path.to_path_buf(), first, file: File::open(path)?, cache })
     }
 
+    /// Bytes `offset..offset + len` of the file.
+    pub(crate) fn read_at(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        read_exact_at(&self.file, &mut buf, offset)?;
+        Ok(buf)
+    }
+
     /// The payload at `loc`, of the event at `position`: from the cache, or read from the file
     /// and checked (see the module docs).
     ///

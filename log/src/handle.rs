@@ -12,6 +12,7 @@ use super::condition::AppendCondition;
 use super::error::{AppendError, OpenError, ReadError};
 use super::event::Event;
 use super::file::{FrameCache, SegmentFile};
+use super::follow::{self, Follower, MarkerFile};
 use super::options::LogOptions;
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
@@ -109,6 +110,7 @@ impl EventLog {
         let recovered =
             recover(&dir, cache.clone(), |segment, file| index.add_segment(&events, segment, file))?;
         index.shrink_scratch();
+        let marker = MarkerFile::open(&dir).map_err(io("opening the commit marker in", &dir))?;
         let (storage, current_len, files) = match recovered.last {
             Some(last) => {
                 let storage =
@@ -119,6 +121,7 @@ impl EventLog {
                     first: last.first,
                     file: last.file,
                     blocks: last.blocks,
+                    marker,
                 };
                 (storage, last.len, files)
             }
@@ -127,14 +130,66 @@ impl EventLog {
                     .map_err(io("creating a segment in", &dir))?;
                 let path = dir.join(super::storage::segment_name(1));
                 let file = SegmentFile::open(&path, 1, cache.clone()).map_err(io("opening", &path))?;
-                let files =
-                    Files { dir: dir.clone(), cache, first: 1, file: Arc::new(file), blocks: Vec::new() };
+                let files = Files {
+                    dir: dir.clone(),
+                    cache,
+                    first: 1,
+                    file: Arc::new(file),
+                    blocks: Vec::new(),
+                    marker,
+                };
                 (storage, HEADER_LEN as u64, files)
             }
         };
+        // Followers in other processes see what recovery kept from here on.
+        files.publish(current_len);
         let segments =
             SegmentWriter::new(wrap(Box::new(storage)), current_len, options.segment_bytes, Some(files));
         start(options, events, index, recovered.next - 1, Some(segments))
+    }
+
+    /// Opens the log in `dir` read-only, as a **follower** of its writer, which may be running
+    /// in another process (or this one) or not at all: reads and subscriptions see every append
+    /// once the writer has made it durable (fsynced), never before, and go on across the
+    /// writer's crashes and restarts without a gap or a repeat. A follower takes no lock, writes
+    /// nothing and never truncates: what it reads is what the writer's commit marker (the
+    /// directory's `COMMIT` file) says is durable.
+    ///
+    /// A thread polls the marker every [`LogOptions::follow_interval`] (1 ms by default: the
+    /// wake-up latency is at most that, plus the read of the new records) and stops when the
+    /// last handle to the follower's log is dropped. The returned handle reads and subscribes
+    /// as any [`ReadHandle`]; [`ReadHandle::is_closed`] stays `false` (a follower does not know
+    /// whether the writer will come back). If what the marker covers turns out damaged, the
+    /// follower stops and its subscriptions end with [`SubscriptionError::Failed`](crate::SubscriptionError::Failed).
+    ///
+    /// A directory no writer of this version has opened yet (no marker) reads as empty until
+    /// one does.
+    ///
+    /// # Errors
+    /// [`OpenError::InvalidOption`]; [`OpenError::Io`] (the directory does not exist or cannot
+    /// be read, or the thread cannot be started); [`OpenError::Corrupt`] and
+    /// [`OpenError::UnsupportedVersion`] for what the marker covers, as [`open`](EventLog::open).
+    pub fn open_read_only(dir: impl AsRef<Path>, options: LogOptions) -> Result<ReadHandle, OpenError> {
+        options.validate()?;
+        let dir = dir.as_ref();
+        let dir = fs::canonicalize(dir).map_err(|source| OpenError::Io {
+            op: "resolving",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let cache = (options.cache_bytes > 0).then(|| Arc::new(FrameCache::new(options.cache_bytes)));
+        let events = EventSlots::new();
+        let mut follower = Follower::new(dir, cache);
+        follower.catch_up(&events)?;
+        follower.index.shrink_scratch();
+        let index = &follower.index;
+        let snapshot = Snapshot { head: follower.head, types: index.types.clone(), tags: index.tags.clone() };
+        let shared =
+            Arc::new(Shared::new(snapshot, events, index.appends.clone(), options.subscription_batch));
+        follow::spawn(follower, Arc::downgrade(&shared), options.follow_interval).map_err(|source| {
+            OpenError::Io { op: "starting the follower thread for", path: "the log".into(), source }
+        })?;
+        Ok(ReadHandle { shared })
     }
 }
 

@@ -119,6 +119,7 @@ mod condition;
 mod error;
 mod event;
 mod file;
+mod follow;
 mod handle;
 mod index;
 mod names;

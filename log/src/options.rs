@@ -19,11 +19,13 @@ pub struct LogOptions {
     pub(crate) segment_bytes: u64,
     pub(crate) subscription_batch: usize,
     pub(crate) cache_bytes: u64,
+    pub(crate) follow_interval: std::time::Duration,
 }
 
 impl Default for LogOptions {
     /// A queue of 1,024 appends; group commits of up to 1,024 appends or 8 MiB; appends of up to
-    /// 16 MiB; 256 MiB segments; subscription batches of up to 1,024 events; a 64 MiB cache.
+    /// 16 MiB; 256 MiB segments; subscription batches of up to 1,024 events; a 64 MiB cache; a
+    /// follower polling every millisecond.
     fn default() -> Self {
         LogOptions {
             queue_capacity: 1024,
@@ -33,6 +35,7 @@ impl Default for LogOptions {
             segment_bytes: 256 << 20,
             subscription_batch: 1024,
             cache_bytes: 64 << 20,
+            follow_interval: std::time::Duration::from_millis(1),
         }
     }
 }
@@ -95,6 +98,15 @@ impl LogOptions {
         self
     }
 
+    /// How often a read-only follower ([`EventLog::open_read_only`](crate::EventLog::open_read_only))
+    /// looks at the writer's commit marker for new durable records: its wake-up latency is at
+    /// most this (half of it on average) plus the read of the new records. At least 1 µs.
+    /// Ignored by the writer.
+    pub fn follow_interval(mut self, interval: std::time::Duration) -> Self {
+        self.follow_interval = interval;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), OpenError> {
         let bad = |what| Err(OpenError::InvalidOption(what));
         if self.queue_capacity == 0 {
@@ -114,6 +126,9 @@ impl LogOptions {
         }
         if self.subscription_batch == 0 {
             return bad("subscription_batch must be at least 1");
+        }
+        if self.follow_interval < std::time::Duration::from_micros(1) {
+            return bad("follow_interval must be at least 1 µs");
         }
         Ok(())
     }

@@ -55,6 +55,7 @@ use std::sync::Arc;
 use super::error::OpenError;
 use super::event::{Block, Event, MAX_NAME_LEN, MAX_TAGS};
 use super::file::{FrameCache, Loc, SegmentFile};
+use super::follow::{Marker, MarkerFile};
 use super::segindex::{index_name, read_index, write_index, SegmentIndex};
 use super::storage::{list_dir, segment_name, Storage};
 
@@ -289,7 +290,7 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Ope
 }
 
 /// Checks a segment's header (`bytes`, its first bytes): magic, version, first position.
-fn check_header(path: &Path, bytes: &[u8], first: u64) -> Result<(), OpenError> {
+pub(crate) fn check_header(path: &Path, bytes: &[u8], first: u64) -> Result<(), OpenError> {
     if bytes[..7] == MAGIC[..7] && bytes[7] != FORMAT_VERSION {
         return Err(OpenError::UnsupportedVersion {
             file: path.to_path_buf(),
@@ -492,6 +493,16 @@ pub(crate) struct Files {
     pub(crate) first: u64,
     pub(crate) file: Arc<SegmentFile>,
     pub(crate) blocks: Vec<Arc<Block>>,
+    /// The commit marker read-only followers poll (see `follow.rs`).
+    pub(crate) marker: MarkerFile,
+}
+
+impl Files {
+    /// Tells followers that the current segment is durable up to `len` bytes. Best effort: a
+    /// failure only delays the followers (the writer's own durability does not depend on it).
+    pub(crate) fn publish(&self, len: u64) {
+        let _ = self.marker.publish(Marker { segment: self.first, len });
+    }
 }
 
 /// Appends group commits to the segments, starting a new segment when the current one is full.
@@ -556,6 +567,9 @@ impl SegmentWriter {
             }
         }
         self.storage.sync()?;
+        if let Some(files) = &self.files {
+            files.publish(self.current_len);
+        }
         Ok(self.files.as_ref().map(|f| (f.file.clone(), base)))
     }
 

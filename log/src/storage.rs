@@ -181,7 +181,7 @@ fn parse_name(name: &str, suffix: &str) -> Option<u64> {
 ///
 /// # Errors
 /// [`OpenError::StrayFile`] for a file (or directory) that is not one of the log's: segments,
-/// index files, their temporary files, and [`LOCK_FILE`]. [`OpenError::Io`] if the directory
+/// index files, their temporary files, [`LOCK_FILE`] and the commit marker (`COMMIT`). [`OpenError::Io`] if the directory
 /// cannot be read.
 pub(crate) fn list_dir(dir: &Path) -> Result<Listing, OpenError> {
     let io = |source| OpenError::Io { op: "listing", path: dir.to_path_buf(), source };
@@ -190,7 +190,7 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Listing, OpenError> {
         let entry = entry.map_err(io)?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { return Err(OpenError::StrayFile(entry.path())) };
-        if name == LOCK_FILE {
+        if name == LOCK_FILE || name == super::follow::COMMIT_FILE {
             continue;
         }
         if let Some(first) = parse_segment_name(name) {

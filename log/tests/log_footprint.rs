@@ -134,6 +134,13 @@ fn bytes_per_event_held_by_the_index_and_the_open_cost() {
     let dir = tempfile::Builder::new().prefix("lanestream-footprint-").tempdir_in(base).unwrap();
     // No cache: its budget is accounted for apart (and this run reads no payload).
     let options = LogOptions::default().segment_bytes(8 << 20).cache_bytes(0);
+    // `LANESTREAM_FOOTPRINT_OPEN_ONLY=DIR`: only open (and profile) the log already in DIR.
+    if let Ok(only) = std::env::var("LANESTREAM_FOOTPRINT_OPEN_ONLY") {
+        let started = Instant::now();
+        let log = EventLog::open(&only, options).unwrap();
+        eprintln!("opened {:?} events in {:.2?}", log.head(), started.elapsed());
+        return;
+    }
     {
         let log = EventLog::open(dir.path(), options.clone()).unwrap();
         let threads = 8u64;
@@ -185,6 +192,9 @@ fn bytes_per_event_held_by_the_index_and_the_open_cost() {
     let scanning = started.elapsed();
     log.close();
 
+    if std::env::var_os("LANESTREAM_FOOTPRINT_KEEP").is_some() {
+        eprintln!("kept {}", dir.keep().display());
+    }
     let per_million = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64 * 1000.0;
     let per_event = held as f64 / n as f64;
     eprintln!(

@@ -2,8 +2,9 @@
 //! index file that is missing, cut short, damaged or not the segment's is rebuilt from the
 //! segment and never trusted over it; stray files and files of another format version are
 //! refused with a clear error and nothing changed; the checked-in fixtures
-//! (`tests/fixtures/v1/`), written by this version of the format, open to exactly their events
-//! from their index files, and a new log given the same appends writes them byte for byte.
+//! (`tests/fixtures/v1/`: segments, index files and the commit marker), written by this version
+//! of the format, open to exactly their events from their index files (as a writer and as a
+//! follower), and a new log given the same appends writes them byte for byte.
 
 mod log_support;
 
@@ -282,6 +283,10 @@ fn the_fixtures_of_format_version_1_open_to_their_events_from_their_index_files(
         fresh.read(&q, None, usize::MAX).unwrap().events()
     );
     log.close();
+    // A follower reads the same from them (through the commit marker, `COMMIT`).
+    let follower = EventLog::open_read_only(&dir, options()).unwrap();
+    assert_eq!(all(&follower), events);
+    drop(follower);
     // The index files were taken as they were: not rewritten (same file, same bytes).
     for (p, b, ino) in idx_before {
         assert_eq!(fs::read(&p).unwrap(), b, "{} changed", p.display());
