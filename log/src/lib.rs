@@ -85,6 +85,18 @@
 //! an open from another process fails with [`OpenError::Locked`]. The formats are described in
 //! the source of `segment.rs` and `segindex.rs`.
 //!
+//! # Across processes
+//! One writer per directory, in any process: [`EventLog::open`] takes an exclusive advisory lock
+//! (`flock`, through `fs4`) on the directory's `LOCK` file, released when the process ends,
+//! SIGKILL included, and a second writer gets [`OpenError::Locked`] (or
+//! [`OpenError::AlreadyOpen`] in the same process). Any number of **read-only followers**, in
+//! any process, open the directory with [`EventLog::open_read_only`]: they read and subscribe,
+//! and see each append once the writer has fsynced it, never before — the writer publishes a
+//! commit marker (`COMMIT`: the durable length of its segment) after each group commit's fsync,
+//! and a follower polls it every [`LogOptions::follow_interval`] (1 ms by default: the wake-up
+//! latency is at most that, plus the read of the new records). Followers go on across the
+//! writer's crashes and restarts with no gap and no repeat.
+//!
 //! # Memory
 //! A durable log keeps in memory, per event: its slot (24 bytes), its record in a block (its
 //! type and tag name ids: 8 bytes, plus 4 per tag), where its payload is on disk (20 bytes), its
