@@ -6,6 +6,13 @@
 //!                                      "ack CYCLE THREAD SEQ FIRST LAST" for each acknowledged
 //!                                      append, until killed
 //! log_crash_child verify DIR ACKS      reopen DIR and check it against every complete ack line
+//! log_crash_child follow DIR OUT       a read-only follower of DIR (in its own process, across
+//!                                      every writer's kill and restart): print "POSITION KEY" to
+//!                                      OUT for every event its subscription delivers, for ever
+//! log_crash_child follow-check DIR OUT wait until OUT covers the log in DIR and check that it is
+//!                                      exactly the log: positions 1, 2, ... in order, each event's
+//!                                      key the log's at that position (nothing the writer had not
+//!                                      made durable, nothing missed, no repeat)
 //! ```
 //!
 //! Every event is a pure function of the prefix of its payload (`cycle:thread:seq:i:n:kind:param|`),
@@ -250,6 +257,76 @@ fn verify(dir: &str, acks: &str) -> Result<String, String> {
     ))
 }
 
+/// An event's key: its payload up to the `|`.
+fn key_text(e: &Event) -> String {
+    let data = e.data();
+    let end = data.iter().position(|&b| b == b'|').unwrap_or(data.len());
+    String::from_utf8_lossy(&data[..end]).into_owned()
+}
+
+fn follow(dir: &str, out: &str) -> ExitCode {
+    let log = match EventLog::open_read_only(dir, options()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("follow: open: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut file = std::io::BufWriter::new(std::fs::File::create(out).expect("follower output"));
+    let mut sub = log.subscribe(Query::All, None);
+    loop {
+        match sub.next_batch() {
+            Ok(Some(batch)) => {
+                for e in batch {
+                    writeln!(file, "{} {}", e.position.get(), key_text(&e.event)).expect("write");
+                }
+                file.flush().expect("flush");
+            }
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("follow: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+}
+
+fn follow_check(dir: &str, out: &str) -> Result<String, String> {
+    let log = EventLog::open_read_only(dir, options()).map_err(|e| format!("open: {e}"))?;
+    let events = log.read(&Query::All, None, usize::MAX).map_err(|e| format!("read: {e}"))?.into_events();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let lines = loop {
+        let text = std::fs::read_to_string(out).unwrap_or_default();
+        // Only whole lines: the follower may be writing the last one.
+        let lines: Vec<String> = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(|l| l.trim_end().to_owned())
+            .collect();
+        if lines.len() >= events.len() {
+            break lines;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "the follower delivered {} events of the log's {}",
+                lines.len(),
+                events.len()
+            ));
+        }
+        thread::sleep(std::time::Duration::from_millis(20));
+    };
+    if lines.len() != events.len() {
+        return Err(format!("the follower delivered {} events, the log holds {}", lines.len(), events.len()));
+    }
+    for (line, e) in lines.iter().zip(&events) {
+        let want = format!("{} {}", e.position.get(), key_text(&e.event));
+        if *line != want {
+            return Err(format!("the follower delivered {line:?} where the log holds {want:?}"));
+        }
+    }
+    Ok(format!("the follower delivered exactly the log's {} events", events.len()))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>()[1..] {
@@ -264,8 +341,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        ["follow", dir, out] => follow(dir, out),
+        ["follow-check", dir, out] => match follow_check(dir, out) {
+            Ok(summary) => {
+                println!("ok: {summary}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("FAIL: {e}");
+                ExitCode::FAILURE
+            }
+        },
         _ => {
-            eprintln!("usage: log_crash_child append DIR CYCLE | verify DIR ACKS");
+            eprintln!("usage: log_crash_child append DIR CYCLE | verify DIR ACKS | follow DIR OUT | follow-check DIR OUT");
             ExitCode::from(2)
         }
     }

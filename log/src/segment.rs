@@ -279,10 +279,6 @@ pub(crate) struct Recovered {
     pub(crate) next: u64,
     /// The segment appends go on in; `None` for a directory with no segment yet.
     pub(crate) last: Option<LastSegment>,
-    /// How many sealed segments were taken from their index files, and how many scanned (their
-    /// index missing or not trusted, and written again).
-    pub(crate) indexes_used: usize,
-    pub(crate) indexes_rebuilt: usize,
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OpenError + 'a {
@@ -356,7 +352,7 @@ fn recover_into(
     }
     let mut next = 1u64;
     let n = segments.len();
-    let mut out = Recovered { next, last: None, indexes_used: 0, indexes_rebuilt: 0 };
+    let mut out = Recovered { next, last: None };
     for (i, (first, path)) in segments.iter().enumerate() {
         let is_last = i + 1 == n;
         if *first != next {
@@ -384,7 +380,6 @@ fn recover_into(
                 {
                     next = index.next();
                     on_segment(&index, file);
-                    out.indexes_used += 1;
                     continue;
                 }
             }
@@ -395,7 +390,6 @@ fn recover_into(
             }
             next = index.next();
             on_segment(&index, file);
-            out.indexes_rebuilt += 1;
             continue;
         }
         // The last segment: appends go on in it, so an index file of it (written by a seal that
