@@ -117,7 +117,10 @@ impl Store for Ours {
     }
 }
 
-// ---- tephra 0.1 ----
+// ---- tephra 0.4 ----
+// WriterConfig::default() in 0.4.1 is what a user gets: group commits of up to 2,048 records,
+// a queue of 16,384, exact same-batch conditions. Reads run on the caller's thread (the async
+// read pool is for async servers; this bench reads synchronously, as ours does).
 
 pub struct Tephra {
     handle: tephra::WriteHandle,
@@ -170,7 +173,7 @@ impl Store for Tephra {
     }
 
     fn read(&self, tag: Option<&str>) -> usize {
-        let mut reads = self.handle.read(Tephra::query(tag), tephra::Position::ZERO);
+        let mut reads = self.handle.read(&Tephra::query(tag), tephra::Position::ZERO, None);
         let mut bytes = 0;
         while let Some(item) = reads.next() {
             bytes += item.unwrap().event.data().len();
