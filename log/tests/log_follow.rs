@@ -208,3 +208,47 @@ fn a_follower_in_another_process_than_a_sigkilled_and_restarted_writer_misses_no
         }
     }
 }
+
+/// Prints a follower's wake-up latency: from an append's return on the writer to its delivery
+/// by a follower's blocking subscription, 300 appends one at a time (not a timed assertion:
+/// run by hand, `cargo test --release -p lanestream-log --test log_follow -- --ignored --nocapture`).
+#[test]
+#[ignore = "prints the wake-up latency; run by hand"]
+fn follower_wake_up_latency() {
+    let dir = temp_dir("follow-latency");
+    let log = EventLog::open(&dir, options()).unwrap();
+    let follower = EventLog::open_read_only(&dir, options()).unwrap();
+    let mut sub = follower.subscribe(Query::All, None);
+    let n = 300usize;
+    // Per event, when the follower's subscription delivered it.
+    let waiter = thread::spawn(move || {
+        let mut delivered = Vec::new();
+        while delivered.len() < n {
+            let batch = sub.next_batch_timeout(LIMIT).unwrap().unwrap();
+            let now = Instant::now();
+            delivered.extend(batch.iter().map(|_| now));
+        }
+        delivered
+    });
+    // Per event, when its append returned on the writer.
+    let mut acked = Vec::new();
+    for i in 0..n as u32 {
+        log.append(vec![ev_data("L", &[], i.to_le_bytes().to_vec())], None).unwrap();
+        acked.push(Instant::now());
+        thread::sleep(Duration::from_millis(3));
+    }
+    let delivered = waiter.join().unwrap();
+    let mut lat: Vec<Duration> =
+        acked.iter().zip(&delivered).map(|(a, d)| d.saturating_duration_since(*a)).collect();
+    lat.sort();
+    let q = |f: f64| lat[((lat.len() - 1) as f64 * f) as usize];
+    eprintln!(
+        "follower wake-up after an append returned (poll interval {:?}): median {:?}, p90 {:?}, p99 {:?}, max {:?}",
+        Duration::from_millis(1),
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        lat[lat.len() - 1]
+    );
+    log.close();
+}
