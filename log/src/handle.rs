@@ -165,6 +165,25 @@ impl EventLog {
     /// A directory no writer of this version has opened yet (no marker) reads as empty until
     /// one does.
     ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lanestream_log::{Event, EventLog, LogOptions, Query};
+    ///
+    /// let dir = std::env::temp_dir().join(format!("lanestream-log-doc-follow-{}", std::process::id()));
+    /// let log = EventLog::open(&dir, LogOptions::default())?;
+    /// // Typically in another process:
+    /// let follower = EventLog::open_read_only(&dir, LogOptions::default())?;
+    /// let mut sub = follower.subscribe(Query::All, None);
+    /// log.append(vec![Event::untagged("Paid", &b"1"[..])?], None)?;
+    /// let batch = sub.next_batch_timeout(Duration::from_secs(10))?.expect("a follower never closes");
+    /// assert_eq!(batch[0].position.get(), 1);
+    /// assert_eq!(&batch[0].event.data()[..], b"1");
+    /// log.close();
+    /// # drop((sub, follower));
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     /// [`OpenError::InvalidOption`]; [`OpenError::Io`] (the directory does not exist or cannot
     /// be read, or the thread cannot be started); [`OpenError::Corrupt`] and

@@ -195,6 +195,16 @@ fn bytes_per_event_held_by_the_index_and_the_open_cost() {
     if std::env::var_os("LANESTREAM_FOOTPRINT_KEEP").is_some() {
         eprintln!("kept {}", dir.keep().display());
     }
+    // The process's resident set now (the open log above dropped; this one holds the index)
+    // and at its peak (which includes the writing phase), from /proc where there is one.
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .map_or("n/a".to_owned(), |l| l[name.len()..].trim().to_owned())
+    };
+    eprintln!("resident set after the opens: VmRSS {}, peak VmHWM {}", field("VmRSS:"), field("VmHWM:"));
     let per_million = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64 * 1000.0;
     let per_event = held as f64 / n as f64;
     eprintln!(
