@@ -11,6 +11,12 @@
 //! what a writer killed before its reply had fsynced, recovery keeps. A torn read of the marker
 //! (its CRC fails) is retried at the next poll.
 //!
+//! **Its cost.** One `pwrite` per group commit, on the committing thread (the appender's own
+//! for an inline commit). Measured once by hand on the shared 2-core VM at load ~9 (a lone
+//! durable appender on tmpfs, best of 5 rounds of 20,000 appends, two runs each way): 10-12 µs
+//! per append with the marker, 7-9 µs with its write taken out. A marker in shared memory (a
+//! memory map of `COMMIT` written as a seqlock) would take the system call away; not done.
+//!
 //! **Following.** A follower thread polls the marker every
 //! [`LogOptions::follow_interval`](crate::LogOptions::follow_interval) (1 ms by default): when it
 //! moved, the follower reads the new records of the segment it follows, up to the marker, every
