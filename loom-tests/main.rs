@@ -1,4 +1,5 @@
-//! The loom models of the lane engine and the event log's waits, linked as one test binary (`cargo test --test loom`).
+//! The loom models of the lane engine, linked as one test binary (`cargo test --test loom`; the
+//! event log's are the crate `lanestream-log`'s own).
 //! Compiled to nothing unless built with `--cfg lanestream_loom`; run them with
 //! `scripts/loom.sh`. Each module holds the models of one protocol step and says which
 //! interleavings it covers and with which preemption bound.
@@ -11,7 +12,6 @@ mod attach;
 mod budget;
 mod close;
 mod leaks;
-mod log;
 mod reattach;
 mod requests;
 mod ring;

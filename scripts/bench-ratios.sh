@@ -9,10 +9,10 @@
 # anything, and the W0 spread says how much the machine drifted while the run lasted.
 #
 # usage: scripts/bench-ratios.sh [--log] [--full] [--no-alternate] [--table-only]
-#   --log           the event log's benches instead (benches/log-peers/benches/log.rs: lanestream's log against
+#   --log           the event log's benches instead (log/benches/log-peers/benches/log.rs: lanestream-log against
 #                   tephra, umadb-core and a Mutex<Vec>), ratios against lanestream in the same
 #                   mode ([durable] or [memory]) and the target "ahead of both embedded peers",
-#                   then the same contenders in interleaved rounds (benches/log-peers/benches/alternate.rs)
+#                   then the same contenders in interleaved rounds (log/benches/log-peers/benches/alternate.rs)
 #   (default)       quick mode: 0.5 s warm-up, 1 s measurement, 20 samples (whole run < 6 min
 #                   once built)
 #   --full          3 s warm-up, 5 s measurement, 100 samples (about 10 minutes)
@@ -54,11 +54,11 @@ target_dir=$(cargo metadata --format-version 1 --no-deps \
 results="$target_dir/criterion"
 
 if [ "$run" = 1 ] && [ "$suite" = log ]; then
-    echo "== building benches/log-peers/benches/log.rs (bench profile: fat LTO, one codegen unit)" >&2
-    # A crate of its own (benches/log-peers), built into this workspace's target directory;
+    echo "== building log/benches/log-peers/benches/log.rs (bench profile: fat LTO, one codegen unit)" >&2
+    # A crate of its own (log/benches/log-peers), built into this workspace's target directory;
     # criterion writes its results under CARGO_TARGET_DIR (else under the bench crate's folder).
     export CARGO_TARGET_DIR="$target_dir"
-    log_bench=(--manifest-path benches/log-peers/Cargo.toml)
+    log_bench=(--manifest-path log/benches/log-peers/Cargo.toml)
     cargo bench "${log_bench[@]}" --bench log --bench alternate --no-run >&2
     rm -rf "$results"/log_*
     start=$(date +%s)
@@ -217,7 +217,7 @@ target("W6 blocking wake vs crossbeam-channel",
 EOF
 
 if [ "$run" = 1 ] && [ "$alternate" = 1 ] && [ "$suite" = log ]; then
-    # The log's interleaved rounds (benches/log-peers/benches/alternate.rs): every contender once
+    # The log's interleaved rounds (log/benches/log-peers/benches/alternate.rs): every contender once
     # per round, so load changes on a shared machine hit them alike. Read these ratios first.
     echo
     echo "== interleaved rounds (peer time / lanestream[durable] time per round, median and range)"

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs every loom model (loom-tests/, one test binary `loom`) under `--cfg lanestream_loom`.
+# Runs every loom model under `--cfg lanestream_loom`: the lane engine's (loom-tests/, the test
+# binary `loom` of the core) and the event log's (log/loom-tests/, the test binary `loom` of
+# lanestream-log).
 #   scripts/loom.sh [test name filter...]
 # Each model runs with its own preemption bound (2-3, written and justified next to it);
 # `LOOM_MAX_PREEMPTIONS=N scripts/loom.sh` overrides every bound (e.g. to search deeper by hand).
@@ -16,5 +18,7 @@ esac
 # loom's own backtraces are long; keep them off unless asked for.
 export RUST_BACKTRACE="${RUST_BACKTRACE:-0}"
 start=$(date +%s)
-cargo test --profile loom --target-dir target/loom --test loom -- --nocapture --test-threads 1 "$@"
+for package in lanestream lanestream-log; do
+    cargo test --profile loom --target-dir target/loom -p "$package" --test loom -- --nocapture --test-threads 1 "$@"
+done
 echo "loom: all models passed in $(( $(date +%s) - start ))s"

@@ -50,8 +50,6 @@ mod envelope;
 mod error;
 mod item;
 mod lane;
-#[cfg(feature = "log")]
-pub mod log;
 mod name;
 mod position;
 mod stream;

@@ -1,5 +1,4 @@
-//! The one place the engine gets its atomics, cells, locks, condition variables, threads and
-//! `Arc` from (the lanes, and the event log's waits, queue, writer thread and close flag).
+//! The one place the engine gets its atomics, cells, locks, threads and `Arc` from.
 //!
 //! Under `--cfg lanestream_loom` everything comes from [loom](https://docs.rs/loom), so the whole
 //! engine runs under the model checker; otherwise from `std`. `UnsafeCell` has loom's closure API
@@ -10,11 +9,6 @@ mod imp {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
     pub(crate) use std::sync::{Arc, Mutex};
     pub(crate) use std::thread::{current, park, park_timeout, Thread};
-    // The event log's queue, waits and writer thread.
-    #[cfg(feature = "log")]
-    pub(crate) use std::sync::{Condvar, MutexGuard};
-    #[cfg(feature = "log")]
-    pub(crate) use std::thread::{Builder as ThreadBuilder, JoinHandle};
 
     /// `std::cell::UnsafeCell` with loom's access API.
     #[derive(Debug)]
@@ -53,11 +47,7 @@ mod imp {
     pub(crate) use loom::cell::UnsafeCell;
     pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
     pub(crate) use loom::sync::{Arc, Mutex};
-    #[cfg(feature = "log")]
-    pub(crate) use loom::sync::{Condvar, MutexGuard};
     pub(crate) use loom::thread::{current, park, Thread};
-    #[cfg(feature = "log")]
-    pub(crate) use loom::thread::{Builder as ThreadBuilder, JoinHandle};
 
     /// loom has no timed park; a timed wait parks like an untimed one, and models never use
     /// timeouts.

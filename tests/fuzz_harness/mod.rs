@@ -1,12 +1,9 @@
 //! The byte-level fuzz harnesses, shared by path by the cargo-fuzz targets (`fuzz/fuzz_targets/`)
 //! and the stable corpus replay (`tests/fuzz_corpus_replay.rs`), so CI runs exactly what the fuzzer
-//! ran. The log's harnesses (`log_segment`, `log_ops`) are the submodules of the same names. The
+//! ran. The event log's harnesses are the crate `lanestream-log`'s own. The
 //! `lane_ops` harness lives with the model, in `tests/model/mod.rs`; the `wal2json_lines`
 //! harness with the reader, in `postgres/tests/fuzz_harness/mod.rs`.
 #![allow(dead_code)]
-
-pub mod log_ops;
-pub mod log_segment;
 
 use lanestream::codec::{self, AlignedVec, ItemView};
 use lanestream::LaneItem;
