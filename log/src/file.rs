@@ -2,7 +2,8 @@
 //! positioned reads), [`Loc`] (where an event's payload is) and the log's bounded cache of
 //! record frames ([`FrameCache`]).
 //!
-//! **Why positioned reads (`pread`), not a memory map.** A read is one `pread(2)` of one
+//! **Why positioned reads (`pread`), not a memory map.** (The one map the log makes is the
+//! writer's 20-byte commit marker, see `follow.rs`.) A read is one `pread(2)` of one
 //! record's frame into a buffer the event's payload then shares (`Bytes`), with
 //! [`std::os::unix::fs::FileExt::read_exact_at`] (`seek_read` on Windows): no `unsafe`, and an
 //! error — a failing disk, a file cut short by someone else — comes back as an error of that

@@ -142,6 +142,7 @@ impl EventLog {
             }
         };
         // Followers in other processes see what recovery kept from here on.
+        let mut files = files;
         files.publish(current_len);
         let segments =
             SegmentWriter::new(wrap(Box::new(storage)), current_len, options.segment_bytes, Some(files));

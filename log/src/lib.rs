@@ -92,7 +92,8 @@
 //! [`OpenError::AlreadyOpen`] in the same process). Any number of **read-only followers**, in
 //! any process, open the directory with [`EventLog::open_read_only`]: they read and subscribe,
 //! and see each append once the writer has fsynced it, never before — the writer publishes a
-//! commit marker (`COMMIT`: the durable length of its segment) after each group commit's fsync,
+//! commit marker (`COMMIT`: the durable length of its segment; a copy into a shared memory map,
+//! no system call) after each group commit's fsync,
 //! and a follower polls it every [`LogOptions::follow_interval`] (1 ms by default: the wake-up
 //! latency is at most that, plus the read of the new records: measured from an append's return
 //! to a follower's delivery, median 0.57 ms, p99 4.2 ms on a loaded 2-core machine). Followers

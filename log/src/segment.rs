@@ -492,10 +492,9 @@ pub(crate) struct Files {
 }
 
 impl Files {
-    /// Tells followers that the current segment is durable up to `len` bytes. Best effort: a
-    /// failure only delays the followers (the writer's own durability does not depend on it).
-    pub(crate) fn publish(&self, len: u64) {
-        let _ = self.marker.publish(Marker { segment: self.first, len });
+    /// Tells followers that the current segment is durable up to `len` bytes.
+    pub(crate) fn publish(&mut self, len: u64) {
+        self.marker.publish(Marker { segment: self.first, len });
     }
 }
 
@@ -561,7 +560,7 @@ impl SegmentWriter {
             }
         }
         self.storage.sync()?;
-        if let Some(files) = &self.files {
+        if let Some(files) = &mut self.files {
             files.publish(self.current_len);
         }
         Ok(self.files.as_ref().map(|f| (f.file.clone(), base)))
