@@ -7,6 +7,9 @@
 //!   builds one [`lanestream::Batch`] per committed transaction (large ones in chunks),
 //!   positioned at its commit LSN. Changes to a partitioned table arrive under each partition's
 //!   name (see [`wal2json`], *Partitioned tables*).
+//! - [`pgoutput`]: decodes PostgreSQL's built-in pgoutput plugin (protocol version 1) into the
+//!   same batches, through the same builder as the wal2json reader (the tests check both on
+//!   captures of one server).
 //! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
 //!   polling and confirmed only up to the stream's watermark (or, when every lane has acked
 //!   everything, up to where it decoded, so an idle slot follows the server's WAL).
@@ -23,4 +26,5 @@
 
 pub mod live;
 pub mod ndjson;
+pub mod pgoutput;
 pub mod wal2json;

@@ -251,6 +251,11 @@ impl Wal2JsonError {
             )
     }
 
+    /// The kind and the changes discarded, taken apart (the pgoutput decoder rewraps them).
+    pub(crate) fn into_parts(self) -> (Wal2JsonErrorKind, u64) {
+        (self.kind, self.discarded)
+    }
+
     /// Whether reading may go on after this error (everything but I/O errors and failed key
     /// look-ups, after which nothing can be read right). See the module docs for what happens to
     /// the open transaction.
@@ -425,47 +430,51 @@ fn malformed(offset: usize, reason: &'static str) -> Wal2JsonErrorKind {
 
 /// One JSON value's raw text, borrowed from the line. sonic-rs hands over a string value that
 /// has escapes as a copy, so that one is owned.
-type Raw<'a> = Cow<'a, str>;
+pub(crate) type Raw<'a> = Cow<'a, str>;
 
-/// The fields of one line this module reads. `action`, `xid`, `lsn`, `schema` and `table` stay
-/// raw JSON and are checked only by the actions that use them (a `B` with `"lsn":5` is fine);
-/// `columns`, `identity` and `pk` must have their shape on every line. Every field is `Some`
-/// when present, even as `null` (see [`present`]).
+/// The fields of one line this module reads: the **builder's input record**, which the wal2json
+/// parsers fill from a JSON line and the pgoutput decoder ([`crate::pgoutput`]) from a binary
+/// message, so that both go through the one [`TransactionBuilder`]. `action`, `xid`, `lsn`,
+/// `schema` and `table` stay raw JSON and are checked only by the actions that use them (a `B`
+/// with `"lsn":5` is fine); `columns`, `identity` and `pk` must have their shape on every line.
+/// Every field is `Some` when present, even as `null` (see [`present`]).
 #[derive(Deserialize, Debug, Default, PartialEq)]
-struct Line<'a> {
+pub(crate) struct Line<'a> {
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    action: Option<Raw<'a>>,
+    pub(crate) action: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    xid: Option<Raw<'a>>,
+    pub(crate) xid: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    lsn: Option<Raw<'a>>,
+    pub(crate) lsn: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    schema: Option<Raw<'a>>,
+    pub(crate) schema: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    table: Option<Raw<'a>>,
+    pub(crate) table: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    columns: Option<Vec<Column<'a>>>,
+    pub(crate) columns: Option<Vec<Column<'a>>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    identity: Option<Vec<Column<'a>>>,
+    pub(crate) identity: Option<Vec<Column<'a>>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    pk: Option<Vec<Key<'a>>>,
+    pub(crate) pk: Option<Vec<Key<'a>>>,
 }
 
 /// One `{"name":…,"type":…,"value":…}` element of `columns` / `identity`. The name is borrowed
-/// unless it has escapes.
+/// only when it needs no JSON escaping (a wal2json name without escapes; a pgoutput name without
+/// `"`, `\` or control characters): [`write_row`] writes a borrowed name as it is.
 #[derive(Deserialize, Clone, Debug, PartialEq)]
-struct Column<'a> {
+pub(crate) struct Column<'a> {
     #[serde(borrow)]
-    name: Cow<'a, str>,
+    pub(crate) name: Cow<'a, str>,
+    /// The value as JSON text (`1`, `"text"`, `null`, `true`).
     #[serde(borrow, deserialize_with = "raw")]
-    value: Raw<'a>,
+    pub(crate) value: Raw<'a>,
 }
 
 /// One `{"name":…,"type":…}` element of `pk`.
 #[derive(Deserialize, Debug, PartialEq)]
-struct Key<'a> {
+pub(crate) struct Key<'a> {
     #[serde(borrow)]
-    name: Cow<'a, str>,
+    pub(crate) name: Cow<'a, str>,
 }
 
 /// A field that is present is `Some`, `null` included (a plain `Option` would make it `None`).
@@ -1226,6 +1235,22 @@ impl TransactionBuilder {
                 self.damage(line_no);
             }
             Wal2JsonError { line: line_no, kind, discarded: std::mem::take(&mut self.discarded) }
+        })
+    }
+
+    /// Feeds one input record already read (the pgoutput decoder's way in; `push_line` parses a
+    /// wal2json line into the same record). `seq` numbers it in errors, as a line number does.
+    pub(crate) fn push_record(
+        &mut self,
+        seq: u64,
+        record: &Line<'_>,
+    ) -> Result<Option<Batch>, Wal2JsonError> {
+        self.discarded = 0;
+        self.apply(seq, record).map_err(|kind| {
+            if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
+                self.damage(seq);
+            }
+            Wal2JsonError { line: seq, kind, discarded: std::mem::take(&mut self.discarded) }
         })
     }
 
