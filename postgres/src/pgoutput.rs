@@ -940,6 +940,7 @@ impl PgOutputDecoder {
             table: Some(Cow::Borrowed(rel.table_json.as_str())),
             columns,
             identity,
+            key_from_stream: pk.is_some(),
             pk,
             ..Line::default()
         };

@@ -456,6 +456,12 @@ pub(crate) struct Line<'a> {
     pub(crate) identity: Option<Vec<Column<'a>>>,
     #[serde(borrow, default, deserialize_with = "present")]
     pub(crate) pk: Option<Vec<Key<'a>>>,
+    /// The `pk` is the table's replica identity as the stream knew it at this change (pgoutput's
+    /// Relation message), so the catalog is not asked: it tells the key as it is now, which may
+    /// be later DDL's. Only columns given with [`TransactionBuilder::set_key_columns`] beat it.
+    /// Never set by a wal2json line (whose `pk` is the primary key only).
+    #[serde(skip)]
+    pub(crate) key_from_stream: bool,
 }
 
 /// One `{"name":…,"type":…,"value":…}` element of `columns` / `identity`. The name is borrowed
@@ -657,6 +663,7 @@ mod slow {
                 columns: columns(l.columns),
                 identity: columns(l.identity),
                 pk: l.pk,
+                key_from_stream: false,
             }
         }
     }
@@ -1330,7 +1337,8 @@ impl TransactionBuilder {
         let table = string_field(f.table.as_deref(), action, "table", "")?;
         let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
         let row = if action == 'D' { identity } else { columns };
-        let (index, known_key, primary) = self.table(&schema, &table, pk, row, identity)?;
+        let (index, known_key, primary) =
+            self.table(&schema, &table, pk, row, identity, !f.key_from_stream)?;
         // Compute everything that can fail before touching the transaction.
         let filled = match (action, columns, identity) {
             ('U', Some(new), Some(old)) => filled_row(new, old),
@@ -1501,15 +1509,22 @@ impl TransactionBuilder {
         pk: Option<&[Key<'_>]>,
         row: Option<&[Column<'_>]>,
         identity: Option<&[Column<'_>]>,
+        use_lookup: bool,
     ) -> ParseResult<TableKeys> {
         self.name_key.clear();
         self.name_key.extend_from_slice(schema.as_bytes());
         self.name_key.push(0);
         self.name_key.extend_from_slice(table.as_bytes());
         let pk = pk.unwrap_or(&[]);
+        // A table met without the look-up (its key from the stream) that now needs it.
+        let want_lookup =
+            use_lookup && self.lookup.is_some() && !self.keys.contains_key(self.name_key.as_slice());
         if let Some(t) = self.tables.get(self.name_key.as_slice()) {
-            if !(t.looked_up && stale(t, pk, row, identity)) {
-                return Ok((t.index.clone(), t.key.clone(), t.primary.clone()));
+            let fresh = if t.looked_up { !use_lookup || !stale(t, pk, row, identity) } else { !want_lookup };
+            if fresh {
+                // The stream's key: the looked-up identity index is not used.
+                let key = if use_lookup || !t.looked_up { t.key.clone() } else { None };
+                return Ok((t.index.clone(), key, t.primary.clone()));
             }
         }
         if self.tables.len() >= MAX_CACHED_NAMES {
@@ -1517,6 +1532,7 @@ impl TransactionBuilder {
         }
         let (key, primary, looked_up) = match self.keys.get(self.name_key.as_slice()) {
             Some(k) => (k.clone(), None, false),
+            None if !use_lookup => (None, None, false),
             None => match self.lookup.as_mut() {
                 None => (None, None, false),
                 Some(lookup) => match lookup(schema, table) {

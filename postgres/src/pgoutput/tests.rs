@@ -667,3 +667,38 @@ fn the_captured_pgoutput_gives_exactly_the_checked_in_batches() {
     assert_eq!(all.iter().filter(|e| e.op == Op::Truncate).count(), 2);
     assert!(all.iter().any(|e| e.index.as_str() == "public_by_index" && e.op == Op::Delete && e.id == "y"));
 }
+
+#[test]
+fn the_relation_messages_key_beats_the_catalogs_which_may_tell_of_later_ddl() {
+    // The catalog, read now, already has the identity of a later ALTER TABLE (the index on k);
+    // the stream's Relation messages tell the key each change was written under.
+    let lookup: crate::wal2json::KeyLookup =
+        Box::new(|_, _| Ok(Some(crate::wal2json::CatalogKey::IdentityIndex(vec!["k".into()]))));
+    let mut d = PgOutputDecoder::new(TransactionBuilder::new().with_key_lookup(lookup));
+    let rekey = |key_id: bool, key_k: bool, identity: u8| {
+        relation(9, "public", "rekey", identity, &[(key_id, "id", INT4), (key_k, "k", INT4)])
+    };
+    let batches = run(
+        &mut d,
+        &[
+            begin(0x10, 1),
+            rekey(true, false, b'd'),
+            insert(9, &[Some("7"), Some("7")]),
+            commit(0x10),
+            begin(0x20, 2),
+            rekey(true, true, b'd'),
+            insert(9, &[Some("1"), Some("2")]),
+            commit(0x20),
+            begin(0x30, 3),
+            rekey(false, true, b'i'),
+            delete(9, b'K', &[None, Some("2")]),
+            // REPLICA IDENTITY FULL: now the catalog is asked (here: the index on k).
+            rekey(true, true, b'f'),
+            delete(9, b'O', &[Some("1"), Some("2")]),
+            commit(0x30),
+        ],
+    )
+    .expect("decodes");
+    let ids: Vec<String> = batches.iter().flat_map(|b| b.envelopes.iter()).map(|e| e.id.clone()).collect();
+    assert_eq!(ids, ["7", "1:2", "2", "2"]);
+}
