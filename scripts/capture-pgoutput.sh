@@ -22,16 +22,50 @@
 # expected batches are written by the decoder's test when LANESTREAM_BLESS=1 (see there).
 #
 # Usage: scripts/capture-pgoutput.sh [OUTPUT_DIR]
+#        scripts/capture-pgoutput.sh --workload [OUTPUT_DIR]
+#   --workload: instead, the realistic workload of scripts/pg-common.sh (PG_WORKLOAD_SCALE, 1 by
+#   default here) through both plugins, for postgres/benches/ingest.rs (the decoder against the
+#   wal2json reader on the same changes): postgres/benches/data/workload.pgoutput.gz (each message
+#   as a 4-byte big-endian length, then its bytes) and workload.wal2json.jsonl.gz.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/pg-common.sh
 source "$here/pg-common.sh"
 
-out=${1:-$(dirname "$here")/postgres/tests/data}
+workload=0
+if [[ ${1:-} == --workload ]]; then
+    workload=1
+    shift
+fi
+if ((workload)); then
+    out=${1:-$(dirname "$here")/postgres/benches/data}
+else
+    out=${1:-$(dirname "$here")/postgres/tests/data}
+fi
 
 pg_ensure_packages
 pg_start
+if ((workload)); then
+    pg_psql -c "CREATE PUBLICATION lanestream FOR ALL TABLES" \
+        -c "SELECT pg_create_logical_replication_slot('cap_pgoutput', 'pgoutput')" \
+        -c "SELECT pg_create_logical_replication_slot('cap_wal2json', 'wal2json')" >/dev/null
+    pg_log "running the workload (scale ${PG_WORKLOAD_SCALE:=1})"
+    pg_workload
+    mkdir -p "$out"
+    pg_psql -Atc "SELECT encode(data, 'hex') FROM pg_logical_slot_peek_binary_changes('cap_pgoutput', NULL, NULL,
+        'proto_version', '1', 'publication_names', 'lanestream', 'messages', 'true')" |
+        python3 -c 'import sys, struct
+out = sys.stdout.buffer
+for line in sys.stdin:
+    m = bytes.fromhex(line.strip())
+    out.write(struct.pack(">I", len(m)) + m)' | gzip -9 -n >"$out/workload.pgoutput.gz"
+    pg_psql -Atc "SELECT data FROM pg_logical_slot_peek_changes('cap_wal2json', NULL, NULL,
+        'format-version', '2', 'include-lsn', 'true', 'include-xids', 'true', 'include-pk', 'true')" |
+        gzip -9 -n >"$out/workload.wal2json.jsonl.gz"
+    pg_log "wrote $out/workload.pgoutput.gz ($(stat -c %s "$out/workload.pgoutput.gz") bytes) and workload.wal2json.jsonl.gz ($(stat -c %s "$out/workload.wal2json.jsonl.gz") bytes)"
+    exit 0
+fi
 pg_psql -c "CREATE PUBLICATION lanestream FOR ALL TABLES" \
     -c "SELECT pg_create_logical_replication_slot('cap_pgoutput', 'pgoutput')" \
     -c "SELECT pg_create_logical_replication_slot('cap_wal2json', 'wal2json')" \

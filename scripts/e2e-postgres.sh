@@ -131,6 +131,7 @@ ALTER TABLE events REPLICA IDENTITY FULL;
 CREATE TABLE scratch (id int PRIMARY KEY, v int);
 CREATE TABLE bulk (id int PRIMARY KEY, v text);
 CREATE TABLE rekey (id int PRIMARY KEY, k int NOT NULL, v int);
+DROP PUBLICATION IF EXISTS lanestream; -- the live tests may have created it
 CREATE PUBLICATION lanestream FOR ALL TABLES;
 SELECT 1 FROM pg_create_logical_replication_slot('lanestream', 'pgoutput');
 SELECT 1 FROM pg_create_logical_replication_slot('audit', 'wal2json');

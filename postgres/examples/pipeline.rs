@@ -157,6 +157,10 @@ struct Args {
     /// checks for a stop.
     #[arg(long, default_value_t = 100)]
     poll_interval_ms: u64,
+    /// Live mode: how often standby status updates carry the confirmed position to the server
+    /// (at most this long after the watermark moves, and at least this often).
+    #[arg(long, default_value_t = 1000, requires = "source")]
+    status_interval_ms: u64,
     /// Live mode: write a heartbeat (`pg_logical_emit_message`) this often, so that the slot
     /// follows the server's WAL even while nothing of this database changes.
     #[arg(long, value_name = "SECS", requires = "source")]
@@ -1199,6 +1203,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             config.slot_wait = Duration::from_secs(args.slot_wait_secs);
             config.publication = args.publication.clone();
             config.heartbeat = args.heartbeat_secs.map(Duration::from_secs);
+            config.status_interval = Duration::from_millis(args.status_interval_ms.max(1));
             let mut source = LiveSource::connect(config).map_err(|e| -> BoxError {
                 match e {
                     LiveError::NoSlot(slot) if !checkpoints.is_empty() => format!(
