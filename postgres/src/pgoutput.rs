@@ -315,6 +315,8 @@ pub struct PgOutputDecoder {
     skipped: u64,
     /// The commit time of the last Begin, in microseconds since the Unix epoch.
     commit_time: Option<i64>,
+    /// The string values of the change being decoded, JSON-escaped (see `Val`).
+    scratch: String,
 }
 
 impl fmt::Debug for PgOutputDecoder {
@@ -504,28 +506,42 @@ fn is_json_number(s: &str) -> bool {
     i == b.len()
 }
 
-/// A text-format value as JSON, typed by its column's type OID (see the module docs); `Err`
-/// names what it should have been.
-fn json_value(type_oid: u32, text: &str) -> Result<Cow<'_, str>, &'static str> {
+/// A value as the builder gets it: text of the message (or a constant), or a range of the
+/// decoder's scratch buffer (strings, written there escaped: one buffer for a change's values
+/// instead of a string each).
+#[derive(Clone, Copy)]
+enum Val<'m> {
+    Text(&'m str),
+    Scratch(usize, usize),
+}
+
+/// A text-format value as JSON, typed by its column's type OID (see the module docs); a JSON
+/// string is written into `scratch`. `Err` names what it should have been.
+fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<Val<'m>, &'static str> {
     if NUMBER_TYPES.contains(&type_oid) {
         if is_json_number(text) {
-            return Ok(Cow::Borrowed(text));
+            return Ok(Val::Text(text));
         }
         // wal2json writes these as null (JSON has no such numbers).
         if ["NaN", "Infinity", "-Infinity"].iter().any(|s| text.eq_ignore_ascii_case(s)) {
-            return Ok(Cow::Borrowed("null"));
+            return Ok(Val::Text("null"));
         }
         return Err("a number");
     }
-    match type_oid {
-        BOOL_OID => match text {
-            "t" => Ok(Cow::Borrowed("true")),
-            "f" => Ok(Cow::Borrowed("false")),
-            _ => Err("a bool (t or f)"),
-        },
-        BYTEA_OID => Ok(Cow::Owned(json_string(text.strip_prefix("\\x").unwrap_or(text)))),
-        _ => Ok(Cow::Owned(json_string(text))),
-    }
+    let text = match type_oid {
+        BOOL_OID => {
+            return match text {
+                "t" => Ok(Val::Text("true")),
+                "f" => Ok(Val::Text("false")),
+                _ => Err("a bool (t or f)"),
+            }
+        }
+        BYTEA_OID => text.strip_prefix("\\x").unwrap_or(text),
+        _ => text,
+    };
+    let start = scratch.len();
+    push_json_string(scratch, text);
+    Ok(Val::Scratch(start, scratch.len()))
 }
 
 /// What a tuple is read into.
@@ -537,13 +553,15 @@ enum TupleKind {
     Key,
 }
 
-/// Reads a tuple of `rel` into the builder's columns: NULL as `null`, unchanged TOASTed values
-/// (`u`) left out.
-fn read_tuple<'a, 'm: 'a, 'r: 'a>(
+/// Reads a tuple of `rel` into `out` as (column index, value): NULL as `null`, unchanged
+/// TOASTed values (`u`) left out, strings written into `scratch`.
+fn read_tuple<'m>(
     f: &mut Fields<'m>,
-    rel: &'r Relation,
+    rel: &Relation,
     kind: TupleKind,
-) -> Result<Vec<Column<'a>>, PgOutputErrorKind> {
+    scratch: &mut String,
+    out: &mut Vec<(usize, Val<'m>)>,
+) -> Result<(), PgOutputErrorKind> {
     let n = f.count16("tuple's column count")?;
     if n != rel.columns.len() {
         return Err(PgOutputErrorKind::ColumnCount {
@@ -552,23 +570,25 @@ fn read_tuple<'a, 'm: 'a, 'r: 'a>(
             got: n,
         });
     }
-    let mut out = Vec::with_capacity(n);
-    for col in &rel.columns {
+    out.reserve(n);
+    for (i, col) in rel.columns.iter().enumerate() {
         let value_kind = f.u8("column's value kind")?;
-        let value: Option<Cow<'a, str>> = match value_kind {
-            b'n' => Some(Cow::Borrowed("null")),
+        let value = match value_kind {
+            b'n' => Some(Val::Text("null")),
             b'u' => None,
             b't' => {
                 let len = f.count32("value's length")?;
                 let bytes = f.take(len, "value")?;
                 let text = simdutf8::basic::from_utf8(bytes)
                     .map_err(|_| PgOutputErrorKind::NotUtf8 { field: "value" })?;
-                Some(json_value(col.type_oid, text).map_err(|expected| PgOutputErrorKind::BadValue {
-                    table: rel.name.clone(),
-                    column: col.name.clone(),
-                    type_oid: col.type_oid,
-                    value: text.chars().take(64).collect(),
-                    expected,
+                Some(json_value(col.type_oid, text, scratch).map_err(|expected| {
+                    PgOutputErrorKind::BadValue {
+                        table: rel.name.clone(),
+                        column: col.name.clone(),
+                        type_oid: col.type_oid,
+                        value: text.chars().take(64).collect(),
+                        expected,
+                    }
                 })?)
             }
             b'b' => {
@@ -589,19 +609,26 @@ fn read_tuple<'a, 'm: 'a, 'r: 'a>(
         if kind == TupleKind::Key && !col.key {
             continue;
         }
-        let name = if col.plain { Cow::Borrowed(col.name.as_str()) } else { Cow::Owned(col.name.clone()) };
-        out.push(Column { name, value });
+        out.push((i, value));
     }
-    Ok(out)
+    Ok(())
 }
 
-/// The old tuple of an update or delete (after its `K` / `O` marker).
-fn old_tuple<'a, 'm: 'a, 'r: 'a>(
-    f: &mut Fields<'m>,
-    rel: &'r Relation,
-    marker: u8,
-) -> Result<Vec<Column<'a>>, PgOutputErrorKind> {
-    read_tuple(f, rel, if marker == b'K' { TupleKind::Key } else { TupleKind::Row })
+/// The builder's columns of values read by [`read_tuple`].
+fn to_columns<'a>(rel: &'a Relation, values: &[(usize, Val<'a>)], scratch: &'a str) -> Vec<Column<'a>> {
+    values
+        .iter()
+        .map(|&(i, v)| {
+            let col = &rel.columns[i];
+            Column {
+                name: if col.plain { Cow::Borrowed(col.name.as_str()) } else { Cow::Owned(col.name.clone()) },
+                value: Cow::Borrowed(match v {
+                    Val::Text(t) => t,
+                    Val::Scratch(a, b) => scratch.get(a..b).unwrap_or("null"),
+                }),
+            }
+        })
+        .collect()
 }
 
 fn action(c: &'static str) -> Option<Cow<'static, str>> {
@@ -621,6 +648,7 @@ impl PgOutputDecoder {
             skipping: false,
             skipped: 0,
             commit_time: None,
+            scratch: String::new(),
         }
     }
 
@@ -885,36 +913,47 @@ impl PgOutputDecoder {
 
     fn change(&mut self, seq: u64, tag: u8, mut f: Fields<'_>) -> Result<Option<Batch>, Fail> {
         let oid = f.u32("relation OID")?;
-        let Self { relations, builder, skipping, .. } = self;
+        let Self { relations, builder, skipping, scratch, .. } = self;
         let rel = relations.get(&oid).ok_or(PgOutputErrorKind::UnknownRelation(oid))?;
+        scratch.clear();
         let mut marker = f.u8("tuple marker")?;
-        let mut identity = None;
-        let columns;
+        let (mut old, mut new) = (None, None);
+        let old_kind = |marker: u8| if marker == b'K' { TupleKind::Key } else { TupleKind::Row };
         match tag {
             b'I' => {
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'I', marker }.into());
                 }
-                columns = Some(read_tuple(&mut f, rel, TupleKind::Row)?);
+                let mut v = Vec::new();
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut v)?;
+                new = Some(v);
             }
             b'U' => {
                 if marker == b'K' || marker == b'O' {
-                    identity = Some(old_tuple(&mut f, rel, marker)?);
+                    let mut v = Vec::new();
+                    read_tuple(&mut f, rel, old_kind(marker), scratch, &mut v)?;
+                    old = Some(v);
                     marker = f.u8("tuple marker")?;
                 }
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'U', marker }.into());
                 }
-                columns = Some(read_tuple(&mut f, rel, TupleKind::Row)?);
+                let mut v = Vec::new();
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut v)?;
+                new = Some(v);
             }
             _ => {
                 if marker != b'K' && marker != b'O' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'D', marker }.into());
                 }
-                identity = Some(old_tuple(&mut f, rel, marker)?);
-                columns = None;
+                let mut v = Vec::new();
+                read_tuple(&mut f, rel, old_kind(marker), scratch, &mut v)?;
+                old = Some(v);
             }
         }
+        let scratch = scratch.as_str();
+        let columns = new.as_deref().map(|v| to_columns(rel, v, scratch));
+        let identity = old.as_deref().map(|v| to_columns(rel, v, scratch));
         f.end()?;
         if *skipping {
             return Ok(None);
