@@ -17,6 +17,10 @@
 //! second: `pgoutput_decoder` ([`PgOutputDecoder::decode`] over the messages) against
 //! `wal2json_reader` (the reader over the lines), both building the same batches (checked before
 //! measuring), chunks of 10,000 changes. The goal: the decoder at least 1.5x the reader.
+//! `DECODE_CPU=ROUNDS` measures the two by thread CPU time instead (as `INGEST_CPU` below), in
+//! ROUNDS rounds, and prints each round's ratio and their median:
+//!
+//! `DECODE_CPU=5 cargo bench -p lanestream-postgres --bench ingest -- pgoutput_vs_wal2json`
 //!
 //! The goal: `pipeline_discard_3_sinks` within 1.3x of `bare_parse/sonic_rs_value`. Every row
 //! runs on mimalloc, the pipeline example's allocator.
@@ -162,6 +166,31 @@ fn decode(c: &mut Criterion) {
         read_all(&lines).into_iter().filter(|b| b.changes > 0 || !b.envelopes.is_empty()).collect();
     assert_eq!(ours, theirs, "both captures give the same batches");
     let changes: u64 = ours.iter().map(|b| b.changes).sum();
+    if let Some(rounds) = std::env::var_os("DECODE_CPU") {
+        let rounds: usize = rounds.to_str().and_then(|r| r.parse().ok()).expect("DECODE_CPU=ROUNDS");
+        let mut ratios = Vec::new();
+        for round in 0..rounds.max(1) {
+            let reader = cpu_ms(&|| {
+                black_box(read_all(&lines));
+            });
+            let decoder = cpu_ms(&|| {
+                black_box(decode_all(&messages));
+            });
+            println!(
+                "round {round}: thread CPU per pass over {changes} changes: wal2json reader {reader:.2} ms, \
+                 pgoutput decoder {decoder:.2} ms: the decoder {:.3}x the reader's changes/s",
+                reader / decoder
+            );
+            ratios.push(reader / decoder);
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "median over {} rounds: the pgoutput decoder {:.3}x the wal2json reader's changes/s (thread CPU)",
+            ratios.len(),
+            ratios[ratios.len() / 2]
+        );
+        return;
+    }
     let mut group = c.benchmark_group("pgoutput_vs_wal2json");
     group.sample_size(10).throughput(Throughput::Elements(changes));
     group.bench_function("wal2json_reader", |b| b.iter(|| black_box(read_all(&lines))));
