@@ -111,7 +111,7 @@ const LONG_ABOUT: &str = concat!(
     "\n",
     "Live mode: --source postgres://... streams the logical replication slot --slot (pgoutput plugin, ",
     "publication --publication) instead of --input and confirms it only up to the watermark. --create-slot ",
-    "creates the slot for a new pipeline, and the publication FOR ALL TABLES if it is missing, for a ",
+    "creates the slot (and the publication, FOR ALL TABLES, if it is missing) for a ",
     "new pipeline (empty --out); a slot created after the sinks' checkpoints (one that was dropped) is ",
     "refused, since what was committed in between is in no slot: such sinks need a backfill. Its ",
     "sinks are durable: they fsync the output and a checkpoint before acking and, after a restart, ",
