@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One transaction of 1,000,000 changes (ROWS) through the live source, on a throwaway PostgreSQL
-# 15 + wal2json (scripts/pg-common.sh): `INSERT ... SELECT generate_series(1, ROWS)` in one
+# 15 (scripts/pg-common.sh), streamed from a pgoutput slot: `INSERT ... SELECT generate_series(1, ROWS)` in one
 # transaction, then the pipeline in live mode (durable NDJSON sinks, the default
 # --max-batch-changes 10000 and --capacity 1024, or CAPACITY) to the end of the WAL under
 # /usr/bin/time -v. Checks: the run PASSes; it published ROWS changes in ROWS/10000 batches (only
 # the last positioned); every sink's output holds every row exactly once with its exact document,
-# at the commit LSN; the slot is confirmed at the final watermark. Reports the peak RSS.
+# at the commit LSN; the slot is confirmed at the final watermark (or past it, where nothing of ours
+# was committed: the idle advance). Reports the peak RSS.
 #
 # Usage: scripts/e2e-million.sh   (or scripts/e2e-postgres.sh --million). Not run by CI: about
 # a minute and 300 MB of sink output. Env: ROWS (1000000), CAPACITY (lane capacity, 1024).
@@ -34,7 +35,8 @@ out=$PG_TMP/out
 mkdir -p "$out"
 pg_psql >/dev/null <<'SQL'
 CREATE TABLE million (id int PRIMARY KEY, v text);
-SELECT 1 FROM pg_create_logical_replication_slot('lanestream', 'wal2json');
+CREATE PUBLICATION lanestream FOR ALL TABLES;
+SELECT 1 FROM pg_create_logical_replication_slot('lanestream', 'pgoutput');
 SQL
 SECONDS=0
 pg_psql -c "INSERT INTO million SELECT g, 'v' || g FROM generate_series(1, $rows) g"
@@ -63,7 +65,8 @@ check(summary["changes_published"] == rows, f"{summary['changes_published']} cha
 check(summary["chunks_published"] == chunks, f"{summary['chunks_published']} unpositioned chunks before the positioned batch (wanted {chunks})")
 # The insert's transaction, and maybe an empty one after it (the server's own).
 check(1 <= summary["transactions_published"] <= 3, f"{summary['transactions_published']} transaction(s)")
-check(confirmed == summary["final_watermark_lsn"], f"slot confirmed at {confirmed} == the final watermark {summary['final_watermark_lsn']}")
+lsn = lambda t: int(t.split("/")[0], 16) << 32 | int(t.split("/")[1], 16)
+check(lsn(confirmed) >= lsn(summary["final_watermark_lsn"]), f"slot confirmed at {confirmed} >= the final watermark {summary['final_watermark_lsn']} (the pipeline's own summary checks it is past it only when idle)")
 for sink in summary["per_sink"]:
     seen = bytearray(rows + 1)
     lines, position = 0, None

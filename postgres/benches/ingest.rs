@@ -11,6 +11,17 @@
 //!   bytes, every batch published to three lanes (capacity 1024) whose sink threads receive,
 //!   count and ack (the stream built and the threads started in each iteration).
 //!
+//! A second group, `pgoutput_vs_wal2json`, decodes one run of the workload of
+//! `scripts/pg-common.sh` captured from one server through both plugins
+//! (`benches/data/workload.*.gz`, `scripts/capture-pgoutput.sh --workload`), as changes per
+//! second: `pgoutput_decoder` ([`PgOutputDecoder::decode`] over the messages) against
+//! `wal2json_reader` (the reader over the lines), both building the same batches (checked before
+//! measuring), chunks of 10,000 changes. The goal: the decoder at least 1.5x the reader.
+//! `DECODE_CPU=ROUNDS` measures the two by thread CPU time instead (as `INGEST_CPU` below), in
+//! ROUNDS rounds, and prints each round's ratio and their median:
+//!
+//! `DECODE_CPU=5 cargo bench -p lanestream-postgres --bench ingest -- pgoutput_vs_wal2json`
+//!
 //! The goal: `pipeline_discard_3_sinks` within 1.3x of `bare_parse/sonic_rs_value`. Every row
 //! runs on mimalloc, the pipeline example's allocator.
 //!
@@ -32,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lanestream::{LaneItem, MemoryStream, Stream};
+use lanestream_postgres::pgoutput::PgOutputDecoder;
 use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonReader};
 
 // The pipeline example's allocator, so that the pipeline row measures what the example runs.
@@ -102,6 +114,86 @@ fn pipeline(bytes: &[u8], sinks: usize) -> u64 {
     }
     fanout.close();
     threads.into_iter().map(|t| t.join().expect("sink thread")).sum()
+}
+
+fn gunzip(name: &str) -> Vec<u8> {
+    let path = format!("{}/benches/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(file).read_to_end(&mut bytes).expect("gunzip");
+    bytes
+}
+
+/// The pgoutput capture's messages (each a 4-byte big-endian length, then its bytes).
+fn messages(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while let [a, b, c, d, tail @ ..] = rest {
+        let (m, tail) = tail.split_at(u32::from_be_bytes([*a, *b, *c, *d]) as usize);
+        out.push(m);
+        rest = tail;
+    }
+    out
+}
+
+fn decode_all(messages: &[&[u8]]) -> Vec<lanestream::Batch> {
+    let mut d = PgOutputDecoder::new(TransactionBuilder::new().with_max_batch_changes(Some(10_000)));
+    messages.iter().filter_map(|m| d.decode(m).expect("the capture decodes")).collect()
+}
+
+fn read_all(lines: &[&[u8]]) -> Vec<lanestream::Batch> {
+    let mut b = TransactionBuilder::new().with_max_batch_changes(Some(10_000));
+    lines
+        .iter()
+        .enumerate()
+        .filter_map(|(n, l)| b.push_line(n as u64 + 1, l).expect("the capture reads"))
+        .collect()
+}
+
+/// pgoutput decode against the wal2json reader on the same changes (see the module docs).
+fn decode(c: &mut Criterion) {
+    if std::env::var_os("INGEST_CPU").is_some() {
+        return;
+    }
+    let (pg, wj) = (gunzip("workload.pgoutput.gz"), gunzip("workload.wal2json.jsonl.gz"));
+    let messages = messages(&pg);
+    let lines: Vec<&[u8]> = Capture::lines(&wj).collect();
+    // Like for like: the same batches (wal2json also sends the empty, DDL-only transactions).
+    let ours = decode_all(&messages);
+    let theirs: Vec<_> =
+        read_all(&lines).into_iter().filter(|b| b.changes > 0 || !b.envelopes.is_empty()).collect();
+    assert_eq!(ours, theirs, "both captures give the same batches");
+    let changes: u64 = ours.iter().map(|b| b.changes).sum();
+    if let Some(rounds) = std::env::var_os("DECODE_CPU") {
+        let rounds: usize = rounds.to_str().and_then(|r| r.parse().ok()).expect("DECODE_CPU=ROUNDS");
+        let mut ratios = Vec::new();
+        for round in 0..rounds.max(1) {
+            let reader = cpu_ms(&|| {
+                black_box(read_all(&lines));
+            });
+            let decoder = cpu_ms(&|| {
+                black_box(decode_all(&messages));
+            });
+            println!(
+                "round {round}: thread CPU per pass over {changes} changes: wal2json reader {reader:.2} ms, \
+                 pgoutput decoder {decoder:.2} ms: the decoder {:.3}x the reader's changes/s",
+                reader / decoder
+            );
+            ratios.push(reader / decoder);
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "median over {} rounds: the pgoutput decoder {:.3}x the wal2json reader's changes/s (thread CPU)",
+            ratios.len(),
+            ratios[ratios.len() / 2]
+        );
+        return;
+    }
+    let mut group = c.benchmark_group("pgoutput_vs_wal2json");
+    group.sample_size(10).throughput(Throughput::Elements(changes));
+    group.bench_function("wal2json_reader", |b| b.iter(|| black_box(read_all(&lines))));
+    group.bench_function("pgoutput_decoder", |b| b.iter(|| black_box(decode_all(&messages))));
+    group.finish();
 }
 
 fn ingest(c: &mut Criterion) {
@@ -230,5 +322,5 @@ fn cpu_time_ratios(capture: &Capture, lines: &[&[u8]], rounds: usize) {
     );
 }
 
-criterion_group!(benches, ingest);
+criterion_group!(benches, ingest, decode);
 criterion_main!(benches);

@@ -19,9 +19,11 @@
 //! **Live mode** (`--source postgres://... --slot NAME [--create-slot]`, `--create-slot` for the
 //! first run of a new pipeline only: a slot created after the sinks' checkpoints is refused as a
 //! gap, see [`LiveSource::check_resume`]): the ingest reads the
-//! logical replication slot through [`lanestream_postgres::live`] instead of a file, and confirms
-//! it up to the stream's watermark, never more, after each poll, while a full lane keeps it
-//! waiting, while idle and at shutdown (SIGTERM/SIGINT, or `--end-lsn`). Its sinks are durable
+//! logical replication slot (pgoutput, `--publication`) through [`lanestream_postgres::live`]
+//! (streaming replication) instead of a file, and confirms it up to the stream's watermark, never
+//! more, after each batch, while a full lane keeps it waiting, while idle and at shutdown
+//! (SIGTERM/SIGINT, or `--end-lsn`). `--create-slot` also creates the publication, `FOR ALL
+//! TABLES`, when it is missing. Its sinks are durable
 //! ([`lanestream_postgres::ndjson::DurableNdjson`]): before acking they fsync `<sink>.ndjson` and
 //! atomically replace `<sink>.checkpoint` (last applied commit LSN, output length, and the
 //! progress inside a transaction still in chunks); at start they cut the output back to the
@@ -62,8 +64,9 @@ use lanestream::{
     AckError, AckHandle, Batch, Envelope, Fanout, IndexName, Lane, LaneItem, MemoryStream, Op, Position,
     PublishError, PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
 };
-use lanestream_postgres::live::{Confirmer, LiveConfig, LiveError, LiveSource};
+use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
 use lanestream_postgres::ndjson::{write_line, Checkpoint, DurableNdjson};
+use lanestream_postgres::pgoutput::PgOutputDecoder;
 use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -106,8 +109,9 @@ const LONG_ABOUT: &str = concat!(
     "JSON with --summary-json) whose last line is `PASS: <reason>` or `FAIL: <reason>`, and exits ",
     "0 on PASS, non-zero on FAIL (a check failed, or the input or a sink had an error).\n",
     "\n",
-    "Live mode: --source postgres://... reads the logical replication slot --slot (wal2json plugin) ",
-    "instead of --input and confirms it only up to the watermark. --create-slot creates the slot for a ",
+    "Live mode: --source postgres://... streams the logical replication slot --slot (pgoutput plugin, ",
+    "publication --publication) instead of --input and confirms it only up to the watermark. --create-slot ",
+    "creates the slot (and the publication, FOR ALL TABLES, if it is missing) for a ",
     "new pipeline (empty --out); a slot created after the sinks' checkpoints (one that was dropped) is ",
     "refused, since what was committed in between is in no slot: such sinks need a backfill. Its ",
     "sinks are durable: they fsync the output and a checkpoint before acking and, after a restart, ",
@@ -126,7 +130,7 @@ struct Args {
     /// wal2json v2 input: a file (gzip is detected), or `-` for stdin.
     #[arg(long, default_value_os_t = default_input(), conflicts_with = "source")]
     input: PathBuf,
-    /// Live mode: read the logical replication slot --slot (wal2json plugin) of this server
+    /// Live mode: stream the logical replication slot --slot (pgoutput plugin) of this server
     /// (`postgres://user:password@host:port/db`, or a libpq key=value string) instead of --input,
     /// and confirm it up to the watermark; runs until SIGTERM/SIGINT or --end-lsn. The sinks
     /// (with --out) are durable: fsync and checkpoint before acking, resume after a restart.
@@ -135,7 +139,8 @@ struct Args {
     /// The logical replication slot of --source.
     #[arg(long, default_value = "lanestream")]
     slot: String,
-    /// Create --slot (with the wal2json plugin) if it does not exist: for a new pipeline, whose
+    /// Create --slot (with the pgoutput plugin) if it does not exist, and before it
+    /// --publication (FOR ALL TABLES) if that does not exist: for a new pipeline, whose
     /// sinks (--out) have no checkpoints. A slot created after the sinks' checkpoints (one that
     /// was dropped) is refused and dropped again: what was committed in between is in no slot,
     /// and the sinks need a backfill.
@@ -145,9 +150,21 @@ struct Args {
     /// published and acked.
     #[arg(long, value_name = "LSN", requires = "source")]
     end_lsn: Option<String>,
-    /// Live mode: how long to wait between two peeks of the slot when the last brought nothing.
+    /// Live mode: the publication naming the tables to stream.
+    #[arg(long, default_value = "lanestream", requires = "source")]
+    publication: String,
+    /// Live mode: how long one wait for the stream lasts before the ingest confirms again and
+    /// checks for a stop.
     #[arg(long, default_value_t = 100)]
     poll_interval_ms: u64,
+    /// Live mode: how often standby status updates carry the confirmed position to the server
+    /// (at most this long after the watermark moves, and at least this often).
+    #[arg(long, default_value_t = 1000, requires = "source")]
+    status_interval_ms: u64,
+    /// Live mode: write a heartbeat (`pg_logical_emit_message`) this often, so that the slot
+    /// follows the server's WAL even while nothing of this database changes.
+    #[arg(long, value_name = "SECS", requires = "source")]
+    heartbeat_secs: Option<u64>,
     /// Live mode: how long to wait for a slot that another client holds before giving up.
     #[arg(long, default_value_t = 30)]
     slot_wait_secs: u64,
@@ -716,45 +733,24 @@ impl Ingest {
         Ok(())
     }
 
-    /// The live source: peek the slot, publish, confirm the watermark; until SIGTERM/SIGINT or,
-    /// with --end-lsn, until everything committed before it was published.
+    /// The live source: stream the slot, publish, confirm the watermark; until SIGTERM/SIGINT
+    /// or, with --end-lsn, until everything committed before it was published.
     fn ingest_live(
         &mut self,
         source: &mut LiveSource,
         args: &Args,
         counters: &Counters,
     ) -> Result<(), BoxError> {
-        let mut builder = Self::builder(args)?.with_key_lookup(source.key_lookup());
+        let mut decoder = PgOutputDecoder::new(Self::builder(args)?.with_key_lookup(source.key_lookup()));
         let end = args.end_lsn.as_deref().map(Position::from_lsn).transpose()?;
-        let interval = Duration::from_millis(args.poll_interval_ms);
-        let mut line_no = 0u64;
+        let wait = Duration::from_millis(args.poll_interval_ms.max(1));
+        source.start()?;
         while !self.stop.load(Ordering::Relaxed) {
             source.confirm(self.stream.watermark())?;
-            let outcome = source.poll(|line, confirmer| -> Result<(), BoxError> {
-                line_no += 1;
-                match builder.push_line(line_no, line) {
-                    Ok(None) => Ok(()), // not a batch yet (a B or a change line)
-                    Ok(Some(batch)) => self.handle(Ok(batch), args, counters, Some(confirmer)),
-                    Err(e) => self.handle(Err(e), args, counters, Some(confirmer)),
-                }
-            })?;
-            // A peek returns whole transactions (PostgreSQL checks its row limit after a commit):
-            // one left open would be marked handed over and skipped by the next peek, so it is
-            // an error, never dropped.
-            builder
-                .finish(line_no)
-                .map_err(|e| format!("the live source's peek ended inside a transaction: {e}"))?;
-            let done = end.is_some_and(|end| outcome.caught_up && outcome.flushed.is_some_and(|f| f >= end));
-            if done {
-                break;
-            }
-            if outcome.lines == 0 {
-                // Idle: keep confirming while waiting for the next poll.
-                let until = Instant::now() + interval;
-                while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
-                    thread::sleep(Duration::from_millis(20).min(interval));
-                    source.confirm(self.stream.watermark())?;
-                }
+            match source.next(&mut decoder, wait)? {
+                Some(batch) => self.handle(Ok(batch), args, counters, Some(&mut *source))?,
+                None if end.is_some_and(|end| source.decoded().is_some_and(|d| d >= end)) => break,
+                None => {}
             }
         }
         Ok(())
@@ -767,7 +763,7 @@ impl Ingest {
         next: Result<Batch, Wal2JsonError>,
         args: &Args,
         counters: &Counters,
-        confirmer: Option<&mut Confirmer<'_>>,
+        confirmer: Option<&mut LiveSource>,
     ) -> Result<(), BoxError> {
         let batch = match next {
             Ok(batch) => batch,
@@ -819,11 +815,7 @@ impl Ingest {
 
     /// Publishes to every lane, confirming the watermark to the slot every 100 ms while a full
     /// lane keeps it waiting (so the slow sinks' progress reaches PostgreSQL meanwhile).
-    fn publish_confirming(
-        &mut self,
-        mut item: LaneItem,
-        confirmer: &mut Confirmer<'_>,
-    ) -> Result<(), BoxError> {
+    fn publish_confirming(&mut self, mut item: LaneItem, confirmer: &mut LiveSource) -> Result<(), BoxError> {
         loop {
             match self.fanout.publish_timeout(item, Duration::from_millis(100)) {
                 Ok(()) => return Ok(()),
@@ -1204,6 +1196,9 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             let mut config = LiveConfig::new(url.clone(), args.slot.clone());
             config.create_slot = args.create_slot && checkpoints.is_empty();
             config.slot_wait = Duration::from_secs(args.slot_wait_secs);
+            config.publication = args.publication.clone();
+            config.heartbeat = args.heartbeat_secs.map(Duration::from_secs);
+            config.status_interval = Duration::from_millis(args.status_interval_ms.max(1));
             let mut source = LiveSource::connect(config).map_err(|e| -> BoxError {
                 match e {
                     LiveError::NoSlot(slot) if !checkpoints.is_empty() => format!(
@@ -1333,9 +1328,13 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         .collect::<Result<_, _>>()?;
     // The live source's last confirm: up to the final watermark, never more.
     let mut slot_confirmed = None;
+    let mut live_metrics = None;
     if let Some(source) = ingest.source.as_mut() {
         match source.confirm(stream.watermark()).and_then(|_| source.read_confirmed()) {
-            Ok(c) => slot_confirmed = c,
+            Ok(c) => {
+                slot_confirmed = c;
+                live_metrics = source.metrics().ok();
+            }
             Err(e) => {
                 if ingest.error.is_none() {
                     ingest.error = Some(format!("final confirm: {e}"));
@@ -1465,6 +1464,9 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             None => args.input.display().to_string(),
         },
         slot_confirmed_lsn: lsn(slot_confirmed),
+        slot_lag_bytes: live_metrics.and_then(|m| m.slot_lag_bytes),
+        reconnects: live_metrics.map(|m| m.reconnects),
+        heartbeats: live_metrics.map(|m| m.heartbeats),
         output_dir: (!args.discard).then(|| args.out.display().to_string()),
         sink_count: args.sinks,
         discard: args.discard,
@@ -1543,6 +1545,13 @@ struct Summary {
     /// Live mode: the slot's `confirmed_flush_lsn` after the final confirm (never past the
     /// final watermark).
     slot_confirmed_lsn: Option<String>,
+    /// Live mode: `pg_current_wal_lsn() - confirmed_flush_lsn` of the slot after the final
+    /// confirm, in bytes (the WAL the server still keeps for it).
+    slot_lag_bytes: Option<u64>,
+    /// Live mode: how many times the replication stream was opened again after it broke.
+    reconnects: Option<u64>,
+    /// Live mode: heartbeat messages written (`--heartbeat-secs`).
+    heartbeats: Option<u64>,
     /// The directory of the sinks' `<sink>.ndjson` files; `null` with `--discard`.
     output_dir: Option<String>,
     sink_count: u16,
@@ -1758,7 +1767,14 @@ impl std::fmt::Display for Summary {
             yes_no(s.stream_idle),
         )?;
         if s.slot_confirmed_lsn.is_some() {
-            writeln!(f, "slot confirmed at LSN {}", lsn_text(&s.slot_confirmed_lsn))?;
+            writeln!(
+                f,
+                "slot confirmed at LSN {}, slot lag {} bytes, {} reconnects, {} heartbeats",
+                lsn_text(&s.slot_confirmed_lsn),
+                s.slot_lag_bytes.map_or_else(|| "-".to_owned(), |l| l.to_string()),
+                s.reconnects.unwrap_or(0),
+                s.heartbeats.unwrap_or(0),
+            )?;
         }
         writeln!(
             f,

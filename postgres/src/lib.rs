@@ -7,20 +7,26 @@
 //!   builds one [`lanestream::Batch`] per committed transaction (large ones in chunks),
 //!   positioned at its commit LSN. Changes to a partitioned table arrive under each partition's
 //!   name (see [`wal2json`], *Partitioned tables*).
-//! - [`live`]: the live source: a logical replication slot with the wal2json plugin, read by SQL
-//!   polling and confirmed only up to the stream's watermark (or, when every lane has acked
-//!   everything, up to where it decoded, so an idle slot follows the server's WAL).
+//! - [`pgoutput`]: decodes PostgreSQL's built-in pgoutput plugin (protocol version 1) into the
+//!   same batches, through the same builder as the wal2json reader (the tests check both on
+//!   captures of one server).
+//! - [`live`]: the live source: a logical replication slot of the built-in pgoutput plugin,
+//!   streamed with `START_REPLICATION` (through the `pgwire-replication` client, on a Tokio
+//!   runtime inside this crate) and confirmed by standby status updates only up to the stream's
+//!   watermark (or, when every lane has acked everything, up to where the server says it has
+//!   sent, so an idle slot follows the server's WAL); it reconnects after a server restart.
 //! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
 //!   back on restart, chunks of large transactions resumed by offset), one writer per output.
 //!
 //! The `pipeline` example (`cargo run --release -p lanestream-postgres --example pipeline`) runs
 //! the bundled real capture through a [`lanestream::MemoryStream`] into sink threads and checks
 //! that every sink received every change; with `--source postgres://...` it runs on the live
-//! source, with durable sinks that fsync and checkpoint before acking.
+//! source (pgoutput, `--publication`), with durable sinks that fsync and checkpoint before acking.
 #![warn(missing_docs)]
 #![deny(missing_debug_implementations)]
 #![forbid(unsafe_code)]
 
 pub mod live;
 pub mod ndjson;
+pub mod pgoutput;
 pub mod wal2json;

@@ -1,48 +1,67 @@
-//! The live source: a logical replication slot with the wal2json plugin, read over SQL, confirmed
-//! only up to what every sink has applied.
+//! The live source: a logical replication slot of the built-in **pgoutput** plugin, streamed
+//! with `START_REPLICATION` and confirmed by standby status updates only up to what every sink
+//! has applied.
 //!
-//! [`LiveSource::connect`] connects with the [`postgres`] crate (a synchronous client), checks the
-//! server (`wal_level = logical`), creates the slot with the `wal2json` plugin if asked to (or
-//! reuses it, refusing a slot of another plugin), and takes it for this process: an advisory lock
-//! keyed by the slot name keeps a second lanestream source off it, and a slot that another client
-//! streams (`pg_replication_slots.active_pid`, e.g. a `pg_recvlogical`) is waited for, then refused.
+//! [`LiveSource::connect`] checks the server on an ordinary connection (the [`postgres`] crate):
+//! `wal_level = logical`, the `REPLICATION` role attribute, the publication
+//! ([`LiveConfig::publication`]); with [`LiveConfig::create_slot`] it creates the publication
+//! **`FOR ALL TABLES`** if it is missing (publish fewer tables by creating it yourself first),
+//! then the slot with the `pgoutput` plugin (in this order: a slot decodes its changes with the
+//! publications that existed when they were written). It refuses a slot of another plugin, and
+//! takes the slot for this process: an advisory lock keyed by the slot name keeps a second
+//! lanestream source off it, and a slot that another client streams (`active_pid`) is waited
+//! for, then refused. [`LiveSource::start`] opens the stream.
 //!
-//! # How it reads and confirms
-//! [`poll`](LiveSource::poll) calls `pg_logical_slot_peek_changes` (format-version 2, with
-//! `include-lsn`, `include-xids`, `include-timestamp` and `include-pk`) and hands each row — one
-//! wal2json line — to the caller as it arrives. Peeking confirms nothing: the slot's
-//! `confirmed_flush_lsn` moves only when [`confirm`](LiveSource::confirm) calls
-//! `pg_replication_slot_advance`, and the caller passes the stream's watermark there, so the slot
-//! is never confirmed past what every sink has acked. PostgreSQL re-sends, on the next peek or
-//! after a restart, every transaction whose commit LSN is at or after the confirmed position: the
-//! transaction *at* the watermark comes again (at least once), and
-//! [`poll`](LiveSource::poll) skips, within one run, the transactions it already handed over (by
-//! the `B` line's `lsn`, the commit LSN), so only a restart shows it again — which the sinks'
-//! checkpoints absorb.
+//! # Which client, and why
+//! The stream runs on [`pgwire_replication`] (0.5), a Tokio client of the replication protocol
+//! that hands over each `XLogData` payload as the server sent it (and Begin / Commit / logical
+//! messages as parsed events), which the [`PgOutputDecoder`] reads into the batch builder. It
+//! keeps replying to the server's keepalives while its consumer is busy, and the flush position
+//! of its standby status updates is only ever what we gave it (`update_applied_lsn`, starting at
+//! `ack_lsn`). `pg_walstream` 0.10 decodes pgoutput into its own event types (we would decode
+//! twice, or not through our builder), and its connection needs libpq or a TLS stack built from
+//! C (aws-lc). The runtime is a Tokio runtime of one worker thread owned by the source; the
+//! core crate stays runtime-free.
 //!
-//! Each peek decodes from the confirmed position again, so its cost grows with what is published
-//! but not yet confirmed (bounded by the lanes' capacity); a peek returns whole transactions, at
-//! least `max_rows` rows when there are that many (doubled when a peek brings nothing new, so a
-//! backlog of unconfirmed transactions never stalls it). The server materialises a peek's rows
-//! (spilling to disk past `work_mem`) before sending them; this client reads them one at a time,
-//! so its memory stays bounded by the lanes.
+//! # How it confirms
+//! [`confirm`](LiveSource::confirm) gets the stream's watermark and hands it to the client,
+//! which sends it as the flush (and write, and apply) position of a standby status update within
+//! [`LiveConfig::status_interval`] when it moves, and at least that often otherwise; the slot's
+//! `confirmed_flush_lsn` follows. It is never more than the watermark, with one exception that
+//! holds nothing back: when every transaction handed over is acked (the stream is idle up to
+//! there) and the server said, in a keepalive, a Commit or a non-transactional logical message
+//! outside any transaction, how far it has sent (every transaction committed before that
+//! position was handed over), the source confirms that position, so an idle slot follows the
+//! server's WAL (written by other databases, say) and does not retain it. A transaction still in
+//! progress at that position is not skipped: PostgreSQL sends every transaction whose commit is
+//! at or after the confirmed position. [`read_confirmed`](LiveSource::read_confirmed) waits for
+//! the last position given to reach the server, then reads the slot, so a caller that confirms
+//! the final watermark at shutdown and reads it back knows it was sent.
 //!
-//! # How an idle slot keeps moving
-//! A slot pins the WAL from its `restart_lsn` on, and the WAL of *every* database of the server
-//! counts: a quiet database next to a busy one decodes nothing (no commit of ours, so no
-//! watermark to confirm), and with `max_slot_wal_keep_size` set the server would invalidate the
-//! slot. So [`poll`](LiveSource::poll) remembers, when a peek came to the end of the WAL
-//! ([`PollOutcome::caught_up`]), the WAL flush position read just before it
-//! ([`PollOutcome::flushed`]): every transaction that committed before it has been handed over.
-//! Once the position given to [`confirm`](LiveSource::confirm) covers the last transaction
-//! handed over (every lane acked it: the stream is idle up to there), nothing before that flush
-//! position is pending, and `confirm` advances the slot to it, past WAL that held nothing for us.
-//! A transaction still in progress at that position is not skipped: PostgreSQL re-sends every
-//! transaction whose commit comes at or after the confirmed position, and keeps the WAL of its
-//! start (the slot's `restart_lsn` follows the decoded `xl_running_xacts` records, which the
-//! server logs at checkpoints and every 15 s while WAL is written). So the confirmed position is
-//! either the watermark (a commit LSN: that transaction comes again after a restart) or, when
-//! idle, a WAL position past the last commit handed over (nothing comes again).
+//! PostgreSQL re-sends, after a reconnect or a restart, every transaction whose commit LSN is at
+//! or after the confirmed position: the transaction *at* the watermark comes again (at least
+//! once). Within one run the decoder skips the transactions already handed over
+//! ([`PgOutputDecoder::resume_after`]); after a restart the sinks' checkpoints absorb it.
+//!
+//! # Heartbeats
+//! With [`LiveConfig::heartbeat`], the source writes `pg_logical_emit_message(false,
+//! 'lanestream_heartbeat', '')` every so often on its second connection: WAL of this database
+//! that the stream decodes and sends, so the idle advance above moves the slot even when the
+//! server writes nothing else (a database where nothing happens is the slot's only source of
+//! feedback positions otherwise).
+//!
+//! # Reconnecting
+//! When the stream ends abnormally (the server restarted or crashed, the network dropped it),
+//! the source tells why on its second connection (reconnected within
+//! [`LiveConfig::retry_budget`]): a slot that no longer exists is [`LiveError::SlotDropped`]; a
+//! connection ended by `pg_terminate_backend` (SQLSTATE 57P01 while the server kept running: its
+//! `pg_postmaster_start_time()` did not change) is [`LiveError::TerminatedByAdmin`] (lanestream
+//! does not reconnect against an administrator's will); otherwise it opens the stream again from
+//! the slot's confirmed position, with backoff, within the budget, or returns
+//! [`LiveError::ServerGone`]. A transaction open when the stream broke is discarded (it comes
+//! again whole), unless chunks of it were already returned: then
+//! [`LiveError::LostInsideChunkedTransaction`] (the lanes hold its first chunks; a restart of the
+//! pipeline resumes the sinks by chunk offset).
 //!
 //! # A slot created over sinks that are behind it
 //! A slot created now decodes only transactions that commit after its *consistent point*
@@ -53,84 +72,78 @@
 //! too, rather than carrying on over the gap). Such sinks need a backfill.
 //!
 //! # Keys of the catalog
-//! [`key_lookup`](LiveSource::key_lookup) reads a table's replica identity from the catalog on
-//! the second connection, reconnecting it when it is lost (a terminated backend, a restarted
-//! server) and retrying within [`SIDE_RETRY_BUDGET`]; a look-up that still fails is an error
-//! ([`LiveError::Side`]), which the reader turns into an error of the change's transaction, never
-//! into "no key". The reader asks again whenever a table's shape changes (its columns or its
-//! primary key), and prefers the key each change carries (`pk`) to the catalog's primary key, so
-//! keys follow the stream across `ALTER TABLE` (see [`crate::wal2json`], *Ids*).
-//!
-//! # Why SQL polling rather than streaming replication
-//! The standard (`START_REPLICATION` in CopyBoth mode with standby status updates) needs a client
-//! that speaks CopyBoth; no released version of the well-kept Rust clients does (rust-postgres
-//! has had it as open pull requests for years; Materialize keeps a fork). SQL polling needs only
-//! the released `postgres` crate, and it makes the one promise easy to keep and to check: the
-//! only statement that moves `confirmed_flush_lsn` is our `pg_replication_slot_advance` with the
-//! watermark, where a streaming client must take care that its status updates never report more
-//! (`pg_recvlogical` reports what it has written, which is how the loss this source fixes
-//! happened). The price: latency of one poll interval, re-decoding the unconfirmed window on
-//! each peek, and a transaction materialised on the server before its first row comes.
+//! pgoutput's Relation messages give each relation's replica identity columns, so ids need no
+//! catalog look-up, except under `REPLICA IDENTITY FULL` (every column is flagged there; the
+//! primary key comes from the catalog). [`key_lookup`](LiveSource::key_lookup) reads it on the
+//! second connection, reconnecting it when it is lost and retrying within
+//! [`SIDE_RETRY_BUDGET`]; a look-up that still fails is an error ([`LiveError::Side`]), which
+//! the builder turns into an error of the change's transaction, never into "no key".
 //!
 //! # Errors
 //! Every misconfiguration a user hits first has its own [`LiveError`] with what to do: a wrong
-//! password, `wal_level` not `logical`, the wal2json plugin not installed, the slot missing (and
-//! creating it not asked for), the slot of another plugin, the slot held by another client, a
-//! slot created after the sinks' checkpoints ([`LiveError::SlotGap`]). Any other server error
-//! ([`LiveError::Db`]) shows the server's message, SQLSTATE, detail and hint (an invalidated
-//! slot, for one: SQLSTATE 55000, "This slot has been invalidated because it exceeded the
-//! maximum reserved size").
+//! password, `wal_level` not `logical`, a user without `REPLICATION`, the publication missing or
+//! publishing no table, the slot missing (and creating it not asked for), a slot of another
+//! plugin, a slot held by another client, a slot created after the sinks' checkpoints, a slot
+//! dropped while running, the connection terminated by an administrator, a server that does not
+//! come back within the retry budget. Any other server error ([`LiveError::Db`],
+//! [`LiveError::Replication`]) shows the server's message and SQLSTATE.
 
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use lanestream::{Batch, Position};
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use postgres::error::SqlState;
-use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 
-use lanestream::Position;
-
+use crate::pgoutput::{PgOutputDecoder, PgOutputError};
 use crate::wal2json::{CatalogKey, KeyLookup};
 
-/// How long the second connection (confirms, catalog look-ups) is reconnected and its statement
-/// retried after the connection was lost, before the error is returned.
+/// How long the second connection (checks, catalog look-ups, heartbeats) is reconnected and its
+/// statement retried after the connection was lost, before the error is returned.
 pub const SIDE_RETRY_BUDGET: Duration = Duration::from_secs(10);
 
-/// The wal2json options of every peek (the same as `pg_recvlogical -o ...` in the scripts).
-pub const WAL2JSON_OPTIONS: [(&str, &str); 5] = [
-    ("format-version", "2"),
-    ("include-lsn", "true"),
-    ("include-xids", "true"),
-    ("include-timestamp", "true"),
-    ("include-pk", "true"),
-];
+/// The prefix of the heartbeat messages ([`LiveConfig::heartbeat`]).
+pub const HEARTBEAT_PREFIX: &str = "lanestream_heartbeat";
 
 /// How to reach the slot.
 #[derive(Clone, Debug)]
 pub struct LiveConfig {
-    /// A libpq-style connection string or URL (`postgres://user:password@host:port/db`).
+    /// A libpq-style connection string or URL (`postgres://user:password@host:port/db`; a
+    /// `host` starting with `/` is a unix socket directory).
     pub url: String,
-    /// The logical replication slot.
+    /// The logical replication slot (plugin `pgoutput`).
     pub slot: String,
-    /// Create the slot (with the wal2json plugin) if it does not exist.
+    /// The publication naming the tables to stream.
+    pub publication: String,
+    /// Create the slot (with the pgoutput plugin) if it does not exist, and before it the
+    /// publication, `FOR ALL TABLES`, if that does not exist.
     pub create_slot: bool,
-    /// Rows asked of one peek (whole transactions: a peek may return more).
-    pub max_rows: u32,
     /// How long to wait for a slot that another client holds before giving up.
     pub slot_wait: Duration,
+    /// How often standby status updates go to the server (at most this long after the
+    /// confirmed position moves, and at least this often).
+    pub status_interval: Duration,
+    /// Write a heartbeat message (see the module docs) this often; `None`: none.
+    pub heartbeat: Option<Duration>,
+    /// How long to try to get the stream back after it broke (a server restart), with backoff.
+    pub retry_budget: Duration,
 }
 
 impl LiveConfig {
-    /// A configuration with the defaults: no slot creation, 10,000 rows a peek, 30 s of
-    /// waiting for a busy slot.
+    /// A configuration with the defaults: publication `lanestream`, no slot creation, 30 s of
+    /// waiting for a busy slot, status updates every second, no heartbeat, 60 s of retries.
     pub fn new(url: impl Into<String>, slot: impl Into<String>) -> Self {
         LiveConfig {
             url: url.into(),
             slot: slot.into(),
+            publication: "lanestream".into(),
             create_slot: false,
-            max_rows: 10_000,
             slot_wait: Duration::from_secs(30),
+            status_interval: Duration::from_secs(1),
+            heartbeat: None,
+            retry_budget: Duration::from_secs(60),
         }
     }
 }
@@ -140,7 +153,7 @@ impl LiveConfig {
 #[non_exhaustive]
 pub enum LiveError {
     /// The server refused the user's password (or the user).
-    #[error("PostgreSQL refused the login: {0} (check the user and password in the connection string, or PGPASSWORD)")]
+    #[error("PostgreSQL refused the login: {0} (check the user and password in the connection string)")]
     Auth(String),
     /// The server cannot be reached or the connection string is bad.
     #[error("cannot connect to PostgreSQL: {0}")]
@@ -148,14 +161,18 @@ pub enum LiveError {
     /// `wal_level` is not `logical`.
     #[error("the server's wal_level is {0:?}, logical decoding needs wal_level = logical (set it in postgresql.conf and restart the server)")]
     WalLevel(String),
-    /// The wal2json output plugin is not installed on the server.
-    #[error("the wal2json output plugin is not installed on the server ({0}); install it there (Debian: apt-get install postgresql-15-wal2json)")]
-    PluginMissing(String),
-    /// The server does not allow wal2json as an output plugin: PostgreSQL builds with the
-    /// `output_plugin_libraries` setting (Debian 12's 15.20 has it) refuse every plugin it does
-    /// not list.
-    #[error("the server does not allow wal2json as an output plugin ({0}); add it to output_plugin_libraries in postgresql.conf and reload the server's configuration")]
+    /// The user may not open a replication connection.
+    #[error("the user {0:?} has no REPLICATION attribute (and is no superuser): it cannot stream a slot; ALTER ROLE {0} REPLICATION, or connect as a user that has it")]
+    NoReplicationPermission(String),
+    /// The server does not allow pgoutput as an output plugin (`output_plugin_libraries`).
+    #[error("the server does not allow pgoutput as an output plugin ({0}); add it to output_plugin_libraries in postgresql.conf and reload the server's configuration")]
     PluginNotAllowed(String),
+    /// The publication does not exist.
+    #[error("publication {0:?} does not exist: create it (CREATE PUBLICATION {0} FOR TABLE ... or FOR ALL TABLES), or start with --create-slot, which creates it FOR ALL TABLES")]
+    NoPublication(String),
+    /// The publication publishes no table.
+    #[error("publication {0:?} publishes no table: add the tables to stream (ALTER PUBLICATION {0} ADD TABLE ...)")]
+    PublicationEmpty(String),
     /// The slot does not exist and creating it was not asked for. A new pipeline creates it
     /// ([`LiveConfig::create_slot`], the pipeline example's `--create-slot`); for sinks that
     /// read it before, it was dropped, and a new one would start after a gap
@@ -175,8 +192,8 @@ pub enum LiveError {
         /// The created slot's consistent point (its `confirmed_flush_lsn` at creation).
         consistent_point: Position,
     },
-    /// The slot exists but is not a logical slot of the wal2json plugin.
-    #[error("replication slot {slot:?} uses the plugin {plugin:?}, not wal2json (use another slot name)")]
+    /// The slot exists but is not a logical slot of the pgoutput plugin.
+    #[error("replication slot {slot:?} uses the plugin {plugin:?}, not pgoutput (use another slot name)")]
     WrongPlugin {
         /// The slot.
         slot: String,
@@ -191,15 +208,72 @@ pub enum LiveError {
         /// Who holds it, as the server tells.
         holder: String,
     },
+    /// The slot was invalidated by the server (it retained more WAL than
+    /// `max_slot_wal_keep_size`): it can no longer be read.
+    #[error("replication slot {slot:?} was invalidated by the server ({message}): it kept more WAL than max_slot_wal_keep_size allows, and what it would have decoded is gone; the sinks need a backfill on a new slot (drop this one)")]
+    SlotInvalidated {
+        /// The slot.
+        slot: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The slot was dropped while this source streamed it (after its connection was
+    /// terminated): what is committed from now on is in no slot.
+    #[error("replication slot {0:?} was dropped while the pipeline streamed it: the sinks need a backfill (empty them, load the tables' rows, then start a new pipeline with --create-slot)")]
+    SlotDropped(String),
+    /// An administrator ended the replication connection (`pg_terminate_backend`) while the
+    /// server kept running. The slot keeps its confirmed position.
+    #[error("the replication connection of slot {slot:?} was terminated by an administrator ({message}); lanestream does not reconnect against that: start the pipeline again when it should resume (from the slot's confirmed position)")]
+    TerminatedByAdmin {
+        /// The slot.
+        slot: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The stream broke and could not be opened again within the retry budget.
+    #[error("the replication stream of slot {slot:?} broke ({cause}) and could not be opened again within {budget:?} ({attempts} attempts; last: {last}); check that the server is up, then start the pipeline again (it resumes from the slot's confirmed position)")]
+    ServerGone {
+        /// The slot.
+        slot: String,
+        /// Why the stream broke.
+        cause: String,
+        /// The retry budget ([`LiveConfig::retry_budget`]).
+        budget: Duration,
+        /// How many times it was tried.
+        attempts: u32,
+        /// The last error.
+        last: String,
+    },
+    /// The stream broke inside a transaction of which chunks were already returned: it comes
+    /// again whole from its Begin, and publishing it again would duplicate those chunks in the
+    /// lanes. Restart the pipeline: the sinks resume the transaction by chunk offset.
+    #[error("the replication stream broke ({cause}) inside the transaction at {commit_lsn} of which chunks were already published; start the pipeline again (the sinks resume it by chunk offset)")]
+    LostInsideChunkedTransaction {
+        /// Why the stream broke.
+        cause: String,
+        /// The transaction's commit LSN (`unknown` when not known).
+        commit_lsn: String,
+    },
+    /// The stream carried a message the decoder refused (no server sends it: a bug to report).
+    #[error("the replication stream: {0}")]
+    Decode(#[from] PgOutputError),
+    /// Any other error of the replication connection, as the server or the client tells it.
+    #[error("the replication stream of slot {slot:?}: {message}")]
+    Replication {
+        /// The slot.
+        slot: String,
+        /// The error (with the server's SQLSTATE when it sent one).
+        message: String,
+    },
     /// Any other error from the server or the connection; the message holds the server's
     /// message, SQLSTATE, detail and hint.
     #[error("PostgreSQL: {}", describe_full(.0))]
     Db(#[from] postgres::Error),
-    /// The second connection (confirms, catalog look-ups) failed, and reconnecting and retrying
-    /// within [`SIDE_RETRY_BUDGET`] did not help.
+    /// The second connection (checks, catalog look-ups, heartbeats) failed, and reconnecting
+    /// and retrying within its budget did not help.
     #[error("{what} failed on the live source's second connection after {attempts} attempts within {budget:?} (reconnecting each time): {last}; check that the server is up and that nothing terminates lanestream's connections")]
     Side {
-        /// The statement: `catalog key look-up of schema.table`, `confirm`, ...
+        /// The statement: `catalog key look-up of schema.table`, `heartbeat`, ...
         what: String,
         /// How many times it was tried.
         attempts: u32,
@@ -208,12 +282,13 @@ pub enum LiveError {
         /// The last error, as [`LiveError::Db`] would show it.
         last: String,
     },
-    /// The row handler failed (the caller's error, e.g. closed lanes).
+    /// An internal state that should not happen (a poisoned lock, a runtime that did not
+    /// start).
     #[error("{0}")]
-    Handler(String),
+    Internal(String),
 }
 
-/// The text of a server error (its message, detail and hint), or of a client error.
+/// The text of a server error (its message and detail), or of a client error.
 fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
@@ -261,10 +336,6 @@ fn classify(e: postgres::Error, slot: &str) -> LiveError {
     let message = describe(&e);
     if *code == SqlState::INVALID_PASSWORD || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION {
         LiveError::Auth(message)
-    } else if *code == SqlState::UNDEFINED_FILE
-        || message.contains("wal2json") && message.contains("could not access")
-    {
-        LiveError::PluginMissing(message)
     } else if *code == SqlState::INSUFFICIENT_PRIVILEGE
         && message.contains("may not be used as an output plugin")
     {
@@ -280,18 +351,56 @@ fn classify(e: postgres::Error, slot: &str) -> LiveError {
     }
 }
 
-/// What one [`LiveSource::poll`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PollOutcome {
-    /// Rows the peek returned (lines, already handed over ones included).
-    pub rows: u64,
-    /// Lines handed to the handler (of transactions not handed over before in this run).
-    pub lines: u64,
-    /// Whether the peek reached the end of the WAL as it was when it began (it returned fewer
-    /// rows than asked): then everything committed before [`PollOutcome::flushed`] was read.
-    pub caught_up: bool,
-    /// The server's WAL flush position when the peek began.
-    pub flushed: Option<Position>,
+/// What a replication client error means.
+enum StreamFault {
+    /// The stream is gone (the server restarted, the network, an administrator): find out
+    /// which, and reconnect if that is right. `admin` when the server said 57P01.
+    Lost { cause: String, admin: bool },
+    /// An error reconnecting does not cure.
+    Fatal(LiveError),
+}
+
+/// The SQLSTATE in a pgwire-replication server error's text (`... (SQLSTATE 57P01)`).
+fn sqlstate(message: &str) -> Option<&str> {
+    let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
+    message.get(at..at + 5)
+}
+
+fn classify_stream(e: &PgWireError, config: &LiveConfig) -> StreamFault {
+    let slot = config.slot.clone();
+    let message = e.to_string();
+    let code = sqlstate(&message).unwrap_or("");
+    let fatal = |e| StreamFault::Fatal(e);
+    match e {
+        PgWireError::Io(_) | PgWireError::Task(_) => StreamFault::Lost { cause: message, admin: false },
+        PgWireError::Auth(m) => fatal(LiveError::Auth(m.clone())),
+        _ if code.starts_with("57P") || code.starts_with("08") => {
+            StreamFault::Lost { admin: code == "57P01", cause: message }
+        }
+        _ if code == "28P01" || code == "28000" => fatal(LiveError::Auth(message)),
+        _ if code == "42501" && message.contains("output plugin") => {
+            fatal(LiveError::PluginNotAllowed(message))
+        }
+        _ if code == "42501" => fatal(LiveError::NoReplicationPermission(user_of(config))),
+        _ if code == "55006" => fatal(LiveError::SlotBusy { slot, holder: message }),
+        _ if code == "42704" && message.contains("publication") => {
+            fatal(LiveError::NoPublication(config.publication.clone()))
+        }
+        _ if code == "42704" => fatal(LiveError::SlotDropped(slot)),
+        _ if code == "55000" && message.contains("cannot read from logical replication slot") => {
+            fatal(LiveError::SlotInvalidated { slot, message })
+        }
+        _ => fatal(LiveError::Replication { slot, message }),
+    }
+}
+
+fn user_of(config: &LiveConfig) -> String {
+    config
+        .url
+        .parse::<postgres::Config>()
+        .ok()
+        .and_then(|c| c.get_user().map(str::to_owned))
+        .unwrap_or_else(|| "(unknown)".into())
 }
 
 /// Where the slot stood when [`LiveSource::connect`] took it (`pg_replication_slots`).
@@ -309,34 +418,36 @@ pub struct SlotPositions {
     pub confirmed_flush: Option<Position>,
 }
 
-/// What the last caught-up peek decoded: up to `upto` (the WAL flush position read before it),
-/// with `handed_over` the last commit handed over by then.
+/// The slot's lag and the source's counts ([`LiveSource::metrics`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveMetrics {
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn` of the slot, in bytes: the WAL the server
+    /// keeps for it beyond what was confirmed. `None` when the slot has no confirmed position.
+    pub slot_lag_bytes: Option<u64>,
+    /// The server's `pg_current_wal_lsn()`.
+    pub current_wal: Option<Position>,
+    /// The slot's `confirmed_flush_lsn` as the server has it.
+    pub confirmed_flush: Option<Position>,
+    /// Transactions handed over (positioned batches returned by [`LiveSource::next`]).
+    pub transactions: u64,
+    /// Their changes (chunks included).
+    pub changes: u64,
+    /// How many times the stream was opened again after it broke.
+    pub reconnects: u64,
+    /// Heartbeat messages written.
+    pub heartbeats: u64,
+}
+
+/// How far the server has sent (everything committed before `upto` was handed over), with
+/// `handed_over` the last commit handed over by then.
 #[derive(Clone, Copy, Debug)]
 struct Decoded {
     upto: Position,
     handed_over: Option<Position>,
 }
 
-/// A wal2json slot read by SQL polling; see the [module docs](self).
-pub struct LiveSource {
-    config: LiveConfig,
-    /// The connection that peeks.
-    client: Client,
-    /// A second connection, for confirms while a peek streams and for catalog look-ups.
-    side: Arc<Mutex<Side>>,
-    /// The slot's confirmed position as last set or read.
-    confirmed: Option<Position>,
-    /// The commit LSN of the last transaction handed over in this run.
-    handed_over: Option<Position>,
-    /// What the last caught-up peek decoded (see the module docs, *How an idle slot keeps moving*).
-    decoded: Option<Decoded>,
-    /// The slot as found at connect.
-    positions: SlotPositions,
-    /// Rows asked of the next peek.
-    max_rows: u32,
-}
-
-/// The second connection, reconnected when lost.
+/// The second connection, reconnected when lost; it holds the advisory lock that keeps a
+/// second lanestream source off the slot, taken again on every reconnect.
 struct Side {
     config: LiveConfig,
     client: Option<Client>,
@@ -344,13 +455,14 @@ struct Side {
 
 impl Side {
     /// Runs `f` on the connection; when the connection is lost (or the server ends the session,
-    /// SQLSTATE class 57P or 08), reconnects and tries again, within [`SIDE_RETRY_BUDGET`].
+    /// SQLSTATE class 57P or 08), reconnects and tries again, within `budget`.
     fn run<T>(
         &mut self,
+        budget: Duration,
         what: impl FnOnce() -> String,
         mut f: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, LiveError> {
-        let deadline = Instant::now() + SIDE_RETRY_BUDGET;
+        let deadline = Instant::now() + budget;
         let mut attempts = 0u32;
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -364,22 +476,41 @@ impl Side {
                     }
                     Err(e) => return Err(classify(e, &self.config.slot)),
                 },
-                None => match connect_one(&self.config, "lanestream side") {
-                    Ok(c) => {
-                        self.client = Some(c);
+                None => match self.reconnect() {
+                    Ok(()) => {
                         attempts -= 1; // connecting is not an attempt of the statement
                         continue;
                     }
+                    Err(e @ LiveError::SlotBusy { .. }) => return Err(e),
                     Err(e) => e.to_string(),
                 },
             };
             if Instant::now() + backoff > deadline {
-                return Err(LiveError::Side { what: what(), attempts, budget: SIDE_RETRY_BUDGET, last });
+                return Err(LiveError::Side { what: what(), attempts, budget, last });
             }
             thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
+
+    fn reconnect(&mut self) -> Result<(), LiveError> {
+        let mut client = connect_one(&self.config, "lanestream side")?;
+        if !try_lock(&mut client, &self.config.slot)? {
+            return Err(LiveError::SlotBusy {
+                slot: self.config.slot.clone(),
+                holder: "another lanestream source (it took the slot while this one reconnected)".into(),
+            });
+        }
+        self.client = Some(client);
+        Ok(())
+    }
+}
+
+/// Takes the session advisory lock of `slot` (one lanestream source per slot), without waiting.
+fn try_lock(client: &mut Client, slot: &str) -> Result<bool, postgres::Error> {
+    Ok(client
+        .query_one("SELECT pg_try_advisory_lock(hashtext('lanestream slot ' || $1::text))", &[&slot])?
+        .get(0))
 }
 
 /// Whether an error means the connection is gone (rather than the statement failed).
@@ -391,16 +522,6 @@ fn lost(e: &postgres::Error) -> bool {
         Some(code) => code.code().starts_with("57P") || code.code().starts_with("08"),
         // A client-side error without a server code: I/O on the socket.
         None => e.as_db_error().is_none(),
-    }
-}
-
-impl std::fmt::Debug for LiveSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LiveSource")
-            .field("slot", &self.config.slot)
-            .field("confirmed", &self.confirmed)
-            .field("handed_over", &self.handed_over)
-            .finish_non_exhaustive()
     }
 }
 
@@ -420,28 +541,117 @@ fn connect_one(config: &LiveConfig, application_name: &str) -> Result<Client, Li
     })
 }
 
+/// The replication client's configuration from the connection string.
+fn replication_config(config: &LiveConfig, ack: Option<Position>) -> Result<ReplicationConfig, LiveError> {
+    let pg: postgres::Config =
+        config.url.parse().map_err(|e: postgres::Error| LiveError::Connect(e.to_string()))?;
+    let user = pg.get_user().unwrap_or("postgres").to_owned();
+    let password = pg.get_password().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();
+    let database = pg.get_dbname().map_or_else(|| user.clone(), str::to_owned);
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let host = match pg.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(postgres::config::Host::Unix(dir)) => dir.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let rc = if host.starts_with('/') {
+        ReplicationConfig::unix(
+            host,
+            port,
+            user,
+            password,
+            database,
+            config.slot.clone(),
+            config.publication.clone(),
+        )
+    } else {
+        ReplicationConfig::new(
+            host,
+            user,
+            password,
+            database,
+            config.slot.clone(),
+            config.publication.clone(),
+        )
+        .with_port(port)
+    };
+    // Start where the slot is confirmed (0/0: the server's confirmed_flush_lsn), and report that
+    // as flushed until the watermark says more (never the start position the server picks).
+    let mut rc = rc
+        .with_start_lsn(Lsn(0))
+        .with_status_interval(config.status_interval)
+        .with_wakeup_interval(config.status_interval)
+        .with_application_name("lanestream");
+    if let Some(ack) = ack {
+        rc = rc.with_ack_lsn(Lsn(ack.0));
+    }
+    Ok(rc)
+}
+
+/// A pgoutput slot streamed with `START_REPLICATION`; see the [module docs](self).
+pub struct LiveSource {
+    config: LiveConfig,
+    runtime: tokio::runtime::Runtime,
+    /// The replication stream, once started (and while it is not broken).
+    stream: Option<ReplicationClient>,
+    /// The second connection, for checks, catalog look-ups, heartbeats, lag.
+    side: Arc<Mutex<Side>>,
+    /// The position last handed to the replication client as flushed (or read at connect).
+    confirmed: Option<Position>,
+    /// The commit LSN of the last transaction handed over in this run.
+    handed_over: Option<Position>,
+    /// Chunks of the open transaction were returned.
+    chunks_out: bool,
+    /// The open transaction's commit LSN (from its Begin).
+    open_commit: Option<Position>,
+    /// How far the server has sent (see the module docs, *How it confirms*).
+    decoded: Option<Decoded>,
+    /// The slot as found at connect.
+    positions: SlotPositions,
+    /// `pg_postmaster_start_time()` when last seen: a restart changes it.
+    postmaster_start: String,
+    last_heartbeat: Instant,
+    metrics: LiveMetrics,
+}
+
+impl std::fmt::Debug for LiveSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveSource")
+            .field("slot", &self.config.slot)
+            .field("publication", &self.config.publication)
+            .field("confirmed", &self.confirmed)
+            .field("handed_over", &self.handed_over)
+            .field("streaming", &self.stream.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl LiveSource {
-    /// Connects, checks the server and takes the slot (creating it if `config.create_slot`).
+    /// Connects, checks the server and the publication, and takes the slot (creating the
+    /// publication and the slot if `config.create_slot`). Does not start streaming: see
+    /// [`start`](Self::start).
     ///
     /// # Errors
     /// A [`LiveError`] naming the misconfiguration.
     pub fn connect(config: LiveConfig) -> Result<LiveSource, LiveError> {
         let slot = config.slot.clone();
-        let mut client = connect_one(&config, "lanestream")?;
+        let publication = config.publication.clone();
+        let mut client = connect_one(&config, "lanestream side")?;
         let wal_level: String = client.query_one("SHOW wal_level", &[])?.get(0);
         if wal_level != "logical" {
             return Err(LiveError::WalLevel(wal_level));
         }
-        // One lanestream source per slot: a session advisory lock, held as long as we are
-        // connected, released by the server when this process dies.
+        let row = client.query_one(
+            "SELECT current_user::text, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )?;
+        if !row.get::<_, bool>(1) {
+            return Err(LiveError::NoReplicationPermission(row.get(0)));
+        }
+        // One lanestream source per slot: a session advisory lock, held as long as the second
+        // connection lives, released by the server when this process dies.
         let deadline = Instant::now() + config.slot_wait;
-        loop {
-            let locked: bool = client
-                .query_one("SELECT pg_try_advisory_lock(hashtext('lanestream slot ' || $1::text))", &[&slot])?
-                .get(0);
-            if locked {
-                break;
-            }
+        while !try_lock(&mut client, &slot)? {
             if Instant::now() >= deadline {
                 let holder = client
                     .query_opt(
@@ -456,56 +666,100 @@ impl LiveSource {
             }
             thread::sleep(Duration::from_millis(200));
         }
-        let row = client.query_opt(
-            "SELECT coalesce(plugin::text, ''), slot_type::text, active_pid, confirmed_flush_lsn::text \
-             FROM pg_replication_slots WHERE slot_name = $1::text",
+        let slot_row = client.query_opt(
+            "SELECT coalesce(plugin::text, '') FROM pg_replication_slots WHERE slot_name = $1::text",
             &[&slot],
         )?;
-        let mut positions = SlotPositions::default();
-        if row.is_none() {
-            if !config.create_slot {
-                return Err(LiveError::NoSlot(slot));
+        if let Some(row) = &slot_row {
+            let plugin: String = row.get(0);
+            if plugin != "pgoutput" {
+                return Err(LiveError::WrongPlugin { slot, plugin });
             }
+        } else if !config.create_slot {
+            return Err(LiveError::NoSlot(slot));
+        }
+        // The publication before the slot: changes are decoded with the publications that
+        // existed when they were written.
+        let publication_row = client.query_opt(
+            "SELECT puballtables, (SELECT count(*) FROM pg_publication_tables t WHERE t.pubname = p.pubname) \
+             FROM pg_publication p WHERE pubname = $1::text",
+            &[&publication],
+        )?;
+        match publication_row {
+            None if config.create_slot && slot_row.is_none() => {
+                let quoted = format!("\"{}\"", publication.replace('"', "\"\""));
+                client.batch_execute(&format!("CREATE PUBLICATION {quoted} FOR ALL TABLES"))?;
+            }
+            None => return Err(LiveError::NoPublication(publication)),
+            Some(row) if !row.get::<_, bool>(0) && row.get::<_, i64>(1) == 0 => {
+                return Err(LiveError::PublicationEmpty(publication))
+            }
+            Some(_) => {}
+        }
+        let mut positions = SlotPositions::default();
+        if slot_row.is_none() {
             let created = client
                 .query_one(
-                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1::text, 'wal2json')",
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1::text, 'pgoutput')",
                     &[&slot],
                 )
                 .map_err(|e| classify(e, &slot))?;
             positions.created = true;
             positions.consistent_point = lsn_of(created.get(0));
-        } else if let Some(row) = row {
-            let plugin: String = row.get(0);
-            if plugin != "wal2json" {
-                return Err(LiveError::WrongPlugin { slot, plugin });
-            }
         }
-        let side = Side { client: Some(connect_one(&config, "lanestream side")?), config: config.clone() };
+        let postmaster_start: String =
+            client.query_one("SELECT pg_postmaster_start_time()::text", &[])?.get(0);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lanestream-replication")
+            .enable_all()
+            .build()
+            .map_err(|e| LiveError::Internal(format!("the replication client's runtime: {e}")))?;
+        let side = Side { client: Some(client), config: config.clone() };
         let mut source = LiveSource {
-            max_rows: config.max_rows.max(1),
             config,
-            client,
+            runtime,
+            stream: None,
             side: Arc::new(Mutex::new(side)),
             confirmed: None,
             handed_over: None,
+            chunks_out: false,
+            open_commit: None,
             decoded: None,
             positions,
+            postmaster_start,
+            last_heartbeat: Instant::now(),
+            metrics: LiveMetrics::default(),
         };
         source.wait_until_free(deadline)?;
         Ok(source)
     }
 
-    /// Waits until no other client streams the slot (a killed predecessor's backend may still
-    /// hold it for a moment), or refuses at `deadline`.
+    fn side(&self) -> Result<std::sync::MutexGuard<'_, Side>, LiveError> {
+        self.side
+            .lock()
+            .map_err(|_| LiveError::Internal("the live source's second connection: lock poisoned".into()))
+    }
+
+    /// Waits until no other client streams the slot (a killed predecessor's walsender may still
+    /// hold it for a moment), or refuses at `deadline`; reads the slot's positions.
     fn wait_until_free(&mut self, deadline: Instant) -> Result<(), LiveError> {
         loop {
-            let row = self.client.query_one(
-                "SELECT active_pid, confirmed_flush_lsn::text, \
-                 (SELECT coalesce(application_name, '') FROM pg_stat_activity WHERE pid = active_pid), \
-                 restart_lsn::text \
-                 FROM pg_replication_slots WHERE slot_name = $1::text",
-                &[&self.config.slot],
+            let slot = self.config.slot.clone();
+            let row = self.side()?.run(
+                SIDE_RETRY_BUDGET,
+                || "reading the slot".to_owned(),
+                |c| {
+                    c.query_opt(
+                        "SELECT active_pid, confirmed_flush_lsn::text, \
+                         (SELECT coalesce(application_name, '') FROM pg_stat_activity WHERE pid = active_pid), \
+                         restart_lsn::text \
+                         FROM pg_replication_slots WHERE slot_name = $1::text",
+                        &[&slot],
+                    )
+                },
             )?;
+            let Some(row) = row else { return Err(LiveError::NoSlot(slot)) };
             let pid: Option<i32> = row.get(0);
             self.confirmed = lsn_of(row.get(1));
             self.positions.confirmed_flush = self.confirmed;
@@ -514,20 +768,20 @@ impl LiveSource {
             if Instant::now() >= deadline {
                 let app: Option<String> = row.get(2);
                 let holder = format!("PID {pid}, application_name {:?}", app.unwrap_or_default());
-                return Err(LiveError::SlotBusy { slot: self.config.slot.clone(), holder });
+                return Err(LiveError::SlotBusy { slot, holder });
             }
             thread::sleep(Duration::from_millis(200));
         }
     }
 
-    /// The slot's `confirmed_flush_lsn` as this source last set or read it.
+    /// The position last handed to the server as flushed (the slot's `confirmed_flush_lsn` once
+    /// the status update carrying it arrives), or read at connect.
     pub fn confirmed(&self) -> Option<Position> {
         self.confirmed
     }
 
-    /// The WAL flush position read before the last peek that came to the end of the WAL: every
-    /// transaction committed before it was handed over (see the module docs, *How an idle slot
-    /// keeps moving*); `None` before such a peek.
+    /// How far the server has sent: every transaction committed before it was handed over
+    /// (from its last keepalive, Commit or heartbeat outside a transaction); `None` before.
     pub fn decoded(&self) -> Option<Position> {
         self.decoded.map(|d| d.upto)
     }
@@ -553,27 +807,35 @@ impl LiveSource {
         if !self.positions.created || checkpoint >= consistent_point {
             return Ok(());
         }
-        self.client
-            .execute("SELECT pg_drop_replication_slot($1::text)", &[&self.config.slot])
-            .map_err(|e| classify(e, &self.config.slot))?;
-        Err(LiveError::SlotGap { slot: self.config.slot.clone(), checkpoint, consistent_point })
+        let slot = self.config.slot.clone();
+        self.side()?.run(
+            SIDE_RETRY_BUDGET,
+            || "dropping the slot created over a gap".into(),
+            |c| c.execute("SELECT pg_drop_replication_slot($1::text)", &[&slot]),
+        )?;
+        Err(LiveError::SlotGap { slot, checkpoint, consistent_point })
     }
 
     /// A key lookup for [`TransactionBuilder::with_key_lookup`](crate::wal2json::TransactionBuilder::with_key_lookup)
     /// that reads a table's replica identity from the catalog (on the second connection):
     /// [`CatalogKey::IdentityIndex`] with the columns of its identity index under
     /// `REPLICA IDENTITY USING INDEX`, else [`CatalogKey::PrimaryKey`] with those of its primary
-    /// key, in column order (as wal2json's `pk`); `None` for a table without either.
+    /// key, in column order; `None` for a table without either. With pgoutput the builder asks
+    /// it only for tables under `REPLICA IDENTITY FULL` (see the module docs).
     ///
     /// # Errors
     /// The look-up fails with [`LiveError::Side`] when the second connection is lost and cannot
     /// be restored within [`SIDE_RETRY_BUDGET`], or with another [`LiveError`] from the server:
     /// never `Ok(None)` for a look-up that did not happen.
     pub fn key_lookup(&self) -> KeyLookup {
-        let side = self.side.clone();
+        // Weak: the look-up does not keep the second connection (and the slot's advisory lock)
+        // alive after the source is dropped.
+        let side = Arc::downgrade(&self.side);
         Box::new(move |schema, table| {
+            let side = side.upgrade().ok_or("the live source was dropped: its catalog look-up is gone")?;
             let mut side = side.lock().map_err(|_| "the live source's second connection: lock poisoned")?;
             let row = side.run(
+                SIDE_RETRY_BUDGET,
                 || format!("the catalog key look-up of {schema}.{table}"),
                 |client| {
                     client.query_opt(
@@ -600,36 +862,275 @@ impl LiveSource {
         })
     }
 
-    /// Confirms the slot up to `upto` (the stream's watermark: never more) when that is past the
-    /// confirmed position; returns the confirmed position. Safe to call while a peek streams.
-    ///
-    /// When `upto` covers the last transaction handed over (so every lane acked everything this
-    /// source handed over: the stream is idle) and the last peek came to the end of the WAL, the
-    /// slot is confirmed up to where that peek decoded instead, past WAL that held nothing for
-    /// this slot (written by other databases, say): see the module docs, *How an idle slot keeps
-    /// moving*.
+    /// Opens the replication stream (`START_REPLICATION SLOT ... LOGICAL 0/0 (proto_version
+    /// '1', publication_names '...', messages 'true')`) from the slot's confirmed position.
     ///
     /// # Errors
-    /// [`LiveError`] from the server; [`LiveError::Side`] when the second connection is lost and
-    /// cannot be restored.
-    pub fn confirm(&mut self, upto: Option<Position>) -> Result<Option<Position>, LiveError> {
-        Confirmer {
-            side: &self.side,
-            slot: &self.config.slot,
-            confirmed: &mut self.confirmed,
-            decoded: self.decoded,
+    /// A [`LiveError`]: the slot held by another client, the permission missing, the
+    /// publication missing, or the server's error.
+    pub fn start(&mut self) -> Result<(), LiveError> {
+        let config = replication_config(&self.config, self.confirmed)?;
+        let started = self.runtime.block_on(async {
+            let mut client = ReplicationClient::connect(config).await?;
+            match tokio::time::timeout(Duration::from_secs(30), client.wait_started()).await {
+                Ok(Ok(())) => Ok(client),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(PgWireError::Task("START_REPLICATION not accepted within 30 s".into())),
+            }
+        });
+        match started {
+            Ok(client) => {
+                self.stream = Some(client);
+                Ok(())
+            }
+            Err(e) => Err(match classify_stream(&e, &self.config) {
+                StreamFault::Fatal(e) => e,
+                StreamFault::Lost { cause, .. } => LiveError::Connect(cause),
+            }),
         }
-        .confirm(upto)
     }
 
-    /// The slot's `confirmed_flush_lsn` read from the server.
+    /// Receives from the stream for at most `timeout` and returns the first batch `decoder`
+    /// builds: a committed transaction (positioned at its commit LSN) or a chunk of a large one.
+    /// `Ok(None)` when none came within `timeout`. Writes the heartbeat when it is due, and opens
+    /// the stream again when it broke (see the module docs, *Reconnecting*). Call
+    /// [`start`](Self::start) first; give it the same decoder every time.
     ///
     /// # Errors
-    /// [`LiveError`] from the server.
-    pub fn read_confirmed(&mut self) -> Result<Option<Position>, LiveError> {
-        let mut side = self.side.lock().map_err(|_| LiveError::Handler("lock poisoned".into()))?;
+    /// [`LiveError::Decode`] for a message the decoder refused, the errors of *Reconnecting*, a
+    /// failed heartbeat.
+    pub fn next(
+        &mut self,
+        decoder: &mut PgOutputDecoder,
+        timeout: Duration,
+    ) -> Result<Option<Batch>, LiveError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.heartbeat_if_due()?;
+            let Some(stream) = self.stream.as_mut() else {
+                return Err(LiveError::Internal("LiveSource::next before start".into()));
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let received = self.runtime.block_on(async { tokio::time::timeout(left, stream.recv()).await });
+            match received {
+                Err(_elapsed) => return Ok(None),
+                Ok(Ok(Some(event))) => {
+                    if let Some(batch) = self.on_event(decoder, event)? {
+                        return Ok(Some(batch));
+                    }
+                }
+                Ok(Ok(None)) => self.recover(
+                    decoder,
+                    StreamFault::Lost {
+                        cause: "the server ended the replication stream".into(),
+                        admin: false,
+                    },
+                )?,
+                Ok(Err(e)) => {
+                    let fault = classify_stream(&e, &self.config);
+                    self.recover(decoder, fault)?;
+                }
+            }
+        }
+    }
+
+    fn on_event(
+        &mut self,
+        decoder: &mut PgOutputDecoder,
+        event: ReplicationEvent,
+    ) -> Result<Option<Batch>, LiveError> {
+        let idle = |source: &mut Self, decoder: &PgOutputDecoder, upto: u64| {
+            if !decoder.in_transaction() && upto != 0 {
+                let upto = Position(upto);
+                if source.decoded.is_none_or(|d| d.upto < upto) {
+                    source.decoded = Some(Decoded { upto, handed_over: source.handed_over });
+                }
+            }
+        };
+        match event {
+            ReplicationEvent::KeepAlive { wal_end, .. } => idle(self, decoder, wal_end.0),
+            ReplicationEvent::Message { transactional: false, lsn, .. } => idle(self, decoder, lsn.0),
+            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
+            ReplicationEvent::Begin { final_lsn, xid, commit_time_micros } => {
+                decoder.begin(final_lsn.0, xid, commit_time_micros)?;
+                self.open_commit = Some(Position(final_lsn.0));
+            }
+            ReplicationEvent::XLogData { data, .. } => {
+                if let Some(chunk) = decoder.decode(&data)? {
+                    self.chunks_out = true;
+                    self.metrics.changes += chunk.changes;
+                    return Ok(Some(chunk));
+                }
+            }
+            ReplicationEvent::Commit { lsn, end_lsn, .. } => {
+                self.open_commit = None;
+                let batch = decoder.commit(lsn.0)?;
+                if let Some(b) = &batch {
+                    self.chunks_out = false;
+                    self.handed_over = b.position;
+                    self.metrics.transactions += 1;
+                    self.metrics.changes += b.changes;
+                }
+                idle(self, decoder, end_lsn.0);
+                return Ok(batch);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The stream broke: find out why, and open it again when that is right.
+    fn recover(&mut self, decoder: &mut PgOutputDecoder, fault: StreamFault) -> Result<(), LiveError> {
+        if let Some(mut stream) = self.stream.take() {
+            stream.abort();
+        }
+        let (cause, admin) = match fault {
+            StreamFault::Fatal(e) => return Err(e),
+            StreamFault::Lost { cause, admin } => (cause, admin),
+        };
+        if decoder.in_transaction() {
+            if self.chunks_out {
+                let commit_lsn = self.open_commit.map_or_else(|| "unknown".into(), |p| p.to_string());
+                return Err(LiveError::LostInsideChunkedTransaction { cause, commit_lsn });
+            }
+            // Nothing of it was published: it comes again whole.
+            let _ = decoder.finish();
+        }
+        decoder.resume_after(self.handed_over);
         let slot = self.config.slot.clone();
-        let row = side.run(
+        let budget = self.config.retry_budget;
+        let deadline = Instant::now() + budget;
+        let mut attempts = 0u32;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            attempts += 1;
+            let last = match self.probe(budget, &slot) {
+                Err(e @ (LiveError::SlotDropped(_) | LiveError::SlotBusy { .. })) => return Err(e),
+                Err(e) => e.to_string(),
+                Ok(restarted) => {
+                    if admin && !restarted {
+                        return Err(LiveError::TerminatedByAdmin { slot, message: cause });
+                    }
+                    match self.start() {
+                        Ok(()) => {
+                            self.metrics.reconnects += 1;
+                            return Ok(());
+                        }
+                        // Our previous walsender may hold the slot for a moment.
+                        Err(LiveError::SlotBusy { holder, .. }) => holder,
+                        Err(e @ (LiveError::Connect(_) | LiveError::Replication { .. })) => e.to_string(),
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            if Instant::now() + backoff > deadline {
+                return Err(LiveError::ServerGone { slot, cause, budget, attempts, last });
+            }
+            thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// After the stream broke: whether the server restarted since last seen (its
+    /// `pg_postmaster_start_time()` changed), reconnecting the second connection within `budget`.
+    ///
+    /// # Errors
+    /// [`LiveError::SlotDropped`] when the slot is gone; [`LiveError::Side`] when the server
+    /// does not answer within `budget`.
+    fn probe(&mut self, budget: Duration, slot: &str) -> Result<bool, LiveError> {
+        let row = self.side()?.run(
+            budget,
+            || "finding out why the replication stream broke".into(),
+            |c| {
+                c.query_one(
+                    "SELECT pg_postmaster_start_time()::text, \
+                     EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1::text)",
+                    &[&slot],
+                )
+            },
+        )?;
+        if !row.get::<_, bool>(1) {
+            return Err(LiveError::SlotDropped(slot.to_owned()));
+        }
+        let start: String = row.get(0);
+        let restarted = start != self.postmaster_start;
+        self.postmaster_start = start;
+        Ok(restarted)
+    }
+
+    fn heartbeat_if_due(&mut self) -> Result<(), LiveError> {
+        let Some(every) = self.config.heartbeat else { return Ok(()) };
+        if self.last_heartbeat.elapsed() < every {
+            return Ok(());
+        }
+        self.last_heartbeat = Instant::now();
+        self.heartbeat()
+    }
+
+    /// Writes one heartbeat message now (see the module docs, *Heartbeats*).
+    ///
+    /// # Errors
+    /// [`LiveError`] from the second connection.
+    pub fn heartbeat(&mut self) -> Result<(), LiveError> {
+        self.side()?.run(
+            SIDE_RETRY_BUDGET,
+            || "the heartbeat".into(),
+            |c| c.execute("SELECT pg_logical_emit_message(false, $1::text, ''::text)", &[&HEARTBEAT_PREFIX]),
+        )?;
+        self.metrics.heartbeats += 1;
+        Ok(())
+    }
+
+    /// Confirms the slot up to `upto` (the stream's watermark: never more) when that is past the
+    /// confirmed position: hands it to the replication client, whose next standby status update
+    /// (within [`LiveConfig::status_interval`]) carries it as the flush position. Returns the
+    /// position confirmed. Cheap: call it as often as the watermark may have moved.
+    ///
+    /// When `upto` covers the last transaction handed over (every lane acked everything: the
+    /// stream is idle) and the server told how far it has sent, the slot is confirmed up to
+    /// there instead (see the module docs, *How it confirms*).
+    ///
+    /// # Errors
+    /// None today (the signature leaves room for a client that can fail here).
+    pub fn confirm(&mut self, upto: Option<Position>) -> Result<Option<Position>, LiveError> {
+        let idle = self
+            .decoded
+            .filter(|d| d.handed_over.is_none_or(|h| upto.is_some_and(|u| u >= h)))
+            .map(|d| d.upto);
+        let Some(target) = upto.max(idle) else { return Ok(self.confirmed) };
+        if self.confirmed.is_some_and(|c| c >= target) {
+            return Ok(self.confirmed);
+        }
+        self.confirmed = Some(target);
+        if let Some(stream) = &self.stream {
+            stream.update_applied_lsn(Lsn(target.0));
+        }
+        Ok(self.confirmed)
+    }
+
+    /// The slot's `confirmed_flush_lsn` read from the server, once the status update carrying the
+    /// last confirmed position has reached it (waiting up to three status intervals plus two
+    /// seconds).
+    ///
+    /// # Errors
+    /// [`LiveError`] from the server; [`LiveError::NoSlot`] when the slot is gone.
+    pub fn read_confirmed(&mut self) -> Result<Option<Position>, LiveError> {
+        let deadline = Instant::now() + self.config.status_interval * 3 + Duration::from_secs(2);
+        loop {
+            let read = self.read_slot_confirmed()?;
+            if self.stream.is_none() || read >= self.confirmed || Instant::now() >= deadline {
+                return Ok(read);
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn read_slot_confirmed(&mut self) -> Result<Option<Position>, LiveError> {
+        let slot = self.config.slot.clone();
+        let row = self.side()?.run(
+            SIDE_RETRY_BUDGET,
             || "reading the slot's confirmed_flush_lsn".to_owned(),
             |c| {
                 c.query_opt(
@@ -644,138 +1145,48 @@ impl LiveSource {
         }
     }
 
-    /// Peeks the slot and hands each line of the transactions not handed over before (in this
-    /// run) to `handle`, as the rows arrive. `handle` may block (a full lane); it may confirm
-    /// through `confirm` meanwhile (it gets this source's confirm function). A peek returns whole
-    /// transactions.
+    /// The slot's byte lag (`pg_current_wal_lsn() - confirmed_flush_lsn`) and this source's
+    /// counts.
     ///
     /// # Errors
-    /// [`LiveError`] from the server, or [`LiveError::Handler`] with `handle`'s error.
-    pub fn poll<E: std::fmt::Display>(
-        &mut self,
-        mut handle: impl FnMut(&[u8], &mut Confirmer<'_>) -> Result<(), E>,
-    ) -> Result<PollOutcome, LiveError> {
+    /// [`LiveError`] from the second connection.
+    pub fn metrics(&mut self) -> Result<LiveMetrics, LiveError> {
         let slot = self.config.slot.clone();
-        let flushed = lsn_of(self.client.query_one("SELECT pg_current_wal_flush_lsn()::text", &[])?.get(0));
-        let mut sql = String::from("SELECT data FROM pg_logical_slot_peek_changes($1::text, NULL, $2::int4");
-        for (k, v) in WAL2JSON_OPTIONS {
-            sql.push_str(&format!(", '{k}', '{v}'"));
-        }
-        sql.push(')');
-        let max_rows = i32::try_from(self.max_rows).unwrap_or(i32::MAX);
-        let mut outcome = PollOutcome { flushed, ..PollOutcome::default() };
-        let mut skipping = false;
-        let mut unreadable = false;
-        let mut handed_over = self.handed_over;
-        let mut confirmer = Confirmer {
-            side: &self.side,
-            slot: &slot,
-            confirmed: &mut self.confirmed,
-            decoded: self.decoded,
-        };
-        {
-            let mut rows = self
-                .client
-                .query_raw(sql.as_str(), [&slot as &(dyn postgres::types::ToSql + Sync), &max_rows])
-                .map_err(|e| classify(e, &slot))?;
-            while let Some(row) = rows.next().map_err(|e| classify(e, &slot))? {
-                outcome.rows += 1;
-                let line: &str = row.try_get(0)?;
-                // wal2json writes "action" first: B and C are told by their first bytes.
-                if line.starts_with(r#"{"action":"B""#) {
-                    let commit = begin_lsn(line);
-                    // A transaction whose position cannot be read cannot be told handed over
-                    // and acked: no idle advance after this peek (fail closed).
-                    unreadable |= commit.is_none();
-                    skipping = match (commit, self.handed_over) {
-                        (Some(c), Some(done)) => c <= done,
-                        _ => false,
-                    };
-                    if !skipping {
-                        handed_over = commit.or(handed_over);
-                    }
-                }
-                if !skipping {
-                    outcome.lines += 1;
-                    handle(line.as_bytes(), &mut confirmer).map_err(|e| LiveError::Handler(e.to_string()))?;
-                }
-            }
-        }
-        self.handed_over = handed_over;
-        // Against the limit the peek was sent (capped at i32::MAX), not the u32 asked for: a peek
-        // cut off by the limit is never taken for one that reached the end of the WAL.
-        outcome.caught_up = outcome.rows < u64::from(max_rows.unsigned_abs());
-        if outcome.caught_up && !unreadable {
-            if let Some(upto) = flushed {
-                self.decoded = Some(Decoded { upto, handed_over });
-            }
-        }
-        // A backlog of transactions already handed over filled the whole peek: ask for more.
-        self.max_rows = if outcome.lines == 0 && !outcome.caught_up {
-            self.max_rows.saturating_mul(2)
-        } else {
-            self.config.max_rows.max(1)
-        };
-        Ok(outcome)
-    }
-}
-
-/// Confirms the slot from inside a [`LiveSource::poll`] handler (on the second connection).
-pub struct Confirmer<'a> {
-    side: &'a Arc<Mutex<Side>>,
-    slot: &'a str,
-    confirmed: &'a mut Option<Position>,
-    /// What the last caught-up peek before this one decoded.
-    decoded: Option<Decoded>,
-}
-
-impl std::fmt::Debug for Confirmer<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Confirmer").field("slot", &self.slot).field("confirmed", &self.confirmed).finish()
-    }
-}
-
-impl Confirmer<'_> {
-    /// As [`LiveSource::confirm`].
-    ///
-    /// # Errors
-    /// [`LiveError`] from the server.
-    pub fn confirm(&mut self, upto: Option<Position>) -> Result<Option<Position>, LiveError> {
-        // Idle: everything handed over up to the decoded position is acked, so nothing before
-        // that position is pending.
-        let idle = self
-            .decoded
-            .filter(|d| d.handed_over.is_none_or(|h| upto.is_some_and(|u| u >= h)))
-            .map(|d| d.upto);
-        let Some(upto) = upto.max(idle) else { return Ok(*self.confirmed) };
-        if self.confirmed.is_some_and(|c| c >= upto) {
-            return Ok(*self.confirmed);
-        }
-        let mut side = self.side.lock().map_err(|_| LiveError::Handler("confirm: lock poisoned".into()))?;
-        let target = upto.to_string();
-        let row = side.run(
-            || format!("confirming the slot up to {target}"),
+        let row = self.side()?.run(
+            SIDE_RETRY_BUDGET,
+            || "reading the slot's lag".to_owned(),
             |c| {
-                c.query_one(
-                    "SELECT end_lsn::text FROM pg_replication_slot_advance($1::text, ($2::text)::pg_lsn)",
-                    &[&self.slot, &target],
+                c.query_opt(
+                    "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, pg_current_wal_lsn()::text, \
+                     confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text",
+                    &[&slot],
                 )
             },
         )?;
-        *self.confirmed = lsn_of(row.get(0)).or(*self.confirmed);
-        Ok(*self.confirmed)
+        let mut m = self.metrics;
+        if let Some(row) = row {
+            m.slot_lag_bytes = row.get::<_, Option<i64>>(0).map(|l| l.max(0).unsigned_abs());
+            m.current_wal = lsn_of(row.get(1));
+            m.confirmed_flush = lsn_of(row.get(2));
+        }
+        Ok(m)
+    }
+
+    /// Ends the stream (a `CopyDone` to the server); the slot keeps the last position the
+    /// server received. Dropping the source does the same.
+    pub fn stop(&mut self) {
+        if let Some(mut stream) = self.stream.take() {
+            let _ = self
+                .runtime
+                .block_on(async { tokio::time::timeout(Duration::from_secs(2), stream.shutdown()).await });
+        }
     }
 }
 
-/// The `lsn` of a `B` line (the commit LSN in format-version 2).
-fn begin_lsn(line: &str) -> Option<Position> {
-    #[derive(serde::Deserialize)]
-    struct Begin<'a> {
-        #[serde(borrow)]
-        lsn: Option<&'a str>,
+impl Drop for LiveSource {
+    fn drop(&mut self) {
+        self.stop();
     }
-    let b: Begin<'_> = serde_json::from_str(line).ok()?;
-    Position::from_lsn(b.lsn?).ok()
 }
 
 #[cfg(test)]
@@ -783,9 +1194,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn begin_lines_give_their_commit_lsn() {
-        let b = r#"{"action":"B","xid":724,"timestamp":"2026-11-30 18:45:58.869117+00","lsn":"0/15222D0","nextlsn":"0/1524B20"}"#;
-        assert_eq!(begin_lsn(b), Some(Position(0x15222D0)));
-        assert_eq!(begin_lsn(r#"{"action":"B"}"#), None);
+    fn server_errors_give_their_sqlstate() {
+        assert_eq!(sqlstate("server error: FATAL: terminating connection (SQLSTATE 57P01)"), Some("57P01"));
+        assert_eq!(sqlstate("no code"), None);
+    }
+
+    #[test]
+    fn stream_errors_are_told_apart_by_sqlstate() {
+        let config = LiveConfig::new("postgres://u@localhost/db", "s");
+        let server = |m: &str| PgWireError::Server(m.to_owned());
+        let fault = |e: PgWireError| classify_stream(&e, &config);
+        assert!(matches!(
+            fault(server("FATAL: terminating connection due to administrator command (SQLSTATE 57P01)")),
+            StreamFault::Lost { admin: true, .. }
+        ));
+        assert!(matches!(
+            fault(server("FATAL: crash (SQLSTATE 57P02)")),
+            StreamFault::Lost { admin: false, .. }
+        ));
+        assert!(matches!(
+            fault(PgWireError::Io(Arc::new(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)))),
+            StreamFault::Lost { admin: false, .. }
+        ));
+        assert!(matches!(
+            fault(server("ERROR: replication slot \"s\" is active for PID 7 (SQLSTATE 55006)")),
+            StreamFault::Fatal(LiveError::SlotBusy { .. })
+        ));
+        assert!(matches!(
+            fault(server("ERROR: publication \"p\" does not exist (SQLSTATE 42704)")),
+            StreamFault::Fatal(LiveError::NoPublication(_))
+        ));
+        assert!(matches!(
+            fault(server("ERROR: replication slot \"s\" does not exist (SQLSTATE 42704)")),
+            StreamFault::Fatal(LiveError::SlotDropped(_))
+        ));
+        assert!(matches!(
+            fault(server("FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501)")),
+            StreamFault::Fatal(LiveError::NoReplicationPermission(u)) if u == "u"
+        ));
     }
 }

@@ -251,6 +251,11 @@ impl Wal2JsonError {
             )
     }
 
+    /// The kind and the changes discarded, taken apart (the pgoutput decoder rewraps them).
+    pub(crate) fn into_parts(self) -> (Wal2JsonErrorKind, u64) {
+        (self.kind, self.discarded)
+    }
+
     /// Whether reading may go on after this error (everything but I/O errors and failed key
     /// look-ups, after which nothing can be read right). See the module docs for what happens to
     /// the open transaction.
@@ -425,47 +430,57 @@ fn malformed(offset: usize, reason: &'static str) -> Wal2JsonErrorKind {
 
 /// One JSON value's raw text, borrowed from the line. sonic-rs hands over a string value that
 /// has escapes as a copy, so that one is owned.
-type Raw<'a> = Cow<'a, str>;
+pub(crate) type Raw<'a> = Cow<'a, str>;
 
-/// The fields of one line this module reads. `action`, `xid`, `lsn`, `schema` and `table` stay
-/// raw JSON and are checked only by the actions that use them (a `B` with `"lsn":5` is fine);
-/// `columns`, `identity` and `pk` must have their shape on every line. Every field is `Some`
-/// when present, even as `null` (see [`present`]).
+/// The fields of one line this module reads: the **builder's input record**, which the wal2json
+/// parsers fill from a JSON line and the pgoutput decoder ([`crate::pgoutput`]) from a binary
+/// message, so that both go through the one [`TransactionBuilder`]. `action`, `xid`, `lsn`,
+/// `schema` and `table` stay raw JSON and are checked only by the actions that use them (a `B`
+/// with `"lsn":5` is fine); `columns`, `identity` and `pk` must have their shape on every line.
+/// Every field is `Some` when present, even as `null` (see [`present`]).
 #[derive(Deserialize, Debug, Default, PartialEq)]
-struct Line<'a> {
+pub(crate) struct Line<'a> {
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    action: Option<Raw<'a>>,
+    pub(crate) action: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    xid: Option<Raw<'a>>,
+    pub(crate) xid: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    lsn: Option<Raw<'a>>,
+    pub(crate) lsn: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    schema: Option<Raw<'a>>,
+    pub(crate) schema: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present_raw")]
-    table: Option<Raw<'a>>,
+    pub(crate) table: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    columns: Option<Vec<Column<'a>>>,
+    pub(crate) columns: Option<Vec<Column<'a>>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    identity: Option<Vec<Column<'a>>>,
+    pub(crate) identity: Option<Vec<Column<'a>>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    pk: Option<Vec<Key<'a>>>,
+    pub(crate) pk: Option<Vec<Key<'a>>>,
+    /// The `pk` is the table's replica identity as the stream knew it at this change (pgoutput's
+    /// Relation message), so the catalog is not asked: it tells the key as it is now, which may
+    /// be later DDL's. Only columns given with [`TransactionBuilder::set_key_columns`] beat it.
+    /// Never set by a wal2json line (whose `pk` is the primary key only).
+    #[serde(skip)]
+    pub(crate) key_from_stream: bool,
 }
 
 /// One `{"name":…,"type":…,"value":…}` element of `columns` / `identity`. The name is borrowed
-/// unless it has escapes.
+/// only when it needs no JSON escaping (a wal2json name without escapes; a pgoutput name without
+/// `"`, `\` or control characters): [`write_row`] writes a borrowed name as it is.
 #[derive(Deserialize, Clone, Debug, PartialEq)]
-struct Column<'a> {
+pub(crate) struct Column<'a> {
     #[serde(borrow)]
-    name: Cow<'a, str>,
+    pub(crate) name: Cow<'a, str>,
+    /// The value as JSON text (`1`, `"text"`, `null`, `true`).
     #[serde(borrow, deserialize_with = "raw")]
-    value: Raw<'a>,
+    pub(crate) value: Raw<'a>,
 }
 
 /// One `{"name":…,"type":…}` element of `pk`.
 #[derive(Deserialize, Debug, PartialEq)]
-struct Key<'a> {
+pub(crate) struct Key<'a> {
     #[serde(borrow)]
-    name: Cow<'a, str>,
+    pub(crate) name: Cow<'a, str>,
 }
 
 /// A field that is present is `Some`, `null` included (a plain `Option` would make it `None`).
@@ -648,6 +663,7 @@ mod slow {
                 columns: columns(l.columns),
                 identity: columns(l.identity),
                 pk: l.pk,
+                key_from_stream: false,
             }
         }
     }
@@ -1229,6 +1245,22 @@ impl TransactionBuilder {
         })
     }
 
+    /// Feeds one input record already read (the pgoutput decoder's way in; `push_line` parses a
+    /// wal2json line into the same record). `seq` numbers it in errors, as a line number does.
+    pub(crate) fn push_record(
+        &mut self,
+        seq: u64,
+        record: &Line<'_>,
+    ) -> Result<Option<Batch>, Wal2JsonError> {
+        self.discarded = 0;
+        self.apply(seq, record).map_err(|kind| {
+            if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
+                self.damage(seq);
+            }
+            Wal2JsonError { line: seq, kind, discarded: std::mem::take(&mut self.discarded) }
+        })
+    }
+
     /// Counts line `line_no` as a bad line of the open transaction, if one is open: a line the
     /// caller could not read (over its length limit, say). The transaction will be discarded at
     /// its `C` with [`Wal2JsonErrorKind::DamagedTransaction`].
@@ -1305,7 +1337,8 @@ impl TransactionBuilder {
         let table = string_field(f.table.as_deref(), action, "table", "")?;
         let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
         let row = if action == 'D' { identity } else { columns };
-        let (index, known_key, primary) = self.table(&schema, &table, pk, row, identity)?;
+        let (index, known_key, primary) =
+            self.table(&schema, &table, pk, row, identity, !f.key_from_stream)?;
         // Compute everything that can fail before touching the transaction.
         let filled = match (action, columns, identity) {
             ('U', Some(new), Some(old)) => filled_row(new, old),
@@ -1476,15 +1509,22 @@ impl TransactionBuilder {
         pk: Option<&[Key<'_>]>,
         row: Option<&[Column<'_>]>,
         identity: Option<&[Column<'_>]>,
+        use_lookup: bool,
     ) -> ParseResult<TableKeys> {
         self.name_key.clear();
         self.name_key.extend_from_slice(schema.as_bytes());
         self.name_key.push(0);
         self.name_key.extend_from_slice(table.as_bytes());
         let pk = pk.unwrap_or(&[]);
+        // A table met without the look-up (its key from the stream) that now needs it.
+        let want_lookup =
+            use_lookup && self.lookup.is_some() && !self.keys.contains_key(self.name_key.as_slice());
         if let Some(t) = self.tables.get(self.name_key.as_slice()) {
-            if !(t.looked_up && stale(t, pk, row, identity)) {
-                return Ok((t.index.clone(), t.key.clone(), t.primary.clone()));
+            let fresh = if t.looked_up { !use_lookup || !stale(t, pk, row, identity) } else { !want_lookup };
+            if fresh {
+                // The stream's key: the looked-up identity index is not used.
+                let key = if use_lookup || !t.looked_up { t.key.clone() } else { None };
+                return Ok((t.index.clone(), key, t.primary.clone()));
             }
         }
         if self.tables.len() >= MAX_CACHED_NAMES {
@@ -1492,6 +1532,7 @@ impl TransactionBuilder {
         }
         let (key, primary, looked_up) = match self.keys.get(self.name_key.as_slice()) {
             Some(k) => (k.clone(), None, false),
+            None if !use_lookup => (None, None, false),
             None => match self.lookup.as_mut() {
                 None => (None, None, false),
                 Some(lookup) => match lookup(schema, table) {

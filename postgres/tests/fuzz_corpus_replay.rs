@@ -1,4 +1,4 @@
-//! Replays every committed file of the `wal2json_lines` fuzz corpus (`fuzz/corpus/wal2json_lines/`
+//! Replays every committed file of the `wal2json_lines` and `pgoutput_decode` fuzz corpora (`fuzz/corpus/<target>/`
 //! at the workspace root) through the same harness function the cargo-fuzz target wraps, on
 //! stable, so CI checks it without nightly. Reproductions of fixed crashes live in the corpus too
 //! (`regression-*`). The core's corpora are replayed by the root's `tests/fuzz_corpus_replay.rs`.
@@ -18,4 +18,9 @@ fn replay(target: &str, harness: fn(&[u8])) {
 #[test]
 fn wal2json_lines_corpus_replays() {
     replay("wal2json_lines", fuzz_harness::wal2json_lines);
+}
+
+#[test]
+fn pgoutput_decode_corpus_replays() {
+    replay("pgoutput_decode", fuzz_harness::pgoutput_decode);
 }

@@ -63,3 +63,60 @@ fn check_batch(batch: &lanestream::Batch, last: &mut Option<lanestream::Position
         }
     }
 }
+
+/// `pgoutput_decode`: arbitrary bytes as pgoutput messages (each a 2-byte big-endian length,
+/// then that many bytes; a short tail is the last message) into the decoder, with chunks of 3
+/// changes and a key look-up that answers, fails or knows nothing by table. Every message gives
+/// a batch, nothing, or a named error naming that message; never a panic. Positioned batches
+/// strictly increase, every envelope carries its transaction's commit LSN, and every document is
+/// a JSON object.
+pub fn pgoutput_decode(data: &[u8]) {
+    use lanestream_postgres::pgoutput::PgOutputDecoder;
+    use lanestream_postgres::wal2json::CatalogKey;
+
+    let lookup: lanestream_postgres::wal2json::KeyLookup = Box::new(|_schema, table| match table.len() % 3 {
+        0 => Ok(Some(CatalogKey::PrimaryKey(vec![table.to_owned()]))),
+        1 => Ok(None),
+        _ => Err("the look-up failed".into()),
+    });
+    let builder = TransactionBuilder::new().with_max_batch_changes(Some(3)).with_key_lookup(lookup);
+    let mut decoder = PgOutputDecoder::new(builder);
+    let mut last = None;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let (message, tail) = match rest {
+            [a, b, tail @ ..] => {
+                let n = usize::from(u16::from_be_bytes([*a, *b])).min(tail.len());
+                tail.split_at(n)
+            }
+            _ => (rest, &[][..]),
+        };
+        rest = tail;
+        let before = decoder.messages();
+        match decoder.decode(message) {
+            Ok(Some(batch)) => {
+                if batch.position.is_some() {
+                    check_batch(&batch, &mut last);
+                    assert_eq!(decoder.builder().last_commit(), batch.position);
+                } else {
+                    assert!(decoder.in_transaction(), "a chunk outside a transaction");
+                }
+                for e in batch.envelopes.iter() {
+                    assert!(e.position.is_some(), "an envelope without its commit LSN");
+                    if e.op != Op::Truncate && !e.document.is_empty() {
+                        let v: serde_json::Value =
+                            serde_json::from_slice(&e.document).expect("a document is valid JSON");
+                        assert!(v.is_object(), "a document is a JSON object");
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                assert_eq!(e.message(), before + 1, "error names another message: {e}");
+                let _ = e.to_string();
+            }
+        }
+    }
+    let _ = decoder.finish();
+    assert!(!decoder.in_transaction(), "finish leaves no open transaction");
+}
