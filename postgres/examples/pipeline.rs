@@ -185,6 +185,11 @@ struct Args {
     /// Slots per lane, in batches.
     #[arg(long, default_value_t = 1024)]
     capacity: usize,
+    /// Bounds the bytes held by published batches not yet acked by every sink (documents, ids
+    /// and a fixed overhead per envelope, each batch charged once: `StreamBuilder::memory_budget`);
+    /// the ingest waits while it is spent, as for a full lane. Default: none (the capacity alone).
+    #[arg(long)]
+    memory_budget: Option<u64>,
     /// A transaction of more changes than this is published as several batches (chunks); only
     /// the last one carries the commit position. 0: one batch per transaction.
     #[arg(long, default_value_t = 10_000)]
@@ -1175,11 +1180,14 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         return redis_roles::run(args, url);
     }
     let names = sink_names(args.sinks);
-    let stream = MemoryStream::builder()
+    let mut builder = MemoryStream::builder()
         .capacity(args.capacity)
         .request_capacity(usize::from(args.sinks).max(1) * 2)
-        .sinks(names.iter().cloned())
-        .build()?;
+        .sinks(names.iter().cloned());
+    if let Some(bytes) = args.memory_budget {
+        builder = builder.memory_budget(bytes);
+    }
+    let stream = builder.build()?;
     let lanes: Vec<Lane> = names.iter().map(|n| stream.lane(n)).collect::<Result<_, _>>()?;
     let live = args.source.is_some();
     let input = match &args.source {
