@@ -702,3 +702,25 @@ fn the_relation_messages_key_beats_the_catalogs_which_may_tell_of_later_ddl() {
     let ids: Vec<String> = batches.iter().flat_map(|b| b.envelopes.iter()).map(|e| e.id.clone()).collect();
     assert_eq!(ids, ["7", "1:2", "2", "2"]);
 }
+
+#[test]
+fn numbers_keep_their_digits_even_past_the_range_of_f64() {
+    // numeric has up to 131,072 digits before the point; wal2json writes them as they are.
+    let big = format!("1{}", "0".repeat(400));
+    let mut d = decoder();
+    let batches = run(
+        &mut d,
+        &[
+            begin(0x10, 1),
+            relation(10, "public", "n", b'd', &[(true, "id", INT4), (false, "v", 1700), (false, "f", 701)]),
+            insert(10, &[Some("1"), Some(&big), Some("1e+308")]),
+            commit(0x10),
+        ],
+    )
+    .expect("decodes");
+    let document = doc(&batches[0].envelopes[0]);
+    assert_eq!(document, format!(r#"{{"id":1,"v":{big},"f":1e+308}}"#));
+    let raw: &serde_json::value::RawValue =
+        serde_json::from_str(document).expect("valid JSON by the grammar");
+    assert!(raw.get().starts_with('{'));
+}
