@@ -144,7 +144,7 @@ fn code(e: &RedisError) -> Option<String> {
 /// Whether `e` is a transient refusal: a server state that passes (loading its data after a
 /// restart, a long script, a failover), the command not run; retried like a lost connection,
 /// on the same connection.
-fn is_transient(e: &RedisError) -> bool {
+pub(crate) fn is_transient(e: &RedisError) -> bool {
     code(e)
         .is_some_and(|c| matches!(c.as_str(), "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
 }

@@ -375,6 +375,14 @@ impl RedisFanout {
             pipe.cmd("HMGET").arg(h).arg("w").arg("ep");
         }
         let replies: Vec<Value> = pipe.query(c)?;
+        if let Some(Value::ServerError(e)) = replies.first() {
+            // A transient refusal (`LOADING` after a restart...) did not run the `XADD`: retried
+            // as one, not taken for the log refusing the entry's id.
+            let e: ::redis::RedisError = e.clone().into();
+            if super::conn::is_transient(&e) {
+                return Err(e);
+            }
+        }
         if !matches!(replies.first(), Some(Value::BulkString(_))) {
             return Ok(false);
         }
