@@ -75,6 +75,19 @@ pub use position::{ParseLsnError, Position};
 pub use stream::redis::{
     RedisConsumer, RedisDelivery, RedisFanout, RedisItem, RedisRequestSender, RedisStream, RedisStreamBuilder,
 };
+
+/// The Redis Streams backend (feature `redis`): its guide — layout on the server, fences,
+/// where it differs from the in-memory backend — and its types (also re-exported at the
+/// crate root).
+#[cfg(all(feature = "redis", not(lanestream_loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis {
+    #![doc = include_str!("stream/redis/GUIDE.md")]
+    pub use crate::stream::redis::{
+        RedisConsumer, RedisDelivery, RedisFanout, RedisItem, RedisRequestSender, RedisStream,
+        RedisStreamBuilder,
+    };
+}
 pub use stream::{
     LaneConsumer, LaneDelivery, MemoryStream, RequestLane, RequestPublisher, RequestSender, Stream,
     StreamBuilder, StreamFanout,

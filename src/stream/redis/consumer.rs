@@ -83,7 +83,7 @@ impl<T: RedisItem> RedisConsumer<T> {
             return Ok(e);
         }
         let e = self.shared.attach_lane(&self.lane, false, self.token).map_err(|e| match e {
-            crate::StreamError::Backend(b) => b,
+            crate::error::StreamError::Backend(b) => b,
             _ => BackendError::Server(crate::error::ServerReason::UnexpectedReply),
         })?;
         self.epoch = Some(e);

@@ -6,8 +6,8 @@ use crate::item::{Item, LaneItem, Request};
 
 mod sealed {
     pub trait Sealed {}
-    impl Sealed for crate::LaneItem {}
-    impl Sealed for crate::Request {}
+    impl Sealed for crate::item::LaneItem {}
+    impl Sealed for crate::item::Request {}
 }
 
 /// What the Redis backend's lanes carry: [`LaneItem`] and [`Request`], in the codec's wire

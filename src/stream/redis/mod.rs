@@ -16,8 +16,8 @@
 //! and `waiter`, those on `lane` and `conn`), without a cycle.
 //!
 //! Items travel in the codec's wire form ([`crate::codec`]), decoded with validation on
-//! receive. The README's "Redis backend" section lists where this backend differs from the
-//! in-memory one.
+//! receive. The public module [`crate::redis`] carries the backend's guide: its layout on the
+//! server, its fences, and where it differs from the in-memory backend.
 
 // The backend's mutexes are `std::sync::Mutex`es, locked with `crate::sync::lock`, which takes
 // the shim's: the two are one type except under loom, which models the in-memory engine only, so

@@ -233,7 +233,7 @@ return 1
 /// processes may open the same stream (by name) and hold its ends: an ingest engine in one, each
 /// sink engine in its own.
 ///
-/// See the README's "Redis backend" section for the layout in Redis and for every difference
+/// See the [`redis`](crate::redis) module page for the layout in Redis and for every difference
 /// from [`MemoryStream`](crate::MemoryStream); [`last_error`](RedisStream::last_error) has the
 /// message behind the last [`BackendError`].
 ///
