@@ -2,8 +2,8 @@
 //! thread.
 //!
 //! Test scaffolding; the code under test is the log, reached only through its public API (its
-//! mutexes, condition variables, close flag and threads are loom's under `--cfg lanestream_loom`,
-//! through `src/sync.rs`).
+//! mutexes, wait lists, close flag and threads are loom's under `--cfg lanestream_loom`, through
+//! `src/sync.rs` and the core's `sync`).
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
