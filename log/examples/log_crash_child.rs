@@ -353,7 +353,9 @@ fn main() -> ExitCode {
             }
         },
         _ => {
-            eprintln!("usage: log_crash_child append DIR CYCLE | verify DIR ACKS | follow DIR OUT | follow-check DIR OUT");
+            eprintln!(
+                "usage: log_crash_child append DIR CYCLE | verify DIR ACKS | follow DIR OUT | follow-check DIR OUT"
+            );
             ExitCode::from(2)
         }
     }

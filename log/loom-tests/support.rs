@@ -6,8 +6,8 @@
 //! `src/sync.rs` and the core's `sync`).
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
+use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::task::{Wake, Waker};
 use std::time::Instant;
 

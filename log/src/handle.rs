@@ -18,13 +18,13 @@ use super::position::{LogPosition, PositionRange};
 use super::query::Query;
 use super::queue::{AppendResult, Queue, ReplySlot, Request};
 use super::read::{ReadHandle, Reads};
-use super::segment::{header, recover, Files, SegmentWriter, HEADER_LEN};
+use super::segment::{Files, HEADER_LEN, SegmentWriter, header, recover};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
-use super::storage::{sync_dir, DirClaim, FileStorage, Storage};
+use super::storage::{DirClaim, FileStorage, Storage, sync_dir};
 use super::subscription::Subscription;
 use super::writer::Writer;
-use crate::sync::{lock, JoinHandle, Mutex};
+use crate::sync::{JoinHandle, Mutex, lock};
 
 /// Opens logs: [`EventLog::open`] for a durable log in a directory, [`EventLog::in_memory`] for
 /// one that lives as long as the process. Both start the log's writer thread and hand out its

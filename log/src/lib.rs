@@ -177,11 +177,11 @@ pub use error::{
     AppendError, EventError, NextTimeoutError, OpenError, QueryError, ReadError, SubscriptionError,
     TryNextError,
 };
-pub use event::{Event, SequencedEvent, MAX_NAME_LEN, MAX_TAGS};
+pub use event::{Event, MAX_NAME_LEN, MAX_TAGS, SequencedEvent};
 pub use handle::{AppendFuture, EventLog, WriteHandle};
 pub use options::LogOptions;
 pub use position::{LogPosition, PositionRange};
 pub use query::{Query, QueryItem, QueryItems};
 pub use read::{ReadHandle, Reads};
-pub use source::{LogSource, LogSourceBuilder, Pumped, SourceError, SourceStats, DEFAULT_SNAPSHOT_BATCH};
+pub use source::{DEFAULT_SNAPSHOT_BATCH, LogSource, LogSourceBuilder, Pumped, SourceError, SourceStats};
 pub use subscription::{NextBatch, Subscription};

@@ -18,9 +18,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use lanestream::wait::{block_until, poll_until, WaitList};
+use lanestream::wait::{WaitList, block_until, poll_until};
 
-use crate::sync::{lock, Mutex};
+use crate::sync::{Mutex, lock};
 
 use super::condition::AppendCondition;
 use super::error::AppendError;

@@ -13,7 +13,7 @@ use std::fmt;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lanestream::wait::{block_until, poll_until, WaitList};
+use lanestream::wait::{WaitList, block_until, poll_until};
 
 /// Wakes every waiter after a state change (see the module docs).
 pub(crate) struct Signal {

@@ -11,14 +11,14 @@
 mod imp {
     pub(crate) use std::sync::atomic::AtomicBool;
     pub(crate) use std::sync::{Mutex, MutexGuard};
-    pub(crate) use std::thread::{current, park, park_timeout, Builder as ThreadBuilder, JoinHandle, Thread};
+    pub(crate) use std::thread::{Builder as ThreadBuilder, JoinHandle, Thread, current, park, park_timeout};
 }
 
 #[cfg(lanestream_loom)]
 mod imp {
     pub(crate) use loom::sync::atomic::AtomicBool;
     pub(crate) use loom::sync::{Mutex, MutexGuard};
-    pub(crate) use loom::thread::{current, park, Builder as ThreadBuilder, JoinHandle, Thread};
+    pub(crate) use loom::thread::{Builder as ThreadBuilder, JoinHandle, Thread, current, park};
 
     /// loom has no timed park; a timed wait parks like an untimed one, and models never use
     /// timeouts.

@@ -77,12 +77,13 @@ fn conflict_state_survives_recovery() {
     // and `after` is checked against the recovered head
     let r = log.append(vec![ev("X", &[])], Some(AppendCondition::new(Query::All, Some(pos(3)))));
     assert!(matches!(r, Err(AppendError::AfterBeyondHead { head: Some(h), .. }) if h == pos(2)), "{r:?}");
-    assert!(log
-        .append(
+    assert!(
+        log.append(
             vec![ev("Claimed", &["seat:7"])],
             Some(AppendCondition::new(Query::tags(["seat:7"]), Some(pos(2))))
         )
-        .is_ok());
+        .is_ok()
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream_log::{Event, EventLog, LogOptions, Query, SequencedEvent};
-use log_support::{all, ev_data, temp_dir, LIMIT};
+use log_support::{LIMIT, all, ev_data, temp_dir};
 
 fn options() -> LogOptions {
     LogOptions::default().segment_bytes(4 << 10)
@@ -136,8 +136,8 @@ fn writer_child() {
 
 #[cfg(unix)]
 #[test]
-fn a_follower_in_another_process_than_a_sigkilled_and_restarted_writer_misses_nothing_and_sees_nothing_undurable(
-) {
+fn a_follower_in_another_process_than_a_sigkilled_and_restarted_writer_misses_nothing_and_sees_nothing_undurable()
+ {
     let dir = temp_dir("follow-kill");
     fs::create_dir_all(&*dir).unwrap();
     let follower = EventLog::open_read_only(&dir, options()).unwrap();

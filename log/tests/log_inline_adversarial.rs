@@ -26,7 +26,7 @@ use lanestream_log::{
     AppendCondition, AppendError, AppendFuture, Event, EventLog, LogOptions, LogPosition, PositionRange,
     Query, ReadHandle, SequencedEvent, WriteHandle,
 };
-use log_support::{all, pos, temp_dir, LIMIT};
+use log_support::{LIMIT, all, pos, temp_dir};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

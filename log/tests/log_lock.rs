@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::thread;
 
 use lanestream_log::{EventLog, LogOptions, OpenError};
-use log_support::{all, ev, positions, temp_dir, LIMIT};
+use log_support::{LIMIT, all, ev, positions, temp_dir};
 
 const CHILD_ENV: &str = "LANESTREAM_LOG_LOCK_CHILD";
 

@@ -4,7 +4,7 @@
 mod log_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{Arc, Barrier, mpsc};
 use std::thread;
 
 use bytes::Bytes;
@@ -157,10 +157,11 @@ fn positions_start_at_1_dense_and_refused_appends_consume_none() {
     let r = log.append(vec![ev("A", &["k"]), ev("B", &[]), ev("C", &[])], None).unwrap();
     assert_eq!((r.first, r.last, r.len()), (pos(1), pos(3), 3));
     assert!(matches!(log.append(vec![], None), Err(AppendError::Empty)));
-    assert!(log
-        .append(vec![ev("A", &[])], Some(AppendCondition::new(Query::tags(["k"]), None)))
-        .unwrap_err()
-        .is_conflict());
+    assert!(
+        log.append(vec![ev("A", &[])], Some(AppendCondition::new(Query::tags(["k"]), None)))
+            .unwrap_err()
+            .is_conflict()
+    );
     assert!(matches!(
         log.append(vec![ev("A", &[])], Some(AppendCondition::new(Query::All, Some(pos(9))))),
         Err(AppendError::AfterBeyondHead { .. })

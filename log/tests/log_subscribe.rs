@@ -5,7 +5,7 @@ mod log_support;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{Arc, Barrier, mpsc};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use std::time::Duration;
 use lanestream_log::{
     EventLog, LogOptions, NextTimeoutError, Query, QueryItem, SequencedEvent, Subscription, TryNextError,
 };
-use log_support::{all, ev, ev_data, pos, positions, LIMIT};
+use log_support::{LIMIT, all, ev, ev_data, pos, positions};
 
 /// Drains a subscription until the log closes.
 fn drain(mut sub: Subscription) -> Vec<SequencedEvent> {
