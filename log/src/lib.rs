@@ -32,8 +32,8 @@
 //!   everything published before it, and with an error after a writer failure. Close and failure
 //!   wake every waiting subscriber, blocking or async.
 //! - **Backpressure.** The writer's request queue is bounded
-//!   ([`LogOptions::queue_capacity`]); a full queue blocks `append` and parks `append_async`,
-//!   without spinning. Appends queued before [`close`](WriteHandle::close) are served; later
+//!   ([`LogOptions::queue_capacity`]); a full queue blocks `append` (a brief spin, then the
+//!   thread parks: the lanes' wait list, `lanestream::wait`) and parks `append_async`'s task. Appends queued before [`close`](WriteHandle::close) are served; later
 //!   ones get `Shutdown`.
 //! - **Durability** (file mode). A reply means the append's bytes were fsynced. A failed write
 //!   or fsync fails every append of that group commit with `Io` and stops the log taking writes

@@ -127,7 +127,7 @@ impl Subscription {
         }
     }
 
-    /// The next batch, blocking (parked, not spinning) until there is one; `Ok(None)` once the
+    /// The next batch, blocking (a brief spin, then parked) until there is one; `Ok(None)` once the
     /// log is closed and every matching event was delivered.
     ///
     /// # Errors
