@@ -272,7 +272,7 @@ fn l2_a_half_released_run_is_not_overtaken_by_a_queued_item() {
 /// - order, and the watermark at the end.
 ///
 /// The fan-out's wait for room in every lane is the lanes' own wait (models 2, 5b, 13) and is
-/// checked natively (`tests/fanout.rs`); a third consumer thread plus that wait makes a model
+/// checked natively (`tests/lanes/fanout.rs`); a third consumer thread plus that wait makes a model
 /// that does not finish in minutes.
 ///
 /// Why the bound suffices: three threads; each hand-off is one Release read by one Acquire, and

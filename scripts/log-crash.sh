@@ -17,8 +17,8 @@
 #   scripts/log-crash.sh            20 cycles (CI)
 #   scripts/log-crash.sh --full     200 cycles
 #   scripts/log-crash.sh --cycles N
-# Uses the release build of log/examples/log_crash_child.rs (built here if needed; CI has built it in
-# the examples step). Prints a PASS or FAIL line last; exits non-zero on failure, keeping the log
+# Uses the release build of log/tests/crash/child.rs (the example target `log_crash_child`; built
+# here if needed; CI has built it in the examples step). Prints a PASS or FAIL line last; exits non-zero on failure, keeping the log
 # directory for a look.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -54,7 +54,7 @@ mod name;
 mod position;
 mod stream;
 mod sync;
-mod wait;
+pub mod wait;
 
 pub use envelope::{Envelope, Op};
 pub use error::{

@@ -2,7 +2,7 @@
 //! (fan-out publishes, runs and single receives, acks, nacks, re-attaches, closes, memory reads,
 //! fan-out replacements), applied to a `MemoryStream` and to the reference model, compared after
 //! every step, with the exact drop count of every item. A thin wrapper: the logic is shared with
-//! the proptest test (`tests/shared_ring.rs`) and the corpus replay.
+//! the proptest test (`tests/lanes/shared_ring.rs`) and the corpus replay.
 #![no_main]
 
 #[path = "../../tests/shared_model/mod.rs"]

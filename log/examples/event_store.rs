@@ -24,8 +24,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Instant;
 
@@ -301,8 +301,14 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         args.attempts,
         if args.dir.is_some() { "on disk" } else { "in memory" }
     );
-    println!("attempts: {} subscribed, {} course full, {} student at limit, {} already subscribed; {} conflicts retried",
-        load(&counts.subscribed), load(&counts.course_full), load(&counts.student_at_limit), load(&counts.already), load(&counts.conflicts));
+    println!(
+        "attempts: {} subscribed, {} course full, {} student at limit, {} already subscribed; {} conflicts retried",
+        load(&counts.subscribed),
+        load(&counts.course_full),
+        load(&counts.student_at_limit),
+        load(&counts.already),
+        load(&counts.conflicts)
+    );
     println!(
         "log: head {head}, {subscriptions} subscriptions, {full_courses} of {} courses full, {:.0?}",
         args.courses, elapsed
@@ -349,7 +355,9 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     if failures.is_empty() {
         println!(
             "PASS: {subscriptions} subscriptions, no course over {} and no student over {} ({} conflicts retried); projection == re-read ({batches} batches, watermark {head})",
-            args.capacity, args.max_courses, load(&counts.conflicts)
+            args.capacity,
+            args.max_courses,
+            load(&counts.conflicts)
         );
         Ok(true)
     } else {

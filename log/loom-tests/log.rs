@@ -1,8 +1,8 @@
 //! Loom models 11-12: the event log's subscriber waits (issue 10, semantics 5).
 //!
-//! The whole log runs under the model: its writer thread, its request queue (mutex and condition
-//! variables), the reply slots, the subscribers' signal (mutex, condition variable, waker list)
-//! and the close flag are loom's under `--cfg lanestream_loom` (`src/sync.rs`); the snapshot that
+//! The whole log runs under the model: its writer thread, its request queue, the reply slots and
+//! the subscribers' signal (each waiting on the core's wait list, `lanestream::wait`) and the
+//! close flag are loom's under `--cfg lanestream_loom` (`src/sync.rs` and the core's `sync`); the snapshot that
 //! `arc-swap` publishes is stood in for by a loom mutex around the `Arc` (loom cannot see
 //! `arc-swap`'s own atomics), so a publish is a Release and a load an Acquire, no stronger than
 //! `arc-swap` gives. Every log is in memory; model 12b's fsync failure comes from a storage that
@@ -67,19 +67,19 @@ fn append_async(log: &WriteHandle, data: &'static [u8]) -> u64 {
 /// for position 3, which an appender thread appends with `append_async` (through the queue and
 /// the writer thread). Checked: each wait gets the live
 /// append — no lost wake-up whichever side of the
-/// subscriber's check the writer's publish and notify land (the check runs under the signal's
-/// lock, the notify takes that lock after the publish), no duplicate, no gap — and `None` once
-/// the log is closed.
+/// subscriber's check the writer's publish and notify land (the check runs after the
+/// subscriber registered with the signal's wait list, the notify after the publish), no
+/// duplicate, no gap — and `None` once the log is closed.
 ///
-/// Fails when its protection is removed (`src/docs/memory_ordering.md`, section 9, rows 31,
-/// 32, 35): checking outside the signal's lock (`Signal::wait` or `Signal::poll` testing
-/// `ready()` before locking), or notifying before the snapshot is stored, each deadlock it.
+/// Fails when its protection is removed (`src/docs/memory_ordering.md`, rows 31, 32, 35):
+/// checking only before registering (`Signal::wait` or `Signal::poll` without the check after
+/// registering), or notifying before the snapshot is stored, each deadlock it.
 ///
-/// Why the bound suffices: the race is the subscriber's locked check-then-sleep against the
+/// Why the bound suffices: the race is the subscriber's register-check-sleep against the
 /// writer's publish-then-notify; putting the publish between the check and the sleep takes one
 /// preemption, a second covers the appender's queue push racing the writer's wait for work, and
 /// a third the writer's notify for position 2 landing during the async wait. Bound 3: about
-/// 12,000 executions, 2 s.
+/// 26,000 executions, 9 s.
 #[test]
 fn log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published() {
     support::model("log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published", 3, || {
@@ -114,15 +114,15 @@ fn log_subscriber_at_the_catch_up_live_boundary_while_an_append_is_published() {
 ///
 /// One subscriber thread blocks in `next_batch` and the main thread waits in
 /// `next_batch_async`, both with nothing to read, while a third thread closes the log. Checked:
-/// both end with `Ok(None)` (the writer's end guard sets `closed` and then notifies under the
-/// signal's lock; a waiter checks `closed` under that lock).
+/// both end with `Ok(None)` (the writer's end guard sets `closed` and then notifies; a waiter
+/// checks `closed` after registering).
 ///
-/// Fails when its protection is removed (section 9, rows 31, 33, 35): without the end guard's
-/// notify, or with either wait checking outside the lock, a waiter sleeps for ever (deadlock).
+/// Fails when its protection is removed (rows 31, 33, 35): without the end guard's notify, or
+/// with either wait checking only before registering, a waiter sleeps for ever (deadlock).
 ///
 /// Why the bound suffices: two waiters and the closer (plus the writer, which the close joins);
-/// each waiter's window is its locked check-then-sleep, entered by one preemption. Bound 2
-/// (about 5,000 executions, under a second; bound 3 passes too, about 82,000 executions, 12 s).
+/// each waiter's window is its register-check-sleep, entered by one preemption. Bound 2 (about
+/// 9,000 executions, 2 s).
 #[test]
 fn log_close_wakes_every_waiting_subscriber() {
     support::model("log_close_wakes_every_waiting_subscriber", 2, || {
@@ -148,12 +148,12 @@ fn log_close_wakes_every_waiting_subscriber() {
 /// `SubscriptionError::Failed` **before** the log is closed (the main thread joins it first, so
 /// only the failure's own notify can wake it). A later append is refused with `Failed`.
 ///
-/// Fails when its protection is removed (section 9, rows 31, 34): without the failure path's
-/// notify the subscriber sleeps until a close that never comes (deadlock).
+/// Fails when its protection is removed (row 34): without the failure path's notify the
+/// subscriber sleeps until a close that never comes (deadlock).
 ///
-/// Why the bound suffices: the race is the subscriber's locked check-then-sleep against the
+/// Why the bound suffices: the race is the subscriber's register-check-sleep against the
 /// writer's set-failure-then-notify; one preemption places the failure inside the window.
-/// Bound 3 (about 280 executions).
+/// Bound 3 (about 270 executions).
 #[test]
 fn log_writer_failure_wakes_every_waiting_subscriber() {
     support::model("log_writer_failure_wakes_every_waiting_subscriber", 3, || {

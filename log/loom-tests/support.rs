@@ -2,12 +2,12 @@
 //! thread.
 //!
 //! Test scaffolding; the code under test is the log, reached only through its public API (its
-//! mutexes, condition variables, close flag and threads are loom's under `--cfg lanestream_loom`,
-//! through `src/sync.rs`).
+//! mutexes, wait lists, close flag and threads are loom's under `--cfg lanestream_loom`, through
+//! `src/sync.rs` and the core's `sync`).
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
+use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::task::{Wake, Waker};
 use std::time::Instant;
 

@@ -168,7 +168,9 @@ pub enum OpenError {
     /// `<20 digits>.seg`, its index `<20 digits>.idx`, `LOCK` or `COMMIT`): the directory may not be a
     /// log's, or something was put there or renamed. Nothing was read or changed; move the file
     /// out (or open the right directory).
-    #[error("{0} is not a file of a lanestream log (segments are <20 digits>.seg, their indexes <20 digits>.idx); move it out of the log directory")]
+    #[error(
+        "{0} is not a file of a lanestream log (segments are <20 digits>.seg, their indexes <20 digits>.idx); move it out of the log directory"
+    )]
     StrayFile(PathBuf),
     /// A segment holds bytes recovery will not drop: a damaged record that is not a torn tail
     /// (in a segment other than the last, or followed by a whole CRC-valid record, which a

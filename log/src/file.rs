@@ -200,7 +200,7 @@ fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result
     while !buf.is_empty() {
         match std::os::windows::fs::FileExt::seek_read(file, buf, offset) {
             Ok(0) => {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "segment ends before the record"))
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "segment ends before the record"));
             }
             Ok(n) => {
                 buf = &mut buf[n..];

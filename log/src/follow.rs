@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use super::error::OpenError;
 use super::file::{FrameCache, SegmentFile};
-use super::segindex::{read_index, SegmentIndex};
-use super::segment::{check_header, decode_record, RecordError, HEADER_LEN};
+use super::segindex::{SegmentIndex, read_index};
+use super::segment::{HEADER_LEN, RecordError, check_header, decode_record};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
 use super::storage::segment_name;
@@ -264,24 +264,26 @@ impl Follower {
 /// Runs `follower` for the log `shared`, polling every `interval`, until every handle to the log
 /// is dropped (see the module docs).
 pub(crate) fn spawn(mut follower: Follower, shared: Weak<Shared>, interval: Duration) -> io::Result<()> {
-    thread::Builder::new().name("lanestream-log-follower".into()).spawn(move || loop {
-        thread::sleep(interval);
-        let Some(shared) = shared.upgrade() else { return };
-        match follower.catch_up(&shared.events) {
-            Ok(false) => {}
-            Ok(true) => {
-                shared.snapshot.store(Arc::new(Snapshot {
-                    head: follower.head,
-                    types: follower.index.types.clone(),
-                    tags: follower.index.tags.clone(),
-                }));
-                follower.index.shrink_scratch();
-                shared.signal.notify();
-            }
-            Err(e) => {
-                let _ = shared.failure.set(Arc::new(io::Error::other(e)));
-                shared.signal.notify();
-                return;
+    thread::Builder::new().name("lanestream-log-follower".into()).spawn(move || {
+        loop {
+            thread::sleep(interval);
+            let Some(shared) = shared.upgrade() else { return };
+            match follower.catch_up(&shared.events) {
+                Ok(false) => {}
+                Ok(true) => {
+                    shared.snapshot.store(Arc::new(Snapshot {
+                        head: follower.head,
+                        types: follower.index.types.clone(),
+                        tags: follower.index.tags.clone(),
+                    }));
+                    follower.index.shrink_scratch();
+                    shared.signal.notify();
+                }
+                Err(e) => {
+                    let _ = shared.failure.set(Arc::new(io::Error::other(e)));
+                    shared.signal.notify();
+                    return;
+                }
             }
         }
     })?;

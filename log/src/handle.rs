@@ -16,15 +16,15 @@ use super::follow::{self, Follower, MarkerFile};
 use super::options::LogOptions;
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
-use super::queue::{lock, AppendResult, Queue, ReplySlot, Request};
+use super::queue::{AppendResult, Queue, ReplySlot, Request};
 use super::read::{ReadHandle, Reads};
-use super::segment::{header, recover, Files, SegmentWriter, HEADER_LEN};
+use super::segment::{Files, HEADER_LEN, SegmentWriter, header, recover};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
-use super::storage::{sync_dir, DirClaim, FileStorage, Storage};
+use super::storage::{DirClaim, FileStorage, Storage, sync_dir};
 use super::subscription::Subscription;
 use super::writer::Writer;
-use crate::sync::{JoinHandle, Mutex};
+use crate::sync::{JoinHandle, Mutex, lock};
 
 /// Opens logs: [`EventLog::open`] for a durable log in a directory, [`EventLog::in_memory`] for
 /// one that lives as long as the process. Both start the log's writer thread and hand out its
@@ -463,7 +463,7 @@ enum State {
 pub struct AppendFuture {
     link: Arc<WriterLink>,
     state: State,
-    /// Registered with the queue while waiting for room.
+    /// Registered with the queue while waiting for room, then with the reply slot.
     key: Option<u64>,
 }
 
@@ -490,7 +490,7 @@ impl Future for AppendFuture {
                     }
                 }
                 State::Waiting(slot) => {
-                    let r = std::task::ready!(slot.poll(cx));
+                    let r = std::task::ready!(slot.poll(&mut this.key, cx));
                     this.state = State::Done;
                     return Poll::Ready(r);
                 }
@@ -502,8 +502,10 @@ impl Future for AppendFuture {
 
 impl Drop for AppendFuture {
     fn drop(&mut self) {
-        if let Some(k) = self.key.take() {
-            self.link.queue.cancel(k);
+        match &self.state {
+            State::Queueing { .. } => self.link.queue.cancel(&mut self.key),
+            State::Waiting(slot) => slot.cancel(&mut self.key),
+            State::Refused(_) | State::Done => {}
         }
     }
 }

@@ -219,14 +219,14 @@ impl<V: Clone> KeyMap<V> {
             let pos = (node.bitmap & (bit - 1)).count_ones() as usize;
             match &node.entries[pos] {
                 Entry::Leaf { hash: h, key: k, value } => {
-                    return (*h == hash && **k == *key).then_some(value)
+                    return (*h == hash && **k == *key).then_some(value);
                 }
                 Entry::Collision { hash: h, items } => {
                     return if *h == hash {
                         items.iter().find(|(k, _)| **k == *key).map(|(_, v)| v)
                     } else {
                         None
-                    }
+                    };
                 }
                 Entry::Node(child) => {
                     node = child;

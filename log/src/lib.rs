@@ -32,8 +32,8 @@
 //!   everything published before it, and with an error after a writer failure. Close and failure
 //!   wake every waiting subscriber, blocking or async.
 //! - **Backpressure.** The writer's request queue is bounded
-//!   ([`LogOptions::queue_capacity`]); a full queue blocks `append` and parks `append_async`,
-//!   without spinning. Appends queued before [`close`](WriteHandle::close) are served; later
+//!   ([`LogOptions::queue_capacity`]); a full queue blocks `append` (a brief spin, then the
+//!   thread parks: the lanes' wait list, `lanestream::wait`) and parks `append_async`'s task. Appends queued before [`close`](WriteHandle::close) are served; later
 //!   ones get `Shutdown`.
 //! - **Durability** (file mode). A reply means the append's bytes were fsynced. A failed write
 //!   or fsync fails every append of that group commit with `Io` and stops the log taking writes
@@ -104,7 +104,7 @@
 //! type and tag name ids: 8 bytes, plus 4 per tag), where its payload is on disk (20 bytes), its
 //! position in its type's and each tag's posting list (8 bytes each) and, per append, where the
 //! append ends (8 bytes); lists and slots grow in chunks of doubling size, and each distinct
-//! type and tag is stored once. Measured (`tests/log_footprint.rs`: one event per append, one of
+//! type and tag is stored once. Measured (`tests/event_log/footprint.rs`: one event per append, one of
 //! four types, one tag of 10,000, 256-byte payloads): **86 bytes per event** at 2,000,000 events
 //! (115 at 200,000, where the chunks that double are emptier), whatever the payload size — plus
 //! the record cache, at most [`LogOptions::cache_bytes`]. Payloads are read
@@ -177,11 +177,11 @@ pub use error::{
     AppendError, EventError, NextTimeoutError, OpenError, QueryError, ReadError, SubscriptionError,
     TryNextError,
 };
-pub use event::{Event, SequencedEvent, MAX_NAME_LEN, MAX_TAGS};
+pub use event::{Event, MAX_NAME_LEN, MAX_TAGS, SequencedEvent};
 pub use handle::{AppendFuture, EventLog, WriteHandle};
 pub use options::LogOptions;
 pub use position::{LogPosition, PositionRange};
 pub use query::{Query, QueryItem, QueryItems};
 pub use read::{ReadHandle, Reads};
-pub use source::{LogSource, LogSourceBuilder, Pumped, SourceError, SourceStats, DEFAULT_SNAPSHOT_BATCH};
+pub use source::{DEFAULT_SNAPSHOT_BATCH, LogSource, LogSourceBuilder, Pumped, SourceError, SourceStats};
 pub use subscription::{NextBatch, Subscription};

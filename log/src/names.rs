@@ -8,8 +8,8 @@
 //! of doubling size (64, 128, ... names), each allocated when its first name is added.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// log2 of the first bucket's size.
 const FIRST_BITS: u32 = 6;

@@ -135,7 +135,7 @@ impl PositionRange {
     }
 
     /// The positions, ascending.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = LogPosition> {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = LogPosition> + use<> {
         (self.first.get()..=self.last.get()).map(|n| LogPosition::new(n).expect("at least first"))
     }
 }

@@ -89,11 +89,7 @@ impl QueryItems {
     /// [`QueryError::NoItems`] when `items` is empty.
     pub fn new(items: impl IntoIterator<Item = QueryItem>) -> Result<QueryItems, QueryError> {
         let items: Box<[QueryItem]> = items.into_iter().collect();
-        if items.is_empty() {
-            Err(QueryError::NoItems)
-        } else {
-            Ok(QueryItems(items))
-        }
+        if items.is_empty() { Err(QueryError::NoItems) } else { Ok(QueryItems(items)) }
     }
 
     /// The items, in the order given (never empty).

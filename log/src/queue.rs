@@ -1,27 +1,34 @@
 //! The writer's bounded request queue and the one-shot reply each append waits on.
 //!
-//! Appenders push a [`Request`] (blocking on a condvar, or parking their task's waker, while the
-//! queue is full: backpressure without spinning); the writer takes up to a group commit's worth
-//! at once. Each request carries a [`ReplySender`]; its appender waits on the matching
-//! [`ReplySlot`] (parked thread or registered waker). A sender dropped without replying — the
-//! writer going away — replies [`AppendError::Shutdown`], so no appender ever waits forever.
+//! Appenders push a [`Request`] (blocking, or parking their task's waker, while the queue is
+//! full: backpressure); the writer takes up to a group commit's worth at once. Each request
+//! carries a [`ReplySender`]; its appender waits on the matching [`ReplySlot`]. A sender dropped
+//! without replying — the writer going away — replies [`AppendError::Shutdown`], so no appender
+//! ever waits forever.
+//!
+//! Every wait here — a pusher for room, the writer for work, an appender for its reply — is the
+//! core's wait list ([`lanestream::wait`]), as the subscribers' signal is: the state (the queue,
+//! the slot's result) sits behind a mutex, the waiter's check locks it, and the notifier changes
+//! it under that mutex and notifies after the unlock. The list's register-then-check argument
+//! does not need the check to run under the state's lock (a condition variable's argument
+//! does), so no condition variable is left: the mutex only keeps the queue consistent.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use crate::sync::{self, Condvar, Mutex, MutexGuard, Thread};
+use lanestream::wait::{WaitList, block_until, poll_until};
+
+use crate::sync::{Mutex, lock};
 
 use super::condition::AppendCondition;
 use super::error::AppendError;
 use super::event::Event;
 use super::position::PositionRange;
 
-/// Locks `m`, ignoring poisoning: every critical section here leaves its state consistent.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// A wait without a deadline ends only with a value.
+const NO_DEADLINE: &str = "a wait without a deadline returns only once ready";
 
 /// What an append's caller waits for.
 pub(crate) type AppendResult = Result<PositionRange, AppendError>;
@@ -45,71 +52,44 @@ impl fmt::Debug for Request {
     }
 }
 
-enum Waiter {
-    Thread(Thread),
-    Task(Waker),
-}
-
-impl Waiter {
-    fn wake(self) {
-        match self {
-            Waiter::Thread(t) => t.unpark(),
-            Waiter::Task(w) => w.wake(),
-        }
-    }
-}
-
-#[derive(Default)]
-struct ReplyState {
-    result: Option<AppendResult>,
-    waiter: Option<Waiter>,
-}
-
 /// Where the writer leaves one append's outcome.
-#[derive(Default)]
 pub(crate) struct ReplySlot {
-    state: Mutex<ReplyState>,
+    result: Mutex<Option<AppendResult>>,
+    /// The appender, parked or registered (one waiter at most; no room reserved: an append
+    /// that finds its reply ready never registers).
+    waiter: WaitList,
 }
 
 impl ReplySlot {
     /// A slot and the sender that fills it.
     pub(crate) fn pair() -> (Arc<ReplySlot>, ReplySender) {
-        let slot = Arc::new(ReplySlot::default());
+        let slot = Arc::new(ReplySlot { result: Mutex::new(None), waiter: WaitList::new(0) });
         (slot.clone(), ReplySender(Some(slot)))
     }
 
-    /// Blocks (parks) until the outcome is in.
+    /// Blocks (spins briefly, then parks) until the outcome is in.
     pub(crate) fn wait(&self) -> AppendResult {
-        let mut st = lock(&self.state);
-        loop {
-            if let Some(r) = st.result.take() {
-                return r;
-            }
-            st.waiter = Some(Waiter::Thread(sync::current()));
-            drop(st);
-            sync::park();
-            st = lock(&self.state);
+        block_until(&self.waiter, || {}, None, || lock(&self.result).take()).expect(NO_DEADLINE)
+    }
+
+    /// The outcome if it is in, else registers `cx`'s waker under `key` (replacing the one
+    /// registered before; cancelled on `Ready`).
+    pub(crate) fn poll(&self, key: &mut Option<u64>, cx: &mut Context<'_>) -> Poll<AppendResult> {
+        match poll_until(&self.waiter, || {}, key, cx.waker(), || lock(&self.result).take()) {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
         }
     }
 
-    /// The outcome if it is in, else registers `cx`'s waker.
-    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<AppendResult> {
-        let mut st = lock(&self.state);
-        match st.result.take() {
-            Some(r) => Poll::Ready(r),
-            None => {
-                if !matches!(&st.waiter, Some(Waiter::Task(w)) if w.will_wake(cx.waker())) {
-                    st.waiter = Some(Waiter::Task(cx.waker().clone()));
-                }
-                Poll::Pending
-            }
-        }
+    /// Forgets the waker registered under `key` (a dropped future); clears `key`.
+    pub(crate) fn cancel(&self, key: &mut Option<u64>) {
+        self.waiter.cancel(key);
     }
 }
 
 impl fmt::Debug for ReplySlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReplySlot").field("ready", &lock(&self.state).result.is_some()).finish()
+        f.debug_struct("ReplySlot").field("ready", &lock(&self.result).is_some()).finish()
     }
 }
 
@@ -126,14 +106,9 @@ impl ReplySender {
 }
 
 fn deliver(slot: &ReplySlot, result: AppendResult) {
-    let waiter = {
-        let mut st = lock(&slot.state);
-        st.result = Some(result);
-        st.waiter.take()
-    };
-    if let Some(w) = waiter {
-        w.wake();
-    }
+    *lock(&slot.result) = Some(result);
+    // After the unlock: the result is in before the notify (the wait list's ordering argument).
+    slot.waiter.notify();
 }
 
 impl Drop for ReplySender {
@@ -160,21 +135,16 @@ struct QueueState {
     closed: bool,
     /// The writer thread holds a drained group it has not finished committing.
     committing: bool,
-    /// The writer is waiting on `not_empty`.
-    writer_waiting: bool,
-    /// Blocked pushers waiting on `not_full`.
-    pushers_waiting: usize,
-    /// Async pushers waiting for room, by key.
-    space_wakers: Vec<(u64, Waker)>,
-    next_key: u64,
 }
 
 /// The bounded request queue in front of the writer.
 pub(crate) struct Queue {
     capacity: usize,
     state: Mutex<QueueState>,
-    not_empty: Condvar,
-    not_full: Condvar,
+    /// The writer thread, waiting for a request (or the close).
+    work: WaitList,
+    /// Pushers, blocked or async, waiting for room (or the close).
+    room: WaitList,
 }
 
 impl Queue {
@@ -185,102 +155,90 @@ impl Queue {
                 items: VecDeque::with_capacity(capacity.min(4096)),
                 closed: false,
                 committing: false,
-                writer_waiting: false,
-                pushers_waiting: 0,
-                space_wakers: Vec::new(),
-                next_key: 0,
             }),
-            not_empty: Condvar::new(),
-            not_full: Condvar::new(),
+            work: WaitList::new(1),
+            room: WaitList::new(2),
         }
     }
 
-    fn enqueue(&self, mut st: MutexGuard<'_, QueueState>, request: Request) {
-        st.items.push_back(request);
-        let wake_writer = st.writer_waiting;
-        drop(st);
-        if wake_writer {
-            self.not_empty.notify_one();
+    /// Queues `*request` (taking it) if there is room: `Some(true)`; `Some(false)` once the
+    /// queue is closed (the request stays); `None` while it is full.
+    fn try_push(&self, request: &mut Option<Request>) -> Option<bool> {
+        let mut st = lock(&self.state);
+        if st.closed {
+            return Some(false);
         }
+        if st.items.len() >= self.capacity {
+            return None;
+        }
+        st.items.push_back(request.take().expect("polled after completion"));
+        drop(st);
+        // After the unlock: the request is queued before the notify.
+        self.work.notify();
+        Some(true)
     }
 
     /// Queues `request`, blocking while the queue is full. `Err` hands it back once the queue
     /// is closed.
     pub(crate) fn push(&self, request: Request) -> Result<(), Request> {
-        let mut st = lock(&self.state);
-        while !st.closed && st.items.len() >= self.capacity {
-            st.pushers_waiting += 1;
-            st = self.not_full.wait(st).unwrap_or_else(PoisonError::into_inner);
-            st.pushers_waiting -= 1;
+        let mut request = Some(request);
+        let queued = block_until(&self.room, || {}, None, || self.try_push(&mut request)).expect(NO_DEADLINE);
+        match request {
+            Some(r) if !queued => Err(r),
+            _ => Ok(()),
         }
-        if st.closed {
-            return Err(request);
-        }
-        self.enqueue(st, request);
-        Ok(())
     }
 
     /// Queues `*request` if there is room (taking it), else registers `cx`'s waker under `key`.
-    /// `Ready(false)` once the queue is closed (the request stays in `*request`).
+    /// `Ready(false)` once the queue is closed (the request stays in `*request`). On `Ready` the
+    /// key is cancelled.
     pub(crate) fn poll_push(
         &self,
         request: &mut Option<Request>,
         key: &mut Option<u64>,
         cx: &mut Context<'_>,
     ) -> Poll<bool> {
-        let mut st = lock(&self.state);
-        if let Some(k) = key.take() {
-            st.space_wakers.retain(|(x, _)| *x != k);
+        match poll_until(&self.room, || {}, key, cx.waker(), || self.try_push(request)) {
+            Some(queued) => Poll::Ready(queued),
+            None => Poll::Pending,
         }
-        if st.closed {
-            return Poll::Ready(false);
-        }
-        if st.items.len() < self.capacity {
-            let r = request.take().expect("polled after completion");
-            self.enqueue(st, r);
-            return Poll::Ready(true);
-        }
-        let k = st.next_key;
-        st.next_key += 1;
-        st.space_wakers.push((k, cx.waker().clone()));
-        *key = Some(k);
-        Poll::Pending
     }
 
-    /// Forgets the waker registered under `key` (a dropped future).
-    pub(crate) fn cancel(&self, key: u64) {
-        lock(&self.state).space_wakers.retain(|(x, _)| *x != key);
+    /// Forgets the waker registered under `key` (a dropped future); clears `key`.
+    pub(crate) fn cancel(&self, key: &mut Option<u64>) {
+        self.room.cancel(key);
     }
 
     /// Moves up to `max_requests` requests (and up to about `max_bytes`; always at least one)
     /// into `out`, waiting while the queue is empty. `false` once it is closed and empty.
     pub(crate) fn drain(&self, max_requests: usize, max_bytes: usize, out: &mut Vec<Request>) -> bool {
-        let mut st = lock(&self.state);
-        while st.items.is_empty() {
-            if st.closed {
-                return false;
-            }
-            st.writer_waiting = true;
-            st = self.not_empty.wait(st).unwrap_or_else(PoisonError::into_inner);
-            st.writer_waiting = false;
+        let took = block_until(
+            &self.work,
+            || {},
+            None,
+            || {
+                let mut st = lock(&self.state);
+                if st.items.is_empty() {
+                    return st.closed.then_some(false);
+                }
+                let mut bytes = 0;
+                while let Some(r) = st.items.front() {
+                    if !out.is_empty() && (out.len() >= max_requests || bytes + r.bytes > max_bytes) {
+                        break;
+                    }
+                    bytes += r.bytes;
+                    out.push(st.items.pop_front().expect("front exists"));
+                }
+                st.committing = true;
+                Some(true)
+            },
+        )
+        .expect(NO_DEADLINE);
+        if took {
+            // After the unlock: the room is made before the notify.
+            self.room.notify();
         }
-        let mut bytes = 0;
-        while let Some(r) = st.items.front() {
-            if !out.is_empty() && (out.len() >= max_requests || bytes + r.bytes > max_bytes) {
-                break;
-            }
-            bytes += r.bytes;
-            out.push(st.items.pop_front().expect("front exists"));
-        }
-        st.committing = true;
-        let wake_blocked = st.pushers_waiting > 0;
-        let wakers = std::mem::take(&mut st.space_wakers);
-        drop(st);
-        if wake_blocked {
-            self.not_full.notify_all();
-        }
-        wakers.into_iter().for_each(|(_, w)| w.wake());
-        true
+        took
     }
 
     /// The writer thread has answered the group [`drain`](Queue::drain) gave it.
@@ -299,14 +257,10 @@ impl Queue {
     /// Closes the queue: later pushes are refused (and waiting pushers too); what is queued is
     /// still drained.
     pub(crate) fn close(&self) {
-        let wakers = {
-            let mut st = lock(&self.state);
-            st.closed = true;
-            std::mem::take(&mut st.space_wakers)
-        };
-        self.not_full.notify_all();
-        self.not_empty.notify_all();
-        wakers.into_iter().for_each(|(_, w)| w.wake());
+        lock(&self.state).closed = true;
+        // After the unlock: closed before the notifies.
+        self.room.notify();
+        self.work.notify();
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::error::ReadError;
 use super::event::SequencedEvent;
-use super::position::{raw, LogPosition, PositionRange};
+use super::position::{LogPosition, PositionRange, raw};
 use super::query::Query;
 use super::snapshot::{Dir, Shared, View};
 use super::subscription::Subscription;

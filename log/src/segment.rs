@@ -56,8 +56,8 @@ use super::error::OpenError;
 use super::event::{Block, Event, MAX_NAME_LEN, MAX_TAGS};
 use super::file::{FrameCache, Loc, SegmentFile};
 use super::follow::{Marker, MarkerFile};
-use super::segindex::{index_name, read_index, write_index, SegmentIndex};
-use super::storage::{list_dir, segment_name, Storage};
+use super::segindex::{SegmentIndex, index_name, read_index, write_index};
+use super::storage::{Storage, list_dir, segment_name};
 
 /// The version of the format this build reads and writes (segments and index files).
 pub(crate) const FORMAT_VERSION: u8 = 1;

@@ -586,9 +586,7 @@ impl LogSource {
                 }
             }
         };
-        if let Some(k) = self.signal_key.take() {
-            self.shared.signal.cancel(k);
-        }
+        self.shared.signal.cancel(&mut self.signal_key);
         woke
     }
 

@@ -6,15 +6,9 @@ use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use super::error::OpenError;
-
-/// Locks the process-wide set of open directories (std's mutex in every build: it is a
-/// `static`, which loom's cannot be, and the loom models use in-memory logs only).
-fn lock(m: &Mutex<HashSet<PathBuf>>) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// The file operations of the segment writer.
 pub(crate) trait Storage: Send + fmt::Debug {
@@ -73,7 +67,7 @@ impl DirClaim {
     /// [`OpenError::Locked`] while another process has it open; [`OpenError::Io`] if the lock
     /// file cannot be created or locked. Nothing stays claimed on an error.
     pub(crate) fn claim(dir: &Path) -> Result<DirClaim, OpenError> {
-        if !lock(open_dirs()).insert(dir.to_path_buf()) {
+        if !open_dirs().lock().unwrap_or_else(PoisonError::into_inner).insert(dir.to_path_buf()) {
             return Err(OpenError::AlreadyOpen(dir.to_path_buf()));
         }
         // From here on, dropping `claim` takes the entry out again on every early return.
@@ -109,7 +103,7 @@ impl Drop for DirClaim {
         // Unlock (close) before leaving the set, so that a log of this process that claims the
         // directory next never finds its own old lock still held.
         drop(self.lock_file.take());
-        lock(open_dirs()).remove(&self.dir);
+        open_dirs().lock().unwrap_or_else(PoisonError::into_inner).remove(&self.dir);
     }
 }
 

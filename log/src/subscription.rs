@@ -106,7 +106,8 @@ impl Subscription {
         }
     }
 
-    /// Whether a look at the log could give something new (checked under the signal's lock).
+    /// Whether a look at the log could give something new (checked after registering with the
+    /// signal).
     fn ready(shared: &Shared, after: u64) -> bool {
         shared.is_ended() || shared.snapshot.load().head > after
     }
@@ -126,7 +127,7 @@ impl Subscription {
         }
     }
 
-    /// The next batch, blocking (parked, not spinning) until there is one; `Ok(None)` once the
+    /// The next batch, blocking (a brief spin, then parked) until there is one; `Ok(None)` once the
     /// log is closed and every matching event was delivered.
     ///
     /// # Errors
@@ -236,9 +237,7 @@ impl Future for NextBatch<'_> {
 
 impl Drop for NextBatch<'_> {
     fn drop(&mut self) {
-        if let Some(k) = self.key.take() {
-            self.sub.shared.signal.cancel(k);
-        }
+        self.sub.shared.signal.cancel(&mut self.key);
     }
 }
 

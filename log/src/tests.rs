@@ -5,7 +5,7 @@
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -168,7 +168,7 @@ fn staged_after_equal_head_conflicts_with_a_match_earlier_in_the_same_drain() {
     control.set(|p| p.hold_syncs = true);
     let blocker = via_writer_thread(&log, "Blocker");
     control.await_syncs(2); // the writer is stuck in the blocker's group commit (head 2 staged)
-                            // Queued behind it, in this order, so they share the next group commit:
+    // Queued behind it, in this order, so they share the next group commit:
     let waker = Waker::from(Arc::new(Counting::default()));
     let mut winner = log.append_async(vec![ev("Reserved", &["seat:1"])], None);
     assert!(poll_once(&mut winner, &waker).is_pending()); // queued

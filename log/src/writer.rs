@@ -27,15 +27,15 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread;
 
-use crate::sync::{lock, JoinHandle, Mutex, Ordering, ThreadBuilder};
+use crate::sync::{JoinHandle, Mutex, Ordering, ThreadBuilder, lock};
 
 use super::error::AppendError;
 use super::event::Event;
 use super::event::Payloads;
 use super::file::Loc;
-use super::position::{raw, LogPosition, PositionRange};
+use super::position::{LogPosition, PositionRange, raw};
 use super::queue::{AppendResult, Queue, ReplySender, Request};
-use super::segment::{encode_record, SegmentWriter};
+use super::segment::{SegmentWriter, encode_record};
 use super::snapshot::{IndexWriter, Shared, Snapshot, View};
 
 /// The writer thread's state.

@@ -29,7 +29,7 @@ fn log_ops_corpus_replays() {
 #[test]
 #[ignore = "writes fuzz/corpus/log_segment/seed-*; run by hand"]
 fn write_log_segment_seeds() {
-    use fuzz_harness::log_segment::{TempDir, HEADER_LEN};
+    use fuzz_harness::log_segment::{HEADER_LEN, TempDir};
     use lanestream_log::{AppendCondition, Event, EventLog, LogOptions, Query};
 
     let dir = TempDir::new("seeds");
@@ -70,7 +70,7 @@ fn write_log_segment_seeds() {
 /// corruption.
 #[test]
 fn log_segment_reference_reads_the_seeds_as_written() {
-    use fuzz_harness::log_segment::{expect, layout, Expect};
+    use fuzz_harness::log_segment::{Expect, expect, layout};
     let seed = |name: &str| {
         std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/log_segment").join(name))
             .unwrap()

@@ -20,6 +20,7 @@ use std::task::Waker;
 use std::time::Instant;
 
 use super::ring::{Cells, Ring, NO_POSITION};
+use super::MAX_RUN;
 use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::Item;
 use crate::position::Position;
@@ -99,6 +100,9 @@ pub(crate) struct Publisher<T> {
     /// The lowest `free` over the lanes at the last load, and the lane that had it.
     min_free: u64,
     slowest: usize,
+    /// The charges [`admissible`](Publisher::admissible) computed for the items it admitted, in
+    /// order, handed to [`push`](Publisher::push) (budgeted streams only: each is O(envelopes)).
+    charges: Vec<u64>,
 }
 
 // The role is used from one thread at a time (`&mut self`); the rings and cells are `Sync`.
@@ -113,7 +117,9 @@ impl<T> Publisher<T> {
         // Relaxed: the role's Acquire ordered us after the previous holder's writes.
         let tail = cells.counts.written.load(Ordering::Relaxed);
         let last = cells.counts.last_published.load(Ordering::Relaxed);
-        let mut publisher = Publisher { cells, lanes, tail, last, min_free: 0, slowest: 0 };
+        // Room for a run's charges up front: no allocation per publish (M1).
+        let charges = Vec::with_capacity(if cells.budget.is_some() { MAX_RUN } else { 0 });
+        let mut publisher = Publisher { cells, lanes, tail, last, min_free: 0, slowest: 0, charges };
         publisher.refresh();
         Some(publisher)
     }
@@ -201,6 +207,7 @@ impl<T> Publisher<T> {
         if let Some(budget) = self.cells.budget {
             let (held_items, mut held) = self.cells.held();
             let mut fit = 0;
+            self.charges.clear();
             for item in &items[..n] {
                 let charge = item.charge();
                 // One item over the whole budget goes alone, once nothing else is held (M4).
@@ -208,6 +215,7 @@ impl<T> Publisher<T> {
                     break;
                 }
                 held = held.saturating_add(charge);
+                self.charges.push(charge);
                 fit += 1;
             }
             if fit == 0 {
@@ -219,7 +227,8 @@ impl<T> Publisher<T> {
         Ok(n)
     }
 
-    /// Writes `items` (admitted) into the next cells, marks them gaps on every lane but `to`
+    /// Writes `items` (just admitted by [`admissible`](Publisher::admissible), whose charges it
+    /// takes on a budgeted stream) into the next cells, marks them gaps on every lane but `to`
     /// (if any), and publishes them to every lane with one compare-and-swap of the cursor.
     /// `Err` with the items back if the stream was closed meanwhile: nothing was published.
     fn push(&mut self, to: Option<usize>, items: impl ExactSizeIterator<Item = T>) -> Result<(), Vec<T>>
@@ -233,7 +242,7 @@ impl<T> Publisher<T> {
         for (k, item) in items.enumerate() {
             let index = self.tail + k as u64;
             let position = item.position().map_or(NO_POSITION, |p| p.0);
-            let charge = if budget { item.charge() } else { 0 };
+            let charge = if budget { self.charges[k] } else { 0 };
             if position != NO_POSITION {
                 last = position;
             }

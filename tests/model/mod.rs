@@ -1,7 +1,7 @@
 //! The reference model of a [`MemoryStream`]'s sink lanes and its one fan-out, and the harness
 //! that applies one operation to the real stream and to the model and compares them.
 //!
-//! Shared, by path, by `tests/proptest_model.rs`, `tests/fuzz_corpus_replay.rs` and the cargo-fuzz
+//! Shared, by path, by `tests/lanes/model_proptest.rs`, `tests/fuzz_corpus_replay.rs` and the cargo-fuzz
 //! target `fuzz/fuzz_targets/lane_ops.rs`, so the property test, the fuzzer and the corpus replay
 //! run exactly the same logic.
 //!

@@ -2,7 +2,7 @@
 //! and the harness that applies random operations to a stream and to the model and compares them
 //! after every step ([`shared_ops`]).
 //!
-//! Shared, by path, by `tests/shared_ring.rs` (its proptest, and the canaries of its other
+//! Shared, by path, by `tests/lanes/shared_ring.rs` (its proptest, and the canaries of its other
 //! tests), `tests/fuzz_corpus_replay.rs` and the cargo-fuzz target
 //! `fuzz/fuzz_targets/shared_ring_ops.rs` ([`run_bytes`]), so the property test, the fuzzer and
 //! the corpus replay run exactly the same logic.
@@ -131,9 +131,12 @@ pub fn shared(capacity: usize, sinks: &[&str]) -> MemoryStream {
 }
 
 // ----- the model ------------------------------------------------------------------------------------
+//
+// One sink lane as the model sees it; `tests/lanes/runs_faults.rs`'s random run sequences use it
+// too (they publish to every lane, so no item of theirs is ever a `Gap`).
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MState {
+pub enum MState {
     Queued,
     /// Another lane's item (`Fanout::try_publish_to`): passed (acked) by this lane's next
     /// receive step that reaches it, never delivered.
@@ -144,25 +147,25 @@ enum MState {
 }
 
 #[derive(Clone, Debug)]
-struct MItem {
-    position: u64,
-    state: MState,
-    attempts: u32,
+pub struct MItem {
+    pub position: u64,
+    pub state: MState,
+    pub attempts: u32,
 }
 
 /// A model lane: every item published, by sequence (small runs: nothing is forgotten).
 #[derive(Default, Debug)]
-struct MLane {
-    items: Vec<MItem>,
-    next: usize,
-    generation: u32,
-    closed: bool,
+pub struct MLane {
+    pub items: Vec<MItem>,
+    pub next: usize,
+    pub generation: u32,
+    pub closed: bool,
 }
 
 impl MLane {
     /// A run of up to `max` items: the lowest released alone, else (past the gaps at the
     /// front, which the step acks) queued items up to the next gap.
-    fn take_run(&mut self, max: usize) -> Option<(Vec<(usize, u32)>, u32)> {
+    pub fn take_run(&mut self, max: usize) -> Option<(Vec<(usize, u32)>, u32)> {
         self.generation += 1;
         let g = self.generation;
         if let Some(i) = self.items.iter().position(|it| it.state == MState::Released) {
@@ -193,7 +196,7 @@ impl MLane {
         Some((run, 1))
     }
 
-    fn ack(&mut self, i: usize, g: u32) -> bool {
+    pub fn ack(&mut self, i: usize, g: u32) -> bool {
         let landed = self.items[i].state == MState::Delivered(g);
         if landed {
             self.items[i].state = MState::Acked;
@@ -201,13 +204,13 @@ impl MLane {
         landed
     }
 
-    fn release(&mut self, i: usize, g: u32) {
+    pub fn release(&mut self, i: usize, g: u32) {
         if self.items[i].state == MState::Delivered(g) {
             self.items[i].state = MState::Released;
         }
     }
 
-    fn reattach(&mut self) {
+    pub fn reattach(&mut self) {
         for it in &mut self.items {
             if matches!(it.state, MState::Delivered(_)) {
                 it.state = MState::Released;
@@ -215,11 +218,11 @@ impl MLane {
         }
     }
 
-    fn acked(&self) -> Option<u64> {
+    pub fn acked(&self) -> Option<u64> {
         self.items.iter().take_while(|it| it.state == MState::Acked).map(|it| it.position).last()
     }
 
-    fn unacked(&self) -> usize {
+    pub fn unacked(&self) -> usize {
         self.items.iter().filter(|it| it.state != MState::Acked).count()
     }
 }

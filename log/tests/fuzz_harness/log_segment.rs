@@ -28,8 +28,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lanestream_log::{
-    AppendCondition, AppendError, Event, EventLog, LogOptions, LogPosition, OpenError, Query, MAX_NAME_LEN,
-    MAX_TAGS,
+    AppendCondition, AppendError, Event, EventLog, LogOptions, LogPosition, MAX_NAME_LEN, MAX_TAGS,
+    OpenError, Query,
 };
 
 /// A segment header's magic, as documented.

@@ -1,0 +1,338 @@
+//! The persisted index of each sealed segment (`<20 digits>.idx`) and the format's version: an
+//! index file that is missing, cut short, damaged or not the segment's is rebuilt from the
+//! segment and never trusted over it; stray files and files of another format version are
+//! refused with a clear error and nothing changed; the checked-in fixtures
+//! (`tests/fixtures/v1/`: segments, index files and the commit marker), written by this version
+//! of the format, open to exactly their events from their index files (as a writer and as a
+//! follower), and a new log given the same appends writes them byte for byte.
+
+use crate::log_support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lanestream_log::{EventLog, LogOptions, OpenError, Query, SequencedEvent};
+use log_support::{all, ev_data, temp_dir};
+
+/// Small segments, so a few appends seal several.
+fn options() -> LogOptions {
+    LogOptions::default().segment_bytes(256)
+}
+
+/// The files of `dir` ending in `.ext`, sorted.
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every file of `dir` with its bytes, sorted by name.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), fs::read(&p).unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The appends of the fixture log and of the tests here: 48 events in 24 appends (some of
+/// several events), three types, tags shared and not, payloads of every small length.
+fn write_appends(log: &lanestream_log::WriteHandle) {
+    for i in 0..24u32 {
+        let n = 1 + (i % 3) as usize;
+        let events = (0..n)
+            .map(|j| {
+                let k = i * 3 + j as u32;
+                let ty = ["Opened", "Deposited", "Closed"][(k % 3) as usize];
+                let account = format!("account:{}", k % 4);
+                let data: Vec<u8> = (0..(k % 37)).map(|b| (b * 7 + k) as u8).collect();
+                if k % 5 == 0 {
+                    ev_data(ty, &[&account, "audit"], data)
+                } else {
+                    ev_data(ty, &[&account], data)
+                }
+            })
+            .collect();
+        log.append(events, None).unwrap();
+    }
+}
+
+/// A closed log of [`write_appends`] in `dir`, with its events.
+fn written_log(dir: &Path) -> Vec<SequencedEvent> {
+    let log = EventLog::open(dir, options()).unwrap();
+    write_appends(&log);
+    let events = all(&log.reader());
+    log.close();
+    assert_eq!(events.len(), 48);
+    assert!(files(dir, "idx").len() >= 3, "the test needs several sealed segments");
+    events
+}
+
+#[test]
+fn sealed_segments_get_an_index_file_and_the_last_one_none() {
+    let dir = temp_dir("idx-sealed");
+    written_log(&dir);
+    let segs = files(&dir, "seg");
+    let idxs = files(&dir, "idx");
+    assert_eq!(idxs.len(), segs.len() - 1, "every segment but the last is sealed");
+    for (s, i) in segs.iter().zip(&idxs) {
+        assert_eq!(s.with_extension("idx"), *i);
+    }
+}
+
+#[test]
+fn an_index_file_cut_at_every_byte_offset_is_rebuilt_from_the_segment() {
+    let dir = temp_dir("idx-cut");
+    let events = written_log(&dir);
+    let victim = files(&dir, "idx")[1].clone();
+    let whole = fs::read(&victim).unwrap();
+    for cut in 0..whole.len() {
+        fs::write(&victim, &whole[..cut]).unwrap();
+        let log = EventLog::open(&dir, options()).unwrap();
+        assert_eq!(all(&log.reader()), events, "index cut at byte {cut}");
+        log.close();
+        assert_eq!(fs::read(&victim).unwrap(), whole, "index cut at byte {cut} was not rebuilt as it was");
+    }
+}
+
+#[test]
+fn an_index_file_with_any_byte_damaged_is_never_trusted() {
+    let dir = temp_dir("idx-flip");
+    let events = written_log(&dir);
+    let victim = files(&dir, "idx")[0].clone();
+    let whole = fs::read(&victim).unwrap();
+    for at in 0..whole.len() {
+        let mut bad = whole.clone();
+        bad[at] ^= 0x5A;
+        fs::write(&victim, &bad).unwrap();
+        let log = EventLog::open(&dir, options()).unwrap();
+        assert_eq!(all(&log.reader()), events, "index byte {at} damaged");
+        log.close();
+        assert_eq!(fs::read(&victim).unwrap(), whole, "index byte {at} damaged: not rebuilt");
+    }
+}
+
+#[test]
+fn a_missing_index_or_another_segments_index_is_rebuilt() {
+    let dir = temp_dir("idx-swap");
+    let events = written_log(&dir);
+    let idxs = files(&dir, "idx");
+    let originals: Vec<Vec<u8>> = idxs.iter().map(|p| fs::read(p).unwrap()).collect();
+    // Missing.
+    fs::remove_file(&idxs[0]).unwrap();
+    // Whole and CRC-valid, but another segment's (it names another first position and length).
+    fs::write(&idxs[1], &originals[2]).unwrap();
+    let log = EventLog::open(&dir, options()).unwrap();
+    assert_eq!(all(&log.reader()), events);
+    log.close();
+    for (p, original) in idxs.iter().zip(&originals) {
+        assert_eq!(&fs::read(p).unwrap(), original, "{} not rebuilt", p.display());
+    }
+}
+
+#[test]
+fn a_half_written_index_left_by_a_crash_is_removed_and_the_index_rebuilt() {
+    let dir = temp_dir("idx-tmp");
+    let events = written_log(&dir);
+    let idx = files(&dir, "idx")[0].clone();
+    let whole = fs::read(&idx).unwrap();
+    // A crash between writing the temporary file and renaming it: no index, half a temp file.
+    fs::remove_file(&idx).unwrap();
+    let tmp = PathBuf::from(format!("{}.tmp", idx.display()));
+    fs::write(&tmp, &whole[..whole.len() / 2]).unwrap();
+    let log = EventLog::open(&dir, options()).unwrap();
+    assert_eq!(all(&log.reader()), events);
+    log.close();
+    assert!(!tmp.exists(), "the temporary file stays behind");
+    assert_eq!(fs::read(&idx).unwrap(), whole);
+}
+
+#[test]
+fn a_stray_file_in_the_directory_is_refused_naming_it_and_nothing_changes() {
+    let dir = temp_dir("idx-stray");
+    written_log(&dir);
+    let stray = dir.join("notes.txt");
+    fs::write(&stray, b"not a log file").unwrap();
+    let before = snapshot(&dir);
+    let err = EventLog::open(&dir, options()).unwrap_err();
+    assert!(matches!(&err, OpenError::StrayFile(p) if p.ends_with("notes.txt")), "{err}");
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    assert_eq!(snapshot(&dir), before, "a refused open changed the directory");
+    // A file that looks like a segment but is not named like one is stray too.
+    fs::remove_file(&stray).unwrap();
+    fs::write(dir.join("1.seg"), b"").unwrap();
+    assert!(matches!(EventLog::open(&dir, options()), Err(OpenError::StrayFile(p)) if p.ends_with("1.seg")));
+}
+
+#[test]
+fn an_index_whose_segment_is_gone_is_corruption_and_nothing_changes() {
+    let dir = temp_dir("idx-orphan");
+    written_log(&dir);
+    let segs = files(&dir, "seg");
+    // A sealed segment deleted, its index left: acknowledged events are gone.
+    let gone = &segs[1];
+    fs::remove_file(gone).unwrap();
+    let before = snapshot(&dir);
+    let err = EventLog::open(&dir, options()).unwrap_err();
+    assert!(
+        matches!(&err, OpenError::Corrupt { segment, offset: 0, .. } if segment.ends_with(gone.file_name().unwrap())),
+        "{err}"
+    );
+    assert_eq!(snapshot(&dir), before);
+}
+
+#[test]
+fn a_segment_of_another_format_version_is_refused_naming_it_and_nothing_changes() {
+    for which in [0usize, usize::MAX] {
+        let dir = temp_dir("idx-version");
+        written_log(&dir);
+        let segs = files(&dir, "seg");
+        let victim = if which == 0 { segs[0].clone() } else { segs.last().unwrap().clone() };
+        let mut bytes = fs::read(&victim).unwrap();
+        assert_eq!(&bytes[..8], b"LSLOG\0\0\x01", "the header carries the version (1)");
+        bytes[7] = 2;
+        fs::write(&victim, &bytes).unwrap();
+        // Without its index, so the open must read the header (the last one has none anyway).
+        let _ = fs::remove_file(victim.with_extension("idx"));
+        let before = snapshot(&dir);
+        let err = EventLog::open(&dir, options()).unwrap_err();
+        assert!(
+            matches!(&err, OpenError::UnsupportedVersion { file, found: 2, supported: 1 } if *file == fs::canonicalize(&victim).unwrap()),
+            "{err}"
+        );
+        assert_eq!(snapshot(&dir), before);
+    }
+}
+
+#[test]
+fn an_index_file_of_another_format_version_is_rebuilt() {
+    let dir = temp_dir("idx-iversion");
+    let events = written_log(&dir);
+    let idx = files(&dir, "idx")[0].clone();
+    let whole = fs::read(&idx).unwrap();
+    assert_eq!(&whole[..8], b"LSIDX\0\0\x01", "the index carries the version (1)");
+    let mut other = whole.clone();
+    other[7] = 2;
+    // A valid checksum over the other version, so only the version refuses it.
+    let body = other.len() - 4;
+    let crc = crc32c_of(&other[..body]);
+    other[body..].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&idx, &other).unwrap();
+    let log = EventLog::open(&dir, options()).unwrap();
+    assert_eq!(all(&log.reader()), events);
+    log.close();
+    assert_eq!(fs::read(&idx).unwrap(), whole);
+}
+
+/// CRC32C, bitwise (the tests share no code with the log's reader).
+fn crc32c_of(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+/// Where the checked-in fixtures are.
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1")
+}
+
+/// Copies the fixture log into a fresh directory (opening writes its `LOCK` file).
+fn fixture_copy(name: &str) -> log_support::TestDir {
+    let dir = temp_dir(name);
+    for entry in fs::read_dir(fixtures()).unwrap() {
+        let p = entry.unwrap().path();
+        fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn the_fixtures_of_format_version_1_open_to_their_events_from_their_index_files() {
+    let dir = fixture_copy("fixture-open");
+    let idx_before: Vec<(PathBuf, Vec<u8>, u64)> = files(&dir, "idx")
+        .into_iter()
+        .map(|p| {
+            let ino = inode(&p);
+            let b = fs::read(&p).unwrap();
+            (p, b, ino)
+        })
+        .collect();
+    assert!(idx_before.len() >= 3, "the fixtures hold sealed segments with index files");
+    let log = EventLog::open(&dir, options()).unwrap();
+    let events = all(&log.reader());
+    assert_eq!(events.len(), 48);
+    // The events, checked against their construction rather than against another log.
+    let fresh = EventLog::in_memory(options()).unwrap();
+    write_appends(&fresh);
+    assert_eq!(events, all(&fresh.reader()));
+    // Selective reads through the index agree too.
+    let q = Query::tags(["audit"]);
+    assert_eq!(
+        log.read(&q, None, usize::MAX).unwrap().events(),
+        fresh.read(&q, None, usize::MAX).unwrap().events()
+    );
+    log.close();
+    // A follower reads the same from them (through the commit marker, `COMMIT`).
+    let follower = EventLog::open_read_only(&dir, options()).unwrap();
+    assert_eq!(all(&follower), events);
+    drop(follower);
+    // The index files were taken as they were: not rewritten (same file, same bytes).
+    for (p, b, ino) in idx_before {
+        assert_eq!(fs::read(&p).unwrap(), b, "{} changed", p.display());
+        assert_eq!(inode(&p), ino, "{} was rewritten: the open did not trust it", p.display());
+    }
+}
+
+#[test]
+fn a_new_log_writes_the_fixtures_byte_for_byte() {
+    // If this fails, the format changed: bump FORMAT_VERSION, keep reading version 1 (the
+    // fixtures above must still open), and add fixtures of the new version beside these.
+    let dir = temp_dir("fixture-write");
+    written_log(&dir);
+    let mut written = snapshot(&dir);
+    written.retain(|(name, _)| name != "LOCK");
+    let mut fixture = snapshot(&fixtures());
+    fixture.retain(|(name, _)| name != "LOCK");
+    assert_eq!(written.len(), fixture.len(), "file count");
+    for ((wn, wb), (fname, fb)) in written.iter().zip(&fixture) {
+        assert_eq!(wn, fname);
+        assert!(wb == fb, "{wn} differs from the fixture");
+    }
+}
+
+/// Writes the fixtures (`tests/fixtures/v1/`). Run by hand, once per format version:
+/// `cargo test -p lanestream-log --test event_log -- --ignored index_files::write_fixtures`.
+#[test]
+#[ignore = "writes tests/fixtures/v1; run by hand"]
+fn write_fixtures() {
+    let dir = temp_dir("fixture-gen");
+    written_log(&dir);
+    let out = fixtures();
+    fs::create_dir_all(&out).unwrap();
+    for (name, bytes) in snapshot(&dir) {
+        if name != "LOCK" {
+            fs::write(out.join(name), bytes).unwrap();
+        }
+    }
+}
+
+#[cfg(unix)]
+fn inode(p: &Path) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap())
+}
+
+#[cfg(not(unix))]
+fn inode(_: &Path) -> u64 {
+    0
+}

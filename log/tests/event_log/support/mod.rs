@@ -1,0 +1,104 @@
+//! Helpers shared by the log's integration tests (the modules of `tests/event_log/`).
+#![allow(dead_code)]
+
+/// The name libtest gives the test `name` of the module at `module_path` (`module_path!()`):
+/// its path below the binary's root, which `--exact` matches (a test that runs itself again in a
+/// child process passes it).
+pub fn test_name(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use lanestream_log::{Event, LogPosition, Query, ReadHandle, SequencedEvent};
+
+/// An event of type `ty` with `tags` and a payload naming both.
+pub fn ev(ty: &str, tags: &[&str]) -> Event {
+    Event::new(ty, tags.iter().copied(), Bytes::from(format!("{ty}{tags:?}"))).unwrap()
+}
+
+/// An event with an explicit payload.
+pub fn ev_data(ty: &str, tags: &[&str], data: impl Into<Bytes>) -> Event {
+    Event::new(ty, tags.iter().copied(), data).unwrap()
+}
+
+/// Position `n` (at least 1).
+pub fn pos(n: u64) -> LogPosition {
+    LogPosition::new(n).unwrap()
+}
+
+/// The positions of `events`, as numbers.
+pub fn positions(events: &[SequencedEvent]) -> Vec<u64> {
+    events.iter().map(|s| s.position.get()).collect()
+}
+
+/// Every event of the log.
+pub fn all(log: &ReadHandle) -> Vec<SequencedEvent> {
+    log.read(&Query::All, None, usize::MAX).unwrap().into_events()
+}
+
+/// A fresh, empty directory for one test; it and everything in it are removed when the value
+/// drops (also when the test fails), so runs leave nothing behind in the temp space.
+pub struct TestDir(tempfile::TempDir);
+
+impl std::ops::Deref for TestDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<Path> for TestDir {
+    fn as_ref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+/// A fresh, empty directory named after `name`, removed on drop.
+pub fn temp_dir(name: &str) -> TestDir {
+    TestDir(tempfile::Builder::new().prefix(&format!("lanestream-log-{name}-")).tempdir().unwrap())
+}
+
+/// The longest any test waits for something that should happen at once.
+pub const LIMIT: Duration = Duration::from_secs(20);
+
+/// Runs a [`LogSource`](lanestream_log::LogSource) over `log` into `stream`'s lanes on its own
+/// thread until the log closes; the thread returns the run's stats (the lanes closed after).
+pub fn spawn_source(
+    log: &ReadHandle,
+    stream: &lanestream::MemoryStream,
+) -> std::thread::JoinHandle<lanestream_log::SourceStats> {
+    let mut source = lanestream_log::LogSource::builder(log.clone()).build(stream).unwrap();
+    std::thread::spawn(move || {
+        let stats = source.run().unwrap();
+        source.close();
+        stats
+    })
+}
+
+/// One thread per lane of `stream`: receives every item until the lane closes, acking each;
+/// returns what `keep` made of the items, in order.
+pub fn spawn_sinks<R: Send + 'static>(
+    stream: &lanestream::MemoryStream,
+    keep: fn(&lanestream::LaneItem) -> Option<R>,
+) -> Vec<std::thread::JoinHandle<Vec<R>>> {
+    stream
+        .lanes()
+        .map(|lane| {
+            let mut consumer = lane.attach().unwrap();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                while let Some(d) = consumer.recv().unwrap() {
+                    got.extend(keep(d.item()));
+                    d.ack().unwrap();
+                }
+                got
+            })
+        })
+        .collect()
+}
