@@ -5,8 +5,10 @@
 //! within milliseconds of each other. Prints, per pair, the median of the per-round ratios
 //! (peer time / lanestream time: above 1 means lanestream is faster) and their spread.
 //!
-//! `cargo bench --bench alternate [-- --rounds N --messages M --only TEXT]` (at least 200,000 messages per round:
-//! waking the parked partner is a fixed cost per round that flattens the ratios of short rounds)
+//! `cargo bench --bench alternate [-- --rounds N --messages M --only TEXT --side ours|peer]` (at
+//! least 200,000 messages per round: waking the parked partner is a fixed cost per round that
+//! flattens the ratios of short rounds). `--side` runs one side of each pair only (no ratio), so
+//! that `perf stat` counts (instructions, cycles per message) belong to one contender.
 
 mod common;
 
@@ -42,6 +44,14 @@ fn pair(label: &str, rounds: u64, n: u64, ours: &mut dyn Fixture, peer: &mut dyn
         if !label.contains(only.as_str()) {
             return;
         }
+    }
+    // `--side ours|peer`: one side only, for `perf stat` / `perf record` of one contender.
+    if let Some(side) = args.iter().position(|a| a == "--side").and_then(|i| args.get(i + 1)) {
+        let one: &mut dyn Fixture = if side == "peer" { peer } else { ours };
+        let mut ns: Vec<f64> = (0..=rounds).map(|_| per_msg(one.run(n), n)).collect();
+        ns.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!("{label:<44} {side}: {:>8.1} ns/msg (median of {})", quantile(&ns, 0.5), ns.len());
+        return;
     }
     // One untimed round each: page in the rings, wake the partners once.
     ours.run(n);

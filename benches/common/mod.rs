@@ -549,7 +549,7 @@ impl Fixture for DisruptorFan {
 
 /// lanestream item by item on both ends: the fan-out's `try_publish` (spin) writes each batch
 /// once for every lane; one thread drains every consumer in turn (`try_recv` + `ack`); the run
-/// ends when the stream's watermark reaches the last position.
+/// ends when the consumer thread acked the last item (the stream's watermark is checked after).
 pub struct LaneFan {
     stream: MemoryStream,
     fanout: Fanout,
@@ -589,16 +589,17 @@ impl LaneFan {
 
 impl Fixture for LaneFan {
     fn run(&mut self, n: u64) -> Duration {
-        self.partner.timed(n, |_| {
+        // Timed until the consumer thread is done (it acks every item before it counts it), as
+        // the disruptor's side is: polling the watermark meanwhile would read every lane's mark
+        // line while the consumer writes them, a cost the peer's side does not pay.
+        let t = self.partner.timed_through(n, |_| {
             for _ in 0..n {
                 self.pos += 1;
                 spin_publish(&mut self.fanout, item(&self.env, self.pos));
             }
-            let last = Some(Position(self.pos));
-            while self.stream.watermark() != last {
-                relax();
-            }
-        })
+        });
+        assert_eq!(self.stream.watermark(), Some(Position(self.pos)), "every item acked");
+        t
     }
 }
 
@@ -729,7 +730,8 @@ pub const RUN: usize = lanestream::MAX_RUN;
 /// lanestream through the run API: one [`lanestream::Fanout`] publishes each batch to every
 /// lane (`publish` per item, or `publish_run` per chunk of [`RUN`]); one thread drains every
 /// consumer in turn with `try_recv_run(RUN)` (spin) or `recv_run(RUN)` (spin-then-park) and
-/// acks each run whole; the run ends when the watermark reaches the last position.
+/// acks each run whole; the run ends when the consumer thread acked the last run (the
+/// watermark is checked after, untimed).
 pub struct LaneFanRun {
     stream: MemoryStream,
     fanout: lanestream::Fanout,
@@ -864,12 +866,12 @@ impl Fixture for LaneFanRun {
             }
         }
         self.publish_chunk();
-        let last = Some(Position(self.pos));
-        while stream.watermark() != last {
-            relax();
-        }
-        let t = t0.elapsed();
+        // Timed until the consumer thread is done (it acks each run before it counts it), as the
+        // peers' sides are (`timed_through`): polling the watermark meanwhile would read every
+        // lane's mark line while the consumer writes them, a cost the peers do not pay.
         self.partner.wait_done();
+        let t = t0.elapsed();
+        assert_eq!(stream.watermark(), Some(Position(self.pos)), "every item acked");
         t
     }
 }

@@ -138,8 +138,16 @@ impl<T> Publisher<T> {
     }
 
     /// Loads every lane's `free` (Acquire, in `freed`) and keeps the lowest (with no lanes,
-    /// everything published is free at once).
+    /// everything published is free at once). When the slowest lane has not moved since the last
+    /// load, the lowest has not either (`free` only grows, and every other lane was at
+    /// `min_free` or past it then), so that one load answers: one load per publish, not one per
+    /// lane, while the slowest lane holds the oldest item.
     fn refresh(&mut self) {
+        if let Some(lane) = self.lanes.get(self.slowest) {
+            if lane.freed() == self.min_free {
+                return;
+            }
+        }
         let (mut min, mut slowest) = (self.tail, 0);
         for (i, lane) in self.lanes.iter().enumerate() {
             let free = lane.freed();

@@ -186,47 +186,44 @@ impl<T: Item> Run<T> {
 
     /// Acks the first `n` outstanding items.
     fn ack_first(&mut self, n: usize) -> Result<usize, AckError> {
-        let Some(ring) = self.ring.clone() else { return Ok(0) };
-        let end = self.done + n;
-        debug_assert!(end <= self.len);
-        if n > 0
-            && ring.ack_run_seated(
-                self.epoch,
-                self.start + self.done as u64,
-                &self.gens[self.done..end],
-                self.attempt,
-            )
-        {
-            self.done = end;
-            ring.run_acked();
-            if self.done == self.len {
-                self.ring = None;
-            }
-            return Ok(n);
-        }
-        let (mut landed, mut refused) = (false, false);
-        while self.done < end {
-            let j = self.done;
-            // Counted before the step: if ending a refused (stale) handle panics, this item
-            // is already ended and the run's drop must not release it again.
-            self.done += 1;
-            if ring.ack_in_run(self.start + j as u64, self.gens[j]) {
-                landed = true;
+        // The ring is borrowed beside the fields the acks move (not cloned: no reference-count
+        // round trip per ack), and stays in the run until every item is done, so a panic below
+        // leaves the rest to the run's drop.
+        let Run { ring, epoch, start, done, len, attempt, gens } = self;
+        let Some(ring) = ring.as_deref() else { return Ok(0) };
+        let end = *done + n;
+        debug_assert!(end <= *len);
+        let acked =
+            if n > 0 && ring.ack_run_seated(*epoch, *start + *done as u64, &gens[*done..end], *attempt) {
+                *done = end;
+                ring.run_acked();
+                Ok(n)
             } else {
-                refused = true;
-            }
-        }
-        if landed {
-            ring.run_acked();
-        }
+                let (mut landed, mut refused) = (false, false);
+                while *done < end {
+                    let j = *done;
+                    // Counted before the step: if ending a refused (stale) handle panics, this item
+                    // is already ended and the run's drop must not release it again.
+                    *done += 1;
+                    if ring.ack_in_run(*start + j as u64, gens[j]) {
+                        landed = true;
+                    } else {
+                        refused = true;
+                    }
+                }
+                if landed {
+                    ring.run_acked();
+                }
+                if refused {
+                    Err(AckError::Detached)
+                } else {
+                    Ok(n)
+                }
+            };
         if self.done == self.len {
             self.ring = None;
         }
-        if refused {
-            Err(AckError::Detached)
-        } else {
-            Ok(n)
-        }
+        acked
     }
 
     /// Releases every outstanding item for redelivery to the lane's current consumer, before any

@@ -126,6 +126,10 @@ impl<T> Ring<T> {
     /// One non-blocking receive step for the consumer of `epoch`: a redelivery first ([L2](crate::contract#l2), [L6](crate::contract#l6)),
     /// else the next queued item, else `Empty`/`Closed`. Never blocks ([L12](crate::contract#l12)).
     pub(crate) fn take(&self, epoch: u64, cached_tail: &mut u64) -> Take {
+        if !self.readable(epoch) {
+            // Nothing to take: answered without the seat's two writes (P5b).
+            return Take::Empty;
+        }
         let mut skipped = false;
         let taken =
             self.seated(epoch, || self.take_seated(cached_tail, &mut skipped)).unwrap_or(Take::Detached);
@@ -306,9 +310,10 @@ impl<T> Ring<T> {
         self.cons.seat.load(Ordering::Acquire) >> EPOCH_SHIFT
     }
 
-    /// Whether a receive could make progress now (for waiting): something queued or released,
-    /// the lane closed, or this consumer detached.
-    fn readable(&self, epoch: u64) -> bool {
+    /// Whether a receive could make progress now (for waiting, and the receive steps' shortcut
+    /// to `Empty`, P5b): something queued or released, the lane closed, or this consumer
+    /// detached. Reads only: a poll that finds nothing writes nothing shared.
+    pub(super) fn readable(&self, epoch: u64) -> bool {
         // Acquire loads, as in `take_seated`.
         (self.cons.seat.load(Ordering::Acquire) >> EPOCH_SHIFT) != epoch
             || self.cons.released.load(Ordering::Acquire) > 0

@@ -58,6 +58,10 @@ impl<T> Ring<T> {
     /// generations into `gens`. Never blocks ([L12](crate::contract#l12)).
     pub(crate) fn take_run(&self, epoch: u64, cached_tail: &mut u64, gens: &mut [u32]) -> TakeRun {
         debug_assert!(!gens.is_empty());
+        if !self.readable(epoch) {
+            // As in `take`: nothing to take, answered without the seat (P5b).
+            return TakeRun::Empty;
+        }
         // The seat, taken and given back as for one item (P5, P16).
         let mut skipped = false;
         let taken = self
