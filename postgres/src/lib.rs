@@ -29,4 +29,5 @@
 pub mod live;
 pub mod ndjson;
 pub mod pgoutput;
+pub mod pipeline;
 pub mod wal2json;
