@@ -1,4 +1,4 @@
-//! `--backend redis://...`: the pipeline as separate processes over [`RedisStream`], one role
+//! `--backend redis://...`: the pipeline as separate processes over [`RedisStream`](lanestream::RedisStream), one role
 //! each (`--role ingest`, `--role sink --lane NAME`, `--role delete`).
 //!
 //! - **ingest** reads the input (the bundled capture by default), publishes each transaction
@@ -30,7 +30,7 @@ use lanestream_postgres::wal2json::Wal2JsonReader;
 
 use lanestream_postgres::ndjson::DurableNdjson;
 
-use super::{check_output, lsn, lsn_text, open_input, sink_names, Args, BoxError, Ingest};
+use crate::prelude::*;
 
 /// The backend errors of a never-waiting call that a blip gives (a lost connection, a server
 /// restarting or still loading its data): the next call retries, within the retry budget.
