@@ -91,6 +91,8 @@ pub struct SinkReport {
     pub sink: String,
     /// Lane items applied and acked (a redelivered item counts each time).
     pub items_acked: u64,
+    /// Deliveries that were redeliveries (attempt > 1): after a nack, a failed run, a restart.
+    pub redelivered: u64,
     /// Runs whose apply or commit failed (or panicked) and were retried.
     pub retries: u64,
     /// Acks refused because a re-attach took the delivery back first (it came again).
@@ -572,8 +574,11 @@ where
         PipelineError::Sink { sink: name.clone(), attempts: failures, error }
     };
     'engine: loop {
-        // A new engine: a new sink instance (from its durable checkpoint) and a re-attach, which
-        // takes back every unacked delivery of the previous one (L8).
+        // A new engine: first a re-attach, which takes back every unacked delivery of the
+        // previous one (L8) and, on a broker, fences an older engine of the lane still running;
+        // then a new sink instance (from its durable checkpoint: an older engine's instance lets
+        // its output go when it notices the fence).
+        let mut consumer = stream.reattach(lane)?;
         let mut sink = loop {
             let error: BoxError = match catch_unwind(AssertUnwindSafe(&mut open)) {
                 Ok(Ok(sink)) => break sink,
@@ -593,7 +598,6 @@ where
                 .map_err(|e| give_up(failures, format!("re-sending its backfill: {e}").into()))?;
             report.resumed_backfills += 1;
         }
-        let mut consumer = stream.reattach(lane)?;
         let mut run = Vec::with_capacity(config.max_run);
         let mut items = Vec::with_capacity(config.max_run);
         loop {
@@ -617,15 +621,27 @@ where
                     report.checkpoint = sink.checkpoint();
                     return Ok(report);
                 }
-                // Another engine took the lane over: this one ends (that one carries on).
-                Err(detached) => {
-                    return Err(give_up(failures.max(1), format!("detached: {detached}").into()))
+                // Another engine took the lane over (or the receive failed for good): this one
+                // ends with an error, leaving the lane open for the engine that carries on.
+                Err(e) => {
+                    return Err(PipelineError::Sink {
+                        sink: name.clone(),
+                        attempts: failures.max(1),
+                        error: format!("receiving: {e}").into(),
+                    })
                 }
             };
+            if first.attempt() > 1 {
+                report.redelivered += 1;
+            }
             run.push(first);
             while run.len() < config.max_run {
+                // Nothing more now (or a blip of a broker: the blocking receive retries).
                 match consumer.try_recv() {
-                    Ok(d) => run.push(d),
+                    Ok(d) => {
+                        report.redelivered += u64::from(d.attempt() > 1);
+                        run.push(d);
+                    }
                     Err(_) => break,
                 }
             }
