@@ -22,10 +22,10 @@ rows_per_txn=${ROWS_PER_TXN:-1000}
 rounds=${ROUNDS:-3}
 
 pg_ensure_packages
-pg_log "building the pipeline example (lanestream-postgres, release)"
-(cd "$root" && cargo build --release --quiet -p lanestream-postgres --example pipeline)
+pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres, release)"
+(cd "$root" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
 target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-pipeline=$target_dir/release/examples/pipeline
+pipeline=$target_dir/release/lanestream-pipeline
 
 pg_start
 url="postgres://postgres@127.0.0.1:$PGPORT/postgres"

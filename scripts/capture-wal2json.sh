@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Captures a realistic PostgreSQL logical-decoding stream in wal2json format-version 2 into
 # data/wal2json-sample.jsonl.gz at the workspace root (the default input of lanestream-postgres's
-# pipeline example, postgres/examples/pipeline.rs, and of its reader's bundled-capture test).
+# pipeline harness, postgres/src/bin/lanestream-pipeline/, and of its reader's bundled-capture test).
 #
 # Installs postgresql-15 and postgresql-15-wal2json with apt-get if missing (needs root then),
 # starts a throwaway cluster in a temp dir (as the postgres user when run as root), creates a

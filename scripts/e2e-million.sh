@@ -24,10 +24,10 @@ command -v /usr/bin/time >/dev/null || {
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null
 }
-pg_log "building the pipeline example (lanestream-postgres)"
-(cd "$root" && cargo build --release --quiet -p lanestream-postgres --example pipeline)
+pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres)"
+(cd "$root" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
 target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-pipeline=$target_dir/release/examples/pipeline
+pipeline=$target_dir/release/lanestream-pipeline
 
 pg_start
 url="postgres://postgres@127.0.0.1:$PGPORT/postgres"

@@ -70,10 +70,10 @@ seed=${SEED:-$RANDOM}
 RANDOM=$seed
 
 pg_ensure_packages
-pg_log "building the pipeline example (lanestream-postgres)"
-(cd "$root" && cargo build --release --quiet -p lanestream-postgres --example pipeline)
+pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres)"
+(cd "$root" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
 target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-pipeline=$target_dir/release/examples/pipeline
+pipeline=$target_dir/release/lanestream-pipeline
 
 # Flags the live source refuses before connecting: --chaos (its sinks are durable) and --input.
 for refused in "--chaos" "--input x.jsonl"; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pipeline over Redis as separate processes: the pipeline example on the bundled capture with
+# The pipeline over Redis as separate processes: the pipeline harness (the lanestream-pipeline binary) on the bundled capture with
 # the ingest engine and three sink engines (search, cache, archive) each in its own process
 # (`--backend URL --role ingest|sink`), sharing one Redis stream, on a redis-server of the
 # script's own with persistence (`appendonly yes`, a temp dir, a unix socket). Mid-run the server
@@ -14,8 +14,8 @@
 #
 #   scripts/e2e-redis.sh    (starts its own redis-server; LANESTREAM_REDIS_URL is not used)
 #
-# Uses the release build of the pipeline example (built here if needed; CI has built it in the
-# examples step). About 10-30 s.
+# Uses the release build of the lanestream-pipeline binary (built here if needed; CI has built it in the
+# examples step, with --bins). About 10-30 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/lanestream-e2e-redis.XXXXXX")
@@ -55,8 +55,8 @@ restart_redis() { # SHUTDOWN (the append-only file flushed), then start it again
 start_redis
 url="redis+unix://$work/redis.sock"
 
-cargo build --quiet --release -p lanestream-postgres --example pipeline
-bin="${CARGO_TARGET_DIR:-target}/release/examples/pipeline"
+cargo build --quiet --release -p lanestream-postgres --bin lanestream-pipeline
+bin="${CARGO_TARGET_DIR:-target}/release/lanestream-pipeline"
 out="$work/out"
 # Chunks of 5 changes: the sink SIGKILL below lands in the middle of large transactions (C1).
 common=(--backend "$url" --stream-name "e2e_redis_$$" --out "$out" --quiet --max-batch-changes 5)

@@ -2,7 +2,7 @@
 # Shared helpers for scripts/capture-wal2json.sh and scripts/e2e-postgres.sh: a throwaway
 # PostgreSQL 15 cluster with the wal2json output plugin, a logical slot, and a realistic workload.
 # What reads the stream is the workspace's postgres/ crate (lanestream-postgres): its wal2json
-# reader (postgres/src/wal2json.rs) and pipeline example (postgres/examples/pipeline.rs).
+# reader (postgres/src/wal2json.rs) and pipeline harness (postgres/src/bin/lanestream-pipeline/).
 #
 # Source this file, then call:
 #   pg_ensure_packages      install postgresql-15 and postgresql-15-wal2json (apt-get) if missing

@@ -18,10 +18,16 @@
 //! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
 //!   back on restart, chunks of large transactions resumed by offset), one writer per output.
 //!
+//! - [`pipeline`]: the pipeline as a library: a [`pipeline::Source`] (this crate's wal2json file
+//!   reader and live source are ones), a [`pipeline::Sink`] a user implements ([`ndjson`]'s is
+//!   one), and the driver between them over any [`lanestream::Stream`] backend: it publishes,
+//!   confirms the source at the watermark, serves backfill requests, retries failing sinks and
+//!   stops cleanly.
+//!
 //! The `pipeline` example (`cargo run --release -p lanestream-postgres --example pipeline`) runs
-//! the bundled real capture through a [`lanestream::MemoryStream`] into sink threads and checks
-//! that every sink received every change; with `--source postgres://...` it runs on the live
-//! source (pgoutput, `--publication`), with durable sinks that fsync and checkpoint before acking.
+//! the bundled real capture through the library into three sinks and checks them against the
+//! input. The `lanestream-pipeline` binary (feature `cli`, on by default) is the end-to-end
+//! harness: chaos, kill switches, the live source (`--source postgres://...`), the Redis roles.
 #![warn(missing_docs)]
 #![deny(missing_debug_implementations)]
 #![forbid(unsafe_code)]
@@ -29,4 +35,5 @@
 pub mod live;
 pub mod ndjson;
 pub mod pgoutput;
+pub mod pipeline;
 pub mod wal2json;

@@ -774,6 +774,11 @@ impl LiveSource {
         }
     }
 
+    /// The slot's name.
+    pub fn slot(&self) -> &str {
+        &self.config.slot
+    }
+
     /// The position last handed to the server as flushed (the slot's `confirmed_flush_lsn` once
     /// the status update carrying it arrives), or read at connect.
     pub fn confirmed(&self) -> Option<Position> {

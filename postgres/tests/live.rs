@@ -768,3 +768,46 @@ fn a_slot_created_after_the_sinks_checkpoint_is_a_gap_refused_and_dropped() {
     c2.create_slot = false;
     assert!(matches!(LiveSource::connect(c2), Err(LiveError::NoSlot(_))));
 }
+
+#[test]
+#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
+fn the_library_driver_streams_a_slot_into_durable_sinks_and_confirms_at_the_watermark() {
+    use lanestream::{MemoryStream, Stream};
+    use lanestream_postgres::ndjson::DurableNdjson;
+    use lanestream_postgres::pipeline::{PgLiveSource, Pipeline};
+
+    let _server = serial();
+    let mut c = sql();
+    c.batch_execute("DROP TABLE IF EXISTS t_driver; CREATE TABLE t_driver (id int PRIMARY KEY, v text)")
+        .expect("table");
+    drop_slot("t_driver");
+    let source = LiveSource::connect(config("t_driver")).expect("source");
+    for id in 1..=20 {
+        c.execute("INSERT INTO t_driver VALUES ($1, 'x')", &[&id]).expect("insert");
+    }
+    let end: String = c.query_one("SELECT pg_current_wal_lsn()::text", &[]).expect("lsn").get(0);
+    let end = Position::from_lsn(&end).expect("LSN");
+    let dir = tempfile::tempdir().expect("dir");
+    let stream = MemoryStream::builder().sinks(["search", "cache"]).build().expect("stream");
+    let mut pipeline = Pipeline::new(stream.clone());
+    for name in ["search", "cache"] {
+        let out = dir.path().to_path_buf();
+        pipeline = pipeline.sink(name, move || DurableNdjson::open(&out, name, Duration::ZERO));
+    }
+    let mut source = PgLiveSource::new(source, TransactionBuilder::new()).until(Some(end));
+    let report = pipeline.run(&mut source).expect("the pipeline");
+    assert_eq!(report.transactions, 20, "{report:?}");
+    assert_eq!(stream.watermark(), report.last_position);
+    assert!(report.confirmed >= report.last_position, "{report:?}");
+    for name in ["search", "cache"] {
+        let text = std::fs::read_to_string(dir.path().join(format!("{name}.ndjson"))).expect("output");
+        assert_eq!(text.lines().count(), 20, "{name}: every row once");
+    }
+    // The slot was confirmed (status updates) no further than where the source decoded.
+    let live = source.live();
+    let confirmed = live.read_confirmed().expect("read").expect("confirmed");
+    assert!(report.last_position.is_some_and(|l| confirmed >= l), "slot at {confirmed}");
+    assert!(live.decoded().is_some_and(|d| confirmed <= d), "slot at {confirmed}");
+    drop(source);
+    drop_slot("t_driver");
+}

@@ -1,4 +1,4 @@
-//! `--backend redis://...`: the pipeline as separate processes over [`RedisStream`], one role
+//! `--backend redis://...`: the pipeline as separate processes over [`RedisStream`](lanestream::RedisStream), one role
 //! each (`--role ingest`, `--role sink --lane NAME`, `--role delete`).
 //!
 //! - **ingest** reads the input (the bundled capture by default), publishes each transaction
@@ -23,25 +23,13 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::{
-    LaneConsumer, LaneItem, Position, RedisDelivery, RedisStream, Stream, StreamFanout, TryRecvError,
-};
+use lanestream::{LaneItem, Position, RedisStream, Stream, StreamFanout};
 use lanestream_postgres::wal2json::Wal2JsonReader;
 
-use lanestream_postgres::ndjson::DurableNdjson;
+use lanestream_postgres::ndjson::{DurableNdjson, NdjsonError};
+use lanestream_postgres::pipeline::{run_sink, RetryPolicy, Sink, StopHandle};
 
-use super::{check_output, lsn, lsn_text, open_input, sink_names, Args, BoxError, Ingest};
-
-/// The backend errors of a never-waiting call that a blip gives (a lost connection, a server
-/// restarting or still loading its data): the next call retries, within the retry budget.
-macro_rules! transient {
-    () => {
-        lanestream::BackendError::Connection
-            | lanestream::BackendError::Server(
-                lanestream::ServerReason::Loading | lanestream::ServerReason::Busy,
-            )
-    };
-}
+use crate::prelude::*;
 
 /// What a process of the multi-process pipeline does.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,68 +177,37 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     }
 }
 
-/// A sink process: re-attach, apply durably, ack; until the lane is closed and drained.
+/// A sink process: the pipeline library's sink engine ([`run_sink`]) on the lane, until it is
+/// closed and drained (or SIGTERM/SIGINT).
 ///
-/// The lane is claimed first (fencing any older engine of it), then the output is opened as its
-/// only writer: an older engine still running holds the output's lock until it notices the
-/// fence (its next receive or ack fails) and exits, so nothing it writes can land after this
-/// engine's open has cut the output back to the checkpoint ([C1](lanestream::contract#c1)).
+/// The engine claims the lane first (fencing any older engine of it), then opens the output as
+/// its only writer: an older engine still running holds the output's lock until it notices the
+/// fence (its next receive fails: it stops with an error) and exits, so nothing it writes can land
+/// after this engine's open has cut the output back to the checkpoint
+/// ([C1](lanestream::contract#c1)).
 fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError> {
     let started = Instant::now();
-    let mut consumer = stream.reattach(lane)?;
-    let mut out = if args.discard {
-        None
-    } else {
+    if !args.discard {
         std::fs::create_dir_all(&args.out)
             .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-        Some(DurableNdjson::open(&args.out, lane, OUTPUT_LOCK_WAIT)?)
-    };
-    let resumed_at = out.as_ref().and_then(|d| d.checkpoint().committed);
-    let slow = args.slow_sink.then(|| Duration::from_micros(args.slow_sink_micros));
-    let mut held: Vec<RedisDelivery<LaneItem>> = Vec::new();
-    let (mut delivered, mut redelivered, mut skipped) = (0u64, 0u64, 0u64);
-    loop {
-        // Never wait while holding deliveries: the ingest may be waiting for their room.
-        let delivery = if held.is_empty() {
-            match consumer.recv()? {
-                Some(d) => d,
-                None => break,
-            }
-        } else {
-            match consumer.try_recv() {
-                Ok(d) => d,
-                // A blip (a lost connection, a restarting server: the never-waiting receive
-                // does not retry) is ridden out as "nothing more now": the held deliveries are
-                // committed (their acks retry within the stream's retry budget), then the
-                // blocking receive waits, retrying too.
-                Err(TryRecvError::Empty | TryRecvError::Closed | TryRecvError::Backend(transient!())) => {
-                    commit(&mut out, &mut held, lane)?;
-                    continue;
-                }
-                Err(e) => return Err(format!("lane {lane}: {e}").into()),
-            }
-        };
-        delivered += 1;
-        if delivery.attempt() > 1 {
-            redelivered += 1;
-        }
-        if let (LaneItem::Batch(batch), Some(out)) = (delivery.item(), out.as_mut()) {
-            let applied = out.apply(batch)?;
-            if batch.position.is_some() && applied.written == 0 && applied.skipped > 0 {
-                skipped += 1; // applied before a restart, not acked then
-            }
-        }
-        if let Some(d) = slow {
-            thread::sleep(d);
-        }
-        held.push(delivery);
-        if held.len() >= 256 {
-            commit(&mut out, &mut held, lane)?;
-        }
     }
-    commit(&mut out, &mut held, lane)?;
+    let stop = StopHandle::new();
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.flag())?;
+    }
+    let mut resumed_at = None;
+    let open = || -> Result<RoleSink, NdjsonError> {
+        let out =
+            if args.discard { None } else { Some(DurableNdjson::open(&args.out, lane, OUTPUT_LOCK_WAIT)?) };
+        resumed_at = resumed_at.or(out.as_ref().and_then(|d| d.checkpoint().committed));
+        Ok(RoleSink { out, slow: args.slow_sink.then(|| Duration::from_micros(args.slow_sink_micros)) })
+    };
+    let report = run_sink(stream, lane, open, RetryPolicy::default(), 256, &stop)?;
     println!(
-        "sink {lane}: {delivered} deliveries ({redelivered} redeliveries, {skipped} transactions already applied before a restart{}) in {:.2} s; lane closed and drained, acked {}",
+        "sink {lane}: {} deliveries acked ({} redeliveries, {} failed runs retried{}) in {:.2} s; lane closed and drained, acked {}",
+        report.items_acked,
+        report.redelivered,
+        report.retries,
         resumed_at.map_or_else(String::new, |p| format!(", resumed after checkpoint {p}")),
         started.elapsed().as_secs_f64(),
         lsn_text(&lsn(stream.acked(lane)?))
@@ -262,18 +219,31 @@ fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError>
 /// when it notices it was fenced).
 const OUTPUT_LOCK_WAIT: Duration = Duration::from_secs(30);
 
-/// Makes what was applied durable (output fsynced, checkpoint replaced), then acks it: one
-/// fsync per round of deliveries (group commit).
-fn commit(
-    out: &mut Option<DurableNdjson>,
-    held: &mut Vec<RedisDelivery<LaneItem>>,
-    lane: &str,
-) -> Result<(), BoxError> {
-    if let Some(out) = out.as_mut() {
-        out.commit()?;
+/// A sink process's sink: the durable NDJSON output (none with `--discard`), slowed down per
+/// batch with `--slow-sink`.
+struct RoleSink {
+    out: Option<DurableNdjson>,
+    slow: Option<Duration>,
+}
+
+impl Sink for RoleSink {
+    type Error = NdjsonError;
+
+    fn apply(&mut self, items: &[LaneItem]) -> Result<(), NdjsonError> {
+        if let Some(out) = &mut self.out {
+            Sink::apply(out, items)?;
+        }
+        if let Some(d) = self.slow {
+            thread::sleep(d * u32::try_from(items.len()).unwrap_or(u32::MAX));
+        }
+        Ok(())
     }
-    for delivery in held.drain(..) {
-        delivery.ack().map_err(|e| format!("ack on lane {lane}: {e}"))?;
+
+    fn commit(&mut self) -> Result<(), NdjsonError> {
+        self.out.as_mut().map_or(Ok(()), Sink::commit)
     }
-    Ok(())
+
+    fn checkpoint(&self) -> Option<Position> {
+        self.out.as_ref().and_then(Sink::checkpoint)
+    }
 }

@@ -1,0 +1,120 @@
+//! `lanestream-pipeline`, the harness of the main job: PostgreSQL changes (wal2json format-version 2) through lanestream into sinks.
+//!
+//! One ingest thread reads wal2json lines (`--input`, plain or gzip, `-` for stdin; by default
+//! the bundled capture `data/wal2json-sample.jsonl.gz`), builds each transaction into one
+//! [`Batch`] and publishes it to every sink's lane. Each sink thread appends the envelopes as
+//! NDJSON to `--out DIR/<sink>.ndjson` (or discards them with `--discard`), flushes, then acks.
+//! `--slow-sink` makes one sink sleep per batch; `--chaos` makes the sinks nack, drop handles,
+//! hold several deliveries and ack them out of order, re-attach their consumer, and ask the ingest
+//! thread once for a backfill (answered on their lane with snapshot batches and
+//! `SnapshotComplete`). The main thread draws a progress bar (changes/s, watermark, per-lane lag).
+//!
+//! At the end it checks that every sink received every change at least once — tracked in memory
+//! per sink as how many envelopes of each batch position arrived, so it also holds with
+//! `--discard` — and that the final watermark is the last commit LSN. It prints a summary whose
+//! last line is `PASS: <reason>` or `FAIL: <reason>` (and writes the same summary as JSON with
+//! `--summary-json`: both come from one [`Summary`]), and exits non-zero on FAIL: a check failed,
+//! or the input (or a sink) had an error.
+//!
+//! **Live mode** (`--source postgres://... --slot NAME [--create-slot]`, `--create-slot` for the
+//! first run of a new pipeline only: a slot created after the sinks' checkpoints is refused as a
+//! gap, see [`LiveSource::check_resume`]): the ingest reads the
+//! logical replication slot (pgoutput, `--publication`) through [`lanestream_postgres::live`]
+//! (streaming replication) instead of a file, and confirms it up to the stream's watermark, never
+//! more, after each batch, while a full lane keeps it waiting, while idle and at shutdown
+//! (SIGTERM/SIGINT, or `--end-lsn`). `--create-slot` also creates the publication, `FOR ALL
+//! TABLES`, when it is missing. Its sinks are durable
+//! ([`lanestream_postgres::ndjson::DurableNdjson`]): before acking they fsync `<sink>.ndjson` and
+//! atomically replace `<sink>.checkpoint` (last applied commit LSN, output length, and the
+//! progress inside a transaction still in chunks); at start they cut the output back to the
+//! checkpoint and skip what it covers, so however the process dies the outputs hold every
+//! committed change exactly once (`scripts/e2e-postgres.sh` SIGKILLs it). With
+//! `--kill-sink-after` the file input's sinks are durable too, and the summary reads every output
+//! back against what was published.
+//!
+//! **Over Redis** (`--backend redis://... --role ingest|sink|delete`): the ingest and each sink
+//! run as separate processes on a [`lanestream::RedisStream`]; see `redis.rs` and
+//! `scripts/e2e-redis.sh`, which SIGKILLs a sink mid-run.
+//!
+//! Without `--out` or `--discard` the sinks write `target/pipeline-out/<sink>.ndjson` under the
+//! workspace root (the parent of this crate's `postgres/` directory, where the workspace's
+//! `Cargo.toml` is), whatever the working directory or `CARGO_TARGET_DIR`.
+//!
+//! ```text
+//! cargo run --release -p lanestream-postgres --bin lanestream-pipeline -- --discard --summary-json target/summary.json
+//! cargo run --release -p lanestream-postgres --bin lanestream-pipeline -- --chaos --slow-sink
+//! pg_recvlogical ... -f - | cargo run --release -p lanestream-postgres --bin lanestream-pipeline -- --input -
+//! cargo run --release -p lanestream-postgres --bin lanestream-pipeline -- --source postgres://u:p@host/db --slot s --create-slot --out DIR
+//! ```
+
+mod args;
+mod check;
+mod ingest;
+/// `--backend redis://...`: the ingest and each sink as separate processes.
+mod redis;
+mod run;
+mod sink;
+mod summary;
+
+use prelude::*;
+
+mod prelude {
+    //! What every role's file uses.
+    pub(crate) use std::collections::HashMap;
+    pub(crate) use std::fs::File;
+    pub(crate) use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+    pub(crate) use std::path::{Path, PathBuf};
+    pub(crate) use std::process::ExitCode;
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    pub(crate) use std::sync::Arc;
+    pub(crate) use std::thread;
+    pub(crate) use std::time::{Duration, Instant};
+
+    pub(crate) use bytes::Bytes;
+    pub(crate) use clap::Parser;
+    pub(crate) use indicatif::{ProgressBar, ProgressStyle};
+    pub(crate) use lanestream::{
+        AckError, AckHandle, Batch, Envelope, Fanout, IndexName, Lane, LaneItem, MemoryStream, Op, Position,
+        PublishError, PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
+    };
+    pub(crate) use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
+    pub(crate) use lanestream_postgres::ndjson::{write_line, Checkpoint, DurableNdjson};
+    pub(crate) use lanestream_postgres::pgoutput::PgOutputDecoder;
+    pub(crate) use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
+    pub(crate) use rand::rngs::StdRng;
+    pub(crate) use rand::seq::SliceRandom;
+    pub(crate) use rand::{Rng, SeedableRng};
+    pub(crate) use serde::Serialize;
+
+    pub(crate) use crate::args::*;
+    pub(crate) use crate::check::*;
+    pub(crate) use crate::ingest::*;
+    pub(crate) use crate::run::*;
+    pub(crate) use crate::sink::*;
+    pub(crate) use crate::summary::*;
+    pub(crate) use crate::{sink_names, BoxError};
+}
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+pub(crate) fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub(crate) fn sink_names(n: u16) -> Vec<String> {
+    const NAMED: [&str; 3] = ["search", "cache", "archive"];
+    (0..usize::from(n))
+        .map(|i| NAMED.get(i).map_or_else(|| format!("sink_{i}"), |s| (*s).to_owned()))
+        .collect()
+}

@@ -1,0 +1,348 @@
+//! One in-process run: the stream, the sink threads, the ingest thread, the progress bar, the checks and the summary.
+
+use crate::prelude::*;
+
+pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
+    if let Some(url) = &args.backend {
+        return crate::redis::run(args, url);
+    }
+    let names = sink_names(args.sinks);
+    let mut builder = MemoryStream::builder()
+        .capacity(args.capacity)
+        .request_capacity(usize::from(args.sinks).max(1) * 2)
+        .sinks(names.iter().cloned());
+    if let Some(bytes) = args.memory_budget {
+        builder = builder.memory_budget(bytes);
+    }
+    let stream = builder.build()?;
+    let lanes: Vec<Lane> = names.iter().map(|n| stream.lane(n)).collect::<Result<_, _>>()?;
+    let live = args.source.is_some();
+    let input = match &args.source {
+        Some(url) => {
+            if args.chaos {
+                return Err("--chaos is for the file input; the live source's sinks are durable".into());
+            }
+            // The sinks' durable checkpoints: a slot that is missing, or created now after them,
+            // would skip what was committed in between. So --create-slot creates nothing over
+            // checkpoints: a new slot starts at the current WAL position, after every checkpoint
+            // of this server (a slot created and then left behind by a crash before the check
+            // below would pass it on the next run).
+            let checkpoints = if args.discard { Vec::new() } else { sink_checkpoints(&args.out, &names)? };
+            let mut config = LiveConfig::new(url.clone(), args.slot.clone());
+            config.create_slot = args.create_slot && checkpoints.is_empty();
+            config.slot_wait = Duration::from_secs(args.slot_wait_secs);
+            config.publication = args.publication.clone();
+            config.heartbeat = args.heartbeat_secs.map(Duration::from_secs);
+            config.status_interval = Duration::from_millis(args.status_interval_ms.max(1));
+            let mut source = LiveSource::connect(config).map_err(|e| -> BoxError {
+                match e {
+                    LiveError::NoSlot(slot) if !checkpoints.is_empty() => format!(
+                        "replication slot {slot:?} does not exist, but the sinks in {} have checkpoints ({}): a \
+                         previous run read it, so it was dropped, and what was committed after the checkpoints \
+                         is in no slot. Do not re-create it for these sinks (a new slot starts at the current \
+                         WAL position, and --create-slot refuses it over these checkpoints): backfill them \
+                         (empty {} and load the tables' rows into the sinks), then start a new pipeline with \
+                         --create-slot",
+                        args.out.display(),
+                        checkpoints.iter().map(|(s, p)| format!("{s} at {p}")).collect::<Vec<_>>().join(", "),
+                        args.out.display(),
+                    )
+                    .into(),
+                    e => e.into(),
+                }
+            })?;
+            source.check_resume(checkpoints.iter().map(|(_, p)| *p).min())?;
+            Input::Live(Box::new(source))
+        }
+        None => Input::File(open_input(&args.input, args.preload)?),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
+    if !args.discard {
+        std::fs::create_dir_all(&args.out)
+            .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    }
+
+    // Durable sinks: always on the live source; on the file input with --kill-sink-after, so that
+    // a sink engine killed mid-transaction resumes from its checkpoint (contract C1). A file
+    // run starts afresh: an earlier run's checkpoints are for another input.
+    let durable_sinks = live || args.kill_sink_after.is_some();
+    if durable_sinks && !live && !args.discard {
+        for name in &names {
+            for file in [format!("{name}.ndjson"), format!("{name}.checkpoint")] {
+                match std::fs::remove_file(args.out.join(&file)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.into()),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    let counters = Arc::new(Counters::default());
+    let started = Instant::now();
+
+    // Sinks first, so that they are attached before anything is published.
+    let mut sink_threads = Vec::new();
+    for (i, lane) in lanes.iter().enumerate() {
+        let (out, durable) = if args.discard {
+            (None, None)
+        } else if durable_sinks {
+            // Durable: resume after the checkpoint, fsync before every ack.
+            (None, Some(DurableNdjson::open(&args.out, lane.name().as_str(), Duration::ZERO)?))
+        } else {
+            let path = args.out.join(format!("{}.ndjson", lane.name()));
+            let file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            (Some(BufWriter::with_capacity(1 << 16, file)), None)
+        };
+        let sink = Sink {
+            lane: lane.clone(),
+            out,
+            durable,
+            slow: (args.slow_sink && i + 1 == lanes.len())
+                .then(|| Duration::from_micros(args.slow_sink_micros)),
+            chaos: args.chaos.then(|| StdRng::seed_from_u64(args.seed.wrapping_add(i as u64))),
+            requests: stream.requests().sender(),
+            report: SinkReport { name: lane.name().to_string(), ..SinkReport::default() },
+            line: Vec::with_capacity(4096),
+            kill: args.kill_sink_after.filter(|_| i == 0).map(|after| Kill {
+                after,
+                down: Duration::from_millis(args.sink_down_ms),
+                stream: stream.clone(),
+                lanes: lanes.clone(),
+                out_dir: (durable_sinks && !args.discard).then(|| args.out.clone()),
+            }),
+        };
+        sink_threads
+            .push(thread::Builder::new().name(format!("sink-{}", lane.name())).spawn(move || sink.run())?);
+    }
+
+    let ingest = Ingest {
+        stream: stream.clone(),
+        stop: stop.clone(),
+        bad_shown: 0,
+        chunk_envelopes: 0,
+        fanout: stream.fanout()?,
+        names: lanes.iter().map(|l| l.name().clone()).collect(),
+        requests: stream.requests().reattach(),
+        state: args.chaos.then(State::new),
+        report: IngestReport::default(),
+    };
+    let expected_backfills = if args.chaos { u64::from(args.sinks) } else { 0 };
+    let ingest_thread = {
+        let (args, counters) = (args.clone(), counters.clone());
+        thread::Builder::new()
+            .name("ingest".into())
+            .spawn(move || ingest.run(input, &args, &counters, expected_backfills))?
+    };
+
+    // Progress until the ingest is done and every sink finished.
+    let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    bar.set_style(ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} {human_pos} changes ({per_sec}) {msg}",
+    )?);
+    while !(ingest_thread.is_finished() && sink_threads.iter().all(|t| t.is_finished())) {
+        bar.set_position(counters.changes.load(Ordering::Relaxed));
+        let lags: Vec<String> = lanes.iter().map(|l| format!("{}:{}", l.name(), l.stats().lag())).collect();
+        bar.set_message(format!(
+            "{} txns, watermark {}, lag {}",
+            counters.transactions.load(Ordering::Relaxed),
+            stream.watermark().map_or_else(|| "-".to_owned(), |p| p.to_string()),
+            lags.join(" ")
+        ));
+        bar.tick();
+        thread::sleep(Duration::from_millis(20));
+    }
+    bar.finish_and_clear();
+
+    let mut ingest = ingest_thread.join().map_err(|_| "the ingest thread panicked")?;
+    let sinks: Vec<SinkReport> = sink_threads
+        .into_iter()
+        .map(|t| t.join().map_err(|_| "a sink thread panicked"))
+        .collect::<Result<_, _>>()?;
+    // The live source's last confirm: up to the final watermark, never more.
+    let mut slot_confirmed = None;
+    let mut live_metrics = None;
+    if let Some(source) = ingest.source.as_mut() {
+        match source.confirm(stream.watermark()).and_then(|_| source.read_confirmed()) {
+            Ok(c) => {
+                slot_confirmed = c;
+                live_metrics = source.metrics().ok();
+            }
+            Err(e) => {
+                if ingest.error.is_none() {
+                    ingest.error = Some(format!("final confirm: {e}"));
+                }
+            }
+        }
+    }
+    // Up to the last sink's end, not the progress loop's next tick.
+    let ended = sinks.iter().filter_map(|s| s.finished).max().unwrap_or_else(Instant::now);
+    let elapsed = ended.duration_since(started).as_secs_f64();
+
+    // Every sink must have received every positioned batch and every envelope at least once;
+    // the checks' verdict is part of the summary, so the text and the JSON say the same.
+    let mut failures: Vec<String> = Vec::new();
+    if let Some(e) = &ingest.error {
+        eprintln!("error: {e}");
+        failures.push(format!("ingest: {e}"));
+    }
+    let mut per_sink = Vec::with_capacity(sinks.len());
+    for (s, lane) in sinks.iter().zip(&lanes) {
+        let (transactions_lost, envelopes_lost) = s.received.lost(&ingest.published);
+        if let Some(e) = &s.error {
+            eprintln!("error: sink {}: {e}", s.name);
+            failures.push(format!("sink {}: {e}", s.name));
+        }
+        if transactions_lost > 0 || envelopes_lost > 0 {
+            let what = format!(
+                "sink {} never received {transactions_lost} transactions / {envelopes_lost} envelopes",
+                s.name
+            );
+            eprintln!("error: {what}");
+            failures.push(what);
+        }
+        if let Some(k) = &s.kill {
+            if k.max_watermark_while_down > k.acked_at_death {
+                failures.push(format!(
+                    "sink {} was dead at {} and the watermark reached {} meanwhile",
+                    s.name,
+                    lsn_text(&lsn(k.acked_at_death)),
+                    lsn_text(&lsn(k.max_watermark_while_down))
+                ));
+            }
+            if k.redelivered_after_reattach < k.held_unacked {
+                failures.push(format!(
+                    "sink {} died holding {} unacked batches; only {} came again",
+                    s.name, k.held_unacked, k.redelivered_after_reattach
+                ));
+            }
+        }
+        if durable_sinks && !args.discard {
+            // The sink's output itself, read back, against what the source published: each
+            // transaction's envelopes exactly once (what the sink says it received is not
+            // enough: acked chunks were once cut off by a restart while the counts said PASS).
+            let path = args.out.join(format!("{}.ndjson", s.name));
+            let since = live.then(|| ingest.published.first().map_or(u64::MAX, |&(p, _)| p));
+            let (lost, duplicates) = check_output(&path, &ingest.published, since)?;
+            if lost.1 > 0 || duplicates > 0 {
+                let what = format!(
+                    "sink {}'s output lacks {} transactions / {} envelopes and holds {duplicates} envelopes twice",
+                    s.name, lost.0, lost.1
+                );
+                eprintln!("error: {what}");
+                failures.push(what);
+            }
+        }
+        per_sink.push(SinkSummary::new(s, lsn(lane.stats().acked), transactions_lost, envelopes_lost));
+    }
+    let (transactions_discarded, changes_discarded) = (
+        counters.transactions_discarded.load(Ordering::Relaxed),
+        counters.changes_discarded.load(Ordering::Relaxed),
+    );
+    if changes_discarded > 0 || transactions_discarded > 0 {
+        let what = format!(
+            "{transactions_discarded} transactions ({changes_discarded} changes, bad lines included) were discarded whole because of bad input lines: lost"
+        );
+        eprintln!("error: {what}");
+        failures.push(what);
+    }
+    if let Some(after) = args.kill_sink_after {
+        if sinks.first().is_some_and(|s| s.kill.is_none()) {
+            failures.push(format!("--kill-sink-after {after}: the sink never processed that many batches"));
+        }
+    }
+    let final_watermark = stream.watermark();
+    if final_watermark != ingest.last_commit {
+        let what = format!(
+            "final watermark {} is not the last commit LSN {}",
+            lsn_text(&lsn(final_watermark)),
+            lsn_text(&lsn(ingest.last_commit))
+        );
+        eprintln!("error: {what}");
+        failures.push(what);
+    }
+
+    let transactions = counters.transactions.load(Ordering::Relaxed);
+    let changes = counters.changes.load(Ordering::Relaxed);
+    let envelopes = counters.envelopes.load(Ordering::Relaxed);
+    let reason = if failures.is_empty() {
+        format!(
+            "each of the {} sinks received all {transactions} transactions ({envelopes} envelopes) at least once, and the final watermark {} is the last commit LSN",
+            args.sinks,
+            lsn_text(&lsn(final_watermark)),
+        )
+    } else {
+        one_line(&failures.join("; "))
+    };
+    // Past the watermark only when idle: every transaction handed over acked, and the slot
+    // confirmed no further than where the source last decoded (nothing of ours in between).
+    let decoded = ingest.source.as_ref().and_then(|s| s.decoded());
+    if let (Some(confirmed), Some(watermark)) = (slot_confirmed, final_watermark) {
+        let idle_advance = final_watermark == ingest.last_commit && decoded.is_some_and(|d| confirmed <= d);
+        if confirmed > watermark && !idle_advance {
+            let what = format!(
+                "the slot was confirmed at {confirmed}, past the final watermark {watermark} (decoded up to {})",
+                lsn_text(&lsn(decoded))
+            );
+            eprintln!("error: {what}");
+            failures.push(what);
+        }
+    }
+    let mut summary = Summary {
+        schema_version: 1,
+        result: if failures.is_empty() { "PASS" } else { "FAIL" },
+        reason,
+        input: match &args.source {
+            Some(url) => format!("slot {} on {}", args.slot, redact(url)),
+            None => args.input.display().to_string(),
+        },
+        slot_confirmed_lsn: lsn(slot_confirmed),
+        slot_lag_bytes: live_metrics.and_then(|m| m.slot_lag_bytes),
+        reconnects: live_metrics.map(|m| m.reconnects),
+        heartbeats: live_metrics.map(|m| m.heartbeats),
+        output_dir: (!args.discard).then(|| args.out.display().to_string()),
+        sink_count: args.sinks,
+        discard: args.discard,
+        preload: args.preload,
+        chaos: args.chaos,
+        slow_sink: args.slow_sink,
+        transactions_published: transactions,
+        chunks_published: counters.chunks.load(Ordering::Relaxed),
+        changes_published: changes,
+        envelopes_published: envelopes,
+        bad_lines_skipped: counters.bad_lines.load(Ordering::Relaxed),
+        transactions_discarded,
+        changes_discarded,
+        last_commit_lsn: lsn(ingest.last_commit),
+        final_watermark_lsn: lsn(final_watermark),
+        stream_idle: stream.is_idle(),
+        backfill_requests_served: ingest.backfills_served,
+        snapshot_envelopes_published: ingest.snapshot_envelopes,
+        batches_redelivered: per_sink.iter().map(|s| s.batches_redelivered).sum(),
+        envelopes_received_again: per_sink.iter().map(|s| s.envelopes_received_again).sum(),
+        transactions_lost: per_sink.iter().map(|s| s.transactions_lost).sum(),
+        envelopes_lost: per_sink.iter().map(|s| s.envelopes_lost).sum(),
+        // Rounded to what the text shows, so that both show the same numbers.
+        elapsed_seconds: (elapsed * 1000.0).round() / 1000.0,
+        changes_per_second: if elapsed > 0.0 { (changes as f64 / elapsed).round() as u64 } else { 0 },
+        ingest_error: ingest.error.as_deref().map(one_line),
+        per_sink,
+    };
+
+    // The JSON first: if it cannot be written, the run fails and the text says so.
+    if let Some(path) = &args.summary_json {
+        let written = serde_json::to_string_pretty(&summary)
+            .map_err(BoxError::from)
+            .and_then(|text| std::fs::write(path, text + "\n").map_err(BoxError::from));
+        if let Err(e) = written {
+            let what = format!("cannot write {}: {e}", path.display());
+            eprintln!("error: {what}");
+            summary.fail(what);
+        }
+    }
+    // The summary goes to stdout; a closed stdout (e.g. `| head`) is not an error of the run.
+    let _ = write!(io::stdout().lock(), "{summary}");
+    Ok(summary.result == "PASS")
+}

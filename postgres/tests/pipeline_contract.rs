@@ -1,0 +1,416 @@
+//! Contract tests of the pipeline library's driver and `Sink` side, each named after its rule,
+//! on the in-memory stream with a fake in-memory source (no PostgreSQL).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lanestream::{
+    Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Request, SinkName, Stream,
+};
+use lanestream_postgres::ndjson::DurableNdjson;
+use lanestream_postgres::pipeline::{
+    Pipeline, PipelineError, RetryPolicy, Sink, Source, SourceItem, StopHandle,
+};
+
+const SINKS: [&str; 3] = ["search", "cache", "archive"];
+
+fn batch(lsn: u64, envelopes: usize) -> Batch {
+    let envelopes: Vec<Envelope> = (0..envelopes)
+        .map(|i| Envelope {
+            index: IndexName::new("public_t").unwrap(),
+            id: format!("{lsn}-{i}"),
+            op: Op::Upsert,
+            position: Some(Position(lsn)),
+            document: format!("{{\"id\":{i}}}").into_bytes().into(),
+            built_at_micros: None,
+        })
+        .collect();
+    Batch::new(Some(Position(lsn)), Arc::from(envelopes))
+}
+
+fn snapshot_batch(rows: usize) -> LaneItem {
+    let envelopes: Vec<Envelope> = (0..rows)
+        .map(|i| Envelope {
+            index: IndexName::new("public_t").unwrap(),
+            id: format!("s{i}"),
+            op: Op::Upsert,
+            position: None,
+            document: b"{}".as_slice().into(),
+            built_at_micros: None,
+        })
+        .collect();
+    LaneItem::Batch(Batch::new(None, Arc::from(envelopes)))
+}
+
+/// A fake source: hands out its changes (then `End`, or idles when `endless`), checks every
+/// confirm against the stream's watermark, and answers a backfill with `snapshot_batches`
+/// batches then `SnapshotComplete`.
+struct FakeSource {
+    stream: MemoryStream,
+    changes: VecDeque<Batch>,
+    next_lsn: u64,
+    endless: bool,
+    snapshots: VecDeque<SourceItem>,
+    snapshot_batches: usize,
+    confirms: Vec<Position>,
+    /// Set when `next` hands out a `SnapshotComplete` (before the driver publishes it).
+    complete_handed_out: Arc<AtomicBool>,
+}
+
+impl FakeSource {
+    fn new(stream: &MemoryStream, transactions: u64) -> Self {
+        FakeSource {
+            stream: stream.clone(),
+            changes: (1..=transactions).map(|lsn| batch(lsn * 10, 2)).collect(),
+            next_lsn: transactions * 10 + 10,
+            endless: false,
+            snapshots: VecDeque::new(),
+            snapshot_batches: 0,
+            confirms: Vec::new(),
+            complete_handed_out: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Source for FakeSource {
+    type Error = io::Error;
+
+    fn next(&mut self, timeout: Duration) -> Result<Option<SourceItem>, io::Error> {
+        if let Some(item) = self.snapshots.pop_front() {
+            if matches!(item, SourceItem::Snapshot { item: LaneItem::SnapshotComplete { .. }, .. }) {
+                self.complete_handed_out.store(true, Ordering::SeqCst);
+            }
+            return Ok(Some(item));
+        }
+        if let Some(b) = self.changes.pop_front() {
+            return Ok(Some(SourceItem::Change(b)));
+        }
+        if self.endless {
+            thread::sleep(timeout.min(Duration::from_millis(1)));
+            let lsn = self.next_lsn;
+            self.next_lsn += 10;
+            return Ok(Some(SourceItem::Change(batch(lsn, 1))));
+        }
+        if self.snapshot_batches > 0 {
+            // A backfill may still be asked: idle rather than end (the test ends it).
+            thread::sleep(timeout);
+            return Ok(None);
+        }
+        Ok(Some(SourceItem::End))
+    }
+
+    fn confirm(&mut self, position: Position) -> Result<(), io::Error> {
+        let watermark = self.stream.watermark();
+        assert!(Some(position) <= watermark, "confirmed {position} past the watermark {watermark:?}");
+        assert!(self.confirms.last().is_none_or(|&c| position > c), "confirms go forward");
+        self.confirms.push(position);
+        Ok(())
+    }
+
+    fn backfill(&mut self, request: Request) -> Result<(), io::Error> {
+        let Request::Backfill { sink, indexes, .. } = request else { panic!("unknown request") };
+        for _ in 0..self.snapshot_batches {
+            self.snapshots.push_back(SourceItem::Snapshot { sink: sink.clone(), item: snapshot_batch(3) });
+        }
+        self.snapshots.push_back(SourceItem::Snapshot { sink, item: LaneItem::SnapshotComplete { indexes } });
+        // This test's backfill is the last thing: end after it.
+        self.snapshot_batches = 0;
+        Ok(())
+    }
+}
+
+/// What a fake sink's instances share: its durable state and its failure plan.
+#[derive(Default)]
+struct Shared {
+    /// Positions committed, in order (a redelivery may repeat one).
+    durable: Vec<Position>,
+    /// Every item committed, in order.
+    items: Vec<LaneItem>,
+    /// Fail this many more applies (then succeed).
+    fail_times: u32,
+    /// Panic this many more applies.
+    panic_times: u32,
+    /// Fail every apply of a run holding this position.
+    fail_at: Option<Position>,
+    /// Sleep per apply.
+    slow: Duration,
+    /// The request each opened instance re-sends.
+    resume: Option<Request>,
+    /// Instances opened.
+    opened: u32,
+}
+
+struct FakeSink {
+    shared: Arc<Mutex<Shared>>,
+    staged: Vec<LaneItem>,
+    gate: Option<Arc<AtomicBool>>,
+}
+
+impl Sink for FakeSink {
+    type Error = io::Error;
+
+    fn apply(&mut self, items: &[LaneItem]) -> Result<(), io::Error> {
+        if let Some(gate) = &self.gate {
+            while !gate.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let (slow, fail) = {
+            let mut s = self.shared.lock().unwrap();
+            if s.panic_times > 0 {
+                s.panic_times -= 1;
+                drop(s);
+                panic!("the fake sink panics");
+            }
+            let fail = if s.fail_times > 0 {
+                s.fail_times -= 1;
+                true
+            } else {
+                s.fail_at.is_some_and(|p| items.iter().any(|i| i.position() == Some(p)))
+            };
+            (s.slow, fail)
+        };
+        thread::sleep(slow);
+        if fail {
+            return Err(io::Error::other("the fake sink refuses"));
+        }
+        self.staged.extend_from_slice(items);
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), io::Error> {
+        let mut s = self.shared.lock().unwrap();
+        for item in self.staged.drain(..) {
+            if let Some(p) = item.position() {
+                s.durable.push(p);
+            }
+            s.items.push(item);
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> Option<Position> {
+        self.shared.lock().unwrap().durable.iter().max().copied()
+    }
+
+    fn resume(&self) -> Option<Request> {
+        self.shared.lock().unwrap().resume.clone()
+    }
+}
+
+fn stream(capacity: usize) -> MemoryStream {
+    MemoryStream::builder().capacity(capacity).request_capacity(8).sinks(SINKS).build().unwrap()
+}
+
+fn shared_sinks() -> Vec<Arc<Mutex<Shared>>> {
+    SINKS.iter().map(|_| Arc::new(Mutex::new(Shared::default()))).collect()
+}
+
+fn pipeline(
+    stream: &MemoryStream,
+    shared: &[Arc<Mutex<Shared>>],
+    gate: Option<Arc<AtomicBool>>,
+) -> Pipeline<MemoryStream> {
+    let mut p = Pipeline::new(stream.clone()).retry(RetryPolicy {
+        attempts: 3,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(4),
+    });
+    for (name, shared) in SINKS.iter().zip(shared) {
+        let (shared, gate) = (shared.clone(), gate.clone().filter(|_| *name == "search"));
+        p = p.sink(*name, move || {
+            shared.lock().unwrap().opened += 1;
+            Ok::<_, io::Error>(FakeSink { shared: shared.clone(), staged: Vec::new(), gate: gate.clone() })
+        });
+    }
+    p
+}
+
+fn positions(shared: &Arc<Mutex<Shared>>) -> BTreeSet<u64> {
+    shared.lock().unwrap().durable.iter().map(|p| p.0).collect()
+}
+
+fn expected(transactions: u64) -> BTreeSet<u64> {
+    (1..=transactions).map(|t| t * 10).collect()
+}
+
+#[test]
+fn apply_error_is_retried_then_succeeds() {
+    let stream = stream(64);
+    let shared = shared_sinks();
+    shared[1].lock().unwrap().fail_times = 2; // within the budget of 3 tries
+    let mut source = FakeSource::new(&stream, 100);
+    let report = pipeline(&stream, &shared, None).run(&mut source).unwrap();
+    assert_eq!(report.transactions, 100);
+    for s in &shared {
+        assert_eq!(positions(s), expected(100), "every transaction applied and committed");
+    }
+    let cache = report.sinks.iter().find(|s| s.sink == "cache").unwrap();
+    assert_eq!(cache.retries, 2);
+    assert_eq!(shared[1].lock().unwrap().opened, 3, "a new sink instance per retry");
+    assert_eq!(report.confirmed, Some(Position(1000)));
+    assert_eq!(source.confirms.last(), Some(&Position(1000)));
+}
+
+#[test]
+fn spent_budget_stops_the_pipeline_naming_the_sink_and_acks_nothing_unapplied() {
+    let stream = stream(16);
+    let shared = shared_sinks();
+    shared[1].lock().unwrap().fail_at = Some(Position(500));
+    let mut source = FakeSource::new(&stream, 100);
+    let err = pipeline(&stream, &shared, None).run(&mut source).unwrap_err();
+    match &err {
+        PipelineError::Sink { sink, attempts, error } => {
+            assert_eq!(sink.as_str(), "cache");
+            assert_eq!(*attempts, 3);
+            assert!(error.to_string().contains("refuses"), "{error}");
+        }
+        other => panic!("expected the sink's error, got {other}"),
+    }
+    assert!(err.to_string().contains("sink cache"), "{err}");
+    // Nothing acked that was not committed: the lane's acked position is within what the sink
+    // holds, and before the run it could not apply.
+    let acked = stream.acked("cache").unwrap().unwrap();
+    let held = positions(&shared[1]);
+    assert!(acked < Position(500), "acked {acked}");
+    assert!(held.contains(&acked.0) && !held.contains(&500));
+    assert!(source.confirms.iter().all(|&c| c <= acked), "the source confirmed past the failed sink");
+}
+
+#[test]
+fn a_sink_that_panics_is_retried_like_an_error() {
+    let stream = stream(64);
+    let shared = shared_sinks();
+    shared[2].lock().unwrap().panic_times = 1;
+    let report = pipeline(&stream, &shared, None).run(&mut FakeSource::new(&stream, 50)).unwrap();
+    assert_eq!(positions(&shared[2]), expected(50));
+    assert_eq!(report.sinks.iter().find(|s| s.sink == "archive").unwrap().retries, 1);
+}
+
+#[test]
+fn a_sink_that_keeps_panicking_stops_the_pipeline_naming_it() {
+    let stream = stream(64);
+    let shared = shared_sinks();
+    shared[2].lock().unwrap().panic_times = u32::MAX;
+    let err = pipeline(&stream, &shared, None).run(&mut FakeSource::new(&stream, 50)).unwrap_err();
+    match err {
+        PipelineError::Sink { sink, error, .. } => {
+            assert_eq!(sink.as_str(), "archive");
+            assert!(error.to_string().contains("panicked: the fake sink panics"), "{error}");
+        }
+        other => panic!("expected the sink's error, got {other}"),
+    }
+    assert_eq!(stream.acked("archive").unwrap(), None, "nothing acked");
+    assert!(positions(&shared[2]).is_empty());
+}
+
+#[test]
+fn driver_confirm_never_passes_the_watermark() {
+    // FakeSource::confirm asserts each confirm against the watermark read at that moment.
+    let stream = stream(8);
+    let shared = shared_sinks();
+    shared[0].lock().unwrap().slow = Duration::from_micros(300);
+    let mut source = FakeSource::new(&stream, 300);
+    let report = pipeline(&stream, &shared, None).max_run(4).run(&mut source).unwrap();
+    assert!(source.confirms.len() > 1, "confirmed while running, not only at the end");
+    assert_eq!(source.confirms.last(), Some(&Position(3000)));
+    assert_eq!(report.confirmed, stream.watermark());
+}
+
+#[test]
+fn r2_request_acked_only_after_its_snapshot_complete_is_published() {
+    let stream = stream(2);
+    let shared = shared_sinks();
+    let search = SinkName::new("search").unwrap();
+    let request =
+        Request::Backfill { sink: search.clone(), indexes: vec![IndexName::new("public_t").unwrap()] };
+    shared[0].lock().unwrap().resume = Some(request);
+    let gate = Arc::new(AtomicBool::new(false));
+    let mut source = FakeSource::new(&stream, 0);
+    source.snapshot_batches = 2;
+    let handed_out = source.complete_handed_out.clone();
+    let watcher = {
+        let (stream, gate) = (stream.clone(), gate.clone());
+        thread::spawn(move || {
+            // The search sink is stuck: its lane (2 slots) is full of snapshot batches, so the
+            // SnapshotComplete the source handed out cannot be published yet.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !handed_out.load(Ordering::SeqCst) {
+                assert!(Instant::now() < deadline, "the source never handed out SnapshotComplete");
+                thread::sleep(Duration::from_millis(1));
+            }
+            thread::sleep(Duration::from_millis(100));
+            let acked_before = stream.request_stats().acked_items;
+            gate.store(true, Ordering::SeqCst);
+            acked_before
+        })
+    };
+    let report = pipeline(&stream, &shared, Some(gate)).run(&mut source).unwrap();
+    assert_eq!(watcher.join().unwrap(), 0, "the request was acked before its SnapshotComplete was published");
+    assert_eq!(report.backfills_served, 1);
+    assert_eq!(report.snapshot_batches, 2);
+    assert_eq!(stream.request_stats().acked_items, 1);
+    let items = shared[0].lock().unwrap().items.clone();
+    assert_eq!(items.len(), 3);
+    assert!(
+        matches!(items[2], LaneItem::SnapshotComplete { .. }),
+        "SnapshotComplete after the snapshot batches"
+    );
+    assert!(shared[1].lock().unwrap().items.is_empty(), "the snapshot went to the asking sink only");
+}
+
+#[test]
+fn clean_shutdown_drains_and_confirms() {
+    let stream = stream(32);
+    let shared = shared_sinks();
+    shared[2].lock().unwrap().slow = Duration::from_millis(1);
+    let mut source = FakeSource::new(&stream, 0);
+    source.endless = true;
+    let pipeline = pipeline(&stream, &shared, None);
+    let stop: StopHandle = pipeline.stop_handle();
+    let stopper = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        stop.stop();
+    });
+    let report = pipeline.run(&mut source).unwrap();
+    stopper.join().unwrap();
+    assert!(report.stopped && !report.drain_timed_out);
+    let last = report.last_position.expect("something was published");
+    assert_eq!(report.confirmed, Some(last), "confirmed up to everything published");
+    assert_eq!(source.confirms.last(), Some(&last));
+    for (name, s) in SINKS.iter().zip(&shared) {
+        assert_eq!(stream.acked(name).unwrap(), Some(last));
+        assert_eq!(positions(s).last(), Some(&last.0));
+    }
+    assert!(stream.is_idle());
+}
+
+#[test]
+fn durable_ndjson_sink_holds_each_envelope_once_across_a_resend() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |transactions: u64| {
+        let stream = stream(16);
+        let mut p = Pipeline::new(stream.clone());
+        for name in SINKS {
+            let out = dir.path().to_path_buf();
+            p = p.sink(name, move || DurableNdjson::open(&out, name, Duration::ZERO));
+        }
+        p.run(&mut FakeSource::new(&stream, transactions)).unwrap()
+    };
+    let first = run(40);
+    assert_eq!(first.sinks.iter().map(|s| s.checkpoint).collect::<Vec<_>>(), vec![Some(Position(400)); 3]);
+    // A source restarted before it could confirm sends everything again, and more: the
+    // sinks skip what their checkpoints cover.
+    run(60);
+    for name in SINKS {
+        let text = std::fs::read_to_string(dir.path().join(format!("{name}.ndjson"))).unwrap();
+        let ids: Vec<&str> = text.lines().collect();
+        assert_eq!(ids.len(), 120, "{name}: 60 transactions of 2 envelopes, each once");
+        let unique: BTreeSet<&str> = ids.iter().copied().collect();
+        assert_eq!(unique.len(), 120);
+    }
+}
