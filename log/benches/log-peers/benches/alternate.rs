@@ -17,8 +17,8 @@
 //! The **cold row** (`log_read/cold_selective/readers_16`): a log of `--cold-events` events
 //! (default `LOGBENCH_COLD_EVENTS`, else 8,000,000) of 256-byte payloads, one `entity:{k}` tag
 //! each, 10 events per entity spread across the whole log, written by 16 threads in appends of
-//! `--cold-batch` events (default 512), and a cache budget of a quarter of the
-//! payload bytes (512 MiB for 8M events): lanestream's `cache_bytes`, umadb's
+//! `--cold-batch` events (default 512), and a cache budget of 512 MiB at 8M events (in proportion
+//! for other sizes: the log about 3.8x the budget): lanestream's `cache_bytes`, umadb's
 //! `page_cache_max_mb`; tephra has no cache of its own. Each contender's log is written once into
 //! `--cold-dir` (default `LOGBENCH_COLD_DIR`, else `logbench-cold` in cargo's target tmp
 //! directory: the real disk, not tmpfs), kept across runs (delete it when done), then opened once
@@ -34,8 +34,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lanestream_log_bench::{
-    cold_contenders, cold_reads, drop_page_cache, durable_contenders, fanout_run, filled, peak_rss_bytes,
-    run_appends, ColdSpec, Store, ACCOUNTS, COLD_READERS, READ_LOG,
+    cold_contenders, cold_reads, disk_read_bytes, drop_page_cache, durable_contenders, fanout_run, filled,
+    peak_rss_bytes, rss_bytes, run_appends, ColdSpec, Store, ACCOUNTS, COLD_READERS, READ_LOG,
 };
 
 #[global_allocator]
@@ -159,7 +159,8 @@ fn cold_row(spec: &ColdSpec, filter: &str, rounds: usize, reads: usize) {
     for (i, id) in ids.iter().enumerate() {
         let total: f64 = times[i].iter().sum();
         println!(
-            "{COLD_ROW} | {id} | {:.0} events/s over all rounds ({COLD_READERS} readers x {reads} reads per round){}",
+            "{COLD_ROW} | {id} | {:.0} events/s over all rounds \
+             ({COLD_READERS} readers x {reads} reads per round){}",
             events[i] as f64 / total,
             if dropped { "" } else { " | PAGE CACHE NOT DROPPED (not root): warm, not cold" }
         );
@@ -177,29 +178,38 @@ fn cold_rss(spec: &ColdSpec, reads: usize, rounds: usize) {
         spec.root.display()
     );
     let log = spec.open(id, make);
-    let after_open = peak_rss_bytes().unwrap_or(0);
+    let (open_peak, open_rss) = (peak_rss_bytes().unwrap_or(0), rss_bytes().unwrap_or(0));
     let mut dropped = true;
-    let mut times = Vec::new();
+    let mut rates = Vec::new();
+    let (mut events, mut disk) = (0u64, 0u64);
     for round in 0..rounds {
         dropped &= drop_page_cache();
+        let before = disk_read_bytes().unwrap_or(0);
         let (t, n) = cold_reads(&*log, spec, reads, round as u64);
-        times.push(n as f64 / t.as_secs_f64());
+        disk += disk_read_bytes().unwrap_or(0) - before;
+        events += n;
+        rates.push(n as f64 / t.as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    let peak = peak_rss_bytes().unwrap_or(0);
+    rates.sort_by(f64::total_cmp);
+    let (peak, rss) = (peak_rss_bytes().unwrap_or(0), rss_bytes().unwrap_or(0));
     let bound = spec.cache_bytes() + 86 * spec.events + (64 << 20);
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     println!(
-        "cold rss: {} events, cache {} MiB: peak RSS {:.0} MiB after open, {:.0} MiB after {rounds} rounds \
-         (median {:.0} events/s{}); bound {:.0} MiB (cache + 86 B x events + 64 MiB): {}",
+        "cold rss: {} events (appends of {}), cache {} MiB: after open RSS {:.0} MiB (peak {:.0}); after \
+         {rounds} rounds RSS {:.0} MiB, peak {:.0} MiB; bound {:.0} MiB (cache + 86 B x events + 64 \
+         MiB): {}; median {:.0} events/s{}, {:.0} bytes read from disk per event read",
         spec.events,
+        spec.batch,
         spec.cache_bytes() >> 20,
-        mib(after_open),
+        mib(open_rss),
+        mib(open_peak),
+        mib(rss),
         mib(peak),
-        times[times.len() / 2],
-        if dropped { ", page cache dropped" } else { ", PAGE CACHE NOT DROPPED" },
         mib(bound),
-        if peak <= bound { "within" } else { "OVER" }
+        if peak <= bound { "within" } else { "OVER" },
+        rates[rates.len() / 2],
+        if dropped { ", page cache dropped" } else { ", PAGE CACHE NOT DROPPED" },
+        disk as f64 / events as f64
     );
 }
 

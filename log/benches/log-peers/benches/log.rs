@@ -5,7 +5,8 @@
 //! - `lanestream[durable]`: [`EventLog::open`] on tmpfs (`/dev/shm`, else the temporary
 //!   directory), a reply after the group commit's fsync; `lanestream[memory]`:
 //!   [`EventLog::in_memory`].
-//! - `tephra[durable]`: tephra 0.4.1's `WriteCoordinator` / `WriteHandle` (default `WriterConfig`: batches of 2,048, a queue of 16,384) on tmpfs (its only mode).
+//! - `tephra[durable]`: tephra 0.4.1's `WriteCoordinator` / `WriteHandle` (default `WriterConfig`:
+//!   batches of 2,048, a queue of 16,384) on tmpfs.
 //! - `umadb-core[durable]`: umadb-core 0.7's embedded store on tmpfs, appends through its own
 //!   group-commit writer thread (`writer_thread_blocking`, what its server runs), reads through
 //!   `DcbEventStoreSync::read`. It has no embedded subscription, so it is not in `log_fanout`.

@@ -543,9 +543,10 @@ impl ColdSpec {
     pub fn entities(&self) -> u64 {
         (self.events / COLD_EVENTS_PER_ENTITY).max(1)
     }
-    /// The cache budget: a quarter of the payload bytes (512 MiB for 8M events of 256 B).
+    /// The cache budget: the 512 MiB for 8M events of 256 B, in proportion for other
+    /// sizes (the log about 3.8x the budget).
     pub fn cache_bytes(&self) -> u64 {
-        self.events * PAYLOAD as u64 / 4
+        ((512u128 << 20) * u128::from(self.events) / 8_000_000) as u64
     }
     /// How many events entity `k` has.
     pub fn events_of(&self, k: u64) -> usize {
@@ -651,8 +652,21 @@ fn splitmix64(state: &mut u64) -> u64 {
 
 /// This process's peak resident set (`VmHWM` in `/proc/self/status`), in bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    proc_field("/proc/self/status", "VmHWM:").map(|kib| kib * 1024)
+}
+
+/// This process's resident set now (`VmRSS`), in bytes.
+pub fn rss_bytes() -> Option<u64> {
+    proc_field("/proc/self/status", "VmRSS:").map(|kib| kib * 1024)
+}
+
+/// The bytes this process has made the kernel read from the disk (`read_bytes` in
+/// `/proc/self/io`).
+pub fn disk_read_bytes() -> Option<u64> {
+    proc_field("/proc/self/io", "read_bytes:")
+}
+
+fn proc_field(file: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
