@@ -164,6 +164,12 @@ pub struct Tephra {
     _dir: Place,
 }
 
+impl Default for Tephra {
+    fn default() -> Tephra {
+        Tephra::new()
+    }
+}
+
 impl Tephra {
     pub fn new() -> Tephra {
         Tephra::in_place(Place::Temp(Dir::new("tephra")))
@@ -258,6 +264,12 @@ pub struct Uma {
     requests: Mutex<Option<tokio::sync::mpsc::Sender<UmaRequest>>>,
     writer: Mutex<Option<thread::JoinHandle<()>>>,
     _dir: Place,
+}
+
+impl Default for Uma {
+    fn default() -> Uma {
+        Uma::new()
+    }
 }
 
 impl Uma {
