@@ -144,12 +144,15 @@ fn cold_row(spec: &ColdSpec, filter: &str, rounds: usize, reads: usize) {
         cold_contenders().into_iter().map(|(id, make)| (id, spec.open(id, make))).collect();
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
     let mut events = vec![0u64; contenders.len()];
+    let mut disk = vec![0u64; contenders.len()];
     let mut dropped = true;
     for round in 0..rounds {
         for k in 0..contenders.len() {
             let i = (k + round) % contenders.len();
             dropped &= drop_page_cache();
+            let before = disk_read_bytes().unwrap_or(0);
             let (t, n) = cold_reads(&*contenders[i].1, spec, reads, round as u64);
+            disk[i] += disk_read_bytes().unwrap_or(0) - before;
             times[i].push(t.as_secs_f64());
             events[i] += n;
         }
@@ -160,8 +163,9 @@ fn cold_row(spec: &ColdSpec, filter: &str, rounds: usize, reads: usize) {
         let total: f64 = times[i].iter().sum();
         println!(
             "{COLD_ROW} | {id} | {:.0} events/s over all rounds \
-             ({COLD_READERS} readers x {reads} reads per round){}",
+             ({COLD_READERS} readers x {reads} reads per round), {:.0} bytes read from disk per event{}",
             events[i] as f64 / total,
+            disk[i] as f64 / events[i] as f64,
             if dropped { "" } else { " | PAGE CACHE NOT DROPPED (not root): warm, not cold" }
         );
     }
