@@ -12,7 +12,10 @@
 #   --log           the event log's benches instead (log/benches/log-peers/benches/log.rs: lanestream-log against
 #                   tephra, umadb-core and a Mutex<Vec>), ratios against lanestream in the same
 #                   mode ([durable] or [memory]) and the target "ahead of both embedded peers",
-#                   then the same contenders in interleaved rounds (log/benches/log-peers/benches/alternate.rs)
+#                   then the same contenders in interleaved rounds (log/benches/log-peers/benches/alternate.rs),
+#                   with the cold row (a log 4x its cache on the real disk, page cache dropped: root;
+#                   400k events in quick mode, 8M with --full, LOGBENCH_COLD_EVENTS to set; the logs
+#                   stay in <target dir>/tmp/logbench-cold for the next run: delete them after)
 #   (default)       quick mode: 0.5 s warm-up, 1 s measurement, 20 samples (whole run < 6 min
 #                   once built)
 #   --full          3 s warm-up, 5 s measurement, 100 samples (about 10 minutes)
@@ -32,7 +35,7 @@ for a in "$@"; do
         --full) mode=full ;;
         --no-alternate) alternate=0 ;;
         --table-only) run=0 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -43,10 +46,14 @@ if [ "$mode" = quick ]; then
     # the ratios (README, Performance).
     alt=(--rounds 9 --messages 200000)
     log_rounds=7
+    # The log's cold row (alternate.rs): a small log in quick mode; --full runs the issue's
+    # 8M events. LOGBENCH_COLD_EVENTS sets it in either mode.
+    log_cold=(--cold-events "${LOGBENCH_COLD_EVENTS:-400000}")
 else
     crit=(--warm-up-time 3 --measurement-time 5 --sample-size 100)
     alt=(--rounds 21 --messages 400000)
     log_rounds=21
+    log_cold=()
 fi
 
 target_dir=$(cargo metadata --format-version 1 --no-deps \
@@ -221,7 +228,8 @@ if [ "$run" = 1 ] && [ "$alternate" = 1 ] && [ "$suite" = log ]; then
     # per round, so load changes on a shared machine hit them alike. Read these ratios first.
     echo
     echo "== interleaved rounds (peer time / lanestream[durable] time per round, median and range)"
-    cargo bench "${log_bench[@]}" --bench alternate -- --rounds "${log_rounds}" 2>/dev/null | grep -v '^UmaDB'
+    cargo bench "${log_bench[@]}" --bench alternate -- --rounds "${log_rounds}" "${log_cold[@]}" 2>/dev/null \
+        | grep -v '^UmaDB'
 elif [ "$run" = 1 ] && [ "$alternate" = 1 ]; then
     echo
     cargo bench -p lanestream --bench alternate -- "${alt[@]}" 2>/dev/null

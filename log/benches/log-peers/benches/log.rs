@@ -5,7 +5,8 @@
 //! - `lanestream[durable]`: [`EventLog::open`] on tmpfs (`/dev/shm`, else the temporary
 //!   directory), a reply after the group commit's fsync; `lanestream[memory]`:
 //!   [`EventLog::in_memory`].
-//! - `tephra[durable]`: tephra 0.4.1's `WriteCoordinator` / `WriteHandle` (default `WriterConfig`: batches of 2,048, a queue of 16,384) on tmpfs (its only mode).
+//! - `tephra[durable]`: tephra 0.4.1's `WriteCoordinator` / `WriteHandle` (default `WriterConfig`:
+//!   batches of 2,048, a queue of 16,384) on tmpfs.
 //! - `umadb-core[durable]`: umadb-core 0.7's embedded store on tmpfs, appends through its own
 //!   group-commit writer thread (`writer_thread_blocking`, what its server runs), reads through
 //!   `DcbEventStoreSync::read`. It has no embedded subscription, so it is not in `log_fanout`.
@@ -24,13 +25,17 @@
 //! - `log_fanout/subscribers_4`: one writer appends batches of 64 while 4 live subscriptions
 //!   (`Query::All`) receive them; time per batch received by all four.
 //!
+//! The cold row (a log 4x its cache budget on the real disk, the page cache dropped between
+//! rounds) is only in `benches/alternate.rs`: criterion's repeated samples would read a warm
+//! cache after the first.
+//!
 //! `scripts/bench-ratios.sh --log` runs it in a quick mode and prints the ratio table.
 
-use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lanestream_log_bench::{
     durable_contenders, fanout_run, filled, run_appends, Store, ACCOUNTS, FANOUT_BATCH, READ_LOG, SUBSCRIBERS,
 };
+use std::hint::black_box;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -55,7 +60,6 @@ fn appends(c: &mut Criterion) {
         }
     }
 }
-
 
 fn reads(c: &mut Criterion) {
     for (name, tag, events) in
