@@ -643,7 +643,8 @@ impl Ingest {
                     Err(e) => return Err(e.into()),
                 },
             };
-            let Request::Backfill { sink, indexes } = delivery.item().clone() else {
+            // `after` is not used: this example answers from the rows it holds, whole.
+            let Request::Backfill { sink, indexes, .. } = delivery.item().clone() else {
                 return Err(format!("a request this example does not serve: {:?}", delivery.item()).into());
             };
             let lane = self
@@ -1166,7 +1167,7 @@ impl Sink {
     fn request_backfill(&mut self, item: &LaneItem) -> Result<(), BoxError> {
         let LaneItem::Batch(b) = item else { return Ok(()) };
         let Some(e) = b.envelopes.first() else { return Ok(()) };
-        let request = Request::Backfill { sink: self.lane.name().clone(), indexes: vec![e.index.clone()] };
+        let request = Request::backfill(self.lane.name().clone(), vec![e.index.clone()]);
         self.requests.publish(request).map_err(|e| format!("backfill request: {e}"))?;
         self.report.backfill_requested = true;
         Ok(())
