@@ -266,6 +266,7 @@ fn backfill_under_writers(slot: &str, rows: i64, chunk_rows: usize) {
     assert!(estimate.contains(&progress[0].estimated_rows), "{progress:?}");
     drop(source);
     drop_slot(slot);
+    sql().batch_execute("DROP TABLE bf_items, bf_sentinel").expect("drop");
 }
 
 #[test]
@@ -355,6 +356,7 @@ fn an_interrupted_backfill_resumes_after_the_last_applied_row_re_reading_at_most
     assert_equal(&sink.rows, &table(&mut c));
     drop(source);
     drop_slot(slot);
+    sql().batch_execute("DROP TABLE bf_items, bf_sentinel").expect("drop");
 }
 
 #[test]
@@ -396,5 +398,6 @@ fn tables_without_a_primary_key_unknown_indexes_and_bad_ids_are_refused_by_name(
     }
     drop(source);
     drop_slot(slot);
-    sql().batch_execute("DROP TABLE bf_nokey").expect("drop");
+    sql().batch_execute("DROP TABLE bf_items, bf_sentinel").expect("drop");
+    sql().batch_execute("DROP TABLE bf_nokey").expect("drop bf_nokey");
 }
