@@ -201,7 +201,7 @@ impl XidSnapshot {
 /// Splits an id into its key values (see the module docs, *Resuming*).
 ///
 /// # Errors
-/// A sentence saying why, for [`LiveError::BackfillRefused`].
+/// A sentence saying why, for [`LiveError::BackfillRefused`](crate::live::LiveError::BackfillRefused).
 pub fn decode_id(id: &str, columns: usize) -> Result<Vec<String>, String> {
     let mut values = vec![String::new()];
     let mut chars = id.chars();

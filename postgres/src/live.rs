@@ -79,6 +79,13 @@
 //! [`SIDE_RETRY_BUDGET`]; a look-up that still fails is an error ([`LiveError::Side`]), which
 //! the builder turns into an error of the change's transaction, never into "no key".
 //!
+//! # Backfill
+//! [`backfill`](LiveSource::backfill) serves a [`Request::Backfill`] while the stream flows:
+//! the tables are read in key order, one chunk at a time on the second connection, each chunk
+//! between a low and a high mark written into the WAL, and its rows published (as
+//! [`LiveItem::Snapshot`] from [`next_item`](LiveSource::next_item)) when the stream reaches
+//! its high mark, without the keys the stream changed meanwhile: see [`crate::backfill`].
+//!
 //! # Errors
 //! Every misconfiguration a user hits first has its own [`LiveError`] with what to do: a wrong
 //! password, `wal_level` not `logical`, a user without `REPLICATION`, the publication missing or
