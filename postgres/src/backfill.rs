@@ -22,7 +22,8 @@
 //! (Publication column lists, PostgreSQL 15, are not applied: the snapshot has every column.)
 //!
 //! # One chunk
-//! On the live source's second connection (the synchronous [`postgres`] client), per chunk:
+//! On the live source's second connection (the synchronous [`postgres`] client), per chunk, in
+//! one round trip (a simple query of three transactions):
 //! 1. the **low mark**: `SELECT pg_logical_emit_message(true, 'lanestream.backfill',
 //!    '<source>:<chunk>:low')`, in a transaction of its own, committed;
 //! 2. in a `REPEATABLE READ READ ONLY` transaction: `pg_current_snapshot()` (the snapshot the
@@ -401,14 +402,19 @@ pub(crate) struct ReadChunk {
     pub(crate) rows: usize,
 }
 
-fn emit_mark(client: &mut Client, source: &str, chunk: u64, kind: MarkKind) -> Result<(), postgres::Error> {
-    let content = Mark::content(source, chunk, kind);
-    client.execute("SELECT pg_logical_emit_message(true, $1::text, $2::text)", &[&MARK_PREFIX, &content])?;
-    Ok(())
+/// A mark's transaction, as SQL.
+fn mark_sql(source: &str, chunk: u64, kind: MarkKind) -> String {
+    format!(
+        "BEGIN; SELECT pg_logical_emit_message(true, {}, {}); COMMIT",
+        quote_literal(MARK_PREFIX),
+        quote_literal(&Mark::content(source, chunk, kind))
+    )
 }
 
 /// Writes the low mark, reads the chunk in its snapshot, writes the high mark (see the module
-/// docs, *One chunk*). `Ok(Err(..))`: a row the conversion refused (a sentence).
+/// docs, *One chunk*): three transactions in one round trip (one simple query). A failure
+/// rolls back what it left open, so the connection stays usable. `Ok(Err(..))`: a row the
+/// conversion refused (a sentence).
 pub(crate) fn read_chunk(
     client: &mut Client,
     plan: &TablePlan,
@@ -417,26 +423,48 @@ pub(crate) fn read_chunk(
     cursor: Option<&[String]>,
     rows: usize,
 ) -> Result<Result<ReadChunk, String>, postgres::Error> {
-    emit_mark(client, source, chunk, MarkKind::Low)?;
     let sql = format!(
-        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text; {}; COMMIT",
-        plan.select(cursor, rows)
+        "{}; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text; {}; COMMIT; {}",
+        mark_sql(source, chunk, MarkKind::Low),
+        plan.select(cursor, rows),
+        mark_sql(source, chunk, MarkKind::High),
     );
-    let messages = client.simple_query(&sql)?;
-    emit_mark(client, source, chunk, MarkKind::High)?;
-    let mut rows_out = messages.iter().filter_map(|m| match m {
-        SimpleQueryMessage::Row(r) => Some(r),
-        _ => None,
-    });
-    let Some(snapshot) = rows_out.next().and_then(|r| r.get(0)).and_then(XidSnapshot::parse) else {
+    let messages = match client.simple_query(&sql) {
+        Ok(m) => m,
+        Err(e) => {
+            // An error leaves the rest of the query skipped and its transaction aborted.
+            if !client.is_closed() {
+                let _ = client.batch_execute("ROLLBACK");
+            }
+            return Err(e);
+        }
+    };
+    // The result sets, by their row descriptions: the low mark's, the snapshot, the rows, the
+    // high mark's.
+    let mut sets: Vec<Vec<&postgres::SimpleQueryRow>> = Vec::with_capacity(4);
+    for m in &messages {
+        match m {
+            SimpleQueryMessage::RowDescription(_) => sets.push(Vec::new()),
+            SimpleQueryMessage::Row(r) => {
+                if let Some(set) = sets.last_mut() {
+                    set.push(r);
+                }
+            }
+            _ => {}
+        }
+    }
+    let [_, snapshot, rows_out, _] = sets.as_slice() else {
+        return Ok(Err(format!("the chunk's query gave {} result sets, not 4", sets.len())));
+    };
+    let Some(snapshot) = snapshot.first().and_then(|r| r.get(0)).and_then(XidSnapshot::parse) else {
         return Ok(Err("pg_current_snapshot() gave no snapshot this source reads".into()));
     };
     let mut docs: Vec<u8> = Vec::new();
     let mut built: Vec<(String, std::ops::Range<usize>)> = Vec::new();
-    let mut last = None;
+    let mut last_row = None;
     let mut values = String::new();
     let mut spans: Vec<(usize, usize)> = Vec::with_capacity(plan.columns.len());
-    for row in rows_out {
+    for &row in rows_out {
         values.clear();
         spans.clear();
         for (i, col) in plan.columns.iter().enumerate() {
@@ -471,8 +499,10 @@ pub(crate) fn read_chunk(
             Ok(b) => built.push(b),
             Err(e) => return Ok(Err(format!("a row of {}: {e}", plan.table))),
         }
-        last = Some(plan.order.iter().map(|&i| row.get(i).unwrap_or_default().to_owned()).collect());
+        last_row = Some(row);
     }
+    let last =
+        last_row.map(|row| plan.order.iter().map(|&i| row.get(i).unwrap_or_default().to_owned()).collect());
     let docs = Bytes::from(docs);
     let envelopes: Vec<Envelope> = built
         .into_iter()
@@ -499,20 +529,21 @@ pub(crate) struct PendingChunk {
     snapshot: XidSnapshot,
     /// The rows in key order; `None` once dropped.
     rows: Vec<Option<Envelope>>,
-    by_id: HashMap<String, usize>,
+    /// Row by id, built when the stream first changes a row of the chunk's table (most chunks
+    /// see none).
+    by_id: Option<HashMap<String, usize>>,
     low_seen: bool,
     dropped: u64,
 }
 
 impl PendingChunk {
     pub(crate) fn new(chunk: u64, index: IndexName, snapshot: XidSnapshot, envelopes: Vec<Envelope>) -> Self {
-        let by_id = envelopes.iter().enumerate().map(|(i, e)| (e.id.clone(), i)).collect();
         PendingChunk {
             chunk,
             index,
             snapshot,
             rows: envelopes.into_iter().map(Some).collect(),
-            by_id,
+            by_id: None,
             low_seen: false,
             dropped: 0,
         }
@@ -531,9 +562,15 @@ impl PendingChunk {
                     *row = None;
                     self.dropped += 1;
                 }
-            } else if let Some(&i) = self.by_id.get(&e.id) {
-                if self.rows[i].take().is_some() {
-                    self.dropped += 1;
+            } else {
+                let rows = &self.rows;
+                let by_id = self.by_id.get_or_insert_with(|| {
+                    rows.iter().enumerate().filter_map(|(i, r)| Some((r.as_ref()?.id.clone(), i))).collect()
+                });
+                if let Some(&i) = by_id.get(&e.id) {
+                    if self.rows[i].take().is_some() {
+                        self.dropped += 1;
+                    }
                 }
             }
         }
