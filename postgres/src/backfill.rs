@@ -32,13 +32,16 @@
 //! 3. the **high mark**, as the low one.
 //!
 //! The rows wait, in the source, for the stream to reach the high mark; the stream never waits
-//! for more than one chunk's `SELECT`. Every change the stream hands over for the table removes
+//! for more than one chunk's `SELECT` (which a lock on the table, `ACCESS EXCLUSIVE`, can hold
+//! up). Every change the stream hands over for the table removes
 //! its key from the waiting chunk when it comes **between the low and the high mark** (DBLog's
 //! rule: the change may be newer than the row read), and also **before the low mark when its
 //! transaction is not visible in the chunk's snapshot** (its xid in the snapshot's in-progress
 //! list or past its `xmax`): a transaction whose commit record precedes the low mark may still
 //! be finishing (not yet visible to others) when the snapshot is taken, and its change would
-//! otherwise be older in the lane than the row read. A `TRUNCATE` of the table empties the
+//! otherwise be older in the lane than the row read (the source keeps, per table being
+//! backfilled, the keys of the transactions handed over since the request was taken until a
+//! chunk's snapshot sees them). A `TRUNCATE` of the table empties the
 //! chunk. At the high mark the rows left become one snapshot batch (position `None`, envelopes
 //! [`Op::Upsert`] without a position, W2) for the requesting sink only, then the next chunk is
 //! read. So a snapshot row is never older than a change the sink applied before it: a sink
