@@ -5,7 +5,9 @@
 # a live source (postgres/examples/backfill_throughput.rs: DBLog chunks of CHUNK rows, default
 # 1,024, each between two marks in the WAL, published when the stream reaches the high mark)
 # and copied with psql to /dev/null. Prints each run's rows per second, the medians and their
-# ratio (backfill / COPY). No concurrent writers: this is the read path's cost.
+# ratio (backfill / COPY). The only concurrent writer is a probe (one insert every 2 ms into
+# another table): the live stream's latency (commit to the source's next_item, median) during the
+# backfill against the same during one idle second before it.
 #
 # Usage: scripts/backfill-bench.sh        Env: ROWS, CHUNK, RUNS (default 3 of each).
 set -euo pipefail
@@ -36,7 +38,7 @@ CHECKPOINT;
 SQL
 
 now() { date +%s.%N; }
-copy_rates=() backfill_rates=()
+copy_rates=() backfill_rates=() idle_lat=() busy_lat=()
 for run in $(seq 1 "$runs"); do
     start=$(now)
     pg_psql -c "COPY (SELECT * FROM bf_bench) TO STDOUT" >/dev/null
@@ -44,15 +46,20 @@ for run in $(seq 1 "$runs"); do
     rate=$(python3 -c "print(round($rows / ($end - $start)))")
     copy_rates+=("$rate")
     pg_log "run $run: COPY $rate rows/s"
-    line=$("$bench" "$url" public_bf_bench "$chunk" "bench_$run")
+    line=$("$bench" "$url" public_bf_bench "$chunk" "bench_$run" probe)
     pg_psql -Atc "SELECT pg_drop_replication_slot('bench_$run')" >/dev/null
     rate=$(sed -n 's/.*rows_per_s \([0-9]*\).*/\1/p' <<<"$line")
     [[ $line == "rows $rows "* ]] || pg_die "the backfill did not publish every row: $line"
     backfill_rates+=("$rate")
+    idle_lat+=("$(sed -n 's/.*idle_latency_ms \([0-9.]*\).*/\1/p' <<<"$line")")
+    busy_lat+=("$(sed -n 's/.*backfill_latency_ms \([0-9.]*\).*/\1/p' <<<"$line")")
     pg_log "run $run: backfill $rate rows/s ($line)"
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 copy=$(median "${copy_rates[@]}")
 backfill=$(median "${backfill_rates[@]}")
 ratio=$(python3 -c "print(f'{$backfill / $copy:.2f}')")
+idle=$(median "${idle_lat[@]}")
+busy=$(median "${busy_lat[@]}")
 echo "rows $rows chunk $chunk: COPY median $copy rows/s, backfill median $backfill rows/s, ratio ${ratio}x"
+echo "live stream latency (median of medians): idle ${idle} ms, during the backfill ${busy} ms"
