@@ -440,3 +440,61 @@ fn tables_without_a_primary_key_unknown_indexes_and_bad_ids_are_refused_by_name(
     sql().batch_execute("DROP TABLE bf_items, bf_sentinel").expect("drop");
     sql().batch_execute("DROP TABLE bf_nokey").expect("drop bf_nokey");
 }
+
+#[test]
+#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
+fn two_indexes_are_served_in_order_and_after_resumes_the_first_on_a_composite_text_key() {
+    let _server = serial();
+    let slot = "t_backfill_two";
+    drop_slot(slot);
+    load(300);
+    let mut c = sql();
+    // PRIMARY KEY (b, a): read in (b, a) order; ids are a:b (column order), b escaped.
+    c.batch_execute(
+        "DROP TABLE IF EXISTS bf_other; \
+         CREATE TABLE bf_other (a int, b text, v text, PRIMARY KEY (b, a)); \
+         INSERT INTO bf_other SELECT i, 'k:' || (i % 10) || E'\\\\', 'v' || i FROM generate_series(1, 500) i",
+    )
+    .expect("bf_other");
+    let mut cfg = config(slot);
+    cfg.backfill_chunk_rows = 64;
+    let mut source = LiveSource::connect(cfg).expect("source");
+    source.start().expect("start");
+    let mut decoder = decoder(&source);
+    // Resume after the row (a 7, b 'k:7\'): id 7:k\:7\\ .
+    let after = "7:k\\:7\\\\".to_owned();
+    let indexes = vec![index("public_bf_other"), index(INDEX)];
+    let request = Request::Backfill { sink: sink_name(), indexes: indexes.clone(), after: Some(after) };
+    source.backfill(request).expect("backfill");
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let complete = loop {
+        match source.next_item(&mut decoder, Duration::from_millis(200)).expect("next") {
+            Some(LiveItem::Snapshot { item: LaneItem::Batch(b), .. }) => {
+                seen.extend(b.envelopes.iter().map(|e| (e.index.as_str().to_owned(), e.id.clone())));
+            }
+            Some(LiveItem::Snapshot { item: LaneItem::SnapshotComplete { indexes }, .. }) => break indexes,
+            _ => {}
+        }
+    };
+    assert_eq!(complete, indexes);
+    let expected_other: Vec<String> = c
+        .query(
+            "SELECT a || ':' || replace(replace(b, E'\\\\', E'\\\\\\\\'), ':', E'\\\\:') FROM bf_other \
+             WHERE (b, a) > (E'k:7\\\\', 7) ORDER BY b, a",
+            &[],
+        )
+        .expect("expected")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let expected: Vec<(String, String)> = expected_other
+        .into_iter()
+        .map(|id| ("public_bf_other".to_owned(), id))
+        .chain((1..=300).map(|i| (INDEX.to_owned(), i.to_string())))
+        .collect();
+    assert!(expected.len() > 300 + 10, "rows after the resume point: {}", expected.len());
+    assert_eq!(seen, expected, "every row after the id, in key order, then the second index whole");
+    drop(source);
+    drop_slot(slot);
+    sql().batch_execute("DROP TABLE bf_items, bf_sentinel, bf_other").expect("drop");
+}
