@@ -474,7 +474,8 @@ pub struct LiveMetrics {
     /// Their rows.
     pub snapshot_rows: u64,
     /// Rows read for a backfill and dropped because the stream changed their key between the
-    /// chunk's marks (the change reached the sink instead).
+    /// chunk's marks, or in a transaction the chunk's snapshot did not see (the change reached
+    /// the sink instead).
     pub snapshot_rows_dropped: u64,
 }
 
