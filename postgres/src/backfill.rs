@@ -22,8 +22,8 @@
 //! (Publication column lists, PostgreSQL 15, are not applied: the snapshot has every column.)
 //!
 //! # One chunk
-//! On the live source's second connection (the synchronous [`postgres`] client), per chunk, in
-//! one round trip (a simple query of three transactions):
+//! In a reader thread of the live source, on a connection of its own (the synchronous
+//! [`postgres`] client), per chunk, in one round trip (a simple query of three transactions):
 //! 1. the **low mark**: `SELECT pg_logical_emit_message(true, 'lanestream.backfill',
 //!    '<source>:<chunk>:low')`, in a transaction of its own, committed;
 //! 2. in a `REPEATABLE READ READ ONLY` transaction: `pg_current_snapshot()` (the snapshot the
@@ -31,18 +31,18 @@
 //!    <key> LIMIT <chunk rows>` (keyset pagination: the key index reads only the chunk);
 //! 3. the **high mark**, as the low one.
 //!
-//! The rows wait, in the source, for the stream to reach the high mark; the stream never waits
-//! for more than one chunk's `SELECT` (which a lock on the table, `ACCESS EXCLUSIVE`, can hold
-//! up). Every change the stream hands over for the table removes
-//! its key from the waiting chunk when it comes **between the low and the high mark** (DBLog's
-//! rule: the change may be newer than the row read), and also **before the low mark when its
-//! transaction is not visible in the chunk's snapshot** (its xid in the snapshot's in-progress
-//! list or past its `xmax`): a transaction whose commit record precedes the low mark may still
-//! be finishing (not yet visible to others) when the snapshot is taken, and its change would
-//! otherwise be older in the lane than the row read (the source keeps, per table being
-//! backfilled, the keys of the transactions handed over since the request was taken until a
-//! chunk's snapshot sees them). A `TRUNCATE` of the table empties the
-//! chunk. At the high mark the rows left become one snapshot batch (position `None`, envelopes
+//! The stream does not wait for the `SELECT`: it goes on while the reader reads. The rows then
+//! wait, in the source, for the stream to reach the high mark (if the stream gets there first,
+//! it waits there for the reader). Every change the stream hands over for the table removes its
+//! key from the chunk when its **transaction is not visible in the chunk's snapshot** (its xid
+//! in the snapshot's in-progress list or past its `xmax`) — the row read is then older than the
+//! change — and, once the chunk is read, **every change between the low and the high mark**
+//! (DBLog's rule, which needs no xids; the snapshot check is what makes it exact: a transaction
+//! whose commit record precedes the low mark may still be finishing, not yet visible, when the
+//! snapshot is taken). The source keeps, per table being backfilled, the keys of the
+//! transactions handed over since the request was taken until a chunk's snapshot sees them, so
+//! changes handed over while the chunk was being read count too. A `TRUNCATE` of the table
+//! empties the chunk. At the high mark the rows left become one snapshot batch (position `None`, envelopes
 //! [`Op::Upsert`] without a position, W2) for the requesting sink only, then the next chunk is
 //! read. So a snapshot row is never older than a change the sink applied before it: a sink
 //! applies snapshot rows as plain upserts. After the last chunk of the last index comes
@@ -355,6 +355,10 @@ pub(crate) struct Backfiller {
     next_chunk: u64,
     jobs: VecDeque<Job>,
     pending: Option<PendingChunk>,
+    /// The chunk being read (handed to the reader, not yet installed).
+    reading: Option<u64>,
+    /// Its high mark came through the stream before it was installed.
+    high_seen: bool,
     recent: Recent,
     progress: Vec<BackfillProgress>,
     /// Items ready for the sinks, in order.
@@ -380,6 +384,8 @@ impl Backfiller {
             next_chunk: 1,
             jobs: VecDeque::new(),
             pending: None,
+            reading: None,
+            high_seen: false,
             recent: Vec::new(),
             progress: Vec::new(),
             out: VecDeque::new(),
@@ -427,7 +433,7 @@ impl Backfiller {
 
     /// The next chunk to read, when none waits for its high mark.
     pub(crate) fn next_read(&mut self) -> Option<NextRead> {
-        if self.pending.is_some() {
+        if self.pending.is_some() || self.reading.is_some() {
             return None;
         }
         let job = self.jobs.front()?;
@@ -436,12 +442,15 @@ impl Backfiller {
         }
         let chunk = self.next_chunk;
         self.next_chunk += 1;
+        self.reading = Some(chunk);
         Some(NextRead { plan: job.plans[job.current].clone(), cursor: job.cursor.clone(), chunk })
     }
 
     /// A chunk was read: it waits for its high mark (the transactions handed over since the
     /// last one and not visible in its snapshot already dropped from it).
     pub(crate) fn install(&mut self, read: ReadChunk) {
+        self.reading = None;
+        let high_seen = std::mem::take(&mut self.high_seen);
         let chunk_rows = self.chunk_rows;
         let Some(job) = self.jobs.front_mut() else { return };
         let index = job.plans[job.current].index.clone();
@@ -459,11 +468,27 @@ impl Backfiller {
         }
         let snapshot = &pending.snapshot;
         self.recent.retain(|(xid, _)| xid.is_none_or(|x| !snapshot.visible(x)));
+        let chunk = pending.chunk;
         if read.rows == 0 {
             self.table_finished();
         } else {
             self.pending = Some(pending);
+            if high_seen {
+                // The stream is at the high mark: publish here.
+                self.on_mark(&Mark {
+                    source: self.source_id.clone(),
+                    chunk,
+                    kind: MarkKind::High,
+                    lsn: Position::RESERVED,
+                });
+            }
         }
+    }
+
+    /// The stream reached the high mark of the chunk still being read: the source must wait for
+    /// the read ([`install`](Self::install) then publishes it at this place in the stream).
+    pub(crate) fn high_before_read(&self) -> bool {
+        self.high_seen
     }
 
     /// The stream handed over `batch`, of the transaction `xid`.
@@ -489,7 +514,12 @@ impl Backfiller {
         if mark.source != self.source_id {
             return;
         }
-        let Some(pending) = self.pending.as_mut() else { return };
+        let Some(pending) = self.pending.as_mut() else {
+            if self.reading == Some(mark.chunk) && mark.kind == MarkKind::High {
+                self.high_seen = true;
+            }
+            return;
+        };
         if pending.chunk != mark.chunk {
             return;
         }

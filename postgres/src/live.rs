@@ -81,7 +81,8 @@
 //!
 //! # Backfill
 //! [`backfill`](LiveSource::backfill) serves a [`Request::Backfill`] while the stream flows:
-//! the tables are read in key order, one chunk at a time on the second connection, each chunk
+//! the tables are read in key order, one chunk at a time by a reader thread (on a connection of
+//! its own, so the stream does not wait for the `SELECT`), each chunk
 //! between a low and a high mark written into the WAL, and its rows published (as
 //! [`LiveItem::Snapshot`] from [`next_item`](LiveSource::next_item)) when the stream reaches
 //! its high mark, without the keys the stream changed meanwhile: see [`crate::backfill`].
@@ -96,7 +97,7 @@
 //! [`LiveError::Replication`]) shows the server's message and SQLSTATE.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -105,7 +106,9 @@ use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig,
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
-use crate::backfill::{read_chunk, BackfillProgress, Backfiller, TablePlan, DEFAULT_CHUNK_ROWS};
+use crate::backfill::{
+    read_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, TablePlan, DEFAULT_CHUNK_ROWS,
+};
 use crate::pgoutput::{PgOutputDecoder, PgOutputError};
 use crate::wal2json::{CatalogKey, KeyLookup};
 
@@ -138,8 +141,8 @@ pub struct LiveConfig {
     pub heartbeat: Option<Duration>,
     /// How long to try to get the stream back after it broke (a server restart), with backoff.
     pub retry_budget: Duration,
-    /// Rows per chunk of a backfill ([`crate::backfill`]): the most the stream waits for is one
-    /// chunk's `SELECT`, and the most a resumed backfill reads again.
+    /// Rows per chunk of a backfill ([`crate::backfill`]): what the source holds at a time for
+    /// a backfill, and the most a resumed backfill reads again.
     pub backfill_chunk_rows: usize,
 }
 
@@ -504,10 +507,12 @@ struct Decoded {
 }
 
 /// The second connection, reconnected when lost; it holds the advisory lock that keeps a
-/// second lanestream source off the slot, taken again on every reconnect.
+/// second lanestream source off the slot, taken again on every reconnect (`lock`; the backfill
+/// reader's connection, which only reads chunks, takes none).
 struct Side {
     config: LiveConfig,
     client: Option<Client>,
+    lock: bool,
 }
 
 impl Side {
@@ -552,7 +557,7 @@ impl Side {
 
     fn reconnect(&mut self) -> Result<(), LiveError> {
         let mut client = connect_one(&self.config, "lanestream side")?;
-        if !try_lock(&mut client, &self.config.slot)? {
+        if self.lock && !try_lock(&mut client, &self.config.slot)? {
             return Err(LiveError::SlotBusy {
                 slot: self.config.slot.clone(),
                 holder: "another lanestream source (it took the slot while this one reconnected)".into(),
@@ -673,6 +678,8 @@ pub struct LiveSource {
     open_xid: Option<u32>,
     /// Backfill requests, the chunk waiting for its high mark.
     backfiller: Backfiller,
+    /// The thread that reads backfill chunks (started with the first request).
+    reader: Option<ChunkReader>,
     /// Items decoded and not yet returned, in stream order.
     out: VecDeque<LiveItem>,
 }
@@ -778,7 +785,7 @@ impl LiveSource {
             .enable_all()
             .build()
             .map_err(|e| LiveError::Internal(format!("the replication client's runtime: {e}")))?;
-        let side = Side { client: Some(client), config: config.clone() };
+        let side = Side { client: Some(client), config: config.clone(), lock: true };
         let backfiller = Backfiller::new(instance_id(), config.backfill_chunk_rows);
         let mut source = LiveSource {
             config,
@@ -796,6 +803,7 @@ impl LiveSource {
             metrics: LiveMetrics::default(),
             open_xid: None,
             backfiller,
+            reader: None,
             out: VecDeque::new(),
         };
         source.wait_until_free(deadline)?;
@@ -990,13 +998,15 @@ impl LiveSource {
     /// As [`next`](Self::next), with the items of the backfills being served
     /// ([`backfill`](Self::backfill)) interleaved in stream order: a snapshot batch comes when
     /// the stream reaches its chunk's high mark, `SnapshotComplete` after a request's last one.
-    /// While a backfill is served, each call may first read one chunk from the table (on the
-    /// second connection) when none waits for its high mark.
+    /// While a backfill is served, its reader thread reads the next chunk when none waits for
+    /// its high mark; a chunk read is taken in here (waiting for it only when the stream reached
+    /// its high mark first).
     ///
     /// # Errors
     /// As [`next`](Self::next); [`LiveError::BackfillFailed`] for a chunk whose rows cannot be
     /// turned into documents; [`LiveError::Side`] when reading a chunk fails within
-    /// [`SIDE_RETRY_BUDGET`].
+    /// [`SIDE_RETRY_BUDGET`] (the reader reconnects in between); [`LiveError::Internal`] when
+    /// the reader thread could not start.
     pub fn next_item(
         &mut self,
         decoder: &mut PgOutputDecoder,
@@ -1011,7 +1021,7 @@ impl LiveSource {
             if self.stream.is_none() {
                 return Err(LiveError::Internal("LiveSource::next before start".into()));
             }
-            if self.read_backfill_chunk()? {
+            if self.backfill_reads(false)? {
                 continue;
             }
             let Some(stream) = self.stream.as_mut() else {
@@ -1084,23 +1094,38 @@ impl LiveSource {
         self.backfiller.progress().to_vec()
     }
 
-    /// Reads the next backfill chunk when one is due; whether one was read.
-    fn read_backfill_chunk(&mut self) -> Result<bool, LiveError> {
-        let Some(next) = self.backfiller.next_read() else { return Ok(false) };
-        let source = self.backfiller.source_id().to_owned();
-        let rows = self.backfiller.chunk_rows();
-        let read = self.side()?.run(
-            SIDE_RETRY_BUDGET,
-            || format!("reading a backfill chunk of {}", next.plan.table),
-            |c| read_chunk(c, &next.plan, &source, next.chunk, next.cursor.as_deref(), rows),
-        )?;
-        let read = read.map_err(|reason| LiveError::BackfillFailed {
-            index: next.plan.index.as_str().to_owned(),
-            reason,
-        })?;
-        self.backfiller.install(read);
-        self.drain_backfill();
-        Ok(true)
+    /// Installs the chunk the reader thread read, if it is there (waiting for it when `wait`:
+    /// the stream reached its high mark first), and hands the reader the next chunk when one
+    /// is due. Whether a chunk was installed.
+    fn backfill_reads(&mut self, wait: bool) -> Result<bool, LiveError> {
+        let mut installed = false;
+        if let Some(reader) = &self.reader {
+            let read = if wait {
+                Some(reader.done.recv().map_err(|_| reader.gone())?)
+            } else {
+                match reader.done.try_recv() {
+                    Ok(read) => Some(read),
+                    Err(mpsc::TryRecvError::Empty) => None,
+                    Err(mpsc::TryRecvError::Disconnected) => return Err(reader.gone()),
+                }
+            };
+            if let Some(read) = read {
+                self.backfiller.install(read?);
+                self.drain_backfill();
+                installed = true;
+            }
+        }
+        if let Some(next) = self.backfiller.next_read() {
+            if self.reader.is_none() {
+                let source = self.backfiller.source_id().to_owned();
+                self.reader =
+                    Some(ChunkReader::start(self.config.clone(), source, self.backfiller.chunk_rows())?);
+            }
+            if let Some(reader) = &self.reader {
+                reader.jobs.send(next).map_err(|_| reader.gone())?;
+            }
+        }
+        Ok(installed)
     }
 
     /// Moves the backfill's ready items to the output, in order.
@@ -1119,16 +1144,22 @@ impl LiveSource {
         self.out.push_back(LiveItem::Change(batch));
     }
 
-    /// The marks the decoder read reach the backfill, whose ready items are queued.
-    fn take_marks(&mut self, decoder: &mut PgOutputDecoder) {
+    /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
+    /// of the chunk the reader is still reading (the stream got there first) waits for the read
+    /// here, so that the chunk is published at its place in the stream.
+    fn take_marks(&mut self, decoder: &mut PgOutputDecoder) -> Result<(), LiveError> {
         let mut any = false;
         while let Some(mark) = decoder.take_mark() {
             self.backfiller.on_mark(&mark);
+            if self.backfiller.high_before_read() {
+                self.backfill_reads(true)?;
+            }
             any = true;
         }
         if any {
             self.drain_backfill();
         }
+        Ok(())
     }
 
     fn on_event(&mut self, decoder: &mut PgOutputDecoder, event: ReplicationEvent) -> Result<(), LiveError> {
@@ -1144,7 +1175,7 @@ impl LiveSource {
             ReplicationEvent::KeepAlive { wal_end, .. } => idle(self, decoder, wal_end.0),
             ReplicationEvent::Message { transactional, lsn, prefix, content } => {
                 decoder.message(lsn.0, &prefix, &content);
-                self.take_marks(decoder);
+                self.take_marks(decoder)?;
                 if !transactional {
                     idle(self, decoder, lsn.0);
                 }
@@ -1157,7 +1188,7 @@ impl LiveSource {
             }
             ReplicationEvent::XLogData { data, .. } => {
                 let chunk = decoder.decode(&data)?;
-                self.take_marks(decoder);
+                self.take_marks(decoder)?;
                 if let Some(chunk) = chunk {
                     self.chunks_out = true;
                     self.metrics.changes += chunk.changes;
@@ -1380,6 +1411,49 @@ impl LiveSource {
                 .runtime
                 .block_on(async { tokio::time::timeout(Duration::from_secs(2), stream.shutdown()).await });
         }
+    }
+}
+
+/// The backfill's reader: a thread with a connection of its own (reconnected within
+/// [`SIDE_RETRY_BUDGET`] when lost) that reads one chunk at a time, so that the stream goes on
+/// while a chunk's `SELECT` runs. It ends when the source is dropped (after the read in hand).
+struct ChunkReader {
+    jobs: mpsc::Sender<NextRead>,
+    done: mpsc::Receiver<Result<ReadChunk, LiveError>>,
+}
+
+impl ChunkReader {
+    fn start(config: LiveConfig, source: String, rows: usize) -> Result<ChunkReader, LiveError> {
+        let (jobs, jobs_in) = mpsc::channel::<NextRead>();
+        let (done_out, done) = mpsc::channel();
+        thread::Builder::new()
+            .name("lanestream-backfill".into())
+            .spawn(move || {
+                let mut side = Side { config, client: None, lock: false };
+                for next in jobs_in {
+                    let read = side
+                        .run(
+                            SIDE_RETRY_BUDGET,
+                            || format!("reading a backfill chunk of {}", next.plan.table),
+                            |c| read_chunk(c, &next.plan, &source, next.chunk, next.cursor.as_deref(), rows),
+                        )
+                        .and_then(|read| {
+                            read.map_err(|reason| LiveError::BackfillFailed {
+                                index: next.plan.index.as_str().to_owned(),
+                                reason,
+                            })
+                        });
+                    if done_out.send(read).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| LiveError::Internal(format!("the backfill reader thread: {e}")))?;
+        Ok(ChunkReader { jobs, done })
+    }
+
+    fn gone(&self) -> LiveError {
+        LiveError::Internal("the backfill reader thread ended".into())
     }
 }
 

@@ -197,3 +197,24 @@ fn marks_round_trip_and_foreign_content_is_no_mark() {
     assert_eq!(Mark::parse(b"x:y:low", Position(1)), None);
     assert_eq!(Mark::parse(&[0xff, b':', b'1', b':', b'l'], Position(1)), None);
 }
+
+/// The stream may reach a chunk's high mark before the reader hands the chunk over: the source
+/// waits for it there, and installing it publishes it at once.
+#[test]
+fn a_high_mark_before_the_read_is_installed_publishes_at_install() {
+    let sink = SinkName::new("s").unwrap();
+    let mut b = Backfiller::new("x".into(), 3);
+    b.push(sink, vec![index("t")], vec![plan("t")], None);
+    let next = b.next_read().unwrap();
+    assert!(b.next_read().is_none(), "one chunk read at a time");
+    b.on_mark(&mark(&b, next.chunk, MarkKind::Low));
+    assert!(!b.high_before_read());
+    // A transaction the snapshot did not see, handed over before the install.
+    b.observe(Some(200), &Batch::new(Some(Position(3)), vec![env("t", "2", Op::Delete)].into()));
+    b.on_mark(&mark(&b, next.chunk, MarkKind::High));
+    assert!(b.high_before_read() && b.out.is_empty());
+    b.install(read(next.chunk, "100:110:", &["1", "2", "3"], Some("3")));
+    assert!(!b.high_before_read());
+    let (_, item) = b.out.pop_front().unwrap();
+    assert!(matches!(item, LaneItem::Batch(ref x) if ids(x) == ["1", "3"]), "{item:?}");
+}
