@@ -43,10 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(stream.watermark(), Some(Position(100)));
 
     // The search sink asks for a backfill of `users` (any number of senders, any thread).
-    stream
-        .requests()
-        .sender()
-        .publish(Request::Backfill { sink: "search".parse()?, indexes: vec![users.clone()] })?;
+    stream.requests().sender().publish(Request::backfill("search".parse()?, vec![users.clone()]))?;
 
     // Ingest engine #1 takes the request, hands it to a snapshot worker, publishes one snapshot
     // chunk, then crashes: its request consumer and its fan-out go away, and the worker, stuck,
@@ -73,7 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let late = stuck_worker.ack();
     println!("ingest #1's worker: late ack refused: {}", late.as_ref().unwrap_err());
     assert_eq!(late, Err(AckError::Detached));
-    let Request::Backfill { sink, indexes } = request.item().clone() else {
+    let Request::Backfill { sink, indexes, .. } = request.item().clone() else {
         return Err(format!("a request this example does not serve: {:?}", request.item()).into());
     };
     let lane = stream.sinks().iter().position(|s| *s == sink).ok_or("a request for an unknown sink")?;

@@ -60,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Corrupt input: an error to handle, never a panic.
     let truncated = &bytes[..bytes.len() - 1];
     let garbage = aligned(&[0xAB; 64]);
-    let request = Request::Backfill { sink: SinkName::new("search")?, indexes: vec![users.clone()] };
+    let request = Request::backfill(SinkName::new("search")?, vec![users.clone()]);
     let a_request = encode_request(&request)?;
     for (what, input) in [("truncated", truncated), ("garbage", &garbage[..]), ("a request", &a_request[..])]
     {

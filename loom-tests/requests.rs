@@ -6,7 +6,7 @@ use loom::thread;
 use crate::support;
 
 fn backfill(sink: &str) -> Request {
-    Request::Backfill { sink: SinkName::new(sink).unwrap(), indexes: Vec::new() }
+    Request::backfill(SinkName::new(sink).unwrap(), Vec::new())
 }
 
 fn sink_of(r: &Request) -> String {

@@ -136,12 +136,23 @@ impl From<Batch> for LaneItem {
 }
 
 /// What travels on the request lane, from sink engines up to the ingest engine. Serde form:
-/// externally tagged, snake_case (`{"backfill":{"sink":"search","indexes":["users"]}}`).
+/// externally tagged, snake_case (`{"backfill":{"sink":"search","indexes":["users"]}}`);
+/// `after` is left out when `None` and read as `None` when absent, so JSON written before the
+/// field existed still reads.
 ///
 /// ```
 /// use lanestream::{IndexName, Request, SinkName};
-/// let r = Request::Backfill { sink: SinkName::new("search").unwrap(), indexes: vec![IndexName::new("users").unwrap()] };
+/// let r = Request::backfill(SinkName::new("search").unwrap(), vec![IndexName::new("users").unwrap()]);
 /// assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"backfill":{"sink":"search","indexes":["users"]}}"#);
+/// let resumed = Request::Backfill {
+///     sink: SinkName::new("search").unwrap(),
+///     indexes: vec![IndexName::new("users").unwrap()],
+///     after: Some("42".into()),
+/// };
+/// assert_eq!(
+///     serde_json::to_string(&resumed).unwrap(),
+///     r#"{"backfill":{"sink":"search","indexes":["users"],"after":"42"}}"#
+/// );
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "snake_case"))]
@@ -151,9 +162,23 @@ pub enum Request {
     Backfill {
         /// The sink that asks.
         sink: SinkName,
-        /// The indexes to snapshot.
+        /// The indexes to snapshot, served in this order.
         indexes: Vec<IndexName>,
+        /// Where the first index resumes: `Some(id)` skips its rows up to and including the row
+        /// whose envelope id ([`Envelope::id`]) is `id`, in the source's key order (a sink
+        /// re-sends the id of the last snapshot row it applied after a crash); `None` starts
+        /// every index from its first row. The other indexes always start from their first row.
+        #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+        after: Option<String>,
     },
+}
+
+impl Request {
+    /// `Backfill { sink, indexes, after: None }`: a snapshot of `indexes` from their first
+    /// rows, for `sink`.
+    pub fn backfill(sink: SinkName, indexes: Vec<IndexName>) -> Request {
+        Request::Backfill { sink, indexes, after: None }
+    }
 }
 
 impl Item for Request {

@@ -278,9 +278,8 @@ fn request_lane_allocates_nothing_after_build_m2() {
     let stream = MemoryStream::builder().sink("search").request_capacity(4).build().unwrap();
     let sender = stream.requests().sender();
     let mut ingest = stream.requests().reattach();
-    let requests: Vec<Request> = (0..8)
-        .map(|_| Request::Backfill { sink: SinkName::new("search").unwrap(), indexes: Vec::new() })
-        .collect();
+    let requests: Vec<Request> =
+        (0..8).map(|_| Request::backfill(SinkName::new("search").unwrap(), Vec::new())).collect();
     let mut requests = requests.into_iter();
     // Warm-up, uncounted.
     sender.publish(requests.next().unwrap()).unwrap();

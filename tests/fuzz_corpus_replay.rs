@@ -70,6 +70,12 @@ fn write_codec_seeds() {
     for (i, item) in items.iter().enumerate() {
         std::fs::write(dir.join(format!("seed-item-{i}")), encode_item(item).unwrap()).unwrap();
     }
-    let request = Request::Backfill { sink: SinkName::new("search").unwrap(), indexes: vec![name("users")] };
+    let request = Request::backfill(SinkName::new("search").unwrap(), vec![name("users")]);
     std::fs::write(dir.join("seed-request"), encode_request(&request).unwrap()).unwrap();
+    let resumed = Request::Backfill {
+        sink: SinkName::new("search").unwrap(),
+        indexes: vec![name("users"), name("orders")],
+        after: Some("42:a\\:b".into()),
+    };
+    std::fs::write(dir.join("seed-request-after"), encode_request(&resumed).unwrap()).unwrap();
 }

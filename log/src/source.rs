@@ -283,7 +283,9 @@ impl Pumped {
 ///   only then is the request acked ([R2](lanestream::contract#r2)). Live batches after that append
 ///   follow on the lane, so the snapshot and the live tail neither overlap nor leave a gap. A
 ///   request naming a sink or an index the source does not know is acked unanswered (it could
-///   never be served) and counted in [`SourceStats::refused`].
+///   never be served) and counted in [`SourceStats::refused`]. The request's `after` is not
+///   used: every index is answered from its first matching event (the sink applies the rows it
+///   already had again, idempotently, [R2](lanestream::contract#r2)).
 ///
 /// # Restart
 /// The source starts after a position: by default the stream's watermark (everything up to it
@@ -472,7 +474,9 @@ impl LogSource {
         // `Request` is non-exhaustive: a kind this source does not know is refused like an
         // unknown sink.
         let (sink, indexes) = match delivery.item() {
-            Request::Backfill { sink, indexes } => (Some(sink.clone()), indexes.clone()),
+            // `after` is not used: the snapshot is read from the index whole (a sink that
+            // resumes gets its first rows again and applies them idempotently, R2).
+            Request::Backfill { sink, indexes, .. } => (Some(sink.clone()), indexes.clone()),
             _ => (None, Vec::new()),
         };
         let lane = sink.and_then(|sink| self.lanes.iter().position(|f| f.sink == sink));

@@ -15,6 +15,8 @@
 //!   runtime inside this crate) and confirmed by standby status updates only up to the stream's
 //!   watermark (or, when every lane has acked everything, up to where the server says it has
 //!   sent, so an idle slot follows the server's WAL); it reconnects after a server restart.
+//! - [`backfill`]: the live source's backfill from the tables, served while the stream flows
+//!   (Netflix DBLog's low and high marks in the WAL; chunks in key order, resumable by id).
 //! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
 //!   back on restart, chunks of large transactions resumed by offset), one writer per output.
 //!
@@ -32,6 +34,7 @@
 #![deny(missing_debug_implementations)]
 #![forbid(unsafe_code)]
 
+pub mod backfill;
 pub mod live;
 pub mod ndjson;
 pub mod pgoutput;

@@ -79,6 +79,14 @@
 //! [`SIDE_RETRY_BUDGET`]; a look-up that still fails is an error ([`LiveError::Side`]), which
 //! the builder turns into an error of the change's transaction, never into "no key".
 //!
+//! # Backfill
+//! [`backfill`](LiveSource::backfill) serves a [`Request::Backfill`] while the stream flows:
+//! the tables are read in key order, one chunk at a time by a reader thread (on a connection of
+//! its own, so the stream does not wait for the `SELECT`), each chunk
+//! between a low and a high mark written into the WAL, and its rows published (as
+//! [`LiveItem::Snapshot`] from [`next_item`](LiveSource::next_item)) when the stream reaches
+//! its high mark, without the keys the stream changed meanwhile: see [`crate::backfill`].
+//!
 //! # Errors
 //! Every misconfiguration a user hits first has its own [`LiveError`] with what to do: a wrong
 //! password, `wal_level` not `logical`, a user without `REPLICATION`, the publication missing or
@@ -88,15 +96,19 @@
 //! come back within the retry budget. Any other server error ([`LiveError::Db`],
 //! [`LiveError::Replication`]) shows the server's message and SQLSTATE.
 
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::{Batch, Position};
+use lanestream::{Batch, LaneItem, Position, Request, SinkName};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 
+use crate::backfill::{
+    read_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, TablePlan, DEFAULT_CHUNK_ROWS,
+};
 use crate::pgoutput::{PgOutputDecoder, PgOutputError};
 use crate::wal2json::{CatalogKey, KeyLookup};
 
@@ -129,11 +141,15 @@ pub struct LiveConfig {
     pub heartbeat: Option<Duration>,
     /// How long to try to get the stream back after it broke (a server restart), with backoff.
     pub retry_budget: Duration,
+    /// Rows per chunk of a backfill ([`crate::backfill`]): what the source holds at a time for
+    /// a backfill, and the most a resumed backfill reads again.
+    pub backfill_chunk_rows: usize,
 }
 
 impl LiveConfig {
     /// A configuration with the defaults: publication `lanestream`, no slot creation, 30 s of
-    /// waiting for a busy slot, status updates every second, no heartbeat, 60 s of retries.
+    /// waiting for a busy slot, status updates every second, no heartbeat, 60 s of retries,
+    /// backfill chunks of [`DEFAULT_CHUNK_ROWS`] rows.
     pub fn new(url: impl Into<String>, slot: impl Into<String>) -> Self {
         LiveConfig {
             url: url.into(),
@@ -144,6 +160,7 @@ impl LiveConfig {
             status_interval: Duration::from_secs(1),
             heartbeat: None,
             retry_budget: Duration::from_secs(60),
+            backfill_chunk_rows: DEFAULT_CHUNK_ROWS,
         }
     }
 }
@@ -281,6 +298,25 @@ pub enum LiveError {
         budget: Duration,
         /// The last error, as [`LiveError::Db`] would show it.
         last: String,
+    },
+    /// A backfill request this source cannot serve, ever: an index no table of the
+    /// publication has (or that two share), a table without a primary key, an `after` id that
+    /// does not decode into the table's key (see [`crate::backfill`]). Nothing was queued.
+    #[error("backfill of index {index:?} refused: {reason}")]
+    BackfillRefused {
+        /// The index (empty for a request that is no backfill).
+        index: String,
+        /// Why.
+        reason: String,
+    },
+    /// A chunk read for a backfill could not be turned into documents (a value its column's
+    /// type cannot have, a NULL key): the backfill cannot go on.
+    #[error("backfill of index {index:?}: {reason}")]
+    BackfillFailed {
+        /// The index.
+        index: String,
+        /// What went wrong.
+        reason: String,
     },
     /// An internal state that should not happen (a poisoned lock, a runtime that did not
     /// start).
@@ -436,6 +472,30 @@ pub struct LiveMetrics {
     pub reconnects: u64,
     /// Heartbeat messages written.
     pub heartbeats: u64,
+    /// Backfill snapshot batches returned (see [`crate::backfill`]).
+    pub snapshot_batches: u64,
+    /// Their rows.
+    pub snapshot_rows: u64,
+    /// Rows read for a backfill and dropped because the stream changed their key between the
+    /// chunk's marks, or in a transaction the chunk's snapshot did not see (the change reached
+    /// the sink instead).
+    pub snapshot_rows_dropped: u64,
+}
+
+/// What [`LiveSource::next_item`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LiveItem {
+    /// A committed transaction (positioned at its commit LSN) or a chunk of a large one: for
+    /// every lane.
+    Change(Batch),
+    /// For one sink only: a backfill's snapshot batch (position `None`) or the
+    /// `LaneItem::SnapshotComplete` that ends it (then ack the request, R2).
+    Snapshot {
+        /// The sink that asked.
+        sink: SinkName,
+        /// The snapshot batch or `SnapshotComplete`.
+        item: LaneItem,
+    },
 }
 
 /// How far the server has sent (everything committed before `upto` was handed over), with
@@ -447,10 +507,12 @@ struct Decoded {
 }
 
 /// The second connection, reconnected when lost; it holds the advisory lock that keeps a
-/// second lanestream source off the slot, taken again on every reconnect.
+/// second lanestream source off the slot, taken again on every reconnect (`lock`; the backfill
+/// reader's connection, which only reads chunks, takes none).
 struct Side {
     config: LiveConfig,
     client: Option<Client>,
+    lock: bool,
 }
 
 impl Side {
@@ -495,7 +557,7 @@ impl Side {
 
     fn reconnect(&mut self) -> Result<(), LiveError> {
         let mut client = connect_one(&self.config, "lanestream side")?;
-        if !try_lock(&mut client, &self.config.slot)? {
+        if self.lock && !try_lock(&mut client, &self.config.slot)? {
             return Err(LiveError::SlotBusy {
                 slot: self.config.slot.clone(),
                 holder: "another lanestream source (it took the slot while this one reconnected)".into(),
@@ -612,6 +674,14 @@ pub struct LiveSource {
     postmaster_start: String,
     last_heartbeat: Instant,
     metrics: LiveMetrics,
+    /// The xid of the open transaction (from its Begin), for the backfill's reconciliation.
+    open_xid: Option<u32>,
+    /// Backfill requests, the chunk waiting for its high mark.
+    backfiller: Backfiller,
+    /// The thread that reads backfill chunks (started with the first request).
+    reader: Option<ChunkReader>,
+    /// Items decoded and not yet returned, in stream order.
+    out: VecDeque<LiveItem>,
 }
 
 impl std::fmt::Debug for LiveSource {
@@ -715,7 +785,8 @@ impl LiveSource {
             .enable_all()
             .build()
             .map_err(|e| LiveError::Internal(format!("the replication client's runtime: {e}")))?;
-        let side = Side { client: Some(client), config: config.clone() };
+        let side = Side { client: Some(client), config: config.clone(), lock: true };
+        let backfiller = Backfiller::new(instance_id(), config.backfill_chunk_rows);
         let mut source = LiveSource {
             config,
             runtime,
@@ -730,6 +801,10 @@ impl LiveSource {
             postmaster_start,
             last_heartbeat: Instant::now(),
             metrics: LiveMetrics::default(),
+            open_xid: None,
+            backfiller,
+            reader: None,
+            out: VecDeque::new(),
         };
         source.wait_until_free(deadline)?;
         Ok(source)
@@ -901,17 +976,59 @@ impl LiveSource {
     /// the stream again when it broke (see the module docs, *Reconnecting*). Call
     /// [`start`](Self::start) first; give it the same decoder every time.
     ///
+    /// A source serving a backfill ([`backfill`](Self::backfill)) is read with
+    /// [`next_item`](Self::next_item), which returns its snapshot items too.
+    ///
     /// # Errors
     /// [`LiveError::Decode`] for a message the decoder refused, the errors of *Reconnecting*, a
-    /// failed heartbeat.
+    /// failed heartbeat; [`LiveError::Internal`] when the next item is a backfill's (it stays
+    /// first: read it with [`next_item`](Self::next_item)).
     pub fn next(
         &mut self,
         decoder: &mut PgOutputDecoder,
         timeout: Duration,
     ) -> Result<Option<Batch>, LiveError> {
+        match self.next_item(decoder, timeout)? {
+            None => Ok(None),
+            Some(LiveItem::Change(batch)) => Ok(Some(batch)),
+            Some(item) => {
+                self.out.push_front(item);
+                Err(LiveError::Internal(
+                    "a backfill is being served: read the source with next_item, which returns its snapshot items".into(),
+                ))
+            }
+        }
+    }
+
+    /// As [`next`](Self::next), with the items of the backfills being served
+    /// ([`backfill`](Self::backfill)) interleaved in stream order: a snapshot batch comes when
+    /// the stream reaches its chunk's high mark, `SnapshotComplete` after a request's last one.
+    /// While a backfill is served, its reader thread reads the next chunk when none waits for
+    /// its high mark; a chunk read is taken in here (waiting for it only when the stream reached
+    /// its high mark first).
+    ///
+    /// # Errors
+    /// As [`next`](Self::next); [`LiveError::BackfillFailed`] for a chunk whose rows cannot be
+    /// turned into documents; [`LiveError::Side`] when reading a chunk fails within
+    /// [`SIDE_RETRY_BUDGET`] (the reader reconnects in between); [`LiveError::Internal`] when
+    /// the reader thread could not start.
+    pub fn next_item(
+        &mut self,
+        decoder: &mut PgOutputDecoder,
+        timeout: Duration,
+    ) -> Result<Option<LiveItem>, LiveError> {
         let deadline = Instant::now() + timeout;
         loop {
+            if let Some(item) = self.out.pop_front() {
+                return Ok(Some(item));
+            }
             self.heartbeat_if_due()?;
+            if self.stream.is_none() {
+                return Err(LiveError::Internal("LiveSource::next before start".into()));
+            }
+            if self.backfill_reads(false)? {
+                continue;
+            }
             let Some(stream) = self.stream.as_mut() else {
                 return Err(LiveError::Internal("LiveSource::next before start".into()));
             };
@@ -922,11 +1039,7 @@ impl LiveSource {
             let received = self.runtime.block_on(async { tokio::time::timeout(left, stream.recv()).await });
             match received {
                 Err(_elapsed) => return Ok(None),
-                Ok(Ok(Some(event))) => {
-                    if let Some(batch) = self.on_event(decoder, event)? {
-                        return Ok(Some(batch));
-                    }
-                }
+                Ok(Ok(Some(event))) => self.on_event(decoder, event)?,
                 Ok(Ok(None)) => self.recover(
                     decoder,
                     StreamFault::Lost {
@@ -942,11 +1055,119 @@ impl LiveSource {
         }
     }
 
-    fn on_event(
-        &mut self,
-        decoder: &mut PgOutputDecoder,
-        event: ReplicationEvent,
-    ) -> Result<Option<Batch>, LiveError> {
+    /// Starts serving a backfill request (see [`crate::backfill`]): its indexes' tables are
+    /// found in the publication and checked now; their chunks then come out of
+    /// [`next_item`](Self::next_item) as [`LiveItem::Snapshot`], interleaved with the changes,
+    /// then the request's `SnapshotComplete`. Requests are served one after the other.
+    ///
+    /// # Errors
+    /// [`LiveError::BackfillRefused`] for a request that can never be served (the request is not
+    /// queued: ack it unanswered); [`LiveError::Side`] / [`LiveError::Db`] from the catalog
+    /// look-up.
+    pub fn backfill(&mut self, request: Request) -> Result<(), LiveError> {
+        let Request::Backfill { sink, indexes, after } = request else {
+            return Err(LiveError::BackfillRefused {
+                index: String::new(),
+                reason: format!("{request:?} is not a backfill request"),
+            });
+        };
+        let publication = self.config.publication.clone();
+        let mut plans = Vec::with_capacity(indexes.len());
+        for index in &indexes {
+            let plan = self.side()?.run(
+                SIDE_RETRY_BUDGET,
+                || format!("finding the table of index {index}"),
+                |c| TablePlan::resolve(c, &publication, index),
+            )?;
+            let plan = plan
+                .map_err(|reason| LiveError::BackfillRefused { index: index.as_str().to_owned(), reason })?;
+            plans.push(plan);
+        }
+        let cursor = match (after, plans.first()) {
+            (Some(id), Some(first)) => Some(first.cursor_of_id(&id).map_err(|reason| {
+                LiveError::BackfillRefused { index: first.index.as_str().to_owned(), reason }
+            })?),
+            _ => None,
+        };
+        self.backfiller.push(sink, indexes, plans, cursor);
+        self.drain_backfill();
+        Ok(())
+    }
+
+    /// Per table of the backfills asked so far: rows read and the table's row estimate.
+    pub fn backfill_progress(&self) -> Vec<BackfillProgress> {
+        self.backfiller.progress().to_vec()
+    }
+
+    /// Installs the chunk the reader thread read, if it is there (waiting for it when `wait`:
+    /// the stream reached its high mark first), and hands the reader the next chunk when one
+    /// is due. Whether a chunk was installed.
+    fn backfill_reads(&mut self, wait: bool) -> Result<bool, LiveError> {
+        let mut installed = false;
+        if let Some(reader) = &self.reader {
+            let read = if wait {
+                Some(reader.done.recv().map_err(|_| reader.gone())?)
+            } else {
+                match reader.done.try_recv() {
+                    Ok(read) => Some(read),
+                    Err(mpsc::TryRecvError::Empty) => None,
+                    Err(mpsc::TryRecvError::Disconnected) => return Err(reader.gone()),
+                }
+            };
+            if let Some(read) = read {
+                self.backfiller.install(read?);
+                self.drain_backfill();
+                installed = true;
+            }
+        }
+        if let Some(next) = self.backfiller.next_read() {
+            if self.reader.is_none() {
+                let source = self.backfiller.source_id().to_owned();
+                self.reader =
+                    Some(ChunkReader::start(self.config.clone(), source, self.backfiller.chunk_rows())?);
+            }
+            if let Some(reader) = &self.reader {
+                reader.jobs.send(next).map_err(|_| reader.gone())?;
+            }
+        }
+        Ok(installed)
+    }
+
+    /// Moves the backfill's ready items to the output, in order.
+    fn drain_backfill(&mut self) {
+        self.metrics.snapshot_batches = self.backfiller.batches;
+        self.metrics.snapshot_rows = self.backfiller.rows;
+        self.metrics.snapshot_rows_dropped = self.backfiller.dropped;
+        while let Some((sink, item)) = self.backfiller.out.pop_front() {
+            self.out.push_back(LiveItem::Snapshot { sink, item });
+        }
+    }
+
+    /// A batch decoded: the backfill sees it (its keys leave a waiting chunk), then it is queued.
+    fn hand_over(&mut self, batch: Batch) {
+        self.backfiller.observe(self.open_xid, &batch);
+        self.out.push_back(LiveItem::Change(batch));
+    }
+
+    /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
+    /// of the chunk the reader is still reading (the stream got there first) waits for the read
+    /// here, so that the chunk is published at its place in the stream.
+    fn take_marks(&mut self, decoder: &mut PgOutputDecoder) -> Result<(), LiveError> {
+        let mut any = false;
+        while let Some(mark) = decoder.take_mark() {
+            self.backfiller.on_mark(&mark);
+            if self.backfiller.high_before_read() {
+                self.backfill_reads(true)?;
+            }
+            any = true;
+        }
+        if any {
+            self.drain_backfill();
+        }
+        Ok(())
+    }
+
+    fn on_event(&mut self, decoder: &mut PgOutputDecoder, event: ReplicationEvent) -> Result<(), LiveError> {
         let idle = |source: &mut Self, decoder: &PgOutputDecoder, upto: u64| {
             if !decoder.in_transaction() && upto != 0 {
                 let upto = Position(upto);
@@ -957,33 +1178,43 @@ impl LiveSource {
         };
         match event {
             ReplicationEvent::KeepAlive { wal_end, .. } => idle(self, decoder, wal_end.0),
-            ReplicationEvent::Message { transactional: false, lsn, .. } => idle(self, decoder, lsn.0),
-            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
+            ReplicationEvent::Message { transactional, lsn, prefix, content } => {
+                decoder.message(lsn.0, &prefix, &content);
+                self.take_marks(decoder)?;
+                if !transactional {
+                    idle(self, decoder, lsn.0);
+                }
+            }
+            ReplicationEvent::StoppedAt { .. } => {}
             ReplicationEvent::Begin { final_lsn, xid, commit_time_micros } => {
                 decoder.begin(final_lsn.0, xid, commit_time_micros)?;
                 self.open_commit = Some(Position(final_lsn.0));
+                self.open_xid = Some(xid);
             }
             ReplicationEvent::XLogData { data, .. } => {
-                if let Some(chunk) = decoder.decode(&data)? {
+                let chunk = decoder.decode(&data)?;
+                self.take_marks(decoder)?;
+                if let Some(chunk) = chunk {
                     self.chunks_out = true;
                     self.metrics.changes += chunk.changes;
-                    return Ok(Some(chunk));
+                    self.hand_over(chunk);
                 }
             }
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {
                 self.open_commit = None;
                 let batch = decoder.commit(lsn.0)?;
-                if let Some(b) = &batch {
+                if let Some(b) = batch {
                     self.chunks_out = false;
                     self.handed_over = b.position;
                     self.metrics.transactions += 1;
                     self.metrics.changes += b.changes;
+                    self.hand_over(b);
                 }
+                self.open_xid = None;
                 idle(self, decoder, end_lsn.0);
-                return Ok(batch);
             }
         }
-        Ok(None)
+        Ok(())
     }
 
     /// The stream broke: find out why, and open it again when that is right.
@@ -1186,6 +1417,61 @@ impl LiveSource {
                 .block_on(async { tokio::time::timeout(Duration::from_secs(2), stream.shutdown()).await });
         }
     }
+}
+
+/// The backfill's reader: a thread with a connection of its own (reconnected within
+/// [`SIDE_RETRY_BUDGET`] when lost) that reads one chunk at a time, so that the stream goes on
+/// while a chunk's `SELECT` runs. It ends when the source is dropped (after the read in hand).
+struct ChunkReader {
+    jobs: mpsc::Sender<NextRead>,
+    done: mpsc::Receiver<Result<ReadChunk, LiveError>>,
+}
+
+impl ChunkReader {
+    fn start(config: LiveConfig, source: String, rows: usize) -> Result<ChunkReader, LiveError> {
+        let (jobs, jobs_in) = mpsc::channel::<NextRead>();
+        let (done_out, done) = mpsc::channel();
+        thread::Builder::new()
+            .name("lanestream-backfill".into())
+            .spawn(move || {
+                let mut side = Side { config, client: None, lock: false };
+                for next in jobs_in {
+                    let read = side
+                        .run(
+                            SIDE_RETRY_BUDGET,
+                            || format!("reading a backfill chunk of {}", next.plan.table),
+                            |c| read_chunk(c, &next.plan, &source, next.chunk, next.cursor.as_deref(), rows),
+                        )
+                        .and_then(|read| {
+                            read.map_err(|reason| LiveError::BackfillFailed {
+                                index: next.plan.index.as_str().to_owned(),
+                                reason,
+                            })
+                        });
+                    if done_out.send(read).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| LiveError::Internal(format!("the backfill reader thread: {e}")))?;
+        Ok(ChunkReader { jobs, done })
+    }
+
+    fn gone(&self) -> LiveError {
+        LiveError::Internal("the backfill reader thread ended".into())
+    }
+}
+
+/// A random id for this source's backfill marks (so that marks of another source on the same
+/// database, or of an earlier run, are never taken for this one's).
+fn instance_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
 }
 
 impl Drop for LiveSource {

@@ -18,7 +18,7 @@
 //! | `T` | Truncate (relations, options) | a truncate per relation |
 //! | `C` | Commit (flags, commit LSN, end LSN, commit time) | the positioned batch |
 //! | `O` | Origin (LSN, name) | ignored (changes of every origin are kept) |
-//! | `M` | logical Message (`pg_logical_emit_message`) | ignored, inside or outside a transaction (heartbeats) |
+//! | `M` | logical Message (`pg_logical_emit_message`) | a backfill mark (prefix [`MARK_PREFIX`]) is kept for the source ([`PgOutputDecoder::take_mark`]); any other message is ignored, inside or outside a transaction (heartbeats) |
 //!
 //! Messages of later protocol versions (streamed and two-phase transactions: `S`, `E`, `c`, `A`,
 //! `b`, `P`, `K`, `r`, `p`) are [`PgOutputErrorKind::UnsupportedMessage`]: ask for protocol
@@ -121,6 +121,7 @@ use std::fmt;
 use ahash::AHashMap as HashMap;
 use lanestream::{Batch, Position};
 
+use crate::backfill::{Mark, MARK_PREFIX};
 use crate::wal2json::{Column, Key, Line, TransactionBuilder, Wal2JsonError, Wal2JsonErrorKind};
 
 /// An error while decoding pgoutput: the 1-based number of the message in this decoder and what
@@ -317,6 +318,8 @@ pub struct PgOutputDecoder {
     commit_time: Option<i64>,
     /// The string values of the change being decoded, JSON-escaped (see `Val`).
     scratch: String,
+    /// Backfill marks read and not yet taken ([`PgOutputDecoder::take_mark`]).
+    marks: std::collections::VecDeque<Mark>,
 }
 
 impl fmt::Debug for PgOutputDecoder {
@@ -427,7 +430,7 @@ impl<'m> Fields<'m> {
 }
 
 /// Whether `s` needs no JSON escaping.
-fn plain(s: &str) -> bool {
+pub(crate) fn plain(s: &str) -> bool {
     !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
@@ -544,6 +547,23 @@ fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<
     Ok(Val::Scratch(start, scratch.len()))
 }
 
+/// Appends a text-format value of a column of type `type_oid` to `out` as JSON, exactly as the
+/// decoder writes it into a change's document (see the module docs): the one conversion, for
+/// rows read from the table by the backfill ([`crate::backfill`]). `Err` names what the text
+/// should have been; `out` is then unchanged.
+pub(crate) fn push_json_value(type_oid: u32, text: &str, out: &mut String) -> Result<(), &'static str> {
+    let start = out.len();
+    match json_value(type_oid, text, out) {
+        Ok(Val::Text(t)) => out.push_str(t),
+        Ok(Val::Scratch(..)) => {}
+        Err(e) => {
+            out.truncate(start);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// What a tuple is read into.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum TupleKind {
@@ -649,7 +669,29 @@ impl PgOutputDecoder {
             skipped: 0,
             commit_time: None,
             scratch: String::new(),
+            marks: std::collections::VecDeque::new(),
         }
+    }
+
+    /// A logical message already parsed (a client such as pgwire-replication hands messages over
+    /// as events; an `M` message given to [`decode`](Self::decode) comes here too): a backfill
+    /// mark ([`MARK_PREFIX`], see [`crate::backfill`]) is kept for
+    /// [`take_mark`](Self::take_mark), in stream order; anything else is ignored. `lsn` is the
+    /// message's LSN.
+    pub fn message(&mut self, lsn: u64, prefix: &str, content: &[u8]) {
+        if prefix != MARK_PREFIX {
+            return;
+        }
+        if let Some(mark) = Mark::parse(content, Position(lsn)) {
+            self.marks.push_back(mark);
+        }
+    }
+
+    /// The oldest backfill mark read and not yet taken (see [`message`](Self::message)). A
+    /// source calls it after each message it hands the decoder, so that marks and batches keep
+    /// their stream order.
+    pub fn take_mark(&mut self) -> Option<Mark> {
+        self.marks.pop_front()
     }
 
     /// Skips, whole, every transaction whose commit LSN (its Begin's) is at or before `position`:
@@ -833,11 +875,12 @@ impl PgOutputDecoder {
             }
             b'M' => {
                 let _flags = f.u8("flags")?;
-                let _lsn = f.u64("message LSN")?;
-                let _prefix = f.cstr("prefix")?;
+                let lsn = f.u64("message LSN")?;
+                let prefix = f.cstr("prefix")?;
                 let len = f.count32("content's length")?;
-                f.take(len, "content")?;
+                let content = f.take(len, "content")?;
                 f.end()?;
+                self.message(lsn, prefix, content);
                 Ok(None)
             }
             b'I' | b'U' | b'D' => self.change(seq, tag, f),

@@ -903,6 +903,23 @@ fn row_id(row: &[Column<'_>], key: KeyRef<'_, '_>, side: &'static str) -> ParseR
     Ok(id)
 }
 
+/// A snapshot row's id and document, keyed by `key` (the table's key columns, in the order the
+/// live stream builds its ids from them), exactly as the builder writes a change's: the one id
+/// encoding and the one document writer, for rows read from the table rather than the stream
+/// ([`crate::backfill`]). The document is appended to `docs`; its range is returned.
+///
+/// # Errors
+/// [`Wal2JsonErrorKind::MissingKeyColumn`] / [`Wal2JsonErrorKind::NullKey`] (its table and LSN
+/// left empty) as for a change.
+pub(crate) fn snapshot_row(
+    row: &[Column<'_>],
+    key: &[String],
+    docs: &mut Vec<u8>,
+) -> Result<(String, Range<usize>), Wal2JsonErrorKind> {
+    let id = row_id(row, KeyRef::Named(key), "columns")?;
+    Ok((id, write_row(docs, row)))
+}
+
 /// An update's new row with the columns it left out (TOASTed values it did not change) taken
 /// from its `identity` when that holds them (`REPLICA IDENTITY FULL`); `None` when nothing is
 /// missing.

@@ -10,7 +10,6 @@
 //!   (`pg_ctl restart -m immediate`), for the reconnect test.
 
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,55 +19,8 @@ use lanestream_postgres::pgoutput::PgOutputDecoder;
 use lanestream_postgres::wal2json::{CatalogKey, TransactionBuilder};
 use postgres::{Client, NoTls};
 
-const NEEDS: &str =
-    "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh";
-
-/// The tests share one server, and some change its configuration for a moment: each holds this
-/// lock for its whole run.
-fn serial() -> MutexGuard<'static, ()> {
-    static SERVER: Mutex<()> = Mutex::new(());
-    SERVER.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn url() -> String {
-    std::env::var("LANESTREAM_PG_URL").expect("LANESTREAM_PG_URL")
-}
-
-fn sql() -> Client {
-    Client::connect(&url(), NoTls).expect("connect")
-}
-
-fn config(slot: &str) -> LiveConfig {
-    let mut c = LiveConfig::new(url(), slot);
-    c.create_slot = true;
-    c.slot_wait = Duration::from_secs(1);
-    c.status_interval = Duration::from_millis(100);
-    c.retry_budget = Duration::from_secs(30);
-    c
-}
-
-fn drop_slot(slot: &str) {
-    let mut c = sql();
-    // A killed holder may keep it for a moment.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c
-        .query_one("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1::text", &[&slot])
-        .expect("slots")
-        .get::<_, i64>(0)
-        > 0
-    {
-        if c.execute("SELECT pg_drop_replication_slot($1::text)", &[&slot]).is_ok()
-            || Instant::now() > deadline
-        {
-            break;
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn decoder(source: &LiveSource) -> PgOutputDecoder {
-    PgOutputDecoder::new(TransactionBuilder::new().with_key_lookup(source.key_lookup()))
-}
+mod pg_server;
+use pg_server::{config, decoder, drop_slot, serial, sql, url, NEEDS};
 
 /// The batches the stream brings until it has been quiet for 500 ms (and at least `want`
 /// positioned ones, waiting up to 20 s for them), confirming nothing.

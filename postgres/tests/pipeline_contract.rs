@@ -326,8 +326,7 @@ fn r2_request_acked_only_after_its_snapshot_complete_is_published() {
     let stream = stream(2);
     let shared = shared_sinks();
     let search = SinkName::new("search").unwrap();
-    let request =
-        Request::Backfill { sink: search.clone(), indexes: vec![IndexName::new("public_t").unwrap()] };
+    let request = Request::backfill(search.clone(), vec![IndexName::new("public_t").unwrap()]);
     shared[0].lock().unwrap().resume = Some(request);
     let gate = Arc::new(AtomicBool::new(false));
     let mut source = FakeSource::new(&stream, 0);

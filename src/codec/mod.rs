@@ -11,9 +11,12 @@
 //!   deserializing: a [`BatchView`]'s envelopes hand out `&str` and `&[u8]` borrowed from the buffer.
 //!
 //! # Format
-//! The root is a small frame: a 4-byte magic (`LSI2` for a lane item, `LSR1` for a request; the
-//! digit is the format version: `LSI2` added [`Batch::offset`], so `LSI1` bytes are refused
-//! rather than misread: a validation error, or [`CodecError::WrongMagic`]) and the value, in rkyv 0.8's default layout (little-endian, 32-bit
+//! The root is a small frame: a 4-byte magic (`LSI2` for a lane item, `LSR2` for a request; the
+//! digit is the format version: `LSI2` added [`Batch::offset`] and `LSR2` added
+//! [`Request::Backfill`]'s `after`, so `LSI1` and `LSR1` bytes are refused rather than misread: a
+//! validation error, or [`CodecError::WrongMagic`]; requests still queued in a lane of the old
+//! format are not read, so drain a Redis request lane before upgrading) and the value, in rkyv
+//! 0.8's default layout (little-endian, 32-bit
 //! relative pointers, aligned). Names travel as strings and are re-validated on read; positions as
 //! `u64`; an envelope's document as a byte vector. The buffer must start at an address aligned to
 //! [`REQUIRED_ALIGN`] bytes (an [`AlignedVec`] is); copy unaligned input into an [`AlignedVec`]
@@ -74,8 +77,9 @@ pub const REQUIRED_ALIGN: usize = 8;
 /// Magic of an encoded [`LaneItem`] (`LSI2`, format version 2: version 1 had no
 /// [`Batch::offset`]).
 const ITEM_MAGIC: u32 = u32::from_le_bytes(*b"LSI2");
-/// Magic of an encoded [`Request`] (`LSR1`, format version 1).
-const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"LSR1");
+/// Magic of an encoded [`Request`] (`LSR2`, format version 2: version 1 had no
+/// `Request::Backfill::after`).
+const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"LSR2");
 
 /// Why bytes could not be encoded, decoded or viewed. Decoding and viewing never change anything;
 /// the input is left as it was.
@@ -179,7 +183,7 @@ enum WireOp {
 
 #[derive(rkyv::Archive, rkyv::Serialize)]
 enum WireRequest {
-    Backfill { sink: String, indexes: Vec<String> },
+    Backfill { sink: String, indexes: Vec<String>, after: Option<String> },
 }
 
 // Every archived type needs at most `REQUIRED_ALIGN`; a buffer aligned to it places each of them
@@ -240,15 +244,19 @@ pub fn encode_item(item: &LaneItem) -> Result<AlignedVec, CodecError> {
 /// ```
 /// use lanestream::codec::{decode_request, encode_request};
 /// use lanestream::{IndexName, Request, SinkName};
-/// let r = Request::Backfill { sink: SinkName::new("search")?, indexes: vec![IndexName::new("users")?] };
+/// let r = Request::backfill(SinkName::new("search")?, vec![IndexName::new("users")?]);
 /// assert_eq!(decode_request(&encode_request(&r)?)?, r);
+/// let resumed = Request::Backfill { sink: SinkName::new("search")?, indexes: vec![], after: Some("7:a".into()) };
+/// assert_eq!(decode_request(&encode_request(&resumed)?)?, resumed);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn encode_request(request: &Request) -> Result<AlignedVec, CodecError> {
     let request = match request {
-        Request::Backfill { sink, indexes } => {
-            WireRequest::Backfill { sink: sink.as_str().to_owned(), indexes: wire_names(indexes) }
-        }
+        Request::Backfill { sink, indexes, after } => WireRequest::Backfill {
+            sink: sink.as_str().to_owned(),
+            indexes: wire_names(indexes),
+            after: after.clone(),
+        },
     };
     rkyv::to_bytes::<rancor::Error>(&RequestFrame { magic: REQUEST_MAGIC, request })
         .map_err(CodecError::Encode)
@@ -392,10 +400,11 @@ pub fn decode_item(bytes: &[u8]) -> Result<LaneItem, CodecError> {
 /// As [`decode_item`]; [`InvalidName`](CodecError::InvalidName) also for the sink name.
 pub fn decode_request(bytes: &[u8]) -> Result<Request, CodecError> {
     match access_request(bytes)? {
-        ArchivedWireRequest::Backfill { sink, indexes } => Ok(Request::Backfill {
+        ArchivedWireRequest::Backfill { sink, indexes, after } => Ok(Request::Backfill {
             sink: SinkName::new(sink.as_str())
                 .map_err(|source| CodecError::InvalidName { field: "sink", source })?,
             indexes: owned_indexes(indexes)?,
+            after: after.as_ref().map(|a| a.as_str().to_owned()),
         }),
     }
 }
@@ -618,6 +627,7 @@ mod tests {
         Request::Backfill {
             sink: SinkName::new("search").unwrap(),
             indexes: vec![IndexName::new("users").unwrap()],
+            after: Some("42:a\\:b".into()),
         }
     }
 
@@ -636,6 +646,32 @@ mod tests {
         }
         let bytes = encode_request(&request()).unwrap();
         assert_eq!(decode_request(&bytes).unwrap(), request());
+        let fresh = Request::backfill(SinkName::new("search").unwrap(), vec![]);
+        assert_eq!(decode_request(&encode_request(&fresh).unwrap()).unwrap(), fresh);
+    }
+
+    /// A request of format version 1 (`LSR1`, no `after`) is refused, never misread.
+    #[test]
+    fn version_1_requests_are_refused() {
+        #[derive(rkyv::Archive, rkyv::Serialize)]
+        enum V1Request {
+            Backfill { sink: String, indexes: Vec<String> },
+        }
+        #[derive(rkyv::Archive, rkyv::Serialize)]
+        struct V1Frame {
+            magic: u32,
+            request: V1Request,
+        }
+        let v1 = V1Frame {
+            magic: u32::from_le_bytes(*b"LSR1"),
+            request: V1Request::Backfill { sink: "search".into(), indexes: vec!["users".into()] },
+        };
+        let bytes = rkyv::to_bytes::<rancor::Error>(&v1).unwrap();
+        let err = decode_request(&bytes).unwrap_err();
+        assert!(
+            matches!(err, CodecError::Invalid { .. } | CodecError::WrongMagic { expected: "request", .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -750,7 +786,7 @@ mod tests {
         );
         assert!(view_item(&bytes).is_err());
 
-        let r = Request::Backfill { sink: SinkName::new("sinkname_long_enough").unwrap(), indexes: vec![] };
+        let r = Request::backfill(SinkName::new("sinkname_long_enough").unwrap(), vec![]);
         let mut bytes = encode_request(&r).unwrap();
         let at = bytes.windows(20).position(|w| w == b"sinkname_long_enough").unwrap();
         bytes[at] = b'9';

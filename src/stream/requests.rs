@@ -27,10 +27,10 @@ struct RequestShared {
 /// use lanestream::{IndexName, MemoryStream, Request, SinkName};
 /// let stream = MemoryStream::builder().sink("search").build().unwrap();
 /// let sender = stream.requests().sender();
-/// sender.publish(Request::Backfill {
-///     sink: SinkName::new("search").unwrap(),
-///     indexes: vec![IndexName::new("users").unwrap()],
-/// }).unwrap();
+/// sender.publish(Request::backfill(
+///     SinkName::new("search").unwrap(),
+///     vec![IndexName::new("users").unwrap()],
+/// )).unwrap();
 /// let mut ingest = stream.requests().attach().unwrap();
 /// let request = ingest.try_recv().unwrap();
 /// // ... publish the snapshot batches and SnapshotComplete, then:

@@ -29,9 +29,9 @@ pub fn complete(index: &str) -> LaneItem {
     LaneItem::SnapshotComplete { indexes: vec![IndexName::new(index).unwrap()] }
 }
 
-/// `Backfill { sink, indexes: [index] }`.
+/// `Backfill { sink, indexes: [index], after: None }`.
 pub fn backfill(sink: &str, index: &str) -> Request {
-    Request::Backfill { sink: SinkName::new(sink).unwrap(), indexes: vec![IndexName::new(index).unwrap()] }
+    Request::backfill(SinkName::new(sink).unwrap(), vec![IndexName::new(index).unwrap()])
 }
 
 /// One upsert envelope.

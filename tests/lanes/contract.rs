@@ -138,6 +138,12 @@ fn i3_items_round_trip_through_externally_tagged_snake_case_json() {
     let text = serde_json::to_string(&request).unwrap();
     assert_eq!(text, r#"{"backfill":{"sink":"search","indexes":["users"]}}"#);
     assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), request);
+    // `after` is written only when set, and JSON without it reads as `None`.
+    let Request::Backfill { sink, indexes, .. } = request else { unreachable!() };
+    let resumed = Request::Backfill { sink, indexes, after: Some("7:a\\:b".into()) };
+    let text = serde_json::to_string(&resumed).unwrap();
+    assert_eq!(text, r#"{"backfill":{"sink":"search","indexes":["users"],"after":"7:a\\:b"}}"#);
+    assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), resumed);
 
     // Reading validates: bad names, unknown or wrongly cased tags are errors.
     for bad in [

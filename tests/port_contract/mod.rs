@@ -1378,7 +1378,7 @@ pub fn r1_many_senders_publish_requests_concurrently_and_one_ingest_engine_consu
     let mut per_sink_last = [None::<usize>; 4];
     while seen.len() < 4 * PER_SENDER {
         let d = ingest.recv_timeout(Duration::from_secs(10)).expect("requests keep coming").unwrap();
-        let Request::Backfill { sink, indexes } = d.item() else { unreachable!() };
+        let Request::Backfill { sink, indexes, .. } = d.item() else { unreachable!() };
         let k: usize = sink.as_str()[1..].parse().unwrap();
         let i: usize = indexes[0].as_str()[1..].parse().unwrap();
         if let Some(last) = per_sink_last[k] {
@@ -1448,7 +1448,7 @@ fn serve_backfill<B: Backend>(
 ) -> Option<u32> {
     let d = ingest.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
     let attempt = d.attempt();
-    let Request::Backfill { sink, indexes } = d.item().clone() else { unreachable!() };
+    let Request::Backfill { sink, indexes, .. } = d.item().clone() else { unreachable!() };
     let lane = s.sinks().iter().position(|n| *n == sink).expect("a backfill for a sink of the stream");
     let mut p = s.fanout().unwrap();
     for row in 0..rows {

@@ -252,10 +252,7 @@ fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_clai
 }
 
 fn backfill(sink: &str, indexes: &[&str]) -> Request {
-    Request::Backfill {
-        sink: SinkName::new(sink).unwrap(),
-        indexes: indexes.iter().map(|i| index(i)).collect(),
-    }
+    Request::backfill(SinkName::new(sink).unwrap(), indexes.iter().map(|i| index(i)).collect())
 }
 
 #[test]

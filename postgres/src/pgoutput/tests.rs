@@ -388,6 +388,40 @@ fn origin_type_and_logical_messages_are_read_and_ignored() {
 }
 
 #[test]
+fn backfill_marks_are_kept_for_the_source_in_stream_order() {
+    use crate::backfill::{Mark, MarkKind, MARK_PREFIX};
+    let message = |lsn: u64, prefix: &str, content: &str| {
+        let mut m = vec![b'M', 1];
+        m.extend(lsn.to_be_bytes());
+        m.extend(prefix.as_bytes());
+        m.push(0);
+        m.extend((content.len() as u32).to_be_bytes());
+        m.extend(content.as_bytes());
+        m
+    };
+    let mut d = decoder();
+    let batches = run(
+        &mut d,
+        &[
+            begin(0x10, 1),
+            message(0x8, MARK_PREFIX, &Mark::content("src", 3, MarkKind::Low)),
+            message(0x9, "lanestream", "3:low"),
+            message(0xA, MARK_PREFIX, "not a mark"),
+            commit(0x10),
+            begin(0x20, 2),
+            message(0x18, MARK_PREFIX, &Mark::content("src", 3, MarkKind::High)),
+            commit(0x20),
+        ],
+    )
+    .expect("decodes");
+    assert_eq!(batches.len(), 2, "a mark's transaction is an empty transaction");
+    let low = d.take_mark().expect("the low mark");
+    assert_eq!((low.source.as_str(), low.chunk, low.kind, low.lsn), ("src", 3, MarkKind::Low, Position(0x8)));
+    assert_eq!(d.take_mark().map(|m| (m.kind, m.lsn)), Some((MarkKind::High, Position(0x18))));
+    assert_eq!(d.take_mark(), None, "other prefixes and foreign content are no marks");
+}
+
+#[test]
 fn large_transactions_come_in_chunks_and_only_the_last_is_positioned() {
     let mut d = PgOutputDecoder::new(TransactionBuilder::new().with_max_batch_changes(Some(2)));
     let mut messages = vec![begin(0x40, 1), users()];

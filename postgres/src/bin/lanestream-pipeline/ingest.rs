@@ -132,7 +132,7 @@ impl Ingest {
                     Err(e) => return Err(e.into()),
                 },
             };
-            let Request::Backfill { sink, indexes } = delivery.item().clone() else {
+            let Request::Backfill { sink, indexes, .. } = delivery.item().clone() else {
                 return Err(format!("a request this harness does not serve: {:?}", delivery.item()).into());
             };
             let lane = self

@@ -386,7 +386,7 @@ impl Sink {
     pub(crate) fn request_backfill(&mut self, item: &LaneItem) -> Result<(), BoxError> {
         let LaneItem::Batch(b) = item else { return Ok(()) };
         let Some(e) = b.envelopes.first() else { return Ok(()) };
-        let request = Request::Backfill { sink: self.lane.name().clone(), indexes: vec![e.index.clone()] };
+        let request = Request::backfill(self.lane.name().clone(), vec![e.index.clone()]);
         self.requests.publish(request).map_err(|e| format!("backfill request: {e}"))?;
         self.report.backfill_requested = true;
         Ok(())

@@ -1,0 +1,564 @@
+//! Backfill from the tables, served while the live stream flows: Netflix DBLog's watermark
+//! technique on the pgoutput stream of the [live source](crate::live).
+//!
+//! A sink asks for a snapshot of some indexes ([`Request::Backfill`]); the live source reads
+//! the tables behind them in key order, one chunk at a time, and interleaves each chunk with the
+//! change stream so that a snapshot row never overwrites a newer change in the sink.
+//!
+//! # Which table, which key
+//! An index is the live reader's `schema_table` name ([`index_name`]) of a table of the
+//! source's publication (`pg_publication_tables`); a name no published table has, or that two
+//! tables share after normalisation, is refused ([`LiveError::BackfillRefused`]). Rows are read
+//! in the order of the table's **key index** — its replica identity index under `REPLICA
+//! IDENTITY USING INDEX`, else its primary key — and their ids are built from the same columns
+//! the live stream keys that table's changes by (in column order, the reader's one id encoding:
+//! [`crate::wal2json`], *Ids*), so a snapshot row and a change of the same row carry one id.
+//! **A table without a primary key** (and without an identity index), or under `REPLICA
+//! IDENTITY NOTHING`, **is refused**, naming the table: its live ids are every column (or it
+//! sends no updates and deletes), so neither keyset pagination nor reconciliation by id can be
+//! right. Give it a primary key. Documents are the rows as the decoder writes a change's new row
+//! (every column but generated ones, each text value typed by its column's type OID:
+//! [`crate::pgoutput`], *Output*), read in text format on the source's second connection.
+//! (Publication column lists, PostgreSQL 15, are not applied: the snapshot has every column.)
+//!
+//! # One chunk
+//! In a reader thread of the live source, on a connection of its own (the synchronous
+//! [`postgres`] client), per chunk, in one round trip (a simple query of three transactions):
+//! 1. the **low mark**: `SELECT pg_logical_emit_message(true, 'lanestream.backfill',
+//!    '<source>:<chunk>:low')`, in a transaction of its own, committed;
+//! 2. in a `REPEATABLE READ READ ONLY` transaction: `pg_current_snapshot()` (the snapshot the
+//!    chunk is read in), then `SELECT <columns> FROM <table> WHERE (<key>) > (<after>) ORDER BY
+//!    <key> LIMIT <chunk rows>` (keyset pagination: the key index reads only the chunk);
+//! 3. the **high mark**, as the low one.
+//!
+//! The stream does not wait for the `SELECT`: it goes on while the reader reads. The rows then
+//! wait, in the source, for the stream to reach the high mark (if the stream gets there first,
+//! it waits there for the reader). Every change the stream hands over for the table removes its
+//! key from the chunk when its **transaction is not visible in the chunk's snapshot** (its xid
+//! in the snapshot's in-progress list or past its `xmax`) — the row read is then older than the
+//! change — and, once the chunk is read, **every change between the low and the high mark**
+//! (DBLog's rule, which needs no xids; the snapshot check is what makes it exact: a transaction
+//! whose commit record precedes the low mark may still be finishing, not yet visible, when the
+//! snapshot is taken). The source keeps, per table being backfilled, the keys of the
+//! transactions handed over since the request was taken until a chunk's snapshot sees them, so
+//! changes handed over while the chunk was being read count too. A `TRUNCATE` of the table
+//! empties the chunk. At the high mark the rows left become one snapshot batch (position `None`, envelopes
+//! [`Op::Upsert`] without a position, W2) for the requesting sink only, then the next chunk is
+//! read. So a snapshot row is never older than a change the sink applied before it: a sink
+//! applies snapshot rows as plain upserts. After the last chunk of the last index comes
+//! `LaneItem::SnapshotComplete { indexes }` (the request's indexes), after which the driver acks
+//! the request ([R2](lanestream::contract#r2)).
+//!
+//! **Why transactional marks.** A non-transactional message is decoded at its place in the WAL
+//! but PostgreSQL 15 does not flush it (`pg_logical_emit_message` has no `flush` argument before
+//! 17): the stream would see each mark only when the WAL writer flushes, up to
+//! `wal_writer_delay` (200 ms) later — per mark, per chunk. A transactional message commits
+//! (and, with `synchronous_commit`, flushes) at once, and comes in the stream at its commit,
+//! in the same order as every other transaction. The cost: each mark is a transaction of its
+//! own, which the stream hands over as an empty positioned batch (a genuine commit: acking it
+//! moves the watermark, [I2](lanestream::contract#i2)).
+//!
+//! Marks carry the source's random instance id and the chunk's number: marks of another source
+//! on the same database, or re-sent ones after a reconnect, are ignored.
+//!
+//! # Resuming
+//! `after: Some(id)` resumes the **first** index after the row whose id is `id`: the id is
+//! decoded back into its key values (split at the `:` that are not escaped, `\:` and `\\`
+//! unescaped; a `bytea` value gets its `\x` back), which is unambiguous because ids put every
+//! string value escaped and no other value (numbers, booleans) holds a `:`. An id with another
+//! number of values than the key has, or with a NULL (`\N`), is refused
+//! ([`LiveError::BackfillRefused`]). A sink that records the id of the last snapshot row it
+//! applied and asks again with it re-reads at most the chunk that was in flight.
+//!
+//! # Progress
+//! [`LiveSource::backfill_progress`](crate::live::LiveSource::backfill_progress): per table,
+//! rows read so far and the estimate `pg_class.reltuples` (`-1` when the table was never
+//! analysed); [`LiveMetrics`](crate::live::LiveMetrics) counts snapshot batches and rows.
+//!
+//! # How a driver serves it (the call sequence)
+//! ```text
+//! source.start()?;
+//! loop {
+//!     // a Request::Backfill taken from the request lane:
+//!     source.backfill(request)?;            // Err(BackfillRefused): ack it unanswered (never servable)
+//!     match source.next_item(&mut decoder, timeout)? {
+//!         Some(LiveItem::Change(batch)) => publish to every lane,
+//!         Some(LiveItem::Snapshot { sink, item }) => publish_to(sink, item);
+//!             if item is SnapshotComplete: ack the request (R2),
+//!         None => {}
+//!     }
+//!     source.confirm(watermark)?;
+//! }
+//! ```
+//! An `impl Source for` a struct holding the source and its decoder is then `next` =
+//! [`next_item`](crate::live::LiveSource::next_item) mapped one to one onto `SourceItem::Change`
+//! / `SourceItem::Snapshot`, `backfill` = [`LiveSource::backfill`](crate::live::LiveSource::backfill),
+//! `confirm(p)` = `confirm(Some(p))`. Several requests are served one after the other, in the
+//! order given.
+//!
+//! [`Request::Backfill`]: lanestream::Request::Backfill
+//! [`index_name`]: crate::wal2json::index_name
+//! [`LiveError::BackfillRefused`]: crate::live::LiveError::BackfillRefused
+//! [`Op::Upsert`]: lanestream::Op::Upsert
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ahash::AHashMap as HashMap;
+use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, SinkName};
+
+mod table;
+pub(crate) use table::{read_chunk, ReadChunk, TablePlan};
+
+/// The prefix of the low and high marks in the WAL (`pg_logical_emit_message`).
+pub const MARK_PREFIX: &str = "lanestream.backfill";
+
+/// The default number of rows per chunk ([`LiveConfig::backfill_chunk_rows`](crate::live::LiveConfig::backfill_chunk_rows)).
+pub const DEFAULT_CHUNK_ROWS: usize = 1024;
+
+/// Which mark of a chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkKind {
+    /// Written before the chunk's `SELECT`.
+    Low,
+    /// Written after it.
+    High,
+}
+
+/// A backfill mark read from the stream (content `<source>:<chunk>:low|high`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// The writing source's instance id.
+    pub source: String,
+    /// The chunk's number within that source.
+    pub chunk: u64,
+    /// Low or high.
+    pub kind: MarkKind,
+    /// The message's LSN.
+    pub lsn: Position,
+}
+
+impl Mark {
+    /// Parses a mark's content; `None` for content that is no mark (another writer's message
+    /// under the same prefix is ignored, never an error).
+    pub fn parse(content: &[u8], lsn: Position) -> Option<Mark> {
+        let text = std::str::from_utf8(content).ok()?;
+        let mut parts = text.rsplitn(3, ':');
+        let kind = match parts.next()? {
+            "low" => MarkKind::Low,
+            "high" => MarkKind::High,
+            _ => return None,
+        };
+        let chunk = parts.next()?.parse().ok()?;
+        let source = parts.next()?.to_owned();
+        Some(Mark { source, chunk, kind, lsn })
+    }
+
+    /// The content of a mark.
+    pub fn content(source: &str, chunk: u64, kind: MarkKind) -> String {
+        let kind = match kind {
+            MarkKind::Low => "low",
+            MarkKind::High => "high",
+        };
+        format!("{source}:{chunk}:{kind}")
+    }
+}
+
+/// A chunk's snapshot, as `pg_current_snapshot()` tells it (`xmin:xmax:xip,...`, 64-bit xids).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct XidSnapshot {
+    xmin: u64,
+    xmax: u64,
+    xip: Vec<u64>,
+}
+
+impl XidSnapshot {
+    pub(crate) fn parse(text: &str) -> Option<XidSnapshot> {
+        let mut parts = text.split(':');
+        let xmin = parts.next()?.parse().ok()?;
+        let xmax = parts.next()?.parse().ok()?;
+        let xip = match parts.next()? {
+            "" => Vec::new(),
+            list => list.split(',').map(|x| x.parse().ok()).collect::<Option<Vec<u64>>>()?,
+        };
+        parts.next().is_none().then_some(XidSnapshot { xmin, xmax, xip })
+    }
+
+    /// Whether the committed transaction `xid` (the stream's 32-bit xid, of a transaction
+    /// within 2^31 of the snapshot, as every live one is) is visible in this snapshot.
+    pub(crate) fn visible(&self, xid: u32) -> bool {
+        // The epoch is the snapshot's: the xid as a 64-bit xid at most 2^31 around xmax.
+        let base = self.xmax & !0xFFFF_FFFF;
+        let mut full = base | u64::from(xid);
+        if full > self.xmax.saturating_add(1 << 31) {
+            full = full.saturating_sub(1 << 32);
+        } else if full.saturating_add(1 << 31) < self.xmax {
+            full = full.saturating_add(1 << 32);
+        }
+        full < self.xmin || (full < self.xmax && !self.xip.contains(&full))
+    }
+}
+
+/// Splits an id into its key values (see the module docs, *Resuming*).
+///
+/// # Errors
+/// A sentence saying why, for [`LiveError::BackfillRefused`](crate::live::LiveError::BackfillRefused).
+pub fn decode_id(id: &str, columns: usize) -> Result<Vec<String>, String> {
+    let mut values = vec![String::new()];
+    let mut chars = id.chars();
+    let mut null = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ':')) => values.last_mut().map_or((), |v| v.push(e)),
+                Some('N') => null = true,
+                other => {
+                    return Err(format!(
+                        "the id {id:?} has a backslash before {other:?} (ids escape only \\ and :)"
+                    ))
+                }
+            },
+            ':' => values.push(String::new()),
+            c => values.last_mut().map_or((), |v| v.push(c)),
+        }
+    }
+    if null {
+        return Err(format!("the id {id:?} holds a NULL (\\N), which no key value is"));
+    }
+    if values.len() != columns {
+        return Err(format!(
+            "the id {id:?} has {} key values but the table's key has {columns} columns",
+            values.len()
+        ));
+    }
+    Ok(values)
+}
+
+// ----- reconciliation -----------------------------------------------------------------------------
+
+/// A chunk waiting for its high mark (see the module docs, *One chunk*).
+#[derive(Debug)]
+pub(crate) struct PendingChunk {
+    chunk: u64,
+    index: IndexName,
+    snapshot: XidSnapshot,
+    /// The rows in key order; `None` once dropped.
+    rows: Vec<Option<Envelope>>,
+    /// Row by id, built when the stream first changes a row of the chunk's table (most chunks
+    /// see none).
+    by_id: Option<HashMap<String, usize>>,
+    low_seen: bool,
+    dropped: u64,
+}
+
+impl PendingChunk {
+    pub(crate) fn new(chunk: u64, index: IndexName, snapshot: XidSnapshot, envelopes: Vec<Envelope>) -> Self {
+        PendingChunk {
+            chunk,
+            index,
+            snapshot,
+            rows: envelopes.into_iter().map(Some).collect(),
+            by_id: None,
+            low_seen: false,
+            dropped: 0,
+        }
+    }
+
+    /// The stream handed over `envelopes` of the transaction `xid` (`None`: not known, taken
+    /// as not visible): drops the keys they change from the chunk, after the low mark always,
+    /// before it when the transaction is not visible in the chunk's snapshot.
+    pub(crate) fn observe(&mut self, xid: Option<u32>, envelopes: &[Envelope]) {
+        if !self.low_seen && xid.is_some_and(|x| self.snapshot.visible(x)) {
+            return;
+        }
+        for e in envelopes.iter().filter(|e| e.index == self.index) {
+            if e.op == Op::Truncate {
+                for row in self.rows.iter_mut().filter(|r| r.is_some()) {
+                    *row = None;
+                    self.dropped += 1;
+                }
+            } else {
+                let rows = &self.rows;
+                let by_id = self.by_id.get_or_insert_with(|| {
+                    rows.iter().enumerate().filter_map(|(i, r)| Some((r.as_ref()?.id.clone(), i))).collect()
+                });
+                if let Some(&i) = by_id.get(&e.id) {
+                    if self.rows[i].take().is_some() {
+                        self.dropped += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stream reached the low mark.
+    pub(crate) fn low(&mut self) {
+        self.low_seen = true;
+    }
+
+    /// Rows dropped so far.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The rows left, as one snapshot batch (in key order).
+    pub(crate) fn finish(self) -> Batch {
+        let envelopes: Arc<[Envelope]> = self.rows.into_iter().flatten().collect();
+        Batch::new(None, envelopes)
+    }
+}
+
+/// One table's backfill progress ([`LiveSource::backfill_progress`](crate::live::LiveSource::backfill_progress)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackfillProgress {
+    /// The sink that asked.
+    pub sink: SinkName,
+    /// The index.
+    pub index: IndexName,
+    /// Its table, `schema.table`.
+    pub table: String,
+    /// Rows read from the table so far (those dropped by the reconciliation included).
+    pub rows_read: u64,
+    /// The table's row estimate when the backfill was asked (`pg_class.reltuples`; `-1` when
+    /// the table was never vacuumed or analysed).
+    pub estimated_rows: i64,
+    /// Every chunk of the table was published.
+    pub done: bool,
+}
+
+/// One request being served.
+#[derive(Debug)]
+struct Job {
+    sink: SinkName,
+    indexes: Vec<IndexName>,
+    plans: Vec<TablePlan>,
+    /// The table being read (position in `plans`).
+    current: usize,
+    /// The key values the next chunk starts after.
+    cursor: Option<Vec<String>>,
+    /// The current table's last chunk was read (it waits for its high mark).
+    table_read: bool,
+    /// Where the job's tables are in [`Backfiller::progress`].
+    progress_at: usize,
+}
+
+/// The transactions handed over since the last chunk was read, for the tables being
+/// backfilled: (xid, their envelopes of those tables).
+type Recent = Vec<(Option<u32>, Vec<Envelope>)>;
+
+/// The backfill state of a live source: the requests queued, the chunk waiting for its high
+/// mark, and what comes out.
+#[derive(Debug)]
+pub(crate) struct Backfiller {
+    source_id: String,
+    chunk_rows: usize,
+    next_chunk: u64,
+    jobs: VecDeque<Job>,
+    pending: Option<PendingChunk>,
+    /// The chunk being read (handed to the reader, not yet installed).
+    reading: Option<u64>,
+    /// Its high mark came through the stream before it was installed.
+    high_seen: bool,
+    recent: Recent,
+    progress: Vec<BackfillProgress>,
+    /// Items ready for the sinks, in order.
+    pub(crate) out: VecDeque<(SinkName, LaneItem)>,
+    /// Snapshot batches and their rows published, rows dropped by the reconciliation.
+    pub(crate) batches: u64,
+    pub(crate) rows: u64,
+    pub(crate) dropped: u64,
+}
+
+/// What the source reads next: the table's plan, where it starts, the chunk's number.
+pub(crate) struct NextRead {
+    pub(crate) plan: TablePlan,
+    pub(crate) cursor: Option<Vec<String>>,
+    pub(crate) chunk: u64,
+}
+
+impl Backfiller {
+    pub(crate) fn new(source_id: String, chunk_rows: usize) -> Self {
+        Backfiller {
+            source_id,
+            chunk_rows: chunk_rows.max(1),
+            next_chunk: 1,
+            jobs: VecDeque::new(),
+            pending: None,
+            reading: None,
+            high_seen: false,
+            recent: Vec::new(),
+            progress: Vec::new(),
+            out: VecDeque::new(),
+            batches: 0,
+            rows: 0,
+            dropped: 0,
+        }
+    }
+
+    pub(crate) fn source_id(&self) -> &str {
+        &self.source_id
+    }
+
+    pub(crate) fn chunk_rows(&self) -> usize {
+        self.chunk_rows
+    }
+
+    pub(crate) fn progress(&self) -> &[BackfillProgress] {
+        &self.progress
+    }
+
+    /// Queues a request whose tables were resolved; `cursor`: where its first table starts.
+    pub(crate) fn push(
+        &mut self,
+        sink: SinkName,
+        indexes: Vec<IndexName>,
+        plans: Vec<TablePlan>,
+        cursor: Option<Vec<String>>,
+    ) {
+        if plans.is_empty() {
+            self.out.push_back((sink, LaneItem::SnapshotComplete { indexes }));
+            return;
+        }
+        let progress_at = self.progress.len();
+        self.progress.extend(plans.iter().map(|p| BackfillProgress {
+            sink: sink.clone(),
+            index: p.index.clone(),
+            table: p.table.clone(),
+            rows_read: 0,
+            estimated_rows: p.estimated_rows,
+            done: false,
+        }));
+        self.jobs.push_back(Job { sink, indexes, plans, current: 0, cursor, table_read: false, progress_at });
+    }
+
+    /// The next chunk to read, when none waits for its high mark.
+    pub(crate) fn next_read(&mut self) -> Option<NextRead> {
+        if self.pending.is_some() || self.reading.is_some() {
+            return None;
+        }
+        let job = self.jobs.front()?;
+        if job.table_read {
+            return None;
+        }
+        let chunk = self.next_chunk;
+        self.next_chunk += 1;
+        self.reading = Some(chunk);
+        Some(NextRead { plan: job.plans[job.current].clone(), cursor: job.cursor.clone(), chunk })
+    }
+
+    /// A chunk was read: it waits for its high mark (the transactions handed over since the
+    /// last one and not visible in its snapshot already dropped from it).
+    pub(crate) fn install(&mut self, read: ReadChunk) {
+        self.reading = None;
+        let high_seen = std::mem::take(&mut self.high_seen);
+        let chunk_rows = self.chunk_rows;
+        let Some(job) = self.jobs.front_mut() else { return };
+        let index = job.plans[job.current].index.clone();
+        let progress = &mut self.progress[job.progress_at + job.current];
+        progress.rows_read += read.rows as u64;
+        if read.rows < chunk_rows {
+            job.table_read = true;
+        }
+        if read.last.is_some() {
+            job.cursor = read.last;
+        }
+        let mut pending = PendingChunk::new(read.chunk, index, read.snapshot, read.envelopes);
+        for (xid, envelopes) in &self.recent {
+            pending.observe(*xid, envelopes);
+        }
+        let snapshot = &pending.snapshot;
+        self.recent.retain(|(xid, _)| xid.is_none_or(|x| !snapshot.visible(x)));
+        let chunk = pending.chunk;
+        if read.rows == 0 {
+            self.table_finished();
+        } else {
+            self.pending = Some(pending);
+            if high_seen {
+                // The stream is at the high mark: publish here.
+                self.on_mark(&Mark {
+                    source: self.source_id.clone(),
+                    chunk,
+                    kind: MarkKind::High,
+                    lsn: Position::RESERVED,
+                });
+            }
+        }
+    }
+
+    /// The stream reached the high mark of the chunk still being read: the source must wait for
+    /// the read ([`install`](Self::install) then publishes it at this place in the stream).
+    pub(crate) fn high_before_read(&self) -> bool {
+        self.high_seen
+    }
+
+    /// The stream handed over `batch`, of the transaction `xid`.
+    pub(crate) fn observe(&mut self, xid: Option<u32>, batch: &Batch) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        let jobs = &self.jobs;
+        let wanted = |e: &&Envelope| jobs.iter().any(|j| j.indexes.contains(&e.index));
+        let mine: Vec<Envelope> = batch.envelopes.iter().filter(wanted).cloned().collect();
+        if mine.is_empty() {
+            return;
+        }
+        if let Some(p) = self.pending.as_mut() {
+            p.observe(xid, &mine);
+        }
+        self.recent.push((xid, mine));
+    }
+
+    /// The stream reached a mark: the waiting chunk's low mark opens its window, its high mark
+    /// publishes it.
+    pub(crate) fn on_mark(&mut self, mark: &Mark) {
+        if mark.source != self.source_id {
+            return;
+        }
+        let Some(pending) = self.pending.as_mut() else {
+            if self.reading == Some(mark.chunk) && mark.kind == MarkKind::High {
+                self.high_seen = true;
+            }
+            return;
+        };
+        if pending.chunk != mark.chunk {
+            return;
+        }
+        match mark.kind {
+            MarkKind::Low => pending.low(),
+            MarkKind::High => {
+                let Some(pending) = self.pending.take() else { return };
+                let Some(job) = self.jobs.front() else { return };
+                self.dropped += pending.dropped();
+                let batch = pending.finish();
+                if !batch.envelopes.is_empty() {
+                    self.batches += 1;
+                    self.rows += batch.envelopes.len() as u64;
+                    self.out.push_back((job.sink.clone(), LaneItem::Batch(batch)));
+                }
+                if job.table_read {
+                    self.table_finished();
+                }
+            }
+        }
+    }
+
+    /// The current table is done: on to the job's next, or its `SnapshotComplete`.
+    fn table_finished(&mut self) {
+        let Some(job) = self.jobs.front_mut() else { return };
+        self.progress[job.progress_at + job.current].done = true;
+        job.current += 1;
+        job.cursor = None;
+        job.table_read = false;
+        if job.current == job.plans.len() {
+            if let Some(job) = self.jobs.pop_front() {
+                self.out.push_back((job.sink, LaneItem::SnapshotComplete { indexes: job.indexes }));
+            }
+            if self.jobs.is_empty() {
+                self.recent.clear();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,296 @@
+//! How to read one table: its plan (which table, which key, which columns) and a chunk read
+//! between its two marks (see the [parent module](super), *Which table, which key* and *One
+//! chunk*).
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use lanestream::{Envelope, IndexName, Op};
+use postgres::{Client, SimpleQueryMessage};
+
+use super::{decode_id, Mark, MarkKind, XidSnapshot, MARK_PREFIX};
+use crate::pgoutput::{plain, push_json_value};
+use crate::wal2json::{index_name, snapshot_row, Column};
+
+const BYTEA_OID: u32 = 17;
+
+/// One column of a table being read.
+#[derive(Clone, Debug)]
+pub(crate) struct PlanColumn {
+    pub(crate) name: String,
+    pub(crate) type_oid: u32,
+    /// `format_type(...)`, to cast key literals.
+    pub(crate) type_sql: String,
+}
+
+/// How to read one table.
+#[derive(Clone, Debug)]
+pub(crate) struct TablePlan {
+    pub(crate) index: IndexName,
+    /// `schema.table`, for messages.
+    pub(crate) table: String,
+    /// `"schema"."table"`.
+    pub(crate) quoted: String,
+    /// Every column but generated ones, in column order.
+    pub(crate) columns: Vec<PlanColumn>,
+    /// The key's columns (positions in `columns`) in the key index's order: the pagination.
+    pub(crate) order: Vec<usize>,
+    /// The key's column names in column order: what ids are built from.
+    pub(crate) id_key: Vec<String>,
+    /// `pg_class.reltuples` (-1: never analysed).
+    pub(crate) estimated_rows: i64,
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A string literal whatever `standard_conforming_strings` says (`E'...'`).
+fn quote_literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+impl TablePlan {
+    /// Finds the published table of `index` and how to read it.
+    pub(crate) fn resolve(
+        client: &mut Client,
+        publication: &str,
+        index: &IndexName,
+    ) -> Result<Result<TablePlan, String>, postgres::Error> {
+        let tables = client.query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1::text",
+            &[&publication],
+        )?;
+        let matching: Vec<(String, String)> = tables
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .filter(|(s, t)| index_name(s, t) == *index)
+            .collect();
+        let (schema, table) = match matching.as_slice() {
+            [one] => one.clone(),
+            [] => return Ok(Err(format!("no table of publication {publication:?} has this index name"))),
+            many => {
+                let names: Vec<String> = many.iter().map(|(s, t)| format!("{s}.{t}")).collect();
+                return Ok(Err(format!("the tables {} share this index name", names.join(", "))));
+            }
+        };
+        let name = format!("{schema}.{table}");
+        let row = client.query_one(
+            "SELECT c.oid, c.relreplident::text, c.reltuples::int8, \
+             (SELECT array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i \
+              CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum \
+              WHERE i.indrelid = c.oid AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1::text AND c.relname = $2::text",
+            &[&schema, &table],
+        )?;
+        let oid: u32 = row.get(0);
+        let identity: String = row.get(1);
+        let estimated_rows: i64 = row.get(2);
+        let key: Option<Vec<String>> = row.get(3);
+        if identity == "n" {
+            return Ok(Err(format!(
+                "the table {name} has REPLICA IDENTITY NOTHING: its updates and deletes are not streamed"
+            )));
+        }
+        let Some(key) = key.filter(|k| !k.is_empty()) else {
+            return Ok(Err(format!(
+                "the table {name} has no primary key (nor replica identity index): its rows have no key to read them in order and to match them with its changes by (add a primary key)"
+            )));
+        };
+        let columns: Vec<PlanColumn> = client
+            .query(
+                "SELECT attname::text, atttypid, format_type(atttypid, atttypmod) FROM pg_attribute \
+                 WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                &[&oid],
+            )?
+            .iter()
+            .map(|r| PlanColumn { name: r.get(0), type_oid: r.get(1), type_sql: r.get(2) })
+            .collect();
+        let mut order = Vec::with_capacity(key.len());
+        for k in &key {
+            match columns.iter().position(|c| c.name == *k) {
+                Some(i) => order.push(i),
+                None => return Ok(Err(format!("the key column {k:?} of {name} is a generated column"))),
+            }
+        }
+        let mut by_position = order.clone();
+        by_position.sort_unstable();
+        let id_key = by_position.iter().map(|&i| columns[i].name.clone()).collect();
+        Ok(Ok(TablePlan {
+            index: index.clone(),
+            table: name,
+            quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
+            columns,
+            order,
+            id_key,
+            estimated_rows,
+        }))
+    }
+
+    /// The key values (text, in the key index's order) of the row whose id is `id`.
+    pub(crate) fn cursor_of_id(&self, id: &str) -> Result<Vec<String>, String> {
+        let values = decode_id(id, self.id_key.len())?;
+        let mut by_position = self.order.clone();
+        by_position.sort_unstable();
+        let mut cursor = vec![String::new(); self.order.len()];
+        for (value, position) in values.into_iter().zip(by_position) {
+            let value =
+                if self.columns[position].type_oid == BYTEA_OID { format!("\\x{value}") } else { value };
+            let slot = self.order.iter().position(|&o| o == position).unwrap_or(0);
+            cursor[slot] = value;
+        }
+        Ok(cursor)
+    }
+
+    /// The chunk's `SELECT`: rows after `cursor` (key values as text, in the key's order).
+    pub(crate) fn select(&self, cursor: Option<&[String]>, rows: usize) -> String {
+        let columns: Vec<String> = self.columns.iter().map(|c| quote_ident(&c.name)).collect();
+        let key: Vec<String> = self.order.iter().map(|&i| quote_ident(&self.columns[i].name)).collect();
+        let key = key.join(", ");
+        let filter = match cursor {
+            None => String::new(),
+            Some(values) => {
+                let literals: Vec<String> = values
+                    .iter()
+                    .zip(&self.order)
+                    .map(|(v, &i)| format!("{}::{}", quote_literal(v), self.columns[i].type_sql))
+                    .collect();
+                format!(" WHERE ({key}) > ({})", literals.join(", "))
+            }
+        };
+        format!("SELECT {} FROM {}{filter} ORDER BY {key} LIMIT {rows}", columns.join(", "), self.quoted)
+    }
+}
+
+// ----- reading a chunk ------------------------------------------------------------------------------
+
+/// A chunk read from the table, its marks written.
+#[derive(Debug)]
+pub(crate) struct ReadChunk {
+    pub(crate) chunk: u64,
+    pub(crate) snapshot: XidSnapshot,
+    pub(crate) envelopes: Vec<Envelope>,
+    /// The last row's key values (the next chunk's cursor); `None` for an empty chunk.
+    pub(crate) last: Option<Vec<String>>,
+    /// Rows read (`envelopes.len()`): fewer than asked means the table's end.
+    pub(crate) rows: usize,
+}
+
+/// A mark's transaction, as SQL.
+fn mark_sql(source: &str, chunk: u64, kind: MarkKind) -> String {
+    format!(
+        "BEGIN; SELECT pg_logical_emit_message(true, {}, {}); COMMIT",
+        quote_literal(MARK_PREFIX),
+        quote_literal(&Mark::content(source, chunk, kind))
+    )
+}
+
+/// Writes the low mark, reads the chunk in its snapshot, writes the high mark (see the module
+/// docs, *One chunk*): three transactions in one round trip (one simple query). A failure
+/// rolls back what it left open, so the connection stays usable. `Ok(Err(..))`: a row the
+/// conversion refused (a sentence).
+pub(crate) fn read_chunk(
+    client: &mut Client,
+    plan: &TablePlan,
+    source: &str,
+    chunk: u64,
+    cursor: Option<&[String]>,
+    rows: usize,
+) -> Result<Result<ReadChunk, String>, postgres::Error> {
+    let sql = format!(
+        "{}; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text; {}; COMMIT; {}",
+        mark_sql(source, chunk, MarkKind::Low),
+        plan.select(cursor, rows),
+        mark_sql(source, chunk, MarkKind::High),
+    );
+    let messages = match client.simple_query(&sql) {
+        Ok(m) => m,
+        Err(e) => {
+            // An error leaves the rest of the query skipped and its transaction aborted.
+            if !client.is_closed() {
+                let _ = client.batch_execute("ROLLBACK");
+            }
+            return Err(e);
+        }
+    };
+    // The result sets, by their row descriptions: the low mark's, the snapshot, the rows, the
+    // high mark's.
+    let mut sets: Vec<Vec<&postgres::SimpleQueryRow>> = Vec::with_capacity(4);
+    for m in &messages {
+        match m {
+            SimpleQueryMessage::RowDescription(_) => sets.push(Vec::new()),
+            SimpleQueryMessage::Row(r) => {
+                if let Some(set) = sets.last_mut() {
+                    set.push(r);
+                }
+            }
+            _ => {}
+        }
+    }
+    let [_, snapshot, rows_out, _] = sets.as_slice() else {
+        return Ok(Err(format!("the chunk's query gave {} result sets, not 4", sets.len())));
+    };
+    let Some(snapshot) = snapshot.first().and_then(|r| r.get(0)).and_then(XidSnapshot::parse) else {
+        return Ok(Err("pg_current_snapshot() gave no snapshot this source reads".into()));
+    };
+    let mut docs: Vec<u8> = Vec::new();
+    let mut built: Vec<(String, std::ops::Range<usize>)> = Vec::new();
+    let mut last_row = None;
+    let mut values = String::new();
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(plan.columns.len());
+    for &row in rows_out {
+        values.clear();
+        spans.clear();
+        for (i, col) in plan.columns.iter().enumerate() {
+            let start = values.len();
+            match row.get(i) {
+                None => values.push_str("null"),
+                Some(text) => {
+                    if let Err(expected) = push_json_value(col.type_oid, text, &mut values) {
+                        return Ok(Err(format!(
+                            "column {} of {} holds {text:?}, not {expected}",
+                            col.name, plan.table
+                        )));
+                    }
+                }
+            }
+            spans.push((start, values.len()));
+        }
+        let columns: Vec<Column<'_>> = plan
+            .columns
+            .iter()
+            .zip(&spans)
+            .map(|(c, &(a, b))| Column {
+                name: if plain(&c.name) {
+                    Cow::Borrowed(c.name.as_str())
+                } else {
+                    Cow::Owned(c.name.clone())
+                },
+                value: Cow::Borrowed(&values[a..b]),
+            })
+            .collect();
+        match snapshot_row(&columns, &plan.id_key, &mut docs) {
+            Ok(b) => built.push(b),
+            Err(e) => return Ok(Err(format!("a row of {}: {e}", plan.table))),
+        }
+        last_row = Some(row);
+    }
+    let last =
+        last_row.map(|row| plan.order.iter().map(|&i| row.get(i).unwrap_or_default().to_owned()).collect());
+    let docs = Bytes::from(docs);
+    let envelopes: Vec<Envelope> = built
+        .into_iter()
+        .map(|(id, range)| Envelope {
+            index: plan.index.clone(),
+            id,
+            op: Op::Upsert,
+            position: None,
+            document: docs.slice(range),
+            built_at_micros: None,
+        })
+        .collect();
+    let rows = envelopes.len();
+    Ok(Ok(ReadChunk { chunk, snapshot, envelopes, last, rows }))
+}

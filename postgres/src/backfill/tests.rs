@@ -1,0 +1,220 @@
+use std::borrow::Cow;
+
+use bytes::Bytes;
+
+use super::table::PlanColumn;
+use super::*;
+use crate::wal2json::{snapshot_row, Column};
+
+fn index(name: &str) -> IndexName {
+    IndexName::new(name).unwrap()
+}
+
+fn env(ix: &str, id: &str, op: Op) -> Envelope {
+    Envelope {
+        index: index(ix),
+        id: id.into(),
+        op,
+        position: None,
+        document: Bytes::from(format!("{{\"id\":{id}}}")),
+        built_at_micros: None,
+    }
+}
+
+fn ids(batch: &Batch) -> Vec<&str> {
+    batch.envelopes.iter().map(|e| e.id.as_str()).collect()
+}
+
+/// xmin 100, xmax 110, 103 and 107 in progress.
+fn snapshot() -> XidSnapshot {
+    XidSnapshot::parse("100:110:103,107").unwrap()
+}
+
+#[test]
+fn snapshots_parse_and_tell_visibility() {
+    let s = snapshot();
+    assert!(s.visible(99) && s.visible(100) && s.visible(109));
+    assert!(!s.visible(103) && !s.visible(107) && !s.visible(110) && !s.visible(4000));
+    assert_eq!(XidSnapshot::parse("5:5:"), Some(XidSnapshot { xmin: 5, xmax: 5, xip: vec![] }));
+    assert_eq!(XidSnapshot::parse("5:x:"), None);
+    assert_eq!(XidSnapshot::parse("5:6"), None);
+    // Epoch 1: a 32-bit xid just below the wrap is of epoch 0, visible; one just past xmax is not.
+    let s = XidSnapshot::parse("4294967396:4294967396:").unwrap(); // 2^32 + 100
+    assert!(s.visible(u32::MAX - 5));
+    assert!(s.visible(99));
+    assert!(!s.visible(100));
+}
+
+#[test]
+fn changes_between_the_marks_drop_their_keys_from_the_chunk() {
+    let rows = ["1", "2", "3", "4", "5"].map(|id| env("t", id, Op::Upsert)).to_vec();
+    let mut c = PendingChunk::new(1, index("t"), snapshot(), rows);
+    // Before the low mark: a visible transaction's change is in the rows read: kept.
+    c.observe(Some(105), &[env("t", "1", Op::Upsert)]);
+    // ...one not visible (in progress at the snapshot) is not: dropped.
+    c.observe(Some(103), &[env("t", "2", Op::Delete)]);
+    c.observe(Some(120), &[env("t", "3", Op::Upsert)]);
+    c.low();
+    // Between the marks: any change drops its key, another table's does not.
+    c.observe(Some(50), &[env("t", "4", Op::Delete), env("u", "5", Op::Delete), env("t", "9", Op::Upsert)]);
+    assert_eq!(c.dropped(), 3);
+    assert_eq!(ids(&c.finish()), ["1", "5"]);
+}
+
+#[test]
+fn a_truncate_empties_the_chunk_and_unknown_xids_count_as_not_visible() {
+    let rows = ["1", "2"].map(|id| env("t", id, Op::Upsert)).to_vec();
+    let mut c = PendingChunk::new(1, index("t"), snapshot(), rows.clone());
+    c.observe(None, &[env("t", "1", Op::Upsert)]);
+    assert_eq!(ids(&c.finish()), ["2"]);
+    let mut c = PendingChunk::new(1, index("t"), snapshot(), rows);
+    c.low();
+    c.observe(Some(1), &[env("t", "", Op::Truncate)]);
+    let b = c.finish();
+    assert!(b.envelopes.is_empty() && b.position.is_none());
+}
+
+fn plan(name: &str) -> TablePlan {
+    TablePlan {
+        index: index(name),
+        table: format!("public.{name}"),
+        quoted: format!("\"public\".\"{name}\""),
+        columns: vec![
+            PlanColumn { name: "a".into(), type_oid: 25, type_sql: "text".into() },
+            PlanColumn { name: "b".into(), type_oid: 23, type_sql: "integer".into() },
+            PlanColumn { name: "c".into(), type_oid: 17, type_sql: "bytea".into() },
+        ],
+        // PRIMARY KEY (b, a): the key index's order, while ids are in column order (a:b).
+        order: vec![1, 0],
+        id_key: vec!["a".into(), "b".into()],
+        estimated_rows: 10,
+    }
+}
+
+fn read(chunk: u64, snapshot: &str, ids: &[&str], last: Option<&str>) -> ReadChunk {
+    ReadChunk {
+        chunk,
+        snapshot: XidSnapshot::parse(snapshot).unwrap(),
+        envelopes: ids.iter().map(|id| env("t", id, Op::Upsert)).collect(),
+        last: last.map(|l| vec![l.to_owned()]),
+        rows: ids.len(),
+    }
+}
+
+fn mark(b: &Backfiller, chunk: u64, kind: MarkKind) -> Mark {
+    Mark { source: b.source_id().to_owned(), chunk, kind, lsn: Position(1) }
+}
+
+/// The whole state machine without a server: history before a chunk was read, marks of
+/// another source ignored, the table's end, SnapshotComplete after the last batch.
+#[test]
+fn the_backfiller_publishes_reconciled_chunks_at_their_high_marks_then_snapshot_complete() {
+    let sink = SinkName::new("search").unwrap();
+    let mut b = Backfiller::new("src1".into(), 3);
+    b.push(sink.clone(), vec![index("t")], vec![plan("t")], None);
+    // A transaction handed over before the chunk is read, still finishing at its snapshot.
+    b.observe(Some(103), &Batch::new(Some(Position(9)), vec![env("t", "2", Op::Delete)].into()));
+    let next = b.next_read().unwrap();
+    assert_eq!((next.chunk, next.cursor.is_none()), (1, true));
+    b.install(read(1, "100:110:103", &["1", "2", "3"], Some("3")));
+    assert!(b.next_read().is_none(), "one chunk at a time");
+    b.on_mark(&Mark { source: "other".into(), ..mark(&b, 1, MarkKind::High) });
+    assert!(b.out.is_empty(), "another source's mark is ignored");
+    b.on_mark(&mark(&b, 1, MarkKind::Low));
+    b.observe(Some(111), &Batch::new(Some(Position(10)), vec![env("t", "3", Op::Upsert)].into()));
+    b.on_mark(&mark(&b, 1, MarkKind::High));
+    let (to, item) = b.out.pop_front().unwrap();
+    assert_eq!(to, sink);
+    let LaneItem::Batch(batch) = item else { panic!("{item:?}") };
+    assert_eq!(ids(&batch), ["1"]);
+    assert_eq!((b.rows, b.dropped, b.batches), (1, 2, 1));
+    // The second chunk is the table's last (fewer rows than asked).
+    let next = b.next_read().unwrap();
+    assert_eq!(next.cursor, Some(vec!["3".to_owned()]));
+    b.install(read(next.chunk, "120:120:", &["4"], Some("4")));
+    assert!(b.next_read().is_none());
+    b.on_mark(&mark(&b, next.chunk, MarkKind::Low));
+    b.on_mark(&mark(&b, next.chunk, MarkKind::High));
+    let (_, item) = b.out.pop_front().unwrap();
+    assert!(matches!(item, LaneItem::Batch(ref x) if ids(x) == ["4"]), "{item:?}");
+    let (_, item) = b.out.pop_front().unwrap();
+    assert_eq!(item, LaneItem::SnapshotComplete { indexes: vec![index("t")] });
+    assert!(b.next_read().is_none() && b.out.is_empty());
+    assert_eq!(b.progress()[0].rows_read, 4);
+    assert!(b.progress()[0].done);
+}
+
+#[test]
+fn an_empty_request_completes_at_once_and_an_empty_last_chunk_needs_no_mark() {
+    let sink = SinkName::new("s").unwrap();
+    let mut b = Backfiller::new("x".into(), 2);
+    b.push(sink.clone(), vec![], vec![], None);
+    assert_eq!(b.out.pop_front(), Some((sink.clone(), LaneItem::SnapshotComplete { indexes: vec![] })));
+    b.push(sink, vec![index("t")], vec![plan("t")], None);
+    let next = b.next_read().unwrap();
+    b.install(read(next.chunk, "1:1:", &[], None));
+    assert!(matches!(b.out.pop_front(), Some((_, LaneItem::SnapshotComplete { .. }))));
+}
+
+#[test]
+fn ids_decode_into_key_values_in_the_key_order() {
+    assert_eq!(decode_id("a\\:b\\\\:c", 2).unwrap(), ["a:b\\", "c"]);
+    assert_eq!(decode_id("7", 1).unwrap(), ["7"]);
+    assert!(decode_id("7:8", 1).unwrap_err().contains("2 key values"));
+    assert!(decode_id("\\N", 1).unwrap_err().contains("NULL"));
+    assert!(decode_id("a\\x", 1).unwrap_err().contains("backslash"));
+    // Column order a:b, key order (b, a); a bytea value gets its \x back.
+    let p = plan("t");
+    assert_eq!(p.cursor_of_id("x\\:y:42").unwrap(), ["42", "x:y"]);
+    let sql = p.select(Some(&["42".to_owned(), "it's".to_owned()]), 5);
+    assert_eq!(
+        sql,
+        "SELECT \"a\", \"b\", \"c\" FROM \"public\".\"t\" WHERE (\"b\", \"a\") > (E'42'::integer, E'it\\'s'::text) ORDER BY \"b\", \"a\" LIMIT 5"
+    );
+}
+
+#[test]
+fn ids_built_by_the_reader_decode_back() {
+    // The reader's encoding (wal2json::snapshot_row) and decode_id are inverse.
+    let values = ["plain", "with:colon", "back\\slash", "both\\:"];
+    for a in values {
+        let text = serde_json::to_string(a).unwrap();
+        let row = [
+            Column { name: Cow::Borrowed("a"), value: Cow::Owned(text) },
+            Column { name: Cow::Borrowed("b"), value: Cow::Borrowed("12") },
+        ];
+        let (id, _) = snapshot_row(&row, &["a".into(), "b".into()], &mut Vec::new()).unwrap();
+        assert_eq!(decode_id(&id, 2).unwrap(), [a, "12"], "{id}");
+    }
+}
+
+#[test]
+fn marks_round_trip_and_foreign_content_is_no_mark() {
+    let content = Mark::content("ab:c", 7, MarkKind::High);
+    let m = Mark::parse(content.as_bytes(), Position(5)).unwrap();
+    assert_eq!(m, Mark { source: "ab:c".into(), chunk: 7, kind: MarkKind::High, lsn: Position(5) });
+    assert_eq!(Mark::parse(b"x:1:middle", Position(1)), None);
+    assert_eq!(Mark::parse(b"x:y:low", Position(1)), None);
+    assert_eq!(Mark::parse(&[0xff, b':', b'1', b':', b'l'], Position(1)), None);
+}
+
+/// The stream may reach a chunk's high mark before the reader hands the chunk over: the source
+/// waits for it there, and installing it publishes it at once.
+#[test]
+fn a_high_mark_before_the_read_is_installed_publishes_at_install() {
+    let sink = SinkName::new("s").unwrap();
+    let mut b = Backfiller::new("x".into(), 3);
+    b.push(sink, vec![index("t")], vec![plan("t")], None);
+    let next = b.next_read().unwrap();
+    assert!(b.next_read().is_none(), "one chunk read at a time");
+    b.on_mark(&mark(&b, next.chunk, MarkKind::Low));
+    assert!(!b.high_before_read());
+    // A transaction the snapshot did not see, handed over before the install.
+    b.observe(Some(200), &Batch::new(Some(Position(3)), vec![env("t", "2", Op::Delete)].into()));
+    b.on_mark(&mark(&b, next.chunk, MarkKind::High));
+    assert!(b.high_before_read() && b.out.is_empty());
+    b.install(read(next.chunk, "100:110:", &["1", "2", "3"], Some("3")));
+    assert!(!b.high_before_read());
+    let (_, item) = b.out.pop_front().unwrap();
+    assert!(matches!(item, LaneItem::Batch(ref x) if ids(x) == ["1", "3"]), "{item:?}");
+}
