@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, Request, SinkName};
 
-use crate::live::{LiveError, LiveSource};
+use crate::live::{LiveError, LiveItem, LiveSource};
 use crate::pgoutput::PgOutputDecoder;
 use crate::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
 
@@ -236,8 +236,11 @@ impl<R: BufRead + Send> Source for FileSource<R> {
 /// [`LiveSource::confirm`]. It ends only at [`until`](PgLiveSource::until)'s position, if set
 /// (otherwise the driver runs until stopped).
 ///
-/// Backfills are refused ([`LiveError::Replication`] naming the request) until the live source
-/// serves them (reading the tables behind the indexes).
+/// Backfills are served from the tables themselves, while the live stream keeps flowing
+/// ([`LiveSource::backfill`]: keyset chunks between low and high marks written into the WAL, as
+/// Netflix's DBLog does): their snapshot batches and then their `SnapshotComplete` come out of
+/// [`next`](Source::next) as [`SourceItem::Snapshot`]. A request that can never be served (no
+/// such table in the publication, no primary key) is [`LiveError::BackfillRefused`].
 #[derive(Debug)]
 pub struct PgLiveSource {
     source: LiveSource,
@@ -280,8 +283,9 @@ impl Source for PgLiveSource {
             self.source.start()?;
             self.started = true;
         }
-        match self.source.next(&mut self.decoder, timeout)? {
-            Some(batch) => Ok(Some(SourceItem::Change(batch))),
+        match self.source.next_item(&mut self.decoder, timeout)? {
+            Some(LiveItem::Change(batch)) => Ok(Some(SourceItem::Change(batch))),
+            Some(LiveItem::Snapshot { sink, item }) => Ok(Some(SourceItem::Snapshot { sink, item })),
             None if self.end.is_some_and(|end| self.source.decoded().is_some_and(|d| d >= end)) => {
                 Ok(Some(SourceItem::End))
             }
@@ -294,9 +298,6 @@ impl Source for PgLiveSource {
     }
 
     fn backfill(&mut self, request: Request) -> Result<(), LiveError> {
-        Err(LiveError::Replication {
-            slot: self.source.slot().to_owned(),
-            message: format!("{request:?}: this live source does not serve backfills (yet)"),
-        })
+        self.source.backfill(request)
     }
 }
