@@ -38,10 +38,47 @@
 //! sinks.into_iter().for_each(|t| t.join().unwrap());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Ends, waiting and errors
+//! Every call comes in a blocking form, one that never blocks, one with a bounded wait and an
+//! async one (any executor: the crate depends on no runtime). Every publish error hands the item
+//! back (`into_inner()`); nothing was enqueued.
+//!
+//! | | blocking | never blocks | bounded wait | async |
+//! |---|---|---|---|---|
+//! | publish | `publish` → `PublishError` | `try_publish` → `TryPublishError` (adds `Full`) | `publish_timeout`, `publish_deadline` → `PublishTimeoutError` (adds `Timeout`) | `publish_async` |
+//! | receive | `recv` → `RecvError` | `try_recv` → `TryRecvError` (`Empty`, `Closed`, `Detached`) | `recv_timeout`, `recv_deadline` → `RecvTimeoutError` | `recv_async`, `poll_recv`, `into_stream` (feature `futures`) |
+//! | receive a run | `recv_run(max)` | `try_recv_run(max)` | `recv_run_timeout`, `recv_run_deadline` | `recv_run_async(max)` |
+//! | publish to every lane (`Stream::fanout()`) | `Fanout::publish`, `publish_run`, `publish_to` | `try_publish`, `try_publish_run`, `try_publish_to` | `publish_timeout`, `publish_deadline` | `publish_async` |
+//! | wait for the watermark | `wait_watermark(at_least, None)` | `watermark()` | `wait_watermark(at_least, Some(deadline))` | `wait_watermark_async(at_least)` |
+//!
+//! **Runs are the fast path**: a run publishes or receives up to [`MAX_RUN`] items in one step
+//! and acks them with one store each and one advance; the per-item calls are the run of one
+//! (contract, section Runs).
+//!
+//! # Layout
+//! | where | what |
+//! |---|---|
+//! | `lane/` | the engine and the ends users hold: `publisher.rs` (the one publishing engine behind [`Fanout`], [`Producer`] and the request senders; the one blocking body), `fanout.rs`, `producer.rs`, `consumer.rs`, `delivery.rs` ([`Delivery`], [`AckHandle`]), `run.rs` ([`Run`]), `marks.rs` (the acked marks and their lock-free minimum, the watermark), `stats.rs` ([`LaneStats`]), `adapter.rs` (the `futures` stream) |
+//! | `lane/ring/` | the cells every lane reads in place, one file per side: `slot.rs` (the state word, the cells and their cursor), `room.rs` (the lane's part in publishing), `receive.rs` (the consumer side and the seat), `ack.rs` (acks, nacks, the advancer), `take_run.rs` (runs), `counters.rs` (lock-free reads) |
+//! | `port.rs` | the backend-neutral port: [`Stream`], [`StreamFanout`], [`LaneConsumer`], [`LaneDelivery`], [`RequestPublisher`] |
+//! | `backend/memory/` | [`MemoryStream`] and its builder; `requests.rs`, the request lane |
+//! | `backend/redis/` | the Redis Streams backend (feature `redis`; its guide is the `redis` module page) |
+//! | `wait.rs` | [`wait`]: the one wait list (spin, then park the thread or register the waker) |
+//! | `sync.rs` | the shim: `std`, or loom under `--cfg lanestream_loom` |
+//! | `item.rs`, `envelope.rs`, `name.rs`, `position.rs`, `error.rs` | the vocabulary: [`LaneItem`], [`Batch`], [`Request`], [`Envelope`], names, [`Position`], the error enums |
+//! | `codec/` | the rkyv wire form (feature `codec`) |
+//! | `contract.rs`, `docs/` | the contract and the memory-ordering chapter, as doc-only modules |
+//!
+//! # Features
+//! `serde` (serde for items, envelopes, names, positions, stats), `codec` (the rkyv wire form,
+//! validated on read), `futures` (`Consumer::into_stream`), `redis` (the `redis` module, turns
+//! on `codec`); none by default.
 #![warn(missing_docs)]
 #![deny(missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod backend;
 #[cfg(feature = "codec")]
 pub mod codec;
 pub mod contract;
@@ -51,8 +88,8 @@ mod error;
 mod item;
 mod lane;
 mod name;
+mod port;
 mod position;
-mod stream;
 mod sync;
 pub mod wait;
 
@@ -72,7 +109,7 @@ pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
 // The Redis backend never runs under loom (its mutexes are std's): left out of loom builds.
 #[cfg(all(feature = "redis", not(lanestream_loom)))]
-pub use stream::redis::{
+pub use backend::redis::{
     RedisConsumer, RedisDelivery, RedisFanout, RedisItem, RedisRequestSender, RedisStream, RedisStreamBuilder,
 };
 
@@ -82,16 +119,14 @@ pub use stream::redis::{
 #[cfg(all(feature = "redis", not(lanestream_loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis {
-    #![doc = include_str!("stream/redis/GUIDE.md")]
-    pub use crate::stream::redis::{
+    #![doc = include_str!("backend/redis/GUIDE.md")]
+    pub use crate::backend::redis::{
         RedisConsumer, RedisDelivery, RedisFanout, RedisItem, RedisRequestSender, RedisStream,
         RedisStreamBuilder,
     };
 }
-pub use stream::{
-    LaneConsumer, LaneDelivery, MemoryStream, RequestLane, RequestPublisher, RequestSender, Stream,
-    StreamBuilder, StreamFanout,
-};
+pub use backend::{MemoryStream, RequestLane, RequestSender, StreamBuilder};
+pub use port::{LaneConsumer, LaneDelivery, RequestPublisher, Stream, StreamFanout};
 
 /// `Send`/`Sync` bounds and consume-on-ack, pinned by `compile_fail` doctests.
 #[cfg(doctest)]

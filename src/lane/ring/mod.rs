@@ -79,12 +79,12 @@
 //!
 //! # Rooms
 //! - `slot.rs`: the slot state word, and the shared cells with their cursor and counters.
-//! - `publish.rs`: the lane's part in publishing: room, gaps, waiting wishes, closing.
+//! - `room.rs`: the lane's part in publishing: room, gaps, waiting wishes, closing.
 //! - `receive.rs`: the consumer side and the seat: attach, take, waiting for items.
 //! - `ack.rs`: handles and the advancer: ack, nack, stale handles, the acked prefix.
-//! - `run.rs`: runs: one seat step delivering a contiguous run, its acks and nacks with one
+//! - `take_run.rs`: runs: one seat step delivering a contiguous run, its acks and nacks with one
 //!   advancer request and one wake-up per run (the per-item protocol unchanged).
-//! - `stats.rs`: lock-free reads: idleness, acked position, counters.
+//! - `counters.rs`: lock-free reads: idleness, acked position, counters.
 //!
 //! The publisher itself (claiming the role, writing cells, the one blocking body) is
 //! `lane/publisher.rs`; the wait lists are `crate::wait`.
@@ -92,16 +92,16 @@
 //! The memory-ordering pairs are named at each atomic operation (`Release` ... pairs with ...).
 
 mod ack;
-mod publish;
+mod counters;
 mod receive;
-mod run;
+mod room;
 mod slot;
-mod stats;
+mod take_run;
 
 pub(crate) use self::receive::Take;
-pub(crate) use self::run::TakeRun;
 pub(crate) use self::slot::attempt;
 pub(crate) use self::slot::{Cells, CLOSED};
+pub(crate) use self::take_run::TakeRun;
 
 use crossbeam_utils::CachePadded;
 

@@ -16,8 +16,8 @@ use super::lane::{Acked, LaneDef, Received};
 use super::shared::Shared;
 use super::waiter::Waiter;
 use crate::error::{AckError, BackendError, RecvError, RecvTimeoutError, TryRecvError};
+use crate::port::{LaneConsumer, LaneDelivery};
 use crate::position::Position;
-use crate::stream::port::{LaneConsumer, LaneDelivery};
 use crate::sync::lock;
 
 /// Nacks that could not reach Redis (a lost connection while dropping a delivery), retried

@@ -4,11 +4,11 @@ use std::fmt;
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
-use super::port::RequestPublisher;
 use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::Request;
 use crate::lane::AckedMark;
 use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Stop, Target};
+use crate::port::RequestPublisher;
 use crate::sync::{Arc, Mutex};
 
 struct RequestShared {

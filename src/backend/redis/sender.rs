@@ -16,8 +16,8 @@ use super::waiter::Waiter;
 use crate::codec::AlignedVec;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::Request;
+use crate::port::RequestPublisher;
 use crate::position::Position;
-use crate::stream::port::RequestPublisher;
 
 /// An item checked and encoded for a publish: its position and its payload.
 pub(super) struct Encoded {

@@ -19,8 +19,8 @@ use super::waiter::Waiter;
 use crate::codec::AlignedVec;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, StreamError, TryPublishError};
 use crate::item::LaneItem;
+use crate::port::StreamFanout;
 use crate::position::Position;
-use crate::stream::port::StreamFanout;
 
 /// The most entries one run script publishes (a longer run goes in several; each script's
 /// arguments are held in the server's memory while it runs).

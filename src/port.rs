@@ -18,11 +18,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::error::{
-    AckError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError, TryPublishError,
-    TryRecvError,
+    AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
+    TryPublishError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::LaneStats;
+use crate::lane::{check_capacity, LaneStats};
 use crate::name::SinkName;
 use crate::position::Position;
 
@@ -344,4 +344,24 @@ pub trait RequestPublisher: Clone + Send + Sync {
         &self,
         request: Request,
     ) -> impl Future<Output = Result<(), PublishError<Request>>> + Send + '_;
+}
+
+/// Checks what every backend's builder is given ([L1](crate::contract#l1)): both capacities
+/// (`1..=MAX_CAPACITY`) and the sink names (valid, none twice), in that order.
+pub(crate) fn checked_shape(
+    capacity: usize,
+    request_capacity: usize,
+    names: Vec<String>,
+) -> Result<Vec<SinkName>, BuildError> {
+    check_capacity(capacity, "sink lanes")?;
+    check_capacity(request_capacity, "the request lane")?;
+    let mut sinks: Vec<SinkName> = Vec::with_capacity(names.len());
+    for name in names {
+        let name = SinkName::new(name)?;
+        if sinks.contains(&name) {
+            return Err(BuildError::DuplicateSink(name));
+        }
+        sinks.push(name);
+    }
+    Ok(sinks)
 }

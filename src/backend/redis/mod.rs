@@ -21,7 +21,7 @@
 
 // The backend's mutexes are `std::sync::Mutex`es, locked with `crate::sync::lock`, which takes
 // the shim's: the two are one type except under loom, which models the in-memory engine only, so
-// the backend is left out of loom builds (`stream/mod.rs`, `lib.rs`).
+// the backend is left out of loom builds (`backend/mod.rs`, `lib.rs`).
 
 mod conn;
 mod consumer;

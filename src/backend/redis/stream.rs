@@ -20,8 +20,8 @@ use crate::error::{BackendError, BuildError, StreamError};
 use crate::item::{LaneItem, Request};
 use crate::lane::LaneStats;
 use crate::name::SinkName;
+use crate::port::Stream;
 use crate::position::Position;
-use crate::stream::port::Stream;
 use crate::sync::lock;
 
 /// The layout this version writes and reads, as the meta hash records it (`mode`): one log
@@ -148,7 +148,7 @@ impl RedisStreamBuilder {
     /// [`delete`](RedisStreamBuilder::delete) and build again) and [`BuildError::Mismatch`] (Redis holds a stream of that name with other
     /// sinks).
     pub fn build(self) -> Result<RedisStream, BuildError> {
-        let sinks = crate::stream::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
+        let sinks = crate::port::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
         if self.name.is_empty() || self.name.contains(['{', '}']) {
             return Err(BuildError::InvalidStreamName(self.name));
         }

@@ -8,8 +8,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use super::port::{LaneConsumer, LaneDelivery, Stream, StreamFanout};
-use super::requests::{RequestLane, RequestSender};
+use crate::port::{checked_shape, LaneConsumer, LaneDelivery, Stream, StreamFanout};
+mod requests;
+
+pub use self::requests::{RequestLane, RequestSender};
 use crate::error::{
     AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
     TryPublishError, TryRecvError,
@@ -111,7 +113,7 @@ impl StreamBuilder {
     /// [`BuildError::ZeroCapacity`], [`BuildError::CapacityTooLarge`], [`BuildError::InvalidSink`],
     /// [`BuildError::DuplicateSink`], [`BuildError::ZeroBudget`], [`BuildError::BudgetTooLarge`].
     pub fn build(self) -> Result<MemoryStream, BuildError> {
-        let sinks = super::checked_shape(self.capacity, self.request_capacity, self.sinks)?;
+        let sinks = checked_shape(self.capacity, self.request_capacity, self.sinks)?;
         if let Some(bytes) = self.memory_budget {
             check_budget(bytes)?;
         }
