@@ -19,7 +19,6 @@
 //!   (Netflix DBLog's low and high marks in the WAL; chunks in key order, resumable by id).
 //! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
 //!   back on restart, chunks of large transactions resumed by offset), one writer per output.
-//!
 //! - [`pipeline`]: the pipeline as a library: a [`pipeline::Source`] (this crate's wal2json file
 //!   reader and live source are ones), a [`pipeline::Sink`] a user implements ([`ndjson`]'s is
 //!   one), and the driver between them over any [`lanestream::Stream`] backend: it publishes,
