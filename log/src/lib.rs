@@ -104,7 +104,7 @@
 //! type and tag name ids: 8 bytes, plus 4 per tag), where its payload is on disk (20 bytes), its
 //! position in its type's and each tag's posting list (8 bytes each) and, per append, where the
 //! append ends (8 bytes); lists and slots grow in chunks of doubling size, and each distinct
-//! type and tag is stored once. Measured (`tests/event_log/footprint.rs`: one event per append, one of
+//! type and tag is stored once. Measured (`tests/footprint.rs`: one event per append, one of
 //! four types, one tag of 10,000, 256-byte payloads): **86 bytes per event** at 2,000,000 events
 //! (115 at 200,000, where the chunks that double are emptier), whatever the payload size — plus
 //! the record cache, at most [`LogOptions::cache_bytes`]. Payloads are read

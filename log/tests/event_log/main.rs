@@ -3,8 +3,10 @@
 //! [`index`] (the type/tag index against a full scan), [`index_files`] (the persisted indexes and
 //! the format version), [`durability`], [`corruption`] (a torn tail told from corruption),
 //! [`inline_commit`] (the blocking append's inline commit racing the writer thread), [`lock`]
-//! (one writer per directory across processes), [`follow`] (read-only followers), [`footprint`]
-//! (memory per event) and [`full_disk`] (run by `scripts/log-full-disk.sh`). Helpers: `support/`.
+//! (one writer per directory across processes), [`follow`] (read-only followers) and
+//! [`full_disk`] (run by `scripts/log-full-disk.sh`). Helpers: `support/`. The memory footprint
+//! tests are a binary of their own (`tests/footprint.rs`): they count every allocation of the
+//! process, which other tests running beside them would add to.
 
 #[path = "support/mod.rs"]
 mod log_support;
@@ -12,7 +14,6 @@ mod log_support;
 mod corruption;
 mod durability;
 mod follow;
-mod footprint;
 mod full_disk;
 mod index;
 mod index_files;

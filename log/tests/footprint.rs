@@ -4,7 +4,7 @@
 //! ignored one by hand:
 //!
 //! ```text
-//! cargo test --release -p lanestream-log --test event_log footprint:: -- --ignored --nocapture
+//! cargo test --release -p lanestream-log --test footprint -- --ignored --nocapture
 //! LANESTREAM_FOOTPRINT_EVENTS=8000000 LANESTREAM_FOOTPRINT_DIR=/dev/shm cargo test ...
 //! ```
 //!
