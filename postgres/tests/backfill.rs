@@ -579,6 +579,7 @@ fn child_runs_the_pipeline() {
     });
     let mut source = PgLiveSource::new(source, TransactionBuilder::new());
     let report = pipeline.run(&mut source).expect("the pipeline");
+    std::fs::write(dir.join("report"), format!("{report:?}")).expect("the report");
     assert!(report.stopped && !report.drain_timed_out, "{report:?}");
 }
 
@@ -760,6 +761,8 @@ fn the_pipeline_killed_twice_during_a_backfill_resumes_after_the_last_applied_ch
         );
         eprintln!("kill {}: resumed after id {after}; {re_read} snapshot rows re-read (bound: one chunk of {CHILD_CHUNK})", k + 1);
     }
+    let report = std::fs::read_to_string(dir.join("report")).expect("the last run's report");
+    eprintln!("the last run: {report}");
     let (sink, _, snapshot_rows) = replay(dir);
     eprintln!("{rows} rows, chunks of {CHILD_CHUNK}, {writes} concurrent writes, 2 kills: {snapshot_rows} snapshot rows in the output");
     assert_equal(&sink, &table(&mut c));
