@@ -5,10 +5,27 @@
 //! # Files
 //! In a directory of the sink's own, for a sink named `NAME`:
 //! - `NAME.ndjson`: the output, one [line](write_line) per envelope;
-//! - `NAME.checkpoint`: one line, replaced atomically (write, fsync, rename, fsync the directory):
-//!   `<last whole transaction's LSN or -> <output length>` and, while a transaction is half
-//!   applied, ` <its LSN> <its envelopes applied> <the output length before it>`. The older form
-//!   (the first two fields only) is read as well.
+//! - `NAME.checkpoint`: replaced atomically (write, fsync, rename, fsync the directory). Its first
+//!   line: `<last whole transaction's LSN or -> <output length>` and, while a transaction is half
+//!   applied, ` <its LSN> <its envelopes applied> <the output length before it>`. While a backfill
+//!   is in progress, a second line: `backfill <its remaining indexes, the current one first,
+//!   comma-separated> <the id of the last snapshot row applied of the current index, as a JSON
+//!   string, or ->`. The older forms (one line; the first two fields only) are read as well.
+//!
+//! # Resumable backfills
+//! Snapshot rows (a [`Batch`] with no position, its envelopes with none either) are written to the
+//! output like any envelope (they are upserts), and the checkpoint that covers them records how
+//! far the backfill got ([`BackfillProgress`]), in the same atomic write as the output's length:
+//! the two never disagree after a crash. `LaneItem::SnapshotComplete` clears the record.
+//! [`Sink::resume`](crate::pipeline::Sink::resume) then asks the rest again after a restart:
+//! `Request::Backfill { indexes: <remaining>, after: Some(<last id>) }`, so the backfill resumes
+//! right after the last row the output holds durably, not from the start. A snapshot row the
+//! sink wrote but had not committed when it died is cut off and read again, and a snapshot row
+//! redelivered by the lane is written again: snapshot rows may appear more than once in the
+//! output (an upsert by id applied twice leaves the same state), never one missing.
+//! [`DurableNdjson::record_backfill`] records a backfill before its first row arrives, so that a
+//! crash before then re-asks it too; without it, the record starts at the first snapshot row
+//! (knowing only that row's index, not the request's later ones).
 //!
 //! # The rule it implements (contract [C1](lanestream::contract#c1))
 //! A sink acks a delivery only after [`DurableNdjson::commit`], and the checkpoint then covers
@@ -62,7 +79,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lanestream::{Batch, Envelope, Position};
+use lanestream::{Batch, Envelope, IndexName, LaneItem, Position, Request, SinkName};
 
 /// Why the durable sink could not go on. Each variant names the file involved.
 #[derive(Debug, thiserror::Error)]
@@ -90,7 +107,7 @@ pub enum NdjsonError {
         waited: Duration,
     },
     /// The checkpoint file does not read as a checkpoint: it was not written by this sink.
-    #[error("{path}: expected \"LSN LENGTH [LSN ENVELOPES LENGTH]\", got {text:?}")]
+    #[error("{path}: expected \"LSN LENGTH [LSN ENVELOPES LENGTH]\" and optionally a second line \"backfill INDEX[,INDEX...] ID|-\", got {text:?}")]
     BadCheckpoint {
         /// The checkpoint file.
         path: PathBuf,
@@ -124,7 +141,10 @@ pub enum NdjsonError {
 }
 
 /// What a checkpoint records: what the sink has made durable, and so may have acked.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// Not `Copy` (the backfill record holds index names and an id): clone it when you need it
+/// owned; the fields other than [`backfill`](Checkpoint::backfill) are `Copy`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Checkpoint {
     /// The last whole transaction applied (its commit position); `None` before the first.
     pub committed: Option<Position>,
@@ -132,6 +152,18 @@ pub struct Checkpoint {
     pub len: u64,
     /// A large transaction applied in part (some of its chunks), if any.
     pub partial: Option<Partial>,
+    /// A backfill in progress, if any (see the [module docs](self#resumable-backfills)).
+    pub backfill: Option<BackfillProgress>,
+}
+
+/// How far a backfill in progress got, as its checkpoint records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackfillProgress {
+    /// The indexes still to be served, the current one first (never empty).
+    pub indexes: Vec<IndexName>,
+    /// The envelope id of the last snapshot row of the current index the output holds; `None`
+    /// before its first.
+    pub after: Option<String>,
 }
 
 /// A large transaction of which some chunks are applied.
@@ -162,6 +194,19 @@ impl Checkpoint {
     }
 
     fn parse(text: &str) -> Option<Checkpoint> {
+        let mut lines = text.lines();
+        let first = lines.next()?;
+        let backfill = match lines.next() {
+            None => None,
+            Some(line) => Some(BackfillProgress::parse(line)?),
+        };
+        if lines.next().is_some() {
+            return None;
+        }
+        Some(Checkpoint { backfill, ..Checkpoint::parse_first(first)? })
+    }
+
+    fn parse_first(text: &str) -> Option<Checkpoint> {
         let fields: Vec<&str> = text.split_whitespace().collect();
         let lsn = |t: &str| Position::from_lsn(t).ok();
         let committed = match *fields.first()? {
@@ -178,7 +223,7 @@ impl Checkpoint {
             }),
             _ => return None,
         };
-        let checkpoint = Checkpoint { committed, len, partial };
+        let checkpoint = Checkpoint { committed, len, partial, backfill: None };
         // A half-applied transaction starts within the output and after the last whole one.
         let consistent = partial.is_none_or(|t| t.start <= len && committed.is_none_or(|c| t.position > c));
         consistent.then_some(checkpoint)
@@ -193,7 +238,47 @@ impl Checkpoint {
             line.push_str(&format!(" {} {} {}", t.position, t.envelopes, t.start));
         }
         line.push('\n');
+        if let Some(b) = &self.backfill {
+            let indexes: Vec<&str> = b.indexes.iter().map(IndexName::as_str).collect();
+            line.push_str(&format!("backfill {} ", indexes.join(",")));
+            match &b.after {
+                // A String always serializes.
+                Some(id) => line.push_str(&serde_json::to_string(id).expect("a string serializes")),
+                None => line.push('-'),
+            }
+            line.push('\n');
+        }
         line
+    }
+}
+
+impl BackfillProgress {
+    /// `backfill INDEX[,INDEX...] "ID"|-` (the id last: it may hold spaces).
+    fn parse(line: &str) -> Option<BackfillProgress> {
+        let rest = line.strip_prefix("backfill ")?;
+        let (indexes, after) = rest.split_once(' ')?;
+        let indexes = indexes.split(',').map(|i| IndexName::new(i).ok()).collect::<Option<Vec<_>>>()?;
+        let after = match after {
+            "-" => None,
+            json => Some(serde_json::from_str::<String>(json).ok()?),
+        };
+        Some(BackfillProgress { indexes, after })
+    }
+
+    /// Moves the record to a snapshot row of `index` with id `id` just applied: the current
+    /// index's, a later index's of the request (the ones before it are done), or, for an index
+    /// the record does not hold, that index's alone.
+    fn advance(record: &mut Option<BackfillProgress>, index: &IndexName, id: &str) {
+        let at = record.as_ref().and_then(|b| b.indexes.iter().position(|i| i == index));
+        match (record.as_mut(), at) {
+            (Some(b), Some(k)) => {
+                b.indexes.drain(..k);
+                b.after = Some(id.to_owned());
+            }
+            _ => {
+                *record = Some(BackfillProgress { indexes: vec![index.clone()], after: Some(id.to_owned()) })
+            }
+        }
     }
 }
 
@@ -262,15 +347,68 @@ impl DurableNdjson {
             name: name.to_owned(),
             path,
             out: BufWriter::with_capacity(1 << 16, file),
+            applied: durable.clone(),
             durable,
-            applied: durable,
             line: Vec::with_capacity(4096),
         })
     }
 
     /// What the checkpoint file records (the last [`commit`](Self::commit)).
-    pub fn checkpoint(&self) -> Checkpoint {
-        self.durable
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.durable
+    }
+
+    /// The sink's name (its files' stem).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Records, durably (it commits), that a backfill of `indexes` (served in this order) is
+    /// asked for this sink, before any of its rows arrive:
+    /// [`Sink::resume`](crate::pipeline::Sink::resume) then returns its request — the sink
+    /// engine publishes it when it opens the sink, and again after any crash, resuming after the
+    /// last row applied, until its `SnapshotComplete`. To start a backfill: open the sink, call
+    /// this, drop the sink, run the pipeline. Replaces a backfill recorded before.
+    ///
+    /// # Errors
+    /// [`NdjsonError::Io`] (nothing recorded). Does nothing for an empty `indexes`.
+    pub fn record_backfill(&mut self, indexes: Vec<IndexName>) -> Result<(), NdjsonError> {
+        if indexes.is_empty() {
+            return Ok(());
+        }
+        self.applied.backfill = Some(BackfillProgress { indexes, after: None });
+        self.commit()
+    }
+
+    /// The request that resumes the backfill the checkpoint records, if any: its remaining
+    /// indexes, after the last row applied. `None` also when the sink's name is not a valid
+    /// [`SinkName`].
+    pub fn resume_request(&self) -> Option<Request> {
+        let b = self.durable.backfill.as_ref()?;
+        let sink = SinkName::new(self.name.as_str()).ok()?;
+        Some(Request::Backfill { sink, indexes: b.indexes.clone(), after: b.after.clone() })
+    }
+
+    /// Applies one lane item: a [`Batch`] as [`apply`](Self::apply) does; a
+    /// `SnapshotComplete` clears the backfill record when its indexes include the record's
+    /// current one (durable at the next [`commit`](Self::commit)); it writes nothing, and
+    /// neither does an item of a kind added later.
+    ///
+    /// # Errors
+    /// As [`apply`](Self::apply).
+    pub fn apply_item(&mut self, item: &LaneItem) -> Result<Applied, NdjsonError> {
+        match item {
+            LaneItem::Batch(batch) => self.apply(batch),
+            LaneItem::SnapshotComplete { indexes } => {
+                let current = self.applied.backfill.as_ref().map(|b| &b.indexes[0]);
+                if current.is_some_and(|c| indexes.contains(c)) {
+                    self.applied.backfill = None;
+                }
+                Ok(Applied::default())
+            }
+            // Items of later kinds carry nothing for this output.
+            _ => Ok(Applied::default()),
+        }
     }
 
     /// The output file's path.
@@ -284,7 +422,8 @@ impl DurableNdjson {
     /// or before the last whole one is skipped, and so is the part of a chunk already applied.
     /// A batch with no position anywhere (snapshot rows) is written as it is: snapshot rows are
     /// applied at least once (a redelivered snapshot batch is written again; their upserts are
-    /// idempotent by id, and [R2](lanestream::contract#r2) already has a sink see some twice).
+    /// idempotent by id, and [R2](lanestream::contract#r2) already has a sink see some twice);
+    /// its last row moves the backfill record (see the [module docs](self#resumable-backfills)).
     ///
     /// A chunk of another transaction than the one half applied means that one was dropped by
     /// the source (a damaged transaction): its envelopes are cut off the output first.
@@ -295,7 +434,11 @@ impl DurableNdjson {
     pub fn apply(&mut self, batch: &Batch) -> Result<Applied, NdjsonError> {
         let envelopes = &batch.envelopes[..];
         let Some(position) = batch.position.or_else(|| envelopes.first().and_then(|e| e.position)) else {
-            return self.write(envelopes);
+            let applied = self.write(envelopes)?;
+            if let Some(last) = envelopes.last() {
+                BackfillProgress::advance(&mut self.applied.backfill, &last.index, &last.id);
+            }
+            return Ok(applied);
         };
         let n = envelopes.len() as u64;
         let end = batch.offset.checked_add(n).ok_or(NdjsonError::ChunkGap {
@@ -381,7 +524,7 @@ impl DurableNdjson {
         f.sync_all().map_err(at(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(at(&path))?;
         File::open(&self.dir).and_then(|d| d.sync_all()).map_err(at(&self.dir))?;
-        self.durable = self.applied;
+        self.durable.clone_from(&self.applied);
         Ok(())
     }
 
@@ -419,9 +562,10 @@ pub fn write_line(line: &mut Vec<u8>, e: &Envelope) {
 mod tests {
     use std::sync::Arc;
 
-    use lanestream::{IndexName, Op};
+    use lanestream::Op;
 
     use super::*;
+    use crate::pipeline::Sink;
 
     fn envelope(id: u64, position: Position) -> Envelope {
         Envelope {
@@ -494,7 +638,7 @@ mod tests {
         assert_eq!(ids(dir.path()), expected(&[(5, 2), (7, 10)]));
         assert_eq!(
             sink.checkpoint(),
-            Checkpoint { committed: Some(Position(7)), partial: None, ..sink.checkpoint() }
+            &Checkpoint { committed: Some(Position(7)), partial: None, ..sink.checkpoint().clone() }
         );
     }
 
@@ -612,15 +756,16 @@ mod tests {
         let p = |t: &str| Checkpoint::parse(t);
         assert_eq!(
             p("0/10 42\n"),
-            Some(Checkpoint { committed: Some(Position(16)), len: 42, partial: None })
+            Some(Checkpoint { committed: Some(Position(16)), len: 42, partial: None, backfill: None })
         );
         let c = Checkpoint {
             committed: None,
             len: 9,
             partial: Some(Partial { position: Position(0x1_0000_0020), envelopes: 3, start: 1 }),
+            backfill: None,
         };
         assert_eq!(c.line(), "- 9 1/20 3 1\n");
-        assert_eq!(p(&c.line()), Some(c));
+        assert_eq!(p(&c.line()), Some(c.clone()));
         // Malformed, or inconsistent: a partial starting past the output's end, or at or before
         // the last whole transaction.
         for bad in [
@@ -634,6 +779,110 @@ mod tests {
             "0/20 9 0/20 3 1",
         ] {
             assert_eq!(p(bad), None, "{bad:?}");
+        }
+    }
+
+    fn snapshot(index: &str, ids: std::ops::Range<u64>) -> LaneItem {
+        let envelopes: Arc<[Envelope]> = ids
+            .map(|id| Envelope {
+                position: None,
+                index: IndexName::new(index).unwrap(),
+                ..envelope(id, Position(0))
+            })
+            .collect();
+        LaneItem::Batch(Batch::new(None, envelopes))
+    }
+
+    fn names(names: &[&str]) -> Vec<IndexName> {
+        names.iter().map(|n| IndexName::new(*n).unwrap()).collect()
+    }
+
+    fn progress(indexes: &[&str], after: Option<&str>) -> Option<BackfillProgress> {
+        Some(BackfillProgress { indexes: names(indexes), after: after.map(str::to_owned) })
+    }
+
+    /// A backfill's progress is written with the checkpoint that covers its rows (not before
+    /// the commit), survives a reopen, moves on to the next index, and is cleared by
+    /// `SnapshotComplete`; the resume request carries the remaining indexes and the last id.
+    #[test]
+    fn backfill_progress_is_checkpointed_with_its_rows_and_cleared_at_snapshot_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = open(dir.path());
+        sink.record_backfill(names(&["a", "b"])).unwrap();
+        assert_eq!(sink.checkpoint().backfill, progress(&["a", "b"], None));
+        sink.apply_item(&snapshot("a", 0..3)).unwrap();
+        sink.apply(&transaction(5, 1, 5)[0]).unwrap(); // a live change between chunks
+        sink.apply_item(&snapshot("a", 3..5)).unwrap();
+        assert_eq!(sink.checkpoint().backfill, progress(&["a", "b"], None), "not before the commit");
+        sink.commit().unwrap();
+        assert_eq!(sink.checkpoint().backfill, progress(&["a", "b"], Some("4")));
+        sink.apply_item(&snapshot("a", 5..7)).unwrap(); // not committed: cut, comes again
+        drop(sink);
+        let mut sink = open(dir.path());
+        assert_eq!(sink.checkpoint().backfill, progress(&["a", "b"], Some("4")));
+        assert_eq!(ids(dir.path()).len(), 6, "the output is cut back to the rows the record covers");
+        let request = Sink::resume(&sink).unwrap();
+        assert_eq!(
+            request,
+            Request::Backfill {
+                sink: SinkName::new("s").unwrap(),
+                indexes: names(&["a", "b"]),
+                after: Some("4".into())
+            }
+        );
+        sink.apply_item(&snapshot("a", 5..7)).unwrap();
+        sink.apply_item(&snapshot("b", 0..2)).unwrap();
+        sink.commit().unwrap();
+        assert_eq!(sink.checkpoint().backfill, progress(&["b"], Some("1")));
+        // Another backfill's completion leaves the record alone; this one's clears it.
+        sink.apply_item(&LaneItem::SnapshotComplete { indexes: names(&["c"]) }).unwrap();
+        sink.commit().unwrap();
+        assert!(sink.checkpoint().backfill.is_some());
+        sink.apply_item(&LaneItem::SnapshotComplete { indexes: names(&["a", "b"]) }).unwrap();
+        sink.commit().unwrap();
+        assert_eq!(sink.checkpoint().backfill, None);
+        drop(sink);
+        let sink = open(dir.path());
+        assert_eq!(sink.checkpoint().backfill, None);
+        assert_eq!(Sink::resume(&sink), None);
+        assert_eq!(std::fs::read_to_string(dir.path().join("s.checkpoint")).unwrap().lines().count(), 1);
+    }
+
+    /// Snapshot rows that arrive without a recorded request start a record of their index.
+    #[test]
+    fn snapshot_rows_without_a_recorded_request_start_a_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = open(dir.path());
+        sink.apply_item(&snapshot("a", 0..2)).unwrap();
+        sink.commit().unwrap();
+        assert_eq!(sink.checkpoint().backfill, progress(&["a"], Some("1")));
+    }
+
+    /// The checkpoint's second line: ids with spaces and quotes round-trip, the old one-line
+    /// form still reads (no backfill), and a bad second line is refused.
+    #[test]
+    fn checkpoint_backfill_line_forms() {
+        let c = Checkpoint {
+            committed: Some(Position(16)),
+            len: 42,
+            partial: None,
+            backfill: progress(&["public_t", "public_u"], Some("a \"b\"\n c")),
+        };
+        assert_eq!(c.line(), "0/10 42\nbackfill public_t,public_u \"a \\\"b\\\"\\n c\"\n");
+        assert_eq!(Checkpoint::parse(&c.line()), Some(c));
+        let none = Checkpoint { backfill: progress(&["t"], None), ..Checkpoint::default() };
+        assert_eq!(none.line(), "- 0\nbackfill t -\n");
+        assert_eq!(Checkpoint::parse(&none.line()), Some(none));
+        assert_eq!(Checkpoint::parse("0/10 42\n").unwrap().backfill, None);
+        for bad in [
+            "- 0\nbackfill\n",
+            "- 0\nbackfill t\n",
+            "- 0\nbackfill T -\n",
+            "- 0\nbackfill t x\n",
+            "- 0\nbackfill t -\nx\n",
+            "- 0\nfill t -\n",
+        ] {
+            assert_eq!(Checkpoint::parse(bad), None, "{bad:?}");
         }
     }
 }

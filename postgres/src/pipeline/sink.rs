@@ -87,16 +87,17 @@ impl RetryPolicy {
 
 /// The durable NDJSON file sink: each batch's envelopes as lines, fsynced and checkpointed at
 /// [`commit`](Sink::commit); a redelivered or re-sent transaction is skipped by its position and
-/// offset (see [`crate::ndjson`]). `SnapshotComplete` writes nothing. A new instance after a
-/// failure is opened with [`DurableNdjson::open`], which cuts the output back to the checkpoint.
+/// offset (see [`crate::ndjson`]). Snapshot rows move the checkpoint's backfill record and
+/// `SnapshotComplete` clears it ([`DurableNdjson::apply_item`]); [`resume`](Sink::resume) asks
+/// a recorded backfill again after the last row applied ([`DurableNdjson::resume_request`]). A
+/// new instance after a failure is opened with [`DurableNdjson::open`], which cuts the output
+/// back to the checkpoint.
 impl Sink for DurableNdjson {
     type Error = NdjsonError;
 
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), NdjsonError> {
         for item in items {
-            if let LaneItem::Batch(batch) = item {
-                DurableNdjson::apply(self, batch)?;
-            }
+            self.apply_item(item)?;
         }
         Ok(())
     }
@@ -107,5 +108,9 @@ impl Sink for DurableNdjson {
 
     fn checkpoint(&self) -> Option<Position> {
         DurableNdjson::checkpoint(self).committed
+    }
+
+    fn resume(&self) -> Option<Request> {
+        self.resume_request()
     }
 }

@@ -91,6 +91,11 @@ pub(crate) struct Args {
     /// follows the server's WAL even while nothing of this database changes.
     #[arg(long, value_name = "SECS", requires = "source")]
     pub(crate) heartbeat_secs: Option<u64>,
+    /// Live mode: rows per chunk of a backfill a sink asks for (each chunk is read between a low
+    /// and a high mark in the WAL; also the most a resumed backfill reads again). Default: the
+    /// library's, 1024 rows (`lanestream_postgres::backfill::DEFAULT_CHUNK_ROWS`).
+    #[arg(long, value_name = "N", requires = "source", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) backfill_chunk_rows: Option<u64>,
     /// Live mode: how long to wait for a slot that another client holds before giving up.
     #[arg(long, default_value_t = 30)]
     pub(crate) slot_wait_secs: u64,

@@ -34,6 +34,9 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
             config.publication = args.publication.clone();
             config.heartbeat = args.heartbeat_secs.map(Duration::from_secs);
             config.status_interval = Duration::from_millis(args.status_interval_ms.max(1));
+            if let Some(rows) = args.backfill_chunk_rows {
+                config.backfill_chunk_rows = usize::try_from(rows).unwrap_or(usize::MAX);
+            }
             let mut source = LiveSource::connect(config).map_err(|e| -> BoxError {
                 match e {
                     LiveError::NoSlot(slot) if !checkpoints.is_empty() => format!(
