@@ -60,7 +60,7 @@ latency() {
         --status-interval-ms 100 --summary-json "$PG_TMP/latency.json" >"$PG_TMP/latency.out" 2>&1 &
     local pid=$!
     # An early exit stops the pipeline too (then the cluster, keeping the exit status).
-    trap 'rc=$?; kill -TERM '"$pid"' 2>/dev/null; (exit $rc); pg_cleanup' EXIT
+    trap 'rc=$?; set +e; kill -TERM '"$pid"' 2>/dev/null; (exit $rc); pg_cleanup' EXIT
     local i
     for i in $(seq 1 300); do
         [[ $(pg_psql -Atc "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'lanestream' AND active") == 1 ]] && break
