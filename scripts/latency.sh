@@ -98,6 +98,7 @@ latency() {
     cps=$(field "$PG_TMP/latency.json" 's["changes_per_second"]')
     field "$PG_TMP/latency.json" '"\n".join("  sink %s: p50 %.3f ms, p99 %.3f ms, max %.3f ms over %d transactions" % (k["name"], k["commit_to_ack"]["p50_ms"], k["commit_to_ack"]["p99_ms"], k["commit_to_ack"]["max_ms"], k["commit_to_ack"]["samples"]) for k in s["per_sink"])' >&2
     pg_log "$published transactions ($rows rows) through 3 sinks; $cps changes/s over the run; load average at the end of the load: $load_end"
+    field "$PG_TMP/latency.json" '"  of which commit -> decoded (the source: walsender, network, decoder): p50 %.3f ms, p99 %.3f ms, max %.3f ms" % (s["commit_to_decode"]["p50_ms"], s["commit_to_decode"]["p99_ms"], s["commit_to_decode"]["max_ms"])' >&2
     pg_log "commit -> last sink's ack: p50 $p50 ms, p99 $p99 ms, max $max ms (target p99 <= $target ms)"
     if python3 -c "import sys; sys.exit(0 if $p99 <= $target else 1)"; then
         pg_log "PASS: p99 $p99 ms <= $target ms"

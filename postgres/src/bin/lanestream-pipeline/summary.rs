@@ -82,6 +82,8 @@ pub(crate) struct Summary {
     pub(crate) changes_per_second: u64,
     /// Live mode: commit → last sink's ack (the slowest sink's percentiles; see `per_sink`).
     pub(crate) commit_to_last_ack: Option<LatencyMs>,
+    /// Live mode: commit → decoded (before the publish): the source's share of the latency.
+    pub(crate) commit_to_decode: Option<LatencyMs>,
     /// Why the ingest stopped early (input or publish error), if it did.
     pub(crate) ingest_error: Option<String>,
     pub(crate) per_sink: Vec<SinkSummary>,
@@ -299,6 +301,13 @@ impl std::fmt::Display for Summary {
             lsn_text(&s.final_watermark_lsn),
             yes_no(s.stream_idle),
         )?;
+        if let Some(l) = &s.commit_to_decode {
+            writeln!(
+                f,
+                "commit to decoded: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} transactions)",
+                l.p50_ms, l.p99_ms, l.max_ms, l.samples
+            )?;
+        }
         if let Some(l) = &s.commit_to_last_ack {
             writeln!(
                 f,
