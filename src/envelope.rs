@@ -55,8 +55,9 @@ pub struct Envelope {
     /// array of byte values; in binary formats, bytes. Deserialization accepts all three.
     #[cfg_attr(feature = "serde", serde(with = "document_serde"))]
     pub document: Bytes,
-    /// When the envelope was built, in microseconds since the Unix epoch, if the builder recorded
-    /// it (used to measure end-to-end latency).
+    /// The time end-to-end latency is measured from, in microseconds since the Unix epoch, if the
+    /// builder recorded it: when the envelope was built, or (a database source) its transaction's
+    /// commit time. Every envelope of one transaction carries the same value.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub built_at_micros: Option<u64>,
 }

@@ -809,7 +809,10 @@ impl PgOutputDecoder {
             lsn: Some(Cow::Owned(format!("\"{}\"", Position(commit_lsn)))),
             ..Line::default()
         };
-        self.builder.push_record(seq, &record).map(|_| ())
+        self.builder.push_record(seq, &record)?;
+        // The envelopes carry the commit time: the pipeline's commit → ack latency starts there.
+        self.builder.set_commit_time(self.commit_time.and_then(|t| u64::try_from(t).ok()));
+        Ok(())
     }
 
     fn on_commit(&mut self, seq: u64, commit_lsn: u64) -> Result<Option<Batch>, Wal2JsonError> {

@@ -1021,6 +1021,9 @@ struct OpenTxn {
     first_bad: u64,
     pending: Vec<Pending>,
     docs: Vec<u8>,
+    /// The commit time, µs since the Unix epoch, when the decoder knows it
+    /// ([`TransactionBuilder::set_commit_time`]): recorded on every envelope.
+    commit_micros: Option<u64>,
 }
 
 impl OpenTxn {
@@ -1039,6 +1042,7 @@ impl OpenTxn {
             first_bad: 0,
             pending: Vec::with_capacity(hint.0.min(1 << 10)),
             docs: Vec::with_capacity(hint.1.min(1 << 16)),
+            commit_micros: None,
         }
     }
 
@@ -1070,7 +1074,7 @@ impl OpenTxn {
                 } else {
                     docs.slice(p.doc)
                 },
-                built_at_micros: None,
+                built_at_micros: self.commit_micros,
             })
             .collect()
     }
@@ -1182,6 +1186,16 @@ impl TransactionBuilder {
             max_batch_changes: None,
             discarded: 0,
             hint: (0, 0),
+        }
+    }
+
+    /// Records `micros` (the open transaction's commit time, µs since the Unix epoch) on the
+    /// [`Envelope::built_at_micros`] of every envelope of the transaction, its chunks included:
+    /// what the pipeline measures commit → ack latency from. No effect without an open
+    /// transaction. (The pgoutput decoder calls it from each Begin; wal2json input has none.)
+    pub fn set_commit_time(&mut self, micros: Option<u64>) {
+        if let Some(txn) = &mut self.open {
+            txn.commit_micros = micros;
         }
     }
 

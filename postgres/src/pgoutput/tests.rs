@@ -474,6 +474,29 @@ fn the_parsed_begin_and_commit_of_a_client_drive_the_same_builder() {
     assert_eq!(batch.position, Some(Position(0x50)));
     assert_eq!(batch.changes, 1);
     assert_eq!(d.commit_time_micros(), Some(PG_EPOCH_UNIX_MICROS));
+    assert_eq!(batch.envelopes[0].built_at_micros, Some(PG_EPOCH_UNIX_MICROS as u64));
+}
+
+#[test]
+fn every_envelope_carries_its_transactions_commit_time_in_unix_micros() {
+    // A transaction of 3 changes in chunks of 2, committed 1.5 s after PostgreSQL's epoch; then
+    // one committed a day later.
+    let mut d = PgOutputDecoder::new(TransactionBuilder::new().with_max_batch_changes(Some(2)));
+    d.begin(0x50, 9, 1_500_000).expect("begin");
+    d.decode(&users()).expect("relation");
+    let mut batches = Vec::new();
+    for id in ["1", "2", "3"] {
+        batches.extend(d.decode(&insert(1, &[Some(id), Some("Ann")])).expect("insert"));
+    }
+    batches.extend(d.commit(0x50).expect("commit"));
+    d.begin(0x60, 10, 86_400_000_000).expect("begin");
+    batches.extend(d.decode(&insert(1, &[Some("4"), Some("Bo")])).expect("insert"));
+    batches.extend(d.commit(0x60).expect("commit"));
+    let times: Vec<Vec<Option<u64>>> =
+        batches.iter().map(|b| b.envelopes.iter().map(|e| e.built_at_micros).collect()).collect();
+    let first = Some(PG_EPOCH_UNIX_MICROS as u64 + 1_500_000);
+    let second = Some(PG_EPOCH_UNIX_MICROS as u64 + 86_400_000_000);
+    assert_eq!(times, [vec![first, first], vec![first], vec![second]]);
 }
 
 // --- errors -------------------------------------------------------------------------------------
@@ -653,11 +676,29 @@ fn wal2json_batches(max: Option<u64>) -> Vec<Batch> {
         .collect()
 }
 
+/// The decoder's batches of the capture, their commit times checked (every envelope has one, the
+/// same across its batch, after 2020) and then cleared: the wal2json capture has none.
 fn pgoutput_batches(max: Option<u64>) -> Vec<Batch> {
     let mut d = PgOutputDecoder::new(TransactionBuilder::new().with_max_batch_changes(max));
     let batches = run(&mut d, &captured_messages()).expect("the pgoutput capture decodes");
     d.finish().expect("ends with a commit");
     batches
+        .into_iter()
+        .map(|mut b| {
+            let first = b.envelopes.first().map(|e| e.built_at_micros.expect("a commit time"));
+            let envelopes: Vec<lanestream::Envelope> = b
+                .envelopes
+                .iter()
+                .map(|e| {
+                    assert_eq!(e.built_at_micros, first, "one commit time per batch");
+                    assert!(first.is_some_and(|t| t > 1_577_836_800_000_000), "after 2020: {first:?}");
+                    lanestream::Envelope { built_at_micros: None, ..e.clone() }
+                })
+                .collect();
+            b.envelopes = envelopes.into();
+            b
+        })
+        .collect()
 }
 
 #[test]

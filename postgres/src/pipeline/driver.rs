@@ -13,6 +13,7 @@ use lanestream::{
     StreamError, StreamFanout, TryRecvError,
 };
 
+use super::metrics::{commit_micros, unix_micros_now, CommitLatency, LatencySummary};
 use super::sink::{RetryPolicy, Sink};
 use super::source::{Source, SourceItem};
 
@@ -101,6 +102,12 @@ pub struct SinkReport {
     pub checkpoint: Option<Position>,
     /// Backfill requests its instances re-sent at start ([`Sink::resume`]).
     pub resumed_backfills: u64,
+    /// Changes of the batches acked (their [`Batch::changes`](lanestream::Batch::changes); a
+    /// redelivered batch counts each time).
+    pub changes_acked: u64,
+    /// From each transaction's commit at the source to this sink's ack of its positioned batch,
+    /// in µs (see [`CommitLatency`]); batches without a commit time are not counted.
+    pub commit_to_ack: LatencySummary,
 }
 
 /// What a pipeline run did.
@@ -130,6 +137,20 @@ pub struct PipelineReport {
     pub drain_timed_out: bool,
     /// The local sink engines, in the order they were added.
     pub sinks: Vec<SinkReport>,
+    /// From the start of [`Pipeline::run`] to the engines joined.
+    pub elapsed: Duration,
+}
+
+impl PipelineReport {
+    /// Changes published per second of [`elapsed`](Self::elapsed) (0 for a run of no time).
+    pub fn changes_per_second(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.changes as f64 / secs
+        } else {
+            0.0
+        }
+    }
 }
 
 type EngineFn<St> = Box<dyn FnOnce(St, EngineConfig) -> Result<SinkReport, PipelineError> + Send>;
@@ -235,6 +256,7 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// the watermark.
     pub fn run<Src: Source>(self, source: &mut Src) -> Result<PipelineReport, PipelineError> {
         let Pipeline { stream, engines, retry, max_run, tick, drain_timeout, stop } = self;
+        let started = Instant::now();
         let mut fanout = stream.fanout()?;
         let mut requests = stream.reattach_requests();
         let config = EngineConfig { retry, max_run, stop: None };
@@ -285,6 +307,7 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
                 }
             }
         }
+        report.elapsed = started.elapsed();
         for e in [result.err(), last_confirm.err()].into_iter().flatten() {
             first_error.get_or_insert(e);
         }
@@ -567,6 +590,7 @@ where
 {
     let name = SinkName::new(lane).map_err(|e| PipelineError::Stream(format!("sink {lane:?}: {e}")))?;
     let mut report = SinkReport { sink: lane.to_owned(), ..SinkReport::default() };
+    let mut latency = CommitLatency::new();
     let mut failures = 0u32;
     let give_up = |failures: u32, error: BoxError| {
         // Nobody drains this lane now: closing it wakes a publish waiting for its room (L10).
@@ -606,6 +630,7 @@ where
                 Some(stop) => loop {
                     if stop.is_stopped() {
                         report.checkpoint = sink.checkpoint();
+                        report.commit_to_ack = latency.summary();
                         return Ok(report);
                     }
                     match consumer.recv_timeout(Duration::from_millis(100)) {
@@ -619,6 +644,7 @@ where
                 Ok(Some(d)) => d,
                 Ok(None) => {
                     report.checkpoint = sink.checkpoint();
+                    report.commit_to_ack = latency.summary();
                     return Ok(report);
                 }
                 // Another engine took the lane over (or the receive failed for good): this one
@@ -651,9 +677,21 @@ where
             let error: BoxError = match applied {
                 Ok(Ok(())) => {
                     failures = 0;
+                    // One clock read per run: its items are acked together.
+                    let now = unix_micros_now();
                     for d in run.drain(..) {
+                        let (commit, changes) = match d.item() {
+                            LaneItem::Batch(b) => (commit_micros(d.item()), b.changes),
+                            _ => (None, 0),
+                        };
                         match d.ack() {
-                            Ok(()) => report.items_acked += 1,
+                            Ok(()) => {
+                                report.items_acked += 1;
+                                report.changes_acked += changes;
+                                if let Some(commit) = commit {
+                                    latency.record(commit, now);
+                                }
+                            }
                             Err(_) => report.acks_refused += 1,
                         }
                     }

@@ -3,6 +3,8 @@
 //! - [`Source`] ([`source`]): produces transactions ([`SourceItem::Change`]), confirms a
 //!   position, serves backfills ([`SourceItem::Snapshot`]). This crate's: [`FileSource`] (a
 //!   wal2json capture or pipe) and [`PgLiveSource`] (a pgoutput replication slot).
+//! - [`CommitLatency`] ([`metrics`]): each sink's commit → ack latency (p50 / p99 in
+//!   [`SinkReport::commit_to_ack`]).
 //! - [`Sink`] ([`sink`]): what a user implements: apply a run of lane items, make it durable,
 //!   report the checkpoint, optionally re-ask a backfill at start. [`DurableNdjson`] is one,
 //!   ready to use; [`RetryPolicy`] says how a failing (or panicking) sink is retried.
@@ -54,10 +56,12 @@
 //! ```
 
 pub mod driver;
+pub mod metrics;
 pub mod sink;
 pub mod source;
 
 pub use driver::{run_sink, Pipeline, PipelineError, PipelineReport, SinkReport, StopHandle};
+pub use metrics::{CommitLatency, LatencySummary};
 pub use sink::{RetryPolicy, Sink};
 pub use source::{FileSource, FileSourceError, PgLiveSource, Source, SourceItem};
 

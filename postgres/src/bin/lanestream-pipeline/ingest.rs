@@ -58,6 +58,9 @@ pub(crate) struct IngestReport {
     pub(crate) error: Option<String>,
     pub(crate) backfills_served: u64,
     pub(crate) snapshot_envelopes: u64,
+    /// Live mode: from each transaction's commit to its positioned batch decoded, before the
+    /// publish (the source's share of the commit → ack latency).
+    pub(crate) commit_to_decode: CommitLatency,
     /// The live source, handed back for the final confirm.
     pub(crate) source: Option<Box<LiveSource>>,
 }
@@ -285,9 +288,13 @@ impl Ingest {
             apply_to_state(state, &batch);
         }
         let (position, changes, envelopes) = (batch.position, batch.changes, batch.envelopes.len());
+        let item = LaneItem::Batch(batch);
+        if let Some(commit) = commit_micros(&item) {
+            self.report.commit_to_decode.record(commit, unix_micros_now());
+        }
         match confirmer {
-            None => self.publish(LaneItem::Batch(batch), None)?,
-            Some(c) => self.publish_confirming(LaneItem::Batch(batch), c)?,
+            None => self.publish(item, None)?,
+            Some(c) => self.publish_confirming(item, c)?,
         }
         counters.changes.fetch_add(changes, Ordering::Relaxed);
         counters.envelopes.fetch_add(envelopes as u64, Ordering::Relaxed);

@@ -80,6 +80,7 @@ mod prelude {
     pub(crate) use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
     pub(crate) use lanestream_postgres::ndjson::{write_line, Checkpoint, DurableNdjson};
     pub(crate) use lanestream_postgres::pgoutput::PgOutputDecoder;
+    pub(crate) use lanestream_postgres::pipeline::metrics::{commit_micros, unix_micros_now, CommitLatency};
     pub(crate) use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
     pub(crate) use rand::rngs::StdRng;
     pub(crate) use rand::seq::SliceRandom;

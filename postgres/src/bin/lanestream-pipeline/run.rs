@@ -330,6 +330,8 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         // Rounded to what the text shows, so that both show the same numbers.
         elapsed_seconds: (elapsed * 1000.0).round() / 1000.0,
         changes_per_second: if elapsed > 0.0 { (changes as f64 / elapsed).round() as u64 } else { 0 },
+        commit_to_decode: LatencyMs::of(&ingest.commit_to_decode),
+        commit_to_last_ack: LatencyMs::slowest(per_sink.iter().filter_map(|s| s.commit_to_ack.as_ref())),
         ingest_error: ingest.error.as_deref().map(one_line),
         per_sink,
     };

@@ -21,6 +21,10 @@ impl Kind {
     }
 }
 
+/// A delivery processed and not acked yet: its handle, its kind, and its commit time (µs since
+/// the Unix epoch; see [`commit_micros`]) for the commit → ack latency.
+pub(crate) type Held = (AckHandle<LaneItem>, Kind, Option<u64>);
+
 /// What one sink did with the deliveries of one [`Kind`] of lane item. These count deliveries: an
 /// item delivered three times (first delivery and two redeliveries) counts three times.
 #[derive(Default, Clone, Copy)]
@@ -69,6 +73,9 @@ pub(crate) struct SinkReport {
     pub(crate) checkpoint: Option<Position>,
     /// --kill-sink-after: what the engine's death showed.
     pub(crate) kill: Option<KillReport>,
+    /// From each transaction's commit to this sink's ack of it (live mode: the commit time the
+    /// decoder records on the envelopes).
+    pub(crate) commit_to_ack: CommitLatency,
 }
 
 /// One kill of a sink engine (--kill-sink-after) and its re-attach.
@@ -188,10 +195,16 @@ impl Sink {
         Ok(())
     }
 
-    pub(crate) fn ack(&mut self, (handle, kind): (AckHandle<LaneItem>, Kind)) {
-        if let Err(AckError::Detached) = handle.ack() {
+    pub(crate) fn ack(&mut self, (handle, kind, commit): Held, now_micros: u64) {
+        match handle.ack() {
+            Ok(()) => {
+                if let Some(commit) = commit {
+                    self.report.commit_to_ack.record(commit, now_micros);
+                }
+            }
             // A re-attach took it back first: it is redelivered to the new consumer (L8).
-            self.counts(kind).acks_refused += 1;
+            Err(AckError::Detached) => self.counts(kind).acks_refused += 1,
+            Err(_) => {}
         }
     }
 
@@ -209,7 +222,8 @@ impl Sink {
 
     pub(crate) fn consume(&mut self) -> Result<(), BoxError> {
         let mut consumer = self.lane.reattach();
-        let mut held: Vec<(AckHandle<LaneItem>, Kind)> = Vec::new();
+        let mut held: Vec<Held> = Vec::new();
+        let mut commits: Vec<u64> = Vec::new();
         loop {
             if self.chaos.is_none() && self.durable.is_none() && self.kill.is_none() {
                 // The fast path (no chaos, not durable, no --kill-sink-after pending): receive
@@ -225,6 +239,8 @@ impl Sink {
                 };
                 let (attempt, first) = (run.attempt(), run.sequences().start);
                 let mut kinds = [0u64; 2];
+                commits.clear();
+                commits.extend(run.iter().filter_map(commit_micros));
                 for (k, item) in run.iter().enumerate() {
                     let kind = Kind::of(item);
                     kinds[kind as usize] += 1;
@@ -232,11 +248,20 @@ impl Sink {
                     self.redelivered_after_kill(attempt);
                     self.apply(item, attempt, first + k as u64)?;
                 }
-                if let Err(AckError::Detached) = run.ack() {
-                    // A re-attach took (some of) the run back first: redelivered (L8). Which
-                    // items is not known here; count the run's.
-                    self.counts(Kind::Batch).acks_refused += kinds[Kind::Batch as usize];
-                    self.counts(Kind::Marker).acks_refused += kinds[Kind::Marker as usize];
+                match run.ack() {
+                    Ok(()) => {
+                        let now = unix_micros_now();
+                        for &commit in &commits {
+                            self.report.commit_to_ack.record(commit, now);
+                        }
+                    }
+                    Err(AckError::Detached) => {
+                        // A re-attach took (some of) the run back first: redelivered (L8).
+                        // Which items is not known here; count the run's.
+                        self.counts(Kind::Batch).acks_refused += kinds[Kind::Batch as usize];
+                        self.counts(Kind::Marker).acks_refused += kinds[Kind::Marker as usize];
+                    }
+                    Err(_) => {}
                 }
                 continue;
             }
@@ -266,24 +291,25 @@ impl Sink {
             };
             let attempt = delivery.attempt();
             let kind = Kind::of(delivery.item());
+            let commit = commit_micros(delivery.item());
             self.delivered(kind, attempt);
             self.redelivered_after_kill(attempt);
             let Some(rng) = self.chaos.as_mut() else {
                 let (item, handle) = delivery.into_parts();
                 self.apply(&item, attempt, handle.sequence())?;
                 if self.kill.as_ref().is_some_and(|k| self.report.batches.processed >= k.after) {
-                    held.push((handle, kind));
+                    held.push((handle, kind, commit));
                     consumer = self.die_and_reattach(consumer, std::mem::take(&mut held))?;
                     continue;
                 }
                 if self.durable.is_some() {
                     // Group commit: one fsync and checkpoint for what arrived together.
-                    held.push((handle, kind));
+                    held.push((handle, kind, commit));
                     if held.len() >= 256 {
                         self.ack_held(&mut held)?;
                     }
                 } else {
-                    self.ack((handle, kind));
+                    self.ack((handle, kind, commit), unix_micros_now());
                 }
                 continue;
             };
@@ -306,7 +332,7 @@ impl Sink {
                 self.counts(kind).dropped += 1;
                 drop(handle); // dropping an unacked handle nacks it: a duplicate will follow
             } else {
-                held.push((handle, kind));
+                held.push((handle, kind, commit));
             }
             if reattach {
                 // Re-attach while holding deliveries: their acks below may land or be refused
@@ -326,7 +352,7 @@ impl Sink {
     pub(crate) fn die_and_reattach(
         &mut self,
         consumer: lanestream::Consumer<LaneItem>,
-        held: Vec<(AckHandle<LaneItem>, Kind)>,
+        held: Vec<Held>,
     ) -> Result<lanestream::Consumer<LaneItem>, BoxError> {
         let Some(kill) = self.kill.take() else { return Ok(consumer) };
         let mine = self.lane.name().clone();
@@ -366,7 +392,7 @@ impl Sink {
 
     /// Acks the held deliveries in a random order (L5: any order is fine), after making their
     /// output durable (live mode).
-    pub(crate) fn ack_held(&mut self, held: &mut Vec<(AckHandle<LaneItem>, Kind)>) -> Result<(), BoxError> {
+    pub(crate) fn ack_held(&mut self, held: &mut Vec<Held>) -> Result<(), BoxError> {
         if let Some(d) = &mut self.durable {
             d.commit()?;
         }
@@ -376,8 +402,9 @@ impl Sink {
                 self.report.out_of_order_ack_rounds += 1;
             }
         }
+        let now = unix_micros_now();
         for h in held.drain(..) {
-            self.ack(h);
+            self.ack(h, now);
         }
         Ok(())
     }

@@ -80,6 +80,10 @@ pub(crate) struct Summary {
     /// From the start to the last sink's end, to the millisecond.
     pub(crate) elapsed_seconds: f64,
     pub(crate) changes_per_second: u64,
+    /// Live mode: commit → last sink's ack (the slowest sink's percentiles; see `per_sink`).
+    pub(crate) commit_to_last_ack: Option<LatencyMs>,
+    /// Live mode: commit → decoded (before the publish): the source's share of the latency.
+    pub(crate) commit_to_decode: Option<LatencyMs>,
     /// Why the ingest stopped early (input or publish error), if it did.
     pub(crate) ingest_error: Option<String>,
     pub(crate) per_sink: Vec<SinkSummary>,
@@ -140,6 +144,9 @@ pub(crate) struct SinkSummary {
     pub(crate) checkpoint_lsn: Option<String>,
     /// --kill-sink-after: the engine's death and re-attach, if it happened to this sink.
     pub(crate) sink_kill: Option<KillReport>,
+    /// Live mode: from each transaction's commit (its timestamp at the server) to this sink's
+    /// ack of it, in milliseconds; `null` when no acked transaction carried a commit time.
+    pub(crate) commit_to_ack: Option<LatencyMs>,
     /// Why the sink stopped early, if it did.
     pub(crate) error: Option<String>,
 }
@@ -181,8 +188,44 @@ impl SinkSummary {
             transactions_skipped: s.transactions_skipped,
             checkpoint_lsn: lsn(s.checkpoint),
             sink_kill: s.kill,
+            commit_to_ack: LatencyMs::of(&s.commit_to_ack),
             error: s.error.as_deref().map(one_line),
         }
+    }
+}
+
+/// Commit → ack latency percentiles, in milliseconds (to the microsecond), over `samples`
+/// acked transactions.
+#[derive(Serialize, Clone, Copy)]
+pub(crate) struct LatencyMs {
+    pub(crate) samples: u64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
+}
+
+impl LatencyMs {
+    pub(crate) fn of(h: &CommitLatency) -> Option<LatencyMs> {
+        let s = h.summary();
+        let ms = |us: u64| us as f64 / 1000.0;
+        (s.samples > 0).then(|| LatencyMs {
+            samples: s.samples,
+            p50_ms: ms(s.p50_micros),
+            p99_ms: ms(s.p99_micros),
+            max_ms: ms(s.max_micros),
+        })
+    }
+
+    /// The slowest sink's, percentile by percentile: what the last sink's ack took (a lower
+    /// bound of the percentiles of each transaction's last ack, equal when the sinks ack
+    /// together).
+    pub(crate) fn slowest<'a>(all: impl Iterator<Item = &'a LatencyMs>) -> Option<LatencyMs> {
+        all.copied().reduce(|a, b| LatencyMs {
+            samples: a.samples.min(b.samples),
+            p50_ms: a.p50_ms.max(b.p50_ms),
+            p99_ms: a.p99_ms.max(b.p99_ms),
+            max_ms: a.max_ms.max(b.max_ms),
+        })
     }
 }
 
@@ -258,6 +301,20 @@ impl std::fmt::Display for Summary {
             lsn_text(&s.final_watermark_lsn),
             yes_no(s.stream_idle),
         )?;
+        if let Some(l) = &s.commit_to_decode {
+            writeln!(
+                f,
+                "commit to decoded: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} transactions)",
+                l.p50_ms, l.p99_ms, l.max_ms, l.samples
+            )?;
+        }
+        if let Some(l) = &s.commit_to_last_ack {
+            writeln!(
+                f,
+                "commit to last sink's ack: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} transactions)",
+                l.p50_ms, l.p99_ms, l.max_ms, l.samples
+            )?;
+        }
         if s.slot_confirmed_lsn.is_some() {
             writeln!(
                 f,
@@ -333,6 +390,13 @@ impl std::fmt::Display for Summary {
                 k.snapshot_markers_dropped,
                 k.snapshot_marker_acks_refused,
             )?;
+            if let Some(l) = &k.commit_to_ack {
+                writeln!(
+                    f,
+                    "  commit to ack: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} transactions)",
+                    l.p50_ms, l.p99_ms, l.max_ms, l.samples
+                )?;
+            }
             if k.checkpoint_lsn.is_some() {
                 writeln!(
                     f,
