@@ -124,8 +124,9 @@ impl Ours {
     fn runs(&mut self, n: u64, k: u64) -> Duration {
         let start = Instant::now();
         for _ in 0..n.div_ceil(k) {
-            let run: Vec<LaneItem> = (self.next..self.next + k).map(|p| batch(&self.envelopes, p)).collect();
-            self.fanout.publish_run(&run).unwrap();
+            let mut run: Vec<LaneItem> =
+                (self.next..self.next + k).map(|p| batch(&self.envelopes, p)).collect();
+            self.fanout.publish_run(&mut run).unwrap();
             for consumer in &mut self.consumers {
                 for p in self.next..self.next + k {
                     let d = consumer.try_recv().unwrap();

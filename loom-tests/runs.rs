@@ -261,7 +261,7 @@ fn l2_a_half_released_run_is_not_overtaken_by_a_queued_item() {
 /// Model 16: the fan-out producer publishing a run to two lanes with one publication step per
 /// lane, while each lane's consumer receives a run on its own thread.
 ///
-/// Capacity 2, two lanes: `publish_run(&[1, 2])` writes items 1 and 2 into each lane and
+/// Capacity 2, two lanes: `publish_run(&mut vec![1, 2])` writes items 1 and 2 into each lane and
 /// publishes both with one `tail` compare-and-swap per lane; lane "a" is consumed on the main
 /// thread, lane "b" on another, each with blocking `recv_run(2)` and one ack per run. Checked:
 /// - each consumer reads every item of a run as written (the lane's one Release
@@ -289,7 +289,7 @@ fn fanout_run_to_two_lanes_while_consumers_receive_runs() {
         let written = cells.clone();
         let p = thread::spawn(move || {
             written.write(0, 7);
-            fanout.publish_run(&[batch(1), batch(2)]).unwrap();
+            fanout.publish_run(&mut vec![batch(1), batch(2)]).unwrap();
         });
         let drain = |consumer: &mut lanestream::Consumer<lanestream::LaneItem>, cells: &Cells| {
             let mut next = 1;

@@ -30,9 +30,9 @@
 //!     })
 //!     .collect::<Result<_, lanestream::StreamError>>()?;
 //! let mut fanout = stream.fanout()?;
-//! let batches: Vec<LaneItem> =
+//! let mut batches: Vec<LaneItem> =
 //!     (1..=100).map(|lsn| LaneItem::Batch(Batch::new(Some(Position(lsn)), Vec::new().into()))).collect();
-//! fanout.publish_run(&batches)?; // each batch written once, read by both lanes
+//! fanout.publish_run(&mut batches)?; // each batch moved in once, read by both lanes
 //! assert_eq!(stream.wait_watermark(Position(100), None), Some(Position(100)));
 //! fanout.close();
 //! sinks.into_iter().for_each(|t| t.join().unwrap());

@@ -149,8 +149,9 @@ pub trait Stream: Send + Sync {
 /// ([`publish_to`](StreamFanout::publish_to)). **Runs are the fast path**; the per-item forms
 /// are the run of one.
 ///
-/// An item goes to every lane or to none. Every error hands the item (or, for runs, the index
-/// of the first item not published) back; nothing of it was enqueued.
+/// An item goes to every lane or to none. Every error hands the item back (for runs, the items
+/// not published stay in the caller's `Vec`, and the error carries how many were); nothing of
+/// it was enqueued.
 pub trait StreamFanout: Send {
     /// How many lanes it publishes to.
     fn lanes(&self) -> usize;
@@ -196,19 +197,22 @@ pub trait StreamFanout: Send {
         item: LaneItem,
     ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_;
 
-    /// Publishes the longest prefix of `items` that can go now, in one step; its length (>= 1;
-    /// 0 for no items). Never waits.
+    /// Publishes the longest prefix of `items` that can go now, in one step, moving it out of
+    /// the front of `items` (which keeps the rest, in order, and its capacity); its length
+    /// (>= 1; 0 for no items). Never waits.
     ///
     /// # Errors
-    /// When not even the first item can go: [`TryPublishError`] carrying index 0.
-    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>>;
+    /// When not even the first item can go: [`TryPublishError`] carrying 0 (how many were
+    /// published); `items` is handed back untouched, the refused item first.
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>>;
 
-    /// Publishes every item of `items`, in order, waiting for room.
+    /// Publishes every item of `items`, in order, waiting for room, moving them out of `items`
+    /// as they go: empty on `Ok`.
     ///
     /// # Errors
-    /// [`PublishError`] carrying the index of the first item not published (the ones before it
-    /// reached every lane).
-    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>>;
+    /// [`PublishError`] carrying how many items were published (they reached every lane);
+    /// `items` holds exactly the rest (none reached any lane), the refused one first.
+    fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>>;
 
     /// Publishes `item` to lane `lane` only (its index in [`Stream::sinks`] order), waiting for
     /// room: a reply for one sink, such as a [backfill](crate::Request::Backfill)'s batches.

@@ -242,7 +242,7 @@ fn runs_receive_ack_nack_allocate_nothing_after_build_m2() {
 }
 
 /// M2 for the fan-out producer: publishing an item, or a run of items, to every lane allocates
-/// nothing (each lane gets a clone of the batch's `Arc`).
+/// nothing (each item is moved into its one cell, which every lane reads in place).
 #[test]
 fn fanout_publish_and_publish_run_allocate_nothing_after_build_m2() {
     let stream = MemoryStream::builder().capacity(16).sinks(["search", "cache", "archive"]).build().unwrap();
@@ -256,9 +256,10 @@ fn fanout_publish_and_publish_run_allocate_nothing_after_build_m2() {
     let mut rounds = rounds.into_iter();
     let n = allocations(|| {
         for _ in 0..4 {
-            let (single, run) = rounds.next().unwrap();
+            let (single, mut run) = rounds.next().unwrap();
             fanout.try_publish(single).unwrap();
-            assert_eq!(fanout.try_publish_run(&run), Ok(8));
+            assert_eq!(fanout.try_publish_run(&mut run), Ok(8));
+            assert!(run.is_empty(), "the run's items are moved in, not cloned");
             drop(run); // frees the caller's Vec: count it out below
             for c in consumers.iter_mut() {
                 let r = c.try_recv_run(16).unwrap();
@@ -412,9 +413,9 @@ fn fanout_runs_redeliveries_and_reattach_allocate_nothing_and_the_fanout_drop_fr
         let live_before = snapshot().1;
         let n = allocations(|| {
             for r in 0..40 {
-                let (single, run) = rounds.next().unwrap();
+                let (single, mut run) = rounds.next().unwrap();
                 fanout.try_publish(single).unwrap();
-                assert_eq!(fanout.try_publish_run(&run), Ok(4));
+                assert_eq!(fanout.try_publish_run(&mut run), Ok(4));
                 drop(run);
                 for (l, c) in consumers.iter_mut().enumerate() {
                     match (r + l) % 4 {

@@ -817,20 +817,18 @@ impl LaneFanRun {
     }
 
     fn publish_chunk(&mut self) {
-        let mut done = 0;
-        while done < self.chunk.len() {
+        // The items are moved out of `chunk` as they go; it is empty (its capacity kept) after.
+        while !self.chunk.is_empty() {
             if self.blocking {
-                self.fanout.publish_run(&self.chunk[done..]).unwrap();
-                done = self.chunk.len();
+                self.fanout.publish_run(&mut self.chunk).unwrap();
             } else {
-                match self.fanout.try_publish_run(&self.chunk[done..]) {
-                    Ok(n) => done += n,
+                match self.fanout.try_publish_run(&mut self.chunk) {
+                    Ok(_) => {}
                     Err(TryPublishError::Full(_)) => relax(),
                     Err(e) => panic!("publish failed: {e}"),
                 }
             }
         }
-        self.chunk.clear();
     }
 }
 

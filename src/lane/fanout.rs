@@ -37,7 +37,9 @@ use crate::sync::Arc;
 /// let mut fanout = stream.fanout().unwrap();
 /// let batch = |p| LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()));
 /// fanout.publish(batch(1)).unwrap();
-/// assert_eq!(fanout.publish_run(&[batch(2), batch(3)]), Ok(()));
+/// let mut run = vec![batch(2), batch(3)];
+/// assert_eq!(fanout.publish_run(&mut run), Ok(()));
+/// assert!(run.is_empty()); // moved in; the Vec is kept for the next run
 /// for consumer in &mut consumers {
 ///     let run = consumer.try_recv_run(8).unwrap();
 ///     assert_eq!(run.len(), 3);
@@ -126,14 +128,16 @@ impl Fanout {
 
     /// Publishes the longest prefix of `items` that every lane has room for (and the budget
     /// allows) now, with one publication step for all lanes, and returns its length (>= 1; 0 for
-    /// no items). Never waits. The items are cloned into the one array (a reference count each);
-    /// `items` stays the caller's.
+    /// no items). Never waits. The published items are moved out of the front of `items` into
+    /// the one array (no clone, no allocation): `items` keeps the rest, in order, and its
+    /// capacity, to be refilled for the next run.
     ///
     /// # Errors
     /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
-    /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)` (the payload is the index of
-    /// the item refused, here always 0). A prefix stops before an item that would be refused.
-    pub fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+    /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)` (the payload is how many were
+    /// published, here always 0); `items` is handed back untouched, the refused item first. A
+    /// prefix stops before an item that would be refused.
+    pub fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
         if items.is_empty() {
             return Ok(0);
         }
@@ -141,12 +145,14 @@ impl Fanout {
     }
 
     /// Publishes every item of `items` to every lane, in order, in as few publication steps as
-    /// room and budget allow, waiting (spin, then park) while a lane is full.
+    /// room and budget allow, waiting (spin, then park) while a lane is full. The items are
+    /// moved out of `items` as they go: on `Ok` it is empty (its capacity kept).
     ///
     /// # Errors
-    /// [`PublishError`] whose payload is the index of the first item not published: the items
-    /// before it reached every lane, the rest none.
-    pub fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+    /// [`PublishError`] whose payload is how many items were published (they reached every
+    /// lane); `items` holds exactly the rest, none of which reached any lane, the refused one
+    /// first.
+    pub fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>> {
         self.publisher.publish_run(items)
     }
 

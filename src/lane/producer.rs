@@ -97,17 +97,15 @@ impl<T: Item> Producer<T> {
     }
 
     /// Publishes the longest prefix of `items` that fits now, with one publication step, and
-    /// returns its length (>= 1; 0 for no items). Never waits. The items are cloned in; `items`
-    /// stays the caller's.
+    /// returns its length (>= 1; 0 for no items). Never waits. The published items are moved
+    /// out of the front of `items` (no clone, no allocation): `items` keeps the rest, in order.
     ///
     /// # Errors
     /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
-    /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)`. A prefix stops before an item
-    /// that would be refused.
-    pub fn try_publish_run(&mut self, items: &[T]) -> Result<usize, TryPublishError<usize>>
-    where
-        T: Clone,
-    {
+    /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)` (the payload is how many were
+    /// published); `items` is handed back untouched. A prefix stops before an item that would be
+    /// refused.
+    pub fn try_publish_run(&mut self, items: &mut Vec<T>) -> Result<usize, TryPublishError<usize>> {
         if items.is_empty() {
             return Ok(0);
         }
@@ -115,14 +113,13 @@ impl<T: Item> Producer<T> {
     }
 
     /// Publishes every item of `items`, in order, in as few publication steps as the room
-    /// allows, waiting while the lane is full.
+    /// allows, waiting while the lane is full; the items are moved out of `items` as they go
+    /// (empty on `Ok`).
     ///
     /// # Errors
-    /// [`PublishError`] whose payload is the index of the first item not published.
-    pub fn publish_run(&mut self, items: &[T]) -> Result<(), PublishError<usize>>
-    where
-        T: Clone,
-    {
+    /// [`PublishError`] whose payload is how many items were published; `items` holds exactly
+    /// the rest, the refused one first.
+    pub fn publish_run(&mut self, items: &mut Vec<T>) -> Result<(), PublishError<usize>> {
         self.publisher.publish_run(items)
     }
 

@@ -330,14 +330,23 @@ impl<T> Publisher<T> {
         done
     }
 
-    /// One attempt to publish the longest prefix of `items` that may go now (clones); how many.
-    pub(crate) fn try_step_run(&mut self, items: &[T]) -> Result<usize, Refusal>
+    /// One attempt to publish the longest prefix of `items` that may go now, moving it out of
+    /// the front of `items` into the cells; how many. On refusal `items` is as it was.
+    pub(crate) fn try_step_run(&mut self, items: &mut Vec<T>) -> Result<usize, Refusal>
     where
-        T: Item + Clone,
+        T: Item,
     {
         let mut dropped = Ok(());
         let done = match self.admissible(items, items.len(), &mut dropped) {
-            Ok(n) => self.push(None, items[..n].iter().cloned()).map(|()| n).map_err(|_| Refusal::Closed),
+            Ok(n) => match self.push(None, items.drain(..n)) {
+                Ok(()) => Ok(n),
+                Err(back) => {
+                    // Closed meanwhile: nothing was published; the items go back in front, in
+                    // order (this allocates, once, on the way out of a closed stream only).
+                    items.splice(..0, back);
+                    Err(Refusal::Closed)
+                }
+            },
             Err(refusal) => Err(refusal),
         };
         if let Err(p) = dropped {
@@ -365,16 +374,16 @@ impl<T> Publisher<T> {
         publish_until(&mut Target::Own(self, to), item, deadline)
     }
 
-    /// Publishes every item of `items` in order, in as few steps as room and budget allow,
-    /// waiting while refused with `Full`; `Err` carries the index of the first item not
-    /// published.
-    pub(crate) fn publish_run(&mut self, items: &[T]) -> Result<(), PublishError<usize>>
+    /// Publishes every item of `items` in order, moving them out of it, in as few steps as room
+    /// and budget allow, waiting while refused with `Full`: `items` is empty on `Ok`. `Err`
+    /// carries how many were published; `items` holds exactly the rest, the refused one first.
+    pub(crate) fn publish_run(&mut self, items: &mut Vec<T>) -> Result<(), PublishError<usize>>
     where
-        T: Item + Clone,
+        T: Item,
     {
         let mut done = 0;
-        while done < items.len() {
-            match self.try_step_run(&items[done..]) {
+        while !items.is_empty() {
+            match self.try_step_run(items) {
                 Ok(n) => done += n,
                 Err(Refusal::Full { lane, need }) => {
                     self.wait(lane, need, None);

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::{batch, shared_envelopes, snapshot, stream, tracked, within};
-use lanestream::{Position, PublishError, Stream, TryPublishError, TryRecvError};
+use lanestream::{LaneItem, Position, PublishError, Stream, TryPublishError, TryRecvError};
 
 #[test]
 fn fanout_l2_publishes_each_item_to_every_lane_in_order() {
@@ -18,8 +18,8 @@ fn fanout_l2_publishes_each_item_to_every_lane_in_order() {
     assert_eq!(fanout.lanes(), 3);
     fanout.publish(batch(1)).unwrap();
     fanout.try_publish(snapshot()).unwrap();
-    assert_eq!(fanout.publish_run(&[batch(2), batch(3)]), Ok(()));
-    assert_eq!(fanout.try_publish_run(&[batch(4)]), Ok(1));
+    assert_eq!(fanout.publish_run(&mut vec![batch(2), batch(3)]), Ok(()));
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(4)]), Ok(1));
     for sink in ["a", "b", "c"] {
         let mut consumer = s.attach(sink).unwrap();
         let run = consumer.try_recv_run(8).unwrap();
@@ -45,7 +45,7 @@ fn fanout_l3_an_item_goes_to_every_lane_or_none_full_hands_it_back() {
     assert_eq!(err.into_inner().position(), Some(Position(3)));
     assert_eq!(s.stats("a").unwrap().published, 2);
     // A run publishes the prefix every lane has room for: none here.
-    assert_eq!(fanout.try_publish_run(&[batch(3), batch(4)]), Err(TryPublishError::Full(0)));
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(3), batch(4)]), Err(TryPublishError::Full(0)));
     // The blocking publish waits for lane "b".
     let sb = s.clone();
     let acker = thread::spawn(move || {
@@ -68,8 +68,9 @@ fn fanout_l3_an_item_goes_to_every_lane_or_none_full_hands_it_back() {
 fn fanout_l3_publish_run_fills_what_fits_then_waits() {
     let s = stream(3, &["a", "b"]);
     let mut fanout = s.fanout().unwrap();
-    let items: Vec<_> = (1..=7).map(batch).collect();
-    assert_eq!(fanout.try_publish_run(&items), Ok(3));
+    let mut items: Vec<_> = (1..=7).map(batch).collect();
+    assert_eq!(fanout.try_publish_run(&mut items), Ok(3));
+    assert_eq!(items.iter().map(|i| i.position().unwrap().0).collect::<Vec<_>>(), [4, 5, 6, 7]);
     let consumers: Vec<_> = ["a", "b"]
         .iter()
         .map(|n| {
@@ -85,7 +86,8 @@ fn fanout_l3_publish_run_fills_what_fits_then_waits() {
         })
         .collect();
     let t = thread::spawn(move || {
-        fanout.publish_run(&items[3..]).unwrap();
+        fanout.publish_run(&mut items).unwrap();
+        assert!(items.is_empty());
         fanout.close();
     });
     for c in consumers {
@@ -107,16 +109,20 @@ fn fanout_l4_positions_are_checked_against_every_lane_before_anything_is_written
         TryPublishError::PositionRegressed { position: Position(5), last: Position(5), .. }
     ));
     assert!(matches!(fanout.try_publish(batch(u64::MAX)), Err(TryPublishError::InvalidPosition(_))));
-    // A run stops before the first item that would be refused; the payload is its index.
-    assert_eq!(fanout.try_publish_run(&[batch(6), batch(7), batch(7), batch(8)]), Ok(2));
+    // A run stops before the first item that would be refused, which stays in the caller's
+    // `Vec` with the rest; an error's payload is how many were published.
+    let at = |v: &Vec<LaneItem>| v.iter().map(|i| i.position().unwrap().0).collect::<Vec<_>>();
+    let mut run = vec![batch(6), batch(7), batch(7), batch(8)];
+    assert_eq!(fanout.try_publish_run(&mut run), Ok(2));
+    assert_eq!(at(&run), [7, 8]);
     assert!(matches!(
-        fanout.try_publish_run(&[batch(7)]),
+        fanout.try_publish_run(&mut run),
         Err(TryPublishError::PositionRegressed { item: 0, position: Position(7), last: Position(7) })
     ));
-    assert!(matches!(
-        fanout.publish_run(&[batch(8), batch(3)]),
-        Err(PublishError::PositionRegressed { item: 1, .. })
-    ));
+    assert_eq!(at(&run), [7, 8], "handed back untouched");
+    let mut run = vec![batch(8), batch(3), batch(9)];
+    assert!(matches!(fanout.publish_run(&mut run), Err(PublishError::PositionRegressed { item: 1, .. })));
+    assert_eq!(at(&run), [3, 9], "exactly the items not published");
     for sink in ["a", "b"] {
         assert_eq!(s.stats(sink).unwrap().published, 4, "lane {sink}");
     }
@@ -132,7 +138,7 @@ fn fanout_l10_close_refuses_on_every_lane_and_consumers_drain() {
     assert!(matches!(err, TryPublishError::Closed(_)));
     assert_eq!(err.into_inner().position(), Some(Position(2)));
     assert_eq!(s.stats("a").unwrap().published, 1, "a refused item reached lane a");
-    assert_eq!(fanout.publish_run(&[batch(2)]), Err(PublishError::Closed(0)));
+    assert_eq!(fanout.publish_run(&mut vec![batch(2)]), Err(PublishError::Closed(0)));
     fanout.close();
     for sink in ["a", "b"] {
         let mut c = s.attach(sink).unwrap();
@@ -216,7 +222,7 @@ fn fanout_l3_the_slowest_lane_holds_every_lanes_room() {
     let s = stream(2, &["a", "b"]);
     let mut fanout = s.fanout().unwrap();
     let (mut a, mut b) = (s.attach("a").unwrap(), s.attach("b").unwrap());
-    fanout.publish_run(&[batch(1), batch(2)]).unwrap();
+    fanout.publish_run(&mut vec![batch(1), batch(2)]).unwrap();
     a.try_recv_run(2).unwrap().ack().unwrap();
     // Lane "a" acked both, lane "b" none: no cell is free.
     assert!(matches!(fanout.try_publish(batch(3)), Err(TryPublishError::Full(_))));
@@ -250,7 +256,7 @@ fn fanout_m3_one_copy_for_every_lane_dropped_once_at_the_next_publish_after_ever
     // Acked by every lane, still in its cell until the fan-out's next publish.
     assert_eq!(owners(), 1);
     // The run's originals are temporaries, dropped after the call; the publish dropped item 1.
-    fanout.publish_run(&[tracked(Some(2), &envelopes), tracked(Some(3), &envelopes)]).unwrap();
+    fanout.publish_run(&mut vec![tracked(Some(2), &envelopes), tracked(Some(3), &envelopes)]).unwrap();
     assert_eq!(owners(), 2, "items 2 and 3; item 1 dropped by the publish");
     for c in [&mut a, &mut b] {
         c.try_recv_run(2).unwrap().ack().unwrap();

@@ -542,7 +542,7 @@ fn fanout_l3_one_full_lane_keeps_the_item_from_every_lane_and_hands_it_back() {
     let mut b = s.attach("b").unwrap();
     let mut rb = b.try_recv_run(8).unwrap();
     assert_eq!(rb.ack_through_position(Position(1)), Ok(1));
-    assert_eq!(fanout.try_publish_run(&[batch(4), batch(5)]), Ok(1));
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(4), batch(5)]), Ok(1));
     for sink in ["a", "b", "c"] {
         assert_eq!(s.stats(sink).unwrap().last_published, Some(Position(4)), "lane {sink}");
     }
@@ -607,8 +607,8 @@ fn fanout_l10_a_closed_lane_refuses_for_every_lane_nothing_reaches_the_open_ones
     assert!(matches!(r, Err(TryPublishError::Closed(_))), "{r:?}");
     drop(r);
     assert_eq!(fanout.publish(batch(2)).unwrap_err().into_inner().position(), Some(Position(2)));
-    assert_eq!(fanout.try_publish_run(&[batch(2), batch(3)]), Err(TryPublishError::Closed(0)));
-    assert_eq!(fanout.publish_run(&[batch(2), batch(3)]), Err(PublishError::Closed(0)));
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(2), batch(3)]), Err(TryPublishError::Closed(0)));
+    assert_eq!(fanout.publish_run(&mut vec![batch(2), batch(3)]), Err(PublishError::Closed(0)));
     assert_eq!(Arc::strong_count(&envelopes), 1, "a refused copy was kept");
     for sink in ["a", "b", "c"] {
         assert_eq!(s.stats(sink).unwrap().published, 1, "lane {sink}");
@@ -625,8 +625,8 @@ fn fanout_l8_a_detached_consumer_changes_nothing_for_the_publisher() {
     let mut b = s.attach("b").unwrap();
     let mut got_b = Vec::new();
     for chunk in 0..10u64 {
-        let items: Vec<_> = (1..=3).map(|k| batch(chunk * 3 + k)).collect();
-        assert_eq!(fanout.publish_run(&items), Ok(()));
+        let mut items: Vec<_> = (1..=3).map(|k| batch(chunk * 3 + k)).collect();
+        assert_eq!(fanout.publish_run(&mut items), Ok(()));
         let ra = a.try_recv_run(8).unwrap();
         assert_eq!(ra.len(), 3);
         ra.ack().unwrap();
@@ -658,18 +658,18 @@ fn fanout_l4_a_refused_position_is_refused_on_every_lane_and_a_new_fanout_contin
     let s = stream(8, &["a", "b"]);
     {
         let mut fanout = s.fanout().unwrap();
-        fanout.publish_run(&[batch(1), batch(2)]).unwrap();
+        fanout.publish_run(&mut vec![batch(1), batch(2)]).unwrap();
     }
     s.fanout().unwrap().publish(batch(5)).unwrap();
     let mut fanout = s.fanout().unwrap();
     // 3 is past the first fan-out's last (2) but not the restarted one's (5).
     let r = fanout.try_publish(batch(3));
     assert!(matches!(r, Err(TryPublishError::PositionRegressed { last: Position(5), .. })), "{r:?}");
-    assert_eq!(fanout.try_publish_run(&[batch(4), batch(6)]).unwrap_err().into_inner(), 0);
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(4), batch(6)]).unwrap_err().into_inner(), 0);
     assert_eq!(s.stats("b").unwrap().published, 3);
     assert_eq!(s.stats("a").unwrap().published, 3);
     // A run whose second item regresses publishes the first only.
-    assert_eq!(fanout.try_publish_run(&[batch(6), batch(6)]), Ok(1));
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(6), batch(6)]), Ok(1));
     assert_eq!(
         fanout.try_publish(batch(u64::MAX)).unwrap_err().into_inner().position(),
         Some(Position(u64::MAX))
@@ -822,8 +822,8 @@ fn runs_w1_w3_watermark_under_concurrent_runs_never_passes_any_lanes_acked_prefi
     let mut p = 1;
     while p <= N {
         let k = rng.gen_range(1..=10).min(N - p + 1);
-        let items: Vec<_> = (p..p + k).map(batch).collect();
-        fanout.publish_run(&items).unwrap();
+        let mut items: Vec<_> = (p..p + k).map(batch).collect();
+        fanout.publish_run(&mut items).unwrap();
         p += k;
     }
     fanout.close();
@@ -929,15 +929,19 @@ fn run_ops(ops: &[ROp]) {
     for &op in ops {
         match op {
             ROp::Publish(k) => {
-                let items: Vec<_> = (1..=u64::from(k)).map(|d| batch(last_pos + d)).collect();
+                let mut items: Vec<_> = (1..=u64::from(k)).map(|d| batch(last_pos + d)).collect();
                 let room = (0..LANES).map(|l| room(&model[l], l, &runs, &singles)).min().unwrap();
-                let r = fanout.try_publish_run(&items);
+                let r = fanout.try_publish_run(&mut items);
+                let len = usize::from(k);
                 if model[0].closed {
                     assert_eq!(r, Err(TryPublishError::Closed(0)));
+                    assert_eq!(items.len(), len, "a refused run is handed back whole");
                 } else if room == 0 {
                     assert_eq!(r, Err(TryPublishError::Full(0)));
+                    assert_eq!(items.len(), len, "a refused run is handed back whole");
                 } else {
-                    let n = room.min(items.len());
+                    let n = room.min(len);
+                    assert_eq!(items.len(), len - n, "the rest handed back");
                     assert_eq!(r, Ok(n));
                     for m in &mut model {
                         for d in 1..=n as u64 {
@@ -1215,7 +1219,7 @@ fn fanout_l10_closing_another_lane_wakes_a_publish_run_waiting_for_room() {
     let mut fanout = s.fanout().unwrap();
     let (tx, rx) = mpsc::channel();
     let waiter = thread::spawn(move || {
-        let r = fanout.publish_run(&[batch(1), batch(2)]);
+        let r = fanout.publish_run(&mut vec![batch(1), batch(2)]);
         let _ = tx.send(());
         (fanout, r)
     });
@@ -1427,8 +1431,8 @@ fn fanout_l10_a_close_racing_publish_runs_loses_no_item_reported_as_published() 
                 let mut fanout = s.fanout().unwrap();
                 let mut p = 1u64;
                 loop {
-                    let items: Vec<_> = (p..p + 3).map(batch).collect();
-                    match fanout.try_publish_run(&items) {
+                    let mut items: Vec<_> = (p..p + 3).map(batch).collect();
+                    match fanout.try_publish_run(&mut items) {
                         Ok(n) => p += n as u64,
                         Err(TryPublishError::Closed(0)) => return p - 1,
                         Err(TryPublishError::Full(0)) => return p - 1,

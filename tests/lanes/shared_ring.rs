@@ -534,8 +534,9 @@ fn shared_l4_a_refused_position_writes_no_cell_and_drops_nothing() {
     let huge = LaneItem::Batch(Batch::new(Some(Position(u64::MAX)), Vec::new().into()));
     assert!(matches!(fanout.try_publish(huge), Err(TryPublishError::InvalidPosition(_))));
     assert_eq!(t.not_dropped(1..=2, 0), vec![], "a refused publish reused a cell");
-    let run = [t.item(3), t.item_at(6, 3)];
-    assert_eq!(fanout.try_publish_run(&run), Ok(1));
+    let mut run = vec![t.item(3), t.item_at(6, 3)];
+    assert_eq!(fanout.try_publish_run(&mut run), Ok(1));
+    assert_eq!(run.len(), 1, "the refused item 6 is handed back");
     drop(run);
     // The publish of the run dropped the freed items 1 and 2; the refused item 6 was ours.
     assert_eq!((t.drops(1), t.drops(2), t.drops(3), t.drops(6)), (1, 1, 0, 1));
@@ -804,8 +805,8 @@ fn stress(capacity: usize, n: u64, seed: u64) {
                     continue;
                 }
                 let k = rng.gen_range(1..=6).min(n + 1 - p);
-                let items: Vec<LaneItem> = (p..p + k).map(|q| t.item(q)).collect();
-                fanout.publish_run(&items).unwrap();
+                let mut items: Vec<LaneItem> = (p..p + k).map(|q| t.item(q)).collect();
+                fanout.publish_run(&mut items).unwrap();
                 p += k;
             }
             fanout

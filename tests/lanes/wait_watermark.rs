@@ -13,7 +13,7 @@ use lanestream::{MemoryStream, Position, Stream};
 fn w6_returns_at_once_when_the_watermark_is_already_there() {
     let stream = MemoryStream::builder().sinks(["a", "b"]).build().unwrap();
     let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.attach().unwrap()).collect();
-    stream.fanout().unwrap().publish_run(&[batch(3), batch(5)]).unwrap();
+    stream.fanout().unwrap().publish_run(&mut vec![batch(3), batch(5)]).unwrap();
     for c in &mut consumers {
         c.try_recv_run(8).unwrap().ack().unwrap();
     }
@@ -40,7 +40,7 @@ fn w6_a_blocking_wait_is_woken_by_the_ack_that_moves_the_watermark() {
 fn w6_a_deadline_returns_the_watermark_below_the_target() {
     let stream = MemoryStream::builder().sink("a").build().unwrap();
     let mut consumer = stream.attach("a").unwrap();
-    stream.fanout().unwrap().publish_run(&[batch(1), batch(2)]).unwrap();
+    stream.fanout().unwrap().publish_run(&mut vec![batch(1), batch(2)]).unwrap();
     consumer.try_recv().unwrap().ack().unwrap();
     let got = stream.wait_watermark(Position(2), Some(Instant::now() + Duration::from_millis(20)));
     assert_eq!(got, Some(Position(1)));

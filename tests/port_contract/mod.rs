@@ -1271,27 +1271,36 @@ pub fn w6_wait_watermark_returns_at_the_target_at_the_deadline_or_once_closed_an
 }
 
 /// L3 for runs: `try_publish_run` publishes the leading items every lane has room for now (at
-/// least one, or the refusal of the first with its index, 0), stopping before an item that would
-/// be refused; `publish_run` publishes every item, in order, waiting for room; an error's payload
-/// is the index of the first item not published.
+/// least one, or the refusal of the first carrying 0), stopping before an item that would be
+/// refused, and moves them out of the front of the caller's `Vec`; `publish_run` publishes every
+/// item, in order, waiting for room, and leaves the `Vec` empty; on an error the `Vec` holds
+/// exactly the items not published and the payload is how many were.
 pub fn l3_runs_publish_what_fits_now_or_every_item_waiting_for_room<B: Backend>(b: &B) {
+    let at = |v: &Vec<LaneItem>| v.iter().map(|i| i.position().unwrap().0).collect::<Vec<_>>();
     let s = Arc::new(stream(b, 4, &["a", "b"]));
     let mut f = s.fanout().unwrap();
     let (mut ca, mut cb) = (s.reattach("a").unwrap(), s.reattach("b").unwrap());
-    let items: Vec<LaneItem> = (1..=10).map(batch).collect();
-    assert_eq!(f.try_publish_run(&[]), Ok(0));
-    assert_eq!(f.try_publish_run(&items), Ok(4), "{}: as many as every lane has room for", b.name());
-    assert_eq!(f.try_publish_run(&items[4..]), Err(TryPublishError::Full(0)));
+    let mut items: Vec<LaneItem> = (1..=10).map(batch).collect();
+    assert_eq!(f.try_publish_run(&mut vec![]), Ok(0));
+    assert_eq!(f.try_publish_run(&mut items), Ok(4), "{}: as many as every lane has room for", b.name());
+    assert_eq!(at(&items), (5..=10).collect::<Vec<_>>(), "{}: the published prefix moved out", b.name());
+    assert_eq!(f.try_publish_run(&mut items), Err(TryPublishError::Full(0)));
+    assert_eq!(at(&items), (5..=10).collect::<Vec<_>>(), "{}: a refusal hands every item back", b.name());
     ack_to(&mut ca, 1, 4);
     ack_to(&mut cb, 1, 2);
-    assert_eq!(f.try_publish_run(&items[4..]), Ok(2), "{}: lane b has room for 2", b.name());
+    assert_eq!(f.try_publish_run(&mut items), Ok(2), "{}: lane b has room for 2", b.name());
+    assert_eq!(at(&items), (7..=10).collect::<Vec<_>>());
+    let mut old = vec![batch(1), batch(2)];
     assert!(matches!(
-        f.try_publish_run(&items[..2]),
+        f.try_publish_run(&mut old),
         Err(TryPublishError::PositionRegressed { item: 0, position: Position(1), last: Position(6) })
     ));
+    assert_eq!(at(&old), [1, 2], "{}: a regressed run is handed back whole", b.name());
     ack_to(&mut ca, 5, 6);
     ack_to(&mut cb, 3, 6);
-    assert_eq!(f.try_publish_run(&[batch(7), batch(8), batch(3), batch(9)]), Ok(2), "stops before 3");
+    let mut stops = vec![batch(7), batch(8), batch(3), batch(9)];
+    assert_eq!(f.try_publish_run(&mut stops), Ok(2), "stops before 3");
+    assert_eq!(at(&stops), [3, 9]);
     let sinks: Vec<_> = [ca, cb]
         .into_iter()
         .map(|mut c| {
@@ -1305,14 +1314,17 @@ pub fn l3_runs_publish_what_fits_now_or_every_item_waiting_for_room<B: Backend>(
             })
         })
         .collect();
-    let rest: Vec<LaneItem> = (9..=40).map(batch).collect();
-    f.publish_run(&rest).unwrap();
+    let mut rest: Vec<LaneItem> = (9..=40).map(batch).collect();
+    f.publish_run(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{}: publish_run moves every item in", b.name());
     f.close();
     for (lane, t) in sinks.into_iter().enumerate() {
         let got = within(30, "sinks", move || t.join().unwrap());
         assert_eq!(got, (7..=40).collect::<Vec<_>>(), "{}: lane {lane}", b.name());
     }
-    assert_eq!(f.publish_run(&[batch(41), batch(42)]), Err(PublishError::Closed(0)));
+    let mut late = vec![batch(41), batch(42)];
+    assert_eq!(f.publish_run(&mut late), Err(PublishError::Closed(0)));
+    assert_eq!(at(&late), [41, 42], "{}: a closed stream hands the run back", b.name());
     assert_eq!(s.watermark(), Some(Position(40)));
 }
 

@@ -408,11 +408,17 @@ fn redis_fanout_l2_runs_publish_every_item_once_in_order_across_scripts_and_trim
     let stream = open(&url, &name, 256);
     let mut consumers: Vec<_> = SINKS.iter().map(|s| stream.attach(s).unwrap()).collect();
     let mut fanout = stream.fanout().unwrap();
-    let items: Vec<LaneItem> = (1..=150).map(batch).collect();
-    fanout.publish_run(&items).unwrap();
+    let mut items: Vec<LaneItem> = (1..=150).map(batch).collect();
+    fanout.publish_run(&mut items).unwrap();
+    assert!(items.is_empty(), "every item moved in");
     assert_eq!(log_ids(&mut admin, &name), (1..=150).collect::<Vec<_>>(), "one entry per item");
     let unpositioned = LaneItem::Batch(lanestream::Batch::new(None, Vec::new().into()));
-    assert_eq!(fanout.try_publish_run(&[unpositioned.clone(), batch(151), batch(3), batch(152)]), Ok(2));
+    let mut stops = vec![unpositioned.clone(), batch(151), batch(3), batch(152)];
+    assert_eq!(fanout.try_publish_run(&mut stops), Ok(2));
+    assert_eq!(
+        stops.iter().map(|i| i.position()).collect::<Vec<_>>(),
+        [Some(Position(3)), Some(Position(152))]
+    );
     for (sink, c) in SINKS.iter().zip(&mut consumers) {
         let got = drain_ack(c);
         let expected: Vec<(u64, u32)> = (1..=150).map(|p| (p, 1)).chain([(0, 1), (151, 1)]).collect();
@@ -423,11 +429,13 @@ fn redis_fanout_l2_runs_publish_every_item_once_in_order_across_scripts_and_trim
     // The restarted fan-out knows the last position from the log written by runs.
     drop(fanout);
     let mut fanout = stream.fanout().unwrap();
+    let mut old = vec![batch(151), batch(153)];
     assert!(matches!(
-        fanout.try_publish_run(&[batch(151), batch(153)]),
+        fanout.try_publish_run(&mut old),
         Err(TryPublishError::PositionRegressed { item: 0, .. })
     ));
-    fanout.publish_run(&[batch(153), batch(154)]).unwrap();
+    assert_eq!(old.len(), 2, "a refused run is handed back whole");
+    fanout.publish_run(&mut vec![batch(153), batch(154)]).unwrap();
     for c in &mut consumers {
         assert_eq!(drain_ack(c), firsts(153..=154));
     }

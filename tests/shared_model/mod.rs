@@ -313,7 +313,7 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
             SOp::Publish(_) | SOp::PublishOne | SOp::PublishTo(_) => {
                 let k = if let SOp::Publish(k) = op { usize::from(k) } else { 1 };
                 let to = if let SOp::PublishTo(l) = op { Some(usize::from(l) % lanes_n) } else { None };
-                let items: Vec<LaneItem> =
+                let mut items: Vec<LaneItem> =
                     (0..k as u64).map(|d| t.item_at(next_id + d, last_pos + 1 + d)).collect();
                 let first_id = next_id;
                 next_id += k as u64;
@@ -328,8 +328,8 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                     .unwrap();
                 let f = fanout.as_mut().unwrap();
                 let n = if let SOp::Publish(_) = op {
-                    let r = f.try_publish_run(&items);
-                    if model.iter().any(|m| m.closed) {
+                    let r = f.try_publish_run(&mut items);
+                    let n = if model.iter().any(|m| m.closed) {
                         assert_eq!(r, Err(TryPublishError::Closed(0)));
                         0
                     } else if room == 0 {
@@ -338,7 +338,9 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                     } else {
                         assert_eq!(r, Ok(room.min(k)));
                         room.min(k)
-                    }
+                    };
+                    assert_eq!(items.len(), k - n, "the published prefix moved out, the rest handed back");
+                    n
                 } else {
                     let r = match to {
                         Some(l) => f.try_publish_to(l, items[0].clone()),

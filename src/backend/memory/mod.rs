@@ -427,12 +427,12 @@ impl StreamFanout for Fanout {
     }
 
     #[inline]
-    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
         Fanout::try_publish_run(self, items)
     }
 
     #[inline]
-    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+    fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>> {
         Fanout::publish_run(self, items)
     }
 

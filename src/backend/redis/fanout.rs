@@ -424,20 +424,24 @@ impl RedisFanout {
 
 impl RedisFanout {
     /// One run attempt, never waiting: publishes a leading part of `items` (at most
-    /// [`RUN_MAX`]) and returns its length; on `Full`, the full lane too. One item, or an unsure
-    /// earlier publish to tell apart from this run's items, takes the single publish's path.
+    /// [`RUN_MAX`]), moving it out of the front of `items`, and returns its length; on `Full`,
+    /// the full lane too, and on any error `items` as it was. One item, or an unsure earlier
+    /// publish to tell apart from this run's items, takes the single publish's path.
     fn run_step(
         &mut self,
-        items: &[LaneItem],
+        items: &mut Vec<LaneItem>,
         budget: Budget,
     ) -> Result<usize, (TryPublishError<usize>, usize)> {
-        let Some(head) = items.first() else { return Ok(0) };
-        if self.keys.hashes.is_empty() {
-            return Ok(items.len()); // to no lane: published to every lane there is
+        if items.is_empty() {
+            return Ok(0);
         }
-        let index = |e: TryPublishError<LaneItem>| with_index(e, 0);
+        if self.keys.hashes.is_empty() {
+            let n = items.len();
+            items.clear(); // to no lane: published to every lane there is
+            return Ok(n);
+        }
         if items.len() == 1 || self.progress.unsure.is_some() {
-            return self.step(None, head.clone(), budget).map(|()| 1).map_err(|(e, full)| (index(e), full));
+            return self.head_step(items, budget);
         }
         let mut run: Vec<(Option<Position>, AlignedVec)> = Vec::with_capacity(items.len().min(RUN_MAX));
         for item in items.iter().take(RUN_MAX) {
@@ -448,7 +452,7 @@ impl RedisFanout {
             }
         }
         if run.len() < 2 {
-            return self.step(None, head.clone(), budget).map(|()| 1).map_err(|(e, full)| (index(e), full));
+            return self.head_step(items, budget);
         }
         loop {
             let first = self.progress.published + 1;
@@ -487,11 +491,9 @@ impl RedisFanout {
                     if n == 0 {
                         // The first item's position did not rise after all (the gate's checks
                         // passed it): the single publish refuses it with the last position.
-                        return self
-                            .step(None, head.clone(), budget)
-                            .map(|()| 1)
-                            .map_err(|(e, full)| (index(e), full));
+                        return self.head_step(items, budget);
                     }
+                    items.drain(..n);
                     return Ok(n);
                 }
                 Some(b"landed") if r.len() == 2 => {
@@ -500,6 +502,7 @@ impl RedisFanout {
                         // This call's own first try landed them; its reply was lost.
                         let last = run[..m as usize].iter().filter_map(|(p, _)| *p).next_back();
                         self.progress.landed_run(m, last);
+                        items.drain(..m as usize);
                         return Ok(m as usize);
                     }
                     // Entries nobody here is unsure of: published past this fan-out's count
@@ -536,6 +539,19 @@ impl RedisFanout {
             };
             return Err((refused, 0));
         }
+    }
+}
+
+impl RedisFanout {
+    /// The single publish of the first of `items`, moved out of it; on an error it goes back
+    /// in front.
+    fn head_step(
+        &mut self,
+        items: &mut Vec<LaneItem>,
+        budget: Budget,
+    ) -> Result<usize, (TryPublishError<usize>, usize)> {
+        let head = items.remove(0);
+        self.step(None, head, budget).map(|()| 1).map_err(|(e, full)| (handed_back(e, items), full))
     }
 }
 
@@ -581,25 +597,25 @@ impl StreamFanout for RedisFanout {
 
     /// One script and one round trip for up to 64 items (two or more; one item takes the single
     /// publish's path), one try.
-    fn try_publish_run(&mut self, items: &[LaneItem]) -> Result<usize, TryPublishError<usize>> {
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
         self.run_step(items, Budget::Once).map_err(|(e, _)| e)
     }
 
     /// One script and one round trip per 64 items while every lane has room; waits on the full
     /// lane's bell (the one blocking body of the backend) while one is full.
-    fn publish_run(&mut self, items: &[LaneItem]) -> Result<(), PublishError<usize>> {
+    fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>> {
         let mut done = 0;
         let shared = self.shared.clone();
-        while done < items.len() {
-            let rest = &items[done..];
+        while !items.is_empty() {
             let mut went = 0;
-            let waited = publish_until(&shared, 0usize, None, |_| match self.run_step(rest, Budget::Retry) {
-                Ok(n) => {
-                    went = n;
-                    Ok(())
-                }
-                Err((e, full)) => Err((e, shared.lanes[full].pbell())),
-            });
+            let waited =
+                publish_until(&shared, 0usize, None, |_| match self.run_step(items, Budget::Retry) {
+                    Ok(n) => {
+                        went = n;
+                        Ok(())
+                    }
+                    Err((e, full)) => Err((e, shared.lanes[full].pbell())),
+                });
             match waited {
                 Ok(()) => done += went,
                 Err(e) => return Err(shifted(waitable(e), done)),
@@ -625,20 +641,23 @@ impl StreamFanout for RedisFanout {
     }
 }
 
-/// `e` with the index `i` of the refused item in place of the item (a run's error).
-fn with_index(e: TryPublishError<LaneItem>, i: usize) -> TryPublishError<usize> {
-    match e {
-        TryPublishError::Full(_) => TryPublishError::Full(i),
-        TryPublishError::Closed(_) => TryPublishError::Closed(i),
-        TryPublishError::InvalidPosition(_) => TryPublishError::InvalidPosition(i),
-        TryPublishError::PositionRegressed { position, last, .. } => {
-            TryPublishError::PositionRegressed { item: i, position, last }
+/// A run's error: `e`'s item put back in front of `items`, and 0 (none of this step's items
+/// published) in its place.
+fn handed_back(e: TryPublishError<LaneItem>, items: &mut Vec<LaneItem>) -> TryPublishError<usize> {
+    let (e, item) = match e {
+        TryPublishError::Full(item) => (TryPublishError::Full(0), item),
+        TryPublishError::Closed(item) => (TryPublishError::Closed(0), item),
+        TryPublishError::InvalidPosition(item) => (TryPublishError::InvalidPosition(0), item),
+        TryPublishError::PositionRegressed { item, position, last } => {
+            (TryPublishError::PositionRegressed { item: 0, position, last }, item)
         }
-        TryPublishError::Backend { error, .. } => TryPublishError::Backend { item: i, error },
-    }
+        TryPublishError::Backend { item, error } => (TryPublishError::Backend { item: 0, error }, item),
+    };
+    items.insert(0, item);
+    e
 }
 
-/// A run's error `e` about the rest of the run, about the whole run: its index moved up by
+/// A run's error `e` about the rest of the run, about the whole run: its count moved up by
 /// `done`, the items published before the rest.
 fn shifted(e: PublishError<usize>, done: usize) -> PublishError<usize> {
     match e {
