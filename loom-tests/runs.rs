@@ -262,7 +262,7 @@ fn l2_a_half_released_run_is_not_overtaken_by_a_queued_item() {
 /// lane, while each lane's consumer receives a run on its own thread.
 ///
 /// Capacity 2, two lanes: `publish_run(&mut vec![1, 2])` writes items 1 and 2 into each lane and
-/// publishes both with one `tail` compare-and-swap per lane; lane "a" is consumed on the main
+/// publishes both with one compare-and-swap of the cells' one cursor (for every lane); lane "a" is consumed on the main
 /// thread, lane "b" on another, each with blocking `recv_run(2)` and one ack per run. Checked:
 /// - each consumer reads every item of a run as written (the lane's one Release
 ///   compare-and-swap covers both slots; loom checks the slot cells), and the producer's write
