@@ -987,16 +987,7 @@ fn run_ops(ops: &[ROp]) {
                 let held = &mut runs[h];
                 let n = 1 + usize::from(k) % held.items.len();
                 let seq = held.run.sequences().start + n as u64 - 1;
-                let m = &mut model[held.lane];
-                let mut any_refused = false;
-                for _ in 0..n {
-                    let (i, g) = held.items.pop_front().unwrap();
-                    if m.ack(i, g) {
-                        assert!(landed[held.lane].insert(m.items[i].position), "acked twice");
-                    } else {
-                        any_refused = true;
-                    }
-                }
+                let any_refused = model[held.lane].ack_all(held.items.drain(..n), &mut landed[held.lane]);
                 let r = held.run.ack_through(seq);
                 assert_eq!(r.is_err(), any_refused, "{r:?}");
                 if held.items.is_empty() {
@@ -1005,15 +996,8 @@ fn run_ops(ops: &[ROp]) {
             }
             ROp::AckRun(h) if !runs.is_empty() => {
                 let held = runs.swap_remove(usize::from(h) % runs.len());
-                let m = &mut model[held.lane];
-                let mut any_refused = false;
-                for &(i, g) in &held.items {
-                    if m.ack(i, g) {
-                        assert!(landed[held.lane].insert(m.items[i].position), "acked twice");
-                    } else {
-                        any_refused = true;
-                    }
-                }
+                let any_refused =
+                    model[held.lane].ack_all(held.items.iter().copied(), &mut landed[held.lane]);
                 assert_eq!(held.run.ack().is_err(), any_refused);
             }
             ROp::NackRun(h) if !runs.is_empty() => {

@@ -204,6 +204,25 @@ impl MLane {
         landed
     }
 
+    /// Acks every `(sequence, generation)` of a run in the model, recording each landed item's
+    /// position in `landed` (an item landing twice fails the test); whether any was refused (a
+    /// stale generation: the engine must refuse the run's ack too).
+    pub fn ack_all(
+        &mut self,
+        items: impl IntoIterator<Item = (usize, u32)>,
+        landed: &mut std::collections::BTreeSet<u64>,
+    ) -> bool {
+        let mut any_refused = false;
+        for (i, g) in items {
+            if self.ack(i, g) {
+                assert!(landed.insert(self.items[i].position), "acked twice");
+            } else {
+                any_refused = true;
+            }
+        }
+        any_refused
+    }
+
     pub fn release(&mut self, i: usize, g: u32) {
         if self.items[i].state == MState::Delivered(g) {
             self.items[i].state = MState::Released;
@@ -421,16 +440,7 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                 let held = &mut runs[h];
                 let n = 1 + usize::from(k) % held.items.len();
                 let seq = held.run.sequences().start + n as u64 - 1;
-                let m = &mut model[held.lane];
-                let mut any_refused = false;
-                for _ in 0..n {
-                    let (i, g) = held.items.pop_front().unwrap();
-                    if m.ack(i, g) {
-                        assert!(landed[held.lane].insert(m.items[i].position), "acked twice");
-                    } else {
-                        any_refused = true;
-                    }
-                }
+                let any_refused = model[held.lane].ack_all(held.items.drain(..n), &mut landed[held.lane]);
                 let r = held.run.ack_through(seq);
                 if any_refused {
                     assert_eq!(r, Err(AckError::Detached));
@@ -444,15 +454,8 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
             }
             SOp::AckRun(h) if !runs.is_empty() => {
                 let held = runs.swap_remove(usize::from(h) % runs.len());
-                let m = &mut model[held.lane];
-                let mut any_refused = false;
-                for &(i, g) in &held.items {
-                    if m.ack(i, g) {
-                        assert!(landed[held.lane].insert(m.items[i].position), "acked twice");
-                    } else {
-                        any_refused = true;
-                    }
-                }
+                let any_refused =
+                    model[held.lane].ack_all(held.items.iter().copied(), &mut landed[held.lane]);
                 assert_eq!(held.run.ack().is_err(), any_refused);
             }
             SOp::NackRun(h) if !runs.is_empty() => {
