@@ -1,8 +1,9 @@
-//! Quickstart: the README's usage snippet as a program.
+//! Quickstart: the per-item API (the README's usage shows the fast path, runs) as a program.
 //!
 //! Builds a [`MemoryStream`] with three sinks, runs each sink engine on its own thread (receive,
-//! apply, ack), and plays the ingest engine on the main thread: it builds each transaction into
-//! one [`Batch`] and publishes clones of it (a reference count, not a copy) to every lane. After
+//! apply, ack, one item at a time), and plays the ingest engine on the main thread: it builds
+//! each transaction into one [`Batch`] and publishes it with the stream's fan-out, which writes
+//! it once for every lane to read in place. After
 //! closing the lanes and joining the sinks it checks that every sink saw every transaction, that
 //! the watermark is the last transaction's position and that the stream is idle; if not, it exits
 //! non-zero.

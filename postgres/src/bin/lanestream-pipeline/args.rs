@@ -166,7 +166,7 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) quiet: bool,
     /// Run over the Redis backend at this URL (`redis://host:port`, `redis+unix:///path`), as
-    /// separate processes: one `--role` per process (see `redis.rs`).
+    /// separate processes: one `--role` per process (ingest, sink with `--lane`, delete).
     #[arg(long, value_name = "URL", requires = "role")]
     pub(crate) backend: Option<String>,
     /// With --backend: what this process does: `ingest`, `sink` (with --lane), or `delete`.
