@@ -147,4 +147,5 @@ grep -q 'published by an earlier run' "$work/ingest.log" || fail "the restarted 
 grep -qE '^ingest: [0-9]+ transactions read, [1-9][0-9]* batches published once to each of [0-9]+ lanes \([1-9][0-9]* published by an earlier run\)' \
     "$work/ingest.log" || fail "the ingest was not killed in the middle of publishing"
 echo "PASS: e2e over Redis: 3 sink processes and the ingest process, Redis restarted (with persistence) mid-run, the archive sink (pid $victim then $restarted) and the ingest (pid $first_ingest then $ingest) SIGKILLed mid-run and restarted, a second cache sink engine started beside the first (the first stopped, fenced): lost 0, final watermark = last commit LSN, every output exactly once ($(( $(date +%s) - start )) s)"
+cleanup  # stop the server before its pid file goes with the work directory
 rm -rf "$work"
