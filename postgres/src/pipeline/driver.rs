@@ -100,7 +100,7 @@ pub struct SinkReport {
     pub acks_refused: u64,
     /// The sink's checkpoint at the end.
     pub checkpoint: Option<Position>,
-    /// Backfill requests its instances re-sent at start ([`Sink::resume`]).
+    /// Backfill requests its engine re-sent at start ([`Sink::resume`]; once per engine start).
     pub resumed_backfills: u64,
     /// Changes of the batches acked (their [`Batch::changes`](lanestream::Batch::changes); a
     /// redelivered batch counts each time).
@@ -592,6 +592,7 @@ where
     let mut report = SinkReport { sink: lane.to_owned(), ..SinkReport::default() };
     let mut latency = CommitLatency::new();
     let mut failures = 0u32;
+    let mut resumed = false;
     let give_up = |failures: u32, error: BoxError| {
         // Nobody drains this lane now: closing it wakes a publish waiting for its room (L10).
         let _ = stream.close(lane);
@@ -615,12 +616,18 @@ where
             }
             thread::sleep(config.retry.backoff(failures));
         };
-        if let Some(request) = sink.resume() {
-            stream
-                .request_sender()
-                .publish(request)
-                .map_err(|e| give_up(failures, format!("re-sending its backfill: {e}").into()))?;
-            report.resumed_backfills += 1;
+        // Only the engine's first instance re-asks: after a failed run the backfill it would
+        // repeat is still pending on this stream (its request unacked until `SnapshotComplete`
+        // is published, R2), and asking again would have it served twice.
+        if !resumed {
+            resumed = true;
+            if let Some(request) = sink.resume() {
+                stream
+                    .request_sender()
+                    .publish(request)
+                    .map_err(|e| give_up(failures, format!("re-sending its backfill: {e}").into()))?;
+                report.resumed_backfills += 1;
+            }
         }
         let mut run = Vec::with_capacity(config.max_run);
         let mut items = Vec::with_capacity(config.max_run);

@@ -43,8 +43,9 @@ pub trait Sink: Send {
     fn checkpoint(&self) -> Option<Position>;
 
     /// A backfill this sink wants (again) when its engine starts, such as one a crash
-    /// interrupted; the engine publishes it on the request lane once per opened instance.
-    /// Default: none.
+    /// interrupted; the engine publishes it on the request lane once, for the first instance it
+    /// opens (an instance reopened after a failed run does not ask again: the request is still
+    /// pending on the same stream). Default: none.
     fn resume(&self) -> Option<Request> {
         None
     }
