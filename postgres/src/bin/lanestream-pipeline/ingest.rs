@@ -34,6 +34,9 @@ pub(crate) fn open_input(path: &Path, preload: bool) -> Result<Box<dyn BufRead +
 // ---------------------------------------------------------------------------------------------
 // Shared counters, read by the progress bar.
 
+/// What the ingest thread has done so far. Statistics only: written by the ingest thread and
+/// read by the progress bar and the summary with Relaxed (the summary reads them after joining
+/// the ingest thread, which orders them).
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) transactions: AtomicU64,
@@ -46,7 +49,6 @@ pub(crate) struct Counters {
     /// (bad lines included).
     pub(crate) transactions_discarded: AtomicU64,
     pub(crate) changes_discarded: AtomicU64,
-    pub(crate) ingest_done: AtomicBool,
 }
 
 /// What the ingest thread did.
@@ -86,7 +88,7 @@ pub(crate) fn apply_to_state(state: &mut State, batch: &Batch) {
 
 pub(crate) struct Ingest {
     pub(crate) stream: MemoryStream,
-    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) stop: lanestream_postgres::pipeline::StopHandle,
     pub(crate) bad_shown: u32,
     /// Envelopes of the chunks published of the transaction being published.
     pub(crate) chunk_envelopes: u32,
@@ -191,7 +193,6 @@ impl Ingest {
         }
         // Close every lane: the sinks drain what is queued, then see the end.
         self.fanout.close();
-        counters.ingest_done.store(true, Ordering::Release);
         self.report
     }
 
@@ -242,7 +243,7 @@ impl Ingest {
         let end = args.end_lsn.as_deref().map(Position::from_lsn).transpose()?;
         let wait = Duration::from_millis(args.poll_interval_ms.max(1));
         source.start()?;
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.is_stopped() {
             source.confirm(self.stream.watermark())?;
             match source.next(&mut decoder, wait)? {
                 Some(batch) => self.handle(Ok(batch), args, counters, Some(&mut *source))?,

@@ -65,7 +65,7 @@ mod prelude {
     pub(crate) use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
     pub(crate) use std::path::{Path, PathBuf};
     pub(crate) use std::process::ExitCode;
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
     pub(crate) use std::sync::Arc;
     pub(crate) use std::thread;
     pub(crate) use std::time::{Duration, Instant};

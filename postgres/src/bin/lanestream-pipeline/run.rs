@@ -59,9 +59,9 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         }
         None => Input::File(open_input(&args.input, args.preload)?),
     };
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = lanestream_postgres::pipeline::StopHandle::new();
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(signal, stop.clone())?;
+        signal_hook::flag::register(signal, stop.flag())?;
     }
     if !args.discard {
         std::fs::create_dir_all(&args.out)
