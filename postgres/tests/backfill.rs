@@ -325,7 +325,7 @@ fn a_backfill_of_200k_rows_under_concurrent_writers_equals_the_table_long() {
 
 #[test]
 #[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
-fn an_interrupted_backfill_resumes_after_the_last_applied_row_re_reading_at_most_one_chunk() {
+fn r2_an_interrupted_backfill_resumes_after_the_last_applied_row_re_reading_at_most_one_chunk() {
     let _server = serial();
     let slot = "t_backfill_resume";
     drop_slot(slot);
@@ -446,7 +446,7 @@ fn tables_without_a_primary_key_unknown_indexes_and_bad_ids_are_refused_by_name(
 
 #[test]
 #[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
-fn two_indexes_are_served_in_order_and_after_resumes_the_first_on_a_composite_text_key() {
+fn r2_two_indexes_are_served_in_order_and_after_resumes_the_first_on_a_composite_text_key() {
     let _server = serial();
     let slot = "t_backfill_two";
     drop_slot(slot);
@@ -502,7 +502,7 @@ fn two_indexes_are_served_in_order_and_after_resumes_the_first_on_a_composite_te
     sql().batch_execute("DROP TABLE bf_items, bf_sentinel, bf_other").expect("drop");
 }
 
-/// The child process of [`the_pipeline_killed_twice_during_a_backfill_resumes_after_the_last_applied_chunk`]
+/// The child process of [`r2_the_pipeline_killed_twice_during_a_backfill_resumes_after_the_last_applied_chunk`]
 /// (which starts it with `LANESTREAM_PIPELINE_CHILD_DIR` set; without it this does nothing).
 const CHILD_DIR: &str = "LANESTREAM_PIPELINE_CHILD_DIR";
 const CHILD_SLOT: &str = "t_backfill_pipeline";
@@ -643,7 +643,7 @@ fn replay(dir: &std::path::Path) -> (BTreeMap<i64, Value>, Vec<String>, u64) {
 /// equals the table row by row.
 #[test]
 #[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
-fn the_pipeline_killed_twice_during_a_backfill_resumes_after_the_last_applied_chunk() {
+fn r2_the_pipeline_killed_twice_during_a_backfill_resumes_after_the_last_applied_chunk() {
     use lanestream_postgres::ndjson::{Checkpoint, DurableNdjson};
 
     let _server = serial();

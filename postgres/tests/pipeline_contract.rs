@@ -56,6 +56,8 @@ struct FakeSource {
     endless: bool,
     snapshots: VecDeque<SourceItem>,
     snapshot_batches: usize,
+    /// Backfill requests the driver handed to `backfill`.
+    backfills_asked: u32,
     confirms: Vec<Position>,
     /// Set when `next` hands out a `SnapshotComplete` (before the driver publishes it).
     complete_handed_out: Arc<AtomicBool>,
@@ -70,6 +72,7 @@ impl FakeSource {
             endless: false,
             snapshots: VecDeque::new(),
             snapshot_batches: 0,
+            backfills_asked: 0,
             confirms: Vec::new(),
             complete_handed_out: Arc::new(AtomicBool::new(false)),
         }
@@ -113,6 +116,7 @@ impl Source for FakeSource {
 
     fn backfill(&mut self, request: Request) -> Result<(), io::Error> {
         let Request::Backfill { sink, indexes, .. } = request else { panic!("unknown request") };
+        self.backfills_asked += 1;
         for _ in 0..self.snapshot_batches {
             self.snapshots.push_back(SourceItem::Snapshot { sink: sink.clone(), item: snapshot_batch(3) });
         }
@@ -441,4 +445,33 @@ fn each_sink_reports_its_commit_to_ack_latency_and_changes_acked() {
             "{l:?}"
         );
     }
+}
+
+#[test]
+fn r2_a_sink_engine_reopened_after_a_failed_run_does_not_ask_its_backfill_again() {
+    // The first instance re-asks its recorded backfill (Sink::resume); its first run fails and
+    // the engine opens a second instance, whose request is the one still pending: asking again
+    // would have the backfill served twice.
+    let stream = stream(64);
+    let shared = shared_sinks();
+    let search = SinkName::new("search").unwrap();
+    shared[0].lock().unwrap().resume =
+        Some(Request::backfill(search, vec![IndexName::new("public_t").unwrap()]));
+    shared[0].lock().unwrap().fail_times = 1;
+    let mut source = FakeSource::new(&stream, 0);
+    source.endless = true;
+    source.snapshot_batches = 1;
+    let pipeline = pipeline(&stream, &shared, None);
+    let stop: StopHandle = pipeline.stop_handle();
+    let stopper = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        stop.stop();
+    });
+    let report = pipeline.run(&mut source).unwrap();
+    stopper.join().unwrap();
+    assert!(shared[0].lock().unwrap().opened >= 2, "the failed run opened a second instance");
+    assert_eq!(source.backfills_asked, 1, "the backfill was asked once");
+    let search = report.sinks.iter().find(|s| s.sink == "search").unwrap();
+    assert_eq!(search.resumed_backfills, 1);
+    assert_eq!(report.backfills_served, 1);
 }

@@ -652,7 +652,7 @@ mod tests {
 
     /// A request of format version 1 (`LSR1`, no `after`) is refused, never misread.
     #[test]
-    fn version_1_requests_are_refused() {
+    fn i3_version_1_requests_are_refused_never_misread() {
         #[derive(rkyv::Archive, rkyv::Serialize)]
         enum V1Request {
             Backfill { sink: String, indexes: Vec<String> },
