@@ -22,7 +22,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/lanestream-e2e-redis.XXXXXX")
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    if [ -f "$work/redis.pid" ]; then kill "$(cat "$work/redis.pid")" 2>/dev/null || true; fi
+    if [ -f "$work/redis.pid" ]; then
+        local pid
+        pid=$(cat "$work/redis.pid")
+        kill "$pid" 2>/dev/null || true
+        # Wait until it has exited: it may still write into the work directory while it stops.
+        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -148,4 +154,4 @@ grep -qE '^ingest: [0-9]+ transactions read, [1-9][0-9]* batches published once 
     "$work/ingest.log" || fail "the ingest was not killed in the middle of publishing"
 echo "PASS: e2e over Redis: 3 sink processes and the ingest process, Redis restarted (with persistence) mid-run, the archive sink (pid $victim then $restarted) and the ingest (pid $first_ingest then $ingest) SIGKILLed mid-run and restarted, a second cache sink engine started beside the first (the first stopped, fenced): lost 0, final watermark = last commit LSN, every output exactly once ($(( $(date +%s) - start )) s)"
 cleanup  # stop the server before its pid file goes with the work directory
-rm -rf "$work"
+rm -rf "$work" || true
