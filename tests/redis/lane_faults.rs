@@ -308,20 +308,25 @@ fn consumers_stealing_the_lane_from_one_another_ack_every_entry_exactly_once() {
 
 #[test]
 fn a_producer_reclaimed_while_the_old_one_publishes_lands_nothing_after_the_claim() {
+    // The old producer stops on its own after this many items, well inside the capacity: nothing
+    // acks here, so a producer that filled the lane before the claim would wait for room forever
+    // (a CI run hung exactly so, its publishes outrunning a descheduled main thread).
+    const CAPACITY: usize = 1024;
+    const BOUND: u64 = 1000;
     let url = server!();
     let (name, _cleanup, mut admin) = setup(&url);
-    let s = open(&url, &name, 1024);
+    let s = open(&url, &name, CAPACITY);
     let mut old = s.fanout().unwrap();
     old.publish(batch(1)).unwrap();
     let s_old = s.clone();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop2 = stop.clone();
-    // The old producer publishes as fast as it can until it is fenced.
+    let claimed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let claimed2 = claimed.clone();
+    // The old producer publishes as fast as it can until it is fenced (or reaches the bound).
     let t = std::thread::spawn(move || {
         let _s = s_old;
         let mut k = 2u64;
         let mut landed = vec![1u64];
-        loop {
+        while k <= BOUND {
             match old.publish(batch(k)) {
                 Ok(()) => {
                     landed.push(k);
@@ -330,11 +335,12 @@ fn a_producer_reclaimed_while_the_old_one_publishes_lands_nothing_after_the_clai
                 Err(PublishError::Backend { error: BackendError::Fenced, .. }) => break,
                 Err(e) => panic!("old producer: {e:?}"),
             }
-            if stop2.load(Ordering::Relaxed) {
-                break;
-            }
         }
-        // Fenced: it keeps trying (a zombie) and must land nothing.
+        // Fenced, or the claim is under way: once it is taken the old producer keeps trying (a
+        // zombie) and must land nothing.
+        while !claimed2.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         for _ in 0..20 {
             assert!(matches!(
                 old.publish(batch(k)),
@@ -345,10 +351,11 @@ fn a_producer_reclaimed_while_the_old_one_publishes_lands_nothing_after_the_clai
     });
     std::thread::sleep(Duration::from_millis(30));
     free_producer_claim(&mut admin, &name);
-    let s2 = open(&url, &name, 1024);
+    let s2 = open(&url, &name, CAPACITY);
     let mut new = s2.fanout().expect("the claim was freed");
+    // Release: the zombie's publishes after this flag must meet the claim just taken.
+    claimed.store(true, Ordering::Release);
     let landed = t.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
     let last = *landed.last().unwrap();
     let st = s2.stats("search").unwrap();
     assert_eq!(st.published, last, "every publish the old producer saw succeed, and no other");
