@@ -169,6 +169,11 @@ struct Publish<'a> {
     proven: bool,
 }
 
+/// What Redis says when it refuses an `XADD` id that is not above the stream's last one (`ERR The
+/// ID specified in XADD is equal or smaller than the target stream top item`, or `... must be
+/// greater than 0-0`): the fence of a publish ([`RedisFanout::append`]).
+const XADD_ID_REFUSED: &str = "The ID specified in XADD";
+
 impl RedisFanout {
     /// Closes every lane ([L10](crate::contract#l10)), reporting a backend failure
     /// ([`close`](StreamFanout::close) cannot); retried within the retry budget.
@@ -375,16 +380,25 @@ impl RedisFanout {
             pipe.cmd("HMGET").arg(h).arg("w").arg("ep");
         }
         let replies: Vec<Value> = pipe.query(c)?;
-        if let Some(Value::ServerError(e)) = replies.first() {
-            // A transient refusal (`LOADING` after a restart...) did not run the `XADD`: retried
-            // as one, not taken for the log refusing the entry's id.
-            let e: ::redis::RedisError = e.clone().into();
-            if super::conn::is_transient(&e) {
-                return Err(e);
+        match replies.first() {
+            Some(Value::BulkString(_)) => {}
+            // NOMKSTREAM: the log is gone (the stream was deleted).
+            Some(Value::Nil) => return Ok(false),
+            // The fence: Redis refuses an id that is not above the log's last one.
+            Some(Value::ServerError(e)) if e.details().is_some_and(|d| d.contains(XADD_ID_REFUSED)) => {
+                return Ok(false);
             }
-        }
-        if !matches!(replies.first(), Some(Value::BulkString(_))) {
-            return Ok(false);
+            // Anything else did not run the `XADD` and is no verdict on the entry's id: a
+            // transient state (`LOADING` after a restart...) is retried as such, the rest is the
+            // caller's error.
+            Some(Value::ServerError(e)) => return Err(e.clone().into()),
+            other => {
+                return Err(::redis::RedisError::from((
+                    ::redis::ErrorKind::UnexpectedReturnType,
+                    "XADD answered neither an id nor a refusal",
+                    format!("{other:?}"),
+                )));
+            }
         }
         self.ring(c, &replies[1..])?;
         Ok(true)
