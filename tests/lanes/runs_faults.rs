@@ -6,9 +6,8 @@
 //! concurrent runs. Each test is named after the rule it attacks.
 
 use crate::common;
-use crate::shared_model::{MItem, MLane, MState};
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -18,10 +17,9 @@ use common::{
     batch, pos, publish_range, run_positions, shared_envelopes, snapshot, stream, tracked, within, Tick,
 };
 use lanestream::{
-    AckError, Delivery, Item, Lane, LaneItem, Position, PublishError, PublishTimeoutError, Run, SinkName,
-    Stream, StreamError, TryPublishError, TryRecvError, MAX_RUN,
+    AckError, Item, Lane, LaneItem, Position, PublishError, PublishTimeoutError, Run, SinkName, Stream,
+    StreamError, TryPublishError, TryRecvError, MAX_RUN,
 };
-use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 
 // ----- cumulative acks at the edges ---------------------------------------------------------------
@@ -843,251 +841,8 @@ fn runs_w1_w3_watermark_under_concurrent_runs_never_passes_any_lanes_acked_prefi
     assert!(s.is_idle());
 }
 
-// ----- random op sequences against a model --------------------------------------------------------
-
-#[derive(Clone, Copy, Debug)]
-enum ROp {
-    Publish(u8),
-    RecvRun(u8, u8),
-    Recv(u8),
-    AckThrough(u8, u8),
-    AckRun(u8),
-    NackRun(u8),
-    AckSingle(u8),
-    NackSingle(u8),
-    Reattach(u8),
-    Close,
-}
-
-fn rop() -> impl Strategy<Value = ROp> {
-    prop_oneof![
-        3 => (1u8..6).prop_map(ROp::Publish),
-        3 => (any::<u8>(), 1u8..10).prop_map(|(l, m)| ROp::RecvRun(l, m)),
-        1 => any::<u8>().prop_map(ROp::Recv),
-        2 => (any::<u8>(), any::<u8>()).prop_map(|(h, k)| ROp::AckThrough(h, k)),
-        2 => any::<u8>().prop_map(ROp::AckRun),
-        1 => any::<u8>().prop_map(ROp::NackRun),
-        1 => any::<u8>().prop_map(ROp::AckSingle),
-        1 => any::<u8>().prop_map(ROp::NackSingle),
-        1 => any::<u8>().prop_map(ROp::Reattach),
-        1 => Just(ROp::Close),
-    ]
-}
-
-struct HeldRun {
-    lane: usize,
-    run: Run<LaneItem>,
-    /// The model's (item, generation) of each outstanding item, front first.
-    items: VecDeque<(usize, u32)>,
-}
-
-/// How many more items the model lane takes: its capacity (3) minus the items not reclaimed
-/// (reclaimed: the acked prefix that no live handle, current or stale, reads).
-fn room(m: &MLane, lane: usize, runs: &[HeldRun], singles: &[HeldOne]) -> usize {
-    let holders = |i: usize| {
-        runs.iter().filter(|r| r.lane == lane && r.items.iter().any(|&(j, _)| j == i)).count()
-            + singles.iter().filter(|d| d.lane == lane && d.item.0 == i).count()
-    };
-    let free = m
-        .items
-        .iter()
-        .enumerate()
-        .take_while(|&(i, it)| it.state == MState::Acked && holders(i) == 0)
-        .count();
-    3 - (m.items.len() - free)
-}
-
-struct HeldOne {
-    lane: usize,
-    d: Delivery<LaneItem>,
-    item: (usize, u32),
-}
-
-/// Random sequences of fan-out publishes, runs, single receives, cumulative acks, nacks, drops,
-/// re-attaches and a close over two lanes of capacity 3, each step checked against a naive model:
-/// what is delivered (item, attempt, run length), which acks land, the watermark (W1, W3), the
-/// lanes' acked positions, idleness; at the end every item was acked exactly once.
-fn run_ops(ops: &[ROp]) {
-    const LANES: usize = 2;
-    let s = stream(3, &["a", "b"]);
-    let lanes: Vec<_> = s.lanes().collect();
-    let mut consumers: Vec<_> = lanes.iter().map(|l| l.attach().unwrap()).collect();
-    let mut fanout = s.fanout().unwrap();
-    let mut model: Vec<MLane> = (0..LANES).map(|_| MLane::default()).collect();
-    let mut runs: Vec<HeldRun> = Vec::new();
-    let mut singles: Vec<HeldOne> = Vec::new();
-    let mut last_pos = 0u64;
-    let mut landed = vec![BTreeSet::new(); LANES];
-    let mut last_watermark = None;
-    let check_run = |m: &MLane, run: &Run<LaneItem>, items: &[(usize, u32)], attempt: u32| {
-        assert_eq!(run.len(), items.len());
-        assert_eq!(run.attempt(), attempt);
-        let got: Vec<u64> = run_positions(run);
-        let want: Vec<u64> = items.iter().map(|&(i, _)| m.items[i].position).collect();
-        assert_eq!(got, want);
-    };
-    for &op in ops {
-        match op {
-            ROp::Publish(k) => {
-                let mut items: Vec<_> = (1..=u64::from(k)).map(|d| batch(last_pos + d)).collect();
-                let room = (0..LANES).map(|l| room(&model[l], l, &runs, &singles)).min().unwrap();
-                let r = fanout.try_publish_run(&mut items);
-                let len = usize::from(k);
-                if model[0].closed {
-                    assert_eq!(r, Err(TryPublishError::Closed(0)));
-                    assert_eq!(items.len(), len, "a refused run is handed back whole");
-                } else if room == 0 {
-                    assert_eq!(r, Err(TryPublishError::Full(0)));
-                    assert_eq!(items.len(), len, "a refused run is handed back whole");
-                } else {
-                    let n = room.min(len);
-                    assert_eq!(items.len(), len - n, "the rest handed back");
-                    assert_eq!(r, Ok(n));
-                    for m in &mut model {
-                        for d in 1..=n as u64 {
-                            m.items.push(MItem {
-                                position: last_pos + d,
-                                state: MState::Queued,
-                                attempts: 0,
-                            });
-                        }
-                    }
-                    last_pos += n as u64;
-                }
-            }
-            ROp::RecvRun(l, max) => {
-                let l = usize::from(l) % LANES;
-                let r = consumers[l].try_recv_run(usize::from(max));
-                match model[l].take_run(usize::from(max)) {
-                    Some((items, attempt)) => {
-                        let run = r.expect("the model delivers a run");
-                        check_run(&model[l], &run, &items, attempt);
-                        runs.push(HeldRun { lane: l, run, items: items.into() });
-                    }
-                    None => {
-                        let want = if model[l].closed { TryRecvError::Closed } else { TryRecvError::Empty };
-                        assert_eq!(r.map(|r| run_positions(&r)).unwrap_err(), want);
-                    }
-                }
-            }
-            ROp::Recv(l) => {
-                let l = usize::from(l) % LANES;
-                let r = consumers[l].try_recv();
-                match model[l].take_run(1) {
-                    Some((items, attempt)) => {
-                        let d = r.expect("the model delivers an item");
-                        assert_eq!((pos(&d), d.attempt()), (model[l].items[items[0].0].position, attempt));
-                        singles.push(HeldOne { lane: l, d, item: items[0] });
-                    }
-                    None => assert!(r.is_err()),
-                }
-            }
-            ROp::AckThrough(h, k) if !runs.is_empty() => {
-                let h = usize::from(h) % runs.len();
-                let held = &mut runs[h];
-                let n = 1 + usize::from(k) % held.items.len();
-                let seq = held.run.sequences().start + n as u64 - 1;
-                let any_refused = model[held.lane].ack_all(held.items.drain(..n), &mut landed[held.lane]);
-                let r = held.run.ack_through(seq);
-                assert_eq!(r.is_err(), any_refused, "{r:?}");
-                if held.items.is_empty() {
-                    runs.swap_remove(h);
-                }
-            }
-            ROp::AckRun(h) if !runs.is_empty() => {
-                let held = runs.swap_remove(usize::from(h) % runs.len());
-                let any_refused =
-                    model[held.lane].ack_all(held.items.iter().copied(), &mut landed[held.lane]);
-                assert_eq!(held.run.ack().is_err(), any_refused);
-            }
-            ROp::NackRun(h) if !runs.is_empty() => {
-                let held = runs.swap_remove(usize::from(h) % runs.len());
-                for &(i, g) in &held.items {
-                    model[held.lane].release(i, g);
-                }
-                held.run.nack();
-            }
-            ROp::AckSingle(h) if !singles.is_empty() => {
-                let held = singles.swap_remove(usize::from(h) % singles.len());
-                let m = &mut model[held.lane];
-                let ok = m.ack(held.item.0, held.item.1);
-                if ok {
-                    assert!(landed[held.lane].insert(m.items[held.item.0].position), "acked twice");
-                }
-                assert_eq!(held.d.ack().is_ok(), ok);
-            }
-            ROp::NackSingle(h) if !singles.is_empty() => {
-                let held = singles.swap_remove(usize::from(h) % singles.len());
-                model[held.lane].release(held.item.0, held.item.1);
-                held.d.nack();
-            }
-            ROp::Reattach(l) => {
-                let l = usize::from(l) % LANES;
-                consumers[l] = lanes[l].reattach();
-                model[l].reattach();
-            }
-            ROp::Close => {
-                fanout.close();
-                for m in &mut model {
-                    m.closed = true;
-                }
-            }
-            _ => {}
-        }
-        let want =
-            model.iter().map(MLane::acked).collect::<Option<Vec<_>>>().and_then(|v| v.into_iter().min());
-        let w = s.watermark();
-        assert_eq!(w.map(|p| p.0), want, "watermark after {op:?}");
-        assert!(w >= last_watermark, "W3");
-        last_watermark = w;
-        for (l, m) in model.iter().enumerate() {
-            assert_eq!(lanes[l].acked().map(|p| p.0), m.acked(), "lane {l} acked after {op:?}");
-            let stats = lanes[l].stats();
-            let released = m.items.iter().filter(|i| i.state == MState::Released).count();
-            let acked_items = m.items.iter().take_while(|i| i.state == MState::Acked).count();
-            let reclaimed = m.items.len() - (3 - room(m, l, &runs, &singles));
-            assert_eq!(stats.released as usize, released, "lane {l} released after {op:?}");
-            assert_eq!(stats.queued as usize, m.items.len() - m.next, "lane {l} queued after {op:?}");
-            assert_eq!(stats.acked_items as usize, acked_items, "lane {l} acked_items after {op:?}");
-            assert_eq!(
-                stats.in_flight as usize,
-                m.next - acked_items - released,
-                "lane {l} in_flight after {op:?}"
-            );
-            assert_eq!(stats.pinned as usize, acked_items - reclaimed, "lane {l} pinned after {op:?}");
-            assert_eq!(
-                consumers[l].is_empty(),
-                released == 0 && m.next == m.items.len(),
-                "lane {l} is_empty (L11)"
-            );
-        }
-        assert_eq!(s.is_idle(), model.iter().all(|m| m.unacked() == 0));
-    }
-    // Drain: give everything back and receive until every item is acked.
-    drop(runs);
-    drop(singles);
-    for (l, c) in consumers.iter_mut().enumerate() {
-        while let Ok(run) = c.try_recv_run(MAX_RUN) {
-            for p in run_positions(&run) {
-                assert!(landed[l].insert(p), "lane {l}: item {p} delivered again after it was acked");
-            }
-            run.ack().unwrap();
-        }
-    }
-    for (l, got) in landed.iter().enumerate() {
-        assert_eq!(got.iter().copied().collect::<Vec<_>>(), (1..=last_pos).collect::<Vec<_>>(), "lane {l}");
-    }
-    assert!(s.is_idle());
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
-    #[test]
-    fn runs_model_random_run_fanout_and_reattach_sequences_lose_nothing(ops in proptest::collection::vec(rop(), 1..80)) {
-        run_ops(&ops);
-    }
-}
+// The random op sequences of runs, fan-out publishes, re-attaches and closes against a model
+// are `shared_model::shared_ops` (tests/lanes/shared_ring.rs): one model for the one layout.
 
 /// A `recv_run_async` future polled once (pending), then dropped after items arrived, takes
 /// nothing: the items are all there for the next receive, first deliveries (L12, runs).

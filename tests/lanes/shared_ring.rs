@@ -934,6 +934,7 @@ fn sop() -> impl Strategy<Value = SOp> {
         1 => prop_oneof![Just(None), Just(None), Just(None), any::<u8>().prop_map(Some)]
             .prop_map(|l| l.map_or(SOp::Memory, SOp::CloseLane)),
         1 => Just(SOp::NewFanout),
+        1 => prop_oneof![Just(SOp::Memory), Just(SOp::Memory), Just(SOp::Memory), Just(SOp::Close)],
     ]
 }
 

@@ -132,8 +132,7 @@ pub fn shared(capacity: usize, sinks: &[&str]) -> MemoryStream {
 
 // ----- the model ------------------------------------------------------------------------------------
 //
-// One sink lane as the model sees it; `tests/lanes/runs_faults.rs`'s random run sequences use it
-// too (they publish to every lane, so no item of theirs is ever a `Gap`).
+// One sink lane as the model sees it.
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MState {
@@ -269,6 +268,8 @@ pub enum SOp {
     /// not dropped yet.
     Memory,
     NewFanout,
+    /// `Fanout::close`: every lane at once (L10).
+    Close,
 }
 
 struct HeldRun {
@@ -297,7 +298,7 @@ fn freed(m: &MLane, lane: usize, runs: &[HeldRun], singles: &[HeldOne]) -> usize
 /// Random sequences of fan-out publishes (runs, single items, and single items for one lane with
 /// `try_publish_to`, a gap for the other lanes), runs and single receives,
 /// cumulative and whole-run acks (seat-held or not), nacks, drops, re-attaches, drops followed
-/// by an attach, closes of one lane, memory reads and fan-out replacements, over 1 to 3 lanes
+/// by an attach, closes of one lane or of every lane (the fan-out's close), memory reads and fan-out replacements, over 1 to 3 lanes
 /// reading an array of 1, 2, 3 or 5 cells; after every step the stream is compared with a naive
 /// model: what is delivered (item, attempt, run length), which acks land, the room (the slowest
 /// lane's, stale handles included), the watermark and each lane's acked position and counters,
@@ -498,6 +499,12 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                 model[l].closed = true;
             }
             SOp::Memory => {}
+            SOp::Close => {
+                fanout.as_ref().expect("a fan-out is always held between steps").close();
+                for m in &mut model {
+                    m.closed = true;
+                }
+            }
             SOp::NewFanout => {
                 drop(fanout.take());
                 fanout = Some(s.fanout().expect("the fan-out gave the stream back"));
