@@ -113,6 +113,10 @@ pub(crate) use table::{read_chunk, ReadChunk, TablePlan};
 /// The prefix of the low and high marks in the WAL (`pg_logical_emit_message`).
 pub const MARK_PREFIX: &str = "lanestream.backfill";
 
+/// How many chunks read may wait for their high marks at a time: while one waits, the reader
+/// reads the next, so that the `SELECT`s follow one another without waiting for the stream.
+pub(crate) const READ_AHEAD: usize = 2;
+
 /// The default number of rows per chunk ([`LiveConfig::backfill_chunk_rows`](crate::live::LiveConfig::backfill_chunk_rows)).
 pub const DEFAULT_CHUNK_ROWS: usize = 1024;
 
@@ -242,8 +246,11 @@ pub(crate) struct PendingChunk {
     chunk: u64,
     index: IndexName,
     snapshot: XidSnapshot,
-    /// The rows in key order; `None` once dropped.
-    rows: Vec<Option<Envelope>>,
+    /// The rows in key order, as the reader built them (published as they are when the stream
+    /// changed none of them: no copy on the ingest thread).
+    rows: Arc<[Envelope]>,
+    /// Which rows were dropped, allocated at the first drop (most chunks see none).
+    gone: Vec<bool>,
     /// Row by id, built when the stream first changes a row of the chunk's table (most chunks
     /// see none).
     by_id: Option<HashMap<String, usize>>,
@@ -252,15 +259,30 @@ pub(crate) struct PendingChunk {
 }
 
 impl PendingChunk {
-    pub(crate) fn new(chunk: u64, index: IndexName, snapshot: XidSnapshot, envelopes: Vec<Envelope>) -> Self {
+    pub(crate) fn new(
+        chunk: u64,
+        index: IndexName,
+        snapshot: XidSnapshot,
+        envelopes: impl Into<Arc<[Envelope]>>,
+    ) -> Self {
         PendingChunk {
             chunk,
             index,
             snapshot,
-            rows: envelopes.into_iter().map(Some).collect(),
+            rows: envelopes.into(),
+            gone: Vec::new(),
             by_id: None,
             low_seen: false,
             dropped: 0,
+        }
+    }
+
+    fn drop_row(&mut self, i: usize) {
+        if self.gone.is_empty() {
+            self.gone = vec![false; self.rows.len()];
+        }
+        if !std::mem::replace(&mut self.gone[i], true) {
+            self.dropped += 1;
         }
     }
 
@@ -271,21 +293,21 @@ impl PendingChunk {
         if !self.low_seen && xid.is_some_and(|x| self.snapshot.visible(x)) {
             return;
         }
-        for e in envelopes.iter().filter(|e| e.index == self.index) {
+        for e in envelopes {
+            if e.index != self.index {
+                continue;
+            }
             if e.op == Op::Truncate {
-                for row in self.rows.iter_mut().filter(|r| r.is_some()) {
-                    *row = None;
-                    self.dropped += 1;
+                for i in 0..self.rows.len() {
+                    self.drop_row(i);
                 }
             } else {
                 let rows = &self.rows;
-                let by_id = self.by_id.get_or_insert_with(|| {
-                    rows.iter().enumerate().filter_map(|(i, r)| Some((r.as_ref()?.id.clone(), i))).collect()
-                });
+                let by_id = self
+                    .by_id
+                    .get_or_insert_with(|| rows.iter().enumerate().map(|(i, r)| (r.id.clone(), i)).collect());
                 if let Some(&i) = by_id.get(&e.id) {
-                    if self.rows[i].take().is_some() {
-                        self.dropped += 1;
-                    }
+                    self.drop_row(i);
                 }
             }
         }
@@ -303,8 +325,12 @@ impl PendingChunk {
 
     /// The rows left, as one snapshot batch (in key order).
     pub(crate) fn finish(self) -> Batch {
-        let envelopes: Arc<[Envelope]> = self.rows.into_iter().flatten().collect();
-        Batch::new(None, envelopes)
+        if self.dropped == 0 {
+            return Batch::new(None, self.rows);
+        }
+        let kept: Arc<[Envelope]> =
+            self.rows.iter().zip(&self.gone).filter(|(_, &gone)| !gone).map(|(e, _)| e.clone()).collect();
+        Batch::new(None, kept)
     }
 }
 
@@ -354,7 +380,9 @@ pub(crate) struct Backfiller {
     chunk_rows: usize,
     next_chunk: u64,
     jobs: VecDeque<Job>,
-    pending: Option<PendingChunk>,
+    /// The chunks read and waiting for their high marks, in chunk order (at most
+    /// [`READ_AHEAD`]), all of the first job's current table.
+    pending: VecDeque<PendingChunk>,
     /// The chunk being read (handed to the reader, not yet installed).
     reading: Option<u64>,
     /// Its high mark came through the stream before it was installed.
@@ -383,7 +411,7 @@ impl Backfiller {
             chunk_rows: chunk_rows.max(1),
             next_chunk: 1,
             jobs: VecDeque::new(),
-            pending: None,
+            pending: VecDeque::new(),
             reading: None,
             high_seen: false,
             recent: Vec::new(),
@@ -431,9 +459,10 @@ impl Backfiller {
         self.jobs.push_back(Job { sink, indexes, plans, current: 0, cursor, table_read: false, progress_at });
     }
 
-    /// The next chunk to read, when none waits for its high mark.
+    /// The next chunk to read, when none is being read and fewer than [`READ_AHEAD`] wait for
+    /// their high marks.
     pub(crate) fn next_read(&mut self) -> Option<NextRead> {
-        if self.pending.is_some() || self.reading.is_some() {
+        if self.pending.len() >= READ_AHEAD || self.reading.is_some() {
             return None;
         }
         let job = self.jobs.front()?;
@@ -447,7 +476,8 @@ impl Backfiller {
     }
 
     /// A chunk was read: it waits for its high mark (the transactions handed over since the
-    /// last one and not visible in its snapshot already dropped from it).
+    /// last one and not visible in its snapshot already dropped from it), or is published at
+    /// once when the stream passed its high mark already.
     pub(crate) fn install(&mut self, read: ReadChunk) {
         self.reading = None;
         let high_seen = std::mem::take(&mut self.high_seen);
@@ -470,9 +500,12 @@ impl Backfiller {
         self.recent.retain(|(xid, _)| xid.is_none_or(|x| !snapshot.visible(x)));
         let chunk = pending.chunk;
         if read.rows == 0 {
-            self.table_finished();
+            // The table ended at the chunk before: done once the chunks waiting are published.
+            if self.pending.is_empty() {
+                self.table_finished();
+            }
         } else {
-            self.pending = Some(pending);
+            self.pending.push_back(pending);
             if high_seen {
                 // The stream is at the high mark: publish here.
                 self.on_mark(&Mark {
@@ -485,8 +518,11 @@ impl Backfiller {
         }
     }
 
-    /// The stream reached the high mark of the chunk still being read: the source must wait for
-    /// the read ([`install`](Self::install) then publishes it at this place in the stream).
+    /// The stream reached the high mark of the chunk still being read:
+    /// [`install`](Self::install) publishes it at once (the changes handed over meanwhile are
+    /// not visible in its snapshot, so they drop their keys from it: publishing it after its
+    /// high mark is as exact as at it).
+    #[cfg(test)]
     pub(crate) fn high_before_read(&self) -> bool {
         self.high_seen
     }
@@ -502,7 +538,7 @@ impl Backfiller {
         if mine.is_empty() {
             return;
         }
-        if let Some(p) = self.pending.as_mut() {
+        for p in &mut self.pending {
             p.observe(xid, &mine);
         }
         self.recent.push((xid, mine));
@@ -514,19 +550,18 @@ impl Backfiller {
         if mark.source != self.source_id {
             return;
         }
-        let Some(pending) = self.pending.as_mut() else {
+        let Some(at) = self.pending.iter().position(|p| p.chunk == mark.chunk) else {
             if self.reading == Some(mark.chunk) && mark.kind == MarkKind::High {
                 self.high_seen = true;
             }
             return;
         };
-        if pending.chunk != mark.chunk {
-            return;
-        }
         match mark.kind {
-            MarkKind::Low => pending.low(),
+            MarkKind::Low => self.pending[at].low(),
             MarkKind::High => {
-                let Some(pending) = self.pending.take() else { return };
+                // Marks come in chunk order: `at` is 0 (a chunk before it would have passed
+                // its own high mark first).
+                let Some(pending) = self.pending.remove(at) else { return };
                 let Some(job) = self.jobs.front() else { return };
                 self.dropped += pending.dropped();
                 let batch = pending.finish();
@@ -535,7 +570,7 @@ impl Backfiller {
                     self.rows += batch.envelopes.len() as u64;
                     self.out.push_back((job.sink.clone(), LaneItem::Batch(batch)));
                 }
-                if job.table_read {
+                if job.table_read && self.pending.is_empty() && self.reading.is_none() {
                     self.table_finished();
                 }
             }

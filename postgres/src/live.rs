@@ -97,7 +97,9 @@
 //! [`LiveError::Replication`]) shows the server's message and SQLSTATE.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::{mpsc, Arc, Mutex};
+use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -105,6 +107,8 @@ use lanestream::{Batch, LaneItem, Position, Request, SinkName};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::backfill::{
     read_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, TablePlan, DEFAULT_CHUNK_ROWS,
@@ -1026,7 +1030,7 @@ impl LiveSource {
             if self.stream.is_none() {
                 return Err(LiveError::Internal("LiveSource::next before start".into()));
             }
-            if self.backfill_reads(false)? {
+            if self.backfill_reads()? {
                 continue;
             }
             let Some(stream) = self.stream.as_mut() else {
@@ -1036,18 +1040,37 @@ impl LiveSource {
             if left.is_zero() {
                 return Ok(None);
             }
-            let received = self.runtime.block_on(async { tokio::time::timeout(left, stream.recv()).await });
+            // The stream's next event, or the reader's next chunk, whichever comes first (a
+            // chunk read while the stream is quiet is installed at once, not at the next event).
+            let mut done = self.reader.as_mut().map(|r| &mut r.done);
+            let received = self.runtime.block_on(async {
+                let mut recv = std::pin::pin!(stream.recv());
+                let next = std::future::poll_fn(|cx| {
+                    if let Some(done) = done.as_mut() {
+                        if let Poll::Ready(read) = done.poll_recv(cx) {
+                            return Poll::Ready(Woken::Read(read));
+                        }
+                    }
+                    recv.as_mut().poll(cx).map(Woken::Stream)
+                });
+                tokio::time::timeout(left, next).await
+            });
             match received {
                 Err(_elapsed) => return Ok(None),
-                Ok(Ok(Some(event))) => self.on_event(decoder, event)?,
-                Ok(Ok(None)) => self.recover(
+                Ok(Woken::Read(Some(read))) => {
+                    self.install(read)?;
+                    self.next_read()?;
+                }
+                Ok(Woken::Read(None)) => return Err(ChunkReader::gone()),
+                Ok(Woken::Stream(Ok(Some(event)))) => self.on_event(decoder, event)?,
+                Ok(Woken::Stream(Ok(None))) => self.recover(
                     decoder,
                     StreamFault::Lost {
                         cause: "the server ended the replication stream".into(),
                         admin: false,
                     },
                 )?,
-                Ok(Err(e)) => {
+                Ok(Woken::Stream(Err(e))) => {
                     let fault = classify_stream(&e, &self.config);
                     self.recover(decoder, fault)?;
                 }
@@ -1099,27 +1122,35 @@ impl LiveSource {
         self.backfiller.progress().to_vec()
     }
 
-    /// Installs the chunk the reader thread read, if it is there (waiting for it when `wait`:
-    /// the stream reached its high mark first), and hands the reader the next chunk when one
-    /// is due. Whether a chunk was installed.
-    fn backfill_reads(&mut self, wait: bool) -> Result<bool, LiveError> {
+    /// Installs the chunk the reader thread read, if it is there, and hands the reader the next
+    /// chunk when one is due. Whether a chunk was installed.
+    fn backfill_reads(&mut self) -> Result<bool, LiveError> {
         let mut installed = false;
-        if let Some(reader) = &self.reader {
-            let read = if wait {
-                Some(reader.done.recv().map_err(|_| reader.gone())?)
-            } else {
-                match reader.done.try_recv() {
-                    Ok(read) => Some(read),
-                    Err(mpsc::TryRecvError::Empty) => None,
-                    Err(mpsc::TryRecvError::Disconnected) => return Err(reader.gone()),
-                }
+        if let Some(reader) = self.reader.as_mut() {
+            let read = match reader.done.try_recv() {
+                Ok(read) => Some(read),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => return Err(ChunkReader::gone()),
             };
             if let Some(read) = read {
-                self.backfiller.install(read?);
-                self.drain_backfill();
+                self.install(read)?;
                 installed = true;
             }
         }
+        self.next_read()?;
+        Ok(installed)
+    }
+
+    /// A chunk the reader thread read (or its failure) is taken in: it waits for its high mark,
+    /// or is published at once when the stream passed it.
+    fn install(&mut self, read: Result<ReadChunk, LiveError>) -> Result<(), LiveError> {
+        self.backfiller.install(read?);
+        self.drain_backfill();
+        Ok(())
+    }
+
+    /// Hands the reader the next chunk when one is due (starting the reader with the first).
+    fn next_read(&mut self) -> Result<(), LiveError> {
         if let Some(next) = self.backfiller.next_read() {
             if self.reader.is_none() {
                 let source = self.backfiller.source_id().to_owned();
@@ -1127,10 +1158,10 @@ impl LiveSource {
                     Some(ChunkReader::start(self.config.clone(), source, self.backfiller.chunk_rows())?);
             }
             if let Some(reader) = &self.reader {
-                reader.jobs.send(next).map_err(|_| reader.gone())?;
+                reader.jobs.send(next).map_err(|_| ChunkReader::gone())?;
             }
         }
-        Ok(installed)
+        Ok(())
     }
 
     /// Moves the backfill's ready items to the output, in order.
@@ -1150,21 +1181,18 @@ impl LiveSource {
     }
 
     /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
-    /// of the chunk the reader is still reading (the stream got there first) waits for the read
-    /// here, so that the chunk is published at its place in the stream.
-    fn take_marks(&mut self, decoder: &mut PgOutputDecoder) -> Result<(), LiveError> {
+    /// of the chunk the reader is still reading (the stream got there first) does not hold the
+    /// stream up: the chunk is published when it is installed (see
+    /// [`Backfiller::install`](crate::backfill)).
+    fn take_marks(&mut self, decoder: &mut PgOutputDecoder) {
         let mut any = false;
         while let Some(mark) = decoder.take_mark() {
             self.backfiller.on_mark(&mark);
-            if self.backfiller.high_before_read() {
-                self.backfill_reads(true)?;
-            }
             any = true;
         }
         if any {
             self.drain_backfill();
         }
-        Ok(())
     }
 
     fn on_event(&mut self, decoder: &mut PgOutputDecoder, event: ReplicationEvent) -> Result<(), LiveError> {
@@ -1180,7 +1208,7 @@ impl LiveSource {
             ReplicationEvent::KeepAlive { wal_end, .. } => idle(self, decoder, wal_end.0),
             ReplicationEvent::Message { transactional, lsn, prefix, content } => {
                 decoder.message(lsn.0, &prefix, &content);
-                self.take_marks(decoder)?;
+                self.take_marks(decoder);
                 if !transactional {
                     idle(self, decoder, lsn.0);
                 }
@@ -1193,7 +1221,7 @@ impl LiveSource {
             }
             ReplicationEvent::XLogData { data, .. } => {
                 let chunk = decoder.decode(&data)?;
-                self.take_marks(decoder)?;
+                self.take_marks(decoder);
                 if let Some(chunk) = chunk {
                     self.chunks_out = true;
                     self.metrics.changes += chunk.changes;
@@ -1424,23 +1452,43 @@ impl LiveSource {
 /// while a chunk's `SELECT` runs. It ends when the source is dropped (after the read in hand).
 struct ChunkReader {
     jobs: mpsc::Sender<NextRead>,
-    done: mpsc::Receiver<Result<ReadChunk, LiveError>>,
+    /// A Tokio channel, so that [`LiveSource::next_item`] waits for the stream and for it at
+    /// once (sent to from the reader's plain thread: an unbounded send never blocks).
+    done: UnboundedReceiver<Result<ReadChunk, LiveError>>,
+}
+
+/// What woke [`LiveSource::next_item`] up: the stream or the backfill's reader.
+enum Woken<S> {
+    Stream(S),
+    Read(Option<Result<ReadChunk, LiveError>>),
 }
 
 impl ChunkReader {
     fn start(config: LiveConfig, source: String, rows: usize) -> Result<ChunkReader, LiveError> {
         let (jobs, jobs_in) = mpsc::channel::<NextRead>();
-        let (done_out, done) = mpsc::channel();
+        let (done_out, done) = unbounded_channel();
         thread::Builder::new()
             .name("lanestream-backfill".into())
             .spawn(move || {
                 let mut side = Side { config, client: None, lock: false };
+                // The chunks' text (`COPY` output), one buffer for them all.
+                let mut buf = Vec::new();
                 for next in jobs_in {
                     let read = side
                         .run(
                             SIDE_RETRY_BUDGET,
                             || format!("reading a backfill chunk of {}", next.plan.table),
-                            |c| read_chunk(c, &next.plan, &source, next.chunk, next.cursor.as_deref(), rows),
+                            |c| {
+                                read_chunk(
+                                    c,
+                                    &next.plan,
+                                    &source,
+                                    next.chunk,
+                                    next.cursor.as_deref(),
+                                    rows,
+                                    &mut buf,
+                                )
+                            },
                         )
                         .and_then(|read| {
                             read.map_err(|reason| LiveError::BackfillFailed {
@@ -1457,7 +1505,7 @@ impl ChunkReader {
         Ok(ChunkReader { jobs, done })
     }
 
-    fn gone(&self) -> LiveError {
+    fn gone() -> LiveError {
         LiveError::Internal("the backfill reader thread ended".into())
     }
 }

@@ -3,6 +3,9 @@
 //! chunk*).
 
 use std::borrow::Cow;
+use std::io::Read;
+use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use lanestream::{Envelope, IndexName, Op};
@@ -171,7 +174,9 @@ impl TablePlan {
 pub(crate) struct ReadChunk {
     pub(crate) chunk: u64,
     pub(crate) snapshot: XidSnapshot,
-    pub(crate) envelopes: Vec<Envelope>,
+    /// The rows as snapshot envelopes, in key order (built on the reader thread, published as
+    /// they are).
+    pub(crate) envelopes: Arc<[Envelope]>,
     /// The last row's key values (the next chunk's cursor); `None` for an empty chunk.
     pub(crate) last: Option<Vec<String>>,
     /// Rows read (`envelopes.len()`): fewer than asked means the table's end.
@@ -188,9 +193,11 @@ fn mark_sql(source: &str, chunk: u64, kind: MarkKind) -> String {
 }
 
 /// Writes the low mark, reads the chunk in its snapshot, writes the high mark (see the module
-/// docs, *One chunk*): three transactions in one round trip (one simple query). A failure
-/// rolls back what it left open, so the connection stays usable. `Ok(Err(..))`: a row the
-/// conversion refused (a sentence).
+/// docs, *One chunk*), in three round trips: the low mark's transaction, the chunk's
+/// transaction begun and its snapshot (one simple query); the rows, as `COPY (<the chunk's
+/// SELECT>) TO STDOUT` (text format, into `buf`, kept for the next chunk); the chunk's commit
+/// and the high mark's transaction (one simple query). A failure rolls back what it left open,
+/// so the connection stays usable. `Ok(Err(..))`: a row the conversion refused (a sentence).
 pub(crate) fn read_chunk(
     client: &mut Client,
     plan: &TablePlan,
@@ -198,89 +205,176 @@ pub(crate) fn read_chunk(
     chunk: u64,
     cursor: Option<&[String]>,
     rows: usize,
+    buf: &mut Vec<u8>,
 ) -> Result<Result<ReadChunk, String>, postgres::Error> {
-    let sql = format!(
-        "{}; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text; {}; COMMIT; {}",
-        mark_sql(source, chunk, MarkKind::Low),
-        plan.select(cursor, rows),
-        mark_sql(source, chunk, MarkKind::High),
-    );
-    let messages = match client.simple_query(&sql) {
-        Ok(m) => m,
-        Err(e) => {
-            // An error leaves the rest of the query skipped and its transaction aborted.
-            if !client.is_closed() {
-                let _ = client.batch_execute("ROLLBACK");
-            }
-            return Err(e);
-        }
-    };
-    // The result sets, by their row descriptions: the low mark's, the snapshot, the rows, the
-    // high mark's.
-    let mut sets: Vec<Vec<&postgres::SimpleQueryRow>> = Vec::with_capacity(4);
-    for m in &messages {
-        match m {
-            SimpleQueryMessage::RowDescription(_) => sets.push(Vec::new()),
-            SimpleQueryMessage::Row(r) => {
-                if let Some(set) = sets.last_mut() {
-                    set.push(r);
-                }
-            }
-            _ => {}
-        }
+    let read = copy_chunk(client, plan, source, chunk, cursor, rows, buf);
+    if read.is_err() && !client.is_closed() {
+        // An error leaves the chunk's transaction aborted (or the rest of a query skipped).
+        let _ = client.batch_execute("ROLLBACK");
     }
-    let [_, snapshot, rows_out, _] = sets.as_slice() else {
-        return Ok(Err(format!("the chunk's query gave {} result sets, not 4", sets.len())));
+    let snapshot = match read? {
+        Ok(snapshot) => snapshot,
+        Err(e) => return Ok(Err(e)),
     };
-    let Some(snapshot) = snapshot.first().and_then(|r| r.get(0)).and_then(XidSnapshot::parse) else {
-        return Ok(Err("pg_current_snapshot() gave no snapshot this source reads".into()));
-    };
-    let mut docs: Vec<u8> = Vec::new();
-    let mut built: Vec<(String, std::ops::Range<usize>)> = Vec::new();
-    let mut last_row = None;
-    let mut values = String::new();
-    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(plan.columns.len());
-    for &row in rows_out {
-        values.clear();
-        spans.clear();
-        for (i, col) in plan.columns.iter().enumerate() {
+    Ok(chunk_rows(plan, buf).map(|(envelopes, last)| {
+        let rows = envelopes.len();
+        ReadChunk { chunk, snapshot, envelopes, last, rows }
+    }))
+}
+
+/// The three round trips of [`read_chunk`]: the rows' text into `buf`, the snapshot returned.
+fn copy_chunk(
+    client: &mut Client,
+    plan: &TablePlan,
+    source: &str,
+    chunk: u64,
+    cursor: Option<&[String]>,
+    rows: usize,
+    buf: &mut Vec<u8>,
+) -> Result<Result<XidSnapshot, String>, postgres::Error> {
+    let begin = format!(
+        "{}; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text",
+        mark_sql(source, chunk, MarkKind::Low)
+    );
+    let snapshot = client.simple_query(&begin)?.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).and_then(XidSnapshot::parse),
+        _ => None,
+    });
+    buf.clear();
+    let copied =
+        client.copy_out(&format!("COPY ({}) TO STDOUT", plan.select(cursor, rows)))?.read_to_end(buf);
+    if let Err(e) = copied {
+        // The reader's errors are the client's, boxed.
+        return match e.into_inner().map(|inner| inner.downcast::<postgres::Error>()) {
+            Some(Ok(e)) => Err(*e),
+            other => Ok(Err(format!("reading the chunk's rows: {other:?}"))),
+        };
+    }
+    client.batch_execute(&format!("COMMIT; {}", mark_sql(source, chunk, MarkKind::High)))?;
+    Ok(snapshot.ok_or_else(|| "pg_current_snapshot() gave no snapshot this source reads".to_owned()))
+}
+
+/// Undoes the backslash escapes `COPY ... TO STDOUT` writes in text format (`\\`, `\b`,
+/// `\f`, `\n`, `\r`, `\t`, `\v`) into `out`; `Err`: another escape (a sentence).
+fn unescape_copy(field: &str, out: &mut String) -> Result<(), String> {
+    out.clear();
+    let mut chars = field.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        out.push(match chars.next() {
+            Some('\\') => '\\',
+            Some('b') => '\u{8}',
+            Some('f') => '\u{c}',
+            Some('n') => '\n',
+            Some('r') => '\r',
+            Some('t') => '\t',
+            Some('v') => '\u{b}',
+            other => {
+                return Err(format!("the COPY field {field:?} has an escape COPY does not write ({other:?})"))
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The fields of one line of `COPY ... TO STDOUT` in text format, in column order: `f(column,
+/// value)` with `None` for NULL (`\N`), escapes undone (through `scratch`). `Err`: a line
+/// with another number of fields than `columns`, or an escape COPY does not write.
+fn copy_fields(
+    line: &str,
+    columns: usize,
+    scratch: &mut String,
+    mut f: impl FnMut(usize, Option<&str>) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut n = 0;
+    for field in line.split('\t') {
+        if n == columns {
+            n += 1;
+            break;
+        }
+        if field == "\\N" {
+            f(n, None)?;
+        } else if field.contains('\\') {
+            unescape_copy(field, scratch)?;
+            f(n, Some(scratch))?;
+        } else {
+            f(n, Some(field))?;
+        }
+        n += 1;
+    }
+    if n != columns {
+        return Err(format!("a COPY line has not the table's {columns} fields: {line:?}"));
+    }
+    Ok(())
+}
+
+/// The rows of a chunk (`COPY` text format, one line each) as snapshot envelopes, each value
+/// typed by its column's type OID as the decoder types a change's ([`push_json_value`]), and
+/// the last row's key values; `Err`: a row the conversion refused (a sentence).
+#[allow(clippy::type_complexity)]
+pub(crate) fn chunk_rows(
+    plan: &TablePlan,
+    text: &[u8],
+) -> Result<(Arc<[Envelope]>, Option<Vec<String>>), String> {
+    let text = simdutf8::basic::from_utf8(text)
+        .map_err(|_| format!("the rows of {} read are not UTF-8", plan.table))?;
+    let width = plan.columns.len();
+    // Pass 1: every value as JSON text, one after the other, and where each is.
+    let mut values = String::with_capacity(text.len() + text.len() / 4);
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    let mut scratch = String::new();
+    let mut last_line = None;
+    for line in text.split_terminator('\n') {
+        copy_fields(line, width, &mut scratch, |i, value| {
+            let col = &plan.columns[i];
             let start = values.len();
-            match row.get(i) {
+            match value {
                 None => values.push_str("null"),
-                Some(text) => {
-                    if let Err(expected) = push_json_value(col.type_oid, text, &mut values) {
-                        return Ok(Err(format!(
-                            "column {} of {} holds {text:?}, not {expected}",
-                            col.name, plan.table
-                        )));
-                    }
-                }
+                Some(text) => push_json_value(col.type_oid, text, &mut values).map_err(|expected| {
+                    format!("column {} of {} holds {text:?}, not {expected}", col.name, plan.table)
+                })?,
             }
             spans.push((start, values.len()));
-        }
-        let columns: Vec<Column<'_>> = plan
-            .columns
-            .iter()
-            .zip(&spans)
-            .map(|(c, &(a, b))| Column {
-                name: if plain(&c.name) {
-                    Cow::Borrowed(c.name.as_str())
-                } else {
-                    Cow::Owned(c.name.clone())
-                },
-                value: Cow::Borrowed(&values[a..b]),
-            })
-            .collect();
-        match snapshot_row(&columns, &plan.id_key, &mut docs) {
-            Ok(b) => built.push(b),
-            Err(e) => return Ok(Err(format!("a row of {}: {e}", plan.table))),
-        }
-        last_row = Some(row);
+            Ok(())
+        })?;
+        last_line = Some(line);
     }
-    let last =
-        last_row.map(|row| plan.order.iter().map(|&i| row.get(i).unwrap_or_default().to_owned()).collect());
+    // Pass 2: the documents and ids, by the reader's one row writer.
+    let rows = spans.len() / width.max(1);
+    let mut docs: Vec<u8> = Vec::with_capacity(
+        values.len() + rows * (2 + plan.columns.iter().map(|c| c.name.len() + 4).sum::<usize>()),
+    );
+    let mut built: Vec<(String, Range<usize>)> = Vec::with_capacity(rows);
+    let mut columns: Vec<Column<'_>> = Vec::with_capacity(width);
+    for row in spans.chunks(width.max(1)) {
+        columns.clear();
+        columns.extend(plan.columns.iter().zip(row).map(|(c, &(a, b))| Column {
+            name: if plain(&c.name) { Cow::Borrowed(c.name.as_str()) } else { Cow::Owned(c.name.clone()) },
+            value: Cow::Borrowed(&values[a..b]),
+        }));
+        built.push(
+            snapshot_row(&columns, &plan.id_key, &mut docs)
+                .map_err(|e| format!("a row of {}: {e}", plan.table))?,
+        );
+    }
+    let last = match last_line {
+        None => None,
+        Some(line) => {
+            let mut key = vec![None; width];
+            copy_fields(line, width, &mut scratch, |i, value| {
+                if plan.order.contains(&i) {
+                    key[i] = value.map(str::to_owned);
+                }
+                Ok(())
+            })?;
+            Some(plan.order.iter().map(|&i| key[i].take().unwrap_or_default()).collect())
+        }
+    };
     let docs = Bytes::from(docs);
-    let envelopes: Vec<Envelope> = built
+    let envelopes: Arc<[Envelope]> = built
         .into_iter()
         .map(|(id, range)| Envelope {
             index: plan.index.clone(),
@@ -291,6 +385,5 @@ pub(crate) fn read_chunk(
             built_at_micros: None,
         })
         .collect();
-    let rows = envelopes.len();
-    Ok(Ok(ReadChunk { chunk, snapshot, envelopes, last, rows }))
+    Ok((envelopes, last))
 }
