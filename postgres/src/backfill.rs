@@ -108,14 +108,15 @@ use ahash::AHashMap as HashMap;
 use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, SinkName};
 
 mod table;
-pub(crate) use table::{read_chunk, ReadChunk, TablePlan};
+pub(crate) use table::{chunk_end, chunk_rows, copy_chunk, ReadChunk, TablePlan};
 
 /// The prefix of the low and high marks in the WAL (`pg_logical_emit_message`).
 pub const MARK_PREFIX: &str = "lanestream.backfill";
 
-/// How many chunks read may wait for their high marks at a time: while one waits, the reader
-/// reads the next, so that the `SELECT`s follow one another without waiting for the stream.
-pub(crate) const READ_AHEAD: usize = 2;
+/// How many chunks a backfill holds at a time, read or being read (handed to the reader): while
+/// one waits for its high mark, the reader reads the next ones, so that its reads follow one
+/// another without waiting for the stream.
+pub(crate) const CHUNKS_HELD: usize = 3;
 
 /// The default number of rows per chunk ([`LiveConfig::backfill_chunk_rows`](crate::live::LiveConfig::backfill_chunk_rows)).
 pub const DEFAULT_CHUNK_ROWS: usize = 1024;
@@ -360,8 +361,11 @@ struct Job {
     plans: Vec<TablePlan>,
     /// The table being read (position in `plans`).
     current: usize,
-    /// The key values the next chunk starts after.
+    /// The key values the current table's first chunk starts after.
     cursor: Option<Vec<String>>,
+    /// The current table's first chunk was handed to the reader (the next ones continue
+    /// after the chunk before).
+    started: bool,
     /// The current table's last chunk was read (it waits for its high mark).
     table_read: bool,
     /// Where the job's tables are in [`Backfiller::progress`].
@@ -380,13 +384,15 @@ pub(crate) struct Backfiller {
     chunk_rows: usize,
     next_chunk: u64,
     jobs: VecDeque<Job>,
-    /// The chunks read and waiting for their high marks, in chunk order (at most
-    /// [`READ_AHEAD`]), all of the first job's current table.
+    /// The chunks read and waiting for their high marks, in chunk order, all of the first
+    /// job's current table.
     pending: VecDeque<PendingChunk>,
-    /// The chunk being read (handed to the reader, not yet installed).
-    reading: Option<u64>,
-    /// Its high mark came through the stream before it was installed.
-    high_seen: bool,
+    /// The chunks handed to the reader and not yet installed, in chunk order (with `pending`,
+    /// at most [`CHUNKS_HELD`]).
+    reading: VecDeque<u64>,
+    /// The last chunk whose high mark came through the stream while it was being read (0:
+    /// none): installing it publishes it at once.
+    high_seen: u64,
     recent: Recent,
     progress: Vec<BackfillProgress>,
     /// Items ready for the sinks, in order.
@@ -397,10 +403,20 @@ pub(crate) struct Backfiller {
     pub(crate) dropped: u64,
 }
 
+/// Where a chunk starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ReadFrom {
+    /// The table's first chunk: after these key values (in the key's order), or at the start.
+    First(Option<Vec<String>>),
+    /// Right after the last row of the chunk the reader read before, of the same table (an
+    /// empty chunk, without a query, when that one was the table's last).
+    Continue,
+}
+
 /// What the source reads next: the table's plan, where it starts, the chunk's number.
 pub(crate) struct NextRead {
     pub(crate) plan: TablePlan,
-    pub(crate) cursor: Option<Vec<String>>,
+    pub(crate) from: ReadFrom,
     pub(crate) chunk: u64,
 }
 
@@ -412,8 +428,8 @@ impl Backfiller {
             next_chunk: 1,
             jobs: VecDeque::new(),
             pending: VecDeque::new(),
-            reading: None,
-            high_seen: false,
+            reading: VecDeque::new(),
+            high_seen: 0,
             recent: Vec::new(),
             progress: Vec::new(),
             out: VecDeque::new(),
@@ -456,31 +472,44 @@ impl Backfiller {
             estimated_rows: p.estimated_rows,
             done: false,
         }));
-        self.jobs.push_back(Job { sink, indexes, plans, current: 0, cursor, table_read: false, progress_at });
+        self.jobs.push_back(Job {
+            sink,
+            indexes,
+            plans,
+            current: 0,
+            cursor,
+            started: false,
+            table_read: false,
+            progress_at,
+        });
     }
 
-    /// The next chunk to read, when none is being read and fewer than [`READ_AHEAD`] wait for
-    /// their high marks.
+    /// The next chunk to read, while fewer than [`CHUNKS_HELD`] are being read or wait for their
+    /// high marks: the reader is handed the chunks after the first of a table before it read
+    /// the one before ([`ReadFrom::Continue`]), so that it reads one after the other without
+    /// waiting for this side.
     pub(crate) fn next_read(&mut self) -> Option<NextRead> {
-        if self.pending.len() >= READ_AHEAD || self.reading.is_some() {
+        if self.pending.len() + self.reading.len() >= CHUNKS_HELD {
             return None;
         }
-        let job = self.jobs.front()?;
+        let job = self.jobs.front_mut()?;
         if job.table_read {
             return None;
         }
+        let from = if job.started { ReadFrom::Continue } else { ReadFrom::First(job.cursor.clone()) };
+        job.started = true;
         let chunk = self.next_chunk;
         self.next_chunk += 1;
-        self.reading = Some(chunk);
-        Some(NextRead { plan: job.plans[job.current].clone(), cursor: job.cursor.clone(), chunk })
+        self.reading.push_back(chunk);
+        Some(NextRead { plan: job.plans[job.current].clone(), from, chunk })
     }
 
-    /// A chunk was read: it waits for its high mark (the transactions handed over since the
-    /// last one and not visible in its snapshot already dropped from it), or is published at
-    /// once when the stream passed its high mark already.
+    /// A chunk was read (they come in the order they were handed out): it waits for its high
+    /// mark (the transactions handed over since the last one and not visible in its snapshot
+    /// already dropped from it), or is published at once when the stream passed its high mark
+    /// already.
     pub(crate) fn install(&mut self, read: ReadChunk) {
-        self.reading = None;
-        let high_seen = std::mem::take(&mut self.high_seen);
+        self.reading.retain(|&c| c != read.chunk);
         let chunk_rows = self.chunk_rows;
         let Some(job) = self.jobs.front_mut() else { return };
         let index = job.plans[job.current].index.clone();
@@ -489,42 +518,37 @@ impl Backfiller {
         if read.rows < chunk_rows {
             job.table_read = true;
         }
-        if read.last.is_some() {
-            job.cursor = read.last;
-        }
-        let mut pending = PendingChunk::new(read.chunk, index, read.snapshot, read.envelopes);
+        let Some(snapshot) = read.snapshot.filter(|_| read.rows > 0) else {
+            // The table ended at a chunk before: done once the chunks read are published.
+            self.finish_table_if_done();
+            return;
+        };
+        let mut pending = PendingChunk::new(read.chunk, index, snapshot, read.envelopes);
         for (xid, envelopes) in &self.recent {
             pending.observe(*xid, envelopes);
         }
         let snapshot = &pending.snapshot;
         self.recent.retain(|(xid, _)| xid.is_none_or(|x| !snapshot.visible(x)));
         let chunk = pending.chunk;
-        if read.rows == 0 {
-            // The table ended at the chunk before: done once the chunks waiting are published.
-            if self.pending.is_empty() {
-                self.table_finished();
-            }
-        } else {
-            self.pending.push_back(pending);
-            if high_seen {
-                // The stream is at the high mark: publish here.
-                self.on_mark(&Mark {
-                    source: self.source_id.clone(),
-                    chunk,
-                    kind: MarkKind::High,
-                    lsn: Position::RESERVED,
-                });
-            }
+        self.pending.push_back(pending);
+        if self.high_seen >= chunk {
+            // The stream passed the high mark: publish here.
+            self.on_mark(&Mark {
+                source: self.source_id.clone(),
+                chunk,
+                kind: MarkKind::High,
+                lsn: Position::RESERVED,
+            });
         }
     }
 
-    /// The stream reached the high mark of the chunk still being read:
+    /// The stream reached the high mark of a chunk still being read:
     /// [`install`](Self::install) publishes it at once (the changes handed over meanwhile are
     /// not visible in its snapshot, so they drop their keys from it: publishing it after its
     /// high mark is as exact as at it).
     #[cfg(test)]
     pub(crate) fn high_before_read(&self) -> bool {
-        self.high_seen
+        self.reading.front().is_some_and(|&c| self.high_seen >= c)
     }
 
     /// The stream handed over `batch`, of the transaction `xid`.
@@ -551,8 +575,8 @@ impl Backfiller {
             return;
         }
         let Some(at) = self.pending.iter().position(|p| p.chunk == mark.chunk) else {
-            if self.reading == Some(mark.chunk) && mark.kind == MarkKind::High {
-                self.high_seen = true;
+            if self.reading.contains(&mark.chunk) && mark.kind == MarkKind::High {
+                self.high_seen = self.high_seen.max(mark.chunk);
             }
             return;
         };
@@ -570,19 +594,22 @@ impl Backfiller {
                     self.rows += batch.envelopes.len() as u64;
                     self.out.push_back((job.sink.clone(), LaneItem::Batch(batch)));
                 }
-                if job.table_read && self.pending.is_empty() && self.reading.is_none() {
-                    self.table_finished();
-                }
+                self.finish_table_if_done();
             }
         }
     }
 
-    /// The current table is done: on to the job's next, or its `SnapshotComplete`.
-    fn table_finished(&mut self) {
+    /// When the current table was read to its end and every chunk read of it was published:
+    /// on to the job's next table, or its `SnapshotComplete`.
+    fn finish_table_if_done(&mut self) {
         let Some(job) = self.jobs.front_mut() else { return };
+        if !job.table_read || !self.pending.is_empty() || !self.reading.is_empty() {
+            return;
+        }
         self.progress[job.progress_at + job.current].done = true;
         job.current += 1;
         job.cursor = None;
+        job.started = false;
         job.table_read = false;
         if job.current == job.plans.len() {
             if let Some(job) = self.jobs.pop_front() {

@@ -111,7 +111,8 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::backfill::{
-    read_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, TablePlan, DEFAULT_CHUNK_ROWS,
+    chunk_end, chunk_rows, copy_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, ReadFrom,
+    TablePlan, XidSnapshot, DEFAULT_CHUNK_ROWS,
 };
 use crate::pgoutput::{PgOutputDecoder, PgOutputError};
 use crate::wal2json::{CatalogKey, KeyLookup};
@@ -1447,13 +1448,18 @@ impl LiveSource {
     }
 }
 
-/// The backfill's reader: a thread with a connection of its own (reconnected within
-/// [`SIDE_RETRY_BUDGET`] when lost) that reads one chunk at a time, so that the stream goes on
-/// while a chunk's `SELECT` runs. It ends when the source is dropped (after the read in hand).
+/// The backfill's reader: two threads. The first, on a connection of its own (reconnected
+/// within [`SIDE_RETRY_BUDGET`] when lost), reads the chunks it is handed one after the other
+/// (marks and `COPY` text: [`copy_chunk`]), keeping where the table's last chunk ended for the
+/// next ([`ReadFrom::Continue`]); the second turns each chunk's text into snapshot envelopes
+/// ([`chunk_rows`]) while the first reads the next, and hands them over in order. So the stream
+/// goes on while a chunk is read, and neither the server nor the conversion waits for the
+/// other. Both end when the source is dropped (after the chunk in hand).
 struct ChunkReader {
     jobs: mpsc::Sender<NextRead>,
     /// A Tokio channel, so that [`LiveSource::next_item`] waits for the stream and for it at
-    /// once (sent to from the reader's plain thread: an unbounded send never blocks).
+    /// once (sent to from a plain thread: an unbounded send never blocks; what it holds is
+    /// bounded by the chunks handed out, [`crate::backfill`]).
     done: UnboundedReceiver<Result<ReadChunk, LiveError>>,
 }
 
@@ -1463,45 +1469,95 @@ enum Woken<S> {
     Read(Option<Result<ReadChunk, LiveError>>),
 }
 
+/// A chunk's text on its way from the reading thread to the converting one.
+struct Copied {
+    next: NextRead,
+    /// `None`: after the table's end (no query, no rows).
+    snapshot: Option<XidSnapshot>,
+    text: Vec<u8>,
+}
+
 impl ChunkReader {
     fn start(config: LiveConfig, source: String, rows: usize) -> Result<ChunkReader, LiveError> {
         let (jobs, jobs_in) = mpsc::channel::<NextRead>();
+        let (copied_out, copied_in) = mpsc::channel::<Result<Copied, LiveError>>();
+        // The converted chunks' buffers go back to the reading thread (no allocation, no page
+        // faults per chunk).
+        let (spare_out, spare_in) = mpsc::channel::<Vec<u8>>();
         let (done_out, done) = unbounded_channel();
         thread::Builder::new()
             .name("lanestream-backfill".into())
             .spawn(move || {
                 let mut side = Side { config, client: None, lock: false };
-                // The chunks' text (`COPY` output), one buffer for them all.
-                let mut buf = Vec::new();
+                // The key values the last chunk read ended at, and whether it was its table's last.
+                let (mut last, mut ended): (Option<Vec<String>>, bool) = (None, false);
                 for next in jobs_in {
-                    let read = side
+                    let cursor = match &next.from {
+                        ReadFrom::First(cursor) => {
+                            ended = false;
+                            cursor.clone()
+                        }
+                        ReadFrom::Continue if ended => {
+                            let copied = Copied { next, snapshot: None, text: Vec::new() };
+                            if copied_out.send(Ok(copied)).is_err() {
+                                break;
+                            }
+                            continue;
+                        }
+                        ReadFrom::Continue => last.clone(),
+                    };
+                    let mut buf = spare_in.try_recv().unwrap_or_default();
+                    let index = next.plan.index.as_str().to_owned();
+                    let failed = |reason| LiveError::BackfillFailed { index: index.clone(), reason };
+                    let copied = side
                         .run(
                             SIDE_RETRY_BUDGET,
                             || format!("reading a backfill chunk of {}", next.plan.table),
                             |c| {
-                                read_chunk(
+                                copy_chunk(
                                     c,
                                     &next.plan,
                                     &source,
                                     next.chunk,
-                                    next.cursor.as_deref(),
+                                    cursor.as_deref(),
                                     rows,
                                     &mut buf,
                                 )
                             },
                         )
-                        .and_then(|read| {
-                            read.map_err(|reason| LiveError::BackfillFailed {
-                                index: next.plan.index.as_str().to_owned(),
-                                reason,
-                            })
+                        .and_then(|read| read.map_err(failed))
+                        .and_then(|snapshot| {
+                            let (n, end) = chunk_end(&next.plan, &buf).map_err(failed)?;
+                            ended = n < rows;
+                            if end.is_some() {
+                                last = end;
+                            }
+                            Ok(Copied { snapshot: Some(snapshot), text: buf, next })
                         });
-                    if done_out.send(read).is_err() {
+                    let stop = copied.is_err();
+                    if copied_out.send(copied).is_err() || stop {
                         break;
                     }
                 }
             })
             .map_err(|e| LiveError::Internal(format!("the backfill reader thread: {e}")))?;
+        thread::Builder::new()
+            .name("lanestream-backfill-rows".into())
+            .spawn(move || {
+                for copied in copied_in {
+                    let read = copied.and_then(|Copied { next, snapshot, text }| {
+                        let envelopes = chunk_rows(&next.plan, &text).map_err(|reason| {
+                            LiveError::BackfillFailed { index: next.plan.index.as_str().to_owned(), reason }
+                        })?;
+                        let _ = spare_out.send(text);
+                        Ok(ReadChunk { chunk: next.chunk, snapshot, rows: envelopes.len(), envelopes })
+                    });
+                    if done_out.send(read).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| LiveError::Internal(format!("the backfill conversion thread: {e}")))?;
         Ok(ChunkReader { jobs, done })
     }
 

@@ -173,12 +173,12 @@ impl TablePlan {
 #[derive(Debug)]
 pub(crate) struct ReadChunk {
     pub(crate) chunk: u64,
-    pub(crate) snapshot: XidSnapshot,
-    /// The rows as snapshot envelopes, in key order (built on the reader thread, published as
+    /// The snapshot it was read in; `None` for a chunk after the table's end, answered without
+    /// a query.
+    pub(crate) snapshot: Option<XidSnapshot>,
+    /// The rows as snapshot envelopes, in key order (built off the ingest thread, published as
     /// they are).
     pub(crate) envelopes: Arc<[Envelope]>,
-    /// The last row's key values (the next chunk's cursor); `None` for an empty chunk.
-    pub(crate) last: Option<Vec<String>>,
     /// Rows read (`envelopes.len()`): fewer than asked means the table's end.
     pub(crate) rows: usize,
 }
@@ -195,10 +195,11 @@ fn mark_sql(source: &str, chunk: u64, kind: MarkKind) -> String {
 /// Writes the low mark, reads the chunk in its snapshot, writes the high mark (see the module
 /// docs, *One chunk*), in three round trips: the low mark's transaction, the chunk's
 /// transaction begun and its snapshot (one simple query); the rows, as `COPY (<the chunk's
-/// SELECT>) TO STDOUT` (text format, into `buf`, kept for the next chunk); the chunk's commit
-/// and the high mark's transaction (one simple query). A failure rolls back what it left open,
-/// so the connection stays usable. `Ok(Err(..))`: a row the conversion refused (a sentence).
-pub(crate) fn read_chunk(
+/// SELECT>) TO STDOUT` in text format, into `buf` (one line per row; turned into documents by
+/// [`chunk_rows`], off this thread); the chunk's commit and the high mark's transaction (one
+/// simple query). A failure rolls back what it left open, so the connection stays usable.
+/// `Ok(Err(..))`: a sentence (the server gave no snapshot this source reads).
+pub(crate) fn copy_chunk(
     client: &mut Client,
     plan: &TablePlan,
     source: &str,
@@ -206,24 +207,16 @@ pub(crate) fn read_chunk(
     cursor: Option<&[String]>,
     rows: usize,
     buf: &mut Vec<u8>,
-) -> Result<Result<ReadChunk, String>, postgres::Error> {
-    let read = copy_chunk(client, plan, source, chunk, cursor, rows, buf);
+) -> Result<Result<XidSnapshot, String>, postgres::Error> {
+    let read = copy_chunk_once(client, plan, source, chunk, cursor, rows, buf);
     if read.is_err() && !client.is_closed() {
         // An error leaves the chunk's transaction aborted (or the rest of a query skipped).
         let _ = client.batch_execute("ROLLBACK");
     }
-    let snapshot = match read? {
-        Ok(snapshot) => snapshot,
-        Err(e) => return Ok(Err(e)),
-    };
-    Ok(chunk_rows(plan, buf).map(|(envelopes, last)| {
-        let rows = envelopes.len();
-        ReadChunk { chunk, snapshot, envelopes, last, rows }
-    }))
+    read
 }
 
-/// The three round trips of [`read_chunk`]: the rows' text into `buf`, the snapshot returned.
-fn copy_chunk(
+fn copy_chunk_once(
     client: &mut Client,
     plan: &TablePlan,
     source: &str,
@@ -252,6 +245,28 @@ fn copy_chunk(
     }
     client.batch_execute(&format!("COMMIT; {}", mark_sql(source, chunk, MarkKind::High)))?;
     Ok(snapshot.ok_or_else(|| "pg_current_snapshot() gave no snapshot this source reads".to_owned()))
+}
+
+/// Of a chunk's `COPY` text ([`copy_chunk`]): its number of rows and its last row's key values
+/// (in the key's order: the next chunk's cursor), `None` for no row. `Err`: a sentence.
+pub(crate) fn chunk_end(plan: &TablePlan, text: &[u8]) -> Result<(usize, Option<Vec<String>>), String> {
+    let rows = memchr::memchr_iter(b'\n', text).count();
+    let body = text.strip_suffix(b"\n").unwrap_or(text);
+    if body.is_empty() {
+        return Ok((0, None));
+    }
+    let line = memchr::memrchr(b'\n', body).map_or(body, |at| &body[at + 1..]);
+    let line = simdutf8::basic::from_utf8(line)
+        .map_err(|_| format!("the rows of {} read are not UTF-8", plan.table))?;
+    let width = plan.columns.len();
+    let mut key = vec![None; width];
+    copy_fields(line, width, &mut String::new(), |i, value| {
+        if plan.order.contains(&i) {
+            key[i] = value.map(str::to_owned);
+        }
+        Ok(())
+    })?;
+    Ok((rows, Some(plan.order.iter().map(|&i| key[i].take().unwrap_or_default()).collect())))
 }
 
 /// Undoes the backslash escapes `COPY ... TO STDOUT` writes in text format (`\\`, `\b`,
@@ -312,13 +327,9 @@ fn copy_fields(
 }
 
 /// The rows of a chunk (`COPY` text format, one line each) as snapshot envelopes, each value
-/// typed by its column's type OID as the decoder types a change's ([`push_json_value`]), and
-/// the last row's key values; `Err`: a row the conversion refused (a sentence).
-#[allow(clippy::type_complexity)]
-pub(crate) fn chunk_rows(
-    plan: &TablePlan,
-    text: &[u8],
-) -> Result<(Arc<[Envelope]>, Option<Vec<String>>), String> {
+/// typed by its column's type OID as the decoder types a change's ([`push_json_value`]);
+/// `Err`: a row the conversion refused (a sentence).
+pub(crate) fn chunk_rows(plan: &TablePlan, text: &[u8]) -> Result<Arc<[Envelope]>, String> {
     let text = simdutf8::basic::from_utf8(text)
         .map_err(|_| format!("the rows of {} read are not UTF-8", plan.table))?;
     let width = plan.columns.len();
@@ -326,7 +337,6 @@ pub(crate) fn chunk_rows(
     let mut values = String::with_capacity(text.len() + text.len() / 4);
     let mut spans: Vec<(usize, usize)> = Vec::new();
     let mut scratch = String::new();
-    let mut last_line = None;
     for line in text.split_terminator('\n') {
         copy_fields(line, width, &mut scratch, |i, value| {
             let col = &plan.columns[i];
@@ -340,7 +350,6 @@ pub(crate) fn chunk_rows(
             spans.push((start, values.len()));
             Ok(())
         })?;
-        last_line = Some(line);
     }
     // Pass 2: the documents and ids, by the reader's one row writer.
     let rows = spans.len() / width.max(1);
@@ -360,19 +369,6 @@ pub(crate) fn chunk_rows(
                 .map_err(|e| format!("a row of {}: {e}", plan.table))?,
         );
     }
-    let last = match last_line {
-        None => None,
-        Some(line) => {
-            let mut key = vec![None; width];
-            copy_fields(line, width, &mut scratch, |i, value| {
-                if plan.order.contains(&i) {
-                    key[i] = value.map(str::to_owned);
-                }
-                Ok(())
-            })?;
-            Some(plan.order.iter().map(|&i| key[i].take().unwrap_or_default()).collect())
-        }
-    };
     let docs = Bytes::from(docs);
     let envelopes: Arc<[Envelope]> = built
         .into_iter()
@@ -385,5 +381,5 @@ pub(crate) fn chunk_rows(
             built_at_micros: None,
         })
         .collect();
-    Ok((envelopes, last))
+    Ok(envelopes)
 }
