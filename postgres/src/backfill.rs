@@ -113,10 +113,11 @@ pub(crate) use table::{chunk_end, chunk_rows, copy_chunk, ReadChunk, TablePlan};
 /// The prefix of the low and high marks in the WAL (`pg_logical_emit_message`).
 pub const MARK_PREFIX: &str = "lanestream.backfill";
 
-/// How many chunks a backfill holds at a time, read or being read (handed to the reader): while
-/// one waits for its high mark, the reader reads the next ones, so that its reads follow one
-/// another without waiting for the stream.
-pub(crate) const CHUNKS_HELD: usize = 3;
+/// How many chunks a backfill holds at a time, read and waiting for their high marks or being
+/// read: while one waits, the reader reads the next ones, so that its reads follow one another
+/// without waiting for the stream. A source serving a backfill holds at most this many times
+/// [`LiveConfig::backfill_chunk_rows`](crate::live::LiveConfig::backfill_chunk_rows) rows.
+pub const CHUNKS_HELD: usize = 3;
 
 /// The default number of rows per chunk ([`LiveConfig::backfill_chunk_rows`](crate::live::LiveConfig::backfill_chunk_rows)).
 pub const DEFAULT_CHUNK_ROWS: usize = 1024;
