@@ -17,23 +17,35 @@
 //! IDENTITY NOTHING`, **is refused**, naming the table: its live ids are every column (or it
 //! sends no updates and deletes), so neither keyset pagination nor reconciliation by id can be
 //! right. Give it a primary key. Documents are the rows as the decoder writes a change's new row
-//! (every column but generated ones, each text value typed by its column's type OID:
-//! [`crate::pgoutput`], *Output*), read in text format on the source's second connection.
-//! (Publication column lists, PostgreSQL 15, are not applied: the snapshot has every column.)
+//! (every column but generated ones, each text value typed by its column's type OID, by the
+//! decoder's own typing: [`crate::pgoutput`], *Output*), read in `COPY` text format on a
+//! connection of the source's reader. (Publication column lists, PostgreSQL 15, are not
+//! applied: the snapshot has every column.)
 //!
 //! # One chunk
 //! In a reader thread of the live source, on a connection of its own (the synchronous
-//! [`postgres`] client), per chunk, in one round trip (a simple query of three transactions):
+//! [`postgres`] client), per chunk, in three round trips:
 //! 1. the **low mark**: `SELECT pg_logical_emit_message(true, 'lanestream.backfill',
-//!    '<source>:<chunk>:low')`, in a transaction of its own, committed;
-//! 2. in a `REPEATABLE READ READ ONLY` transaction: `pg_current_snapshot()` (the snapshot the
-//!    chunk is read in), then `SELECT <columns> FROM <table> WHERE (<key>) > (<after>) ORDER BY
-//!    <key> LIMIT <chunk rows>` (keyset pagination: the key index reads only the chunk);
-//! 3. the **high mark**, as the low one.
+//!    '<source>:<chunk>:low')`, in a transaction of its own, committed; then a `REPEATABLE READ
+//!    READ ONLY` transaction begun and its `pg_current_snapshot()` (the snapshot the chunk is
+//!    read in), in the same simple query;
+//! 2. in that transaction, `COPY (SELECT <columns> FROM <table> WHERE (<key>) > (<after>) ORDER
+//!    BY <key> LIMIT <chunk rows>) TO STDOUT` (keyset pagination: the key index reads only the
+//!    chunk), in text format: one line per row, tab-separated, `\N` for NULL, backslash escapes;
+//! 3. its `COMMIT` and the **high mark**, as the low one, in one simple query.
 //!
-//! The stream does not wait for the `SELECT`: it goes on while the reader reads. The rows then
-//! wait, in the source, for the stream to reach the high mark (if the stream gets there first,
-//! it waits there for the reader). Every change the stream hands over for the table removes its
+//! A second thread turns each chunk's lines into snapshot envelopes while the first reads the
+//! next chunk; the first is handed the next chunks of a table before it finished the one
+//! before (it continues after that one's last key), up to [`CHUNKS_HELD`] chunks held at a time
+//! (read and waiting for their high marks, or being read). So neither the server, nor the
+//! conversion, nor the stream waits for the others, and the ingest thread that serves the
+//! stream only moves finished chunks (their envelopes are published as the reader built them).
+//!
+//! The stream does not wait for the reads: it goes on while the reader reads. The rows then
+//! wait, in the source, for the stream to reach the high mark; if the stream gets there first,
+//! it goes on too, and the chunk is published when it is taken in: every change handed over
+//! meanwhile committed after the chunk's snapshot, so it is not visible there and drops its key
+//! from the chunk (below). Every change the stream hands over for the table removes its
 //! key from the chunk when its **transaction is not visible in the chunk's snapshot** (its xid
 //! in the snapshot's in-progress list or past its `xmax`) — the row read is then older than the
 //! change — and, once the chunk is read, **every change between the low and the high mark**
@@ -68,7 +80,8 @@
 //! string value escaped and no other value (numbers, booleans) holds a `:`. An id with another
 //! number of values than the key has, or with a NULL (`\N`), is refused
 //! ([`LiveError::BackfillRefused`]). A sink that records the id of the last snapshot row it
-//! applied and asks again with it re-reads at most the chunk that was in flight.
+//! applied and asks again with it is never handed a row twice beyond those it was handed and did
+//! not make durable; the source reads again at most the chunks it held ([`CHUNKS_HELD`]).
 //!
 //! # Progress
 //! [`LiveSource::backfill_progress`](crate::live::LiveSource::backfill_progress): per table,

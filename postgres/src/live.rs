@@ -81,10 +81,10 @@
 //!
 //! # Backfill
 //! [`backfill`](LiveSource::backfill) serves a [`Request::Backfill`] while the stream flows:
-//! the tables are read in key order, one chunk at a time by a reader thread (on a connection of
-//! its own, so the stream does not wait for the `SELECT`), each chunk
+//! the tables are read in key order, in chunks, by a reader thread (on a connection of its own,
+//! so the stream does not wait for the reads) and turned into documents by another, each chunk
 //! between a low and a high mark written into the WAL, and its rows published (as
-//! [`LiveItem::Snapshot`] from [`next_item`](LiveSource::next_item)) when the stream reaches
+//! [`LiveItem::Snapshot`] from [`next_item`](LiveSource::next_item)) once the stream reached
 //! its high mark, without the keys the stream changed meanwhile: see [`crate::backfill`].
 //!
 //! # Errors
@@ -146,8 +146,9 @@ pub struct LiveConfig {
     pub heartbeat: Option<Duration>,
     /// How long to try to get the stream back after it broke (a server restart), with backoff.
     pub retry_budget: Duration,
-    /// Rows per chunk of a backfill ([`crate::backfill`]): what the source holds at a time for
-    /// a backfill, and the most a resumed backfill reads again.
+    /// Rows per chunk of a backfill ([`crate::backfill`]): the source holds at most
+    /// [`CHUNKS_HELD`](crate::backfill::CHUNKS_HELD) chunks at a time for a backfill, and a
+    /// resumed backfill reads at most that many again.
     pub backfill_chunk_rows: usize,
 }
 

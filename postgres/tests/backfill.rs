@@ -1,7 +1,7 @@
 //! The live source's backfill ([`lanestream_postgres::backfill`]) against a real PostgreSQL:
 //! a table backfilled through the live stream while writers update, delete and insert its rows;
 //! the changes and the snapshot batches applied in stream order to a map (snapshot rows as plain
-//! upserts) must equal the table, row by row. A resumed backfill re-reads at most one chunk.
+//! upserts) must equal the table, row by row. A resumed backfill reads again at most the chunks the source held.
 //! Tables without a primary key are refused. The library's `Pipeline`, SIGKILLed twice during a
 //! backfill into a durable NDJSON sink, resumes after the last chunk the sink made durable.
 //!
