@@ -106,12 +106,12 @@ use std::time::{Duration, Instant};
 use lanestream::{Batch, LaneItem, Position, Request, SinkName};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
+use postgres::{Client, NoTls, SimpleQueryRow};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::backfill::{
-    chunk_end, chunk_rows, copy_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, ReadFrom,
+    chunk_end, chunk_rows, query_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, ReadFrom,
     TablePlan, XidSnapshot, DEFAULT_CHUNK_ROWS,
 };
 use crate::pgoutput::{PgOutputDecoder, PgOutputError};
@@ -1451,7 +1451,7 @@ impl LiveSource {
 
 /// The backfill's reader: two threads. The first, on a connection of its own (reconnected
 /// within [`SIDE_RETRY_BUDGET`] when lost), reads the chunks it is handed one after the other
-/// (marks and `COPY` text: [`copy_chunk`]), keeping where the table's last chunk ended for the
+/// (marks and rows, one round trip each: [`query_chunk`]), keeping where the table's last chunk ended for the
 /// next ([`ReadFrom::Continue`]); the second turns each chunk's text into snapshot envelopes
 /// ([`chunk_rows`]) while the first reads the next, and hands them over in order. So the stream
 /// goes on while a chunk is read, and neither the server nor the conversion waits for the
@@ -1470,21 +1470,18 @@ enum Woken<S> {
     Read(Option<Result<ReadChunk, LiveError>>),
 }
 
-/// A chunk's text on its way from the reading thread to the converting one.
+/// A chunk's rows on their way from the reading thread to the converting one.
 struct Copied {
     next: NextRead,
     /// `None`: after the table's end (no query, no rows).
     snapshot: Option<XidSnapshot>,
-    text: Vec<u8>,
+    rows: Vec<SimpleQueryRow>,
 }
 
 impl ChunkReader {
     fn start(config: LiveConfig, source: String, rows: usize) -> Result<ChunkReader, LiveError> {
         let (jobs, jobs_in) = mpsc::channel::<NextRead>();
         let (copied_out, copied_in) = mpsc::channel::<Result<Copied, LiveError>>();
-        // The converted chunks' buffers go back to the reading thread (no allocation, no page
-        // faults per chunk).
-        let (spare_out, spare_in) = mpsc::channel::<Vec<u8>>();
         let (done_out, done) = unbounded_channel();
         thread::Builder::new()
             .name("lanestream-backfill".into())
@@ -1499,7 +1496,7 @@ impl ChunkReader {
                             cursor.clone()
                         }
                         ReadFrom::Continue if ended => {
-                            let copied = Copied { next, snapshot: None, text: Vec::new() };
+                            let copied = Copied { next, snapshot: None, rows: Vec::new() };
                             if copied_out.send(Ok(copied)).is_err() {
                                 break;
                             }
@@ -1507,33 +1504,20 @@ impl ChunkReader {
                         }
                         ReadFrom::Continue => last.clone(),
                     };
-                    let mut buf = spare_in.try_recv().unwrap_or_default();
                     let index = next.plan.index.as_str().to_owned();
-                    let failed = |reason| LiveError::BackfillFailed { index: index.clone(), reason };
                     let copied = side
                         .run(
                             SIDE_RETRY_BUDGET,
                             || format!("reading a backfill chunk of {}", next.plan.table),
-                            |c| {
-                                copy_chunk(
-                                    c,
-                                    &next.plan,
-                                    &source,
-                                    next.chunk,
-                                    cursor.as_deref(),
-                                    rows,
-                                    &mut buf,
-                                )
-                            },
+                            |c| query_chunk(c, &next.plan, &source, next.chunk, cursor.as_deref(), rows),
                         )
-                        .and_then(|read| read.map_err(failed))
-                        .and_then(|snapshot| {
-                            let (n, end) = chunk_end(&next.plan, &buf).map_err(failed)?;
-                            ended = n < rows;
-                            if end.is_some() {
-                                last = end;
+                        .and_then(|read| read.map_err(|reason| LiveError::BackfillFailed { index, reason }))
+                        .map(|(snapshot, read)| {
+                            ended = read.len() < rows;
+                            if let Some(end) = chunk_end(&next.plan, &read) {
+                                last = Some(end);
                             }
-                            Ok(Copied { snapshot: Some(snapshot), text: buf, next })
+                            Copied { snapshot: Some(snapshot), rows: read, next }
                         });
                     let stop = copied.is_err();
                     if copied_out.send(copied).is_err() || stop {
@@ -1546,11 +1530,10 @@ impl ChunkReader {
             .name("lanestream-backfill-rows".into())
             .spawn(move || {
                 for copied in copied_in {
-                    let read = copied.and_then(|Copied { next, snapshot, text }| {
-                        let envelopes = chunk_rows(&next.plan, &text).map_err(|reason| {
+                    let read = copied.and_then(|Copied { next, snapshot, rows }| {
+                        let envelopes = chunk_rows(&next.plan, &rows).map_err(|reason| {
                             LiveError::BackfillFailed { index: next.plan.index.as_str().to_owned(), reason }
                         })?;
-                        let _ = spare_out.send(text);
                         Ok(ReadChunk { chunk: next.chunk, snapshot, rows: envelopes.len(), envelopes })
                     });
                     if done_out.send(read).is_err() {

@@ -3,13 +3,12 @@
 //! chunk*).
 
 use std::borrow::Cow;
-use std::io::Read;
 use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use lanestream::{Envelope, IndexName, Op};
-use postgres::{Client, SimpleQueryMessage};
+use postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use super::{decode_id, Mark, MarkKind, XidSnapshot, MARK_PREFIX};
 use crate::pgoutput::{plain, push_json_value};
@@ -193,170 +192,90 @@ fn mark_sql(source: &str, chunk: u64, kind: MarkKind) -> String {
 }
 
 /// Writes the low mark, reads the chunk in its snapshot, writes the high mark (see the module
-/// docs, *One chunk*), in three round trips: the low mark's transaction, the chunk's
-/// transaction begun and its snapshot (one simple query); the rows, as `COPY (<the chunk's
-/// SELECT>) TO STDOUT` in text format, into `buf` (one line per row; turned into documents by
-/// [`chunk_rows`], off this thread); the chunk's commit and the high mark's transaction (one
-/// simple query). A failure rolls back what it left open, so the connection stays usable.
-/// `Ok(Err(..))`: a sentence (the server gave no snapshot this source reads).
-pub(crate) fn copy_chunk(
+/// docs, *One chunk*): three transactions in one round trip (one simple query), the rows in text
+/// format (turned into documents by [`chunk_rows`], off this thread). A failure rolls back what
+/// it left open, so the connection stays usable. `Ok(Err(..))`: a sentence (the server's
+/// answer is not the four result sets of the query, or has no snapshot this source reads).
+pub(crate) fn query_chunk(
     client: &mut Client,
     plan: &TablePlan,
     source: &str,
     chunk: u64,
     cursor: Option<&[String]>,
     rows: usize,
-    buf: &mut Vec<u8>,
-) -> Result<Result<XidSnapshot, String>, postgres::Error> {
-    let read = copy_chunk_once(client, plan, source, chunk, cursor, rows, buf);
-    if read.is_err() && !client.is_closed() {
-        // An error leaves the chunk's transaction aborted (or the rest of a query skipped).
-        let _ = client.batch_execute("ROLLBACK");
-    }
-    read
-}
-
-fn copy_chunk_once(
-    client: &mut Client,
-    plan: &TablePlan,
-    source: &str,
-    chunk: u64,
-    cursor: Option<&[String]>,
-    rows: usize,
-    buf: &mut Vec<u8>,
-) -> Result<Result<XidSnapshot, String>, postgres::Error> {
-    let begin = format!(
-        "{}; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text",
-        mark_sql(source, chunk, MarkKind::Low)
+) -> Result<Result<(XidSnapshot, Vec<SimpleQueryRow>), String>, postgres::Error> {
+    let sql = format!(
+        "{}; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text; {}; COMMIT; {}",
+        mark_sql(source, chunk, MarkKind::Low),
+        plan.select(cursor, rows),
+        mark_sql(source, chunk, MarkKind::High),
     );
-    let snapshot = client.simple_query(&begin)?.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(r) => r.get(0).and_then(XidSnapshot::parse),
-        _ => None,
-    });
-    buf.clear();
-    let copied =
-        client.copy_out(&format!("COPY ({}) TO STDOUT", plan.select(cursor, rows)))?.read_to_end(buf);
-    if let Err(e) = copied {
-        // The reader's errors are the client's, boxed.
-        return match e.into_inner().map(|inner| inner.downcast::<postgres::Error>()) {
-            Some(Ok(e)) => Err(*e),
-            other => Ok(Err(format!("reading the chunk's rows: {other:?}"))),
-        };
-    }
-    client.batch_execute(&format!("COMMIT; {}", mark_sql(source, chunk, MarkKind::High)))?;
-    Ok(snapshot.ok_or_else(|| "pg_current_snapshot() gave no snapshot this source reads".to_owned()))
-}
-
-/// Of a chunk's `COPY` text ([`copy_chunk`]): its number of rows and its last row's key values
-/// (in the key's order: the next chunk's cursor), `None` for no row. `Err`: a sentence.
-pub(crate) fn chunk_end(plan: &TablePlan, text: &[u8]) -> Result<(usize, Option<Vec<String>>), String> {
-    let rows = memchr::memchr_iter(b'\n', text).count();
-    let body = text.strip_suffix(b"\n").unwrap_or(text);
-    if body.is_empty() {
-        return Ok((0, None));
-    }
-    let line = memchr::memrchr(b'\n', body).map_or(body, |at| &body[at + 1..]);
-    let line = simdutf8::basic::from_utf8(line)
-        .map_err(|_| format!("the rows of {} read are not UTF-8", plan.table))?;
-    let width = plan.columns.len();
-    let mut key = vec![None; width];
-    copy_fields(line, width, &mut String::new(), |i, value| {
-        if plan.order.contains(&i) {
-            key[i] = value.map(str::to_owned);
-        }
-        Ok(())
-    })?;
-    Ok((rows, Some(plan.order.iter().map(|&i| key[i].take().unwrap_or_default()).collect())))
-}
-
-/// Undoes the backslash escapes `COPY ... TO STDOUT` writes in text format (`\\`, `\b`,
-/// `\f`, `\n`, `\r`, `\t`, `\v`) into `out`; `Err`: another escape (a sentence).
-fn unescape_copy(field: &str, out: &mut String) -> Result<(), String> {
-    out.clear();
-    let mut chars = field.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        out.push(match chars.next() {
-            Some('\\') => '\\',
-            Some('b') => '\u{8}',
-            Some('f') => '\u{c}',
-            Some('n') => '\n',
-            Some('r') => '\r',
-            Some('t') => '\t',
-            Some('v') => '\u{b}',
-            other => {
-                return Err(format!("the COPY field {field:?} has an escape COPY does not write ({other:?})"))
+    let messages = match client.simple_query(&sql) {
+        Ok(m) => m,
+        Err(e) => {
+            // An error leaves the rest of the query skipped and its transaction aborted.
+            if !client.is_closed() {
+                let _ = client.batch_execute("ROLLBACK");
             }
-        });
+            return Err(e);
+        }
+    };
+    // The result sets, by their row descriptions: the low mark's, the snapshot, the rows, the
+    // high mark's.
+    let mut sets: Vec<Vec<SimpleQueryRow>> = Vec::with_capacity(4);
+    for m in messages {
+        match m {
+            SimpleQueryMessage::RowDescription(_) => sets.push(Vec::new()),
+            SimpleQueryMessage::Row(r) => {
+                if let Some(set) = sets.last_mut() {
+                    set.push(r);
+                }
+            }
+            _ => {}
+        }
     }
-    Ok(())
+    if sets.len() != 4 {
+        return Ok(Err(format!("the chunk's query gave {} result sets, not 4", sets.len())));
+    }
+    let read = sets.swap_remove(2);
+    let Some(snapshot) = sets[1].first().and_then(|r| r.get(0)).and_then(XidSnapshot::parse) else {
+        return Ok(Err("pg_current_snapshot() gave no snapshot this source reads".into()));
+    };
+    Ok(Ok((snapshot, read)))
 }
 
-/// The fields of one line of `COPY ... TO STDOUT` in text format, in column order: `f(column,
-/// value)` with `None` for NULL (`\N`), escapes undone (through `scratch`). `Err`: a line
-/// with another number of fields than `columns`, or an escape COPY does not write.
-fn copy_fields(
-    line: &str,
-    columns: usize,
-    scratch: &mut String,
-    mut f: impl FnMut(usize, Option<&str>) -> Result<(), String>,
-) -> Result<(), String> {
-    let mut n = 0;
-    for field in line.split('\t') {
-        if n == columns {
-            n += 1;
-            break;
-        }
-        if field == "\\N" {
-            f(n, None)?;
-        } else if field.contains('\\') {
-            unescape_copy(field, scratch)?;
-            f(n, Some(scratch))?;
-        } else {
-            f(n, Some(field))?;
-        }
-        n += 1;
-    }
-    if n != columns {
-        return Err(format!("a COPY line has not the table's {columns} fields: {line:?}"));
-    }
-    Ok(())
+/// The last row's key values of a chunk (in the key's order: the next chunk's cursor), `None`
+/// for no row.
+pub(crate) fn chunk_end(plan: &TablePlan, rows: &[SimpleQueryRow]) -> Option<Vec<String>> {
+    let row = rows.last()?;
+    Some(plan.order.iter().map(|&i| row.get(i).unwrap_or_default().to_owned()).collect())
 }
 
-/// The rows of a chunk (`COPY` text format, one line each) as snapshot envelopes, each value
-/// typed by its column's type OID as the decoder types a change's ([`push_json_value`]);
-/// `Err`: a row the conversion refused (a sentence).
-pub(crate) fn chunk_rows(plan: &TablePlan, text: &[u8]) -> Result<Arc<[Envelope]>, String> {
-    let text = simdutf8::basic::from_utf8(text)
-        .map_err(|_| format!("the rows of {} read are not UTF-8", plan.table))?;
+/// The rows of a chunk ([`query_chunk`]) as snapshot envelopes, each value typed by its column's
+/// type OID as the decoder types a change's ([`push_json_value`]); `Err`: a row the conversion
+/// refused (a sentence).
+pub(crate) fn chunk_rows(plan: &TablePlan, rows: &[SimpleQueryRow]) -> Result<Arc<[Envelope]>, String> {
     let width = plan.columns.len();
     // Pass 1: every value as JSON text, one after the other, and where each is.
-    let mut values = String::with_capacity(text.len() + text.len() / 4);
-    let mut spans: Vec<(usize, usize)> = Vec::new();
-    let mut scratch = String::new();
-    for line in text.split_terminator('\n') {
-        copy_fields(line, width, &mut scratch, |i, value| {
-            let col = &plan.columns[i];
+    let mut values = String::new();
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(rows.len() * width);
+    for row in rows {
+        for (i, col) in plan.columns.iter().enumerate() {
             let start = values.len();
-            match value {
+            match row.get(i) {
                 None => values.push_str("null"),
                 Some(text) => push_json_value(col.type_oid, text, &mut values).map_err(|expected| {
                     format!("column {} of {} holds {text:?}, not {expected}", col.name, plan.table)
                 })?,
             }
             spans.push((start, values.len()));
-            Ok(())
-        })?;
+        }
     }
     // Pass 2: the documents and ids, by the reader's one row writer.
-    let rows = spans.len() / width.max(1);
     let mut docs: Vec<u8> = Vec::with_capacity(
-        values.len() + rows * (2 + plan.columns.iter().map(|c| c.name.len() + 4).sum::<usize>()),
+        values.len() + rows.len() * (2 + plan.columns.iter().map(|c| c.name.len() + 4).sum::<usize>()),
     );
-    let mut built: Vec<(String, Range<usize>)> = Vec::with_capacity(rows);
+    let mut built: Vec<(String, Range<usize>)> = Vec::with_capacity(rows.len());
     let mut columns: Vec<Column<'_>> = Vec::with_capacity(width);
     for row in spans.chunks(width.max(1)) {
         columns.clear();
