@@ -367,7 +367,7 @@ fn r2_an_interrupted_backfill_resumes_after_the_last_applied_row_re_reading_at_m
     assert!(
         ahead >= chunk as u64
             && ahead <= (CHUNKS_HELD as u64 - 1) * chunk as u64
-            && ahead % chunk as u64 == 0,
+            && ahead.is_multiple_of(chunk as u64),
         "read {read_first}, applied {applied}: {ahead} read ahead"
     );
     // While it is down: rows before and after the resume point change.
