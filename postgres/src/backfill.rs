@@ -616,6 +616,17 @@ impl Backfiller {
         }
     }
 
+    /// The request being served failed (a chunk could not be read): it is given up, with the
+    /// chunks held for it; the next request starts afresh.
+    pub(crate) fn abandon(&mut self) {
+        self.pending.clear();
+        self.reading.clear();
+        self.jobs.pop_front();
+        if self.jobs.is_empty() {
+            self.recent.clear();
+        }
+    }
+
     /// When the current table was read to its end and every chunk read of it was published:
     /// on to the job's next table, or its `SnapshotComplete`.
     fn finish_table_if_done(&mut self) {

@@ -1017,7 +1017,9 @@ impl LiveSource {
     /// As [`next`](Self::next); [`LiveError::BackfillFailed`] for a chunk whose rows cannot be
     /// turned into documents; [`LiveError::Side`] when reading a chunk fails within
     /// [`SIDE_RETRY_BUDGET`] (the reader reconnects in between); [`LiveError::Internal`] when
-    /// the reader thread could not start.
+    /// the reader thread could not start. After `BackfillFailed` or `Side` the request being
+    /// served is given up (it gets no `SnapshotComplete`: ask again, with `after` set to the last
+    /// row applied), the next one is served, and the stream goes on.
     pub fn next_item(
         &mut self,
         decoder: &mut PgOutputDecoder,
@@ -1145,10 +1147,23 @@ impl LiveSource {
 
     /// A chunk the reader thread read (or its failure) is taken in: it waits for its high mark,
     /// or is published at once when the stream passed it.
+    /// A failed read ends the request being served (its chunks read ahead are dropped with the
+    /// reader, which is started again for the next request): the error is returned once, and
+    /// the stream goes on.
     fn install(&mut self, read: Result<ReadChunk, LiveError>) -> Result<(), LiveError> {
-        self.backfiller.install(read?);
-        self.drain_backfill();
-        Ok(())
+        match read {
+            Ok(read) => {
+                self.backfiller.install(read);
+                self.drain_backfill();
+                Ok(())
+            }
+            Err(e) => {
+                self.reader = None;
+                self.backfiller.abandon();
+                self.drain_backfill();
+                Err(e)
+            }
+        }
     }
 
     /// Hands the reader the next chunk when one is due (starting the reader with the first).

@@ -268,3 +268,26 @@ fn chunks_read_ahead_are_published_in_order_and_the_table_completes_after_the_la
     assert_eq!(items.len(), 3);
     assert_eq!((b.rows, b.dropped, b.batches), (2, 2, 2));
 }
+
+/// A failed read gives the request up with the chunks held for it (none of them is published
+/// later, with a gap before it); the next request starts at its first chunk.
+#[test]
+fn a_failed_request_is_given_up_with_its_chunks_and_the_next_starts_afresh() {
+    let (a, b2) = (SinkName::new("a").unwrap(), SinkName::new("b").unwrap());
+    let mut b = Backfiller::new("x".into(), 2);
+    b.push(a, vec![index("t")], vec![plan("t")], None);
+    b.push(b2.clone(), vec![index("t")], vec![plan("t")], Some(vec!["7".into()]));
+    let first = b.next_read().unwrap();
+    let second = b.next_read().unwrap();
+    b.install(read(first.chunk, "100:110:", &["1", "2"]));
+    b.abandon();
+    b.on_mark(&mark(&b, first.chunk, MarkKind::High));
+    assert!(b.out.is_empty(), "nothing of the given-up request is published");
+    let next = b.next_read().unwrap();
+    assert!(next.chunk > second.chunk);
+    assert_eq!(next.from, ReadFrom::First(Some(vec!["7".to_owned()])));
+    b.install(read(next.chunk, "100:110:", &["8"]));
+    b.on_mark(&mark(&b, next.chunk, MarkKind::High));
+    let (to, item) = b.out.pop_front().unwrap();
+    assert!(to == b2 && matches!(item, LaneItem::Batch(ref x) if ids(x) == ["8"]), "{item:?}");
+}
