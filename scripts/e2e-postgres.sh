@@ -120,7 +120,7 @@ log "the live source's tests"
 live_tests=$(sed -n 's/^test result: ok. \([0-9]*\) passed.*/\1/p' "$PG_TMP/live-tests.out")
 # The live source's backfill (postgres/tests/backfill.rs): 20,000 rows backfilled under concurrent
 # updates, deletes and inserts equal the table row by row; an interrupted backfill resumes after
-# the last applied row, re-reading one chunk; two indexes in order, resumed on a composite text
+# the last applied row, re-reading at most the chunks the source held; two indexes in order, resumed on a composite text
 # key; tables without a primary key are refused; the library's Pipeline (a child process of the
 # test) SIGKILLed twice during a backfill resumes after the last chunk its sink made durable and
 # ends equal to the table (`child_runs_the_pipeline` is that child: skipped here). (The

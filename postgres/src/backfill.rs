@@ -17,9 +17,10 @@
 //! IDENTITY NOTHING`, **is refused**, naming the table: its live ids are every column (or it
 //! sends no updates and deletes), so neither keyset pagination nor reconciliation by id can be
 //! right. Give it a primary key. Documents are the rows as the decoder writes a change's new row
-//! (every column but generated ones, each text value typed by its column's type OID:
-//! [`crate::pgoutput`], *Output*), read in text format on the source's second connection.
-//! (Publication column lists, PostgreSQL 15, are not applied: the snapshot has every column.)
+//! (every column but generated ones, each text value typed by its column's type OID, by the
+//! decoder's own typing: [`crate::pgoutput`], *Output*), read in text format on a connection of
+//! the source's reader. (Publication column lists, PostgreSQL 15, are not applied: the snapshot
+//! has every column.)
 //!
 //! # One chunk
 //! In a reader thread of the live source, on a connection of its own (the synchronous
@@ -31,9 +32,23 @@
 //!    <key> LIMIT <chunk rows>` (keyset pagination: the key index reads only the chunk);
 //! 3. the **high mark**, as the low one.
 //!
-//! The stream does not wait for the `SELECT`: it goes on while the reader reads. The rows then
-//! wait, in the source, for the stream to reach the high mark (if the stream gets there first,
-//! it waits there for the reader). Every change the stream hands over for the table removes its
+//! (One round trip is what makes the reads fast: `COPY (SELECT ...) TO STDOUT` was tried, and
+//! its rows are cheaper to take apart, but it needs its own round trips — the client prepares
+//! it, and the marks and the snapshot cannot share its query — and at a thousand rows a chunk
+//! those cost more than they save.)
+//!
+//! A second thread turns each chunk's rows into snapshot envelopes while the first reads the
+//! next chunk; the first is handed the next chunks of a table before it finished the one
+//! before (it continues after that one's last key), up to [`CHUNKS_HELD`] chunks held at a time
+//! (read and waiting for their high marks, or being read). So neither the server, nor the
+//! conversion, nor the stream waits for the others, and the ingest thread that serves the
+//! stream only moves finished chunks (their envelopes are published as the reader built them).
+//!
+//! The stream does not wait for the reads: it goes on while the reader reads. The rows then
+//! wait, in the source, for the stream to reach the high mark; if the stream gets there first,
+//! it goes on too, and the chunk is published when it is taken in: every change handed over
+//! meanwhile committed after the chunk's snapshot, so it is not visible there and drops its key
+//! from the chunk (below). Every change the stream hands over for the table removes its
 //! key from the chunk when its **transaction is not visible in the chunk's snapshot** (its xid
 //! in the snapshot's in-progress list or past its `xmax`) — the row read is then older than the
 //! change — and, once the chunk is read, **every change between the low and the high mark**
@@ -68,7 +83,8 @@
 //! string value escaped and no other value (numbers, booleans) holds a `:`. An id with another
 //! number of values than the key has, or with a NULL (`\N`), is refused
 //! ([`LiveError::BackfillRefused`]). A sink that records the id of the last snapshot row it
-//! applied and asks again with it re-reads at most the chunk that was in flight.
+//! applied and asks again with it is never handed a row twice beyond those it was handed and did
+//! not make durable; the source reads again at most the chunks it held ([`CHUNKS_HELD`]).
 //!
 //! # Progress
 //! [`LiveSource::backfill_progress`](crate::live::LiveSource::backfill_progress): per table,
@@ -108,10 +124,16 @@ use ahash::AHashMap as HashMap;
 use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, SinkName};
 
 mod table;
-pub(crate) use table::{read_chunk, ReadChunk, TablePlan};
+pub(crate) use table::{chunk_end, chunk_rows, query_chunk, ReadChunk, TablePlan};
 
 /// The prefix of the low and high marks in the WAL (`pg_logical_emit_message`).
 pub const MARK_PREFIX: &str = "lanestream.backfill";
+
+/// How many chunks a backfill holds at a time, read and waiting for their high marks or being
+/// read: while one waits, the reader reads the next ones, so that its reads follow one another
+/// without waiting for the stream. A source serving a backfill holds at most this many times
+/// [`LiveConfig::backfill_chunk_rows`](crate::live::LiveConfig::backfill_chunk_rows) rows.
+pub const CHUNKS_HELD: usize = 3;
 
 /// The default number of rows per chunk ([`LiveConfig::backfill_chunk_rows`](crate::live::LiveConfig::backfill_chunk_rows)).
 pub const DEFAULT_CHUNK_ROWS: usize = 1024;
@@ -242,8 +264,11 @@ pub(crate) struct PendingChunk {
     chunk: u64,
     index: IndexName,
     snapshot: XidSnapshot,
-    /// The rows in key order; `None` once dropped.
-    rows: Vec<Option<Envelope>>,
+    /// The rows in key order, as the reader built them (published as they are when the stream
+    /// changed none of them: no copy on the ingest thread).
+    rows: Arc<[Envelope]>,
+    /// Which rows were dropped, allocated at the first drop (most chunks see none).
+    gone: Vec<bool>,
     /// Row by id, built when the stream first changes a row of the chunk's table (most chunks
     /// see none).
     by_id: Option<HashMap<String, usize>>,
@@ -252,15 +277,30 @@ pub(crate) struct PendingChunk {
 }
 
 impl PendingChunk {
-    pub(crate) fn new(chunk: u64, index: IndexName, snapshot: XidSnapshot, envelopes: Vec<Envelope>) -> Self {
+    pub(crate) fn new(
+        chunk: u64,
+        index: IndexName,
+        snapshot: XidSnapshot,
+        envelopes: impl Into<Arc<[Envelope]>>,
+    ) -> Self {
         PendingChunk {
             chunk,
             index,
             snapshot,
-            rows: envelopes.into_iter().map(Some).collect(),
+            rows: envelopes.into(),
+            gone: Vec::new(),
             by_id: None,
             low_seen: false,
             dropped: 0,
+        }
+    }
+
+    fn drop_row(&mut self, i: usize) {
+        if self.gone.is_empty() {
+            self.gone = vec![false; self.rows.len()];
+        }
+        if !std::mem::replace(&mut self.gone[i], true) {
+            self.dropped += 1;
         }
     }
 
@@ -271,21 +311,21 @@ impl PendingChunk {
         if !self.low_seen && xid.is_some_and(|x| self.snapshot.visible(x)) {
             return;
         }
-        for e in envelopes.iter().filter(|e| e.index == self.index) {
+        for e in envelopes {
+            if e.index != self.index {
+                continue;
+            }
             if e.op == Op::Truncate {
-                for row in self.rows.iter_mut().filter(|r| r.is_some()) {
-                    *row = None;
-                    self.dropped += 1;
+                for i in 0..self.rows.len() {
+                    self.drop_row(i);
                 }
             } else {
                 let rows = &self.rows;
-                let by_id = self.by_id.get_or_insert_with(|| {
-                    rows.iter().enumerate().filter_map(|(i, r)| Some((r.as_ref()?.id.clone(), i))).collect()
-                });
+                let by_id = self
+                    .by_id
+                    .get_or_insert_with(|| rows.iter().enumerate().map(|(i, r)| (r.id.clone(), i)).collect());
                 if let Some(&i) = by_id.get(&e.id) {
-                    if self.rows[i].take().is_some() {
-                        self.dropped += 1;
-                    }
+                    self.drop_row(i);
                 }
             }
         }
@@ -303,8 +343,12 @@ impl PendingChunk {
 
     /// The rows left, as one snapshot batch (in key order).
     pub(crate) fn finish(self) -> Batch {
-        let envelopes: Arc<[Envelope]> = self.rows.into_iter().flatten().collect();
-        Batch::new(None, envelopes)
+        if self.dropped == 0 {
+            return Batch::new(None, self.rows);
+        }
+        let kept: Arc<[Envelope]> =
+            self.rows.iter().zip(&self.gone).filter(|(_, &gone)| !gone).map(|(e, _)| e.clone()).collect();
+        Batch::new(None, kept)
     }
 }
 
@@ -334,8 +378,11 @@ struct Job {
     plans: Vec<TablePlan>,
     /// The table being read (position in `plans`).
     current: usize,
-    /// The key values the next chunk starts after.
+    /// The key values the current table's first chunk starts after.
     cursor: Option<Vec<String>>,
+    /// The current table's first chunk was handed to the reader (the next ones continue
+    /// after the chunk before).
+    started: bool,
     /// The current table's last chunk was read (it waits for its high mark).
     table_read: bool,
     /// Where the job's tables are in [`Backfiller::progress`].
@@ -354,11 +401,15 @@ pub(crate) struct Backfiller {
     chunk_rows: usize,
     next_chunk: u64,
     jobs: VecDeque<Job>,
-    pending: Option<PendingChunk>,
-    /// The chunk being read (handed to the reader, not yet installed).
-    reading: Option<u64>,
-    /// Its high mark came through the stream before it was installed.
-    high_seen: bool,
+    /// The chunks read and waiting for their high marks, in chunk order, all of the first
+    /// job's current table.
+    pending: VecDeque<PendingChunk>,
+    /// The chunks handed to the reader and not yet installed, in chunk order (with `pending`,
+    /// at most [`CHUNKS_HELD`]).
+    reading: VecDeque<u64>,
+    /// The last chunk whose high mark came through the stream while it was being read (0:
+    /// none): installing it publishes it at once.
+    high_seen: u64,
     recent: Recent,
     progress: Vec<BackfillProgress>,
     /// Items ready for the sinks, in order.
@@ -369,10 +420,20 @@ pub(crate) struct Backfiller {
     pub(crate) dropped: u64,
 }
 
+/// Where a chunk starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ReadFrom {
+    /// The table's first chunk: after these key values (in the key's order), or at the start.
+    First(Option<Vec<String>>),
+    /// Right after the last row of the chunk the reader read before, of the same table (an
+    /// empty chunk, without a query, when that one was the table's last).
+    Continue,
+}
+
 /// What the source reads next: the table's plan, where it starts, the chunk's number.
 pub(crate) struct NextRead {
     pub(crate) plan: TablePlan,
-    pub(crate) cursor: Option<Vec<String>>,
+    pub(crate) from: ReadFrom,
     pub(crate) chunk: u64,
 }
 
@@ -383,9 +444,9 @@ impl Backfiller {
             chunk_rows: chunk_rows.max(1),
             next_chunk: 1,
             jobs: VecDeque::new(),
-            pending: None,
-            reading: None,
-            high_seen: false,
+            pending: VecDeque::new(),
+            reading: VecDeque::new(),
+            high_seen: 0,
             recent: Vec::new(),
             progress: Vec::new(),
             out: VecDeque::new(),
@@ -428,29 +489,44 @@ impl Backfiller {
             estimated_rows: p.estimated_rows,
             done: false,
         }));
-        self.jobs.push_back(Job { sink, indexes, plans, current: 0, cursor, table_read: false, progress_at });
+        self.jobs.push_back(Job {
+            sink,
+            indexes,
+            plans,
+            current: 0,
+            cursor,
+            started: false,
+            table_read: false,
+            progress_at,
+        });
     }
 
-    /// The next chunk to read, when none waits for its high mark.
+    /// The next chunk to read, while fewer than [`CHUNKS_HELD`] are being read or wait for their
+    /// high marks: the reader is handed the chunks after the first of a table before it read
+    /// the one before ([`ReadFrom::Continue`]), so that it reads one after the other without
+    /// waiting for this side.
     pub(crate) fn next_read(&mut self) -> Option<NextRead> {
-        if self.pending.is_some() || self.reading.is_some() {
+        if self.pending.len() + self.reading.len() >= CHUNKS_HELD {
             return None;
         }
-        let job = self.jobs.front()?;
+        let job = self.jobs.front_mut()?;
         if job.table_read {
             return None;
         }
+        let from = if job.started { ReadFrom::Continue } else { ReadFrom::First(job.cursor.clone()) };
+        job.started = true;
         let chunk = self.next_chunk;
         self.next_chunk += 1;
-        self.reading = Some(chunk);
-        Some(NextRead { plan: job.plans[job.current].clone(), cursor: job.cursor.clone(), chunk })
+        self.reading.push_back(chunk);
+        Some(NextRead { plan: job.plans[job.current].clone(), from, chunk })
     }
 
-    /// A chunk was read: it waits for its high mark (the transactions handed over since the
-    /// last one and not visible in its snapshot already dropped from it).
+    /// A chunk was read (they come in the order they were handed out): it waits for its high
+    /// mark (the transactions handed over since the last one and not visible in its snapshot
+    /// already dropped from it), or is published at once when the stream passed its high mark
+    /// already.
     pub(crate) fn install(&mut self, read: ReadChunk) {
-        self.reading = None;
-        let high_seen = std::mem::take(&mut self.high_seen);
+        self.reading.retain(|&c| c != read.chunk);
         let chunk_rows = self.chunk_rows;
         let Some(job) = self.jobs.front_mut() else { return };
         let index = job.plans[job.current].index.clone();
@@ -459,36 +535,37 @@ impl Backfiller {
         if read.rows < chunk_rows {
             job.table_read = true;
         }
-        if read.last.is_some() {
-            job.cursor = read.last;
-        }
-        let mut pending = PendingChunk::new(read.chunk, index, read.snapshot, read.envelopes);
+        let Some(snapshot) = read.snapshot.filter(|_| read.rows > 0) else {
+            // The table ended at a chunk before: done once the chunks read are published.
+            self.finish_table_if_done();
+            return;
+        };
+        let mut pending = PendingChunk::new(read.chunk, index, snapshot, read.envelopes);
         for (xid, envelopes) in &self.recent {
             pending.observe(*xid, envelopes);
         }
         let snapshot = &pending.snapshot;
         self.recent.retain(|(xid, _)| xid.is_none_or(|x| !snapshot.visible(x)));
         let chunk = pending.chunk;
-        if read.rows == 0 {
-            self.table_finished();
-        } else {
-            self.pending = Some(pending);
-            if high_seen {
-                // The stream is at the high mark: publish here.
-                self.on_mark(&Mark {
-                    source: self.source_id.clone(),
-                    chunk,
-                    kind: MarkKind::High,
-                    lsn: Position::RESERVED,
-                });
-            }
+        self.pending.push_back(pending);
+        if self.high_seen >= chunk {
+            // The stream passed the high mark: publish here.
+            self.on_mark(&Mark {
+                source: self.source_id.clone(),
+                chunk,
+                kind: MarkKind::High,
+                lsn: Position::RESERVED,
+            });
         }
     }
 
-    /// The stream reached the high mark of the chunk still being read: the source must wait for
-    /// the read ([`install`](Self::install) then publishes it at this place in the stream).
+    /// The stream reached the high mark of a chunk still being read:
+    /// [`install`](Self::install) publishes it at once (the changes handed over meanwhile are
+    /// not visible in its snapshot, so they drop their keys from it: publishing it after its
+    /// high mark is as exact as at it).
+    #[cfg(test)]
     pub(crate) fn high_before_read(&self) -> bool {
-        self.high_seen
+        self.reading.front().is_some_and(|&c| self.high_seen >= c)
     }
 
     /// The stream handed over `batch`, of the transaction `xid`.
@@ -502,7 +579,7 @@ impl Backfiller {
         if mine.is_empty() {
             return;
         }
-        if let Some(p) = self.pending.as_mut() {
+        for p in &mut self.pending {
             p.observe(xid, &mine);
         }
         self.recent.push((xid, mine));
@@ -514,19 +591,18 @@ impl Backfiller {
         if mark.source != self.source_id {
             return;
         }
-        let Some(pending) = self.pending.as_mut() else {
-            if self.reading == Some(mark.chunk) && mark.kind == MarkKind::High {
-                self.high_seen = true;
+        let Some(at) = self.pending.iter().position(|p| p.chunk == mark.chunk) else {
+            if self.reading.contains(&mark.chunk) && mark.kind == MarkKind::High {
+                self.high_seen = self.high_seen.max(mark.chunk);
             }
             return;
         };
-        if pending.chunk != mark.chunk {
-            return;
-        }
         match mark.kind {
-            MarkKind::Low => pending.low(),
+            MarkKind::Low => self.pending[at].low(),
             MarkKind::High => {
-                let Some(pending) = self.pending.take() else { return };
+                // Marks come in chunk order: `at` is 0 (a chunk before it would have passed
+                // its own high mark first).
+                let Some(pending) = self.pending.remove(at) else { return };
                 let Some(job) = self.jobs.front() else { return };
                 self.dropped += pending.dropped();
                 let batch = pending.finish();
@@ -535,19 +611,33 @@ impl Backfiller {
                     self.rows += batch.envelopes.len() as u64;
                     self.out.push_back((job.sink.clone(), LaneItem::Batch(batch)));
                 }
-                if job.table_read {
-                    self.table_finished();
-                }
+                self.finish_table_if_done();
             }
         }
     }
 
-    /// The current table is done: on to the job's next, or its `SnapshotComplete`.
-    fn table_finished(&mut self) {
+    /// The request being served failed (a chunk could not be read): it is given up, with the
+    /// chunks held for it; the next request starts afresh.
+    pub(crate) fn abandon(&mut self) {
+        self.pending.clear();
+        self.reading.clear();
+        self.jobs.pop_front();
+        if self.jobs.is_empty() {
+            self.recent.clear();
+        }
+    }
+
+    /// When the current table was read to its end and every chunk read of it was published:
+    /// on to the job's next table, or its `SnapshotComplete`.
+    fn finish_table_if_done(&mut self) {
         let Some(job) = self.jobs.front_mut() else { return };
+        if !job.table_read || !self.pending.is_empty() || !self.reading.is_empty() {
+            return;
+        }
         self.progress[job.progress_at + job.current].done = true;
         job.current += 1;
         job.cursor = None;
+        job.started = false;
         job.table_read = false;
         if job.current == job.plans.len() {
             if let Some(job) = self.jobs.pop_front() {

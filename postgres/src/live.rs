@@ -81,10 +81,10 @@
 //!
 //! # Backfill
 //! [`backfill`](LiveSource::backfill) serves a [`Request::Backfill`] while the stream flows:
-//! the tables are read in key order, one chunk at a time by a reader thread (on a connection of
-//! its own, so the stream does not wait for the `SELECT`), each chunk
+//! the tables are read in key order, in chunks, by a reader thread (on a connection of its own,
+//! so the stream does not wait for the reads) and turned into documents by another, each chunk
 //! between a low and a high mark written into the WAL, and its rows published (as
-//! [`LiveItem::Snapshot`] from [`next_item`](LiveSource::next_item)) when the stream reaches
+//! [`LiveItem::Snapshot`] from [`next_item`](LiveSource::next_item)) once the stream reached
 //! its high mark, without the keys the stream changed meanwhile: see [`crate::backfill`].
 //!
 //! # Errors
@@ -97,17 +97,22 @@
 //! [`LiveError::Replication`]) shows the server's message and SQLSTATE.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::{mpsc, Arc, Mutex};
+use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::{Batch, LaneItem, Position, Request, SinkName};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
+use postgres::{Client, NoTls, SimpleQueryRow};
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::backfill::{
-    read_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, TablePlan, DEFAULT_CHUNK_ROWS,
+    chunk_end, chunk_rows, query_chunk, BackfillProgress, Backfiller, NextRead, ReadChunk, ReadFrom,
+    TablePlan, XidSnapshot, DEFAULT_CHUNK_ROWS,
 };
 use crate::pgoutput::{PgOutputDecoder, PgOutputError};
 use crate::wal2json::{CatalogKey, KeyLookup};
@@ -141,8 +146,9 @@ pub struct LiveConfig {
     pub heartbeat: Option<Duration>,
     /// How long to try to get the stream back after it broke (a server restart), with backoff.
     pub retry_budget: Duration,
-    /// Rows per chunk of a backfill ([`crate::backfill`]): what the source holds at a time for
-    /// a backfill, and the most a resumed backfill reads again.
+    /// Rows per chunk of a backfill ([`crate::backfill`]): the source holds at most
+    /// [`CHUNKS_HELD`](crate::backfill::CHUNKS_HELD) chunks at a time for a backfill, and a
+    /// resumed backfill reads at most that many again.
     pub backfill_chunk_rows: usize,
 }
 
@@ -1011,7 +1017,9 @@ impl LiveSource {
     /// As [`next`](Self::next); [`LiveError::BackfillFailed`] for a chunk whose rows cannot be
     /// turned into documents; [`LiveError::Side`] when reading a chunk fails within
     /// [`SIDE_RETRY_BUDGET`] (the reader reconnects in between); [`LiveError::Internal`] when
-    /// the reader thread could not start.
+    /// the reader thread could not start. After `BackfillFailed` or `Side` the request being
+    /// served is given up (it gets no `SnapshotComplete`: ask again, with `after` set to the last
+    /// row applied), the next one is served, and the stream goes on.
     pub fn next_item(
         &mut self,
         decoder: &mut PgOutputDecoder,
@@ -1026,7 +1034,7 @@ impl LiveSource {
             if self.stream.is_none() {
                 return Err(LiveError::Internal("LiveSource::next before start".into()));
             }
-            if self.backfill_reads(false)? {
+            if self.backfill_reads()? {
                 continue;
             }
             let Some(stream) = self.stream.as_mut() else {
@@ -1036,18 +1044,37 @@ impl LiveSource {
             if left.is_zero() {
                 return Ok(None);
             }
-            let received = self.runtime.block_on(async { tokio::time::timeout(left, stream.recv()).await });
+            // The stream's next event, or the reader's next chunk, whichever comes first (a
+            // chunk read while the stream is quiet is installed at once, not at the next event).
+            let mut done = self.reader.as_mut().map(|r| &mut r.done);
+            let received = self.runtime.block_on(async {
+                let mut recv = std::pin::pin!(stream.recv());
+                let next = std::future::poll_fn(|cx| {
+                    if let Some(done) = done.as_mut() {
+                        if let Poll::Ready(read) = done.poll_recv(cx) {
+                            return Poll::Ready(Woken::Read(read));
+                        }
+                    }
+                    recv.as_mut().poll(cx).map(Woken::Stream)
+                });
+                tokio::time::timeout(left, next).await
+            });
             match received {
                 Err(_elapsed) => return Ok(None),
-                Ok(Ok(Some(event))) => self.on_event(decoder, event)?,
-                Ok(Ok(None)) => self.recover(
+                Ok(Woken::Read(Some(read))) => {
+                    self.install(read)?;
+                    self.next_read()?;
+                }
+                Ok(Woken::Read(None)) => return Err(ChunkReader::gone()),
+                Ok(Woken::Stream(Ok(Some(event)))) => self.on_event(decoder, event)?,
+                Ok(Woken::Stream(Ok(None))) => self.recover(
                     decoder,
                     StreamFault::Lost {
                         cause: "the server ended the replication stream".into(),
                         admin: false,
                     },
                 )?,
-                Ok(Err(e)) => {
+                Ok(Woken::Stream(Err(e))) => {
                     let fault = classify_stream(&e, &self.config);
                     self.recover(decoder, fault)?;
                 }
@@ -1099,27 +1126,48 @@ impl LiveSource {
         self.backfiller.progress().to_vec()
     }
 
-    /// Installs the chunk the reader thread read, if it is there (waiting for it when `wait`:
-    /// the stream reached its high mark first), and hands the reader the next chunk when one
-    /// is due. Whether a chunk was installed.
-    fn backfill_reads(&mut self, wait: bool) -> Result<bool, LiveError> {
+    /// Installs the chunk the reader thread read, if it is there, and hands the reader the next
+    /// chunk when one is due. Whether a chunk was installed.
+    fn backfill_reads(&mut self) -> Result<bool, LiveError> {
         let mut installed = false;
-        if let Some(reader) = &self.reader {
-            let read = if wait {
-                Some(reader.done.recv().map_err(|_| reader.gone())?)
-            } else {
-                match reader.done.try_recv() {
-                    Ok(read) => Some(read),
-                    Err(mpsc::TryRecvError::Empty) => None,
-                    Err(mpsc::TryRecvError::Disconnected) => return Err(reader.gone()),
-                }
+        if let Some(reader) = self.reader.as_mut() {
+            let read = match reader.done.try_recv() {
+                Ok(read) => Some(read),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => return Err(ChunkReader::gone()),
             };
             if let Some(read) = read {
-                self.backfiller.install(read?);
-                self.drain_backfill();
+                self.install(read)?;
                 installed = true;
             }
         }
+        self.next_read()?;
+        Ok(installed)
+    }
+
+    /// A chunk the reader thread read (or its failure) is taken in: it waits for its high mark,
+    /// or is published at once when the stream passed it.
+    /// A failed read ends the request being served (its chunks read ahead are dropped with the
+    /// reader, which is started again for the next request): the error is returned once, and
+    /// the stream goes on.
+    fn install(&mut self, read: Result<ReadChunk, LiveError>) -> Result<(), LiveError> {
+        match read {
+            Ok(read) => {
+                self.backfiller.install(read);
+                self.drain_backfill();
+                Ok(())
+            }
+            Err(e) => {
+                self.reader = None;
+                self.backfiller.abandon();
+                self.drain_backfill();
+                Err(e)
+            }
+        }
+    }
+
+    /// Hands the reader the next chunk when one is due (starting the reader with the first).
+    fn next_read(&mut self) -> Result<(), LiveError> {
         if let Some(next) = self.backfiller.next_read() {
             if self.reader.is_none() {
                 let source = self.backfiller.source_id().to_owned();
@@ -1127,10 +1175,10 @@ impl LiveSource {
                     Some(ChunkReader::start(self.config.clone(), source, self.backfiller.chunk_rows())?);
             }
             if let Some(reader) = &self.reader {
-                reader.jobs.send(next).map_err(|_| reader.gone())?;
+                reader.jobs.send(next).map_err(|_| ChunkReader::gone())?;
             }
         }
-        Ok(installed)
+        Ok(())
     }
 
     /// Moves the backfill's ready items to the output, in order.
@@ -1150,21 +1198,18 @@ impl LiveSource {
     }
 
     /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
-    /// of the chunk the reader is still reading (the stream got there first) waits for the read
-    /// here, so that the chunk is published at its place in the stream.
-    fn take_marks(&mut self, decoder: &mut PgOutputDecoder) -> Result<(), LiveError> {
+    /// of the chunk the reader is still reading (the stream got there first) does not hold the
+    /// stream up: the chunk is published when it is installed (see
+    /// [`Backfiller::install`](crate::backfill)).
+    fn take_marks(&mut self, decoder: &mut PgOutputDecoder) {
         let mut any = false;
         while let Some(mark) = decoder.take_mark() {
             self.backfiller.on_mark(&mark);
-            if self.backfiller.high_before_read() {
-                self.backfill_reads(true)?;
-            }
             any = true;
         }
         if any {
             self.drain_backfill();
         }
-        Ok(())
     }
 
     fn on_event(&mut self, decoder: &mut PgOutputDecoder, event: ReplicationEvent) -> Result<(), LiveError> {
@@ -1180,7 +1225,7 @@ impl LiveSource {
             ReplicationEvent::KeepAlive { wal_end, .. } => idle(self, decoder, wal_end.0),
             ReplicationEvent::Message { transactional, lsn, prefix, content } => {
                 decoder.message(lsn.0, &prefix, &content);
-                self.take_marks(decoder)?;
+                self.take_marks(decoder);
                 if !transactional {
                     idle(self, decoder, lsn.0);
                 }
@@ -1193,7 +1238,7 @@ impl LiveSource {
             }
             ReplicationEvent::XLogData { data, .. } => {
                 let chunk = decoder.decode(&data)?;
-                self.take_marks(decoder)?;
+                self.take_marks(decoder);
                 if let Some(chunk) = chunk {
                     self.chunks_out = true;
                     self.metrics.changes += chunk.changes;
@@ -1419,45 +1464,103 @@ impl LiveSource {
     }
 }
 
-/// The backfill's reader: a thread with a connection of its own (reconnected within
-/// [`SIDE_RETRY_BUDGET`] when lost) that reads one chunk at a time, so that the stream goes on
-/// while a chunk's `SELECT` runs. It ends when the source is dropped (after the read in hand).
+/// The backfill's reader: two threads. The first, on a connection of its own (reconnected
+/// within [`SIDE_RETRY_BUDGET`] when lost), reads the chunks it is handed one after the other
+/// (marks and rows, one round trip each: [`query_chunk`]), keeping where the table's last chunk ended for the
+/// next ([`ReadFrom::Continue`]); the second turns each chunk's text into snapshot envelopes
+/// ([`chunk_rows`]) while the first reads the next, and hands them over in order. So the stream
+/// goes on while a chunk is read, and neither the server nor the conversion waits for the
+/// other. Both end when the source is dropped (after the chunk in hand).
 struct ChunkReader {
     jobs: mpsc::Sender<NextRead>,
-    done: mpsc::Receiver<Result<ReadChunk, LiveError>>,
+    /// A Tokio channel, so that [`LiveSource::next_item`] waits for the stream and for it at
+    /// once (sent to from a plain thread: an unbounded send never blocks; what it holds is
+    /// bounded by the chunks handed out, [`crate::backfill`]).
+    done: UnboundedReceiver<Result<ReadChunk, LiveError>>,
+}
+
+/// What woke [`LiveSource::next_item`] up: the stream or the backfill's reader.
+enum Woken<S> {
+    Stream(S),
+    Read(Option<Result<ReadChunk, LiveError>>),
+}
+
+/// A chunk's rows on their way from the reading thread to the converting one.
+struct Copied {
+    next: NextRead,
+    /// `None`: after the table's end (no query, no rows).
+    snapshot: Option<XidSnapshot>,
+    rows: Vec<SimpleQueryRow>,
 }
 
 impl ChunkReader {
     fn start(config: LiveConfig, source: String, rows: usize) -> Result<ChunkReader, LiveError> {
         let (jobs, jobs_in) = mpsc::channel::<NextRead>();
-        let (done_out, done) = mpsc::channel();
+        let (copied_out, copied_in) = mpsc::channel::<Result<Copied, LiveError>>();
+        let (done_out, done) = unbounded_channel();
         thread::Builder::new()
             .name("lanestream-backfill".into())
             .spawn(move || {
                 let mut side = Side { config, client: None, lock: false };
+                // The key values the last chunk read ended at, and whether it was its table's last.
+                let (mut last, mut ended): (Option<Vec<String>>, bool) = (None, false);
                 for next in jobs_in {
-                    let read = side
+                    let cursor = match &next.from {
+                        ReadFrom::First(cursor) => {
+                            ended = false;
+                            cursor.clone()
+                        }
+                        ReadFrom::Continue if ended => {
+                            let copied = Copied { next, snapshot: None, rows: Vec::new() };
+                            if copied_out.send(Ok(copied)).is_err() {
+                                break;
+                            }
+                            continue;
+                        }
+                        ReadFrom::Continue => last.clone(),
+                    };
+                    let index = next.plan.index.as_str().to_owned();
+                    let copied = side
                         .run(
                             SIDE_RETRY_BUDGET,
                             || format!("reading a backfill chunk of {}", next.plan.table),
-                            |c| read_chunk(c, &next.plan, &source, next.chunk, next.cursor.as_deref(), rows),
+                            |c| query_chunk(c, &next.plan, &source, next.chunk, cursor.as_deref(), rows),
                         )
-                        .and_then(|read| {
-                            read.map_err(|reason| LiveError::BackfillFailed {
-                                index: next.plan.index.as_str().to_owned(),
-                                reason,
-                            })
+                        .and_then(|read| read.map_err(|reason| LiveError::BackfillFailed { index, reason }))
+                        .map(|(snapshot, read)| {
+                            ended = read.len() < rows;
+                            if let Some(end) = chunk_end(&next.plan, &read) {
+                                last = Some(end);
+                            }
+                            Copied { snapshot: Some(snapshot), rows: read, next }
                         });
-                    if done_out.send(read).is_err() {
+                    let stop = copied.is_err();
+                    if copied_out.send(copied).is_err() || stop {
                         break;
                     }
                 }
             })
             .map_err(|e| LiveError::Internal(format!("the backfill reader thread: {e}")))?;
+        thread::Builder::new()
+            .name("lanestream-backfill-rows".into())
+            .spawn(move || {
+                for copied in copied_in {
+                    let read = copied.and_then(|Copied { next, snapshot, rows }| {
+                        let envelopes = chunk_rows(&next.plan, &rows).map_err(|reason| {
+                            LiveError::BackfillFailed { index: next.plan.index.as_str().to_owned(), reason }
+                        })?;
+                        Ok(ReadChunk { chunk: next.chunk, snapshot, rows: envelopes.len(), envelopes })
+                    });
+                    if done_out.send(read).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| LiveError::Internal(format!("the backfill conversion thread: {e}")))?;
         Ok(ChunkReader { jobs, done })
     }
 
-    fn gone(&self) -> LiveError {
+    fn gone() -> LiveError {
         LiveError::Internal("the backfill reader thread ended".into())
     }
 }

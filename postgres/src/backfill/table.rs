@@ -3,10 +3,12 @@
 //! chunk*).
 
 use std::borrow::Cow;
+use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use lanestream::{Envelope, IndexName, Op};
-use postgres::{Client, SimpleQueryMessage};
+use postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use super::{decode_id, Mark, MarkKind, XidSnapshot, MARK_PREFIX};
 use crate::pgoutput::{plain, push_json_value};
@@ -170,10 +172,12 @@ impl TablePlan {
 #[derive(Debug)]
 pub(crate) struct ReadChunk {
     pub(crate) chunk: u64,
-    pub(crate) snapshot: XidSnapshot,
-    pub(crate) envelopes: Vec<Envelope>,
-    /// The last row's key values (the next chunk's cursor); `None` for an empty chunk.
-    pub(crate) last: Option<Vec<String>>,
+    /// The snapshot it was read in; `None` for a chunk after the table's end, answered without
+    /// a query.
+    pub(crate) snapshot: Option<XidSnapshot>,
+    /// The rows as snapshot envelopes, in key order (built off the ingest thread, published as
+    /// they are).
+    pub(crate) envelopes: Arc<[Envelope]>,
     /// Rows read (`envelopes.len()`): fewer than asked means the table's end.
     pub(crate) rows: usize,
 }
@@ -188,17 +192,18 @@ fn mark_sql(source: &str, chunk: u64, kind: MarkKind) -> String {
 }
 
 /// Writes the low mark, reads the chunk in its snapshot, writes the high mark (see the module
-/// docs, *One chunk*): three transactions in one round trip (one simple query). A failure
-/// rolls back what it left open, so the connection stays usable. `Ok(Err(..))`: a row the
-/// conversion refused (a sentence).
-pub(crate) fn read_chunk(
+/// docs, *One chunk*): three transactions in one round trip (one simple query), the rows in text
+/// format (turned into documents by [`chunk_rows`], off this thread). A failure rolls back what
+/// it left open, so the connection stays usable. `Ok(Err(..))`: a sentence (the server's
+/// answer is not the four result sets of the query, or has no snapshot this source reads).
+pub(crate) fn query_chunk(
     client: &mut Client,
     plan: &TablePlan,
     source: &str,
     chunk: u64,
     cursor: Option<&[String]>,
     rows: usize,
-) -> Result<Result<ReadChunk, String>, postgres::Error> {
+) -> Result<Result<(XidSnapshot, Vec<SimpleQueryRow>), String>, postgres::Error> {
     let sql = format!(
         "{}; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text; {}; COMMIT; {}",
         mark_sql(source, chunk, MarkKind::Low),
@@ -217,8 +222,8 @@ pub(crate) fn read_chunk(
     };
     // The result sets, by their row descriptions: the low mark's, the snapshot, the rows, the
     // high mark's.
-    let mut sets: Vec<Vec<&postgres::SimpleQueryRow>> = Vec::with_capacity(4);
-    for m in &messages {
+    let mut sets: Vec<Vec<SimpleQueryRow>> = Vec::with_capacity(4);
+    for m in messages {
         match m {
             SimpleQueryMessage::RowDescription(_) => sets.push(Vec::new()),
             SimpleQueryMessage::Row(r) => {
@@ -229,58 +234,62 @@ pub(crate) fn read_chunk(
             _ => {}
         }
     }
-    let [_, snapshot, rows_out, _] = sets.as_slice() else {
+    if sets.len() != 4 {
         return Ok(Err(format!("the chunk's query gave {} result sets, not 4", sets.len())));
-    };
-    let Some(snapshot) = snapshot.first().and_then(|r| r.get(0)).and_then(XidSnapshot::parse) else {
+    }
+    let read = sets.swap_remove(2);
+    let Some(snapshot) = sets[1].first().and_then(|r| r.get(0)).and_then(XidSnapshot::parse) else {
         return Ok(Err("pg_current_snapshot() gave no snapshot this source reads".into()));
     };
-    let mut docs: Vec<u8> = Vec::new();
-    let mut built: Vec<(String, std::ops::Range<usize>)> = Vec::new();
-    let mut last_row = None;
+    Ok(Ok((snapshot, read)))
+}
+
+/// The last row's key values of a chunk (in the key's order: the next chunk's cursor), `None`
+/// for no row.
+pub(crate) fn chunk_end(plan: &TablePlan, rows: &[SimpleQueryRow]) -> Option<Vec<String>> {
+    let row = rows.last()?;
+    Some(plan.order.iter().map(|&i| row.get(i).unwrap_or_default().to_owned()).collect())
+}
+
+/// The rows of a chunk ([`query_chunk`]) as snapshot envelopes, each value typed by its column's
+/// type OID as the decoder types a change's ([`push_json_value`]); `Err`: a row the conversion
+/// refused (a sentence).
+pub(crate) fn chunk_rows(plan: &TablePlan, rows: &[SimpleQueryRow]) -> Result<Arc<[Envelope]>, String> {
+    let width = plan.columns.len();
+    // Pass 1: every value as JSON text, one after the other, and where each is.
     let mut values = String::new();
-    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(plan.columns.len());
-    for &row in rows_out {
-        values.clear();
-        spans.clear();
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(rows.len() * width);
+    for row in rows {
         for (i, col) in plan.columns.iter().enumerate() {
             let start = values.len();
             match row.get(i) {
                 None => values.push_str("null"),
-                Some(text) => {
-                    if let Err(expected) = push_json_value(col.type_oid, text, &mut values) {
-                        return Ok(Err(format!(
-                            "column {} of {} holds {text:?}, not {expected}",
-                            col.name, plan.table
-                        )));
-                    }
-                }
+                Some(text) => push_json_value(col.type_oid, text, &mut values).map_err(|expected| {
+                    format!("column {} of {} holds {text:?}, not {expected}", col.name, plan.table)
+                })?,
             }
             spans.push((start, values.len()));
         }
-        let columns: Vec<Column<'_>> = plan
-            .columns
-            .iter()
-            .zip(&spans)
-            .map(|(c, &(a, b))| Column {
-                name: if plain(&c.name) {
-                    Cow::Borrowed(c.name.as_str())
-                } else {
-                    Cow::Owned(c.name.clone())
-                },
-                value: Cow::Borrowed(&values[a..b]),
-            })
-            .collect();
-        match snapshot_row(&columns, &plan.id_key, &mut docs) {
-            Ok(b) => built.push(b),
-            Err(e) => return Ok(Err(format!("a row of {}: {e}", plan.table))),
-        }
-        last_row = Some(row);
     }
-    let last =
-        last_row.map(|row| plan.order.iter().map(|&i| row.get(i).unwrap_or_default().to_owned()).collect());
+    // Pass 2: the documents and ids, by the reader's one row writer.
+    let mut docs: Vec<u8> = Vec::with_capacity(
+        values.len() + rows.len() * (2 + plan.columns.iter().map(|c| c.name.len() + 4).sum::<usize>()),
+    );
+    let mut built: Vec<(String, Range<usize>)> = Vec::with_capacity(rows.len());
+    let mut columns: Vec<Column<'_>> = Vec::with_capacity(width);
+    for row in spans.chunks(width.max(1)) {
+        columns.clear();
+        columns.extend(plan.columns.iter().zip(row).map(|(c, &(a, b))| Column {
+            name: if plain(&c.name) { Cow::Borrowed(c.name.as_str()) } else { Cow::Owned(c.name.clone()) },
+            value: Cow::Borrowed(&values[a..b]),
+        }));
+        built.push(
+            snapshot_row(&columns, &plan.id_key, &mut docs)
+                .map_err(|e| format!("a row of {}: {e}", plan.table))?,
+        );
+    }
     let docs = Bytes::from(docs);
-    let envelopes: Vec<Envelope> = built
+    let envelopes: Arc<[Envelope]> = built
         .into_iter()
         .map(|(id, range)| Envelope {
             index: plan.index.clone(),
@@ -291,6 +300,5 @@ pub(crate) fn read_chunk(
             built_at_micros: None,
         })
         .collect();
-    let rows = envelopes.len();
-    Ok(Ok(ReadChunk { chunk, snapshot, envelopes, last, rows }))
+    Ok(envelopes)
 }

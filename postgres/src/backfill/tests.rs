@@ -91,14 +91,17 @@ fn plan(name: &str) -> TablePlan {
     }
 }
 
-fn read(chunk: u64, snapshot: &str, ids: &[&str], last: Option<&str>) -> ReadChunk {
+fn read(chunk: u64, snapshot: &str, ids: &[&str]) -> ReadChunk {
     ReadChunk {
         chunk,
-        snapshot: XidSnapshot::parse(snapshot).unwrap(),
+        snapshot: Some(XidSnapshot::parse(snapshot).unwrap()),
         envelopes: ids.iter().map(|id| env("t", id, Op::Upsert)).collect(),
-        last: last.map(|l| vec![l.to_owned()]),
         rows: ids.len(),
     }
+}
+
+fn after_the_end(chunk: u64) -> ReadChunk {
+    ReadChunk { chunk, snapshot: None, envelopes: Vec::new().into(), rows: 0 }
 }
 
 fn mark(b: &Backfiller, chunk: u64, kind: MarkKind) -> Mark {
@@ -115,9 +118,14 @@ fn the_backfiller_publishes_reconciled_chunks_at_their_high_marks_then_snapshot_
     // A transaction handed over before the chunk is read, still finishing at its snapshot.
     b.observe(Some(103), &Batch::new(Some(Position(9)), vec![env("t", "2", Op::Delete)].into()));
     let next = b.next_read().unwrap();
-    assert_eq!((next.chunk, next.cursor.is_none()), (1, true));
-    b.install(read(1, "100:110:103", &["1", "2", "3"], Some("3")));
-    assert!(b.next_read().is_none(), "one chunk at a time");
+    assert_eq!((next.chunk, next.from), (1, ReadFrom::First(None)));
+    b.install(read(1, "100:110:103", &["1", "2", "3"]));
+    // The next chunks are read while the first waits for its high mark, each after the one
+    // before, three held at most.
+    let next = b.next_read().unwrap();
+    assert_eq!((next.chunk, next.from.clone()), (2, ReadFrom::Continue));
+    let third = b.next_read().unwrap();
+    assert!(b.next_read().is_none(), "three chunks held");
     b.on_mark(&Mark { source: "other".into(), ..mark(&b, 1, MarkKind::High) });
     assert!(b.out.is_empty(), "another source's mark is ignored");
     b.on_mark(&mark(&b, 1, MarkKind::Low));
@@ -128,11 +136,11 @@ fn the_backfiller_publishes_reconciled_chunks_at_their_high_marks_then_snapshot_
     let LaneItem::Batch(batch) = item else { panic!("{item:?}") };
     assert_eq!(ids(&batch), ["1"]);
     assert_eq!((b.rows, b.dropped, b.batches), (1, 2, 1));
-    // The second chunk is the table's last (fewer rows than asked).
-    let next = b.next_read().unwrap();
-    assert_eq!(next.cursor, Some(vec!["3".to_owned()]));
-    b.install(read(next.chunk, "120:120:", &["4"], Some("4")));
+    // The second chunk is the table's last (fewer rows than asked); the third, handed out
+    // before that was known, comes back empty, without a query.
+    b.install(read(next.chunk, "120:120:", &["4"]));
     assert!(b.next_read().is_none());
+    b.install(after_the_end(third.chunk));
     b.on_mark(&mark(&b, next.chunk, MarkKind::Low));
     b.on_mark(&mark(&b, next.chunk, MarkKind::High));
     let (_, item) = b.out.pop_front().unwrap();
@@ -152,7 +160,7 @@ fn an_empty_request_completes_at_once_and_an_empty_last_chunk_needs_no_mark() {
     assert_eq!(b.out.pop_front(), Some((sink.clone(), LaneItem::SnapshotComplete { indexes: vec![] })));
     b.push(sink, vec![index("t")], vec![plan("t")], None);
     let next = b.next_read().unwrap();
-    b.install(read(next.chunk, "1:1:", &[], None));
+    b.install(read(next.chunk, "1:1:", &[]));
     assert!(matches!(b.out.pop_front(), Some((_, LaneItem::SnapshotComplete { .. }))));
 }
 
@@ -198,23 +206,88 @@ fn marks_round_trip_and_foreign_content_is_no_mark() {
     assert_eq!(Mark::parse(&[0xff, b':', b'1', b':', b'l'], Position(1)), None);
 }
 
-/// The stream may reach a chunk's high mark before the reader hands the chunk over: the source
-/// waits for it there, and installing it publishes it at once.
+/// The stream may reach a chunk's high mark before the reader hands the chunk over: the stream
+/// goes on, and installing the chunk publishes it at once, without the rows changed by what the
+/// stream handed over meanwhile (after the high mark too: none of it is in the snapshot).
 #[test]
 fn a_high_mark_before_the_read_is_installed_publishes_at_install() {
     let sink = SinkName::new("s").unwrap();
     let mut b = Backfiller::new("x".into(), 3);
     b.push(sink, vec![index("t")], vec![plan("t")], None);
     let next = b.next_read().unwrap();
-    assert!(b.next_read().is_none(), "one chunk read at a time");
+    let _ahead = b.next_read().unwrap();
     b.on_mark(&mark(&b, next.chunk, MarkKind::Low));
     assert!(!b.high_before_read());
     // A transaction the snapshot did not see, handed over before the install.
     b.observe(Some(200), &Batch::new(Some(Position(3)), vec![env("t", "2", Op::Delete)].into()));
     b.on_mark(&mark(&b, next.chunk, MarkKind::High));
     assert!(b.high_before_read() && b.out.is_empty());
-    b.install(read(next.chunk, "100:110:", &["1", "2", "3"], Some("3")));
+    // A transaction committed after the high mark, handed over before the install.
+    b.observe(Some(201), &Batch::new(Some(Position(4)), vec![env("t", "3", Op::Upsert)].into()));
+    b.install(read(next.chunk, "100:110:", &["1", "2", "3"]));
     assert!(!b.high_before_read());
     let (_, item) = b.out.pop_front().unwrap();
-    assert!(matches!(item, LaneItem::Batch(ref x) if ids(x) == ["1", "3"]), "{item:?}");
+    assert!(matches!(item, LaneItem::Batch(ref x) if ids(x) == ["1"]), "{item:?}");
+}
+
+/// Chunks handed out ahead: each is reconciled against the changes in its own window and
+/// published at its own high mark; the ones after the table's end come back empty, and the
+/// table completes only after the chunk still waiting is published.
+#[test]
+fn chunks_read_ahead_are_published_in_order_and_the_table_completes_after_the_last() {
+    let sink = SinkName::new("s").unwrap();
+    let mut b = Backfiller::new("x".into(), 2);
+    b.push(sink.clone(), vec![index("t")], vec![plan("t")], None);
+    let first = b.next_read().unwrap();
+    let second = b.next_read().unwrap();
+    let third = b.next_read().unwrap();
+    assert!(b.next_read().is_none(), "three chunks held: no fourth read");
+    assert_eq!((second.from, third.from), (ReadFrom::Continue, ReadFrom::Continue));
+    b.on_mark(&mark(&b, first.chunk, MarkKind::Low));
+    b.install(read(first.chunk, "100:110:", &["1", "2"]));
+    b.install(read(second.chunk, "100:110:", &["3", "4"]));
+    assert!(b.next_read().is_none(), "three chunks held: no fourth read");
+    // Between the first chunk's marks: drops its key 2, and the second's key 3 (not visible in
+    // the second's snapshot).
+    b.observe(
+        Some(150),
+        &Batch::new(Some(Position(5)), vec![env("t", "2", Op::Upsert), env("t", "3", Op::Delete)].into()),
+    );
+    b.on_mark(&mark(&b, first.chunk, MarkKind::High));
+    let fourth = b.next_read().expect("two held: the next is read");
+    b.install(read(third.chunk, "150:150:", &[]));
+    assert!(b.next_read().is_none(), "the table was read to its end");
+    b.install(after_the_end(fourth.chunk));
+    b.on_mark(&mark(&b, second.chunk, MarkKind::Low));
+    assert_eq!(b.out.len(), 1, "the table is not complete before its last chunk is published");
+    b.on_mark(&mark(&b, second.chunk, MarkKind::High));
+    let items: Vec<LaneItem> = b.out.drain(..).map(|(_, item)| item).collect();
+    assert!(matches!(&items[0], LaneItem::Batch(x) if ids(x) == ["1"]), "{items:?}");
+    assert!(matches!(&items[1], LaneItem::Batch(x) if ids(x) == ["4"]), "{items:?}");
+    assert_eq!(items[2], LaneItem::SnapshotComplete { indexes: vec![index("t")] });
+    assert_eq!(items.len(), 3);
+    assert_eq!((b.rows, b.dropped, b.batches), (2, 2, 2));
+}
+
+/// A failed read gives the request up with the chunks held for it (none of them is published
+/// later, with a gap before it); the next request starts at its first chunk.
+#[test]
+fn a_failed_request_is_given_up_with_its_chunks_and_the_next_starts_afresh() {
+    let (a, b2) = (SinkName::new("a").unwrap(), SinkName::new("b").unwrap());
+    let mut b = Backfiller::new("x".into(), 2);
+    b.push(a, vec![index("t")], vec![plan("t")], None);
+    b.push(b2.clone(), vec![index("t")], vec![plan("t")], Some(vec!["7".into()]));
+    let first = b.next_read().unwrap();
+    let second = b.next_read().unwrap();
+    b.install(read(first.chunk, "100:110:", &["1", "2"]));
+    b.abandon();
+    b.on_mark(&mark(&b, first.chunk, MarkKind::High));
+    assert!(b.out.is_empty(), "nothing of the given-up request is published");
+    let next = b.next_read().unwrap();
+    assert!(next.chunk > second.chunk);
+    assert_eq!(next.from, ReadFrom::First(Some(vec!["7".to_owned()])));
+    b.install(read(next.chunk, "100:110:", &["8"]));
+    b.on_mark(&mark(&b, next.chunk, MarkKind::High));
+    let (to, item) = b.out.pop_front().unwrap();
+    assert!(to == b2 && matches!(item, LaneItem::Batch(ref x) if ids(x) == ["8"]), "{item:?}");
 }

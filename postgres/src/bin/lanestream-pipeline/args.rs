@@ -96,6 +96,13 @@ pub(crate) struct Args {
     /// library's, 1024 rows (`lanestream_postgres::backfill::DEFAULT_CHUNK_ROWS`).
     #[arg(long, value_name = "N", requires = "source", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) backfill_chunk_rows: Option<u64>,
+    /// Live mode: every sink asks at start for a backfill of these indexes (the live reader's
+    /// `schema_table` names, comma separated): their tables' rows are read in key order, in
+    /// chunks interleaved with the stream (`lanestream_postgres::backfill`), and published to
+    /// each sink's lane. While it runs, a bar per table shows the rows read against the table's
+    /// estimate (`pg_class.reltuples`), on stderr when it is a terminal (not with --quiet).
+    #[arg(long, value_name = "INDEXES", value_delimiter = ',', requires = "source")]
+    pub(crate) backfill: Vec<String>,
     /// Live mode: how long to wait for a slot that another client holds before giving up.
     #[arg(long, default_value_t = 30)]
     pub(crate) slot_wait_secs: u64,

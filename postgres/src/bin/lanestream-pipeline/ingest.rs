@@ -49,6 +49,10 @@ pub(crate) struct Counters {
     /// (bad lines included).
     pub(crate) transactions_discarded: AtomicU64,
     pub(crate) changes_discarded: AtomicU64,
+    /// Live mode: the source's backfill progress per table
+    /// ([`LiveSource::backfill_progress`]), as of the last snapshot item published (a copy of
+    /// the source's own counts for the progress bars; empty when no backfill was asked).
+    pub(crate) backfill: std::sync::Mutex<Vec<BackfillProgress>>,
 }
 
 /// What the ingest thread did.
@@ -243,15 +247,69 @@ impl Ingest {
         let end = args.end_lsn.as_deref().map(Position::from_lsn).transpose()?;
         let wait = Duration::from_millis(args.poll_interval_ms.max(1));
         source.start()?;
+        // The backfill requests being served, in order (each acked after its SnapshotComplete).
+        let mut serving: VecDeque<Delivery<Request>> = VecDeque::new();
         while !self.stop.is_stopped() {
             source.confirm(self.stream.watermark())?;
-            match source.next(&mut decoder, wait)? {
-                Some(batch) => self.handle(Ok(batch), args, counters, Some(&mut *source))?,
-                None if end.is_some_and(|end| source.decoded().is_some_and(|d| d >= end)) => break,
+            self.take_backfills(source, &mut serving)?;
+            match source.next_item(&mut decoder, wait)? {
+                Some(LiveItem::Change(batch)) => {
+                    self.handle(Ok(batch), args, counters, Some(&mut *source))?
+                }
+                Some(LiveItem::Snapshot { sink, item }) => {
+                    let lane = self
+                        .names
+                        .iter()
+                        .position(|n| *n == sink)
+                        .ok_or_else(|| format!("a backfill for unknown sink {sink}"))?;
+                    let complete = matches!(item, LaneItem::SnapshotComplete { .. });
+                    if let LaneItem::Batch(b) = &item {
+                        self.report.snapshot_envelopes += b.envelopes.len() as u64;
+                    }
+                    self.publish(item, Some(lane))?;
+                    if let Ok(mut progress) = counters.backfill.lock() {
+                        *progress = source.backfill_progress();
+                    }
+                    // Acked only once SnapshotComplete is published (R2).
+                    if complete && serving.pop_front().is_some_and(|d| d.ack().is_ok()) {
+                        self.report.backfills_served += 1;
+                    }
+                }
+                // --end-lsn: a backfill being served is finished first.
+                None if serving.is_empty()
+                    && end.is_some_and(|end| source.decoded().is_some_and(|d| d >= end)) =>
+                {
+                    break
+                }
                 None => {}
             }
         }
         Ok(())
+    }
+
+    /// Live mode: hands the backfill requests the sinks sent to the source (served in order,
+    /// interleaved with the stream). A request the source can never serve (an index no
+    /// published table has, a table without a primary key) is acked unanswered, with a warning.
+    pub(crate) fn take_backfills(
+        &mut self,
+        source: &mut LiveSource,
+        serving: &mut VecDeque<Delivery<Request>>,
+    ) -> Result<(), BoxError> {
+        loop {
+            let delivery = match self.requests.try_recv() {
+                Ok(d) => d,
+                Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            match source.backfill(delivery.item().clone()) {
+                Ok(()) => serving.push_back(delivery),
+                Err(e @ LiveError::BackfillRefused { .. }) => {
+                    eprintln!("warning: {e}");
+                    let _ = delivery.ack();
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Publishes one batch (or counts one bad line). `confirmer`: the live source's, to confirm

@@ -7,7 +7,9 @@
 //! `--slow-sink` makes one sink sleep per batch; `--chaos` makes the sinks nack, drop handles,
 //! hold several deliveries and ack them out of order, re-attach their consumer, and ask the ingest
 //! thread once for a backfill (answered on their lane with snapshot batches and
-//! `SnapshotComplete`). The main thread draws a progress bar (changes/s, watermark, per-lane lag).
+//! `SnapshotComplete`). The main thread draws a progress bar (changes/s, watermark, per-lane lag),
+//! and in live mode with `--backfill`, one per table being backfilled (rows read / estimated
+//! rows); indicatif draws them on stderr only when it is a terminal.
 //!
 //! At the end it checks that every sink received every change at least once — tracked in memory
 //! per sink as how many envelopes of each batch position arrived, so it also holds with
@@ -60,7 +62,7 @@ use prelude::*;
 
 mod prelude {
     //! What every role's file uses.
-    pub(crate) use std::collections::HashMap;
+    pub(crate) use std::collections::{HashMap, VecDeque};
     pub(crate) use std::fs::File;
     pub(crate) use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
     pub(crate) use std::path::{Path, PathBuf};
@@ -72,12 +74,13 @@ mod prelude {
 
     pub(crate) use bytes::Bytes;
     pub(crate) use clap::Parser;
-    pub(crate) use indicatif::{ProgressBar, ProgressStyle};
+    pub(crate) use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
     pub(crate) use lanestream::{
-        AckError, AckHandle, Batch, Envelope, Fanout, IndexName, Lane, LaneItem, MemoryStream, Op, Position,
-        PublishError, PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
+        AckError, AckHandle, Batch, Delivery, Envelope, Fanout, IndexName, Lane, LaneItem, MemoryStream, Op,
+        Position, PublishError, PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
     };
-    pub(crate) use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
+    pub(crate) use lanestream_postgres::backfill::BackfillProgress;
+    pub(crate) use lanestream_postgres::live::{LiveConfig, LiveError, LiveItem, LiveSource};
     pub(crate) use lanestream_postgres::ndjson::{write_line, Checkpoint, DurableNdjson};
     pub(crate) use lanestream_postgres::pgoutput::PgOutputDecoder;
     pub(crate) use lanestream_postgres::pipeline::metrics::{commit_micros, unix_micros_now, CommitLatency};

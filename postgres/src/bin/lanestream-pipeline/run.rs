@@ -133,6 +133,17 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         report: IngestReport::default(),
     };
     let expected_backfills = if args.chaos { u64::from(args.sinks) } else { 0 };
+    // --backfill (live mode): every sink asks for it before the stream starts.
+    if !args.backfill.is_empty() {
+        let indexes: Vec<IndexName> =
+            args.backfill.iter().map(|i| IndexName::new(i.as_str())).collect::<Result<_, _>>()?;
+        let requests = stream.requests().sender();
+        for lane in &lanes {
+            requests
+                .publish(Request::backfill(lane.name().clone(), indexes.clone()))
+                .map_err(|e| format!("backfill request: {e}"))?;
+        }
+    }
     let ingest_thread = {
         let (args, counters) = (args.clone(), counters.clone());
         thread::Builder::new()
@@ -140,12 +151,23 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
             .spawn(move || ingest.run(input, &args, &counters, expected_backfills))?
     };
 
-    // Progress until the ingest is done and every sink finished.
-    let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    // Progress until the ingest is done and every sink finished: the stream's bar, and one per
+    // table being backfilled. On stderr, drawn only when it is a terminal (indicatif's stderr
+    // target hides itself otherwise).
+    let bars = if args.quiet {
+        MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden())
+    } else {
+        MultiProgress::new()
+    };
+    let bar = bars.add(ProgressBar::new_spinner());
     bar.set_style(ProgressStyle::with_template(
         "{spinner} {elapsed_precise} {human_pos} changes ({per_sec}) {msg}",
     )?);
+    let mut backfill_bars = BackfillBars::default();
     while !(ingest_thread.is_finished() && sink_threads.iter().all(|t| t.is_finished())) {
+        if let Ok(progress) = counters.backfill.lock() {
+            backfill_bars.update(&bars, &progress)?;
+        }
         bar.set_position(counters.changes.load(Ordering::Relaxed));
         let lags: Vec<String> = lanes.iter().map(|l| format!("{}:{}", l.name(), l.stats().lag())).collect();
         bar.set_message(format!(
@@ -157,6 +179,7 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         bar.tick();
         thread::sleep(Duration::from_millis(20));
     }
+    backfill_bars.clear();
     bar.finish_and_clear();
 
     let mut ingest = ingest_thread.join().map_err(|_| "the ingest thread panicked")?;
@@ -350,4 +373,63 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     // The summary goes to stdout; a closed stdout (e.g. `| head`) is not an error of the run.
     let _ = write!(io::stdout().lock(), "{summary}");
     Ok(summary.result == "PASS")
+}
+
+/// The backfill's bars: one per table being backfilled (per sink that asked), rows read against
+/// the table's estimate, both from the source's progress ([`LiveSource::backfill_progress`]);
+/// a bar is cleared when its table is done.
+#[derive(Default)]
+pub(crate) struct BackfillBars {
+    bars: Vec<ProgressBar>,
+}
+
+impl BackfillBars {
+    pub(crate) fn update(
+        &mut self,
+        bars: &MultiProgress,
+        progress: &[BackfillProgress],
+    ) -> Result<(), BoxError> {
+        for (i, p) in progress.iter().enumerate() {
+            if i == self.bars.len() {
+                // `reltuples` is -1 for a table never analysed: then a count without a length.
+                let bar = match u64::try_from(p.estimated_rows) {
+                    Ok(estimate) => {
+                        let bar = ProgressBar::new(estimate);
+                        bar.set_style(ProgressStyle::with_template(
+                            "  backfill {prefix} {wide_bar} {human_pos}/~{human_len} rows ({eta})",
+                        )?);
+                        bar
+                    }
+                    Err(_) => {
+                        let bar = ProgressBar::new_spinner();
+                        bar.set_style(ProgressStyle::with_template(
+                            "  backfill {prefix} {spinner} {human_pos} rows",
+                        )?);
+                        bar
+                    }
+                };
+                bar.set_prefix(format!("{} → {}", p.table, p.sink));
+                self.bars.push(bars.add(bar));
+            }
+            let bar = &self.bars[i];
+            if bar.is_finished() {
+                continue;
+            }
+            // The estimate is an estimate: a table grown since its last ANALYZE runs past it.
+            if bar.length().is_some_and(|len| p.rows_read > len) {
+                bar.set_length(p.rows_read);
+            }
+            bar.set_position(p.rows_read);
+            if p.done {
+                bar.finish_and_clear();
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn clear(&self) {
+        for bar in &self.bars {
+            bar.finish_and_clear();
+        }
+    }
 }
