@@ -130,6 +130,9 @@ pub(crate) struct SinkState {
     pub(crate) durable_dir: Option<PathBuf>,
     pub(crate) slow: Option<Duration>,
     pub(crate) chaos: Option<StdRng>,
+    /// --chaos failed the last run: the next one goes through (the engine's retry budget is
+    /// for the sink's own failures).
+    chaos_failed_last: bool,
     pub(crate) requests: lanestream::RequestSender,
     /// --kill-sink-after (the first sink only): pending until it fires.
     pub(crate) kill: Option<Kill>,
@@ -156,6 +159,7 @@ impl SinkState {
             durable_dir: None,
             slow: None,
             chaos: None,
+            chaos_failed_last: false,
             requests,
             kill: None,
             killed: None,
@@ -258,7 +262,8 @@ impl SinkState {
 }
 
 fn lock(shared: &Mutex<SinkState>) -> std::sync::MutexGuard<'_, SinkState> {
-    // A panic elsewhere cannot leave the state half-updated in a way the counts care about.
+    // A panic while it was held (the engine catches it and retries the run) leaves the counts
+    // of that run counted: the summary still reads them.
     shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -302,7 +307,9 @@ impl Sink for HarnessSink {
             }
         }
         if let Some(rng) = st.chaos.as_mut() {
-            if rng.gen_bool(0.05) {
+            let fail = !st.chaos_failed_last && rng.gen_bool(0.05);
+            st.chaos_failed_last = fail;
+            if fail {
                 count_released(st, items);
                 return Err(SinkError::Injected("a run failed on purpose (--chaos)"));
             }
