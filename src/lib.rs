@@ -126,7 +126,7 @@ pub mod redis {
     };
 }
 pub use backend::{MemoryStream, RequestLane, RequestSender, StreamBuilder};
-pub use port::{LaneConsumer, LaneDelivery, RequestPublisher, Stream, StreamFanout};
+pub use port::{DeliveryRun, LaneConsumer, LaneDelivery, LaneRun, RequestPublisher, Stream, StreamFanout};
 
 /// `Send`/`Sync` bounds and consume-on-ack, pinned by `compile_fail` doctests.
 #[cfg(doctest)]

@@ -8,6 +8,7 @@
 //! |---|---|---|---|---|
 //! | publish (the fan-out) | `publish`, `publish_run`, `publish_to` | `try_publish`, `try_publish_run`, `try_publish_to` | `publish_timeout`, `publish_deadline` | `publish_async` |
 //! | receive | `recv` | `try_recv` | `recv_timeout`, `recv_deadline` | `recv_async` |
+//! | receive a run ([`LaneRun`]) | `recv_run` | `try_recv_run` | `recv_run_timeout`, `recv_run_deadline` | — |
 //! | watermark | `wait_watermark(p, None)` | `watermark` | `wait_watermark(p, Some(deadline))` | `wait_watermark_async` |
 //!
 //! Attaching a consumer comes in two forms: [`Stream::attach`] refuses while another consumer
@@ -242,6 +243,8 @@ pub trait StreamFanout: Send {
 pub trait LaneConsumer<T>: Send {
     /// One received item and the right to ack or nack it.
     type Delivery: LaneDelivery<T>;
+    /// A run of items received in one step, acked or released together.
+    type Run: LaneRun<T>;
 
     /// Receives the next item if one is queued or released; never blocks ([L12](crate::contract#l12)).
     ///
@@ -278,6 +281,176 @@ pub trait LaneConsumer<T>: Send {
 
     /// Whether a newer consumer of the lane detached this one.
     fn is_detached(&self) -> bool;
+
+    /// Receives a run of up to `max` items queued now, in lane order
+    /// ([runs](crate::contract#runs)); never blocks ([L12](crate::contract#l12)). `max` is at
+    /// least 1; a backend may deliver fewer than it allows (the memory backend at most
+    /// [`MAX_RUN`](crate::MAX_RUN)).
+    ///
+    /// # Errors
+    /// As [`try_recv`](LaneConsumer::try_recv), when not even one item is there.
+    fn try_recv_run(&mut self, max: usize) -> Result<Self::Run, TryRecvError>;
+
+    /// Receives a run (as [`try_recv_run`](LaneConsumer::try_recv_run)), waiting while the lane is
+    /// empty; it returns as soon as one item is there, with what is queued then. `Ok(None)` once
+    /// the lane is closed and drained ([L10](crate::contract#l10)).
+    ///
+    /// # Errors
+    /// As [`recv`](LaneConsumer::recv).
+    fn recv_run(&mut self, max: usize) -> Result<Option<Self::Run>, RecvError>;
+
+    /// As [`recv_run`](LaneConsumer::recv_run), waiting until `deadline` at most.
+    ///
+    /// # Errors
+    /// As [`recv_deadline`](LaneConsumer::recv_deadline).
+    fn recv_run_deadline(
+        &mut self,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Self::Run>, RecvTimeoutError>;
+
+    /// As [`recv_run`](LaneConsumer::recv_run), waiting `timeout` at most.
+    ///
+    /// # Errors
+    /// As [`recv_deadline`](LaneConsumer::recv_deadline).
+    fn recv_run_timeout(
+        &mut self,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<Option<Self::Run>, RecvTimeoutError> {
+        self.recv_run_deadline(max, Instant::now() + timeout)
+    }
+}
+
+/// A run of deliveries received in one step ([`LaneConsumer::recv_run`] and its siblings):
+/// consecutive items of one lane, acked or released together. Each item keeps the per-delivery
+/// rules ([runs](crate::contract#runs)): acking the run acks every item (an item a re-attach
+/// took back first is refused and redelivered, the others count); releasing it, or dropping it
+/// un-acked, releases every item for redelivery before anything new
+/// ([L6](crate::contract#l6)).
+///
+/// The memory backend's is [`Run`](crate::Run) (one step and one ack pass for the whole run);
+/// a backend without a native form uses [`DeliveryRun`], its deliveries one by one.
+pub trait LaneRun<T>: Send {
+    /// How many items the run holds.
+    fn len(&self) -> usize;
+
+    /// Whether the run holds no item.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The `i`-th item (0 is the first in lane order); `None` past the last.
+    fn get(&self, i: usize) -> Option<&T>;
+
+    /// How many of the run's items are redeliveries (attempt > 1). On the memory backend a
+    /// redelivered item comes in a run of its own, so this is 0 or `len()`.
+    fn redelivered(&self) -> usize;
+
+    /// Acknowledges every item of the run ([L5](crate::contract#l5)).
+    ///
+    /// # Errors
+    /// [`AckError::Detached`] if a re-attach took back some of the items first
+    /// ([L8](crate::contract#l8)): those are redelivered to the new consumer; the others count.
+    fn ack(self) -> Result<(), AckError>;
+
+    /// Releases every item of the run for redelivery before any new item ([L6](crate::contract#l6)).
+    fn nack(self);
+}
+
+/// The run of a backend that receives one item at a time (Redis): up to `max` deliveries taken
+/// with the backend's own receive, acked (or released) one by one. Its constructors are the
+/// [`LaneConsumer`] run methods of such a backend.
+#[derive(Debug)]
+pub struct DeliveryRun<D>(Vec<D>);
+
+impl<D> DeliveryRun<D> {
+    /// Takes what is queued now, up to `max` (at least 1) deliveries, with `try_recv`.
+    ///
+    /// # Errors
+    /// `try_recv`'s, when not even one item is there.
+    pub fn try_recv<T, C>(consumer: &mut C, max: usize) -> Result<Self, TryRecvError>
+    where
+        C: LaneConsumer<T, Delivery = D> + ?Sized,
+        D: LaneDelivery<T>,
+    {
+        let first = consumer.try_recv()?;
+        Ok(Self::fill(consumer, first, max))
+    }
+
+    /// Waits until `deadline` (`None`: for as long as it takes) for one delivery, then takes
+    /// what is queued behind it, up to `max` (at least 1) in all.
+    ///
+    /// # Errors
+    /// The waiting receive's; a blocking one (`deadline` `None`) never times out.
+    pub fn recv_deadline<T, C>(
+        consumer: &mut C,
+        max: usize,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Self>, RecvTimeoutError>
+    where
+        C: LaneConsumer<T, Delivery = D> + ?Sized,
+        D: LaneDelivery<T>,
+    {
+        let first = match deadline {
+            Some(deadline) => consumer.recv_deadline(deadline)?,
+            None => consumer.recv().map_err(|e| match e {
+                RecvError::Detached => RecvTimeoutError::Detached,
+                RecvError::Backend(e) => RecvTimeoutError::Backend(e),
+            })?,
+        };
+        Ok(first.map(|first| Self::fill(consumer, first, max)))
+    }
+
+    fn fill<T, C>(consumer: &mut C, first: D, max: usize) -> Self
+    where
+        C: LaneConsumer<T, Delivery = D> + ?Sized,
+        D: LaneDelivery<T>,
+    {
+        let mut run = vec![first];
+        // Stops at the first miss: empty, closed, detached, or a broker's blip (the next
+        // receive sees it again and says what it is).
+        while run.len() < max {
+            match consumer.try_recv() {
+                Ok(d) => run.push(d),
+                Err(_) => break,
+            }
+        }
+        DeliveryRun(run)
+    }
+}
+
+impl<T, D: LaneDelivery<T>> LaneRun<T> for DeliveryRun<D> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&T> {
+        self.0.get(i).map(LaneDelivery::item)
+    }
+
+    fn redelivered(&self) -> usize {
+        self.0.iter().filter(|d| d.attempt() > 1).count()
+    }
+
+    fn ack(self) -> Result<(), AckError> {
+        // Every item is acked; the first refusal is the run's.
+        let mut first_error = Ok(());
+        for d in self.0 {
+            if let Err(e) = d.ack() {
+                if first_error.is_ok() {
+                    first_error = Err(e);
+                }
+            }
+        }
+        first_error
+    }
+
+    fn nack(self) {
+        for d in self.0 {
+            d.nack();
+        }
+    }
 }
 
 /// One delivered item: read it, then ack or nack it. Dropping it un-acked nacks it

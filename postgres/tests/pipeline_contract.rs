@@ -475,3 +475,100 @@ fn r2_a_sink_engine_reopened_after_a_failed_run_does_not_ask_its_backfill_again(
     assert_eq!(search.resumed_backfills, 1);
     assert_eq!(report.backfills_served, 1);
 }
+
+/// A sink that checks C1 itself: at its `apply` and its `commit`, nothing of the run in hand is
+/// acked on its lane yet. Its first apply waits until `pile_up` items were published to its lane,
+/// so that the engine then finds more than one backend run waiting.
+struct RunCheckingSink {
+    stream: MemoryStream,
+    pile_up: u64,
+    staged: Vec<Position>,
+    /// The length of every run applied.
+    applies: Arc<Mutex<Vec<usize>>>,
+    durable: Arc<Mutex<Vec<Position>>>,
+}
+
+impl RunCheckingSink {
+    fn assert_nothing_staged_is_acked(&self) {
+        let acked = self.stream.acked("search").unwrap();
+        if let Some(&first) = self.staged.first() {
+            assert!(acked < Some(first), "acked {acked:?} before the run from {first} was committed");
+        }
+    }
+}
+
+impl Sink for RunCheckingSink {
+    type Error = io::Error;
+
+    fn apply(&mut self, items: &[LaneItem]) -> Result<(), io::Error> {
+        if self.pile_up > 0 {
+            while self.stream.stats("search").unwrap().published < self.pile_up {
+                thread::sleep(Duration::from_millis(1));
+            }
+            self.pile_up = 0;
+        }
+        self.applies.lock().unwrap().push(items.len());
+        self.staged.extend(items.iter().filter_map(LaneItem::position));
+        self.assert_nothing_staged_is_acked();
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), io::Error> {
+        self.assert_nothing_staged_is_acked();
+        self.durable.lock().unwrap().append(&mut self.staged);
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> Option<Position> {
+        self.durable.lock().unwrap().last().copied()
+    }
+}
+
+#[test]
+fn c1_the_engine_applies_several_backend_runs_as_one_and_acks_them_only_after_the_commit() {
+    let stream = MemoryStream::builder().capacity(512).sinks(["search"]).build().unwrap();
+    let (applies, durable) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let (s, a, d) = (stream.clone(), applies.clone(), durable.clone());
+    let mut first = true;
+    let report = Pipeline::new(stream.clone())
+        .max_run(200)
+        .sink("search", move || {
+            let pile_up = if std::mem::take(&mut first) { 400 } else { 0 };
+            Ok::<_, io::Error>(RunCheckingSink {
+                stream: s.clone(),
+                pile_up,
+                staged: Vec::new(),
+                applies: a.clone(),
+                durable: d.clone(),
+            })
+        })
+        .run(&mut FakeSource::new(&stream, 400))
+        .unwrap();
+    let applies = applies.lock().unwrap();
+    assert!(applies.iter().all(|&n| (1..=200).contains(&n)), "runs within max_run: {applies:?}");
+    assert!(
+        applies.iter().any(|&n| n > lanestream::MAX_RUN),
+        "the backend's runs (at most {}) were grouped up to max_run: {applies:?}",
+        lanestream::MAX_RUN
+    );
+    assert_eq!(*durable.lock().unwrap(), (1..=400).map(|t| Position(t * 10)).collect::<Vec<_>>());
+    let search = &report.sinks[0];
+    assert_eq!((search.items_acked, search.acks_refused, search.redelivered), (400, 0, 0));
+    assert_eq!(report.confirmed, Some(Position(4000)));
+}
+
+#[test]
+fn l6_a_failed_run_is_released_whole_and_its_redeliveries_are_counted() {
+    let stream = stream(64);
+    let shared = shared_sinks();
+    shared[0].lock().unwrap().fail_times = 2; // the first run fails twice, of 3 tries
+    let report = pipeline(&stream, &shared, None).run(&mut FakeSource::new(&stream, 100)).unwrap();
+    let search = report.sinks.iter().find(|s| s.sink == "search").unwrap();
+    assert_eq!(search.retries, 2);
+    assert!(search.redelivered >= 2, "the failed run came again, twice, as redeliveries: {search:?}");
+    assert_eq!((search.items_acked, search.acks_refused), (100, 0), "each transaction acked once");
+    assert_eq!(
+        shared[0].lock().unwrap().durable,
+        expected(100).into_iter().map(Position).collect::<Vec<_>>()
+    );
+}

@@ -34,7 +34,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::{
-    AckError, Batch, Envelope, Item, LaneConsumer, LaneDelivery, LaneItem, Position, PublishError,
+    AckError, Batch, Envelope, Item, LaneConsumer, LaneDelivery, LaneItem, LaneRun, Position, PublishError,
     PublishTimeoutError, RecvError, RecvTimeoutError, Request, RequestPublisher, SinkName, Stream,
     StreamError, StreamFanout, TryPublishError, TryRecvError,
 };
@@ -146,6 +146,7 @@ macro_rules! port_contract_tests {
             r1_attach_requests_refuses_while_an_ingest_engine_is_attached,
             r2_requests_follow_the_lane_rules_for_nack_redelivery_and_reattach,
             r2_backfill_is_acked_after_snapshot_complete_and_redelivered_after_a_crash_mid_snapshot,
+            runs_are_consecutive_acked_together_released_whole_and_end_with_the_lane,
         );
     };
     (@each $backend:expr; $($test:ident,)*) => {
@@ -564,6 +565,48 @@ pub fn l6_only_released_items_are_redelivered_and_attempt_counts_deliveries<B: B
         x.ack().unwrap();
     }
     assert_lane_idle(b, &s, "search", true, "everything acked");
+    assert!(s.is_idle());
+}
+
+/// The positions of a run's items, in order.
+fn run_positions<R: LaneRun<LaneItem>>(run: &R) -> Vec<u64> {
+    (0..run.len()).map(|i| run.get(i).and_then(Item::position).expect("a positioned item").0).collect()
+}
+
+/// [Runs](lanestream::contract#runs) through the port: a run holds consecutive items in publish
+/// order (at most `max`); its ack counts for every item; dropping it releases every item, which
+/// come again (as redeliveries) before anything new; `recv_run` ends with the closed lane.
+pub fn runs_are_consecutive_acked_together_released_whole_and_end_with_the_lane<B: Backend>(b: &B) {
+    let s = stream(b, 8, &["search"]);
+    let (mut p, mut c) = (s.fanout().unwrap(), s.reattach("search").unwrap());
+    assert_eq!(err(c.try_recv_run(4)), TryRecvError::Empty);
+    for i in 1..=6 {
+        p.publish(batch(i)).unwrap();
+    }
+    let first = c.try_recv_run(4).unwrap();
+    assert_eq!(run_positions(&first), [1, 2, 3, 4], "the first 4 of what is queued, in order");
+    assert_eq!(first.redelivered(), 0);
+    let second = c.recv_run_timeout(4, Duration::from_secs(5)).unwrap().expect("items 5 and 6");
+    assert_eq!(run_positions(&second), [5, 6], "what is queued, not waiting for a full run");
+    assert_eq!(err(c.try_recv_run(4)), TryRecvError::Empty, "nothing is delivered twice");
+    first.ack().unwrap();
+    assert_eq!(s.acked("search").unwrap(), Some(Position(4)), "the run's ack counts for each item");
+    drop(second); // released whole
+    let mut again = Vec::new();
+    while again.len() < 2 {
+        let run = c.try_recv_run(4).unwrap();
+        assert_eq!(run.redelivered(), run.len(), "every released item comes again as a redelivery");
+        again.extend(run_positions(&run));
+        run.ack().unwrap();
+    }
+    assert_eq!(again, [5, 6]);
+    assert_eq!(s.watermark(), Some(Position(6)));
+    p.publish(batch(7)).unwrap();
+    p.close();
+    let last = c.recv_run(4).unwrap().expect("item 7 is drained after the close");
+    assert_eq!(run_positions(&last), [7]);
+    last.ack().unwrap();
+    assert!(c.recv_run(4).unwrap().is_none(), "closed and drained: the end");
     assert!(s.is_idle());
 }
 

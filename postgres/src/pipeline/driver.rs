@@ -9,8 +9,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use lanestream::{
-    LaneConsumer, LaneDelivery, LaneItem, Position, PublishTimeoutError, RequestPublisher, SinkName, Stream,
-    StreamError, StreamFanout, TryRecvError,
+    LaneConsumer, LaneDelivery, LaneItem, LaneRun, Position, PublishTimeoutError, RequestPublisher, SinkName,
+    Stream, StreamError, StreamFanout, TryRecvError,
 };
 
 use super::metrics::{commit_micros, unix_micros_now, CommitLatency, LatencySummary};
@@ -96,7 +96,8 @@ pub struct SinkReport {
     pub redelivered: u64,
     /// Runs whose apply or commit failed (or panicked) and were retried.
     pub retries: u64,
-    /// Acks refused because a re-attach took the delivery back first (it came again).
+    /// Items whose ack was refused because a re-attach took them back first (they came again);
+    /// counted per received run: a refused run counts all its items.
     pub acks_refused: u64,
     /// The sink's checkpoint at the end.
     pub checkpoint: Option<Position>,
@@ -629,26 +630,30 @@ where
                 report.resumed_backfills += 1;
             }
         }
-        let mut run = Vec::with_capacity(config.max_run);
-        let mut items = Vec::with_capacity(config.max_run);
+        // The runs received for one apply (a backend's run may be shorter than `max_run`: the
+        // memory backend's holds at most `MAX_RUN`), their items, and per run its items' commit
+        // times and changes (read before the ack, which gives the run up).
+        let mut runs: Vec<<St::Consumer as LaneConsumer<LaneItem>>::Run> = Vec::new();
+        let mut items: Vec<LaneItem> = Vec::with_capacity(config.max_run);
+        let mut commits: Vec<u64> = Vec::new();
         loop {
             let first = match &config.stop {
-                None => consumer.recv().map_err(|e| e.to_string()),
+                None => consumer.recv_run(config.max_run).map_err(|e| e.to_string()),
                 Some(stop) => loop {
                     if stop.is_stopped() {
                         report.checkpoint = sink.checkpoint();
                         report.commit_to_ack = latency.summary();
                         return Ok(report);
                     }
-                    match consumer.recv_timeout(Duration::from_millis(100)) {
-                        Ok(d) => break Ok(d),
+                    match consumer.recv_run_timeout(config.max_run, Duration::from_millis(100)) {
+                        Ok(r) => break Ok(r),
                         Err(e) if e.is_timeout() => {}
                         Err(e) => break Err(e.to_string()),
                     }
                 },
             };
             let first = match first {
-                Ok(Some(d)) => d,
+                Ok(Some(r)) => r,
                 Ok(None) => {
                     report.checkpoint = sink.checkpoint();
                     report.commit_to_ack = latency.summary();
@@ -664,42 +669,50 @@ where
                     })
                 }
             };
-            if first.attempt() > 1 {
-                report.redelivered += 1;
-            }
-            run.push(first);
-            while run.len() < config.max_run {
+            let mut received = first.len();
+            runs.push(first);
+            while received < config.max_run {
                 // Nothing more now (or a blip of a broker: the blocking receive retries).
-                match consumer.try_recv() {
-                    Ok(d) => {
-                        report.redelivered += u64::from(d.attempt() > 1);
-                        run.push(d);
+                match consumer.try_recv_run(config.max_run - received) {
+                    Ok(r) => {
+                        received += r.len();
+                        runs.push(r);
                     }
                     Err(_) => break,
                 }
             }
-            items.extend(run.iter().map(|d| d.item().clone()));
+            for run in &runs {
+                report.redelivered += run.redelivered() as u64;
+                items.extend((0..run.len()).map_while(|i| run.get(i)).cloned());
+            }
             let applied = catch_unwind(AssertUnwindSafe(|| sink.apply(&items).and_then(|()| sink.commit())));
             items.clear();
             let error: BoxError = match applied {
                 Ok(Ok(())) => {
                     failures = 0;
-                    // One clock read per run: its items are acked together.
+                    // C1: acked only now that the sink committed. One clock read for all: the
+                    // runs are acked together.
                     let now = unix_micros_now();
-                    for d in run.drain(..) {
-                        let (commit, changes) = match d.item() {
-                            LaneItem::Batch(b) => (commit_micros(d.item()), b.changes),
-                            _ => (None, 0),
-                        };
-                        match d.ack() {
+                    for run in runs.drain(..) {
+                        let (len, mut changes) = (run.len() as u64, 0);
+                        commits.clear();
+                        for item in (0..run.len()).map_while(|i| run.get(i)) {
+                            if let LaneItem::Batch(b) = item {
+                                changes += b.changes;
+                                commits.extend(commit_micros(item));
+                            }
+                        }
+                        match run.ack() {
                             Ok(()) => {
-                                report.items_acked += 1;
+                                report.items_acked += len;
                                 report.changes_acked += changes;
-                                if let Some(commit) = commit {
+                                for &commit in &commits {
                                     latency.record(commit, now);
                                 }
                             }
-                            Err(_) => report.acks_refused += 1,
+                            // A re-attach took (some of) the run back first: redelivered (L8).
+                            // Which items is not known here; the run's count.
+                            Err(_) => report.acks_refused += len,
                         }
                     }
                     continue;
@@ -707,8 +720,8 @@ where
                 Ok(Err(e)) => Box::new(e),
                 Err(panic) => format!("panicked: {}", panic_message(&*panic)).into(),
             };
-            // Nothing of the run is acked: released, and redelivered to the next engine.
-            run.clear();
+            // Nothing of the runs is acked: released, and redelivered to the next engine.
+            runs.clear();
             drop(consumer);
             drop(sink);
             failures += 1;

@@ -21,7 +21,9 @@
 //!   [`Stream::wait_watermark`](lanestream::Stream::wait_watermark), not by sleep-polling).
 //! - A backfill request is acked only after its `SnapshotComplete` is published
 //!   ([R2](lanestream::contract#r2)); a restarted driver gets the unacked ones again.
-//! - A sink engine acks only what its sink committed; a failed or panicking run is released,
+//! - A sink engine receives runs through the port ([`LaneConsumer::recv_run`](lanestream::LaneConsumer::recv_run);
+//!   several, up to [`Pipeline::max_run`] items), applies and commits them as one, and acks each
+//!   run only after the commit ([C1](lanestream::contract#c1)): it acks only what its sink committed; a failed or panicking run is released,
 //!   the sink reopened, the lane re-attached and the run redelivered, within the
 //!   [`RetryPolicy`]; after it the pipeline stops with [`PipelineError::Sink`] naming the sink.
 //!   Never a silent drop.

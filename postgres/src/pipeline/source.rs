@@ -233,7 +233,10 @@ impl<R: BufRead + Send> Source for FileSource<R> {
 
 /// The live source ([`LiveSource`], a pgoutput replication slot) with its decoder, as a
 /// [`Source`]: started at the first [`next`](Source::next), confirmed with
-/// [`LiveSource::confirm`]. It ends only at [`until`](PgLiveSource::until)'s position, if set
+/// [`LiveSource::confirm`]. Each `next` confirms again the last position the driver confirmed
+/// (cheap when nothing changed): while every transaction handed over is acked, that lets the
+/// slot follow the server's WAL past what is not ours (another database's writes), as
+/// [`LiveSource::confirm`] describes, though the watermark does not move. It ends only at [`until`](PgLiveSource::until)'s position, if set
 /// (otherwise the driver runs until stopped).
 ///
 /// Backfills are served from the tables themselves, while the live stream keeps flowing
@@ -247,6 +250,8 @@ pub struct PgLiveSource {
     decoder: PgOutputDecoder,
     started: bool,
     end: Option<Position>,
+    /// The last position the driver confirmed.
+    confirmed: Option<Position>,
 }
 
 impl PgLiveSource {
@@ -254,7 +259,7 @@ impl PgLiveSource {
     /// columns), given the source's catalog key look-up here.
     pub fn new(source: LiveSource, builder: TransactionBuilder) -> Self {
         let decoder = PgOutputDecoder::new(builder.with_key_lookup(source.key_lookup()));
-        PgLiveSource { source, decoder, started: false, end: None }
+        PgLiveSource { source, decoder, started: false, end: None, confirmed: None }
     }
 
     /// End (return [`SourceItem::End`]) once every transaction committed before `end` was
@@ -283,6 +288,8 @@ impl Source for PgLiveSource {
             self.source.start()?;
             self.started = true;
         }
+        // The idle advance: past the watermark only where nothing of ours was committed.
+        self.source.confirm(self.confirmed)?;
         match self.source.next_item(&mut self.decoder, timeout)? {
             Some(LiveItem::Change(batch)) => Ok(Some(SourceItem::Change(batch))),
             Some(LiveItem::Snapshot { sink, item }) => Ok(Some(SourceItem::Snapshot { sink, item })),
@@ -294,7 +301,8 @@ impl Source for PgLiveSource {
     }
 
     fn confirm(&mut self, position: Position) -> Result<(), LiveError> {
-        self.source.confirm(Some(position)).map(|_| ())
+        self.confirmed = self.confirmed.max(Some(position));
+        self.source.confirm(self.confirmed).map(|_| ())
     }
 
     fn backfill(&mut self, request: Request) -> Result<(), LiveError> {

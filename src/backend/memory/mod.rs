@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::port::{checked_shape, LaneConsumer, LaneDelivery, Stream, StreamFanout};
+use crate::port::{checked_shape, LaneConsumer, LaneDelivery, LaneRun, Stream, StreamFanout};
 mod requests;
 
 pub use self::requests::{RequestLane, RequestSender};
@@ -18,7 +18,7 @@ use crate::error::{
 };
 use crate::item::{Item, LaneItem, Request};
 use crate::lane::Marks;
-use crate::lane::{check_budget, Cells, Consumer, Delivery, Fanout, Lane, LaneStats, MemoryStats, Ring};
+use crate::lane::{check_budget, Cells, Consumer, Delivery, Fanout, Lane, LaneStats, MemoryStats, Ring, Run};
 use crate::name::SinkName;
 use crate::position::Position;
 use crate::sync::Arc;
@@ -314,6 +314,7 @@ impl fmt::Debug for MemoryStream {
 
 impl<T: Item + Send + Sync> LaneConsumer<T> for Consumer<T> {
     type Delivery = Delivery<T>;
+    type Run = Run<T>;
 
     #[inline]
     fn try_recv(&mut self) -> Result<Delivery<T>, TryRecvError> {
@@ -339,6 +340,53 @@ impl<T: Item + Send + Sync> LaneConsumer<T> for Consumer<T> {
 
     fn is_detached(&self) -> bool {
         Consumer::is_detached(self)
+    }
+
+    #[inline]
+    fn try_recv_run(&mut self, max: usize) -> Result<Run<T>, TryRecvError> {
+        Consumer::try_recv_run(self, max)
+    }
+
+    #[inline]
+    fn recv_run(&mut self, max: usize) -> Result<Option<Run<T>>, RecvError> {
+        Consumer::recv_run(self, max)
+    }
+
+    fn recv_run_deadline(
+        &mut self,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Run<T>>, RecvTimeoutError> {
+        Consumer::recv_run_deadline(self, max, deadline)
+    }
+}
+
+/// The native run: one step of the consumer's seat, one advancer pass to ack.
+impl<T: Item + Send + Sync> LaneRun<T> for Run<T> {
+    fn len(&self) -> usize {
+        Run::len(self)
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> Option<&T> {
+        Run::get(self, i)
+    }
+
+    fn redelivered(&self) -> usize {
+        // A redelivered item comes in a run of its own: all of a run's items share its attempt.
+        if self.attempt() > 1 {
+            self.len()
+        } else {
+            0
+        }
+    }
+
+    fn ack(self) -> Result<(), AckError> {
+        Run::ack(self)
+    }
+
+    fn nack(self) {
+        Run::nack(self)
     }
 }
 

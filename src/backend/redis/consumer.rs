@@ -16,7 +16,7 @@ use super::lane::{Acked, LaneDef, Received};
 use super::shared::Shared;
 use super::waiter::Waiter;
 use crate::error::{AckError, BackendError, RecvError, RecvTimeoutError, TryRecvError};
-use crate::port::{LaneConsumer, LaneDelivery};
+use crate::port::{DeliveryRun, LaneConsumer, LaneDelivery};
 use crate::position::Position;
 use crate::sync::lock;
 
@@ -258,6 +258,9 @@ impl<T: RedisItem> RedisConsumer<T> {
 
 impl<T: RedisItem> LaneConsumer<T> for RedisConsumer<T> {
     type Delivery = RedisDelivery<T>;
+    /// Redis receives one entry per round trip (the receive script decides each entry's fate:
+    /// a gap, a fenced epoch, a redelivery), so a run is that receive in a loop.
+    type Run = DeliveryRun<RedisDelivery<T>>;
 
     fn try_recv(&mut self) -> Result<RedisDelivery<T>, TryRecvError> {
         self.step(Budget::Once)
@@ -291,6 +294,27 @@ impl<T: RedisItem> LaneConsumer<T> for RedisConsumer<T> {
 
     fn is_detached(&self) -> bool {
         self.check_detached()
+    }
+
+    fn try_recv_run(&mut self, max: usize) -> Result<Self::Run, TryRecvError> {
+        DeliveryRun::try_recv(self, max)
+    }
+
+    fn recv_run(&mut self, max: usize) -> Result<Option<Self::Run>, RecvError> {
+        match DeliveryRun::recv_deadline(self, max, None) {
+            Ok(run) => Ok(run),
+            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
+            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
+            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
+        }
+    }
+
+    fn recv_run_deadline(
+        &mut self,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Self::Run>, RecvTimeoutError> {
+        DeliveryRun::recv_deadline(self, max, Some(deadline))
     }
 }
 

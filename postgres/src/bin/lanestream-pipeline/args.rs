@@ -138,15 +138,15 @@ pub(crate) struct Args {
     /// How long the slow sink sleeps per batch, in microseconds.
     #[arg(long, default_value_t = 200)]
     pub(crate) slow_sink_micros: u64,
-    /// Sinks randomly nack, drop handles, ack out of order, re-attach, and ask for one backfill.
-    /// File input only: the live source's sinks are durable, and their checkpoints assume
-    /// in-order acks.
+    /// Sinks fail runs at random (one in 20, never two in a row: the sink engine releases the
+    /// run, reopens the sink, re-attaches and gets the run again) and ask for one backfill each
+    /// (answered from the rows the file source has seen). File input only.
     #[arg(long, conflicts_with = "source")]
     pub(crate) chaos: bool,
-    /// The first sink's engine dies after processing this many batches: it drops its consumer
-    /// and every delivery it holds without acking (and, with durable sinks, the output it wrote
-    /// but did not checkpoint); --sink-down-ms later a new engine re-attaches to the lane and
-    /// reopens the output from the checkpoint. Its unacked batches must come again, and the
+    /// The first sink's engine dies after processing this many batches: its sink fails the run
+    /// in hand (applied, not committed, unacked), the engine drops it and the output it wrote
+    /// but did not checkpoint; --sink-down-ms later a new instance reopens the output from the
+    /// checkpoint and the engine re-attaches to the lane. Its unacked batches must come again, and the
     /// watermark must not pass its last ack meanwhile (both in the summary: the sink's `sink_kill`).
     /// In-process stream only (over Redis, kill a `--role sink` process instead).
     #[arg(long, value_name = "BATCHES", conflicts_with_all = ["chaos", "backend"])]

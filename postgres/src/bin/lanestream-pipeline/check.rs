@@ -14,8 +14,9 @@ pub(crate) struct Received {
     /// Per entry of `positions`: the most envelopes one receipt of it held (with the envelopes
     /// of the transaction's chunks).
     pub(crate) envelopes: Vec<u32>,
-    /// Lane sequence numbers of the unpositioned chunks of large transactions processed.
-    pub(crate) chunks: std::collections::HashSet<u64>,
+    /// The unpositioned chunks of large transactions processed: (commit position, offset in
+    /// the transaction).
+    pub(crate) chunks: std::collections::HashSet<(u64, u64)>,
     /// Envelopes of those chunks, by their envelopes' position (the transaction's commit LSN).
     pub(crate) chunk_envelopes: HashMap<u64, u32>,
 }
@@ -38,10 +39,11 @@ impl Received {
         u64::from(duplicates)
     }
 
-    /// Records a receipt of a chunk of a large transaction (lane sequence `sequence`) holding
-    /// `envelopes` envelopes at `position`; returns how many had been received before.
-    pub(crate) fn record_chunk(&mut self, sequence: u64, position: u64, envelopes: u32) -> u64 {
-        if !self.chunks.insert(sequence) {
+    /// Records a receipt of a chunk of a large transaction (`chunk`: its commit position and
+    /// offset) holding `envelopes` envelopes at `position`; returns how many had been received
+    /// before.
+    pub(crate) fn record_chunk(&mut self, chunk: (u64, u64), position: u64, envelopes: u32) -> u64 {
+        if !self.chunks.insert(chunk) {
             return u64::from(envelopes);
         }
         *self.chunk_envelopes.entry(position).or_default() += envelopes;

@@ -1,15 +1,17 @@
 //! `lanestream-pipeline`, the harness of the main job: PostgreSQL changes (wal2json format-version 2) through lanestream into sinks.
 //!
-//! One ingest thread reads wal2json lines (`--input`, plain or gzip, `-` for stdin; by default
-//! the bundled capture `data/wal2json-sample.jsonl.gz`), builds each transaction into one
-//! [`Batch`] and publishes it to every sink's lane. Each sink thread appends the envelopes as
-//! NDJSON to `--out DIR/<sink>.ndjson` (or discards them with `--discard`), flushes, then acks.
-//! `--slow-sink` makes one sink sleep per batch; `--chaos` makes the sinks nack, drop handles,
-//! hold several deliveries and ack them out of order, re-attach their consumer, and ask the ingest
-//! thread once for a backfill (answered on their lane with snapshot batches and
-//! `SnapshotComplete`). The main thread draws a progress bar (changes/s, watermark, per-lane lag),
-//! and in live mode with `--backfill`, one per table being backfilled (rows read / estimated
-//! rows); indicatif draws them on stderr only when it is a terminal.
+//! It runs on the pipeline library's driver ([`Pipeline`]): the harness's source (`ingest.rs`)
+//! reads wal2json lines (`--input`, plain or gzip, `-` for stdin; by default the bundled capture
+//! `data/wal2json-sample.jsonl.gz`) through the library's `FileSource`, each transaction one
+//! [`Batch`] published to every sink's lane; one library sink engine per sink applies runs to
+//! the harness's sink (`sink.rs`), which appends the envelopes as NDJSON to
+//! `--out DIR/<sink>.ndjson` (or discards them with `--discard`) and flushes before the engine
+//! acks. `--slow-sink` makes one sink sleep per batch; `--chaos` makes the sinks fail runs at
+//! random (released, redelivered to a re-attached engine) and ask once for a backfill (answered
+//! on their lane with snapshot batches and `SnapshotComplete`). The main thread draws a progress
+//! bar (changes/s, watermark, per-lane lag), and in live mode with `--backfill`, one per table
+//! being backfilled (rows read / estimated rows); indicatif draws them on stderr only when it is
+//! a terminal.
 //!
 //! At the end it checks that every sink received every change at least once — tracked in memory
 //! per sink as how many envelopes of each batch position arrived, so it also holds with
@@ -22,8 +24,8 @@
 //! first run of a new pipeline only: a slot created after the sinks' checkpoints is refused as a
 //! gap, see [`LiveSource::check_resume`]): the ingest reads the
 //! logical replication slot (pgoutput, `--publication`) through [`lanestream_postgres::live`]
-//! (streaming replication) instead of a file, and confirms it up to the stream's watermark, never
-//! more, after each batch, while a full lane keeps it waiting, while idle and at shutdown
+//! (streaming replication) instead of a file; the driver confirms it up to the stream's watermark,
+//! never more, as it moves, while a full lane keeps it waiting, while idle and at shutdown
 //! (SIGTERM/SIGINT, or `--end-lsn`). `--create-slot` also creates the publication, `FOR ALL
 //! TABLES`, when it is missing. Its sinks are durable
 //! ([`lanestream_postgres::ndjson::DurableNdjson`]): before acking they fsync `<sink>.ndjson` and
@@ -62,31 +64,28 @@ use prelude::*;
 
 mod prelude {
     //! What every role's file uses.
-    pub(crate) use std::collections::{HashMap, VecDeque};
+    pub(crate) use std::collections::HashMap;
     pub(crate) use std::fs::File;
     pub(crate) use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
     pub(crate) use std::path::{Path, PathBuf};
     pub(crate) use std::process::ExitCode;
     pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
-    pub(crate) use std::sync::Arc;
+    pub(crate) use std::sync::{Arc, Mutex};
     pub(crate) use std::thread;
     pub(crate) use std::time::{Duration, Instant};
 
-    pub(crate) use bytes::Bytes;
     pub(crate) use clap::Parser;
     pub(crate) use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
     pub(crate) use lanestream::{
-        AckError, AckHandle, Batch, Delivery, Envelope, Fanout, IndexName, Lane, LaneItem, MemoryStream, Op,
-        Position, PublishError, PublishTimeoutError, Request, SinkName, Stream, TryRecvError,
+        Batch, IndexName, Lane, LaneItem, MemoryStream, Position, Request, SinkName, Stream,
     };
     pub(crate) use lanestream_postgres::backfill::BackfillProgress;
-    pub(crate) use lanestream_postgres::live::{LiveConfig, LiveError, LiveItem, LiveSource};
+    pub(crate) use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
     pub(crate) use lanestream_postgres::ndjson::{write_line, Checkpoint, DurableNdjson};
-    pub(crate) use lanestream_postgres::pgoutput::PgOutputDecoder;
-    pub(crate) use lanestream_postgres::pipeline::metrics::{commit_micros, unix_micros_now, CommitLatency};
-    pub(crate) use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
+    pub(crate) use lanestream_postgres::pipeline::metrics::{unix_micros_now, CommitLatency, LatencySummary};
+    pub(crate) use lanestream_postgres::pipeline::{FileSource, PgLiveSource, Pipeline, PipelineError};
+    pub(crate) use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonError};
     pub(crate) use rand::rngs::StdRng;
-    pub(crate) use rand::seq::SliceRandom;
     pub(crate) use rand::{Rng, SeedableRng};
     pub(crate) use serde::Serialize;
 

@@ -90,8 +90,8 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     // Every transaction of the input (published now or by an earlier run): (position, envelopes).
     let mut published: Vec<(u64, u32)> = Vec::new();
     let (mut chunk_envelopes, mut sent, mut skipped) = (0u32, 0u64, 0u64);
-    let batches =
-        Wal2JsonReader::new(open_input(&args.input, args.preload)?).with_builder(Ingest::builder(args)?);
+    let batches = Wal2JsonReader::new(open_input(&args.input, args.preload)?)
+        .with_builder(HarnessSource::builder(args)?);
     for (k, next) in (0u64..).zip(batches) {
         let batch = next.map_err(|e| super::input_error(&e, args))?;
         let envelopes = u32::try_from(batch.envelopes.len())?;

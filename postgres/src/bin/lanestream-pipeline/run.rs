@@ -1,4 +1,4 @@
-//! One in-process run: the stream, the sink threads, the ingest thread, the progress bar, the checks and the summary.
+//! One in-process run on the library's driver (`Pipeline`): the stream, the harness's source and sinks, the progress bar, the checks and the summary.
 
 use crate::prelude::*;
 
@@ -55,14 +55,16 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
                 }
             })?;
             source.check_resume(checkpoints.iter().map(|(_, p)| *p).min())?;
-            Input::Live(Box::new(source))
+            // Until SIGTERM/SIGINT or, with --end-lsn, until everything committed before it was published.
+            let end = args.end_lsn.as_deref().map(Position::from_lsn).transpose()?;
+            Input::Live(Box::new(PgLiveSource::new(source, HarnessSource::builder(args)?).until(end)))
         }
-        None => Input::File(open_input(&args.input, args.preload)?),
+        None => {
+            let file = FileSource::new(open_input(&args.input, args.preload)?, HarnessSource::builder(args)?);
+            // --chaos: the sinks' backfills are answered from the rows seen so far.
+            Input::File(Box::new(if args.chaos { file.serve_backfills() } else { file }))
+        }
     };
-    let stop = lanestream_postgres::pipeline::StopHandle::new();
-    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(signal, stop.flag())?;
-    }
     if !args.discard {
         std::fs::create_dir_all(&args.out)
             .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
@@ -86,54 +88,47 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     let counters = Arc::new(Counters::default());
     let started = Instant::now();
 
-    // Sinks first, so that they are attached before anything is published.
-    let mut sink_threads = Vec::new();
-    for (i, lane) in lanes.iter().enumerate() {
-        let (out, durable) = if args.discard {
-            (None, None)
-        } else if durable_sinks {
-            // Durable: resume after the checkpoint, fsync before every ack.
-            (None, Some(DurableNdjson::open(&args.out, lane.name().as_str(), Duration::ZERO)?))
-        } else {
-            let path = args.out.join(format!("{}.ndjson", lane.name()));
-            let file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-            (Some(BufWriter::with_capacity(1 << 16, file)), None)
-        };
-        let sink = Sink {
-            lane: lane.clone(),
-            out,
-            durable,
-            slow: (args.slow_sink && i + 1 == lanes.len())
-                .then(|| Duration::from_micros(args.slow_sink_micros)),
-            chaos: args.chaos.then(|| StdRng::seed_from_u64(args.seed.wrapping_add(i as u64))),
-            requests: stream.requests().sender(),
-            report: SinkReport { name: lane.name().to_string(), ..SinkReport::default() },
-            line: Vec::with_capacity(4096),
-            kill: args.kill_sink_after.filter(|_| i == 0).map(|after| Kill {
-                after,
-                down: Duration::from_millis(args.sink_down_ms),
-                stream: stream.clone(),
-                lanes: lanes.clone(),
-                out_dir: (durable_sinks && !args.discard).then(|| args.out.clone()),
-            }),
-        };
-        sink_threads
-            .push(thread::Builder::new().name(format!("sink-{}", lane.name())).spawn(move || sink.run())?);
+    // The library's driver: the ingest on a thread of its own (the progress bar is drawn here),
+    // one sink engine per sink.
+    let mut pipeline =
+        Pipeline::new(stream.clone()).tick(Duration::from_millis(args.poll_interval_ms.max(1)));
+    let stop = pipeline.stop_handle();
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.flag())?;
     }
-
-    let ingest = Ingest {
-        stream: stream.clone(),
-        stop: stop.clone(),
-        bad_shown: 0,
-        chunk_envelopes: 0,
-        fanout: stream.fanout()?,
-        names: lanes.iter().map(|l| l.name().clone()).collect(),
-        requests: stream.requests().reattach(),
-        state: args.chaos.then(State::new),
-        report: IngestReport::default(),
-    };
+    let mut states = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let lane = SinkName::new(name.as_str())?;
+        let mut state = SinkState::new(lane, stream.requests().sender());
+        if !args.discard {
+            if durable_sinks {
+                // Durable: resume after the checkpoint, fsync before every ack.
+                state.durable_dir = Some(args.out.clone());
+            } else {
+                let path = args.out.join(format!("{name}.ndjson"));
+                let file =
+                    File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                state.plain = Some(BufWriter::with_capacity(1 << 16, file));
+            }
+        }
+        state.slow =
+            (args.slow_sink && i + 1 == names.len()).then(|| Duration::from_micros(args.slow_sink_micros));
+        state.chaos = args.chaos.then(|| StdRng::seed_from_u64(args.seed.wrapping_add(i as u64)));
+        state.kill = args.kill_sink_after.filter(|_| i == 0).map(|after| Kill {
+            after,
+            down: Duration::from_millis(args.sink_down_ms),
+            stream: stream.clone(),
+            others: names.iter().filter(|n| *n != name).cloned().collect(),
+        });
+        let state = Arc::new(Mutex::new(state));
+        let opened = state.clone();
+        pipeline = pipeline.sink(name.as_str(), move || SinkState::open(&opened));
+        states.push(state);
+    }
     let expected_backfills = if args.chaos { u64::from(args.sinks) } else { 0 };
-    // --backfill (live mode): every sink asks for it before the stream starts.
+    let mut source = HarnessSource::new(input, args, counters.clone(), expected_backfills);
+    // --backfill (live mode): every sink asks for it before the stream starts; the driver serves
+    // the requests through the source and acks each after its SnapshotComplete (R2).
     if !args.backfill.is_empty() {
         let indexes: Vec<IndexName> =
             args.backfill.iter().map(|i| IndexName::new(i.as_str())).collect::<Result<_, _>>()?;
@@ -144,16 +139,14 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
                 .map_err(|e| format!("backfill request: {e}"))?;
         }
     }
-    let ingest_thread = {
-        let (args, counters) = (args.clone(), counters.clone());
-        thread::Builder::new()
-            .name("ingest".into())
-            .spawn(move || ingest.run(input, &args, &counters, expected_backfills))?
-    };
+    let ingest_thread = thread::Builder::new().name("ingest".into()).spawn(move || {
+        let result = pipeline.run(&mut source);
+        (result, source)
+    })?;
 
-    // Progress until the ingest is done and every sink finished: the stream's bar, and one per
-    // table being backfilled. On stderr, drawn only when it is a terminal (indicatif's stderr
-    // target hides itself otherwise).
+    // Progress until the pipeline is done: the stream's bar, and one per table being backfilled.
+    // On stderr, drawn only when it is a terminal (indicatif's stderr target hides itself
+    // otherwise).
     let bars = if args.quiet {
         MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden())
     } else {
@@ -164,7 +157,7 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         "{spinner} {elapsed_precise} {human_pos} changes ({per_sec}) {msg}",
     )?);
     let mut backfill_bars = BackfillBars::default();
-    while !(ingest_thread.is_finished() && sink_threads.iter().all(|t| t.is_finished())) {
+    while !ingest_thread.is_finished() {
         if let Ok(progress) = counters.backfill.lock() {
             backfill_bars.update(&bars, &progress)?;
         }
@@ -181,42 +174,62 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     }
     backfill_bars.clear();
     bar.finish_and_clear();
-
-    let mut ingest = ingest_thread.join().map_err(|_| "the ingest thread panicked")?;
-    let sinks: Vec<SinkReport> = sink_threads
-        .into_iter()
-        .map(|t| t.join().map_err(|_| "a sink thread panicked"))
-        .collect::<Result<_, _>>()?;
-    // The live source's last confirm: up to the final watermark, never more.
+    let (result, mut source) = ingest_thread.join().map_err(|_| "the ingest thread panicked")?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut sinks: Vec<SinkReport> = states
+        .iter()
+        .map(|s| std::mem::take(&mut s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).report))
+        .collect();
+    let mut ingest_error = None;
+    let pipeline_report = match result {
+        Ok(report) => {
+            // What the driver published (a batch handed over while a stop came is not).
+            source.published.retain(|&(p, _)| report.last_position.is_some_and(|last| p <= last.0));
+            for (s, r) in sinks.iter_mut().zip(&report.sinks) {
+                s.batches.redelivered = r.redelivered;
+                s.batches.acks_refused = r.acks_refused;
+                s.commit_to_ack = r.commit_to_ack;
+                s.checkpoint = r.checkpoint;
+            }
+            Some(report)
+        }
+        Err(PipelineError::Sink { sink, error, attempts }) => {
+            if let Some(s) = sinks.iter_mut().find(|s| s.name == sink.as_str()) {
+                s.error = Some(format!("gave up after {attempts} attempts: {error}"));
+            }
+            None
+        }
+        Err(e) => {
+            ingest_error = Some(e.to_string());
+            None
+        }
+    };
+    let last_commit = source.last_commit();
+    // The live source's last read of the slot: the driver confirmed it at the final watermark.
     let mut slot_confirmed = None;
     let mut live_metrics = None;
-    if let Some(source) = ingest.source.as_mut() {
-        match source.confirm(stream.watermark()).and_then(|_| source.read_confirmed()) {
+    if let Input::Live(live) = &mut source.input {
+        match live.live().read_confirmed() {
             Ok(c) => {
                 slot_confirmed = c;
-                live_metrics = source.metrics().ok();
+                live_metrics = live.live().metrics().ok();
             }
             Err(e) => {
-                if ingest.error.is_none() {
-                    ingest.error = Some(format!("final confirm: {e}"));
-                }
+                ingest_error.get_or_insert(format!("final confirm: {e}"));
             }
         }
     }
-    // Up to the last sink's end, not the progress loop's next tick.
-    let ended = sinks.iter().filter_map(|s| s.finished).max().unwrap_or_else(Instant::now);
-    let elapsed = ended.duration_since(started).as_secs_f64();
 
     // Every sink must have received every positioned batch and every envelope at least once;
     // the checks' verdict is part of the summary, so the text and the JSON say the same.
     let mut failures: Vec<String> = Vec::new();
-    if let Some(e) = &ingest.error {
+    if let Some(e) = &ingest_error {
         eprintln!("error: {e}");
         failures.push(format!("ingest: {e}"));
     }
     let mut per_sink = Vec::with_capacity(sinks.len());
     for (s, lane) in sinks.iter().zip(&lanes) {
-        let (transactions_lost, envelopes_lost) = s.received.lost(&ingest.published);
+        let (transactions_lost, envelopes_lost) = s.received.lost(&source.published);
         if let Some(e) = &s.error {
             eprintln!("error: sink {}: {e}", s.name);
             failures.push(format!("sink {}: {e}", s.name));
@@ -250,8 +263,8 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
             // transaction's envelopes exactly once (what the sink says it received is not
             // enough: acked chunks were once cut off by a restart while the counts said PASS).
             let path = args.out.join(format!("{}.ndjson", s.name));
-            let since = live.then(|| ingest.published.first().map_or(u64::MAX, |&(p, _)| p));
-            let (lost, duplicates) = check_output(&path, &ingest.published, since)?;
+            let since = live.then(|| source.published.first().map_or(u64::MAX, |&(p, _)| p));
+            let (lost, duplicates) = check_output(&path, &source.published, since)?;
             if lost.1 > 0 || duplicates > 0 {
                 let what = format!(
                     "sink {}'s output lacks {} transactions / {} envelopes and holds {duplicates} envelopes twice",
@@ -280,19 +293,26 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         }
     }
     let final_watermark = stream.watermark();
-    if final_watermark != ingest.last_commit {
+    if final_watermark != last_commit {
         let what = format!(
             "final watermark {} is not the last commit LSN {}",
             lsn_text(&lsn(final_watermark)),
-            lsn_text(&lsn(ingest.last_commit))
+            lsn_text(&lsn(last_commit))
         );
         eprintln!("error: {what}");
         failures.push(what);
     }
 
-    let transactions = counters.transactions.load(Ordering::Relaxed);
-    let changes = counters.changes.load(Ordering::Relaxed);
-    let envelopes = counters.envelopes.load(Ordering::Relaxed);
+    // What was published: the driver's count, or (it stopped with an error) what was handed over.
+    let (transactions, chunks, changes, envelopes) = match &pipeline_report {
+        Some(r) => (r.transactions, r.chunks, r.changes, r.envelopes),
+        None => (
+            counters.transactions.load(Ordering::Relaxed),
+            counters.chunks.load(Ordering::Relaxed),
+            counters.changes.load(Ordering::Relaxed),
+            counters.envelopes.load(Ordering::Relaxed),
+        ),
+    };
     let reason = if failures.is_empty() {
         format!(
             "each of the {} sinks received all {transactions} transactions ({envelopes} envelopes) at least once, and the final watermark {} is the last commit LSN",
@@ -304,9 +324,12 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     };
     // Past the watermark only when idle: every transaction handed over acked, and the slot
     // confirmed no further than where the source last decoded (nothing of ours in between).
-    let decoded = ingest.source.as_ref().and_then(|s| s.decoded());
+    let decoded = match &mut source.input {
+        Input::Live(live) => live.live().decoded(),
+        Input::File(_) => None,
+    };
     if let (Some(confirmed), Some(watermark)) = (slot_confirmed, final_watermark) {
-        let idle_advance = final_watermark == ingest.last_commit && decoded.is_some_and(|d| confirmed <= d);
+        let idle_advance = final_watermark == last_commit && decoded.is_some_and(|d| confirmed <= d);
         if confirmed > watermark && !idle_advance {
             let what = format!(
                 "the slot was confirmed at {confirmed}, past the final watermark {watermark} (decoded up to {})",
@@ -335,17 +358,17 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         chaos: args.chaos,
         slow_sink: args.slow_sink,
         transactions_published: transactions,
-        chunks_published: counters.chunks.load(Ordering::Relaxed),
+        chunks_published: chunks,
         changes_published: changes,
         envelopes_published: envelopes,
         bad_lines_skipped: counters.bad_lines.load(Ordering::Relaxed),
         transactions_discarded,
         changes_discarded,
-        last_commit_lsn: lsn(ingest.last_commit),
+        last_commit_lsn: lsn(last_commit),
         final_watermark_lsn: lsn(final_watermark),
         stream_idle: stream.is_idle(),
-        backfill_requests_served: ingest.backfills_served,
-        snapshot_envelopes_published: ingest.snapshot_envelopes,
+        backfill_requests_served: pipeline_report.as_ref().map_or(0, |r| r.backfills_served),
+        snapshot_envelopes_published: pipeline_report.as_ref().map_or(0, |r| r.snapshot_envelopes),
         batches_redelivered: per_sink.iter().map(|s| s.batches_redelivered).sum(),
         envelopes_received_again: per_sink.iter().map(|s| s.envelopes_received_again).sum(),
         transactions_lost: per_sink.iter().map(|s| s.transactions_lost).sum(),
@@ -353,9 +376,9 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         // Rounded to what the text shows, so that both show the same numbers.
         elapsed_seconds: (elapsed * 1000.0).round() / 1000.0,
         changes_per_second: if elapsed > 0.0 { (changes as f64 / elapsed).round() as u64 } else { 0 },
-        commit_to_decode: LatencyMs::of(&ingest.commit_to_decode),
+        commit_to_decode: LatencyMs::of(source.commit_to_decode.summary()),
         commit_to_last_ack: LatencyMs::slowest(per_sink.iter().filter_map(|s| s.commit_to_ack.as_ref())),
-        ingest_error: ingest.error.as_deref().map(one_line),
+        ingest_error: ingest_error.as_deref().map(one_line),
         per_sink,
     };
 

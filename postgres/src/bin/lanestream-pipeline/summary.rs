@@ -110,18 +110,17 @@ pub(crate) struct SinkSummary {
     pub(crate) envelopes_lost: u64,
     /// Batch deliveries received from the lane, redeliveries included.
     pub(crate) batches_delivered: u64,
-    /// Of `batches_delivered`, redeliveries (every one the lane made).
+    /// Redeliveries (attempt > 1) as the sink engine counts them, every item kind.
     pub(crate) batches_redelivered: u64,
-    /// Of `batches_delivered`, nacked on receipt without being processed (`--chaos`).
+    /// Of `batches_processed`, released un-acked because `--chaos` failed their run (or
+    /// `--kill-sink-after` killed the engine holding them): redelivered.
     pub(crate) batches_nacked: u64,
     /// Of `batches_delivered`, processed: recorded, and written unless `--discard`.
     pub(crate) batches_processed: u64,
-    /// Of `batches_processed`, redeliveries: batches processed again.
+    /// Of `batches_processed`, batches this sink had seen before: processed again.
     pub(crate) batches_processed_again: u64,
-    /// Of `batches_processed`, whose handle was dropped un-acked (`--chaos`): redelivered.
-    pub(crate) batches_dropped: u64,
-    /// Of `batches_processed`, whose ack was refused because a re-attach took the batch back
-    /// first: redelivered.
+    /// Acks refused because a re-attach took the item back first, as the sink engine counts
+    /// them (every item kind): redelivered.
     pub(crate) batch_acks_refused: u64,
     /// Snapshot rows in the processed snapshot batches (redeliveries included).
     pub(crate) snapshot_envelopes_processed: u64,
@@ -131,12 +130,9 @@ pub(crate) struct SinkSummary {
     pub(crate) snapshot_markers_nacked: u64,
     pub(crate) snapshot_markers_processed: u64,
     pub(crate) snapshot_markers_processed_again: u64,
-    pub(crate) snapshot_markers_dropped: u64,
     pub(crate) snapshot_marker_acks_refused: u64,
-    /// Consumer re-attaches (`--chaos`).
+    /// Sink engine re-attaches after a failed run (`--chaos`, `--kill-sink-after`).
     pub(crate) consumer_reattaches: u64,
-    /// Rounds of held acks sent in an order other than the delivery order (`--chaos`).
-    pub(crate) out_of_order_ack_rounds: u64,
     /// Live mode: transactions at or before the sink's checkpoint, received again after a
     /// restart and skipped (not written twice).
     pub(crate) transactions_skipped: u64,
@@ -173,7 +169,6 @@ impl SinkSummary {
             batches_nacked: b.nacked,
             batches_processed: b.processed,
             batches_processed_again: b.processed_again,
-            batches_dropped: b.dropped,
             batch_acks_refused: b.acks_refused,
             snapshot_envelopes_processed: s.snapshot_envelopes,
             snapshot_markers_delivered: m.delivered,
@@ -181,14 +176,12 @@ impl SinkSummary {
             snapshot_markers_nacked: m.nacked,
             snapshot_markers_processed: m.processed,
             snapshot_markers_processed_again: m.processed_again,
-            snapshot_markers_dropped: m.dropped,
             snapshot_marker_acks_refused: m.acks_refused,
             consumer_reattaches: s.reattaches,
-            out_of_order_ack_rounds: s.out_of_order_ack_rounds,
             transactions_skipped: s.transactions_skipped,
             checkpoint_lsn: lsn(s.checkpoint),
             sink_kill: s.kill,
-            commit_to_ack: LatencyMs::of(&s.commit_to_ack),
+            commit_to_ack: LatencyMs::of(s.commit_to_ack),
             error: s.error.as_deref().map(one_line),
         }
     }
@@ -205,8 +198,7 @@ pub(crate) struct LatencyMs {
 }
 
 impl LatencyMs {
-    pub(crate) fn of(h: &CommitLatency) -> Option<LatencyMs> {
-        let s = h.summary();
+    pub(crate) fn of(s: LatencySummary) -> Option<LatencyMs> {
         let ms = |us: u64| us as f64 / 1000.0;
         (s.samples > 0).then(|| LatencyMs {
             samples: s.samples,
@@ -351,12 +343,11 @@ impl std::fmt::Display for Summary {
             }
             writeln!(
                 f,
-                "sink {}: acked LSN {}, {} bytes written, {} consumer re-attaches, {} out-of-order ack rounds",
+                "sink {}: acked LSN {}, {} bytes written, {} consumer re-attaches",
                 k.name,
                 lsn_text(&k.acked_lsn),
                 k.bytes_written,
                 k.consumer_reattaches,
-                k.out_of_order_ack_rounds,
             )?;
             writeln!(
                 f,
@@ -369,25 +360,23 @@ impl std::fmt::Display for Summary {
             )?;
             writeln!(
                 f,
-                "  batches: {} delivered ({} redelivered), {} nacked, {} processed ({} again), {} dropped, {} acks refused",
+                "  batches: {} delivered ({} redelivered), {} nacked, {} processed ({} again), {} acks refused",
                 k.batches_delivered,
                 k.batches_redelivered,
                 k.batches_nacked,
                 k.batches_processed,
                 k.batches_processed_again,
-                k.batches_dropped,
                 k.batch_acks_refused,
             )?;
             writeln!(
                 f,
-                "  snapshot: {} envelopes processed; markers: {} delivered ({} redelivered), {} nacked, {} processed ({} again), {} dropped, {} acks refused",
+                "  snapshot: {} envelopes processed; markers: {} delivered ({} redelivered), {} nacked, {} processed ({} again), {} acks refused",
                 k.snapshot_envelopes_processed,
                 k.snapshot_markers_delivered,
                 k.snapshot_markers_redelivered,
                 k.snapshot_markers_nacked,
                 k.snapshot_markers_processed,
                 k.snapshot_markers_processed_again,
-                k.snapshot_markers_dropped,
                 k.snapshot_marker_acks_refused,
             )?;
             if let Some(l) = &k.commit_to_ack {
