@@ -64,16 +64,22 @@
 //! [`Request::Backfill`](lanestream::Request::Backfill) from the index.
 //!
 //! # On disk
-//! Segment files of length-prefixed, CRC32C-checked records, one record per append, each
-//! starting with a header that carries the format's version (1); a file of another version
-//! fails the open with [`OpenError::UnsupportedVersion`]. When the writer seals a segment (starts
+//! Segment files of length-prefixed, CRC32C-checked records, one record per append, each event
+//! in it with a CRC32C of its own (over its position and its bytes), each file starting with a
+//! header that carries the format's version (2). Version 1 (no per-event checksum) still opens:
+//! its last segment is sealed and appends go on in a new segment of version 2, nothing written
+//! is rewritten. A file of a version this build does not read fails the open with
+//! [`OpenError::UnsupportedVersion`]. When the writer seals a segment (starts
 //! the next one) it writes the segment's **index file** beside it (`<first position>.idx`: per
 //! event its type, tags and payload location, with its own CRC32C), so an open reads a sealed
 //! segment's index instead of every record in it. An index file is never trusted over its
 //! segment: a missing, torn, corrupt, foreign or stale one is rebuilt from the segment (every
 //! record checked) and written again; what an open does not read — a payload byte damaged since
-//! — is checked by every read instead (each record read is CRC-checked, [`ReadError::Corrupt`]
-//! naming the file and the offset, never a wrong event).
+//! — is checked by every read instead (each event read is checked against its own CRC32C — in
+//! a segment of version 1, its whole record against the record's — [`ReadError::Corrupt`]
+//! naming the file and the offset, never a wrong event). A cold read of one event therefore
+//! reads that event's bytes (one `pread` of a few hundred bytes for a 256-byte payload), not the
+//! append it came in.
 //!
 //! Recovery scans the last segment (and any sealed one without a trusted index): it validates
 //! every record, truncates a torn tail (never acknowledged), never exposes a phantom and resumes
