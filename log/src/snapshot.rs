@@ -66,7 +66,9 @@ const LAST: usize = 4;
 
 #[derive(Debug, Default)]
 struct Lists {
-    ids: HashMap<Box<str>, u32>,
+    /// Name -> list id; the key is the name's one allocation, shared with the snapshot's map
+    /// and the [`NameTable`].
+    ids: HashMap<Arc<str>, u32>,
     entries: Vec<ListEntry>,
     /// `(list id, position)` in staging order (so ascending per list).
     staged: Vec<(u32, u64)>,
@@ -106,8 +108,9 @@ impl Lists {
             return id;
         }
         let id = u32::try_from(self.entries.len()).expect("under 2^32 distinct names");
-        let postings = map.get_or_insert_with(name, || Arc::new(Postings::new()));
-        self.ids.insert(Box::from(name), id);
+        let name: Arc<str> = Arc::from(name);
+        let postings = map.get_or_insert_with(&name, || Arc::new(Postings::new()));
+        self.ids.insert(name.clone(), id);
         self.entries.push(ListEntry { name: names.push(name), postings, count: 0, start: 0 });
         self.last[at] = Some(id);
         id
