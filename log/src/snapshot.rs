@@ -279,6 +279,12 @@ impl IndexWriter {
                 tags.push(self.tag_lists.name(id));
             }
             block.push(self.type_lists.name(t), tags.iter().copied());
+            if (i + 1) % RECOVERY_FLUSH == 0 {
+                // Bounds the staging scratch (16 bytes per staged position, and as much again
+                // to sort them) by this many events rather than by a whole segment's.
+                self.type_lists.flush();
+                self.tag_lists.flush();
+            }
         }
         for r in index.records() {
             self.staged_ends.push(first + r.end as u64 - 1);
@@ -292,6 +298,10 @@ impl IndexWriter {
         block
     }
 }
+
+/// How many events of a recovered segment are staged before their positions are pushed into
+/// the posting lists.
+const RECOVERY_FLUSH: usize = 1 << 16;
 
 /// Which way a read walks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

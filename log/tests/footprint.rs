@@ -28,13 +28,17 @@ use lanestream_log::{Event, EventLog, LogOptions, Query};
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+/// The most `LIVE` has been since the last [`reset_peak`].
+static PEAK: AtomicIsize = AtomicIsize::new(0);
 
 // SAFETY: every call is forwarded to `System` with the caller's own arguments; the counter
 // only observes the sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // Relaxed: a statistic read after the threads that allocate have been joined.
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        let live = LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed) + layout.size() as isize;
+        // Relaxed: as above.
+        PEAK.fetch_max(live, Ordering::Relaxed);
         // SAFETY: the caller's contract for `alloc` is `System.alloc`'s.
         unsafe { System.alloc(layout) }
     }
@@ -48,7 +52,11 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // Relaxed: as above.
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        let grown = new_size as isize - layout.size() as isize;
+        let live = LIVE.fetch_add(grown, Ordering::Relaxed) + grown;
+        // Relaxed: as above. (`realloc` may hold both blocks at once; the peak counts the new
+        // size only, as a lower bound.)
+        PEAK.fetch_max(live, Ordering::Relaxed);
         // SAFETY: `ptr` came from `System` with `layout`; the caller's contract is `System`'s.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -60,6 +68,17 @@ static ALLOCATOR: Counting = Counting;
 fn live() -> isize {
     // Relaxed: read after every allocating thread of interest has been joined or is idle.
     LIVE.load(Ordering::Relaxed)
+}
+
+/// Starts a new peak at what is live now.
+fn reset_peak() {
+    // Relaxed: as `live`.
+    PEAK.store(live(), Ordering::Relaxed);
+}
+
+fn peak() -> isize {
+    // Relaxed: as `live`.
+    PEAK.load(Ordering::Relaxed)
 }
 
 /// The tests of this binary share the counter: one at a time.
@@ -149,15 +168,18 @@ fn bytes_per_event_held_by_the_index_and_the_open_cost() {
     // peer bench's cold log, say), and print what its index holds.
     if let Ok(only) = std::env::var("LANESTREAM_FOOTPRINT_OPEN_ONLY") {
         let before = live();
+        reset_peak();
         let started = Instant::now();
         let log = EventLog::open(&only, options).unwrap();
         let held = live() - before;
         let events = log.head().map_or(0, |h| h.get());
         eprintln!(
-            "opened {events} events in {:.2?}: the open holds {:.1} MiB = {:.1} bytes per event",
+            "opened {events} events in {:.2?}: the open holds {:.1} MiB = {:.1} bytes per event, \
+             {:.1} MiB at its peak",
             started.elapsed(),
             held as f64 / 1048576.0,
-            held as f64 / events.max(1) as f64
+            held as f64 / events.max(1) as f64,
+            (peak() - before) as f64 / 1048576.0,
         );
         return;
     }
