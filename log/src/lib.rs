@@ -107,15 +107,27 @@
 //!
 //! # Memory
 //! A durable log keeps in memory, per event: its slot (24 bytes), its record in a block (its
-//! type and tag name ids: 8 bytes, plus 4 per tag), where its payload is on disk (20 bytes), its
+//! type and tag name ids: 8 bytes, plus 4 per tag), where it is on disk (20 bytes), its
 //! position in its type's and each tag's posting list (8 bytes each) and, per append, where the
-//! append ends (8 bytes); lists and slots grow in chunks of doubling size, and each distinct
-//! type and tag is stored once. Measured (`tests/footprint.rs`: one event per append, one of
-//! four types, one tag of 10,000, 256-byte payloads): **86 bytes per event** at 2,000,000 events
-//! (115 at 200,000, where the chunks that double are emptier), whatever the payload size — plus
-//! the record cache, at most [`LogOptions::cache_bytes`]. Payloads are read
-//! with positioned reads (`pread`), one record per read, not through a memory map: see the
-//! source of `file.rs` for why.
+//! append ends (8 bytes); lists and slots grow in chunks of doubling size. Per distinct type or
+//! tag it keeps the name once (one allocation shared by the maps that know it), an entry in the
+//! readers' name map and in the writer's, and a posting list of at least 4 positions — so the
+//! figure per event depends on how many events share a tag. Measured (`tests/footprint.rs`,
+//! the heap the open holds; one of four types and one tag per event, 256-byte payloads, the
+//! same whatever the payload size):
+//!
+//! | shape | bytes per event |
+//! |---|---|
+//! | 2,000,000 events, one per append, 10,000 tags (200 events per tag) | **86** (115 at 200,000 events, where the chunks that double are emptier) |
+//! | 2,000,000 events in appends of 512, 200,000 tags (10 events per tag) | **105** |
+//! | 8,000,000 events in appends of 512, 800,000 tags (10 per tag: the peer bench's cold row) | **106** |
+//!
+//! Plus the record cache, at most [`LogOptions::cache_bytes`] (each cached frame counted with
+//! 192 bytes of bookkeeping beside its bytes). An open holds more while it runs: one sealed
+//! segment's index decoded at a time and the staging of 65,536 events (at the 2,000,000-event,
+//! 200,000-tag shape: a heap peak of 263 MiB for 200 MiB held). Payloads are read with
+//! positioned reads (`pread`), one event per read (its whole record in a segment of version 1),
+//! not through a memory map: see the source of `file.rs` for why.
 //!
 //! ```
 //! use lanestream_log::{Event, EventLog, LogOptions, Query, QueryItem};
