@@ -155,13 +155,13 @@ pub enum OpenError {
     },
     /// A file of the log was written by a version of its format this build does not read (a
     /// newer lanestream-log). Nothing was read or changed; open the log with that version.
-    #[error("{file} is in log format version {found}; this build reads version {supported}")]
+    #[error("{file} is in log format version {found}; this build reads versions 1 to {supported}")]
     UnsupportedVersion {
         /// The segment or index file.
         file: PathBuf,
         /// The version the file says it is in.
         found: u8,
-        /// The version this build reads and writes.
+        /// The version this build writes, the newest it reads (it reads every one from 1).
         supported: u8,
     },
     /// The log directory holds a file that is not one of the log's (a segment

@@ -41,7 +41,7 @@ use std::time::Duration;
 use super::error::OpenError;
 use super::file::{FrameCache, SegmentFile};
 use super::segindex::{SegmentIndex, read_index};
-use super::segment::{HEADER_LEN, RecordError, check_header, decode_record};
+use super::segment::{HEADER_LEN, RecordError, decode_record, read_header};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
 use super::storage::segment_name;
@@ -175,7 +175,7 @@ impl Follower {
             if end > taken {
                 // A sealed segment not begun yet comes from its index file when it is trusted.
                 let index = match (sealed && taken == HEADER_LEN as u64)
-                    .then(|| read_index(&self.dir, first, end))
+                    .then(|| read_index(&self.dir, first, end, file.version()))
                     .transpose()
                     .map_err(Self::io("reading the index of", &path))?
                     .flatten()
@@ -213,9 +213,9 @@ impl Follower {
     /// Opens the segment starting at `first` and checks its header.
     fn open_segment(&self, first: u64) -> Result<Arc<SegmentFile>, OpenError> {
         let path = self.dir.join(segment_name(first));
-        let file = SegmentFile::open(&path, first, self.cache.clone()).map_err(Self::io("opening", &path))?;
-        let header = file.read_at(0, HEADER_LEN).map_err(Self::io("reading", &path))?;
-        check_header(&path, &header, first)?;
+        let version = read_header(&path, first)?;
+        let file = SegmentFile::open(&path, first, version, self.cache.clone())
+            .map_err(Self::io("opening", &path))?;
         Ok(Arc::new(file))
     }
 
@@ -234,7 +234,7 @@ impl Follower {
             offset: from + at as u64,
             reason: format!("{reason} (below the writer's commit marker: durable records, damaged)"),
         };
-        let mut index = SegmentIndex::new(self.head + 1);
+        let mut index = SegmentIndex::new(self.head + 1, file.version());
         let mut next = self.head + 1;
         let mut at = 0;
         while at < bytes.len() {

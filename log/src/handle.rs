@@ -18,7 +18,7 @@ use super::position::{LogPosition, PositionRange};
 use super::query::Query;
 use super::queue::{AppendResult, Queue, ReplySlot, Request};
 use super::read::{ReadHandle, Reads};
-use super::segment::{Files, HEADER_LEN, SegmentWriter, header, recover};
+use super::segment::{FORMAT_VERSION, Files, HEADER_LEN, SegmentWriter, header, recover};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
 use super::storage::{DirClaim, FileStorage, Storage, sync_dir};
@@ -129,7 +129,8 @@ impl EventLog {
                 let storage = FileStorage::create(&dir, 1, &header(1), claim)
                     .map_err(io("creating a segment in", &dir))?;
                 let path = dir.join(super::storage::segment_name(1));
-                let file = SegmentFile::open(&path, 1, cache.clone()).map_err(io("opening", &path))?;
+                let file = SegmentFile::open(&path, 1, FORMAT_VERSION, cache.clone())
+                    .map_err(io("opening", &path))?;
                 let files = Files {
                     dir: dir.clone(),
                     cache,

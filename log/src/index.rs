@@ -238,13 +238,13 @@ impl<V: Clone> KeyMap<V> {
 
     /// The value of `key`, inserting `make()` first if absent; copies the nodes on the path that
     /// an older version of the map still shares.
-    pub(crate) fn get_or_insert_with(&mut self, key: &str, make: impl FnOnce() -> V) -> V {
+    pub(crate) fn get_or_insert_with(&mut self, key: &Arc<str>, make: impl FnOnce() -> V) -> V {
         if let Some(v) = self.get(key) {
             return v.clone();
         }
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hasher.hash_one(&**key);
         let value = make();
-        insert(&mut self.root, 0, hash, Arc::from(key), value.clone());
+        insert(&mut self.root, 0, hash, key.clone(), value.clone());
         self.len += 1;
         value
     }
@@ -339,8 +339,8 @@ mod tests {
         let mut m: KeyMap<u32> = KeyMap::new();
         let mut versions = Vec::new();
         for i in 0..3000u32 {
-            assert_eq!(m.get_or_insert_with(&format!("k{i}"), || i), i);
-            assert_eq!(m.get_or_insert_with(&format!("k{i}"), || 99_999), i);
+            assert_eq!(m.get_or_insert_with(&Arc::from(format!("k{i}")), || i), i);
+            assert_eq!(m.get_or_insert_with(&Arc::from(format!("k{i}")), || 99_999), i);
             if i % 500 == 0 {
                 versions.push((i, m.clone()));
             }

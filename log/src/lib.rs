@@ -64,16 +64,22 @@
 //! [`Request::Backfill`](lanestream::Request::Backfill) from the index.
 //!
 //! # On disk
-//! Segment files of length-prefixed, CRC32C-checked records, one record per append, each
-//! starting with a header that carries the format's version (1); a file of another version
-//! fails the open with [`OpenError::UnsupportedVersion`]. When the writer seals a segment (starts
+//! Segment files of length-prefixed, CRC32C-checked records, one record per append, each event
+//! in it with a CRC32C of its own (over its position and its bytes), each file starting with a
+//! header that carries the format's version (2). Version 1 (no per-event checksum) still opens:
+//! its last segment is sealed and appends go on in a new segment of version 2, nothing written
+//! is rewritten. A file of a version this build does not read fails the open with
+//! [`OpenError::UnsupportedVersion`]. When the writer seals a segment (starts
 //! the next one) it writes the segment's **index file** beside it (`<first position>.idx`: per
 //! event its type, tags and payload location, with its own CRC32C), so an open reads a sealed
 //! segment's index instead of every record in it. An index file is never trusted over its
 //! segment: a missing, torn, corrupt, foreign or stale one is rebuilt from the segment (every
 //! record checked) and written again; what an open does not read — a payload byte damaged since
-//! — is checked by every read instead (each record read is CRC-checked, [`ReadError::Corrupt`]
-//! naming the file and the offset, never a wrong event).
+//! — is checked by every read instead (each event read is checked against its own CRC32C — in
+//! a segment of version 1, its whole record against the record's — [`ReadError::Corrupt`]
+//! naming the file and the offset, never a wrong event). A cold read of one event therefore
+//! reads that event's bytes (one `pread` of a few hundred bytes for a 256-byte payload), not the
+//! append it came in.
 //!
 //! Recovery scans the last segment (and any sealed one without a trusted index): it validates
 //! every record, truncates a torn tail (never acknowledged), never exposes a phantom and resumes
@@ -101,15 +107,27 @@
 //!
 //! # Memory
 //! A durable log keeps in memory, per event: its slot (24 bytes), its record in a block (its
-//! type and tag name ids: 8 bytes, plus 4 per tag), where its payload is on disk (20 bytes), its
+//! type and tag name ids: 8 bytes, plus 4 per tag), where it is on disk (20 bytes), its
 //! position in its type's and each tag's posting list (8 bytes each) and, per append, where the
-//! append ends (8 bytes); lists and slots grow in chunks of doubling size, and each distinct
-//! type and tag is stored once. Measured (`tests/footprint.rs`: one event per append, one of
-//! four types, one tag of 10,000, 256-byte payloads): **86 bytes per event** at 2,000,000 events
-//! (115 at 200,000, where the chunks that double are emptier), whatever the payload size — plus
-//! the record cache, at most [`LogOptions::cache_bytes`]. Payloads are read
-//! with positioned reads (`pread`), one record per read, not through a memory map: see the
-//! source of `file.rs` for why.
+//! append ends (8 bytes); lists and slots grow in chunks of doubling size. Per distinct type or
+//! tag it keeps the name once (one allocation shared by the maps that know it), an entry in the
+//! readers' name map and in the writer's, and a posting list of at least 4 positions — so the
+//! figure per event depends on how many events share a tag. Measured (`tests/footprint.rs`,
+//! the heap the open holds; one of four types and one tag per event, 256-byte payloads, the
+//! same whatever the payload size):
+//!
+//! | shape | bytes per event |
+//! |---|---|
+//! | 2,000,000 events, one per append, 10,000 tags (200 events per tag) | **86** (115 at 200,000 events, where the chunks that double are emptier) |
+//! | 2,000,000 events in appends of 512, 200,000 tags (10 events per tag) | **105** |
+//! | 8,000,000 events in appends of 512, 800,000 tags (10 per tag: the peer bench's cold row) | **106** |
+//!
+//! Plus the record cache, at most [`LogOptions::cache_bytes`] (each cached frame counted with
+//! 192 bytes of bookkeeping beside its bytes). An open holds more while it runs: one sealed
+//! segment's index decoded at a time and the staging of 65,536 events (at the 2,000,000-event,
+//! 200,000-tag shape: a heap peak of 263 MiB for 200 MiB held). Payloads are read with
+//! positioned reads (`pread`), one event per read (its whole record in a segment of version 1),
+//! not through a memory map: see the source of `file.rs` for why.
 //!
 //! ```
 //! use lanestream_log::{Event, EventLog, LogOptions, Query, QueryItem};

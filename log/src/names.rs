@@ -1,6 +1,9 @@
 //! Interned names: every distinct event type and tag the log stores, once, in an append-only
 //! table that stored events refer to by a `u32` id (4 bytes per reference instead of a 16-byte
-//! pointer, and one allocation per distinct name instead of one per event).
+//! pointer, and one allocation per distinct name instead of one per event). The allocation is
+//! an `Arc<str>` the writer shares with its name maps (the snapshot's and its own), so a name is
+//! held once however many maps know it: at hundreds of thousands of tags of a few events each,
+//! copies of the names were a tenth of the index.
 //!
 //! Only the writer adds names; each goes into a write-once slot that never moves, so a reader
 //! holding an id it got from a stored event (published after the name was added: the snapshot
@@ -8,8 +11,8 @@
 //! of doubling size (64, 128, ... names), each allocated when its first name is added.
 
 use std::fmt;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// log2 of the first bucket's size.
 const FIRST_BITS: u32 = 6;
@@ -24,7 +27,7 @@ fn locate(i: u32) -> (usize, usize) {
 }
 
 /// One bucket of write-once name slots.
-type Bucket = Box<[OnceLock<Box<str>>]>;
+type Bucket = Box<[OnceLock<Arc<str>>]>;
 
 /// The table of interned names (see the module docs).
 pub(crate) struct NameTable {
@@ -42,7 +45,7 @@ impl NameTable {
     ///
     /// # Panics
     /// When the table already holds `u32::MAX` names.
-    pub(crate) fn push(&self, name: &str) -> u32 {
+    pub(crate) fn push(&self, name: Arc<str>) -> u32 {
         // Relaxed: only the writer stores `len`, and this is the writer (commits, on the writer
         // thread or inline, hold the writer's lock: its acquire orders this load after the last
         // store). Readers never load it: they reach a name through an id published with the
@@ -54,7 +57,7 @@ impl NameTable {
             let size = (1usize << FIRST_BITS) << b;
             (0..size).map(|_| OnceLock::new()).collect()
         });
-        let fresh = bucket[off].set(Box::from(name)).is_ok();
+        let fresh = bucket[off].set(name).is_ok();
         assert!(fresh, "name id {id} written twice");
         // Relaxed: see the load above.
         self.len.store(id + 1, Ordering::Relaxed);
@@ -86,7 +89,7 @@ mod tests {
     fn names_get_back_what_was_pushed_across_buckets() {
         let t = NameTable::new();
         for i in 0..1000u32 {
-            assert_eq!(t.push(&format!("n{i}")), i);
+            assert_eq!(t.push(Arc::from(format!("n{i}"))), i);
         }
         for i in 0..1000u32 {
             assert_eq!(t.get(i), format!("n{i}"));

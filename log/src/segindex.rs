@@ -9,7 +9,7 @@
 //! directory fsynced, so an index file is whole or absent (a crash leaves at most a `.tmp`,
 //! which the next open removes).
 //!
-//! # Format (version 1, all integers little-endian)
+//! # Format (versions 1 and 2, all integers little-endian)
 //! ```text
 //! index   = magic "LSIDX\0\0" | version: u8 | first position: u64 | segment length: u64
 //!           | name_count: u32 | (name_len: u16 | name) * name_count
@@ -19,10 +19,15 @@
 //! crc     = CRC32C of every byte before it
 //! ```
 //! `type` and `tag` are ids into the names; `frame_at` and `frame_len` place the record's frame
-//! in the segment, `data_at` (from the frame's start) and `data_len` the event's payload.
+//! in the segment, `data_at` and `data_len` the event's payload. An index file's version is its
+//! segment's (one of an older segment is still written as that version): in version 1
+//! `data_at` counts from the record's frame; in version 2 from the event's own frame
+//! (`event_crc | event`, see `segment.rs`), the events' frames lying back to back after the
+//! record's 20-byte head (frame and fixed payload part), so each event's frame is where the
+//! previous one ends and is `data_at + data_len` long.
 //!
 //! # Never trusted over the segment
-//! An index file is used only if its CRC32C checks, its version is this build's, it names the
+//! An index file is used only if its CRC32C checks, its version is its segment's, it names the
 //! segment's first position and exact length, and it describes a valid layout: frames back to
 //! back from the end of the header to the end of the file, every payload inside its frame, every
 //! name valid, every event's tags sorted and unique. Anything else — missing, torn, corrupt, of
@@ -39,11 +44,21 @@ use std::sync::Arc;
 
 use super::event::{Block, MAX_NAME_LEN, MAX_TAGS};
 use super::file::Loc;
-use super::segment::{FORMAT_VERSION, FRAME_LEN, HEADER_LEN, MIN_PAYLOAD, PAYLOAD_FIXED};
+use super::segment::{
+    EVENT_CRC_LEN, FORMAT_VERSION, FRAME_LEN, HEADER_LEN, MIN_PAYLOAD, OLDEST_VERSION, PAYLOAD_FIXED,
+};
 use super::storage::sync_dir;
 
 /// The index file's magic (then the format version byte).
 pub(crate) const INDEX_MAGIC: [u8; 7] = *b"LSIDX\0\0";
+
+/// A record's bytes before its first event's frame: its frame (length and CRC) and the fixed
+/// part of its payload (first position and count).
+const RECORD_HEAD: usize = FRAME_LEN + PAYLOAD_FIXED;
+
+/// The smallest event encoding: a one-byte type, no tags, no data
+/// (`type_len | type | tag_count | data_len`).
+const MIN_EVENT: usize = 2 + 1 + 2 + 4;
 
 /// One event of a segment, without its payload.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +77,8 @@ pub(crate) struct SegmentIndex {
     pub(crate) first: u64,
     /// The segment's length in bytes (header included) that the index covers.
     pub(crate) len: u64,
+    /// The segment's format version (the index file's too).
+    pub(crate) version: u8,
     pub(crate) names: Vec<Box<str>>,
     /// The events, at positions `first..`, in order.
     pub(crate) events: Vec<EventMeta>,
@@ -72,11 +89,12 @@ pub(crate) struct SegmentIndex {
 }
 
 impl SegmentIndex {
-    /// An empty index of the segment starting at `first`.
-    pub(crate) fn new(first: u64) -> SegmentIndex {
+    /// An empty index of the segment starting at `first`, of format `version`.
+    pub(crate) fn new(first: u64, version: u8) -> SegmentIndex {
         SegmentIndex {
             first,
             len: HEADER_LEN as u64,
+            version,
             names: Vec::new(),
             events: Vec::new(),
             tags: Vec::new(),
@@ -119,15 +137,28 @@ impl SegmentIndex {
         &self.tags[start..self.events[i].tags_end as usize]
     }
 
-    /// The records (appends): per record, the range of its events' indexes.
+    /// The records (appends): per record, the range of its events' indexes. In version 1 a
+    /// record's events share its frame; in version 2 their frames lie back to back, the next
+    /// record's first one [`RECORD_HEAD`] bytes after the previous record's last.
     pub(crate) fn records(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
         let mut start = 0;
+        let per_event = self.version >= 2;
         std::iter::from_fn(move || {
             let first = self.events.get(start)?;
+            let mut prev = first.loc;
             let end = start
-                + self.events[start..]
+                + 1
+                + self.events[start + 1..]
                     .iter()
-                    .take_while(|e| e.loc.frame_at() == first.loc.frame_at())
+                    .take_while(|e| {
+                        let same = if per_event {
+                            e.loc.frame_at() == prev.frame_at() + u64::from(prev.frame_len)
+                        } else {
+                            e.loc.frame_at() == first.loc.frame_at()
+                        };
+                        prev = e.loc;
+                        same
+                    })
                     .count();
             let range = start..end;
             start = end;
@@ -137,8 +168,8 @@ impl SegmentIndex {
 
     /// The index of the segment starting at `first`, `len` bytes long, from the blocks the writer
     /// appended to it (every block on disk, in position order, covering the whole segment).
-    pub(crate) fn from_blocks(first: u64, len: u64, blocks: &[Arc<Block>]) -> SegmentIndex {
-        let mut index = SegmentIndex::new(first);
+    pub(crate) fn from_blocks(first: u64, len: u64, version: u8, blocks: &[Arc<Block>]) -> SegmentIndex {
+        let mut index = SegmentIndex::new(first, version);
         index.len = len;
         // Global name id -> the index's own.
         let mut local: HashMap<u32, u32> = HashMap::new();
@@ -168,7 +199,7 @@ impl SegmentIndex {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.events.len() * 28 + self.tags.len() * 4);
         out.extend_from_slice(&INDEX_MAGIC);
-        out.push(FORMAT_VERSION);
+        out.push(self.version);
         out.extend_from_slice(&self.first.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&(self.names.len() as u32).to_le_bytes());
@@ -179,9 +210,16 @@ impl SegmentIndex {
         let records: Vec<_> = self.records().collect();
         out.extend_from_slice(&(records.len() as u64).to_le_bytes());
         for r in records {
-            let loc = self.events[r.start].loc;
-            out.extend_from_slice(&loc.frame_at().to_le_bytes());
-            out.extend_from_slice(&loc.frame_len.to_le_bytes());
+            let (frame_at, frame_len) = if self.version >= 2 {
+                let (head, last) = (self.events[r.start].loc, self.events[r.end - 1].loc);
+                let at = head.frame_at() - RECORD_HEAD as u64;
+                (at, (last.frame_at() + u64::from(last.frame_len) - at) as u32)
+            } else {
+                let loc = self.events[r.start].loc;
+                (loc.frame_at(), loc.frame_len)
+            };
+            out.extend_from_slice(&frame_at.to_le_bytes());
+            out.extend_from_slice(&frame_len.to_le_bytes());
             out.extend_from_slice(&(r.len() as u32).to_le_bytes());
             for i in r {
                 let e = &self.events[i];
@@ -216,10 +254,11 @@ impl SegmentIndex {
             return Err("not a lanestream log index".into());
         }
         let version = r.take(1)?[0];
-        if version != FORMAT_VERSION {
-            return Err(format!("format version {version}, not {FORMAT_VERSION}"));
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(format!("format version {version}, not {OLDEST_VERSION} to {FORMAT_VERSION}"));
         }
-        let mut index = SegmentIndex::new(r.u64()?);
+        let per_event = version >= 2;
+        let mut index = SegmentIndex::new(r.u64()?, version);
         index.len = r.u64()?;
         let names = r.u32()? as usize;
         if names > body.len() {
@@ -246,6 +285,9 @@ impl SegmentIndex {
             if (frame_len as usize) < FRAME_LEN + MIN_PAYLOAD || count == 0 {
                 return Err(format!("a record of {frame_len} bytes and {count} events at byte {at}"));
             }
+            let record_end = at + u64::from(frame_len);
+            // Version 2: where the next event's frame starts.
+            let mut event_at = at + RECORD_HEAD as u64;
             for _ in 0..count {
                 let ty = r.id(index.names.len())?;
                 let ntags = r.u16()? as usize;
@@ -264,14 +306,28 @@ impl SegmentIndex {
                     tags.push(t);
                 }
                 let (data_at, data_len) = (r.u32()?, r.u32()?);
-                if (data_at as usize) < FRAME_LEN + PAYLOAD_FIXED
-                    || u64::from(data_at) + u64::from(data_len) > u64::from(frame_len)
-                {
-                    return Err(format!("a payload outside its record at byte {at}"));
-                }
-                index.push(ty, &tags, Loc::new(at, frame_len, data_at, data_len));
+                let loc = if per_event {
+                    let len = u64::from(data_at) + u64::from(data_len);
+                    if (data_at as usize) < EVENT_CRC_LEN + MIN_EVENT || event_at + len > record_end {
+                        return Err(format!("an event outside its record at byte {at}"));
+                    }
+                    let loc = Loc::new(event_at, len as u32, data_at, data_len);
+                    event_at += len;
+                    loc
+                } else {
+                    if (data_at as usize) < FRAME_LEN + PAYLOAD_FIXED
+                        || u64::from(data_at) + u64::from(data_len) > u64::from(frame_len)
+                    {
+                        return Err(format!("a payload outside its record at byte {at}"));
+                    }
+                    Loc::new(at, frame_len, data_at, data_len)
+                };
+                index.push(ty, &tags, loc);
             }
-            frame_at = at + u64::from(frame_len);
+            if per_event && event_at != record_end {
+                return Err(format!("the events of the record at byte {at} do not fill it"));
+            }
+            frame_at = record_end;
         }
         if r.at != body.len() {
             return Err("bytes left over after the last record".into());
@@ -349,17 +405,20 @@ pub(crate) fn write_index(dir: &Path, index: &SegmentIndex) -> io::Result<()> {
     result
 }
 
-/// Reads the index file of the segment starting at `first` (`len` bytes long) in `dir`, if there
-/// is one and it can be trusted (module docs); `Ok(None)` when it must be rebuilt.
+/// Reads the index file of the segment starting at `first` (`len` bytes long, of format
+/// `version`) in `dir`, if there is one and it can be trusted (module docs); `Ok(None)` when it
+/// must be rebuilt.
 ///
 /// # Errors
 /// Only an error reading an index file that is there (not a missing or bad one).
-pub(crate) fn read_index(dir: &Path, first: u64, len: u64) -> io::Result<Option<SegmentIndex>> {
+pub(crate) fn read_index(dir: &Path, first: u64, len: u64, version: u8) -> io::Result<Option<SegmentIndex>> {
     let path = dir.join(index_name(first));
     let bytes = match fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    Ok(SegmentIndex::decode(&bytes).ok().filter(|index| index.first == first && index.len == len))
+    Ok(SegmentIndex::decode(&bytes)
+        .ok()
+        .filter(|index| index.first == first && index.len == len && index.version == version))
 }

@@ -6,17 +6,29 @@
 //! (`00000000000000000001.seg`, 20 digits), the persisted index of each sealed segment beside it
 //! (`00000000000000000001.idx`, see `segindex.rs`) and the writer's `LOCK` file; nothing else (a
 //! stray file fails the open). A segment is a 16-byte header — the magic `LSLOG\0\0`, the format
-//! version (one byte: [`FORMAT_VERSION`], 1), then the first position (u64, little-endian) —
-//! followed by records. A file of another version fails the open
-//! ([`OpenError::UnsupportedVersion`]) before anything is changed. A record is one whole append,
-//! so an append is on disk entirely or not at all:
+//! version (one byte: [`FORMAT_VERSION`], 2), then the first position (u64, little-endian) —
+//! followed by records. A file of a version this build does not read (0, or above 2) fails the
+//! open ([`OpenError::UnsupportedVersion`]) before anything is changed. A record is one whole
+//! append, so an append is on disk entirely or not at all:
 //!
 //! ```text
 //! record  = len: u32 | crc: u32 | payload (len bytes)         crc = CRC32C(len bytes ++ payload)
-//! payload = first position: u64 | count: u32 | event * count
+//! payload = first position: u64 | count: u32 | (event_crc: u32 | event) * count
 //! event   = type_len: u16 | type | tag_count: u16 | (tag_len: u16 | tag) * tag_count
 //!           | data_len: u32 | data                              (all integers little-endian)
+//! event_crc = CRC32C(position: u64 ++ event)       position: the event's, first position + i
 //! ```
+//!
+//! The record's CRC is what recovery checks (a torn write fails it); each event's own CRC is
+//! what a read checks, so a cold read of one event reads and verifies that event's bytes only
+//! (`event_crc | event`, see `file.rs`), not the whole append. The position inside the event's
+//! CRC makes a read that lands on the wrong event fail it.
+//!
+//! **Version 1** (written before; still read) is the same without `event_crc`: a read of one of
+//! its events reads and checks the whole record. A log whose last segment is of version 1 is
+//! moved on at open: that segment is sealed (its index file written, of version 1) and appends
+//! go on in a new segment of version 2, so a segment never mixes versions and the writer has one
+//! encoding. Nothing already written is rewritten.
 //!
 //! # Recovery
 //! Opening takes each sealed segment (every one but the last) from its index file when that can
@@ -57,12 +69,17 @@ use super::event::{Block, Event, MAX_NAME_LEN, MAX_TAGS};
 use super::file::{FrameCache, Loc, SegmentFile};
 use super::follow::{Marker, MarkerFile};
 use super::segindex::{SegmentIndex, index_name, read_index, write_index};
-use super::storage::{Storage, list_dir, segment_name};
+use super::storage::{Storage, create_segment_file, list_dir, segment_name};
 
-/// The version of the format this build reads and writes (segments and index files).
-pub(crate) const FORMAT_VERSION: u8 = 1;
+/// The version of the format this build writes (segments and index files); it reads this one
+/// and version 1.
+pub(crate) const FORMAT_VERSION: u8 = 2;
+/// The oldest version this build reads.
+pub(crate) const OLDEST_VERSION: u8 = 1;
 /// The segment header's magic: `LSLOG\0\0`, then the version byte.
-pub(crate) const MAGIC: [u8; 8] = *b"LSLOG\0\0\x01";
+pub(crate) const MAGIC: [u8; 8] = *b"LSLOG\0\0\x02";
+/// An event's checksum before its encoding (version 2), in bytes.
+pub(crate) const EVENT_CRC_LEN: usize = 4;
 /// The segment header's size, in bytes.
 pub(crate) const HEADER_LEN: usize = 16;
 /// A record's frame (length and CRC), in bytes.
@@ -72,7 +89,8 @@ pub(crate) const PAYLOAD_FIXED: usize = 12;
 /// The largest payload a record may hold, in bytes.
 pub(crate) const MAX_PAYLOAD: usize = u32::MAX as usize;
 /// The smallest payload a record can have, in bytes: the fixed part and one event with a
-/// one-byte type, no tags and no data (`type_len | type | tag_count | data_len`).
+/// one-byte type, no tags and no data (`type_len | type | tag_count | data_len`), in version 1
+/// (version 2's is [`EVENT_CRC_LEN`] more; the smaller bound serves both).
 pub(crate) const MIN_PAYLOAD: usize = PAYLOAD_FIXED + 2 + 1 + 2 + 4;
 
 const _: () = assert!(MAGIC[7] == FORMAT_VERSION);
@@ -85,15 +103,22 @@ pub(crate) fn header(first: u64) -> [u8; HEADER_LEN] {
     h
 }
 
-/// Appends the record of the append `events` starting at position `first` to `buf`, and one
-/// [`Loc`] per event to `locs` (its `frame_at` an offset in `buf`).
+/// The checksum of the event at `position` whose encoding is `event` (version 2).
+pub(crate) fn event_crc(position: u64, event: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&position.to_le_bytes()), event)
+}
+
+/// Appends the record (of this build's version) of the append `events` starting at position
+/// `first` to `buf`, and one [`Loc`] per event to `locs` (its event's frame, at an offset in
+/// `buf`).
 pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event], locs: &mut Vec<Loc>) {
     let start = buf.len();
-    let locs_from = locs.len();
     buf.extend_from_slice(&[0u8; FRAME_LEN]);
     buf.extend_from_slice(&first.to_le_bytes());
     buf.extend_from_slice(&(events.len() as u32).to_le_bytes());
-    for e in events {
+    for (i, e) in events.iter().enumerate() {
+        let frame_start = buf.len();
+        buf.extend_from_slice(&[0u8; EVENT_CRC_LEN]);
         let event_start = buf.len();
         buf.extend_from_slice(&(e.event_type().len() as u16).to_le_bytes());
         buf.extend_from_slice(e.event_type().as_bytes());
@@ -103,19 +128,19 @@ pub(crate) fn encode_record(buf: &mut Vec<u8>, first: u64, events: &[Event], loc
             buf.extend_from_slice(t.as_bytes());
         }
         buf.extend_from_slice(&(e.data().len() as u32).to_le_bytes());
-        let data_at = (buf.len() - start) as u32;
+        let data_at = (buf.len() - frame_start) as u32;
         buf.extend_from_slice(e.data());
         debug_assert_eq!(buf.len() - event_start, e.encoded_len(), "Event::encoded_len is this layout");
-        locs.push(Loc::new(start as u64, 0, data_at, e.data().len() as u32));
+        let crc = event_crc(first + i as u64, &buf[event_start..]);
+        buf[frame_start..event_start].copy_from_slice(&crc.to_le_bytes());
+        let frame_len = (buf.len() - frame_start) as u32;
+        locs.push(Loc::new(frame_start as u64, frame_len, data_at, e.data().len() as u32));
     }
     let len = (buf.len() - start - FRAME_LEN) as u32;
     let len_bytes = len.to_le_bytes();
     let crc = crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &buf[start + FRAME_LEN..]);
     buf[start..start + 4].copy_from_slice(&len_bytes);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-    for loc in &mut locs[locs_from..] {
-        loc.frame_len = len + FRAME_LEN as u32;
-    }
 }
 
 /// Why a record could not be read.
@@ -164,9 +189,10 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Reads the record at `at` in `bytes` (a whole segment) into `index`: its events' names and
-/// payload locations. Returns its first position, its event count and its total length; on an
-/// error `index` is as it was (but for names added).
+/// Reads the record at `at` in `bytes` (a whole segment) into `index` (whose version says the
+/// record's layout): its events' names and payload locations, every checksum checked. Returns
+/// its first position, its event count and its total length; on an error `index` is as it was
+/// (but for names added).
 pub(crate) fn decode_record(
     bytes: &[u8],
     at: usize,
@@ -209,8 +235,11 @@ fn decode_events(
     }
     let frame_len =
         u32::try_from(FRAME_LEN + len).map_err(|_| RecordError::Invalid("record too long".into()))?;
+    let per_event = index.version >= 2;
     let mut tags: Vec<u32> = Vec::new();
-    for _ in 0..count {
+    for i in 0..count {
+        let frame_start = r.at;
+        let crc = if per_event { Some(r.u32()? as u32) } else { None };
         let ty = r.name()?;
         let ty = index.name(ty);
         let ntags = r.u16()?;
@@ -229,7 +258,19 @@ fn decode_events(
         }
         let n = r.u32()?;
         let data = r.take(n)?;
-        let loc = Loc::new(at as u64, frame_len, (data.start - at) as u32, n as u32);
+        let loc = match crc {
+            Some(crc) => {
+                let position = first.wrapping_add(i as u64);
+                if event_crc(position, &bytes[frame_start + EVENT_CRC_LEN..data.end]) != crc {
+                    return Err(RecordError::Invalid(format!(
+                        "the event at position {position} fails its CRC32C"
+                    )));
+                }
+                let len = (data.end - frame_start) as u32;
+                Loc::new(frame_start as u64, len, (data.start - frame_start) as u32, n as u32)
+            }
+            None => Loc::new(at as u64, frame_len, (data.start - at) as u32, n as u32),
+        };
         index.push(ty, &tags, loc);
     }
     if r.at != r.end {
@@ -286,22 +327,31 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Ope
 }
 
 /// Checks a segment's header (`bytes`, its first bytes): magic, version, first position.
-pub(crate) fn check_header(path: &Path, bytes: &[u8], first: u64) -> Result<(), OpenError> {
-    if bytes[..7] == MAGIC[..7] && bytes[7] != FORMAT_VERSION {
+/// Returns its version.
+pub(crate) fn check_header(path: &Path, bytes: &[u8], first: u64) -> Result<u8, OpenError> {
+    if bytes[..7] == MAGIC[..7] && !(OLDEST_VERSION..=FORMAT_VERSION).contains(&bytes[7]) {
         return Err(OpenError::UnsupportedVersion {
             file: path.to_path_buf(),
             found: bytes[7],
             supported: FORMAT_VERSION,
         });
     }
-    if bytes[..8] != MAGIC || bytes[8..16] != first.to_le_bytes() {
+    if bytes[..7] != MAGIC[..7] || bytes[8..16] != first.to_le_bytes() {
         return Err(OpenError::Corrupt {
             segment: path.to_path_buf(),
             offset: 0,
             reason: "not a lanestream log segment header, or a header naming another position".into(),
         });
     }
-    Ok(())
+    Ok(bytes[7])
+}
+
+/// Reads and checks the header of the segment `path` (first position `first`): its version.
+pub(crate) fn read_header(path: &Path, first: u64) -> Result<u8, OpenError> {
+    use std::io::Read;
+    let mut head = [0u8; HEADER_LEN];
+    fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).map_err(io_err("reading", path))?;
+    check_header(path, &head, first)
 }
 
 /// Recovers the log in `dir`, calling `on_segment(index, file)` for every segment in order (its
@@ -362,28 +412,25 @@ fn recover_into(
                 reason: format!("segment starts at position {first}, expected {next}"),
             });
         }
-        let open = |path: &Path| {
-            SegmentFile::open(path, *first, cache.clone()).map(Arc::new).map_err(io_err("opening", path))
+        let open = |path: &Path, first: u64, version: u8| {
+            SegmentFile::open(path, first, version, cache.clone())
+                .map(Arc::new)
+                .map_err(io_err("opening", path))
         };
         if !is_last {
-            let file = open(path)?;
             let len = fs::metadata(path).map_err(io_err("reading", path))?.len();
-            let mut head = [0u8; HEADER_LEN];
             if len >= HEADER_LEN as u64 {
-                use std::io::Read;
-                fs::File::open(path)
-                    .and_then(|mut f| f.read_exact(&mut head))
-                    .map_err(io_err("reading", path))?;
-                check_header(path, &head, *first)?;
+                let version = read_header(path, *first)?;
                 if let Some(index) =
-                    read_index(dir, *first, len).map_err(io_err("reading the index of", path))?
+                    read_index(dir, *first, len, version).map_err(io_err("reading the index of", path))?
                 {
                     next = index.next();
-                    on_segment(&index, file);
+                    on_segment(&index, open(path, *first, version)?);
                     continue;
                 }
             }
             let index = scan(path, *first, false)?.0;
+            let file = open(path, *first, index.version)?;
             // Best effort: without it the next open scans this segment again.
             if write_index(dir, &index).is_ok() {
                 written.push(dir.join(index_name(*first)));
@@ -401,7 +448,24 @@ fn recover_into(
         }
         let (index, len) = scan(path, *first, true)?;
         next = index.next();
-        let file = open(path)?;
+        if index.version != FORMAT_VERSION && index.events.is_empty() {
+            // An empty segment of an older version: written again, empty, in this one.
+            create_segment_file(dir, *first, &header(*first)).map_err(io_err("rewriting", path))?;
+        } else if index.version != FORMAT_VERSION {
+            // A last segment of an older version is sealed (its index file written, best effort
+            // as any seal), and appends go on in a new segment of this version (module docs).
+            on_segment(&index, open(path, *first, index.version)?);
+            if write_index(dir, &index).is_ok() {
+                written.push(dir.join(index_name(*first)));
+            }
+            let path = dir.join(segment_name(next));
+            create_segment_file(dir, next, &header(next)).map_err(io_err("creating", &path))?;
+            let file = open(&path, next, FORMAT_VERSION)?;
+            let len = HEADER_LEN as u64;
+            out.last = Some(LastSegment { path, first: next, len, file, blocks: Vec::new() });
+            break;
+        }
+        let file = open(path, *first, FORMAT_VERSION)?;
         let block = on_segment(&index, file.clone());
         let blocks = if index.events.is_empty() { Vec::new() } else { vec![block] };
         out.last = Some(LastSegment { path: path.clone(), first: *first, len, file, blocks });
@@ -420,9 +484,11 @@ fn scan(path: &Path, first: u64, is_last: bool) -> Result<(SegmentIndex, u64), O
         reason,
     };
     let bytes = fs::read(path).map_err(io_err("reading", path))?;
-    let mut index = SegmentIndex::new(first);
     if bytes.len() < HEADER_LEN {
-        if is_last && MAGIC.starts_with(&bytes[..bytes.len().min(8)]) {
+        let index = SegmentIndex::new(first, FORMAT_VERSION);
+        let torn_header = MAGIC[..7].starts_with(&bytes[..bytes.len().min(7)])
+            && bytes.get(7).is_none_or(|v| (OLDEST_VERSION..=FORMAT_VERSION).contains(v));
+        if is_last && torn_header {
             // A header torn while the segment was being created: write it again.
             let h = header(first);
             fs::write(path, h).map_err(io_err("rewriting header of", path))?;
@@ -435,7 +501,8 @@ fn scan(path: &Path, first: u64, is_last: bool) -> Result<(SegmentIndex, u64), O
         }
         return Err(corrupt(0, "segment shorter than its header".into()));
     }
-    check_header(path, &bytes[..HEADER_LEN], first)?;
+    let version = check_header(path, &bytes[..HEADER_LEN], first)?;
+    let mut index = SegmentIndex::new(first, version);
     let mut next = first;
     let mut at = HEADER_LEN;
     while at < bytes.len() {
@@ -535,14 +602,15 @@ impl SegmentWriter {
         if self.current_len >= self.segment_bytes && self.current_len > HEADER_LEN as u64 {
             if let Some(files) = &mut self.files {
                 let blocks = mem::take(&mut files.blocks);
-                let index = SegmentIndex::from_blocks(files.first, self.current_len, &blocks);
+                let version = files.file.version();
+                let index = SegmentIndex::from_blocks(files.first, self.current_len, version, &blocks);
                 let _ = write_index(&files.dir, &index);
             }
             self.storage.create_segment(first, &header(first))?;
             self.current_len = HEADER_LEN as u64;
             if let Some(files) = &mut self.files {
                 let path = files.dir.join(segment_name(first));
-                files.file = Arc::new(SegmentFile::open(&path, first, files.cache.clone())?);
+                files.file = Arc::new(SegmentFile::open(&path, first, FORMAT_VERSION, files.cache.clone())?);
                 files.first = first;
             }
         }

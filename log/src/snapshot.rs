@@ -66,7 +66,9 @@ const LAST: usize = 4;
 
 #[derive(Debug, Default)]
 struct Lists {
-    ids: HashMap<Box<str>, u32>,
+    /// Name -> list id; the key is the name's one allocation, shared with the snapshot's map
+    /// and the [`NameTable`].
+    ids: HashMap<Arc<str>, u32>,
     entries: Vec<ListEntry>,
     /// `(list id, position)` in staging order (so ascending per list).
     staged: Vec<(u32, u64)>,
@@ -106,8 +108,9 @@ impl Lists {
             return id;
         }
         let id = u32::try_from(self.entries.len()).expect("under 2^32 distinct names");
-        let postings = map.get_or_insert_with(name, || Arc::new(Postings::new()));
-        self.ids.insert(Box::from(name), id);
+        let name: Arc<str> = Arc::from(name);
+        let postings = map.get_or_insert_with(&name, || Arc::new(Postings::new()));
+        self.ids.insert(name.clone(), id);
         self.entries.push(ListEntry { name: names.push(name), postings, count: 0, start: 0 });
         self.last[at] = Some(id);
         id
@@ -276,6 +279,12 @@ impl IndexWriter {
                 tags.push(self.tag_lists.name(id));
             }
             block.push(self.type_lists.name(t), tags.iter().copied());
+            if (i + 1) % RECOVERY_FLUSH == 0 {
+                // Bounds the staging scratch (16 bytes per staged position, and as much again
+                // to sort them) by this many events rather than by a whole segment's.
+                self.type_lists.flush();
+                self.tag_lists.flush();
+            }
         }
         for r in index.records() {
             self.staged_ends.push(first + r.end as u64 - 1);
@@ -289,6 +298,10 @@ impl IndexWriter {
         block
     }
 }
+
+/// How many events of a recovered segment are staged before their positions are pushed into
+/// the posting lists.
+const RECOVERY_FLUSH: usize = 1 << 16;
 
 /// Which way a read walks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

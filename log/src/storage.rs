@@ -129,7 +129,9 @@ impl FileStorage {
     }
 }
 
-fn create_segment_file(dir: &Path, first: u64, header: &[u8]) -> io::Result<File> {
+/// Creates (or empties) the segment file of `first` in `dir` with `header` in it, syncs the file
+/// and the directory, and returns it open for appends.
+pub(crate) fn create_segment_file(dir: &Path, first: u64, header: &[u8]) -> io::Result<File> {
     let path = dir.join(segment_name(first));
     let mut file = OpenOptions::new().create(true).truncate(true).write(true).open(&path)?;
     file.write_all(header)?;

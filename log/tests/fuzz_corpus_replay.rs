@@ -23,11 +23,13 @@ fn log_ops_corpus_replays() {
 }
 
 /// Writes the hand-made seeds of the `log_segment` corpus: the segment bytes of real logs, whole,
-/// torn, split in two segments, with and without the header the harness can add. Run once with
+/// torn, split in two segments, with and without the header the harness can add. This build
+/// writes format version 2 (`seed-v2-*`, the harness's flag bit 7); the `seed-*` of version 1
+/// were written by the build before it and stay as they are. Run once with
 /// `cargo test -p lanestream-log --test fuzz_corpus_replay -- --ignored`, then let the fuzzer grow the corpus and
 /// `cargo fuzz cmin` it.
 #[test]
-#[ignore = "writes fuzz/corpus/log_segment/seed-*; run by hand"]
+#[ignore = "writes fuzz/corpus/log_segment/seed-v2-*; run by hand"]
 fn write_log_segment_seeds() {
     use fuzz_harness::log_segment::{HEADER_LEN, TempDir};
     use lanestream_log::{AppendCondition, Event, EventLog, LogOptions, Query};
@@ -49,11 +51,11 @@ fn write_log_segment_seeds() {
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/log_segment");
     std::fs::create_dir_all(&out).unwrap();
     let write = |name: &str, flags: u8, split: u16, second: u8, body: &[u8]| {
-        let mut input = vec![flags];
+        let mut input = vec![flags | 0x80];
         input.extend_from_slice(&split.to_le_bytes());
         input.push(second);
         input.extend_from_slice(body);
-        std::fs::write(out.join(format!("seed-{name}")), input).unwrap();
+        std::fs::write(out.join(format!("seed-v2-{name}")), input).unwrap();
     };
     write("whole-file", 0, 0, 0, &seg);
     write("records-with-header", 1, 0, 0, records);
@@ -80,13 +82,33 @@ fn log_segment_reference_reads_the_seeds_as_written() {
         Expect::Corrupt | Expect::Unsupported => None,
     };
     let all = Some(vec!["CourseDefined".to_string(), "A".into(), "B".into(), "Fz".into()]);
-    assert_eq!(count(&seed("seed-whole-file")), all);
-    assert_eq!(count(&seed("seed-records-with-header")), all);
-    assert_eq!(count(&seed("seed-two-segments")), all);
-    assert_eq!(count(&seed("seed-torn-tail")), Some(vec!["CourseDefined".into(), "A".into(), "B".into()]));
-    let mut foreign = seed("seed-whole-file");
-    foreign[4] ^= 1; // the magic's first byte (after the 4-byte harness prefix)
-    assert_eq!(count(&foreign), None);
+    // Format version 1 (`seed-*`) and 2 (`seed-v2-*`).
+    for v in ["", "v2-"] {
+        assert_eq!(count(&seed(&format!("seed-{v}whole-file"))), all, "{v}");
+        assert_eq!(count(&seed(&format!("seed-{v}records-with-header"))), all, "{v}");
+        assert_eq!(count(&seed(&format!("seed-{v}records-fixed-crc"))), all, "{v}");
+        assert_eq!(count(&seed(&format!("seed-{v}two-segments"))), all, "{v}");
+        assert_eq!(
+            count(&seed(&format!("seed-{v}torn-tail"))),
+            Some(vec!["CourseDefined".into(), "A".into(), "B".into()]),
+            "{v}"
+        );
+        let mut foreign = seed(&format!("seed-{v}whole-file"));
+        foreign[4] ^= 1; // the magic's first byte (after the 4-byte harness prefix)
+        assert_eq!(count(&foreign), None, "{v}");
+    }
+    // Version 2: a bit flipped in an event whose record's CRC is then recomputed fails the
+    // event's own CRC: corruption, wherever it is.
+    let mut flipped = seed("seed-v2-records-with-header");
+    flipped[4 + 8 + 12 + 4 + 2] ^= 1; // the first event's type (prefix, frame, record head, crc, type_len)
+    let (mut segments, _) = layout(&flipped);
+    let seg = &mut segments[0].1;
+    let len = u32::from_le_bytes(seg[16..20].try_into().unwrap()) as usize;
+    let mut checked = seg[16..20].to_vec();
+    checked.extend_from_slice(&seg[24..24 + len]);
+    let crc = fuzz_harness::log_segment::crc32c(&checked);
+    seg[20..24].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(expect(&segments), Expect::Corrupt);
     // A damaged record followed by whole, CRC-valid ones is corruption, not a torn tail.
     assert_eq!(count(&seed("regression-flipped-bit-before-valid-records")), None);
     assert_eq!(count(&seed("regression-flipped-length-before-valid-records")), None);

@@ -168,3 +168,37 @@ fn every_single_byte_flip_before_the_last_record_is_refused_as_corrupt_never_ope
     let log = EventLog::open(&dir, LogOptions::default()).unwrap();
     assert_eq!(positions(&all(&log.reader())), (1..n as u64).collect::<Vec<_>>());
 }
+
+/// CRC32C, bitwise (the tests share no code with the log's reader).
+fn crc32c_of(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+#[test]
+fn an_event_failing_its_own_crc_in_a_record_whose_crc_holds_is_corruption_wherever_it_is() {
+    // Format version 2: `record = len | crc | first | count | (event_crc | event)*`. A byte of
+    // an event changed and the record's CRC made to match again (what no torn write leaves):
+    // the event's own CRC32C still fails, so the open refuses it — even as the last record,
+    // which a record failing its own CRC there would not be — and nothing is truncated.
+    for victim in [0usize, 3, 5] {
+        let dir = temp_dir("event-crc");
+        let (seg, mut bytes, starts) = log_of(&dir, 6);
+        let at = starts[victim];
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        // The last payload byte: inside the record's one event, past its own checksum.
+        bytes[at + 8 + len - 1] ^= 0x10;
+        let mut checked = bytes[at..at + 4].to_vec();
+        checked.extend_from_slice(&bytes[at + 8..at + 8 + len]);
+        let crc = crc32c_of(&checked);
+        bytes[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+        fs::write(&seg, &bytes).unwrap();
+        assert_corrupt_untouched(&dir, &seg, &bytes, at, &format!("event of record {victim}"));
+    }
+}

@@ -164,19 +164,19 @@ fn segments_roll_and_recover_across_files() {
     assert_eq!(log.read(&Query::tags(["n:3"]), None, 100).unwrap().len(), 10);
     assert_eq!(log.append(vec![ev("Next", &[])], None).unwrap().first, pos(101));
     drop(log);
-    // A damaged record in a sealed segment (not the last) whose index file is whole: the open
+    // A damaged event in a sealed segment (not the last) whose index file is whole: the open
     // takes the segment from its index (it does not read every record), and the read of the
-    // damaged record is refused naming the file and the record's offset; every other event
-    // reads, nothing is cut.
+    // damaged event is refused naming the file and the event's offset (its frame: 16 bytes of
+    // header, 20 of record head); every other event reads, nothing is cut.
     let victim = &segs[1];
     let mut bytes = fs::read(victim).unwrap();
-    bytes[30] ^= 0x01;
+    bytes[60] ^= 0x01;
     fs::write(victim, &bytes).unwrap();
     let sizes: Vec<u64> = segs.iter().map(|p| fs::metadata(p).unwrap().len()).collect();
     let log = EventLog::open(&dir, options.clone()).unwrap();
     let err = log.read(&Query::All, None, usize::MAX).unwrap_err();
     assert!(
-        matches!(&err, ReadError::Corrupt { segment, offset: 16, .. } if segment.ends_with(victim.file_name().unwrap())),
+        matches!(&err, ReadError::Corrupt { segment, offset: 36, .. } if segment.ends_with(victim.file_name().unwrap())),
         "{err}"
     );
     let first_of_victim: u64 = victim.file_stem().unwrap().to_str().unwrap().parse().unwrap();

@@ -1,10 +1,12 @@
 //! The persisted index of each sealed segment (`<20 digits>.idx`) and the format's version: an
 //! index file that is missing, cut short, damaged or not the segment's is rebuilt from the
 //! segment and never trusted over it; stray files and files of another format version are
-//! refused with a clear error and nothing changed; the checked-in fixtures
-//! (`tests/fixtures/v1/`: segments, index files and the commit marker), written by this version
-//! of the format, open to exactly their events from their index files (as a writer and as a
-//! follower), and a new log given the same appends writes them byte for byte.
+//! refused with a clear error and nothing changed; the checked-in fixtures (`tests/fixtures/v2/`:
+//! segments, index files and the commit marker), written by this version of the format, open to
+//! exactly their events from their index files (as a writer and as a follower), and a new log
+//! given the same appends writes them byte for byte; the fixtures of version 1
+//! (`tests/fixtures/v1/`, written by the previous build) still open to the same events, take
+//! appends (in a new segment of version 2) and reopen.
 
 use crate::log_support;
 
@@ -195,15 +197,15 @@ fn a_segment_of_another_format_version_is_refused_naming_it_and_nothing_changes(
         let segs = files(&dir, "seg");
         let victim = if which == 0 { segs[0].clone() } else { segs.last().unwrap().clone() };
         let mut bytes = fs::read(&victim).unwrap();
-        assert_eq!(&bytes[..8], b"LSLOG\0\0\x01", "the header carries the version (1)");
-        bytes[7] = 2;
+        assert_eq!(&bytes[..8], b"LSLOG\0\0\x02", "the header carries the version (2)");
+        bytes[7] = 3;
         fs::write(&victim, &bytes).unwrap();
         // Without its index, so the open must read the header (the last one has none anyway).
         let _ = fs::remove_file(victim.with_extension("idx"));
         let before = snapshot(&dir);
         let err = EventLog::open(&dir, options()).unwrap_err();
         assert!(
-            matches!(&err, OpenError::UnsupportedVersion { file, found: 2, supported: 1 } if *file == fs::canonicalize(&victim).unwrap()),
+            matches!(&err, OpenError::UnsupportedVersion { file, found: 3, supported: 2 } if *file == fs::canonicalize(&victim).unwrap()),
             "{err}"
         );
         assert_eq!(snapshot(&dir), before);
@@ -212,22 +214,25 @@ fn a_segment_of_another_format_version_is_refused_naming_it_and_nothing_changes(
 
 #[test]
 fn an_index_file_of_another_format_version_is_rebuilt() {
-    let dir = temp_dir("idx-iversion");
-    let events = written_log(&dir);
-    let idx = files(&dir, "idx")[0].clone();
-    let whole = fs::read(&idx).unwrap();
-    assert_eq!(&whole[..8], b"LSIDX\0\0\x01", "the index carries the version (1)");
-    let mut other = whole.clone();
-    other[7] = 2;
-    // A valid checksum over the other version, so only the version refuses it.
-    let body = other.len() - 4;
-    let crc = crc32c_of(&other[..body]);
-    other[body..].copy_from_slice(&crc.to_le_bytes());
-    fs::write(&idx, &other).unwrap();
-    let log = EventLog::open(&dir, options()).unwrap();
-    assert_eq!(all(&log.reader()), events);
-    log.close();
-    assert_eq!(fs::read(&idx).unwrap(), whole);
+    // 1: a version this build reads, but not its segment's; 3: one it does not read.
+    for version in [1u8, 3] {
+        let dir = temp_dir("idx-iversion");
+        let events = written_log(&dir);
+        let idx = files(&dir, "idx")[0].clone();
+        let whole = fs::read(&idx).unwrap();
+        assert_eq!(&whole[..8], b"LSIDX\0\0\x02", "the index carries the version (2)");
+        let mut other = whole.clone();
+        other[7] = version;
+        // A valid checksum over the other version, so only the version refuses it.
+        let body = other.len() - 4;
+        let crc = crc32c_of(&other[..body]);
+        other[body..].copy_from_slice(&crc.to_le_bytes());
+        fs::write(&idx, &other).unwrap();
+        let log = EventLog::open(&dir, options()).unwrap();
+        assert_eq!(all(&log.reader()), events);
+        log.close();
+        assert_eq!(fs::read(&idx).unwrap(), whole, "version {version}");
+    }
 }
 
 /// CRC32C, bitwise (the tests share no code with the log's reader).
@@ -242,24 +247,26 @@ fn crc32c_of(data: &[u8]) -> u32 {
     !c
 }
 
-/// Where the checked-in fixtures are.
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1")
+/// Where the checked-in fixtures of format `version` are.
+fn fixtures(version: u8) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/v{version}"))
 }
 
-/// Copies the fixture log into a fresh directory (opening writes its `LOCK` file).
-fn fixture_copy(name: &str) -> log_support::TestDir {
+/// Copies the fixture log of format `version` into a fresh directory (opening writes its `LOCK`
+/// file).
+fn fixture_copy(name: &str, version: u8) -> log_support::TestDir {
     let dir = temp_dir(name);
-    for entry in fs::read_dir(fixtures()).unwrap() {
+    for entry in fs::read_dir(fixtures(version)).unwrap() {
         let p = entry.unwrap().path();
         fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
     }
     dir
 }
 
-#[test]
-fn the_fixtures_of_format_version_1_open_to_their_events_from_their_index_files() {
-    let dir = fixture_copy("fixture-open");
+/// The fixture log of format `version` opens to its events from its index files, as a writer
+/// and as a follower, and leaves its index files as they were.
+fn fixtures_open_from_their_index_files(version: u8) {
+    let dir = fixture_copy("fixture-open", version);
     let idx_before: Vec<(PathBuf, Vec<u8>, u64)> = files(&dir, "idx")
         .into_iter()
         .map(|p| {
@@ -295,14 +302,61 @@ fn the_fixtures_of_format_version_1_open_to_their_events_from_their_index_files(
 }
 
 #[test]
+fn the_fixtures_of_format_version_2_open_to_their_events_from_their_index_files() {
+    fixtures_open_from_their_index_files(2);
+}
+
+#[test]
+fn the_fixtures_of_format_version_1_open_to_their_events_from_their_index_files() {
+    fixtures_open_from_their_index_files(1);
+}
+
+#[test]
+fn a_log_of_format_version_1_takes_appends_in_a_new_segment_of_version_2_and_reopens() {
+    let dir = fixture_copy("fixture-v1-append", 1);
+    let v1_segments: Vec<(PathBuf, Vec<u8>)> =
+        files(&dir, "seg").into_iter().map(|p| (p.clone(), fs::read(&p).unwrap())).collect();
+    let log = EventLog::open(&dir, options()).unwrap();
+    let mut events = all(&log.reader());
+    assert_eq!(events.len(), 48);
+    // The last segment of version 1 is sealed (its index written), a segment of version 2 started.
+    let (last_v1, _) = v1_segments.last().unwrap();
+    assert!(last_v1.with_extension("idx").exists(), "the last version-1 segment was not sealed");
+    let new = dir.join(format!("{:020}.seg", 49));
+    assert_eq!(&fs::read(&new).unwrap()[..8], b"LSLOG\0\0\x02");
+    for i in 0..30u8 {
+        log.append(vec![ev_data("After", &["account:1"], vec![i; usize::from(i)])], None).unwrap();
+    }
+    events = all(&log.reader());
+    log.close();
+    // Nothing of version 1 was rewritten.
+    for (p, b) in &v1_segments {
+        assert_eq!(&fs::read(p).unwrap(), b, "{} changed", p.display());
+    }
+    let log = EventLog::open(&dir, options()).unwrap();
+    assert_eq!(all(&log.reader()), events);
+    assert_eq!(events.len(), 78);
+    let q = Query::tags(["account:1"]);
+    assert_eq!(log.read(&q, None, usize::MAX).unwrap().len(), 12 + 30);
+    log.close();
+    // Without any index file, every segment (of either version) is scanned to the same events.
+    for p in files(&dir, "idx") {
+        fs::remove_file(p).unwrap();
+    }
+    let log = EventLog::open(&dir, options()).unwrap();
+    assert_eq!(all(&log.reader()), events);
+    log.close();
+}
+
+#[test]
 fn a_new_log_writes_the_fixtures_byte_for_byte() {
-    // If this fails, the format changed: bump FORMAT_VERSION, keep reading version 1 (the
-    // fixtures above must still open), and add fixtures of the new version beside these.
+    // If this fails, the format changed: bump FORMAT_VERSION, keep reading versions 1 and 2
+    // (the fixtures above must still open), and add fixtures of the new version beside these.
     let dir = temp_dir("fixture-write");
     written_log(&dir);
     let mut written = snapshot(&dir);
     written.retain(|(name, _)| name != "LOCK");
-    let mut fixture = snapshot(&fixtures());
+    let mut fixture = snapshot(&fixtures(2));
     fixture.retain(|(name, _)| name != "LOCK");
     assert_eq!(written.len(), fixture.len(), "file count");
     for ((wn, wb), (fname, fb)) in written.iter().zip(&fixture) {
@@ -311,14 +365,14 @@ fn a_new_log_writes_the_fixtures_byte_for_byte() {
     }
 }
 
-/// Writes the fixtures (`tests/fixtures/v1/`). Run by hand, once per format version:
-/// `cargo test -p lanestream-log --test event_log -- --ignored index_files::write_fixtures`.
+/// Writes the fixtures of this format version (`tests/fixtures/v2/`). Run by hand, once per
+/// format version: `cargo test -p lanestream-log --test event_log -- --ignored index_files::write_fixtures`.
 #[test]
-#[ignore = "writes tests/fixtures/v1; run by hand"]
+#[ignore = "writes tests/fixtures/v2; run by hand"]
 fn write_fixtures() {
     let dir = temp_dir("fixture-gen");
     written_log(&dir);
-    let out = fixtures();
+    let out = fixtures(2);
     fs::create_dir_all(&out).unwrap();
     for (name, bytes) in snapshot(&dir) {
         if name != "LOCK" {

@@ -4,8 +4,9 @@
 //!
 //! - opening never panics; it either recovers exactly the valid prefix the reference reader
 //!   finds (every event byte-exact, positions dense from 1, a torn tail of the last segment
-//!   truncated away) or, where the reference finds damage recovery must not drop, fails with
-//!   [`OpenError::Corrupt`] and leaves every file as it was;
+//!   truncated away; a last segment of format version 1 with events sealed and a version-2
+//!   segment started after it) or, where the reference finds damage recovery must not drop,
+//!   fails with [`OpenError::Corrupt`] and leaves every file as it was;
 //! - never truncate a valid record: checked apart from the reference, the bytes an open cut off
 //!   the last segment hold no whole, CRC-valid frame (at any byte offset), since a crash never
 //!   leaves one after a torn record — a bad record followed by one is corruption;
@@ -21,7 +22,9 @@
 //! segments at `split`, bit 2 recomputes the CRC32C of every whole frame (so mutated records get
 //! past the checksum and reach the decoder), bit 3 prepends a valid header to the second segment,
 //! bits 4-5 pick the segment size the appends use, bit 6 names the first segment after
-//! position 0 instead of 1.
+//! position 0 instead of 1, bit 7 writes the headers of format version 2 (each event preceded by
+//! its CRC32C, which bit 2 recomputes too) instead of version 1 (whose layout the corpus from
+//! before version 2 was written in).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -32,8 +35,10 @@ use lanestream_log::{
     OpenError, Query,
 };
 
-/// A segment header's magic, as documented.
-pub const MAGIC: [u8; 8] = *b"LSLOG\0\0\x01";
+/// A segment header's magic, as documented, without the version byte.
+pub const MAGIC: [u8; 7] = *b"LSLOG\0\0";
+/// The format versions a log reads (and, the last, writes).
+pub const VERSIONS: [u8; 2] = [1, 2];
 /// A segment header's size, in bytes.
 pub const HEADER_LEN: usize = 16;
 /// The smallest payload a record has: first position, count, and one event of a one-byte type,
@@ -61,11 +66,20 @@ pub fn crc32c(data: &[u8]) -> u32 {
     !data.iter().fold(!0u32, |c, &b| TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8))
 }
 
-/// A segment header for a segment starting at `first`.
-pub fn header(first: u64) -> Vec<u8> {
+/// A segment header of format `version` for a segment starting at `first`.
+pub fn header(first: u64, version: u8) -> Vec<u8> {
     let mut h = MAGIC.to_vec();
+    h.push(version);
     h.extend_from_slice(&first.to_le_bytes());
     h
+}
+
+/// The CRC32C of the event at `position` encoded as `event` (version 2): over the position
+/// (u64 LE), then the event.
+fn event_crc(position: u64, event: &[u8]) -> u32 {
+    let mut checked = position.to_le_bytes().to_vec();
+    checked.extend_from_slice(event);
+    crc32c(&checked)
 }
 
 /// One event as the reference reader decodes it.
@@ -124,7 +138,7 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn payload(p: &[u8]) -> Option<(u64, Vec<RefEvent>)> {
+fn payload(p: &[u8], version: u8) -> Option<(u64, Vec<RefEvent>)> {
     let mut c = Cursor(p);
     let first = u64::from_le_bytes(c.take(8)?.try_into().unwrap());
     let count = c.u32()?;
@@ -132,7 +146,9 @@ fn payload(p: &[u8]) -> Option<(u64, Vec<RefEvent>)> {
         return None;
     }
     let mut events = Vec::new();
-    for _ in 0..count {
+    for i in 0..count {
+        let crc = if version >= 2 { Some(c.u32()? as u32) } else { None };
+        let event_start = c.0;
         let ty = c.name()?;
         let ntags = c.u16()?;
         if ntags > MAX_TAGS {
@@ -148,12 +164,16 @@ fn payload(p: &[u8]) -> Option<(u64, Vec<RefEvent>)> {
         }
         let n = c.u32()?;
         let data = c.take(n)?.to_vec();
+        let event = &event_start[..event_start.len() - c.0.len()];
+        if crc.is_some_and(|crc| event_crc(first.wrapping_add(i as u64), event) != crc) {
+            return None;
+        }
         events.push(RefEvent { ty, tags, data });
     }
     c.0.is_empty().then_some((first, events))
 }
 
-fn record(b: &[u8]) -> Record {
+fn record(b: &[u8], version: u8) -> Record {
     if b.len() < 8 {
         return Record::Torn;
     }
@@ -167,7 +187,7 @@ fn record(b: &[u8]) -> Record {
     if crc32c(&checked) != crc {
         return Record::Torn;
     }
-    match payload(&b[8..8 + len]) {
+    match payload(&b[8..8 + len], version) {
         Some((first, events)) => Record::Valid(first, events, 8 + len),
         None => Record::Invalid,
     }
@@ -203,6 +223,9 @@ pub enum Expect {
         events: Vec<RefEvent>,
         /// The last segment's length after recovery.
         last_len: usize,
+        /// Whether the last segment is of version 1 with events: sealed, and a segment of
+        /// version 2 (its header alone) started after it.
+        sealed_v1: bool,
     },
     /// Refused as corrupt, nothing changed.
     Corrupt,
@@ -214,27 +237,34 @@ pub enum Expect {
 pub fn expect(segments: &[(u64, Vec<u8>)]) -> Expect {
     let mut events = Vec::new();
     let mut last_len = 0;
+    let mut sealed_v1 = false;
     for (i, (first, bytes)) in segments.iter().enumerate() {
         let is_last = i + 1 == segments.len();
+        sealed_v1 = false;
         if *first != events.len() as u64 + 1 {
             return Expect::Corrupt;
         }
         if bytes.len() < HEADER_LEN {
-            if is_last && MAGIC.starts_with(&bytes[..bytes.len().min(8)]) {
+            // A header torn while the segment was created, of a version the log reads.
+            let torn = MAGIC.starts_with(&bytes[..bytes.len().min(7)])
+                && bytes.get(7).is_none_or(|v| VERSIONS.contains(v));
+            if is_last && torn {
                 last_len = HEADER_LEN;
                 continue;
             }
             return Expect::Corrupt;
         }
-        if bytes[..7] == MAGIC[..7] && bytes[7] != MAGIC[7] {
+        if bytes[..7] == MAGIC && !VERSIONS.contains(&bytes[7]) {
             return Expect::Unsupported;
         }
-        if bytes[..HEADER_LEN] != header(*first)[..] {
+        let version = bytes[7];
+        if bytes[..HEADER_LEN] != header(*first, version)[..] {
             return Expect::Corrupt;
         }
+        let before = events.len();
         let mut at = HEADER_LEN;
         while at < bytes.len() {
-            match record(&bytes[at..]) {
+            match record(&bytes[at..], version) {
                 Record::Valid(rec_first, evs, len) => {
                     if rec_first != events.len() as u64 + 1 {
                         return Expect::Corrupt;
@@ -248,23 +278,58 @@ pub fn expect(segments: &[(u64, Vec<u8>)]) -> Expect {
             }
         }
         last_len = at;
+        sealed_v1 = version == 1 && events.len() > before;
     }
-    Expect::Opens { events, last_len }
+    Expect::Opens { events, last_len, sealed_v1 }
 }
 
-/// Rewrites the CRC of every whole frame after the header, walking the frames by their lengths.
-fn fix_crcs(seg: &mut [u8]) {
+/// Rewrites the CRC of every whole frame after the header, walking the frames by their lengths
+/// (in version 2, first the CRC of each event the frame's payload holds, as far as its length
+/// fields walk inside the frame).
+fn fix_crcs(seg: &mut [u8], version: u8) {
     let mut at = HEADER_LEN;
     while at + 8 <= seg.len() {
         let len = u32::from_le_bytes(seg[at..at + 4].try_into().unwrap()) as usize;
         if seg.len() - at - 8 < len {
             break;
         }
+        if version >= 2 {
+            fix_event_crcs(&mut seg[at + 8..at + 8 + len]);
+        }
         let mut checked = seg[at..at + 4].to_vec();
         checked.extend_from_slice(&seg[at + 8..at + 8 + len]);
         let crc = crc32c(&checked);
         seg[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
         at += 8 + len;
+    }
+}
+
+/// Rewrites the CRC of each event of a version-2 record's payload `p` that lies whole in it.
+fn fix_event_crcs(p: &mut [u8]) {
+    let Some(head) = p.get(..12) else { return };
+    let first = u64::from_le_bytes(head[..8].try_into().unwrap());
+    let count = u32::from_le_bytes(head[8..12].try_into().unwrap()) as usize;
+    let mut at = 12;
+    for i in 0..count {
+        let event_start = at + 4;
+        let mut c = Cursor(p.get(event_start..).unwrap_or(&[]));
+        let walked = (|| {
+            let n = c.u16()?;
+            c.take(n)?;
+            for _ in 0..c.u16()? {
+                let n = c.u16()?;
+                c.take(n)?;
+            }
+            let n = c.u32()?;
+            c.take(n)
+        })();
+        if walked.is_none() {
+            return;
+        }
+        let end = p.len() - c.0.len();
+        let crc = event_crc(first.wrapping_add(i as u64), &p[event_start..end]);
+        p[at..event_start].copy_from_slice(&crc.to_le_bytes());
+        at = end;
     }
 }
 
@@ -333,11 +398,12 @@ pub fn layout(data: &[u8]) -> (Vec<(u64, Vec<u8>)>, u64) {
         (body, None)
     };
     let first = if flags & 64 != 0 { 0 } else { 1 };
+    let version = if flags & 128 != 0 { 2 } else { 1 };
     let build = |first: u64, with_header: bool, bytes: &[u8]| {
-        let mut seg = if with_header { header(first) } else { Vec::new() };
+        let mut seg = if with_header { header(first, version) } else { Vec::new() };
         seg.extend_from_slice(bytes);
         if flags & 4 != 0 {
-            fix_crcs(&mut seg);
+            fix_crcs(&mut seg, version);
         }
         seg
     };
@@ -390,7 +456,7 @@ pub fn log_segment(data: &[u8]) {
         (Ok(_), Expect::Corrupt | Expect::Unsupported) => panic!("opened a directory the reference refuses"),
         (Ok(log), Expect::Opens { .. }) => log,
     };
-    let Expect::Opens { events, last_len } = expected else { unreachable!() };
+    let Expect::Opens { events, last_len, sealed_v1 } = expected else { unreachable!() };
     // Never truncate a valid record (independent of the reference's walk): whatever recovery
     // cut off the last segment holds no whole, CRC-valid frame at any offset.
     let (_, last_before) = segments.last().unwrap();
@@ -405,8 +471,22 @@ pub fn log_segment(data: &[u8]) {
     let n = events.len() as u64;
     assert_eq!(log.head().map_or(0, LogPosition::get), n);
     let on_disk = read_segments(&dir.0);
-    assert_eq!(on_disk.len(), segments.len(), "recovery added or removed a segment");
-    assert_eq!(on_disk.last().unwrap().1.len(), last_len, "the last segment's recovered length");
+    let added = usize::from(sealed_v1);
+    assert_eq!(on_disk.len(), segments.len() + added, "recovery added or removed a segment");
+    let recovered_last = &on_disk[segments.len() - 1];
+    assert_eq!(recovered_last.1.len(), last_len, "the last segment's recovered length");
+    if sealed_v1 {
+        // The version-1 segment sealed, appends going on in a new one of version 2.
+        assert_eq!(
+            on_disk.last().unwrap(),
+            &(n + 1, header(n + 1, 2)),
+            "the segment started after version 1"
+        );
+    } else if last_len == HEADER_LEN {
+        // An empty last segment (or a torn header) is written again in version 2.
+        let first = recovered_last.0;
+        assert_eq!(recovered_last.1, header(first, 2), "the empty last segment's header");
+    }
 
     // Appends after recovery, one of them conditional on what recovery rebuilt.
     let fz = |d: &'static [u8]| Event::new("Fz", ["fz"], d).unwrap();

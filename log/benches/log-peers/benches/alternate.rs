@@ -28,7 +28,8 @@
 //! at random (the same ones for every contender of a round), each read returning all of that
 //! entity's events. `--cold-rss` instead opens only lanestream's log (written by an earlier run)
 //! in this process, runs the row's reads for `--rounds` rounds and prints the process's peak RSS
-//! against the issue's bound (cache budget + 86 B per event + 64 MiB).
+//! against the issue's bound (cache budget + the index's bytes per event at the row's shape × events
+//! + 64 MiB; [`INDEX_BYTES_PER_EVENT`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -126,6 +127,11 @@ fn main() {
 
 const COLD_ROW: &str = "log_read/cold_selective/readers_16";
 
+/// What lanestream's index holds per event at the cold row's shape (10 events per tag, appends
+/// of 512), in bytes, as the crate docs state it (`log/src/lib.rs`, "Memory": 106.4 measured at
+/// 8M events by `log/tests/footprint.rs`), rounded up.
+const INDEX_BYTES_PER_EVENT: u64 = 107;
+
 /// The cold row: every contender's log opened (written first if need be), then `rounds`
 /// interleaved rounds, the page cache dropped before each contender's turn.
 fn cold_row(spec: &ColdSpec, filter: &str, rounds: usize, reads: usize) {
@@ -196,12 +202,12 @@ fn cold_rss(spec: &ColdSpec, reads: usize, rounds: usize) {
     }
     rates.sort_by(f64::total_cmp);
     let (peak, rss) = (peak_rss_bytes().unwrap_or(0), rss_bytes().unwrap_or(0));
-    let bound = spec.cache_bytes() + 86 * spec.events + (64 << 20);
+    let bound = spec.cache_bytes() + INDEX_BYTES_PER_EVENT * spec.events + (64 << 20);
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     println!(
         "cold rss: {} events (appends of {}), cache {} MiB: after open RSS {:.0} MiB (peak {:.0}); after \
-         {rounds} rounds RSS {:.0} MiB, peak {:.0} MiB; bound {:.0} MiB (cache + 86 B x events + 64 \
-         MiB): {}; median {:.0} events/s{}, {:.0} bytes read from disk per event read",
+         {rounds} rounds RSS {:.0} MiB, peak {:.0} MiB; bound {:.0} MiB (cache + {INDEX_BYTES_PER_EVENT} B x \
+         events + 64 MiB): {}; median {:.0} events/s{}, {:.0} bytes read from disk per event read",
         spec.events,
         spec.batch,
         spec.cache_bytes() >> 20,
