@@ -122,7 +122,7 @@ use ahash::AHashMap as HashMap;
 use lanestream::{Batch, Position};
 
 use crate::backfill::{Mark, MARK_PREFIX};
-use crate::wal2json::{Column, Key, Line, TransactionBuilder, Wal2JsonError, Wal2JsonErrorKind};
+use crate::wal2json::{Change, Column, Key, TransactionBuilder, Wal2JsonError, Wal2JsonErrorKind};
 
 /// An error while decoding pgoutput: the 1-based number of the message in this decoder and what
 /// is wrong.
@@ -296,12 +296,13 @@ struct RelColumn {
 struct Relation {
     /// `schema.table`, for errors.
     name: String,
-    /// The schema and table as JSON strings (the builder's record holds raw JSON).
-    schema_json: String,
-    table_json: String,
-    /// `relreplident`: `d`efault, `n`othing, `f`ull, `i`ndex.
-    identity: u8,
+    schema: String,
+    table: String,
     columns: Vec<RelColumn>,
+    /// The key the builder gets with each change: the flagged columns, except under `REPLICA
+    /// IDENTITY FULL` (every column is flagged there): `None`, so the builder asks its key
+    /// look-up for the primary key.
+    key: Option<Vec<Key<'static>>>,
 }
 
 /// The decoder: a relation cache in front of a [`TransactionBuilder`]. See the
@@ -318,6 +319,10 @@ pub struct PgOutputDecoder {
     commit_time: Option<i64>,
     /// The string values of the change being decoded, JSON-escaped (see `Val`).
     scratch: String,
+    /// The allocations of the change's values and columns, kept from one change to the next
+    /// (empty between changes; see [`recycle`]).
+    values: Vec<(usize, Val<'static>)>,
+    columns: Vec<Column<'static>>,
     /// Backfill marks read and not yet taken ([`PgOutputDecoder::take_mark`]).
     marks: std::collections::VecDeque<Mark>,
 }
@@ -359,6 +364,9 @@ struct Fields<'m> {
     buf: &'m [u8],
     at: usize,
     tag: char,
+    /// The whole message when it is valid UTF-8 (checked once for a change, whose values are
+    /// then slices of it, see [`Fields::text`]).
+    text: Option<&'m str>,
 }
 
 impl<'m> Fields<'m> {
@@ -391,6 +399,18 @@ impl<'m> Fields<'m> {
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_be_bytes(a))
+    }
+
+    /// `n` bytes as text ([`PgOutputErrorKind::NotUtf8`] when they are not UTF-8).
+    fn text(&mut self, n: usize, field: &'static str) -> Result<&'m str, PgOutputErrorKind> {
+        let at = self.at;
+        let bytes = self.take(n, field)?;
+        match self.text {
+            // A slice of valid UTF-8 is valid exactly when it starts and ends at characters.
+            Some(all) => all.get(at..at + n),
+            None => simdutf8::basic::from_utf8(bytes).ok(),
+        }
+        .ok_or(PgOutputErrorKind::NotUtf8 { field })
     }
 
     /// A signed 16-bit count (pgoutput's `Int16` column counts), refused when negative.
@@ -439,8 +459,13 @@ pub(crate) fn plain(s: &str) -> bool {
 fn push_json_string(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
+    // Most values need no escape: find the first 16-byte block that may, a test the compiler
+    // vectorizes (no early exit inside a block), and copy what precedes it at once.
+    let escaped = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
+    let clean =
+        s.as_bytes().chunks(16).take_while(|c| !c.iter().fold(false, |e, &b| e | escaped(b))).count() * 16;
     let mut start = 0;
-    for (i, b) in s.bytes().enumerate() {
+    for (i, b) in s.bytes().enumerate().skip(clean) {
         let esc: &str = match b {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -467,6 +492,7 @@ fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+#[cfg(test)]
 fn json_string(s: &str) -> String {
     let mut out = String::new();
     push_json_string(&mut out, s);
@@ -521,30 +547,29 @@ enum Val<'m> {
 /// A text-format value as JSON, typed by its column's type OID (see the module docs); a JSON
 /// string is written into `scratch`. `Err` names what it should have been.
 fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<Val<'m>, &'static str> {
-    if NUMBER_TYPES.contains(&type_oid) {
-        if is_json_number(text) {
-            return Ok(Val::Text(text));
-        }
-        // wal2json writes these as null (JSON has no such numbers).
-        if ["NaN", "Infinity", "-Infinity"].iter().any(|s| text.eq_ignore_ascii_case(s)) {
-            return Ok(Val::Text("null"));
-        }
-        return Err("a number");
-    }
-    let text = match type_oid {
-        BOOL_OID => {
-            return match text {
-                "t" => Ok(Val::Text("true")),
-                "f" => Ok(Val::Text("false")),
-                _ => Err("a bool (t or f)"),
+    match type_oid {
+        t if NUMBER_TYPES.contains(&t) => {
+            if is_json_number(text) {
+                return Ok(Val::Text(text));
             }
+            // wal2json writes these as null (JSON has no such numbers).
+            if ["NaN", "Infinity", "-Infinity"].iter().any(|s| text.eq_ignore_ascii_case(s)) {
+                return Ok(Val::Text("null"));
+            }
+            Err("a number")
         }
-        BYTEA_OID => text.strip_prefix("\\x").unwrap_or(text),
-        _ => text,
-    };
-    let start = scratch.len();
-    push_json_string(scratch, text);
-    Ok(Val::Scratch(start, scratch.len()))
+        BOOL_OID => match text {
+            "t" => Ok(Val::Text("true")),
+            "f" => Ok(Val::Text("false")),
+            _ => Err("a bool (t or f)"),
+        },
+        _ => {
+            let text = if type_oid == BYTEA_OID { text.strip_prefix("\\x").unwrap_or(text) } else { text };
+            let start = scratch.len();
+            push_json_string(scratch, text);
+            Ok(Val::Scratch(start, scratch.len()))
+        }
+    }
 }
 
 /// Appends a text-format value of a column of type `type_oid` to `out` as JSON, exactly as the
@@ -573,7 +598,7 @@ enum TupleKind {
     Key,
 }
 
-/// Reads a tuple of `rel` into `out` as (column index, value): NULL as `null`, unchanged
+/// Reads a tuple of `rel`, appending to `out` (column index, value): NULL as `null`, unchanged
 /// TOASTed values (`u`) left out, strings written into `scratch`.
 fn read_tuple<'m>(
     f: &mut Fields<'m>,
@@ -598,9 +623,7 @@ fn read_tuple<'m>(
             b'u' => None,
             b't' => {
                 let len = f.count32("value's length")?;
-                let bytes = f.take(len, "value")?;
-                let text = simdutf8::basic::from_utf8(bytes)
-                    .map_err(|_| PgOutputErrorKind::NotUtf8 { field: "value" })?;
+                let text = f.text(len, "value")?;
                 Some(json_value(col.type_oid, text, scratch).map_err(|expected| {
                     PgOutputErrorKind::BadValue {
                         table: rel.name.clone(),
@@ -634,25 +657,27 @@ fn read_tuple<'m>(
     Ok(())
 }
 
-/// The builder's columns of values read by [`read_tuple`].
-fn to_columns<'a>(rel: &'a Relation, values: &[(usize, Val<'a>)], scratch: &'a str) -> Vec<Column<'a>> {
-    values
-        .iter()
-        .map(|&(i, v)| {
-            let col = &rel.columns[i];
-            Column {
-                name: if col.plain { Cow::Borrowed(col.name.as_str()) } else { Cow::Owned(col.name.clone()) },
-                value: Cow::Borrowed(match v {
-                    Val::Text(t) => t,
-                    Val::Scratch(a, b) => scratch.get(a..b).unwrap_or("null"),
-                }),
-            }
-        })
-        .collect()
+/// The builder's column of a value read by [`read_tuple`].
+fn column<'a>(rel: &'a Relation, (i, v): (usize, Val<'a>), scratch: &'a str) -> Column<'a> {
+    let name = match rel.columns.get(i) {
+        Some(col) if col.plain => Cow::Borrowed(col.name.as_str()),
+        Some(col) => Cow::Owned(col.name.clone()),
+        None => Cow::Borrowed(""),
+    };
+    let value = match v {
+        Val::Text(t) => t,
+        Val::Scratch(a, b) => scratch.get(a..b).unwrap_or("null"),
+    };
+    Column { name, value: Cow::Borrowed(value) }
 }
 
-fn action(c: &'static str) -> Option<Cow<'static, str>> {
-    Some(Cow::Borrowed(c))
+/// `v` emptied, its allocation kept for elements of another lifetime: the standard library
+/// collects a vector's iterator into the same allocation when the element layouts match (as
+/// they do for one type under two lifetimes), so no unsafe code is needed; were it ever to
+/// allocate instead, only speed would change.
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
 }
 
 impl PgOutputDecoder {
@@ -669,6 +694,8 @@ impl PgOutputDecoder {
             skipped: 0,
             commit_time: None,
             scratch: String::new(),
+            values: Vec::new(),
+            columns: Vec::new(),
             marks: std::collections::VecDeque::new(),
         }
     }
@@ -803,13 +830,7 @@ impl PgOutputDecoder {
             return Ok(());
         }
         self.skipping = false;
-        let record = Line {
-            action: action("\"B\""),
-            xid: Some(Cow::Owned(xid.to_string())),
-            lsn: Some(Cow::Owned(format!("\"{}\"", Position(commit_lsn)))),
-            ..Line::default()
-        };
-        self.builder.push_record(seq, &record)?;
+        self.builder.push_begin(seq, Some(u64::from(xid)), Position(commit_lsn))?;
         // The envelopes carry the commit time: the pipeline's commit → ack latency starts there.
         self.builder.set_commit_time(self.commit_time.and_then(|t| u64::try_from(t).ok()));
         Ok(())
@@ -820,17 +841,12 @@ impl PgOutputDecoder {
             self.skipped += 1;
             return Ok(None);
         }
-        let record = Line {
-            action: action("\"C\""),
-            lsn: Some(Cow::Owned(format!("\"{}\"", Position(commit_lsn)))),
-            ..Line::default()
-        };
-        self.builder.push_record(seq, &record)
+        self.builder.push_commit(seq, Position(commit_lsn))
     }
 
     fn decode_inner(&mut self, seq: u64, message: &[u8]) -> Result<Option<Batch>, Fail> {
         let Some(&tag) = message.first() else { return Err(PgOutputErrorKind::Empty.into()) };
-        let mut f = Fields { buf: message, at: 1, tag: tag as char };
+        let mut f = Fields { buf: message, at: 1, tag: tag as char, text: None };
         match tag {
             b'B' => {
                 let lsn = f.u64("final LSN")?;
@@ -901,16 +917,20 @@ impl PgOutputDecoder {
                     if self.skipping {
                         continue;
                     }
-                    let record = Line {
-                        action: action("\"T\""),
-                        schema: Some(Cow::Borrowed(rel.schema_json.as_str())),
-                        table: Some(Cow::Borrowed(rel.table_json.as_str())),
-                        ..Line::default()
+                    let change = Change {
+                        action: 'T',
+                        schema: &rel.schema,
+                        table: &rel.table,
+                        pk: None,
+                        columns: None,
+                        identity: None,
+                        key_from_stream: false,
+                        lsn: None,
                     };
                     // A chunk may fill in the middle of a multi-table truncate: return the last
                     // one (with max_batch_changes >= 2 only one can fill per message... but a
                     // chunk of 1 fills at each relation: keep them all).
-                    if let Some(b) = self.builder.push_record(seq, &record).map_err(Fail::Builder)? {
+                    if let Some(b) = self.builder.push_change(seq, &change).map_err(Fail::Builder)? {
                         out = merge_chunks(out, b);
                     }
                 }
@@ -945,91 +965,84 @@ impl PgOutputDecoder {
             });
         }
         f.end()?;
+        let key = (identity != b'f').then(|| {
+            columns.iter().filter(|c| c.key).map(|c| Key { name: Cow::Owned(c.name.clone()) }).collect()
+        });
         Ok((
             oid,
             Relation {
                 name: format!("{schema}.{table}"),
-                schema_json: json_string(schema),
-                table_json: json_string(table),
-                identity,
+                schema: schema.to_owned(),
+                table: table.to_owned(),
                 columns,
+                key,
             },
         ))
     }
 
     fn change(&mut self, seq: u64, tag: u8, mut f: Fields<'_>) -> Result<Option<Batch>, Fail> {
         let oid = f.u32("relation OID")?;
-        let Self { relations, builder, skipping, scratch, .. } = self;
+        let Self { relations, builder, skipping, scratch, values, columns, .. } = self;
         let rel = relations.get(&oid).ok_or(PgOutputErrorKind::UnknownRelation(oid))?;
         scratch.clear();
+        // The values are slices of the message: checked as UTF-8 once, not one by one.
+        f.text = simdutf8::basic::from_utf8(f.buf).ok();
+        let mut vals: Vec<(usize, Val<'_>)> = recycle(std::mem::take(values));
         let mut marker = f.u8("tuple marker")?;
-        let (mut old, mut new) = (None, None);
         let old_kind = |marker: u8| if marker == b'K' { TupleKind::Key } else { TupleKind::Row };
-        match tag {
+        // `vals` holds the old tuple's values (if any) before `split`, the new one's after.
+        let (split, has_old, has_new) = match tag {
             b'I' => {
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'I', marker }.into());
                 }
-                let mut v = Vec::new();
-                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut v)?;
-                new = Some(v);
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals)?;
+                (0, false, true)
             }
             b'U' => {
-                if marker == b'K' || marker == b'O' {
-                    let mut v = Vec::new();
-                    read_tuple(&mut f, rel, old_kind(marker), scratch, &mut v)?;
-                    old = Some(v);
+                let has_old = marker == b'K' || marker == b'O';
+                if has_old {
+                    read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals)?;
                     marker = f.u8("tuple marker")?;
                 }
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'U', marker }.into());
                 }
-                let mut v = Vec::new();
-                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut v)?;
-                new = Some(v);
+                let split = vals.len();
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals)?;
+                (split, has_old, true)
             }
             _ => {
                 if marker != b'K' && marker != b'O' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'D', marker }.into());
                 }
-                let mut v = Vec::new();
-                read_tuple(&mut f, rel, old_kind(marker), scratch, &mut v)?;
-                old = Some(v);
+                read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals)?;
+                (vals.len(), true, false)
             }
-        }
-        let scratch = scratch.as_str();
-        let columns = new.as_deref().map(|v| to_columns(rel, v, scratch));
-        let identity = old.as_deref().map(|v| to_columns(rel, v, scratch));
+        };
         f.end()?;
+        let scratch = scratch.as_str();
+        let mut cols: Vec<Column<'_>> = recycle(std::mem::take(columns));
+        cols.extend(vals.iter().map(|&v| column(rel, v, scratch)));
+        *values = recycle(vals);
         if *skipping {
+            *columns = recycle(cols);
             return Ok(None);
         }
-        // The key: the columns pgoutput flags, except under FULL (every column is flagged
-        // there): no key, so the builder asks its key look-up for the primary key.
-        let pk = (rel.identity != b'f').then(|| {
-            rel.columns
-                .iter()
-                .filter(|c| c.key)
-                .map(|c| Key {
-                    name: if c.plain { Cow::Borrowed(c.name.as_str()) } else { Cow::Owned(c.name.clone()) },
-                })
-                .collect::<Vec<_>>()
-        });
-        let record = Line {
-            action: action(match tag {
-                b'I' => "\"I\"",
-                b'U' => "\"U\"",
-                _ => "\"D\"",
-            }),
-            schema: Some(Cow::Borrowed(rel.schema_json.as_str())),
-            table: Some(Cow::Borrowed(rel.table_json.as_str())),
-            columns,
-            identity,
-            key_from_stream: pk.is_some(),
-            pk,
-            ..Line::default()
+        let (old, new) = cols.split_at(split);
+        let change = Change {
+            action: tag as char,
+            schema: &rel.schema,
+            table: &rel.table,
+            pk: rel.key.as_deref(),
+            columns: has_new.then_some(new),
+            identity: has_old.then_some(old),
+            key_from_stream: rel.key.is_some(),
+            lsn: None,
         };
-        builder.push_record(seq, &record).map_err(Fail::Builder)
+        let out = builder.push_change(seq, &change).map_err(Fail::Builder);
+        *columns = recycle(cols);
+        out
     }
 }
 
