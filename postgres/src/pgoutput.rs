@@ -287,6 +287,8 @@ struct RelColumn {
     /// The name needs no JSON escaping (then documents borrow it).
     plain: bool,
     type_oid: u32,
+    /// How its values become JSON (from `type_oid`).
+    json: JsonType,
     /// Flagged as part of the replica identity (pgoutput's flag 1).
     key: bool,
 }
@@ -459,11 +461,8 @@ pub(crate) fn plain(s: &str) -> bool {
 fn push_json_string(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
-    // Most values need no escape: find the first 16-byte block that may, a test the compiler
-    // vectorizes (no early exit inside a block), and copy what precedes it at once.
-    let escaped = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
-    let clean =
-        s.as_bytes().chunks(16).take_while(|c| !c.iter().fold(false, |e, &b| e | escaped(b))).count() * 16;
+    // Most values need no escape: skip the 8-byte words without a byte to escape at once.
+    let clean = s.as_bytes().chunks_exact(8).take_while(|w| !word_needs_escape(w)).count() * 8;
     let mut start = 0;
     for (i, b) in s.bytes().enumerate().skip(clean) {
         let esc: &str = match b {
@@ -490,6 +489,17 @@ fn push_json_string(out: &mut String, s: &str) {
     }
     out.push_str(&s[start..]);
     out.push('"');
+}
+
+/// Whether the 8 bytes `w` hold one that a JSON string escapes (`"`, `\\`, below 0x20): the
+/// exact zero-byte and less-than tests on a word ("Bit Twiddling Hacks").
+fn word_needs_escape(w: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let x = w.try_into().map_or(u64::MAX, u64::from_ne_bytes);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let below_space = x.wrapping_sub(ONES * 0x20) & !x & HIGH != 0;
+    below_space || has_zero(x ^ (ONES * u64::from(b'"'))) || has_zero(x ^ (ONES * u64::from(b'\\')))
 }
 
 #[cfg(test)]
@@ -544,11 +554,35 @@ enum Val<'m> {
     Scratch(usize, usize),
 }
 
-/// A text-format value as JSON, typed by its column's type OID (see the module docs); a JSON
+/// How the text values of a column type become JSON (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JsonType {
+    /// A JSON number ([`NUMBER_TYPES`]).
+    Number,
+    /// `true` / `false`.
+    Bool,
+    /// A string of the hex digits.
+    Bytea,
+    /// A string of the text.
+    Text,
+}
+
+impl JsonType {
+    fn of(type_oid: u32) -> Self {
+        match type_oid {
+            t if NUMBER_TYPES.contains(&t) => JsonType::Number,
+            BOOL_OID => JsonType::Bool,
+            BYTEA_OID => JsonType::Bytea,
+            _ => JsonType::Text,
+        }
+    }
+}
+
+/// A text-format value as JSON, typed by its column's type (see the module docs); a JSON
 /// string is written into `scratch`. `Err` names what it should have been.
-fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<Val<'m>, &'static str> {
-    match type_oid {
-        t if NUMBER_TYPES.contains(&t) => {
+fn json_value<'m>(json: JsonType, text: &'m str, scratch: &mut String) -> Result<Val<'m>, &'static str> {
+    match json {
+        JsonType::Number => {
             if is_json_number(text) {
                 return Ok(Val::Text(text));
             }
@@ -558,13 +592,13 @@ fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<
             }
             Err("a number")
         }
-        BOOL_OID => match text {
+        JsonType::Bool => match text {
             "t" => Ok(Val::Text("true")),
             "f" => Ok(Val::Text("false")),
             _ => Err("a bool (t or f)"),
         },
-        _ => {
-            let text = if type_oid == BYTEA_OID { text.strip_prefix("\\x").unwrap_or(text) } else { text };
+        JsonType::Bytea | JsonType::Text => {
+            let text = if json == JsonType::Bytea { text.strip_prefix("\\x").unwrap_or(text) } else { text };
             let start = scratch.len();
             push_json_string(scratch, text);
             Ok(Val::Scratch(start, scratch.len()))
@@ -578,7 +612,7 @@ fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<
 /// should have been; `out` is then unchanged.
 pub(crate) fn push_json_value(type_oid: u32, text: &str, out: &mut String) -> Result<(), &'static str> {
     let start = out.len();
-    match json_value(type_oid, text, out) {
+    match json_value(JsonType::of(type_oid), text, out) {
         Ok(Val::Text(t)) => out.push_str(t),
         Ok(Val::Scratch(..)) => {}
         Err(e) => {
@@ -624,14 +658,12 @@ fn read_tuple<'m>(
             b't' => {
                 let len = f.count32("value's length")?;
                 let text = f.text(len, "value")?;
-                Some(json_value(col.type_oid, text, scratch).map_err(|expected| {
-                    PgOutputErrorKind::BadValue {
-                        table: rel.name.clone(),
-                        column: col.name.clone(),
-                        type_oid: col.type_oid,
-                        value: text.chars().take(64).collect(),
-                        expected,
-                    }
+                Some(json_value(col.json, text, scratch).map_err(|expected| PgOutputErrorKind::BadValue {
+                    table: rel.name.clone(),
+                    column: col.name.clone(),
+                    type_oid: col.type_oid,
+                    value: text.chars().take(64).collect(),
+                    expected,
                 })?)
             }
             b'b' => {
@@ -961,6 +993,7 @@ impl PgOutputDecoder {
                 name: name.to_owned(),
                 plain: plain(name),
                 type_oid,
+                json: JsonType::of(type_oid),
                 key: flags & 1 != 0,
             });
         }
@@ -983,7 +1016,9 @@ impl PgOutputDecoder {
     fn change(&mut self, seq: u64, tag: u8, mut f: Fields<'_>) -> Result<Option<Batch>, Fail> {
         let oid = f.u32("relation OID")?;
         let Self { relations, builder, skipping, scratch, values, columns, .. } = self;
-        let rel = relations.get(&oid).ok_or(PgOutputErrorKind::UnknownRelation(oid))?;
+        let Some(rel) = relations.get(&oid) else {
+            return Err(PgOutputErrorKind::UnknownRelation(oid).into());
+        };
         scratch.clear();
         // The values are slices of the message: checked as UTF-8 once, not one by one.
         f.text = simdutf8::basic::from_utf8(f.buf).ok();

@@ -852,14 +852,18 @@ fn push_id_part(id: &mut String, text: &str) -> ParseResult<()> {
         id.push_str(text);
         return Ok(());
     }
-    let s =
-        json_str(text).ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
-    for c in s.chars() {
-        if c == '\\' || c == ':' {
-            id.push('\\');
-        }
-        id.push(c);
+    let Some(s) = json_str(text) else {
+        return Err(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" });
+    };
+    let mut rest = s.as_ref();
+    while let Some(i) = memchr::memchr2(b'\\', b':', rest.as_bytes()) {
+        // `\` and `:` are ASCII: `i` and `i + 1` are character boundaries.
+        id.push_str(&rest[..i]);
+        id.push('\\');
+        id.push_str(&rest[i..=i]);
+        rest = &rest[i + 1..];
     }
+    id.push_str(rest);
     Ok(())
 }
 
@@ -1514,12 +1518,17 @@ impl TransactionBuilder {
         if txn.bad_lines > 0 {
             return Ok(None); // it will be discarded: keep nothing
         }
-        for (id, op, row) in out.into_iter().flatten() {
+        // The index (an `Arc`) moves into the last envelope: one count change less per change.
+        let planned = match out {
+            [Some(a), Some(b)] => [Some((a, index.clone())), Some((b, index))],
+            [a, b] => [a.or(b).map(|p| (p, index)), None],
+        };
+        for ((id, op, row), index) in planned.into_iter().flatten() {
             let doc = match row {
                 Some(row) => write_row(&mut txn.docs, row),
                 None => txn.docs.len()..txn.docs.len(),
             };
-            txn.pending.push(Pending { index: index.clone(), id, op, doc });
+            txn.pending.push(Pending { index, id, op, doc });
         }
         if max.is_some_and(|m| txn.changes >= m) {
             self.hint = (txn.pending.len(), txn.docs.len());

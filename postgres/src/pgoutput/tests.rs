@@ -616,6 +616,22 @@ fn json_strings_are_escaped_as_serde_json_reads_them() {
 }
 
 #[test]
+fn every_byte_to_escape_is_found_at_every_position() {
+    // The clean prefix is skipped 8 bytes at a time: each escaped byte, in each word position,
+    // before and after the first word, is escaped as serde_json does.
+    for special in ['"', '\\', '\u{0}', '\n', '\u{1f}'] {
+        for at in 0..20 {
+            let mut s: String = "abcdefghijklmnopqrstuvwx".into();
+            s.replace_range(at..=at, &special.to_string());
+            assert_eq!(json_string(&s), serde_json::to_string(&s).unwrap_or_default(), "{s:?}");
+        }
+    }
+    // Bytes that sit next to the escaped ones (0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80+) are not.
+    let s = " !#[]\u{7f}é abcdefgh";
+    assert_eq!(json_string(s), format!("\"{s}\""));
+}
+
+#[test]
 fn numbers_are_checked_against_the_json_grammar() {
     for ok in ["0", "-0", "12.50", "1e+300", "1E-5", "-0.01", "9007199254740993"] {
         assert!(is_json_number(ok), "{ok}");
