@@ -371,26 +371,38 @@ struct Fields<'m> {
     text: Option<&'m str>,
 }
 
+// The readers are inlined into the per-value loop, their errors built out of line: a
+// `PgOutputErrorKind` is large, and building (or dropping) one on the way costs more than the read.
 impl<'m> Fields<'m> {
+    #[inline]
     fn take(&mut self, n: usize, field: &'static str) -> Result<&'m [u8], PgOutputErrorKind> {
         match self.buf.get(self.at..self.at.saturating_add(n)) {
             Some(b) if self.at.checked_add(n).is_some() => {
                 self.at += n;
                 Ok(b)
             }
-            _ => Err(PgOutputErrorKind::Truncated { tag: self.tag, field, at: self.at, len: self.buf.len() }),
+            _ => Err(self.truncated(field)),
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn truncated(&self, field: &'static str) -> PgOutputErrorKind {
+        PgOutputErrorKind::Truncated { tag: self.tag, field, at: self.at, len: self.buf.len() }
+    }
+
+    #[inline]
     fn u8(&mut self, field: &'static str) -> Result<u8, PgOutputErrorKind> {
         Ok(self.take(1, field)?[0])
     }
 
+    #[inline]
     fn u16(&mut self, field: &'static str) -> Result<u16, PgOutputErrorKind> {
         let b = self.take(2, field)?;
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
 
+    #[inline]
     fn u32(&mut self, field: &'static str) -> Result<u32, PgOutputErrorKind> {
         let b = self.take(4, field)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -404,24 +416,28 @@ impl<'m> Fields<'m> {
     }
 
     /// `n` bytes as text ([`PgOutputErrorKind::NotUtf8`] when they are not UTF-8).
+    #[inline]
     fn text(&mut self, n: usize, field: &'static str) -> Result<&'m str, PgOutputErrorKind> {
         let at = self.at;
         let bytes = self.take(n, field)?;
-        match self.text {
+        let text = match self.text {
             // A slice of valid UTF-8 is valid exactly when it starts and ends at characters.
             Some(all) => all.get(at..at + n),
             None => simdutf8::basic::from_utf8(bytes).ok(),
-        }
-        .ok_or(PgOutputErrorKind::NotUtf8 { field })
+        };
+        let Some(text) = text else { return Err(PgOutputErrorKind::NotUtf8 { field }) };
+        Ok(text)
     }
 
     /// A signed 16-bit count (pgoutput's `Int16` column counts), refused when negative.
+    #[inline]
     fn count16(&mut self, field: &'static str) -> Result<usize, PgOutputErrorKind> {
         let v = self.u16(field)? as i16;
         usize::try_from(v).map_err(|_| PgOutputErrorKind::Negative { field, value: v.into() })
     }
 
     /// A signed 32-bit count or length, refused when negative.
+    #[inline]
     fn count32(&mut self, field: &'static str) -> Result<usize, PgOutputErrorKind> {
         let v = self.u32(field)? as i32;
         usize::try_from(v).map_err(|_| PgOutputErrorKind::Negative { field, value: v.into() })
