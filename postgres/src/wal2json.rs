@@ -1344,7 +1344,7 @@ impl TransactionBuilder {
         })
     }
 
-    /// Runs `f`, one input record's work, with its errors handled as [`push_line`]'s.
+    /// Runs `f`, one input record's work, with its errors handled as [`push_line`](Self::push_line)'s.
     fn record<T>(
         &mut self,
         seq: u64,
