@@ -478,7 +478,7 @@ fn push_json_string(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
     // Most values need no escape: skip the 8-byte words without a byte to escape at once.
-    let clean = s.as_bytes().chunks_exact(8).take_while(|w| !word_needs_escape(w)).count() * 8;
+    let clean = s.as_bytes().as_chunks::<8>().0.iter().take_while(|&&w| !word_needs_escape(w)).count() * 8;
     let mut start = 0;
     for (i, b) in s.bytes().enumerate().skip(clean) {
         let esc: &str = match b {
@@ -507,12 +507,12 @@ fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-/// Whether the 8 bytes `w` hold one that a JSON string escapes (`"`, `\\`, below 0x20): the
+/// Whether the 8 bytes `w` hold one that a JSON string escapes (`"`, `\`, below 0x20): the
 /// exact zero-byte and less-than tests on a word ("Bit Twiddling Hacks").
-fn word_needs_escape(w: &[u8]) -> bool {
+fn word_needs_escape(w: [u8; 8]) -> bool {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    let x = w.try_into().map_or(u64::MAX, u64::from_ne_bytes);
+    let x = u64::from_ne_bytes(w);
     let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
     let below_space = x.wrapping_sub(ONES * 0x20) & !x & HIGH != 0;
     below_space || has_zero(x ^ (ONES * u64::from(b'"'))) || has_zero(x ^ (ONES * u64::from(b'\\')))
