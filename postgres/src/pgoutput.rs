@@ -139,8 +139,10 @@ use crate::wal2json::{Change, Column, Key, TransactionBuilder, Wal2JsonError, Wa
 #[error("pgoutput message {message}: {kind}")]
 pub struct PgOutputError {
     message: u64,
+    /// Boxed: every message's result carries the error type, and a small one is returned in
+    /// registers on the way that counts.
     #[source]
-    kind: PgOutputErrorKind,
+    kind: Box<PgOutputErrorKind>,
     lost: u64,
 }
 
@@ -165,7 +167,7 @@ impl PgOutputError {
     /// Whether decoding may go on after this error: everything but a failed key look-up
     /// ([`Wal2JsonErrorKind::KeyLookupFailed`]), after which no id can be built right.
     pub fn is_recoverable(&self) -> bool {
-        !matches!(self.kind, PgOutputErrorKind::Build(Wal2JsonErrorKind::KeyLookupFailed { .. }))
+        !matches!(*self.kind, PgOutputErrorKind::Build(Wal2JsonErrorKind::KeyLookupFailed { .. }))
     }
 }
 
@@ -349,15 +351,17 @@ const NUMBER_TYPES: [u32; 7] = [20, 21, 23, 26, 700, 701, 1700];
 const BOOL_OID: u32 = 16;
 const BYTEA_OID: u32 = 17;
 
-/// Why a message failed: the decoder's own check or the builder's.
+/// Why a message failed: the decoder's own check (boxed, as in [`PgOutputError`]) or the
+/// builder's.
 enum Fail {
-    Message(PgOutputErrorKind),
+    Message(Box<PgOutputErrorKind>),
     Builder(Wal2JsonError),
 }
 
 impl From<PgOutputErrorKind> for Fail {
+    #[cold]
     fn from(k: PgOutputErrorKind) -> Self {
-        Fail::Message(k)
+        Fail::Message(Box::new(k))
     }
 }
 
@@ -374,7 +378,7 @@ struct Fields<'m> {
 // The readers are inlined into the per-value loop, their errors built out of line: a
 // `PgOutputErrorKind` is large, and building (or dropping) one on the way costs more than the read.
 impl<'m> Fields<'m> {
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, n: usize, field: &'static str) -> Result<&'m [u8], PgOutputErrorKind> {
         match self.buf.get(self.at..self.at.saturating_add(n)) {
             Some(b) if self.at.checked_add(n).is_some() => {
@@ -391,18 +395,18 @@ impl<'m> Fields<'m> {
         PgOutputErrorKind::Truncated { tag: self.tag, field, at: self.at, len: self.buf.len() }
     }
 
-    #[inline]
+    #[inline(always)]
     fn u8(&mut self, field: &'static str) -> Result<u8, PgOutputErrorKind> {
         Ok(self.take(1, field)?[0])
     }
 
-    #[inline]
+    #[inline(always)]
     fn u16(&mut self, field: &'static str) -> Result<u16, PgOutputErrorKind> {
         let b = self.take(2, field)?;
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
 
-    #[inline]
+    #[inline(always)]
     fn u32(&mut self, field: &'static str) -> Result<u32, PgOutputErrorKind> {
         let b = self.take(4, field)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -416,7 +420,7 @@ impl<'m> Fields<'m> {
     }
 
     /// `n` bytes as text ([`PgOutputErrorKind::NotUtf8`] when they are not UTF-8).
-    #[inline]
+    #[inline(always)]
     fn text(&mut self, n: usize, field: &'static str) -> Result<&'m str, PgOutputErrorKind> {
         let at = self.at;
         let bytes = self.take(n, field)?;
@@ -430,14 +434,14 @@ impl<'m> Fields<'m> {
     }
 
     /// A signed 16-bit count (pgoutput's `Int16` column counts), refused when negative.
-    #[inline]
+    #[inline(always)]
     fn count16(&mut self, field: &'static str) -> Result<usize, PgOutputErrorKind> {
         let v = self.u16(field)? as i16;
         usize::try_from(v).map_err(|_| PgOutputErrorKind::Negative { field, value: v.into() })
     }
 
     /// A signed 32-bit count or length, refused when negative.
-    #[inline]
+    #[inline(always)]
     fn count32(&mut self, field: &'static str) -> Result<usize, PgOutputErrorKind> {
         let v = self.u32(field)? as i32;
         usize::try_from(v).map_err(|_| PgOutputErrorKind::Negative { field, value: v.into() })
@@ -819,7 +823,7 @@ impl PgOutputDecoder {
             Ok(b) => Ok(b),
             Err(Fail::Builder(e)) => {
                 let (kind, lost) = e.into_parts();
-                Err(PgOutputError { message: seq, kind: PgOutputErrorKind::Build(kind), lost })
+                Err(PgOutputError { message: seq, kind: Box::new(PgOutputErrorKind::Build(kind)), lost })
             }
             Err(Fail::Message(kind)) => {
                 // A bad message inside a transaction: the builder discards it whole at its
@@ -841,7 +845,7 @@ impl PgOutputDecoder {
         let seq = self.messages;
         self.on_begin(seq, commit_lsn, xid, commit_time_micros).map_err(|e| {
             let (kind, lost) = e.into_parts();
-            PgOutputError { message: seq, kind: PgOutputErrorKind::Build(kind), lost }
+            PgOutputError { message: seq, kind: Box::new(PgOutputErrorKind::Build(kind)), lost }
         })
     }
 
@@ -855,7 +859,7 @@ impl PgOutputDecoder {
         let seq = self.messages;
         self.on_commit(seq, commit_lsn).map_err(|e| {
             let (kind, lost) = e.into_parts();
-            PgOutputError { message: seq, kind: PgOutputErrorKind::Build(kind), lost }
+            PgOutputError { message: seq, kind: Box::new(PgOutputErrorKind::Build(kind)), lost }
         })
     }
 
@@ -867,7 +871,7 @@ impl PgOutputDecoder {
         self.skipping = false;
         self.builder.finish(self.messages).map_err(|e| {
             let (kind, lost) = e.into_parts();
-            PgOutputError { message: self.messages, kind: PgOutputErrorKind::Build(kind), lost }
+            PgOutputError { message: self.messages, kind: Box::new(PgOutputErrorKind::Build(kind)), lost }
         })
     }
 

@@ -204,15 +204,17 @@ use lanestream::{Batch, Envelope, IndexName, Op, ParseLsnError, Position};
 #[error("wal2json line {line}: {kind}")]
 pub struct Wal2JsonError {
     line: u64,
+    /// Boxed: every line's result carries the error type, and a small one is returned in
+    /// registers on the way that counts.
     #[source]
-    kind: Wal2JsonErrorKind,
+    kind: Box<Wal2JsonErrorKind>,
     discarded: u64,
 }
 
 impl Wal2JsonError {
     /// Builds an error for `line` (1-based).
     pub fn new(line: u64, kind: Wal2JsonErrorKind) -> Self {
-        Wal2JsonError { line, kind, discarded: 0 }
+        Wal2JsonError { line, kind: Box::new(kind), discarded: 0 }
     }
 
     /// How many changes of a transaction this error discarded: the changes read so far, and the
@@ -241,7 +243,7 @@ impl Wal2JsonError {
     pub fn open_transaction_discarded(&self) -> bool {
         self.discarded > 0
             || matches!(
-                self.kind,
+                *self.kind,
                 Wal2JsonErrorKind::DamagedTransaction { .. }
                     | Wal2JsonErrorKind::BeginInsideTransaction { .. }
                     | Wal2JsonErrorKind::BadLsn(_)
@@ -253,14 +255,14 @@ impl Wal2JsonError {
 
     /// The kind and the changes discarded, taken apart (the pgoutput decoder rewraps them).
     pub(crate) fn into_parts(self) -> (Wal2JsonErrorKind, u64) {
-        (self.kind, self.discarded)
+        (*self.kind, self.discarded)
     }
 
     /// Whether reading may go on after this error (everything but I/O errors and failed key
     /// look-ups, after which nothing can be read right). See the module docs for what happens to
     /// the open transaction.
     pub fn is_recoverable(&self) -> bool {
-        !matches!(self.kind, Wal2JsonErrorKind::Io(_) | Wal2JsonErrorKind::KeyLookupFailed { .. })
+        !matches!(*self.kind, Wal2JsonErrorKind::Io(_) | Wal2JsonErrorKind::KeyLookupFailed { .. })
     }
 }
 
@@ -1355,7 +1357,7 @@ impl TransactionBuilder {
             if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
                 self.damage(seq);
             }
-            Wal2JsonError { line: seq, kind, discarded: std::mem::take(&mut self.discarded) }
+            Wal2JsonError { line: seq, kind: Box::new(kind), discarded: std::mem::take(&mut self.discarded) }
         })
     }
 
@@ -2430,7 +2432,7 @@ mod tests {
     }
 
     fn kind_of(r: Result<Option<Batch>, Wal2JsonError>) -> Wal2JsonErrorKind {
-        r.expect_err("an error").kind
+        *r.expect_err("an error").kind
     }
 
     /// After each error, a good transaction still goes through.

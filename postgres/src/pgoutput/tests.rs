@@ -502,7 +502,7 @@ fn every_envelope_carries_its_transactions_commit_time_in_unix_micros() {
 // --- errors -------------------------------------------------------------------------------------
 
 fn kind_of(r: Result<Option<Batch>, PgOutputError>) -> PgOutputErrorKind {
-    r.expect_err("an error").kind
+    *r.expect_err("an error").kind
 }
 
 #[test]
