@@ -158,11 +158,28 @@ fn decode(c: &mut Criterion) {
     let (pg, wj) = (gunzip("workload.pgoutput.gz"), gunzip("workload.wal2json.jsonl.gz"));
     let messages = messages(&pg);
     let lines: Vec<&[u8]> = Capture::lines(&wj).collect();
-    // Like for like: the same batches (wal2json also sends the empty, DDL-only transactions).
+    // Like for like: the same batches (wal2json also sends the empty, DDL-only transactions),
+    // but for the commit times pgoutput records on its envelopes (wal2json input has none).
     let ours = decode_all(&messages);
     let theirs: Vec<_> =
         read_all(&lines).into_iter().filter(|b| b.changes > 0 || !b.envelopes.is_empty()).collect();
-    assert_eq!(ours, theirs, "both captures give the same batches");
+    let without_commit_times = |b: &lanestream::Batch| lanestream::Batch {
+        envelopes: b
+            .envelopes
+            .iter()
+            .map(|e| lanestream::Envelope { built_at_micros: None, ..e.clone() })
+            .collect(),
+        ..b.clone()
+    };
+    assert!(
+        ours.iter().all(|b| b.envelopes.iter().all(|e| e.built_at_micros.is_some())),
+        "every pgoutput envelope carries its commit time"
+    );
+    assert_eq!(
+        ours.iter().map(without_commit_times).collect::<Vec<_>>(),
+        theirs,
+        "both captures give the same batches"
+    );
     let changes: u64 = ours.iter().map(|b| b.changes).sum();
     if let Some(rounds) = std::env::var_os("DECODE_CPU") {
         let rounds: usize = rounds.to_str().and_then(|r| r.parse().ok()).expect("DECODE_CPU=ROUNDS");

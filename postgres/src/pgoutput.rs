@@ -122,7 +122,7 @@ use ahash::AHashMap as HashMap;
 use lanestream::{Batch, Position};
 
 use crate::backfill::{Mark, MARK_PREFIX};
-use crate::wal2json::{Column, Key, Line, TransactionBuilder, Wal2JsonError, Wal2JsonErrorKind};
+use crate::wal2json::{Change, Column, Key, TransactionBuilder, Wal2JsonError, Wal2JsonErrorKind};
 
 /// An error while decoding pgoutput: the 1-based number of the message in this decoder and what
 /// is wrong.
@@ -139,8 +139,10 @@ use crate::wal2json::{Column, Key, Line, TransactionBuilder, Wal2JsonError, Wal2
 #[error("pgoutput message {message}: {kind}")]
 pub struct PgOutputError {
     message: u64,
+    /// Boxed: every message's result carries the error type, and a small one is returned in
+    /// registers on the way that counts.
     #[source]
-    kind: PgOutputErrorKind,
+    kind: Box<PgOutputErrorKind>,
     lost: u64,
 }
 
@@ -165,7 +167,7 @@ impl PgOutputError {
     /// Whether decoding may go on after this error: everything but a failed key look-up
     /// ([`Wal2JsonErrorKind::KeyLookupFailed`]), after which no id can be built right.
     pub fn is_recoverable(&self) -> bool {
-        !matches!(self.kind, PgOutputErrorKind::Build(Wal2JsonErrorKind::KeyLookupFailed { .. }))
+        !matches!(*self.kind, PgOutputErrorKind::Build(Wal2JsonErrorKind::KeyLookupFailed { .. }))
     }
 }
 
@@ -287,6 +289,8 @@ struct RelColumn {
     /// The name needs no JSON escaping (then documents borrow it).
     plain: bool,
     type_oid: u32,
+    /// How its values become JSON (from `type_oid`).
+    json: JsonType,
     /// Flagged as part of the replica identity (pgoutput's flag 1).
     key: bool,
 }
@@ -296,12 +300,13 @@ struct RelColumn {
 struct Relation {
     /// `schema.table`, for errors.
     name: String,
-    /// The schema and table as JSON strings (the builder's record holds raw JSON).
-    schema_json: String,
-    table_json: String,
-    /// `relreplident`: `d`efault, `n`othing, `f`ull, `i`ndex.
-    identity: u8,
+    schema: String,
+    table: String,
     columns: Vec<RelColumn>,
+    /// The key the builder gets with each change: the flagged columns, except under `REPLICA
+    /// IDENTITY FULL` (every column is flagged there): `None`, so the builder asks its key
+    /// look-up for the primary key.
+    key: Option<Vec<Key<'static>>>,
 }
 
 /// The decoder: a relation cache in front of a [`TransactionBuilder`]. See the
@@ -318,6 +323,10 @@ pub struct PgOutputDecoder {
     commit_time: Option<i64>,
     /// The string values of the change being decoded, JSON-escaped (see `Val`).
     scratch: String,
+    /// The allocations of the change's values and columns, kept from one change to the next
+    /// (empty between changes; see [`recycle`]).
+    values: Vec<(usize, Val<'static>)>,
+    columns: Vec<Column<'static>>,
     /// Backfill marks read and not yet taken ([`PgOutputDecoder::take_mark`]).
     marks: std::collections::VecDeque<Mark>,
 }
@@ -342,15 +351,17 @@ const NUMBER_TYPES: [u32; 7] = [20, 21, 23, 26, 700, 701, 1700];
 const BOOL_OID: u32 = 16;
 const BYTEA_OID: u32 = 17;
 
-/// Why a message failed: the decoder's own check or the builder's.
+/// Why a message failed: the decoder's own check (boxed, as in [`PgOutputError`]) or the
+/// builder's.
 enum Fail {
-    Message(PgOutputErrorKind),
+    Message(Box<PgOutputErrorKind>),
     Builder(Wal2JsonError),
 }
 
 impl From<PgOutputErrorKind> for Fail {
+    #[cold]
     fn from(k: PgOutputErrorKind) -> Self {
-        Fail::Message(k)
+        Fail::Message(Box::new(k))
     }
 }
 
@@ -359,28 +370,43 @@ struct Fields<'m> {
     buf: &'m [u8],
     at: usize,
     tag: char,
+    /// The whole message when it is valid UTF-8 (checked once for a change, whose values are
+    /// then slices of it, see [`Fields::text`]).
+    text: Option<&'m str>,
 }
 
+// The readers are inlined into the per-value loop, their errors built out of line: a
+// `PgOutputErrorKind` is large, and building (or dropping) one on the way costs more than the read.
 impl<'m> Fields<'m> {
+    #[inline(always)]
     fn take(&mut self, n: usize, field: &'static str) -> Result<&'m [u8], PgOutputErrorKind> {
         match self.buf.get(self.at..self.at.saturating_add(n)) {
             Some(b) if self.at.checked_add(n).is_some() => {
                 self.at += n;
                 Ok(b)
             }
-            _ => Err(PgOutputErrorKind::Truncated { tag: self.tag, field, at: self.at, len: self.buf.len() }),
+            _ => Err(self.truncated(field)),
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn truncated(&self, field: &'static str) -> PgOutputErrorKind {
+        PgOutputErrorKind::Truncated { tag: self.tag, field, at: self.at, len: self.buf.len() }
+    }
+
+    #[inline(always)]
     fn u8(&mut self, field: &'static str) -> Result<u8, PgOutputErrorKind> {
         Ok(self.take(1, field)?[0])
     }
 
+    #[inline(always)]
     fn u16(&mut self, field: &'static str) -> Result<u16, PgOutputErrorKind> {
         let b = self.take(2, field)?;
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
 
+    #[inline(always)]
     fn u32(&mut self, field: &'static str) -> Result<u32, PgOutputErrorKind> {
         let b = self.take(4, field)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -393,13 +419,29 @@ impl<'m> Fields<'m> {
         Ok(u64::from_be_bytes(a))
     }
 
+    /// `n` bytes as text ([`PgOutputErrorKind::NotUtf8`] when they are not UTF-8).
+    #[inline(always)]
+    fn text(&mut self, n: usize, field: &'static str) -> Result<&'m str, PgOutputErrorKind> {
+        let at = self.at;
+        let bytes = self.take(n, field)?;
+        let text = match self.text {
+            // A slice of valid UTF-8 is valid exactly when it starts and ends at characters.
+            Some(all) => all.get(at..at + n),
+            None => simdutf8::basic::from_utf8(bytes).ok(),
+        };
+        let Some(text) = text else { return Err(PgOutputErrorKind::NotUtf8 { field }) };
+        Ok(text)
+    }
+
     /// A signed 16-bit count (pgoutput's `Int16` column counts), refused when negative.
+    #[inline(always)]
     fn count16(&mut self, field: &'static str) -> Result<usize, PgOutputErrorKind> {
         let v = self.u16(field)? as i16;
         usize::try_from(v).map_err(|_| PgOutputErrorKind::Negative { field, value: v.into() })
     }
 
     /// A signed 32-bit count or length, refused when negative.
+    #[inline(always)]
     fn count32(&mut self, field: &'static str) -> Result<usize, PgOutputErrorKind> {
         let v = self.u32(field)? as i32;
         usize::try_from(v).map_err(|_| PgOutputErrorKind::Negative { field, value: v.into() })
@@ -439,8 +481,10 @@ pub(crate) fn plain(s: &str) -> bool {
 fn push_json_string(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
+    // Most values need no escape: skip the 8-byte words without a byte to escape at once.
+    let clean = s.as_bytes().as_chunks::<8>().0.iter().take_while(|&&w| !word_needs_escape(w)).count() * 8;
     let mut start = 0;
-    for (i, b) in s.bytes().enumerate() {
+    for (i, b) in s.bytes().enumerate().skip(clean) {
         let esc: &str = match b {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -467,6 +511,18 @@ fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Whether the 8 bytes `w` hold one that a JSON string escapes (`"`, `\`, below 0x20): the
+/// exact zero-byte and less-than tests on a word ("Bit Twiddling Hacks").
+fn word_needs_escape(w: [u8; 8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let x = u64::from_ne_bytes(w);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let below_space = x.wrapping_sub(ONES * 0x20) & !x & HIGH != 0;
+    below_space || has_zero(x ^ (ONES * u64::from(b'"'))) || has_zero(x ^ (ONES * u64::from(b'\\')))
+}
+
+#[cfg(test)]
 fn json_string(s: &str) -> String {
     let mut out = String::new();
     push_json_string(&mut out, s);
@@ -518,33 +574,56 @@ enum Val<'m> {
     Scratch(usize, usize),
 }
 
-/// A text-format value as JSON, typed by its column's type OID (see the module docs); a JSON
-/// string is written into `scratch`. `Err` names what it should have been.
-fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<Val<'m>, &'static str> {
-    if NUMBER_TYPES.contains(&type_oid) {
-        if is_json_number(text) {
-            return Ok(Val::Text(text));
+/// How the text values of a column type become JSON (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JsonType {
+    /// A JSON number ([`NUMBER_TYPES`]).
+    Number,
+    /// `true` / `false`.
+    Bool,
+    /// A string of the hex digits.
+    Bytea,
+    /// A string of the text.
+    Text,
+}
+
+impl JsonType {
+    fn of(type_oid: u32) -> Self {
+        match type_oid {
+            t if NUMBER_TYPES.contains(&t) => JsonType::Number,
+            BOOL_OID => JsonType::Bool,
+            BYTEA_OID => JsonType::Bytea,
+            _ => JsonType::Text,
         }
-        // wal2json writes these as null (JSON has no such numbers).
-        if ["NaN", "Infinity", "-Infinity"].iter().any(|s| text.eq_ignore_ascii_case(s)) {
-            return Ok(Val::Text("null"));
-        }
-        return Err("a number");
     }
-    let text = match type_oid {
-        BOOL_OID => {
-            return match text {
-                "t" => Ok(Val::Text("true")),
-                "f" => Ok(Val::Text("false")),
-                _ => Err("a bool (t or f)"),
+}
+
+/// A text-format value as JSON, typed by its column's type (see the module docs); a JSON
+/// string is written into `scratch`. `Err` names what it should have been.
+fn json_value<'m>(json: JsonType, text: &'m str, scratch: &mut String) -> Result<Val<'m>, &'static str> {
+    match json {
+        JsonType::Number => {
+            if is_json_number(text) {
+                return Ok(Val::Text(text));
             }
+            // wal2json writes these as null (JSON has no such numbers).
+            if ["NaN", "Infinity", "-Infinity"].iter().any(|s| text.eq_ignore_ascii_case(s)) {
+                return Ok(Val::Text("null"));
+            }
+            Err("a number")
         }
-        BYTEA_OID => text.strip_prefix("\\x").unwrap_or(text),
-        _ => text,
-    };
-    let start = scratch.len();
-    push_json_string(scratch, text);
-    Ok(Val::Scratch(start, scratch.len()))
+        JsonType::Bool => match text {
+            "t" => Ok(Val::Text("true")),
+            "f" => Ok(Val::Text("false")),
+            _ => Err("a bool (t or f)"),
+        },
+        JsonType::Bytea | JsonType::Text => {
+            let text = if json == JsonType::Bytea { text.strip_prefix("\\x").unwrap_or(text) } else { text };
+            let start = scratch.len();
+            push_json_string(scratch, text);
+            Ok(Val::Scratch(start, scratch.len()))
+        }
+    }
 }
 
 /// Appends a text-format value of a column of type `type_oid` to `out` as JSON, exactly as the
@@ -553,7 +632,7 @@ fn json_value<'m>(type_oid: u32, text: &'m str, scratch: &mut String) -> Result<
 /// should have been; `out` is then unchanged.
 pub(crate) fn push_json_value(type_oid: u32, text: &str, out: &mut String) -> Result<(), &'static str> {
     let start = out.len();
-    match json_value(type_oid, text, out) {
+    match json_value(JsonType::of(type_oid), text, out) {
         Ok(Val::Text(t)) => out.push_str(t),
         Ok(Val::Scratch(..)) => {}
         Err(e) => {
@@ -573,7 +652,7 @@ enum TupleKind {
     Key,
 }
 
-/// Reads a tuple of `rel` into `out` as (column index, value): NULL as `null`, unchanged
+/// Reads a tuple of `rel`, appending to `out` (column index, value): NULL as `null`, unchanged
 /// TOASTed values (`u`) left out, strings written into `scratch`.
 fn read_tuple<'m>(
     f: &mut Fields<'m>,
@@ -598,17 +677,13 @@ fn read_tuple<'m>(
             b'u' => None,
             b't' => {
                 let len = f.count32("value's length")?;
-                let bytes = f.take(len, "value")?;
-                let text = simdutf8::basic::from_utf8(bytes)
-                    .map_err(|_| PgOutputErrorKind::NotUtf8 { field: "value" })?;
-                Some(json_value(col.type_oid, text, scratch).map_err(|expected| {
-                    PgOutputErrorKind::BadValue {
-                        table: rel.name.clone(),
-                        column: col.name.clone(),
-                        type_oid: col.type_oid,
-                        value: text.chars().take(64).collect(),
-                        expected,
-                    }
+                let text = f.text(len, "value")?;
+                Some(json_value(col.json, text, scratch).map_err(|expected| PgOutputErrorKind::BadValue {
+                    table: rel.name.clone(),
+                    column: col.name.clone(),
+                    type_oid: col.type_oid,
+                    value: text.chars().take(64).collect(),
+                    expected,
                 })?)
             }
             b'b' => {
@@ -634,25 +709,27 @@ fn read_tuple<'m>(
     Ok(())
 }
 
-/// The builder's columns of values read by [`read_tuple`].
-fn to_columns<'a>(rel: &'a Relation, values: &[(usize, Val<'a>)], scratch: &'a str) -> Vec<Column<'a>> {
-    values
-        .iter()
-        .map(|&(i, v)| {
-            let col = &rel.columns[i];
-            Column {
-                name: if col.plain { Cow::Borrowed(col.name.as_str()) } else { Cow::Owned(col.name.clone()) },
-                value: Cow::Borrowed(match v {
-                    Val::Text(t) => t,
-                    Val::Scratch(a, b) => scratch.get(a..b).unwrap_or("null"),
-                }),
-            }
-        })
-        .collect()
+/// The builder's column of a value read by [`read_tuple`].
+fn column<'a>(rel: &'a Relation, (i, v): (usize, Val<'a>), scratch: &'a str) -> Column<'a> {
+    let name = match rel.columns.get(i) {
+        Some(col) if col.plain => Cow::Borrowed(col.name.as_str()),
+        Some(col) => Cow::Owned(col.name.clone()),
+        None => Cow::Borrowed(""),
+    };
+    let value = match v {
+        Val::Text(t) => t,
+        Val::Scratch(a, b) => scratch.get(a..b).unwrap_or("null"),
+    };
+    Column { name, value: Cow::Borrowed(value) }
 }
 
-fn action(c: &'static str) -> Option<Cow<'static, str>> {
-    Some(Cow::Borrowed(c))
+/// `v` emptied, its allocation kept for elements of another lifetime: the standard library
+/// collects a vector's iterator into the same allocation when the element layouts match (as
+/// they do for one type under two lifetimes), so no unsafe code is needed; were it ever to
+/// allocate instead, only speed would change.
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
 }
 
 impl PgOutputDecoder {
@@ -669,6 +746,8 @@ impl PgOutputDecoder {
             skipped: 0,
             commit_time: None,
             scratch: String::new(),
+            values: Vec::new(),
+            columns: Vec::new(),
             marks: std::collections::VecDeque::new(),
         }
     }
@@ -744,7 +823,7 @@ impl PgOutputDecoder {
             Ok(b) => Ok(b),
             Err(Fail::Builder(e)) => {
                 let (kind, lost) = e.into_parts();
-                Err(PgOutputError { message: seq, kind: PgOutputErrorKind::Build(kind), lost })
+                Err(PgOutputError { message: seq, kind: Box::new(PgOutputErrorKind::Build(kind)), lost })
             }
             Err(Fail::Message(kind)) => {
                 // A bad message inside a transaction: the builder discards it whole at its
@@ -766,7 +845,7 @@ impl PgOutputDecoder {
         let seq = self.messages;
         self.on_begin(seq, commit_lsn, xid, commit_time_micros).map_err(|e| {
             let (kind, lost) = e.into_parts();
-            PgOutputError { message: seq, kind: PgOutputErrorKind::Build(kind), lost }
+            PgOutputError { message: seq, kind: Box::new(PgOutputErrorKind::Build(kind)), lost }
         })
     }
 
@@ -780,7 +859,7 @@ impl PgOutputDecoder {
         let seq = self.messages;
         self.on_commit(seq, commit_lsn).map_err(|e| {
             let (kind, lost) = e.into_parts();
-            PgOutputError { message: seq, kind: PgOutputErrorKind::Build(kind), lost }
+            PgOutputError { message: seq, kind: Box::new(PgOutputErrorKind::Build(kind)), lost }
         })
     }
 
@@ -792,7 +871,7 @@ impl PgOutputDecoder {
         self.skipping = false;
         self.builder.finish(self.messages).map_err(|e| {
             let (kind, lost) = e.into_parts();
-            PgOutputError { message: self.messages, kind: PgOutputErrorKind::Build(kind), lost }
+            PgOutputError { message: self.messages, kind: Box::new(PgOutputErrorKind::Build(kind)), lost }
         })
     }
 
@@ -803,13 +882,7 @@ impl PgOutputDecoder {
             return Ok(());
         }
         self.skipping = false;
-        let record = Line {
-            action: action("\"B\""),
-            xid: Some(Cow::Owned(xid.to_string())),
-            lsn: Some(Cow::Owned(format!("\"{}\"", Position(commit_lsn)))),
-            ..Line::default()
-        };
-        self.builder.push_record(seq, &record)?;
+        self.builder.push_begin(seq, Some(u64::from(xid)), Position(commit_lsn))?;
         // The envelopes carry the commit time: the pipeline's commit → ack latency starts there.
         self.builder.set_commit_time(self.commit_time.and_then(|t| u64::try_from(t).ok()));
         Ok(())
@@ -820,17 +893,12 @@ impl PgOutputDecoder {
             self.skipped += 1;
             return Ok(None);
         }
-        let record = Line {
-            action: action("\"C\""),
-            lsn: Some(Cow::Owned(format!("\"{}\"", Position(commit_lsn)))),
-            ..Line::default()
-        };
-        self.builder.push_record(seq, &record)
+        self.builder.push_commit(seq, Position(commit_lsn))
     }
 
     fn decode_inner(&mut self, seq: u64, message: &[u8]) -> Result<Option<Batch>, Fail> {
         let Some(&tag) = message.first() else { return Err(PgOutputErrorKind::Empty.into()) };
-        let mut f = Fields { buf: message, at: 1, tag: tag as char };
+        let mut f = Fields { buf: message, at: 1, tag: tag as char, text: None };
         match tag {
             b'B' => {
                 let lsn = f.u64("final LSN")?;
@@ -901,16 +969,20 @@ impl PgOutputDecoder {
                     if self.skipping {
                         continue;
                     }
-                    let record = Line {
-                        action: action("\"T\""),
-                        schema: Some(Cow::Borrowed(rel.schema_json.as_str())),
-                        table: Some(Cow::Borrowed(rel.table_json.as_str())),
-                        ..Line::default()
+                    let change = Change {
+                        action: 'T',
+                        schema: &rel.schema,
+                        table: &rel.table,
+                        pk: None,
+                        columns: None,
+                        identity: None,
+                        key_from_stream: false,
+                        lsn: None,
                     };
                     // A chunk may fill in the middle of a multi-table truncate: return the last
                     // one (with max_batch_changes >= 2 only one can fill per message... but a
                     // chunk of 1 fills at each relation: keep them all).
-                    if let Some(b) = self.builder.push_record(seq, &record).map_err(Fail::Builder)? {
+                    if let Some(b) = self.builder.push_change(seq, &change).map_err(Fail::Builder)? {
                         out = merge_chunks(out, b);
                     }
                 }
@@ -941,95 +1013,91 @@ impl PgOutputDecoder {
                 name: name.to_owned(),
                 plain: plain(name),
                 type_oid,
+                json: JsonType::of(type_oid),
                 key: flags & 1 != 0,
             });
         }
         f.end()?;
+        let key = (identity != b'f').then(|| {
+            columns.iter().filter(|c| c.key).map(|c| Key { name: Cow::Owned(c.name.clone()) }).collect()
+        });
         Ok((
             oid,
             Relation {
                 name: format!("{schema}.{table}"),
-                schema_json: json_string(schema),
-                table_json: json_string(table),
-                identity,
+                schema: schema.to_owned(),
+                table: table.to_owned(),
                 columns,
+                key,
             },
         ))
     }
 
     fn change(&mut self, seq: u64, tag: u8, mut f: Fields<'_>) -> Result<Option<Batch>, Fail> {
         let oid = f.u32("relation OID")?;
-        let Self { relations, builder, skipping, scratch, .. } = self;
-        let rel = relations.get(&oid).ok_or(PgOutputErrorKind::UnknownRelation(oid))?;
+        let Self { relations, builder, skipping, scratch, values, columns, .. } = self;
+        let Some(rel) = relations.get(&oid) else {
+            return Err(PgOutputErrorKind::UnknownRelation(oid).into());
+        };
         scratch.clear();
+        // The values are slices of the message: checked as UTF-8 once, not one by one.
+        f.text = simdutf8::basic::from_utf8(f.buf).ok();
+        let mut vals: Vec<(usize, Val<'_>)> = recycle(std::mem::take(values));
         let mut marker = f.u8("tuple marker")?;
-        let (mut old, mut new) = (None, None);
         let old_kind = |marker: u8| if marker == b'K' { TupleKind::Key } else { TupleKind::Row };
-        match tag {
+        // `vals` holds the old tuple's values (if any) before `split`, the new one's after.
+        let (split, has_old, has_new) = match tag {
             b'I' => {
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'I', marker }.into());
                 }
-                let mut v = Vec::new();
-                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut v)?;
-                new = Some(v);
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals)?;
+                (0, false, true)
             }
             b'U' => {
-                if marker == b'K' || marker == b'O' {
-                    let mut v = Vec::new();
-                    read_tuple(&mut f, rel, old_kind(marker), scratch, &mut v)?;
-                    old = Some(v);
+                let has_old = marker == b'K' || marker == b'O';
+                if has_old {
+                    read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals)?;
                     marker = f.u8("tuple marker")?;
                 }
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'U', marker }.into());
                 }
-                let mut v = Vec::new();
-                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut v)?;
-                new = Some(v);
+                let split = vals.len();
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals)?;
+                (split, has_old, true)
             }
             _ => {
                 if marker != b'K' && marker != b'O' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'D', marker }.into());
                 }
-                let mut v = Vec::new();
-                read_tuple(&mut f, rel, old_kind(marker), scratch, &mut v)?;
-                old = Some(v);
+                read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals)?;
+                (vals.len(), true, false)
             }
-        }
-        let scratch = scratch.as_str();
-        let columns = new.as_deref().map(|v| to_columns(rel, v, scratch));
-        let identity = old.as_deref().map(|v| to_columns(rel, v, scratch));
+        };
         f.end()?;
+        let scratch = scratch.as_str();
+        let mut cols: Vec<Column<'_>> = recycle(std::mem::take(columns));
+        cols.extend(vals.iter().map(|&v| column(rel, v, scratch)));
+        *values = recycle(vals);
         if *skipping {
+            *columns = recycle(cols);
             return Ok(None);
         }
-        // The key: the columns pgoutput flags, except under FULL (every column is flagged
-        // there): no key, so the builder asks its key look-up for the primary key.
-        let pk = (rel.identity != b'f').then(|| {
-            rel.columns
-                .iter()
-                .filter(|c| c.key)
-                .map(|c| Key {
-                    name: if c.plain { Cow::Borrowed(c.name.as_str()) } else { Cow::Owned(c.name.clone()) },
-                })
-                .collect::<Vec<_>>()
-        });
-        let record = Line {
-            action: action(match tag {
-                b'I' => "\"I\"",
-                b'U' => "\"U\"",
-                _ => "\"D\"",
-            }),
-            schema: Some(Cow::Borrowed(rel.schema_json.as_str())),
-            table: Some(Cow::Borrowed(rel.table_json.as_str())),
-            columns,
-            identity,
-            key_from_stream: pk.is_some(),
-            pk,
-            ..Line::default()
+        let (old, new) = cols.split_at(split);
+        let change = Change {
+            action: tag as char,
+            schema: &rel.schema,
+            table: &rel.table,
+            pk: rel.key.as_deref(),
+            columns: has_new.then_some(new),
+            identity: has_old.then_some(old),
+            key_from_stream: rel.key.is_some(),
+            lsn: None,
         };
-        builder.push_record(seq, &record).map_err(Fail::Builder)
+        let out = builder.push_change(seq, &change).map_err(Fail::Builder);
+        *columns = recycle(cols);
+        out
     }
 }
 

@@ -204,15 +204,17 @@ use lanestream::{Batch, Envelope, IndexName, Op, ParseLsnError, Position};
 #[error("wal2json line {line}: {kind}")]
 pub struct Wal2JsonError {
     line: u64,
+    /// Boxed: every line's result carries the error type, and a small one is returned in
+    /// registers on the way that counts.
     #[source]
-    kind: Wal2JsonErrorKind,
+    kind: Box<Wal2JsonErrorKind>,
     discarded: u64,
 }
 
 impl Wal2JsonError {
     /// Builds an error for `line` (1-based).
     pub fn new(line: u64, kind: Wal2JsonErrorKind) -> Self {
-        Wal2JsonError { line, kind, discarded: 0 }
+        Wal2JsonError { line, kind: Box::new(kind), discarded: 0 }
     }
 
     /// How many changes of a transaction this error discarded: the changes read so far, and the
@@ -241,7 +243,7 @@ impl Wal2JsonError {
     pub fn open_transaction_discarded(&self) -> bool {
         self.discarded > 0
             || matches!(
-                self.kind,
+                *self.kind,
                 Wal2JsonErrorKind::DamagedTransaction { .. }
                     | Wal2JsonErrorKind::BeginInsideTransaction { .. }
                     | Wal2JsonErrorKind::BadLsn(_)
@@ -253,14 +255,14 @@ impl Wal2JsonError {
 
     /// The kind and the changes discarded, taken apart (the pgoutput decoder rewraps them).
     pub(crate) fn into_parts(self) -> (Wal2JsonErrorKind, u64) {
-        (self.kind, self.discarded)
+        (*self.kind, self.discarded)
     }
 
     /// Whether reading may go on after this error (everything but I/O errors and failed key
     /// look-ups, after which nothing can be read right). See the module docs for what happens to
     /// the open transaction.
     pub fn is_recoverable(&self) -> bool {
-        !matches!(self.kind, Wal2JsonErrorKind::Io(_) | Wal2JsonErrorKind::KeyLookupFailed { .. })
+        !matches!(*self.kind, Wal2JsonErrorKind::Io(_) | Wal2JsonErrorKind::KeyLookupFailed { .. })
     }
 }
 
@@ -432,9 +434,10 @@ fn malformed(offset: usize, reason: &'static str) -> Wal2JsonErrorKind {
 /// has escapes as a copy, so that one is owned.
 pub(crate) type Raw<'a> = Cow<'a, str>;
 
-/// The fields of one line this module reads: the **builder's input record**, which the wal2json
-/// parsers fill from a JSON line and the pgoutput decoder ([`crate::pgoutput`]) from a binary
-/// message, so that both go through the one [`TransactionBuilder`]. `action`, `xid`, `lsn`,
+/// The fields of one line this module reads, which the wal2json parsers fill from a JSON line;
+/// the builder reads a change's fields into a [`Change`], what the pgoutput decoder
+/// ([`crate::pgoutput`]) hands over from a binary message, so that both go through the one
+/// [`TransactionBuilder`]. `action`, `xid`, `lsn`,
 /// `schema` and `table` stay raw JSON and are checked only by the actions that use them (a `B`
 /// with `"lsn":5` is fine); `columns`, `identity` and `pk` must have their shape on every line.
 /// Every field is `Some` when present, even as `null` (see [`present`]).
@@ -456,12 +459,28 @@ pub(crate) struct Line<'a> {
     pub(crate) identity: Option<Vec<Column<'a>>>,
     #[serde(borrow, default, deserialize_with = "present")]
     pub(crate) pk: Option<Vec<Key<'a>>>,
+}
+
+/// One change (`I`, `U`, `D`, `T`) as the builder takes it: read from a wal2json [`Line`], or
+/// handed over by the pgoutput decoder ([`TransactionBuilder::push_change`]) from a binary
+/// message without a JSON record in between.
+#[derive(Clone, Copy)]
+pub(crate) struct Change<'r, 'a> {
+    /// `I`, `U`, `D` or `T`.
+    pub(crate) action: char,
+    /// The schema and table names (unescaped).
+    pub(crate) schema: &'r str,
+    pub(crate) table: &'r str,
+    pub(crate) pk: Option<&'r [Key<'a>]>,
+    pub(crate) columns: Option<&'r [Column<'a>]>,
+    pub(crate) identity: Option<&'r [Column<'a>]>,
     /// The `pk` is the table's replica identity as the stream knew it at this change (pgoutput's
     /// Relation message), so the catalog is not asked: it tells the key as it is now, which may
     /// be later DDL's. Only columns given with [`TransactionBuilder::set_key_columns`] beat it.
-    /// Never set by a wal2json line (whose `pk` is the primary key only).
-    #[serde(skip)]
+    /// Never set for a wal2json line (whose `pk` is the primary key only).
     pub(crate) key_from_stream: bool,
+    /// The line's own `lsn` (raw JSON), if any: named in a [`Wal2JsonErrorKind::NullKey`].
+    pub(crate) lsn: Option<&'r str>,
 }
 
 /// One `{"name":…,"type":…,"value":…}` element of `columns` / `identity`. The name is borrowed
@@ -663,7 +682,6 @@ mod slow {
                 columns: columns(l.columns),
                 identity: columns(l.identity),
                 pk: l.pk,
-                key_from_stream: false,
             }
         }
     }
@@ -836,14 +854,18 @@ fn push_id_part(id: &mut String, text: &str) -> ParseResult<()> {
         id.push_str(text);
         return Ok(());
     }
-    let s =
-        json_str(text).ok_or(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" })?;
-    for c in s.chars() {
-        if c == '\\' || c == ':' {
-            id.push('\\');
-        }
-        id.push(c);
+    let Some(s) = json_str(text) else {
+        return Err(Wal2JsonErrorKind::WrongType { field: "value", expected: "a valid string" });
+    };
+    let mut rest = s.as_ref();
+    while let Some(i) = memchr::memchr2(b'\\', b':', rest.as_bytes()) {
+        // `\` and `:` are ASCII: `i` and `i + 1` are character boundaries.
+        id.push_str(&rest[..i]);
+        id.push('\\');
+        id.push_str(&rest[i..=i]);
+        rest = &rest[i + 1..];
     }
+    id.push_str(rest);
     Ok(())
 }
 
@@ -1049,6 +1071,18 @@ impl OpenTxn {
     /// Changes lost if the transaction is discarded now: its changes and its bad lines.
     fn lost(&self) -> u64 {
         self.total_changes + self.bad_lines
+    }
+
+    /// The error of a commit (at `lsn`) of this transaction when it had bad lines.
+    fn damaged(&self, lsn: String) -> Wal2JsonErrorKind {
+        Wal2JsonErrorKind::DamagedTransaction {
+            begun: self.begun,
+            lsn,
+            first_bad: self.first_bad,
+            bad_lines: self.bad_lines,
+            changes: self.total_changes,
+            chunks: self.chunks,
+        }
     }
 
     /// The envelopes gathered so far, at `position`, as one batch; the transaction goes on empty.
@@ -1266,29 +1300,64 @@ impl TransactionBuilder {
     /// stays usable (see the [module docs](self): a bad line inside a transaction makes the
     /// whole transaction fail at its `C`).
     pub fn push_line(&mut self, line_no: u64, line: &[u8]) -> Result<Option<Batch>, Wal2JsonError> {
-        self.discarded = 0;
         let mut parsed = Line::default();
-        parse_line_into(line, &mut parsed).and_then(|()| self.apply(line_no, &parsed)).map_err(|kind| {
-            if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
-                self.damage(line_no);
+        self.record(line_no, |b| parse_line_into(line, &mut parsed).and_then(|()| b.apply(line_no, &parsed)))
+    }
+
+    /// Opens a transaction read by the pgoutput decoder (what a `B` line does): `xid`, and
+    /// `commit_lsn` (the position of its unpositioned chunks). `seq` numbers the input in errors,
+    /// as a line number does.
+    pub(crate) fn push_begin(
+        &mut self,
+        seq: u64,
+        xid: Option<u64>,
+        commit_lsn: Position,
+    ) -> Result<(), Wal2JsonError> {
+        self.record(seq, |b| b.begin(seq, xid, Some(commit_lsn).filter(|&p| p != Position::RESERVED)))
+    }
+
+    /// Feeds one change read by the pgoutput decoder (what a change line does, see
+    /// [`push_begin`](Self::push_begin)).
+    pub(crate) fn push_change(
+        &mut self,
+        seq: u64,
+        change: &Change<'_, '_>,
+    ) -> Result<Option<Batch>, Wal2JsonError> {
+        self.record(seq, |b| b.change(change))
+    }
+
+    /// Commits the open transaction at `position`, read by the pgoutput decoder (what a `C` line
+    /// does, see [`push_begin`](Self::push_begin)).
+    pub(crate) fn push_commit(
+        &mut self,
+        seq: u64,
+        position: Position,
+    ) -> Result<Option<Batch>, Wal2JsonError> {
+        self.record(seq, |b| {
+            let txn = b.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
+            b.discarded = txn.lost();
+            if txn.bad_lines > 0 {
+                return Err(txn.damaged(position.to_string()));
             }
-            Wal2JsonError { line: line_no, kind, discarded: std::mem::take(&mut self.discarded) }
+            if position == Position::RESERVED {
+                return Err(Wal2JsonErrorKind::BadLsn(ParseLsnError(position.to_string())));
+            }
+            b.committed(txn, position, Ok(None))
         })
     }
 
-    /// Feeds one input record already read (the pgoutput decoder's way in; `push_line` parses a
-    /// wal2json line into the same record). `seq` numbers it in errors, as a line number does.
-    pub(crate) fn push_record(
+    /// Runs `f`, one input record's work, with its errors handled as [`push_line`](Self::push_line)'s.
+    fn record<T>(
         &mut self,
         seq: u64,
-        record: &Line<'_>,
-    ) -> Result<Option<Batch>, Wal2JsonError> {
+        f: impl FnOnce(&mut Self) -> ParseResult<T>,
+    ) -> Result<T, Wal2JsonError> {
         self.discarded = 0;
-        self.apply(seq, record).map_err(|kind| {
+        f(self).map_err(|kind| {
             if !matches!(kind, Wal2JsonErrorKind::BeginInsideTransaction { .. }) {
                 self.damage(seq);
             }
-            Wal2JsonError { line: seq, kind, discarded: std::mem::take(&mut self.discarded) }
+            Wal2JsonError { line: seq, kind: Box::new(kind), discarded: std::mem::take(&mut self.discarded) }
         })
     }
 
@@ -1344,32 +1413,48 @@ impl TransactionBuilder {
                     .and_then(json_str)
                     .and_then(|l| Position::from_lsn(&l).ok())
                     .filter(|&p| p != Position::RESERVED);
-                match self.open.replace(OpenTxn::new(line_no, xid, begin_lsn, self.hint)) {
-                    Some(old) => {
-                        self.discarded = old.lost();
-                        Err(Wal2JsonErrorKind::BeginInsideTransaction {
-                            begun: old.begun,
-                            dropped: old.lost(),
-                        })
-                    }
-                    None => Ok(None),
-                }
+                self.begin(line_no, xid, begin_lsn).map(|()| None)
             }
             'C' => self.commit(f),
-            _ => self.change(action, f),
+            _ => {
+                if self.open.is_none() {
+                    return Err(Wal2JsonErrorKind::OutsideTransaction { action });
+                }
+                let schema = string_field(f.schema.as_deref(), action, "schema", "")?;
+                let table = string_field(f.table.as_deref(), action, "table", "")?;
+                self.change(&Change {
+                    action,
+                    schema: &schema,
+                    table: &table,
+                    pk: f.pk.as_deref(),
+                    columns: f.columns.as_deref(),
+                    identity: f.identity.as_deref(),
+                    key_from_stream: false,
+                    lsn: f.lsn.as_deref(),
+                })
+            }
         }
     }
 
-    fn change(&mut self, action: char, f: &Line<'_>) -> ParseResult<Option<Batch>> {
+    fn begin(&mut self, line_no: u64, xid: Option<u64>, begin_lsn: Option<Position>) -> ParseResult<()> {
+        match self.open.replace(OpenTxn::new(line_no, xid, begin_lsn, self.hint)) {
+            Some(old) => {
+                self.discarded = old.lost();
+                Err(Wal2JsonErrorKind::BeginInsideTransaction { begun: old.begun, dropped: old.lost() })
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn change(&mut self, c: &Change<'_, '_>) -> ParseResult<Option<Batch>> {
+        let action = c.action;
         if self.open.is_none() {
             return Err(Wal2JsonErrorKind::OutsideTransaction { action });
         }
-        let schema = string_field(f.schema.as_deref(), action, "schema", "")?;
-        let table = string_field(f.table.as_deref(), action, "table", "")?;
-        let (pk, columns, identity) = (f.pk.as_deref(), f.columns.as_deref(), f.identity.as_deref());
+        let (schema, table) = (c.schema, c.table);
+        let (pk, columns, identity) = (c.pk, c.columns, c.identity);
         let row = if action == 'D' { identity } else { columns };
-        let (index, known_key, primary) =
-            self.table(&schema, &table, pk, row, identity, !f.key_from_stream)?;
+        let (index, known_key, primary) = self.table(schema, table, pk, row, identity, !c.key_from_stream)?;
         // Compute everything that can fail before touching the transaction.
         let filled = match (action, columns, identity) {
             ('U', Some(new), Some(old)) => filled_row(new, old),
@@ -1382,7 +1467,7 @@ impl TransactionBuilder {
             (None, _) => match &primary {
                 Some(names) => KeyRef::Named(names),
                 None => {
-                    self.learn_identity(&schema, &table, columns, identity)?;
+                    self.learn_identity(schema, table, columns, identity)?;
                     KeyRef::All
                 }
             },
@@ -1392,9 +1477,8 @@ impl TransactionBuilder {
             Wal2JsonErrorKind::NullKey { column, .. } => Wal2JsonErrorKind::NullKey {
                 table: format!("{schema}.{table}"),
                 column,
-                lsn: f
+                lsn: c
                     .lsn
-                    .as_deref()
                     .and_then(json_str)
                     .map(Cow::into_owned)
                     .or_else(|| begin_lsn.map(|p| p.to_string()))
@@ -1436,12 +1520,17 @@ impl TransactionBuilder {
         if txn.bad_lines > 0 {
             return Ok(None); // it will be discarded: keep nothing
         }
-        for (id, op, row) in out.into_iter().flatten() {
+        // The index (an `Arc`) moves into the last envelope: one count change less per change.
+        let planned = match out {
+            [Some(a), Some(b)] => [Some((a, index.clone())), Some((b, index))],
+            [a, b] => [a.or(b).map(|p| (p, index)), None],
+        };
+        for ((id, op, row), index) in planned.into_iter().flatten() {
             let doc = match row {
                 Some(row) => write_row(&mut txn.docs, row),
                 None => txn.docs.len()..txn.docs.len(),
             };
-            txn.pending.push(Pending { index: index.clone(), id, op, doc });
+            txn.pending.push(Pending { index, id, op, doc });
         }
         if max.is_some_and(|m| txn.changes >= m) {
             self.hint = (txn.pending.len(), txn.docs.len());
@@ -1486,32 +1575,36 @@ impl TransactionBuilder {
     }
 
     fn commit(&mut self, f: &Line<'_>) -> ParseResult<Option<Batch>> {
-        let mut txn = self.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
+        let txn = self.open.take().ok_or(Wal2JsonErrorKind::OutsideTransaction { action: 'C' })?;
         // From here on, any error discards the transaction.
         self.discarded = txn.lost();
         if txn.bad_lines > 0 {
             let lsn =
                 f.lsn.as_deref().and_then(json_str).map_or_else(|| "unknown".to_owned(), Cow::into_owned);
-            return Err(Wal2JsonErrorKind::DamagedTransaction {
-                begun: txn.begun,
-                lsn,
-                first_bad: txn.first_bad,
-                bad_lines: txn.bad_lines,
-                changes: txn.total_changes,
-                chunks: txn.chunks,
-            });
+            return Err(txn.damaged(lsn));
         }
         let lsn = string_field(f.lsn.as_deref(), 'C', "lsn", " (run wal2json with include-lsn=true)")?;
         let position = Position::from_lsn(&lsn).map_err(Wal2JsonErrorKind::BadLsn)?;
         if position == Position::RESERVED {
             return Err(Wal2JsonErrorKind::BadLsn(ParseLsnError(lsn.into_owned())));
         }
+        self.committed(txn, position, xid_field(f.xid.as_deref()))
+    }
+
+    /// The end of a commit whose transaction (taken out of `self.open`) is undamaged, at a valid
+    /// `position`; `xid` is the commit's own xid, checked against the Begin's.
+    fn committed(
+        &mut self,
+        mut txn: OpenTxn,
+        position: Position,
+        xid: ParseResult<Option<u64>>,
+    ) -> ParseResult<Option<Batch>> {
         if let Some(previous) = self.last_commit {
             if position <= previous {
                 return Err(Wal2JsonErrorKind::LsnRegressed { lsn: position, previous });
             }
         }
-        if let (Some(begin), Some(commit)) = (txn.xid, xid_field(f.xid.as_deref())?) {
+        if let (Some(begin), Some(commit)) = (txn.xid, xid?) {
             if begin != commit {
                 return Err(Wal2JsonErrorKind::XidMismatch { begin, commit });
             }
@@ -2339,7 +2432,7 @@ mod tests {
     }
 
     fn kind_of(r: Result<Option<Batch>, Wal2JsonError>) -> Wal2JsonErrorKind {
-        r.expect_err("an error").kind
+        *r.expect_err("an error").kind
     }
 
     /// After each error, a good transaction still goes through.

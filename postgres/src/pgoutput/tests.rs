@@ -502,7 +502,7 @@ fn every_envelope_carries_its_transactions_commit_time_in_unix_micros() {
 // --- errors -------------------------------------------------------------------------------------
 
 fn kind_of(r: Result<Option<Batch>, PgOutputError>) -> PgOutputErrorKind {
-    r.expect_err("an error").kind
+    *r.expect_err("an error").kind
 }
 
 #[test]
@@ -613,6 +613,22 @@ fn json_strings_are_escaped_as_serde_json_reads_them() {
         assert_eq!(serde_json::from_str::<String>(&j).expect("valid JSON"), s, "{j}");
         assert_eq!(plain(s), !j[1..j.len() - 1].contains('\\'), "{s:?}");
     }
+}
+
+#[test]
+fn every_byte_to_escape_is_found_at_every_position() {
+    // The clean prefix is skipped 8 bytes at a time: each escaped byte, in each word position,
+    // before and after the first word, is escaped as serde_json does.
+    for special in ['"', '\\', '\u{0}', '\n', '\u{1f}'] {
+        for at in 0..20 {
+            let mut s: String = "abcdefghijklmnopqrstuvwx".into();
+            s.replace_range(at..=at, &special.to_string());
+            assert_eq!(json_string(&s), serde_json::to_string(&s).unwrap_or_default(), "{s:?}");
+        }
+    }
+    // Bytes that sit next to the escaped ones (0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80+) are not.
+    let s = " !#[]\u{7f}é abcdefgh";
+    assert_eq!(json_string(s), format!("\"{s}\""));
 }
 
 #[test]
