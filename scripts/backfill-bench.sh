@@ -3,7 +3,8 @@
 # side by side on one throwaway PostgreSQL 15 cluster (scripts/pg-common.sh), alternating runs:
 # a table of ROWS rows (default 200,000: int8 key, int, text, numeric, bool), backfilled through
 # a live source (postgres/examples/backfill_throughput.rs: DBLog chunks of CHUNK rows, default
-# 1,024, each between two marks in the WAL, published when the stream reaches the high mark)
+# 4,096, the library's DEFAULT_CHUNK_ROWS, each between two marks in the WAL, published once the
+# stream passed the high mark)
 # and copied with psql to /dev/null. Prints each run's rows per second, the medians and their
 # ratio (backfill / COPY). The only concurrent writer is a probe (one insert every 2 ms into
 # another table): the live stream's latency (commit to the source's next_item, median) during the
@@ -18,7 +19,7 @@ root=$(dirname "$here")
 source "$here/pg-common.sh"
 
 rows=${ROWS:-200000}
-chunk=${CHUNK:-1024}
+chunk=${CHUNK:-4096}
 runs=${RUNS:-3}
 [[ -x $PG_BIN/postgres ]] || pg_die "PostgreSQL 15 not found in $PG_BIN"
 

@@ -93,7 +93,7 @@ pub(crate) struct Args {
     pub(crate) heartbeat_secs: Option<u64>,
     /// Live mode: rows per chunk of a backfill a sink asks for (each chunk is read between a low
     /// and a high mark in the WAL; also the most a resumed backfill reads again). Default: the
-    /// library's, 1024 rows (`lanestream_postgres::backfill::DEFAULT_CHUNK_ROWS`).
+    /// library's, 4096 rows (`lanestream_postgres::backfill::DEFAULT_CHUNK_ROWS`).
     #[arg(long, value_name = "N", requires = "source", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) backfill_chunk_rows: Option<u64>,
     /// Live mode: every sink asks at start for a backfill of these indexes (the live reader's
