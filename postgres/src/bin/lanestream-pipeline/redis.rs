@@ -1,10 +1,11 @@
 //! `--backend redis://...`: the pipeline as separate processes over [`RedisStream`](lanestream::RedisStream), one role
 //! each (`--role ingest`, `--role sink --lane NAME`, `--role delete`).
 //!
-//! - **ingest** reads the input (the bundled capture by default), publishes each transaction
-//!   once to every sink's lane of the Redis stream `--stream-name` through the stream's fan-out
-//!   (written once into the Redis log), closes the lanes, waits (at
-//!   most `--wait-secs`) until the watermark reaches the last commit LSN, then checks every
+//! - **ingest** is the pipeline library's driver ([`Pipeline`]) with no local sink engine: it
+//!   reads the input (the bundled capture by default), publishes each transaction once to every
+//!   sink's lane of the Redis stream `--stream-name` through the stream's fan-out (written once
+//!   into the Redis log), waits (the whole run at most `--wait-secs`) until the sinks acked it,
+//!   closes the lanes, then checks every
 //!   sink's output in `--out` (unless `--discard`): each published transaction's envelopes are
 //!   there exactly once. A restarted ingest publishes nothing twice: it resumes after the
 //!   batches the log already holds (the publish count is in Redis; the input must be the same).
@@ -23,11 +24,10 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::{LaneItem, Position, RedisStream, Stream, StreamFanout};
-use lanestream_postgres::wal2json::Wal2JsonReader;
+use lanestream::{Position, RedisStream, Stream};
 
 use lanestream_postgres::ndjson::{DurableNdjson, NdjsonError};
-use lanestream_postgres::pipeline::{run_sink, RetryPolicy, Sink, StopHandle};
+use lanestream_postgres::pipeline::{run_sink, RetryPolicy, Sink, Source, SourceItem, StopHandle};
 
 use crate::prelude::*;
 
@@ -78,47 +78,47 @@ pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
     }
 }
 
-/// The ingest process.
+/// The ingest process: the library's driver ([`Pipeline`]) with no local sink engine (the sinks
+/// are other processes), publishing the input through [`Resuming`].
 fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, BoxError> {
     let started = Instant::now();
-    // One publisher for every lane: each batch is written once into the Redis log.
-    let mut fanout = stream.fanout()?;
-    // A restarted ingest: every lane gets every batch of the input, in input order, and the
-    // publish count is exact (a publish lands once), so it resumes after the first `published`
-    // batches (chunks of a large transaction included).
-    let resume = stream.stats(&names[0])?.published;
-    // Every transaction of the input (published now or by an earlier run): (position, envelopes).
-    let mut published: Vec<(u64, u32)> = Vec::new();
-    let (mut chunk_envelopes, mut sent, mut skipped) = (0u32, 0u64, 0u64);
-    let batches = Wal2JsonReader::new(open_input(&args.input, args.preload)?)
-        .with_builder(HarnessSource::builder(args)?);
-    for (k, next) in (0u64..).zip(batches) {
-        let batch = next.map_err(|e| super::input_error(&e, args))?;
-        let envelopes = u32::try_from(batch.envelopes.len())?;
-        if k < resume {
-            skipped += 1;
-        } else {
-            fanout.publish(LaneItem::Batch(batch.clone())).map_err(|e| format!("publish: {e}"))?;
-            sent += 1;
+    let file = FileSource::new(open_input(&args.input, args.preload)?, HarnessSource::builder(args)?);
+    let mut source = Resuming {
+        file,
+        stream: stream.clone(),
+        lane: names[0].clone(),
+        resume: None,
+        k: 0,
+        published: Vec::new(),
+        chunk_envelopes: 0,
+    };
+    // --wait-secs bounds the whole run (the driver's drain at the input's end waits for every
+    // sink's ack; a stop makes it wait at most its drain timeout, then close the lanes).
+    let pipeline = Pipeline::new(stream.clone()).drain_timeout(Duration::ZERO);
+    let stop = pipeline.stop_handle();
+    let wait = Duration::from_secs(args.wait_secs);
+    let deadline = started + wait;
+    thread::Builder::new().name("ingest-deadline".into()).spawn({
+        let stop = stop.clone();
+        move || {
+            thread::sleep(wait);
+            stop.stop();
         }
-        match batch.position {
-            Some(position) => {
-                published.push((position.0, envelopes.saturating_add(std::mem::take(&mut chunk_envelopes))));
-            }
-            None => chunk_envelopes = chunk_envelopes.saturating_add(envelopes),
-        }
-    }
-    fanout.try_close()?;
+    })?;
+    let report = pipeline.run(&mut source).map_err(|e| format!("ingest: {e}"))?;
+    let (resume, published) = (source.resume.unwrap_or(0), source.published);
+    let skipped = resume.min(source.k);
     let last_commit = published.last().map(|&(p, _)| Position(p));
     println!(
-        "ingest: {} transactions read, {sent} batches published once to each of {} lanes ({skipped} published by an earlier run) in {:.2} s; lanes closed",
+        "ingest: {} transactions read, {} batches published once to each of {} lanes ({skipped} published by an earlier run) in {:.2} s; lanes closed{}",
         published.len(),
+        source.k - skipped,
         names.len(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        if report.drain_timed_out { " (the sinks' acks were not all in by --wait-secs)" } else { "" }
     );
 
     // The sinks ack up to the last commit (the watermark is read from Redis).
-    let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
     // Woken by the acks (a blip of Redis is waited out, up to the deadline, as an unmoved
     // watermark); it returns early once every lane is closed and acked.
     let watermark = match last_commit {
@@ -174,6 +174,62 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     } else {
         println!("FAIL: {}", failures.join("; "));
         Ok(false)
+    }
+}
+
+/// The input as a source for a restarted ingest: every lane gets every batch of the input, in
+/// input order, and the publish count is exact (a publish lands once), so it skips the first
+/// `published` batches (chunks of a large transaction included), the count read at its first
+/// [`next`](Source::next): after the driver claimed the fan-out, which fences an older ingest.
+struct Resuming {
+    file: FileSource<Box<dyn BufRead + Send>>,
+    stream: RedisStream,
+    lane: String,
+    resume: Option<u64>,
+    /// Batches read so far.
+    k: u64,
+    /// Every transaction of the input (published now or by an earlier run): (position, envelopes).
+    published: Vec<(u64, u32)>,
+    chunk_envelopes: u32,
+}
+
+impl Source for Resuming {
+    type Error = InputError;
+
+    fn next(&mut self, timeout: Duration) -> Result<Option<SourceItem>, InputError> {
+        let resume = match self.resume {
+            Some(r) => r,
+            None => *self.resume.insert(
+                self.stream
+                    .stats(&self.lane)
+                    .map_err(|e| InputError(format!("the publish count: {e}")))?
+                    .published,
+            ),
+        };
+        loop {
+            let next = self.file.next(timeout).map_err(|e| InputError(e.to_string()))?;
+            let Some(SourceItem::Change(batch)) = &next else { return Ok(next) };
+            let envelopes = u32::try_from(batch.envelopes.len()).unwrap_or(u32::MAX);
+            match batch.position {
+                Some(position) => self
+                    .published
+                    .push((position.0, envelopes.saturating_add(std::mem::take(&mut self.chunk_envelopes)))),
+                None => self.chunk_envelopes = self.chunk_envelopes.saturating_add(envelopes),
+            }
+            self.k += 1;
+            if self.k > resume {
+                return Ok(next);
+            }
+        }
+    }
+
+    fn confirm(&mut self, position: Position) -> Result<(), InputError> {
+        self.file.confirm(position).map_err(|e| InputError(e.to_string()))
+    }
+
+    /// Refused: the file source here keeps no rows (the Redis sinks ask for none).
+    fn backfill(&mut self, request: Request) -> Result<(), InputError> {
+        self.file.backfill(request).map_err(|e| InputError(e.to_string()))
     }
 }
 
