@@ -50,7 +50,7 @@ FROM generate_series(0, :txns - 1) t \gexec
 SQL
     end=$(pg_psql -Atc "SELECT pg_current_wal_flush_lsn()")
     start=$(now_s)
-    "$PG_BIN/pg_recvlogical" --start --dbname="$PGDATABASE" --slot=recv --no-loop --endpos="$end" \
+    "$PG_BIN/pg_recvlogical" --start --host=127.0.0.1 --port="$PGPORT" --dbname="$PGDATABASE" --slot=recv --no-loop --endpos="$end" \
         -o proto_version=1 -o publication_names=lanestream -f /dev/null
     recv=$(calc "$(now_s) - $start")
     start=$(now_s)
