@@ -114,6 +114,10 @@ impl Source for FakeSource {
         Ok(())
     }
 
+    fn lag_bytes(&mut self) -> Option<u64> {
+        Some(self.changes.len() as u64)
+    }
+
     fn backfill(&mut self, request: Request) -> Result<(), io::Error> {
         let Request::Backfill { sink, indexes, .. } = request else { panic!("unknown request") };
         self.backfills_asked += 1;
@@ -571,4 +575,54 @@ fn l6_a_failed_run_is_released_whole_and_its_redeliveries_are_counted() {
         shared[0].lock().unwrap().durable,
         expected(100).into_iter().map(Position).collect::<Vec<_>>()
     );
+}
+
+/// `Pipeline::metrics` while it runs: the ingest's progress and each local sink engine's acks
+/// and latency as they happen (a sink held back shows nothing acked, and the confirmed position
+/// waits for it: W1), the source's lag as the source says; at the end, the report's figures.
+#[test]
+fn metrics_of_a_running_pipeline_follow_the_ingest_and_each_sink_then_equal_the_report() {
+    let stream = stream(256);
+    let shared = shared_sinks();
+    let gate = Arc::new(AtomicBool::new(false));
+    let p = pipeline(&stream, &shared, Some(gate.clone()));
+    let metrics = p.metrics();
+    assert_eq!(metrics.snapshot().elapsed, Duration::ZERO, "not started");
+    let mut source = FakeSource::new(&stream, 100);
+    let run = thread::spawn(move || (p.run(&mut source), source));
+    // Running, "search" held: the others ack everything, nothing is confirmed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        let m = metrics.snapshot();
+        let acked = |name: &str| m.sinks.iter().find(|s| s.sink == name).map_or(0, |s| s.items_acked);
+        // The source's lag is read about once a second: 100 at the start, 0 once all handed out.
+        if m.transactions == 100
+            && acked("cache") == 100
+            && acked("archive") == 100
+            && m.source_lag_bytes == Some(0)
+        {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no progress: {m:?}");
+        thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(held.changes, 200);
+    assert!(held.elapsed > Duration::ZERO && held.changes_per_second > 0.0, "{held:?}");
+    assert_eq!(held.sinks.iter().find(|s| s.sink == "search").map(|s| s.items_acked), Some(0));
+    assert_eq!(held.confirmed, None, "W1: the held sink holds the watermark");
+    gate.store(true, Ordering::SeqCst);
+    let (report, _source) = run.join().unwrap();
+    let report = report.unwrap();
+    let end = metrics.snapshot();
+    assert_eq!((end.transactions, end.changes), (report.transactions, report.changes));
+    assert_eq!((end.last_position, end.confirmed), (report.last_position, report.confirmed));
+    assert_eq!(end.confirmed, Some(Position(1000)));
+    assert_eq!(end.sinks.len(), report.sinks.len());
+    for s in &report.sinks {
+        let m = end.sinks.iter().find(|m| m.sink == s.sink).expect("every engine listed");
+        assert_eq!(
+            (m.items_acked, m.changes_acked, m.commit_to_ack),
+            (s.items_acked, s.changes_acked, s.commit_to_ack)
+        );
+    }
 }

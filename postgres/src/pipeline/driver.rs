@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use lanestream::{
     Stream, StreamError, StreamFanout, TryRecvError,
 };
 
-use super::metrics::{commit_micros, unix_micros_now, CommitLatency, LatencySummary};
+use super::metrics::{commit_micros, unix_micros_now, LatencySummary, MetricsHandle, SinkLive};
 use super::sink::{RetryPolicy, Sink};
 use super::source::{Source, SourceItem};
 
@@ -107,7 +107,7 @@ pub struct SinkReport {
     /// redelivered batch counts each time).
     pub changes_acked: u64,
     /// From each transaction's commit at the source to this sink's ack of its positioned batch,
-    /// in µs (see [`CommitLatency`]); batches without a commit time are not counted.
+    /// in µs (see [`CommitLatency`](super::CommitLatency)); batches without a commit time are not counted.
     pub commit_to_ack: LatencySummary,
 }
 
@@ -161,6 +161,8 @@ struct EngineConfig {
     retry: RetryPolicy,
     max_run: usize,
     stop: Option<StopHandle>,
+    /// Where the engine keeps its live figures ([`Pipeline::metrics`]); `None`: its own.
+    metrics: Option<MetricsHandle>,
 }
 
 /// A source → stream → sink engines pipeline; see the [module docs](super).
@@ -172,6 +174,7 @@ pub struct Pipeline<St: Stream + Clone + 'static> {
     tick: Duration,
     drain_timeout: Duration,
     stop: StopHandle,
+    metrics: MetricsHandle,
 }
 
 impl<St: Stream + Clone + 'static> std::fmt::Debug for Pipeline<St> {
@@ -196,6 +199,7 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             tick: Duration::from_millis(10),
             drain_timeout: Duration::from_secs(30),
             stop: StopHandle::new(),
+            metrics: MetricsHandle::default(),
         }
     }
 
@@ -246,6 +250,13 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
         self.stop.clone()
     }
 
+    /// A handle on this pipeline's figures while it runs (and after): changes published and
+    /// their rate, the confirmed position, the source's lag, and per local sink engine the
+    /// items acked and the commit → ack latency ([`MetricsHandle::snapshot`]).
+    pub fn metrics(&self) -> MetricsHandle {
+        self.metrics.clone()
+    }
+
     /// Runs until the source ends ([`SourceItem::End`]: every published batch acked, every
     /// backfill asked meanwhile served) or a stop is asked (drained up to the drain timeout);
     /// then confirms the source at the final watermark, closes the lanes and joins the sink
@@ -256,11 +267,12 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// closed and the engines joined before it returns; the source was confirmed only up to
     /// the watermark.
     pub fn run<Src: Source>(self, source: &mut Src) -> Result<PipelineReport, PipelineError> {
-        let Pipeline { stream, engines, retry, max_run, tick, drain_timeout, stop } = self;
+        let Pipeline { stream, engines, retry, max_run, tick, drain_timeout, stop, metrics } = self;
         let started = Instant::now();
+        metrics.start();
         let mut fanout = stream.fanout()?;
         let mut requests = stream.reattach_requests();
-        let config = EngineConfig { retry, max_run, stop: None };
+        let config = EngineConfig { retry, max_run, stop: None, metrics: Some(metrics.clone()) };
         let mut threads: Vec<(String, JoinHandle<Result<SinkReport, PipelineError>>)> = Vec::new();
         for (name, engine) in engines {
             let (stream, config) = (stream.clone(), config.clone());
@@ -284,8 +296,11 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             pending: HashMap::new(),
             report: PipelineReport::default(),
             tick,
+            metrics: metrics.clone(),
+            next_lag: Instant::now(),
         };
         let result = ingest.run(source, &stop, &threads, drain_timeout);
+        ingest.update_metrics();
         let mut report = std::mem::take(&mut ingest.report);
         // Close every lane: the engines drain what is queued, ack it, and end.
         fanout.close();
@@ -298,6 +313,7 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
                 .map_err(|e| PipelineError::Source(e.into())),
             _ => Ok(()),
         };
+        metrics.set_ingest(|m| m.confirmed = report.confirmed);
         // A sink engine's own error first: the ingest's then only says an engine stopped.
         let mut first_error = None;
         for r in joined {
@@ -347,9 +363,31 @@ struct Ingest<'a, St: Stream> {
         HashMap<SinkName, VecDeque<<St::RequestConsumer as LaneConsumer<lanestream::Request>>::Delivery>>,
     report: PipelineReport,
     tick: Duration,
+    metrics: MetricsHandle,
+    /// When the source's lag is read next (about once a second: it may cost a query).
+    next_lag: Instant,
 }
 
 impl<St: Stream> Ingest<'_, St> {
+    /// Copies the ingest's figures into the [`MetricsHandle`], and the source's lag when due.
+    fn refresh_metrics<Src: Source>(&mut self, source: &mut Src) {
+        self.update_metrics();
+        if Instant::now() >= self.next_lag {
+            self.next_lag = Instant::now() + Duration::from_secs(1);
+            let lag = source.lag_bytes();
+            self.metrics.set_ingest(|m| m.source_lag_bytes = lag);
+        }
+    }
+
+    /// Copies the ingest's figures into the [`MetricsHandle`].
+    fn update_metrics(&self) {
+        let r = &self.report;
+        self.metrics.set_ingest(|m| {
+            (m.transactions, m.changes) = (r.transactions, r.changes);
+            (m.last_position, m.confirmed) = (r.last_position, r.confirmed);
+        });
+    }
+
     fn run<Src: Source>(
         &mut self,
         source: &mut Src,
@@ -383,6 +421,7 @@ impl<St: Stream> Ingest<'_, St> {
     ) -> Result<(), PipelineError> {
         self.confirm(source)?;
         self.take_requests(source)?;
+        self.refresh_metrics(source);
         // An engine ends before the lanes close only when it gave up: stop with its error
         // (the caller joins it).
         if engines.iter().any(|(_, t)| t.is_finished()) {
@@ -510,6 +549,7 @@ impl<St: Stream> Ingest<'_, St> {
                 }
             }
             self.confirm(source)?;
+            self.refresh_metrics(source);
             let caught_up = match self.report.last_position {
                 Some(last) => self.report.confirmed.is_some_and(|c| c >= last),
                 None => true,
@@ -575,7 +615,8 @@ where
     S: Sink,
     F: FnMut() -> Result<S, S::Error>,
 {
-    run_engine(stream, sink, open, &EngineConfig { retry, max_run: max_run.max(1), stop: Some(stop.clone()) })
+    let config = EngineConfig { retry, max_run: max_run.max(1), stop: Some(stop.clone()), metrics: None };
+    run_engine(stream, sink, open, &config)
 }
 
 fn run_engine<St, S, F>(
@@ -591,7 +632,12 @@ where
 {
     let name = SinkName::new(lane).map_err(|e| PipelineError::Stream(format!("sink {lane:?}: {e}")))?;
     let mut report = SinkReport { sink: lane.to_owned(), ..SinkReport::default() };
-    let mut latency = CommitLatency::new();
+    // The engine's live figures (its commit → ack histogram included), read by the pipeline's
+    // metrics handle while it runs.
+    let live = match &config.metrics {
+        Some(m) => m.add_sink(lane),
+        None => Arc::new(Mutex::new(SinkLive { sink: lane.to_owned(), ..SinkLive::default() })),
+    };
     let mut failures = 0u32;
     let mut resumed = false;
     let give_up = |failures: u32, error: BoxError| {
@@ -642,7 +688,7 @@ where
                 Some(stop) => loop {
                     if stop.is_stopped() {
                         report.checkpoint = sink.checkpoint();
-                        report.commit_to_ack = latency.summary();
+                        report.commit_to_ack = SinkLive::lock(&live).latency.summary();
                         return Ok(report);
                     }
                     match consumer.recv_run_timeout(config.max_run, Duration::from_millis(100)) {
@@ -656,7 +702,7 @@ where
                 Ok(Some(r)) => r,
                 Ok(None) => {
                     report.checkpoint = sink.checkpoint();
-                    report.commit_to_ack = latency.summary();
+                    report.commit_to_ack = SinkLive::lock(&live).latency.summary();
                     return Ok(report);
                 }
                 // Another engine took the lane over (or the receive failed for good): this one
@@ -706,8 +752,11 @@ where
                             Ok(()) => {
                                 report.items_acked += len;
                                 report.changes_acked += changes;
+                                let mut live = SinkLive::lock(&live);
+                                (live.items_acked, live.changes_acked) =
+                                    (report.items_acked, report.changes_acked);
                                 for &commit in &commits {
-                                    latency.record(commit, now);
+                                    live.latency.record(commit, now);
                                 }
                             }
                             // A re-attach took (some of) the run back first: redelivered (L8).

@@ -23,10 +23,11 @@
 //! assert!((98_000..=100_000).contains(&s.p99_micros));
 //! ```
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use lanestream::LaneItem;
+use lanestream::{LaneItem, Position};
 
 /// The largest latency kept apart, in µs (one hour); longer ones count as one hour.
 const MAX_MICROS: u64 = 3_600_000_000;
@@ -181,5 +182,121 @@ mod tests {
         let s = h.summary();
         assert_eq!(s.samples, 1);
         assert!((990..=1_010).contains(&s.p50_micros), "{s:?}");
+    }
+}
+
+/// What a running [`Pipeline`](super::Pipeline) has done so far, read while it runs
+/// ([`MetricsHandle::snapshot`]); the same figures as its [`PipelineReport`](super::PipelineReport)
+/// and [`SinkReport`](super::SinkReport)s at the end.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PipelineMetrics {
+    /// Since [`Pipeline::run`](super::Pipeline::run) started (zero before).
+    pub elapsed: Duration,
+    /// Positioned batches (transactions) published to every lane.
+    pub transactions: u64,
+    /// Changes published.
+    pub changes: u64,
+    /// `changes` per second of `elapsed` (0 before the run).
+    pub changes_per_second: f64,
+    /// The last positioned batch published.
+    pub last_position: Option<Position>,
+    /// The last position confirmed to the source (the watermark it was allowed).
+    pub confirmed: Option<Position>,
+    /// How far the source's upstream is ahead of what was confirmed, in bytes
+    /// ([`Source::lag_bytes`](super::Source::lag_bytes): for PostgreSQL, the slot's
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn`), read about once a second; `None` when the
+    /// source does not say.
+    pub source_lag_bytes: Option<u64>,
+    /// The local sink engines, in the order they started.
+    pub sinks: Vec<SinkMetrics>,
+}
+
+/// One local sink engine's figures in a [`PipelineMetrics`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SinkMetrics {
+    /// The sink.
+    pub sink: String,
+    /// Lane items applied and acked (a redelivered item counts each time).
+    pub items_acked: u64,
+    /// Changes of the batches acked.
+    pub changes_acked: u64,
+    /// Commit → ack latency of its acked positioned batches, µs.
+    pub commit_to_ack: LatencySummary,
+}
+
+/// A handle on a [`Pipeline`](super::Pipeline)'s figures, from
+/// [`Pipeline::metrics`](super::Pipeline::metrics): cheap to clone, readable from any thread
+/// while the pipeline runs and after. The driver updates the ingest's figures at each tick, a
+/// sink engine its own at each commit (one uncontended lock per acked group of runs).
+#[derive(Clone, Debug, Default)]
+pub struct MetricsHandle {
+    shared: Arc<Mutex<Shared>>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    started: Option<Instant>,
+    ingest: PipelineMetrics,
+    sinks: Vec<Arc<Mutex<SinkLive>>>,
+}
+
+/// A sink engine's live figures (its latency histogram is here, not copied).
+#[derive(Debug, Default)]
+pub(crate) struct SinkLive {
+    pub(crate) sink: String,
+    pub(crate) items_acked: u64,
+    pub(crate) changes_acked: u64,
+    pub(crate) latency: CommitLatency,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Figures only: a panicking holder leaves them as they were, still worth reading.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl MetricsHandle {
+    /// The figures now.
+    pub fn snapshot(&self) -> PipelineMetrics {
+        let shared = lock(&self.shared);
+        let mut m = shared.ingest.clone();
+        m.elapsed = shared.started.map_or(Duration::ZERO, |s| s.elapsed());
+        let secs = m.elapsed.as_secs_f64();
+        m.changes_per_second = if secs > 0.0 { m.changes as f64 / secs } else { 0.0 };
+        m.sinks = shared
+            .sinks
+            .iter()
+            .map(|s| {
+                let s = lock(s);
+                SinkMetrics {
+                    sink: s.sink.clone(),
+                    items_acked: s.items_acked,
+                    changes_acked: s.changes_acked,
+                    commit_to_ack: s.latency.summary(),
+                }
+            })
+            .collect();
+        m
+    }
+
+    pub(crate) fn start(&self) {
+        lock(&self.shared).started = Some(Instant::now());
+    }
+
+    /// The ingest's figures (`sinks`, `elapsed` and the rate are the snapshot's own).
+    pub(crate) fn set_ingest(&self, update: impl FnOnce(&mut PipelineMetrics)) {
+        update(&mut lock(&self.shared).ingest);
+    }
+
+    /// A sink engine's live figures, listed in this handle.
+    pub(crate) fn add_sink(&self, sink: &str) -> Arc<Mutex<SinkLive>> {
+        let live = Arc::new(Mutex::new(SinkLive { sink: sink.to_owned(), ..SinkLive::default() }));
+        lock(&self.shared).sinks.push(live.clone());
+        live
+    }
+}
+
+impl SinkLive {
+    pub(crate) fn lock(live: &Mutex<SinkLive>) -> std::sync::MutexGuard<'_, SinkLive> {
+        lock(live)
     }
 }

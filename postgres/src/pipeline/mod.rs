@@ -63,7 +63,7 @@ pub mod sink;
 pub mod source;
 
 pub use driver::{run_sink, Pipeline, PipelineError, PipelineReport, SinkReport, StopHandle};
-pub use metrics::{CommitLatency, LatencySummary};
+pub use metrics::{CommitLatency, LatencySummary, MetricsHandle, PipelineMetrics, SinkMetrics};
 pub use sink::{RetryPolicy, Sink};
 pub use source::{FileSource, FileSourceError, PgLiveSource, Source, SourceItem};
 

@@ -48,6 +48,14 @@ pub trait Source: Send {
     /// # Errors
     /// The source's own, or its refusal.
     fn backfill(&mut self, request: Request) -> Result<(), Self::Error>;
+
+    /// How far the upstream is ahead of what was confirmed, in bytes, for
+    /// [`PipelineMetrics::source_lag_bytes`](super::metrics::PipelineMetrics::source_lag_bytes)
+    /// (PostgreSQL: the slot's WAL the server keeps beyond its confirmed position). The driver
+    /// asks about once a second, on its own thread. Default: `None` (not known).
+    fn lag_bytes(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// What [`Source::next`] hands the driver.
@@ -307,5 +315,11 @@ impl Source for PgLiveSource {
 
     fn backfill(&mut self, request: Request) -> Result<(), LiveError> {
         self.source.backfill(request)
+    }
+
+    /// The slot's byte lag (`pg_current_wal_lsn() - confirmed_flush_lsn`, one query on the
+    /// source's second connection); `None` when it cannot be read now.
+    fn lag_bytes(&mut self) -> Option<u64> {
+        self.source.metrics().ok().and_then(|m| m.slot_lag_bytes)
     }
 }

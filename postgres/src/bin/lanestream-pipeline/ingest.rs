@@ -208,6 +208,13 @@ impl Source for HarnessSource {
             Input::Live(l) => l.backfill(request).map_err(|e| InputError(e.to_string())),
         }
     }
+
+    fn lag_bytes(&mut self) -> Option<u64> {
+        match &mut self.input {
+            Input::File(_) => None,
+            Input::Live(l) => l.lag_bytes(),
+        }
+    }
 }
 
 /// `--key-columns schema.table=col1,col2` → ((schema, table), columns).
