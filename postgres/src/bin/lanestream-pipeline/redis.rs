@@ -83,15 +83,9 @@ pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
 fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, BoxError> {
     let started = Instant::now();
     let file = FileSource::new(open_input(&args.input, args.preload)?, HarnessSource::builder(args)?);
-    let mut source = Resuming {
-        file,
-        stream: stream.clone(),
-        lane: names[0].clone(),
-        resume: None,
-        k: 0,
-        published: Vec::new(),
-        chunk_envelopes: 0,
-    };
+    let input = Input::File(Box::new(file));
+    let harness = HarnessSource::new(input, args, Arc::new(Counters::default()), 0);
+    let mut source = Resuming { harness, stream: stream.clone(), lane: names[0].clone(), resume: None, k: 0 };
     // --wait-secs bounds the whole run (the driver's drain at the input's end waits for every
     // sink's ack; a stop makes it wait at most its drain timeout, then close the lanes).
     let pipeline = Pipeline::new(stream.clone()).drain_timeout(Duration::ZERO);
@@ -106,7 +100,7 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
         }
     })?;
     let report = pipeline.run(&mut source).map_err(|e| format!("ingest: {e}"))?;
-    let (resume, published) = (source.resume.unwrap_or(0), source.published);
+    let (resume, published) = (source.resume.unwrap_or(0), source.harness.published);
     let skipped = resume.min(source.k);
     let last_commit = published.last().map(|&(p, _)| Position(p));
     println!(
@@ -182,15 +176,14 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
 /// `published` batches (chunks of a large transaction included), the count read at its first
 /// [`next`](Source::next): after the driver claimed the fan-out, which fences an older ingest.
 struct Resuming {
-    file: FileSource<Box<dyn BufRead + Send>>,
+    /// The input, counting what it hands over (`published`: every transaction of the input,
+    /// handed over now or by an earlier run) as the in-process harness does.
+    harness: HarnessSource,
     stream: RedisStream,
     lane: String,
     resume: Option<u64>,
     /// Batches read so far.
     k: u64,
-    /// Every transaction of the input (published now or by an earlier run): (position, envelopes).
-    published: Vec<(u64, u32)>,
-    chunk_envelopes: u32,
 }
 
 impl Source for Resuming {
@@ -207,14 +200,9 @@ impl Source for Resuming {
             ),
         };
         loop {
-            let next = self.file.next(timeout).map_err(|e| InputError(e.to_string()))?;
-            let Some(SourceItem::Change(batch)) = &next else { return Ok(next) };
-            let envelopes = u32::try_from(batch.envelopes.len()).unwrap_or(u32::MAX);
-            match batch.position {
-                Some(position) => self
-                    .published
-                    .push((position.0, envelopes.saturating_add(std::mem::take(&mut self.chunk_envelopes)))),
-                None => self.chunk_envelopes = self.chunk_envelopes.saturating_add(envelopes),
+            let next = self.harness.next(timeout)?;
+            if !matches!(next, Some(SourceItem::Change(_))) {
+                return Ok(next);
             }
             self.k += 1;
             if self.k > resume {
@@ -224,12 +212,12 @@ impl Source for Resuming {
     }
 
     fn confirm(&mut self, position: Position) -> Result<(), InputError> {
-        self.file.confirm(position).map_err(|e| InputError(e.to_string()))
+        self.harness.confirm(position)
     }
 
     /// Refused: the file source here keeps no rows (the Redis sinks ask for none).
     fn backfill(&mut self, request: Request) -> Result<(), InputError> {
-        self.file.backfill(request).map_err(|e| InputError(e.to_string()))
+        self.harness.backfill(request)
     }
 }
 
