@@ -13,7 +13,7 @@ use lanestream::{
     Stream, StreamError, StreamFanout, TryRecvError,
 };
 
-use super::metrics::{commit_micros, unix_micros_now, LatencySummary, MetricsHandle, SinkLive};
+use super::metrics::{commit_micros, lock, unix_micros_now, LatencySummary, MetricsHandle, SinkLive};
 use super::sink::{RetryPolicy, Sink};
 use super::source::{Source, SourceItem};
 
@@ -631,9 +631,9 @@ where
     F: FnMut() -> Result<S, S::Error>,
 {
     let name = SinkName::new(lane).map_err(|e| PipelineError::Stream(format!("sink {lane:?}: {e}")))?;
+    // Its acked counts and commit → ack histogram are kept in `live` (read by the pipeline's
+    // metrics handle while it runs), the rest here; `SinkLive::finish` joins them at the end.
     let mut report = SinkReport { sink: lane.to_owned(), ..SinkReport::default() };
-    // The engine's live figures (its commit → ack histogram included), read by the pipeline's
-    // metrics handle while it runs.
     let live = match &config.metrics {
         Some(m) => m.add_sink(lane),
         None => Arc::new(Mutex::new(SinkLive { sink: lane.to_owned(), ..SinkLive::default() })),
@@ -688,8 +688,7 @@ where
                 Some(stop) => loop {
                     if stop.is_stopped() {
                         report.checkpoint = sink.checkpoint();
-                        report.commit_to_ack = SinkLive::lock(&live).latency.summary();
-                        return Ok(report);
+                        return Ok(SinkLive::finish(&live, report));
                     }
                     match consumer.recv_run_timeout(config.max_run, Duration::from_millis(100)) {
                         Ok(r) => break Ok(r),
@@ -702,8 +701,7 @@ where
                 Ok(Some(r)) => r,
                 Ok(None) => {
                     report.checkpoint = sink.checkpoint();
-                    report.commit_to_ack = SinkLive::lock(&live).latency.summary();
-                    return Ok(report);
+                    return Ok(SinkLive::finish(&live, report));
                 }
                 // Another engine took the lane over (or the receive failed for good): this one
                 // ends with an error, leaving the lane open for the engine that carries on.
@@ -750,11 +748,9 @@ where
                         }
                         match run.ack() {
                             Ok(()) => {
-                                report.items_acked += len;
-                                report.changes_acked += changes;
-                                let mut live = SinkLive::lock(&live);
-                                (live.items_acked, live.changes_acked) =
-                                    (report.items_acked, report.changes_acked);
+                                let mut live = lock(&live);
+                                live.items_acked += len;
+                                live.changes_acked += changes;
                                 for &commit in &commits {
                                     live.latency.record(commit, now);
                                 }

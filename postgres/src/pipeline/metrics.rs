@@ -29,6 +29,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use hdrhistogram::Histogram;
 use lanestream::{LaneItem, Position};
 
+use super::driver::SinkReport;
+
 /// The largest latency kept apart, in µs (one hour); longer ones count as one hour.
 const MAX_MICROS: u64 = 3_600_000_000;
 
@@ -249,7 +251,7 @@ pub(crate) struct SinkLive {
     pub(crate) latency: CommitLatency,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Figures only: a panicking holder leaves them as they were, still worth reading.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -296,7 +298,12 @@ impl MetricsHandle {
 }
 
 impl SinkLive {
-    pub(crate) fn lock(live: &Mutex<SinkLive>) -> std::sync::MutexGuard<'_, SinkLive> {
-        lock(live)
+    /// The engine's report at its end: `report`'s own counts, the acked counts and latency from
+    /// here (kept once, here, while it runs).
+    pub(crate) fn finish(live: &Mutex<SinkLive>, mut report: SinkReport) -> SinkReport {
+        let live = lock(live);
+        (report.items_acked, report.changes_acked) = (live.items_acked, live.changes_acked);
+        report.commit_to_ack = live.latency.summary();
+        report
     }
 }
