@@ -5,7 +5,7 @@
 # a live source (postgres/examples/backfill_throughput.rs: DBLog chunks of CHUNK rows, default
 # 4,096, the library's DEFAULT_CHUNK_ROWS, each between two marks in the WAL, published once the
 # stream passed the high mark)
-# and copied with psql to /dev/null. Prints each run's rows per second, the medians and their
+# and copied with psql to /dev/null over TCP loopback, as the backfill connects. Prints each run's rows per second, the medians and their
 # ratio (backfill / COPY). The only concurrent writer is a probe (one insert every 2 ms into
 # another table): the live stream's latency (commit to the source's next_item, median) during the
 # backfill against the same during one idle second before it.
@@ -42,7 +42,8 @@ now() { date +%s.%N; }
 copy_rates=() backfill_rates=() idle_lat=() busy_lat=()
 for run in $(seq 1 "$runs"); do
     start=$(now)
-    pg_psql -c "COPY (SELECT * FROM bf_bench) TO STDOUT" >/dev/null
+    # Over TCP loopback, as the backfill connects (the unix socket would flatter COPY).
+    pg_psql -h 127.0.0.1 -p "$PGPORT" -c "COPY (SELECT * FROM bf_bench) TO STDOUT" >/dev/null
     end=$(now)
     rate=$(python3 -c "print(round($rows / ($end - $start)))")
     copy_rates+=("$rate")
