@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use lanestream_log::{EventLog, LogOptions, OpenError};
-use log_support::{all, ev_data, positions, temp_dir};
+use log_support::{all, crc32c_of, ev_data, positions, temp_dir};
 
 /// The one segment of `dir`.
 fn only_segment(dir: &Path) -> PathBuf {
@@ -167,18 +167,6 @@ fn every_single_byte_flip_before_the_last_record_is_refused_as_corrupt_never_ope
     fs::write(&seg, &bytes).unwrap();
     let log = EventLog::open(&dir, LogOptions::default()).unwrap();
     assert_eq!(positions(&all(&log.reader())), (1..n as u64).collect::<Vec<_>>());
-}
-
-/// CRC32C, bitwise (the tests share no code with the log's reader).
-fn crc32c_of(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
-        }
-    }
-    !c
 }
 
 #[test]

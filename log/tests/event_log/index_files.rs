@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use lanestream_log::{EventLog, LogOptions, OpenError, Query, SequencedEvent};
-use log_support::{all, ev_data, temp_dir};
+use log_support::{all, crc32c_of, ev_data, temp_dir};
 
 /// Small segments, so a few appends seal several.
 fn options() -> LogOptions {
@@ -233,18 +233,6 @@ fn an_index_file_of_another_format_version_is_rebuilt() {
         log.close();
         assert_eq!(fs::read(&idx).unwrap(), whole, "version {version}");
     }
-}
-
-/// CRC32C, bitwise (the tests share no code with the log's reader).
-fn crc32c_of(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
-        }
-    }
-    !c
 }
 
 /// Where the checked-in fixtures of format `version` are.

@@ -102,3 +102,15 @@ pub fn spawn_sinks<R: Send + 'static>(
         })
         .collect()
 }
+
+/// CRC32C, bitwise (the tests share no code with the log's reader).
+pub fn crc32c_of(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
+        }
+    }
+    !c
+}
