@@ -581,7 +581,7 @@ fn l6_a_failed_run_is_released_whole_and_its_redeliveries_are_counted() {
 /// and latency as they happen (a sink held back shows nothing acked, and the confirmed position
 /// waits for it: W1), the source's lag as the source says; at the end, the report's figures.
 #[test]
-fn metrics_of_a_running_pipeline_follow_the_ingest_and_each_sink_then_equal_the_report() {
+fn w1_metrics_of_a_running_pipeline_follow_the_ingest_and_each_sink_then_equal_the_report() {
     let stream = stream(256);
     let shared = shared_sinks();
     let gate = Arc::new(AtomicBool::new(false));
