@@ -189,7 +189,7 @@ mod tests {
 
 /// What a running [`Pipeline`](super::Pipeline) has done so far, read while it runs
 /// ([`MetricsHandle::snapshot`]); the same figures as its [`PipelineReport`](super::PipelineReport)
-/// and [`SinkReport`](super::SinkReport)s at the end.
+/// and [`SinkReport`]s at the end.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PipelineMetrics {
     /// Since [`Pipeline::run`](super::Pipeline::run) started (zero before).
