@@ -1,4 +1,4 @@
-//! Loom models 13-17: runs — one seat step delivering several items, one advancer request for
+//! Loom models 13-17 and 14b: runs — one seat step delivering several items, one advancer request for
 //! a run's acks, one `released` count and one wake-up for a released run — and the fan-out
 //! producer (its run publish, and its wait for room seeing any lane's close).
 
@@ -117,6 +117,82 @@ fn reattach_racing_a_runs_late_ack() {
         let landed = t.join().unwrap();
         assert_eq!(landed, redelivered == 0, "late run ack ok: {landed}, redelivered: {redelivered}");
         assert!(matches!(old.try_recv_run(2), Err(TryRecvError::Detached)));
+        let stats = lane.stats();
+        assert_eq!((stats.released, stats.in_flight, stats.acked_items), (0, 0, 2));
+        assert_eq!(lane.acked(), Some(Position(2)));
+        match third {
+            Ok(()) => {}
+            Err(TryPublishError::Full(item)) => producer.try_publish(item).unwrap(),
+            Err(e) => panic!("publish: {e:?}"),
+        }
+        let r = new.try_recv_run(2).unwrap();
+        check(r.get(0).unwrap(), 3);
+        r.ack().unwrap();
+        assert!(stream.is_idle());
+    });
+}
+
+/// Model 14b: a plain run (P26) acked in part and released on another thread while the main
+/// thread re-attaches.
+///
+/// Capacity 2; the old consumer receives items 1 and 2 as one run while nothing else is in
+/// flight, so the run is plain (no state word written). A thread reads both items, acks item 1
+/// (`ack_through`) and drops the run (releasing item 2); meanwhile the main thread re-attaches,
+/// drains what it is handed (acking each), and tries to publish item 3 into item 1's slot.
+/// Checked:
+/// - item 1 lands xor is redelivered (the `ack_through` is `Ok` exactly when the new consumer
+///   never saw item 1), item 2 is redelivered exactly once (by the release or by the
+///   re-attach, never both), every redelivery has attempt 2;
+/// - no slot is reused while the old run reads its item: item 3's write would race the late
+///   reader (loom checks the cell), so `try_publish` says `Full` until then;
+/// - the acked position and the counts at the end.
+///
+/// Why the bound suffices: the decisive races are the seat taken by the plain ack or the
+/// release against the re-attach's seat, and the late reader against the reclaim; each needs one
+/// preemption inside the other thread's step, two of them for the ack landing between the
+/// re-attach and the drain. Bound 3 covers that and the reader preempted between its reads.
+#[test]
+fn reattach_racing_a_plain_runs_partial_ack_and_release() {
+    support::model("reattach_racing_a_plain_runs_partial_ack_and_release", 3, || {
+        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+        let lane = stream.lane("a").unwrap();
+        let mut producer = stream.fanout().unwrap();
+        let mut old = lane.reattach();
+        producer.try_publish(batch(1)).unwrap();
+        producer.try_publish(batch(2)).unwrap();
+        let mut run = old.try_recv_run(2).unwrap();
+        assert_eq!(run.len(), 2);
+
+        let t = thread::spawn(move || {
+            for (i, item) in run.iter().enumerate() {
+                check(item, i as u64 + 1);
+            }
+            let first = run.sequences().start;
+            let landed = run.ack_through(first).is_ok();
+            drop(run);
+            landed
+        });
+
+        let mut new = lane.reattach();
+        let mut seen = Vec::new();
+        let drain = |new: &mut lanestream::Consumer<lanestream::LaneItem>, seen: &mut Vec<u64>| loop {
+            match new.try_recv_run(2) {
+                Ok(r) => {
+                    assert_eq!(r.attempt(), 2, "a redelivery counts its attempt");
+                    seen.extend(r.iter().map(|item| item.position().unwrap().0));
+                    r.ack().unwrap();
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(e) => panic!("new consumer: {e:?}"),
+            }
+        };
+        drain(&mut new, &mut seen);
+        let third = producer.try_publish(batch(3));
+        let landed = t.join().unwrap();
+        drain(&mut new, &mut seen);
+        seen.sort_unstable();
+        let expected: &[u64] = if landed { &[2] } else { &[1, 2] };
+        assert_eq!(seen, expected, "item 1 acked by the old run: {landed}");
         let stats = lane.stats();
         assert_eq!((stats.released, stats.in_flight, stats.acked_items), (0, 0, 2));
         assert_eq!(lane.acked(), Some(Position(2)));

@@ -82,8 +82,8 @@ impl<T: Item> Consumer<T> {
         let mut gens = [0u32; MAX_RUN];
         let max = max.clamp(1, MAX_RUN);
         match self.ring.take_run(self.epoch, &mut self.cached_tail, &mut gens[..max]) {
-            TakeRun::Run { index, len, attempt } => {
-                Ok(Run::new(self.ring.clone(), self.epoch, index, len, attempt, gens))
+            TakeRun::Run { index, len, attempt, plain } => {
+                Ok(Run::new(self.ring.clone(), self.epoch, index, len, attempt, plain, gens))
             }
             TakeRun::Empty => Err(Miss::Empty),
             TakeRun::Blocked => Err(Miss::Blocked),

@@ -69,6 +69,9 @@ pub struct Run<T> {
     done: usize,
     len: usize,
     attempt: u32,
+    /// Delivered plain (no state word written: the ring's "Plain runs"): acked and released
+    /// through the seat, and `gens` is unused.
+    plain: bool,
     /// Each item's delivery generation: its ack or nack names exactly that delivery.
     gens: [u32; MAX_RUN],
 }
@@ -80,10 +83,11 @@ impl<T: Item> Run<T> {
         start: u64,
         len: usize,
         attempt: u32,
+        plain: bool,
         gens: [u32; MAX_RUN],
     ) -> Run<T> {
         debug_assert!((1..=MAX_RUN).contains(&len));
-        Run { ring: Some(ring), epoch, start, done: 0, len, attempt, gens }
+        Run { ring: Some(ring), epoch, start, done: 0, len, attempt, plain, gens }
     }
 
     fn ring(&self) -> Option<&Ring<T>> {
@@ -117,7 +121,9 @@ impl<T: Item> Run<T> {
         let j = self.done.checked_add(i).filter(|&j| j < self.len)?;
         let ring = self.ring()?;
         // SAFETY: item `start + j` is outstanding: this run holds a live handle on it (its
-        // holder count is > 0 until `done` passes it), so it stays initialised in its slot;
+        // holder count is > 0 until `done` passes it; for a plain run, the lane's `free` stays
+        // below it until the run acks or releases it, or a re-attach gives it a holder count
+        // for this run), so it stays initialised in its slot;
         // the borrow of `self` keeps the run (and the handle) alive while the reference lives.
         Some(unsafe { ring.item(self.start + j as u64) })
     }
@@ -189,37 +195,52 @@ impl<T: Item> Run<T> {
         // The ring is borrowed beside the fields the acks move (not cloned: no reference-count
         // round trip per ack), and stays in the run until every item is done, so a panic below
         // leaves the rest to the run's drop.
-        let Run { ring, epoch, start, done, len, attempt, gens } = self;
+        let Run { ring, epoch, start, done, len, attempt, plain, gens } = self;
         let Some(ring) = ring.as_deref() else { return Ok(0) };
         let end = *done + n;
         debug_assert!(end <= *len);
-        let acked =
-            if n > 0 && ring.ack_run_seated(*epoch, *start + *done as u64, &gens[*done..end], *attempt) {
+        let acked = if n == 0 {
+            Ok(0)
+        } else if *plain {
+            if ring.ack_plain(*epoch, *start + end as u64) {
                 *done = end;
                 ring.run_acked();
                 Ok(n)
             } else {
-                let (mut landed, mut refused) = (false, false);
+                // A re-attach took the run's items back: each is stale, ended here.
                 while *done < end {
                     let j = *done;
-                    // Counted before the step: if ending a refused (stale) handle panics, this item
-                    // is already ended and the run's drop must not release it again.
                     *done += 1;
-                    if ring.ack_in_run(*start + j as u64, gens[j]) {
-                        landed = true;
-                    } else {
-                        refused = true;
-                    }
+                    ring.end_plain_stale(*start + j as u64);
                 }
-                if landed {
-                    ring.run_acked();
-                }
-                if refused {
-                    Err(AckError::Detached)
+                Err(AckError::Detached)
+            }
+        } else if ring.ack_run_seated(*epoch, *start + *done as u64, &gens[*done..end], *attempt) {
+            *done = end;
+            ring.run_acked();
+            Ok(n)
+        } else {
+            let (mut landed, mut refused) = (false, false);
+            while *done < end {
+                let j = *done;
+                // Counted before the step: if ending a refused (stale) handle panics, this item
+                // is already ended and the run's drop must not release it again.
+                *done += 1;
+                if ring.ack_in_run(*start + j as u64, gens[j]) {
+                    landed = true;
                 } else {
-                    Ok(n)
+                    refused = true;
                 }
-            };
+            }
+            if landed {
+                ring.run_acked();
+            }
+            if refused {
+                Err(AckError::Detached)
+            } else {
+                Ok(n)
+            }
+        };
         if self.done == self.len {
             self.ring = None;
         }
@@ -241,6 +262,15 @@ impl<T> Drop for Run<T> {
     fn drop(&mut self) {
         let Some(ring) = self.ring.take() else { return };
         let (start, gens, len) = (self.start, &self.gens, self.len);
+        if self.plain {
+            let from = start + self.done as u64;
+            if !ring.release_plain(self.epoch, from, start + len as u64) {
+                // A re-attach took the items back (and releases them): end each stale item.
+                (from..start + len as u64).for_each(|i| ring.end_plain_stale(i));
+            }
+            self.done = len;
+            return;
+        }
         let mut done = self.done;
         let mut first_panic = None;
         while done < len {

@@ -174,7 +174,29 @@ impl<T> Ring<T> {
             // holder decrements (their reads of the item happen before the slot is emptied).
             let word = state.load(Ordering::Acquire);
             if tag(word) != ACKED {
-                break;
+                // A plain run's acked prefix (P26) starts at `acked` if it ends past it: the run
+                // was taken when every item below its start was acked and emptied, so our
+                // `acked` is inside it. Acquire: pairs with the plain ack's Release store.
+                let plain = self.cons.plain_acked.load(Ordering::Acquire);
+                if plain <= acked {
+                    break;
+                }
+                debug_assert_eq!(free, acked, "no slot below a plain run is pinned");
+                // The last positioned item of the prefix is the lane's acked position.
+                let mut i = plain;
+                while i > acked {
+                    i -= 1;
+                    // SAFETY: as below, for item `i` of the plain run: published before its
+                    // delivery, and not rewritten before our `free` passes it.
+                    let p = unsafe { self.cell(i).position.with(|c| *c) };
+                    if p != NO_POSITION {
+                        position = p;
+                        break;
+                    }
+                }
+                // The plain items' words were never changed (EMPTY): their slots are empty.
+                (acked, free) = (plain, plain);
+                continue;
             }
             // SAFETY: the publisher wrote the position before publishing item `acked`, which
             // happens before its delivery (or gap) and so before the ack whose Release word we

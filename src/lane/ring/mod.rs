@@ -69,6 +69,20 @@
 //! re-checking the cursor, and publishing is one compare-and-swap on the cursor that sees (and
 //! clears) the bit. Rare events (nack, close, re-attach) notify the items list directly.
 //!
+//! # Plain runs
+//! A run taken while nothing of the lane is in flight (every item below `next` acked and its
+//! slot emptied: `free == acked_end == next`) is delivered *plain*: no state word is written.
+//! The consumer line records the run as `plain_start..plain_end` (under the seat), the run's
+//! acks move `plain_acked` (under the seat, with the consumer's epoch), and the advancer, on
+//! finding a word that is not `ACKED` at `acked_end`, passes everything below `plain_acked` as
+//! acked, emptied slots included (their words were never changed). So an in-order run costs
+//! its lane a handful of stores whatever its length, as a disruptor consumer's one sequence
+//! store, instead of three state-word writes per item. Anything out of the ordinary first turns
+//! the plain items into ordinary state words, under the seat: a release (nack or drop) writes
+//! `RELEASED` words, a re-attach writes `RELEASED` words holding the old run's one holder (its
+//! items turn stale, as delivered items do). The old run learns it from the seat: its epoch is
+//! gone. A plain run is first deliveries only, and holds no gap.
+//!
 //! # The seat
 //! `seat` holds the consumer epoch (`epoch << 2`), an `ATTACHED` bit (a consumer of that epoch
 //! is alive) and a `BUSY` bit. A consumer takes the seat with a compare-and-swap from its own
@@ -83,7 +97,7 @@
 //! - `receive.rs`: the consumer side and the seat: attach, take, waiting for items.
 //! - `ack.rs`: handles and the advancer: ack, nack, stale handles, the acked prefix.
 //! - `take_run.rs`: runs: one seat step delivering a contiguous run, its acks and nacks with one
-//!   advancer request and one wake-up per run (the per-item protocol unchanged).
+//!   advancer request and one wake-up per run; plain runs.
 //! - `counters.rs`: lock-free reads: idleness, acked position, counters.
 //!
 //! The publisher itself (claiming the role, writing cells, the one blocking body) is
@@ -129,6 +143,13 @@ struct ConsumerLine {
     stale: AtomicUsize,
     delivered: AtomicU64,
     redelivered: AtomicU64,
+    /// The last plain run's items are `plain_start..plain_end` ("Plain runs" above); written
+    /// under the seat (by its take, and cut short by its release or a re-attach).
+    plain_start: AtomicU64,
+    plain_end: AtomicU64,
+    /// The end of the plain run's acked prefix: written under the seat by the run's acks,
+    /// read by the advancer, which passes the items below it as acked. Only grows.
+    plain_acked: AtomicU64,
 }
 
 /// Written by the advancer, and by ackers' requests (one cache line).
@@ -197,6 +218,9 @@ impl<T> Ring<T> {
                 stale: AtomicUsize::new(0),
                 delivered: AtomicU64::new(0),
                 redelivered: AtomicU64::new(0),
+                plain_start: AtomicU64::new(0),
+                plain_end: AtomicU64::new(0),
+                plain_acked: AtomicU64::new(0),
             }),
             adv: CachePadded::new(AdvancerLine {
                 free: AtomicU64::new(0),

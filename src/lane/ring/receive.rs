@@ -89,6 +89,16 @@ impl<T> Ring<T> {
             }
             i += 1;
         }
+        // The outstanding rest of a plain run (P26): its words become the RELEASED words of
+        // taken-back deliveries, each holding the old run's handle. Relaxed: written under the
+        // seat, whose Acquire above ordered us after their writers.
+        let plain_from =
+            self.cons.plain_acked.load(Ordering::Relaxed).max(self.cons.plain_start.load(Ordering::Relaxed));
+        let plain_end = self.cons.plain_end.load(Ordering::Relaxed);
+        if plain_from < plain_end {
+            self.materialize_plain(plain_from, plain_end, 1);
+            taken_back += (plain_end - plain_from) as usize;
+        }
         if taken_back > 0 {
             // Each delivery taken back leaves its handle stale until it ends. Counted before the
             // seat is given back (Release below), so a seat-held run ack sees it (P21). Relaxed:
@@ -156,21 +166,37 @@ impl<T> Ring<T> {
         // Acquire: pairs with the Release that gave the seat back (a re-attach, a seat-held run
         // ack, or our own previous step). Fails if another consumer was attached: our epoch is
         // gone. The seat is BUSY with our epoch only while a run of ours is acked on another
-        // thread (`ack_run_seated`, a few stores): wait for it.
-        let seated = (epoch << EPOCH_SHIFT) | ATTACHED;
+        // thread (`ack_run_seated`, `ack_plain`, `release_plain`: a few stores): wait for it.
+        // The consumer may have gone away (`ATTACHED` clear) while its run is still acked or
+        // released: that run's step takes the seat all the same, as long as no newer consumer
+        // took the epoch; the bit is kept as it was.
         let backoff = Backoff::new();
-        while let Err(now) =
-            self.cons.seat.compare_exchange(seated, seated | BUSY, Ordering::Acquire, Ordering::Relaxed)
-        {
-            if now != seated | BUSY {
+        // Relaxed: the compare-and-swap below is what synchronises.
+        let mut seat = self.cons.seat.load(Ordering::Relaxed);
+        loop {
+            if seat >> EPOCH_SHIFT != epoch {
                 return None;
             }
-            crate::sync::spin(&backoff);
+            if seat & BUSY != 0 {
+                crate::sync::spin(&backoff);
+                seat = self.cons.seat.load(Ordering::Relaxed);
+                continue;
+            }
+            match self.cons.seat.compare_exchange_weak(
+                seat,
+                seat | BUSY,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => seat = now,
+            }
         }
         let taken = step();
         // Release: pairs with the next seat-taker's Acquire (re-attach reads `next` and the slot
-        // words we wrote).
-        self.cons.seat.store((epoch << EPOCH_SHIFT) | ATTACHED, Ordering::Release);
+        // words we wrote). While we hold `BUSY` nobody else changes the seat (every writer swaps
+        // from a seat without it), so the value we took is the one to give back.
+        self.cons.seat.store(seat, Ordering::Release);
         Some(taken)
     }
 

@@ -10,14 +10,21 @@
 //! `tail` load, one `next` store and one statistics store per run instead of per item on the
 //! receive side; one advancer request (`advance` RMW, `acked_end` and the acked mark) per run
 //! instead of per item on the ack side; one `released` RMW and one wake-up per released run.
+//!
+//! A run taken while nothing of the lane is in flight is *plain* (the ring's module docs): it
+//! writes no state word at all, and its acks are one `plain_acked` store under the seat. Its
+//! items become ordinary state words (`RELEASED`) only if it is released or a re-attach takes
+//! it back, so the per-item protocol above is what every other step sees.
 
 use super::receive::Take;
 use super::slot::CURSOR_SHIFT;
 use super::slot::{
-    delivered_word, gen, tag, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE, SKIPPED,
+    delivered_word, gen, tag, with_tag, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE, RELEASED,
+    SKIPPED,
 };
 use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
 use crate::sync::{AtomicUsize, Ordering};
+use crossbeam_utils::Backoff;
 
 /// Gives back `left` counts of `released` when dropped (see `nack_run`).
 struct Uncounted<'a> {
@@ -37,11 +44,15 @@ impl Drop for Uncounted<'_> {
 /// What one run step found.
 pub(crate) enum TakeRun {
     /// Items `index..index + len` were delivered; each item's generation (the state word's
-    /// `gen` field, shifted down) is in the caller's buffer, and every item has `attempt`.
+    /// `gen` field, shifted down) is in the caller's buffer, and every item has `attempt`. A
+    /// `plain` run wrote no state word (ring docs, "Plain runs"): its generations are not set,
+    /// its acks and release go through [`ack_plain`](Ring::ack_plain) and
+    /// [`release_plain`](Ring::release_plain).
     Run {
         index: u64,
         len: usize,
         attempt: u32,
+        plain: bool,
     },
     /// As [`Take`]'s variants of the same names.
     Empty,
@@ -82,7 +93,7 @@ impl<T> Ring<T> {
             match self.take_released(next) {
                 Some(Take::Item { index, word }) => {
                     gens[0] = (gen(word) >> GEN_SHIFT) as u32;
-                    return TakeRun::Run { index, len: 1, attempt: super::slot::attempt(word) };
+                    return TakeRun::Run { index, len: 1, attempt: super::slot::attempt(word), plain: false };
                 }
                 Some(_) => return TakeRun::Blocked,
                 // As in `take_seated`: a release counted, not switched yet, comes first (L2).
@@ -101,6 +112,24 @@ impl<T> Ring<T> {
             *cached_tail = self.shape.cells.cursor.load(Ordering::Acquire) >> CURSOR_SHIFT;
         }
         let mut len = (*cached_tail - next).min(gens.len() as u64) as usize;
+        // Acquire: pairs with the advancer's Release stores: every item below `next` is acked
+        // and its slot emptied, so no handle of this lane is live and the advancer's next pass
+        // starts at `next`, where the plain run begins (P26).
+        if self.adv.acked_end.load(Ordering::Acquire) == next && self.adv.free.load(Ordering::Acquire) == next
+        {
+            for j in 1..len {
+                // Relaxed: as below; only the gap tag is read.
+                if tag(self.state(next + j as u64).load(Ordering::Relaxed)) == SKIPPED {
+                    len = j;
+                    break;
+                }
+            }
+            // Relaxed: read under the seat only (its Release below publishes them).
+            self.cons.plain_start.store(next, Ordering::Relaxed);
+            self.cons.plain_end.store(next + len as u64, Ordering::Relaxed);
+            self.delivered_run(next, len);
+            return TakeRun::Run { index: next, len, attempt: 1, plain: true };
+        }
         for (j, g) in gens[..len].iter_mut().enumerate() {
             let state = self.state(next + j as u64);
             // Relaxed load, Release store: as in `take_seated`, for every item below the `tail`
@@ -116,6 +145,12 @@ impl<T> Ring<T> {
             state.store(word, Ordering::Release);
             *g = (gen(word) >> GEN_SHIFT) as u32;
         }
+        self.delivered_run(next, len);
+        TakeRun::Run { index: next, len, attempt: 1, plain: false }
+    }
+
+    /// Moves `next` past a run of `len` first deliveries from `next` (the seated consumer).
+    fn delivered_run(&self, next: u64, len: usize) {
         // Release: as in `take_seated` (`next` is read by re-attach after the seat, and by
         // statistics).
         self.cons.next.store(next + len as u64, Ordering::Release);
@@ -123,7 +158,107 @@ impl<T> Ring<T> {
         self.cons
             .delivered
             .store(self.cons.delivered.load(Ordering::Relaxed) + len as u64, Ordering::Relaxed);
-        TakeRun::Run { index: next, len, attempt: 1 }
+    }
+
+    /// Acks the items of the plain run received by the consumer of `epoch` below `end`
+    /// (holding the seat, so no re-attach can turn them stale meanwhile): `true` if done (the
+    /// caller then requests one advance with [`run_acked`](Ring::run_acked)), `false` if a
+    /// re-attach took the run's items back first (they are stale: the caller ends each with
+    /// [`end_plain_stale`](Ring::end_plain_stale)). Waits out a receive step of the consumer
+    /// on another thread, as [`seated`](Ring::seated) does.
+    pub(crate) fn ack_plain(&self, epoch: u64, end: u64) -> bool {
+        let seated = self.seated(epoch, || {
+            // Relaxed: written under the seat only. Checked after the seat is given back (a
+            // panic under the seat would keep it busy).
+            let (start, end_now) =
+                (self.cons.plain_start.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
+            // Release: pairs with the advancer's Acquire load (P26): the sink's writes and
+            // the run's reads of its items happen before the advancer passes them (and before
+            // the acked mark and `free` it then publishes).
+            self.cons.plain_acked.store(end, Ordering::Release);
+            (start, end_now)
+        });
+        match seated {
+            Some((start, end_now)) => {
+                debug_assert!(start < end && end <= end_now, "plain ack to {end} of {start}..{end_now}");
+                true
+            }
+            None => {
+                self.plain_taken_back();
+                false
+            }
+        }
+    }
+
+    /// After a plain run's seat step found its epoch gone: waits until the re-attach that took
+    /// the epoch has given the seat back, so that its take-back of the run's items (the holder
+    /// count each `RELEASED` word gets) happens before the caller ends them (P26).
+    fn plain_taken_back(&self) {
+        let backoff = Backoff::new();
+        // Acquire: pairs with the re-attach's Release store that gave the seat back (or a later
+        // seat-holder's, ordered after it). A seat without `BUSY` and with a newer epoch is only
+        // ever stored after that re-attach's take-back.
+        while self.cons.seat.load(Ordering::Acquire) & BUSY != 0 {
+            crate::sync::spin(&backoff);
+        }
+    }
+
+    /// Releases the items `from..end` of the plain run received by the consumer of `epoch`
+    /// (its un-acked rest) for redelivery ([L6](crate::contract#l6)), with one wake-up: each
+    /// slot gets the word a nacked delivery leaves (`RELEASED`, next generation, attempt 1, no
+    /// holder). `false` if a re-attach took them back first (the caller ends each stale item
+    /// with [`end_plain_stale`](Ring::end_plain_stale)).
+    pub(crate) fn release_plain(&self, epoch: u64, from: u64, end: u64) -> bool {
+        let released = self.seated(epoch, || {
+            // Relaxed: written under the seat only. Checked after the seat is given back.
+            let span =
+                (self.cons.plain_start.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
+            self.materialize_plain(from, end, 0);
+            span
+        });
+        match released {
+            Some((start, end_now)) => {
+                debug_assert!(
+                    start <= from && end == end_now,
+                    "plain release {from}..{end} of {start}..{end_now}"
+                );
+                self.shape.cells.items.notify();
+                true
+            }
+            None => {
+                self.plain_taken_back();
+                false
+            }
+        }
+    }
+
+    /// Turns the plain items `from..end` (under the seat) into `RELEASED` state words with
+    /// `holders` live handles (0 for a release, 1 for a re-attach: the old run still reads them),
+    /// counted in `released` first as a nack counts, and ends the plain run at `from`.
+    pub(super) fn materialize_plain(&self, from: u64, end: u64, holders: u64) {
+        if from >= end {
+            return;
+        }
+        // Release: pairs with the consumer's Acquire load of `released`. Counted before any slot
+        // shows RELEASED, as a nack counts (P7).
+        self.cons.released.fetch_add((end - from) as usize, Ordering::Release);
+        for i in from..end {
+            let state = self.state(i);
+            // Relaxed: a plain item's word is written by nobody while the run is plain (the
+            // seat's Acquire ordered us after its last writer, as for the take).
+            let word = state.load(Ordering::Relaxed);
+            let released = with_tag(delivered_word(word, 1), RELEASED) - HOLDER_ONE + holders * HOLDER_ONE;
+            // Release: pairs with the consumer's Acquire of the RELEASED word (`take_released`).
+            state.store(released, Ordering::Release);
+        }
+        // Relaxed: read under the seat only.
+        self.cons.plain_end.store(from, Ordering::Relaxed);
+    }
+
+    /// Ends the old run's handle on plain item `index` that a re-attach turned stale (holder
+    /// count 1 in its `RELEASED` word).
+    pub(crate) fn end_plain_stale(&self, index: u64) {
+        self.end_stale(index);
     }
 
     /// Acks item `index` of a run (its delivery's generation `g`) without requesting an advance:
