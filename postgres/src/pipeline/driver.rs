@@ -13,7 +13,7 @@ use lanestream::{
     Stream, StreamError, StreamFanout, TryRecvError,
 };
 
-use super::metrics::{commit_micros, lock, unix_micros_now, LatencySummary, MetricsHandle, SinkLive};
+use super::metrics::{commit_micros, lock, unix_micros_now, MetricsHandle, SinkLive, SinkReport};
 use super::sink::{RetryPolicy, Sink};
 use super::source::{Source, SourceItem};
 
@@ -83,32 +83,6 @@ impl StopHandle {
     pub fn flag(&self) -> Arc<AtomicBool> {
         self.0.clone()
     }
-}
-
-/// What one sink engine did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SinkReport {
-    /// The sink.
-    pub sink: String,
-    /// Lane items applied and acked (a redelivered item counts each time).
-    pub items_acked: u64,
-    /// Deliveries that were redeliveries (attempt > 1): after a nack, a failed run, a restart.
-    pub redelivered: u64,
-    /// Runs whose apply or commit failed (or panicked) and were retried.
-    pub retries: u64,
-    /// Items whose ack was refused because a re-attach took them back first (they came again);
-    /// counted per received run: a refused run counts all its items.
-    pub acks_refused: u64,
-    /// The sink's checkpoint at the end.
-    pub checkpoint: Option<Position>,
-    /// Backfill requests its engine re-sent at start ([`Sink::resume`]; once per engine start).
-    pub resumed_backfills: u64,
-    /// Changes of the batches acked (their [`Batch::changes`](lanestream::Batch::changes); a
-    /// redelivered batch counts each time).
-    pub changes_acked: u64,
-    /// From each transaction's commit at the source to this sink's ack of its positioned batch,
-    /// in µs (see [`CommitLatency`](super::CommitLatency)); batches without a commit time are not counted.
-    pub commit_to_ack: LatencySummary,
 }
 
 /// What a pipeline run did.

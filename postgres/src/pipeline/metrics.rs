@@ -29,7 +29,31 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use hdrhistogram::Histogram;
 use lanestream::{LaneItem, Position};
 
-use super::driver::SinkReport;
+/// What one sink engine did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SinkReport {
+    /// The sink.
+    pub sink: String,
+    /// Lane items applied and acked (a redelivered item counts each time).
+    pub items_acked: u64,
+    /// Deliveries that were redeliveries (attempt > 1): after a nack, a failed run, a restart.
+    pub redelivered: u64,
+    /// Runs whose apply or commit failed (or panicked) and were retried.
+    pub retries: u64,
+    /// Items whose ack was refused because a re-attach took them back first (they came again);
+    /// counted per received run: a refused run counts all its items.
+    pub acks_refused: u64,
+    /// The sink's checkpoint at the end.
+    pub checkpoint: Option<Position>,
+    /// Backfill requests its engine re-sent at start ([`Sink::resume`](super::Sink::resume); once per engine start).
+    pub resumed_backfills: u64,
+    /// Changes of the batches acked (their [`Batch::changes`](lanestream::Batch::changes); a
+    /// redelivered batch counts each time).
+    pub changes_acked: u64,
+    /// From each transaction's commit at the source to this sink's ack of its positioned batch,
+    /// in µs (see [`CommitLatency`]); batches without a commit time are not counted.
+    pub commit_to_ack: LatencySummary,
+}
 
 /// The largest latency kept apart, in µs (one hour); longer ones count as one hour.
 const MAX_MICROS: u64 = 3_600_000_000;

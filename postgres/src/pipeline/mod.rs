@@ -62,8 +62,8 @@ pub mod metrics;
 pub mod sink;
 pub mod source;
 
-pub use driver::{run_sink, Pipeline, PipelineError, PipelineReport, SinkReport, StopHandle};
-pub use metrics::{CommitLatency, LatencySummary, MetricsHandle, PipelineMetrics, SinkMetrics};
+pub use driver::{run_sink, Pipeline, PipelineError, PipelineReport, StopHandle};
+pub use metrics::{CommitLatency, LatencySummary, MetricsHandle, PipelineMetrics, SinkMetrics, SinkReport};
 pub use sink::{RetryPolicy, Sink};
 pub use source::{FileSource, FileSourceError, PgLiveSource, Source, SourceItem};
 
