@@ -29,6 +29,7 @@ mod drops;
 mod fanout;
 mod memory_budget;
 mod model_proptest;
+mod plain_runs;
 mod runs;
 mod runs_faults;
 mod shared_ring;
