@@ -438,3 +438,191 @@ fn l8_m3_plain_runs_random_walks_match_the_model_at_every_step() {
     // The walks reach what they attack (not a test of the engine: of the walk).
     assert!(plain > 2_000 && reattached > 500, "plain receives {plain}, re-attaches {reattached}");
 }
+
+// ----- multi-threaded stress --------------------------------------------------------------------
+
+/// What one lane's receiver saw, shared with its acker.
+struct LaneLog {
+    /// Deliveries of each sequence seen so far (the next attempt must be one more).
+    deliveries: Vec<u32>,
+    /// Sequences whose ack was reported as landed (never to be delivered again).
+    landed: Vec<bool>,
+    /// The highest first delivery so far (first deliveries come in publish order, L2).
+    last_first: Option<u64>,
+}
+
+/// Checks a received run on lane `lane` (0 or 1): each item is its own (position = sequence +
+/// 1, addressed to this lane), its attempt is one more than its deliveries so far, a landed item
+/// never comes back, and first deliveries come in publish order.
+fn check_received(run: &Run<LaneItem>, lane: usize, to: &[Option<usize>], log: &Mutex<LaneLog>) {
+    let mut log = log.lock().unwrap();
+    for (item, seq) in run.iter().zip(run.sequences()) {
+        assert_eq!(item.position(), Some(Position(seq + 1)), "lane {lane}: item {seq} reads another cell");
+        assert!(to[seq as usize].is_none_or(|l| l == lane), "lane {lane}: item {seq} is another lane's");
+        let d = &mut log.deliveries[seq as usize];
+        *d += 1;
+        assert_eq!(run.attempt(), *d, "lane {lane}: item {seq}: attempt {} after {} deliveries", run.attempt(), *d - 1);
+        assert!(!log.landed[seq as usize], "lane {lane}: item {seq} redelivered after its ack landed (L8)");
+        if run.attempt() == 1 {
+            assert!(log.last_first.is_none_or(|l| l < seq), "lane {lane}: first delivery of {seq} out of order");
+            log.last_first = Some(seq);
+        }
+    }
+}
+
+/// Marks `seqs` landed (their ack returned `Ok`); an item landing twice is a duplicate.
+fn mark_landed(seqs: std::ops::Range<u64>, lane: usize, log: &Mutex<LaneLog>) {
+    let mut log = log.lock().unwrap();
+    for s in seqs {
+        assert!(!log.landed[s as usize], "lane {lane}: item {s} landed twice");
+        log.landed[s as usize] = true;
+    }
+}
+
+/// One stress round: a fan-out publishing `n` items to two lanes (some to one lane only: gaps
+/// on the other), each lane received in runs by a thread that re-attaches now and then (or
+/// drops its consumer and attaches), its runs acked, acked in part, nacked or dropped by an
+/// acker thread (seat races with the receives), and a watermark reader.
+fn stress(seed: u64, capacity: usize, n: u64) {
+    let s = stream(capacity, &["a", "b"]);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let to: Arc<Vec<Option<usize>>> =
+        Arc::new((0..n).map(|_| if rng.gen_bool(0.2) { Some(rng.gen_range(0..2)) } else { None }).collect());
+    let envelopes: Arc<Vec<_>> = Arc::new((0..n).map(shared_envelopes).collect());
+    let done = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    {
+        let (s, to, envelopes) = (s.clone(), to.clone(), envelopes.clone());
+        threads.push(thread::spawn(move || {
+            let mut fanout = s.fanout().unwrap();
+            for seq in 0..n {
+                let item = tracked(Some(seq + 1), &envelopes[seq as usize]);
+                match to[seq as usize] {
+                    Some(l) => fanout.publish_to(l, item).unwrap(),
+                    None => fanout.publish(item).unwrap(),
+                }
+            }
+            fanout.close();
+        }));
+    }
+    for (lane, name) in ["a", "b"].into_iter().enumerate() {
+        let (s, to) = (s.clone(), to.clone());
+        let log =
+            Arc::new(Mutex::new(LaneLog { deliveries: vec![0; n as usize], landed: vec![false; n as usize], last_first: None }));
+        let (tx, rx) = mpsc::sync_channel::<Run<LaneItem>>(4);
+        let acker_log = log.clone();
+        let mut arng = StdRng::seed_from_u64(seed ^ (lane as u64 + 1) * 0x9E37);
+        threads.push(thread::spawn(move || {
+            for mut run in rx {
+                let seqs = run.sequences();
+                // A stale run still reads its own items (their cells are not reused).
+                for (item, seq) in run.iter().zip(seqs.clone()) {
+                    assert_eq!(item.position(), Some(Position(seq + 1)), "acker {lane}: item {seq} reused");
+                }
+                match arng.gen_range(0..10) {
+                    0..=5 => {
+                        if run.ack().is_ok() {
+                            mark_landed(seqs, lane, &acker_log);
+                        }
+                    }
+                    6..=7 => {
+                        let k = arng.gen_range(0..=seqs.end - seqs.start);
+                        let through = (seqs.start + k).wrapping_sub(1);
+                        if k > 0 && run.ack_through(through) == Ok(k as usize) {
+                            mark_landed(seqs.start..seqs.start + k, lane, &acker_log);
+                        }
+                        if arng.gen_bool(0.5) {
+                            thread::yield_now();
+                        }
+                        drop(run); // releases the rest
+                    }
+                    _ => run.nack(),
+                }
+            }
+        }));
+        let lane_handle = s.lane(name).unwrap();
+        let mut rrng = StdRng::seed_from_u64(seed.wrapping_mul(31) + lane as u64);
+        threads.push(thread::spawn(move || {
+            let mut c = Some(lane_handle.attach().unwrap());
+            loop {
+                let stats = lane_handle.stats();
+                if stats.closed && stats.acked_items == stats.published && stats.queued == 0 {
+                    break;
+                }
+                let Some(consumer) = c.as_mut() else {
+                    c = Some(lane_handle.attach().unwrap());
+                    continue;
+                };
+                let max = rrng.gen_range(1..=8);
+                match consumer.recv_run_timeout(max, Duration::from_millis(20)) {
+                    Ok(Some(run)) => {
+                        check_received(&run, lane, &to, &log);
+                        if rrng.gen_bool(0.2) {
+                            // Acked here, while the acker thread acks other runs.
+                            let seqs = run.sequences();
+                            if run.ack().is_ok() {
+                                mark_landed(seqs, lane, &log);
+                            }
+                        } else {
+                            tx.send(run).unwrap();
+                        }
+                    }
+                    Ok(None) | Err(_) => thread::yield_now(),
+                }
+                match rrng.gen_range(0..100) {
+                    0..=2 => c = Some(lane_handle.reattach()),
+                    3 => c = None,
+                    _ => {}
+                }
+            }
+            drop(tx);
+            drop(c);
+        }));
+    }
+    {
+        let (s, done) = (s.clone(), done.clone());
+        threads.push(thread::spawn(move || {
+            let mut last = None;
+            while !done.load(Ordering::SeqCst) {
+                let w = s.watermark();
+                assert!(w >= last, "W3: the watermark went back from {last:?} to {w:?}");
+                assert!(w.is_none_or(|p| p.0 <= n), "watermark {w:?} past the last position {n}");
+                last = w;
+                thread::yield_now();
+            }
+        }));
+    }
+    let watcher = threads.pop().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    watcher.join().unwrap();
+    // Every item landed on every lane it went to; the watermark is the last position.
+    assert_eq!(s.watermark(), Some(Position(n)), "seed {seed}, capacity {capacity}");
+    for name in ["a", "b"] {
+        let st = s.stats(name).unwrap();
+        assert_eq!((st.acked_items, st.published, st.released, st.in_flight, st.pinned), (n, n, 0, 0, 0));
+        assert!(st.delivered >= st.redelivered);
+    }
+    // M3: every item is dropped once the stream goes (the fan-out dropped the freed ones).
+    drop(s);
+    for (seq, e) in envelopes.iter().enumerate() {
+        assert_eq!(Arc::strong_count(e), 1, "M3: item {seq} of seed {seed} still alive");
+    }
+}
+
+/// L2, L5, L6, L8, W3, M3 under threads: plain and non-plain runs received while other runs
+/// of the same consumer are acked, partly acked and released on another thread, with
+/// re-attaches and consumer drops at random points of their lives, over a fan-out with gaps,
+/// at capacities 1, 2, 7 and 64.
+#[test]
+fn l8_w3_m3_plain_runs_acked_elsewhere_with_reattaches_and_gaps_under_threads() {
+    within(60, "plain-run stress", || {
+        for (i, capacity) in [1, 2, 7, 64].into_iter().enumerate() {
+            for round in 0..3u64 {
+                stress(round * 100 + i as u64, capacity, 600);
+            }
+        }
+    });
+}
