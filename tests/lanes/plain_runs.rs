@@ -461,10 +461,19 @@ fn check_received(run: &Run<LaneItem>, lane: usize, to: &[Option<usize>], log: &
         assert!(to[seq as usize].is_none_or(|l| l == lane), "lane {lane}: item {seq} is another lane's");
         let d = &mut log.deliveries[seq as usize];
         *d += 1;
-        assert_eq!(run.attempt(), *d, "lane {lane}: item {seq}: attempt {} after {} deliveries", run.attempt(), *d - 1);
+        assert_eq!(
+            run.attempt(),
+            *d,
+            "lane {lane}: item {seq}: attempt {} after {} deliveries",
+            run.attempt(),
+            *d - 1
+        );
         assert!(!log.landed[seq as usize], "lane {lane}: item {seq} redelivered after its ack landed (L8)");
         if run.attempt() == 1 {
-            assert!(log.last_first.is_none_or(|l| l < seq), "lane {lane}: first delivery of {seq} out of order");
+            assert!(
+                log.last_first.is_none_or(|l| l < seq),
+                "lane {lane}: first delivery of {seq} out of order"
+            );
             log.last_first = Some(seq);
         }
     }
@@ -507,8 +516,11 @@ fn stress(seed: u64, capacity: usize, n: u64) {
     }
     for (lane, name) in ["a", "b"].into_iter().enumerate() {
         let (s, to) = (s.clone(), to.clone());
-        let log =
-            Arc::new(Mutex::new(LaneLog { deliveries: vec![0; n as usize], landed: vec![false; n as usize], last_first: None }));
+        let log = Arc::new(Mutex::new(LaneLog {
+            deliveries: vec![0; n as usize],
+            landed: vec![false; n as usize],
+            last_first: None,
+        }));
         let (tx, rx) = mpsc::sync_channel::<Run<LaneItem>>(4);
         let acker_log = log.clone();
         let mut arng = StdRng::seed_from_u64(seed ^ (lane as u64 + 1) * 0x9E37);
@@ -625,4 +637,286 @@ fn l8_w3_m3_plain_runs_acked_elsewhere_with_reattaches_and_gaps_under_threads() 
             }
         }
     });
+}
+
+// ----- targeted interleavings -------------------------------------------------------------------
+
+/// L8: a plain run's cumulative acks racing a re-attach on another thread: every item either
+/// landed (its ack returned `Ok`) or is redelivered to the new consumer, never both, never
+/// neither; and the old run, stale, still reads its items until it is dropped.
+#[test]
+fn l8_plain_run_acks_racing_a_reattach_land_xor_are_redelivered() {
+    within(30, "plain acks racing re-attach", || {
+        let mut rng = StdRng::seed_from_u64(8);
+        for round in 0..400u64 {
+            let capacity = [1, 2, 5, 8, 64][round as usize % 5];
+            let lane = counted_lane(capacity);
+            let drops = counters(capacity);
+            let mut producer = lane.producer().unwrap();
+            for id in 0..capacity {
+                producer.try_publish(Counted { id, drops: drops.clone() }).unwrap();
+            }
+            let mut old = lane.attach().unwrap();
+            let mut run = old.try_recv_run(64).unwrap();
+            assert_eq!(run.sequences(), 0..capacity as u64);
+            let step = rng.gen_range(1..=3u64);
+            let spin = rng.gen_range(0..200);
+            let acker = thread::spawn(move || {
+                let mut landed = Vec::new();
+                let mut refused = 0;
+                while !run.is_empty() {
+                    let seqs = run.sequences();
+                    let to = (seqs.start + step - 1).min(seqs.end - 1);
+                    match run.ack_through(to) {
+                        Ok(k) => landed.extend(seqs.start..seqs.start + k as u64),
+                        Err(AckError::Detached) => {
+                            refused += 1;
+                            // Stale: its remaining items are still its own.
+                            for (item, seq) in run.iter().zip(run.sequences()) {
+                                assert_eq!(item.id as u64, seq, "a stale plain run reads a reused cell");
+                            }
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+                (landed, refused)
+            });
+            for _ in 0..spin {
+                std::hint::spin_loop();
+            }
+            let mut new = lane.reattach();
+            assert_eq!(old.try_recv_run(4).unwrap_err(), TryRecvError::Detached);
+            let (landed, _) = acker.join().unwrap();
+            let mut redelivered = Vec::new();
+            while let Ok(r) = new.try_recv_run(64) {
+                assert_eq!(
+                    (r.len(), r.attempt()),
+                    (1, 2),
+                    "round {round}: a taken-back item alone, attempt 2"
+                );
+                redelivered.extend(r.sequences());
+                r.ack().unwrap();
+            }
+            let mut all: Vec<u64> = landed.iter().chain(&redelivered).copied().collect();
+            all.sort_unstable();
+            assert_eq!(
+                all,
+                (0..capacity as u64).collect::<Vec<_>>(),
+                "round {round} (capacity {capacity}): landed {landed:?}, redelivered {redelivered:?}"
+            );
+            let st = lane.stats();
+            assert_eq!((st.acked_items, st.pinned, st.released, st.in_flight), (capacity as u64, 0, 0, 0));
+            assert_eq!(lane.acked(), Some(Position(capacity as u64)));
+            drop((producer, old, new, lane));
+            assert!(drops.iter().all(|d| d.load(Ordering::SeqCst) == 1), "M3, round {round}");
+        }
+    });
+}
+
+/// L8 step by step: a plain run acked in part, then a re-attach, then a refused cumulative
+/// ack of the stale run: the acked part counts, the rest comes back alone with attempt 2; the
+/// stale run pins exactly the items it still holds (L3: the publisher sees no room for them)
+/// until it is dropped, and dropping it releases nothing more.
+#[test]
+fn l8_l3_reattach_between_a_plain_runs_partial_ack_and_its_drop_pins_only_what_it_holds() {
+    let drops = counters(12);
+    let lane = counted_lane(6);
+    let mut producer = lane.producer().unwrap();
+    for id in 0..6 {
+        producer.try_publish(Counted { id, drops: drops.clone() }).unwrap();
+    }
+    let mut c1 = lane.attach().unwrap();
+    let mut run = c1.try_recv_run(64).unwrap();
+    assert_eq!(run.sequences(), 0..6);
+    assert_eq!(run.ack_through(1), Ok(2));
+    assert_eq!(lane.acked(), Some(Position(2)));
+    let st = lane.stats();
+    assert_eq!((st.acked_items, st.in_flight, st.released, st.pinned), (2, 4, 0, 0));
+    let mut c2 = lane.reattach();
+    let st = lane.stats();
+    assert_eq!((st.acked_items, st.in_flight, st.released, st.pinned), (2, 0, 4, 0));
+    // The stale run's cumulative ack is refused and ends its handles on items 2 and 3.
+    assert_eq!(run.ack_through(3), Err(AckError::Detached));
+    assert_eq!(run.sequences(), 4..6);
+    assert_eq!(run.iter().map(|c| c.id).collect::<Vec<_>>(), [4, 5]);
+    let mut got = Vec::new();
+    while let Ok(r) = c2.try_recv_run(64) {
+        got.push((r.sequences(), r.attempt()));
+        r.ack().unwrap();
+    }
+    assert_eq!(got, vec![(2..3, 2), (3..4, 2), (4..5, 2), (5..6, 2)]);
+    assert_eq!(lane.acked(), Some(Position(6)), "acked at once (L5)");
+    let st = lane.stats();
+    assert_eq!((st.acked_items, st.in_flight, st.released, st.pinned), (6, 0, 0, 2), "items 4, 5 pinned");
+    // Two slots are pinned: four publishes fit, the fifth does not.
+    for id in 6..10 {
+        producer.try_publish(Counted { id, drops: drops.clone() }).unwrap();
+    }
+    assert!((0..4).all(|i| drops[i].load(Ordering::SeqCst) == 1), "freed items dropped by the publish");
+    assert!((4..6).all(|i| drops[i].load(Ordering::SeqCst) == 0), "pinned items kept");
+    assert!(matches!(
+        producer.try_publish(Counted { id: 10, drops: drops.clone() }),
+        Err(TryPublishError::Full(_))
+    ));
+    drops[10].store(0, Ordering::SeqCst);
+    drop(run); // releases nothing more
+    let st = lane.stats();
+    assert_eq!((st.pinned, st.released, st.queued), (0, 0, 4));
+    let r = c2.try_recv_run(64).unwrap();
+    assert_eq!((r.sequences(), r.attempt()), (6..10, 1), "no redelivery of the stale run's items");
+    r.ack().unwrap();
+    assert!(lane.is_idle());
+    drop((producer, c1, c2, lane));
+    assert!((0..10).all(|i| drops[i].load(Ordering::SeqCst) == 1), "M3");
+}
+
+/// L8 after a consumer drop: its plain run still acks until `Lane::attach` takes the rest back;
+/// then the run's acks are refused and the rest goes to the new consumer.
+#[test]
+fn l8_a_dropped_consumers_plain_run_acks_until_attach_then_is_refused() {
+    let s = stream(8, &["a"]);
+    publish_range(&s, 1..=6);
+    let lane = s.lane("a").unwrap();
+    let mut c1 = lane.attach().unwrap();
+    let mut run = c1.try_recv_run(8).unwrap();
+    drop(c1);
+    assert_eq!(run.ack_through(1), Ok(2), "the dropped consumer's run still acks");
+    assert_eq!(s.watermark(), Some(Position(2)));
+    let mut c2 = lane.attach().unwrap();
+    assert_eq!(run.ack_through(2), Err(AckError::Detached));
+    assert_eq!(run_positions(&run), [4, 5, 6], "the stale rest still reads its items");
+    let mut got = Vec::new();
+    while let Ok(r) = c2.try_recv_run(8) {
+        got.push((run_positions(&r), r.attempt()));
+        r.ack().unwrap();
+    }
+    assert_eq!(got, vec![(vec![3], 2), (vec![4], 2), (vec![5], 2), (vec![6], 2)]);
+    assert_eq!(s.watermark(), Some(Position(6)));
+    assert_eq!(s.stats("a").unwrap().pinned, 3);
+    assert_eq!(run.ack(), Err(AckError::Detached));
+    assert_eq!(s.stats("a").unwrap().pinned, 0);
+    assert!(s.is_idle());
+}
+
+/// L2 with gaps: a plain run stops at a gap (an item for the other lane), the gap is passed,
+/// and each lane's acked position and the watermark follow.
+#[test]
+fn l2_w1_a_plain_run_stops_at_a_gap_and_the_watermark_follows_both_lanes() {
+    let s = stream(8, &["a", "b"]);
+    let mut f = s.fanout().unwrap();
+    f.try_publish(batch(1)).unwrap();
+    f.try_publish(batch(2)).unwrap();
+    f.try_publish_to(1, batch(3)).unwrap(); // lane b only: a gap on lane a
+    f.try_publish(batch(4)).unwrap();
+    f.try_publish_to(0, batch(5)).unwrap(); // lane a only: a gap on lane b
+    let (mut a, mut b) = (s.attach("a").unwrap(), s.attach("b").unwrap());
+    let ra = a.try_recv_run(8).unwrap();
+    assert_eq!((run_positions(&ra), ra.sequences()), (vec![1, 2], 0..2), "stops at the gap");
+    let rb = b.try_recv_run(8).unwrap();
+    assert_eq!(run_positions(&rb), [1, 2, 3, 4], "stops at its own gap");
+    rb.ack().unwrap();
+    assert_eq!(s.watermark(), None, "lane a acked nothing");
+    ra.ack().unwrap();
+    assert_eq!(s.watermark(), Some(Position(2)));
+    let ra = a.try_recv_run(8).unwrap();
+    assert_eq!((run_positions(&ra), ra.sequences()), (vec![4, 5], 3..5), "the gap passed");
+    assert_eq!(s.stats("a").unwrap().acked_items, 3, "the gap counts as acked");
+    assert_eq!(s.watermark(), Some(Position(3)), "the gap's position counts on lane a");
+    ra.ack().unwrap();
+    assert_eq!(s.watermark(), Some(Position(4)), "lane b has not passed its gap");
+    assert_eq!(b.try_recv_run(8).unwrap_err(), TryRecvError::Empty);
+    assert_eq!(s.watermark(), Some(Position(5)));
+    assert!(s.is_idle());
+}
+
+/// L10: closing while a plain run is outstanding: the consumer ends (`None`), the run's release
+/// comes back (attempt 2) and only then is the lane drained for good.
+#[test]
+fn l10_close_with_a_plain_run_outstanding_drains_its_release_then_ends() {
+    let s = stream(4, &["a"]);
+    publish_range(&s, 1..=4);
+    let mut c = s.attach("a").unwrap();
+    let mut run = c.try_recv_run(8).unwrap();
+    assert_eq!(run.sequences(), 0..4);
+    s.close("a").unwrap();
+    assert!(c.recv_run(8).unwrap().is_none(), "nothing queued or released: None");
+    assert_eq!(run.ack_through(0), Ok(1));
+    run.nack();
+    let mut got = Vec::new();
+    while let Some(r) = c.recv_run(8).unwrap() {
+        got.push((run_positions(&r), r.attempt()));
+        r.ack().unwrap();
+    }
+    assert_eq!(got, vec![(vec![2], 2), (vec![3], 2), (vec![4], 2)]);
+    assert_eq!(s.watermark(), Some(Position(4)));
+    assert!(s.is_idle());
+}
+
+/// M3: the stream, its fan-out, its lanes and the consumer dropped while plain runs are
+/// outstanding (one acked in part, one stale after a re-attach): the runs still read their
+/// items, and every item is dropped exactly once, when the last run goes.
+#[test]
+fn m3_stream_dropped_with_plain_runs_outstanding_drops_each_item_once() {
+    let s = stream(8, &["a"]);
+    let envelopes: Vec<_> = (1..=8).map(shared_envelopes).collect();
+    let mut f = s.fanout().unwrap();
+    for (p, e) in envelopes.iter().enumerate() {
+        f.try_publish(tracked(Some(p as u64 + 1), e)).unwrap();
+    }
+    let lane = s.lane("a").unwrap();
+    let mut c1 = lane.attach().unwrap();
+    let mut stale = c1.try_recv_run(3).unwrap(); // plain: 1..3
+    assert_eq!(stale.ack_through(0), Ok(1));
+    let mut c2 = lane.reattach();
+    let r2 = c2.try_recv_run(8).unwrap(); // item 2, redelivered alone
+    assert_eq!((run_positions(&r2), r2.attempt()), (vec![2], 2));
+    r2.ack().unwrap();
+    let r3 = c2.try_recv_run(8).unwrap();
+    assert_eq!(run_positions(&r3), [3]);
+    r3.ack().unwrap();
+    let mut live = c2.try_recv_run(8).unwrap(); // 4..8, plain? (items 2, 3 pinned: not plain)
+    assert_eq!(run_positions(&live), [4, 5, 6, 7, 8]);
+    assert_eq!(live.ack_through(4), Ok(2));
+    drop((f, c1, c2, lane, s));
+    assert_eq!(run_positions(&stale), [2, 3]);
+    assert_eq!(run_positions(&live), [6, 7, 8]);
+    // The fan-out's drop dropped what the lane freed (item 1); nothing under the runs.
+    let counts = |e: &[Arc<[lanestream::Envelope]>]| e.iter().map(Arc::strong_count).collect::<Vec<_>>();
+    assert_eq!(counts(&envelopes), [1, 2, 2, 2, 2, 2, 2, 2], "nothing dropped under the runs");
+    drop(stale);
+    assert_eq!(counts(&envelopes), [1, 2, 2, 2, 2, 2, 2, 2], "items 2, 3 stay until the last owner");
+    drop(live);
+    for (p, e) in envelopes.iter().enumerate() {
+        assert_eq!(Arc::strong_count(e), 1, "M3: item {} dropped once", p + 1);
+    }
+}
+
+/// W1/W2 on a plain run whose acked prefix ends in (or is only) unpositioned items: the acked
+/// position is the last positioned item of the prefix, and a prefix of snapshots moves nothing.
+#[test]
+fn w2_a_plain_runs_unpositioned_prefix_moves_the_acked_position_only_to_a_positioned_item() {
+    let s = stream(16, &["a"]);
+    let mut f = s.fanout().unwrap();
+    for item in
+        [common::snapshot(), common::snapshot(), batch(5), common::snapshot(), batch(9), common::snapshot()]
+    {
+        f.try_publish(item).unwrap();
+    }
+    let mut c = s.attach("a").unwrap();
+    let mut run = c.try_recv_run(16).unwrap();
+    assert_eq!(run.len(), 6);
+    assert_eq!(run.ack_through(1), Ok(2));
+    assert_eq!((s.watermark(), s.stats("a").unwrap().acked_items), (None, 2), "W2");
+    assert_eq!(run.ack_through(3), Ok(2));
+    assert_eq!(s.watermark(), Some(Position(5)));
+    run.ack().unwrap();
+    assert_eq!(s.watermark(), Some(Position(9)));
+    // A next plain run of snapshots only: the position stays.
+    f.try_publish(common::snapshot()).unwrap();
+    f.try_publish(common::snapshot()).unwrap();
+    let run = c.try_recv_run(16).unwrap();
+    assert_eq!(run.sequences(), 6..8);
+    run.ack().unwrap();
+    assert_eq!((s.watermark(), s.stats("a").unwrap().acked_items), (Some(Position(9)), 8));
+    assert!(s.is_idle());
 }
