@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::{batch, publish_range, run_positions, shared_envelopes, stream, tracked, within};
 use lanestream::{
     AckError, Consumer, Delivery, Item, Lane, LaneItem, Position, Run, SinkName, Stream, TryPublishError,
-    TryRecvError,
+    TryRecvError, MAX_RUN,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -111,7 +111,7 @@ impl Model {
             self.redelivered += 1;
             return Some((i, 1, it.deliveries));
         }
-        let len = (self.published() - self.next).min(max);
+        let len = (self.published() - self.next).min(max.clamp(1, MAX_RUN as u64));
         if len == 0 {
             return None;
         }
@@ -641,14 +641,15 @@ fn l8_w3_m3_plain_runs_acked_elsewhere_with_reattaches_and_gaps_under_threads() 
 
 // ----- targeted interleavings -------------------------------------------------------------------
 
-/// L8: a plain run's cumulative acks racing a re-attach on another thread: every item either
-/// landed (its ack returned `Ok`) or is redelivered to the new consumer, never both, never
+/// L8: a plain run's cumulative acks (and, at a random point, its release) racing a re-attach
+/// or a consumer drop and `Lane::attach` on another thread: every item either landed (its ack
+/// returned `Ok`) or is redelivered to the new consumer, exactly once, never both, never
 /// neither; and the old run, stale, still reads its items until it is dropped.
 #[test]
-fn l8_plain_run_acks_racing_a_reattach_land_xor_are_redelivered() {
+fn l8_plain_run_acks_and_release_racing_a_reattach_land_xor_are_redelivered() {
     within(30, "plain acks racing re-attach", || {
         let mut rng = StdRng::seed_from_u64(8);
-        for round in 0..400u64 {
+        for round in 0..600u64 {
             let capacity = [1, 2, 5, 8, 64][round as usize % 5];
             let lane = counted_lane(capacity);
             let drops = counters(capacity);
@@ -660,17 +661,23 @@ fn l8_plain_run_acks_racing_a_reattach_land_xor_are_redelivered() {
             let mut run = old.try_recv_run(64).unwrap();
             assert_eq!(run.sequences(), 0..capacity as u64);
             let step = rng.gen_range(1..=3u64);
-            let spin = rng.gen_range(0..200);
+            let release_after = rng.gen_range(0..=capacity as u64 / step + 1);
+            let spin = rng.gen_range(0..300);
+            let polite = rng.gen_bool(0.5);
             let acker = thread::spawn(move || {
                 let mut landed = Vec::new();
-                let mut refused = 0;
+                let mut acks = 0;
                 while !run.is_empty() {
+                    if acks == release_after {
+                        drop(run); // releases the rest (or, if stale, ends it)
+                        break;
+                    }
+                    acks += 1;
                     let seqs = run.sequences();
                     let to = (seqs.start + step - 1).min(seqs.end - 1);
                     match run.ack_through(to) {
                         Ok(k) => landed.extend(seqs.start..seqs.start + k as u64),
                         Err(AckError::Detached) => {
-                            refused += 1;
                             // Stale: its remaining items are still its own.
                             for (item, seq) in run.iter().zip(run.sequences()) {
                                 assert_eq!(item.id as u64, seq, "a stale plain run reads a reused cell");
@@ -679,14 +686,21 @@ fn l8_plain_run_acks_racing_a_reattach_land_xor_are_redelivered() {
                         Err(e) => panic!("{e:?}"),
                     }
                 }
-                (landed, refused)
+                landed
             });
             for _ in 0..spin {
                 std::hint::spin_loop();
             }
-            let mut new = lane.reattach();
-            assert_eq!(old.try_recv_run(4).unwrap_err(), TryRecvError::Detached);
-            let (landed, _) = acker.join().unwrap();
+            let mut new = if polite {
+                drop(old);
+                lane.attach().unwrap()
+            } else {
+                let new = lane.reattach();
+                assert_eq!(old.try_recv_run(4).unwrap_err(), TryRecvError::Detached);
+                drop(old);
+                new
+            };
+            let landed = acker.join().unwrap();
             let mut redelivered = Vec::new();
             while let Ok(r) = new.try_recv_run(64) {
                 assert_eq!(
@@ -707,7 +721,7 @@ fn l8_plain_run_acks_racing_a_reattach_land_xor_are_redelivered() {
             let st = lane.stats();
             assert_eq!((st.acked_items, st.pinned, st.released, st.in_flight), (capacity as u64, 0, 0, 0));
             assert_eq!(lane.acked(), Some(Position(capacity as u64)));
-            drop((producer, old, new, lane));
+            drop((producer, new, lane));
             assert!(drops.iter().all(|d| d.load(Ordering::SeqCst) == 1), "M3, round {round}");
         }
     });
