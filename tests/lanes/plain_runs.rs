@@ -934,3 +934,103 @@ fn w2_a_plain_runs_unpositioned_prefix_moves_the_acked_position_only_to_a_positi
     assert_eq!((s.watermark(), s.stats("a").unwrap().acked_items), (Some(Position(9)), 8));
     assert!(s.is_idle());
 }
+
+// ----- wake-ups -----------------------------------------------------------------------------------
+
+/// L6/L2: a consumer parked in `recv_run` (no deadline) is woken by a plain run released on
+/// another thread, and receives its items first, each alone with attempt 2; repeated so that
+/// the release lands before, during and after the park.
+#[test]
+fn l6_a_plain_runs_release_wakes_a_consumer_parked_in_recv_run() {
+    within(30, "parked recv_run", || {
+        for round in 0..200u64 {
+            let s = stream(4, &["a"]);
+            publish_range(&s, 1..=3);
+            let mut c = s.attach("a").unwrap();
+            let mut run = c.try_recv_run(8).unwrap();
+            assert_eq!(run.ack_through(round % 3), Ok((round % 3 + 1) as usize));
+            let releaser = thread::spawn(move || {
+                for _ in 0..round % 7 * 50 {
+                    std::hint::spin_loop();
+                }
+                drop(run);
+            });
+            let mut got = Vec::new();
+            let want = 3 - (round % 3 + 1);
+            while (got.len() as u64) < want {
+                let r = c.recv_run(8).unwrap().expect("not closed");
+                got.push((run_positions(&r), r.attempt()));
+                r.ack().unwrap();
+            }
+            releaser.join().unwrap();
+            let expect: Vec<_> = (round % 3 + 2..=3).map(|p| (vec![p], 2)).collect();
+            assert_eq!(got, expect, "round {round}");
+            assert!(s.is_idle());
+        }
+    });
+}
+
+/// W6: a confirmer waiting for the watermark is woken by the plain run's cumulative ack that
+/// moves it, on both lanes (one plain, one not: a single delivery is out before its run).
+#[test]
+fn w6_a_plain_runs_cumulative_ack_wakes_a_watermark_waiter() {
+    let s = stream(8, &["a", "b"]);
+    publish_range(&s, 1..=4);
+    let (mut a, mut b) = (s.attach("a").unwrap(), s.attach("b").unwrap());
+    let first_b = b.try_recv().unwrap(); // lane b's run below is not plain
+    let mut run_a = a.try_recv_run(8).unwrap();
+    let mut run_b = b.try_recv_run(8).unwrap();
+    first_b.ack().unwrap();
+    assert_eq!(run_b.ack_through(2), Ok(2));
+    let waiter = {
+        let s = s.clone();
+        thread::spawn(move || s.wait_watermark(Position(3), None))
+    };
+    thread::sleep(Duration::from_millis(20));
+    assert!(!waiter.is_finished(), "returned before lane a acked");
+    assert_eq!(run_a.ack_through(2), Ok(3));
+    assert_eq!(within(10, "wait_watermark", move || waiter.join().unwrap()), Some(Position(3)));
+    run_a.ack().unwrap();
+    run_b.ack().unwrap();
+    assert_eq!(s.watermark(), Some(Position(4)));
+}
+
+/// L3: a publisher waiting for room on a full lane is woken by the plain run's ack that frees
+/// it (one advancer pass for the whole run), at capacity 1 and 3.
+#[test]
+fn l3_a_publisher_waiting_for_room_is_woken_by_a_plain_runs_ack() {
+    for capacity in [1usize, 3] {
+        let lane: Lane<common::Tick> = Lane::standalone(SinkName::new("t").unwrap(), capacity).unwrap();
+        let mut p = lane.producer().unwrap();
+        for t in 1..=capacity as u64 {
+            p.try_publish(common::Tick(t)).unwrap();
+        }
+        let mut c = lane.attach().unwrap();
+        let mut run = c.try_recv_run(8).unwrap();
+        assert_eq!(run.len(), capacity);
+        let publisher = thread::spawn(move || {
+            p.publish(common::Tick(100)).unwrap();
+            p
+        });
+        thread::sleep(Duration::from_millis(20));
+        assert!(!publisher.is_finished(), "published into a full lane");
+        let rest = if capacity > 1 {
+            assert_eq!(run.ack_through(0), Ok(1));
+            Some(run)
+        } else {
+            run.ack().unwrap();
+            None
+        };
+        let _p = within(10, "publish waiting for room", move || publisher.join().unwrap());
+        drop(rest);
+        let mut got = Vec::new();
+        while let Ok(r) = c.try_recv_run(8) {
+            got.extend(r.iter().map(|t| (t.0, r.attempt())));
+            r.ack().unwrap();
+        }
+        let mut want: Vec<_> = (2..=capacity as u64).map(|t| (t, 2)).collect();
+        want.push((100, 1));
+        assert_eq!(got, want, "capacity {capacity}");
+        assert_eq!(lane.acked(), Some(Position(100)));
+    }
+}
