@@ -522,36 +522,63 @@ fn stress(seed: u64, capacity: usize, n: u64) {
             last_first: None,
         }));
         let (tx, rx) = mpsc::sync_channel::<Run<LaneItem>>(4);
-        let acker_log = log.clone();
-        let mut arng = StdRng::seed_from_u64(seed ^ (lane as u64 + 1) * 0x9E37);
-        threads.push(thread::spawn(move || {
-            for mut run in rx {
-                let seqs = run.sequences();
-                // A stale run still reads its own items (their cells are not reused).
-                for (item, seq) in run.iter().zip(seqs.clone()) {
-                    assert_eq!(item.position(), Some(Position(seq + 1)), "acker {lane}: item {seq} reused");
-                }
-                match arng.gen_range(0..10) {
-                    0..=5 => {
-                        if run.ack().is_ok() {
-                            mark_landed(seqs, lane, &acker_log);
+        let rx = Arc::new(Mutex::new(rx));
+        // Two ackers per lane, each holding a few runs and ending them in random order: plain
+        // and non-plain runs of one consumer outstanding at once, acked on two threads.
+        for acker in 0..2u64 {
+            let (acker_log, rx) = (log.clone(), rx.clone());
+            let mut arng = StdRng::seed_from_u64(seed ^ ((lane as u64 * 2 + acker + 1) * 0x9E37));
+            threads.push(thread::spawn(move || {
+                let mut pending: Vec<Run<LaneItem>> = Vec::new();
+                let mut open = true;
+                while open || !pending.is_empty() {
+                    if open {
+                        let got = rx.lock().unwrap().recv_timeout(Duration::from_micros(100));
+                        match got {
+                            Ok(run) => pending.push(run),
+                            Err(mpsc::RecvTimeoutError::Timeout) => {}
+                            Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
+                        }
+                        if open && pending.len() < arng.gen_range(1..=3) {
+                            continue;
                         }
                     }
-                    6..=7 => {
-                        let k = arng.gen_range(0..=seqs.end - seqs.start);
-                        let through = (seqs.start + k).wrapping_sub(1);
-                        if k > 0 && run.ack_through(through) == Ok(k as usize) {
-                            mark_landed(seqs.start..seqs.start + k, lane, &acker_log);
-                        }
-                        if arng.gen_bool(0.5) {
-                            thread::yield_now();
-                        }
-                        drop(run); // releases the rest
+                    if pending.is_empty() {
+                        continue;
                     }
-                    _ => run.nack(),
+                    let mut run = pending.swap_remove(arng.gen_range(0..pending.len()));
+                    let seqs = run.sequences();
+                    // A stale run still reads its own items (their cells are not reused).
+                    for (item, seq) in run.iter().zip(seqs.clone()) {
+                        assert_eq!(
+                            item.position(),
+                            Some(Position(seq + 1)),
+                            "acker {lane}: item {seq} reused"
+                        );
+                    }
+                    match arng.gen_range(0..10) {
+                        0..=4 => {
+                            if run.ack().is_ok() {
+                                mark_landed(seqs, lane, &acker_log);
+                            }
+                        }
+                        5..=7 => {
+                            let k = arng.gen_range(0..=seqs.end - seqs.start);
+                            let through = Position(seqs.start + k); // the position of item start + k - 1
+                            if k > 0 && run.ack_through_position(through) == Ok(k as usize) {
+                                mark_landed(seqs.start..seqs.start + k, lane, &acker_log);
+                            }
+                            if arng.gen_bool(0.5) && !run.is_empty() {
+                                pending.push(run); // the rest later
+                            } else {
+                                drop(run); // releases the rest
+                            }
+                        }
+                        _ => run.nack(),
+                    }
                 }
-            }
-        }));
+            }));
+        }
         let lane_handle = s.lane(name).unwrap();
         let mut rrng = StdRng::seed_from_u64(seed.wrapping_mul(31) + lane as u64);
         threads.push(thread::spawn(move || {
@@ -633,7 +660,7 @@ fn l8_w3_m3_plain_runs_acked_elsewhere_with_reattaches_and_gaps_under_threads() 
     within(60, "plain-run stress", || {
         for (i, capacity) in [1, 2, 7, 64].into_iter().enumerate() {
             for round in 0..3u64 {
-                stress(round * 100 + i as u64, capacity, 600);
+                stress(round * 100 + i as u64, capacity, 500);
             }
         }
     });
