@@ -1061,3 +1061,37 @@ fn l3_a_publisher_waiting_for_room_is_woken_by_a_plain_runs_ack() {
         assert_eq!(lane.acked(), Some(Position(100)));
     }
 }
+
+/// L8, holder bound: a plain run's stale holder (given by the first re-attach) counts toward
+/// the 65,535 live deliveries of its item like any other; at the bound the redelivery waits and
+/// nothing overtakes it; ending exactly the plain run's stale handle lets it through.
+#[test]
+fn l8_a_stale_plain_run_counts_toward_the_holder_bound_and_its_end_unblocks_the_redelivery() {
+    const BOUND: usize = 0xFFFF;
+    let lane: Lane<common::Tick> = Lane::standalone(SinkName::new("t").unwrap(), 2).unwrap();
+    let mut producer = lane.producer().unwrap();
+    producer.try_publish(common::Tick(1)).unwrap();
+    let mut kept = Vec::with_capacity(BOUND);
+    for k in 0..BOUND {
+        let run = lane.reattach().try_recv_run(8).unwrap();
+        assert_eq!((run.len(), run.attempt()), (1, k as u32 + 1));
+        kept.push(run);
+    }
+    let mut consumer = lane.reattach();
+    producer.try_publish(common::Tick(2)).unwrap();
+    assert_eq!(consumer.try_recv_run(8).unwrap_err(), TryRecvError::Empty, "at the bound");
+    assert_eq!(lane.stats().released, 1);
+    drop(kept.swap_remove(0)); // the plain run, stale since the second re-attach
+    let again = consumer.try_recv_run(8).unwrap();
+    // The attempt saturates at 65,535 (L6).
+    assert_eq!((again.get(0), again.attempt()), (Some(&common::Tick(1)), 0xFFFF));
+    again.ack().unwrap();
+    assert_eq!(lane.stats().pinned, 1);
+    assert!(kept.iter().all(|r| r.get(0) == Some(&common::Tick(1))), "a stale run reads another item");
+    drop(kept);
+    assert_eq!(lane.stats().pinned, 0);
+    let last = consumer.try_recv_run(8).unwrap();
+    assert_eq!((last.get(0), last.attempt()), (Some(&common::Tick(2)), 1));
+    last.ack().unwrap();
+    assert!(lane.is_idle());
+}
