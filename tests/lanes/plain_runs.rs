@@ -10,11 +10,10 @@
 
 use crate::common;
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{batch, publish_range, run_positions, shared_envelopes, stream, tracked, within};
 use lanestream::{
@@ -74,7 +73,7 @@ struct ModelItem {
 /// A live delivery or run, with the model epoch it was received in.
 enum Held {
     One(Delivery<Counted>, u64, u64), // delivery, index, epoch
-    Run(Run<Counted>, u64),
+    Run(Box<Run<Counted>>, u64),
 }
 
 struct Model {
@@ -229,7 +228,7 @@ fn walk(seed: u64, capacity: usize, steps: usize) -> (u64, u64) {
                             );
                             let ids: Vec<u64> = r.iter().map(|x| x.id as u64).collect();
                             assert_eq!(ids, (i..i + len).collect::<Vec<_>>(), "{}", ctx(&log));
-                            held.push(Held::Run(r, m.epoch));
+                            held.push(Held::Run(Box::new(r), m.epoch));
                         }
                         (Err(TryRecvError::Empty), None) => {}
                         (got, want) => panic!("run {:?} want {want:?}: {}", got.err(), ctx(&log)),
@@ -261,7 +260,7 @@ fn walk(seed: u64, capacity: usize, steps: usize) -> (u64, u64) {
                         log.push(format!("ack run {seqs:?} ({how}) n {n_ack} (epoch {e})"));
                         let current = m.end(seqs.start..seqs.start + n_ack, e, true);
                         let res = match how {
-                            0 => kept.take().unwrap().ack().map(|()| n_ack as usize),
+                            0 => (*kept.take().unwrap()).ack().map(|()| n_ack as usize),
                             1 => {
                                 // Just below the item after the prefix; `seqs.start - 1` (n = 0)
                                 // wraps only when `start == 0`.
@@ -317,7 +316,7 @@ fn walk(seed: u64, capacity: usize, steps: usize) -> (u64, u64) {
                         log.push(format!("nack run {:?} (epoch {e})", r.sequences()));
                         m.end(r.sequences(), e, false);
                         if rng.gen_bool(0.5) {
-                            r.nack()
+                            (*r).nack()
                         } else {
                             drop(r)
                         }
@@ -402,7 +401,7 @@ fn check(lane: &Lane<Counted>, m: &Model, held: &[Held], drops: &[AtomicUsize], 
         (m.published(), m.published() - m.next, released, m.next - acked - released, acked, acked - free);
     assert_eq!(got, want, "stats (published, queued, released, in_flight, acked_items, pinned): {ctx}");
     assert_eq!((s.delivered, s.redelivered), (m.delivered, m.redelivered), "delivery counts: {ctx}");
-    let want_pos = (acked > 0).then(|| Position(acked));
+    let want_pos = (acked > 0).then_some(Position(acked));
     assert_eq!(lane.acked(), want_pos, "L5 acked position: {ctx}");
     assert_eq!(lane.is_idle(), acked == m.published(), "W5: {ctx}");
     // Every live handle still reads its own item, not dropped (M3, no reuse under a reader).
