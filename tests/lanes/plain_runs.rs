@@ -1094,3 +1094,160 @@ fn l8_a_stale_plain_run_counts_toward_the_holder_bound_and_its_end_unblocks_the_
     last.ack().unwrap();
     assert!(lane.is_idle());
 }
+
+/// L8, L6, M3 with re-attaches racing the receive steps: three threads take the lane from each
+/// other (`reattach`, or `attach` after a drop) while receiving plain and non-plain runs, acking
+/// them there, or handing them to a fourth thread that acks, acks in part or releases them
+/// later (stale or not). Afterwards each item's deliveries carry the attempts 1, 2, ..., k
+/// exactly once each (no duplicate, no skipped delivery), no item landed twice, every item is
+/// acked, and every item is dropped exactly once.
+#[test]
+fn l8_l6_m3_reattaches_racing_receive_steps_and_plain_acks_deliver_each_attempt_once() {
+    within(60, "re-attach tug of war", || {
+        let mut redelivered = 0;
+        for round in 0..12u64 {
+            let capacity = [1usize, 3, 8, 64][round as usize % 4];
+            redelivered += tug_of_war(round, capacity, 2_000);
+        }
+        assert!(redelivered > 1_000, "the threads took the lane from each other: {redelivered}");
+    });
+}
+
+/// One round of the tug of war; returns the lane's redeliveries.
+fn tug_of_war(seed: u64, capacity: usize, n: usize) -> u64 {
+    let lane = counted_lane(capacity);
+    let drops = counters(n);
+    let attempts: Arc<Mutex<Vec<Vec<u32>>>> = Arc::new(Mutex::new(vec![Vec::new(); n]));
+    let landed: Arc<Vec<AtomicUsize>> = counters(n);
+    let pool: Arc<Mutex<Vec<Run<Counted>>>> = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let mut producer = lane.producer().unwrap();
+    let publisher = {
+        let drops = drops.clone();
+        thread::spawn(move || {
+            for id in 0..n {
+                producer.publish(Counted { id, drops: drops.clone() }).unwrap();
+            }
+            producer
+        })
+    };
+    // Ends a run one way or another; records what landed for sure.
+    fn end_run(mut run: Run<Counted>, rng: &mut StdRng, landed: &[AtomicUsize]) -> Option<Run<Counted>> {
+        let seqs = run.sequences();
+        for (c, seq) in run.iter().zip(seqs.clone()) {
+            assert_eq!(c.id as u64, seq, "a run reads another item");
+        }
+        let mark = |r: std::ops::Range<u64>| {
+            r.for_each(|s| {
+                assert_eq!(landed[s as usize].fetch_add(1, Ordering::SeqCst), 0, "item {s} landed twice")
+            })
+        };
+        match rng.gen_range(0..10) {
+            0..=5 => {
+                if run.ack().is_ok() {
+                    mark(seqs);
+                }
+                None
+            }
+            6..=7 => {
+                let k = rng.gen_range(1..=seqs.end - seqs.start);
+                if run.ack_through(seqs.start + k - 1) == Ok(k as usize) {
+                    mark(seqs.start..seqs.start + k);
+                }
+                (!run.is_empty()).then_some(run)
+            }
+            _ => {
+                run.nack();
+                None
+            }
+        }
+    }
+    let mut threads = Vec::new();
+    for t in 0..3u64 {
+        let (lane, attempts, landed, pool, done) =
+            (lane.clone(), attempts.clone(), landed.clone(), pool.clone(), done.clone());
+        threads.push(thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(seed * 10 + t);
+            let mut c: Option<Consumer<Counted>> = None;
+            while !done.load(Ordering::SeqCst) {
+                if c.is_none() || rng.gen_range(0..30) == 0 {
+                    c = if rng.gen_bool(0.7) {
+                        Some(lane.reattach())
+                    } else {
+                        drop(c.take());
+                        lane.attach().ok()
+                    };
+                    continue;
+                }
+                let consumer = c.as_mut().unwrap();
+                match consumer.try_recv_run(rng.gen_range(1..=6)) {
+                    Ok(run) => {
+                        {
+                            let mut a = attempts.lock().unwrap();
+                            for seq in run.sequences() {
+                                a[seq as usize].push(run.attempt());
+                            }
+                        }
+                        if rng.gen_bool(0.4) {
+                            pool.lock().unwrap().push(run);
+                        } else if let Some(rest) = end_run(run, &mut rng, &landed) {
+                            pool.lock().unwrap().push(rest);
+                        }
+                    }
+                    Err(TryRecvError::Detached) => c = None,
+                    Err(_) => thread::yield_now(),
+                }
+            }
+        }));
+    }
+    {
+        let (landed, pool, done) = (landed.clone(), pool.clone(), done.clone());
+        threads.push(thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(seed * 10 + 9);
+            while !done.load(Ordering::SeqCst) {
+                let run = {
+                    let mut p = pool.lock().unwrap();
+                    let len = p.len();
+                    (len > 0).then(|| p.swap_remove(rng.gen_range(0..len)))
+                };
+                match run {
+                    Some(run) => {
+                        if let Some(rest) = end_run(run, &mut rng, &landed) {
+                            pool.lock().unwrap().push(rest);
+                        }
+                    }
+                    None => thread::yield_now(),
+                }
+            }
+        }));
+    }
+    while lane.stats().acked_items < n as u64 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    done.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let producer = publisher.join().unwrap();
+    pool.lock().unwrap().clear();
+    let st = lane.stats();
+    assert_eq!(
+        (st.acked_items, st.published, st.pinned, st.released),
+        (n as u64, n as u64, 0, 0),
+        "seed {seed}"
+    );
+    assert_eq!(lane.acked(), Some(Position(n as u64)));
+    for (seq, a) in attempts.lock().unwrap().iter_mut().enumerate() {
+        a.sort_unstable();
+        let want: Vec<u32> = (1..=a.len() as u32).collect();
+        assert_eq!(*a, want, "item {seq}: attempts of its deliveries (capacity {capacity})");
+        assert!(landed[seq].load(Ordering::SeqCst) <= 1);
+    }
+    assert_eq!(st.delivered, attempts.lock().unwrap().iter().map(|a| a.len() as u64).sum::<u64>());
+
+    drop((producer, lane));
+    for (id, d) in drops.iter().enumerate() {
+        assert_eq!(d.load(Ordering::SeqCst), 1, "M3: item {id} (capacity {capacity})");
+    }
+    st.redelivered
+}
