@@ -1268,3 +1268,72 @@ fn tug_of_war(seed: u64, capacity: usize, n: usize) -> u64 {
     }
     st.redelivered
 }
+
+/// L8 and W1 over a fan-out with gaps: on lane a, plain runs end at gaps (items for lane b
+/// only); a run's cumulative acks race a re-attach of lane a; every lane-a item lands xor comes
+/// back once, the gaps are passed, and the watermark ends at the last position on both lanes.
+#[test]
+fn l8_w1_plain_runs_between_gaps_racing_a_reattach_land_xor_are_redelivered() {
+    within(30, "plain runs between gaps racing re-attach", || {
+        let mut rng = StdRng::seed_from_u64(23);
+        for round in 0..300u64 {
+            let s = stream(8, &["a", "b"]);
+            let mut f = s.fanout().unwrap();
+            let mut for_a = Vec::new();
+            for p in 1..=8u64 {
+                if rng.gen_bool(0.3) {
+                    f.try_publish_to(1, batch(p)).unwrap();
+                } else {
+                    f.try_publish(batch(p)).unwrap();
+                    for_a.push(p);
+                }
+            }
+            let lane_a = s.lane("a").unwrap();
+            let mut old = lane_a.attach().unwrap();
+            let mut runs = Vec::new();
+            while let Ok(r) = old.try_recv_run(8) {
+                runs.push(r);
+            }
+            let got: Vec<u64> = runs.iter().flat_map(run_positions).collect();
+            assert_eq!(got, for_a, "round {round}: lane a's items, gaps passed");
+            let spin = rng.gen_range(0..300);
+            let acker = thread::spawn(move || {
+                let mut landed = Vec::new();
+                for mut run in runs {
+                    while !run.is_empty() {
+                        let next = run_positions(&run)[0];
+                        match run.ack_through_position(Position(next)) {
+                            Ok(1) => landed.push(next),
+                            Ok(k) => panic!("acked {k} items through one position"),
+                            Err(_) => {
+                                drop(run);
+                                break;
+                            }
+                        }
+                    }
+                }
+                landed
+            });
+            for _ in 0..spin {
+                std::hint::spin_loop();
+            }
+            let mut new = lane_a.reattach();
+            let landed = acker.join().unwrap();
+            let mut redelivered = Vec::new();
+            while let Ok(r) = new.try_recv_run(8) {
+                assert_eq!(r.attempt(), 2, "round {round}");
+                redelivered.extend(run_positions(&r));
+                r.ack().unwrap();
+            }
+            let mut all: Vec<u64> = landed.iter().chain(&redelivered).copied().collect();
+            all.sort_unstable();
+            assert_eq!(all, for_a, "round {round}: landed {landed:?}, redelivered {redelivered:?}");
+            let mut b = s.attach("b").unwrap();
+            while let Ok(r) = b.try_recv_run(8) {
+                r.ack().unwrap();
+            }
+            assert_eq!(s.watermark(), Some(Position(8)), "round {round}");
+            assert!(s.is_idle(), "round {round}");
+        }
+    });
+}
