@@ -6,6 +6,8 @@
 //! - [`fanout`], [`shared_ring`]: the one fan-out over the stream's one array of cells;
 //! - [`runs`]: runs (`recv_run` and its siblings); [`runs_faults`]: runs and the fan-out attacked
 //!   (mixed receives, cumulative acks, releases, re-attach mid-run, wrap-around, close);
+//!   [`plain_runs`]: runs delivered plain (nothing in flight) attacked against a model, in
+//!   races with re-attaches, consumer drops, gaps and acks on other threads;
 //! - [`bounds`], [`memory_budget`]: capacity, holder and byte limits;
 //! - [`drops`]: when items are dropped (M3); [`async_waits`], [`wait_watermark`]: the waits;
 //! - [`model_proptest`]: random operation sequences against the reference model (`tests/model`).
