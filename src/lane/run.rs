@@ -211,7 +211,7 @@ impl<T: Item> Run<T> {
                 while *done < end {
                     let j = *done;
                     *done += 1;
-                    ring.end_plain_stale(*start + j as u64);
+                    ring.end_stale(*start + j as u64);
                 }
                 Err(AckError::Detached)
             }
@@ -266,7 +266,7 @@ impl<T> Drop for Run<T> {
             let from = start + self.done as u64;
             if !ring.release_plain(self.epoch, from, start + len as u64) {
                 // A re-attach took the items back (and releases them): end each stale item.
-                (from..start + len as u64).for_each(|i| ring.end_plain_stale(i));
+                (from..start + len as u64).for_each(|i| ring.end_stale(i));
             }
             self.done = len;
             return;

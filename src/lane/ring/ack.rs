@@ -88,8 +88,10 @@ impl<T> Ring<T> {
     }
 
     /// Ends a handle whose delivery was taken back by a re-attach: drops its holder count, and
-    /// if it was the item's last holder after an ack, lets the prefix advance.
-    pub(super) fn end_stale(&self, index: u64) {
+    /// if it was the item's last holder after an ack, lets the prefix advance. A plain run's
+    /// items that a re-attach took back are ended here too, one by one (their `RELEASED` words
+    /// hold the run's one holder each).
+    pub(crate) fn end_stale(&self, index: u64) {
         // Release: our reads of the item happen before the advancer (Acquire) may move it out.
         let before = self.state(index).fetch_sub(HOLDER_ONE, Ordering::Release);
         // Not while unwinding: a handle dropped after an earlier panic would abort the process and

@@ -72,8 +72,9 @@
 //! # Plain runs
 //! A run taken while nothing of the lane is in flight (every item below `next` acked and its
 //! slot emptied: `free == acked_end == next`) is delivered *plain*: no state word is written.
-//! The consumer line records the run as `plain_start..plain_end` (under the seat), the run's
-//! acks move `plain_acked` (under the seat, with the consumer's epoch), and the advancer, on
+//! The consumer line records the run as `plain_acked..plain_end` (under the seat: its
+//! un-acked items), the run's acks move `plain_acked` (under the seat, with the consumer's
+//! epoch), and the advancer, on
 //! finding a word that is not `ACKED` at `acked_end`, passes everything below `plain_acked` as
 //! acked, emptied slots included (their words were never changed). So an in-order run costs
 //! its lane a handful of stores whatever its length, as a disruptor consumer's one sequence
@@ -143,12 +144,13 @@ struct ConsumerLine {
     stale: AtomicUsize,
     delivered: AtomicU64,
     redelivered: AtomicU64,
-    /// The last plain run's items are `plain_start..plain_end` ("Plain runs" above); written
-    /// under the seat (by its take, and cut short by its release or a re-attach).
-    plain_start: AtomicU64,
+    /// The last plain run's un-acked items are `plain_acked..plain_end` ("Plain runs" above).
+    /// `plain_end` is written under the seat: set by the run's take, cut back to `plain_acked`
+    /// by its release or a re-attach.
     plain_end: AtomicU64,
-    /// The end of the plain run's acked prefix: written under the seat by the run's acks,
-    /// read by the advancer, which passes the items below it as acked. Only grows.
+    /// The end of the plain run's acked prefix: written under the seat (set to the run's start
+    /// by its take, moved by its acks), read by the advancer, which passes the items below it
+    /// as acked. Only grows.
     plain_acked: AtomicU64,
 }
 
@@ -218,7 +220,6 @@ impl<T> Ring<T> {
                 stale: AtomicUsize::new(0),
                 delivered: AtomicU64::new(0),
                 redelivered: AtomicU64::new(0),
-                plain_start: AtomicU64::new(0),
                 plain_end: AtomicU64::new(0),
                 plain_acked: AtomicU64::new(0),
             }),

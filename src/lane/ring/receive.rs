@@ -92,8 +92,7 @@ impl<T> Ring<T> {
         // The outstanding rest of a plain run (P26): its words become the RELEASED words of
         // taken-back deliveries, each holding the old run's handle. Relaxed: written under the
         // seat, whose Acquire above ordered us after their writers.
-        let plain_from =
-            self.cons.plain_acked.load(Ordering::Relaxed).max(self.cons.plain_start.load(Ordering::Relaxed));
+        let plain_from = self.cons.plain_acked.load(Ordering::Relaxed);
         let plain_end = self.cons.plain_end.load(Ordering::Relaxed);
         if plain_from < plain_end {
             self.materialize_plain(plain_from, plain_end, 1);

@@ -124,8 +124,10 @@ impl<T> Ring<T> {
                     break;
                 }
             }
-            // Relaxed: read under the seat only (its Release below publishes them).
-            self.cons.plain_start.store(next, Ordering::Relaxed);
+            // Relaxed: `plain_end` is read under the seat only (its Release below publishes
+            // it). The advancer also reads `plain_acked`, but passes only items below it and
+            // past its own `acked`, which is at `next` already: this value makes it pass none.
+            self.cons.plain_acked.store(next, Ordering::Relaxed);
             self.cons.plain_end.store(next + len as u64, Ordering::Relaxed);
             self.delivered_run(next, len);
             return TakeRun::Run { index: next, len, attempt: 1, plain: true };
@@ -164,23 +166,23 @@ impl<T> Ring<T> {
     /// (holding the seat, so no re-attach can turn them stale meanwhile): `true` if done (the
     /// caller then requests one advance with [`run_acked`](Ring::run_acked)), `false` if a
     /// re-attach took the run's items back first (they are stale: the caller ends each with
-    /// [`end_plain_stale`](Ring::end_plain_stale)). Waits out a receive step of the consumer
+    /// [`end_stale`](Ring::end_stale)). Waits out a receive step of the consumer
     /// on another thread, as [`seated`](Ring::seated) does.
     pub(crate) fn ack_plain(&self, epoch: u64, end: u64) -> bool {
         let seated = self.seated(epoch, || {
             // Relaxed: written under the seat only. Checked after the seat is given back (a
             // panic under the seat would keep it busy).
-            let (start, end_now) =
-                (self.cons.plain_start.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
+            let (acked, end_now) =
+                (self.cons.plain_acked.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
             // Release: pairs with the advancer's Acquire load (P26): the sink's writes and
             // the run's reads of its items happen before the advancer passes them (and before
             // the acked mark and `free` it then publishes).
             self.cons.plain_acked.store(end, Ordering::Release);
-            (start, end_now)
+            (acked, end_now)
         });
         match seated {
-            Some((start, end_now)) => {
-                debug_assert!(start < end && end <= end_now, "plain ack to {end} of {start}..{end_now}");
+            Some((acked, end_now)) => {
+                debug_assert!(acked < end && end <= end_now, "plain ack to {end} of {acked}..{end_now}");
                 true
             }
             None => {
@@ -207,20 +209,20 @@ impl<T> Ring<T> {
     /// (its un-acked rest) for redelivery ([L6](crate::contract#l6)), with one wake-up: each
     /// slot gets the word a nacked delivery leaves (`RELEASED`, next generation, attempt 1, no
     /// holder). `false` if a re-attach took them back first (the caller ends each stale item
-    /// with [`end_plain_stale`](Ring::end_plain_stale)).
+    /// with [`end_stale`](Ring::end_stale)).
     pub(crate) fn release_plain(&self, epoch: u64, from: u64, end: u64) -> bool {
         let released = self.seated(epoch, || {
             // Relaxed: written under the seat only. Checked after the seat is given back.
             let span =
-                (self.cons.plain_start.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
+                (self.cons.plain_acked.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
             self.materialize_plain(from, end, 0);
             span
         });
         match released {
-            Some((start, end_now)) => {
+            Some((acked, end_now)) => {
                 debug_assert!(
-                    start <= from && end == end_now,
-                    "plain release {from}..{end} of {start}..{end_now}"
+                    acked == from && end == end_now,
+                    "plain release {from}..{end} of {acked}..{end_now}"
                 );
                 self.shape.cells.items.notify();
                 true
@@ -253,12 +255,6 @@ impl<T> Ring<T> {
         }
         // Relaxed: read under the seat only.
         self.cons.plain_end.store(from, Ordering::Relaxed);
-    }
-
-    /// Ends the old run's handle on plain item `index` that a re-attach turned stale (holder
-    /// count 1 in its `RELEASED` word).
-    pub(crate) fn end_plain_stale(&self, index: u64) {
-        self.end_stale(index);
     }
 
     /// Acks item `index` of a run (its delivery's generation `g`) without requesting an advance:
