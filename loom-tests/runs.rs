@@ -6,7 +6,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use lanestream::{MemoryStream, Position, PublishError, Stream, TryPublishError, TryRecvError};
+use lanestream::{
+    Consumer, Fanout, Lane, LaneItem, MemoryStream, Position, PublishError, Run, Stream, TryPublishError,
+    TryRecvError,
+};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -84,14 +87,7 @@ fn runs_across_a_wrap_while_the_producer_waits() {
 #[test]
 fn reattach_racing_a_runs_late_ack() {
     support::model("reattach_racing_a_runs_late_ack", 3, || {
-        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
-        let lane = stream.lane("a").unwrap();
-        let mut producer = stream.fanout().unwrap();
-        let mut old = lane.reattach();
-        producer.try_publish(batch(1)).unwrap();
-        producer.try_publish(batch(2)).unwrap();
-        let run = old.try_recv_run(2).unwrap();
-        assert_eq!(run.len(), 2);
+        let (stream, lane, mut producer, mut old, run) = a_run_of_two();
 
         let t = thread::spawn(move || {
             for (i, item) in run.iter().enumerate() {
@@ -156,14 +152,7 @@ fn reattach_racing_a_runs_late_ack() {
 #[test]
 fn reattach_racing_a_plain_runs_partial_ack_and_release() {
     support::model("reattach_racing_a_plain_runs_partial_ack_and_release", 2, || {
-        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
-        let lane = stream.lane("a").unwrap();
-        let mut producer = stream.fanout().unwrap();
-        let mut old = lane.reattach();
-        producer.try_publish(batch(1)).unwrap();
-        producer.try_publish(batch(2)).unwrap();
-        let mut run = old.try_recv_run(2).unwrap();
-        assert_eq!(run.len(), 2);
+        let (stream, lane, mut producer, _old, mut run) = a_run_of_two();
 
         let t = thread::spawn(move || {
             for (i, item) in run.iter().enumerate() {
@@ -178,7 +167,7 @@ fn reattach_racing_a_plain_runs_partial_ack_and_release() {
         let mut new = lane.reattach();
         let mut seen = Vec::new();
         // Redeliveries (attempt 2) go to `seen`; item 3, once published, is a first delivery.
-        let drain = |new: &mut lanestream::Consumer<lanestream::LaneItem>, seen: &mut Vec<u64>| loop {
+        let drain = |new: &mut Consumer<LaneItem>, seen: &mut Vec<u64>| loop {
             match new.try_recv_run(2) {
                 Ok(r) => {
                     for item in &r {
@@ -220,6 +209,20 @@ fn reattach_racing_a_plain_runs_partial_ack_and_release() {
         assert_eq!(lane.stats().acked_items, 3);
         assert!(stream.is_idle());
     });
+}
+
+/// How models 14 and 14b start: capacity 2, one lane, items 1 and 2 received by the consumer
+/// `old` as one run (plain: nothing else is in flight).
+fn a_run_of_two() -> (MemoryStream, Lane<LaneItem>, Fanout, Consumer<LaneItem>, Run<LaneItem>) {
+    let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
+    let lane = stream.lane("a").unwrap();
+    let mut producer = stream.fanout().unwrap();
+    let mut old = lane.reattach();
+    producer.try_publish(batch(1)).unwrap();
+    producer.try_publish(batch(2)).unwrap();
+    let run = old.try_recv_run(2).unwrap();
+    assert_eq!(run.len(), 2);
+    (stream, lane, producer, old, run)
 }
 
 /// Model 15: a run released on another thread wakes the consumer parked in `recv_run`.
@@ -381,7 +384,7 @@ fn fanout_run_to_two_lanes_while_consumers_receive_runs() {
             written.write(0, 7);
             fanout.publish_run(&mut vec![batch(1), batch(2)]).unwrap();
         });
-        let drain = |consumer: &mut lanestream::Consumer<lanestream::LaneItem>, cells: &Cells| {
+        let drain = |consumer: &mut Consumer<LaneItem>, cells: &Cells| {
             let mut next = 1;
             while next <= 2 {
                 let run = consumer.recv_run(2).unwrap().unwrap();
@@ -457,7 +460,7 @@ fn fanout_wait_for_room_sees_another_lanes_close_async() {
 
 /// A stream of capacity 1 with lanes "a" and "b" and its fan-out producer, item 1 published to
 /// both and acked on "b": lane "a" full, lane "b" with room.
-fn fanout_with_lane_a_full() -> (MemoryStream, lanestream::Fanout) {
+fn fanout_with_lane_a_full() -> (MemoryStream, Fanout) {
     let stream = MemoryStream::builder().capacity(1).request_capacity(1).sinks(["a", "b"]).build().unwrap();
     let mut fanout = stream.fanout().unwrap();
     fanout.try_publish(batch(1)).unwrap();
