@@ -216,3 +216,55 @@ fn a_gap_is_passed_and_its_cell_reused() {
         assert!(stream.is_idle());
     });
 }
+
+/// Model 20b: a plain run received across a gap while the fan-out publishes (P27).
+///
+/// Capacity 4, lanes "a" and "b": a thread receives runs on lane "a" (`recv_run(4)`, blocking)
+/// until it has item 2, acking each run, while the main thread publishes item 1 to both lanes, a
+/// snapshot to lane "b" only (a gap for lane "a") and item 2 to both, then drains lane "b". A run
+/// taken with nothing of its lane in flight is plain: it reads no state word unless the lane's
+/// `gaps_end` (raised by the publisher before the cursor's Release that publishes the gap) says
+/// a gap may lie in it. Checked:
+/// - lane "a" receives items 1 and 2 and never the snapshot, whatever runs it takes them in;
+/// - lane "b" receives all three in order; the watermark and idleness at the end.
+///
+/// Fails when its protection is removed (row 65): with `gaps_end` raised after the cursor's
+/// compare-and-swap instead of before it, a run can read the cursor past the gap and the old
+/// `gaps_end`, and deliver the snapshot to lane "a".
+///
+/// Why the bound suffices: two threads; the race is the consumer's run step (cursor, `gaps_end`,
+/// words) against the three publishes; one preemption places the step between any two of them,
+/// and bound 3 also covers the step being preempted between its loads.
+#[test]
+fn a_plain_run_stops_at_a_gap_published_meanwhile() {
+    support::model("a_plain_run_stops_at_a_gap_published_meanwhile", 3, || {
+        let stream =
+            MemoryStream::builder().capacity(4).request_capacity(1).sinks(["a", "b"]).build().unwrap();
+        let mut fanout = stream.fanout().unwrap();
+        let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
+        let mut b = consumers.pop().unwrap();
+        let mut a = consumers.pop().unwrap();
+        let ta = thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.last() != Some(&Some(Position(2))) {
+                let run = a.recv_run(4).unwrap().expect("not closed");
+                got.extend(run.iter().map(|item| item.position()));
+                run.ack().unwrap();
+            }
+            assert_eq!(got, [Some(Position(1)), Some(Position(2))], "lane a never gets the snapshot");
+        });
+        fanout.try_publish(batch(1)).unwrap();
+        fanout.try_publish_to(1, support::snapshot()).unwrap();
+        fanout.try_publish(batch(2)).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let run = b.try_recv_run(4).unwrap();
+            got.extend(run.iter().map(|item| item.position()));
+            run.ack().unwrap();
+        }
+        assert_eq!(got, [Some(Position(1)), None, Some(Position(2))]);
+        ta.join().unwrap();
+        assert_eq!(stream.watermark(), Some(Position(2)));
+        assert!(stream.is_idle());
+    });
+}

@@ -235,11 +235,16 @@ impl<T> Publisher<T> {
         Ok(n)
     }
 
-    /// Writes `items` (just admitted by [`admissible`](Publisher::admissible), whose charges it
+    /// Copies `items` (just admitted by [`admissible`](Publisher::admissible), whose charges it
     /// takes on a budgeted stream) into the next cells, marks them gaps on every lane but `to`
     /// (if any), and publishes them to every lane with one compare-and-swap of the cursor.
-    /// `Err` with the items back if the stream was closed meanwhile: nothing was published.
-    fn push(&mut self, to: Option<usize>, items: impl ExactSizeIterator<Item = T>) -> Result<(), Vec<T>>
+    /// `Err` if the stream was closed meanwhile: nothing was published.
+    ///
+    /// # Safety
+    /// On `Ok` the items now live in the cells: the caller must forget its copies (never use or
+    /// drop them). On `Err` the cells' copies are abandoned (never read or dropped: `written`
+    /// goes back) and the caller still owns `items`.
+    unsafe fn push(&mut self, to: Option<usize>, items: &[T]) -> Result<(), ()>
     where
         T: Item,
     {
@@ -247,7 +252,7 @@ impl<T> Publisher<T> {
         let budget = self.cells.budget.is_some();
         let mut last = NO_POSITION;
         let mut charged = 0;
-        for (k, item) in items.enumerate() {
+        for (k, item) in items.iter().enumerate() {
             let index = self.tail + k as u64;
             let position = item.position().map_or(NO_POSITION, |p| p.0);
             let charge = if budget { self.charges[k] } else { 0 };
@@ -258,7 +263,7 @@ impl<T> Publisher<T> {
             // SAFETY: item `index` is not published, and the room check (against every lane's
             // `free`, loaded with Acquire) found `index - capacity` freed on every lane and
             // `reclaim` dropped it: no handle reads the cell and only we touch it until the
-            // cursor update below publishes it.
+            // cursor update below publishes it. `item` is a live `T` outside the cells.
             unsafe { self.cells.write(index, item, position, charge) };
             if let Some(to) = to {
                 for (j, lane) in self.lanes.iter().enumerate() {
@@ -285,26 +290,22 @@ impl<T> Publisher<T> {
                 Ok(())
             }
             Err(()) => {
+                // Nothing was published: the cells' copies are not items (`written` goes back),
+                // the marks go.
                 self.cells.counts.written.store(self.tail, Ordering::Relaxed);
                 if charged != 0 {
                     self.cells.counts.held_bytes.store(held, Ordering::Relaxed);
                 }
-                let back = (0..n)
-                    .map(|k| {
-                        let index = self.tail + k;
-                        if let Some(to) = to {
-                            for (j, lane) in self.lanes.iter().enumerate() {
-                                if j != to {
-                                    lane.unmark_gap(index);
-                                }
+                if let Some(to) = to {
+                    for index in self.tail..self.tail + n {
+                        for (j, lane) in self.lanes.iter().enumerate() {
+                            if j != to {
+                                lane.unmark_gap(index);
                             }
                         }
-                        // SAFETY: we wrote item `index` above and never published it, so no
-                        // other thread can reach it; it is taken back out exactly once.
-                        unsafe { self.cells.take_back(index) }
-                    })
-                    .collect();
-                Err(back)
+                    }
+                }
+                Err(())
             }
         }
     }
@@ -316,12 +317,15 @@ impl<T> Publisher<T> {
         T: Item,
     {
         let mut dropped = Ok(());
-        let admitted = self.admissible(std::slice::from_ref(&item), 1, &mut dropped);
-        let done = match admitted {
-            Ok(_) => self
-                .push(to, std::iter::once(item))
-                .map_err(|mut back| (back.pop().expect("the item comes back"), Refusal::Closed)),
-            Err(refusal) => Err((item, refusal)),
+        let item = std::mem::ManuallyDrop::new(item);
+        let done = match self.admissible(std::slice::from_ref(&*item), 1, &mut dropped) {
+            // SAFETY: on `Ok` the item lives in its cell and ours is forgotten (`ManuallyDrop`);
+            // on `Err` it is still ours and goes back.
+            Ok(_) => match unsafe { self.push(to, std::slice::from_ref(&*item)) } {
+                Ok(()) => Ok(()),
+                Err(()) => Err((std::mem::ManuallyDrop::into_inner(item), Refusal::Closed)),
+            },
+            Err(refusal) => Err((std::mem::ManuallyDrop::into_inner(item), refusal)),
         };
         // M3: a dropped item's panic reaches the caller once the step is done.
         if let Err(p) = dropped {
@@ -338,14 +342,21 @@ impl<T> Publisher<T> {
     {
         let mut dropped = Ok(());
         let done = match self.admissible(items, items.len(), &mut dropped) {
-            Ok(n) => match self.push(None, items.drain(..n)) {
-                Ok(()) => Ok(n),
-                Err(back) => {
-                    // Closed meanwhile: nothing was published; the items go back in front, in
-                    // order (this allocates, once, on the way out of a closed stream only).
-                    items.splice(..0, back);
-                    Err(Refusal::Closed)
+            // SAFETY: on `Ok` the first `n` items live in the cells and leave `items` without
+            // being dropped (below); on `Err` they are still `items`' own.
+            Ok(n) => match unsafe { self.push(None, &items[..n]) } {
+                Ok(()) => {
+                    let rest = items.len() - n;
+                    // SAFETY: the first `n` items moved into the cells (forgotten here: the
+                    // length goes to 0 first); the `rest` after them move to the front.
+                    unsafe {
+                        items.set_len(0);
+                        std::ptr::copy(items.as_ptr().add(n), items.as_mut_ptr(), rest);
+                        items.set_len(rest);
+                    }
+                    Ok(n)
                 }
+                Err(()) => Err(Refusal::Closed),
             },
             Err(refusal) => Err(refusal),
         };

@@ -130,7 +130,11 @@ impl<T: Item> Run<T> {
 
     /// The outstanding items, in lane order, read in place.
     pub fn iter(&self) -> RunIter<'_, T> {
-        RunIter { run: self, i: 0 }
+        let (next, end) = (self.start + self.done as u64, self.start + self.len as u64);
+        match self.ring() {
+            Some(ring) => RunIter { ring: Some(ring), next, end },
+            None => RunIter { ring: None, next: end, end },
+        }
     }
 
     /// The position of the last positioned outstanding item ([I1](crate::contract#i1)).
@@ -311,21 +315,31 @@ impl<'a, T: Item> IntoIterator for &'a Run<T> {
 
 /// The iterator of [`Run::iter`]: the outstanding items, in lane order.
 pub struct RunIter<'a, T> {
-    run: &'a Run<T>,
-    i: usize,
+    /// The run's ring (`None` once the run was acked whole: nothing to read).
+    ring: Option<&'a Ring<T>>,
+    /// The sequence of the next item, and the run's end.
+    next: u64,
+    end: u64,
 }
 
 impl<'a, T: Item> Iterator for RunIter<'a, T> {
     type Item = &'a T;
 
+    #[inline]
     fn next(&mut self) -> Option<&'a T> {
-        let item = self.run.get(self.i)?;
-        self.i += 1;
+        if self.next == self.end {
+            return None;
+        }
+        let ring = self.ring?;
+        // SAFETY: as in `Run::get`: item `next` is outstanding in the run the iterator borrows
+        // (`next` is below the run's end, at or past its `done`).
+        let item = unsafe { ring.item(self.next) };
+        self.next += 1;
         Some(item)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.run.len() - self.i.min(self.run.len());
+        let n = (self.end - self.next) as usize;
         (n, Some(n))
     }
 }
@@ -335,6 +349,6 @@ impl<T: Item> FusedIterator for RunIter<'_, T> {}
 
 impl<T> fmt::Debug for RunIter<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RunIter").field("next", &self.i).finish()
+        f.debug_struct("RunIter").field("next", &self.next).field("end", &self.end).finish()
     }
 }

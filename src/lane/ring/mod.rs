@@ -82,7 +82,9 @@
 //! the plain items into ordinary state words, under the seat: a release (nack or drop) writes
 //! `RELEASED` words, a re-attach writes `RELEASED` words holding the old run's one holder (its
 //! items turn stale, as delivered items do). The old run learns it from the seat: its epoch is
-//! gone. A plain run is first deliveries only, and holds no gap.
+//! gone. A plain run is first deliveries only, and holds no gap: it reads the run's state
+//! words for one only when the lane's `gaps_end` (raised by the publisher with each gap it
+//! marks, before publishing it) is past the run's start.
 //!
 //! # The seat
 //! `seat` holds the consumer epoch (`epoch << 2`), an `ATTACHED` bit (a consumer of that epoch
@@ -179,6 +181,10 @@ struct Shape<T> {
     mask: u64,
     /// Where this lane's acked position is published for the watermark.
     mark: AckedMark,
+    /// One past the last item ever marked a gap on this lane (0: none), so that a plain run
+    /// reads no state word unless a gap may lie in it (P27). Written by the publisher only,
+    /// in [`mark_gap`](Ring::mark_gap) (rare: a `publish_to`); it only grows.
+    gaps_end: AtomicU64,
 }
 
 /// One lane's own state over the stream's shared cells, grouped by writer so that no two sides
@@ -235,6 +241,7 @@ impl<T> Ring<T> {
                 capacity,
                 mask: slot::mask_of(capacity),
                 mark,
+                gaps_end: AtomicU64::new(0),
             }),
             closed: AtomicBool::new(false),
         }

@@ -31,10 +31,14 @@ impl<T> Ring<T> {
         let word = state.load(Ordering::Relaxed);
         debug_assert_eq!(tag(word), EMPTY);
         state.store(gen(word) | SKIPPED, Ordering::Relaxed);
+        // Relaxed: only the publisher writes it; the cursor's Release that publishes the item
+        // orders it before a consumer's read, as for the word (P27). `index` is the next to
+        // publish, so it only grows.
+        self.shape.gaps_end.store(index + 1, Ordering::Relaxed);
     }
 
     /// Undoes [`mark_gap`](Ring::mark_gap) for an item that was never published (the stream
-    /// closed under the publish).
+    /// closed under the publish). `gaps_end` stays: past the gap, it only costs a scan.
     pub(crate) fn unmark_gap(&self, index: u64) {
         let state = self.state(index);
         // Relaxed: as in `mark_gap`; the item was not published, so no consumer reads the word.

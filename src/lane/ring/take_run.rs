@@ -117,11 +117,16 @@ impl<T> Ring<T> {
         // starts at `next`, where the plain run begins (P26).
         if self.adv.acked_end.load(Ordering::Acquire) == next && self.adv.free.load(Ordering::Acquire) == next
         {
-            for j in 1..len {
-                // Relaxed: as below; only the gap tag is read.
-                if tag(self.state(next + j as u64).load(Ordering::Relaxed)) == SKIPPED {
-                    len = j;
-                    break;
+            // Relaxed: the publisher raised `gaps_end` past every gap below `cached_tail` before
+            // the cursor's Release that published it, which our Acquire load of the cursor read
+            // (P27): at or below `next`, no item of the run is a gap and no word is read.
+            if self.shape.gaps_end.load(Ordering::Relaxed) > next {
+                for j in 1..len {
+                    // Relaxed: as below; only the gap tag is read.
+                    if tag(self.state(next + j as u64).load(Ordering::Relaxed)) == SKIPPED {
+                        len = j;
+                        break;
+                    }
                 }
             }
             // Relaxed: `plain_end` is read under the seat only (its Release below publishes
