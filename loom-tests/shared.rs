@@ -192,12 +192,7 @@ fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
 #[test]
 fn a_gap_is_passed_and_its_cell_reused() {
     support::model("a_gap_is_passed_and_its_cell_reused", 3, || {
-        let stream =
-            MemoryStream::builder().capacity(1).request_capacity(1).sinks(["a", "b"]).build().unwrap();
-        let mut fanout = stream.fanout().unwrap();
-        let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
-        let mut b = consumers.pop().unwrap();
-        let mut a = consumers.pop().unwrap();
+        let (stream, mut fanout, mut a, mut b) = support::lanes_a_b(1);
         fanout.try_publish_to(1, support::snapshot()).unwrap();
         let d = b.try_recv().unwrap();
         assert_eq!(d.item().position(), None, "lane b gets the snapshot");
@@ -238,12 +233,7 @@ fn a_gap_is_passed_and_its_cell_reused() {
 #[test]
 fn a_plain_run_stops_at_a_gap_published_meanwhile() {
     support::model("a_plain_run_stops_at_a_gap_published_meanwhile", 3, || {
-        let stream =
-            MemoryStream::builder().capacity(4).request_capacity(1).sinks(["a", "b"]).build().unwrap();
-        let mut fanout = stream.fanout().unwrap();
-        let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
-        let mut b = consumers.pop().unwrap();
-        let mut a = consumers.pop().unwrap();
+        let (stream, mut fanout, mut a, mut b) = support::lanes_a_b(4);
         let ta = thread::spawn(move || {
             let mut got = Vec::new();
             while got.last() != Some(&Some(Position(2))) {

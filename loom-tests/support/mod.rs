@@ -12,7 +12,9 @@ use std::task::{Wake, Waker};
 use std::time::Instant;
 
 use bytes::Bytes;
-use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position};
+use lanestream::{
+    Batch, Consumer, Envelope, Fanout, IndexName, LaneItem, MemoryStream, Op, Position, Stream,
+};
 use loom::alloc::Track;
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -165,4 +167,16 @@ impl Wake for Flag {
 /// An unpositioned, empty batch (a snapshot chunk).
 pub fn snapshot() -> LaneItem {
     LaneItem::Batch(Batch::new(None, StdArc::from(Vec::<Envelope>::new())))
+}
+
+/// A stream of `capacity` with lanes "a" and "b" (and a request lane of 1), its fan-out, and a
+/// consumer re-attached to each lane ("a" first).
+pub fn lanes_a_b(capacity: usize) -> (MemoryStream, Fanout, Consumer<LaneItem>, Consumer<LaneItem>) {
+    let stream =
+        MemoryStream::builder().capacity(capacity).request_capacity(1).sinks(["a", "b"]).build().unwrap();
+    let fanout = stream.fanout().unwrap();
+    let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.reattach()).collect();
+    let b = consumers.pop().unwrap();
+    let a = consumers.pop().unwrap();
+    (stream, fanout, a, b)
 }
