@@ -324,26 +324,26 @@ impl<T> Cells<T> {
             return Ok(());
         }
         let mut first_panic = None;
-        let mut released = 0;
+        // Records the pass's progress once, when it ends, however it ends: a caught drop panic
+        // whose own payload panics when it is dropped still leaves the loop by unwinding, and the
+        // items read out before it must not be read out again.
+        let mut pass = Pass { counts: &self.counts, reclaimed: i, released: 0 };
         while i < end {
             let cell = self.cell(i);
             // SAFETY: item `i` is initialised (`reclaimed <= i < written`) and no handle reads it
-            // (the caller's guarantee); it is read out once (`reclaimed` passes it below).
+            // (the caller's guarantee); it is read out once (`pass` records it below, before its
+            // drop can panic).
             let (item, charge) =
                 unsafe { (cell.item.with(|c| std::ptr::read(c).assume_init()), cell.charge.with(|c| *c)) };
-            released += charge;
             i += 1;
-            // A panicking drop is caught, so the loop always reaches `end`.
+            (pass.reclaimed, pass.released) = (i, pass.released + charge);
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(item))) {
+                // Only the first is kept; a later one's payload is dropped here (its drop may
+                // panic in turn: `pass` still records the progress).
                 first_panic.get_or_insert(p);
             }
         }
-        // Once for the pass, not per item: only this thread reads it but for statistics.
-        self.counts.reclaimed.store(end, Ordering::Relaxed);
-        if released != 0 {
-            let held = self.counts.held_bytes.load(Ordering::Relaxed);
-            self.counts.held_bytes.store(held - released, Ordering::Relaxed);
-        }
+        drop(pass);
         first_panic.map_or(Ok(()), Err)
     }
 }
@@ -369,6 +369,26 @@ impl<T> Drop for Cells<T> {
             if !std::thread::panicking() {
                 std::panic::resume_unwind(p);
             }
+        }
+    }
+}
+
+/// A drop pass's progress ([`Cells::reclaim`]), recorded in the publisher's counters once, when
+/// the pass ends or unwinds: the items below `reclaimed` were read out of their cells, and
+/// `released` is their charges.
+struct Pass<'a> {
+    counts: &'a Counts,
+    reclaimed: u64,
+    released: u64,
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        // Relaxed: the publisher's own counters (see `Counts`); once per pass, not per item.
+        self.counts.reclaimed.store(self.reclaimed, Ordering::Relaxed);
+        if self.released != 0 {
+            let held = self.counts.held_bytes.load(Ordering::Relaxed);
+            self.counts.held_bytes.store(held - self.released, Ordering::Relaxed);
         }
     }
 }
