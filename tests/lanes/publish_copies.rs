@@ -16,7 +16,7 @@
 use crate::common;
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +24,7 @@ use std::thread;
 
 use common::batch;
 use lanestream::{
-    Consumer, Item, Lane, LaneItem, MemoryStream, Position, Run, SinkName, Stream, TryPublishError,
+    Item, Lane, LaneItem, MemoryStream, Position, PublishError, Run, SinkName, Stream, TryPublishError,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -312,4 +312,413 @@ fn m4_a_budgeted_publish_run_keeps_what_does_not_fit_in_the_vec_in_order() {
 
 fn run_positions_of(run: &Run<LaneItem>) -> Vec<u64> {
     run.iter().map(|i| i.position().unwrap().0).collect()
+}
+
+/// Runs `f`; `None` if it panicked with a probe's drop panic (any other panic goes on).
+fn guard<R>(f: impl FnOnce() -> R) -> Option<R> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => Some(r),
+        Err(p) if p.downcast_ref::<String>().is_some_and(|m| m.contains("panics in Drop")) => None,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// A position for the next item: mostly the next one up, sometimes none, a regression or the
+/// invalid `u64::MAX`.
+fn next_position(rng: &mut StdRng, next: &mut u64) -> Option<u64> {
+    match rng.gen_range(0..20) {
+        0..=1 => None,
+        2 if *next > 1 => Some(rng.gen_range(1..*next)),
+        3 => Some(u64::MAX),
+        _ => {
+            *next += rng.gen_range(1..3);
+            Some(*next)
+        }
+    }
+}
+
+/// Checks a received run against the reference (`published[seq]` is the id of item `seq`):
+/// its items, `get` against `iter`, the iterator's length, nothing dropped while outstanding,
+/// and first deliveries in lane order (L2).
+fn check_run(run: &Run<Probe>, published: &[u32], first_end: &mut u64) {
+    let want: Vec<u32> = run.sequences().map(|s| published[s as usize]).collect();
+    assert_eq!(run_ids(run), want, "the run's items are the lane's items at its sequences");
+    let via_get: Vec<u32> = (0..run.len()).map(|i| run.get(i).unwrap().id).collect();
+    assert_eq!(via_get, want);
+    assert!(run.get(run.len()).is_none());
+    let mut iter = run.iter();
+    assert_eq!((iter.len(), iter.size_hint()), (want.len(), (want.len(), Some(want.len()))));
+    iter.next();
+    assert_eq!(iter.len(), want.len().saturating_sub(1));
+    assert!(want.iter().all(|&id| drops(id) == 0), "an outstanding item was dropped");
+    if run.attempt() == 1 {
+        assert!(run.sequences().start >= *first_end, "L2: a first delivery went back in lane order");
+        *first_end = run.sequences().end;
+    }
+}
+
+/// A seeded walk on a standalone lane: publishes (single and runs, with regressions, invalid
+/// positions and panicking drops) against receives of runs and singles that are acked whole or
+/// partly, nacked, dropped or held, with re-attaches; checked against the reference at every
+/// step and for exactly-once drops at the end.
+fn walk(seed: u64, steps: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let capacity = [1, 2, 3, 5, 8, 13][rng.gen_range(0..6)];
+    let lane = probe_lane(capacity);
+    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+    let (mut published, mut positions, mut created) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut held, mut next, mut last, mut first_end) = (Vec::<Run<Probe>>::new(), 0, None, 0);
+    let mut make = |rng: &mut StdRng, created: &mut Vec<u32>| {
+        let on_drop = if rng.gen_ratio(1, 25) { OnDrop::Panic } else { OnDrop::Quiet };
+        let p = Probe::with(next_position(rng, &mut next), on_drop);
+        created.push(p.id);
+        p
+    };
+    for step in 0..steps {
+        let ctx = format!("seed {seed} step {step}");
+        match rng.gen_range(0..10) {
+            0..=3 => {
+                let len = if rng.gen_ratio(1, 3) { 1 } else { rng.gen_range(0..12) };
+                let mut items: Vec<Probe> = (0..len).map(|_| make(&mut rng, &mut created)).collect();
+                let sent = ids(&items);
+                let pos: Vec<Option<u64>> = items.iter().map(|p| p.position).collect();
+                let single = len == 1 && rng.gen_bool(0.5);
+                let r = if single {
+                    let item = items.pop().unwrap();
+                    guard(|| producer.try_publish(item).map(|()| 1).map_err(|e| e.map(|p| vec![p])))
+                } else {
+                    guard(|| producer.try_publish_run(&mut items).map_err(|e| e.map(|_| Vec::new())))
+                };
+                let n = match r {
+                    Some(Ok(n)) => n,
+                    Some(Err(e)) => {
+                        let first = pos[0];
+                        let regressed = first.is_some_and(|p| last.is_some_and(|l| p <= l));
+                        match &e {
+                            TryPublishError::InvalidPosition(_) => assert_eq!(first, Some(u64::MAX), "{ctx}"),
+                            TryPublishError::PositionRegressed { .. } => assert!(regressed, "{ctx}"),
+                            TryPublishError::Full(_) => {
+                                assert!(first != Some(u64::MAX) && !regressed, "{ctx}: positions come first")
+                            }
+                            _ => panic!("{ctx}: unexpected refusal {e:?}"),
+                        }
+                        if single {
+                            items = e.into_inner();
+                            assert_eq!(ids(&items), sent, "{ctx}: the refused item comes back");
+                        }
+                        0
+                    }
+                    // A drop panicked in the step: a single item was published iff it was not
+                    // dropped by the unwind; a run's Vec holds what was not.
+                    None if single => usize::from(drops(sent[0]) == 0),
+                    None => len - items.len(),
+                };
+                // (A single item refused in a step whose drop panicked was dropped by the unwind.)
+                let want = if single && drops(sent[0]) == 1 { &[][..] } else { &sent[n..] };
+                assert_eq!(ids(&items), want, "{ctx}: the rest stays with the caller, in order");
+                // Ours again: each dropped once, here (one at a time: two panics in one Vec's
+                // drop would abort).
+                for item in items.drain(..) {
+                    let _ = guard(move || drop(item));
+                }
+                for (k, &id) in sent[..n].iter().enumerate() {
+                    let p = pos[k];
+                    assert_ne!(p, Some(u64::MAX), "{ctx}: an invalid position was published");
+                    if let Some(p) = p {
+                        assert!(last.is_none_or(|l| p > l), "{ctx}: L4 regression published");
+                        last = Some(p);
+                    }
+                    published.push(id);
+                    positions.push(p);
+                }
+                assert_eq!(lane.stats().published, published.len() as u64, "{ctx}");
+            }
+            4..=5 => {
+                let max = [1, 2, 3, 7, 64, 100][rng.gen_range(0..6)];
+                if let Ok(run) = consumer.try_recv_run(max) {
+                    assert!(run.len() <= max.min(64), "{ctx}");
+                    check_run(&run, &published, &mut first_end);
+                    held.push(run);
+                }
+            }
+            6 if rng.gen_ratio(1, 8) => {
+                consumer = lane.reattach();
+            }
+            _ if !held.is_empty() => {
+                let mut run = held.swap_remove(rng.gen_range(0..held.len()));
+                let seqs = run.sequences();
+                let _ = guard(|| match rng.gen_range(0..6) {
+                    0 => {
+                        let _ = run.ack();
+                    }
+                    1 => run.nack(),
+                    2 => drop(run),
+                    3 => {
+                        let to = rng.gen_range(seqs.start.saturating_sub(1)..seqs.end + 1);
+                        if run.ack_through(to).is_ok() {
+                            let rest = (to + 1).max(seqs.start)..seqs.end;
+                            let rest: Vec<u32> = rest.map(|s| published[s as usize]).collect();
+                            assert_eq!(run_ids(&run), rest, "{ctx}: iter after ack_through");
+                            assert_eq!(run.iter().len(), rest.len(), "{ctx}");
+                        }
+                        held.push(run);
+                    }
+                    _ if seqs.is_empty() => held.push(run),
+                    _ => {
+                        let p = positions[rng.gen_range(seqs.clone()) as usize].unwrap_or(0);
+                        let _ = run.ack_through_position(Position(p));
+                        let want = run.iter().filter_map(|p| p.position).last();
+                        assert_eq!(run.last_position().map(|p| p.0), want, "{ctx}: I1");
+                        held.push(run);
+                    }
+                });
+            }
+            _ => {}
+        }
+    }
+    // Drain: everything published lands, the lane's acked position is the last published.
+    drop(held);
+    let _ = guard(|| loop {
+        match consumer.try_recv_run(64) {
+            Ok(run) => {
+                check_run(&run, &published, &mut first_end);
+                run.ack().unwrap();
+            }
+            Err(e) => break assert!(e.is_empty()),
+        }
+    });
+    while let Ok(run) = consumer.try_recv_run(64) {
+        run.ack().unwrap();
+    }
+    let stats = lane.stats();
+    assert_eq!((stats.acked_items, stats.lag()), (published.len() as u64, 0), "seed {seed}");
+    assert_eq!(lane.acked().map(|p| p.0), last, "seed {seed}: L5");
+    let _ = guard(move || drop((producer, consumer, lane)));
+    let bad: Vec<(u32, u32)> = created.iter().map(|&id| (id, drops(id))).filter(|&(_, d)| d != 1).collect();
+    assert!(bad.is_empty(), "seed {seed}: items not dropped exactly once (id, drops): {bad:?}");
+}
+
+#[test]
+fn l2_l4_l5_m3_i1_random_walks_on_a_probe_lane_match_the_reference() {
+    let seeds: u64 = std::env::var("LANESTREAM_HUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(24);
+    for seed in 0..seeds {
+        walk(seed, 400);
+    }
+}
+
+/// What a lane's consumer thread saw: the positions it acked, each once.
+fn consume(
+    lane: Lane,
+    me: usize,
+    seed: u64,
+    targets: Arc<Mutex<HashMap<u64, Option<usize>>>>,
+) -> HashSet<u64> {
+    let mut rng = StdRng::seed_from_u64(seed ^ (me as u64 + 1) * 0x9e37_79b9);
+    let mut consumer = lane.attach().unwrap();
+    let (mut landed, mut pending, mut first_max) = (HashSet::new(), BTreeSet::new(), 0);
+    let mut held: Option<Run<LaneItem>> = None;
+    loop {
+        let max = [1, 2, 5, 64][rng.gen_range(0..4)];
+        // A held run may pin the room the publisher waits for: only `try_recv_run` while holding
+        // one, and the held run goes once nothing is there.
+        let run = if held.is_none() && rng.gen_bool(0.7) {
+            match consumer.recv_run(max).unwrap() {
+                Some(run) => run,
+                None => break,
+            }
+        } else {
+            match consumer.try_recv_run(max) {
+                Ok(run) => run,
+                Err(e) if e.is_closed() && held.is_none() => break,
+                Err(_) => {
+                    if let Some(h) = held.take() {
+                        pending.extend(h.iter().map(|i| i.position().unwrap().0));
+                    }
+                    thread::yield_now();
+                    continue;
+                }
+            }
+        };
+        let ps: Vec<u64> = run.iter().map(|i| i.position().unwrap().0).collect();
+        {
+            let targets = targets.lock().unwrap();
+            for p in &ps {
+                let to = targets.get(p).copied().flatten();
+                assert!(to.is_none_or(|to| to == me), "lane {me} got item {p} addressed to lane {to:?}");
+            }
+        }
+        if run.attempt() == 1 {
+            assert!(pending.is_empty(), "L2: lane {me} got new items {ps:?} before its released {pending:?}");
+            assert!(ps[0] > first_max, "L2: lane {me} first deliveries out of order");
+            first_max = *ps.last().unwrap();
+        } else {
+            assert_eq!(ps.len(), 1, "a redelivery comes alone");
+            assert_eq!(pending.pop_first(), Some(ps[0]), "L2: lane {me} redelivers earliest first");
+        }
+        let mut run = run;
+        let land = |ps: &[u64], landed: &mut HashSet<u64>| {
+            for &p in ps {
+                assert!(landed.insert(p), "lane {me}: item {p} landed twice");
+            }
+        };
+        match rng.gen_range(0..10) {
+            0..=3 => {
+                run.ack().unwrap();
+                land(&ps, &mut landed);
+            }
+            4..=5 => {
+                let n = rng.gen_range(0..=ps.len());
+                let by_position = rng.gen_bool(0.5);
+                let acked = match n.checked_sub(1) {
+                    Some(k) if by_position => run.ack_through_position(Position(ps[k])).unwrap(),
+                    Some(k) => run.ack_through(run.sequences().start + k as u64).unwrap(),
+                    None => run.ack_through(run.sequences().start.wrapping_sub(1)).unwrap(),
+                };
+                assert_eq!(acked, n, "lane {me}: a cumulative ack acks the prefix");
+                land(&ps[..acked], &mut landed);
+                let rest: Vec<u64> = run.iter().map(|i| i.position().unwrap().0).collect();
+                assert_eq!(rest, ps[acked..], "lane {me}: iter after a partial ack");
+                if rng.gen_bool(0.5) {
+                    run.ack().unwrap();
+                    land(&rest, &mut landed);
+                } else {
+                    run.nack();
+                    pending.extend(rest);
+                }
+            }
+            6 => {
+                pending.extend(&ps);
+                run.nack();
+            }
+            7 => {
+                pending.extend(&ps);
+                drop(run);
+            }
+            8 if held.is_none() => held = Some(run),
+            _ => {
+                run.ack().unwrap();
+                land(&ps, &mut landed);
+            }
+        }
+        if let Some(h) = held.take_if(|_| rng.gen_bool(0.3)) {
+            pending.extend(h.iter().map(|i| i.position().unwrap().0));
+            drop(h);
+        }
+        if held.is_none() && rng.gen_ratio(1, 30) {
+            drop(consumer);
+            consumer = lane.reattach();
+        }
+    }
+    assert!(held.is_none() && pending.is_empty(), "lane {me}: closed with items held or released");
+    landed
+}
+
+/// A fan-out publishing (`publish`, `publish_to`, `publish_run`) against a consumer thread per
+/// lane receiving runs, and, for odd seeds, a closer racing it: every lane lands exactly its
+/// own items (never one addressed to another lane), the refused ones come back intact, and the
+/// watermark ends at the last position published (passed gaps count, L5).
+fn fanout_race(seed: u64, n: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let capacity = [2, 4, 8, 16][rng.gen_range(0..4)];
+    let stream = common::stream(capacity, &["a", "b", "c"]);
+    let targets = Arc::new(Mutex::new(HashMap::new()));
+    let consumers: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(me, sink)| {
+            let (lane, targets) = (stream.lane(sink).unwrap(), targets.clone());
+            thread::spawn(move || consume(lane, me, seed, targets))
+        })
+        .collect();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let closer = (seed % 2 == 1).then(|| {
+        let (lane, progress, at) =
+            (stream.lane("b").unwrap(), progress.clone(), rng.gen_range(0..n as usize));
+        thread::spawn(move || {
+            while progress.load(Ordering::Relaxed) < at {
+                thread::yield_now();
+            }
+            lane.close();
+        })
+    });
+    let mut fanout = stream.fanout().unwrap();
+    let mut expected = [Vec::new(), Vec::new(), Vec::new()];
+    let mut p = 0;
+    while p < n {
+        let kind = if p + 1 >= n { 0 } else { rng.gen_range(0..4) };
+        let len = if kind == 3 { rng.gen_range(1..9).min(n - p) } else { 1 };
+        let to = (kind == 1 || kind == 2).then(|| rng.gen_range(0..3));
+        let sent: Vec<u64> = (p + 1..=p + len).collect();
+        targets.lock().unwrap().extend(sent.iter().map(|&q| (q, to)));
+        let done = if kind == 3 {
+            let mut items: Vec<LaneItem> = sent.iter().map(|&q| batch(q)).collect();
+            match fanout.publish_run(&mut items) {
+                Ok(()) => len as usize,
+                Err(e) => {
+                    assert!(e.is_closed());
+                    let done = e.into_inner();
+                    let rest: Vec<u64> = items.iter().map(|i| i.position().unwrap().0).collect();
+                    assert_eq!(rest, sent[done..], "seed {seed}: a closed run keeps its rest in order");
+                    done
+                }
+            }
+        } else {
+            let r = match to {
+                Some(to) if kind == 1 => fanout.publish_to(to, batch(p + 1)),
+                Some(to) => match fanout.try_publish_to(to, batch(p + 1)) {
+                    Err(TryPublishError::Full(item)) => fanout.publish_to(to, item),
+                    Err(e) => {
+                        assert!(e.is_closed(), "seed {seed}: {e:?}");
+                        Err(PublishError::Closed(e.into_inner()))
+                    }
+                    Ok(()) => Ok(()),
+                },
+                None => fanout.publish(batch(p + 1)),
+            };
+            match r {
+                Ok(()) => 1,
+                Err(e) => {
+                    assert!(e.is_closed());
+                    assert_eq!(
+                        e.into_inner().position(),
+                        Some(Position(p + 1)),
+                        "seed {seed}: the item comes back"
+                    );
+                    0
+                }
+            }
+        };
+        for &q in &sent[..done] {
+            for (lane, list) in expected.iter_mut().enumerate() {
+                if to.is_none_or(|to| to == lane) {
+                    list.push(q);
+                }
+            }
+        }
+        p += len;
+        progress.store(p as usize, Ordering::Relaxed);
+        if done < sent.len() {
+            break;
+        }
+    }
+    fanout.close();
+    if let Some(closer) = closer {
+        closer.join().unwrap();
+    }
+    for (lane, consumer) in consumers.into_iter().enumerate() {
+        let landed = consumer.join().unwrap();
+        let want: HashSet<u64> = expected[lane].iter().copied().collect();
+        assert_eq!(landed, want, "seed {seed}: lane {lane} landed exactly its items");
+    }
+    // Each lane passed its trailing gaps while draining, and a passed gap's position counts.
+    let last = expected.iter().filter_map(|l| l.last().copied()).max();
+    assert_eq!(stream.watermark().map(|p| p.0), last, "seed {seed}: W1 at the last position published");
+}
+
+#[test]
+fn l2_l8_l10_w1_gaps_runs_and_a_racing_close_under_threads_land_each_lanes_items_once() {
+    let seeds: u64 = std::env::var("LANESTREAM_HUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+    for seed in 0..seeds {
+        common::within(60, &format!("fanout race, seed {seed}"), move || fanout_race(seed, 600));
+    }
 }
