@@ -34,9 +34,11 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 static DROPS: [AtomicU32; IDS] = [const { AtomicU32::new(0) }; IDS];
 static CALLS: [AtomicU32; IDS] = [const { AtomicU32::new(0) }; IDS];
 
+/// A hook `Probe::position` calls with the item's id and its call number (1 = first call).
+type Hook = Box<dyn FnMut(u32, u32)>;
+
 thread_local! {
-    /// Called by `Probe::position` with the item's id and its call number (1 = first call).
-    static HOOK: RefCell<Option<Box<dyn FnMut(u32, u32)>>> = const { RefCell::new(None) };
+    static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
 }
 
 fn hook(f: impl FnMut(u32, u32) + 'static) {
@@ -513,7 +515,7 @@ fn consume(
     seed: u64,
     targets: Arc<Mutex<HashMap<u64, Option<usize>>>>,
 ) -> HashSet<u64> {
-    let mut rng = StdRng::seed_from_u64(seed ^ (me as u64 + 1) * 0x9e37_79b9);
+    let mut rng = StdRng::seed_from_u64(seed ^ ((me as u64 + 1) * 0x9e37_79b9));
     let mut consumer = lane.attach().unwrap();
     let (mut landed, mut pending, mut first_max) = (HashSet::new(), BTreeSet::new(), 0);
     let mut held: Option<Run<LaneItem>> = None;
@@ -627,7 +629,15 @@ fn fanout_race(seed: u64, n: u64) {
         .enumerate()
         .map(|(me, sink)| {
             let (lane, targets) = (stream.lane(sink).unwrap(), targets.clone());
-            thread::spawn(move || consume(lane, me, seed, targets))
+            thread::spawn(move || {
+                // A failing consumer closes the stream, so the publisher stops instead of waiting
+                // for room for ever.
+                let r = catch_unwind(AssertUnwindSafe(|| consume(lane.clone(), me, seed, targets)));
+                r.unwrap_or_else(|p| {
+                    lane.close();
+                    std::panic::resume_unwind(p)
+                })
+            })
         })
         .collect();
     let progress = Arc::new(AtomicUsize::new(0));
