@@ -29,7 +29,7 @@ use lanestream::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const IDS: usize = 1 << 16;
+const IDS: usize = 1 << 20;
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 static DROPS: [AtomicU32; IDS] = [const { AtomicU32::new(0) }; IDS];
 static CALLS: [AtomicU32; IDS] = [const { AtomicU32::new(0) }; IDS];
@@ -574,7 +574,10 @@ fn consume(
                 let acked = match n.checked_sub(1) {
                     Some(k) if by_position => run.ack_through_position(Position(ps[k])).unwrap(),
                     Some(k) => run.ack_through(run.sequences().start + k as u64).unwrap(),
-                    None => run.ack_through(run.sequences().start.wrapping_sub(1)).unwrap(),
+                    None => match run.sequences().start.checked_sub(1) {
+                        Some(below) => run.ack_through(below).unwrap(),
+                        None => 0,
+                    },
                 };
                 assert_eq!(acked, n, "lane {me}: a cumulative ack acks the prefix");
                 land(&ps[..acked], &mut landed);
