@@ -498,13 +498,13 @@ fn walk(seed: u64, steps: usize) {
             _ if !held.is_empty() => {
                 let mut run = held.swap_remove(rng.gen_range(0..held.len()));
                 let seqs = run.sequences();
-                let _ = guard(|| match rng.gen_range(0..6) {
-                    0 => {
+                let _ = guard(|| match rng.gen_range(0..8) {
+                    0..=2 => {
                         let _ = run.ack();
                     }
-                    1 => run.nack(),
-                    2 => drop(run),
-                    3 => {
+                    3 => run.nack(),
+                    4 => drop(run),
+                    5 => {
                         let to = rng.gen_range(seqs.start.saturating_sub(1)..seqs.end + 1);
                         if run.ack_through(to).is_ok() {
                             let rest = (to + 1).max(seqs.start)..seqs.end;
@@ -564,7 +564,7 @@ fn walk(seed: u64, steps: usize) {
 fn l2_l4_l5_m3_i1_random_walks_on_a_probe_lane_match_the_reference() {
     let seeds: u64 = std::env::var("LANESTREAM_HUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(24);
     for seed in 0..seeds {
-        walk(seed, 400);
+        walk(seed, 600);
     }
 }
 
