@@ -160,6 +160,29 @@ fn l10_m3_a_close_inside_the_publish_hands_back_the_item_and_the_run_intact() {
     drop((producer, consumer, lane));
     assert_eq!((drops(a_id), drops(b_id)), (1, 1));
 
+    // The blocking and async forms, through the one blocking body and the future's step.
+    for form in 0..3 {
+        let lane = probe_lane(2);
+        let mut producer = lane.producer().unwrap();
+        let b = Probe::new(Some(1));
+        let (b_id, closer) = (b.id, lane.clone());
+        hook(move |id, call| {
+            if id == b_id && call == 2 {
+                closer.close();
+            }
+        });
+        let back = match form {
+            0 => producer.publish(b).unwrap_err().into_inner(),
+            1 => producer.publish_timeout(b, std::time::Duration::from_secs(5)).unwrap_err().into_inner(),
+            _ => futures_executor::block_on(producer.publish_async(b)).unwrap_err().into_inner(),
+        };
+        unhook();
+        assert_eq!((back.id, drops(b_id), lane.stats().published), (b_id, 0, 0), "form {form}");
+        drop(back);
+        drop((producer, lane));
+        assert_eq!(drops(b_id), 1, "form {form}");
+    }
+
     // A run, blocking: the first step publishes what fits (capacity 3), a helper acks it, and the
     // close lands inside the push of the step that goes next: item 3's first position call after
     // that step's reclaim dropped item 0 (steps refused with `Full` reclaim nothing).
