@@ -10,6 +10,8 @@
 //!   races with re-attaches, consumer drops, gaps and acks on other threads;
 //! - [`bounds`], [`memory_budget`]: capacity, holder and byte limits;
 //! - [`drops`]: when items are dropped (M3); [`async_waits`], [`wait_watermark`]: the waits;
+//! - [`publish_copies`]: items copied into their cells, attacked (close or panic inside the push,
+//!   panicking reclaim passes, budgeted runs, gaps under threads);
 //! - [`model_proptest`]: random operation sequences against the reference model (`tests/model`).
 //!
 //! Not here: `tests/alloc.rs` (a counting global allocator: a binary of its own),
@@ -32,6 +34,7 @@ mod fanout;
 mod memory_budget;
 mod model_proptest;
 mod plain_runs;
+mod publish_copies;
 mod runs;
 mod runs_faults;
 mod shared_ring;
