@@ -13,7 +13,9 @@ use crate::position::Position;
 pub trait Item {
     /// The value's position: `Some` for a positioned batch, which must be strictly greater than
     /// the previous positioned value on its lane ([L4](crate::contract#l4)) and which the lane's acked
-    /// position and the watermark follow once it is acked; `None` for anything else.
+    /// position and the watermark follow once it is acked; `None` for anything else. It must
+    /// give the same answer on every call: a publish reads it more than once (to check it, then
+    /// to store it beside the item).
     fn position(&self) -> Option<Position>;
 
     /// What the value costs against a stream's memory budget, in bytes

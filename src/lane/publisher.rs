@@ -512,7 +512,13 @@ impl<T> Drop for Publisher<T> {
     fn drop(&mut self) {
         // A panicking item drop must not keep the role: it is given back first, and the panic
         // resumed after (never while unwinding already, M3).
-        let reclaimed = if std::thread::panicking() { Ok(()) } else { self.reclaim() };
+        // A drop panic whose payload panics in turn unwinds out of `reclaim`: caught too, so the
+        // role is given back whatever happens.
+        let reclaimed = if std::thread::panicking() {
+            Ok(())
+        } else {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.reclaim())).and_then(|r| r)
+        };
         // Release: pairs with `claim`'s Acquire.
         self.cells.producer_live.store(false, Ordering::Release);
         if let Err(p) = reclaimed {

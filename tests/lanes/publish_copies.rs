@@ -284,8 +284,6 @@ fn m3_panicking_drops_in_a_reclaim_pass_surface_once_and_every_item_drops_once()
 }
 
 #[test]
-#[ignore = "bug: a drop panic whose payload panics when dropped escapes Cells::reclaim before \
-            `reclaimed` is stored, so the items of that pass are dropped again later (M3)"]
 fn m3_a_drop_panic_whose_payload_panics_still_drops_every_item_once() {
     let lane = probe_lane(8);
     let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
@@ -302,6 +300,32 @@ fn m3_a_drop_panic_whose_payload_panics_still_drops_every_item_once() {
     let _ = catch_unwind(AssertUnwindSafe(|| producer.try_publish(Probe::new(Some(4)))));
     let _ = catch_unwind(AssertUnwindSafe(|| producer.try_publish(Probe::new(Some(5)))));
     let _ = catch_unwind(AssertUnwindSafe(move || drop((producer, consumer, lane))));
+    let counts: Vec<u32> = all.iter().map(|&id| drops(id)).collect();
+    assert_eq!(counts, [1, 1, 1], "each item dropped exactly once");
+}
+
+/// The same drops at the producer's own drop (its last pass): the panic reaches whoever drops
+/// it, and the producer role is given back all the same (L9), so a new producer can be claimed.
+#[test]
+fn l9_m3_a_payload_panic_in_the_producers_last_pass_gives_the_role_back() {
+    let lane = probe_lane(8);
+    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+    let mut items = vec![
+        Probe::with(Some(1), OnDrop::Panic),
+        Probe::with(Some(2), OnDrop::PanicWithBomb),
+        Probe::new(Some(3)),
+    ];
+    let all = ids(&items);
+    assert_eq!(producer.try_publish_run(&mut items).unwrap(), 3);
+    consumer.try_recv_run(64).unwrap().ack().unwrap();
+    assert!(
+        catch_unwind(AssertUnwindSafe(move || drop(producer))).is_err(),
+        "the drop panic reaches the dropper"
+    );
+    let mut again = lane.producer().expect("the role was given back");
+    again.try_publish(Probe::new(Some(4))).expect("no panic left over");
+    consumer.try_recv().unwrap().ack().unwrap();
+    drop((again, consumer, lane));
     let counts: Vec<u32> = all.iter().map(|&id| drops(id)).collect();
     assert_eq!(counts, [1, 1, 1], "each item dropped exactly once");
 }
