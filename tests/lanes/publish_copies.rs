@@ -24,7 +24,8 @@ use std::thread;
 
 use common::batch;
 use lanestream::{
-    Item, Lane, LaneItem, MemoryStream, Position, PublishError, Run, SinkName, Stream, TryPublishError,
+    Consumer, Item, Lane, LaneItem, MemoryStream, Position, Producer, PublishError, Run, SinkName, Stream,
+    TryPublishError,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -283,8 +284,10 @@ fn m3_panicking_drops_in_a_reclaim_pass_surface_once_and_every_item_drops_once()
     assert!(all.iter().chain([&next_id]).all(|&id| drops(id) == 1));
 }
 
-#[test]
-fn m3_a_drop_panic_whose_payload_panics_still_drops_every_item_once() {
+/// A lane whose producer published three items, all acked and not dropped yet: item 1's drop
+/// panics, item 2's panics with a payload whose own drop panics, item 3's is quiet. Returns the
+/// lane, its producer and consumer, and the three items' ids.
+fn three_acked_with_a_payload_bomb() -> (Lane<Probe>, Producer<Probe>, Consumer<Probe>, Vec<u32>) {
     let lane = probe_lane(8);
     let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
     let mut items = vec![
@@ -295,6 +298,12 @@ fn m3_a_drop_panic_whose_payload_panics_still_drops_every_item_once() {
     let all = ids(&items);
     assert_eq!(producer.try_publish_run(&mut items).unwrap(), 3);
     consumer.try_recv_run(64).unwrap().ack().unwrap();
+    (lane, producer, consumer, all)
+}
+
+#[test]
+fn m3_a_drop_panic_whose_payload_panics_still_drops_every_item_once() {
+    let (lane, mut producer, consumer, all) = three_acked_with_a_payload_bomb();
     // The pass drops item 1 (its panic is kept), then item 2, whose panic's payload is dropped
     // (only the first panic is kept) and panics in turn.
     let _ = catch_unwind(AssertUnwindSafe(|| producer.try_publish(Probe::new(Some(4)))));
@@ -308,16 +317,7 @@ fn m3_a_drop_panic_whose_payload_panics_still_drops_every_item_once() {
 /// it, and the producer role is given back all the same (L9), so a new producer can be claimed.
 #[test]
 fn l9_m3_a_payload_panic_in_the_producers_last_pass_gives_the_role_back() {
-    let lane = probe_lane(8);
-    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
-    let mut items = vec![
-        Probe::with(Some(1), OnDrop::Panic),
-        Probe::with(Some(2), OnDrop::PanicWithBomb),
-        Probe::new(Some(3)),
-    ];
-    let all = ids(&items);
-    assert_eq!(producer.try_publish_run(&mut items).unwrap(), 3);
-    consumer.try_recv_run(64).unwrap().ack().unwrap();
+    let (lane, producer, mut consumer, all) = three_acked_with_a_payload_bomb();
     assert!(
         catch_unwind(AssertUnwindSafe(move || drop(producer))).is_err(),
         "the drop panic reaches the dropper"
