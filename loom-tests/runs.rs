@@ -211,7 +211,7 @@ fn reattach_racing_a_plain_runs_partial_ack_and_release() {
     });
 }
 
-/// How models 14 and 14b start: capacity 2, one lane, items 1 and 2 received by the consumer
+/// How models 14, 14b, 15 and 15b start: capacity 2, one lane, items 1 and 2 received by the consumer
 /// `old` as one run (plain: nothing else is in flight).
 fn a_run_of_two() -> (MemoryStream, Lane<LaneItem>, Fanout, Consumer<LaneItem>, Run<LaneItem>) {
     let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
@@ -239,13 +239,7 @@ fn a_run_of_two() -> (MemoryStream, Lane<LaneItem>, Fanout, Consumer<LaneItem>, 
 #[test]
 fn a_released_run_wakes_a_parked_recv_run() {
     support::model("a_released_run_wakes_a_parked_recv_run", 3, || {
-        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
-        let lane = stream.lane("a").unwrap();
-        let mut producer = stream.fanout().unwrap();
-        let mut consumer = lane.reattach();
-        producer.try_publish(batch(1)).unwrap();
-        producer.try_publish(batch(2)).unwrap();
-        let run = consumer.try_recv_run(2).unwrap();
+        let (stream, lane, _producer, mut consumer, run) = a_run_of_two();
         let t = thread::spawn(move || run.nack());
         for p in 1..=2 {
             let again = consumer.recv_run(2).unwrap().unwrap();
@@ -276,13 +270,7 @@ fn a_released_run_wakes_a_parked_recv_run() {
 #[test]
 fn a_released_run_wakes_a_pending_recv_run_async() {
     support::model("a_released_run_wakes_a_pending_recv_run_async", 3, || {
-        let stream = MemoryStream::builder().capacity(2).request_capacity(1).sink("a").build().unwrap();
-        let lane = stream.lane("a").unwrap();
-        let mut producer = stream.fanout().unwrap();
-        let mut consumer = lane.reattach();
-        producer.try_publish(batch(1)).unwrap();
-        producer.try_publish(batch(2)).unwrap();
-        let run = consumer.try_recv_run(2).unwrap();
+        let (stream, lane, _producer, mut consumer, run) = a_run_of_two();
         let t = thread::spawn(move || run.nack());
         for p in 1..=2 {
             let mut fut = std::pin::pin!(consumer.recv_run_async(2));
