@@ -275,8 +275,8 @@ impl<T> Publisher<T> {
         }
         // Relaxed: the publisher's own counters (see `Counts`).
         self.cells.counts.written.store(self.tail + n, Ordering::Relaxed);
-        let held = self.cells.counts.held_bytes.load(Ordering::Relaxed);
         if charged != 0 {
+            let held = self.cells.counts.held_bytes.load(Ordering::Relaxed);
             self.cells.counts.held_bytes.store(held + charged, Ordering::Relaxed);
         }
         match self.cells.publish(self.tail, n) {
@@ -294,7 +294,8 @@ impl<T> Publisher<T> {
                 // the marks go.
                 self.cells.counts.written.store(self.tail, Ordering::Relaxed);
                 if charged != 0 {
-                    self.cells.counts.held_bytes.store(held, Ordering::Relaxed);
+                    let held = self.cells.counts.held_bytes.load(Ordering::Relaxed);
+                    self.cells.counts.held_bytes.store(held - charged, Ordering::Relaxed);
                 }
                 if let Some(to) = to {
                     for index in self.tail..self.tail + n {
