@@ -44,6 +44,20 @@ use crate::name::SinkName;
 use crate::position::Position;
 use crate::sync::Arc;
 
+/// A panic caught while dropping items ([M3](crate::contract#m3)), to resume once the step is done.
+pub(crate) type CaughtPanic = Box<dyn std::any::Any + Send>;
+
+/// Keeps the first panic caught in a pass over items; a later one's payload is dropped here,
+/// where its own panic cannot escape the pass (a payload whose drop panics is leaked instead),
+/// so the pass always reaches its end ([M3](crate::contract#m3)).
+pub(crate) fn keep_first_panic(first: &mut Option<CaughtPanic>, caught: CaughtPanic) {
+    if first.is_none() {
+        *first = Some(caught);
+    } else if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(caught))) {
+        std::mem::forget(again);
+    }
+}
+
 /// The most slots a lane may have: 2^24 (16,777,216). A slot takes at least one 64-byte cache
 /// line, so the largest lane holds 1 GiB of slots; larger capacities are refused at build time
 /// with [`BuildError::CapacityTooLarge`] rather than failing to allocate.

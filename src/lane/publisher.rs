@@ -159,7 +159,7 @@ impl<T> Publisher<T> {
     }
 
     /// Drops the items every lane freed. Returns a caught drop panic to resume after the step.
-    fn reclaim(&mut self) -> Result<(), Box<dyn std::any::Any + Send>> {
+    fn reclaim(&mut self) -> Result<(), crate::lane::CaughtPanic> {
         self.refresh();
         // SAFETY: we hold the producer role, and every lane's `free`, loaded with Acquire in
         // `refresh`, is at `min_free` or past it.
@@ -173,7 +173,7 @@ impl<T> Publisher<T> {
         &mut self,
         items: &[T],
         max: usize,
-        dropped: &mut Result<(), Box<dyn std::any::Any + Send>>,
+        dropped: &mut Result<(), crate::lane::CaughtPanic>,
     ) -> Result<usize, Refusal>
     where
         T: Item,
@@ -513,13 +513,7 @@ impl<T> Drop for Publisher<T> {
     fn drop(&mut self) {
         // A panicking item drop must not keep the role: it is given back first, and the panic
         // resumed after (never while unwinding already, M3).
-        // A drop panic whose payload panics in turn unwinds out of `reclaim`: caught too, so the
-        // role is given back whatever happens.
-        let reclaimed = if std::thread::panicking() {
-            Ok(())
-        } else {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.reclaim())).and_then(|r| r)
-        };
+        let reclaimed = if std::thread::panicking() { Ok(()) } else { self.reclaim() };
         // Release: pairs with `claim`'s Acquire.
         self.cells.producer_live.store(false, Ordering::Release);
         if let Err(p) = reclaimed {

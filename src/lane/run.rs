@@ -284,7 +284,7 @@ impl<T> Drop for Run<T> {
             }));
             if let Err(p) = step {
                 // `nack_run` counted the item it was ending before the panic: go on after it.
-                first_panic.get_or_insert(p);
+                crate::lane::keep_first_panic(&mut first_panic, p);
             }
         }
         self.done = done;

@@ -330,6 +330,27 @@ fn l9_m3_a_payload_panic_in_the_producers_last_pass_gives_the_role_back() {
     assert_eq!(counts, [1, 1, 1], "each item dropped exactly once");
 }
 
+/// The same drops when the lane goes with the items still unacked (the cells' own drop): every
+/// item is dropped once, the quiet one after the two panicking ones included.
+#[test]
+fn m3_a_payload_panic_in_the_lanes_last_drop_leaks_no_item() {
+    let lane = probe_lane(8);
+    let mut producer = lane.producer().unwrap();
+    let mut items = vec![
+        Probe::with(Some(1), OnDrop::Panic),
+        Probe::with(Some(2), OnDrop::PanicWithBomb),
+        Probe::new(Some(3)),
+    ];
+    let all = ids(&items);
+    assert_eq!(producer.try_publish_run(&mut items).unwrap(), 3);
+    assert!(
+        catch_unwind(AssertUnwindSafe(move || drop((producer, lane)))).is_err(),
+        "the first panic surfaces"
+    );
+    let counts: Vec<u32> = all.iter().map(|&id| drops(id)).collect();
+    assert_eq!(counts, [1, 1, 1], "each item dropped exactly once");
+}
+
 #[test]
 fn m4_a_budgeted_publish_run_keeps_what_does_not_fit_in_the_vec_in_order() {
     let charge = batch(1).charge();

@@ -316,7 +316,7 @@ impl<T> Cells<T> {
     /// Returns the first panic of a dropped item's Drop, caught once every item is dropped
     /// ([M3](crate::contract#m3)): the caller resumes it when its own step is done.
     #[must_use = "a caught drop panic must be resumed"]
-    pub(crate) unsafe fn reclaim(&self, end: u64) -> Result<(), Box<dyn std::any::Any + Send>> {
+    pub(crate) unsafe fn reclaim(&self, end: u64) -> Result<(), crate::lane::CaughtPanic> {
         // Relaxed: the publisher's own counters (see `Counts`).
         let end = end.min(self.counts.written.load(Ordering::Relaxed));
         let mut i = self.counts.reclaimed.load(Ordering::Relaxed);
@@ -324,9 +324,8 @@ impl<T> Cells<T> {
             return Ok(());
         }
         let mut first_panic = None;
-        // Records the pass's progress once, when it ends, however it ends: a caught drop panic
-        // whose own payload panics when it is dropped still leaves the loop by unwinding, and the
-        // items read out before it must not be read out again.
+        // Records the pass's progress once, when it ends: the loop always ends (a drop's panic
+        // is caught, a later payload's too), and the guard keeps that so should it ever unwind.
         let mut pass = Pass { counts: &self.counts, reclaimed: i, released: 0 };
         while i < end {
             let cell = self.cell(i);
@@ -338,9 +337,7 @@ impl<T> Cells<T> {
             i += 1;
             (pass.reclaimed, pass.released) = (i, pass.released + charge);
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(item))) {
-                // Only the first is kept; a later one's payload is dropped here (its drop may
-                // panic in turn: `pass` still records the progress).
-                first_panic.get_or_insert(p);
+                crate::lane::keep_first_panic(&mut first_panic, p);
             }
         }
         drop(pass);
@@ -362,7 +359,7 @@ impl<T> Drop for Cells<T> {
             // only when it advances `reclaimed` past it) and nothing else references them now.
             let item = unsafe { cell.item.with(|c| std::ptr::read(c).assume_init()) };
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(item))) {
-                first_panic.get_or_insert(p);
+                crate::lane::keep_first_panic(&mut first_panic, p);
             }
         }
         if let Some(p) = first_panic {
