@@ -65,7 +65,7 @@ fn runs_across_a_wrap_while_the_producer_waits() {
     });
 }
 
-/// Model 14: a re-attach racing the late ack of a whole run (L8, item by item).
+/// Model 14: a re-attach racing the late ack of a whole run (L8).
 ///
 /// Capacity 2; the old consumer receives items 1 and 2 as one run and hands it to a thread that
 /// reads both items and acks the run. Meanwhile the main thread re-attaches, receives whatever
@@ -79,11 +79,11 @@ fn runs_across_a_wrap_while_the_producer_waits() {
 ///   race the late reader (loom checks the slot cell), so `try_publish` says `Full` until the
 ///   run has ended.
 ///
-/// Why the bound suffices: the decisive races are one compare-and-swap against another per item
-/// (the run's ack vs the re-attach's take-back) and the stale reader against the reclaim, each
-/// needing one preemption inside the other thread's window; with two items the ack can land
-/// between the two take-backs, which takes two. Bound 3 covers that and the reader being
-/// preempted between its reads and its acks.
+/// Why the bound suffices: the decisive races are the run's ack against the re-attach, both
+/// seat steps (P21: the ack's seat compare-and-swap against the re-attach's, and the refused
+/// ack's wait for the re-attach to give the seat back before it ends the stale items), and the
+/// stale reader against the reclaim, each needing one preemption inside the other thread's
+/// window. Bound 3 covers those and the reader being preempted between its reads and its ack.
 #[test]
 fn reattach_racing_a_runs_late_ack() {
     support::model("reattach_racing_a_runs_late_ack", 3, || {

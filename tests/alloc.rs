@@ -393,8 +393,8 @@ fn two_thread_traffic_allocates_nothing_on_either_side_m2() {
 
 /// M2 for the one array of cells: fan-out publishes (single and runs, reusing cells, and
 /// dropping the items every lane freed), runs received and acked with the seat-held ack and
-/// cumulatively, released and redelivered, a re-attach with a stale run acked late (the per-item
-/// fallback) and single deliveries allocate nothing; M1: live bytes are back where they started
+/// cumulatively, released and redelivered, a re-attach with a stale run acked late (refused,
+/// its items ended as stale handles) and single deliveries allocate nothing; M1: live bytes are back where they started
 /// once the items' own storage is accounted for; M3: the fan-out's drop drops the last items.
 #[test]
 fn fanout_runs_redeliveries_and_reattach_allocate_nothing_and_the_fanout_drop_frees_the_rest_m2() {

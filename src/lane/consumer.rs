@@ -79,11 +79,9 @@ impl<T: Item> Consumer<T> {
     }
 
     fn step_run(&mut self, max: usize) -> Result<Run<T>, Miss> {
-        let mut gens = [0u32; MAX_RUN];
-        let max = max.clamp(1, MAX_RUN);
-        match self.ring.take_run(self.epoch, &mut self.cached_tail, &mut gens[..max]) {
+        match self.ring.take_run(self.epoch, &mut self.cached_tail, max.clamp(1, MAX_RUN)) {
             TakeRun::Run { index, len, attempt, plain } => {
-                Ok(Run::new(self.ring.clone(), self.epoch, index, len, attempt, plain, gens))
+                Ok(Run::new(self.ring.clone(), self.epoch, index, len, attempt, plain))
             }
             TakeRun::Empty => Err(Miss::Empty),
             TakeRun::Blocked => Err(Miss::Blocked),

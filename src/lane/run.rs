@@ -3,7 +3,6 @@
 use std::fmt;
 use std::iter::FusedIterator;
 use std::ops::Range;
-use std::panic::{self, AssertUnwindSafe};
 
 use super::ring::Ring;
 use crate::error::AckError;
@@ -12,8 +11,9 @@ use crate::position::Position;
 use crate::sync::Arc;
 
 /// The most items one [`Run`] holds: `recv_run(max)` and its siblings deliver at most
-/// `max.clamp(1, MAX_RUN)` items. 64 keeps a run's bookkeeping (a 24-bit delivery generation
-/// per item) inline, so receiving a run allocates nothing ([M2](crate::contract#m2)).
+/// `max.clamp(1, MAX_RUN)` items. A run's bookkeeping is its range, whatever its length (it
+/// allocates nothing, [M2](crate::contract#m2)); the bound keeps one receive step, and the
+/// span of slots a lagging sink holds at once, as short as a disruptor's batch of 64.
 pub const MAX_RUN: usize = 64;
 
 /// A run of deliveries from one lane, received in one step by
@@ -69,11 +69,8 @@ pub struct Run<T> {
     done: usize,
     len: usize,
     attempt: u32,
-    /// Delivered plain (no state word written: the ring's "Plain runs"): acked and released
-    /// through the seat, and `gens` is unused.
+    /// Delivered plain (no state word written: the ring's "Plain runs").
     plain: bool,
-    /// Each item's delivery generation: its ack or nack names exactly that delivery.
-    gens: [u32; MAX_RUN],
 }
 
 impl<T: Item> Run<T> {
@@ -84,10 +81,9 @@ impl<T: Item> Run<T> {
         len: usize,
         attempt: u32,
         plain: bool,
-        gens: [u32; MAX_RUN],
     ) -> Run<T> {
         debug_assert!((1..=MAX_RUN).contains(&len));
-        Run { ring: Some(ring), epoch, start, done: 0, len, attempt, plain, gens }
+        Run { ring: Some(ring), epoch, start, done: 0, len, attempt, plain }
     }
 
     fn ring(&self) -> Option<&Ring<T>> {
@@ -152,8 +148,9 @@ impl<T: Item> Run<T> {
     ///
     /// # Panics
     /// As [`AckHandle::ack`](crate::AckHandle::ack): resumes a panic raised by an item's `Drop`
-    /// (the lane's state is updated first; items the panic skipped are released by the run's
-    /// drop).
+    /// when the run held the last reference to the stream's cells (the stream, its fan-out and
+    /// every other delivery gone), whose drop drops the items left in them; the lane's state is
+    /// updated first.
     pub fn ack(mut self) -> Result<(), AckError> {
         let all = self.len();
         self.ack_first(all).map(|_| ())
@@ -197,53 +194,24 @@ impl<T: Item> Run<T> {
     /// Acks the first `n` outstanding items.
     fn ack_first(&mut self, n: usize) -> Result<usize, AckError> {
         // The ring is borrowed beside the fields the acks move (not cloned: no reference-count
-        // round trip per ack), and stays in the run until every item is done, so a panic below
-        // leaves the rest to the run's drop.
-        let Run { ring, epoch, start, done, len, attempt, plain, gens } = self;
+        // round trip per ack), and stays in the run until every item is done.
+        let Run { ring, epoch, start, done, len, plain, .. } = self;
         let Some(ring) = ring.as_deref() else { return Ok(0) };
         let end = *done + n;
         debug_assert!(end <= *len);
+        let (from, to) = (*start + *done as u64, *start + end as u64);
         let acked = if n == 0 {
             Ok(0)
-        } else if *plain {
-            if ring.ack_plain(*epoch, *start + end as u64) {
-                *done = end;
-                ring.run_acked();
-                Ok(n)
-            } else {
-                // A re-attach took the run's items back: each is stale, ended here.
-                while *done < end {
-                    let j = *done;
-                    *done += 1;
-                    ring.end_stale(*start + j as u64);
-                }
-                Err(AckError::Detached)
-            }
-        } else if ring.ack_run_seated(*epoch, *start + *done as u64, &gens[*done..end], *attempt) {
+        } else if ring.ack_run(*epoch, from, to, *plain) {
             *done = end;
             ring.run_acked();
             Ok(n)
         } else {
-            let (mut landed, mut refused) = (false, false);
-            while *done < end {
-                let j = *done;
-                // Counted before the step: if ending a refused (stale) handle panics, this item
-                // is already ended and the run's drop must not release it again.
-                *done += 1;
-                if ring.ack_in_run(*start + j as u64, gens[j]) {
-                    landed = true;
-                } else {
-                    refused = true;
-                }
-            }
-            if landed {
-                ring.run_acked();
-            }
-            if refused {
-                Err(AckError::Detached)
-            } else {
-                Ok(n)
-            }
+            // A re-attach took the run's outstanding items back: the acked ones are stale,
+            // ended here (the rest stay readable until they are acked or the run is dropped).
+            *done = end;
+            (from..to).for_each(|i| ring.end_stale(i));
+            Err(AckError::Detached)
         };
         if self.done == self.len {
             self.ring = None;
@@ -260,39 +228,15 @@ impl<T: Item> Run<T> {
 }
 
 impl<T> Drop for Run<T> {
-    /// Releases the outstanding items ([L6](crate::contract#l6)). If ending one of them lets an
-    /// item go whose `Drop` panics ([M3](crate::contract#m3)), the rest are still released and
-    /// the first panic is resumed afterwards (not while the thread is already unwinding).
+    /// Releases the outstanding items ([L6](crate::contract#l6)), or, if a re-attach took them
+    /// back first, ends each as a stale handle.
     fn drop(&mut self) {
         let Some(ring) = self.ring.take() else { return };
-        let (start, gens, len) = (self.start, &self.gens, self.len);
-        if self.plain {
-            let from = start + self.done as u64;
-            if !ring.release_plain(self.epoch, from, start + len as u64) {
-                // A re-attach took the items back (and releases them): end each stale item.
-                (from..start + len as u64).for_each(|i| ring.end_stale(i));
-            }
-            self.done = len;
-            return;
+        let (from, end) = (self.start + self.done as u64, self.start + self.len as u64);
+        if !ring.release_run(self.epoch, from, end, self.plain) {
+            (from..end).for_each(|i| ring.end_stale(i));
         }
-        let mut done = self.done;
-        let mut first_panic = None;
-        while done < len {
-            let base = done;
-            let step = panic::catch_unwind(AssertUnwindSafe(|| {
-                ring.nack_run(start + base as u64, &gens[base..len], |k| done = base + k)
-            }));
-            if let Err(p) = step {
-                // `nack_run` counted the item it was ending before the panic: go on after it.
-                crate::lane::keep_first_panic(&mut first_panic, p);
-            }
-        }
-        self.done = done;
-        if let Some(p) = first_panic {
-            if !std::thread::panicking() {
-                panic::resume_unwind(p);
-            }
-        }
+        self.done = self.len;
     }
 }
 

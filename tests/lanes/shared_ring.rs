@@ -301,8 +301,8 @@ fn shared_l8_m3_a_stale_handle_pins_its_cell_for_every_lane() {
     }
 }
 
-/// The seat-held ack falls back to per-item compare-and-swaps while a stale handle lives, and
-/// uses the seat again once it ended: a run acked while a stale handle of *another* item of the
+/// The seat-held ack uses per-item compare-and-swaps while a stale handle lives, and plain
+/// stores again once it ended: a run acked while a stale handle of *another* item of the
 /// lane lives must not overwrite that handle's holder count (the stale handle's end must still
 /// free its slot), and acks of runs received before and after the re-attach keep the watermark
 /// exact. Checked by the slot being reused (and dropped) exactly when the stale handle ends.
@@ -726,7 +726,7 @@ fn work_on_run(
     }
     let mut count = 0;
     match rng.gen_range(0..6) {
-        // The whole run: seat-held when it can. Ok: every item landed.
+        // The whole run, seat-held. Ok: every item landed.
         0..=2 => {
             let n = run.len() as u64;
             if run.ack().is_ok() {
@@ -770,7 +770,7 @@ fn work_on_run(
     count
 }
 
-/// Runs acked on worker threads (the seat-held ack when the seat is free, per item otherwise)
+/// Runs acked on worker threads (the seat-held ack, waiting out the receiving thread's steps)
 /// while each lane's receiving thread keeps receiving, re-attaches now and then, and now and
 /// then drops its consumer and attaches a new one at once (which must never find the seat still
 /// taken: `ConsumerAttached`), and the publisher keeps a small array of cells full (dropping

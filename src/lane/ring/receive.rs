@@ -117,8 +117,8 @@ impl<T> Ring<T> {
         let seated = (epoch << EPOCH_SHIFT) | ATTACHED;
         let backoff = Backoff::new();
         // Release: pairs with the next `attach`'s Acquire (our `next` and slot writes). The
-        // seat is BUSY with our epoch only while a run of ours is acked on another thread
-        // (`ack_run_seated`, a few stores): wait for it.
+        // seat is BUSY with our epoch only while a run of ours is acked or released on
+        // another thread (`ack_run`, `release_run`: a few stores): wait for it.
         while let Err(now) = self.cons.seat.compare_exchange(
             seated,
             epoch << EPOCH_SHIFT,
@@ -164,8 +164,8 @@ impl<T> Ring<T> {
     pub(super) fn seated<R>(&self, epoch: u64, step: impl FnOnce() -> R) -> Option<R> {
         // Acquire: pairs with the Release that gave the seat back (a re-attach, a seat-held run
         // ack, or our own previous step). Fails if another consumer was attached: our epoch is
-        // gone. The seat is BUSY with our epoch only while a run of ours is acked on another
-        // thread (`ack_run_seated`, `ack_plain`, `release_plain`: a few stores): wait for it.
+        // gone. The seat is BUSY with our epoch only while a run of ours is acked or released
+        // on another thread (`ack_run`, `release_run`: a few stores): wait for it.
         // The consumer may have gone away (`ATTACHED` clear) while its run is still acked or
         // released: that run's step takes the seat all the same, as long as no newer consumer
         // took the epoch; the bit is kept as it was.

@@ -1,15 +1,19 @@
 //! Runs: one seat step that hands out a contiguous run of first deliveries, and the run's acks
-//! and nacks with one advancer pass for the whole run.
+//! and releases, each one seat step with one advancer request for the whole run.
 //!
-//! A run changes none of the per-item protocol: each item of a run is delivered with the same
+//! A run changes none of the per-item states: each item of a run is delivered with the same
 //! state word as by [`take`](Ring::take) (next generation, one holder, attempt 1,
-//! `DELIVERED`), and acked or released with the same compare-and-swap as a single handle's
-//! (`ack_slot`, `release_slot`), so a re-attach takes back exactly the items of a run that were
-//! not acked yet and a late ack of each item lands xor is refused ([L8](crate::contract#l8)).
-//! What a run saves is the shared traffic around those steps: one seat compare-and-swap, one
-//! `tail` load, one `next` store and one statistics store per run instead of per item on the
-//! receive side; one advancer request (`advance` RMW, `acked_end` and the acked mark) per run
-//! instead of per item on the ack side; one `released` RMW and one wake-up per released run.
+//! `DELIVERED`), and acked or released into the same word as a single handle's ack or nack, so
+//! a re-attach takes back exactly the items of a run that were not acked yet and each item
+//! lands xor is redelivered ([L8](crate::contract#l8)). What differs is who may write the
+//! words: a run's acks and releases hold the seat from the run's epoch, so no re-attach can
+//! take the items back meanwhile and the words are the run's own deliveries (P21) — no
+//! generation per item is kept, and if the epoch is gone every outstanding item was taken back
+//! (each is then ended as a stale handle). What a run saves is the shared traffic around those
+//! steps: one seat compare-and-swap, one `tail` load, one `next` store and one statistics store
+//! per run instead of per item on the receive side; one seat step and one advancer request
+//! (`advance` RMW, `acked_end` and the acked mark) per run instead of a compare-and-swap and a
+//! request per item on the ack side; one `released` RMW and one wake-up per released run.
 //!
 //! A run taken while nothing of the lane is in flight is *plain* (the ring's module docs): it
 //! writes no state word at all, and its acks are one `plain_acked` store under the seat. Its
@@ -18,36 +22,16 @@
 
 use super::receive::Take;
 use super::slot::CURSOR_SHIFT;
-use super::slot::{
-    delivered_word, gen, tag, with_tag, ACKED, ATTEMPT_SHIFT, DELIVERED, GEN_SHIFT, HOLDER_ONE, RELEASED,
-    SKIPPED,
-};
-use super::{Ring, ATTACHED, BUSY, EPOCH_SHIFT};
-use crate::sync::{AtomicUsize, Ordering};
+use super::slot::{delivered_word, holders, tag, with_tag, ACKED, DELIVERED, HOLDER_ONE, RELEASED, SKIPPED};
+use super::{Ring, BUSY};
+use crate::sync::Ordering;
 use crossbeam_utils::Backoff;
-
-/// Gives back `left` counts of `released` when dropped (see `nack_run`).
-struct Uncounted<'a> {
-    released: &'a AtomicUsize,
-    left: usize,
-}
-
-impl Drop for Uncounted<'_> {
-    fn drop(&mut self) {
-        if self.left > 0 {
-            // Relaxed: as the take-back in `nack`.
-            self.released.fetch_sub(self.left, Ordering::Relaxed);
-        }
-    }
-}
 
 /// What one run step found.
 pub(crate) enum TakeRun {
-    /// Items `index..index + len` were delivered; each item's generation (the state word's
-    /// `gen` field, shifted down) is in the caller's buffer, and every item has `attempt`. A
-    /// `plain` run wrote no state word (ring docs, "Plain runs"): its generations are not set,
-    /// its acks and release go through [`ack_plain`](Ring::ack_plain) and
-    /// [`release_plain`](Ring::release_plain).
+    /// Items `index..index + len` were delivered, every one with `attempt`. A `plain` run wrote
+    /// no state word (ring docs, "Plain runs"); its acks and release say so to
+    /// [`ack_run`](Ring::ack_run) and [`release_run`](Ring::release_run).
     Run {
         index: u64,
         len: usize,
@@ -62,13 +46,13 @@ pub(crate) enum TakeRun {
 }
 
 impl<T> Ring<T> {
-    /// One non-blocking receive step for the consumer of `epoch` that delivers up to
-    /// `gens.len()` (>= 1) items: a redelivery alone if one is released (released items come
-    /// first, [L2](crate::contract#l2); a run of redeliveries would not be contiguous), else a
-    /// contiguous run of queued items, each delivered for the first time. Writes the items'
-    /// generations into `gens`. Never blocks ([L12](crate::contract#l12)).
-    pub(crate) fn take_run(&self, epoch: u64, cached_tail: &mut u64, gens: &mut [u32]) -> TakeRun {
-        debug_assert!(!gens.is_empty());
+    /// One non-blocking receive step for the consumer of `epoch` that delivers up to `max`
+    /// (>= 1) items: a redelivery alone if one is released (released items come first,
+    /// [L2](crate::contract#l2); a run of redeliveries would not be contiguous), else a
+    /// contiguous run of queued items, each delivered for the first time. Never blocks
+    /// ([L12](crate::contract#l12)).
+    pub(crate) fn take_run(&self, epoch: u64, cached_tail: &mut u64, max: usize) -> TakeRun {
+        debug_assert!(max >= 1);
         if !self.readable(epoch) {
             // As in `take`: nothing to take, answered without the seat (P5b).
             return TakeRun::Empty;
@@ -76,7 +60,7 @@ impl<T> Ring<T> {
         // The seat, taken and given back as for one item (P5, P16).
         let mut skipped = false;
         let taken = self
-            .seated(epoch, || self.take_run_seated(cached_tail, gens, &mut skipped))
+            .seated(epoch, || self.take_run_seated(cached_tail, max, &mut skipped))
             .unwrap_or(TakeRun::Detached);
         if skipped {
             // As in `take`: one advancer request for the gaps passed (P23).
@@ -85,14 +69,13 @@ impl<T> Ring<T> {
         taken
     }
 
-    fn take_run_seated(&self, cached_tail: &mut u64, gens: &mut [u32], skipped: &mut bool) -> TakeRun {
+    fn take_run_seated(&self, cached_tail: &mut u64, max: usize, skipped: &mut bool) -> TakeRun {
         // Relaxed: as in `take_seated` (only the seated consumer writes `next`).
         let mut next = self.cons.next.load(Ordering::Relaxed);
         // Relaxed: a hint to scan, as in `take_seated`.
         if self.cons.released.load(Ordering::Relaxed) > 0 {
             match self.take_released(next) {
                 Some(Take::Item { index, word }) => {
-                    gens[0] = (gen(word) >> GEN_SHIFT) as u32;
                     return TakeRun::Run { index, len: 1, attempt: super::slot::attempt(word), plain: false };
                 }
                 Some(_) => return TakeRun::Blocked,
@@ -107,11 +90,11 @@ impl<T> Ring<T> {
         // Reload `tail` whenever the cached count cannot fill the run (once per run, not per
         // item). `>=` / saturating: a freshly attached consumer's cache starts at 0.
         // Item `next` is queued (`first_queued`), so the run has at least one item.
-        if cached_tail.saturating_sub(next) < gens.len() as u64 {
+        if cached_tail.saturating_sub(next) < max as u64 {
             // Acquire: as in `first_queued` (pairs with the producer's Release compare-and-swap).
             *cached_tail = self.shape.cells.cursor.load(Ordering::Acquire) >> CURSOR_SHIFT;
         }
-        let mut len = (*cached_tail - next).min(gens.len() as u64) as usize;
+        let mut len = (*cached_tail - next).min(max as u64) as usize;
         // Acquire: pairs with the advancer's Release stores: every item below `next` is acked
         // and its slot emptied, so no handle of this lane is live and the advancer's next pass
         // starts at `next`, where the plain run begins (P26).
@@ -137,7 +120,7 @@ impl<T> Ring<T> {
             self.delivered_run(next, len);
             return TakeRun::Run { index: next, len, attempt: 1, plain: true };
         }
-        for (j, g) in gens[..len].iter_mut().enumerate() {
+        for j in 0..len {
             let state = self.state(next + j as u64);
             // Relaxed load, Release store: as in `take_seated`, for every item below the `tail`
             // acquired above (the same `free` -> producer -> `tail` chain orders each slot's
@@ -148,9 +131,7 @@ impl<T> Ring<T> {
                 len = j;
                 break;
             }
-            let word = delivered_word(now, 1);
-            state.store(word, Ordering::Release);
-            *g = (gen(word) >> GEN_SHIFT) as u32;
+            state.store(delivered_word(now, 1), Ordering::Release);
         }
         self.delivered_run(next, len);
         TakeRun::Run { index: next, len, attempt: 1, plain: false }
@@ -167,40 +148,77 @@ impl<T> Ring<T> {
             .store(self.cons.delivered.load(Ordering::Relaxed) + len as u64, Ordering::Relaxed);
     }
 
-    /// Acks the items of the plain run received by the consumer of `epoch` below `end`
-    /// (holding the seat, so no re-attach can turn them stale meanwhile): `true` if done (the
-    /// caller then requests one advance with [`run_acked`](Ring::run_acked)), `false` if a
-    /// re-attach took the run's items back first (they are stale: the caller ends each with
-    /// [`end_stale`](Ring::end_stale)). Waits out a receive step of the consumer
-    /// on another thread, as [`seated`](Ring::seated) does.
-    pub(crate) fn ack_plain(&self, epoch: u64, end: u64) -> bool {
+    /// Acks items `from..end` of a run received by the consumer of `epoch` (`plain` as the
+    /// run's take said), holding the seat: `true` if done (the caller then requests one
+    /// advance with [`run_acked`](Ring::run_acked)), `false` if a re-attach took the run's
+    /// outstanding items back first (each is stale: the caller ends it with
+    /// [`end_stale`](Ring::end_stale); this waited until the re-attach was done). Waits out a
+    /// receive step of the consumer on another thread, as [`seated`](Ring::seated) does.
+    ///
+    /// Holding the seat from the run's epoch, no re-attach can take the items back meanwhile,
+    /// so each item's word is its delivery by this run (P21): a plain run's acks are one
+    /// `plain_acked` store (P26); another run's are one plain store per item while no stale
+    /// handle can lower a holder count, else the ack's compare-and-swap per item.
+    ///
+    /// # Panics
+    /// In debug builds, if a word is not the run's delivery (after giving the seat back).
+    pub(crate) fn ack_run(&self, epoch: u64, from: u64, end: u64, plain: bool) -> bool {
         let seated = self.seated(epoch, || {
-            // Relaxed: written under the seat only. Checked after the seat is given back (a
-            // panic under the seat would keep it busy).
-            let (acked, end_now) =
-                (self.cons.plain_acked.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
-            // Release: pairs with the advancer's Acquire load (P26): the sink's writes and
-            // the run's reads of its items happen before the advancer passes them (and before
-            // the acked mark and `free` it then publishes).
-            self.cons.plain_acked.store(end, Ordering::Release);
-            (acked, end_now)
+            // The first item whose word is not the run's delivery (checked in debug builds),
+            // reported after the seat is given back (a panic under the seat would keep it busy).
+            let mut mismatch = None;
+            if plain {
+                // Relaxed: written under the seat only.
+                let acked = self.cons.plain_acked.load(Ordering::Relaxed);
+                let plain_end = self.cons.plain_end.load(Ordering::Relaxed);
+                if cfg!(debug_assertions) && (acked != from || end > plain_end) {
+                    mismatch = Some((from, acked));
+                }
+                // Release: pairs with the advancer's Acquire load (P26): the sink's writes and
+                // the run's reads of its items happen before the advancer passes them (and
+                // before the acked mark and `free` it then publishes).
+                self.cons.plain_acked.store(end, Ordering::Release);
+                return mismatch;
+            }
+            // Acquire: pairs with the Release decrement of every stale handle that ended (one
+            // release sequence on `stale`): reading 0, each one's holder RMW on its item's word
+            // happens before our stores, so none is overwritten (P21).
+            let alone = self.cons.stale.load(Ordering::Acquire) == 0;
+            for i in from..end {
+                let state = self.state(i);
+                // Relaxed: the word is this run's delivery (the seat's Acquire ordered us after
+                // its take); only a stale handle's holder RMW may change it meanwhile.
+                let word = state.load(Ordering::Relaxed);
+                if cfg!(debug_assertions) && (tag(word) != DELIVERED || (alone && holders(word) != 1)) {
+                    mismatch.get_or_insert((i, word));
+                }
+                if alone {
+                    // Release: as the ack's compare-and-swap (`ack_slot`): the sink's writes and
+                    // our reads of the item happen before the advancer's Acquire of the ACKED word.
+                    state.store(with_tag(word, ACKED) - HOLDER_ONE, Ordering::Release);
+                } else if !self.ack_slot(i, word) {
+                    mismatch.get_or_insert((i, word));
+                }
+            }
+            mismatch
         });
         match seated {
-            Some((acked, end_now)) => {
-                debug_assert!(acked < end && end <= end_now, "plain ack to {end} of {acked}..{end_now}");
-                true
+            Some(None) => true,
+            Some(Some((i, found))) => {
+                panic!("run ack of item {i} under the seat found {found:#x}, not the run's delivery")
             }
             None => {
-                self.plain_taken_back();
+                self.taken_back();
                 false
             }
         }
     }
 
-    /// After a plain run's seat step found its epoch gone: waits until the re-attach that took
-    /// the epoch has given the seat back, so that its take-back of the run's items (the holder
-    /// count each `RELEASED` word gets) happens before the caller ends them (P26).
-    fn plain_taken_back(&self) {
+    /// After a run's seat step found its epoch gone: waits until the re-attach that took the
+    /// epoch has given the seat back, so that its take-back of the run's items (a plain run's
+    /// items get their `RELEASED` words and holder counts, another run's keep their holders)
+    /// happens before the caller ends them as stale handles (P26).
+    fn taken_back(&self) {
         let backoff = Backoff::new();
         // Acquire: pairs with the re-attach's Release store that gave the seat back (or a later
         // seat-holder's, ordered after it). A seat without `BUSY` and with a newer epoch is only
@@ -210,30 +228,52 @@ impl<T> Ring<T> {
         }
     }
 
-    /// Releases the items `from..end` of the plain run received by the consumer of `epoch`
-    /// (its un-acked rest) for redelivery ([L6](crate::contract#l6)), with one wake-up: each
-    /// slot gets the word a nacked delivery leaves (`RELEASED`, next generation, attempt 1, no
-    /// holder). `false` if a re-attach took them back first (the caller ends each stale item
-    /// with [`end_stale`](Ring::end_stale)).
-    pub(crate) fn release_plain(&self, epoch: u64, from: u64, end: u64) -> bool {
+    /// Releases items `from..end` of a run received by the consumer of `epoch` (its un-acked
+    /// rest) for redelivery ([L6](crate::contract#l6)), holding the seat as
+    /// [`ack_run`](Ring::ack_run) does, with one wake-up: each item gets the word a nack
+    /// leaves (`RELEASED`, no holder of this delivery; a plain item gets the next generation
+    /// and attempt 1). `false` if a re-attach took them back first (the caller ends each stale
+    /// item with [`end_stale`](Ring::end_stale)).
+    ///
+    /// # Panics
+    /// In debug builds, as [`ack_run`](Ring::ack_run).
+    pub(crate) fn release_run(&self, epoch: u64, from: u64, end: u64, plain: bool) -> bool {
         let released = self.seated(epoch, || {
-            // Relaxed: written under the seat only. Checked after the seat is given back.
-            let span =
-                (self.cons.plain_acked.load(Ordering::Relaxed), self.cons.plain_end.load(Ordering::Relaxed));
-            self.materialize_plain(from, end, 0);
-            span
+            // As in `ack_run`.
+            let mut mismatch = None;
+            if plain {
+                // Relaxed: written under the seat only.
+                let acked = self.cons.plain_acked.load(Ordering::Relaxed);
+                let plain_end = self.cons.plain_end.load(Ordering::Relaxed);
+                if cfg!(debug_assertions) && (acked, plain_end) != (from, end) {
+                    mismatch = Some((from, acked));
+                }
+                self.materialize_plain(from, end, 0);
+                return mismatch;
+            }
+            // Counted before any slot shows RELEASED, as `nack` counts one (P7). Relaxed: as
+            // in `nack` (the consumer acquires the slot word itself).
+            self.cons.released.fetch_add((end - from) as usize, Ordering::Relaxed);
+            for i in from..end {
+                // Relaxed: as in `ack_run`. The nack's compare-and-swap (which a stale handle's
+                // holder RMW may make retry, never fail).
+                let word = self.state(i).load(Ordering::Relaxed);
+                if !self.release_slot(i, word) {
+                    mismatch.get_or_insert((i, word));
+                }
+            }
+            mismatch
         });
         match released {
-            Some((acked, end_now)) => {
-                debug_assert!(
-                    acked == from && end == end_now,
-                    "plain release {from}..{end} of {acked}..{end_now}"
-                );
+            Some(None) => {
                 self.shape.cells.items.notify();
                 true
             }
+            Some(Some((i, found))) => {
+                panic!("run release of item {i} under the seat found {found:#x}, not the run's delivery")
+            }
             None => {
-                self.plain_taken_back();
+                self.taken_back();
                 false
             }
         }
@@ -262,112 +302,9 @@ impl<T> Ring<T> {
         self.cons.plain_end.store(from, Ordering::Relaxed);
     }
 
-    /// Acks item `index` of a run (its delivery's generation `g`) without requesting an advance:
-    /// `true` if the ack landed (the caller requests one advance for the whole run with
-    /// [`run_acked`](Ring::run_acked)), `false` if a re-attach took the delivery back first (the
-    /// handle is ended here, as a refused single ack ends it).
-    ///
-    /// # Panics
-    /// As [`ack`](Ring::ack): resumes an item's drop panic if ending a stale handle let its
-    /// item go (the handle is ended first).
-    pub(crate) fn ack_in_run(&self, index: u64, g: u32) -> bool {
-        let word = u64::from(g) << GEN_SHIFT;
-        if self.ack_slot(index, word) {
-            true
-        } else {
-            self.end_stale(index);
-            false
-        }
-    }
-
-    /// Acks items `index..index + gens.len()` of a run received by the consumer of `epoch`
-    /// (each item's delivery generation in `gens`, all with `attempt`) with one plain store per
-    /// item, holding the seat: `true` if done (the caller then requests one advance with
-    /// [`run_acked`](Ring::run_acked)), `false` if nothing was done and the caller must ack
-    /// item by item with [`ack_in_run`](Ring::ack_in_run).
-    ///
-    /// A plain store is enough while nothing else can write the items' state words: a re-attach
-    /// (the only other writer of a `DELIVERED` word of the current epoch) needs the seat, and a
-    /// stale handle (which lowers the holder count of its item's word) exists only while
-    /// `stale > 0`, and only a re-attach, under the seat, makes one. So this takes the seat
-    /// from `epoch` (failing if a re-attach took the items back, or if the consumer is inside a
-    /// receive step), then checks `stale == 0`, stores the words and gives the seat back
-    /// (P21 in the memory-ordering chapter).
-    pub(crate) fn ack_run_seated(&self, epoch: u64, index: u64, gens: &[u32], attempt: u32) -> bool {
-        let seated = (epoch << EPOCH_SHIFT) | ATTACHED;
-        // Acquire: pairs with the Release that gave the seat back (a re-attach's, so its `stale`
-        // increments are seen below). Fails if the seat is busy or our epoch is gone.
-        if self
-            .cons
-            .seat
-            .compare_exchange(seated, seated | BUSY, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return false;
-        }
-        // Acquire: pairs with the Release decrement of every stale handle that ended (one
-        // release sequence on `stale`): reading 0, each one's holder RMW on its item's word
-        // happens before our stores, so none is overwritten.
-        let plain = self.cons.stale.load(Ordering::Acquire) == 0;
-        // Debug builds check each word is the delivery's own (our generation, our one holder,
-        // DELIVERED), and report a mismatch only after the seat is given back.
-        let mut mismatch = None;
-        if plain {
-            let attempt = u64::from(attempt.min(0xFFFF)) << ATTEMPT_SHIFT;
-            for (j, &g) in gens.iter().enumerate() {
-                let state = self.state(index + j as u64);
-                let delivered = (u64::from(g) << GEN_SHIFT) | HOLDER_ONE | attempt | DELIVERED;
-                if cfg!(debug_assertions) && mismatch.is_none() {
-                    let now = state.load(Ordering::Relaxed);
-                    mismatch = (now != delivered).then_some((index + j as u64, now, delivered));
-                }
-                // Release: as the ack's compare-and-swap (`ack_slot`): the sink's writes and our
-                // reads of the item happen before the advancer's Acquire of the ACKED word.
-                state.store((u64::from(g) << GEN_SHIFT) | attempt | ACKED, Ordering::Release);
-            }
-        }
-        // Release: pairs with the next seat-taker's Acquire.
-        self.cons.seat.store(seated, Ordering::Release);
-        if let Some((i, now, delivered)) = mismatch {
-            panic!("seat-held ack of item {i}: its word is {now:#x}, not its delivery's {delivered:#x}");
-        }
-        plain
-    }
-
     /// Ends a run's acks: one advancer request for every item acked by
-    /// [`ack_in_run`](Ring::ack_in_run).
+    /// [`ack_run`](Ring::ack_run).
     pub(crate) fn run_acked(&self) {
         self.request_advance();
-    }
-
-    /// Releases items `index..index + gens.len()` of a run for redelivery
-    /// ([L6](crate::contract#l6)): as many single nacks, with one `released` increment and one
-    /// wake-up for all of them.
-    ///
-    /// # Panics
-    /// As [`nack`](Ring::nack): an item's drop panic, if ending a stale handle let it go; the
-    /// items before it are released and the caller must not release them again.
-    pub(crate) fn nack_run(&self, index: u64, gens: &[u32], mut done: impl FnMut(usize)) {
-        // Count every release before any slot shows RELEASED, as `nack` does for one item; the
-        // count of an item a re-attach took back is given back below. Relaxed: as in `nack`.
-        self.cons.released.fetch_add(gens.len(), Ordering::Relaxed);
-        // If ending a stale handle below panics, the items after it were counted and not
-        // released: the guard gives their counts back (the caller releases them again).
-        let mut uncounted = Uncounted { released: &self.cons.released, left: gens.len() };
-        let mut released = 0;
-        for (j, &g) in gens.iter().enumerate() {
-            done(j + 1);
-            uncounted.left -= 1;
-            if self.release_slot(index + j as u64, u64::from(g) << GEN_SHIFT) {
-                released += 1;
-            } else {
-                // Relaxed: as in `nack` (a re-attach counted it).
-                self.cons.released.fetch_sub(1, Ordering::Relaxed);
-                self.end_stale(index + j as u64);
-            }
-        }
-        if released > 0 {
-            self.shape.cells.items.notify();
-        }
     }
 }
