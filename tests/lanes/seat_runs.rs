@@ -398,8 +398,8 @@ fn standalone_race(seed: u64, n: usize) {
 
 #[test]
 fn l2_l6_l8_m3_runs_acked_on_other_threads_race_receives_and_reattaches_on_small_lanes() {
-    for seed in 0..hunt(8) {
-        within(30, &format!("standalone race, seed {seed}"), move || standalone_race(seed, 300));
+    for seed in 0..hunt(16) {
+        within(30, &format!("standalone race, seed {seed}"), move || standalone_race(seed, 1000));
     }
 }
 
@@ -458,8 +458,8 @@ fn shared_race(seed: u64, n: u64) {
 
 #[test]
 fn l8_l10_w1_runs_acked_elsewhere_across_gaps_and_stream_attaches_land_each_item_once() {
-    for seed in 0..hunt(4) {
-        within(30, &format!("shared race, seed {seed}"), move || shared_race(seed, 200));
+    for seed in 0..hunt(8) {
+        within(30, &format!("shared race, seed {seed}"), move || shared_race(seed, 600));
     }
 }
 
