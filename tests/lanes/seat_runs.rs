@@ -14,7 +14,7 @@ use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -72,6 +72,27 @@ fn assert_all_slots_free(lane: &Lane<Counted>, drops: &Arc<Vec<AtomicUsize>>, fi
             .try_publish(Counted { id, drops: drops.clone() })
             .unwrap_or_else(|_| panic!("{what}: slot {} of {capacity} still held", id - first_id));
     }
+}
+
+/// Spawns `f` on a thread that spins at a start line with the caller: returns once both are
+/// there and `f` is starting, so the caller's next step races it (closer than a `Barrier`'s wake).
+fn race_with<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> thread::JoinHandle<R> {
+    let (ready, go) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let handle = {
+        let (ready, go) = (ready.clone(), go.clone());
+        thread::spawn(move || {
+            ready.store(true, Ordering::Release);
+            while !go.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            f()
+        })
+    };
+    while !ready.load(Ordering::Acquire) {
+        std::hint::spin_loop();
+    }
+    go.store(true, Ordering::Release);
+    handle
 }
 
 // ----- the threaded race: receive here, ack elsewhere, re-attach meanwhile ----------------------
@@ -563,20 +584,14 @@ fn l8_p21_stale_handles_ending_race_the_new_consumers_run_acks_on_the_same_items
             runs.iter().map(|r| (ids(r), r.attempt())).collect::<Vec<_>>(),
             [(vec![0], 2), (vec![1], 2)]
         );
-        let barrier = Arc::new(Barrier::new(2));
-        let ender = {
-            let barrier = barrier.clone();
-            thread::spawn(move || {
-                barrier.wait();
-                for s in stale {
-                    match s {
-                        Stale::One(d) => assert_eq!(d.ack(), Err(AckError::Detached)),
-                        Stale::Run(r) => assert_eq!(r.ack(), Err(AckError::Detached)),
-                    }
+        let ender = race_with(move || {
+            for s in stale {
+                match s {
+                    Stale::One(d) => assert_eq!(d.ack(), Err(AckError::Detached)),
+                    Stale::Run(r) => assert_eq!(r.ack(), Err(AckError::Detached)),
                 }
-            })
-        };
-        barrier.wait();
+            }
+        });
         for r in runs {
             if release {
                 r.nack();
@@ -604,7 +619,7 @@ fn l8_p21_stale_handles_ending_race_the_new_consumers_run_acks_on_the_same_items
 fn l8_p26_run_acks_and_releases_race_reattach_and_drop_then_attach() {
     for round in 0..hunt(300) {
         let mut rng = StdRng::seed_from_u64(round);
-        let capacity = rng.gen_range(1..=4);
+        let capacity = [1, 2, 3, 4, 32][rng.gen_range(0..5)];
         let (lane, drops, mut old) = published(capacity, capacity);
         // Plain (nothing else in flight) or not (a single delivery of item 0 kept here).
         let single = rng.gen_bool(0.5).then(|| old.try_recv().ok()).flatten();
@@ -612,27 +627,21 @@ fn l8_p26_run_acks_and_releases_race_reattach_and_drop_then_attach() {
         let Ok(mut run) = old.try_recv_run(capacity) else { continue };
         let ids_run = ids(&run);
         let how = rng.gen_range(0..3);
-        let barrier = Arc::new(Barrier::new(2));
+        let by_drop = rng.gen_bool(0.5);
         let acker = {
-            let barrier = barrier.clone();
-            thread::spawn(move || {
-                barrier.wait();
-                match how {
-                    0 => run.ack().map(|()| run_len(&ids_run)),
-                    1 => {
-                        let n = run.ack_through(run.sequences().start);
-                        drop(run);
-                        n
-                    }
-                    _ => {
-                        run.nack();
-                        Ok(0)
-                    }
+            race_with(move || match how {
+                0 => run.ack().map(|()| run_len(&ids_run)),
+                1 => {
+                    let n = run.ack_through(run.sequences().start);
+                    drop(run);
+                    n
+                }
+                _ => {
+                    run.nack();
+                    Ok(0)
                 }
             })
         };
-        let by_drop = rng.gen_bool(0.5);
-        barrier.wait();
         let mut new = if by_drop {
             drop(old);
             lane.attach().unwrap()
@@ -772,5 +781,30 @@ fn l2_l8_acks_spinning_on_the_seat_during_receives_across_ring_wraps() {
         for (id, d) in drops.iter().enumerate() {
             assert_eq!(d.load(Ordering::SeqCst), 1, "capacity {capacity}: M3 item {id}");
         }
+    }
+}
+
+/// The same race, wide: a detached consumer's run of 32 items (plain, so its take-back gives each
+/// item a holder) ends item by item on one thread while the new consumer acks its 32 single-item
+/// redelivery runs of the same items, in the opposite order, on another: the two cross somewhere,
+/// and a seat-held ack that stored its word over a stale handle's holder decrement would pin that
+/// slot for ever (P21). Every slot must free, every item land once.
+#[test]
+fn p21_a_wide_stale_run_ending_crosses_the_new_consumers_run_acks() {
+    const N: usize = 32;
+    for round in 0..hunt(100) {
+        let (lane, drops, mut old) = published(2 * N, N);
+        let stale = old.try_recv_run(N).unwrap();
+        let mut new = lane.reattach();
+        let runs: Vec<Run<Counted>> = (0..N).map(|_| new.try_recv_run(N).unwrap()).collect();
+        assert!(runs.iter().enumerate().all(|(i, r)| ids(r) == [i] && r.attempt() == 2), "round {round}");
+        let ender = race_with(move || drop(stale));
+        for r in runs.into_iter().rev() {
+            r.ack().unwrap();
+        }
+        ender.join().unwrap();
+        assert_eq!(drain(&mut new), [], "round {round}");
+        assert_eq!(lane.acked(), Some(Position(N as u64)), "round {round}");
+        assert_all_slots_free(&lane, &drops, N, &format!("round {round}"));
     }
 }
