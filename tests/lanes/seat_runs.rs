@@ -19,7 +19,9 @@ use std::thread;
 use std::time::Duration;
 
 use common::{batch, within};
-use lanestream::{AckError, Consumer, Delivery, Item, Lane, Position, Run, SinkName, Stream, TryRecvError};
+use lanestream::{
+    AckError, Consumer, Delivery, Item, Lane, Position, RecvTimeoutError, Run, SinkName, Stream, TryRecvError,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -272,15 +274,27 @@ fn race<T: Item + Send + Sync + 'static>(target: Target<T>, seed: u64) -> Arc<Le
                         Err(e) => panic!("{}", ctx(&format!("{e:?}"))),
                     }
                 } else {
-                    match c.try_recv_run(rng.gen_range(1..=6)) {
-                        Ok(r) => {
-                            let ps = positions(&r);
-                            assert_eq!(ps.len(), r.len(), "{}", ctx("run length"));
-                            Some((ps.clone(), r.attempt(), Held::Run(r, ps)))
+                    let max = rng.gen_range(1..=6);
+                    // Mostly non-blocking; sometimes a short wait (parked: woken by a release or
+                    // a publish on another thread).
+                    let got = if rng.gen_bool(0.15) {
+                        match c.recv_run_timeout(max, Duration::from_millis(2)) {
+                            Ok(Some(r)) => Some(r),
+                            Err(RecvTimeoutError::Timeout) => None,
+                            got => panic!("{}", ctx(&format!("{:?}", got.map(|r| r.map(|r| r.sequences()))))),
                         }
-                        Err(TryRecvError::Empty) => None,
-                        Err(e) => panic!("{}", ctx(&format!("{e:?}"))),
-                    }
+                    } else {
+                        match c.try_recv_run(max) {
+                            Ok(r) => Some(r),
+                            Err(TryRecvError::Empty) => None,
+                            Err(e) => panic!("{}", ctx(&format!("{e:?}"))),
+                        }
+                    };
+                    got.map(|r| {
+                        let ps = positions(&r);
+                        assert_eq!(ps.len(), r.len(), "{}", ctx("run length"));
+                        (ps.clone(), r.attempt(), Held::Run(r, ps))
+                    })
                 };
                 let Some((ps, attempt, held)) = held else {
                     thread::yield_now();
