@@ -277,8 +277,8 @@ fn race<T: Item + Send + Sync + 'static>(target: Target<T>, seed: u64) -> Arc<Le
                     let max = rng.gen_range(1..=6);
                     // Mostly non-blocking; sometimes a short wait (parked: woken by a release or
                     // a publish on another thread).
-                    let got = if rng.gen_bool(0.15) {
-                        match c.recv_run_timeout(max, Duration::from_millis(2)) {
+                    let got = if rng.gen_bool(0.05) {
+                        match c.recv_run_timeout(max, Duration::from_micros(500)) {
                             Ok(Some(r)) => Some(r),
                             Err(RecvTimeoutError::Timeout) => None,
                             got => panic!("{}", ctx(&format!("{:?}", got.map(|r| r.map(|r| r.sequences()))))),
