@@ -644,7 +644,7 @@ fn l8_p26_run_acks_and_releases_race_reattach_and_drop_then_attach() {
         let by_drop = rng.gen_bool(0.5);
         let acker = {
             race_with(move || match how {
-                0 => run.ack().map(|()| run_len(&ids_run)),
+                0 => run.ack().map(|()| ids_run.len()),
                 1 => {
                     let n = run.ack_through(run.sequences().start);
                     drop(run);
@@ -687,10 +687,6 @@ fn l8_p26_run_acks_and_releases_race_reattach_and_drop_then_attach() {
             assert_eq!(drops[id].load(Ordering::SeqCst), 1, "round {round}: M3 item {id}");
         }
     }
-}
-
-fn run_len(ids: &[usize]) -> usize {
-    ids.len()
 }
 
 /// A consumer blocked in `recv_run` (nothing queued: its only items are in a run on another
