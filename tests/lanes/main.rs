@@ -6,6 +6,7 @@
 //! - [`fanout`], [`shared_ring`]: the one fan-out over the stream's one array of cells;
 //! - [`runs`]: runs (`recv_run` and its siblings); [`runs_faults`]: runs and the fan-out attacked
 //!   (mixed receives, cumulative acks, releases, re-attach mid-run, wrap-around, close);
+//!   [`seat_runs`]: runs acked and released under the seat, attacked on other threads;
 //!   [`plain_runs`]: runs delivered plain (nothing in flight) attacked against a model, in
 //!   races with re-attaches, consumer drops, gaps and acks on other threads;
 //! - [`bounds`], [`memory_budget`]: capacity, holder and byte limits;
@@ -37,5 +38,6 @@ mod plain_runs;
 mod publish_copies;
 mod runs;
 mod runs_faults;
+mod seat_runs;
 mod shared_ring;
 mod wait_watermark;
