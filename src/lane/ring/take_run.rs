@@ -261,6 +261,10 @@ impl<T> Ring<T> {
                 // holder RMW may make retry, never fail).
                 let word = self.state(i).load(Ordering::Relaxed);
                 if !self.release_slot(i, word) {
+                    // Not released: its count goes back, as a refused `nack`'s (a count with no
+                    // `RELEASED` slot behind it would keep the consumer scanning for ever).
+                    // Relaxed: as above.
+                    self.cons.released.fetch_sub(1, Ordering::Relaxed);
                     mismatch.get_or_insert((i, word));
                 }
             }
