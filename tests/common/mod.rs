@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use lanestream::{
-    Batch, Consumer, Delivery, Envelope, IndexName, Item, LaneItem, MemoryStream, Op, Position, Request, Run,
-    SinkName, Stream,
+    Batch, Consumer, Delivery, Envelope, IndexName, Item, Lane, LaneItem, MemoryStream, Op, Position,
+    Request, Run, SinkName, Stream,
 };
 
 /// A positioned batch with no envelopes.
@@ -170,4 +170,51 @@ pub fn drain_closed<T: Item>(consumer: &mut Consumer<T>) -> Vec<(Option<u64>, u3
         d.ack().unwrap();
     }
     got
+}
+
+/// An item of a generic lane that counts its drops in `drops[id]` (M3), and panics when dropped
+/// if `panics`.
+#[derive(Debug)]
+pub struct Counted {
+    pub id: usize,
+    pub position: Option<u64>,
+    pub drops: Arc<Vec<AtomicUsize>>,
+    pub panics: bool,
+}
+
+impl Counted {
+    /// Item `id` at position `id + 1`, dropped quietly.
+    pub fn new(id: usize, drops: &Arc<Vec<AtomicUsize>>) -> Counted {
+        Counted { id, position: Some(id as u64 + 1), drops: drops.clone(), panics: false }
+    }
+}
+
+impl Item for Counted {
+    fn position(&self) -> Option<Position> {
+        self.position.map(Position)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.drops[self.id].fetch_add(1, Ordering::SeqCst);
+        if self.panics {
+            panic!("Counted {} panics in Drop (on purpose)", self.id);
+        }
+    }
+}
+
+/// `n` drop counters for [`Counted`] items `0..n`.
+pub fn counters(n: usize) -> Arc<Vec<AtomicUsize>> {
+    Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect())
+}
+
+/// A standalone lane of [`Counted`] items.
+pub fn counted_lane(capacity: usize) -> Lane<Counted> {
+    Lane::standalone(SinkName::new("counted").unwrap(), capacity).unwrap()
+}
+
+/// How many seeds (or rounds) a randomized test runs: `LANESTREAM_HUNT` if set, else `default`.
+pub fn hunt(default: u64) -> u64 {
+    std::env::var("LANESTREAM_HUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }

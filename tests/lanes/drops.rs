@@ -13,31 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{shared_envelopes, stream, tracked};
-use lanestream::{Batch, Envelope, IndexName, Item, Lane, LaneItem, Op, Position, SinkName, Stream};
-
-/// An item that counts its drops in `drops[id]`, and panics when dropped if `panics`.
-struct Counted {
-    id: usize,
-    position: Option<u64>,
-    drops: Arc<Vec<AtomicUsize>>,
-    panics: bool,
-}
-
-impl Item for Counted {
-    fn position(&self) -> Option<Position> {
-        self.position.map(Position)
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.drops[self.id].fetch_add(1, Ordering::SeqCst);
-        if self.panics {
-            panic!("Counted {} panics in Drop (on purpose)", self.id);
-        }
-    }
-}
+use common::{counted_lane as lane, counters, shared_envelopes, stream, tracked, Counted};
+use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, Stream};
 
 struct Counter {
     drops: Arc<Vec<AtomicUsize>>,
@@ -45,15 +22,17 @@ struct Counter {
 
 impl Counter {
     fn new(n: usize) -> Counter {
-        Counter { drops: Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect()) }
+        Counter { drops: counters(n) }
     }
 
     fn item(&self, id: usize) -> Counted {
-        Counted { id, position: Some(id as u64 + 1), drops: self.drops.clone(), panics: false }
+        Counted::new(id, &self.drops)
     }
 
     fn panicking(&self, id: usize) -> Counted {
-        Counted { id, position: Some(id as u64 + 1), drops: self.drops.clone(), panics: true }
+        let mut item = Counted::new(id, &self.drops);
+        item.panics = true;
+        item
     }
 
     fn get(&self, id: usize) -> usize {
@@ -63,10 +42,6 @@ impl Counter {
     fn all(&self) -> Vec<usize> {
         self.drops.iter().map(|d| d.load(Ordering::SeqCst)).collect()
     }
-}
-
-fn lane(capacity: usize) -> Lane<Counted> {
-    Lane::standalone(SinkName::new("counted").unwrap(), capacity).unwrap()
 }
 
 #[test]

@@ -15,42 +15,16 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use common::{batch, publish_range, run_positions, shared_envelopes, stream, tracked, within};
+use common::{
+    batch, counted_lane, counters, publish_range, run_positions, shared_envelopes, stream, tracked, within,
+    Counted,
+};
 use lanestream::{
-    AckError, Consumer, Delivery, Item, Lane, LaneItem, Position, Run, SinkName, Stream, TryPublishError,
+    AckError, Consumer, Delivery, Lane, LaneItem, Position, Run, SinkName, Stream, TryPublishError,
     TryRecvError, MAX_RUN,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-// ----- an item that counts its drops ------------------------------------------------------------
-
-/// An item with id `id` (position `id + 1`) that counts its drops in `drops[id]`.
-#[derive(Debug)]
-struct Counted {
-    id: usize,
-    drops: Arc<Vec<AtomicUsize>>,
-}
-
-impl Item for Counted {
-    fn position(&self) -> Option<Position> {
-        Some(Position(self.id as u64 + 1))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.drops[self.id].fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn counters(n: usize) -> Arc<Vec<AtomicUsize>> {
-    Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect())
-}
-
-fn counted_lane(capacity: usize) -> Lane<Counted> {
-    Lane::standalone(SinkName::new("plain").unwrap(), capacity).unwrap()
-}
 
 // ----- the reference model ----------------------------------------------------------------------
 
@@ -179,7 +153,7 @@ fn walk(seed: u64, capacity: usize, steps: usize) -> (u64, u64) {
                     continue;
                 }
                 let fits = m.published() - m.free() < capacity as u64;
-                let r = producer.try_publish(Counted { id, drops: drops.clone() });
+                let r = producer.try_publish(Counted::new(id, &drops));
                 log.push(format!("publish {id}"));
                 match r {
                     Ok(()) => {
@@ -681,7 +655,7 @@ fn l8_plain_run_acks_and_release_racing_a_reattach_land_xor_are_redelivered() {
             let drops = counters(capacity);
             let mut producer = lane.producer().unwrap();
             for id in 0..capacity {
-                producer.try_publish(Counted { id, drops: drops.clone() }).unwrap();
+                producer.try_publish(Counted::new(id, &drops)).unwrap();
             }
             let mut old = lane.attach().unwrap();
             let mut run = old.try_recv_run(64).unwrap();
@@ -763,7 +737,7 @@ fn l8_l3_reattach_between_a_plain_runs_partial_ack_and_its_drop_pins_only_what_i
     let lane = counted_lane(6);
     let mut producer = lane.producer().unwrap();
     for id in 0..6 {
-        producer.try_publish(Counted { id, drops: drops.clone() }).unwrap();
+        producer.try_publish(Counted::new(id, &drops)).unwrap();
     }
     let mut c1 = lane.attach().unwrap();
     let mut run = c1.try_recv_run(64).unwrap();
@@ -790,14 +764,11 @@ fn l8_l3_reattach_between_a_plain_runs_partial_ack_and_its_drop_pins_only_what_i
     assert_eq!((st.acked_items, st.in_flight, st.released, st.pinned), (6, 0, 0, 2), "items 4, 5 pinned");
     // Two slots are pinned: four publishes fit, the fifth does not.
     for id in 6..10 {
-        producer.try_publish(Counted { id, drops: drops.clone() }).unwrap();
+        producer.try_publish(Counted::new(id, &drops)).unwrap();
     }
     assert!((0..4).all(|i| drops[i].load(Ordering::SeqCst) == 1), "freed items dropped by the publish");
     assert!((4..6).all(|i| drops[i].load(Ordering::SeqCst) == 0), "pinned items kept");
-    assert!(matches!(
-        producer.try_publish(Counted { id: 10, drops: drops.clone() }),
-        Err(TryPublishError::Full(_))
-    ));
+    assert!(matches!(producer.try_publish(Counted::new(10, &drops)), Err(TryPublishError::Full(_))));
     drops[10].store(0, Ordering::SeqCst);
     drop(run); // releases nothing more
     let st = lane.stats();
@@ -1126,7 +1097,7 @@ fn tug_of_war(seed: u64, capacity: usize, n: usize) -> u64 {
         let drops = drops.clone();
         thread::spawn(move || {
             for id in 0..n {
-                producer.publish(Counted { id, drops: drops.clone() }).unwrap();
+                producer.publish(Counted::new(id, &drops)).unwrap();
             }
             producer
         })

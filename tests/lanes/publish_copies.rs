@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use common::batch;
+use common::{batch, hunt};
 use lanestream::{
     Consumer, Item, Lane, LaneItem, MemoryStream, Position, Producer, PublishError, Run, SinkName, Stream,
     TryPublishError,
@@ -126,6 +126,13 @@ fn probe_lane(capacity: usize) -> Lane<Probe> {
     Lane::standalone(SinkName::new("probe").unwrap(), capacity).unwrap()
 }
 
+/// A lane of `capacity` with its producer and a consumer.
+fn probe_ends(capacity: usize) -> (Lane<Probe>, Producer<Probe>, Consumer<Probe>) {
+    let lane = probe_lane(capacity);
+    let (producer, consumer) = (lane.producer().unwrap(), lane.reattach());
+    (lane, producer, consumer)
+}
+
 fn run_ids(run: &Run<Probe>) -> Vec<u32> {
     run.iter().map(|p| p.id).collect()
 }
@@ -133,8 +140,7 @@ fn run_ids(run: &Run<Probe>) -> Vec<u32> {
 #[test]
 fn l10_m3_a_close_inside_the_publish_hands_back_the_item_and_the_run_intact() {
     // A single item: its second `position` call is the push's, after admission.
-    let lane = probe_lane(8);
-    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+    let (lane, mut producer, mut consumer) = probe_ends(8);
     let a = Probe::new(Some(1));
     let a_id = a.id;
     producer.try_publish(a).unwrap();
@@ -187,8 +193,7 @@ fn l10_m3_a_close_inside_the_publish_hands_back_the_item_and_the_run_intact() {
     // A run, blocking: the first step publishes what fits (capacity 3), a helper acks it, and the
     // close lands inside the push of the step that goes next: item 3's first position call after
     // that step's reclaim dropped item 0 (steps refused with `Full` reclaim nothing).
-    let lane = probe_lane(3);
-    let (mut producer, consumer) = (lane.producer().unwrap(), lane.reattach());
+    let (lane, mut producer, consumer) = probe_ends(3);
     let mut items: Vec<Probe> = (1..=5).map(|p| Probe::new(Some(p))).collect();
     let all = ids(&items);
     let acker = thread::spawn(move || {
@@ -220,8 +225,7 @@ fn l10_m3_a_close_inside_the_publish_hands_back_the_item_and_the_run_intact() {
 
 #[test]
 fn m3_a_position_panic_inside_the_publish_leaves_the_item_or_the_run_with_the_caller() {
-    let lane = probe_lane(4);
-    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+    let (lane, mut producer, mut consumer) = probe_ends(4);
     // A single item panicking in the push: it is the caller's, dropped once by the unwind.
     let b = Probe::new(Some(1));
     let b_id = b.id;
@@ -259,8 +263,7 @@ fn m3_a_position_panic_inside_the_publish_leaves_the_item_or_the_run_with_the_ca
 
 #[test]
 fn m3_panicking_drops_in_a_reclaim_pass_surface_once_and_every_item_drops_once() {
-    let lane = probe_lane(8);
-    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+    let (lane, mut producer, mut consumer) = probe_ends(8);
     let items: Vec<Probe> = (1..=7)
         .map(|p| Probe::with(Some(p), if p % 3 == 2 { OnDrop::Panic } else { OnDrop::Quiet }))
         .collect();
@@ -284,12 +287,11 @@ fn m3_panicking_drops_in_a_reclaim_pass_surface_once_and_every_item_drops_once()
     assert!(all.iter().chain([&next_id]).all(|&id| drops(id) == 1));
 }
 
-/// A lane whose producer published three items, all acked and not dropped yet: item 1's drop
-/// panics, item 2's panics with a payload whose own drop panics, item 3's is quiet. Returns the
-/// lane, its producer and consumer, and the three items' ids.
-fn three_acked_with_a_payload_bomb() -> (Lane<Probe>, Producer<Probe>, Consumer<Probe>, Vec<u32>) {
-    let lane = probe_lane(8);
-    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+/// A lane whose producer published three items, not dropped yet: item 1's drop panics, item
+/// 2's panics with a payload whose own drop panics, item 3's is quiet. Returns the lane, its
+/// producer and consumer, and the three items' ids.
+fn three_with_a_payload_bomb() -> (Lane<Probe>, Producer<Probe>, Consumer<Probe>, Vec<u32>) {
+    let (lane, mut producer, consumer) = probe_ends(8);
     let mut items = vec![
         Probe::with(Some(1), OnDrop::Panic),
         Probe::with(Some(2), OnDrop::PanicWithBomb),
@@ -297,6 +299,12 @@ fn three_acked_with_a_payload_bomb() -> (Lane<Probe>, Producer<Probe>, Consumer<
     ];
     let all = ids(&items);
     assert_eq!(producer.try_publish_run(&mut items).unwrap(), 3);
+    (lane, producer, consumer, all)
+}
+
+/// [`three_with_a_payload_bomb`], the three items acked (they wait for the next publish's pass).
+fn three_acked_with_a_payload_bomb() -> (Lane<Probe>, Producer<Probe>, Consumer<Probe>, Vec<u32>) {
+    let (lane, producer, mut consumer, all) = three_with_a_payload_bomb();
     consumer.try_recv_run(64).unwrap().ack().unwrap();
     (lane, producer, consumer, all)
 }
@@ -334,17 +342,9 @@ fn l9_m3_a_payload_panic_in_the_producers_last_pass_gives_the_role_back() {
 /// item is dropped once, the quiet one after the two panicking ones included.
 #[test]
 fn m3_a_payload_panic_in_the_lanes_last_drop_leaks_no_item() {
-    let lane = probe_lane(8);
-    let mut producer = lane.producer().unwrap();
-    let mut items = vec![
-        Probe::with(Some(1), OnDrop::Panic),
-        Probe::with(Some(2), OnDrop::PanicWithBomb),
-        Probe::new(Some(3)),
-    ];
-    let all = ids(&items);
-    assert_eq!(producer.try_publish_run(&mut items).unwrap(), 3);
+    let (lane, producer, consumer, all) = three_with_a_payload_bomb();
     assert!(
-        catch_unwind(AssertUnwindSafe(move || drop((producer, lane)))).is_err(),
+        catch_unwind(AssertUnwindSafe(move || drop((producer, consumer, lane)))).is_err(),
         "the first panic surfaces"
     );
     let counts: Vec<u32> = all.iter().map(|&id| drops(id)).collect();
@@ -483,8 +483,7 @@ fn check_run(run: &Run<Probe>, published: &[u32], first_end: &mut u64) {
 fn walk(seed: u64, steps: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let capacity = [1, 2, 3, 5, 8, 13][rng.gen_range(0..6)];
-    let lane = probe_lane(capacity);
-    let (mut producer, mut consumer) = (lane.producer().unwrap(), lane.reattach());
+    let (lane, mut producer, mut consumer) = probe_ends(capacity);
     let (mut published, mut positions, mut created) = (Vec::new(), Vec::new(), Vec::new());
     let (mut held, mut next, mut last, mut first_end) = (Vec::<Run<Probe>>::new(), 0, None, 0);
     let mut make = |rng: &mut StdRng, created: &mut Vec<u32>| {
@@ -630,7 +629,7 @@ fn walk(seed: u64, steps: usize) {
 
 #[test]
 fn l2_l4_l5_m3_i1_random_walks_on_a_probe_lane_match_the_reference() {
-    let seeds: u64 = std::env::var("LANESTREAM_HUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(24);
+    let seeds = hunt(24);
     for seed in 0..seeds {
         walk(seed, 600);
     }
@@ -858,7 +857,7 @@ fn fanout_race(seed: u64, n: u64) {
 
 #[test]
 fn l2_l8_l10_w1_gaps_runs_and_a_racing_close_under_threads_land_each_lanes_items_once() {
-    let seeds: u64 = std::env::var("LANESTREAM_HUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+    let seeds = hunt(6);
     for seed in 0..seeds {
         common::within(60, &format!("fanout race, seed {seed}"), move || fanout_race(seed, 600));
     }

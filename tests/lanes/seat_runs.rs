@@ -18,45 +18,12 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use common::{batch, within};
+use common::{batch, counted_lane, counters, hunt, within, Counted};
 use lanestream::{
-    AckError, Consumer, Delivery, Item, Lane, Position, RecvTimeoutError, Run, SinkName, Stream, TryRecvError,
+    AckError, Consumer, Delivery, Item, Lane, Position, RecvTimeoutError, Run, Stream, TryRecvError,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-// ----- items that count their drops -------------------------------------------------------------
-
-/// Item `id` (position `id + 1`), counting its drops in `drops[id]`.
-#[derive(Debug)]
-struct Counted {
-    id: usize,
-    drops: Arc<Vec<AtomicUsize>>,
-}
-
-impl Item for Counted {
-    fn position(&self) -> Option<Position> {
-        Some(Position(self.id as u64 + 1))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.drops[self.id].fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn counters(n: usize) -> Arc<Vec<AtomicUsize>> {
-    Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect())
-}
-
-fn counted_lane(capacity: usize) -> Lane<Counted> {
-    Lane::standalone(SinkName::new("seat").unwrap(), capacity).unwrap()
-}
-
-fn hunt(default: u64) -> u64 {
-    std::env::var("LANESTREAM_HUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
-}
 
 fn positions<T: Item>(run: &Run<T>) -> Vec<u64> {
     run.iter().map(|i| i.position().unwrap().0).collect()
@@ -71,7 +38,7 @@ fn assert_all_slots_free(lane: &Lane<Counted>, drops: &Arc<Vec<AtomicUsize>>, fi
     let capacity = lane.stats().capacity;
     for id in first_id..first_id + capacity {
         producer
-            .try_publish(Counted { id, drops: drops.clone() })
+            .try_publish(Counted::new(id, drops))
             .unwrap_or_else(|_| panic!("{what}: slot {} of {capacity} still held", id - first_id));
     }
 }
@@ -410,7 +377,7 @@ fn standalone_race(seed: u64, n: usize) {
         let (mut producer, drops, done) = (lane.producer().unwrap(), drops.clone(), done.clone());
         thread::spawn(move || {
             for id in 0..n {
-                producer.publish(Counted { id, drops: drops.clone() }).unwrap();
+                producer.publish(Counted::new(id, &drops)).unwrap();
             }
             done.store(true, Ordering::SeqCst);
         })
@@ -506,7 +473,7 @@ fn published(capacity: usize, n: usize) -> (Lane<Counted>, Arc<Vec<AtomicUsize>>
     let drops = counters(n + capacity);
     let mut producer = lane.producer().unwrap();
     for id in 0..n {
-        producer.try_publish(Counted { id, drops: drops.clone() }).unwrap();
+        producer.try_publish(Counted::new(id, &drops)).unwrap();
     }
     let consumer = lane.attach().unwrap();
     (lane, drops, consumer)
@@ -735,7 +702,7 @@ fn l2_l8_acks_spinning_on_the_seat_during_receives_across_ring_wraps() {
             let (mut producer, drops) = (lane.producer().unwrap(), drops.clone());
             thread::spawn(move || {
                 for id in 0..n {
-                    producer.publish(Counted { id, drops: drops.clone() }).unwrap();
+                    producer.publish(Counted::new(id, &drops)).unwrap();
                 }
             })
         };
