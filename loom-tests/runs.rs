@@ -302,15 +302,16 @@ fn a_released_run_wakes_a_pending_recv_run_async() {
 /// items come back before it ([L2](lanestream::contract#l2)), even while the release is half-way.
 ///
 /// Capacity 3, items 1, 2 and 3 published; items 1 and 2 are received as one run, which a thread
-/// nacks (one `released` increment for both, then the two switches to `RELEASED`). The main
-/// thread receives three times with `recv_run(1)`, and only counts what it got after it has seen
-/// a redelivery (before that, item 3 may legitimately come first: the nack has not started).
-/// Checked: once item 1 came back, item 2 comes back before item 3 — a receive step that finds
-/// a release counted but not switched yet must not hand out a new item meanwhile.
+/// nacks (under the consumer's seat: one `released` increment for both, then the two switches to
+/// `RELEASED`). The main thread receives three times with `recv_run(1)`, and only counts what it
+/// got after it has seen a redelivery (before that, item 3 may legitimately come first: the nack
+/// has not started). Checked: once item 1 came back, item 2 comes back before item 3.
 ///
-/// Why the bound suffices: the race is the consumer's step between the nack's count and its
-/// second switch; one preemption inside the nack places it there, and bound 3 also covers the
-/// consumer being preempted inside its scan.
+/// Why the bound suffices: the race is the consumer's step against the nack's seat step (a
+/// receive that took the seat first, one that waits for the nack's); one preemption inside the
+/// nack places the receive there, and bound 3 also covers the consumer being preempted inside
+/// its scan. Since the run's release holds the seat, no receive sees it half-way; the model
+/// passes without the receive's half-way guard too (row 53).
 #[test]
 fn l2_a_half_released_run_is_not_overtaken_by_a_queued_item() {
     support::model("l2_a_half_released_run_is_not_overtaken_by_a_queued_item", 3, || {
