@@ -47,13 +47,20 @@ use crate::sync::Arc;
 /// A panic caught while dropping items ([M3](crate::contract#m3)), to resume once the step is done.
 pub(crate) type CaughtPanic = Box<dyn std::any::Any + Send>;
 
-/// Keeps the first panic caught in a pass over items; a later one's payload is dropped here,
-/// where its own panic cannot escape the pass (a payload whose drop panics is leaked instead),
-/// so the pass always reaches its end ([M3](crate::contract#m3)).
+/// Keeps the first panic caught in a pass over items; a later one's payload is discarded
+/// ([`discard_panic`]), so the pass always reaches its end ([M3](crate::contract#m3)).
 pub(crate) fn keep_first_panic(first: &mut Option<CaughtPanic>, caught: CaughtPanic) {
     if first.is_none() {
         *first = Some(caught);
-    } else if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(caught))) {
+    } else {
+        discard_panic(caught);
+    }
+}
+
+/// Drops a caught panic's payload where its own panic cannot escape (a payload whose drop
+/// panics is leaked instead).
+pub(crate) fn discard_panic(caught: CaughtPanic) {
+    if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(caught))) {
         std::mem::forget(again);
     }
 }

@@ -20,7 +20,7 @@ use std::task::Waker;
 use std::time::Instant;
 
 use super::ring::{Cells, Ring, NO_POSITION};
-use super::MAX_RUN;
+use super::{discard_panic, keep_first_panic, CaughtPanic, MAX_RUN};
 use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::Item;
 use crate::position::Position;
@@ -103,6 +103,12 @@ pub(crate) struct Publisher<T> {
     /// The charges [`admissible`](Publisher::admissible) computed for the items it admitted, in
     /// order, handed to [`push`](Publisher::push) (budgeted streams only: each is O(envelopes)).
     charges: Vec<u64>,
+    /// A drop panic caught in a step that was then refused: kept so that the refused items go
+    /// back to the caller, and resumed after the next step that publishes, or by the drop
+    /// ([M3](crate::contract#m3)). Never locked: reached through `&mut self` only
+    /// ([`kept_panic`](Publisher::kept_panic)); the mutex makes the payload (`Send`, not `Sync`)
+    /// shareable, so the ends stay `Sync`, and loom need not model it.
+    kept_panic: std::sync::Mutex<Option<CaughtPanic>>,
 }
 
 // The role is used from one thread at a time (`&mut self`); the rings and cells are `Sync`.
@@ -119,7 +125,16 @@ impl<T> Publisher<T> {
         let last = cells.counts.last_published.load(Ordering::Relaxed);
         // Room for a run's charges up front: no allocation per publish (M1).
         let charges = Vec::with_capacity(if cells.budget.is_some() { MAX_RUN } else { 0 });
-        let mut publisher = Publisher { cells, lanes, tail, last, min_free: 0, slowest: 0, charges };
+        let mut publisher = Publisher {
+            cells,
+            lanes,
+            tail,
+            last,
+            min_free: 0,
+            slowest: 0,
+            charges,
+            kept_panic: Default::default(),
+        };
         publisher.refresh();
         Some(publisher)
     }
@@ -158,8 +173,9 @@ impl<T> Publisher<T> {
         (self.min_free, self.slowest) = (min, slowest);
     }
 
-    /// Drops the items every lane freed. Returns a caught drop panic to resume after the step.
-    fn reclaim(&mut self) -> Result<(), crate::lane::CaughtPanic> {
+    /// Drops the items every lane freed. Returns a caught drop panic for the step to settle
+    /// ([`settle`](Publisher::settle)).
+    fn reclaim(&mut self) -> Result<(), CaughtPanic> {
         self.refresh();
         // SAFETY: we hold the producer role, and every lane's `free`, loaded with Acquire in
         // `refresh`, is at `min_free` or past it.
@@ -173,7 +189,7 @@ impl<T> Publisher<T> {
         &mut self,
         items: &[T],
         max: usize,
-        dropped: &mut Result<(), crate::lane::CaughtPanic>,
+        dropped: &mut Result<(), CaughtPanic>,
     ) -> Result<usize, Refusal>
     where
         T: Item,
@@ -328,15 +344,10 @@ impl<T> Publisher<T> {
         let pushed = admitted.map(|_| unsafe { self.push(to, std::slice::from_ref(&item)) });
         if let Ok(Ok(())) = pushed {
             std::mem::forget(item);
-            // M3: a dropped item's panic reaches the caller once the step is done.
-            if let Err(p) = dropped {
-                std::panic::resume_unwind(p);
-            }
+            self.settle(dropped, true);
             return Ok(());
         }
-        if let Err(p) = dropped {
-            std::panic::resume_unwind(p);
-        }
+        self.settle(dropped, false);
         match pushed {
             Ok(_) => Err((item, Refusal::Closed)),
             Err(refusal) => Err((item, refusal)),
@@ -369,10 +380,29 @@ impl<T> Publisher<T> {
             },
             Err(refusal) => Err(refusal),
         };
-        if let Err(p) = dropped {
-            std::panic::resume_unwind(p);
-        }
+        self.settle(dropped, done.is_ok());
         done
+    }
+
+    /// Ends a step that caught `dropped` ([M3](crate::contract#m3)): a step that published
+    /// resumes the first drop panic caught (this step's, or one an earlier refused step kept)
+    /// now that it is done; a refused step keeps it, so that its items go back to the caller
+    /// rather than being dropped by the unwinding.
+    fn settle(&mut self, dropped: Result<(), CaughtPanic>, published: bool) {
+        if let Err(p) = dropped {
+            keep_first_panic(self.kept_panic(), p);
+        }
+        if published {
+            if let Some(p) = self.kept_panic().take() {
+                std::panic::resume_unwind(p);
+            }
+        }
+    }
+
+    /// The kept drop panic's place (no lock taken: `&mut self` is exclusive; never poisoned,
+    /// as it is never locked).
+    fn kept_panic(&mut self) -> &mut Option<CaughtPanic> {
+        self.kept_panic.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Waits until lane `lane` freed the items below `need`: see [`wait_room`].
@@ -516,8 +546,16 @@ impl<T> Drop for Publisher<T> {
         let reclaimed = if std::thread::panicking() { Ok(()) } else { self.reclaim() };
         // Release: pairs with `claim`'s Acquire.
         self.cells.producer_live.store(false, Ordering::Release);
+        // A panic kept by a refused step was caught first; never resumed while unwinding.
         if let Err(p) = reclaimed {
-            std::panic::resume_unwind(p);
+            keep_first_panic(self.kept_panic(), p);
+        }
+        if let Some(p) = self.kept_panic().take() {
+            if std::thread::panicking() {
+                discard_panic(p);
+            } else {
+                std::panic::resume_unwind(p);
+            }
         }
     }
 }
