@@ -403,13 +403,13 @@ fn fanout_run_to_two_lanes_while_consumers_receive_runs() {
 /// full and "b" has room. The main thread publishes item 2 (`publish`, or `publish_async` polled
 /// with a waker that unparks it) while a second thread closes lane "b". Checked: the publish
 /// ends with `Closed` and its item whichever way the close and the wait interleave — the wait
-/// registers on lane "b"'s room list without asking for room before it re-checks every lane's
-/// closed flag, and `close` notifies that list after setting the flag (register-then-check
-/// against change-then-notify, P20 of the memory-ordering chapter).
+/// registers on the cells' one room list before it re-checks the cursor's `CLOSED`, and a close
+/// of any lane notifies that list after setting it (register-then-check against
+/// change-then-notify, P20 of the memory-ordering chapter).
 ///
-/// Fails when its protection is removed (section 9, row 43): without the registrations on the
-/// other lanes (`register_close_waiters` doing nothing), the publish parks on lane "a" for ever
-/// and loom reports the deadlock.
+/// Fails when its protection is removed (section 9, row 43): without the close's notify of the
+/// room list (`Cells::close`), the publish parks waiting for lane "a" for ever and loom reports
+/// the deadlock.
 ///
 /// Why the bound suffices: two threads; the race is the closer's flag-then-notify against the
 /// waiter's register-then-check, which one preemption can interleave any way; bound 2 covers a
