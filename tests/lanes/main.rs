@@ -10,7 +10,8 @@
 //!   [`plain_runs`]: runs delivered plain (nothing in flight) attacked against a model, in
 //!   races with re-attaches, consumer drops, gaps and acks on other threads;
 //! - [`bounds`], [`memory_budget`]: capacity, holder and byte limits;
-//! - [`drops`]: when items are dropped (M3); [`async_waits`], [`wait_watermark`]: the waits;
+//! - [`drops`]: when items are dropped (M3); [`kept_panic`]: a drop panic kept by a refused
+//!   publish, attacked through every publishing form (M3); [`async_waits`], [`wait_watermark`]: the waits;
 //! - [`publish_copies`]: items copied into their cells, attacked (close or panic inside the push,
 //!   panicking reclaim passes, budgeted runs, gaps under threads);
 //! - [`model_proptest`]: random operation sequences against the reference model (`tests/model`).
@@ -32,6 +33,7 @@ mod bounds;
 mod contract;
 mod drops;
 mod fanout;
+mod kept_panic;
 mod memory_budget;
 mod model_proptest;
 mod plain_runs;
