@@ -1,8 +1,7 @@
 //! M3: every item is dropped exactly once — by the producer's (the fan-out's) next publish after
 //! its final ack, or the producer's drop, or when the last handle on its lane goes (stream dropped
 //! with items queued, delivered, released or acked out of order), also after a re-attach and after
-//! a panic in an item's `Drop` — including one caught by a publish that is then refused, which
-//! hands its item back and leaves the panic to the next publish that goes.
+//! a panic in an item's `Drop`.
 //!
 //! Generic lanes ([`Lane::standalone`]) carry [`Counted`] items, each with its own drop counter;
 //! stream lanes carry [`LaneItem`]s whose shared envelopes' `Arc::strong_count` counts live copies.
@@ -15,10 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::{counted_lane as lane, counters, shared_envelopes, stream, tracked, Counted};
-use lanestream::{
-    Batch, Consumer, Delivery, Envelope, Fanout, IndexName, Item, LaneItem, MemoryStream, Op, Position,
-    Stream, TryPublishError,
-};
+use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, Stream};
 
 struct Counter {
     drops: Arc<Vec<AtomicUsize>>,
@@ -251,28 +247,22 @@ impl Drop for PanicOnDrop {
     }
 }
 
-/// A batch at `position` of one envelope whose document's owner panics when dropped (counted
-/// in `dropped`).
-fn bomb(position: u64, dropped: &Arc<AtomicUsize>) -> LaneItem {
+#[test]
+fn m3_stream_drop_survives_a_lane_item_whose_drop_panics() {
+    let dropped = Arc::new(AtomicUsize::new(0));
     let doc = Bytes::from_owner(PanicOnDrop(b"{}", dropped.clone()));
-    LaneItem::Batch(Batch::new(
-        Some(Position(position)),
+    let bomb = LaneItem::Batch(Batch::new(
+        Some(Position(2)),
         vec![Envelope {
             index: IndexName::new("docs").unwrap(),
             id: "1".into(),
             op: Op::Upsert,
-            position: Some(Position(position)),
+            position: Some(Position(2)),
             document: doc,
             built_at_micros: None,
         }]
         .into(),
-    ))
-}
-
-#[test]
-fn m3_stream_drop_survives_a_lane_item_whose_drop_panics() {
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let bomb = bomb(2, &dropped);
+    ));
     let envs: Vec<Arc<[Envelope]>> = (0..4).map(shared_envelopes).collect();
     let s = stream(6, &["a"]);
     let lane = s.lane("a").unwrap();
@@ -288,92 +278,4 @@ fn m3_stream_drop_survives_a_lane_item_whose_drop_panics() {
     assert!(r.is_err(), "the panic of the bomb's Drop is resumed");
     assert_eq!(dropped.load(Ordering::SeqCst), 1);
     assert!(envs.iter().all(|e| Arc::strong_count(e) == 1), "the rest still dropped once");
-}
-
-/// A budgeted one-lane stream whose budget holds `bomb` (position 1) and `kept` (position 2)
-/// exactly, both published, the bomb acked and `kept` delivered but not acked: the next publish
-/// drops the bomb (its drop panics) and still finds the budget too short for an item charged
-/// more than the bomb (M4), in the same step.
-fn bomb_then_a_spent_budget(
-    dropped: &Arc<AtomicUsize>,
-    kept: &Arc<[Envelope]>,
-) -> (MemoryStream, Fanout, Consumer<LaneItem>, Delivery<LaneItem>) {
-    let first = bomb(1, dropped);
-    let budget = first.charge() + tracked(Some(2), kept).charge();
-    let s = MemoryStream::builder().capacity(8).sink("a").memory_budget(budget).build().unwrap();
-    let mut p = s.fanout().unwrap();
-    let mut c = s.lane("a").unwrap().reattach();
-    p.try_publish(first).unwrap();
-    p.try_publish(tracked(Some(2), kept)).unwrap();
-    c.try_recv().unwrap().ack().unwrap();
-    let held = c.try_recv().unwrap();
-    assert_eq!(dropped.load(Ordering::SeqCst), 0);
-    (s, p, c, held)
-}
-
-/// Two envelopes: charged more than a batch of one (the bomb's size).
-fn two_envelopes(tag: u64) -> Arc<[Envelope]> {
-    let one = shared_envelopes(tag);
-    vec![one[0].clone(), one[0].clone()].into()
-}
-
-#[test]
-fn m3_a_publish_refused_in_the_step_that_caught_a_drop_panic_hands_its_item_back() {
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let (kept, refused) = (shared_envelopes(2), two_envelopes(3));
-    let (s, mut p, mut c, held) = bomb_then_a_spent_budget(&dropped, &kept);
-    assert!(tracked(Some(3), &refused).charge() > tracked(Some(3), &shared_envelopes(3)).charge());
-    let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish(tracked(Some(3), &refused))));
-    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the step dropped the acked bomb");
-    let back = match attempt {
-        Ok(Err(TryPublishError::Full(back))) => back,
-        Ok(other) => panic!("expected Full with the item, got {other:?}"),
-        Err(_) => panic!("the drop panic was resumed by a refused publish: its item was lost"),
-    };
-    assert_eq!(Arc::strong_count(&refused), 2, "the refused item is handed back whole");
-    // The panic is kept for the next publish that goes through, resumed once it is done.
-    held.ack().unwrap();
-    let again = catch_unwind(AssertUnwindSafe(|| p.try_publish(back)));
-    assert!(again.is_err(), "the kept drop panic surfaces after the next publish that goes");
-    assert_eq!(s.lane("a").unwrap().stats().published, 3, "that publish was done first");
-    let third = c.try_recv().unwrap();
-    assert_eq!(third.position(), Some(Position(3)));
-    third.ack().unwrap();
-    // Surfaced once: the stream keeps working.
-    p.try_publish(tracked(Some(4), &kept)).unwrap();
-    assert_eq!(dropped.load(Ordering::SeqCst), 1);
-}
-
-#[test]
-fn m3_a_run_refused_in_the_step_that_caught_a_drop_panic_stays_in_its_vec() {
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let (kept, refused) = (shared_envelopes(2), two_envelopes(3));
-    let (s, mut p, _c, held) = bomb_then_a_spent_budget(&dropped, &kept);
-    let mut run = vec![tracked(Some(3), &refused), tracked(Some(4), &refused)];
-    let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish_run(&mut run)));
-    assert_eq!(dropped.load(Ordering::SeqCst), 1);
-    assert!(
-        matches!(attempt, Ok(Err(TryPublishError::Full(0)))),
-        "expected Full(0) with the run kept, got a panic or {:?}",
-        attempt.as_ref().ok()
-    );
-    assert_eq!((run.len(), Arc::strong_count(&refused)), (2, 3), "both items still in the Vec");
-    held.ack().unwrap();
-    let again = catch_unwind(AssertUnwindSafe(|| p.try_publish_run(&mut run)));
-    assert!(again.is_err(), "the kept drop panic surfaces after the next run step that goes");
-    assert_eq!(s.lane("a").unwrap().stats().published, 3, "that step published the first item");
-    assert_eq!((run.len(), Arc::strong_count(&refused)), (1, 3), "the second waits in the Vec");
-}
-
-#[test]
-fn m3_a_drop_panic_kept_by_a_refused_publish_surfaces_when_the_fanout_is_dropped() {
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let (kept, refused) = (shared_envelopes(2), two_envelopes(3));
-    let (s, mut p, _c, _held) = bomb_then_a_spent_budget(&dropped, &kept);
-    let back = p.try_publish(tracked(Some(3), &refused));
-    assert!(matches!(back, Err(TryPublishError::Full(_))));
-    assert!(catch_unwind(AssertUnwindSafe(|| drop(p))).is_err(), "the kept panic surfaces at the drop");
-    // The role was given back before the panic: a new fan-out can be made.
-    assert!(s.fanout().is_ok());
-    assert_eq!(dropped.load(Ordering::SeqCst), 1);
 }

@@ -130,6 +130,31 @@ impl Spent {
     }
 }
 
+/// A budgeted one-lane stream whose budget holds bombs "one" (position 1) and "two" (position 2)
+/// exactly, both published, "one" acked and "two" delivered (`second`), not acked.
+struct TwoBombs {
+    s: MemoryStream,
+    p: Fanout,
+    c: Consumer<LaneItem>,
+    one: Arc<AtomicUsize>,
+    two: Arc<AtomicUsize>,
+    second: Delivery<LaneItem>,
+}
+
+fn two_bombs() -> TwoBombs {
+    let (one, two) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (b1, b2) = (bomb(1, "one", &one), bomb(2, "two", &two));
+    let budget = b1.charge() + b2.charge();
+    let s = MemoryStream::builder().capacity(8).sink("a").memory_budget(budget).build().unwrap();
+    let mut p = s.fanout().unwrap();
+    let mut c = s.lane("a").unwrap().reattach();
+    p.try_publish(b1).unwrap();
+    p.try_publish(b2).unwrap();
+    c.try_recv().unwrap().ack().unwrap();
+    let second = c.try_recv().unwrap();
+    TwoBombs { s, p, c, one, two, second }
+}
+
 /// Polls `fut` once with `waker`, catching a panic.
 fn poll_once<F: Future + Unpin>(
     fut: &mut F,
@@ -137,6 +162,65 @@ fn poll_once<F: Future + Unpin>(
 ) -> std::thread::Result<Poll<F::Output>> {
     let mut cx = Context::from_waker(waker);
     catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *fut).poll(&mut cx)))
+}
+
+#[test]
+fn m3_a_publish_refused_in_the_step_that_caught_a_drop_panic_hands_its_item_back() {
+    let sp = spent();
+    let item = sp.big(3);
+    let Spent { s, mut p, mut c, held, dropped, refused } = sp;
+    let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish(item)));
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the step dropped the acked bomb");
+    let back = match attempt {
+        Ok(Err(TryPublishError::Full(back))) => back,
+        Ok(other) => panic!("expected Full with the item, got {other:?}"),
+        Err(_) => panic!("the drop panic was resumed by a refused publish: its item was lost"),
+    };
+    assert_eq!(Arc::strong_count(&refused), 2, "the refused item is handed back whole");
+    // The panic is kept for the next publish that goes through, resumed once it is done.
+    held.ack().unwrap();
+    let again = catch_unwind(AssertUnwindSafe(|| p.try_publish(back)));
+    assert_eq!(payload(&again.expect_err("the kept panic surfaces after the next publish that goes")), "one");
+    assert_eq!(s.lane("a").unwrap().stats().published, 3, "that publish was done first");
+    let third = c.try_recv().unwrap();
+    assert_eq!(third.position(), Some(Position(3)));
+    third.ack().unwrap();
+    // Surfaced once: the stream keeps working.
+    p.try_publish(tracked(Some(4), &shared_envelopes(4))).unwrap();
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn m3_a_run_refused_in_the_step_that_caught_a_drop_panic_stays_in_its_vec() {
+    let sp = spent();
+    let mut run = vec![sp.big(3), sp.big(4)];
+    let Spent { s, mut p, held, dropped, refused, .. } = sp;
+    let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish_run(&mut run)));
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    assert!(
+        matches!(attempt, Ok(Err(TryPublishError::Full(0)))),
+        "expected Full(0) with the run kept, got a panic or {:?}",
+        attempt.as_ref().ok()
+    );
+    assert_eq!((run.len(), Arc::strong_count(&refused)), (2, 3), "both items still in the Vec");
+    held.ack().unwrap();
+    let again = catch_unwind(AssertUnwindSafe(|| p.try_publish_run(&mut run)));
+    assert!(again.is_err(), "the kept drop panic surfaces after the next run step that goes");
+    assert_eq!(s.lane("a").unwrap().stats().published, 3, "that step published the first item");
+    assert_eq!((run.len(), Arc::strong_count(&refused)), (1, 3), "the second waits in the Vec");
+}
+
+#[test]
+fn m3_a_drop_panic_kept_by_a_refused_publish_surfaces_when_the_fanout_is_dropped() {
+    let sp = spent();
+    let item = sp.big(3);
+    let Spent { s, mut p, dropped, .. } = sp;
+    assert!(matches!(p.try_publish(item), Err(TryPublishError::Full(_))));
+    let dropping = catch_unwind(AssertUnwindSafe(|| drop(p)));
+    assert_eq!(payload(&dropping.expect_err("the kept panic surfaces at the drop")), "one");
+    // The role was given back before the panic: a new fan-out can be made.
+    assert!(s.fanout().is_ok());
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
 }
 
 #[test]
@@ -531,16 +615,7 @@ fn m3_a_kept_panic_at_the_drop_of_the_last_reference_drops_every_item_once_witho
     // The fan-out outlives the stream, its lanes and deliveries: its drop resumes the kept panic,
     // and the unwinding drops the cells (the last reference) with a second bomb still unacked in
     // them, whose panic is then caught and discarded.
-    let (one, two) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (b1, b2) = (bomb(1, "one", &one), bomb(2, "two", &two));
-    let budget = b1.charge() + b2.charge();
-    let s = MemoryStream::builder().capacity(8).sink("a").memory_budget(budget).build().unwrap();
-    let mut p = s.fanout().unwrap();
-    let mut c = s.lane("a").unwrap().reattach();
-    p.try_publish(b1).unwrap();
-    p.try_publish(b2).unwrap();
-    c.try_recv().unwrap().ack().unwrap();
-    let held = c.try_recv().unwrap();
+    let TwoBombs { s, mut p, c, one, two, second: held } = two_bombs();
     let refused = envelopes(2, 3);
     assert!(matches!(p.try_publish(tracked(Some(3), &refused)), Err(TryPublishError::Full(_))));
     assert_eq!((one.load(Ordering::SeqCst), two.load(Ordering::SeqCst)), (1, 0));
@@ -583,16 +658,7 @@ fn m3_a_drop_panic_caught_by_the_publish_that_goes_is_discarded_when_an_earlier_
     // "one" (kept) and is refused; "two" is acked; the next publish drops "two" (its own panic)
     // and goes: the kept "one" surfaces, and "two", caught by the very publish that went, never
     // does (before the change it surfaced with that publish).
-    let (one, two) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (b1, b2) = (bomb(1, "one", &one), bomb(2, "two", &two));
-    let budget = b1.charge() + b2.charge();
-    let s = MemoryStream::builder().capacity(8).sink("a").memory_budget(budget).build().unwrap();
-    let mut p = s.fanout().unwrap();
-    let mut c = s.lane("a").unwrap().reattach();
-    p.try_publish(b1).unwrap();
-    p.try_publish(b2).unwrap();
-    c.try_recv().unwrap().ack().unwrap();
-    let d2 = c.try_recv().unwrap();
+    let TwoBombs { s, mut p, mut c, one, two, second: d2 } = two_bombs();
     let refused = envelopes(2, 3);
     let back = match p.try_publish(tracked(Some(3), &refused)) {
         Err(TryPublishError::Full(back)) => back,
