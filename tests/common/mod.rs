@@ -46,6 +46,57 @@ pub fn envelope(index: &str, id: &str, position: Option<u64>, document: &'static
     }
 }
 
+/// A document owner whose drop counts itself in `drops`, runs `on_drop` (if any), then panics
+/// with the `String` `name` as its payload: a batch whose drop panics (M3).
+pub struct Bomb {
+    name: &'static str,
+    drops: Arc<AtomicUsize>,
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl AsRef<[u8]> for Bomb {
+    fn as_ref(&self) -> &[u8] {
+        b"{}"
+    }
+}
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+        std::panic::panic_any(self.name.to_string());
+    }
+}
+
+/// A batch at `position` of one envelope (index "docs", id "1", document `{}`: charged as a
+/// [`shared_envelopes`] batch of a one-digit tag) whose document's owner is a [`Bomb`].
+pub fn bomb_with(
+    position: u64,
+    name: &'static str,
+    drops: &Arc<AtomicUsize>,
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
+) -> LaneItem {
+    let mut env = envelope("docs", "1", Some(position), b"{}");
+    env.document = Bytes::from_owner(Bomb { name, drops: drops.clone(), on_drop });
+    LaneItem::Batch(Batch::new(Some(Position(position)), vec![env].into()))
+}
+
+/// [`bomb_with`] and nothing run at the drop but the count and the panic.
+pub fn bomb(position: u64, name: &'static str, drops: &Arc<AtomicUsize>) -> LaneItem {
+    bomb_with(position, name, drops, None)
+}
+
+/// The payload of a caught panic as text: a [`Bomb`]'s `String`, a `panic!` message, or a marker.
+pub fn payload(caught: &Box<dyn std::any::Any + Send>) -> String {
+    caught
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| caught.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "<other payload>".into())
+}
+
 /// Envelopes to share between batches; `Arc::strong_count` on them counts live copies of the
 /// batches built with [`tracked`].
 pub fn shared_envelopes(tag: u64) -> Arc<[Envelope]> {

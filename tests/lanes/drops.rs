@@ -12,9 +12,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use common::{counted_lane as lane, counters, shared_envelopes, stream, tracked, Counted};
-use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, Stream};
+use common::{bomb, counted_lane as lane, counters, shared_envelopes, stream, tracked, Counted};
+use lanestream::{Envelope, Position, Stream};
 
 struct Counter {
     drops: Arc<Vec<AtomicUsize>>,
@@ -231,38 +230,10 @@ fn m3_stream_drop_releases_every_copy_of_every_shared_batch() {
     assert_eq!(counts, [1; 6], "every copy dropped exactly once");
 }
 
-/// A document whose owner panics when the last `Bytes` on it goes.
-struct PanicOnDrop(&'static [u8], Arc<AtomicUsize>);
-
-impl AsRef<[u8]> for PanicOnDrop {
-    fn as_ref(&self) -> &[u8] {
-        self.0
-    }
-}
-
-impl Drop for PanicOnDrop {
-    fn drop(&mut self) {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        panic!("document owner panics in Drop (on purpose)");
-    }
-}
-
 #[test]
 fn m3_stream_drop_survives_a_lane_item_whose_drop_panics() {
     let dropped = Arc::new(AtomicUsize::new(0));
-    let doc = Bytes::from_owner(PanicOnDrop(b"{}", dropped.clone()));
-    let bomb = LaneItem::Batch(Batch::new(
-        Some(Position(2)),
-        vec![Envelope {
-            index: IndexName::new("docs").unwrap(),
-            id: "1".into(),
-            op: Op::Upsert,
-            position: Some(Position(2)),
-            document: doc,
-            built_at_micros: None,
-        }]
-        .into(),
-    ));
+    let bomb = bomb(2, "a document owner panics in Drop (on purpose)", &dropped);
     let envs: Vec<Arc<[Envelope]>> = (0..4).map(shared_envelopes).collect();
     let s = stream(6, &["a"]);
     let lane = s.lane("a").unwrap();

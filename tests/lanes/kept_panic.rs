@@ -19,77 +19,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{shared_envelopes, tracked, CountingWaker};
+use common::{bomb, bomb_with, payload, shared_envelopes, tracked, CountingWaker};
 use lanestream::{
     Batch, Consumer, Delivery, Envelope, Fanout, FanoutPublish, IndexName, Item, Lane, LaneItem,
     MemoryStream, Op, Position, Producer, Publish, PublishError, PublishTimeoutError, Request, RequestLane,
     RequestSender, SinkName, Stream, TryPublishError,
 };
 
-/// A document owner whose drop counts itself in `drops`, runs `on_drop` (if any), then panics
-/// with the payload `String` `name`.
-struct Bomb {
-    name: &'static str,
-    drops: Arc<AtomicUsize>,
-    on_drop: Option<Box<dyn FnOnce() + Send>>,
-}
-
-impl AsRef<[u8]> for Bomb {
-    fn as_ref(&self) -> &[u8] {
-        b"{}"
-    }
-}
-
-impl Drop for Bomb {
-    fn drop(&mut self) {
-        self.drops.fetch_add(1, Ordering::SeqCst);
-        if let Some(f) = self.on_drop.take() {
-            f();
-        }
-        panic_any(self.name.to_string());
-    }
-}
-
-/// A batch at `position` of one envelope (id "1", document `{}`: charged as a
-/// [`shared_envelopes`] batch of a one-digit tag) whose document's owner is a [`Bomb`].
-fn bomb_with(
-    position: u64,
-    name: &'static str,
-    drops: &Arc<AtomicUsize>,
-    on_drop: Option<Box<dyn FnOnce() + Send>>,
-) -> LaneItem {
-    let doc = Bytes::from_owner(Bomb { name, drops: drops.clone(), on_drop });
-    LaneItem::Batch(Batch::new(
-        Some(Position(position)),
-        vec![Envelope {
-            index: IndexName::new("docs").unwrap(),
-            id: "1".into(),
-            op: Op::Upsert,
-            position: Some(Position(position)),
-            document: doc,
-            built_at_micros: None,
-        }]
-        .into(),
-    ))
-}
-
-fn bomb(position: u64, name: &'static str, drops: &Arc<AtomicUsize>) -> LaneItem {
-    bomb_with(position, name, drops, None)
-}
-
 /// `k` copies of one envelope: a batch of them is charged about `k` times a batch of one.
 fn envelopes(k: usize, tag: u64) -> Arc<[Envelope]> {
     let one = shared_envelopes(tag);
     vec![one[0].clone(); k].into()
-}
-
-/// The payload of a caught panic, as the `String` a [`Bomb`] panics with (or a marker).
-fn payload(caught: &Box<dyn std::any::Any + Send>) -> String {
-    caught
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| caught.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "<other payload>".into())
 }
 
 /// A budgeted one-lane stream, the budget spent exactly by `bomb "one"` (position 1, acked) and
