@@ -543,19 +543,18 @@ impl<T> Drop for Publisher<T> {
     fn drop(&mut self) {
         // A panicking item drop must not keep the role: it is given back first, and the panic
         // resumed after (never while unwinding already, M3).
-        let reclaimed = if std::thread::panicking() { Ok(()) } else { self.reclaim() };
+        let unwinding = std::thread::panicking();
+        let reclaimed = if unwinding { Ok(()) } else { self.reclaim() };
         // Release: pairs with `claim`'s Acquire.
         self.cells.producer_live.store(false, Ordering::Release);
-        // A panic kept by a refused step was caught first; never resumed while unwinding.
-        if let Err(p) = reclaimed {
-            keep_first_panic(self.kept_panic(), p);
-        }
-        if let Some(p) = self.kept_panic().take() {
-            if std::thread::panicking() {
+        if unwinding {
+            // Never resumed while unwinding (M3): a kept panic is discarded.
+            if let Some(p) = self.kept_panic().take() {
                 discard_panic(p);
-            } else {
-                std::panic::resume_unwind(p);
             }
+        } else {
+            // As a step that published: the first panic caught (a kept one first) surfaces.
+            self.settle(reclaimed, true);
         }
     }
 }
