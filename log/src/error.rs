@@ -2,7 +2,7 @@
 //! leaves.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::position::LogPosition;
@@ -18,7 +18,7 @@ pub enum EventError {
     #[error("a tag must not be empty")]
     EmptyTag,
     /// A type or tag is longer than [`MAX_NAME_LEN`](super::MAX_NAME_LEN) bytes.
-    #[error("type or tag {name:?}... is {len} bytes long, above the limit of {max} bytes", max = super::MAX_NAME_LEN)]
+    #[error("type or tag {name:?}... is {len} bytes long, above the limit of {max} bytes", max = super::names::MAX_NAME_LEN)]
     NameTooLong {
         /// The first 32 characters of the name.
         name: String,
@@ -113,10 +113,14 @@ impl AppendError {
     }
 }
 
-/// Why a log could not be opened. Nothing is running and nothing stays claimed; the directory is
-/// as it was, except that a torn tail found by recovery was truncated away (it was never
-/// acknowledged), that index files a crash left half-written (`.idx.tmp`) were removed, and that
-/// its `LOCK` file exists.
+/// Why a log could not be opened. Nothing is running and nothing stays claimed, and nothing in the
+/// directory was changed: an open decides first and acts after — the repairs recovery finds
+/// needed (a torn tail truncated away, index files a crash left half-written (`.idx.tmp`) or
+/// stale removed, missing or untrusted ones rebuilt) are made only once nothing is left to
+/// refuse, and a read-only follower writes nothing at all. Two exceptions: a writer's open
+/// creates the directory and its `LOCK` file if they are missing (it takes the lock before
+/// reading anything), and an [`Io`](OpenError::Io) error that comes while the repairs are being
+/// made (or after them) leaves those made before it (each is one the next open makes too).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
@@ -142,7 +146,9 @@ pub enum OpenError {
         /// The file whose lock the other process holds (`LOCK` in `dir`).
         lock_file: PathBuf,
     },
-    /// A file or directory operation failed.
+    /// A file or directory operation failed: `op` on `path`. If it failed while the open was
+    /// making its repairs (see above), the repairs before it stay made; opening again makes
+    /// the rest.
     #[error("{op} {path}: {source}")]
     Io {
         /// What was being done.
@@ -267,4 +273,9 @@ pub enum NextTimeoutError {
     /// As [`SubscriptionError::Read`].
     #[error(transparent)]
     Read(#[from] ReadError),
+}
+
+/// Wraps the error of the I/O operation `op` on `path` as [`OpenError::Io`] (for `map_err`).
+pub(crate) fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OpenError + 'a {
+    move |source| OpenError::Io { op, path: path.to_path_buf(), source }
 }

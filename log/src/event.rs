@@ -1,21 +1,19 @@
 //! [`Event`]: what an append carries, validated at construction; [`SequencedEvent`]: an event and
-//! the position the log gave it.
+//! the position the log gave it. And how the log keeps events: a [`Block`] per group commit or
+//! recovered segment (names interned, payloads in memory or where they are in a segment, read
+//! back through `disk/file.rs`), and a sealed segment's index built from its blocks.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::disk::file::{Loc, SegmentFile};
+use super::disk::segindex::SegmentIndex;
 use super::error::{EventError, ReadError};
-use super::file::{Loc, SegmentFile};
-use super::names::NameTable;
+use super::names::{MAX_NAME_LEN, MAX_TAGS, NameTable};
 use super::position::LogPosition;
-
-/// The longest event type or tag, in bytes (UTF-8).
-pub const MAX_NAME_LEN: usize = 1024;
-
-/// The most tags one event may carry.
-pub const MAX_TAGS: usize = 256;
 
 /// One event: a type, a set of tags and an opaque payload.
 ///
@@ -192,6 +190,37 @@ impl Block {
     fn tags_of(&self, i: usize) -> TagSlice<'_> {
         let start = if i == 0 { 0 } else { self.records[i - 1].tags_end as usize };
         TagSlice::Stored(&self.tags[start..self.records[i].tags_end as usize], &self.names)
+    }
+}
+
+impl SegmentIndex {
+    /// The index of the segment starting at `first`, `len` bytes long, from the blocks the writer
+    /// appended to it (every block on disk, in position order, covering the whole segment).
+    pub(crate) fn from_blocks(first: u64, len: u64, version: u8, blocks: &[Arc<Block>]) -> SegmentIndex {
+        let mut index = SegmentIndex::new(first, version);
+        index.len = len;
+        // Global name id -> the index's own.
+        let mut local: HashMap<u32, u32> = HashMap::new();
+        let mut tags = Vec::new();
+        for block in blocks {
+            debug_assert_eq!(block.first(), index.next(), "blocks cover the segment in order");
+            let locs = block.locations().expect("a segment's blocks are on disk");
+            for (i, loc) in locs.iter().enumerate() {
+                let (ty, tag_ids) = block.names_of(i);
+                let mut id = |global: u32| {
+                    *local.entry(global).or_insert_with(|| {
+                        let name = block.names().get(global);
+                        index.names.push(Box::from(name));
+                        (index.names.len() - 1) as u32
+                    })
+                };
+                let ty = id(ty);
+                tags.clear();
+                tags.extend(tag_ids.iter().map(|&t| id(t)));
+                index.push(ty, &tags, *loc);
+            }
+        }
+        index
     }
 }
 

@@ -9,19 +9,22 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::condition::AppendCondition;
+use super::disk::file::{FrameCache, SegmentFile};
+use super::disk::format::{FORMAT_VERSION, HEADER_LEN, header};
+use super::disk::marker::MarkerFile;
+use super::disk::storage::{DirClaim, FileStorage, Storage, segment_name, sync_dir};
 use super::error::{AppendError, OpenError, ReadError};
 use super::event::Event;
-use super::file::{FrameCache, SegmentFile};
-use super::follow::{self, Follower, MarkerFile};
+use super::follow::{self, Follower};
 use super::options::LogOptions;
 use super::position::{LogPosition, PositionRange};
 use super::query::Query;
 use super::queue::{AppendResult, Queue, ReplySlot, Request};
 use super::read::{ReadHandle, Reads};
-use super::segment::{FORMAT_VERSION, Files, HEADER_LEN, SegmentWriter, header, recover};
+use super::recovery::recover;
+use super::segment_writer::{Files, SegmentWriter};
 use super::slots::EventSlots;
 use super::snapshot::{IndexWriter, Shared, Snapshot};
-use super::storage::{DirClaim, FileStorage, Storage, sync_dir};
 use super::subscription::Subscription;
 use super::writer::Writer;
 use crate::sync::{JoinHandle, Mutex, lock};
@@ -77,7 +80,11 @@ impl EventLog {
     /// # Errors
     /// [`OpenError::InvalidOption`], [`OpenError::AlreadyOpen`] (open in this process),
     /// [`OpenError::Locked`] (open in another process), [`OpenError::Io`],
-    /// [`OpenError::Corrupt`].
+    /// [`OpenError::Corrupt`], [`OpenError::UnsupportedVersion`], [`OpenError::StrayFile`]. An
+    /// open that fails changes nothing on disk (but for the directory and its `LOCK` file,
+    /// created if missing): recovery decides first, and its repairs (a torn tail truncated,
+    /// index files rebuilt or removed) are made only once nothing is left to refuse; only an
+    /// [`OpenError::Io`] in the middle of them leaves some made (see [`OpenError`]).
     pub fn open(dir: impl AsRef<Path>, options: LogOptions) -> Result<WriteHandle, OpenError> {
         EventLog::open_with(dir.as_ref(), options, |s| s)
     }
@@ -107,8 +114,11 @@ impl EventLog {
         let events = EventSlots::new();
         let mut index = IndexWriter::new();
         let cache = (options.cache_bytes > 0).then(|| Arc::new(FrameCache::new(options.cache_bytes)));
-        let recovered =
+        let recovery =
             recover(&dir, cache.clone(), |segment, file| index.add_segment(&events, segment, file))?;
+        // Recovery has decided and changed nothing: from here on only I/O can fail the open, and
+        // only now are the log's files repaired (an open that fails changes nothing on disk).
+        let recovered = recovery.repair()?;
         index.shrink_scratch();
         let marker = MarkerFile::open(&dir).map_err(io("opening the commit marker in", &dir))?;
         let (storage, current_len, files) = match recovered.last {
@@ -128,7 +138,7 @@ impl EventLog {
             None => {
                 let storage = FileStorage::create(&dir, 1, &header(1), claim)
                     .map_err(io("creating a segment in", &dir))?;
-                let path = dir.join(super::storage::segment_name(1));
+                let path = dir.join(segment_name(1));
                 let file = SegmentFile::open(&path, 1, FORMAT_VERSION, cache.clone())
                     .map_err(io("opening", &path))?;
                 let files = Files {

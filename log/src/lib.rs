@@ -86,10 +86,14 @@
 //! at the recovered head + 1, with the index — and so every condition's view — rebuilt from the
 //! records. A damaged record that is not a torn tail (one followed by a whole, CRC-valid record,
 //! which a crash never leaves) fails the open with [`OpenError::Corrupt`] and truncates nothing.
-//! A directory holding anything but the log's files fails with [`OpenError::StrayFile`]. One
+//! An open that fails changes nothing on disk: recovery only reads, and its repairs (the torn
+//! tail truncated, index files rebuilt or removed) are made once nothing is left to refuse (see
+//! [`OpenError`]). A directory holding anything but the log's files fails with
+//! [`OpenError::StrayFile`]. One
 //! writer per directory: an open log holds an exclusive lock on the directory's `LOCK` file, and
 //! an open from another process fails with [`OpenError::Locked`]. The formats are described in
-//! the source of `segment.rs` and `segindex.rs`.
+//! the source of `disk/format.rs`, `disk/segindex.rs` and `disk/marker.rs` (see
+//! [Layout](#layout)).
 //!
 //! # Across processes
 //! One writer per directory, in any process: [`EventLog::open`] takes an exclusive advisory lock
@@ -127,7 +131,7 @@
 //! segment's index decoded at a time and the staging of 65,536 events (at the 2,000,000-event,
 //! 200,000-tag shape: a heap peak of 263 MiB for 200 MiB held). Payloads are read with
 //! positioned reads (`pread`), one event per read (its whole record in a segment of version 1),
-//! not through a memory map: see the source of `file.rs` for why.
+//! not through a memory map: see the source of `disk/file.rs` for why.
 //!
 //! ```
 //! use lanestream_log::{Event, EventLog, LogOptions, Query, QueryItem};
@@ -144,14 +148,52 @@
 //! assert!(!reads.is_cut_short());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Layout
+//! One row per file, from the top floor down. A file imports only from the rows below it (the
+//! files of its own layer listed after it, and the layers below), never upward: the crate has
+//! no import circle. The files (`disk/`) stand below the vocabulary because an event stored on
+//! disk reads its payload back through `disk/file.rs`; recovery and the segment writer stand
+//! above it because they store and encode events.
+//!
+//! | layer | file | what it holds |
+//! |---|---|---|
+//! | ends | `handle.rs` | [`EventLog`] (opening a log: durable, a read-only follower, in memory), [`WriteHandle`] (appending: inline when the writer is idle, queued otherwise) and [`AppendFuture`] |
+//! | ends | `source.rs` | [`LogSource`]: the log as the ingest engine of a lanes stream, one batch per append, backfills served from the index |
+//! | ends | `read.rs` | [`ReadHandle`] and [`Reads`]: reads on the caller's thread over the published snapshot |
+//! | ends | `subscription.rs` | [`Subscription`] and [`NextBatch`]: every matching event after a position, across catch-up and the live tail |
+//! | engine | `writer.rs` | the single writer: each group commit decided, written, fsynced, published and answered, on its thread or inline |
+//! | engine | `follow.rs` | read-only followers: a thread that polls the commit marker and indexes and publishes what the writer made durable |
+//! | engine | `queue.rs` | the writer's bounded request queue and the reply slot each append waits on |
+//! | engine | `snapshot.rs` | what readers see: the published snapshot and the state every handle shares, the views that answer queries, and the index the writer (or recovery, or a follower) builds |
+//! | engine | `slots.rs` | the events by position: write-once slots the readers share with the writer |
+//! | durability | `recovery.rs` | opening a directory: each segment scanned or taken from its index file, a torn tail told from damage, the repairs decided, then made |
+//! | durability | `segment_writer.rs` | the writer's side of the segments: records encoded, a group commit appended with one fsync, the commit marker moved, a full segment sealed |
+//! | vocabulary | `condition.rs` | [`AppendCondition`]: the guard an append may carry |
+//! | vocabulary | `query.rs` | [`Query`], [`QueryItem`]: the one match rule of reads, subscriptions and conditions |
+//! | vocabulary | `event.rs` | [`Event`] and [`SequencedEvent`]; how the log keeps events (a block per group commit or segment, payloads in memory or read back from a segment) and a segment's index built from its blocks |
+//! | vocabulary | `options.rs` | [`LogOptions`]: the sizes of the queue, the group commit, the segments, the batches and the cache |
+//! | files | `disk/record.rs` | a segment's records read back and checked, and the test that tells a torn tail from damage |
+//! | files | `disk/segindex.rs` | a sealed segment's index file: its layout, its write, and the read that trusts it only where it matches its segment |
+//! | files | `disk/file.rs` | one segment open for positioned reads (an event's frame read and checked) and the log's frame cache |
+//! | files | `disk/storage.rs` | the directory: file names, the writer's claim (`LOCK`), the listing that refuses stray files, and the file operations the segment writer writes with |
+//! | files | `disk/marker.rs` | the commit marker (`COMMIT`): what the writer has made durable, for followers |
+//! | files | `disk/format.rs` | a segment's layout (header, records, events, checksums, versions) and its header built, checked and read |
+//! | ground | `error.rs` | the error enums: one per operation, one variant per cause |
+//! | ground | `names.rs` | the limits on names ([`MAX_NAME_LEN`], [`MAX_TAGS`]) and the table that interns them |
+//! | ground | `position.rs` | [`LogPosition`] and [`PositionRange`] |
+//! | ground | `index.rs` | the type/tag index's parts: append-only posting lists, persistent maps from names to lists |
+//! | ground | `signal.rs` | what subscribers wait on and the writer wakes: the core's wait list |
+//! | ground | `sync.rs` | the shim: `std`, or loom under `--cfg lanestream_loom` |
+//! | — | `disk/mod.rs`, `tests.rs`, `docs/` | the `disk` folder's own map; unit tests with a storage that fails or stalls on command; the memory-ordering chapter ([`docs::memory_ordering`]) |
 
 #![deny(missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod condition;
+mod disk;
 mod error;
 mod event;
-mod file;
 mod follow;
 mod handle;
 mod index;
@@ -161,13 +203,12 @@ mod position;
 mod query;
 mod queue;
 mod read;
-mod segindex;
-mod segment;
+mod recovery;
+mod segment_writer;
 mod signal;
 mod slots;
 mod snapshot;
 mod source;
-mod storage;
 mod subscription;
 mod sync;
 mod writer;
@@ -185,8 +226,9 @@ pub mod docs {
 }
 
 // Not under Miri: these tests drive the writer thread against real directories (Miri's
-// isolation refuses `mkdir`, and interpreted they would take hours); the log has no `unsafe`
-// code, and its waits are checked by the loom models instead.
+// isolation refuses `mkdir`, and interpreted they would take hours); the log's one `unsafe`
+// block is the commit marker's memory map (`disk/marker.rs`, a file Miri cannot map either), and
+// its waits are checked by the loom models instead.
 #[cfg(all(test, not(miri)))]
 mod tests;
 
@@ -195,8 +237,9 @@ pub use error::{
     AppendError, EventError, NextTimeoutError, OpenError, QueryError, ReadError, SubscriptionError,
     TryNextError,
 };
-pub use event::{Event, MAX_NAME_LEN, MAX_TAGS, SequencedEvent};
+pub use event::{Event, SequencedEvent};
 pub use handle::{AppendFuture, EventLog, WriteHandle};
+pub use names::{MAX_NAME_LEN, MAX_TAGS};
 pub use options::LogOptions;
 pub use position::{LogPosition, PositionRange};
 pub use query::{Query, QueryItem, QueryItems};

@@ -1,9 +1,13 @@
-//! Interned names: every distinct event type and tag the log stores, once, in an append-only
-//! table that stored events refer to by a `u32` id (4 bytes per reference instead of a 16-byte
-//! pointer, and one allocation per distinct name instead of one per event). The allocation is
-//! an `Arc<str>` the writer shares with its name maps (the snapshot's and its own), so a name is
-//! held once however many maps know it: at hundreds of thousands of tags of a few events each,
-//! copies of the names were a tenth of the index.
+//! Names — event types and tags: the limits every one is held to ([`MAX_NAME_LEN`], [`MAX_TAGS`]:
+//! what `Event::new` enforces, `EventError` names and every decoder of the log's files checks),
+//! and their interning.
+//!
+//! **Interning.** Every distinct event type and tag the log stores is held once, in an
+//! append-only table that stored events refer to by a `u32` id (4 bytes per reference instead of
+//! a 16-byte pointer, and one allocation per distinct name instead of one per event). The
+//! allocation is an `Arc<str>` the writer shares with its name maps (the snapshot's and its
+//! own), so a name is held once however many maps know it: at hundreds of thousands of tags of a
+//! few events each, copies of the names were a tenth of the index.
 //!
 //! Only the writer adds names; each goes into a write-once slot that never moves, so a reader
 //! holding an id it got from a stored event (published after the name was added: the snapshot
@@ -13,6 +17,12 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
+
+/// The longest event type or tag, in bytes (UTF-8).
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// The most tags one event may carry.
+pub const MAX_TAGS: usize = 256;
 
 /// log2 of the first bucket's size.
 const FIRST_BITS: u32 = 6;

@@ -1,7 +1,7 @@
 //! [`LogOptions`]: the sizes of the queue, the group commit, the segments and the batches.
 
+use super::disk::format::{FRAME_LEN, MAX_PAYLOAD, PAYLOAD_FIXED};
 use super::error::OpenError;
-use super::segment::{FRAME_LEN, MAX_PAYLOAD, PAYLOAD_FIXED};
 
 /// How a log is sized. Every setter takes and returns the options, so they chain:
 ///

@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use std::collections::HashMap;
 
+use super::disk::file::SegmentFile;
+use super::disk::segindex::SegmentIndex;
 use super::error::ReadError;
 use super::event::{Block, Event, Payloads, SequencedEvent};
-use super::file::SegmentFile;
 use super::index::{KeyMap, Postings, PostingsView};
 use super::names::NameTable;
 use super::position::LogPosition;
 use super::query::{Query, QueryItem};
-use super::segindex::SegmentIndex;
 use super::slots::EventSlots;
 
 /// One published state of the log.

@@ -33,7 +33,7 @@ pub(crate) use std::sync::atomic::Ordering;
 /// Locks `m`, ignoring poisoning: the log's critical sections hold plain lists and counters that
 /// a panic cannot leave half-updated (the writer's state is guarded by its own failure flag).
 /// The crate's one lock helper (the process-wide set of open directories, a `static` std mutex
-/// even under loom, locks inline: `src/storage.rs`).
+/// even under loom, locks inline: `src/disk/storage.rs`).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::disk::storage::Storage;
 use super::queue::AppendResult;
-use super::storage::Storage;
 use super::*;
 
 /// A fresh, empty directory, removed with everything in it when the value drops.

@@ -29,13 +29,13 @@ use std::thread;
 
 use crate::sync::{JoinHandle, Mutex, Ordering, ThreadBuilder, lock};
 
+use super::disk::file::Loc;
 use super::error::AppendError;
 use super::event::Event;
 use super::event::Payloads;
-use super::file::Loc;
 use super::position::{LogPosition, PositionRange, raw};
 use super::queue::{AppendResult, Queue, ReplySender, Request};
-use super::segment::{SegmentWriter, encode_record};
+use super::segment_writer::{SegmentWriter, encode_record};
 use super::snapshot::{IndexWriter, Shared, Snapshot, View};
 
 /// The writer thread's state.

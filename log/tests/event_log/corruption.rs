@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use lanestream_log::{EventLog, LogOptions, OpenError};
-use log_support::{all, crc32c_of, ev_data, positions, temp_dir};
+use log_support::{all, crc32c_of, ev_data, positions, record_starts, temp_dir};
 
 /// The one segment of `dir`.
 fn only_segment(dir: &Path) -> PathBuf {
@@ -24,8 +24,8 @@ fn only_segment(dir: &Path) -> PathBuf {
 }
 
 /// A log in `dir` of `n` one-event appends (distinct types, tags and payloads); returns its
-/// segment's path, its bytes and the offsets at which its records start (walked by the
-/// documented frame: `len: u32 | crc: u32 | payload`, after a 16-byte header).
+/// segment's path, its bytes and the offsets at which its records start
+/// ([`record_starts`]).
 fn log_of(dir: &Path, n: usize) -> (PathBuf, Vec<u8>, Vec<usize>) {
     let log = EventLog::open(dir, LogOptions::default()).unwrap();
     for i in 0..n {
@@ -36,13 +36,8 @@ fn log_of(dir: &Path, n: usize) -> (PathBuf, Vec<u8>, Vec<usize>) {
     drop(log);
     let seg = only_segment(dir);
     let bytes = fs::read(&seg).unwrap();
-    let mut starts = Vec::new();
-    let mut at = 16;
-    while at < bytes.len() {
-        starts.push(at);
-        at += 8 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-    }
-    assert_eq!((starts.len(), at), (n, bytes.len()));
+    let (starts, end) = record_starts(&bytes);
+    assert_eq!((starts.len(), end), (n, bytes.len()));
     (seg, bytes, starts)
 }
 

@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use lanestream_log::{EventLog, LogOptions, OpenError, Query, SequencedEvent};
-use log_support::{all, crc32c_of, ev_data, temp_dir};
+use log_support::{all, crc32c_of, ev_data, record_starts, temp_dir};
 
 /// Small segments, so a few appends seal several.
 fn options() -> LogOptions {
@@ -32,8 +32,11 @@ fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     v
 }
 
+/// A directory's files: each one's name and bytes.
+type DirFiles = Vec<(String, Vec<u8>)>;
+
 /// Every file of `dir` with its bytes, sorted by name.
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+fn snapshot(dir: &Path) -> DirFiles {
     let mut v: Vec<_> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -187,6 +190,157 @@ fn an_index_whose_segment_is_gone_is_corruption_and_nothing_changes() {
         "{err}"
     );
     assert_eq!(snapshot(&dir), before);
+}
+
+/// Issue 33, fault 9: an open refused with `Corrupt` had already changed the directory — it
+/// removed the last segment's index file (one a crash leaves between a seal's rename and the
+/// next segment) and the `.idx.tmp` a crash leaves in a seal, and it rewrote an untrusted index
+/// file and then removed it. The rule (`OpenError`'s docs): an open that fails changes nothing
+/// on disk; the repairs (a torn tail truncated, a stale index removed, an index rebuilt) are
+/// made only once the open has nothing left to refuse, and a follower never writes at all.
+///
+/// The cut points: every state a crash of the writer of [`written_log`] leaves — the segment
+/// being written cut in its header, inside each record and between records, a seal's
+/// temporary index file cut, the seal's rename done before the next segment exists — each with
+/// one byte of the last segment's first record damaged (with a whole record after it, that is
+/// corruption), and again with the first segment's index file cut in half too where that
+/// segment is sealed (an index the open must rebuild). Each is opened by a follower, then by the
+/// writer; an open that fails must leave every file as it was, name for name and byte for byte.
+/// Before the fix, 120 of these 378 cut points failed (the report's test: 2 of 282): 13 lost the
+/// last segment's index file, 65 the `.idx.tmp`, 78 the rebuilt first index file (some two).
+#[test]
+fn a_corrupt_open_changes_nothing_on_disk() {
+    let source = temp_dir("refused-source");
+    written_log(&source);
+    let whole = snapshot(&source);
+    let segments: Vec<&(String, Vec<u8>)> = whole.iter().filter(|(n, _)| n.ends_with(".seg")).collect();
+    // The commit marker the writer had published in each state (`COMMIT`: the segment appended
+    // to, its durable length, a CRC32C of both); 20 zero bytes (no marker) before the first.
+    let marker = |segment: &str, len: usize| {
+        let first: u64 = segment.trim_end_matches(".seg").parse().unwrap();
+        let mut m = [first.to_le_bytes(), (len as u64).to_le_bytes()].concat();
+        m.extend_from_slice(&crc32c_of(&m).to_le_bytes());
+        ("COMMIT".to_string(), m)
+    };
+    let mut published = ("COMMIT".to_string(), vec![0u8; 20]);
+    // The states a crash leaves, in the writer's order: (what, files).
+    let mut states: Vec<(String, DirFiles)> = Vec::new();
+    let mut done: DirFiles = whole.iter().filter(|(n, _)| n == "LOCK").cloned().collect();
+    for (name, bytes) in &segments {
+        let (starts, end) = record_starts(bytes);
+        let mut cuts = vec![0, 1, 8, 15];
+        for (i, &s) in starts.iter().enumerate() {
+            let e = starts.get(i + 1).copied().unwrap_or(end);
+            cuts.extend([s, s + 1, s + 8, (s + e) / 2, e - 1]);
+        }
+        cuts.push(end);
+        for cut in cuts {
+            if cut >= 16 {
+                // Durable: the header and every whole record below the cut.
+                let durable = starts.iter().copied().chain([end]).take_while(|&s| s <= cut).last().unwrap();
+                published = marker(name, durable);
+            }
+            let mut files = done.clone();
+            files.push((name.clone(), bytes[..cut].to_vec()));
+            files.push(published.clone());
+            states.push((format!("{name} cut at byte {cut}"), files));
+        }
+        done.push(((*name).clone(), bytes.clone()));
+        let idx = name.replace(".seg", ".idx");
+        if let Some((_, index)) = whole.iter().find(|(n, _)| *n == idx) {
+            for cut in [0, 1, index.len() / 2, index.len() - 1, index.len()] {
+                let mut files = done.clone();
+                files.push((format!("{idx}.tmp"), index[..cut].to_vec()));
+                files.push(published.clone());
+                states.push((format!("{idx}.tmp cut at byte {cut}"), files));
+            }
+            done.push((idx.clone(), index.clone()));
+            let mut files = done.clone();
+            files.push(published.clone());
+            states.push((format!("{idx} renamed into place, the next segment not created"), files));
+        }
+    }
+    let (first_segment, _) = segments[0];
+    let first_index = first_segment.replace(".seg", ".idx");
+    let dir = temp_dir("refused");
+    let (mut cut_points, mut corrupt, mut opened) = (0, 0, 0);
+    let mut changed = Vec::new();
+    for (what, files) in &states {
+        // One byte in the middle of the first record of the state's last segment.
+        let last = files.iter().rposition(|(n, _)| n.ends_with(".seg")).unwrap();
+        let (_, last_whole) = segments.iter().find(|(n, _)| *n == files[last].0).unwrap();
+        let (starts, end) = record_starts(last_whole);
+        let damaged = (starts[0] + starts.get(1).copied().unwrap_or(end)) / 2;
+        // With a whole record after the damaged one, it is corruption; without, a torn tail.
+        let refused = starts.len() >= 2 && files[last].1.len() >= starts.get(2).copied().unwrap_or(end);
+        for index_cut in [false, true] {
+            let mut files = files.clone();
+            if let Some(byte) = files[last].1.get_mut(damaged) {
+                *byte ^= 0x5A;
+            }
+            if index_cut {
+                // Where the first segment is sealed: its index is read before the last segment.
+                let sealed = files[last].0 != *first_segment;
+                match files.iter_mut().find(|(n, _)| *n == first_index) {
+                    Some((_, index)) if sealed => index.truncate(index.len() / 2),
+                    _ => continue,
+                }
+            }
+            cut_points += 1;
+            let what = format!("{what}{}", if index_cut { ", the first index file cut in half" } else { "" });
+            for entry in fs::read_dir(&dir).unwrap() {
+                fs::remove_file(entry.unwrap().path()).unwrap();
+            }
+            for (name, bytes) in &files {
+                fs::write(dir.join(name), bytes).unwrap();
+            }
+            let before = snapshot(&dir);
+            // A follower writes nothing, whatever it finds.
+            drop(EventLog::open_read_only(&dir, options()));
+            let after = snapshot(&dir);
+            if after != before {
+                changed.push(format!("{what}: a follower's open changed {}", difference(&before, &after)));
+            }
+            match EventLog::open(&dir, options()) {
+                Ok(log) => {
+                    assert!(!refused, "{what}: opened, though a whole record follows the damaged one");
+                    opened += 1;
+                    log.close();
+                }
+                Err(e) => {
+                    assert!(refused && matches!(e, OpenError::Corrupt { .. }), "{what}: {e}");
+                    corrupt += 1;
+                    let after = snapshot(&dir);
+                    if after != before {
+                        changed.push(format!("{what}: refused ({e}), yet {}", difference(&before, &after)));
+                    }
+                }
+            }
+        }
+    }
+    let shown: Vec<_> = changed.iter().take(12).map(String::as_str).collect();
+    assert!(
+        changed.is_empty(),
+        "{} of {cut_points} cut points ({corrupt} refused as Corrupt, {opened} opened) changed the directory; \
+         the first ones:\n{}",
+        changed.len(),
+        shown.join("\n")
+    );
+    // Both kinds of cut point are there (today: 168 refused, 210 opened).
+    assert!(corrupt > 100 && opened > 100, "{cut_points} cut points: {corrupt} refused, {opened} opened");
+}
+
+/// What differs between two [`snapshot`]s of a directory: the files gone, new, and changed.
+fn difference(before: &[(String, Vec<u8>)], after: &[(String, Vec<u8>)]) -> String {
+    let names = |s: &[(String, Vec<u8>)]| s.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    let gone: Vec<_> = names(before).into_iter().filter(|n| !after.iter().any(|(a, _)| a == n)).collect();
+    let new: Vec<_> = names(after).into_iter().filter(|n| !before.iter().any(|(b, _)| b == n)).collect();
+    let rewritten: Vec<_> = before
+        .iter()
+        .filter(|(n, b)| after.iter().any(|(a, ab)| a == n && ab != b))
+        .map(|(n, _)| n.clone())
+        .collect();
+    format!("gone {gone:?}, new {new:?}, changed {rewritten:?}")
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `log_segment`: arbitrary bytes laid out as the segment files of a log directory and opened with
 //! [`EventLog::open`], checked against an independent reading of the documented segment format
-//! (the `On disk` section of `lanestream_log`, and `segment.rs`):
+//! (the `On disk` section of `lanestream_log`, and `src/disk/format.rs`):
 //!
 //! - opening never panics; it either recovers exactly the valid prefix the reference reader
 //!   finds (every event byte-exact, positions dense from 1, a torn tail of the last segment

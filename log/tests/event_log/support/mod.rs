@@ -103,6 +103,19 @@ pub fn spawn_sinks<R: Send + 'static>(
         .collect()
 }
 
+/// Where the records of a segment's bytes start, walked by the documented frame (`len: u32 |
+/// crc: u32 | payload (len bytes)`, after the 16-byte header), and where the walk ends: the
+/// segment's length for a whole one.
+pub fn record_starts(segment: &[u8]) -> (Vec<usize>, usize) {
+    let mut starts = Vec::new();
+    let mut at = 16;
+    while at < segment.len() {
+        starts.push(at);
+        at += 8 + u32::from_le_bytes(segment[at..at + 4].try_into().unwrap()) as usize;
+    }
+    (starts, at)
+}
+
 /// CRC32C, bitwise (the tests share no code with the log's reader).
 pub fn crc32c_of(data: &[u8]) -> u32 {
     let mut c = !0u32;

@@ -4,10 +4,10 @@
 //! A [`SegmentIndex`] is what a segment holds without the payloads: per event its type and tags
 //! (as ids into the index's own name list) and where its payload is ([`Loc`]). It is built from a
 //! scan of the segment (recovery, or a rebuild) or from the blocks the writer appended to the
-//! segment, and written when the writer seals the segment (starts the next one), before the
-//! next segment is created: to `<name>.idx.tmp`, fsynced, renamed over `<name>.idx`, and the
-//! directory fsynced, so an index file is whole or absent (a crash leaves at most a `.tmp`,
-//! which the next open removes).
+//! segment (`SegmentIndex::from_blocks`, beside `Block` in `event.rs`), and written when the
+//! writer seals the segment (starts the next one), before the next segment is created: to
+//! `<name>.idx.tmp`, fsynced, renamed over `<name>.idx`, and the directory fsynced, so an index
+//! file is whole or absent (a crash leaves at most a `.tmp`, which the next open removes).
 //!
 //! # Format (versions 1 and 2, all integers little-endian)
 //! ```text
@@ -22,7 +22,7 @@
 //! in the segment, `data_at` and `data_len` the event's payload. An index file's version is its
 //! segment's (one of an older segment is still written as that version): in version 1
 //! `data_at` counts from the record's frame; in version 2 from the event's own frame
-//! (`event_crc | event`, see `segment.rs`), the events' frames lying back to back after the
+//! (`event_crc | event`, see `format.rs`), the events' frames lying back to back after the
 //! record's 20-byte head (frame and fixed payload part), so each event's frame is where the
 //! previous one ends and is `data_at + data_len` long.
 //!
@@ -40,14 +40,13 @@ use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use super::event::{Block, MAX_NAME_LEN, MAX_TAGS};
 use super::file::Loc;
-use super::segment::{
+use super::format::{
     EVENT_CRC_LEN, FORMAT_VERSION, FRAME_LEN, HEADER_LEN, MIN_PAYLOAD, OLDEST_VERSION, PAYLOAD_FIXED,
 };
 use super::storage::sync_dir;
+use crate::names::{MAX_NAME_LEN, MAX_TAGS};
 
 /// The index file's magic (then the format version byte).
 pub(crate) const INDEX_MAGIC: [u8; 7] = *b"LSIDX\0\0";
@@ -164,35 +163,6 @@ impl SegmentIndex {
             start = end;
             Some(range)
         })
-    }
-
-    /// The index of the segment starting at `first`, `len` bytes long, from the blocks the writer
-    /// appended to it (every block on disk, in position order, covering the whole segment).
-    pub(crate) fn from_blocks(first: u64, len: u64, version: u8, blocks: &[Arc<Block>]) -> SegmentIndex {
-        let mut index = SegmentIndex::new(first, version);
-        index.len = len;
-        // Global name id -> the index's own.
-        let mut local: HashMap<u32, u32> = HashMap::new();
-        let mut tags = Vec::new();
-        for block in blocks {
-            debug_assert_eq!(block.first(), index.next(), "blocks cover the segment in order");
-            let locs = block.locations().expect("a segment's blocks are on disk");
-            for (i, loc) in locs.iter().enumerate() {
-                let (ty, tag_ids) = block.names_of(i);
-                let mut id = |global: u32| {
-                    *local.entry(global).or_insert_with(|| {
-                        let name = block.names().get(global);
-                        index.names.push(Box::from(name));
-                        (index.names.len() - 1) as u32
-                    })
-                };
-                let ty = id(ty);
-                tags.clear();
-                tags.extend(tag_ids.iter().map(|&t| id(t)));
-                index.push(ty, &tags, *loc);
-            }
-        }
-        index
     }
 
     /// The index file's bytes.

@@ -8,7 +8,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use super::error::OpenError;
+use super::marker::COMMIT_FILE;
+use crate::error::OpenError;
 
 /// The file operations of the segment writer.
 pub(crate) trait Storage: Send + fmt::Debug {
@@ -186,7 +187,7 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Listing, OpenError> {
         let entry = entry.map_err(io)?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { return Err(OpenError::StrayFile(entry.path())) };
-        if name == LOCK_FILE || name == super::follow::COMMIT_FILE {
+        if name == LOCK_FILE || name == COMMIT_FILE {
             continue;
         }
         if let Some(first) = parse_segment_name(name) {

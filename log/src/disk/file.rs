@@ -10,7 +10,7 @@
 //! event of an append of 512 reads and checks all 512.
 //!
 //! **Why positioned reads (`pread`), not a memory map.** (The one map the log makes is the
-//! writer's 20-byte commit marker, see `follow.rs`.) A read is one `pread(2)` of one frame into
+//! writer's 20-byte commit marker, see `marker.rs`.) A read is one `pread(2)` of one frame into
 //! a buffer the event's payload then shares (`Bytes`), with
 //! [`std::os::unix::fs::FileExt::read_exact_at`] (`seek_read` on Windows): no `unsafe`, and an
 //! error — a failing disk, a file cut short by someone else — comes back as an error of that
@@ -37,8 +37,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::error::ReadError;
-use super::segment::{EVENT_CRC_LEN, FRAME_LEN, PAYLOAD_FIXED, event_crc};
+use super::format::{EVENT_CRC_LEN, FRAME_LEN, PAYLOAD_FIXED, event_crc};
+use crate::error::ReadError;
 
 /// Where one event's payload is in its segment: the frame holding it (the event's own in format
 /// version 2, its append's record in version 1; see the module docs) and the payload's place
