@@ -22,7 +22,8 @@ pub enum BackendError {
     /// The backend refused the command, for the server's reason given ([`ServerReason`]; the
     /// server's whole message is the Redis backend's `RedisStream::last_error`). The command
     /// did not run. A transient refusal (the server still loading its data after a restart,
-    /// busy with a script) is retried within the backend's retry budget first.
+    /// busy with a script, refusing writes at its `maxmemory`) is retried within the backend's
+    /// retry budget first.
     #[error("the backend refused the command: {0}")]
     Server(ServerReason),
     /// A newer end of the lane, from another process, took it over while this one's claim
@@ -50,8 +51,9 @@ pub enum BackendError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ServerReason {
-    /// `OOM`: the server reached its `maxmemory` (with a policy that refuses writes). Free
-    /// memory (let the sinks ack, so the log is trimmed) or raise `maxmemory`, then retry.
+    /// `OOM`: the server reached its `maxmemory` (with a policy that refuses writes), and the
+    /// refusal outlasted the retry budget (it is retried within it, as a lost connection is).
+    /// Free memory (let the sinks ack, so the log is trimmed) or raise `maxmemory`, then retry.
     OutOfMemory,
     /// `LOADING`: the server was still loading its data after a restart when the retry budget
     /// ran out (or the call never waits). Retry later.
@@ -557,9 +559,12 @@ pub enum AckError {
     /// did not move.
     #[error("delivery was taken back by a consumer re-attach; the item is redelivered")]
     Detached,
-    /// The backend failed ([`BackendError`]). With [`BackendError::Connection`] the outcome is
-    /// unknown: the ack may have landed, or the item will be redelivered after a re-attach;
-    /// never both.
+    /// The backend failed ([`BackendError`]). With [`BackendError::Connection`] (or a transient
+    /// [`BackendError::Server`] refusal that outlasted the retry budget) the outcome is unknown:
+    /// the ack may have landed, or the item will be redelivered after a re-attach; never both.
+    /// The Redis backend keeps such an ack and sends it again before its consumer's next
+    /// receive, so nothing is left for the caller to do but receive on (a sink skips what its
+    /// checkpoint holds, should the item come again).
     #[error("backend: {0}")]
     Backend(BackendError),
 }

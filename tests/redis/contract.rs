@@ -3,8 +3,9 @@
 //! that survives the process, shared entries, trimming, lost connections).
 //!
 //! Needs a server: `LANESTREAM_REDIS_URL` (e.g. `redis://127.0.0.1:6399` or
-//! `redis+unix:///tmp/x/redis.sock`). Unset, every test fails under `CI=true` and is skipped
-//! with a message otherwise. Each stream lives under its own name (`lst_<pid>_<n>_<nanos>`), and
+//! `redis+unix:///tmp/x/redis.sock`), or a throwaway `redis-server` the binary starts when one is
+//! installed. With neither, every test fails under `CI=true` and is skipped with a message
+//! otherwise. Each stream lives under its own name (`lst_<pid>_<n>_<nanos>`), and
 //! its keys are deleted when the test ends, passed or failed ([`Cleanup`]).
 #![cfg(feature = "redis")]
 
@@ -390,6 +391,8 @@ fn run_child_and_kill(test: &str, name: &str, role: &str) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--nocapture", "--test-threads", "1"])
         .env("LANESTREAM_REDIS_CHILD", format!("{name}:{role}"))
+        // The child runs against this test's server (not a throwaway one of its own).
+        .env("LANESTREAM_REDIS_URL", crate::redis_support::url().unwrap_or_default())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -11,9 +11,13 @@
 //! - [`fanout_publish_record`]: the log as every lane's publish record (the fold racing
 //!   publishes and trims, the watermark across gaps and restarts, the random-sequence model
 //!   against the in-memory fan-out);
-//! - [`server_restart`]: a restart of the server itself (persisted claims, `LOADING`).
+//! - [`server_restart`]: a restart of the server itself (persisted claims, `LOADING`);
+//! - [`outages`]: the pipeline's rule P8 on the backend (outages and refused writes inside the
+//!   retry budget, acks whose outcome an outage hid).
 //!
-//! Every test needs a server at `LANESTREAM_REDIS_URL` (the helpers are in `support/`).
+//! Every test needs a server: `LANESTREAM_REDIS_URL`, or else a throwaway `redis-server` the
+//! binary starts at the first test (`support/mod.rs`, `url`); without either they say `SKIPPED`
+//! (a failure under `CI=true`).
 #![cfg(feature = "redis")]
 
 #[path = "../common/mod.rs"]
@@ -29,4 +33,5 @@ mod fanout;
 mod fanout_faults;
 mod fanout_publish_record;
 mod lane_faults;
+mod outages;
 mod server_restart;

@@ -10,8 +10,12 @@
 //! exponential backoff (from 10 ms, doubling, at most 1 s) for as long as its budget allows.
 //! A transient refusal is retried the same way, on the same connection: a server still loading
 //! its data after a restart (`LOADING`), busy with a script (`BUSY`), failing over (`TRYAGAIN`,
-//! `MASTERDOWN`, `CLUSTERDOWN`); the command did not run. When the budget runs out it is
-//! [`BackendError::Server`] with its [`ServerReason`].
+//! `MASTERDOWN`, `CLUSTERDOWN`), or at its `maxmemory` with a policy that refuses writes (`OOM`:
+//! it passes once acks let the log be trimmed, or the limit is raised); the command did not run
+//! (Redis refuses a script's first write before the script changed anything, and a `MULTI`
+//! whose command it refused runs nothing). When the budget runs out it is
+//! [`BackendError::Server`] with its [`ServerReason`] (the pipeline's rule P8: a transient error
+//! inside the retry budget is retried, never surfaced).
 //! The one exception is a request sender's publish, which may land twice (requests are
 //! at-least-once, [R2](crate::contract#r2)). When the budget runs out the caller gets
 //! [`BackendError::Connection`]; the next call starts reconnecting again, after the backoff.
@@ -142,11 +146,12 @@ fn code(e: &RedisError) -> Option<String> {
 }
 
 /// Whether `e` is a transient refusal: a server state that passes (loading its data after a
-/// restart, a long script, a failover), the command not run; retried like a lost connection,
-/// on the same connection.
+/// restart, a long script, a failover, writes refused at `maxmemory`), the command not run;
+/// retried like a lost connection, on the same connection.
 pub(crate) fn is_transient(e: &RedisError) -> bool {
-    code(e)
-        .is_some_and(|c| matches!(c.as_str(), "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"))
+    code(e).is_some_and(|c| {
+        matches!(c.as_str(), "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "OOM")
+    })
 }
 
 /// The reason to give for server error `e`.

@@ -20,9 +20,57 @@ use crate::port::{DeliveryRun, LaneConsumer, LaneDelivery};
 use crate::position::Position;
 use crate::sync::lock;
 
-/// Nacks that could not reach Redis (a lost connection while dropping a delivery), retried
-/// before the consumer's next receive.
-type Unsent = Arc<Mutex<Vec<(u64, u64, u32)>>>;
+/// An ack or a nack that could not reach Redis, kept to be sent again (in the order they were
+/// made) before the consumer's next receive.
+#[derive(Clone, Copy, Debug)]
+enum Settle {
+    /// A nack (a delivery dropped or nacked) that met a lost connection: epoch, entry, attempt.
+    Nack { epoch: u64, n: u64, attempt: u32 },
+    /// An ack whose tries all failed within the retry budget (a lost connection, a transient
+    /// refusal): it may have landed or not, so it is sent again, as a retry (the pipeline's rule
+    /// P8: a lane never stays full behind an item its sink applied).
+    Ack { epoch: u64, n: u64, position: Option<Position>, attempt: u32 },
+}
+
+/// The acks and nacks that could not reach Redis, sent again before the consumer's next receive
+/// (and, once, when it is dropped).
+type Unsent = Arc<Mutex<Vec<Settle>>>;
+
+/// Whether an ack that failed with `e` is kept to be sent again: its outcome is unknown and a
+/// later try may settle it (a lost connection, a transient refusal that outlasted the budget).
+/// Not after a fence or a lost state, which no retry changes.
+fn resendable(e: BackendError) -> bool {
+    use crate::error::ServerReason;
+    matches!(
+        e,
+        BackendError::Connection
+            | BackendError::Server(ServerReason::OutOfMemory | ServerReason::Loading | ServerReason::Busy)
+    )
+}
+
+/// Sends the kept acks and nacks of `unsent` again, in order, on `lane` of `shared` within
+/// `budget`; on an error the rest stay kept (in front of any made meanwhile).
+fn resend(shared: &Shared, lane: &LaneDef, unsent: &Unsent, budget: Budget) -> Result<(), BackendError> {
+    let kept: Vec<Settle> = std::mem::take(&mut *lock(unsent));
+    for (i, settle) in kept.iter().enumerate() {
+        let sent = match *settle {
+            Settle::Nack { epoch, n, attempt } => lane.nack(&shared.pool, budget, epoch, n, attempt),
+            // Whatever it answers settles it: acked (now or before), or refused as detached (a
+            // re-attach took the item back: it is redelivered), or unknown after a re-attach.
+            Settle::Ack { epoch, n, position, attempt } => {
+                lane.ack(&shared.pool, budget, epoch, n, position, attempt, true).map(drop)
+            }
+        };
+        if let Err(e) = sent {
+            let mut unsent = lock(unsent);
+            let later = std::mem::take(&mut *unsent);
+            unsent.extend_from_slice(&kept[i..]);
+            unsent.extend(later);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
 
 /// The receiving end of a lane over Redis: [`LaneConsumer`] for sink lanes (`T` =
 /// [`LaneItem`](crate::LaneItem)) and the request lane (`T` = [`Request`](crate::Request)).
@@ -96,13 +144,7 @@ impl<T: RedisItem> RedisConsumer<T> {
         }
         let epoch = self.epoch().map_err(TryRecvError::Backend)?;
         let pool = &self.shared.pool;
-        let unsent: Vec<_> = std::mem::take(&mut *lock(&self.unsent));
-        for (i, &(e, n, attempt)) in unsent.iter().enumerate() {
-            if let Err(err) = self.lane.nack(pool, budget, e, n, attempt) {
-                lock(&self.unsent).extend_from_slice(&unsent[i..]);
-                return Err(TryRecvError::Backend(err));
-            }
-        }
+        resend(&self.shared, &self.lane, &self.unsent, budget).map_err(TryRecvError::Backend)?;
         // SeqCst, as the increment: a nack counts itself before it is sent to Redis, so a
         // receive that starts after a nack completed reads the new count (the increment is a
         // read-modify-write made visible before the nack's write to the socket).
@@ -122,7 +164,7 @@ impl<T: RedisItem> RedisConsumer<T> {
                 // On an error the consumer does not move on: its next receive (the same request
                 // number, the same expected entry) gets the gap again, and acks it again (an ack
                 // that landed counts once).
-                let acked = self.lane.ack(pool, budget, epoch, n, position, attempt);
+                let acked = self.lane.ack(pool, budget, epoch, n, position, attempt, false);
                 match acked.map_err(TryRecvError::Backend)? {
                     Acked::Done | Acked::Unknown => {
                         self.requests += 1;
@@ -320,6 +362,11 @@ impl<T: RedisItem> LaneConsumer<T> for RedisConsumer<T> {
 
 impl<T> Drop for RedisConsumer<T> {
     fn drop(&mut self) {
+        // The acks and nacks kept for the next receive, once, never waiting: what still cannot
+        // be sent is settled by the next attach (which releases every unacked item).
+        if !self.detached {
+            let _ = resend(&self.shared, &self.lane, &self.unsent, Budget::Once);
+        }
         // Give the attachment up, so that a polite `attach` may take the lane (and, with it,
         // this consumer's outstanding deliveries) at once.
         if let Some(claim) = self.shared.pool.claim_value(self.token) {
@@ -390,17 +437,34 @@ impl<T> RedisDelivery<T> {
     /// delivery whose consumer was detached is refused, never counted after the take-back
     /// ([L8](crate::contract#l8)).
     ///
+    /// An ack whose every try failed within the retry budget (a lost connection, a transient
+    /// refusal such as `OOM`) is kept by its consumer and sent again, as a retry, before that
+    /// consumer's next receive (the pipeline's rule P8): it lands then (or is found landed), so
+    /// the lane's acked prefix moves on and the lane never stays full behind an item its sink
+    /// applied. Should the consumer be dropped first and still fail to send it, the next attach
+    /// of the lane releases the item and it is redelivered (a sink skips what its checkpoint
+    /// holds). While an earlier ack or nack of the consumer is kept, an ack makes one try only
+    /// (and is kept behind it if that fails), so that a run acked during an outage costs one
+    /// retry budget, not one per item.
+    ///
     /// # Errors
     /// [`AckError::Detached`]; [`AckError::Backend`] if Redis could not be reached within the
-    /// retry budget (with [`BackendError::Connection`] the outcome is unknown).
+    /// retry budget (with [`BackendError::Connection`] the outcome is unknown; the ack is kept
+    /// and sent again as above: receive on).
     pub fn ack(mut self) -> Result<(), AckError> {
         self.done = true;
-        match self.lane.ack(&self.shared.pool, Budget::Retry, self.epoch, self.n, self.position, self.attempt)
-        {
+        let budget = if lock(&self.unsent).is_empty() { Budget::Retry } else { Budget::Once };
+        let (epoch, n, position, attempt) = (self.epoch, self.n, self.position, self.attempt);
+        match self.lane.ack(&self.shared.pool, budget, epoch, n, position, attempt, false) {
             Ok(Acked::Done) => Ok(()),
             Ok(Acked::Detached) => Err(AckError::Detached),
             Ok(Acked::Unknown) => Err(AckError::Backend(BackendError::Connection)),
-            Err(e) => Err(AckError::Backend(e)),
+            Err(e) => {
+                if resendable(e) {
+                    lock(&self.unsent).push(Settle::Ack { epoch, n, position, attempt });
+                }
+                Err(AckError::Backend(e))
+            }
         }
     }
 
@@ -421,7 +485,7 @@ impl<T> RedisDelivery<T> {
         self.nacks.fetch_add(1, Ordering::SeqCst);
         let (epoch, n, attempt) = (self.epoch, self.n, self.attempt);
         if self.lane.nack(&self.shared.pool, Budget::Once, epoch, n, attempt).is_err() {
-            lock(&self.unsent).push((epoch, n, attempt));
+            lock(&self.unsent).push(Settle::Nack { epoch, n, attempt });
         }
     }
 }

@@ -176,7 +176,10 @@ const XADD_ID_REFUSED: &str = "The ID specified in XADD";
 
 impl RedisFanout {
     /// Closes every lane ([L10](crate::contract#l10)), reporting a backend failure
-    /// ([`close`](StreamFanout::close) cannot); retried within the retry budget.
+    /// ([`close`](StreamFanout::close) cannot); retried within the retry budget. The close is
+    /// stored in Redis and final for every later fan-out of any process: close at the stream's
+    /// end only, never on an error (a fan-out let go without a close, as a crashed process's,
+    /// leaves the next one free to publish, [L9](crate::contract#l9)).
     ///
     /// # Errors
     /// [`BackendError`] if Redis could not be reached.

@@ -345,7 +345,10 @@ impl LaneDef {
     }
 
     /// Acks entry `n`, whose item is at `position`, delivered as `attempt`; rings the watermark
-    /// waiters if any waits (see "Watermark waiters" in `scripts`).
+    /// waiters if any waits (see "Watermark waiters" in `scripts`). `resent`: an ack an earlier
+    /// call could not settle (every try failed), sent again as a retry (`ACK`, which finds it
+    /// landed if it did).
+    #[allow(clippy::too_many_arguments)] // the ack's own fields, and how to send it
     pub(crate) fn ack(
         &self,
         pool: &Pool,
@@ -354,11 +357,12 @@ impl LaneDef {
         n: u64,
         position: Option<Position>,
         attempt: u32,
+        resent: bool,
     ) -> Result<Acked, BackendError> {
         let pos = pad(position);
         let v: Value = pool.run(budget, |c, tries| {
-            let retry = if tries > 0 { "1" } else { "0" };
-            if tries == 0 && attempt == 1 {
+            let retry = if tries > 0 || resent { "1" } else { "0" };
+            if tries == 0 && attempt == 1 && !resent {
                 if let Some(v) = self.ack_logged(c, epoch, n, &pos)? {
                     return Ok(v);
                 }

@@ -10,28 +10,85 @@ pub mod cut_proxy;
 pub mod fanout;
 pub mod server;
 
-/// The server's URL (`LANESTREAM_REDIS_URL`), or `None` (after saying so once) when the tests
-/// are to be skipped. Under CI (`CI=true`) a missing URL fails the test instead: CI must run
-/// the Redis tests against a server.
+/// The server's URL: `LANESTREAM_REDIS_URL`, or else a throwaway `redis-server` this test
+/// binary starts at the first call (a unix socket in a temp dir, no persistence, stopped by a
+/// watchdog when the test process exits), or `None` (after saying so once, naming the package)
+/// when there is no `redis-server` to run. Under CI (`CI=true`) that fails the test instead: CI
+/// must run the Redis tests against a server.
 pub fn url() -> Option<String> {
-    match std::env::var("LANESTREAM_REDIS_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
-            panic!("LANESTREAM_REDIS_URL is not set: CI must run the Redis tests against a server")
+    static THROWAWAY: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    if let Ok(url) = std::env::var("LANESTREAM_REDIS_URL") {
+        if !url.is_empty() {
+            return Some(url);
         }
-        _ => {
+    }
+    match THROWAWAY.get_or_init(throwaway) {
+        Ok(url) => Some(url.clone()),
+        Err(_) if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+            panic!("no Redis server: CI must run the Redis tests against one (LANESTREAM_REDIS_URL, or redis-server on PATH)")
+        }
+        Err(why) => {
             // Once, and past the test harness's capture (which only takes `print!`s), so that it shows.
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 use std::io::Write;
                 let _ = writeln!(
                     std::io::stderr(),
-                    "SKIPPED: LANESTREAM_REDIS_URL is not set (e.g. redis://127.0.0.1:6399): no Redis test ran"
+                    "SKIPPED: no Redis server ({why}): install the Debian package redis-server, or set \
+                     LANESTREAM_REDIS_URL (e.g. redis://127.0.0.1:6399): no Redis test ran"
                 );
             });
             None
         }
     }
+}
+
+/// Starts the throwaway server of [`url`].
+fn throwaway() -> Result<String, String> {
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("lanestream-test-redis-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let socket = dir.join("redis.sock");
+    let status = Command::new("redis-server")
+        .args(["--port", "0", "--unixsocket"])
+        .arg(&socket)
+        .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--daemonize", "yes"])
+        .arg("--pidfile")
+        .arg(dir.join("redis.pid"))
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("redis-server: {e}"))?;
+    if !status.success() {
+        return Err(format!("redis-server exited with {status}"));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !socket.exists() {
+        if std::time::Instant::now() > deadline {
+            return Err("redis-server did not open its socket in 10 s".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The watchdog: when this test process is gone, stop the server and remove its dir.
+    let watchdog = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; kill $(cat '{dir}/redis.pid') 2>/dev/null; \
+         sleep 1; rm -rf '{dir}'",
+        pid = std::process::id(),
+        dir = dir.display()
+    );
+    Command::new("sh")
+        .args(["-c", &watchdog])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("the watchdog: {e}"))?;
+    Ok(format!("redis+unix://{}", socket.display()))
 }
 
 /// The server's URL, or an early return (skipped) from the test when none is configured.
