@@ -3,8 +3,9 @@
 //! group so that the ratios come from one run on this shared machine:
 //!
 //! - `bare_parse/*`: a bare loop parsing each line into a value tree and dropping it (sonic-rs,
-//!   the reader's parser; serde_json for reference), and sonic-rs validating each line without
-//!   building anything (`LazyValue`: the floor of any validating parse).
+//!   a SIMD parser, and serde_json: peers, the reader has its own parser), and sonic-rs
+//!   validating each line without building anything (`LazyValue`: the floor of any validating
+//!   parse).
 //! - `reader`: the wal2json reader ([`TransactionBuilder::push_line`] over the same lines): the
 //!   batches with their ids and documents, chunks of 10,000 changes as the example makes them.
 //! - `pipeline_discard_3_sinks`: what `pipeline --discard` does — the reader over the capture's
@@ -43,8 +44,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lanestream::{LaneItem, MemoryStream, Stream};
+use lanestream_postgres::batch::TransactionBuilder;
 use lanestream_postgres::pgoutput::PgOutputDecoder;
-use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonReader};
+use lanestream_postgres::wal2json::Wal2JsonReader;
 
 // The pipeline example's allocator, so that the pipeline row measures what the example runs.
 #[global_allocator]

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lanestream::{IndexName, LaneItem, Request, SinkName};
 use lanestream_postgres::backfill::DEFAULT_CHUNK_ROWS;
-use lanestream_postgres::live::{LiveConfig, LiveItem, LiveSource};
+use lanestream_postgres::live::{LiveConfig, LiveSource};
 use lanestream_postgres::pgoutput::PgOutputDecoder;
-use lanestream_postgres::wal2json::TransactionBuilder;
+use lanestream_postgres::pipeline::{Source, SourceItem};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -50,31 +50,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.create_slot = true;
     config.backfill_chunk_rows = chunk_rows;
     let mut source = LiveSource::connect(config)?;
-    source.start()?;
-    let mut decoder = PgOutputDecoder::new(TransactionBuilder::new().with_key_lookup(source.key_lookup()));
+    source.open()?;
     let sink = SinkName::new("bench")?;
     let (mut idle, mut busy) = (Vec::new(), Vec::new());
     // The live stream's latency while nothing else happens.
     let idle_until = Instant::now() + if probe { Duration::from_secs(1) } else { Duration::ZERO };
     while Instant::now() < idle_until {
-        if let Some(LiveItem::Change(b)) = source.next_item(&mut decoder, Duration::from_millis(100))? {
-            probe_latency(&decoder, &b, &mut idle);
-            source.confirm(b.position)?;
+        if let Some(SourceItem::Change(b)) = source.next(Duration::from_millis(100))? {
+            probe_latency(source.decoder(), &b, &mut idle);
+            if let Some(p) = b.position {
+                source.confirm(p)?;
+            }
         }
     }
     let started = Instant::now();
     source.backfill(Request::backfill(sink, vec![IndexName::new(index.as_str())?]))?;
     let (mut rows, mut batches) = (0u64, 0u64);
     loop {
-        match source.next_item(&mut decoder, Duration::from_millis(100))? {
-            Some(LiveItem::Snapshot { item: LaneItem::Batch(b), .. }) => {
+        match source.next(Duration::from_millis(100))? {
+            Some(SourceItem::Snapshot { item: LaneItem::Batch(b), .. }) => {
                 rows += b.envelopes.len() as u64;
                 batches += 1;
             }
-            Some(LiveItem::Snapshot { item: LaneItem::SnapshotComplete { .. }, .. }) => break,
-            Some(LiveItem::Change(b)) => {
-                probe_latency(&decoder, &b, &mut busy);
-                source.confirm(b.position)?;
+            Some(SourceItem::Snapshot { item: LaneItem::SnapshotComplete { .. }, .. }) => break,
+            Some(SourceItem::Change(b)) => {
+                probe_latency(source.decoder(), &b, &mut busy);
+                if let Some(p) = b.position {
+                    source.confirm(p)?;
+                }
             }
             _ => {}
         }

@@ -1,17 +1,23 @@
-//! The main job on the pipeline library: the bundled capture of PostgreSQL changes (wal2json
-//! format-version 2, `data/wal2json-sample.jsonl.gz`) through a `MemoryStream` into three sinks,
-//! checked against the input.
+//! The main job on the pipeline library: a bundled capture of a real PostgreSQL 15 workload, in
+//! the decoder production uses — **pgoutput**, `postgres/benches/data/workload.pgoutput.gz`
+//! (inserts, updates with key changes, deletes, a two-table truncate, one large transaction,
+//! TOASTed values, every replica identity: `scripts/capture-pgoutput.sh --workload`) — through a
+//! `MemoryStream` into three sinks, checked against an independent reading of the same workload:
+//! its wal2json capture (`workload.wal2json.jsonl.gz`), read as plain JSON, not by the crate.
 //!
 //! ```text
-//! cargo run --release -p lanestream-postgres --example pipeline [-- --input FILE] [--out DIR | --discard]
+//! cargo run --release -p lanestream-postgres --example pipeline [-- --out DIR | --discard]
+//!     [--pgoutput FILE --expect WAL2JSON-FILE | --wal2json FILE]
 //! ```
+//!
+//! `--wal2json FILE` runs a wal2json (format-version 2) input instead (the second bundled input:
+//! `data/wal2json-sample.jsonl.gz`), checked against itself read as plain JSON.
 //!
 //! Each sink is a [`DurableNdjson`] writing `<out>/<sink>.ndjson` (by default the workspace's
 //! `target/pipeline-out`; fsync and checkpoint before each ack), or with `--discard` a sink that
-//! only counts. The check reads the input again on its own (plain JSON, not the crate's reader):
-//! every transaction's changes must be in every sink (read back from the files), and the final
-//! watermark must be the input's last commit LSN. The last line is `PASS: ...` or `FAIL: ...`, and
-//! so is the exit status. The harness with chaos, kill switches, the live source and the Redis
+//! only counts. The check: every transaction's changes must be in every sink (read back from the
+//! files), nothing else, and the final watermark must be the last commit LSN. The last line is
+//! `PASS: ...` or `FAIL: ...`, and so is the exit status. The harness with chaos, kill switches, the live source and the Redis
 //! roles is the `lanestream-pipeline` binary (`cargo run --release -p lanestream-postgres --bin
 //! lanestream-pipeline -- --help`).
 
@@ -23,9 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lanestream::{LaneItem, MemoryStream, Position, Stream};
+use lanestream_postgres::batch::TransactionBuilder;
 use lanestream_postgres::ndjson::DurableNdjson;
-use lanestream_postgres::pipeline::{FileSource, Pipeline, Sink};
-use lanestream_postgres::wal2json::TransactionBuilder;
+use lanestream_postgres::pipeline::{FileSource, Pipeline, Sink, SinkState};
 
 // The allocator the harness and the benches run on (a dev-dependency of the crate).
 #[global_allocator]
@@ -43,6 +49,11 @@ struct Counting {
 impl Sink for Counting {
     type Error = std::convert::Infallible;
 
+    /// Nothing durable: every run starts from nothing.
+    fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
+        Ok(None)
+    }
+
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
         for item in items {
             // A transaction, or a chunk of one (its envelopes carry the commit position).
@@ -55,16 +66,12 @@ impl Sink for Counting {
         Ok(())
     }
 
-    fn commit(&mut self) -> Result<(), Self::Error> {
+    fn commit(&mut self, _state: &SinkState) -> Result<(), Self::Error> {
         let mut counts = self.counts.lock().expect("a counting sink panicked");
         for (p, n) in self.staged.drain(..) {
             *counts.entry(p).or_default() += n;
         }
         Ok(())
-    }
-
-    fn checkpoint(&self) -> Option<Position> {
-        None
     }
 }
 
@@ -76,7 +83,8 @@ fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, BoxError> {
     Ok(Box::new(file))
 }
 
-/// The input read on its own: changes (I/U/D/T) per commit LSN, in commit order.
+/// A wal2json input read on its own: changes (I/U/D/T) per commit LSN, in commit order
+/// (transactions without changes too: a pgoutput input has none of those).
 fn expected(path: &Path) -> Result<Vec<(u64, u64)>, BoxError> {
     let (mut out, mut changes) = (Vec::new(), 0);
     for line in open(path)?.lines() {
@@ -109,16 +117,27 @@ fn read_back(path: &Path) -> Result<HashMap<u64, u64>, BoxError> {
 
 fn run() -> Result<bool, BoxError> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_path_buf();
-    let (mut input, mut out, mut discard) =
-        (root.join("data/wal2json-sample.jsonl.gz"), Some(root.join("target/pipeline-out")), false);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data");
+    let (mut pgoutput, mut expect, mut wal2json) =
+        (Some(data.join("workload.pgoutput.gz")), data.join("workload.wal2json.jsonl.gz"), None);
+    let (mut out, mut discard) = (Some(root.join("target/pipeline-out")), false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
+        let mut value = |what: &str| args.next().map(PathBuf::from).ok_or_else(|| format!("{arg} {what}"));
         match arg.as_str() {
-            "--input" => input = PathBuf::from(args.next().ok_or("--input FILE")?),
-            "--out" => out = Some(PathBuf::from(args.next().ok_or("--out DIR")?)),
+            "--pgoutput" => pgoutput = Some(value("FILE")?),
+            "--expect" => expect = value("WAL2JSON-FILE")?,
+            "--wal2json" | "--input" => {
+                wal2json = Some(value("FILE")?);
+                pgoutput = None;
+            }
+            "--out" => out = Some(value("DIR")?),
             "--discard" => discard = true,
             other => {
-                return Err(format!("unknown argument {other:?} (--input FILE, --out DIR, --discard)").into())
+                return Err(format!(
+                    "unknown argument {other:?} (--pgoutput FILE --expect WAL2JSON-FILE, --wal2json FILE, --out DIR, --discard)"
+                )
+                .into())
             }
         }
     }
@@ -144,13 +163,29 @@ fn run() -> Result<bool, BoxError> {
         }
     }
     let started = Instant::now();
-    let report = pipeline.run(&mut FileSource::new(open(&input)?, TransactionBuilder::new()))?;
+    let (report, input, expected) = match (&pgoutput, &wal2json) {
+        (Some(capture), _) => {
+            let report =
+                pipeline.run(&mut FileSource::pgoutput(open(capture)?, TransactionBuilder::new()))?;
+            // pgoutput sends no transaction without a change of a published table.
+            let expected: Vec<(u64, u64)> = expected(&expect)?.into_iter().filter(|&(_, n)| n > 0).collect();
+            (
+                report,
+                format!("{} (pgoutput; expected from {})", capture.display(), expect.display()),
+                expected,
+            )
+        }
+        (None, Some(input)) => {
+            let report = pipeline.run(&mut FileSource::new(open(input)?, TransactionBuilder::new()))?;
+            (report, format!("{} (wal2json)", input.display()), expected(input)?)
+        }
+        (None, None) => return Err("no input".into()),
+    };
     let elapsed = started.elapsed().as_secs_f64();
 
-    let expected = expected(&input)?;
     let (changes, last) =
         (expected.iter().map(|&(_, n)| n).sum::<u64>(), expected.last().map(|&(p, _)| Position(p)));
-    println!("input: {} ({} transactions, {changes} changes)", input.display(), expected.len());
+    println!("input: {input} ({} transactions, {changes} changes)", expected.len());
     println!(
         "published: {} transactions, {} envelopes in {elapsed:.3} s",
         report.transactions, report.envelopes

@@ -12,15 +12,23 @@
 //! in the order of the table's **key index** — its replica identity index under `REPLICA
 //! IDENTITY USING INDEX`, else its primary key — and their ids are built from the same columns
 //! the live stream keys that table's changes by (in column order, the reader's one id encoding:
-//! [`crate::wal2json`], *Ids*), so a snapshot row and a change of the same row carry one id.
+//! [`crate::batch`], *Ids*), so a snapshot row and a change of the same row carry one id.
 //! **A table without a primary key** (and without an identity index), or under `REPLICA
 //! IDENTITY NOTHING`, **is refused**, naming the table: its live ids are every column (or it
 //! sends no updates and deletes), so neither keyset pagination nor reconciliation by id can be
 //! right. Give it a primary key. Documents are the rows as the decoder writes a change's new row
 //! (every column but generated ones, each text value typed by its column's type OID, by the
 //! decoder's own typing: [`crate::pgoutput`], *Output*), read in text format on a connection of
-//! the source's reader. (Publication column lists, PostgreSQL 15, are not applied: the snapshot
-//! has every column.)
+//! the source's reader.
+//!
+//! **What the publication publishes, and nothing else** ([P4](crate::pipeline::state#the-rules)):
+//! the tables of `pg_publication_tables`, and, from PostgreSQL 15, each table's **column list**
+//! (`attnames`: a column the publication leaves out is never selected, so it never leaves the
+//! database — the way to keep a PII column out of replication) and its **row filter**
+//! (`rowfilter`: only the rows it admits are read, as pgoutput publishes only the changes it
+//! admits; a row it does not admit, NULL included, is not sent). A key column left out of the
+//! column list is refused ([`LiveError::BackfillRefused`]): PostgreSQL cannot publish that
+//! table's updates and deletes either.
 //!
 //! # One chunk
 //! In a reader thread of the live source, on a connection of its own (the synchronous
@@ -78,7 +86,7 @@
 //!
 //! # Resuming
 //! `after: Some(id)` resumes the **first** index after the row whose id is `id`: the id is
-//! decoded back into its key values (split at the `:` that are not escaped, `\:` and `\\`
+//! decoded back into its key values ([`decode_id`](crate::batch::decode_id)) (split at the `:` that are not escaped, `\:` and `\\`
 //! unescaped; a `bytea` value gets its `\x` back), which is unambiguous because ids put every
 //! string value escaped and no other value (numbers, booleans) holds a `:`. An id with another
 //! number of values than the key has, or with a NULL (`\N`), is refused
@@ -92,28 +100,25 @@
 //! analysed); [`LiveMetrics`](crate::live::LiveMetrics) counts snapshot batches and rows.
 //!
 //! # How a driver serves it (the call sequence)
+//! The live source is a pipeline [`Source`](crate::pipeline::Source); the
+//! [`Pipeline`](crate::pipeline::Pipeline) drives it so:
 //! ```text
-//! source.start()?;
 //! loop {
 //!     // a Request::Backfill taken from the request lane:
-//!     source.backfill(request)?;            // Err(BackfillRefused): ack it unanswered (never servable)
-//!     match source.next_item(&mut decoder, timeout)? {
-//!         Some(LiveItem::Change(batch)) => publish to every lane,
-//!         Some(LiveItem::Snapshot { sink, item }) => publish_to(sink, item);
+//!     source.backfill(request)?;            // Err(BackfillRefused): never servable
+//!     match source.next(timeout)? {
+//!         Some(SourceItem::Change(batch)) => publish to every lane,
+//!         Some(SourceItem::Snapshot { sink, item }) => publish_to(sink, item);
 //!             if item is SnapshotComplete: ack the request (R2),
-//!         None => {}
+//!         _ => {}
 //!     }
 //!     source.confirm(watermark)?;
 //! }
 //! ```
-//! An `impl Source for` a struct holding the source and its decoder is then `next` =
-//! [`next_item`](crate::live::LiveSource::next_item) mapped one to one onto `SourceItem::Change`
-//! / `SourceItem::Snapshot`, `backfill` = [`LiveSource::backfill`](crate::live::LiveSource::backfill),
-//! `confirm(p)` = `confirm(Some(p))`. Several requests are served one after the other, in the
-//! order given.
+//! Several requests are served one after the other, in the order given.
 //!
 //! [`Request::Backfill`]: lanestream::Request::Backfill
-//! [`index_name`]: crate::wal2json::index_name
+//! [`index_name`]: crate::batch::index_name
 //! [`LiveError::BackfillRefused`]: crate::live::LiveError::BackfillRefused
 //! [`Op::Upsert`]: lanestream::Op::Upsert
 
@@ -123,11 +128,12 @@ use std::sync::Arc;
 use ahash::AHashMap as HashMap;
 use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, SinkName};
 
-mod table;
-pub(crate) use table::{chunk_end, chunk_rows, query_chunk, ReadChunk, TablePlan};
+use crate::mark::{Mark, MarkKind};
 
-/// The prefix of the low and high marks in the WAL (`pg_logical_emit_message`).
-pub const MARK_PREFIX: &str = "lanestream.backfill";
+mod snapshot;
+mod table;
+pub(crate) use snapshot::XidSnapshot;
+pub(crate) use table::{chunk_end, chunk_rows, query_chunk, ReadChunk, TablePlan};
 
 /// How many chunks a backfill holds at a time, read and waiting for their high marks or being
 /// read: while one waits, the reader reads the next ones, so that its reads follow one another
@@ -146,124 +152,6 @@ pub const CHUNKS_HELD: usize = 3;
 /// most for rows of a few hundred bytes. Smaller chunks shorten each chunk's window, in which a
 /// change drops its row from the chunk.
 pub const DEFAULT_CHUNK_ROWS: usize = 4096;
-
-/// Which mark of a chunk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MarkKind {
-    /// Written before the chunk's `SELECT`.
-    Low,
-    /// Written after it.
-    High,
-}
-
-/// A backfill mark read from the stream (content `<source>:<chunk>:low|high`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mark {
-    /// The writing source's instance id.
-    pub source: String,
-    /// The chunk's number within that source.
-    pub chunk: u64,
-    /// Low or high.
-    pub kind: MarkKind,
-    /// The message's LSN.
-    pub lsn: Position,
-}
-
-impl Mark {
-    /// Parses a mark's content; `None` for content that is no mark (another writer's message
-    /// under the same prefix is ignored, never an error).
-    pub fn parse(content: &[u8], lsn: Position) -> Option<Mark> {
-        let text = std::str::from_utf8(content).ok()?;
-        let mut parts = text.rsplitn(3, ':');
-        let kind = match parts.next()? {
-            "low" => MarkKind::Low,
-            "high" => MarkKind::High,
-            _ => return None,
-        };
-        let chunk = parts.next()?.parse().ok()?;
-        let source = parts.next()?.to_owned();
-        Some(Mark { source, chunk, kind, lsn })
-    }
-
-    /// The content of a mark.
-    pub fn content(source: &str, chunk: u64, kind: MarkKind) -> String {
-        let kind = match kind {
-            MarkKind::Low => "low",
-            MarkKind::High => "high",
-        };
-        format!("{source}:{chunk}:{kind}")
-    }
-}
-
-/// A chunk's snapshot, as `pg_current_snapshot()` tells it (`xmin:xmax:xip,...`, 64-bit xids).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct XidSnapshot {
-    xmin: u64,
-    xmax: u64,
-    xip: Vec<u64>,
-}
-
-impl XidSnapshot {
-    pub(crate) fn parse(text: &str) -> Option<XidSnapshot> {
-        let mut parts = text.split(':');
-        let xmin = parts.next()?.parse().ok()?;
-        let xmax = parts.next()?.parse().ok()?;
-        let xip = match parts.next()? {
-            "" => Vec::new(),
-            list => list.split(',').map(|x| x.parse().ok()).collect::<Option<Vec<u64>>>()?,
-        };
-        parts.next().is_none().then_some(XidSnapshot { xmin, xmax, xip })
-    }
-
-    /// Whether the committed transaction `xid` (the stream's 32-bit xid, of a transaction
-    /// within 2^31 of the snapshot, as every live one is) is visible in this snapshot.
-    pub(crate) fn visible(&self, xid: u32) -> bool {
-        // The epoch is the snapshot's: the xid as a 64-bit xid at most 2^31 around xmax.
-        let base = self.xmax & !0xFFFF_FFFF;
-        let mut full = base | u64::from(xid);
-        if full > self.xmax.saturating_add(1 << 31) {
-            full = full.saturating_sub(1 << 32);
-        } else if full.saturating_add(1 << 31) < self.xmax {
-            full = full.saturating_add(1 << 32);
-        }
-        full < self.xmin || (full < self.xmax && !self.xip.contains(&full))
-    }
-}
-
-/// Splits an id into its key values (see the module docs, *Resuming*).
-///
-/// # Errors
-/// A sentence saying why, for [`LiveError::BackfillRefused`](crate::live::LiveError::BackfillRefused).
-pub fn decode_id(id: &str, columns: usize) -> Result<Vec<String>, String> {
-    let mut values = vec![String::new()];
-    let mut chars = id.chars();
-    let mut null = false;
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some(e @ ('\\' | ':')) => values.last_mut().map_or((), |v| v.push(e)),
-                Some('N') => null = true,
-                other => {
-                    return Err(format!(
-                        "the id {id:?} has a backslash before {other:?} (ids escape only \\ and :)"
-                    ))
-                }
-            },
-            ':' => values.push(String::new()),
-            c => values.last_mut().map_or((), |v| v.push(c)),
-        }
-    }
-    if null {
-        return Err(format!("the id {id:?} holds a NULL (\\N), which no key value is"));
-    }
-    if values.len() != columns {
-        return Err(format!(
-            "the id {id:?} has {} key values but the table's key has {columns} columns",
-            values.len()
-        ));
-    }
-    Ok(values)
-}
 
 // ----- reconciliation -----------------------------------------------------------------------------
 

@@ -10,13 +10,17 @@
 //! - [`pgoutput`]: decodes PostgreSQL's built-in pgoutput plugin (protocol version 1) into the
 //!   same batches, through the same builder as the wal2json reader (the tests check both on
 //!   captures of one server).
+//! - [`batch`]: the one batch builder both decoders feed ([`batch::TransactionBuilder`]: ids,
+//!   documents, keys, chunks, what an error discards), and the one value codec that types the
+//!   pgoutput decoder's and the backfill's text values.
 //! - [`live`]: the live source: a logical replication slot of the built-in pgoutput plugin,
 //!   streamed with `START_REPLICATION` (through the `pgwire-replication` client, on a Tokio
 //!   runtime inside this crate) and confirmed by standby status updates only up to the stream's
 //!   watermark (or, when every lane has acked everything, up to where the server says it has
 //!   sent, so an idle slot follows the server's WAL); it reconnects after a server restart.
 //! - [`backfill`]: the live source's backfill from the tables, served while the stream flows
-//!   (Netflix DBLog's low and high marks in the WAL; chunks in key order, resumable by id).
+//!   (Netflix DBLog's low and high marks in the WAL, [`mark`]; chunks in key order, resumable by
+//!   id).
 //! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
 //!   back on restart, chunks of large transactions resumed by offset), one writer per output.
 //! - [`pipeline`]: the pipeline as a library: a [`pipeline::Source`] (this crate's wal2json file
@@ -34,7 +38,9 @@
 #![forbid(unsafe_code)]
 
 pub mod backfill;
+pub mod batch;
 pub mod live;
+pub mod mark;
 pub mod ndjson;
 pub mod pgoutput;
 pub mod pipeline;

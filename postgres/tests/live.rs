@@ -1,39 +1,38 @@
 //! The live source against a real PostgreSQL: its errors, its confirms, its keys, its
 //! reconnects and heartbeats, on the pgoutput stream.
 //!
-//! These need a server with `wal_level = logical`, so they are ignored by a plain `cargo test`;
-//! `scripts/e2e-postgres.sh` runs them on its throwaway cluster with `--ignored`, giving:
-//! - `LANESTREAM_PG_URL`: a superuser connection string;
-//! - `LANESTREAM_PG_PASSWORD_URL`: a user that logs in with a password, with a wrong password;
-//! - `LANESTREAM_PG_BIN`: the directory of `pg_recvlogical`;
-//! - `LANESTREAM_PG_RESTART` (optional): a shell command that restarts the server
-//!   (`pg_ctl restart -m immediate`), for the reconnect test.
+//! They run against a throwaway server the test binary starts from the installed server
+//! binaries (`pg_server/temp.rs`: `initdb` in a temp dir, a unix socket, a password user, a
+//! restart command), or against `LANESTREAM_PG_URL` (a superuser connection string) with
+//! `LANESTREAM_PG_PASSWORD_URL` (a user that logs in with a password, given a wrong one),
+//! `LANESTREAM_PG_BIN` (the directory of `pg_recvlogical`) and, optionally,
+//! `LANESTREAM_PG_RESTART` (a shell command that restarts the server at once, for the reconnect
+//! test). Without a server they say `SKIPPED` (a failure under `CI=true`).
 
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::{Batch, Position};
+use lanestream_postgres::batch::CatalogKey;
 use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
-use lanestream_postgres::pgoutput::PgOutputDecoder;
-use lanestream_postgres::wal2json::{CatalogKey, TransactionBuilder};
 use postgres::{Client, NoTls};
 
 mod pg_server;
-use pg_server::{config, decoder, drop_slot, serial, sql, url, NEEDS};
+use lanestream_postgres::pipeline::{Source, SourceItem};
+use pg_server::{bin, config, drop_slot, restart_command, serial, sql, url, wrong_password_url};
 
 /// The batches the stream brings until it has been quiet for 500 ms (and at least `want`
-/// positioned ones, waiting up to 20 s for them), confirming nothing.
-fn stream_batches(
-    source: &mut LiveSource,
-    decoder: &mut PgOutputDecoder,
-    want: usize,
-) -> Result<Vec<Batch>, LiveError> {
+/// positioned ones, waiting up to 20 s for them), confirming nothing; the idle source's empty
+/// batches left out.
+fn stream_batches(source: &mut LiveSource, want: usize) -> Result<Vec<Batch>, LiveError> {
     let mut out: Vec<Batch> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match source.next(decoder, Duration::from_millis(500))? {
-            Some(b) => out.push(b),
+        match source.next(Duration::from_millis(500))? {
+            Some(SourceItem::Change(b)) if b.position.is_some() && b.envelopes.is_empty() => {}
+            Some(SourceItem::Change(b)) => out.push(b),
+            Some(other) => panic!("no backfill was asked: {other:?}"),
             None if out.iter().filter(|b| b.position.is_some()).count() >= want
                 || Instant::now() > deadline =>
             {
@@ -59,25 +58,22 @@ fn ids_of(batches: &[Batch], index: &str) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_wrong_password_is_an_auth_error() {
-    let _server = serial();
-    let _ = NEEDS;
-    let bad = std::env::var("LANESTREAM_PG_PASSWORD_URL").expect("LANESTREAM_PG_PASSWORD_URL");
+    let Some(_server) = serial() else { return };
+    let bad = wrong_password_url();
     let e = LiveSource::connect(LiveConfig::new(bad, "any")).unwrap_err();
     assert!(matches!(e, LiveError::Auth(_)), "{e}");
     assert!(e.to_string().contains("password authentication failed"), "{e}");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_missing_slot_needs_create_slot_and_a_slot_of_another_plugin_is_refused() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = config("t_missing");
     c.create_slot = false;
     let e = LiveSource::connect(c).unwrap_err();
     assert!(matches!(e, LiveError::NoSlot(ref s) if s == "t_missing"), "{e}");
-    assert!(e.to_string().contains("--create-slot") && e.to_string().contains("backfill"), "{e}");
+    assert!(e.to_string().contains("LiveConfig::create_slot") && e.to_string().contains("backfill"), "{e}");
 
     sql().execute("SELECT pg_create_logical_replication_slot('t_wal2json', 'wal2json')", &[]).expect("slot");
     let e = LiveSource::connect(config("t_wal2json")).unwrap_err();
@@ -86,9 +82,8 @@ fn a_missing_slot_needs_create_slot_and_a_slot_of_another_plugin_is_refused() {
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
-fn a_missing_or_empty_publication_is_refused_and_create_slot_creates_one_for_all_tables() {
-    let _server = serial();
+fn a_missing_or_empty_publication_is_refused_and_create_slot_creates_one_for_its_tables() {
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute("DROP PUBLICATION IF EXISTS t_nopub; DROP PUBLICATION IF EXISTS t_emptypub; CREATE PUBLICATION t_emptypub")
         .expect("publications");
@@ -105,23 +100,39 @@ fn a_missing_or_empty_publication_is_refused_and_create_slot_creates_one_for_all
     let e = LiveSource::connect(cfg).unwrap_err();
     assert!(matches!(e, LiveError::PublicationEmpty(_)), "{e}");
     drop_slot("t_pub");
-    // With it, and no slot yet: the publication is created FOR ALL TABLES, then the slot.
+    // With it, and no slot yet: the publication is created for every table that can be
+    // published (FOR TABLE: never FOR ALL TABLES, which a later table without a replica
+    // identity would break the writes of), then the slot.
     let mut cfg = config("t_pub");
     cfg.publication = "t_nopub".into();
-    drop(LiveSource::connect(cfg).expect("created"));
+    match LiveSource::connect(cfg) {
+        Ok(source) => drop(source),
+        // The other tests' tables: one without a replica identity is named, nothing created.
+        Err(LiveError::UnpublishableTables { tables, .. }) => {
+            assert!(!tables.is_empty());
+            let n: i64 = c
+                .query_one("SELECT count(*) FROM pg_publication WHERE pubname = 't_nopub'", &[])
+                .expect("pub")
+                .get(0);
+            assert_eq!(n, 0, "nothing created");
+            drop_slot("t_pub");
+            c.batch_execute("DROP PUBLICATION t_emptypub").expect("drop");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    }
     let all: bool = c
         .query_one("SELECT puballtables FROM pg_publication WHERE pubname = 't_nopub'", &[])
         .expect("pub")
         .get(0);
-    assert!(all, "the publication created is FOR ALL TABLES");
+    assert!(!all, "the publication created names its tables");
     drop_slot("t_pub");
     c.batch_execute("DROP PUBLICATION t_nopub; DROP PUBLICATION t_emptypub").expect("drop");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_user_without_replication_is_told_to_get_it() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute(
         "DROP ROLE IF EXISTS t_norepl; CREATE ROLE t_norepl LOGIN; GRANT pg_read_all_data TO t_norepl",
@@ -148,9 +159,8 @@ fn a_user_without_replication_is_told_to_get_it() {
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_slot_held_by_another_client_is_refused_after_the_wait() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     // Another lanestream source.
     let first = LiveSource::connect(config("t_held")).expect("first source");
     let started = Instant::now();
@@ -163,8 +173,7 @@ fn a_slot_held_by_another_client_is_refused_after_the_wait() {
     drop(first);
 
     // pg_recvlogical streaming it.
-    let bin = std::env::var("LANESTREAM_PG_BIN").expect("LANESTREAM_PG_BIN");
-    let mut recv: Child = Command::new(format!("{bin}/pg_recvlogical"))
+    let mut recv: Child = Command::new(bin().join("pg_recvlogical"))
         .args([
             "--start",
             "--slot",
@@ -201,29 +210,29 @@ fn a_slot_held_by_another_client_is_refused_after_the_wait() {
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn confirming_a_commit_lsn_resends_that_transaction_and_never_more() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute("DROP TABLE IF EXISTS t_confirm; CREATE TABLE t_confirm (id int PRIMARY KEY)")
         .expect("table");
     drop_slot("t_confirm");
     let mut source = LiveSource::connect(config("t_confirm")).expect("source");
     let created = source.confirmed().expect("a new slot is confirmed at its creation");
-    source.start().expect("start");
-    let mut d = decoder(&source);
+    source.open().expect("start");
     for id in 1..=3 {
         c.execute("INSERT INTO t_confirm VALUES ($1)", &[&id]).expect("insert");
     }
-    let txns = commits(&stream_batches(&mut source, &mut d, 3).expect("stream"));
+    let txns = commits(&stream_batches(&mut source, 3).expect("stream"));
     assert_eq!(txns.len(), 3, "{txns:?}");
     // Receiving confirms nothing: the status updates carry the slot's own position.
     assert_eq!(source.read_confirmed().expect("read"), Some(created));
     // Confirm the second transaction's commit LSN: the slot is there, not further.
-    assert_eq!(source.confirm(Some(txns[1])).expect("confirm"), Some(txns[1]));
+    source.confirm(txns[1]).expect("confirm");
+    assert_eq!(source.confirmed(), Some(txns[1]));
     assert_eq!(source.read_confirmed().expect("read"), Some(txns[1]));
     // Confirming less is a no-op, never a step back.
-    assert_eq!(source.confirm(Some(txns[0])).expect("confirm"), Some(txns[1]));
+    source.confirm(txns[0]).expect("confirm");
+    assert_eq!(source.confirmed(), Some(txns[1]));
     thread::sleep(Duration::from_millis(300));
     assert_eq!(source.read_confirmed().expect("read"), Some(txns[1]));
     drop(source);
@@ -231,17 +240,15 @@ fn confirming_a_commit_lsn_resends_that_transaction_and_never_more() {
     // comes again (at least once), then the next.
     let mut source = LiveSource::connect(config("t_confirm")).expect("restart");
     assert_eq!(source.confirmed(), Some(txns[1]));
-    source.start().expect("start");
-    let mut d = decoder(&source);
-    assert_eq!(commits(&stream_batches(&mut source, &mut d, 2).expect("stream")), txns[1..]);
+    source.open().expect("start");
+    assert_eq!(commits(&stream_batches(&mut source, 2).expect("stream")), txns[1..]);
     drop(source);
     drop_slot("t_confirm");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn the_key_lookup_reads_the_replica_identity_from_the_catalog() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     sql()
         .batch_execute(
             "DROP TABLE IF EXISTS t_keys_pk, t_keys_index, t_keys_both, t_keys_full;
@@ -273,9 +280,8 @@ fn the_key_lookup_reads_the_replica_identity_from_the_catalog() {
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_server_that_does_not_allow_pgoutput_as_an_output_plugin_is_a_clear_error() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     let known: i64 = c
         .query_one("SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'", &[])
@@ -297,26 +303,24 @@ fn a_server_that_does_not_allow_pgoutput_as_an_output_plugin_is_a_clear_error() 
 }
 
 /// A source on `slot` (created afresh), streaming.
-fn started(slot: &str) -> (LiveSource, PgOutputDecoder) {
+fn started(slot: &str) -> LiveSource {
     drop_slot(slot);
     let mut source = LiveSource::connect(config(slot)).expect("source");
-    source.start().expect("start");
-    let d = decoder(&source);
-    (source, d)
+    source.open().expect("start");
+    source
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn keys_and_documents_follow_the_stream_across_ddl_while_running() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute(
         "DROP TABLE IF EXISTS t_rename_live; CREATE TABLE t_rename_live (id int PRIMARY KEY, v int)",
     )
     .expect("table");
-    let (mut source, mut d) = started("t_rename_live");
+    let mut source = started("t_rename_live");
     c.batch_execute("INSERT INTO t_rename_live VALUES (1, 1)").expect("insert");
-    let b = stream_batches(&mut source, &mut d, 1).expect("stream");
+    let b = stream_batches(&mut source, 1).expect("stream");
     assert_eq!(ids_of(&b, "public_t_rename_live"), ["1"]);
     // Writers with DDL between them: each change takes the shape it was written with.
     c.batch_execute(
@@ -327,7 +331,7 @@ fn keys_and_documents_follow_the_stream_across_ddl_while_running() {
     )
     .expect("ddl");
     // One simple query: one transaction, with Relation messages between its changes.
-    let b = stream_batches(&mut source, &mut d, 1).expect("stream");
+    let b = stream_batches(&mut source, 1).expect("stream");
     assert_eq!(ids_of(&b, "public_t_rename_live"), ["2", "1", "1", "2"]);
     let docs: Vec<String> = b
         .iter()
@@ -348,9 +352,8 @@ fn keys_and_documents_follow_the_stream_across_ddl_while_running() {
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn keys_follow_the_stream_when_the_key_column_was_renamed_while_down() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute(
         "DROP TABLE IF EXISTS t_rename_down; CREATE TABLE t_rename_down (id int PRIMARY KEY, v int)",
@@ -365,26 +368,24 @@ fn keys_follow_the_stream_when_the_key_column_was_renamed_while_down() {
     )
     .expect("changes");
     let mut source = LiveSource::connect(config("t_rename_down")).expect("source");
-    source.start().expect("start");
-    let mut d = decoder(&source);
-    let b = stream_batches(&mut source, &mut d, 1).expect("stream");
+    source.open().expect("start");
+    let b = stream_batches(&mut source, 1).expect("stream");
     assert_eq!(ids_of(&b, "public_t_rename_down"), ["1", "1", "2"]);
     drop(source);
     drop_slot("t_rename_down");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn keys_follow_the_stream_when_the_key_is_redefined_with_more_columns_or_the_identity_changes() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute(
         "DROP TABLE IF EXISTS t_rekey; CREATE TABLE t_rekey (id int PRIMARY KEY, k int NOT NULL)",
     )
     .expect("table");
-    let (mut source, mut d) = started("t_rekey");
+    let mut source = started("t_rekey");
     c.batch_execute("INSERT INTO t_rekey VALUES (7, 7)").expect("insert");
-    assert_eq!(ids_of(&stream_batches(&mut source, &mut d, 1).expect("stream"), "public_t_rekey"), ["7"]);
+    assert_eq!(ids_of(&stream_batches(&mut source, 1).expect("stream"), "public_t_rekey"), ["7"]);
     // One transaction each (a simple query of several statements would be one).
     for statement in [
         "ALTER TABLE t_rekey DROP CONSTRAINT t_rekey_pkey, ADD PRIMARY KEY (id, k)",
@@ -397,7 +398,7 @@ fn keys_follow_the_stream_when_the_key_is_redefined_with_more_columns_or_the_ide
         c.batch_execute(statement).expect("rekey");
     }
     assert_eq!(
-        ids_of(&stream_batches(&mut source, &mut d, 3).expect("stream"), "public_t_rekey"),
+        ids_of(&stream_batches(&mut source, 3).expect("stream"), "public_t_rekey"),
         ["1:1", "1:2", "1:2", "1"],
         "rows (1,1) and (1,2) keep their own ids; under the index identity the key is k"
     );
@@ -406,9 +407,8 @@ fn keys_follow_the_stream_when_the_key_is_redefined_with_more_columns_or_the_ide
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_key_lookup_whose_connection_was_terminated_reconnects_and_never_keys_by_every_column() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     // FULL identity with a primary key: the key comes from the catalog.
     c.batch_execute(
@@ -416,7 +416,7 @@ fn a_key_lookup_whose_connection_was_terminated_reconnects_and_never_keys_by_eve
          ALTER TABLE t_side REPLICA IDENTITY FULL;",
     )
     .expect("table");
-    let (mut source, mut d) = started("t_side");
+    let mut source = started("t_side");
     let terminated: i64 = c
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
@@ -429,23 +429,22 @@ fn a_key_lookup_whose_connection_was_terminated_reconnects_and_never_keys_by_eve
     c.batch_execute("INSERT INTO t_side VALUES (1, 1); UPDATE t_side SET v = 2 WHERE id = 1")
         .expect("changes");
     // The look-up reconnects: the rows are keyed by the primary key, never by every column.
-    assert_eq!(ids_of(&stream_batches(&mut source, &mut d, 2).expect("stream"), "public_t_side"), ["1", "1"]);
+    assert_eq!(ids_of(&stream_batches(&mut source, 2).expect("stream"), "public_t_side"), ["1", "1"]);
     drop(source);
     drop_slot("t_side");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
-fn a_nan_or_infinite_key_fails_its_transaction_instead_of_sharing_one_id() {
-    let _server = serial();
+fn p9_nan_and_infinite_keys_give_one_id_each_never_null() {
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute("DROP TABLE IF EXISTS t_nan; CREATE TABLE t_nan (id numeric PRIMARY KEY, v int)")
         .expect("table");
-    let (mut source, mut d) = started("t_nan");
+    let mut source = started("t_nan");
     c.batch_execute("INSERT INTO t_nan VALUES ('NaN', 1), ('Infinity', 2), ('-Infinity', 3)")
         .expect("insert");
-    let e = stream_batches(&mut source, &mut d, 1).expect_err("three rows must not get one id").to_string();
-    assert!(e.contains("public.t_nan") && e.contains("\"id\"") && e.contains("is null"), "{e}");
+    let batches = stream_batches(&mut source, 1).expect("the stream");
+    assert_eq!(ids_of(&batches, "public_t_nan"), ["NaN", "Infinity", "-Infinity"]);
     drop(source);
     drop_slot("t_nan");
 }
@@ -486,11 +485,12 @@ fn slot_state(c: &mut Client, slot: &str) -> (String, Option<Position>) {
     (row.get(0), row.get::<_, Option<String>>(1).map(|t| Position::from_lsn(&t).expect("LSN")))
 }
 
-/// Streams (confirming the watermark a caller with no lanes has: everything handed over) until
-/// the slot is confirmed at `at_least` or `within` passed; returns the slot's confirmed position.
+/// Streams (confirming the watermark a caller with no lanes has: everything handed over, and
+/// where the server said it sent everything before, less one, as the pipeline's idle batches
+/// do) until the slot is confirmed at `at_least` less one or `within` passed; returns the slot's
+/// confirmed position, plus one.
 fn follow(
     source: &mut LiveSource,
-    d: &mut PgOutputDecoder,
     c: &mut Client,
     slot: &str,
     at_least: Position,
@@ -498,20 +498,23 @@ fn follow(
 ) -> Option<Position> {
     let deadline = Instant::now() + within;
     loop {
-        let handed = d.builder().last_commit();
-        source.confirm(handed).expect("confirm");
+        let handed = source.decoder().builder().last_commit();
+        let idle = source.sent_upto().map(|p| Position(p.0 - 1));
+        if let Some(p) = handed.max(idle) {
+            source.confirm(p).expect("confirm");
+        }
         let (_, confirmed) = slot_state(c, slot);
+        let confirmed = confirmed.map(|p| Position(p.0 + 1));
         if confirmed.is_some_and(|p| p >= at_least) || Instant::now() > deadline {
             return confirmed;
         }
-        source.next(d, Duration::from_millis(100)).expect("stream");
+        source.next(Duration::from_millis(100)).expect("stream");
     }
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn an_idle_slot_follows_the_wal_of_a_busy_neighbour_database_within_max_slot_wal_keep_size() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute("DROP DATABASE IF EXISTS t_neighbour").expect("drop db");
     c.batch_execute("CREATE DATABASE t_neighbour").expect("create db");
@@ -520,7 +523,7 @@ fn an_idle_slot_follows_the_wal_of_a_busy_neighbour_database_within_max_slot_wal
     let mut neighbour = neighbour_url.connect(NoTls).expect("neighbour");
     neighbour.batch_execute("CREATE TABLE w (a int)").expect("table");
     drop_slot("t_idle_control");
-    let (mut source, mut d) = started("t_idle");
+    let mut source = started("t_idle");
     // A slot nothing reads or confirms: what max_slot_wal_keep_size does to a stuck slot.
     c.batch_execute("SELECT pg_create_logical_replication_slot('t_idle_control', 'pgoutput')")
         .expect("control");
@@ -532,7 +535,7 @@ fn an_idle_slot_follows_the_wal_of_a_busy_neighbour_database_within_max_slot_wal
         let written: String =
             c.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).expect("lsn").get(0);
         let written = Position::from_lsn(&written).expect("LSN");
-        let confirmed = follow(&mut source, &mut d, &mut c, "t_idle", written, Duration::from_secs(20));
+        let confirmed = follow(&mut source, &mut c, "t_idle", written, Duration::from_secs(20));
         assert!(
             confirmed.is_some_and(|p| p >= written),
             "step {step}: the idle slot is confirmed at {confirmed:?}, behind the WAL written ({written})"
@@ -541,12 +544,12 @@ fn an_idle_slot_follows_the_wal_of_a_busy_neighbour_database_within_max_slot_wal
         let (status, _) = slot_state(&mut c, "t_idle");
         assert_ne!(status, "lost", "step {step}: the idle slot was invalidated");
     }
-    assert!(d.builder().transactions() == 0, "nothing of ours was decoded");
+    assert!(source.decoder().builder().transactions() == 0, "nothing of ours was decoded");
     let (control, _) = slot_state(&mut c, "t_idle_control");
     assert_eq!(control, "lost", "the WAL written was enough to invalidate a slot that does not move");
     // And streaming an invalidated slot is an error that says why.
     let mut lost = LiveSource::connect(config("t_idle_control")).expect("connect");
-    let e = lost.start().unwrap_err();
+    let e = lost.open().unwrap_err();
     assert!(matches!(e, LiveError::SlotInvalidated { .. }), "{e}");
     let text = e.to_string();
     assert!(
@@ -563,23 +566,21 @@ fn an_idle_slot_follows_the_wal_of_a_busy_neighbour_database_within_max_slot_wal
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn with_a_heartbeat_an_idle_slot_follows_pg_current_wal_lsn() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     drop_slot("t_heartbeat");
     let mut cfg = config("t_heartbeat");
     cfg.heartbeat = Some(Duration::from_millis(200));
     let mut source = LiveSource::connect(cfg).expect("source");
-    source.start().expect("start");
-    let mut d = decoder(&source);
+    source.open().expect("start");
     // An idle hour compressed: rounds of WAL written elsewhere in the server (a checkpoint, a
     // segment switch, no change of any table), each followed by the slot.
     for round in 0..5 {
         c.batch_execute("CHECKPOINT; SELECT pg_switch_wal()").expect("WAL");
         let current: String = c.query_one("SELECT pg_current_wal_lsn()::text", &[]).expect("lsn").get(0);
         let current = Position::from_lsn(&current).expect("LSN");
-        let confirmed = follow(&mut source, &mut d, &mut c, "t_heartbeat", current, Duration::from_secs(10));
+        let confirmed = follow(&mut source, &mut c, "t_heartbeat", current, Duration::from_secs(10));
         assert!(
             confirmed.is_some_and(|p| p >= current),
             "round {round}: confirmed {confirmed:?} behind pg_current_wal_lsn {current}"
@@ -609,26 +610,24 @@ fn walsender(c: &mut Client, slot: &str) -> i32 {
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_connection_terminated_by_an_admin_is_a_clear_error_and_a_dropped_slot_another() {
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute("DROP TABLE IF EXISTS t_admin; CREATE TABLE t_admin (id int PRIMARY KEY)")
         .expect("table");
-    let (mut source, mut d) = started("t_admin");
+    let mut source = started("t_admin");
     c.batch_execute("INSERT INTO t_admin VALUES (1)").expect("insert");
-    assert_eq!(commits(&stream_batches(&mut source, &mut d, 1).expect("stream")).len(), 1);
+    assert_eq!(commits(&stream_batches(&mut source, 1).expect("stream")).len(), 1);
     let pid = walsender(&mut c, "t_admin");
     c.execute("SELECT pg_terminate_backend($1)", &[&pid]).expect("terminate");
-    let e = stream_batches(&mut source, &mut d, 1).unwrap_err();
+    let e = stream_batches(&mut source, 1).unwrap_err();
     assert!(matches!(e, LiveError::TerminatedByAdmin { .. }), "{e}");
     assert!(e.to_string().contains("administrator"), "{e}");
     drop(source);
 
     // Terminated, and the slot dropped at once: the source says the slot is gone.
     let mut source = LiveSource::connect(config("t_admin")).expect("source");
-    source.start().expect("start");
-    let mut d = decoder(&source);
+    source.open().expect("start");
     let pid = walsender(&mut c, "t_admin");
     c.execute("SELECT pg_terminate_backend($1)", &[&pid]).expect("terminate");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -636,28 +635,27 @@ fn a_connection_terminated_by_an_admin_is_a_clear_error_and_a_dropped_slot_anoth
         assert!(Instant::now() < deadline, "cannot drop the slot");
         thread::sleep(Duration::from_millis(20));
     }
-    let e = stream_batches(&mut source, &mut d, 1).unwrap_err();
+    let e = stream_batches(&mut source, 1).unwrap_err();
     assert!(matches!(e, LiveError::SlotDropped(_)), "{e}");
     assert!(e.to_string().contains("backfill"), "{e}");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_server_restarted_mid_stream_is_reconnected_from_the_confirmed_position() {
-    let _server = serial();
-    let Ok(restart) = std::env::var("LANESTREAM_PG_RESTART") else {
-        eprintln!("LANESTREAM_PG_RESTART not set: the server cannot be restarted here");
+    let Some(_server) = serial() else { return };
+    let Some(restart) = restart_command() else {
+        eprintln!("SKIPPED: the server cannot be restarted here (LANESTREAM_PG_RESTART)");
         return;
     };
     let mut c = sql();
     c.batch_execute("DROP TABLE IF EXISTS t_restart; CREATE TABLE t_restart (id int PRIMARY KEY)")
         .expect("table");
-    let (mut source, mut d) = started("t_restart");
+    let mut source = started("t_restart");
     for id in 1..=3 {
         c.execute("INSERT INTO t_restart VALUES ($1)", &[&id]).expect("insert");
     }
-    let first = commits(&stream_batches(&mut source, &mut d, 3).expect("stream"));
-    source.confirm(Some(first[1])).expect("confirm");
+    let first = commits(&stream_batches(&mut source, 3).expect("stream"));
+    source.confirm(first[1]).expect("confirm");
     assert_eq!(source.read_confirmed().expect("read"), Some(first[1]));
     drop(c);
     let status = Command::new("sh").arg("-c").arg(&restart).status().expect("restart");
@@ -668,67 +666,80 @@ fn a_server_restarted_mid_stream_is_reconnected_from_the_confirmed_position() {
     }
     // The stream comes back by itself: the transaction at the confirmed position and the one
     // after it were handed over already (skipped), then the new ones, once each.
-    let after = stream_batches(&mut source, &mut d, 2).expect("reconnected");
+    let after = stream_batches(&mut source, 2).expect("reconnected");
     assert_eq!(ids_of(&after, "public_t_restart"), ["4", "5"]);
     let m = source.metrics().expect("metrics");
     assert_eq!(m.reconnects, 1, "{m:?}");
     // At least the two at and after the confirmed position come again (an immediate shutdown
     // may lose the slot's last confirmed position: it is saved at checkpoints), skipped whole.
-    assert!(d.skipped_transactions() >= 2, "{} re-sent transactions skipped", d.skipped_transactions());
+    assert!(
+        source.decoder().skipped_transactions() >= 2,
+        "{} re-sent transactions skipped",
+        source.decoder().skipped_transactions()
+    );
     drop(source);
     drop_slot("t_restart");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn a_slot_created_after_the_sinks_checkpoint_is_a_gap_refused_and_dropped() {
-    let _server = serial();
+    use lanestream::SinkName;
+    use lanestream_postgres::pipeline::{SinkStart, SinkState};
+
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute("DROP TABLE IF EXISTS t_gap; CREATE TABLE t_gap (id int PRIMARY KEY)").expect("table");
-    let (mut source, mut d) = started("t_gap");
+    let mut source = started("t_gap");
     c.batch_execute("INSERT INTO t_gap VALUES (1)").expect("insert");
-    let checkpoint = commits(&stream_batches(&mut source, &mut d, 1).expect("stream"))[0];
+    let checkpoint = commits(&stream_batches(&mut source, 1).expect("stream"))[0];
     drop(source);
-    let mut source = LiveSource::connect(config("t_gap")).expect("source");
-    // A slot that existed: no check.
+    let sink = SinkName::new("s").expect("name");
+    let state = SinkState { position: Some(checkpoint), ..SinkState::new() };
+    let start = |source: LiveSource, state: Option<&SinkState>| {
+        let mut source = source;
+        source.start(&[SinkStart { sink: &sink, state }])
+    };
+    // A slot that existed, confirmed no further than the sink: resumed.
+    let source = LiveSource::connect(config("t_gap")).expect("source");
     assert!(!source.slot_positions().created);
-    source.check_resume(Some(checkpoint)).expect("an existing slot resumes");
-    drop(source);
+    start(source, Some(&state)).expect("an existing slot resumes");
     // The admin drops it; meanwhile a change nobody decodes; the slot is created again.
     drop_slot("t_gap");
     c.batch_execute("INSERT INTO t_gap VALUES (2)").expect("insert");
-    let mut source = LiveSource::connect(config("t_gap")).expect("source");
+    let source = LiveSource::connect(config("t_gap")).expect("source");
     let positions = source.slot_positions();
     assert!(positions.created);
     let consistent_point = positions.consistent_point.expect("the consistent point");
     assert!(consistent_point > checkpoint);
     assert_eq!(positions.confirmed_flush, Some(consistent_point));
-    // A new pipeline (no checkpoint) is fine...
-    source.check_resume(None).expect("no checkpoint, no gap");
-    // ...sinks behind the consistent point are not.
-    let e = source.check_resume(Some(checkpoint)).unwrap_err();
+    // A new sink (no state) is fine...
+    start(source, None).expect("no state, no gap");
+    // ...a sink behind the consistent point is not (a second source: the first kept the slot).
+    let source = LiveSource::connect(config("t_gap")).expect("source");
+    let e = start(source, Some(&state)).unwrap_err();
     assert!(
-        matches!(e, LiveError::SlotGap { checkpoint: cp, consistent_point: p, .. } if cp == checkpoint && p == consistent_point),
+        matches!(e, LiveError::SlotGap { applied: Some(a), resumes_from: r, .. } if a == checkpoint && r == consistent_point),
         "{e}"
     );
     let text = e.to_string();
     assert!(text.contains(&checkpoint.to_string()) && text.contains(&consistent_point.to_string()), "{text}");
-    assert!(text.contains("Backfill") && text.contains("do not re-create"), "{text}");
-    drop(source);
-    // The slot it created is gone again, so that a second start is refused too.
+    assert!(text.contains("Reset the sink"), "{text}");
+    // A slot it did not create is left: the refusal stands on every start until the sink is
+    // reset.
     let mut c2 = config("t_gap");
     c2.create_slot = false;
-    assert!(matches!(LiveSource::connect(c2), Err(LiveError::NoSlot(_))));
+    let source = LiveSource::connect(c2).expect("source");
+    assert!(matches!(start(source, Some(&state)), Err(LiveError::SlotGap { dropped: false, .. })));
+    drop_slot("t_gap");
 }
 
 #[test]
-#[ignore = "needs a PostgreSQL with wal_level = logical (LANESTREAM_PG_URL); run by scripts/e2e-postgres.sh"]
 fn the_library_driver_streams_a_slot_into_durable_sinks_and_confirms_at_the_watermark() {
     use lanestream::{MemoryStream, Stream};
     use lanestream_postgres::ndjson::DurableNdjson;
-    use lanestream_postgres::pipeline::{PgLiveSource, Pipeline};
+    use lanestream_postgres::pipeline::Pipeline;
 
-    let _server = serial();
+    let Some(_server) = serial() else { return };
     let mut c = sql();
     c.batch_execute("DROP TABLE IF EXISTS t_driver; CREATE TABLE t_driver (id int PRIMARY KEY, v text)")
         .expect("table");
@@ -741,14 +752,17 @@ fn the_library_driver_streams_a_slot_into_durable_sinks_and_confirms_at_the_wate
     let end = Position::from_lsn(&end).expect("LSN");
     let dir = tempfile::tempdir().expect("dir");
     let stream = MemoryStream::builder().sinks(["search", "cache"]).build().expect("stream");
-    let mut pipeline = Pipeline::new(stream.clone());
+    // The table is new and empty when the slot is made: the new sinks need nothing from before.
+    let mut pipeline =
+        Pipeline::new(stream.clone()).joiners(lanestream_postgres::pipeline::Joiners::LiveOnly);
     for name in ["search", "cache"] {
         let out = dir.path().to_path_buf();
         pipeline = pipeline.sink(name, move || DurableNdjson::open(&out, name, Duration::ZERO));
     }
-    let mut source = PgLiveSource::new(source, TransactionBuilder::new()).until(Some(end));
+    let mut source = source.until(Some(end));
     let report = pipeline.run(&mut source).expect("the pipeline");
-    assert_eq!(report.transactions, 20, "{report:?}");
+    // The 20 transactions, and the empty batches the idle source may hand over between them.
+    assert!(report.transactions >= 20, "{report:?}");
     assert_eq!(stream.watermark(), report.last_position);
     assert!(report.confirmed >= report.last_position, "{report:?}");
     for name in ["search", "cache"] {
@@ -756,7 +770,7 @@ fn the_library_driver_streams_a_slot_into_durable_sinks_and_confirms_at_the_wate
         assert_eq!(text.lines().count(), 20, "{name}: every row once");
     }
     // The slot was confirmed (status updates) no further than where the source decoded.
-    let live = source.live();
+    let live = &mut source;
     let confirmed = live.read_confirmed().expect("read").expect("confirmed");
     assert!(report.last_position.is_some_and(|l| confirmed >= l), "slot at {confirmed}");
     assert!(live.decoded().is_some_and(|d| confirmed <= d), "slot at {confirmed}");

@@ -8,12 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::{
-    Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Request, SinkName, Stream,
-};
+use lanestream::{Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Request, Stream};
 use lanestream_postgres::ndjson::DurableNdjson;
 use lanestream_postgres::pipeline::{
-    Pipeline, PipelineError, RetryPolicy, Sink, Source, SourceItem, StopHandle,
+    OwedBackfill, Pipeline, PipelineError, RetryPolicy, Sink, SinkState, Source, SourceItem, StopHandle,
 };
 
 const SINKS: [&str; 3] = ["search", "cache", "archive"];
@@ -118,6 +116,14 @@ impl Source for FakeSource {
         Some(self.changes.len() as u64)
     }
 
+    /// A fake with nothing to check (as a file read from its start).
+    fn start(
+        &mut self,
+        _sinks: &[lanestream_postgres::pipeline::SinkStart<'_>],
+    ) -> Result<lanestream_postgres::pipeline::SourceStart, io::Error> {
+        Ok(lanestream_postgres::pipeline::SourceStart::default())
+    }
+
     fn backfill(&mut self, request: Request) -> Result<(), io::Error> {
         let Request::Backfill { sink, indexes, .. } = request else { panic!("unknown request") };
         self.backfills_asked += 1;
@@ -146,8 +152,14 @@ struct Shared {
     fail_at: Option<Position>,
     /// Sleep per apply.
     slow: Duration,
-    /// The request each opened instance re-sends.
-    resume: Option<Request>,
+    /// The state committed with the items (what the engine reads back at open).
+    state: Option<SinkState>,
+    /// Keeps no state: `state()` is `None` at every open (a plain file never cut back).
+    stateless: bool,
+    /// Fail the apply of this number (1-based; 0: none), once.
+    fail_nth: u32,
+    /// Applies so far.
+    applies: u32,
     /// Instances opened.
     opened: u32,
 }
@@ -160,6 +172,11 @@ struct FakeSink {
 
 impl Sink for FakeSink {
     type Error = io::Error;
+
+    fn state(&mut self) -> Result<Option<SinkState>, io::Error> {
+        let s = self.shared.lock().unwrap();
+        Ok(if s.stateless { None } else { s.state.clone() })
+    }
 
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), io::Error> {
         if let Some(gate) = &self.gate {
@@ -174,7 +191,10 @@ impl Sink for FakeSink {
                 drop(s);
                 panic!("the fake sink panics");
             }
-            let fail = if s.fail_times > 0 {
+            s.applies += 1;
+            let fail = if s.applies == s.fail_nth {
+                true
+            } else if s.fail_times > 0 {
                 s.fail_times -= 1;
                 true
             } else {
@@ -190,7 +210,7 @@ impl Sink for FakeSink {
         Ok(())
     }
 
-    fn commit(&mut self) -> Result<(), io::Error> {
+    fn commit(&mut self, state: &SinkState) -> Result<(), io::Error> {
         let mut s = self.shared.lock().unwrap();
         for item in self.staged.drain(..) {
             if let Some(p) = item.position() {
@@ -198,15 +218,8 @@ impl Sink for FakeSink {
             }
             s.items.push(item);
         }
+        s.state = Some(state.clone());
         Ok(())
-    }
-
-    fn checkpoint(&self) -> Option<Position> {
-        self.shared.lock().unwrap().durable.iter().max().copied()
-    }
-
-    fn resume(&self) -> Option<Request> {
-        self.shared.lock().unwrap().resume.clone()
     }
 }
 
@@ -244,6 +257,49 @@ fn positions(shared: &Arc<Mutex<Shared>>) -> BTreeSet<u64> {
 
 fn expected(transactions: u64) -> BTreeSet<u64> {
     (1..=transactions).map(|t| t * 10).collect()
+}
+
+/// C1 for a sink that keeps no state (its `state()` is `None` at every open): a run failed
+/// after the first chunks of a large transaction were committed and acked gets the rest from
+/// the next instance, from the state the engine committed last. Before, the engine started the
+/// new instance from nothing and refused the next chunk as a gap (the CI's `--chaos` run).
+#[test]
+fn c1_a_sink_that_keeps_no_state_gets_the_rest_of_a_transaction_after_a_failed_run() {
+    let stream = stream(16);
+    let shared = shared_sinks();
+    {
+        let mut s = shared[0].lock().unwrap();
+        s.stateless = true;
+        s.fail_nth = 3; // the third run: a chunk after two committed ones
+    }
+    let mut source = FakeSource::new(&stream, 0);
+    let p = Position(70);
+    let envelope = |i: u64| Envelope {
+        index: IndexName::new("public_t").unwrap(),
+        id: i.to_string(),
+        op: Op::Upsert,
+        position: Some(p),
+        document: b"{}".as_slice().into(),
+        built_at_micros: None,
+    };
+    for (k, offset) in [0u64, 2, 4, 6, 8].into_iter().enumerate() {
+        let envelopes: Arc<[Envelope]> = (offset..offset + 2).map(envelope).collect();
+        let position = (k == 4).then_some(p);
+        source.changes.push_back(Batch { position, changes: 2, offset, envelopes });
+    }
+    let report = pipeline(&stream, &shared, None).max_run(1).run(&mut source).unwrap();
+    assert_eq!(report.confirmed, Some(p));
+    let search = report.sinks.iter().find(|s| s.sink == "search").unwrap();
+    assert_eq!(search.retries, 1, "{search:?}");
+    let items = shared[0].lock().unwrap().items.clone();
+    let ids: Vec<String> = items
+        .iter()
+        .flat_map(|i| match i {
+            LaneItem::Batch(b) => b.envelopes.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(ids, (0..10).map(|i| i.to_string()).collect::<Vec<_>>(), "each envelope once, in order");
 }
 
 #[test]
@@ -333,9 +389,10 @@ fn driver_confirm_never_passes_the_watermark() {
 fn r2_request_acked_only_after_its_snapshot_complete_is_published() {
     let stream = stream(2);
     let shared = shared_sinks();
-    let search = SinkName::new("search").unwrap();
-    let request = Request::backfill(search.clone(), vec![IndexName::new("public_t").unwrap()]);
-    shared[0].lock().unwrap().resume = Some(request);
+    shared[0].lock().unwrap().state = Some(SinkState {
+        owed: vec![OwedBackfill { indexes: vec![IndexName::new("public_t").unwrap()], after: None }],
+        ..SinkState::new()
+    });
     let gate = Arc::new(AtomicBool::new(false));
     let mut source = FakeSource::new(&stream, 0);
     source.snapshot_batches = 2;
@@ -409,7 +466,7 @@ fn durable_ndjson_sink_holds_each_envelope_once_across_a_resend() {
         p.run(&mut FakeSource::new(&stream, transactions)).unwrap()
     };
     let first = run(40);
-    assert_eq!(first.sinks.iter().map(|s| s.checkpoint).collect::<Vec<_>>(), vec![Some(Position(400)); 3]);
+    assert_eq!(first.sinks.iter().map(|s| s.position).collect::<Vec<_>>(), vec![Some(Position(400)); 3]);
     // A source restarted before it could confirm sends everything again, and more: the
     // sinks skip what their checkpoints cover.
     run(60);
@@ -453,14 +510,15 @@ fn each_sink_reports_its_commit_to_ack_latency_and_changes_acked() {
 
 #[test]
 fn r2_a_sink_engine_reopened_after_a_failed_run_does_not_ask_its_backfill_again() {
-    // The first instance re-asks its recorded backfill (Sink::resume); its first run fails and
-    // the engine opens a second instance, whose request is the one still pending: asking again
+    // The first instance re-asks the backfill its state owes; its first run fails and the
+    // engine opens a second instance, whose request is the one still pending: asking again
     // would have the backfill served twice.
     let stream = stream(64);
     let shared = shared_sinks();
-    let search = SinkName::new("search").unwrap();
-    shared[0].lock().unwrap().resume =
-        Some(Request::backfill(search, vec![IndexName::new("public_t").unwrap()]));
+    shared[0].lock().unwrap().state = Some(SinkState {
+        owed: vec![OwedBackfill { indexes: vec![IndexName::new("public_t").unwrap()], after: None }],
+        ..SinkState::new()
+    });
     shared[0].lock().unwrap().fail_times = 1;
     let mut source = FakeSource::new(&stream, 0);
     source.endless = true;
@@ -476,7 +534,7 @@ fn r2_a_sink_engine_reopened_after_a_failed_run_does_not_ask_its_backfill_again(
     assert!(shared[0].lock().unwrap().opened >= 2, "the failed run opened a second instance");
     assert_eq!(source.backfills_asked, 1, "the backfill was asked once");
     let search = report.sinks.iter().find(|s| s.sink == "search").unwrap();
-    assert_eq!(search.resumed_backfills, 1);
+    assert_eq!(search.backfills_asked, 1);
     assert_eq!(report.backfills_served, 1);
 }
 
@@ -504,6 +562,10 @@ impl RunCheckingSink {
 impl Sink for RunCheckingSink {
     type Error = io::Error;
 
+    fn state(&mut self) -> Result<Option<SinkState>, io::Error> {
+        Ok(None)
+    }
+
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), io::Error> {
         if self.pile_up > 0 {
             while self.stream.stats("search").unwrap().published < self.pile_up {
@@ -517,14 +579,10 @@ impl Sink for RunCheckingSink {
         Ok(())
     }
 
-    fn commit(&mut self) -> Result<(), io::Error> {
+    fn commit(&mut self, _state: &SinkState) -> Result<(), io::Error> {
         self.assert_nothing_staged_is_acked();
         self.durable.lock().unwrap().append(&mut self.staged);
         Ok(())
-    }
-
-    fn checkpoint(&self) -> Option<Position> {
-        self.durable.lock().unwrap().last().copied()
     }
 }
 

@@ -10,11 +10,10 @@ use bytes::Bytes;
 use lanestream::{Envelope, IndexName, Op};
 use postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
-use super::{decode_id, Mark, MarkKind, XidSnapshot, MARK_PREFIX};
-use crate::pgoutput::{plain, push_json_value};
-use crate::wal2json::{index_name, snapshot_row, Column};
-
-const BYTEA_OID: u32 = 17;
+use super::snapshot::XidSnapshot;
+use crate::batch::value::{plain, push_json_value, BYTEA_OID};
+use crate::batch::{decode_id, index_name, snapshot_row, Column};
+use crate::mark::{Mark, MarkKind, MARK_PREFIX};
 
 /// One column of a table being read.
 #[derive(Clone, Debug)]
@@ -33,8 +32,12 @@ pub(crate) struct TablePlan {
     pub(crate) table: String,
     /// `"schema"."table"`.
     pub(crate) quoted: String,
-    /// Every column but generated ones, in column order.
+    /// Every column the publication publishes (its column list, or every column but generated
+    /// ones), in column order.
     pub(crate) columns: Vec<PlanColumn>,
+    /// The publication's row filter of the table (PostgreSQL 15+), as SQL: only rows it admits
+    /// are read.
+    pub(crate) filter: Option<String>,
     /// The key's columns (positions in `columns`) in the key index's order: the pagination.
     pub(crate) order: Vec<usize>,
     /// The key's column names in column order: what ids are built from.
@@ -59,20 +62,29 @@ impl TablePlan {
         publication: &str,
         index: &IndexName,
     ) -> Result<Result<TablePlan, String>, postgres::Error> {
+        // PostgreSQL 15 added column lists and row filters (`attnames`, `rowfilter`).
+        let version: i32 = client.query_one("SELECT current_setting('server_version_num')::int", &[])?.get(0);
         let tables = client.query(
-            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1::text",
+            if version >= 150000 {
+                "SELECT schemaname::text, tablename::text, attnames::text[], rowfilter FROM pg_publication_tables \
+                 WHERE pubname = $1::text"
+            } else {
+                "SELECT schemaname::text, tablename::text, NULL::text[], NULL::text FROM pg_publication_tables \
+                 WHERE pubname = $1::text"
+            },
             &[&publication],
         )?;
-        let matching: Vec<(String, String)> = tables
+        type Published = ((String, String), Option<Vec<String>>, Option<String>);
+        let matching: Vec<Published> = tables
             .iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
-            .filter(|(s, t)| index_name(s, t) == *index)
+            .map(|r| ((r.get::<_, String>(0), r.get::<_, String>(1)), r.get(2), r.get(3)))
+            .filter(|((s, t), _, _)| index_name(s, t) == *index)
             .collect();
-        let (schema, table) = match matching.as_slice() {
+        let ((schema, table), published_columns, filter) = match matching.as_slice() {
             [one] => one.clone(),
             [] => return Ok(Err(format!("no table of publication {publication:?} has this index name"))),
             many => {
-                let names: Vec<String> = many.iter().map(|(s, t)| format!("{s}.{t}")).collect();
+                let names: Vec<String> = many.iter().map(|((s, t), _, _)| format!("{s}.{t}")).collect();
                 return Ok(Err(format!("the tables {} share this index name", names.join(", "))));
             }
         };
@@ -109,11 +121,19 @@ impl TablePlan {
             )?
             .iter()
             .map(|r| PlanColumn { name: r.get(0), type_oid: r.get(1), type_sql: r.get(2) })
+            // P4: a column the publication's column list leaves out never leaves the database.
+            .filter(|c: &PlanColumn| published_columns.as_ref().is_none_or(|list| list.contains(&c.name)))
             .collect();
         let mut order = Vec::with_capacity(key.len());
         for k in &key {
             match columns.iter().position(|c| c.name == *k) {
                 Some(i) => order.push(i),
+                None if published_columns.as_ref().is_some_and(|list| !list.contains(k)) => {
+                    return Ok(Err(format!(
+                        "the key column {k:?} of {name} is not in the publication's column list: its rows cannot \
+                         be keyed (add it to the list: PostgreSQL needs it there to publish updates and deletes)"
+                    )))
+                }
                 None => return Ok(Err(format!("the key column {k:?} of {name} is a generated column"))),
             }
         }
@@ -125,6 +145,7 @@ impl TablePlan {
             table: name,
             quoted: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
             columns,
+            filter,
             order,
             id_key,
             estimated_rows,
@@ -151,16 +172,23 @@ impl TablePlan {
         let columns: Vec<String> = self.columns.iter().map(|c| quote_ident(&c.name)).collect();
         let key: Vec<String> = self.order.iter().map(|&i| quote_ident(&self.columns[i].name)).collect();
         let key = key.join(", ");
-        let filter = match cursor {
-            None => String::new(),
-            Some(values) => {
-                let literals: Vec<String> = values
-                    .iter()
-                    .zip(&self.order)
-                    .map(|(v, &i)| format!("{}::{}", quote_literal(v), self.columns[i].type_sql))
-                    .collect();
-                format!(" WHERE ({key}) > ({})", literals.join(", "))
-            }
+        let mut conditions: Vec<String> = Vec::with_capacity(2);
+        if let Some(filter) = &self.filter {
+            // P4: the rows the publication's row filter admits (NULL: not admitted, as pgoutput).
+            conditions.push(format!("({filter})"));
+        }
+        if let Some(values) = cursor {
+            let literals: Vec<String> = values
+                .iter()
+                .zip(&self.order)
+                .map(|(v, &i)| format!("{}::{}", quote_literal(v), self.columns[i].type_sql))
+                .collect();
+            conditions.push(format!("({key}) > ({})", literals.join(", ")));
+        }
+        let filter = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conditions.join(" AND "))
         };
         format!("SELECT {} FROM {}{filter} ORDER BY {key} LIMIT {rows}", columns.join(", "), self.quoted)
     }
@@ -281,7 +309,7 @@ pub(crate) fn chunk_rows(plan: &TablePlan, rows: &[SimpleQueryRow]) -> Result<Ar
         columns.clear();
         columns.extend(plan.columns.iter().zip(row).map(|(c, &(a, b))| Column {
             name: if plain(&c.name) { Cow::Borrowed(c.name.as_str()) } else { Cow::Owned(c.name.clone()) },
-            value: Cow::Borrowed(&values[a..b]),
+            value: &values[a..b],
         }));
         built.push(
             snapshot_row(&columns, &plan.id_key, &mut docs)

@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use super::table::PlanColumn;
 use super::*;
-use crate::wal2json::{snapshot_row, Column};
+use crate::batch::{decode_id, snapshot_row, Column};
 
 fn index(name: &str) -> IndexName {
     IndexName::new(name).unwrap()
@@ -84,6 +84,7 @@ fn plan(name: &str) -> TablePlan {
             PlanColumn { name: "b".into(), type_oid: 23, type_sql: "integer".into() },
             PlanColumn { name: "c".into(), type_oid: 17, type_sql: "bytea".into() },
         ],
+        filter: None,
         // PRIMARY KEY (b, a): the key index's order, while ids are in column order (a:b).
         order: vec![1, 0],
         id_key: vec!["a".into(), "b".into()],
@@ -178,18 +179,26 @@ fn ids_decode_into_key_values_in_the_key_order() {
     assert_eq!(
         sql,
         "SELECT \"a\", \"b\", \"c\" FROM \"public\".\"t\" WHERE (\"b\", \"a\") > (E'42'::integer, E'it\\'s'::text) ORDER BY \"b\", \"a\" LIMIT 5"
+    ); // P4: the publication's row filter bounds every chunk, the first included.
+    let filtered = TablePlan { filter: Some("(b > 3)".into()), ..plan("t") };
+    assert_eq!(
+        filtered.select(None, 5),
+        "SELECT \"a\", \"b\", \"c\" FROM \"public\".\"t\" WHERE ((b > 3)) ORDER BY \"b\", \"a\" LIMIT 5"
     );
+    assert!(filtered
+        .select(Some(&["42".to_owned(), "x".to_owned()]), 5)
+        .contains("WHERE ((b > 3)) AND (\"b\", \"a\") > "));
 }
 
 #[test]
 fn ids_built_by_the_reader_decode_back() {
-    // The reader's encoding (wal2json::snapshot_row) and decode_id are inverse.
+    // The builder's id encoding (batch::snapshot_row) and decode_id are inverse.
     let values = ["plain", "with:colon", "back\\slash", "both\\:"];
     for a in values {
         let text = serde_json::to_string(a).unwrap();
         let row = [
-            Column { name: Cow::Borrowed("a"), value: Cow::Owned(text) },
-            Column { name: Cow::Borrowed("b"), value: Cow::Borrowed("12") },
+            Column { name: Cow::Borrowed("a"), value: &text },
+            Column { name: Cow::Borrowed("b"), value: "12" },
         ];
         let (id, _) = snapshot_row(&row, &["a".into(), "b".into()], &mut Vec::new()).unwrap();
         assert_eq!(decode_id(&id, 2).unwrap(), [a, "12"], "{id}");

@@ -2,22 +2,22 @@
 //! on threads of their own.
 
 use std::collections::{HashMap, VecDeque};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use lanestream::{
-    LaneConsumer, LaneDelivery, LaneItem, LaneRun, Position, PublishTimeoutError, RequestPublisher, SinkName,
-    Stream, StreamError, StreamFanout, TryRecvError,
+    IndexName, LaneConsumer, LaneDelivery, LaneItem, Position, PublishTimeoutError, RecvTimeoutError,
+    SinkName, Stream, StreamError, StreamFanout, TryRecvError,
 };
 
-use super::metrics::{commit_micros, lock, unix_micros_now, MetricsHandle, SinkLive, SinkReport};
+use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
+use super::metrics::{MetricsHandle, SinkReport};
 use super::sink::{RetryPolicy, Sink};
-use super::source::{Source, SourceItem};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use super::source::{SinkStart, Source, SourceItem, SourceStart};
+use super::state::SinkState;
+use super::BoxError;
 
 /// Why a pipeline stopped with an error. Each names the part that failed.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,8 @@ pub enum PipelineError {
     Source(#[source] BoxError),
     /// A sink's engine gave up: its `apply`/`commit` failed or panicked on the same run
     /// `attempts` times in a row (or its instance could not be opened). Nothing of that run was
-    /// acked; its lane was closed, and the pipeline stopped.
+    /// acked. In a [`Pipeline`] its lane was closed and the pipeline stopped; an engine run alone
+    /// ([`run_sink`](super::run_sink)) left its lane open, for the engine restarted after it (P8).
     #[error("sink {sink}: gave up after {attempts} attempts: {error}")]
     Sink {
         /// The sink.
@@ -45,6 +46,16 @@ pub enum PipelineError {
     /// The source handed over a snapshot item for a sink the stream has no lane for.
     #[error("the source sent a snapshot item for sink {0}, which has no lane")]
     UnknownSink(SinkName),
+    /// The pipeline refused to start a sink: its state says it cannot be fed from this source
+    /// as it is (another origin, or a joiner under [`Joiners::Refuse`]). Nothing was read from
+    /// the source and nothing written to any sink.
+    #[error("sink {sink}: {reason}")]
+    Refused {
+        /// The sink.
+        sink: SinkName,
+        /// Why, and what to do.
+        reason: String,
+    },
 }
 
 impl From<StreamError> for PipelineError {
@@ -55,7 +66,9 @@ impl From<StreamError> for PipelineError {
 
 /// Asks a running pipeline (or sink engine) to stop: the driver stops reading the source, waits
 /// (up to the drain timeout) until the sinks acked what was published, confirms the source at
-/// the watermark, closes the lanes and returns `Ok`. Clone it freely; hand
+/// the watermark, stops its local sink engines and returns `Ok`. The lanes stay open: a stop is
+/// a pause, and a closed lane is final ([L10](lanestream::contract#l10)); on a broker, sink
+/// engines in other processes wait for the next ingest. Clone it freely; hand
 /// [`flag`](StopHandle::flag) to a signal handler (`signal_hook::flag::register`).
 #[derive(Clone, Debug, Default)]
 pub struct StopHandle(Arc<AtomicBool>);
@@ -114,6 +127,9 @@ pub struct PipelineReport {
     pub sinks: Vec<SinkReport>,
     /// From the start of [`Pipeline::run`] to the engines joined.
     pub elapsed: Duration,
+    /// The process's peak resident set size at the end of the run, in bytes
+    /// ([`peak_rss_bytes`](super::peak_rss_bytes)); `None` where it cannot be read.
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl PipelineReport {
@@ -128,21 +144,37 @@ impl PipelineReport {
     }
 }
 
-type EngineFn<St> = Box<dyn FnOnce(St, EngineConfig) -> Result<SinkReport, PipelineError> + Send>;
+type EngineFn<St> = Box<dyn FnOnce(St, EngineConfig, Gate) -> Result<SinkReport, PipelineError> + Send>;
 
-#[derive(Clone)]
-struct EngineConfig {
-    retry: RetryPolicy,
-    max_run: usize,
-    stop: Option<StopHandle>,
-    /// Where the engine keeps its live figures ([`Pipeline::metrics`]); `None`: its own.
-    metrics: Option<MetricsHandle>,
+/// What a pipeline does with a **joiner**: a sink that starts with no state (a new sink, or one
+/// whose storage was reset) on a source with history ([`SourceStart::history`]: a replication
+/// slot that resumes mid-stream, tables that hold rows). Without its history such a sink would
+/// hold only the changes from where the stream resumes: rows committed before are missing from
+/// it and updates of them arrive for rows it never had ([P2](super::state#the-rules)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Joiners {
+    /// Owe it a backfill of every index the source publishes ([`SourceStart::indexes`]),
+    /// durably, then ask for it: the backfill runs beside the live stream (DBLog: a snapshot row
+    /// is never older than a change the sink applied), and the sink is whole once its
+    /// `SnapshotComplete` arrives. A source that cannot list its indexes, or cannot backfill,
+    /// makes the pipeline stop with its error.
+    #[default]
+    Backfill,
+    /// Refuse to start: [`PipelineError::Refused`] naming the sink.
+    Refuse,
+    /// Start it with the live stream only: the caller says the sink needs nothing from before
+    /// (the tables were empty when the slot was created, or the sink wants only changes from
+    /// now on). It is then taken to hold every index the source publishes.
+    LiveOnly,
 }
 
 /// A source → stream → sink engines pipeline; see the [module docs](super).
 pub struct Pipeline<St: Stream + Clone + 'static> {
     stream: St,
     engines: Vec<(String, EngineFn<St>)>,
+    joiners: Joiners,
+    backfills: Vec<IndexName>,
     retry: RetryPolicy,
     max_run: usize,
     tick: Duration,
@@ -157,6 +189,8 @@ impl<St: Stream + Clone + 'static> std::fmt::Debug for Pipeline<St> {
             .field("sinks", &self.engines.iter().map(|(n, _)| n).collect::<Vec<_>>())
             .field("retry", &self.retry)
             .field("max_run", &self.max_run)
+            .field("joiners", &self.joiners)
+            .field("backfills", &self.backfills)
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +202,8 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
         Pipeline {
             stream,
             engines: Vec::new(),
+            joiners: Joiners::default(),
+            backfills: Vec::new(),
             retry: RetryPolicy::default(),
             max_run: 256,
             tick: Duration::from_millis(10),
@@ -186,9 +222,31 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     {
         let name = sink.into();
         let lane = name.clone();
-        let engine: EngineFn<St> =
-            Box::new(move |stream: St, config: EngineConfig| run_engine(&stream, &lane, open, &config));
+        let engine: EngineFn<St> = Box::new(move |stream: St, config: EngineConfig, gate: Gate| {
+            run_engine(&stream, &lane, open, &config, Some(gate))
+        });
         self.engines.push((name, engine));
+        self
+    }
+
+    /// What to do with a sink that starts with no state on a source with history (default:
+    /// [`Joiners::Backfill`]).
+    pub fn joiners(mut self, joiners: Joiners) -> Self {
+        self.joiners = joiners;
+        self
+    }
+
+    /// Asks, at start, a backfill of `indexes` for every local sink (served in this order, beside
+    /// the live stream): owed durably in each sink's state before it is asked, so that a crash
+    /// asks again, after the last row applied. An index already owed is not asked twice; one
+    /// the sink holds is backfilled again (pass it once: a later start with the same call
+    /// backfills it once more).
+    pub fn backfill(mut self, indexes: impl IntoIterator<Item = IndexName>) -> Self {
+        for index in indexes {
+            if !self.backfills.contains(&index) {
+                self.backfills.push(index);
+            }
+        }
         self
     }
 
@@ -233,36 +291,85 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
 
     /// Runs until the source ends ([`SourceItem::End`]: every published batch acked, every
     /// backfill asked meanwhile served) or a stop is asked (drained up to the drain timeout);
-    /// then confirms the source at the final watermark, closes the lanes and joins the sink
-    /// engines. The ingest runs on the calling thread.
+    /// then confirms the source at the final watermark, closes the lanes at the source's end
+    /// (not at a stop: a pause leaves them open, see [`StopHandle`]) and joins the sink engines.
+    /// The ingest runs on the calling thread.
     ///
     /// # Errors
-    /// The first failure: the source's, a sink engine's (named), the stream's. The lanes are
-    /// closed and the engines joined before it returns; the source was confirmed only up to
+    /// The first failure: the source's, a sink engine's (named), the stream's, a refusal at start
+    /// ([`PipelineError::Refused`], or the source's). The local sink engines are stopped and
+    /// joined before it returns, and the lanes are left open (as a crash would leave them, P8):
+    /// a close is the stream's end, final for every later publisher
+    /// ([L10](lanestream::contract#l10)), which an error is not; a restarted ingest publishes
+    /// again at once, after what was published ([L9](lanestream::contract#l9)), and a broker's
+    /// sink engines in other processes keep waiting for it. The source was confirmed only up to
     /// the watermark.
     pub fn run<Src: Source>(self, source: &mut Src) -> Result<PipelineReport, PipelineError> {
-        let Pipeline { stream, engines, retry, max_run, tick, drain_timeout, stop, metrics } = self;
+        let Pipeline {
+            stream,
+            engines,
+            joiners,
+            backfills,
+            retry,
+            max_run,
+            tick,
+            drain_timeout,
+            stop,
+            metrics,
+        } = self;
         let started = Instant::now();
         metrics.start();
         let mut fanout = stream.fanout()?;
         let mut requests = stream.reattach_requests();
-        let config = EngineConfig { retry, max_run, stop: None, metrics: Some(metrics.clone()) };
+        // Ends the local engines on an error, without closing the lanes (see "Errors").
+        let engines_stop = StopHandle::new();
+        let config = EngineConfig {
+            retry,
+            max_run,
+            stop: Some(engines_stop.clone()),
+            metrics: Some(metrics.clone()),
+            close_on_give_up: true,
+        };
         let mut threads: Vec<(String, JoinHandle<Result<SinkReport, PipelineError>>)> = Vec::new();
-        for (name, engine) in engines {
+        let (ready, states) = mpsc::channel();
+        let mut plans = Vec::with_capacity(engines.len());
+        for (index, (name, engine)) in engines.into_iter().enumerate() {
             let (stream, config) = (stream.clone(), config.clone());
+            let (plan, plan_in) = mpsc::channel();
+            plans.push(plan);
+            let gate = Gate { index, ready: ready.clone(), plan: plan_in };
             let spawned = thread::Builder::new()
                 .name(format!("sink-{name}"))
-                .spawn(move || engine(stream, config))
+                .spawn(move || engine(stream, config, gate))
                 .map_err(|e| PipelineError::Stream(format!("cannot start sink engine {name}: {e}")));
             match spawned {
                 Ok(handle) => threads.push((name, handle)),
                 Err(e) => {
-                    fanout.close();
+                    drop(plans);
+                    engines_stop.stop();
                     join_all(threads);
                     return Err(e);
                 }
             }
         }
+        drop(ready);
+        // P1, P2: every local sink's durable state, then the source's start, then each engine's
+        // plan. A refusal starts nothing: the engines end without touching their sinks.
+        let started_up = start_up(source, &stream, &threads, &states, joiners, &backfills);
+        match started_up {
+            Ok(engine_plans) => {
+                for (plan, engine_plan) in plans.iter().zip(engine_plans) {
+                    let _ = plan.send(engine_plan);
+                }
+            }
+            Err(e) => {
+                drop(plans);
+                let joined = join_all(threads);
+                // An engine that could not open its sink says why first.
+                return Err(joined.into_iter().find_map(Result::err).unwrap_or(e));
+            }
+        }
+        drop(plans);
         let mut ingest = Ingest {
             stream: &stream,
             fanout: &mut fanout,
@@ -276,8 +383,17 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
         let result = ingest.run(source, &stop, &threads, drain_timeout);
         ingest.update_metrics();
         let mut report = std::mem::take(&mut ingest.report);
-        // Close every lane: the engines drain what is queued, ack it, and end.
-        fanout.close();
+        if result.is_ok() && !report.stopped {
+            // The source's end: close every lane; the engines drain what is queued, ack it, and
+            // end.
+            fanout.close();
+        } else {
+            // A stop is a pause, and an error is not the stream's end either (P8): the lanes stay
+            // open (a close is final, L10: on a broker every later ingest would be refused); the
+            // local engines stop at their next receive (what they hold unacked is redelivered to
+            // the next engine), and the fan-out is let go as a crash would.
+            engines_stop.stop();
+        }
         let joined = join_all(threads);
         // The engines' last acks: confirm up to them, never past the watermark.
         let last_confirm = match stream.watermark() {
@@ -299,6 +415,7 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             }
         }
         report.elapsed = started.elapsed();
+        report.peak_rss_bytes = super::peak_rss_bytes();
         for e in [result.err(), last_confirm.err()].into_iter().flatten() {
             first_error.get_or_insert(e);
         }
@@ -307,6 +424,117 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             None => Ok(report),
         }
     }
+}
+
+/// Reads every local sink's durable state (from its engine), starts the source with them, and
+/// makes each engine's plan: the origin to record, the indexes held, the backfills owed (a
+/// joiner's history, tables that joined while the pipeline was down, explicit ones).
+fn start_up<Src: Source, St: Stream>(
+    source: &mut Src,
+    stream: &St,
+    engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
+    ready: &mpsc::Receiver<(usize, Option<SinkState>)>,
+    joiners: Joiners,
+    backfills: &[IndexName],
+) -> Result<Vec<EnginePlan>, PipelineError> {
+    let mut states: Vec<Option<Option<SinkState>>> = vec![None; engines.len()];
+    while states.iter().any(Option::is_none) {
+        match ready.recv_timeout(Duration::from_millis(50)) {
+            Ok((i, state)) => states[i] = Some(state),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let waiting = states.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(i, _)| i);
+                if waiting.clone().any(|i| engines[i].1.is_finished()) {
+                    return Err(PipelineError::Stream(
+                        "a sink engine stopped at start (its error follows)".into(),
+                    ));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(PipelineError::Stream(
+                    "a sink engine stopped at start (its error follows)".into(),
+                ));
+            }
+        }
+    }
+    let names: Vec<SinkName> = engines
+        .iter()
+        .map(|(n, _)| SinkName::new(n).map_err(|e| PipelineError::Stream(format!("sink {n:?}: {e}"))))
+        .collect::<Result<_, _>>()?;
+    let states: Vec<Option<SinkState>> = states.into_iter().map(Option::unwrap_or_default).collect();
+    let sinks: Vec<SinkStart<'_>> =
+        names.iter().zip(&states).map(|(sink, state)| SinkStart { sink, state: state.as_ref() }).collect();
+    let start: SourceStart = source.start(&sinks).map_err(|e| PipelineError::Source(e.into()))?;
+    for name in &names {
+        if !stream.sinks().contains(name) {
+            return Err(PipelineError::Stream(format!("sink {name}: the stream has no lane of this name")));
+        }
+    }
+    let mut plans = Vec::with_capacity(sinks.len());
+    for s in &sinks {
+        plans.push(plan_for(s, &start, joiners, backfills)?);
+    }
+    Ok(plans)
+}
+
+/// One engine's plan (see [`start_up`]).
+fn plan_for(
+    sink: &SinkStart<'_>,
+    start: &SourceStart,
+    joiners: Joiners,
+    backfills: &[IndexName],
+) -> Result<EnginePlan, PipelineError> {
+    let refuse = |reason: String| PipelineError::Refused { sink: sink.sink.clone(), reason };
+    if let (Some(theirs), Some(ours)) = (sink.state.and_then(|s| s.origin.as_ref()), &start.origin) {
+        if theirs != ours {
+            return Err(refuse(format!(
+                "its state says it was filled from {theirs}, not from this source ({ours}): its data does not \
+                 follow this stream. Point the pipeline at its own source, or reset the sink (clear its data \
+                 and state) to have it backfilled from this one"
+            )));
+        }
+    }
+    let mut plan = EnginePlan {
+        origin: start.origin.clone(),
+        owe_again: backfills.to_vec(),
+        detect: start.indexes.is_some(),
+        ..EnginePlan::default()
+    };
+    match sink.state {
+        None if start.history => match joiners {
+            Joiners::Backfill => match &start.indexes {
+                Some(indexes) => {
+                    plan.held = Some(Vec::new());
+                    plan.owe_missing.clone_from(indexes);
+                }
+                None => {
+                    return Err(refuse(
+                        "it starts with no state on a source with history, and the source does not say which \
+                         indexes to backfill it with; start it on a source that does, or with \
+                         Pipeline::joiners(Joiners::LiveOnly) if it needs nothing from before"
+                            .into(),
+                    ))
+                }
+            },
+            Joiners::Refuse => {
+                return Err(refuse(format!(
+                    "it starts with no state on a source with history{}: it would hold only the changes from \
+                     there on. Let the pipeline backfill it (Pipeline::joiners(Joiners::Backfill), the default), \
+                     or start it with Joiners::LiveOnly if it needs nothing from before",
+                    start.resumes_from.map(|p| format!(" (the stream resumes at {p})")).unwrap_or_default()
+                )))
+            }
+            Joiners::LiveOnly => plan.held.clone_from(&start.indexes),
+        },
+        None => plan.held.clone_from(&start.indexes),
+        Some(state) => match (&state.indexes, &start.indexes) {
+            // Tracked from now on: what the source publishes is taken as held.
+            (None, indexes) => plan.held.clone_from(indexes),
+            // Tables that joined while the pipeline was down: owed.
+            (Some(_), Some(indexes)) => plan.owe_missing.clone_from(indexes),
+            (Some(_), None) => {}
+        },
+    }
+    Ok(plan)
 }
 
 fn join_all(
@@ -419,6 +647,14 @@ impl<St: Stream> Ingest<'_, St> {
             let delivery = match self.requests.try_recv() {
                 Ok(d) => d,
                 Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok(()),
+                // P8: the never-waiting receive tries once; a backend error is tried again by a
+                // receive that retries within the backend's retry budget (a deadline of now: it
+                // waits for nothing else). Only an error past the budget stops the ingest.
+                Err(TryRecvError::Backend(_)) => match self.requests.recv_timeout(Duration::ZERO) {
+                    Ok(Some(d)) => d,
+                    Ok(None) | Err(RecvTimeoutError::Timeout) => return Ok(()),
+                    Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
+                },
                 Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
             };
             let request = delivery.item().clone();
@@ -514,9 +750,10 @@ impl<St: Stream> Ingest<'_, St> {
         loop {
             if serve {
                 self.take_requests(source)?;
-                // The snapshot items of those requests (the source has ended otherwise).
+                // The snapshot items of those requests (a live source reads its stream on to
+                // their chunks' marks: its changes are published too).
                 while self.pending.values().any(|q| !q.is_empty()) {
-                    match source.next(Duration::ZERO).map_err(|e| PipelineError::Source(e.into()))? {
+                    match source.next(self.tick).map_err(|e| PipelineError::Source(e.into()))? {
                         Some(SourceItem::End) | None => break,
                         Some(item) => self.publish(item, source, &StopHandle::new(), engines)?,
                     }
@@ -558,198 +795,12 @@ fn publish_error(e: PublishTimeoutError<LaneItem>) -> PipelineError {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {
         s.clone()
     } else {
         "a panic without a message".to_owned()
-    }
-}
-
-/// Runs one sink engine for lane `sink` on the calling thread until its lane is closed and
-/// drained, or `stop` is asked: for a process of its own on a broker backend (the ingest runs
-/// elsewhere). `open` makes the sink instance, at start and after each failure; see [`Sink`]
-/// for the retry and [`Pipeline::max_run`] for `max_run`.
-///
-/// # Errors
-/// [`PipelineError::Sink`] naming the sink when its budget is spent (its lane is then closed);
-/// [`PipelineError::Stream`] for an unknown lane.
-pub fn run_sink<St, S, F>(
-    stream: &St,
-    sink: &str,
-    open: F,
-    retry: RetryPolicy,
-    max_run: usize,
-    stop: &StopHandle,
-) -> Result<SinkReport, PipelineError>
-where
-    St: Stream,
-    S: Sink,
-    F: FnMut() -> Result<S, S::Error>,
-{
-    let config = EngineConfig { retry, max_run: max_run.max(1), stop: Some(stop.clone()), metrics: None };
-    run_engine(stream, sink, open, &config)
-}
-
-fn run_engine<St, S, F>(
-    stream: &St,
-    lane: &str,
-    mut open: F,
-    config: &EngineConfig,
-) -> Result<SinkReport, PipelineError>
-where
-    St: Stream,
-    S: Sink,
-    F: FnMut() -> Result<S, S::Error>,
-{
-    let name = SinkName::new(lane).map_err(|e| PipelineError::Stream(format!("sink {lane:?}: {e}")))?;
-    // Its acked counts and commit → ack histogram are kept in `live` (read by the pipeline's
-    // metrics handle while it runs), the rest here; `SinkLive::finish` joins them at the end.
-    let mut report = SinkReport { sink: lane.to_owned(), ..SinkReport::default() };
-    let live = match &config.metrics {
-        Some(m) => m.add_sink(lane),
-        None => Arc::new(Mutex::new(SinkLive { sink: lane.to_owned(), ..SinkLive::default() })),
-    };
-    let mut failures = 0u32;
-    let mut resumed = false;
-    let give_up = |failures: u32, error: BoxError| {
-        // Nobody drains this lane now: closing it wakes a publish waiting for its room (L10).
-        let _ = stream.close(lane);
-        PipelineError::Sink { sink: name.clone(), attempts: failures, error }
-    };
-    'engine: loop {
-        // A new engine: first a re-attach, which takes back every unacked delivery of the
-        // previous one (L8) and, on a broker, fences an older engine of the lane still running;
-        // then a new sink instance (from its durable checkpoint: an older engine's instance lets
-        // its output go when it notices the fence).
-        let mut consumer = stream.reattach(lane)?;
-        let mut sink = loop {
-            let error: BoxError = match catch_unwind(AssertUnwindSafe(&mut open)) {
-                Ok(Ok(sink)) => break sink,
-                Ok(Err(e)) => format!("opening the sink: {e}").into(),
-                Err(panic) => format!("opening the sink panicked: {}", panic_message(&*panic)).into(),
-            };
-            failures += 1;
-            if failures >= config.retry.attempts.max(1) {
-                return Err(give_up(failures, error));
-            }
-            thread::sleep(config.retry.backoff(failures));
-        };
-        // Only the engine's first instance re-asks: after a failed run the backfill it would
-        // repeat is still pending on this stream (its request unacked until `SnapshotComplete`
-        // is published, R2), and asking again would have it served twice.
-        if !resumed {
-            resumed = true;
-            if let Some(request) = sink.resume() {
-                stream
-                    .request_sender()
-                    .publish(request)
-                    .map_err(|e| give_up(failures, format!("re-sending its backfill: {e}").into()))?;
-                report.resumed_backfills += 1;
-            }
-        }
-        // The runs received for one apply (a backend's run may be shorter than `max_run`: the
-        // memory backend's holds at most `MAX_RUN`), their items, and per run its items' commit
-        // times and changes (read before the ack, which gives the run up).
-        let mut runs: Vec<<St::Consumer as LaneConsumer<LaneItem>>::Run> = Vec::new();
-        let mut items: Vec<LaneItem> = Vec::with_capacity(config.max_run);
-        let mut commits: Vec<u64> = Vec::new();
-        loop {
-            let first = match &config.stop {
-                None => consumer.recv_run(config.max_run).map_err(|e| e.to_string()),
-                Some(stop) => loop {
-                    if stop.is_stopped() {
-                        report.checkpoint = sink.checkpoint();
-                        return Ok(SinkLive::finish(&live, report));
-                    }
-                    match consumer.recv_run_timeout(config.max_run, Duration::from_millis(100)) {
-                        Ok(r) => break Ok(r),
-                        Err(e) if e.is_timeout() => {}
-                        Err(e) => break Err(e.to_string()),
-                    }
-                },
-            };
-            let first = match first {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    report.checkpoint = sink.checkpoint();
-                    return Ok(SinkLive::finish(&live, report));
-                }
-                // Another engine took the lane over (or the receive failed for good): this one
-                // ends with an error, leaving the lane open for the engine that carries on.
-                Err(e) => {
-                    return Err(PipelineError::Sink {
-                        sink: name.clone(),
-                        attempts: failures.max(1),
-                        error: format!("receiving: {e}").into(),
-                    })
-                }
-            };
-            let mut received = first.len();
-            runs.push(first);
-            while received < config.max_run {
-                // Nothing more now (or a blip of a broker: the blocking receive retries).
-                match consumer.try_recv_run(config.max_run - received) {
-                    Ok(r) => {
-                        received += r.len();
-                        runs.push(r);
-                    }
-                    Err(_) => break,
-                }
-            }
-            for run in &runs {
-                report.redelivered += run.redelivered() as u64;
-                items.extend((0..run.len()).map_while(|i| run.get(i)).cloned());
-            }
-            let applied = catch_unwind(AssertUnwindSafe(|| sink.apply(&items).and_then(|()| sink.commit())));
-            items.clear();
-            let error: BoxError = match applied {
-                Ok(Ok(())) => {
-                    failures = 0;
-                    // C1: acked only now that the sink committed. One clock read for all: the
-                    // runs are acked together.
-                    let now = unix_micros_now();
-                    for run in runs.drain(..) {
-                        let (len, mut changes) = (run.len() as u64, 0);
-                        commits.clear();
-                        for item in (0..run.len()).map_while(|i| run.get(i)) {
-                            if let LaneItem::Batch(b) = item {
-                                changes += b.changes;
-                                commits.extend(commit_micros(item));
-                            }
-                        }
-                        match run.ack() {
-                            Ok(()) => {
-                                let mut live = lock(&live);
-                                live.items_acked += len;
-                                live.changes_acked += changes;
-                                for &commit in &commits {
-                                    live.latency.record(commit, now);
-                                }
-                            }
-                            // A re-attach took (some of) the run back first: redelivered (L8).
-                            // Which items is not known here; the run's count.
-                            Err(_) => report.acks_refused += len,
-                        }
-                    }
-                    continue;
-                }
-                Ok(Err(e)) => Box::new(e),
-                Err(panic) => format!("panicked: {}", panic_message(&*panic)).into(),
-            };
-            // Nothing of the runs is acked: released, and redelivered to the next engine.
-            runs.clear();
-            drop(consumer);
-            drop(sink);
-            failures += 1;
-            report.retries += 1;
-            if failures >= config.retry.attempts.max(1) {
-                return Err(give_up(failures, error));
-            }
-            thread::sleep(config.retry.backoff(failures));
-            continue 'engine;
-        }
     }
 }

@@ -43,10 +43,15 @@ pub struct SinkReport {
     /// Items whose ack was refused because a re-attach took them back first (they came again);
     /// counted per received run: a refused run counts all its items.
     pub acks_refused: u64,
-    /// The sink's checkpoint at the end.
-    pub checkpoint: Option<Position>,
-    /// Backfill requests its engine re-sent at start ([`Sink::resume`](super::Sink::resume); once per engine start).
-    pub resumed_backfills: u64,
+    /// The last whole transaction the sink's state records at the end
+    /// ([`SinkState::position`](super::SinkState::position)).
+    pub position: Option<Position>,
+    /// Backfill requests its engine published: the backfills its state owes, asked once per
+    /// engine (at start, and when a change of an index it does not hold makes one owed).
+    pub backfills_asked: u64,
+    /// Items its state covered already (a transaction the source sent again after a restart,
+    /// chunks applied before): acked without reaching the sink.
+    pub covered: u64,
     /// Changes of the batches acked (their [`Batch::changes`](lanestream::Batch::changes); a
     /// redelivered batch counts each time).
     pub changes_acked: u64,
@@ -144,6 +149,17 @@ mod tests {
 
     use super::*;
 
+    /// The peak covers memory the process touched: 48 MiB written here (the whole test
+    /// process's peak, so at least that).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn peak_rss_covers_memory_touched() {
+        let touched = vec![1u8; 48 << 20];
+        let peak = super::peak_rss_bytes().expect("VmHWM in /proc/self/status");
+        assert!(peak >= 48 << 20, "peak {peak} bytes with 48 MiB touched");
+        assert_eq!(std::hint::black_box(&touched)[(48 << 20) - 1], 1);
+    }
+
     #[test]
     fn percentiles_of_a_known_distribution() {
         let mut h = CommitLatency::new();
@@ -233,8 +249,23 @@ pub struct PipelineMetrics {
     /// `pg_current_wal_lsn() - confirmed_flush_lsn`), read about once a second; `None` when the
     /// source does not say.
     pub source_lag_bytes: Option<u64>,
+    /// The process's peak resident set size so far, in bytes ([`peak_rss_bytes`]: the whole
+    /// process's, not this pipeline's alone); `None` where it cannot be read.
+    pub peak_rss_bytes: Option<u64>,
     /// The local sink engines, in the order they started.
     pub sinks: Vec<SinkMetrics>,
+}
+
+/// The process's peak resident set size so far, in bytes: Linux's `VmHWM` ("high water mark")
+/// from `/proc/self/status` (kB there), the figure `/usr/bin/time -v` prints as "Maximum resident
+/// set size". `None` on other systems or when the file cannot be read. It covers the whole
+/// process (every pipeline in it, and the caller's own memory), mapped code and thread stacks
+/// included: what an operator plans a host or a container limit with.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    let kb: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// One local sink engine's figures in a [`PipelineMetrics`].
@@ -288,6 +319,7 @@ impl MetricsHandle {
         m.elapsed = shared.started.map_or(Duration::ZERO, |s| s.elapsed());
         let secs = m.elapsed.as_secs_f64();
         m.changes_per_second = if secs > 0.0 { m.changes as f64 / secs } else { 0.0 };
+        m.peak_rss_bytes = peak_rss_bytes();
         m.sinks = shared
             .sinks
             .iter()

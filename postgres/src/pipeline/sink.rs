@@ -3,52 +3,64 @@
 
 use std::time::Duration;
 
-use lanestream::{LaneItem, Position, Request};
+use lanestream::LaneItem;
 
+use super::state::SinkState;
+use super::BoxError;
 use crate::ndjson::{DurableNdjson, NdjsonError};
 
-/// A destination a sink engine applies its lane to: a search index, a cache, a file.
+/// A destination a sink engine applies its lane to: a search index, a cache, a table, a file.
 ///
-/// The engine ([`Pipeline::sink`](super::Pipeline::sink), [`run_sink`](super::run_sink))
-/// receives a run of lane items, calls [`apply`](Sink::apply) with it, then
-/// [`commit`](Sink::commit), and acks the run's deliveries only after `commit` returned `Ok`
-/// (contract [C1](lanestream::contract#c1)): what is acked is durable, and the stream's watermark
-/// (what the source confirms) never passes it.
+/// The engine ([`Pipeline::sink`](super::Pipeline::sink), [`run_sink`](super::run_sink)) reads
+/// the sink's durable [`SinkState`] once per instance ([`state`](Sink::state)), receives a run
+/// of lane items, hands [`apply`](Sink::apply) the part the state does not cover yet (a
+/// transaction the source sends again after a restart, or the chunks of one already applied,
+/// never reach the sink twice), then calls [`commit`](Sink::commit) with the state advanced
+/// past them, and acks the run only after `commit` returned `Ok` (contract
+/// [C1](lanestream::contract#c1)): what is acked is durable, and the stream's watermark (what
+/// the source confirms) never passes it.
+///
+/// **The one thing a sink must do**: make `commit` store the data applied since the last commit
+/// *and* the state it is given ([`SinkState::to_text`]) in one atomic step (one database
+/// transaction, or a file and a checkpoint renamed over the old one), and give that state back
+/// from `state` ([`SinkState::parse`]). Then every rule of the pipeline holds for it: exactly
+/// once per change across crashes, owed backfills asked again after a restart and resumed after
+/// the last row applied, a joining sink or table backfilled (see [`SinkState`]).
 ///
 /// When `apply` or `commit` returns an error or panics, the engine drops this instance (what it
 /// applied and did not commit must not survive: the next instance starts from the durable
-/// checkpoint), releases the run for redelivery, waits the [`RetryPolicy`]'s backoff, opens a new
-/// instance and re-attaches to the lane: the run comes again. Deliveries are at least once: a
-/// sink makes a redelivered item idempotent (by position and [`Batch::offset`](lanestream::Batch::offset),
-/// as [`DurableNdjson`] does) or tolerates it.
+/// state), releases the run for redelivery, waits the [`RetryPolicy`]'s backoff, opens a new
+/// instance and re-attaches to the lane: the run comes again.
+///
+/// Items reach `apply` in lane order: positioned batches (transactions), unpositioned chunks of
+/// large ones (their envelopes carry the commit position; [`Batch::offset`](lanestream::Batch::offset)
+/// says where they start), snapshot batches (position `None` everywhere: upserts, applied at
+/// least once) and `LaneItem::SnapshotComplete`.
 pub trait Sink: Send {
-    /// Why a run could not be applied or made durable.
-    type Error: std::error::Error + Send + Sync + 'static;
+    /// Why a run could not be applied or made durable: any error, boxed ones included.
+    type Error: Into<BoxError>;
 
-    /// Applies a run of lane items, in lane order: positioned batches (transactions), their
-    /// unpositioned chunks, snapshot batches (position `None` everywhere) and
-    /// `LaneItem::SnapshotComplete`. Need not be durable before [`commit`](Sink::commit).
+    /// The state the last [`commit`](Sink::commit) stored with the data; `None` for a sink that
+    /// never committed one (a new sink: see [`Joiners`](super::Joiners)).
+    ///
+    /// # Errors
+    /// The sink's own: the engine retries opening it.
+    fn state(&mut self) -> Result<Option<SinkState>, Self::Error>;
+
+    /// Applies lane items, in lane order (see the trait docs). Need not be durable before
+    /// [`commit`](Sink::commit).
     ///
     /// # Errors
     /// The sink's own: the engine retries (see the trait docs).
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error>;
 
-    /// Makes everything applied so far durable; after `Ok` the engine acks it.
+    /// Makes everything applied so far durable together with `state`, in one atomic step;
+    /// after `Ok` the engine acks it. Also called with nothing applied, when only the state
+    /// changed (a backfill owed before it is asked).
     ///
     /// # Errors
     /// The sink's own: nothing of the run is acked, and the engine retries.
-    fn commit(&mut self) -> Result<(), Self::Error>;
-
-    /// The last transaction (commit position) the sink holds durably, if any.
-    fn checkpoint(&self) -> Option<Position>;
-
-    /// A backfill this sink wants (again) when its engine starts, such as one a crash
-    /// interrupted; the engine publishes it on the request lane once, for the first instance it
-    /// opens (an instance reopened after a failed run does not ask again: the request is still
-    /// pending on the same stream). Default: none.
-    fn resume(&self) -> Option<Request> {
-        None
-    }
+    fn commit(&mut self, state: &SinkState) -> Result<(), Self::Error>;
 }
 
 /// How often and how patiently a sink engine retries a run whose [`Sink::apply`] or
@@ -86,15 +98,15 @@ impl RetryPolicy {
     }
 }
 
-/// The durable NDJSON file sink: each batch's envelopes as lines, fsynced and checkpointed at
-/// [`commit`](Sink::commit); a redelivered or re-sent transaction is skipped by its position and
-/// offset (see [`crate::ndjson`]). Snapshot rows move the checkpoint's backfill record and
-/// `SnapshotComplete` clears it ([`DurableNdjson::apply_item`]); [`resume`](Sink::resume) asks
-/// a recorded backfill again after the last row applied ([`DurableNdjson::resume_request`]). A
-/// new instance after a failure is opened with [`DurableNdjson::open`], which cuts the output
-/// back to the checkpoint.
+/// The durable NDJSON file sink: each batch's envelopes as lines, fsynced with the state in its
+/// checkpoint at [`commit`](Sink::commit) (see [`crate::ndjson`]). A new instance after a
+/// failure is opened with [`DurableNdjson::open`], which cuts the output back to the checkpoint.
 impl Sink for DurableNdjson {
     type Error = NdjsonError;
+
+    fn state(&mut self) -> Result<Option<SinkState>, NdjsonError> {
+        Ok(DurableNdjson::state(self).cloned())
+    }
 
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), NdjsonError> {
         for item in items {
@@ -103,15 +115,7 @@ impl Sink for DurableNdjson {
         Ok(())
     }
 
-    fn commit(&mut self) -> Result<(), NdjsonError> {
-        DurableNdjson::commit(self)
-    }
-
-    fn checkpoint(&self) -> Option<Position> {
-        DurableNdjson::checkpoint(self).committed
-    }
-
-    fn resume(&self) -> Option<Request> {
-        self.resume_request()
+    fn commit(&mut self, state: &SinkState) -> Result<(), NdjsonError> {
+        DurableNdjson::commit(self, state)
     }
 }

@@ -1,6 +1,6 @@
-//! The ingest side: what the [driver](super::Pipeline) reads from ([`Source`]), and the two
-//! sources of this crate: the wal2json file reader ([`FileSource`]) and the live replication
-//! slot ([`PgLiveSource`]).
+//! The ingest side: what the [driver](super::Pipeline) reads from ([`Source`]), and the file
+//! source of this crate ([`FileSource`]: a wal2json or pgoutput capture). The live replication
+//! slot, [`LiveSource`](crate::live::LiveSource), is a `Source` of its own.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::BufRead;
@@ -10,9 +10,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, Request, SinkName};
 
-use crate::live::{LiveError, LiveItem, LiveSource};
-use crate::pgoutput::PgOutputDecoder;
-use crate::wal2json::{TransactionBuilder, Wal2JsonError, Wal2JsonReader};
+use super::state::SinkState;
+use crate::batch::TransactionBuilder;
+use crate::pgoutput::PgOutputReader;
+use crate::wal2json::{Wal2JsonError, Wal2JsonReader};
 
 /// Where a pipeline's changes come from: a replication slot, a file, an event log.
 ///
@@ -56,6 +57,62 @@ pub trait Source: Send {
     fn lag_bytes(&mut self) -> Option<u64> {
         None
     }
+
+    /// Called once by the driver before the first [`next`](Source::next), with the durable
+    /// state of every local sink ([P1](super::state#the-rules)): a source that resumes from a
+    /// position of its own (a replication slot) refuses to resume past a sink's
+    /// [`SinkState::applied`] position (what was committed in between would be in no sink),
+    /// naming both positions and the remedy. Returns what the driver needs for the sinks'
+    /// plans ([`SourceStart`]).
+    ///
+    /// Required, so that no source (a wrapper around another included) skips the checks by
+    /// accident: a source with nothing to check — a file read from its start, where a new sink
+    /// gets everything by reading it — returns `Ok(SourceStart::default())` (no origin, no
+    /// history, indexes not listed); a wrapper forwards the call.
+    ///
+    /// # Errors
+    /// The source's refusal, or its own failure; the pipeline then starts nothing.
+    fn start(&mut self, sinks: &[SinkStart<'_>]) -> Result<SourceStart, Self::Error>;
+}
+
+/// One local sink as [`Source::start`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct SinkStart<'a> {
+    /// The sink.
+    pub sink: &'a SinkName,
+    /// Its durable state; `None` for a sink that never committed one.
+    pub state: Option<&'a SinkState>,
+}
+
+/// What a source says at start ([`Source::start`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SourceStart {
+    /// Names the source's data: recorded in each sink's state, and a sink recorded with
+    /// another origin is refused (for PostgreSQL: the database, the slot and the
+    /// publication). `None`: no check.
+    pub origin: Option<String>,
+    /// Whether the stream starts after data a sink would miss: a slot that resumes mid-stream,
+    /// tables that hold rows. A new sink then is a joiner ([`Joiners`](super::Joiners)).
+    pub history: bool,
+    /// Where the stream resumes (PostgreSQL re-sends every transaction that commits at or after
+    /// it), for messages.
+    pub resumes_from: Option<Position>,
+    /// Every index the source publishes now, when it can list them: a joiner's backfill, and
+    /// the indexes a sink starts to track (a change of any other makes it owe a backfill).
+    pub indexes: Option<Vec<IndexName>>,
+}
+
+impl SourceStart {
+    /// A start with these fields (the struct is `non_exhaustive`).
+    pub fn new(
+        origin: Option<String>,
+        history: bool,
+        resumes_from: Option<Position>,
+        indexes: Option<Vec<IndexName>>,
+    ) -> Self {
+        SourceStart { origin, history, resumes_from, indexes }
+    }
 }
 
 /// What [`Source::next`] hands the driver.
@@ -76,16 +133,18 @@ pub enum SourceItem {
     End,
 }
 
-/// Why a [`FileSource`] stopped.
+/// Why a [`FileSource`] stopped; `E` is its reader's error ([`Wal2JsonError`] for a wal2json
+/// input, [`PgOutputError`](crate::pgoutput::PgOutputError) for a pgoutput capture).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum FileSourceError {
-    /// A line of the input could not be read or made into a batch (its line number inside).
+pub enum FileSourceError<E: std::error::Error + 'static = Wal2JsonError> {
+    /// A line or message of the input could not be read or made into a batch (it is named
+    /// inside).
     #[error(transparent)]
-    Input(#[from] Wal2JsonError),
+    Input(E),
     /// A backfill was asked of a source built without [`FileSource::serve_backfills`]: it keeps
     /// no rows to answer it from.
-    #[error("backfill of {indexes:?} for sink {sink}: this wal2json file source keeps no rows to answer it from (build it with FileSource::serve_backfills)")]
+    #[error("backfill of {indexes:?} for sink {sink}: this file source keeps no rows to answer it from (build it with FileSource::serve_backfills)")]
     BackfillRefused {
         /// The sink that asked.
         sink: SinkName,
@@ -93,7 +152,7 @@ pub enum FileSourceError {
         indexes: Vec<IndexName>,
     },
     /// A request this source does not know.
-    #[error("a request the wal2json file source does not serve: {0:?}")]
+    #[error("a request the file source does not serve: {0:?}")]
     UnknownRequest(Request),
 }
 
@@ -103,24 +162,26 @@ const SNAPSHOT_BATCH_ROWS: usize = 512;
 /// The latest row of each id, per index: what a [`FileSource`] answers backfills from.
 type Rows = HashMap<IndexName, HashMap<String, Bytes>>;
 
-/// A wal2json (format-version 2) input — a capture file, a `pg_recvlogical` pipe — as a
-/// [`Source`]: one [`SourceItem::Change`] per transaction (or chunk of a large one), then
-/// [`SourceItem::End`].
+/// A finite input of batches — a wal2json (format-version 2) capture or `pg_recvlogical` pipe
+/// ([`FileSource::new`]), a pgoutput capture ([`FileSource::pgoutput`]), or any iterator of
+/// batches ([`FileSource::from_batches`]) — as a [`Source`]: one [`SourceItem::Change`] per
+/// transaction (or chunk of a large one), then [`SourceItem::End`]. A file is read from its
+/// start, so a new sink gets everything by reading it ([`Source::start`] has nothing to check).
 ///
 /// [`confirm`](Source::confirm) records the position (a file has nothing to confirm to; read it
 /// with [`confirmed`](FileSource::confirmed)). Backfills are refused unless the source was built
 /// with [`serve_backfills`](FileSource::serve_backfills), which keeps the latest row of each id
 /// it has read (memory grows with the tables) and answers a request from those rows: what the
 /// input showed so far, which for a capture is not a table's whole content.
-pub struct FileSource<R> {
-    reader: Wal2JsonReader<R>,
+pub struct FileSource<I> {
+    reader: I,
     rows: Option<Rows>,
     snapshots: VecDeque<SourceItem>,
     confirmed: Option<Position>,
     ended: bool,
 }
 
-impl<R> std::fmt::Debug for FileSource<R> {
+impl<I> std::fmt::Debug for FileSource<I> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileSource")
             .field("serve_backfills", &self.rows.is_some())
@@ -130,17 +191,30 @@ impl<R> std::fmt::Debug for FileSource<R> {
     }
 }
 
-impl<R: BufRead + Send> FileSource<R> {
+impl<R: BufRead + Send> FileSource<Wal2JsonReader<R>> {
     /// A source reading `input` (plain wal2json lines; decompress first) with `builder` (its
     /// chunk size, key columns).
     pub fn new(input: R, builder: TransactionBuilder) -> Self {
-        FileSource {
-            reader: Wal2JsonReader::new(input).with_builder(builder),
-            rows: None,
-            snapshots: VecDeque::new(),
-            confirmed: None,
-            ended: false,
-        }
+        FileSource::from_batches(Wal2JsonReader::new(input).with_builder(builder))
+    }
+}
+
+impl<R: BufRead + Send> FileSource<PgOutputReader<R>> {
+    /// A source reading a pgoutput capture (each message a 4-byte big-endian length, then its
+    /// bytes; decompress first: [`PgOutputReader`]) with `builder`.
+    pub fn pgoutput(input: R, builder: TransactionBuilder) -> Self {
+        FileSource::from_batches(PgOutputReader::new(input, builder))
+    }
+}
+
+impl<I, E> FileSource<I>
+where
+    I: Iterator<Item = Result<Batch, E>> + Send,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    /// A source of the batches `reader` yields, in order (positions strictly increasing).
+    pub fn from_batches(reader: I) -> Self {
+        FileSource { reader, rows: None, snapshots: VecDeque::new(), confirmed: None, ended: false }
     }
 
     /// Keep the latest row of each id read, and answer backfills from them.
@@ -155,7 +229,7 @@ impl<R: BufRead + Send> FileSource<R> {
     }
 
     /// The reader (lines read, the builder's counters).
-    pub fn reader(&self) -> &Wal2JsonReader<R> {
+    pub fn reader(&self) -> &I {
         &self.reader
     }
 
@@ -178,11 +252,15 @@ impl<R: BufRead + Send> FileSource<R> {
     }
 }
 
-impl<R: BufRead + Send> Source for FileSource<R> {
-    type Error = FileSourceError;
+impl<I, E> Source for FileSource<I>
+where
+    I: Iterator<Item = Result<Batch, E>> + Send,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    type Error = FileSourceError<E>;
 
     /// Never waits: a file either has the next line or has ended.
-    fn next(&mut self, _timeout: Duration) -> Result<Option<SourceItem>, FileSourceError> {
+    fn next(&mut self, _timeout: Duration) -> Result<Option<SourceItem>, FileSourceError<E>> {
         if let Some(item) = self.snapshots.pop_front() {
             return Ok(Some(item));
         }
@@ -194,7 +272,7 @@ impl<R: BufRead + Send> Source for FileSource<R> {
                 self.remember(&batch);
                 Ok(Some(SourceItem::Change(batch)))
             }
-            Some(Err(e)) => Err(e.into()),
+            Some(Err(e)) => Err(FileSourceError::Input(e)),
             None => {
                 self.ended = true;
                 Ok(Some(SourceItem::End))
@@ -202,12 +280,18 @@ impl<R: BufRead + Send> Source for FileSource<R> {
         }
     }
 
-    fn confirm(&mut self, position: Position) -> Result<(), FileSourceError> {
+    fn confirm(&mut self, position: Position) -> Result<(), FileSourceError<E>> {
         self.confirmed = self.confirmed.max(Some(position));
         Ok(())
     }
 
-    fn backfill(&mut self, request: Request) -> Result<(), FileSourceError> {
+    /// Nothing to check: a file is read from its first line, so a new sink gets everything
+    /// by reading it (no history); no origin, indexes not listed.
+    fn start(&mut self, _sinks: &[SinkStart<'_>]) -> Result<SourceStart, FileSourceError<E>> {
+        Ok(SourceStart::default())
+    }
+
+    fn backfill(&mut self, request: Request) -> Result<(), FileSourceError<E>> {
         let (sink, indexes) = match request {
             Request::Backfill { sink, indexes, .. } => (sink, indexes),
             other => return Err(FileSourceError::UnknownRequest(other)),
@@ -236,90 +320,5 @@ impl<R: BufRead + Send> Source for FileSource<R> {
         }
         self.snapshots.push_back(SourceItem::Snapshot { sink, item: LaneItem::SnapshotComplete { indexes } });
         Ok(())
-    }
-}
-
-/// The live source ([`LiveSource`], a pgoutput replication slot) with its decoder, as a
-/// [`Source`]: started at the first [`next`](Source::next), confirmed with
-/// [`LiveSource::confirm`]. Each `next` confirms again the last position the driver confirmed
-/// (cheap when nothing changed): while every transaction handed over is acked, that lets the
-/// slot follow the server's WAL past what is not ours (another database's writes), as
-/// [`LiveSource::confirm`] describes, though the watermark does not move. It ends only at [`until`](PgLiveSource::until)'s position, if set
-/// (otherwise the driver runs until stopped).
-///
-/// Backfills are served from the tables themselves, while the live stream keeps flowing
-/// ([`LiveSource::backfill`]: keyset chunks between low and high marks written into the WAL, as
-/// Netflix's DBLog does): their snapshot batches and then their `SnapshotComplete` come out of
-/// [`next`](Source::next) as [`SourceItem::Snapshot`]. A request that can never be served (no
-/// such table in the publication, no primary key) is [`LiveError::BackfillRefused`].
-#[derive(Debug)]
-pub struct PgLiveSource {
-    source: LiveSource,
-    decoder: PgOutputDecoder,
-    started: bool,
-    end: Option<Position>,
-    /// The last position the driver confirmed.
-    confirmed: Option<Position>,
-}
-
-impl PgLiveSource {
-    /// Wraps a connected source; `builder` is the decoder's batch builder (its chunk size, key
-    /// columns), given the source's catalog key look-up here.
-    pub fn new(source: LiveSource, builder: TransactionBuilder) -> Self {
-        let decoder = PgOutputDecoder::new(builder.with_key_lookup(source.key_lookup()));
-        PgLiveSource { source, decoder, started: false, end: None, confirmed: None }
-    }
-
-    /// End (return [`SourceItem::End`]) once every transaction committed before `end` was
-    /// decoded and no more arrive within one `next` timeout.
-    pub fn until(mut self, end: Option<Position>) -> Self {
-        self.end = end;
-        self
-    }
-
-    /// The live source (metrics, the slot's confirmed position).
-    pub fn live(&mut self) -> &mut LiveSource {
-        &mut self.source
-    }
-
-    /// The live source, for the last confirm and metrics after the driver returned it.
-    pub fn into_inner(self) -> LiveSource {
-        self.source
-    }
-}
-
-impl Source for PgLiveSource {
-    type Error = LiveError;
-
-    fn next(&mut self, timeout: Duration) -> Result<Option<SourceItem>, LiveError> {
-        if !self.started {
-            self.source.start()?;
-            self.started = true;
-        }
-        // The idle advance: past the watermark only where nothing of ours was committed.
-        self.source.confirm(self.confirmed)?;
-        match self.source.next_item(&mut self.decoder, timeout)? {
-            Some(LiveItem::Change(batch)) => Ok(Some(SourceItem::Change(batch))),
-            Some(LiveItem::Snapshot { sink, item }) => Ok(Some(SourceItem::Snapshot { sink, item })),
-            None if self.end.is_some_and(|end| self.source.decoded().is_some_and(|d| d >= end)) => {
-                Ok(Some(SourceItem::End))
-            }
-            None => Ok(None),
-        }
-    }
-
-    fn confirm(&mut self, position: Position) -> Result<(), LiveError> {
-        self.confirmed = self.confirmed.max(Some(position));
-        self.source.confirm(self.confirmed).map(|_| ())
-    }
-
-    fn backfill(&mut self, request: Request) -> Result<(), LiveError> {
-        self.source.backfill(request)
-    }
-
-    /// The slot's byte lag (`pg_current_wal_lsn() - confirmed_flush_lsn`, one query on the
-    /// source's second connection); `None` when it cannot be read now.
-    fn lag_bytes(&mut self) -> Option<u64> {
-        self.source.metrics().ok().and_then(|m| m.slot_lag_bytes)
     }
 }

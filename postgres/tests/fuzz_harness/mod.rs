@@ -5,7 +5,8 @@
 #![allow(dead_code)]
 
 use lanestream::Op;
-use lanestream_postgres::wal2json::{TransactionBuilder, Wal2JsonReader};
+use lanestream_postgres::batch::TransactionBuilder;
+use lanestream_postgres::wal2json::Wal2JsonReader;
 
 /// `wal2json_lines`: arbitrary lines into the reader, line by line and as one stream. Every line
 /// gives a batch, nothing, or an error; never a panic. What the module docs promise of the
@@ -71,10 +72,10 @@ fn check_batch(batch: &lanestream::Batch, last: &mut Option<lanestream::Position
 /// strictly increase, every envelope carries its transaction's commit LSN, and every document is
 /// a JSON object (valid by the grammar; its numbers keep their digits, even past f64's range).
 pub fn pgoutput_decode(data: &[u8]) {
+    use lanestream_postgres::batch::CatalogKey;
     use lanestream_postgres::pgoutput::PgOutputDecoder;
-    use lanestream_postgres::wal2json::CatalogKey;
 
-    let lookup: lanestream_postgres::wal2json::KeyLookup = Box::new(|_schema, table| match table.len() % 3 {
+    let lookup: lanestream_postgres::batch::KeyLookup = Box::new(|_schema, table| match table.len() % 3 {
         0 => Ok(Some(CatalogKey::PrimaryKey(vec![table.to_owned()]))),
         1 => Ok(None),
         _ => Err("the look-up failed".into()),

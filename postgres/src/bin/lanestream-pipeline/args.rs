@@ -37,7 +37,7 @@ pub(crate) const LONG_ABOUT: &str = concat!(
     "\n",
     "Live mode: --source postgres://... streams the logical replication slot --slot (pgoutput plugin, ",
     "publication --publication) instead of --input and confirms it only up to the watermark. --create-slot ",
-    "creates the slot (and the publication, FOR ALL TABLES, if it is missing) for a ",
+    "creates the slot (and the publication, for every table that can be published, if it is missing) for a ",
     "new pipeline (empty --out); a slot created after the sinks' checkpoints (one that was dropped) is ",
     "refused, since what was committed in between is in no slot: such sinks need a backfill. Its ",
     "sinks are durable: they fsync the output and a checkpoint before acking and, after a restart, ",
@@ -66,10 +66,11 @@ pub(crate) struct Args {
     #[arg(long, default_value = "lanestream")]
     pub(crate) slot: String,
     /// Create --slot (with the pgoutput plugin) if it does not exist, and before it
-    /// --publication (FOR ALL TABLES) if that does not exist: for a new pipeline, whose
-    /// sinks (--out) have no checkpoints. A slot created after the sinks' checkpoints (one that
-    /// was dropped) is refused and dropped again: what was committed in between is in no slot,
-    /// and the sinks need a backfill.
+    /// --publication if that does not exist (for every table that can be published; refused,
+    /// naming them, while a table has no replica identity): for a new pipeline, whose sinks
+    /// (--out) hold nothing. A slot created over sinks that hold data (one that was dropped)
+    /// is refused and dropped again: what was committed in between is in no slot, and the sinks
+    /// need a backfill (remove their outputs: the pipeline backfills new sinks).
     #[arg(long, requires = "source")]
     pub(crate) create_slot: bool,
     /// Live mode: stop once every transaction committed before this LSN (e.g. 0/1D84F00) is
@@ -103,6 +104,13 @@ pub(crate) struct Args {
     /// estimate (`pg_class.reltuples`), on stderr when it is a terminal (not with --quiet).
     #[arg(long, value_name = "INDEXES", value_delimiter = ',', requires = "source")]
     pub(crate) backfill: Vec<String>,
+    /// What the pipeline does with a sink that starts with no state (a new sink, or one whose
+    /// output was removed) on the live source, whose slot resumes mid-stream and whose tables may
+    /// hold rows: `backfill` it with every table of the publication (beside the stream), `refuse`
+    /// to start, or start it `live-only` (it needs nothing from before: the tables were empty
+    /// when the slot was created).
+    #[arg(long, value_enum, default_value_t = JoinersArg::Backfill)]
+    pub(crate) joiners: JoinersArg,
     /// Live mode: how long to wait for a slot that another client holds before giving up.
     #[arg(long, default_value_t = 30)]
     pub(crate) slot_wait_secs: u64,
@@ -188,4 +196,25 @@ pub(crate) struct Args {
     /// With --role ingest: how long to wait for the sinks to ack the last commit LSN.
     #[arg(long, default_value_t = 300)]
     pub(crate) wait_secs: u64,
+}
+
+/// `--joiners`: [`Joiners`](lanestream_postgres::pipeline::Joiners).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JoinersArg {
+    /// `Joiners::Backfill`.
+    Backfill,
+    /// `Joiners::Refuse`.
+    Refuse,
+    /// `Joiners::LiveOnly`.
+    LiveOnly,
+}
+
+impl From<JoinersArg> for lanestream_postgres::pipeline::Joiners {
+    fn from(j: JoinersArg) -> Self {
+        match j {
+            JoinersArg::Backfill => Self::Backfill,
+            JoinersArg::Refuse => Self::Refuse,
+            JoinersArg::LiveOnly => Self::LiveOnly,
+        }
+    }
 }

@@ -1,13 +1,15 @@
-//! The ingest side: the harness's source for the library's driver (the wal2json file or the live slot, through the library's `FileSource` / `PgLiveSource`), counting what it hands over for the progress bar and the checks, skipping bad lines (--skip-bad-lines), and holding the end back until the --chaos sinks' backfills were asked.
+//! The ingest side: the harness's source for the library's driver (the wal2json file or the live slot, through the library's `FileSource` / `LiveSource`), counting what it hands over for the progress bar and the checks, skipping bad lines (--skip-bad-lines), and holding the end back until the --chaos sinks' backfills were asked.
 
-use lanestream_postgres::pipeline::{FileSource, FileSourceError, PgLiveSource, Source, SourceItem};
+use lanestream_postgres::pipeline::{
+    FileSource, FileSourceError, SinkStart, Source, SourceItem, SourceStart,
+};
 
 use crate::prelude::*;
 
 /// Where the ingest reads: a wal2json file (or stdin), or a live slot.
 pub(crate) enum Input {
-    File(Box<FileSource<Box<dyn BufRead + Send>>>),
-    Live(Box<PgLiveSource>),
+    File(Box<FileSource<Wal2JsonReader<Box<dyn BufRead + Send>>>>),
+    Live(Box<LiveSource>),
 }
 
 /// Opens the input: `-` is stdin; gzip is recognised by its magic bytes.
@@ -170,7 +172,7 @@ impl Source for HarnessSource {
                     if let (Input::Live(l), Ok(mut progress)) =
                         (&mut self.input, self.counters.backfill.lock())
                     {
-                        *progress = l.live().backfill_progress();
+                        *progress = l.backfill_progress();
                     }
                 }
                 Some(SourceItem::End) if self.backfills_asked < self.expected_backfills => {
@@ -215,6 +217,13 @@ impl Source for HarnessSource {
             Input::Live(l) => l.lag_bytes(),
         }
     }
+
+    fn start(&mut self, sinks: &[SinkStart<'_>]) -> Result<SourceStart, InputError> {
+        match &mut self.input {
+            Input::File(f) => f.start(sinks).map_err(|e| InputError(e.to_string())),
+            Input::Live(l) => l.start(sinks).map_err(|e| InputError(e.to_string())),
+        }
+    }
 }
 
 /// `--key-columns schema.table=col1,col2` → ((schema, table), columns).
@@ -244,22 +253,4 @@ pub(crate) fn input_error(e: &Wal2JsonError, args: &Args) -> BoxError {
         Some(url) => format!("the live source (slot {:?} of {}): {e}{hint}", args.slot, redact(url)).into(),
         None => format!("{}: {e}{hint}", args.input.display()).into(),
     }
-}
-
-/// The sinks' durable checkpoints in `out` (`<sink>.checkpoint`, first field the last applied
-/// commit LSN), for the sinks that have one.
-pub(crate) fn sink_checkpoints(out: &Path, names: &[String]) -> Result<Vec<(String, Position)>, BoxError> {
-    let mut found = Vec::new();
-    for name in names {
-        let checkpoint = Checkpoint::read(out, name)?;
-        // Applied up to: the last whole transaction, or (a transaction half applied and none
-        // whole yet) just before that transaction.
-        let applied = checkpoint
-            .committed
-            .or_else(|| checkpoint.partial.map(|t| Position(t.position.0.saturating_sub(1))));
-        if let Some(p) = applied {
-            found.push((name.clone(), p));
-        }
-    }
-    Ok(found)
 }

@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 use lanestream::{Position, RedisStream, Stream};
 
 use lanestream_postgres::ndjson::{DurableNdjson, NdjsonError};
-use lanestream_postgres::pipeline::{run_sink, RetryPolicy, Sink, Source, SourceItem, StopHandle};
+use lanestream_postgres::pipeline::{
+    run_sink, RetryPolicy, Sink, SinkStart, SinkState, Source, SourceItem, SourceStart, StopHandle,
+};
 
 use crate::prelude::*;
 
@@ -219,6 +221,10 @@ impl Source for Resuming {
     fn backfill(&mut self, request: Request) -> Result<(), InputError> {
         self.harness.backfill(request)
     }
+
+    fn start(&mut self, sinks: &[SinkStart<'_>]) -> Result<SourceStart, InputError> {
+        self.harness.start(sinks)
+    }
 }
 
 /// A sink process: the pipeline library's sink engine ([`run_sink`]) on the lane, until it is
@@ -243,7 +249,7 @@ fn sink(args: &Args, stream: &RedisStream, lane: &str) -> Result<bool, BoxError>
     let open = || -> Result<RoleSink, NdjsonError> {
         let out =
             if args.discard { None } else { Some(DurableNdjson::open(&args.out, lane, OUTPUT_LOCK_WAIT)?) };
-        resumed_at = resumed_at.or(out.as_ref().and_then(|d| d.checkpoint().committed));
+        resumed_at = resumed_at.or(out.as_ref().and_then(|d| d.state()).and_then(|s| s.position));
         Ok(RoleSink { out, slow: args.slow_sink.then(|| Duration::from_micros(args.slow_sink_micros)) })
     };
     let report = run_sink(stream, lane, open, RetryPolicy::default(), 256, &stop)?;
@@ -273,6 +279,10 @@ struct RoleSink {
 impl Sink for RoleSink {
     type Error = NdjsonError;
 
+    fn state(&mut self) -> Result<Option<SinkState>, NdjsonError> {
+        self.out.as_mut().map_or(Ok(None), Sink::state)
+    }
+
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), NdjsonError> {
         if let Some(out) = &mut self.out {
             Sink::apply(out, items)?;
@@ -283,11 +293,7 @@ impl Sink for RoleSink {
         Ok(())
     }
 
-    fn commit(&mut self) -> Result<(), NdjsonError> {
-        self.out.as_mut().map_or(Ok(()), Sink::commit)
-    }
-
-    fn checkpoint(&self) -> Option<Position> {
-        self.out.as_ref().and_then(Sink::checkpoint)
+    fn commit(&mut self, state: &SinkState) -> Result<(), NdjsonError> {
+        self.out.as_mut().map_or(Ok(()), |out| Sink::commit(out, state))
     }
 }

@@ -22,14 +22,8 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
             if args.chaos {
                 return Err("--chaos is for the file input; the live source's sinks are durable".into());
             }
-            // The sinks' durable checkpoints: a slot that is missing, or created now after them,
-            // would skip what was committed in between. So --create-slot creates nothing over
-            // checkpoints: a new slot starts at the current WAL position, after every checkpoint
-            // of this server (a slot created and then left behind by a crash before the check
-            // below would pass it on the next run).
-            let checkpoints = if args.discard { Vec::new() } else { sink_checkpoints(&args.out, &names)? };
             let mut config = LiveConfig::new(url.clone(), args.slot.clone());
-            config.create_slot = args.create_slot && checkpoints.is_empty();
+            config.create_slot = args.create_slot;
             config.slot_wait = Duration::from_secs(args.slot_wait_secs);
             config.publication = args.publication.clone();
             config.heartbeat = args.heartbeat_secs.map(Duration::from_secs);
@@ -37,27 +31,12 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
             if let Some(rows) = args.backfill_chunk_rows {
                 config.backfill_chunk_rows = usize::try_from(rows).unwrap_or(usize::MAX);
             }
-            let mut source = LiveSource::connect(config).map_err(|e| -> BoxError {
-                match e {
-                    LiveError::NoSlot(slot) if !checkpoints.is_empty() => format!(
-                        "replication slot {slot:?} does not exist, but the sinks in {} have checkpoints ({}): a \
-                         previous run read it, so it was dropped, and what was committed after the checkpoints \
-                         is in no slot. Do not re-create it for these sinks (a new slot starts at the current \
-                         WAL position, and --create-slot refuses it over these checkpoints): backfill them \
-                         (empty {} and load the tables' rows into the sinks), then start a new pipeline with \
-                         --create-slot",
-                        args.out.display(),
-                        checkpoints.iter().map(|(s, p)| format!("{s} at {p}")).collect::<Vec<_>>().join(", "),
-                        args.out.display(),
-                    )
-                    .into(),
-                    e => e.into(),
-                }
-            })?;
-            source.check_resume(checkpoints.iter().map(|(_, p)| *p).min())?;
+            // The start-up checks (the slot against the sinks' states, joiners) are the
+            // pipeline's, when it starts (P1, P2).
+            let source = LiveSource::connect(config)?;
             // Until SIGTERM/SIGINT or, with --end-lsn, until everything committed before it was published.
             let end = args.end_lsn.as_deref().map(Position::from_lsn).transpose()?;
-            Input::Live(Box::new(PgLiveSource::new(source, HarnessSource::builder(args)?).until(end)))
+            Input::Live(Box::new(source.with_builder(HarnessSource::builder(args)?).until(end)))
         }
         None => {
             let file = FileSource::new(open_input(&args.input, args.preload)?, HarnessSource::builder(args)?);
@@ -90,8 +69,12 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
 
     // The library's driver: the ingest on a thread of its own (the progress bar is drawn here),
     // one sink engine per sink.
-    let mut pipeline =
-        Pipeline::new(stream.clone()).tick(Duration::from_millis(args.poll_interval_ms.max(1)));
+    let backfill: Vec<IndexName> =
+        args.backfill.iter().map(|i| IndexName::new(i.as_str())).collect::<Result<_, _>>()?;
+    let mut pipeline = Pipeline::new(stream.clone())
+        .tick(Duration::from_millis(args.poll_interval_ms.max(1)))
+        .joiners(args.joiners.into())
+        .backfill(backfill);
     let stop = pipeline.stop_handle();
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.flag())?;
@@ -99,7 +82,7 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     let mut states = Vec::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
         let lane = SinkName::new(name.as_str())?;
-        let mut state = SinkState::new(lane, stream.requests().sender());
+        let mut state = SinkShared::new(lane, stream.requests().sender());
         if !args.discard {
             if durable_sinks {
                 // Durable: resume after the checkpoint, fsync before every ack.
@@ -122,23 +105,13 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         });
         let state = Arc::new(Mutex::new(state));
         let opened = state.clone();
-        pipeline = pipeline.sink(name.as_str(), move || SinkState::open(&opened));
+        pipeline = pipeline.sink(name.as_str(), move || SinkShared::open(&opened));
         states.push(state);
     }
     let expected_backfills = if args.chaos { u64::from(args.sinks) } else { 0 };
     let mut source = HarnessSource::new(input, args, counters.clone(), expected_backfills);
-    // --backfill (live mode): every sink asks for it before the stream starts; the driver serves
-    // the requests through the source and acks each after its SnapshotComplete (R2).
-    if !args.backfill.is_empty() {
-        let indexes: Vec<IndexName> =
-            args.backfill.iter().map(|i| IndexName::new(i.as_str())).collect::<Result<_, _>>()?;
-        let requests = stream.requests().sender();
-        for lane in &lanes {
-            requests
-                .publish(Request::backfill(lane.name().clone(), indexes.clone()))
-                .map_err(|e| format!("backfill request: {e}"))?;
-        }
-    }
+    // --backfill (live mode): owed by every sink, durably, then asked (Pipeline::backfill); the
+    // driver serves the requests through the source and acks each after its SnapshotComplete (R2).
     let ingest_thread = thread::Builder::new().name("ingest".into()).spawn(move || {
         let result = pipeline.run(&mut source);
         (result, source)
@@ -189,7 +162,8 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
                 s.batches.redelivered = r.redelivered;
                 s.batches.acks_refused = r.acks_refused;
                 s.commit_to_ack = r.commit_to_ack;
-                s.checkpoint = r.checkpoint;
+                s.checkpoint = r.position;
+                s.covered = r.covered;
             }
             Some(report)
         }
@@ -209,10 +183,10 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     let mut slot_confirmed = None;
     let mut live_metrics = None;
     if let Input::Live(live) = &mut source.input {
-        match live.live().read_confirmed() {
+        match live.read_confirmed() {
             Ok(c) => {
                 slot_confirmed = c;
-                live_metrics = live.live().metrics().ok();
+                live_metrics = live.metrics().ok();
             }
             Err(e) => {
                 ingest_error.get_or_insert(format!("final confirm: {e}"));
@@ -229,7 +203,13 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     }
     let mut per_sink = Vec::with_capacity(sinks.len());
     for (s, lane) in sinks.iter().zip(&lanes) {
-        let (transactions_lost, envelopes_lost) = s.received.lost(&source.published);
+        // What the source sent again up to the sink's state at start is covered by that state:
+        // the engine acked it without handing it to the sink (its output check below reads it).
+        let published: Vec<(u64, u32)> = match s.started_at {
+            Some(p) => source.published.iter().copied().filter(|&(q, _)| q > p.0).collect(),
+            None => source.published.clone(),
+        };
+        let (transactions_lost, envelopes_lost) = s.received.lost(&published);
         if let Some(e) = &s.error {
             eprintln!("error: sink {}: {e}", s.name);
             failures.push(format!("sink {}: {e}", s.name));
@@ -313,35 +293,58 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
             counters.envelopes.load(Ordering::Relaxed),
         ),
     };
+    // Never past the watermark: what every sink holds (an idle slot follows the server's WAL
+    // through empty positioned batches every sink acks).
+    if let (Some(confirmed), Some(watermark)) = (slot_confirmed, final_watermark) {
+        if confirmed > watermark {
+            let what = format!("the slot was confirmed at {confirmed}, past the final watermark {watermark}");
+            eprintln!("error: {what}");
+            failures.push(what);
+        }
+    }
+    // Live mode: every sink's whole output against the tables, when the run ended at --end-lsn
+    // (a run stopped mid-stream cannot be compared with tables that moved on).
+    let mut rows_compared = None;
+    let ended = pipeline_report.as_ref().is_some_and(|r| !r.stopped);
+    if let (Some(url), true, false) = (&args.source, ended, args.discard) {
+        if failures.is_empty() {
+            match crate::tables::compare(url, &args.publication, &args.out, &names) {
+                Ok((differ, rows)) => {
+                    for what in differ {
+                        eprintln!("error: {what}");
+                        failures.push(what);
+                    }
+                    rows_compared = Some(rows);
+                }
+                Err(e) => failures.push(format!("cannot compare the outputs with the tables: {e}")),
+            }
+        }
+    }
+    let verdict = match (failures.is_empty(), live, rows_compared) {
+        (false, _, _) => "FAIL",
+        (true, true, None) => "UNCOMPARED",
+        (true, _, _) => "PASS",
+    };
     let reason = if failures.is_empty() {
+        let compared = match (live, rows_compared) {
+            (false, _) if durable_sinks && !args.discard => {
+                "; every sink's output, read back, holds the whole input's changes exactly once".to_owned()
+            }
+            (false, _) => "; counted as each sink received them, against the whole input".to_owned(),
+            (true, Some(rows)) => format!("; every sink's whole output, replayed, equals the publication's tables ({rows} rows)"),
+            (true, None) => "; the outputs were not compared with the tables (the run was stopped mid-stream, or --discard): run to --end-lsn with the writes stopped for that".to_owned(),
+        };
         format!(
-            "each of the {} sinks received all {transactions} transactions ({envelopes} envelopes) at least once, and the final watermark {} is the last commit LSN",
+            "each of the {} sinks received all {transactions} transactions ({envelopes} envelopes) at least once, and the final watermark {} is the last commit LSN{compared}",
             args.sinks,
             lsn_text(&lsn(final_watermark)),
         )
     } else {
         one_line(&failures.join("; "))
     };
-    // Past the watermark only when idle: every transaction handed over acked, and the slot
-    // confirmed no further than where the source last decoded (nothing of ours in between).
-    let decoded = match &mut source.input {
-        Input::Live(live) => live.live().decoded(),
-        Input::File(_) => None,
-    };
-    if let (Some(confirmed), Some(watermark)) = (slot_confirmed, final_watermark) {
-        let idle_advance = final_watermark == last_commit && decoded.is_some_and(|d| confirmed <= d);
-        if confirmed > watermark && !idle_advance {
-            let what = format!(
-                "the slot was confirmed at {confirmed}, past the final watermark {watermark} (decoded up to {})",
-                lsn_text(&lsn(decoded))
-            );
-            eprintln!("error: {what}");
-            failures.push(what);
-        }
-    }
     let mut summary = Summary {
         schema_version: 1,
-        result: if failures.is_empty() { "PASS" } else { "FAIL" },
+        result: verdict,
         reason,
         input: match &args.source {
             Some(url) => format!("slot {} on {}", args.slot, redact(url)),
@@ -378,6 +381,7 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         changes_per_second: if elapsed > 0.0 { (changes as f64 / elapsed).round() as u64 } else { 0 },
         commit_to_decode: LatencyMs::of(source.commit_to_decode.summary()),
         commit_to_last_ack: LatencyMs::slowest(per_sink.iter().filter_map(|s| s.commit_to_ack.as_ref())),
+        peak_rss_bytes: lanestream_postgres::pipeline::peak_rss_bytes(),
         ingest_error: ingest_error.as_deref().map(one_line),
         per_sink,
     };
@@ -395,7 +399,7 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
     }
     // The summary goes to stdout; a closed stdout (e.g. `| head`) is not an error of the run.
     let _ = write!(io::stdout().lock(), "{summary}");
-    Ok(summary.result == "PASS")
+    Ok(summary.result != "FAIL")
 }
 
 /// The backfill's bars: one per table being backfilled (per sink that asked), rows read against

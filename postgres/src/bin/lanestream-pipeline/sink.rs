@@ -1,7 +1,7 @@
 //! The sinks the library's engines run: the library's durable NDJSON sink (or a plain NDJSON file, or nothing with --discard), with the harness's faults: --chaos (runs failed at random, so that the engine releases them, re-attaches and gets them again; one backfill request), --slow-sink, --kill-sink-after (the engine dies holding an applied, unacked run, and its new instance opens from the checkpoint after --sink-down-ms); and what the checks need: what each sink received.
 
 use lanestream_postgres::ndjson::NdjsonError;
-use lanestream_postgres::pipeline::{LatencySummary, Sink};
+use lanestream_postgres::pipeline::{LatencySummary, Sink, SinkState};
 
 use crate::prelude::*;
 
@@ -62,11 +62,17 @@ pub(crate) struct SinkReport {
     /// Envelopes of unpositioned (snapshot) batches processed, per processed delivery.
     pub(crate) snapshot_envelopes: u64,
     pub(crate) error: Option<String>,
-    /// Live mode: transactions received again after a restart and skipped, being at or before
-    /// the sink's checkpoint.
-    pub(crate) transactions_skipped: u64,
-    /// Live mode: the sink's checkpoint at the end.
+    /// Items the sink's state covered (received again after a restart, acked without reaching
+    /// the sink: the engine's count).
+    pub(crate) covered: u64,
+    /// The last transaction the sink's state records at the end.
     pub(crate) checkpoint: Option<Position>,
+    /// The last transaction its durable state recorded when its engine first opened it (live
+    /// mode): the transactions the source sends again up to there are covered by the state, so
+    /// the engine acks them without handing them to the sink.
+    pub(crate) started_at: Option<Position>,
+    /// Whether `started_at` was read.
+    pub(crate) state_read: bool,
     /// --kill-sink-after: what the engine's death showed.
     pub(crate) kill: Option<KillReport>,
     /// From each transaction's commit to this sink's ack of it (live mode: the commit time the
@@ -121,7 +127,7 @@ pub(crate) enum SinkError {
 }
 
 /// A sink's state over its engine's instances.
-pub(crate) struct SinkState {
+pub(crate) struct SinkShared {
     pub(crate) report: SinkReport,
     pub(crate) lane: SinkName,
     /// The plain output (no checkpoint): flushed at each commit, kept across instances.
@@ -150,9 +156,9 @@ fn key(item: &LaneItem) -> Option<(u64, u64)> {
     Some((position.0, b.offset))
 }
 
-impl SinkState {
+impl SinkShared {
     pub(crate) fn new(lane: SinkName, requests: lanestream::RequestSender) -> Self {
-        SinkState {
+        SinkShared {
             report: SinkReport { name: lane.to_string(), ..SinkReport::default() },
             lane,
             plain: None,
@@ -170,7 +176,7 @@ impl SinkState {
 
     /// Opens an instance: at the engine's start, and after each failed run (after the down time
     /// and a watch of the watermark if the engine was killed).
-    pub(crate) fn open(shared: &Arc<Mutex<SinkState>>) -> Result<HarnessSink, SinkError> {
+    pub(crate) fn open(shared: &Arc<Mutex<SinkShared>>) -> Result<HarnessSink, SinkError> {
         let mut st = lock(shared);
         if let Some(kill) = st.killed.take() {
             let report = st.report.kill.get_or_insert_with(KillReport::default);
@@ -225,12 +231,7 @@ impl SinkState {
         counts.processed += 1;
         counts.processed_again += u64::from(again > 0);
         if let Some(d) = durable {
-            let applied = d.apply_item(item)?;
-            self.report.bytes_written += applied.bytes;
-            if batch.position.is_some() && applied.written == 0 && applied.skipped > 0 {
-                // Applied before a restart (PostgreSQL re-sends from the confirmed position).
-                self.report.transactions_skipped += 1;
-            }
+            self.report.bytes_written += d.apply_item(item)?;
         } else if let Some(out) = &mut self.plain {
             let mut written = 0;
             for e in batch.envelopes.iter() {
@@ -261,7 +262,7 @@ impl SinkState {
     }
 }
 
-fn lock(shared: &Mutex<SinkState>) -> std::sync::MutexGuard<'_, SinkState> {
+fn lock(shared: &Mutex<SinkShared>) -> std::sync::MutexGuard<'_, SinkShared> {
     // A panic while it was held (the engine catches it and retries the run) leaves the counts
     // of that run counted: the summary still reads them.
     shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -269,12 +270,21 @@ fn lock(shared: &Mutex<SinkState>) -> std::sync::MutexGuard<'_, SinkState> {
 
 /// One instance of a harness sink, as the library's engine opens it.
 pub(crate) struct HarnessSink {
-    shared: Arc<Mutex<SinkState>>,
+    shared: Arc<Mutex<SinkShared>>,
     durable: Option<DurableNdjson>,
 }
 
 impl Sink for HarnessSink {
     type Error = SinkError;
+
+    fn state(&mut self) -> Result<Option<SinkState>, SinkError> {
+        let state = self.durable.as_ref().and_then(|d| d.state().cloned());
+        let mut st = lock(&self.shared);
+        if !std::mem::replace(&mut st.report.state_read, true) {
+            st.report.started_at = state.as_ref().and_then(|s| s.position);
+        }
+        Ok(state)
+    }
 
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), SinkError> {
         let mut st = lock(&self.shared);
@@ -317,9 +327,9 @@ impl Sink for HarnessSink {
         Ok(())
     }
 
-    fn commit(&mut self) -> Result<(), SinkError> {
+    fn commit(&mut self, state: &SinkState) -> Result<(), SinkError> {
         match &mut self.durable {
-            Some(d) => d.commit()?,
+            Some(d) => d.commit(state)?,
             None => {
                 if let Some(out) = &mut lock(&self.shared).plain {
                     out.flush()?; // flushed before the ack
@@ -328,18 +338,10 @@ impl Sink for HarnessSink {
         }
         Ok(())
     }
-
-    fn checkpoint(&self) -> Option<Position> {
-        self.durable.as_ref().and_then(|d| d.checkpoint().committed)
-    }
-
-    fn resume(&self) -> Option<Request> {
-        self.durable.as_ref().and_then(DurableNdjson::resume_request)
-    }
 }
 
 /// Counts a failed run's items as released (redelivered to the next instance).
-fn count_released(st: &mut SinkState, items: &[LaneItem]) {
+fn count_released(st: &mut SinkShared, items: &[LaneItem]) {
     st.report.reattaches += 1;
     for item in items {
         st.counts(Kind::of(item)).nacked += 1;

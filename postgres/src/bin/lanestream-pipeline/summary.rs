@@ -80,6 +80,9 @@ pub(crate) struct Summary {
     /// From the start to the last sink's end, to the millisecond.
     pub(crate) elapsed_seconds: f64,
     pub(crate) changes_per_second: u64,
+    /// The process's peak resident set size at the end, in bytes (Linux's `VmHWM`; `null`
+    /// where it cannot be read).
+    pub(crate) peak_rss_bytes: Option<u64>,
     /// Live mode: commit → last sink's ack (the slowest sink's percentiles; see `per_sink`).
     pub(crate) commit_to_last_ack: Option<LatencyMs>,
     /// Live mode: commit → decoded (before the publish): the source's share of the latency.
@@ -133,9 +136,9 @@ pub(crate) struct SinkSummary {
     pub(crate) snapshot_marker_acks_refused: u64,
     /// Sink engine re-attaches after a failed run (`--chaos`, `--kill-sink-after`).
     pub(crate) consumer_reattaches: u64,
-    /// Live mode: transactions at or before the sink's checkpoint, received again after a
-    /// restart and skipped (not written twice).
-    pub(crate) transactions_skipped: u64,
+    /// Items the sink's state already covered (a transaction received again after a restart,
+    /// chunks applied before): acked by the engine without reaching the sink.
+    pub(crate) items_covered: u64,
     /// Live mode: the sink's durable checkpoint at the end (last applied commit LSN).
     pub(crate) checkpoint_lsn: Option<String>,
     /// --kill-sink-after: the engine's death and re-attach, if it happened to this sink.
@@ -178,7 +181,7 @@ impl SinkSummary {
             snapshot_markers_processed_again: m.processed_again,
             snapshot_marker_acks_refused: m.acks_refused,
             consumer_reattaches: s.reattaches,
-            transactions_skipped: s.transactions_skipped,
+            items_covered: s.covered,
             checkpoint_lsn: lsn(s.checkpoint),
             sink_kill: s.kill,
             commit_to_ack: LatencyMs::of(s.commit_to_ack),
@@ -273,11 +276,12 @@ impl std::fmt::Display for Summary {
         }
         writeln!(
             f,
-            "; chaos {}, slow sink {}; {:.3} s, {} changes/s",
+            "; chaos {}, slow sink {}; {:.3} s, {} changes/s, peak RSS {}",
             yes_no(s.chaos),
             yes_no(s.slow_sink),
             s.elapsed_seconds,
             s.changes_per_second,
+            s.peak_rss_bytes.map_or_else(|| "-".to_owned(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
         )?;
         if s.chunks_published > 0 {
             writeln!(
@@ -389,9 +393,9 @@ impl std::fmt::Display for Summary {
             if k.checkpoint_lsn.is_some() {
                 writeln!(
                     f,
-                    "  durable: checkpoint LSN {}, {} transactions already applied before a restart skipped",
+                    "  durable: state at LSN {}, {} items its state covered skipped",
                     lsn_text(&k.checkpoint_lsn),
-                    k.transactions_skipped
+                    k.items_covered
                 )?;
             }
             if let Some(e) = &k.error {

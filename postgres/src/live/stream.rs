@@ -1,0 +1,322 @@
+//! The replication stream: opened (`START_REPLICATION`), read and decoded into the items the
+//! source hands over, confirmed, reopened after it broke.
+
+use std::future::Future;
+use std::task::Poll;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lanestream::{Batch, Position};
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+
+use super::config::replication_config;
+use super::error::{classify_stream, LiveError, StreamFault};
+use super::reader::{ChunkReader, Woken};
+use super::LiveSource;
+use crate::pipeline::SourceItem;
+
+impl LiveSource {
+    /// Opens the replication stream (`START_REPLICATION SLOT ... LOGICAL 0/0 (proto_version
+    /// '1', publication_names '...', messages 'true')`) from the slot's confirmed position.
+    ///
+    /// The first [`Source::next`](crate::pipeline::Source::next) does it; call it yourself to
+    /// see its errors before.
+    ///
+    /// # Errors
+    /// A [`LiveError`]: the slot held by another client, the permission missing, the
+    /// publication missing, or the server's error.
+    pub fn open(&mut self) -> Result<(), LiveError> {
+        let config = replication_config(&self.config, self.confirmed)?;
+        let started = self.runtime.block_on(async {
+            let mut client = ReplicationClient::connect(config).await?;
+            match tokio::time::timeout(Duration::from_secs(30), client.wait_started()).await {
+                Ok(Ok(())) => Ok(client),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(PgWireError::Task("START_REPLICATION not accepted within 30 s".into())),
+            }
+        });
+        match started {
+            Ok(client) => {
+                self.stream = Some(client);
+                self.opened = true;
+                Ok(())
+            }
+            Err(e) => Err(match classify_stream(&e, &self.config) {
+                StreamFault::Fatal(e) => e,
+                StreamFault::Lost { cause, .. } => LiveError::Connect(cause),
+            }),
+        }
+    }
+
+    /// Receives from the stream for at most `timeout` and returns the first item: a committed
+    /// transaction (positioned at its commit LSN) or a chunk of a large one, decoded by the
+    /// source's decoder; or an item of a backfill being served
+    /// ([`Source::backfill`](crate::pipeline::Source::backfill)) in stream order: a snapshot
+    /// batch when the stream reaches its chunk's high mark, `SnapshotComplete` after a request's
+    /// last one. `Ok(None)` when nothing came within `timeout`. Writes the heartbeat when it is
+    /// due, and opens the stream again when it broke (see the module docs, *Reconnecting*).
+    /// While a backfill is served, its reader thread reads the next chunk when none waits for
+    /// its high mark; a chunk read is taken in here (waiting for it only when the stream reached
+    /// its high mark first).
+    ///
+    /// # Errors
+    /// [`LiveError::Decode`] for a message the decoder refused, the errors of *Reconnecting*, a
+    /// failed heartbeat; [`LiveError::BackfillFailed`] for a chunk whose rows cannot be turned
+    /// into documents; [`LiveError::Side`] when reading a chunk fails within
+    /// [`SIDE_RETRY_BUDGET`](super::SIDE_RETRY_BUDGET) (the reader reconnects in between);
+    /// [`LiveError::Internal`] when the reader thread could not start. After `BackfillFailed` or
+    /// `Side` the request being served is given up (it gets no `SnapshotComplete`: ask again,
+    /// with `after` set to the last row applied), the next one is served, and the stream goes
+    /// on.
+    pub(super) fn poll(&mut self, timeout: Duration) -> Result<Option<SourceItem>, LiveError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(item) = self.out.pop_front() {
+                return Ok(Some(item));
+            }
+            self.heartbeat_if_due()?;
+            if self.stream.is_none() {
+                return Err(LiveError::Internal("LiveSource read before it was opened".into()));
+            }
+            if self.backfill_reads()? {
+                continue;
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                return Err(LiveError::Internal("LiveSource read before it was opened".into()));
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            // The stream's next event, or the reader's next chunk, whichever comes first (a
+            // chunk read while the stream is quiet is installed at once, not at the next event).
+            let mut done = self.reader.as_mut().map(|r| &mut r.done);
+            let received = self.runtime.block_on(async {
+                let mut recv = std::pin::pin!(stream.recv());
+                let next = std::future::poll_fn(|cx| {
+                    if let Some(done) = done.as_mut() {
+                        if let Poll::Ready(read) = done.poll_recv(cx) {
+                            return Poll::Ready(Woken::Read(read));
+                        }
+                    }
+                    recv.as_mut().poll(cx).map(Woken::Stream)
+                });
+                tokio::time::timeout(left, next).await
+            });
+            match received {
+                Err(_elapsed) => return Ok(None),
+                Ok(Woken::Read(Some(read))) => {
+                    self.install(read)?;
+                    self.next_read()?;
+                }
+                Ok(Woken::Read(None)) => return Err(ChunkReader::gone()),
+                Ok(Woken::Stream(Ok(Some(event)))) => self.on_event(event)?,
+                Ok(Woken::Stream(Ok(None))) => self.recover(StreamFault::Lost {
+                    cause: "the server ended the replication stream".into(),
+                    admin: false,
+                })?,
+                Ok(Woken::Stream(Err(e))) => {
+                    let fault = classify_stream(&e, &self.config);
+                    self.recover(fault)?;
+                }
+            }
+        }
+    }
+
+    /// A batch decoded: the backfill sees it (its keys leave a waiting chunk), then it is queued.
+    fn hand_over(&mut self, batch: Batch) {
+        self.backfiller.observe(self.open_xid, &batch);
+        self.out.push_back(SourceItem::Change(batch));
+    }
+
+    /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
+    /// of the chunk the reader is still reading (the stream got there first) does not hold the
+    /// stream up: the chunk is published when it is installed (see
+    /// [`Backfiller::install`](crate::backfill)).
+    fn take_marks(&mut self) {
+        let mut any = false;
+        while let Some(mark) = self.decoder.take_mark() {
+            self.backfiller.on_mark(&mark);
+            any = true;
+        }
+        if any {
+            self.drain_backfill();
+        }
+    }
+
+    fn on_event(&mut self, event: ReplicationEvent) -> Result<(), LiveError> {
+        // How far the server has sent, outside a transaction: `decoded` from any event that says
+        // so, `sent` from a keepalive or a message only (see `sent_upto`).
+        let idle = |source: &mut Self, upto: u64| {
+            if !source.decoder.in_transaction() && upto != 0 {
+                source.decoded = source.decoded.max(Some(Position(upto)));
+            }
+        };
+        let sent = |source: &mut Self, upto: u64| {
+            if !source.decoder.in_transaction() && upto != 0 {
+                source.sent = source.sent.max(Some(Position(upto)));
+            }
+        };
+        match event {
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                idle(self, wal_end.0);
+                sent(self, wal_end.0);
+            }
+            ReplicationEvent::Message { transactional, lsn, prefix, content } => {
+                self.decoder.message(lsn.0, &prefix, &content);
+                self.take_marks();
+                if !transactional {
+                    idle(self, lsn.0);
+                    sent(self, lsn.0);
+                }
+            }
+            ReplicationEvent::StoppedAt { .. } => {}
+            ReplicationEvent::Begin { final_lsn, xid, commit_time_micros } => {
+                self.decoder.begin(final_lsn.0, xid, commit_time_micros)?;
+                self.open_commit = Some(Position(final_lsn.0));
+                self.open_xid = Some(xid);
+            }
+            ReplicationEvent::XLogData { data, .. } => {
+                let chunk = self.decoder.decode(&data)?;
+                self.take_marks();
+                if let Some(chunk) = chunk {
+                    self.chunks_out = true;
+                    self.metrics.changes += chunk.changes;
+                    self.hand_over(chunk);
+                }
+            }
+            ReplicationEvent::Commit { lsn, end_lsn, .. } => {
+                self.open_commit = None;
+                let batch = self.decoder.commit(lsn.0)?;
+                if let Some(b) = batch {
+                    self.chunks_out = false;
+                    self.handed_over = b.position;
+                    self.metrics.transactions += 1;
+                    self.metrics.changes += b.changes;
+                    self.hand_over(b);
+                }
+                self.open_xid = None;
+                idle(self, end_lsn.0);
+            }
+        }
+        Ok(())
+    }
+
+    /// The stream broke: find out why, and open it again when that is right.
+    fn recover(&mut self, fault: StreamFault) -> Result<(), LiveError> {
+        if let Some(mut stream) = self.stream.take() {
+            stream.abort();
+        }
+        let (cause, admin) = match fault {
+            StreamFault::Fatal(e) => return Err(e),
+            StreamFault::Lost { cause, admin } => (cause, admin),
+        };
+        if self.decoder.in_transaction() {
+            if self.chunks_out {
+                let commit_lsn = self.open_commit.map_or_else(|| "unknown".into(), |p| p.to_string());
+                return Err(LiveError::LostInsideChunkedTransaction { cause, commit_lsn });
+            }
+            // Nothing of it was published: it comes again whole.
+            let _ = self.decoder.finish();
+        }
+        self.decoder.resume_after(self.handed_over);
+        let slot = self.config.slot.clone();
+        let budget = self.config.retry_budget;
+        let deadline = Instant::now() + budget;
+        let mut attempts = 0u32;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            attempts += 1;
+            let last = match self.probe(budget, &slot) {
+                Err(
+                    e @ (LiveError::SlotDropped(_)
+                    | LiveError::SlotBusy { .. }
+                    | LiveError::SlotInvalidated { .. }),
+                ) => return Err(e),
+                Err(e) => e.to_string(),
+                Ok(restarted) => {
+                    if admin && !restarted {
+                        return Err(LiveError::TerminatedByAdmin { slot, message: cause });
+                    }
+                    match self.open() {
+                        Ok(()) => {
+                            self.metrics.reconnects += 1;
+                            return Ok(());
+                        }
+                        // Our previous walsender may hold the slot for a moment.
+                        Err(LiveError::SlotBusy { holder, .. }) => holder,
+                        Err(e @ (LiveError::Connect(_) | LiveError::Replication { .. })) => e.to_string(),
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            if Instant::now() + backoff > deadline {
+                return Err(LiveError::ServerGone { slot, cause, budget, attempts, last });
+            }
+            thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// After the stream broke: whether the server restarted since last seen (its
+    /// `pg_postmaster_start_time()` changed), reconnecting the second connection within `budget`.
+    ///
+    /// # Errors
+    /// [`LiveError::SlotDropped`] when the slot is gone; [`LiveError::Side`] when the server
+    /// does not answer within `budget`.
+    fn probe(&mut self, budget: Duration, slot: &str) -> Result<bool, LiveError> {
+        let row = self.side()?.run(
+            budget,
+            || "finding out why the replication stream broke".into(),
+            |c| {
+                c.query_one(
+                    "SELECT pg_postmaster_start_time()::text, \
+                     EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1::text), \
+                     (SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1::text)",
+                    &[&slot],
+                )
+            },
+        )?;
+        if !row.get::<_, bool>(1) {
+            return Err(LiveError::SlotDropped(slot.to_owned()));
+        }
+        // A slot invalidated by max_slot_wal_keep_size: the checkpointer ends its walsender with
+        // the administrator's SQLSTATE (57P01), but it can never resume.
+        let wal_status: Option<String> = row.get(2);
+        if wal_status.as_deref() == Some("lost") {
+            return Err(LiveError::SlotInvalidated {
+                slot: slot.to_owned(),
+                message: "its wal_status is \"lost\": the WAL it needs was removed".into(),
+            });
+        }
+        let start: String = row.get(0);
+        let restarted = start != self.postmaster_start;
+        self.postmaster_start = start;
+        Ok(restarted)
+    }
+
+    /// [`Source::confirm`](crate::pipeline::Source::confirm) of the live source: confirms the
+    /// slot up to `target` (the stream's watermark: never more) when that is past the confirmed
+    /// position: hands it to the replication client, whose next standby status update (within
+    /// [`LiveConfig::status_interval`](super::LiveConfig::status_interval)) carries it as the
+    /// flush position. Cheap: call it as often as the watermark may have moved.
+    pub(super) fn confirm_upto(&mut self, target: Position) {
+        if self.confirmed.is_some_and(|c| c >= target) {
+            return;
+        }
+        self.confirmed = Some(target);
+        if let Some(stream) = &self.stream {
+            stream.update_applied_lsn(Lsn(target.0));
+        }
+    }
+
+    /// Ends the stream (a `CopyDone` to the server); the slot keeps the last position the
+    /// server received. Dropping the source does the same.
+    pub fn stop(&mut self) {
+        if let Some(mut stream) = self.stream.take() {
+            let _ = self
+                .runtime
+                .block_on(async { tokio::time::timeout(Duration::from_secs(2), stream.shutdown()).await });
+        }
+    }
+}
