@@ -7,7 +7,7 @@
 # stream passed the high mark)
 # and copied with psql to /dev/null over TCP loopback, as the backfill connects. Prints each run's rows per second, the medians and their
 # ratio (backfill / COPY). The only concurrent writer is a probe (one insert every 2 ms into
-# another table): the live stream's latency (commit to the source's next_item, median) during the
+# another table): the live stream's latency (commit to the source's next item, median) during the
 # backfill against the same during one idle second before it.
 #
 # Usage: scripts/backfill-bench.sh        Env: ROWS, CHUNK, RUNS (default 3 of each).

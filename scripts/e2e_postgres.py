@@ -19,6 +19,7 @@
   replay NDJSON TABLEDUMP    replay a sink's output (upserts merge, deletes, truncates) and compare
                              with the table contents (TABLEDUMP: lines "index<TAB>row json")
   positions NDJSON           check the output holds each transaction once, in commit order
+  applied CHECKPOINT         print where a durable sink's data stands (its state's LSN, or -)
 
 The SQL uses only integer and text columns, so a row as JSON compares exactly with its documents.
 """
@@ -126,6 +127,19 @@ def psql(sql):
     return r.stdout.strip()
 
 
+def checkpoint_applied(text, before):
+    """Where a durable NDJSON sink's data stands, from its checkpoint ("ndjson 2 LENGTH" then
+    its sink state as JSON: the last whole transaction, or just before one applied in part);
+    `before` when it applied none."""
+    lines = text.splitlines()
+    state = json.loads(lines[1])
+    if "position" in state:
+        return lsn(state["position"])
+    if "in_transaction" in state:
+        return lsn(state["in_transaction"][0]) - 1
+    return before
+
+
 def poller(outdir, sinks, stopfile, samples):
     baseline = None
     checks = 0
@@ -149,9 +163,7 @@ def poller(outdir, sinks, stopfile, samples):
             for sink in sinks.split(","):
                 try:
                     with open(os.path.join(outdir, f"{sink}.checkpoint")) as c:
-                        # "LSN LENGTH [...]"; "-" before the first whole transaction.
-                        first = c.read().split()[0]
-                        applied[sink] = baseline if first == "-" else lsn(first)
+                        applied[sink] = checkpoint_applied(c.read(), baseline)
                 except FileNotFoundError:
                     applied[sink] = baseline
             checks += 1
@@ -236,6 +248,10 @@ def positions(ndjson):
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "applied":
+        p = checkpoint_applied(open(args[0]).read(), None)
+        print("-" if p is None else f"{p >> 32:X}/{p & 0xFFFFFFFF:X}")
+        sys.exit(0)
     if cmd == "writer":
         writer(args[0], float(args[1]), int(args[2]))
     elif cmd == "poller":

@@ -55,8 +55,9 @@ latency() {
     local out=(--out "$PG_TMP/out")
     [[ ${DISCARD:-0} == 1 ]] && out=(--discard)
     pg_psql -c "CREATE TABLE lat (id bigserial PRIMARY KEY, v int NOT NULL, at timestamptz NOT NULL DEFAULT now())" >/dev/null
-    # The pipeline creates the publication (FOR ALL TABLES) and the slot, then follows the slot.
-    "$pipeline" --source "$url" --slot lanestream --create-slot --sinks 3 "${out[@]}" --quiet \
+    # The pipeline creates the publication (for every table) and the slot, then follows the slot;
+    # the table is empty then, so its new sinks need no backfill (--joiners live-only).
+    "$pipeline" --source "$url" --slot lanestream --joiners live-only --create-slot --sinks 3 "${out[@]}" --quiet \
         --status-interval-ms 100 --summary-json "$PG_TMP/latency.json" >"$PG_TMP/latency.out" 2>&1 &
     local pid=$!
     # An early exit stops the pipeline too (then the cluster, keeping the exit status).
@@ -97,7 +98,7 @@ latency() {
     max=$(field "$PG_TMP/latency.json" 's["commit_to_last_ack"]["max_ms"]')
     cps=$(field "$PG_TMP/latency.json" 's["changes_per_second"]')
     field "$PG_TMP/latency.json" '"\n".join("  sink %s: p50 %.3f ms, p99 %.3f ms, max %.3f ms over %d transactions" % (k["name"], k["commit_to_ack"]["p50_ms"], k["commit_to_ack"]["p99_ms"], k["commit_to_ack"]["max_ms"], k["commit_to_ack"]["samples"]) for k in s["per_sink"])' >&2
-    pg_log "$published transactions ($rows rows) through 3 sinks; $cps changes/s over the run; load average at the end of the load: $load_end"
+    pg_log "$published transactions ($rows rows) through 3 sinks; $cps changes/s over the run; peak RSS $(field "$PG_TMP/latency.json" '"%.1f MiB" % (s["peak_rss_bytes"] / 1048576)'); load average at the end of the load: $load_end"
     field "$PG_TMP/latency.json" '"  of which commit -> decoded (the source: walsender, network, decoder): p50 %.3f ms, p99 %.3f ms, max %.3f ms" % (s["commit_to_decode"]["p50_ms"], s["commit_to_decode"]["p99_ms"], s["commit_to_decode"]["max_ms"])' >&2
     pg_log "commit -> last sink's ack: p50 $p50 ms, p99 $p99 ms, max $max ms (target p99 <= $target ms)"
     if python3 -c "import sys; sys.exit(0 if $p99 <= $target else 1)"; then
@@ -135,11 +136,11 @@ SQL
         local end start fast slowt
         end=$(pg_psql -Atc "SELECT pg_current_wal_flush_lsn()")
         start=$(now_s)
-        "$pipeline" --source "$url" --slot fast --discard --quiet --sinks 3 --end-lsn "$end" --status-interval-ms 100 \
+        "$pipeline" --source "$url" --slot fast --joiners live-only --discard --quiet --sinks 3 --end-lsn "$end" --status-interval-ms 100 \
             --summary-json "$PG_TMP/fast.json" >"$PG_TMP/fast.out" 2>&1 || { cat "$PG_TMP/fast.out" >&2; pg_die "the fast run failed"; }
         fast=$(calc "$(now_s) - $start")
         start=$(now_s)
-        "$pipeline" --source "$url" --slot slow --discard --quiet --sinks 3 --end-lsn "$end" --status-interval-ms 100 \
+        "$pipeline" --source "$url" --slot slow --joiners live-only --discard --quiet --sinks 3 --end-lsn "$end" --status-interval-ms 100 \
             --slow-sink --slow-sink-micros "$micros" \
             --summary-json "$PG_TMP/slow.json" >"$PG_TMP/slow.out" 2>&1 || { cat "$PG_TMP/slow.out" >&2; pg_die "the slow run failed"; }
         slowt=$(calc "$(now_s) - $start")
