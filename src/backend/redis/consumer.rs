@@ -4,17 +4,17 @@
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::marker::PhantomData;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::thread;
 use std::time::Instant;
 
 use super::conn::Budget;
 use super::item::RedisItem;
 use super::lane::{Acked, LaneDef, Received};
 use super::shared::Shared;
-use super::waiter::Waiter;
+use super::waiter::{wait_until, Waiter};
 use crate::error::{AckError, BackendError, RecvError, RecvTimeoutError, TryRecvError};
 use crate::port::{DeliveryRun, LaneConsumer, LaneDelivery};
 use crate::position::Position;
@@ -243,29 +243,15 @@ impl<T: RedisItem> RedisConsumer<T> {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<Option<RedisDelivery<T>>, RecvTimeoutError> {
-        loop {
-            match self.step(Budget::Retry) {
-                Ok(d) => return Ok(Some(d)),
-                Err(TryRecvError::Closed) => return Ok(None),
-                Err(TryRecvError::Detached) => return Err(RecvTimeoutError::Detached),
-                Err(TryRecvError::Backend(e)) => return Err(RecvTimeoutError::Backend(e)),
-                Err(TryRecvError::Empty) => {}
-            }
-            let mut slice = self.shared.pool.settings.wait_slice;
-            if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(RecvTimeoutError::Timeout);
-                }
-                slice = slice.min(left);
-            }
-            let bell = self.lane.bell(self.epoch.unwrap_or(0));
-            if let Err(e) = self.lane.wait(&self.shared.pool, &bell, slice) {
-                // Lost connection while waiting: the next step reconnects (or reports it).
-                let _ = e;
-                thread::sleep(self.shared.pool.settings.backoff_min);
-            }
-        }
+        let shared = self.shared.clone();
+        let answer = wait_until(&shared, deadline, || match self.step(Budget::Retry) {
+            Ok(d) => ControlFlow::Break(Ok(Some(d))),
+            Err(TryRecvError::Closed) => ControlFlow::Break(Ok(None)),
+            Err(TryRecvError::Detached) => ControlFlow::Break(Err(RecvTimeoutError::Detached)),
+            Err(TryRecvError::Backend(e)) => ControlFlow::Break(Err(RecvTimeoutError::Backend(e))),
+            Err(TryRecvError::Empty) => ControlFlow::Continue(Some(self.lane.bell(self.epoch.unwrap_or(0)))),
+        });
+        answer.unwrap_or(Err(RecvTimeoutError::Timeout))
     }
 
     /// One poll of an asynchronous receive: `Ready` as `recv` would return, or `Pending` with

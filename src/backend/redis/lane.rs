@@ -2,7 +2,6 @@
 //! reply parsed into a plain enum for the ends.
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use ::redis::{Cmd, Connection, RedisResult, Script, ServerErrorKind, Value};
 
@@ -580,11 +579,6 @@ impl LaneDef {
             inv.invoke::<i64>(c)
         })
         .map(drop)
-    }
-
-    /// Waits (at most `timeout`) for a wake-up token on `key`.
-    pub(crate) fn wait(&self, pool: &Pool, key: &str, timeout: Duration) -> Result<bool, BackendError> {
-        pool.wait_token(key, timeout)
     }
 }
 

@@ -3,16 +3,16 @@
 
 use std::fmt;
 use std::future::{poll_fn, Future};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::task::Poll;
-use std::thread;
 use std::time::Instant;
 
 use super::conn::Budget;
 use super::item::RedisItem;
 use super::lane::{LaneDef, Published};
 use super::shared::Shared;
-use super::waiter::Waiter;
+use super::waiter::{wait_until, Waiter};
 use crate::codec::AlignedVec;
 use crate::error::{BackendError, PublishError, PublishTimeoutError, TryPublishError};
 use crate::item::Request;
@@ -70,30 +70,22 @@ pub(super) fn timeout_error<T>(e: TryPublishError<T>) -> PublishTimeoutError<T> 
 /// `Full` at the deadline is `Timeout`.
 pub(super) fn publish_until<T>(
     shared: &Shared,
-    mut item: T,
+    item: T,
     deadline: Option<Instant>,
     mut step: impl FnMut(T) -> Result<(), (TryPublishError<T>, String)>,
 ) -> Result<(), PublishTimeoutError<T>> {
-    loop {
-        let bell = match step(item) {
+    let mut waiting = Some(item);
+    let answer = wait_until(shared, deadline, || {
+        let item = waiting.take().expect("the item is back after every Full");
+        match step(item) {
             Err((TryPublishError::Full(back), bell)) => {
-                item = back;
-                bell
+                waiting = Some(back);
+                ControlFlow::Continue(Some(bell))
             }
-            other => return other.map_err(|(e, _)| timeout_error(e)),
-        };
-        let mut slice = shared.pool.settings.wait_slice;
-        if let Some(deadline) = deadline {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(PublishTimeoutError::Timeout(item));
-            }
-            slice = slice.min(left);
+            other => ControlFlow::Break(other.map_err(|(e, _)| timeout_error(e))),
         }
-        if shared.pool.wait_token(&bell, slice).is_err() {
-            thread::sleep(shared.pool.settings.backoff_min);
-        }
-    }
+    });
+    answer.unwrap_or_else(|| Err(PublishTimeoutError::Timeout(waiting.take().expect("the item is back"))))
 }
 
 /// A waiting publish's error, from the bounded wait's (which never times out without a

@@ -2,9 +2,9 @@
 
 use std::fmt;
 use std::future::{poll_fn, Future};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use ::redis::Value;
@@ -15,7 +15,7 @@ use super::fanout::{self, RedisFanout};
 use super::lane::{items, malformed, query, scripts, text, unpad, LaneDef};
 use super::sender::RedisRequestSender;
 use super::shared::Shared;
-use super::waiter::Waiter;
+use super::waiter::{wait_until, Waiter};
 use crate::error::{BackendError, BuildError, StreamError};
 use crate::item::{LaneItem, Request};
 use crate::lane::LaneStats;
@@ -551,31 +551,14 @@ impl Stream for RedisStream {
             return None;
         }
         let bell = self.watermark_bell();
-        let settings = self.shared.pool.settings;
-        loop {
-            match self.read_watermark(Some(&bell.key)) {
-                Ok((w, done)) if done || w >= Some(at_least) => return w,
-                Ok(_) => {}
-                Err(_) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return *lock(&self.shared.watermark);
-                    }
-                    thread::sleep(settings.backoff_min);
-                    continue;
-                }
-            }
-            let mut slice = settings.wait_slice;
-            if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return *lock(&self.shared.watermark);
-                }
-                slice = slice.min(left);
-            }
-            if self.shared.pool.wait_token(&bell.key, slice).is_err() {
-                thread::sleep(settings.backoff_min);
-            }
-        }
+        let answer = wait_until(&self.shared, deadline, || match self.read_watermark(Some(&bell.key)) {
+            Ok((w, done)) if done || w >= Some(at_least) => ControlFlow::Break(w),
+            Ok(_) => ControlFlow::Continue(Some(bell.key.clone())),
+            // Redis not reached: the loop sleeps the backoff and reads again.
+            Err(_) => ControlFlow::Continue(None),
+        });
+        // At the deadline: the highest watermark read before.
+        answer.unwrap_or_else(|| *lock(&self.shared.watermark))
     }
 
     /// The wait runs on a helper thread of this future (`lanestream-redis-watermark-wait`,

@@ -1,13 +1,60 @@
-//! [`Waiter`]: the helper thread behind the async waits of a consumer, a publisher or a
-//! watermark waiter.
+//! The backend's waits: [`wait_until`], the one loop of every blocking call that waits (a
+//! publish for room, a receive for an item, a watermark wait), and [`Waiter`], the helper
+//! thread behind the async forms of the same waits.
 
+use std::ops::ControlFlow;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::Waker;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::shared::Shared;
 use crate::sync::lock;
+
+/// The one wait loop of this backend's blocking calls (publishes waiting for room, receives
+/// waiting for an item, watermark waits): runs `attempt` until it breaks with an answer,
+/// waiting between attempts on the wake-up key it continues with (`BLPOP` on it for at most the
+/// stream's wait slice, cut to what is left before `deadline`); an attempt that names no key
+/// (it could not reach Redis), or a wait that lost its connection, sleeps the backoff's minimum
+/// instead, and the next attempt reconnects or reports the error. `None` once `deadline` has
+/// passed with no answer (checked after each attempt, so an attempt always runs at least once);
+/// without a deadline it waits until `attempt` breaks.
+///
+/// No wake-up is lost: an attempt that needs one names the key it waits on, and whatever could
+/// change its answer pushes a token there after changing the lane; a token pushed between the
+/// attempt and the wait stays in the list until the wait takes it; a wake-up lost with a
+/// connection costs one wait slice.
+pub(super) fn wait_until<R>(
+    shared: &Shared,
+    deadline: Option<Instant>,
+    mut attempt: impl FnMut() -> ControlFlow<R, Option<String>>,
+) -> Option<R> {
+    let settings = shared.pool.settings;
+    loop {
+        let bell = match attempt() {
+            ControlFlow::Break(answer) => return Some(answer),
+            ControlFlow::Continue(bell) => bell,
+        };
+        let mut slice = settings.wait_slice;
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            slice = slice.min(left);
+        }
+        wait_once(shared, bell.as_deref(), slice);
+    }
+}
+
+/// One wait of [`wait_until`] and of a [`Waiter`]'s thread: `BLPOP` on `bell` for at most
+/// `slice`; with no bell, or when the wait lost its connection, a sleep of the backoff's minimum.
+fn wait_once(shared: &Shared, bell: Option<&str>, slice: Duration) {
+    match bell {
+        Some(bell) if shared.pool.wait_token(bell, slice).is_ok() => {}
+        _ => thread::sleep(shared.pool.settings.backoff_min),
+    }
+}
 
 struct WaitInner {
     /// The wake-up key to wait on, while armed.
@@ -69,10 +116,7 @@ impl Waiter {
                         inner = st.cv.wait(inner).unwrap_or_else(|p| p.into_inner());
                     }
                 };
-                let slice = shared.pool.settings.wait_slice;
-                if shared.pool.wait_token(&key, slice).is_err() {
-                    thread::sleep(Duration::from_millis(20));
-                }
+                wait_once(&shared, Some(&key), shared.pool.settings.wait_slice);
                 let waker = {
                     let mut inner = lock(&st.inner);
                     inner.key = None;
