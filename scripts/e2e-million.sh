@@ -6,10 +6,12 @@
 # /usr/bin/time -v. Checks: the run PASSes; it published ROWS changes in ROWS/10000 batches (only
 # the last positioned); every sink's output holds every row exactly once with its exact document,
 # at the commit LSN; the slot is confirmed at the final watermark (or past it, where nothing of ours
-# was committed: the idle advance). Reports the peak RSS.
+# was committed: the idle advance). Reports the pipeline's peak RSS (the summary's, read when its
+# run ended) and the process's (with the harness's check against the table after it).
 #
 # Usage: scripts/e2e-million.sh   (or scripts/e2e-postgres.sh --million). Not run by CI: about
-# a minute and 300 MB of sink output. Env: ROWS (1000000), CAPACITY (lane capacity, 1024).
+# a minute and 300 MB of sink output. Env: ROWS (1000000), CAPACITY (lane capacity, 1024),
+# PIPELINE (a harness binary to run instead of building this checkout's).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,10 +26,14 @@ command -v /usr/bin/time >/dev/null || {
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null
 }
-pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres)"
-(cd "$root" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
-target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-pipeline=$target_dir/release/lanestream-pipeline
+if [[ -n ${PIPELINE:-} ]]; then
+    pipeline=$PIPELINE
+else
+    pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres)"
+    (cd "$root" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
+    target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    pipeline=$target_dir/release/lanestream-pipeline
+fi
 
 pg_start
 url="postgres://postgres@127.0.0.1:$PGPORT/postgres"
@@ -85,4 +91,5 @@ for sink in summary["per_sink"]:
     check(lines == rows and sum(seen) == rows, f"sink {sink['name']}: {lines} lines, every row once, exact documents, all at the commit LSN {position}")
 sys.exit(1 if fail else 0)
 PY
-pg_log "ok: $rows changes in one transaction through the live source in ${took} s; peak RSS $((rss_kb / 1024)) MiB (lane capacity $capacity, chunks of 10000 changes)"
+pipeline_rss=$(python3 -c 'import json,sys; b=json.load(open(sys.argv[1]))["peak_rss_bytes"]; print("%.1f MiB" % (b / 1048576) if b else "-")' "$PG_TMP/million.json")
+pg_log "ok: $rows changes in one transaction through the live source in ${took} s; peak RSS of the pipeline $pipeline_rss (of the process, with its check of every sink's output against the table after the run, $((rss_kb / 1024)) MiB; lane capacity $capacity, chunks of 10000 changes)"

@@ -381,7 +381,12 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         changes_per_second: if elapsed > 0.0 { (changes as f64 / elapsed).round() as u64 } else { 0 },
         commit_to_decode: LatencyMs::of(source.commit_to_decode.summary()),
         commit_to_last_ack: LatencyMs::slowest(per_sink.iter().filter_map(|s| s.commit_to_ack.as_ref())),
-        peak_rss_bytes: lanestream_postgres::pipeline::peak_rss_bytes(),
+        // The pipeline's own peak, read when its run ended: not the check against the tables
+        // after it, which holds every sink's replayed output.
+        peak_rss_bytes: pipeline_report
+            .as_ref()
+            .and_then(|r| r.peak_rss_bytes)
+            .or_else(lanestream_postgres::pipeline::peak_rss_bytes),
         ingest_error: ingest_error.as_deref().map(one_line),
         per_sink,
     };

@@ -80,8 +80,9 @@ pub(crate) struct Summary {
     /// From the start to the last sink's end, to the millisecond.
     pub(crate) elapsed_seconds: f64,
     pub(crate) changes_per_second: u64,
-    /// The process's peak resident set size at the end, in bytes (Linux's `VmHWM`; `null`
-    /// where it cannot be read).
+    /// The process's peak resident set size when the pipeline's run ended, in bytes (Linux's
+    /// `VmHWM`, `PipelineReport::peak_rss_bytes`; `null` where it cannot be read): the
+    /// pipeline's memory, not the check against the tables that follows a live run.
     pub(crate) peak_rss_bytes: Option<u64>,
     /// Live mode: commit → last sink's ack (the slowest sink's percentiles; see `per_sink`).
     pub(crate) commit_to_last_ack: Option<LatencyMs>,

@@ -96,8 +96,10 @@ fn tables(url: &str, publication: &str) -> Result<Vec<Table>, BoxError> {
     Ok(out)
 }
 
-/// A sink's output replayed: index → id → column → the value's JSON text.
+/// A sink's output replayed: index → id → column → the value's JSON text. Read a line at a
+/// time (the output can be larger than memory would like; what it holds is its rows, once).
 fn replay(path: &Path) -> Result<Replayed, BoxError> {
+    use std::io::BufRead;
     #[derive(serde::Deserialize)]
     struct Line<'a> {
         index: String,
@@ -106,11 +108,17 @@ fn replay(path: &Path) -> Result<Replayed, BoxError> {
         #[serde(borrow)]
         document: Option<HashMap<String, &'a RawValue>>,
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(cannot)?);
     let mut indexes = Replayed::new();
-    for (i, l) in text.lines().enumerate() {
+    let mut l = String::new();
+    for i in 1.. {
+        l.clear();
+        if reader.read_line(&mut l).map_err(cannot)? == 0 {
+            break;
+        }
         let line: Line<'_> =
-            serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
+            serde_json::from_str(l.trim_end_matches('\n')).map_err(|e| format!("{}:{i}: {e}", path.display()))?;
         let rows = indexes.entry(line.index).or_default();
         match line.op.as_str() {
             "upsert" => {
