@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use lanestream::{
+use crate::{
     IndexName, LaneConsumer, LaneDelivery, LaneItem, Position, PublishTimeoutError, RecvTimeoutError,
     SinkName, Stream, StreamError, StreamFanout, TryRecvError,
 };
@@ -67,7 +67,7 @@ impl From<StreamError> for PipelineError {
 /// Asks a running pipeline (or sink engine) to stop: the driver stops reading the source, waits
 /// (up to the drain timeout) until the sinks acked what was published, confirms the source at
 /// the watermark, stops its local sink engines and returns `Ok`. The lanes stay open: a stop is
-/// a pause, and a closed lane is final ([L10](lanestream::contract#l10)); on a broker, sink
+/// a pause, and a closed lane is final ([L10](crate::contract#l10)); on a broker, sink
 /// engines in other processes wait for the next ingest. Clone it freely; hand
 /// [`flag`](StopHandle::flag) to a signal handler (`signal_hook::flag::register`).
 #[derive(Clone, Debug, Default)]
@@ -300,8 +300,8 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// ([`PipelineError::Refused`], or the source's). The local sink engines are stopped and
     /// joined before it returns, and the lanes are left open (as a crash would leave them, P8):
     /// a close is the stream's end, final for every later publisher
-    /// ([L10](lanestream::contract#l10)), which an error is not; a restarted ingest publishes
-    /// again at once, after what was published ([L9](lanestream::contract#l9)), and a broker's
+    /// ([L10](crate::contract#l10)), which an error is not; a restarted ingest publishes
+    /// again at once, after what was published ([L9](crate::contract#l9)), and a broker's
     /// sink engines in other processes keep waiting for it. The source was confirmed only up to
     /// the watermark.
     pub fn run<Src: Source>(self, source: &mut Src) -> Result<PipelineReport, PipelineError> {
@@ -560,9 +560,9 @@ struct Ingest<'a, St: Stream> {
     fanout: &'a mut St::Fanout,
     requests: &'a mut St::RequestConsumer,
     /// Requests handed to the source whose `SnapshotComplete` is not published yet, per sink,
-    /// in arrival order: acked when it is ([R2](lanestream::contract#r2)).
+    /// in arrival order: acked when it is ([R2](crate::contract#r2)).
     pending:
-        HashMap<SinkName, VecDeque<<St::RequestConsumer as LaneConsumer<lanestream::Request>>::Delivery>>,
+        HashMap<SinkName, VecDeque<<St::RequestConsumer as LaneConsumer<crate::Request>>::Delivery>>,
     report: PipelineReport,
     tick: Duration,
     metrics: MetricsHandle,
@@ -658,13 +658,9 @@ impl<St: Stream> Ingest<'_, St> {
                 Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
             };
             let request = delivery.item().clone();
+            // `Request` has one kind today; a later kind gets its own arm here.
             let sink = match &request {
-                lanestream::Request::Backfill { sink, .. } => sink.clone(),
-                other => {
-                    return Err(PipelineError::Source(
-                        format!("a request the driver does not know: {other:?}").into(),
-                    ))
-                }
+                crate::Request::Backfill { sink, .. } => sink.clone(),
             };
             source.backfill(request).map_err(|e| PipelineError::Source(e.into()))?;
             self.pending.entry(sink).or_default().push_back(delivery);
