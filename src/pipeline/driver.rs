@@ -16,7 +16,7 @@ use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
 use super::metrics::{MetricsHandle, SinkReport};
 use super::sink::{RetryPolicy, Sink};
 use super::source::{SinkStart, Source, SourceItem, SourceStart};
-use super::state::SinkState;
+use super::state::{transaction_of, SinkState};
 use super::BoxError;
 
 /// Why a pipeline stopped with an error. Each names the part that failed.
@@ -101,10 +101,15 @@ impl StopHandle {
 /// What a pipeline run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PipelineReport {
-    /// Positioned batches (transactions) published to every lane.
+    /// Positioned batches (transactions) published, to every lane that lacked them (every lane,
+    /// but for a restart over lanes holding items beyond the watermark: see
+    /// [`Pipeline::run`], "Resuming").
     pub transactions: u64,
-    /// Unpositioned chunks of large transactions published to every lane.
+    /// Unpositioned chunks of large transactions published, to every lane that lacked them.
     pub chunks: u64,
+    /// Batches and chunks the source handed over that every lane held already (published by an
+    /// earlier ingest, not acked yet): not published again.
+    pub skipped: u64,
     /// Changes published (the batches' `changes`).
     pub changes: u64,
     /// Envelopes published to every lane.
@@ -115,7 +120,7 @@ pub struct PipelineReport {
     pub snapshot_envelopes: u64,
     /// Backfill requests served: `SnapshotComplete` published, then the request acked.
     pub backfills_served: u64,
-    /// The last positioned batch published.
+    /// The last positioned batch published (or held by every lane already).
     pub last_position: Option<Position>,
     /// The last position confirmed to the source.
     pub confirmed: Option<Position>,
@@ -295,6 +300,31 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// (not at a stop: a pause leaves them open, see [`StopHandle`]) and joins the sink engines.
     /// The ingest runs on the calling thread.
     ///
+    /// # Resuming
+    /// A source resumes from the watermark (what every lane acked), but a lane may hold
+    /// published, unacked items beyond it: a restarted ingest over a broker's lanes, or over a
+    /// stream that outlived its source. Once it has claimed the fan-out, the driver reads each
+    /// lane's last published position ([`LaneStats::last_published`](crate::LaneStats::last_published),
+    /// through [`Stream::stats`]) and publishes what the source sends again only to the lanes
+    /// that lack it, so no lane gets a batch twice and none is refused for a position it holds
+    /// ([L4](crate::contract#l4)):
+    /// - a positioned batch at `p` goes to the lanes whose last published position is below
+    ///   `p`: with the one fan-out publish when every lane lacks it (always, once past what the
+    ///   lanes held), with [`publish_to`](crate::StreamFanout::publish_to) to each of them when
+    ///   only some do (a blocking publish: it waits for room without confirming meanwhile), to
+    ///   none when every lane holds it ([`PipelineReport::skipped`]);
+    /// - an unpositioned chunk of a large transaction goes, by its envelopes' position (the
+    ///   transaction's commit position), to the lanes that lack that transaction: a lane that
+    ///   holds some of its chunks but not its last batch gets them again, which its sink's
+    ///   state covers ([`SinkState::uncovered`](super::SinkState::uncovered));
+    /// - the edge: a chunk whose envelopes carry no position goes to the lanes that were not
+    ///   skipped for the last positioned batch handed over in this run (every lane before the
+    ///   first).
+    ///
+    /// The items a lane held are redelivered by the lane itself. (This crate's backends share
+    /// one publish sequence across a stream's lanes, the in-memory ring and the Redis log, so
+    /// there every lane lacks a batch or none does.)
+    ///
     /// # Errors
     /// The first failure: the source's, a sink engine's (named), the stream's, a refusal at start
     /// ([`PipelineError::Refused`], or the source's). The local sink engines are stopped and
@@ -320,6 +350,14 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
         let started = Instant::now();
         metrics.start();
         let mut fanout = stream.fanout()?;
+        // Each lane's last published position, read once the fan-out is ours (its claim fences
+        // an older ingest, L9): a lane may hold published, unacked items beyond the watermark
+        // (a restarted ingest), which are not published to it again.
+        let published = stream
+            .sinks()
+            .iter()
+            .map(|sink| stream.stats(sink.as_str()).map(|s| s.last_published))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut requests = stream.reattach_requests();
         // Ends the local engines on an error, without closing the lanes (see "Errors").
         let engines_stop = StopHandle::new();
@@ -375,6 +413,8 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             fanout: &mut fanout,
             requests: &mut requests,
             pending: HashMap::new(),
+            chunk_lanes: vec![true; published.len()],
+            published,
             report: PipelineReport::default(),
             tick,
             metrics: metrics.clone(),
@@ -559,6 +599,13 @@ struct Ingest<'a, St: Stream> {
     stream: &'a St,
     fanout: &'a mut St::Fanout,
     requests: &'a mut St::RequestConsumer,
+    /// Each lane's last published position (index = lane, as in the fan-out): read at start,
+    /// then moved by every positioned batch published.
+    published: Vec<Option<Position>>,
+    /// The lanes an unpositioned chunk whose envelopes carry no position either goes to: those
+    /// not skipped for the last positioned batch handed over in this run (every lane before
+    /// the first).
+    chunk_lanes: Vec<bool>,
     /// Requests handed to the source whose `SnapshotComplete` is not published yet, per sink,
     /// in arrival order: acked when it is ([R2](crate::contract#r2)).
     pending:
@@ -675,6 +722,31 @@ impl<St: Stream> Ingest<'_, St> {
             .ok_or_else(|| PipelineError::UnknownSink(sink.clone()))
     }
 
+    /// Publishes `item` to every lane with the fan-out, waiting for room while confirming and
+    /// checking the engines; `false` when a stop came first (the item was not published).
+    fn publish_everywhere<Src: Source>(
+        &mut self,
+        mut item: LaneItem,
+        source: &mut Src,
+        stop: &StopHandle,
+        engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
+    ) -> Result<bool, PipelineError> {
+        // Wait for room, confirming meanwhile (slow sinks' progress reaches the source).
+        loop {
+            match self.fanout.publish_timeout(item, self.tick.max(Duration::from_millis(50))) {
+                Ok(()) => return Ok(true),
+                Err(PublishTimeoutError::Timeout(back)) => {
+                    item = back;
+                    self.housekeeping(source, engines)?;
+                    if stop.is_stopped() {
+                        return Ok(false);
+                    }
+                }
+                Err(e) => return Err(publish_error(e)),
+            }
+        }
+    }
+
     fn publish<Src: Source>(
         &mut self,
         item: SourceItem,
@@ -686,30 +758,44 @@ impl<St: Stream> Ingest<'_, St> {
             SourceItem::Change(batch) => {
                 let (position, changes, envelopes) =
                     (batch.position, batch.changes, batch.envelopes.len() as u64);
-                let mut item = LaneItem::Batch(batch);
-                // Wait for room, confirming meanwhile (slow sinks' progress reaches the source).
-                loop {
-                    match self.fanout.publish_timeout(item, self.tick.max(Duration::from_millis(50))) {
-                        Ok(()) => break,
-                        Err(PublishTimeoutError::Timeout(back)) => {
-                            item = back;
-                            self.housekeeping(source, engines)?;
-                            if stop.is_stopped() {
-                                // Not published, so never confirmed: the source sends it again.
-                                return Ok(());
-                            }
-                        }
-                        Err(e) => return Err(publish_error(e)),
+                // The lanes that lack it (see `Pipeline::run`, "Resuming"): by its position, a
+                // chunk by its transaction's (its envelopes'), else as the last positioned batch.
+                let targets: Vec<bool> = match position.or_else(|| transaction_of(&batch)) {
+                    Some(p) => self.published.iter().map(|last| last.is_none_or(|last| last < p)).collect(),
+                    None => self.chunk_lanes.clone(),
+                };
+                let item = LaneItem::Batch(batch);
+                if targets.iter().all(|t| *t) {
+                    // Every lane lacks it (always, but for a restart over lanes holding items
+                    // beyond the watermark): written once for all.
+                    if !self.publish_everywhere(item, source, stop, engines)? {
+                        // Stopped: not published, so never confirmed; the source sends it again.
+                        return Ok(());
+                    }
+                } else if targets.iter().any(|t| *t) {
+                    // Some lanes hold it already: to the others only.
+                    for (lane, _) in targets.iter().enumerate().filter(|(_, t)| **t) {
+                        self.fanout.publish_to(lane, item.clone()).map_err(|e| publish_error(e.into()))?;
+                    }
+                } else {
+                    // Every lane holds it: published by an earlier ingest, not acked yet.
+                    self.report.skipped += 1;
+                }
+                if targets.iter().any(|t| *t) {
+                    self.report.changes += changes;
+                    self.report.envelopes += envelopes;
+                    match position {
+                        Some(_) => self.report.transactions += 1,
+                        None => self.report.chunks += 1,
                     }
                 }
-                self.report.changes += changes;
-                self.report.envelopes += envelopes;
-                match position {
-                    Some(p) => {
-                        self.report.transactions += 1;
-                        self.report.last_position = Some(p);
+                if let Some(p) = position {
+                    // On every lane now (published here, or held before): the drain waits for it.
+                    self.report.last_position = Some(p);
+                    for last in &mut self.published {
+                        *last = (*last).max(Some(p));
                     }
-                    None => self.report.chunks += 1,
+                    self.chunk_lanes = targets;
                 }
             }
             SourceItem::Snapshot { sink, item } => {

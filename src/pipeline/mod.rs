@@ -121,6 +121,8 @@ pub mod metrics;
 pub mod sink;
 pub mod source;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 pub use driver::{Joiners, Pipeline, PipelineError, PipelineReport, StopHandle};
 pub use engine::run_sink;
