@@ -244,5 +244,5 @@ pub use options::LogOptions;
 pub use position::{LogPosition, PositionRange};
 pub use query::{Query, QueryItem, QueryItems};
 pub use read::{ReadHandle, Reads};
-pub use source::{DEFAULT_SNAPSHOT_BATCH, LogSource, LogSourceBuilder, Pumped, SourceError, SourceStats};
+pub use source::{DEFAULT_SNAPSHOT_BATCH, LogSource, LogSourceBuilder, SourceError, SourceStats};
 pub use subscription::{NextBatch, Subscription};

@@ -120,6 +120,9 @@ pub struct PipelineReport {
     pub snapshot_envelopes: u64,
     /// Backfill requests served: `SnapshotComplete` published, then the request acked.
     pub backfills_served: u64,
+    /// Backfill requests for a sink the stream has no lane for: acked unanswered (they could
+    /// never be served), never handed to the source.
+    pub requests_refused: u64,
     /// The last positioned batch published (or held by every lane already).
     pub last_position: Option<Position>,
     /// The last position confirmed to the source.
@@ -709,6 +712,14 @@ impl<St: Stream> Ingest<'_, St> {
             let sink = match &request {
                 crate::Request::Backfill { sink, .. } => sink.clone(),
             };
+            if !self.stream.sinks().contains(&sink) {
+                // No lane to answer on: it could never be served, and left unacked it would
+                // come back for ever.
+                if delivery.ack().is_ok() {
+                    self.report.requests_refused += 1;
+                }
+                continue;
+            }
             source.backfill(request).map_err(|e| PipelineError::Source(e.into()))?;
             self.pending.entry(sink).or_default().push_back(delivery);
         }
@@ -760,28 +771,32 @@ impl<St: Stream> Ingest<'_, St> {
                     (batch.position, batch.changes, batch.envelopes.len() as u64);
                 // The lanes that lack it (see `Pipeline::run`, "Resuming"): by its position, a
                 // chunk by its transaction's (its envelopes'), else as the last positioned batch.
-                let targets: Vec<bool> = match position.or_else(|| transaction_of(&batch)) {
-                    Some(p) => self.published.iter().map(|last| last.is_none_or(|last| last < p)).collect(),
-                    None => self.chunk_lanes.clone(),
+                let key = position.or_else(|| transaction_of(&batch));
+                let lacks = |lane: usize| match key {
+                    Some(p) => self.published[lane].is_none_or(|last| last < p),
+                    None => self.chunk_lanes[lane],
                 };
+                let lanes = self.published.len();
+                let (all, any) = ((0..lanes).all(lacks), (0..lanes).any(lacks));
                 let item = LaneItem::Batch(batch);
-                if targets.iter().all(|t| *t) {
+                if all {
                     // Every lane lacks it (always, but for a restart over lanes holding items
                     // beyond the watermark): written once for all.
                     if !self.publish_everywhere(item, source, stop, engines)? {
                         // Stopped: not published, so never confirmed; the source sends it again.
                         return Ok(());
                     }
-                } else if targets.iter().any(|t| *t) {
+                } else if any {
                     // Some lanes hold it already: to the others only.
-                    for (lane, _) in targets.iter().enumerate().filter(|(_, t)| **t) {
+                    let targets: Vec<usize> = (0..lanes).filter(|&lane| lacks(lane)).collect();
+                    for lane in targets {
                         self.fanout.publish_to(lane, item.clone()).map_err(|e| publish_error(e.into()))?;
                     }
                 } else {
                     // Every lane holds it: published by an earlier ingest, not acked yet.
                     self.report.skipped += 1;
                 }
-                if targets.iter().any(|t| *t) {
+                if any {
                     self.report.changes += changes;
                     self.report.envelopes += envelopes;
                     match position {
@@ -792,10 +807,11 @@ impl<St: Stream> Ingest<'_, St> {
                 if let Some(p) = position {
                     // On every lane now (published here, or held before): the drain waits for it.
                     self.report.last_position = Some(p);
-                    for last in &mut self.published {
+                    for (lane, last) in self.published.iter_mut().enumerate() {
+                        // Taken by the lanes it was published to: those that lacked it.
+                        self.chunk_lanes[lane] = last.is_none_or(|last| last < p);
                         *last = (*last).max(Some(p));
                     }
-                    self.chunk_lanes = targets;
                 }
             }
             SourceItem::Snapshot { sink, item } => {

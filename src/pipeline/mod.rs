@@ -26,7 +26,7 @@
 //!   publishes that a sink does not hold is owed to it (P2); every backfill owed is committed in
 //!   the sink's state before its request is published, and asked again by a restarted engine
 //!   (P3). A refusal starts nothing and writes nothing.
-//! - Each [`SourceItem::Change`] is published to every lane with the stream's one fan-out; a
+//! - Each [`SourceItem::Change`] is published to every lane (that lacks it) with the stream's one fan-out; a
 //!   [`SourceItem::Snapshot`] to its sink's lane only (`publish_to`).
 //! - The source is confirmed only at the stream's watermark (what every sink made durable and
 //!   acked), never past it: after publishing while it moves, while a full lane keeps the ingest
@@ -34,7 +34,11 @@
 //!   [`Stream::wait_watermark`](crate::Stream::wait_watermark), not by sleep-polling).
 //! - A backfill request is acked only after its `SnapshotComplete` is published
 //!   ([R2](crate::contract#r2)); a restarted driver gets the unacked ones again, and a
-//!   restarted sink engine asks again for what its state owes.
+//!   restarted sink engine asks again for what its state owes. A request for a sink the stream
+//!   has no lane for is acked unanswered ([`PipelineReport::requests_refused`]).
+//! - A restarted ingest over lanes that hold published, unacked items beyond the watermark
+//!   publishes nothing twice: each lane gets only what it lacks ([`Pipeline::run`],
+//!   "Resuming").
 //! - A sink engine receives runs through the port ([`LaneConsumer::recv_run`](crate::LaneConsumer::recv_run);
 //!   several, up to [`Pipeline::max_run`] items), hands its sink what the state does not cover,
 //!   commits it with the state advanced, and acks each run only after the commit
