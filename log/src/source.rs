@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lanestream::pipeline::{SinkStart, Source, SourceItem, SourceStart};
-use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, Request, SinkName, Stream, StreamError};
+use lanestream::{
+    Batch, Envelope, IndexName, LaneItem, Op, Position, Request, SinkName, Stream, StreamError,
+};
 
 use super::error::ReadError;
 use super::position::{LogPosition, PositionRange};
@@ -399,7 +401,10 @@ impl LogSource {
         }
         let b = self.backfills.pop_front().expect("the front backfill");
         self.stats.backfills += 1;
-        Ok(Some(SourceItem::Snapshot { sink: b.sink, item: LaneItem::SnapshotComplete { indexes: b.indexes } }))
+        Ok(Some(SourceItem::Snapshot {
+            sink: b.sink,
+            item: LaneItem::SnapshotComplete { indexes: b.indexes },
+        }))
     }
 
     /// A view of the log up to `head` (at most the published head).

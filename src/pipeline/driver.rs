@@ -611,8 +611,7 @@ struct Ingest<'a, St: Stream> {
     chunk_lanes: Vec<bool>,
     /// Requests handed to the source whose `SnapshotComplete` is not published yet, per sink,
     /// in arrival order: acked when it is ([R2](crate::contract#r2)).
-    pending:
-        HashMap<SinkName, VecDeque<<St::RequestConsumer as LaneConsumer<crate::Request>>::Delivery>>,
+    pending: HashMap<SinkName, VecDeque<<St::RequestConsumer as LaneConsumer<crate::Request>>::Delivery>>,
     report: PipelineReport,
     tick: Duration,
     metrics: MetricsHandle,

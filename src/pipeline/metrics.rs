@@ -26,8 +26,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hdrhistogram::Histogram;
 use crate::{LaneItem, Position};
+use hdrhistogram::Histogram;
 
 /// What one sink engine did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -144,8 +144,8 @@ pub fn unix_micros_now() -> u64 {
 mod tests {
     use std::sync::Arc;
 
-    use bytes::Bytes;
     use crate::{Batch, Envelope, IndexName, Op, Position};
+    use bytes::Bytes;
 
     use super::*;
 

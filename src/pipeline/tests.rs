@@ -164,7 +164,11 @@ fn chunks_go_by_their_transaction_to_the_lanes_that_lack_it() {
     assert_eq!((report.skipped, report.chunks, report.transactions), (3, 2, 1));
     assert_eq!(report.confirmed, Some(Position(30)));
     for sink in ["a", "b"] {
-        assert_eq!(published(&stream, sink), (7, Some(Position(30))), "{sink}: 4 held, then 30's three batches");
+        assert_eq!(
+            published(&stream, sink),
+            (7, Some(Position(30))),
+            "{sink}: 4 held, then 30's three batches"
+        );
     }
     let whole = [(10, 0), (20, 0), (20, 1), (20, 2), (30, 0), (30, 1), (30, 2)];
     for r in &recorded {

@@ -358,7 +358,10 @@ fn a_backfill_of_an_unknown_index_gets_no_rows_and_one_for_an_unknown_sink_is_ac
     assert_eq!((report.backfills_served, report.requests_refused), (1, 1));
     let items = take_all(&mut search);
     assert_eq!(live_positions(&items), [1, 2], "only the live batches");
-    assert!(!items.iter().any(|i| matches!(i, LaneItem::Batch(b) if b.position.is_none())), "no snapshot rows");
+    assert!(
+        !items.iter().any(|i| matches!(i, LaneItem::Batch(b) if b.position.is_none())),
+        "no snapshot rows"
+    );
     assert!(items.contains(&LaneItem::SnapshotComplete { indexes: vec![index("nope")] }));
     assert!(stream.requests().is_idle());
     // The default index is `events` (every event).

@@ -27,9 +27,7 @@ use std::time::{Duration, Instant};
 use lanestream::{Position, RedisStream, Stream};
 
 use lanestream_postgres::ndjson::{DurableNdjson, NdjsonError};
-use lanestream_postgres::pipeline::{
-    run_sink, RetryPolicy, Sink, SinkState, StopHandle,
-};
+use lanestream_postgres::pipeline::{run_sink, RetryPolicy, Sink, SinkState, StopHandle};
 
 use crate::prelude::*;
 
