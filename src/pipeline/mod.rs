@@ -121,6 +121,7 @@
 
 pub mod driver;
 pub mod engine;
+mod ingest;
 pub mod metrics;
 pub mod sink;
 pub mod source;
