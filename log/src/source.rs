@@ -424,7 +424,8 @@ impl Source for LogSource {
     /// [`SourceError::LogFailed`] once the log's writer failed and every append published
     /// before the failure was handed over; [`SourceError::Read`].
     fn next(&mut self, timeout: Duration) -> Result<Option<SourceItem>, SourceError> {
-        let deadline = Instant::now() + timeout;
+        // Read the clock only when there is nothing to hand over (the hot path does not wait).
+        let mut deadline = None;
         loop {
             if let Some(item) = self.next_snapshot()? {
                 return Ok(Some(item));
@@ -443,6 +444,7 @@ impl Source for LogSource {
                 return Ok(Some(SourceItem::End));
             }
             let (shared, after) = (&self.shared, self.after);
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
             if !shared.signal.wait(|| shared.is_ended() || shared.head() > after, Some(deadline)) {
                 return Ok(None);
             }

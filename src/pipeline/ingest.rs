@@ -162,6 +162,12 @@ impl<St: Stream> Ingest<'_, St> {
         stop: &StopHandle,
         engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
     ) -> Result<bool, PipelineError> {
+        // Room now (no clock read): the common case. Any refusal (full, or a broker's blip,
+        // which only the waiting form retries, P8) goes on to the waiting form below.
+        item = match self.fanout.try_publish(item) {
+            Ok(()) => return Ok(true),
+            Err(e) => e.into_inner(),
+        };
         // Wait for room, confirming meanwhile (slow sinks' progress reaches the source).
         loop {
             match self.fanout.publish_timeout(item, self.tick.max(Duration::from_millis(50))) {
