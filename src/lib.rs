@@ -68,12 +68,14 @@
 //! | `sync.rs` | the shim: `std`, or loom under `--cfg lanestream_loom` |
 //! | `item.rs`, `envelope.rs`, `name.rs`, `position.rs`, `error.rs` | the vocabulary: [`LaneItem`], [`Batch`], [`Request`], [`Envelope`], names, [`Position`], the error enums |
 //! | `codec/` | the rkyv wire form (feature `codec`) |
+//! | `pipeline/` | the one ingest driver (feature `pipeline`, on by default; see [`pipeline`]): `source.rs` (the [`Source`](pipeline::Source) trait), `driver.rs` ([`Pipeline`](pipeline::Pipeline): a source into any [`Stream`] into sink engines; the start-up checks), `ingest.rs` (its ingest loop: publishing per lane, confirms, the request lane, the drain), `engine.rs` (the sink engine, [`run_sink`](pipeline::run_sink)), `sink.rs` ([`Sink`](pipeline::Sink), [`RetryPolicy`](pipeline::RetryPolicy)), `state.rs` ([`SinkState`](pipeline::SinkState)), `metrics.rs` |
 //! | `contract.rs`, `docs/` | the contract and the memory-ordering chapter, as doc-only modules |
 //!
 //! # Features
-//! `serde` (serde for items, envelopes, names, positions, stats), `codec` (the rkyv wire form,
-//! validated on read), `futures` (`Consumer::into_stream`), `redis` (the `redis` module, turns
-//! on `codec`); none by default.
+//! `pipeline` (the [`pipeline`] module: the ingest driver, sink engines and sink state; turns on
+//! `serde`; the one on by default), `serde` (serde for items, envelopes, names, positions,
+//! stats), `codec` (the rkyv wire form, validated on read), `futures` (`Consumer::into_stream`),
+//! `redis` (the `redis` module, turns on `codec`).
 #![warn(missing_docs)]
 #![deny(missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -88,6 +90,9 @@ mod error;
 mod item;
 mod lane;
 mod name;
+#[cfg(feature = "pipeline")]
+#[cfg_attr(docsrs, doc(cfg(feature = "pipeline")))]
+pub mod pipeline;
 mod port;
 mod position;
 mod sync;

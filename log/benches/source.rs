@@ -1,11 +1,13 @@
-//! `LogSource` (the log feeding the lanes) against the loop a user would write without it, in
+//! `LogSource` (the log feeding the lanes, run by the pipeline driver) against the loop a user
+//! would write without it, in
 //! short interleaved rounds (ours, peer, peer, ours, ...), so both sides of each ratio are
 //! measured within milliseconds of each other on a shared machine.
 //!
 //! Every round moves the same in-memory log (N appends of one 256-byte event) into a fresh
 //! one-lane `MemoryStream` (capacity 1024) whose sink thread receives and acks every batch:
-//! - **source**: `LogSource::pump` (one batch per append, the append found through the log's
-//!   append ends, one envelope per event);
+//! - **source**: `LogSource` run by `lanestream::pipeline::Pipeline` (one batch per append, the
+//!   append found through the log's append ends, one envelope per event), timed until the sink
+//!   received the last batch (the driver's stop and join after it are not timed);
 //! - **hand loop**: a `Subscription` over `Query::All`, each event published as its own batch
 //!   (correct here only because every append holds one event; a general loop must also find
 //!   where each append ends);
@@ -17,11 +19,12 @@
 //!
 //! `cargo bench -p lanestream-log --bench source [-- --rounds N --appends M]`
 
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use lanestream::pipeline::Pipeline;
 use lanestream::{Batch, Envelope, IndexName, LaneItem, MemoryStream, Position, Stream};
 use lanestream_log::{Event, EventLog, LogOptions, LogSource, Query, ReadHandle, TryNextError, WriteHandle};
 
@@ -60,13 +63,33 @@ fn stream_and_sink() -> (MemoryStream, thread::JoinHandle<u64>) {
 }
 
 fn via_source(log: &ReadHandle, appends: u64) -> Duration {
-    let (stream, sink) = stream_and_sink();
+    let stream = MemoryStream::builder().capacity(1024).sinks(["sink"]).build().unwrap();
+    let mut consumer = stream.attach("sink").unwrap();
+    let (all_in, all_in_rx) = mpsc::channel();
+    let sink = thread::spawn(move || {
+        let mut n = 0;
+        while let Some(d) = consumer.recv().unwrap() {
+            n += 1;
+            d.ack().unwrap();
+            if n == appends {
+                let _ = all_in.send(());
+            }
+        }
+        n
+    });
     let start = Instant::now();
-    let mut source = LogSource::builder(log.clone()).serve_requests(false).build(&stream).unwrap();
-    source.pump().unwrap();
-    source.close();
+    let mut source = LogSource::builder(log.clone()).build(&stream).unwrap();
+    let pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(1)).drain_timeout(Duration::ZERO);
+    let stop = pipeline.stop_handle();
+    let driver = thread::spawn(move || pipeline.run(&mut source).unwrap());
+    all_in_rx.recv().unwrap();
+    let elapsed = start.elapsed();
+    // The log stays open (the next round reads it again): stop the driver, then end the lane.
+    stop.stop();
+    driver.join().unwrap();
+    stream.close("sink").unwrap();
     assert_eq!(sink.join().unwrap(), appends);
-    start.elapsed()
+    elapsed
 }
 
 fn via_hand_loop(log: &ReadHandle, appends: u64) -> Duration {

@@ -9,8 +9,8 @@
 //! <the head it read> }`; on `Conflict` it reads again and decides again. No lock, no
 //! per-course state outside the log.
 //!
-//! A `LogSource` publishes every append as one batch into a `MemoryStream`'s lane `projection`,
-//! whose sink builds "course -> students" from the envelopes and acks. The summary checks that no
+//! A `LogSource`, run by the pipeline driver (`lanestream::pipeline::Pipeline`), publishes every
+//! append as one batch into a `MemoryStream`'s lane `projection`, whose sink builds "course -> students" from the envelopes and acks. The summary checks that no
 //! course is over capacity and no student over the limit (on a full re-read of the log), that the
 //! projection equals that re-read, and that the watermark reached the log's head; it ends with a
 //! `PASS: ...` or `FAIL: ...` line, and the exit status matches.
@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Instant;
 
+use lanestream::pipeline::Pipeline;
 use lanestream::{IndexName, LaneItem, MemoryStream, Position, Stream};
 use lanestream_log::{
     AppendCondition, AppendError, Event, EventLog, LogOptions, LogSource, Query, QueryItem, WriteHandle,
@@ -222,10 +223,12 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         }
         Ok((enrolment, batches))
     });
+    // The driver: until the log closes and the projection acked everything; then it closes
+    // the lane.
+    let pipeline = Pipeline::new(stream.clone());
     let source = thread::spawn(move || {
-        let stats = source.run();
-        source.close();
-        stats
+        pipeline.run(&mut source)?;
+        Ok::<_, lanestream::pipeline::PipelineError>(source.stats().clone())
     });
 
     // The courses, each defined once (a condition on its own tag).

@@ -57,11 +57,15 @@
 //! than a commit to a fast disk). Appends that overlap queue as above; async appends always do.
 //!
 //! # Feeding the lanes
-//! [`LogSource`] is the log as the ingest engine of a [`MemoryStream`](lanestream::MemoryStream):
+//! [`LogSource`] is the log as a [`Source`](lanestream::pipeline::Source) of the one pipeline
+//! driver ([`lanestream::pipeline::Pipeline`]), over any stream backend (in-process
+//! [`MemoryStream`](lanestream::MemoryStream), or a Redis stream for sinks in other processes):
 //! each append becomes one [`Batch`](lanestream::Batch) on every lane, positioned at the append's
 //! last position (so the watermark is always the end of an append; [`ReadHandle::append_at`]
-//! finds the append holding any position); it resumes after the stream's watermark and serves
-//! [`Request::Backfill`](lanestream::Request::Backfill) from the index.
+//! finds the append holding any position); it resumes after the stream's watermark (the driver
+//! skips what the lanes hold already) and serves
+//! [`Request::Backfill`](lanestream::Request::Backfill) from the index (the driver consumes the
+//! request lane and acks each request after its `SnapshotComplete`).
 //!
 //! # On disk
 //! Segment files of length-prefixed, CRC32C-checked records, one record per append, each event
@@ -159,7 +163,7 @@
 //! | layer | file | what it holds |
 //! |---|---|---|
 //! | ends | `handle.rs` | [`EventLog`] (opening a log: durable, a read-only follower, in memory), [`WriteHandle`] (appending: inline when the writer is idle, queued otherwise) and [`AppendFuture`] |
-//! | ends | `source.rs` | [`LogSource`]: the log as the ingest engine of a lanes stream, one batch per append, backfills served from the index |
+//! | ends | `source.rs` | [`LogSource`]: the log as a source of the pipeline driver (`lanestream::pipeline`), one batch per append, backfills served from the index |
 //! | ends | `read.rs` | [`ReadHandle`] and [`Reads`]: reads on the caller's thread over the published snapshot |
 //! | ends | `subscription.rs` | [`Subscription`] and [`NextBatch`]: every matching event after a position, across catch-up and the live tail |
 //! | engine | `writer.rs` | the single writer: each group commit decided, written, fsynced, published and answered, on its thread or inline |
@@ -244,5 +248,5 @@ pub use options::LogOptions;
 pub use position::{LogPosition, PositionRange};
 pub use query::{Query, QueryItem, QueryItems};
 pub use read::{ReadHandle, Reads};
-pub use source::{DEFAULT_SNAPSHOT_BATCH, LogSource, LogSourceBuilder, Pumped, SourceError, SourceStats};
+pub use source::{DEFAULT_SNAPSHOT_BATCH, LogSource, LogSourceBuilder, SourceError, SourceStats};
 pub use subscription::{NextBatch, Subscription};

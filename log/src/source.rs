@@ -1,19 +1,18 @@
-//! [`LogSource`]: the log as the ingest engine of a [`MemoryStream`] — every append published
-//! to every lane as one [`Batch`], backfills served from the log's index.
+//! [`LogSource`]: the log as a [`Source`] of the pipeline driver
+//! ([`lanestream::pipeline::Pipeline`]) — every append handed over as one [`Batch`] for every
+//! lane, backfills served from the log's index — over any stream backend.
 //!
 //! The mapping, the restart rule and the backfill protocol are documented on [`LogSource`].
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use lanestream::pipeline::{SinkStart, Source, SourceItem, SourceStart};
 use lanestream::{
-    Batch, Consumer, Delivery, Envelope, Fanout, IndexName, Lane, LaneItem, LaneStats, MemoryStream, Op,
-    Position, PublishError, Request, SinkName, Stream, StreamError, TryRecvError,
+    Batch, Envelope, IndexName, LaneItem, Op, Position, Request, SinkName, Stream, StreamError,
 };
-
-use crate::sync::{self, Thread};
 
 use super::error::ReadError;
 use super::position::{LogPosition, PositionRange};
@@ -26,16 +25,16 @@ pub const DEFAULT_SNAPSHOT_BATCH: usize = 256;
 
 /// Why a [`LogSource`] could not be built or could not go on.
 ///
-/// A build error leaves nothing claimed. A publish error leaves the source usable: appends
-/// already published stay published (each lane remembers its own progress), and the next
-/// [`pump`](LogSource::pump) tries the rest again; the log still holds every event, so nothing
-/// is lost.
+/// A build error claims nothing (the source claims nothing at all: the driver holds the
+/// stream's ends). An error while running stops the driver ([`PipelineError::Source`](
+/// lanestream::pipeline::PipelineError::Source)) with the lanes left open: the log still holds
+/// every event, so a source built again resumes from the stream's watermark and loses nothing.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum SourceError {
-    /// The stream's fan-out or the request lane's consumer could not be had (another live
-    /// fan-out or lane producer, another attached request consumer).
-    #[error("claiming the stream's ends: {0}")]
+    /// The stream's lane counters could not be read at build ([`Stream::stats`]: an unknown
+    /// lane, or a broker's error past its retry budget).
+    #[error("reading the stream's lanes: {0}")]
     Stream(#[from] StreamError),
     /// The start position lies beyond the log's head: the stream was fed by another log (or by
     /// a longer-lived one).
@@ -65,34 +64,16 @@ pub enum SourceError {
         /// The log's head when the source was built.
         head: Option<LogPosition>,
     },
-    /// A lane was closed (by [`LogSource::close`] or from elsewhere); nothing more can be
-    /// published to it. The batch was not published there.
-    #[error("lane {sink} is closed")]
-    LaneClosed {
-        /// The lane.
-        sink: SinkName,
-    },
-    /// A lane refused a batch as not above its last position: something else published to it
-    /// while the source did not hold its producer. The batch was not published there.
-    #[error("lane {sink} refused position {position}: it already holds {last}")]
-    PositionRegressed {
-        /// The lane.
-        sink: SinkName,
-        /// The batch's position.
-        position: Position,
-        /// The lane's last position.
-        last: Position,
-    },
-    /// Another request consumer took the request lane over (`reattach_requests`); this source
-    /// no longer serves backfills. A request it was serving is redelivered to the new consumer.
-    #[error("the request lane was taken over by another consumer")]
-    RequestsDetached,
-    /// The log's writer failed; every append published before the failure was published to
-    /// the lanes.
+    /// A request of a kind this source does not serve (`Request` is non-exhaustive); the
+    /// driver stops with it, the request unacked.
+    #[error("a request the log source does not serve: {0:?}")]
+    UnknownRequest(Request),
+    /// The log's writer failed; every append published before the failure was handed over.
     #[error("the log failed: {0}")]
     LogFailed(Arc<std::io::Error>),
     /// An append's events (or a backfill's) could not be read back from the log's segments;
-    /// nothing of that batch was published, and the next pump tries it again.
+    /// nothing of that batch was handed over (the driver stops; a source built again tries it
+    /// again).
     #[error(transparent)]
     Read(#[from] ReadError),
 }
@@ -101,21 +82,24 @@ fn show(p: Option<LogPosition>) -> String {
     p.map_or_else(|| "empty".to_owned(), |p| p.to_string())
 }
 
-/// What a [`LogSource`] has done since it was built (counts, not positions).
+/// What a [`LogSource`] has handed to the driver since it was built (counts, not positions).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SourceStats {
-    /// Appends published to every lane (one batch each).
+    /// Appends handed over (one batch each; the driver publishes each to the lanes that lack
+    /// it, see [`PipelineReport::skipped`](lanestream::pipeline::PipelineReport::skipped)).
     pub appends: u64,
     /// Events in those appends.
     pub events: u64,
-    /// Backfill requests answered (snapshot batches, `SnapshotComplete`, ack).
+    /// Backfill requests answered (snapshot batches, then `SnapshotComplete`: the driver acks
+    /// the request once it published that).
     pub backfills: u64,
-    /// Snapshot batches published.
+    /// Snapshot batches handed over.
     pub snapshot_batches: u64,
     /// Envelopes in those snapshot batches.
     pub snapshot_rows: u64,
-    /// Requests acked unanswered: they named a sink or an index the source does not know.
+    /// Backfill requests naming an index this source does not define: answered with no rows
+    /// (the log has no event of it), their `SnapshotComplete` alone.
     pub refused: u64,
 }
 
@@ -126,7 +110,6 @@ pub struct LogSourceBuilder {
     indexes: Vec<(IndexName, Query)>,
     after: Option<Option<LogPosition>>,
     snapshot_batch: usize,
-    serve_requests: bool,
 }
 
 impl LogSourceBuilder {
@@ -153,25 +136,16 @@ impl LogSourceBuilder {
         self
     }
 
-    /// Whether the source consumes the request lane and serves backfills (default `true`).
-    /// With `false` it leaves the request lane alone, for another engine to consume.
-    pub fn serve_requests(mut self, serve: bool) -> Self {
-        self.serve_requests = serve;
-        self
-    }
-
-    /// Claims the stream's [`Fanout`](lanestream::Fanout) (its one publisher,
-    /// [L9](lanestream::contract#l9)): each append is written once for every lane, and a
-    /// backfill's batches go to the asking lane with
-    /// [`publish_to`](lanestream::Fanout::publish_to); when serving requests, also attaches to
-    /// the request lane. Checks the start position against the log and returns the source.
-    /// Nothing is published yet.
+    /// Checks the start position against the log and the stream `stream` feeds (any backend),
+    /// and returns the source. It claims nothing: run it with the pipeline driver
+    /// ([`Pipeline::run`](lanestream::pipeline::Pipeline::run)) over the same stream, which
+    /// claims the stream's fan-out and its request lane.
     ///
     /// # Errors
-    /// [`SourceError::Stream`] (another live fan-out or producer on a lane, another attached
-    /// request consumer), [`SourceError::StartBeyondHead`], [`SourceError::NotAnAppendEnd`],
-    /// [`SourceError::LaneAhead`]. Nothing stays claimed.
-    pub fn build(self, stream: &MemoryStream) -> Result<LogSource, SourceError> {
+    /// [`SourceError::StartBeyondHead`], [`SourceError::NotAnAppendEnd`] (a start that is not
+    /// an append's end of this log), [`SourceError::LaneAhead`] (a lane holding a position the
+    /// log does not have), [`SourceError::Stream`] (the lanes' counters could not be read).
+    pub fn build<St: Stream>(self, stream: &St) -> Result<LogSource, SourceError> {
         let shared = self.log.shared.clone();
         let head = shared.head();
         let after = match self.after {
@@ -190,22 +164,17 @@ impl LogSourceBuilder {
                 });
             }
         }
-        let start = after.map_or(0, LogPosition::get);
-        let mut lanes = Vec::with_capacity(stream.sinks().len());
-        for lane in stream.lanes() {
-            let stats: LaneStats = lane.stats();
-            let held = stats.last_published.map_or(0, |p| p.0);
-            if held > head {
-                return Err(SourceError::LaneAhead {
-                    sink: lane.name().clone(),
-                    last_published: Position(held),
-                    head: LogPosition::new(head),
-                });
+        for sink in stream.sinks() {
+            if let Some(held) = stream.stats(sink.as_str())?.last_published {
+                if held.0 > head {
+                    return Err(SourceError::LaneAhead {
+                        sink: sink.clone(),
+                        last_published: held,
+                        head: LogPosition::new(head),
+                    });
+                }
             }
-            lanes.push(Feed { sink: lane.name().clone(), published: start.max(held) });
         }
-        let out = Out { fanout: stream.fanout()?, lanes: stream.lanes().collect() };
-        let requests = if self.serve_requests { Some(stream.requests().attach()?) } else { None };
         let indexes = if self.indexes.is_empty() {
             vec![(IndexName::new("events").expect("a valid name"), Query::All)]
         } else {
@@ -213,61 +182,37 @@ impl LogSourceBuilder {
         };
         Ok(LogSource {
             shared,
-            lanes,
-            out,
-            requests,
-            pending: None,
             indexes,
-            after: start,
+            after: after.map_or(0, LogPosition::get),
             snapshot_batch: self.snapshot_batch,
-            signal_key: None,
+            backfills: VecDeque::new(),
+            ends: VecDeque::new(),
             stats: SourceStats::default(),
         })
     }
 }
 
-/// One lane the source feeds.
-struct Feed {
+/// A backfill being served: its indexes in order, the next row after `cursor` of index `next`.
+struct Backfill {
     sink: SinkName,
-    /// Every append ending at or below this raw position is on the lane (published by this
-    /// source or held from before it).
-    published: u64,
+    /// The indexes asked for, as asked: its `SnapshotComplete`'s.
+    indexes: Vec<IndexName>,
+    /// The ones this source defines, with their queries.
+    queries: Vec<(IndexName, Query)>,
+    next: usize,
+    cursor: u64,
+    /// The log as it was when the request came (the appends handed over up to then).
+    view: OwnedView,
 }
 
-/// How the source publishes: through the stream's fan-out (each batch written once for every
-/// lane; a backfill's batches to one lane with `publish_to`).
-struct Out {
-    fanout: Fanout,
-    /// The lanes (index = lane, as in the fan-out), to name the closed one in an error.
-    lanes: Vec<Lane>,
-}
-
-/// What one [`pump`](LogSource::pump) did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Pumped {
-    /// Appends published (to every lane that did not hold them already).
-    pub appends: u64,
-    /// Backfill requests answered.
-    pub backfills: u64,
-    /// Requests acked unanswered (unknown sink or index).
-    pub refused: u64,
-}
-
-impl Pumped {
-    /// Whether the pump did nothing.
-    pub fn is_empty(&self) -> bool {
-        *self == Pumped::default()
-    }
-}
-
-/// The log as the ingest engine of a [`MemoryStream`]; from [`LogSource::builder`].
+/// The log as a [`Source`] of the pipeline driver ([`Pipeline`](lanestream::pipeline::Pipeline));
+/// from [`LogSource::builder`].
 ///
 /// # Mapping
 /// - **One append, one batch.** The batch's position is the append's last position (as a stream
-///   [`Position`], the same number), its `changes` the append's event count. Appends are published
-///   in log order, so positions are strictly increasing on every lane ([L4](lanestream::contract#l4)),
-///   and the stream's watermark is always the end of an append.
+///   [`Position`], the same number), its `changes` the append's event count. Appends are handed
+///   over in log order, so positions are strictly increasing on every lane
+///   ([L4](lanestream::contract#l4)), and the stream's watermark is always the end of an append.
 /// - **Indexes are named queries.** The source is built with a list of `(IndexName, Query)`
 ///   pairs (by default one index, `events`, of [`Query::All`]). An event becomes one
 ///   [`Envelope`] per index whose query matches it: `index` that index, `id` the event's own log
@@ -276,88 +221,96 @@ impl Pumped {
 ///   `Bytes`, not a copy). An event no index matches is in no envelope; its append still gets its
 ///   batch, which carries its position ([I2](lanestream::contract#i2)). The event's type and tags are
 ///   not carried: give each type its own index when sinks need to tell them apart.
-/// - **Backfill.** A [`Request::Backfill`] `{ sink, indexes }` is answered on that sink's lane
-///   with snapshot batches (no position; envelopes without a position) holding every event of
-///   each index up to the last append already published on that lane — read from the index, so
-///   a selective index costs its matches, not the log — then `SnapshotComplete { indexes }`;
-///   only then is the request acked ([R2](lanestream::contract#r2)). Live batches after that append
-///   follow on the lane, so the snapshot and the live tail neither overlap nor leave a gap. A
-///   request naming a sink or an index the source does not know is acked unanswered (it could
-///   never be served) and counted in [`SourceStats::refused`]. The request's `after` is not
-///   used: every index is answered from its first matching event (the sink applies the rows it
-///   already had again, idempotently, [R2](lanestream::contract#r2)).
+/// - **Backfill.** The driver hands each [`Request::Backfill`] `{ sink, indexes }` of the
+///   request lane to [`Source::backfill`]; the source answers on that sink's lane with snapshot
+///   batches (no position; envelopes without a position) holding every event of each index up
+///   to the last append handed over — read from the index, so a selective index costs its
+///   matches, not the log — then `SnapshotComplete { indexes }`, after which the driver acks
+///   the request ([R2](lanestream::contract#r2)). Live batches after that append follow on the
+///   lane, so the snapshot and the live tail leave no gap (a lane may hold appends past it from
+///   before a restart: their rows come twice, an idempotent upsert of an immutable event). An
+///   index the source does not define has no event: it is answered with its `SnapshotComplete`
+///   alone (counted in [`SourceStats::refused`]); a request for a sink the stream has no lane
+///   for is acked unanswered by the driver. The request's `after` is not used: every index is
+///   answered from its first matching event (the sink applies the rows it already had again,
+///   idempotently, [R2](lanestream::contract#r2)). Snapshot batches are handed over before the
+///   next live append.
 ///
 /// # Restart
-/// The source starts after a position: by default the stream's watermark (everything up to it
-/// was acked by every lane), or the one given to [`LogSourceBuilder::after`] (a durable sink's
-/// checkpoint when the stream itself is new). On each lane it also skips the appends already
-/// published there and still held by the lane ([`LaneStats::last_published`]), so a source
-/// restarted over a live stream publishes nothing twice and loses nothing: what the lane held
-/// is redelivered by the lane itself.
+/// The source starts after a position: by default the stream's watermark when it is built
+/// (everything up to it was acked by every lane), or the one given to
+/// [`LogSourceBuilder::after`] (a durable sink's checkpoint when the stream itself is new). The
+/// driver publishes each append only to the lanes that do not hold it already
+/// ([`Pipeline::run`](lanestream::pipeline::Pipeline::run), "Resuming"), so a source restarted
+/// over a live stream publishes nothing twice and loses nothing: what a lane held is
+/// redelivered by the lane itself.
 ///
 /// # Driving it
-/// The source holds the stream's fan-out and the request lane's consumer; dropping it releases
-/// them (a successor can be built at once, [L9](lanestream::contract#l9)) and leaves the lanes open.
-///
-/// Drive it with [`run`](LogSource::run) on a thread of its own (until the log closes), or call
-/// [`pump`](LogSource::pump) and [`wait`](LogSource::wait) yourself. Publishing waits while a
-/// lane is full (backpressure from the slowest sink); a backfill request waits meanwhile.
+/// [`Pipeline::run`](lanestream::pipeline::Pipeline::run) on a thread of its own, over the
+/// stream the source was built for (in-process [`MemoryStream`](lanestream::MemoryStream), or a
+/// broker's: a `RedisStream` feeds sinks in other processes): it claims the stream's fan-out and
+/// request lane, publishes, serves backfills, confirms at the watermark (the log keeps every
+/// event: a confirm only records), and at the log's close ([`SourceItem::End`], once every
+/// append is handed over) waits for the sinks' acks and closes the lanes. A failed log stops
+/// it with [`SourceError::LogFailed`] after every append published before the failure.
+/// Publishing waits while a lane is full (backpressure from the slowest sink).
 ///
 /// ```
 /// use lanestream_log::{Event, EventLog, LogOptions, LogSource};
+/// use lanestream::pipeline::Pipeline;
 /// use lanestream::{LaneItem, MemoryStream, Position, Stream};
 ///
 /// let log = EventLog::in_memory(LogOptions::default())?;
 /// let stream = MemoryStream::builder().capacity(16).sinks(["projection"]).build()?;
 /// let mut sink = stream.attach("projection")?;
 /// let mut source = LogSource::builder(log.reader()).build(&stream)?;
-///
 /// log.append(vec![Event::untagged("Paid", &b"1"[..])?, Event::untagged("Paid", &b"2"[..])?], None)?;
-/// source.pump()?; // one append, one batch
-/// let delivery = sink.try_recv()?;
+/// log.close(); // the source's end: the driver hands over what the log holds, then ends
+///
+/// let ingest = std::thread::spawn({
+///     let stream = stream.clone();
+///     move || Pipeline::new(stream).run(&mut source)
+/// });
+/// let delivery = sink.recv()?.expect("one batch");
 /// let LaneItem::Batch(batch) = delivery.item() else { unreachable!() };
 /// assert_eq!(batch.position, Some(Position(2))); // the append's last position
 /// assert_eq!(batch.envelopes.len(), 2);
 /// assert_eq!(batch.envelopes[1].id, "2"); // the event's own position
 /// assert_eq!(&batch.envelopes[1].document[..], b"2");
 /// delivery.ack()?;
-/// assert_eq!(stream.watermark(), Some(Position(2)));
+/// let report = ingest.join().unwrap()?; // acked: confirmed, the lanes closed
+/// assert_eq!(report.confirmed, Some(Position(2)));
+/// assert!(sink.recv()?.is_none());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct LogSource {
     shared: Arc<Shared>,
-    lanes: Vec<Feed>,
-    out: Out,
-    requests: Option<Consumer<Request>>,
-    /// A request received while waiting, served by the next pump.
-    pending: Option<Delivery<Request>>,
     indexes: Vec<(IndexName, Query)>,
-    /// Every append ending at or below this raw position is on every lane.
+    /// Every append ending at or below this raw position was handed over.
     after: u64,
     snapshot_batch: usize,
-    /// The waker key registered with the log's signal while waiting.
-    signal_key: Option<u64>,
+    /// The backfills being served, in the order they were asked.
+    backfills: VecDeque<Backfill>,
+    /// The ends of the next appends, read ahead (at most [`READ_AHEAD`]).
+    ends: VecDeque<u64>,
     stats: SourceStats,
 }
+
+/// How many append ends [`LogSource`] reads from the log's list at one look.
+const READ_AHEAD: usize = 256;
 
 impl LogSource {
     /// A builder over the log `log` (a [`WriteHandle::reader`](super::WriteHandle::reader)).
     pub fn builder(log: ReadHandle) -> LogSourceBuilder {
-        LogSourceBuilder {
-            log,
-            indexes: Vec::new(),
-            after: None,
-            snapshot_batch: DEFAULT_SNAPSHOT_BATCH,
-            serve_requests: true,
-        }
+        LogSourceBuilder { log, indexes: Vec::new(), after: None, snapshot_batch: DEFAULT_SNAPSHOT_BATCH }
     }
 
-    /// Every append at or before this position is on every lane (`None`: nothing yet).
+    /// Every append at or before this position was handed over (`None`: nothing yet).
     pub fn position(&self) -> Option<LogPosition> {
         LogPosition::new(self.after)
     }
 
-    /// What the source has done so far.
+    /// What the source has handed over so far.
     pub fn stats(&self) -> &SourceStats {
         &self.stats
     }
@@ -367,53 +320,31 @@ impl LogSource {
         self.indexes.iter().map(|(n, q)| (n, q))
     }
 
-    /// Serves the backfill requests waiting on the request lane, then publishes every append the
-    /// log has published and the lanes do not hold yet, one batch each, to every lane. Waits only
-    /// while a lane is full.
-    ///
-    /// # Errors
-    /// [`SourceError::LaneClosed`], [`SourceError::PositionRegressed`] (the batch was not
-    /// published to that lane; lanes before it in sink order have it, and the next pump resumes
-    /// from each lane's own progress), [`SourceError::RequestsDetached`], [`SourceError::Read`].
-    pub fn pump(&mut self) -> Result<Pumped, SourceError> {
-        let mut done = Pumped::default();
-        self.serve_requests(&mut done)?;
-        let shared = self.shared.clone();
-        let head = shared.head();
-        // One look at the list of append ends for the whole pump (not a search per append):
-        // entry `i` is where the `i + 1`-th append ends, and the cursor sits at an append's end.
-        let ends = shared.appends.view();
-        let mut i = ends.rank(self.after);
-        while self.after < head {
-            let (first, last) = (self.after + 1, ends.get(i));
-            debug_assert!(last >= first && last <= head, "append ends cover every published position");
-            i += 1;
-            let batch = self.live_batch(first, last)?;
-            let Out { fanout, lanes } = &mut self.out;
-            if self.lanes.iter().all(|feed| feed.published < last) {
-                // Every lane lacks it (always, once the source has published anything: lanes
-                // diverge only in what they held before it started): written once for all.
-                fanout.publish(batch).map_err(|e| publish_error(e, None, lanes, &self.lanes))?;
-            } else {
-                // Some lanes held it already (a restart over a live stream): the others only.
-                for (i, feed) in self.lanes.iter().enumerate() {
-                    if feed.published < last {
-                        let sent = fanout.publish_to(i, batch.clone());
-                        sent.map_err(|e| publish_error(e, Some(i), lanes, &self.lanes))?;
-                    }
-                }
+    /// The next append's batch, if the log has one past what was handed over.
+    fn next_append(&mut self) -> Result<Option<Batch>, ReadError> {
+        if self.ends.is_empty() {
+            let head = self.shared.head();
+            if self.after >= head {
+                return Ok(None);
             }
-            self.lanes.iter_mut().for_each(|feed| feed.published = feed.published.max(last));
-            self.after = last;
-            self.stats.appends += 1;
-            self.stats.events += last - first + 1;
-            done.appends += 1;
+            // One look at the list of append ends for a run of appends (not a search per
+            // append): entry `i` is where the `i + 1`-th append ends; the cursor sits at an
+            // append's end, and the ends cover every published position.
+            let view = self.shared.appends.view();
+            let (from, to) = (view.rank(self.after), view.rank(head));
+            self.ends.extend((from..to.min(from + READ_AHEAD)).map(|i| view.get(i)));
         }
-        Ok(done)
+        let Some(last) = self.ends.pop_front() else { return Ok(None) };
+        let first = self.after + 1;
+        let batch = self.live_batch(first, last)?;
+        self.after = last;
+        self.stats.appends += 1;
+        self.stats.events += last - first + 1;
+        Ok(Some(batch))
     }
 
     /// The batch of the append `first..=last`.
-    fn live_batch(&self, first: u64, last: u64) -> Result<LaneItem, ReadError> {
+    fn live_batch(&self, first: u64, last: u64) -> Result<Batch, ReadError> {
         let position = Some(Position(last));
         let mut envelopes = Vec::with_capacity((last - first + 1) as usize);
         for p in first..=last {
@@ -436,192 +367,123 @@ impl LogSource {
                 }
             }
         }
-        Ok(LaneItem::Batch(Batch {
-            position,
-            changes: last - first + 1,
-            offset: 0,
-            envelopes: Arc::from(envelopes),
-        }))
+        Ok(Batch { position, changes: last - first + 1, offset: 0, envelopes: Arc::from(envelopes) })
     }
 
-    fn serve_requests(&mut self, done: &mut Pumped) -> Result<(), SourceError> {
-        loop {
-            let delivery = match self.pending.take() {
-                Some(d) => d,
-                None => {
-                    let Some(requests) = &mut self.requests else { return Ok(()) };
-                    match requests.try_recv() {
-                        Ok(d) => d,
-                        Err(TryRecvError::Empty) => return Ok(()),
-                        Err(TryRecvError::Closed) => {
-                            self.requests = None;
-                            return Ok(());
-                        }
-                        Err(TryRecvError::Detached) => {
-                            self.requests = None;
-                            return Err(SourceError::RequestsDetached);
-                        }
-                        Err(_) => return Ok(()),
-                    }
-                }
-            };
-            self.serve(delivery, done)?;
-        }
-    }
-
-    /// Answers one request (or refuses it), then acks it.
-    fn serve(&mut self, delivery: Delivery<Request>, done: &mut Pumped) -> Result<(), SourceError> {
-        // `Request` is non-exhaustive: a kind this source does not know is refused like an
-        // unknown sink.
-        let (sink, indexes) = match delivery.item() {
-            // `after` is not used: the snapshot is read from the index whole (a sink that
-            // resumes gets its first rows again and applies them idempotently, R2).
-            Request::Backfill { sink, indexes, .. } => (Some(sink.clone()), indexes.clone()),
-            _ => (None, Vec::new()),
-        };
-        let lane = sink.and_then(|sink| self.lanes.iter().position(|f| f.sink == sink));
-        let queries: Option<Vec<(IndexName, Query)>> =
-            indexes.iter().map(|name| self.indexes.iter().find(|(n, _)| n == name).cloned()).collect();
-        let (Some(lane), Some(queries)) = (lane, queries) else {
-            // It names a sink or an index this source does not have (or is a kind of request it
-            // does not serve): it can never be served, and left unacked it would come back for
-            // ever.
-            self.stats.refused += 1;
-            done.refused += 1;
-            return match delivery.ack() {
-                Ok(()) => Ok(()),
-                Err(_) => Err(SourceError::RequestsDetached),
-            };
-        };
-        // The snapshot covers what is already on the lane; the live batches after it follow.
-        let upto = self.lanes[lane].published;
-        let view = self.view(upto);
-        let mut rows = Vec::with_capacity(self.snapshot_batch);
-        for (index, query) in &queries {
-            let mut after = 0;
-            loop {
-                let (events, more) = view.collect(query, after, upto, Dir::Up, self.snapshot_batch)?;
-                for e in &events {
-                    rows.push(Envelope {
-                        index: index.clone(),
-                        id: e.position.to_string(),
-                        op: Op::Upsert,
-                        position: None,
-                        document: e.event.data().clone(),
-                        built_at_micros: None,
-                    });
-                    if rows.len() == self.snapshot_batch {
-                        let chunk = std::mem::replace(&mut rows, Vec::with_capacity(self.snapshot_batch));
-                        self.publish_snapshot(lane, chunk)?;
-                    }
-                }
-                match events.last() {
-                    Some(e) if more => after = e.position.get(),
-                    _ => break,
-                }
+    /// The next item of the first backfill being served: a snapshot batch, or its
+    /// `SnapshotComplete` (which ends it).
+    fn next_snapshot(&mut self) -> Result<Option<SourceItem>, ReadError> {
+        let limit = self.snapshot_batch;
+        let Some(b) = self.backfills.front_mut() else { return Ok(None) };
+        let mut rows = Vec::new();
+        while b.next < b.queries.len() && rows.len() < limit {
+            let (index, query) = &b.queries[b.next];
+            let (events, more) = b.view.collect(query, b.cursor, Dir::Up, limit - rows.len())?;
+            rows.extend(events.iter().map(|e| Envelope {
+                index: index.clone(),
+                id: e.position.to_string(),
+                op: Op::Upsert,
+                position: None,
+                document: e.event.data().clone(),
+                built_at_micros: None,
+            }));
+            match events.last() {
+                Some(e) if more => b.cursor = e.position.get(),
+                _ => (b.next, b.cursor) = (b.next + 1, 0),
             }
         }
         if !rows.is_empty() {
-            self.publish_snapshot(lane, rows)?;
+            let sink = b.sink.clone();
+            self.stats.snapshot_batches += 1;
+            self.stats.snapshot_rows += rows.len() as u64;
+            let item = LaneItem::Batch(Batch::new(None, Arc::from(rows)));
+            return Ok(Some(SourceItem::Snapshot { sink, item }));
         }
-        self.publish_to(lane, LaneItem::SnapshotComplete { indexes })?;
-        // Only now (R2): a crash before this redelivers the request.
-        delivery.ack().map_err(|_| SourceError::RequestsDetached)?;
+        let b = self.backfills.pop_front().expect("the front backfill");
         self.stats.backfills += 1;
-        done.backfills += 1;
-        Ok(())
-    }
-
-    fn publish_snapshot(&mut self, lane: usize, rows: Vec<Envelope>) -> Result<(), SourceError> {
-        let n = rows.len() as u64;
-        self.publish_to(lane, LaneItem::Batch(Batch::new(None, Arc::from(rows))))?;
-        self.stats.snapshot_batches += 1;
-        self.stats.snapshot_rows += n;
-        Ok(())
-    }
-
-    /// Publishes a backfill's `item` to lane `lane` only.
-    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), SourceError> {
-        let Out { fanout, lanes } = &mut self.out;
-        fanout.publish_to(lane, item).map_err(|e| publish_error(e, Some(lane), lanes, &self.lanes))
+        Ok(Some(SourceItem::Snapshot {
+            sink: b.sink,
+            item: LaneItem::SnapshotComplete { indexes: b.indexes },
+        }))
     }
 
     /// A view of the log up to `head` (at most the published head).
     fn view(&self, head: u64) -> OwnedView {
         OwnedView { snapshot: self.shared.snapshot.load_full(), shared: self.shared.clone(), head }
     }
+}
 
-    /// Blocks (parked, not spinning) until the log has an append the lanes lack, the log ended,
-    /// or a request is waiting — or until `deadline`. Returns whether one of those holds
-    /// (`false`: the deadline passed). Call [`pump`](LogSource::pump) after.
-    pub fn wait(&mut self, deadline: Option<Instant>) -> bool {
-        let waker = Waker::from(Arc::new(Unpark(sync::current())));
-        let mut cx = Context::from_waker(&waker);
-        let woke = loop {
-            if self.pending.is_some() {
-                break true;
-            }
-            let (shared, after) = (&self.shared, self.after);
-            let ready = || shared.is_ended() || shared.head() > after;
-            if shared.signal.poll(ready, &mut self.signal_key, &mut cx).is_ready() {
-                break true;
-            }
-            if let Some(requests) = &mut self.requests {
-                match requests.poll_recv(&mut cx) {
-                    Poll::Ready(Ok(Some(d))) => {
-                        self.pending = Some(d);
-                        break true;
-                    }
-                    // Closed, or taken over: the next pump says which.
-                    Poll::Ready(_) => break true,
-                    Poll::Pending => {}
-                }
-            }
-            // Both wakers are registered: a publish, an end or a request from here on unparks
-            // this thread (an unpark before the park makes the park return at once).
-            match deadline {
-                None => sync::park(),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        break false;
-                    }
-                    sync::park_timeout(d - now);
-                }
-            }
-        };
-        self.shared.signal.cancel(&mut self.signal_key);
-        woke
-    }
+impl Source for LogSource {
+    type Error = SourceError;
 
-    /// Pumps and waits until the log is closed and every append it published is on every lane,
-    /// serving backfills meanwhile; returns what it did. The lanes stay open ([`close`](
-    /// LogSource::close) them to end the sinks' loops).
+    /// A backfill's next snapshot item if one is being served; else the next append's batch;
+    /// else, once the log is closed and every append handed over, [`SourceItem::End`]; else
+    /// waits (parked) up to `timeout` for an append or the log's end.
     ///
     /// # Errors
-    /// As [`pump`](LogSource::pump); [`SourceError::LogFailed`] once the log's writer failed
-    /// and everything published before the failure is on the lanes.
-    pub fn run(&mut self) -> Result<SourceStats, SourceError> {
+    /// [`SourceError::LogFailed`] once the log's writer failed and every append published
+    /// before the failure was handed over; [`SourceError::Read`].
+    fn next(&mut self, timeout: Duration) -> Result<Option<SourceItem>, SourceError> {
+        // Read the clock only when there is nothing to hand over (the hot path does not wait).
+        let mut deadline = None;
         loop {
-            // Read the end flags before pumping: the writer publishes its last snapshot before
-            // it sets them, so a pump after seeing them publishes everything.
+            if let Some(item) = self.next_snapshot()? {
+                return Ok(Some(item));
+            }
+            // Read the end flags before the head: the writer publishes its last snapshot before
+            // it sets them, so an end seen here comes after every append.
             let failure = self.shared.failure.get().cloned();
             let closed = self.shared.is_closed();
-            self.pump()?;
+            if let Some(batch) = self.next_append()? {
+                return Ok(Some(SourceItem::Change(batch)));
+            }
             if let Some(cause) = failure {
                 return Err(SourceError::LogFailed(cause));
             }
             if closed {
-                return Ok(self.stats.clone());
+                return Ok(Some(SourceItem::End));
             }
-            self.wait(None);
+            let (shared, after) = (&self.shared, self.after);
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
+            if !shared.signal.wait(|| shared.is_ended() || shared.head() > after, Some(deadline)) {
+                return Ok(None);
+            }
         }
     }
 
-    /// Closes every lane: each sink receives what is queued, then the end
-    /// ([L10](lanestream::contract#l10)). The request lane is left as it is.
-    pub fn close(&self) {
-        self.out.fanout.close();
+    /// The log keeps every event: nothing to confirm to (the position is the stream's
+    /// watermark, acked by every lane).
+    fn confirm(&mut self, _position: Position) -> Result<(), SourceError> {
+        Ok(())
+    }
+
+    /// Serves `request` from the log as it is now, up to the last append handed over (see
+    /// the type's docs, "Backfill").
+    ///
+    /// # Errors
+    /// [`SourceError::UnknownRequest`] for a kind of request other than a backfill.
+    fn backfill(&mut self, request: Request) -> Result<(), SourceError> {
+        let (sink, indexes) = match request {
+            Request::Backfill { sink, indexes, .. } => (sink, indexes),
+            other => return Err(SourceError::UnknownRequest(other)),
+        };
+        let queries: Vec<(IndexName, Query)> =
+            indexes.iter().filter_map(|name| self.indexes.iter().find(|(n, _)| n == name).cloned()).collect();
+        if queries.len() < indexes.len() {
+            self.stats.refused += 1;
+        }
+        let view = self.view(self.after);
+        self.backfills.push_back(Backfill { sink, indexes, queries, next: 0, cursor: 0, view });
+        Ok(())
+    }
+
+    /// The log has nothing to check against the sinks' states; it says which indexes it
+    /// publishes (a joining sink's backfill, the indexes a sink tracks) and whether the stream
+    /// starts mid-log (then a sink with no state is a joiner, [P2](lanestream::pipeline::state#the-rules)).
+    fn start(&mut self, _sinks: &[SinkStart<'_>]) -> Result<SourceStart, SourceError> {
+        let indexes = self.indexes.iter().map(|(n, _)| n.clone()).collect();
+        let resumes_from = (self.after > 0).then(|| Position(self.after + 1));
+        Ok(SourceStart::new(None, self.after > 0, resumes_from, Some(indexes)))
     }
 }
 
@@ -637,10 +499,10 @@ impl OwnedView {
         &self,
         query: &Query,
         after: u64,
-        upto: u64,
         dir: Dir,
         limit: usize,
     ) -> Result<(Vec<super::event::SequencedEvent>, bool), ReadError> {
+        let upto = self.head;
         let view = View::published(
             self.head.min(self.snapshot.head),
             &self.snapshot.types,
@@ -651,49 +513,12 @@ impl OwnedView {
     }
 }
 
-/// A fan-out's refusal as the source's error, for a publish to lane `to` (`None`: to every
-/// lane): a regressed position names that lane (the first, for every lane), a close the closed
-/// lane.
-fn publish_error(
-    e: PublishError<LaneItem>,
-    to: Option<usize>,
-    lanes: &[Lane],
-    feeds: &[Feed],
-) -> SourceError {
-    let named = || feeds[to.unwrap_or(0)].sink.clone();
-    match e {
-        PublishError::PositionRegressed { position, last, .. } => {
-            SourceError::PositionRegressed { sink: named(), position, last }
-        }
-        _ => SourceError::LaneClosed {
-            sink: lanes
-                .iter()
-                .find(|lane| lane.stats().closed)
-                .map_or_else(named, |lane| lane.name().clone()),
-        },
-    }
-}
-
-/// Wakes a parked thread (the source's own [`wait`](LogSource::wait)).
-struct Unpark(Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 impl fmt::Debug for LogSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LogSource")
             .field("after", &self.after)
-            .field("sinks", &self.lanes.iter().map(|l| &l.sink).collect::<Vec<_>>())
             .field("indexes", &self.indexes)
-            .field("serving_requests", &self.requests.is_some())
+            .field("backfills", &self.backfills.len())
             .field("stats", &self.stats)
             .finish()
     }

@@ -1,5 +1,5 @@
 //! The one place the log gets its atomics, locks and threads from (its request queue, writer
-//! thread, close flag and the log source's wait). Its waits themselves are the core's wait list
+//! thread and close flag). Its waits themselves are the core's wait list
 //! (`lanestream::wait`), whose parts come from the core's own `sync` module under the same
 //! switch.
 //!
@@ -11,20 +11,14 @@
 mod imp {
     pub(crate) use std::sync::atomic::AtomicBool;
     pub(crate) use std::sync::{Mutex, MutexGuard};
-    pub(crate) use std::thread::{Builder as ThreadBuilder, JoinHandle, Thread, current, park, park_timeout};
+    pub(crate) use std::thread::{Builder as ThreadBuilder, JoinHandle};
 }
 
 #[cfg(lanestream_loom)]
 mod imp {
     pub(crate) use loom::sync::atomic::AtomicBool;
     pub(crate) use loom::sync::{Mutex, MutexGuard};
-    pub(crate) use loom::thread::{Builder as ThreadBuilder, JoinHandle, Thread, current, park};
-
-    /// loom has no timed park; a timed wait parks like an untimed one, and models never use
-    /// timeouts.
-    pub(crate) fn park_timeout(_: std::time::Duration) {
-        loom::thread::park();
-    }
+    pub(crate) use loom::thread::{Builder as ThreadBuilder, JoinHandle};
 }
 
 pub(crate) use imp::*;

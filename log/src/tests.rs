@@ -416,6 +416,7 @@ fn a_panicking_writer_answers_everyone_wakes_subscribers_and_refuses_writes() {
 
 #[test]
 fn a_log_source_publishes_everything_before_a_writer_failure_then_run_reports_it() {
+    use lanestream::pipeline::{Pipeline, PipelineError};
     use lanestream::{LaneItem, MemoryStream, Position, Stream};
 
     let dir = temp_dir("source-fails");
@@ -425,12 +426,14 @@ fn a_log_source_publishes_everything_before_a_writer_failure_then_run_reports_it
     let stream = MemoryStream::builder().capacity(8).sinks(["search"]).build().unwrap();
     let mut sink = stream.attach("search").unwrap();
     let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
-    let runner = thread::spawn(move || source.run());
+    let pipeline = Pipeline::new(stream.clone());
+    let runner = thread::spawn(move || pipeline.run(&mut source));
     control.set(|p| p.fail_sync = Some(2));
     assert!(matches!(log.append(vec![ev("A", &[])], None), Err(AppendError::Io(_))));
     // The run ends with the failure (it does not wait for a close), after both appends.
     let err = runner.join().unwrap().unwrap_err();
-    assert!(matches!(err, SourceError::LogFailed(_)), "{err:?}");
+    let PipelineError::Source(err) = err else { panic!("{err:?}") };
+    assert!(matches!(err.downcast_ref::<SourceError>(), Some(SourceError::LogFailed(_))), "{err:?}");
     let mut got = Vec::new();
     while let Ok(d) = sink.try_recv() {
         if let LaneItem::Batch(b) = d.item() {

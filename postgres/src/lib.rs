@@ -23,9 +23,10 @@
 //!   id).
 //! - [`ndjson`]: a durable NDJSON file sink (fsync and an atomic checkpoint before acking, cut
 //!   back on restart, chunks of large transactions resumed by offset), one writer per output.
-//! - [`pipeline`]: the pipeline as a library: a [`pipeline::Source`] (this crate's wal2json file
-//!   reader and live source are ones), a [`pipeline::Sink`] a user implements ([`ndjson`]'s is
-//!   one), and the driver between them over any [`lanestream::Stream`] backend: it publishes,
+//! - [`pipeline`]: the pipeline as a library, the core's [`lanestream::pipeline`] re-exported
+//!   whole: a [`pipeline::Source`] (this crate's capture file source, [`pipeline::FileSource`],
+//!   and live source are ones), a [`pipeline::Sink`] a user implements ([`ndjson`]'s is one),
+//!   and the driver between them over any [`lanestream::Stream`] backend: it publishes,
 //!   confirms the source at the watermark, serves backfill requests, retries failing sinks and
 //!   stops cleanly.
 //!

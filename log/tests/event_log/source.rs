@@ -1,6 +1,9 @@
-//! The log feeding the lanes (`lanestream_log::LogSource`): one append = one batch on every
-//! lane, exactly once and in order; a restarted source resumes after the stream's watermark
-//! without publishing anything twice or losing anything; backfills answered from the index.
+//! The log feeding the lanes (`lanestream_log::LogSource`, a source of the pipeline driver): one
+//! append = one batch on every lane, exactly once and in order; a restarted source resumes after
+//! the stream's watermark without publishing anything twice or losing anything; backfills
+//! answered from the index. The tests' consumers are the sinks; the driver runs on a thread
+//! ([`drive`]: until what the test waits for is published, then a stop, which leaves the lanes
+//! open).
 
 use crate::log_support;
 
@@ -9,13 +12,14 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use lanestream::pipeline::Pipeline;
 use lanestream::{
     Consumer, IndexName, LaneItem, MemoryStream, Op, Position, Request, SinkName, Stream, TryRecvError,
 };
 use lanestream_log::{
     Event, EventLog, LogOptions, LogPosition, LogSource, PositionRange, Query, SourceError, WriteHandle,
 };
-use log_support::{ev, ev_data, pos, spawn_sinks, spawn_source};
+use log_support::{drive, ev, ev_data, pos, spawn_sinks, spawn_source};
 
 fn index(name: &str) -> IndexName {
     IndexName::new(name).unwrap()
@@ -38,6 +42,11 @@ fn take_all(consumer: &mut Consumer<LaneItem>) -> Vec<LaneItem> {
             Err(e) => panic!("{e}"),
         }
     }
+}
+
+/// The last position published on `sink`'s lane, as a number.
+fn last_published(stream: &MemoryStream, sink: &str) -> Option<u64> {
+    stream.stats(sink).unwrap().last_published.map(|p| p.0)
 }
 
 /// The positions of the live batches among `items`.
@@ -119,14 +128,15 @@ fn indexes_are_named_queries_an_event_in_several_gets_an_envelope_in_each() {
     let log = memory_log();
     let stream = MemoryStream::builder().capacity(8).sinks(["projection"]).build().unwrap();
     let mut sink = stream.attach("projection").unwrap();
-    let mut source = LogSource::builder(log.reader())
+    let source = LogSource::builder(log.reader())
         .index(index("courses"), Query::types(["CourseDefined"]))
         .index(index("course_3"), Query::tags(["course:3"]))
         .build(&stream)
         .unwrap();
     log.append(vec![ev("CourseDefined", &["course:3"]), ev("CourseDefined", &["course:4"])], None).unwrap();
     log.append(vec![ev("Unrelated", &[])], None).unwrap();
-    assert_eq!(source.pump().unwrap().appends, 2);
+    let (source, _) = drive(&stream, source, || last_published(&stream, "projection") == Some(3));
+    assert_eq!(source.stats().appends, 2);
     let items = take_all(&mut sink);
     let LaneItem::Batch(first) = &items[0] else { panic!() };
     let envelopes: Vec<(&str, &str)> =
@@ -159,8 +169,9 @@ fn restarted_source_resumes() {
 
     // Source #1 publishes four batches (3 single-event appends, one of two events).
     {
-        let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
-        assert_eq!(source.pump().unwrap().appends, 4);
+        let source = LogSource::builder(log.reader()).build(&stream).unwrap();
+        let (source, _) = drive(&stream, source, || last_published(&stream, "fast") == Some(5));
+        assert_eq!(source.stats().appends, 4);
         // `fast` acks everything, `slow` only the first two; the rest stays in its lane.
         acked.insert("fast", live_positions(&take_all(&mut fast)));
         let mut slow_acked = Vec::new();
@@ -173,18 +184,20 @@ fn restarted_source_resumes() {
         assert_eq!(held.position(), Some(Position(3)));
         drop(held);
         acked.insert("slow", slow_acked);
-    } // the source stops (crashes): its fan-out is dropped
+    } // the source stops (crashes): the driver's fan-out is dropped
     assert_eq!(stream.watermark(), Some(Position(2)));
 
     // The log goes on without a source.
     append_n(&log, 2); // positions 6 and 7
 
     // Source #2 starts after the watermark (2). The `slow` lane still holds 3 and 5 (one
-    // released, one queued), the `fast` lane holds nothing; both lack 6 and 7.
-    let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
+    // released, one queued), the `fast` lane acked them; both lack 6 and 7.
+    let source = LogSource::builder(log.reader()).build(&stream).unwrap();
     assert_eq!(source.position(), Some(pos(2)));
-    // The appends ending at 3, 5 (each skipped on `slow`, which holds them), 6 and 7.
-    assert_eq!(source.pump().unwrap().appends, 4);
+    // The appends ending at 3, 5 (each skipped: the lanes hold them), 6 and 7.
+    let (source, report) = drive(&stream, source, || last_published(&stream, "slow") == Some(7));
+    assert_eq!(source.stats().appends, 4);
+    assert_eq!((report.skipped, report.transactions), (2, 2));
     let mut slow = stream.reattach("slow").unwrap(); // the slow sink restarts too
     for (sink, consumer) in [("fast", &mut fast), ("slow", &mut slow)] {
         acked.get_mut(sink).unwrap().extend(live_positions(&take_all(consumer)));
@@ -205,20 +218,21 @@ fn a_new_stream_starts_after_the_position_given() {
     let stream = MemoryStream::builder().capacity(16).sinks(["search"]).build().unwrap();
     let mut sink = stream.attach("search").unwrap();
     // The stream is new (watermark None); the sink's durable checkpoint says 3.
-    let mut source = LogSource::builder(log.reader()).after(Some(pos(3))).build(&stream).unwrap();
-    source.pump().unwrap();
+    let source = LogSource::builder(log.reader()).after(Some(pos(3))).build(&stream).unwrap();
+    drive(&stream, source, || last_published(&stream, "search") == Some(5));
     let items = take_all(&mut sink);
     assert_eq!(live_positions(&items), [4, 5]);
     assert_is_append(&log, &items[0], ranges[3]);
     // Without a position and with no watermark: from the first event.
     let stream = MemoryStream::builder().capacity(16).sinks(["search"]).build().unwrap();
     let mut sink = stream.attach("search").unwrap();
-    LogSource::builder(log.reader()).build(&stream).unwrap().pump().unwrap();
+    let source = LogSource::builder(log.reader()).build(&stream).unwrap();
+    drive(&stream, source, || last_published(&stream, "search") == Some(5));
     assert_eq!(live_positions(&take_all(&mut sink)), [1, 2, 3, 4, 5]);
 }
 
 #[test]
-fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_claimed() {
+fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused() {
     let log = memory_log();
     log.append(vec![ev("T", &[]), ev("T", &[]), ev("T", &[])], None).unwrap();
     let stream = MemoryStream::builder().capacity(4).sinks(["search"]).build().unwrap();
@@ -245,7 +259,7 @@ fn a_start_that_is_no_append_end_or_beyond_the_head_is_refused_with_nothing_clai
         matches!(&err, SourceError::LaneAhead { sink, last_published: Position(10), .. } if sink.as_str() == "search"),
         "{err:?}"
     );
-    // A refused build leaves nothing claimed.
+    // A refused build leaves nothing claimed (a build claims nothing: the driver does).
     let stream = MemoryStream::builder().capacity(4).sinks(["search"]).build().unwrap();
     let _ = LogSource::builder(log.reader()).after(Some(pos(9))).build(&stream).unwrap_err();
     assert!(stream.fanout().is_ok() && stream.attach_requests().is_ok());
@@ -264,7 +278,7 @@ fn backfill_answers() {
     let log = memory_log();
     let stream = MemoryStream::builder().capacity(32).sinks(["search", "cache"]).build().unwrap();
     let (mut search, mut cache) = (stream.attach("search").unwrap(), stream.attach("cache").unwrap());
-    let mut source = LogSource::builder(log.reader())
+    let source = LogSource::builder(log.reader())
         .index(index("courses"), Query::types(["CourseDefined"]))
         .index(index("subscriptions"), Query::types(["StudentSubscribed"]))
         .snapshot_batch(2)
@@ -280,16 +294,16 @@ fn backfill_answers() {
         )
         .unwrap();
     }
-    source.pump().unwrap();
+    let (source, _) = drive(&stream, source, || last_published(&stream, "search") == Some(10));
     assert_eq!(live_positions(&take_all(&mut search)).len(), 5);
     take_all(&mut cache);
     let watermark = stream.watermark();
 
     stream.requests().sender().publish(backfill("search", &["courses"])).unwrap();
-    let done = source.pump().unwrap();
-    assert_eq!((done.backfills, done.appends), (1, 0));
+    let (source, _) = drive(&stream, source, || stream.requests().is_idle());
+    assert_eq!((source.stats().backfills, source.stats().appends), (1, 5), "answered, no append");
     log.append(vec![ev("CourseDefined", &["course:9"])], None).unwrap();
-    source.pump().unwrap();
+    let (source, _) = drive(&stream, source, || last_published(&stream, "search") == Some(11));
 
     let items = take_all(&mut search);
     // 5 courses in snapshot batches of at most 2, SnapshotComplete, then the live append.
@@ -325,21 +339,35 @@ fn backfill_answers() {
     assert_eq!(source.stats().snapshot_rows, 5);
 }
 
+/// An index the source does not define has no event: its backfill is answered with its
+/// `SnapshotComplete` alone (no rows). A request for a sink the stream has no lane for can never
+/// be served: the driver acks it unanswered.
 #[test]
-fn a_backfill_for_an_unknown_sink_or_index_is_acked_unanswered() {
+fn a_backfill_of_an_unknown_index_gets_no_rows_and_one_for_an_unknown_sink_is_acked_unanswered() {
     let log = memory_log();
     append_n(&log, 2);
     let stream = MemoryStream::builder().capacity(8).sinks(["search"]).build().unwrap();
     let mut search = stream.attach("search").unwrap();
-    let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
+    let source = LogSource::builder(log.reader()).build(&stream).unwrap();
     stream.requests().sender().publish(backfill("search", &["nope"])).unwrap();
-    let done = source.pump().unwrap();
-    assert_eq!((done.refused, done.backfills), (1, 0));
-    assert_eq!(live_positions(&take_all(&mut search)), [1, 2], "no snapshot, only the live batches");
+    stream.requests().sender().publish(backfill("nobody", &["events"])).unwrap();
+    let (source, report) = drive(&stream, source, || {
+        stream.requests().is_idle() && last_published(&stream, "search") == Some(2)
+    });
+    assert_eq!((source.stats().refused, source.stats().snapshot_rows), (1, 0));
+    assert_eq!((report.backfills_served, report.requests_refused), (1, 1));
+    let items = take_all(&mut search);
+    assert_eq!(live_positions(&items), [1, 2], "only the live batches");
+    assert!(
+        !items.iter().any(|i| matches!(i, LaneItem::Batch(b) if b.position.is_none())),
+        "no snapshot rows"
+    );
+    assert!(items.contains(&LaneItem::SnapshotComplete { indexes: vec![index("nope")] }));
     assert!(stream.requests().is_idle());
     // The default index is `events` (every event).
     stream.requests().sender().publish(backfill("search", &["events"])).unwrap();
-    assert_eq!(source.pump().unwrap().backfills, 1);
+    let (source, _) = drive(&stream, source, || stream.requests().is_idle());
+    assert_eq!(source.stats().backfills, 2);
     let items = take_all(&mut search);
     let LaneItem::Batch(b) = &items[0] else { panic!() };
     assert_eq!(b.envelopes.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["1", "2"]);
@@ -347,17 +375,17 @@ fn a_backfill_for_an_unknown_sink_or_index_is_acked_unanswered() {
 }
 
 #[test]
-fn run_wakes_for_a_request_and_for_an_append_and_ends_when_the_log_closes() {
+fn the_driver_wakes_for_a_request_and_for_an_append_and_ends_when_the_log_closes() {
     let log = memory_log();
     let stream = MemoryStream::builder().capacity(8).sinks(["search"]).build().unwrap();
     let mut search = stream.attach("search").unwrap();
     let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
+    let pipeline = Pipeline::new(stream.clone());
     let runner = thread::spawn(move || {
-        let stats = source.run();
-        source.close();
-        stats
+        let report = pipeline.run(&mut source);
+        (report, source.stats().clone())
     });
-    // The source is parked with nothing to do; a request wakes it.
+    // The source waits with nothing to do; a request wakes the driver.
     stream.requests().sender().publish(backfill("search", &["events"])).unwrap();
     let recv = |c: &mut Consumer<LaneItem>| {
         let d = c.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
@@ -369,18 +397,20 @@ fn run_wakes_for_a_request_and_for_an_append_and_ends_when_the_log_closes() {
     // An append wakes it.
     let range = log.append(vec![Event::untagged("T", &b"x"[..]).unwrap()], None).unwrap();
     assert_is_append(&log, &recv(&mut search), range);
-    // Appends committed just before the close still get through, then run returns.
+    // Appends committed just before the close still get through; once they are acked the
+    // driver closes the lanes and returns.
     append_n(&log, 3);
     log.close();
-    let stats = runner.join().unwrap().unwrap();
-    assert_eq!((stats.appends, stats.backfills), (4, 1));
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut rest = Vec::new();
     while let Some(d) = search.recv_deadline(deadline).unwrap() {
         rest.push(d.position().unwrap().0);
         d.ack().unwrap();
     }
-    assert_eq!(rest, [2, 3, 4], "then the end: the source closed the lane");
+    assert_eq!(rest, [2, 3, 4], "then the end: the driver closed the lane");
+    let (report, stats) = runner.join().unwrap();
+    assert_eq!((stats.appends, stats.backfills), (4, 1));
+    assert_eq!(report.unwrap().confirmed, Some(Position(4)));
 }
 
 #[test]
@@ -408,7 +438,8 @@ fn append_ends_survive_recovery_so_a_reopened_log_still_feeds_one_batch_per_appe
         LogSource::builder(log.reader()).after(Some(pos(2))).build(&stream),
         Err(SourceError::NotAnAppendEnd { .. })
     ));
-    LogSource::builder(log.reader()).after(Some(pos(1))).build(&stream).unwrap().pump().unwrap();
+    let source = LogSource::builder(log.reader()).after(Some(pos(1))).build(&stream).unwrap();
+    drive(&stream, source, || last_published(&stream, "search") == Some(6));
     let items = take_all(&mut sink);
     assert_eq!(live_positions(&items), [4, 6]);
     assert_is_append(&log, &items[0], ranges[1]);

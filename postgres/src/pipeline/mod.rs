@@ -1,59 +1,12 @@
 //! The pipeline as a library: a [`Source`] into a [`lanestream::Stream`] into [`Sink`]s.
 //!
-//! - [`Source`] ([`source`]): checks the sinks' states at start, produces transactions
-//!   ([`SourceItem::Change`]), confirms a position, serves backfills ([`SourceItem::Snapshot`]).
-//!   This crate's: [`FileSource`] (a wal2json or pgoutput capture) and [`LiveSource`](crate::live::LiveSource) (a pgoutput
-//!   replication slot).
-//! - [`CommitLatency`] ([`metrics`]): each sink's commit → ack latency (p50 / p99 in
-//!   [`SinkReport::commit_to_ack`]).
-//! - [`Sink`] ([`sink`]): what a user implements: apply a run of lane items, commit it together
-//!   with the [`SinkState`] the engine hands over (one atomic step), give that state back at
-//!   open. [`DurableNdjson`] is one, ready to use; [`RetryPolicy`] says how a failing (or
-//!   panicking) sink is retried.
-//! - [`SinkState`] ([`state`]): a sink's durable state — its position and in-transaction offset,
-//!   the backfills it is owed, the indexes it holds, its origin — and the rules P1-P3 and P7 it
-//!   carries.
-//! - [`Pipeline`] ([`driver`]): the ingest loop on the calling thread and one sink engine per
-//!   sink on threads of its own ([`engine`]), over any stream backend (`MemoryStream`
-//!   in-process, `RedisStream` across processes; [`run_sink`] runs one engine alone, for a sink
-//!   process).
-//!
-//! # What the driver guarantees
-//! - **At start** it reads every local sink's state and hands it to [`Source::start`]: a source
-//!   that would resume past a sink's data refuses (P1); a sink with no state on a source with
-//!   history is backfilled, refused or started live-only ([`Joiners`], P2); a table the source
-//!   publishes that a sink does not hold is owed to it (P2); every backfill owed is committed in
-//!   the sink's state before its request is published, and asked again by a restarted engine
-//!   (P3). A refusal starts nothing and writes nothing.
-//! - Each [`SourceItem::Change`] is published to every lane with the stream's one fan-out; a
-//!   [`SourceItem::Snapshot`] to its sink's lane only (`publish_to`).
-//! - The source is confirmed only at the stream's watermark (what every sink made durable and
-//!   acked), never past it: after publishing while it moves, while a full lane keeps the ingest
-//!   waiting, while the source is idle, and at the end (waiting with
-//!   [`Stream::wait_watermark`](lanestream::Stream::wait_watermark), not by sleep-polling).
-//! - A backfill request is acked only after its `SnapshotComplete` is published
-//!   ([R2](lanestream::contract#r2)); a restarted driver gets the unacked ones again, and a
-//!   restarted sink engine asks again for what its state owes.
-//! - A sink engine receives runs through the port ([`LaneConsumer::recv_run`](lanestream::LaneConsumer::recv_run);
-//!   several, up to [`Pipeline::max_run`] items), hands its sink what the state does not cover,
-//!   commits it with the state advanced, and acks each run only after the commit
-//!   ([C1](lanestream::contract#c1)); a change of an index the sink neither holds nor is owed
-//!   makes it owe a backfill of it (a table that joined while running). A failed or panicking run
-//!   is released, the sink reopened from its durable state, the lane re-attached and the run
-//!   redelivered, within the [`RetryPolicy`]; after it the pipeline stops with
-//!   [`PipelineError::Sink`] naming the sink. Never a silent drop.
-//! - P8: a transient backend error inside the backend's retry budget (a broker's lost
-//!   connection, a server restarting or refusing writes for a moment) is retried, never turned
-//!   into an error of the pipeline nor a close; an ack the backend could not confirm is sent
-//!   again, or its item redelivered (the sink skips what its checkpoint holds). A pipeline that
-//!   stops on an error leaves the lanes open, as a crash would: closing them is the stream's
-//!   end, final for every later publisher ([L10](lanestream::contract#l10)), so a restarted
-//!   ingest publishes again at once ([L9](lanestream::contract#l9)); so does a sink engine run
-//!   alone ([`run_sink`]) that gives up.
-//! - A [`StopHandle`] (wire it to SIGTERM) stops reading the source, waits until the sinks acked
-//!   what was published (bounded), confirms, stops and joins the engines, and leaves the lanes
-//!   open (a stop is a pause; only the source's end closes them, final by
-//!   [L10](lanestream::contract#l10)): `Ok`.
+//! The driver, the sink engine, the sinks' state and the metrics are the core crate's
+//! ([`lanestream::pipeline`], re-exported here whole, so `lanestream_postgres::pipeline::X` names
+//! the same item; read the guarantees there). This crate adds what is PostgreSQL's:
+//! - [`FileSource`] ([`file`](mod@file)): a wal2json or pgoutput capture (or any iterator of batches) as
+//!   a [`Source`]; the live replication slot, [`LiveSource`](crate::live::LiveSource), is a
+//!   `Source` of its own.
+//! - `impl Sink for` [`DurableNdjson`]: the durable NDJSON file sink, ready to use.
 //!
 //! ```
 //! use std::time::Duration;
@@ -82,24 +35,33 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod driver;
-pub mod engine;
-pub mod metrics;
-pub mod sink;
-pub mod source;
-pub mod state;
+pub mod file;
 
-pub use driver::{Joiners, Pipeline, PipelineError, PipelineReport, StopHandle};
-pub use engine::run_sink;
-pub use metrics::{
-    peak_rss_bytes, CommitLatency, LatencySummary, MetricsHandle, PipelineMetrics, SinkMetrics, SinkReport,
-};
-pub use sink::{RetryPolicy, Sink};
-pub use source::{FileSource, FileSourceError, SinkStart, Source, SourceItem, SourceStart};
-pub use state::{InTransaction, OwedBackfill, SinkState, StateError, Uncovered};
+pub use file::{FileSource, FileSourceError};
+pub use lanestream::pipeline::*;
 
-/// Any error, boxed: what a [`Sink::Error`] converts into.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use lanestream::LaneItem;
 
-#[cfg(doc)]
-use crate::ndjson::DurableNdjson;
+use crate::ndjson::{DurableNdjson, NdjsonError};
+
+/// The durable NDJSON file sink: each batch's envelopes as lines, fsynced with the state in its
+/// checkpoint at [`commit`](Sink::commit) (see [`crate::ndjson`]). A new instance after a
+/// failure is opened with [`DurableNdjson::open`], which cuts the output back to the checkpoint.
+impl Sink for DurableNdjson {
+    type Error = NdjsonError;
+
+    fn state(&mut self) -> Result<Option<SinkState>, NdjsonError> {
+        Ok(DurableNdjson::state(self).cloned())
+    }
+
+    fn apply(&mut self, items: &[LaneItem]) -> Result<(), NdjsonError> {
+        for item in items {
+            self.apply_item(item)?;
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, state: &SinkState) -> Result<(), NdjsonError> {
+        DurableNdjson::commit(self, state)
+    }
+}

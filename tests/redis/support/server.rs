@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A redis-server child process (`appendonly yes`, no RDB snapshots, logging to its stdout,
@@ -15,7 +15,7 @@ pub struct Server {
     socket: String,
     dir: tempfile::TempDir,
     child: Option<Child>,
-    lines: Option<Receiver<String>>,
+    lines: Option<mpsc::Receiver<String>>,
 }
 
 /// How long a start or a restart (with its loading) may take.
@@ -54,7 +54,7 @@ impl Server {
             .spawn()
             .expect("redis-server starts");
         let out = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
+        let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { return };

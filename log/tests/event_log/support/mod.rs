@@ -67,18 +67,45 @@ pub fn temp_dir(name: &str) -> TestDir {
 /// The longest any test waits for something that should happen at once.
 pub const LIMIT: Duration = Duration::from_secs(20);
 
-/// Runs a [`LogSource`](lanestream_log::LogSource) over `log` into `stream`'s lanes on its own
-/// thread until the log closes; the thread returns the run's stats (the lanes closed after).
+/// Runs a [`LogSource`](lanestream_log::LogSource) over `log` into `stream`'s lanes with the
+/// pipeline driver on its own thread until the log closes; the thread returns the source's stats
+/// (the driver closes the lanes once the sinks acked everything).
 pub fn spawn_source(
     log: &ReadHandle,
     stream: &lanestream::MemoryStream,
 ) -> std::thread::JoinHandle<lanestream_log::SourceStats> {
     let mut source = lanestream_log::LogSource::builder(log.clone()).build(stream).unwrap();
+    let pipeline = lanestream::pipeline::Pipeline::new(stream.clone());
     std::thread::spawn(move || {
-        let stats = source.run().unwrap();
-        source.close();
-        stats
+        pipeline.run(&mut source).unwrap();
+        source.stats().clone()
     })
+}
+
+/// Drives `source` with the pipeline driver (no local sink engine: the test's consumers are
+/// the sinks) on a thread of its own until `done` holds, then stops it: a stop is a pause, the
+/// lanes stay open (it does not wait for acks). Returns the source and the run's report.
+pub fn drive(
+    stream: &lanestream::MemoryStream,
+    mut source: lanestream_log::LogSource,
+    done: impl Fn() -> bool,
+) -> (lanestream_log::LogSource, lanestream::pipeline::PipelineReport) {
+    let pipeline = lanestream::pipeline::Pipeline::new(stream.clone())
+        .tick(Duration::from_millis(1))
+        .drain_timeout(Duration::ZERO);
+    let stop = pipeline.stop_handle();
+    let runner = std::thread::spawn(move || {
+        let report = pipeline.run(&mut source);
+        (source, report)
+    });
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !done() && !runner.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the driver did not get there in {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.stop();
+    let (source, report) = runner.join().unwrap();
+    (source, report.unwrap())
 }
 
 /// One thread per lane of `stream`: receives every item until the lane closes, acking each;

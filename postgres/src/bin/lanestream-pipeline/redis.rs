@@ -27,9 +27,7 @@ use std::time::{Duration, Instant};
 use lanestream::{Position, RedisStream, Stream};
 
 use lanestream_postgres::ndjson::{DurableNdjson, NdjsonError};
-use lanestream_postgres::pipeline::{
-    run_sink, RetryPolicy, Sink, SinkStart, SinkState, Source, SourceItem, SourceStart, StopHandle,
-};
+use lanestream_postgres::pipeline::{run_sink, RetryPolicy, Sink, SinkState, StopHandle};
 
 use crate::prelude::*;
 
@@ -81,13 +79,14 @@ pub(crate) fn run(args: &Args, url: &str) -> Result<bool, BoxError> {
 }
 
 /// The ingest process: the library's driver ([`Pipeline`]) with no local sink engine (the sinks
-/// are other processes), publishing the input through [`Resuming`].
+/// are other processes). A restarted ingest reads the input from its start: the driver skips
+/// what the lanes hold already (see `Pipeline::run`, "Resuming").
 fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, BoxError> {
     let started = Instant::now();
     let file = FileSource::new(open_input(&args.input, args.preload)?, HarnessSource::builder(args)?);
     let input = Input::File(Box::new(file));
     let harness = HarnessSource::new(input, args, Arc::new(Counters::default()), 0);
-    let mut source = Resuming { harness, stream: stream.clone(), lane: names[0].clone(), resume: None, k: 0 };
+    let mut source = harness;
     // --wait-secs bounds the whole run (the driver's drain at the input's end waits for every
     // sink's ack; a stop makes it wait at most its drain timeout, then close the lanes).
     let pipeline = Pipeline::new(stream.clone()).drain_timeout(Duration::ZERO);
@@ -102,13 +101,13 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
         }
     })?;
     let report = pipeline.run(&mut source).map_err(|e| format!("ingest: {e}"))?;
-    let (resume, published) = (source.resume.unwrap_or(0), source.harness.published);
-    let skipped = resume.min(source.k);
+    let published = source.published;
+    let skipped = report.skipped;
     let last_commit = published.last().map(|&(p, _)| Position(p));
     println!(
         "ingest: {} transactions read, {} batches published once to each of {} lanes ({skipped} published by an earlier run) in {:.2} s; lanes closed{}",
         published.len(),
-        source.k - skipped,
+        report.transactions + report.chunks,
         names.len(),
         started.elapsed().as_secs_f64(),
         if report.drain_timed_out { " (the sinks' acks were not all in by --wait-secs)" } else { "" }
@@ -170,60 +169,6 @@ fn ingest(args: &Args, stream: &RedisStream, names: &[String]) -> Result<bool, B
     } else {
         println!("FAIL: {}", failures.join("; "));
         Ok(false)
-    }
-}
-
-/// The input as a source for a restarted ingest: every lane gets every batch of the input, in
-/// input order, and the publish count is exact (a publish lands once), so it skips the first
-/// `published` batches (chunks of a large transaction included), the count read at its first
-/// [`next`](Source::next): after the driver claimed the fan-out, which fences an older ingest.
-struct Resuming {
-    /// The input, counting what it hands over (`published`: every transaction of the input,
-    /// handed over now or by an earlier run) as the in-process harness does.
-    harness: HarnessSource,
-    stream: RedisStream,
-    lane: String,
-    resume: Option<u64>,
-    /// Batches read so far.
-    k: u64,
-}
-
-impl Source for Resuming {
-    type Error = InputError;
-
-    fn next(&mut self, timeout: Duration) -> Result<Option<SourceItem>, InputError> {
-        let resume = match self.resume {
-            Some(r) => r,
-            None => *self.resume.insert(
-                self.stream
-                    .stats(&self.lane)
-                    .map_err(|e| InputError(format!("the publish count: {e}")))?
-                    .published,
-            ),
-        };
-        loop {
-            let next = self.harness.next(timeout)?;
-            if !matches!(next, Some(SourceItem::Change(_))) {
-                return Ok(next);
-            }
-            self.k += 1;
-            if self.k > resume {
-                return Ok(next);
-            }
-        }
-    }
-
-    fn confirm(&mut self, position: Position) -> Result<(), InputError> {
-        self.harness.confirm(position)
-    }
-
-    /// Refused: the file source here keeps no rows (the Redis sinks ask for none).
-    fn backfill(&mut self, request: Request) -> Result<(), InputError> {
-        self.harness.backfill(request)
-    }
-
-    fn start(&mut self, sinks: &[SinkStart<'_>]) -> Result<SourceStart, InputError> {
-        self.harness.start(sinks)
     }
 }
 

@@ -1,21 +1,19 @@
 //! The driver: a [`Source`] into a [`Stream`] (any backend, through the port) into sink engines
 //! on threads of their own.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use lanestream::{
-    IndexName, LaneConsumer, LaneDelivery, LaneItem, Position, PublishTimeoutError, RecvTimeoutError,
-    SinkName, Stream, StreamError, StreamFanout, TryRecvError,
-};
+use crate::{IndexName, Position, SinkName, Stream, StreamError, StreamFanout};
 
 use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
+use super::ingest::Ingest;
 use super::metrics::{MetricsHandle, SinkReport};
 use super::sink::{RetryPolicy, Sink};
-use super::source::{SinkStart, Source, SourceItem, SourceStart};
+use super::source::{SinkStart, Source, SourceStart};
 use super::state::SinkState;
 use super::BoxError;
 
@@ -67,7 +65,7 @@ impl From<StreamError> for PipelineError {
 /// Asks a running pipeline (or sink engine) to stop: the driver stops reading the source, waits
 /// (up to the drain timeout) until the sinks acked what was published, confirms the source at
 /// the watermark, stops its local sink engines and returns `Ok`. The lanes stay open: a stop is
-/// a pause, and a closed lane is final ([L10](lanestream::contract#l10)); on a broker, sink
+/// a pause, and a closed lane is final ([L10](crate::contract#l10)); on a broker, sink
 /// engines in other processes wait for the next ingest. Clone it freely; hand
 /// [`flag`](StopHandle::flag) to a signal handler (`signal_hook::flag::register`).
 #[derive(Clone, Debug, Default)]
@@ -101,10 +99,15 @@ impl StopHandle {
 /// What a pipeline run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PipelineReport {
-    /// Positioned batches (transactions) published to every lane.
+    /// Positioned batches (transactions) published, to every lane that lacked them (every lane,
+    /// but for a restart over lanes holding items beyond the watermark: see
+    /// [`Pipeline::run`], "Resuming").
     pub transactions: u64,
-    /// Unpositioned chunks of large transactions published to every lane.
+    /// Unpositioned chunks of large transactions published, to every lane that lacked them.
     pub chunks: u64,
+    /// Batches and chunks the source handed over that every lane held already (published by an
+    /// earlier ingest, not acked yet): not published again.
+    pub skipped: u64,
     /// Changes published (the batches' `changes`).
     pub changes: u64,
     /// Envelopes published to every lane.
@@ -115,7 +118,10 @@ pub struct PipelineReport {
     pub snapshot_envelopes: u64,
     /// Backfill requests served: `SnapshotComplete` published, then the request acked.
     pub backfills_served: u64,
-    /// The last positioned batch published.
+    /// Backfill requests for a sink the stream has no lane for: acked unanswered (they could
+    /// never be served), never handed to the source.
+    pub requests_refused: u64,
+    /// The last positioned batch published (or held by every lane already).
     pub last_position: Option<Position>,
     /// The last position confirmed to the source.
     pub confirmed: Option<Position>,
@@ -289,19 +295,44 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
         self.metrics.clone()
     }
 
-    /// Runs until the source ends ([`SourceItem::End`]: every published batch acked, every
+    /// Runs until the source ends ([`SourceItem::End`](super::SourceItem::End): every published batch acked, every
     /// backfill asked meanwhile served) or a stop is asked (drained up to the drain timeout);
     /// then confirms the source at the final watermark, closes the lanes at the source's end
     /// (not at a stop: a pause leaves them open, see [`StopHandle`]) and joins the sink engines.
     /// The ingest runs on the calling thread.
+    ///
+    /// # Resuming
+    /// A source resumes from the watermark (what every lane acked), but a lane may hold
+    /// published, unacked items beyond it: a restarted ingest over a broker's lanes, or over a
+    /// stream that outlived its source. Once it has claimed the fan-out, the driver reads each
+    /// lane's last published position ([`LaneStats::last_published`](crate::LaneStats::last_published),
+    /// through [`Stream::stats`]) and publishes what the source sends again only to the lanes
+    /// that lack it, so no lane gets a batch twice and none is refused for a position it holds
+    /// ([L4](crate::contract#l4)):
+    /// - a positioned batch at `p` goes to the lanes whose last published position is below
+    ///   `p`: with the one fan-out publish when every lane lacks it (always, once past what the
+    ///   lanes held), with [`publish_to`](crate::StreamFanout::publish_to) to each of them when
+    ///   only some do (a blocking publish: it waits for room without confirming meanwhile), to
+    ///   none when every lane holds it ([`PipelineReport::skipped`]);
+    /// - an unpositioned chunk of a large transaction goes, by its envelopes' position (the
+    ///   transaction's commit position), to the lanes that lack that transaction: a lane that
+    ///   holds some of its chunks but not its last batch gets them again, which its sink's
+    ///   state covers ([`SinkState::uncovered`](super::SinkState::uncovered));
+    /// - the edge: a chunk whose envelopes carry no position goes to the lanes that were not
+    ///   skipped for the last positioned batch handed over in this run (every lane before the
+    ///   first).
+    ///
+    /// The items a lane held are redelivered by the lane itself. (This crate's backends share
+    /// one publish sequence across a stream's lanes, the in-memory ring and the Redis log, so
+    /// there every lane lacks a batch or none does.)
     ///
     /// # Errors
     /// The first failure: the source's, a sink engine's (named), the stream's, a refusal at start
     /// ([`PipelineError::Refused`], or the source's). The local sink engines are stopped and
     /// joined before it returns, and the lanes are left open (as a crash would leave them, P8):
     /// a close is the stream's end, final for every later publisher
-    /// ([L10](lanestream::contract#l10)), which an error is not; a restarted ingest publishes
-    /// again at once, after what was published ([L9](lanestream::contract#l9)), and a broker's
+    /// ([L10](crate::contract#l10)), which an error is not; a restarted ingest publishes
+    /// again at once, after what was published ([L9](crate::contract#l9)), and a broker's
     /// sink engines in other processes keep waiting for it. The source was confirmed only up to
     /// the watermark.
     pub fn run<Src: Source>(self, source: &mut Src) -> Result<PipelineReport, PipelineError> {
@@ -320,6 +351,14 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
         let started = Instant::now();
         metrics.start();
         let mut fanout = stream.fanout()?;
+        // Each lane's last published position, read once the fan-out is ours (its claim fences
+        // an older ingest, L9): a lane may hold published, unacked items beyond the watermark
+        // (a restarted ingest), which are not published to it again.
+        let published = stream
+            .sinks()
+            .iter()
+            .map(|sink| stream.stats(sink.as_str()).map(|s| s.last_published))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut requests = stream.reattach_requests();
         // Ends the local engines on an error, without closing the lanes (see "Errors").
         let engines_stop = StopHandle::new();
@@ -375,6 +414,8 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             fanout: &mut fanout,
             requests: &mut requests,
             pending: HashMap::new(),
+            chunk_lanes: vec![true; published.len()],
+            published,
             report: PipelineReport::default(),
             tick,
             metrics: metrics.clone(),
@@ -552,247 +593,6 @@ fn join_all(
             })
         })
         .collect()
-}
-
-/// The ingest loop's state.
-struct Ingest<'a, St: Stream> {
-    stream: &'a St,
-    fanout: &'a mut St::Fanout,
-    requests: &'a mut St::RequestConsumer,
-    /// Requests handed to the source whose `SnapshotComplete` is not published yet, per sink,
-    /// in arrival order: acked when it is ([R2](lanestream::contract#r2)).
-    pending:
-        HashMap<SinkName, VecDeque<<St::RequestConsumer as LaneConsumer<lanestream::Request>>::Delivery>>,
-    report: PipelineReport,
-    tick: Duration,
-    metrics: MetricsHandle,
-    /// When the source's lag is read next (about once a second: it may cost a query).
-    next_lag: Instant,
-}
-
-impl<St: Stream> Ingest<'_, St> {
-    /// Copies the ingest's figures into the [`MetricsHandle`], and the source's lag when due.
-    fn refresh_metrics<Src: Source>(&mut self, source: &mut Src) {
-        self.update_metrics();
-        if Instant::now() >= self.next_lag {
-            self.next_lag = Instant::now() + Duration::from_secs(1);
-            let lag = source.lag_bytes();
-            self.metrics.set_ingest(|m| m.source_lag_bytes = lag);
-        }
-    }
-
-    /// Copies the ingest's figures into the [`MetricsHandle`].
-    fn update_metrics(&self) {
-        let r = &self.report;
-        self.metrics.set_ingest(|m| {
-            (m.transactions, m.changes) = (r.transactions, r.changes);
-            (m.last_position, m.confirmed) = (r.last_position, r.confirmed);
-        });
-    }
-
-    fn run<Src: Source>(
-        &mut self,
-        source: &mut Src,
-        stop: &StopHandle,
-        engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
-        drain_timeout: Duration,
-    ) -> Result<(), PipelineError> {
-        let mut next_tick = Instant::now();
-        loop {
-            if stop.is_stopped() {
-                self.report.stopped = true;
-                return self.drain(source, engines, Some(Instant::now() + drain_timeout), false);
-            }
-            if Instant::now() >= next_tick {
-                next_tick = Instant::now() + self.tick;
-                self.housekeeping(source, engines)?;
-            }
-            match source.next(self.tick).map_err(|e| PipelineError::Source(e.into()))? {
-                Some(SourceItem::End) => return self.drain(source, engines, None, true),
-                Some(item) => self.publish(item, source, stop, engines)?,
-                None => self.confirm(source)?,
-            }
-        }
-    }
-
-    /// Confirms the watermark, hands new requests to the source, and checks the engines.
-    fn housekeeping<Src: Source>(
-        &mut self,
-        source: &mut Src,
-        engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
-    ) -> Result<(), PipelineError> {
-        self.confirm(source)?;
-        self.take_requests(source)?;
-        self.refresh_metrics(source);
-        // An engine ends before the lanes close only when it gave up: stop with its error
-        // (the caller joins it).
-        if engines.iter().any(|(_, t)| t.is_finished()) {
-            return Err(PipelineError::Stream("a sink engine stopped (its error follows)".into()));
-        }
-        Ok(())
-    }
-
-    fn confirm<Src: Source>(&mut self, source: &mut Src) -> Result<(), PipelineError> {
-        if let Some(w) = self.stream.watermark() {
-            if self.report.confirmed.is_none_or(|c| w > c) {
-                source.confirm(w).map_err(|e| PipelineError::Source(e.into()))?;
-                self.report.confirmed = Some(w);
-            }
-        }
-        Ok(())
-    }
-
-    fn take_requests<Src: Source>(&mut self, source: &mut Src) -> Result<(), PipelineError> {
-        loop {
-            let delivery = match self.requests.try_recv() {
-                Ok(d) => d,
-                Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok(()),
-                // P8: the never-waiting receive tries once; a backend error is tried again by a
-                // receive that retries within the backend's retry budget (a deadline of now: it
-                // waits for nothing else). Only an error past the budget stops the ingest.
-                Err(TryRecvError::Backend(_)) => match self.requests.recv_timeout(Duration::ZERO) {
-                    Ok(Some(d)) => d,
-                    Ok(None) | Err(RecvTimeoutError::Timeout) => return Ok(()),
-                    Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
-                },
-                Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
-            };
-            let request = delivery.item().clone();
-            let sink = match &request {
-                lanestream::Request::Backfill { sink, .. } => sink.clone(),
-                other => {
-                    return Err(PipelineError::Source(
-                        format!("a request the driver does not know: {other:?}").into(),
-                    ))
-                }
-            };
-            source.backfill(request).map_err(|e| PipelineError::Source(e.into()))?;
-            self.pending.entry(sink).or_default().push_back(delivery);
-        }
-    }
-
-    fn lane(&self, sink: &SinkName) -> Result<usize, PipelineError> {
-        self.stream
-            .sinks()
-            .iter()
-            .position(|s| s == sink)
-            .ok_or_else(|| PipelineError::UnknownSink(sink.clone()))
-    }
-
-    fn publish<Src: Source>(
-        &mut self,
-        item: SourceItem,
-        source: &mut Src,
-        stop: &StopHandle,
-        engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
-    ) -> Result<(), PipelineError> {
-        match item {
-            SourceItem::Change(batch) => {
-                let (position, changes, envelopes) =
-                    (batch.position, batch.changes, batch.envelopes.len() as u64);
-                let mut item = LaneItem::Batch(batch);
-                // Wait for room, confirming meanwhile (slow sinks' progress reaches the source).
-                loop {
-                    match self.fanout.publish_timeout(item, self.tick.max(Duration::from_millis(50))) {
-                        Ok(()) => break,
-                        Err(PublishTimeoutError::Timeout(back)) => {
-                            item = back;
-                            self.housekeeping(source, engines)?;
-                            if stop.is_stopped() {
-                                // Not published, so never confirmed: the source sends it again.
-                                return Ok(());
-                            }
-                        }
-                        Err(e) => return Err(publish_error(e)),
-                    }
-                }
-                self.report.changes += changes;
-                self.report.envelopes += envelopes;
-                match position {
-                    Some(p) => {
-                        self.report.transactions += 1;
-                        self.report.last_position = Some(p);
-                    }
-                    None => self.report.chunks += 1,
-                }
-            }
-            SourceItem::Snapshot { sink, item } => {
-                let lane = self.lane(&sink)?;
-                let complete = matches!(item, LaneItem::SnapshotComplete { .. });
-                if let LaneItem::Batch(b) = &item {
-                    self.report.snapshot_batches += 1;
-                    self.report.snapshot_envelopes += b.envelopes.len() as u64;
-                }
-                self.fanout.publish_to(lane, item).map_err(|e| publish_error(e.into()))?;
-                if complete {
-                    // R2: the request is acked only now that its SnapshotComplete is published.
-                    if let Some(delivery) = self.pending.get_mut(&sink).and_then(VecDeque::pop_front) {
-                        if delivery.ack().is_ok() {
-                            self.report.backfills_served += 1;
-                        }
-                    }
-                }
-            }
-            SourceItem::End => {}
-        }
-        Ok(())
-    }
-
-    /// Waits until the sinks acked everything published (the waitable watermark), serving the
-    /// backfills asked meanwhile when `serve` (a finite input's end), up to `deadline`.
-    fn drain<Src: Source>(
-        &mut self,
-        source: &mut Src,
-        engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
-        deadline: Option<Instant>,
-        serve: bool,
-    ) -> Result<(), PipelineError> {
-        loop {
-            if serve {
-                self.take_requests(source)?;
-                // The snapshot items of those requests (a live source reads its stream on to
-                // their chunks' marks: its changes are published too).
-                while self.pending.values().any(|q| !q.is_empty()) {
-                    match source.next(self.tick).map_err(|e| PipelineError::Source(e.into()))? {
-                        Some(SourceItem::End) | None => break,
-                        Some(item) => self.publish(item, source, &StopHandle::new(), engines)?,
-                    }
-                }
-            }
-            self.confirm(source)?;
-            self.refresh_metrics(source);
-            let caught_up = match self.report.last_position {
-                Some(last) => self.report.confirmed.is_some_and(|c| c >= last),
-                None => true,
-            };
-            if caught_up && self.pending.values().all(VecDeque::is_empty) {
-                return Ok(());
-            }
-            if engines.iter().any(|(_, t)| t.is_finished()) {
-                return Err(PipelineError::Stream("a sink engine stopped (its error follows)".into()));
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                self.report.drain_timed_out = true;
-                return Ok(());
-            }
-            let wait = deadline.map_or(now + self.tick, |d| d.min(now + self.tick));
-            if let Some(last) = self.report.last_position {
-                self.stream.wait_watermark(last, Some(wait));
-            } else {
-                thread::sleep(wait.saturating_duration_since(now));
-            }
-        }
-    }
-}
-
-fn publish_error(e: PublishTimeoutError<LaneItem>) -> PipelineError {
-    match e {
-        PublishTimeoutError::Closed(_) => {
-            PipelineError::Stream("a lane was closed (its sink engine stopped: its error follows)".into())
-        }
-        e => PipelineError::Stream(format!("publish: {e}")),
-    }
 }
 
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

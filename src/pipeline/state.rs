@@ -15,15 +15,15 @@
 //!   position), and [`in_transaction`](SinkState::in_transaction): how many envelopes of a large
 //!   transaction (published in chunks) are applied, so that a transaction the source sends again
 //!   from its start after a restart is skipped up to there (contract
-//!   [C1](lanestream::contract#c1)).
+//!   [C1](crate::contract#c1)).
 //! - [`owed`](SinkState::owed): the backfills the sink was promised and has not completed, in
 //!   order, each with the id of the last snapshot row applied: the engine asks for them again
 //!   after a restart, resuming after that row.
 //! - [`indexes`](SinkState::indexes): the indexes the sink holds whole (backfilled, or followed
 //!   since before they had rows); a change of any other index makes the engine owe a backfill of
 //!   it (a table that joined the publication).
-//! - [`origin`](SinkState::origin): the source the sink was filled from (for PostgreSQL the
-//!   database and the slot): a pipeline refuses to feed the sink from another.
+//! - [`origin`](SinkState::origin): the source the sink was filled from (for a replication slot,
+//!   the database and the slot): a pipeline refuses to feed the sink from another.
 //!
 //! # The rules
 //! - **P1**: at start the pipeline reads every local sink's state and the source refuses to
@@ -37,7 +37,7 @@
 //!
 //! ```
 //! use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position};
-//! use lanestream_postgres::pipeline::{SinkState, Uncovered};
+//! use lanestream::pipeline::{SinkState, Uncovered};
 //!
 //! let envelope = |id: &str| Envelope {
 //!     index: IndexName::new("public_users").unwrap(),
@@ -62,7 +62,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use lanestream::{Batch, IndexName, LaneItem, Position, Request, SinkName};
+use crate::{Batch, IndexName, LaneItem, Position, Request, SinkName};
 use serde::{Deserialize, Serialize};
 
 /// The version of [`SinkState::to_text`]'s form; [`SinkState::parse`] refuses others.
@@ -144,7 +144,7 @@ pub enum StateError {
     },
 }
 
-/// The serialized form: positions as LSN text (`"0/16B3748"`), a version first.
+/// The serialized form: positions in [`Position`]'s text form (`"0/16B3748"`), a version first.
 #[derive(Serialize, Deserialize)]
 struct Stored {
     v: u32,
@@ -166,7 +166,7 @@ impl SinkState {
         SinkState::default()
     }
 
-    /// The stored form: one line of JSON (no newline), `{"v":1,...}`, positions as LSNs.
+    /// The stored form: one line of JSON (no newline), `{"v":1,...}`, positions in [`Position`]'s text form (`"X/Y"`).
     pub fn to_text(&self) -> String {
         let stored = Stored {
             v: STATE_VERSION,
@@ -183,7 +183,7 @@ impl SinkState {
     /// Reads what [`to_text`](Self::to_text) wrote (surrounding whitespace allowed).
     ///
     /// # Errors
-    /// [`StateError::Unreadable`] for any other text, another version, an invalid LSN or index
+    /// [`StateError::Unreadable`] for any other text, another version, an invalid position or index
     /// name, or an owed backfill with no index.
     pub fn parse(text: &str) -> Result<SinkState, StateError> {
         let unreadable =
@@ -295,8 +295,6 @@ impl SinkState {
                 }
             },
             LaneItem::SnapshotComplete { indexes } => self.complete(indexes),
-            // Items of later kinds carry nothing to record.
-            _ => {}
         }
     }
 
@@ -366,7 +364,7 @@ pub fn transaction_of(batch: &Batch) -> Option<Position> {
 
 #[cfg(test)]
 mod tests {
-    use lanestream::{Envelope, Op};
+    use crate::{Envelope, Op};
 
     use super::*;
 

@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use lanestream::{IndexName, LaneConsumer, LaneItem, LaneRun, RequestPublisher, SinkName, Stream};
+use crate::{IndexName, LaneConsumer, LaneItem, LaneRun, RequestPublisher, SinkName, Stream};
 
 use super::driver::{panic_message, PipelineError, StopHandle};
 use super::metrics::{commit_micros, lock, unix_micros_now, MetricsHandle, SinkLive, SinkReport};
@@ -90,7 +90,7 @@ pub(crate) struct Gate {
 ///
 /// # Errors
 /// [`PipelineError::Sink`] naming the sink when its budget is spent; its lane is left open, as a
-/// crash would leave it (P8: a close is final for every later ingest, [L10](lanestream::contract#l10)),
+/// crash would leave it (P8: a close is final for every later ingest, [L10](crate::contract#l10)),
 /// so that the ingest waits for the engine restarted after this one, which carries on from the
 /// sink's state. [`PipelineError::Stream`] for an unknown lane.
 pub fn run_sink<St, S, F>(

@@ -2,9 +2,9 @@
 //! positioned batch.
 //!
 //! The source stamps each envelope with its transaction's commit time
-//! ([`Envelope::built_at_micros`](lanestream::Envelope::built_at_micros), µs since the Unix
-//! epoch: the pgoutput decoder records the Begin message's commit timestamp there, converted from
-//! PostgreSQL's epoch 2000-01-01). A sink engine, when the ack of a positioned batch lands, records
+//! ([`Envelope::built_at_micros`](crate::Envelope::built_at_micros), µs since the Unix
+//! epoch: a replication decoder records the transaction's commit timestamp there, converted to
+//! that epoch). A sink engine, when the ack of a positioned batch lands, records
 //! `now − commit time` into its lane's [`CommitLatency`], a fixed-size histogram; its
 //! [`summary`](CommitLatency::summary) gives the p50 / p99 ([`LatencySummary`]).
 //!
@@ -12,7 +12,7 @@
 //! of the figure (a negative difference is recorded as 0).
 //!
 //! ```
-//! use lanestream_postgres::pipeline::CommitLatency;
+//! use lanestream::pipeline::CommitLatency;
 //! let mut h = CommitLatency::new();
 //! for ms in 1..=100 {
 //!     h.record(1_000_000, 1_000_000 + ms * 1_000); // acked `ms` milliseconds after the commit
@@ -26,8 +26,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::{LaneItem, Position};
 use hdrhistogram::Histogram;
-use lanestream::{LaneItem, Position};
 
 /// What one sink engine did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub struct SinkReport {
     /// Items its state covered already (a transaction the source sent again after a restart,
     /// chunks applied before): acked without reaching the sink.
     pub covered: u64,
-    /// Changes of the batches acked (their [`Batch::changes`](lanestream::Batch::changes); a
+    /// Changes of the batches acked (their [`Batch::changes`](crate::Batch::changes); a
     /// redelivered batch counts each time).
     pub changes_acked: u64,
     /// From each transaction's commit at the source to this sink's ack of its positioned batch,
@@ -126,7 +126,7 @@ pub struct LatencySummary {
 }
 
 /// The commit time of a positioned batch (its first envelope's
-/// [`built_at_micros`](lanestream::Envelope::built_at_micros), µs since the Unix epoch); `None`
+/// [`built_at_micros`](crate::Envelope::built_at_micros), µs since the Unix epoch); `None`
 /// for snapshot batches, `SnapshotComplete`, an empty transaction and envelopes without one.
 pub fn commit_micros(item: &LaneItem) -> Option<u64> {
     match item {
@@ -144,8 +144,8 @@ pub fn unix_micros_now() -> u64 {
 mod tests {
     use std::sync::Arc;
 
+    use crate::{Batch, Envelope, IndexName, Op, Position};
     use bytes::Bytes;
-    use lanestream::{Batch, Envelope, IndexName, Op, Position};
 
     use super::*;
 
@@ -245,8 +245,8 @@ pub struct PipelineMetrics {
     /// The last position confirmed to the source (the watermark it was allowed).
     pub confirmed: Option<Position>,
     /// How far the source's upstream is ahead of what was confirmed, in bytes
-    /// ([`Source::lag_bytes`](super::Source::lag_bytes): for PostgreSQL, the slot's
-    /// `pg_current_wal_lsn() - confirmed_flush_lsn`), read about once a second; `None` when the
+    /// ([`Source::lag_bytes`](super::Source::lag_bytes): for a replication slot,
+    /// the server's log position minus the slot's confirmed one), read about once a second; `None` when the
     /// source does not say.
     pub source_lag_bytes: Option<u64>,
     /// The process's peak resident set size so far, in bytes ([`peak_rss_bytes`]: the whole

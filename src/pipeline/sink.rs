@@ -1,13 +1,13 @@
-//! The sink side: what a user implements ([`Sink`]), how a failing sink is retried
-//! ([`RetryPolicy`]), and the ready durable NDJSON sink ([`DurableNdjson`]).
+//! The sink side: what a user implements ([`Sink`]) and how a failing sink is retried
+//! ([`RetryPolicy`]). The crate `lanestream-postgres` has a ready durable one (`DurableNdjson`,
+//! an NDJSON file with its checkpoint).
 
 use std::time::Duration;
 
-use lanestream::LaneItem;
+use crate::LaneItem;
 
 use super::state::SinkState;
 use super::BoxError;
-use crate::ndjson::{DurableNdjson, NdjsonError};
 
 /// A destination a sink engine applies its lane to: a search index, a cache, a table, a file.
 ///
@@ -17,7 +17,7 @@ use crate::ndjson::{DurableNdjson, NdjsonError};
 /// transaction the source sends again after a restart, or the chunks of one already applied,
 /// never reach the sink twice), then calls [`commit`](Sink::commit) with the state advanced
 /// past them, and acks the run only after `commit` returned `Ok` (contract
-/// [C1](lanestream::contract#c1)): what is acked is durable, and the stream's watermark (what
+/// [C1](crate::contract#c1)): what is acked is durable, and the stream's watermark (what
 /// the source confirms) never passes it.
 ///
 /// **The one thing a sink must do**: make `commit` store the data applied since the last commit
@@ -33,7 +33,7 @@ use crate::ndjson::{DurableNdjson, NdjsonError};
 /// instance and re-attaches to the lane: the run comes again.
 ///
 /// Items reach `apply` in lane order: positioned batches (transactions), unpositioned chunks of
-/// large ones (their envelopes carry the commit position; [`Batch::offset`](lanestream::Batch::offset)
+/// large ones (their envelopes carry the commit position; [`Batch::offset`](crate::Batch::offset)
 /// says where they start), snapshot batches (position `None` everywhere: upserts, applied at
 /// least once) and `LaneItem::SnapshotComplete`.
 pub trait Sink: Send {
@@ -95,27 +95,5 @@ impl RetryPolicy {
     pub fn backoff(&self, failures: u32) -> Duration {
         let doublings = failures.saturating_sub(1).min(30);
         self.initial_backoff.saturating_mul(1 << doublings).min(self.max_backoff)
-    }
-}
-
-/// The durable NDJSON file sink: each batch's envelopes as lines, fsynced with the state in its
-/// checkpoint at [`commit`](Sink::commit) (see [`crate::ndjson`]). A new instance after a
-/// failure is opened with [`DurableNdjson::open`], which cuts the output back to the checkpoint.
-impl Sink for DurableNdjson {
-    type Error = NdjsonError;
-
-    fn state(&mut self) -> Result<Option<SinkState>, NdjsonError> {
-        Ok(DurableNdjson::state(self).cloned())
-    }
-
-    fn apply(&mut self, items: &[LaneItem]) -> Result<(), NdjsonError> {
-        for item in items {
-            self.apply_item(item)?;
-        }
-        Ok(())
-    }
-
-    fn commit(&mut self, state: &SinkState) -> Result<(), NdjsonError> {
-        DurableNdjson::commit(self, state)
     }
 }
