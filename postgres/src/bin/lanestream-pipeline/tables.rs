@@ -117,8 +117,8 @@ fn replay(path: &Path) -> Result<Replayed, BoxError> {
         if reader.read_line(&mut l).map_err(cannot)? == 0 {
             break;
         }
-        let line: Line<'_> =
-            serde_json::from_str(l.trim_end_matches('\n')).map_err(|e| format!("{}:{i}: {e}", path.display()))?;
+        let line: Line<'_> = serde_json::from_str(l.trim_end_matches('\n'))
+            .map_err(|e| format!("{}:{i}: {e}", path.display()))?;
         let rows = indexes.entry(line.index).or_default();
         match line.op.as_str() {
             "upsert" => {
