@@ -68,7 +68,7 @@
 //! | `sync.rs` | the shim: `std`, or loom under `--cfg lanestream_loom` |
 //! | `item.rs`, `envelope.rs`, `name.rs`, `position.rs`, `error.rs` | the vocabulary: [`LaneItem`], [`Batch`], [`Request`], [`Envelope`], names, [`Position`], the error enums |
 //! | `codec/` | the rkyv wire form (feature `codec`) |
-//! | `pipeline/` | the one ingest driver (feature `pipeline`, on by default; see [`pipeline`]): `source.rs` (the [`Source`](pipeline::Source) trait), `driver.rs` ([`Pipeline`](pipeline::Pipeline): a source into any [`Stream`] into sink engines; the start-up checks), `ingest.rs` (its ingest loop: publishing per lane, confirms, the request lane, the drain), `engine.rs` (the sink engine, [`run_sink`](pipeline::run_sink)), `sink.rs` ([`Sink`](pipeline::Sink), [`RetryPolicy`](pipeline::RetryPolicy)), `state.rs` ([`SinkState`](pipeline::SinkState)), `metrics.rs` |
+//! | `pipeline/` | the one ingest driver (feature `pipeline`, on by default; see [`pipeline`]): `source.rs` (the [`Source`](pipeline::Source) trait), `driver.rs` ([`Pipeline`](pipeline::Pipeline): a source into any [`Stream`] into sink engines; the start-up checks), `ingest.rs` (its ingest loop: publishing per lane, confirms, the request lane, the drain), `engine.rs` (the sink engine, [`run_sink`](pipeline::run_sink)), `sink.rs` ([`Sink`](pipeline::Sink), [`RetryPolicy`](pipeline::RetryPolicy)), `state.rs` ([`SinkState`](pipeline::SinkState)), `error.rs` ([`PipelineError`](pipeline::PipelineError)), `stop.rs` ([`StopHandle`](pipeline::StopHandle)), `metrics.rs` (figures while it runs, [`PipelineReport`](pipeline::PipelineReport) after) |
 //! | `contract.rs`, `docs/` | the contract and the memory-ordering chapter, as doc-only modules |
 //!
 //! # Features

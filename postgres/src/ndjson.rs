@@ -1,7 +1,7 @@
 //! A durable NDJSON file sink: one line per envelope, made durable together with the sink's
 //! [`SinkState`] before the sink engine acks, cut back to its checkpoint after a restart, so that
 //! its output holds every change exactly once however the process dies, while the lanes and the
-//! source deliver at least once. It is a [`Sink`](crate::pipeline::Sink) like any other: the
+//! source deliver at least once. It is a [`Sink`](lanestream::pipeline::Sink) like any other: the
 //! engine hands it only what its state does not cover, and it stores the state it is given.
 //!
 //! # Files
@@ -71,7 +71,7 @@ use std::time::{Duration, Instant};
 
 use lanestream::{Envelope, IndexName, LaneItem, Position};
 
-use crate::pipeline::{InTransaction, OwedBackfill, SinkState};
+use lanestream::pipeline::{InTransaction, OwedBackfill, SinkState};
 
 /// Why the durable sink could not go on. Each variant names the file involved.
 #[derive(Debug, thiserror::Error)]

@@ -2,153 +2,20 @@
 //! on threads of their own.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::{IndexName, Position, SinkName, Stream, StreamError, StreamFanout};
+use crate::{IndexName, SinkName, Stream, StreamFanout};
 
 use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
+use super::error::{panic_message, PipelineError};
 use super::ingest::Ingest;
-use super::metrics::{MetricsHandle, SinkReport};
+use super::metrics::{MetricsHandle, PipelineReport, SinkReport};
 use super::sink::{RetryPolicy, Sink};
 use super::source::{SinkStart, Source, SourceStart};
 use super::state::SinkState;
-use super::BoxError;
-
-/// Why a pipeline stopped with an error. Each names the part that failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PipelineError {
-    /// The source failed (reading, confirming, or serving a backfill).
-    #[error("the source: {0}")]
-    Source(#[source] BoxError),
-    /// A sink's engine gave up: its `apply`/`commit` failed or panicked on the same run
-    /// `attempts` times in a row (or its instance could not be opened). Nothing of that run was
-    /// acked. In a [`Pipeline`] its lane was closed and the pipeline stopped; an engine run alone
-    /// ([`run_sink`](super::run_sink)) left its lane open, for the engine restarted after it (P8).
-    #[error("sink {sink}: gave up after {attempts} attempts: {error}")]
-    Sink {
-        /// The sink.
-        sink: SinkName,
-        /// Tries made of the last run.
-        attempts: u32,
-        /// The last failure (a panic's message reads `panicked: ...`).
-        #[source]
-        error: BoxError,
-    },
-    /// The stream refused (a lane unknown, the publisher busy, a publish refused).
-    #[error("the stream: {0}")]
-    Stream(String),
-    /// The source handed over a snapshot item for a sink the stream has no lane for.
-    #[error("the source sent a snapshot item for sink {0}, which has no lane")]
-    UnknownSink(SinkName),
-    /// The pipeline refused to start a sink: its state says it cannot be fed from this source
-    /// as it is (another origin, or a joiner under [`Joiners::Refuse`]). Nothing was read from
-    /// the source and nothing written to any sink.
-    #[error("sink {sink}: {reason}")]
-    Refused {
-        /// The sink.
-        sink: SinkName,
-        /// Why, and what to do.
-        reason: String,
-    },
-}
-
-impl From<StreamError> for PipelineError {
-    fn from(e: StreamError) -> Self {
-        PipelineError::Stream(e.to_string())
-    }
-}
-
-/// Asks a running pipeline (or sink engine) to stop: the driver stops reading the source, waits
-/// (up to the drain timeout) until the sinks acked what was published, confirms the source at
-/// the watermark, stops its local sink engines and returns `Ok`. The lanes stay open: a stop is
-/// a pause, and a closed lane is final ([L10](crate::contract#l10)); on a broker, sink
-/// engines in other processes wait for the next ingest. Clone it freely; hand
-/// [`flag`](StopHandle::flag) to a signal handler (`signal_hook::flag::register`).
-#[derive(Clone, Debug, Default)]
-pub struct StopHandle(Arc<AtomicBool>);
-
-impl StopHandle {
-    /// A handle not stopped yet.
-    pub fn new() -> Self {
-        StopHandle::default()
-    }
-
-    /// Asks to stop.
-    pub fn stop(&self) {
-        // Release: pairs with the Acquire in `is_stopped`; the flag carries no other data, so
-        // Relaxed would do, but a stopper's writes before it are then visible to the driver.
-        self.0.store(true, Ordering::Release);
-    }
-
-    /// Whether a stop was asked.
-    pub fn is_stopped(&self) -> bool {
-        // Acquire: pairs with `stop`'s Release.
-        self.0.load(Ordering::Acquire)
-    }
-
-    /// The flag itself, for a signal handler that sets it.
-    pub fn flag(&self) -> Arc<AtomicBool> {
-        self.0.clone()
-    }
-}
-
-/// What a pipeline run did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PipelineReport {
-    /// Positioned batches (transactions) published, to every lane that lacked them (every lane,
-    /// but for a restart over lanes holding items beyond the watermark: see
-    /// [`Pipeline::run`], "Resuming").
-    pub transactions: u64,
-    /// Unpositioned chunks of large transactions published, to every lane that lacked them.
-    pub chunks: u64,
-    /// Batches and chunks the source handed over that every lane held already (published by an
-    /// earlier ingest, not acked yet): not published again.
-    pub skipped: u64,
-    /// Changes published (the batches' `changes`).
-    pub changes: u64,
-    /// Envelopes published to every lane.
-    pub envelopes: u64,
-    /// Snapshot batches published to one lane each, and their envelopes.
-    pub snapshot_batches: u64,
-    /// Envelopes of those snapshot batches.
-    pub snapshot_envelopes: u64,
-    /// Backfill requests served: `SnapshotComplete` published, then the request acked.
-    pub backfills_served: u64,
-    /// Backfill requests for a sink the stream has no lane for: acked unanswered (they could
-    /// never be served), never handed to the source.
-    pub requests_refused: u64,
-    /// The last positioned batch published (or held by every lane already).
-    pub last_position: Option<Position>,
-    /// The last position confirmed to the source.
-    pub confirmed: Option<Position>,
-    /// Whether the run ended by a [`StopHandle`] (otherwise the source ended).
-    pub stopped: bool,
-    /// Whether a stop's drain timed out before the sinks acked everything published.
-    pub drain_timed_out: bool,
-    /// The local sink engines, in the order they were added.
-    pub sinks: Vec<SinkReport>,
-    /// From the start of [`Pipeline::run`] to the engines joined.
-    pub elapsed: Duration,
-    /// The process's peak resident set size at the end of the run, in bytes
-    /// ([`peak_rss_bytes`](super::peak_rss_bytes)); `None` where it cannot be read.
-    pub peak_rss_bytes: Option<u64>,
-}
-
-impl PipelineReport {
-    /// Changes published per second of [`elapsed`](Self::elapsed) (0 for a run of no time).
-    pub fn changes_per_second(&self) -> f64 {
-        let secs = self.elapsed.as_secs_f64();
-        if secs > 0.0 {
-            self.changes as f64 / secs
-        } else {
-            0.0
-        }
-    }
-}
+use super::stop::StopHandle;
 
 type EngineFn<St> = Box<dyn FnOnce(St, EngineConfig, Gate) -> Result<SinkReport, PipelineError> + Send>;
 
@@ -593,14 +460,4 @@ fn join_all(
             })
         })
         .collect()
-}
-
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_owned()
-    }
 }

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use crate::{IndexName, LaneConsumer, LaneItem, LaneRun, RequestPublisher, SinkName, Stream};
 
-use super::driver::{panic_message, PipelineError, StopHandle};
+use super::error::{panic_message, PipelineError};
 use super::metrics::{commit_micros, lock, unix_micros_now, MetricsHandle, SinkLive, SinkReport};
 use super::sink::{RetryPolicy, Sink};
 use super::state::{SinkState, Uncovered};
+use super::stop::StopHandle;
 use super::BoxError;
 
 /// How an engine runs.

@@ -12,10 +12,11 @@ use crate::{
     StreamFanout, TryRecvError,
 };
 
-use super::driver::{PipelineError, PipelineReport, StopHandle};
-use super::metrics::{MetricsHandle, SinkReport};
+use super::error::PipelineError;
+use super::metrics::{MetricsHandle, PipelineReport, SinkReport};
 use super::source::{Source, SourceItem};
 use super::state::transaction_of;
+use super::stop::StopHandle;
 
 /// The ingest loop's state.
 pub(crate) struct Ingest<'a, St: Stream> {

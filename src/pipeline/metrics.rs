@@ -1,3 +1,6 @@
+//! What a run did ([`PipelineReport`], [`SinkReport`]) and its figures while it runs
+//! ([`MetricsHandle`]).
+//!
 //! Commit → ack latency: how long after its transaction committed at the source a sink acked a
 //! positioned batch.
 //!
@@ -140,6 +143,60 @@ pub fn unix_micros_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
+/// What a pipeline run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PipelineReport {
+    /// Positioned batches (transactions) published, to every lane that lacked them (every lane,
+    /// but for a restart over lanes holding items beyond the watermark: see
+    /// [`Pipeline::run`](super::Pipeline::run), "Resuming").
+    pub transactions: u64,
+    /// Unpositioned chunks of large transactions published, to every lane that lacked them.
+    pub chunks: u64,
+    /// Batches and chunks the source handed over that every lane held already (published by an
+    /// earlier ingest, not acked yet): not published again.
+    pub skipped: u64,
+    /// Changes published (the batches' `changes`).
+    pub changes: u64,
+    /// Envelopes published to every lane.
+    pub envelopes: u64,
+    /// Snapshot batches published to one lane each, and their envelopes.
+    pub snapshot_batches: u64,
+    /// Envelopes of those snapshot batches.
+    pub snapshot_envelopes: u64,
+    /// Backfill requests served: `SnapshotComplete` published, then the request acked.
+    pub backfills_served: u64,
+    /// Backfill requests for a sink the stream has no lane for: acked unanswered (they could
+    /// never be served), never handed to the source.
+    pub requests_refused: u64,
+    /// The last positioned batch published (or held by every lane already).
+    pub last_position: Option<Position>,
+    /// The last position confirmed to the source.
+    pub confirmed: Option<Position>,
+    /// Whether the run ended by a [`StopHandle`](super::StopHandle) (otherwise the source ended).
+    pub stopped: bool,
+    /// Whether a stop's drain timed out before the sinks acked everything published.
+    pub drain_timed_out: bool,
+    /// The local sink engines, in the order they were added.
+    pub sinks: Vec<SinkReport>,
+    /// From the start of [`Pipeline::run`](super::Pipeline::run) to the engines joined.
+    pub elapsed: Duration,
+    /// The process's peak resident set size at the end of the run, in bytes
+    /// ([`peak_rss_bytes`]); `None` where it cannot be read.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl PipelineReport {
+    /// Changes published per second of [`elapsed`](Self::elapsed) (0 for a run of no time).
+    pub fn changes_per_second(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.changes as f64 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -228,7 +285,7 @@ mod tests {
 }
 
 /// What a running [`Pipeline`](super::Pipeline) has done so far, read while it runs
-/// ([`MetricsHandle::snapshot`]); the same figures as its [`PipelineReport`](super::PipelineReport)
+/// ([`MetricsHandle::snapshot`]); the same figures as its [`PipelineReport`]
 /// and [`SinkReport`]s at the end.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PipelineMetrics {

@@ -121,22 +121,27 @@
 
 pub mod driver;
 pub mod engine;
+pub mod error;
 mod ingest;
 pub mod metrics;
 pub mod sink;
 pub mod source;
 pub mod state;
+pub mod stop;
 #[cfg(test)]
 mod tests;
 
-pub use driver::{Joiners, Pipeline, PipelineError, PipelineReport, StopHandle};
+pub use driver::{Joiners, Pipeline};
 pub use engine::run_sink;
+pub use error::PipelineError;
 pub use metrics::{
-    peak_rss_bytes, CommitLatency, LatencySummary, MetricsHandle, PipelineMetrics, SinkMetrics, SinkReport,
+    peak_rss_bytes, CommitLatency, LatencySummary, MetricsHandle, PipelineMetrics, PipelineReport,
+    SinkMetrics, SinkReport,
 };
 pub use sink::{RetryPolicy, Sink};
 pub use source::{SinkStart, Source, SourceItem, SourceStart};
 pub use state::{InTransaction, OwedBackfill, SinkState, StateError, Uncovered};
+pub use stop::StopHandle;
 
 /// Any error, boxed: what a [`Sink::Error`] converts into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

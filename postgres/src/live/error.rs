@@ -1,15 +1,14 @@
-//! What went wrong with the live source ([`LiveError`]), and how a server's or the replication
-//! client's error is told apart: a misconfiguration with its own variant, a stream that broke and
-//! may be opened again ([`StreamFault::Lost`]), or any other error with the server's words.
+//! What went wrong with the live source ([`LiveError`]), and how a server's error on the second
+//! connection is told apart: a misconfiguration with its own variant, or any other error with the
+//! server's words. (A replication client's error is told apart where the stream is read:
+//! `stream.rs`, `classify_stream`.)
 
 use std::time::Duration;
 
-use pgwire_replication::PgWireError;
 use postgres::error::SqlState;
 
 use lanestream::Position;
 
-use super::config::LiveConfig;
 use crate::pgoutput::PgOutputError;
 
 /// What went wrong with the live source; each message says what to do.
@@ -37,7 +36,7 @@ pub enum LiveError {
     /// The publication publishes no table.
     #[error("publication {0:?} publishes no table: add the tables to stream (ALTER PUBLICATION {0} ADD TABLE ...)")]
     PublicationEmpty(String),
-    /// Creating the publication ([`LiveConfig::create_slot`]) was refused: these tables have no
+    /// Creating the publication ([`LiveConfig::create_slot`](super::LiveConfig::create_slot)) was refused: these tables have no
     /// replica identity (no primary key, no `REPLICA IDENTITY USING INDEX` or `FULL`), and a
     /// publication of them makes PostgreSQL refuse the application's own `UPDATE` and `DELETE`
     /// on them. Nothing was created.
@@ -51,7 +50,7 @@ pub enum LiveError {
         suggestion: String,
     },
     /// The slot does not exist and creating it was not asked for. A new pipeline creates it
-    /// ([`LiveConfig::create_slot`]); for sinks that read it before, it was dropped, and a new
+    /// ([`LiveConfig::create_slot`](super::LiveConfig::create_slot)); for sinks that read it before, it was dropped, and a new
     /// one would start after a gap ([`LiveError::SlotGap`]): they need a backfill.
     #[error("replication slot {0:?} does not exist: a new pipeline creates it (LiveConfig::create_slot); sinks that read it before need a backfill, since a new slot starts at the current WAL position (reset them: the pipeline backfills new sinks)")]
     NoSlot(String),
@@ -119,7 +118,7 @@ pub enum LiveError {
         slot: String,
         /// Why the stream broke.
         cause: String,
-        /// The retry budget ([`LiveConfig::retry_budget`]).
+        /// The retry budget ([`LiveConfig::retry_budget`](super::LiveConfig::retry_budget)).
         budget: Duration,
         /// How many times it was tried.
         attempts: u32,
@@ -249,105 +248,5 @@ pub(super) fn classify(e: postgres::Error, slot: &str) -> LiveError {
         LiveError::WalLevel(message)
     } else {
         LiveError::Db(e)
-    }
-}
-
-/// What a replication client error means.
-pub(super) enum StreamFault {
-    /// The stream is gone (the server restarted, the network, an administrator): find out
-    /// which, and reconnect if that is right. `admin` when the server said 57P01.
-    Lost { cause: String, admin: bool },
-    /// An error reconnecting does not cure.
-    Fatal(LiveError),
-}
-
-/// The SQLSTATE in a pgwire-replication server error's text (`... (SQLSTATE 57P01)`).
-fn sqlstate(message: &str) -> Option<&str> {
-    let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
-    message.get(at..at + 5)
-}
-
-pub(super) fn classify_stream(e: &PgWireError, config: &LiveConfig) -> StreamFault {
-    let slot = config.slot.clone();
-    let message = e.to_string();
-    let code = sqlstate(&message).unwrap_or("");
-    let fatal = |e| StreamFault::Fatal(e);
-    match e {
-        PgWireError::Io(_) | PgWireError::Task(_) => StreamFault::Lost { cause: message, admin: false },
-        PgWireError::Auth(m) => fatal(LiveError::Auth(m.clone())),
-        _ if code.starts_with("57P") || code.starts_with("08") => {
-            StreamFault::Lost { admin: code == "57P01", cause: message }
-        }
-        _ if code == "28P01" || code == "28000" => fatal(LiveError::Auth(message)),
-        _ if code == "42501" && message.contains("output plugin") => {
-            fatal(LiveError::PluginNotAllowed(message))
-        }
-        _ if code == "42501" => fatal(LiveError::NoReplicationPermission(user_of(config))),
-        _ if code == "55006" => fatal(LiveError::SlotBusy { slot, holder: message }),
-        _ if code == "42704" && message.contains("publication") => {
-            fatal(LiveError::NoPublication(config.publication.clone()))
-        }
-        _ if code == "42704" => fatal(LiveError::SlotDropped(slot)),
-        _ if code == "55000" && message.contains("cannot read from logical replication slot") => {
-            fatal(LiveError::SlotInvalidated { slot, message })
-        }
-        _ => fatal(LiveError::Replication { slot, message }),
-    }
-}
-
-pub(super) fn user_of(config: &LiveConfig) -> String {
-    config
-        .url
-        .parse::<postgres::Config>()
-        .ok()
-        .and_then(|c| c.get_user().map(str::to_owned))
-        .unwrap_or_else(|| "(unknown)".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-
-    #[test]
-    fn server_errors_give_their_sqlstate() {
-        assert_eq!(sqlstate("server error: FATAL: terminating connection (SQLSTATE 57P01)"), Some("57P01"));
-        assert_eq!(sqlstate("no code"), None);
-    }
-
-    #[test]
-    fn stream_errors_are_told_apart_by_sqlstate() {
-        let config = LiveConfig::new("postgres://u@localhost/db", "s");
-        let server = |m: &str| PgWireError::Server(m.to_owned());
-        let fault = |e: PgWireError| classify_stream(&e, &config);
-        assert!(matches!(
-            fault(server("FATAL: terminating connection due to administrator command (SQLSTATE 57P01)")),
-            StreamFault::Lost { admin: true, .. }
-        ));
-        assert!(matches!(
-            fault(server("FATAL: crash (SQLSTATE 57P02)")),
-            StreamFault::Lost { admin: false, .. }
-        ));
-        assert!(matches!(
-            fault(PgWireError::Io(Arc::new(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)))),
-            StreamFault::Lost { admin: false, .. }
-        ));
-        assert!(matches!(
-            fault(server("ERROR: replication slot \"s\" is active for PID 7 (SQLSTATE 55006)")),
-            StreamFault::Fatal(LiveError::SlotBusy { .. })
-        ));
-        assert!(matches!(
-            fault(server("ERROR: publication \"p\" does not exist (SQLSTATE 42704)")),
-            StreamFault::Fatal(LiveError::NoPublication(_))
-        ));
-        assert!(matches!(
-            fault(server("ERROR: replication slot \"s\" does not exist (SQLSTATE 42704)")),
-            StreamFault::Fatal(LiveError::SlotDropped(_))
-        ));
-        assert!(matches!(
-            fault(server("FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501)")),
-            StreamFault::Fatal(LiveError::NoReplicationPermission(u)) if u == "u"
-        ));
     }
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use lanestream::{Batch, Position};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 
-use super::config::replication_config;
-use super::error::{classify_stream, LiveError, StreamFault};
+use super::config::{replication_config, LiveConfig};
+use super::error::LiveError;
 use super::reader::{ChunkReader, Woken};
 use super::LiveSource;
 use crate::pipeline::SourceItem;
@@ -318,5 +318,106 @@ impl LiveSource {
                 .runtime
                 .block_on(async { tokio::time::timeout(Duration::from_secs(2), stream.shutdown()).await });
         }
+    }
+}
+
+/// What a replication client error means.
+pub(super) enum StreamFault {
+    /// The stream is gone (the server restarted, the network, an administrator): find out
+    /// which, and reconnect if that is right. `admin` when the server said 57P01.
+    Lost { cause: String, admin: bool },
+    /// An error reconnecting does not cure.
+    Fatal(LiveError),
+}
+
+/// The SQLSTATE in a pgwire-replication server error's text (`... (SQLSTATE 57P01)`).
+fn sqlstate(message: &str) -> Option<&str> {
+    let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
+    message.get(at..at + 5)
+}
+
+/// What a replication client error means: a stream to open again, or an error reconnecting does not cure.
+pub(super) fn classify_stream(e: &PgWireError, config: &LiveConfig) -> StreamFault {
+    let slot = config.slot.clone();
+    let message = e.to_string();
+    let code = sqlstate(&message).unwrap_or("");
+    let fatal = |e| StreamFault::Fatal(e);
+    match e {
+        PgWireError::Io(_) | PgWireError::Task(_) => StreamFault::Lost { cause: message, admin: false },
+        PgWireError::Auth(m) => fatal(LiveError::Auth(m.clone())),
+        _ if code.starts_with("57P") || code.starts_with("08") => {
+            StreamFault::Lost { admin: code == "57P01", cause: message }
+        }
+        _ if code == "28P01" || code == "28000" => fatal(LiveError::Auth(message)),
+        _ if code == "42501" && message.contains("output plugin") => {
+            fatal(LiveError::PluginNotAllowed(message))
+        }
+        _ if code == "42501" => fatal(LiveError::NoReplicationPermission(user_of(config))),
+        _ if code == "55006" => fatal(LiveError::SlotBusy { slot, holder: message }),
+        _ if code == "42704" && message.contains("publication") => {
+            fatal(LiveError::NoPublication(config.publication.clone()))
+        }
+        _ if code == "42704" => fatal(LiveError::SlotDropped(slot)),
+        _ if code == "55000" && message.contains("cannot read from logical replication slot") => {
+            fatal(LiveError::SlotInvalidated { slot, message })
+        }
+        _ => fatal(LiveError::Replication { slot, message }),
+    }
+}
+
+pub(super) fn user_of(config: &LiveConfig) -> String {
+    config
+        .url
+        .parse::<postgres::Config>()
+        .ok()
+        .and_then(|c| c.get_user().map(str::to_owned))
+        .unwrap_or_else(|| "(unknown)".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn server_errors_give_their_sqlstate() {
+        assert_eq!(sqlstate("server error: FATAL: terminating connection (SQLSTATE 57P01)"), Some("57P01"));
+        assert_eq!(sqlstate("no code"), None);
+    }
+
+    #[test]
+    fn stream_errors_are_told_apart_by_sqlstate() {
+        let config = LiveConfig::new("postgres://u@localhost/db", "s");
+        let server = |m: &str| PgWireError::Server(m.to_owned());
+        let fault = |e: PgWireError| classify_stream(&e, &config);
+        assert!(matches!(
+            fault(server("FATAL: terminating connection due to administrator command (SQLSTATE 57P01)")),
+            StreamFault::Lost { admin: true, .. }
+        ));
+        assert!(matches!(
+            fault(server("FATAL: crash (SQLSTATE 57P02)")),
+            StreamFault::Lost { admin: false, .. }
+        ));
+        assert!(matches!(
+            fault(PgWireError::Io(Arc::new(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)))),
+            StreamFault::Lost { admin: false, .. }
+        ));
+        assert!(matches!(
+            fault(server("ERROR: replication slot \"s\" is active for PID 7 (SQLSTATE 55006)")),
+            StreamFault::Fatal(LiveError::SlotBusy { .. })
+        ));
+        assert!(matches!(
+            fault(server("ERROR: publication \"p\" does not exist (SQLSTATE 42704)")),
+            StreamFault::Fatal(LiveError::NoPublication(_))
+        ));
+        assert!(matches!(
+            fault(server("ERROR: replication slot \"s\" does not exist (SQLSTATE 42704)")),
+            StreamFault::Fatal(LiveError::SlotDropped(_))
+        ));
+        assert!(matches!(
+            fault(server("FATAL: must be superuser or replication role to start walsender (SQLSTATE 42501)")),
+            StreamFault::Fatal(LiveError::NoReplicationPermission(u)) if u == "u"
+        ));
     }
 }
