@@ -213,6 +213,8 @@ struct Replaying {
     rows: u64,
     /// Every request handed to `backfill`, across instances.
     requests: Arc<Mutex<Vec<Request>>>,
+    /// Idle (`None`) instead of the end once its items are handed over: a live source.
+    endless: bool,
 }
 
 impl Replaying {
@@ -229,6 +231,7 @@ impl Replaying {
             snapshots: VecDeque::new(),
             rows: 0,
             requests: Arc::default(),
+            endless: false,
         }
     }
 }
@@ -253,7 +256,9 @@ impl Source for Replaying {
             self.snapshot_handed += 1;
             return Ok(Some(item));
         }
-        let Some(batch) = self.items.get(self.next) else { return Ok(Some(SourceItem::End)) };
+        let Some(batch) = self.items.get(self.next) else {
+            return Ok(if self.endless { None } else { Some(SourceItem::End) });
+        };
         self.next += 1;
         self.handed += 1;
         Ok(Some(SourceItem::Change(batch.clone())))
@@ -591,4 +596,87 @@ fn adv_r2_a_backfill_resumed_after_a_crash_re_sends_no_row_the_sink_made_durable
         let completes = applied.iter().filter(|i| matches!(i, LaneItem::SnapshotComplete { .. })).count();
         assert_eq!(completes, 1, "sink {i}: one SnapshotComplete; requests: {requests:?}");
     }
+}
+
+/// The stop ([`StopHandle`]) of a live pipeline whose ingest is publishing a backfill's snapshot
+/// while the ring is full: the lane `remote` is served by another process (no local engine), now
+/// down, so its gaps are never passed and the ring (capacity 2) fills. A live batch's publish
+/// waits in slices, confirming and checking the stop; a snapshot item's `publish_to`
+/// (ingest.rs, `SourceItem::Snapshot`) blocks with no deadline, so the stop is never seen and
+/// `run` never returns.
+#[test]
+#[ignore = "fails: a stop is not seen while a snapshot publish_to waits for room (ingest.rs publish, SourceItem::Snapshot)"]
+fn adv_a_stop_ends_a_pipeline_blocked_publishing_a_snapshot() {
+    let stream = MemoryStream::builder().capacity(2).sinks(["local", "remote"]).build().unwrap();
+    stream
+        .request_sender()
+        .publish(Request::backfill(crate::SinkName::new("local").unwrap(), vec![IndexName::new("t").unwrap()]))
+        .unwrap();
+    let local = Recorded::default();
+    let pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).drain_timeout(Duration::ZERO).sink(
+        "local",
+        {
+            let r = local.clone();
+            move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+        },
+    );
+    let stop = pipeline.stop_handle();
+    let confirmed = Arc::new(Mutex::new(None));
+    let mut source = Replaying::resume(&[], &confirmed, Halt::Never);
+    (source.rows, source.endless) = (10, true);
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(pipeline.run(&mut source));
+    });
+    // The snapshot's first rows reach `local`; then the ring is full.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while local.applied.lock().unwrap().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the backfill's first rows never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    stop.stop();
+    let report = ended.recv_timeout(Duration::from_secs(5)).expect("the stop ends the pipeline within 5 s");
+    assert!(report.expect("a stop is Ok").stopped);
+}
+
+/// The control of the test above: the same full ring (a `remote` lane nobody serves), filled by
+/// live batches: the publish waits in slices and sees the stop; what `local` applied is what
+/// was published, in order, and the source is confirmed no further than the watermark (none:
+/// `remote` acked nothing).
+#[test]
+fn adv_a_stop_ends_a_pipeline_waiting_for_room_for_a_live_batch() {
+    let stream = MemoryStream::builder().capacity(2).sinks(["local", "remote"]).build().unwrap();
+    let local = Recorded::default();
+    let pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).drain_timeout(Duration::ZERO).sink(
+        "local",
+        {
+            let r = local.clone();
+            move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+        },
+    );
+    let stop = pipeline.stop_handle();
+    let confirmed = Arc::new(Mutex::new(None));
+    let (items, _, positions) = workload();
+    let mut source = Replaying::resume(&items, &confirmed, Halt::Never);
+    source.endless = true;
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(pipeline.run(&mut source));
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while local.applied.lock().unwrap().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the first batches never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    stop.stop();
+    let report = ended.recv_timeout(Duration::from_secs(5)).expect("the stop ends the pipeline");
+    let report = report.expect("a stop is Ok");
+    assert!(report.stopped && report.drain_timed_out, "{report:?}");
+    assert_eq!(report.confirmed, None, "`remote` acked nothing");
+    assert_eq!(*confirmed.lock().unwrap(), None);
+    let applied = local.transactions();
+    assert_eq!(applied, positions[..applied.len()], "a prefix, in order");
+    assert_eq!(stream.stats("local").unwrap().published, 2, "the ring's two cells, nothing more");
 }
