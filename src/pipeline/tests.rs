@@ -680,3 +680,144 @@ fn adv_a_stop_ends_a_pipeline_waiting_for_room_for_a_live_batch() {
     assert_eq!(applied, positions[..applied.len()], "a prefix, in order");
     assert_eq!(stream.stats("local").unwrap().published, 2, "the ring's two cells, nothing more");
 }
+
+/// A transactional recording sink: `apply` stages, `commit` makes the staged items and the
+/// state durable together (or fails, every `fail_every`-th commit across instances, keeping
+/// nothing: the engine reopens it and the run is redelivered).
+struct Transactional {
+    rec: Recorded,
+    staged: Vec<LaneItem>,
+    delay: Duration,
+    commits: Arc<std::sync::atomic::AtomicUsize>,
+    fail_every: usize,
+}
+
+impl Sink for Transactional {
+    type Error = std::io::Error;
+
+    fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
+        self.staged.clear();
+        Ok(self.rec.state.lock().unwrap().clone())
+    }
+
+    fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
+        std::thread::sleep(self.delay);
+        self.staged.extend_from_slice(items);
+        Ok(())
+    }
+
+    fn commit(&mut self, state: &SinkState) -> Result<(), Self::Error> {
+        let n = self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if self.fail_every > 0 && n % self.fail_every == 0 {
+            self.staged.clear();
+            return Err(std::io::Error::other("the sink's commit failed"));
+        }
+        self.rec.applied.lock().unwrap().append(&mut self.staged);
+        *self.rec.state.lock().unwrap() = Some(state.clone());
+        Ok(())
+    }
+}
+
+/// The large transactions 30 and 60 of [`workload`] chunked otherwise (a restarted source
+/// configured with another chunk size): `[3, 2]`, or whole (one positioned batch).
+fn rechunked(whole: bool) -> Vec<Batch> {
+    let mut items = Vec::new();
+    for p in (10..=100).step_by(10) {
+        match (p, whole) {
+            (30 | 60, true) => items.push(batch(p, 0, 5, true)),
+            (30 | 60, false) => items.extend([batch(p, 0, 3, false), batch(p, 3, 2, true)]),
+            _ => items.push(batch(p, 0, 1 + (p / 10) % 2, true)),
+        }
+    }
+    items
+}
+
+struct Adverse {
+    capacity: usize,
+    max_run: usize,
+    /// The restarted source resumes from its start, not from its confirmed position (a
+    /// confirm that did not reach it).
+    forgetful: bool,
+    /// What each restarted source sends (the first run sends [`workload`]).
+    later: Vec<Batch>,
+    fail_every: usize,
+    delays: [Duration; 2],
+}
+
+/// [`restarts`] with the knobs of `cfg`: crashes after each of `halts` items, then a run to the
+/// end; the sinks' committed output is every envelope once, in order.
+fn adverse_restarts(cfg: &Adverse, halts: &[usize]) {
+    let (first_items, whole, positions) = workload();
+    let stream = MemoryStream::builder().capacity(cfg.capacity).sinks(["fast", "slow"]).build().unwrap();
+    let recorded = [Recorded::default(), Recorded::default()];
+    let confirmed = Arc::new(Mutex::new(None));
+    let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let run = |items: &[Batch], halt: Halt| {
+        let mut pipeline = Pipeline::new(stream.clone())
+            .tick(Duration::from_millis(2))
+            .max_run(cfg.max_run)
+            .retry(super::RetryPolicy {
+                attempts: 10,
+                initial_backoff: Duration::from_millis(1),
+                max_backoff: Duration::from_millis(5),
+            });
+        for ((sink, r), delay) in ["fast", "slow"].iter().zip(&recorded).zip(cfg.delays) {
+            let (r, commits, fail_every) = (r.clone(), commits.clone(), cfg.fail_every);
+            pipeline = pipeline.sink(*sink, move || {
+                Ok::<_, std::io::Error>(Transactional {
+                    rec: r.clone(),
+                    staged: Vec::new(),
+                    delay,
+                    commits: commits.clone(),
+                    fail_every,
+                })
+            });
+        }
+        let from = if cfg.forgetful { Arc::new(Mutex::new(None)) } else { confirmed.clone() };
+        let mut source = Replaying::resume(items, &from, halt);
+        source.confirmed = confirmed.clone();
+        pipeline.run(&mut source)
+    };
+    let mut ended = None;
+    for (i, &n) in halts.iter().enumerate() {
+        let items = if i == 0 { &first_items } else { &cfg.later };
+        match run(items, Halt::CrashAfter(n)) {
+            Err(super::PipelineError::Source(e)) => assert!(e.to_string().contains("crashed")),
+            Ok(report) => {
+                ended = Some(report);
+                break;
+            }
+            Err(e) => panic!("crash after {n}: {e}"),
+        }
+    }
+    let report = match ended {
+        Some(r) => r,
+        None => run(&cfg.later, Halt::Never).expect("the last run ends"),
+    };
+    assert_eq!(report.confirmed, Some(Position(100)), "{report:?}");
+    for (sink, r) in ["fast", "slow"].iter().zip(&recorded) {
+        assert_eq!(r.envelopes(), whole, "{sink}: every envelope once, in order (halts {halts:?})");
+        assert_eq!(r.transactions(), positions, "{sink}: every transaction once, in order");
+    }
+    assert!(stream.is_idle());
+}
+
+#[test]
+fn adv_restarts_with_tight_rings_big_runs_forgetful_sources_rechunking_and_failing_commits() {
+    let slow = [Duration::ZERO, Duration::from_millis(2)];
+    let cases = [
+        Adverse { capacity: 1, max_run: 1, forgetful: false, later: workload().0, fail_every: 0, delays: slow },
+        Adverse { capacity: 16, max_run: 256, forgetful: false, later: workload().0, fail_every: 0, delays: slow },
+        Adverse { capacity: 8, max_run: 3, forgetful: true, later: workload().0, fail_every: 0, delays: slow },
+        Adverse { capacity: 8, max_run: 2, forgetful: false, later: rechunked(true), fail_every: 0, delays: slow },
+        Adverse { capacity: 8, max_run: 2, forgetful: true, later: rechunked(false), fail_every: 0, delays: slow },
+        Adverse { capacity: 4, max_run: 2, forgetful: false, later: workload().0, fail_every: 3, delays: slow },
+        Adverse { capacity: 8, max_run: 256, forgetful: true, later: rechunked(false), fail_every: 4, delays: slow },
+    ];
+    for (c, cfg) in cases.iter().enumerate() {
+        for halts in [&[3][..], &[4], &[5], &[8], &[4, 2, 3], &[5, 6, 1, 9]] {
+            let result = std::panic::catch_unwind(|| adverse_restarts(cfg, halts));
+            assert!(result.is_ok(), "case {c}, halts {halts:?}");
+        }
+    }
+}
