@@ -187,3 +187,83 @@ fn adv_redis_crashed_ingests_restarted_over_lanes_holding_unacked_items_apply_ev
     }
     crash_and_restart(&url, &[2, 4, 5, 8, 12], [slow, Duration::ZERO]);
 }
+
+/// A broker deployment: the sink engines run on (`run_sink`, as in processes of their own)
+/// while the ingest (a `Pipeline` with no local sink) crashes and restarts again and again
+/// over their lanes, each source resuming from its confirmed position; at the source's end the
+/// lanes close and the engines drain and end. Every envelope once, in order, on both sinks.
+#[test]
+fn adv_redis_an_ingest_restarted_under_running_sink_engines_feeds_each_every_envelope_once() {
+    let url = server!();
+    for crashes in [&[3usize, 4, 5][..], &[1, 2, 6, 2], &[9, 1, 1, 1, 4]] {
+        let items = workload();
+        let stream = RedisStream::builder(&url, &unique_name("adv_remote"))
+            .capacity(4)
+            .request_capacity(4)
+            .sinks(["first", "second"])
+            .build()
+            .unwrap();
+        let recorded = [Recorded::default(), Recorded::default()];
+        let engines: Vec<_> = ["first", "second"]
+            .into_iter()
+            .zip(recorded.iter().cloned())
+            .zip([Duration::ZERO, Duration::from_millis(3)])
+            .map(|((sink, r), delay)| {
+                let stream = stream.clone();
+                std::thread::spawn(move || {
+                    lanestream::pipeline::run_sink(
+                        &stream,
+                        sink,
+                        move || Ok::<_, std::io::Error>(Slow(r.clone(), delay)),
+                        lanestream::pipeline::RetryPolicy::default(),
+                        2,
+                        &lanestream::pipeline::StopHandle::new(),
+                    )
+                })
+            })
+            .collect();
+        let confirmed = Arc::new(Mutex::new(None));
+        let run = |crash_after: Option<usize>| {
+            let c = *confirmed.lock().unwrap();
+            let next = items.iter().position(|b| transaction_of(b) > c).unwrap_or(items.len());
+            let mut source =
+                Replaying { items: items.clone(), next, confirmed: confirmed.clone(), crash_after, handed: 0 };
+            Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).run(&mut source)
+        };
+        let mut ended = None;
+        for &n in crashes {
+            match run(Some(n)) {
+                Err(PipelineError::Source(e)) => assert!(e.to_string().contains("crashed"), "{e}"),
+                Ok(report) => {
+                    ended = Some(report);
+                    break;
+                }
+                Err(e) => panic!("crash after {n}: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(5)); // the engines go on meanwhile
+        }
+        let report = match ended {
+            Some(r) => r,
+            None => run(None).expect("the last run ends"),
+        };
+        assert_eq!(report.confirmed, Some(Position(100)), "{report:?}");
+        for engine in engines {
+            engine.join().unwrap().expect("the engine drains its closed lane and ends");
+        }
+        let mut whole = Vec::new();
+        for b in &items {
+            whole.extend((0..b.envelopes.len() as u64).map(|k| (transaction_of(b).unwrap().0, b.offset + k)));
+        }
+        for (sink, r) in ["first", "second"].iter().zip(&recorded) {
+            let mut envelopes = Vec::new();
+            for item in r.applied.lock().unwrap().iter() {
+                if let LaneItem::Batch(b) = item {
+                    for (k, e) in b.envelopes.iter().enumerate() {
+                        envelopes.push((e.position.unwrap().0, b.offset + k as u64));
+                    }
+                }
+            }
+            assert_eq!(envelopes, whole, "{sink}: every envelope once, in order (crashes {crashes:?})");
+        }
+    }
+}
