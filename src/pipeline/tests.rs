@@ -953,3 +953,59 @@ fn restart_owing(n: usize) {
         .sum::<usize>();
     assert_eq!(rows, 20 * n, "every row of every joined table");
 }
+
+/// The ingest crashes and restarts again and again under sink engines that keep running
+/// (`run_sink`, as a broker's sink processes), over a `MemoryStream`: each restarted ingest
+/// claims the fan-out while an engine is mid-run. Every envelope once, in order.
+#[test]
+fn adv_an_ingest_restarted_under_running_sink_engines_feeds_each_every_envelope_once() {
+    for crashes in [&[3usize, 4, 5][..], &[1, 2, 6, 2], &[9, 1, 1, 1, 4], &[0, 0, 13]] {
+        let (items, whole, positions) = workload();
+        let stream = MemoryStream::builder().capacity(4).sinks(["fast", "slow"]).build().unwrap();
+        let recorded = [Recorded::default(), Recorded::default()];
+        let engines: Vec<_> = ["fast", "slow"]
+            .into_iter()
+            .zip(recorded.iter().cloned())
+            .zip([Duration::ZERO, Duration::from_millis(3)])
+            .map(|((sink, r), delay)| {
+                let stream = stream.clone();
+                std::thread::spawn(move || {
+                    super::run_sink(
+                        &stream,
+                        sink,
+                        move || Ok::<_, std::io::Error>(Slow(r.clone(), delay)),
+                        super::RetryPolicy::default(),
+                        2,
+                        &StopHandle::new(),
+                    )
+                })
+            })
+            .collect();
+        let confirmed = Arc::new(Mutex::new(None));
+        let mut ended = None;
+        for &n in crashes {
+            let mut source = Replaying::resume(&items, &confirmed, Halt::CrashAfter(n));
+            match Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).run(&mut source) {
+                Err(super::PipelineError::Source(e)) => assert!(e.to_string().contains("crashed")),
+                Ok(report) => {
+                    ended = Some(report);
+                    break;
+                }
+                Err(e) => panic!("crash after {n}: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        let report = ended.unwrap_or_else(|| {
+            let mut source = Replaying::resume(&items, &confirmed, Halt::Never);
+            Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).run(&mut source).expect("the last run")
+        });
+        assert_eq!(report.confirmed, Some(Position(100)), "{report:?}");
+        for engine in engines {
+            engine.join().unwrap().expect("the engine drains its closed lane and ends");
+        }
+        for (sink, r) in ["fast", "slow"].iter().zip(&recorded) {
+            assert_eq!(r.envelopes(), whole, "{sink}: every envelope once, in order (crashes {crashes:?})");
+            assert_eq!(r.transactions(), positions);
+        }
+    }
+}
