@@ -53,8 +53,9 @@ impl Sink for Slow {
 fn append(log: &WriteHandle, n: u64, from: u64) -> Vec<u64> {
     (from..from + n)
         .map(|i| {
-            let events =
-                (0..1 + i % 3).map(|k| Event::untagged("T", format!("{i}-{k}").into_bytes()).unwrap()).collect();
+            let events = (0..1 + i % 3)
+                .map(|k| Event::untagged("T", format!("{i}-{k}").into_bytes()).unwrap())
+                .collect();
             log.append(events, None).unwrap().last.get()
         })
         .collect()
@@ -161,10 +162,12 @@ fn stop_and_restart<St: Stream + Clone + Send + 'static>(stream: St) {
     assert!(rows.len() as u64 >= floor && rows.iter().copied().eq(1..=rows.len() as u64), "{rows:?}");
     let served_up_to = rows.len() as u64;
     assert!(
-        LogPosition::new(served_up_to).is_none_or(|p| log.reader().append_at(p).unwrap().last.get() == served_up_to),
+        LogPosition::new(served_up_to)
+            .is_none_or(|p| log.reader().append_at(p).unwrap().last.get() == served_up_to),
         "the snapshot ends at an append's end"
     );
-    let completes = applied.iter().filter(|i| **i == LaneItem::SnapshotComplete { indexes: vec![events.clone()] });
+    let completes =
+        applied.iter().filter(|i| **i == LaneItem::SnapshotComplete { indexes: vec![events.clone()] });
     assert_eq!(completes.count(), 1);
     assert!(recorded[0].applied.lock().unwrap().iter().all(|i| i.position().is_some()));
     assert!(stream.is_idle());
@@ -173,7 +176,8 @@ fn stop_and_restart<St: Stream + Clone + Send + 'static>(stream: St) {
 #[test]
 fn adv_a_log_source_stopped_and_restarted_over_a_memory_stream_applies_every_append_once() {
     for _ in 0..3 {
-        let stream = MemoryStream::builder().capacity(8).request_capacity(4).sinks(["fast", "slow"]).build().unwrap();
+        let stream =
+            MemoryStream::builder().capacity(8).request_capacity(4).sinks(["fast", "slow"]).build().unwrap();
         stop_and_restart(stream);
     }
 }
@@ -182,7 +186,7 @@ fn adv_a_log_source_stopped_and_restarted_over_a_memory_stream_applies_every_app
 fn adv_a_log_source_stopped_and_restarted_over_a_redis_stream_applies_every_append_once() {
     let Some(server) = server::Server::start() else { return };
     for run in 0..2 {
-        let stream = RedisStream::builder(&server.url, &format!("restart-{run}"))
+        let stream = RedisStream::builder(&server.url, format!("restart-{run}"))
             .capacity(8)
             .request_capacity(4)
             .sinks(["fast", "slow"])

@@ -340,7 +340,9 @@ fn workload() -> (Vec<Batch>, Vec<(u64, u64)>, Vec<u64>) {
     }
     let mut whole = Vec::new();
     for b in &items {
-        whole.extend((0..b.envelopes.len() as u64).map(|k| (b.envelopes[0].position.unwrap().0, b.offset + k)));
+        whole.extend(
+            (0..b.envelopes.len() as u64).map(|k| (b.envelopes[0].position.unwrap().0, b.offset + k)),
+        );
     }
     let positions = items.iter().filter_map(|b| b.position).map(|p| p.0).collect();
     (items, whole, positions)
@@ -348,6 +350,7 @@ fn workload() -> (Vec<Batch>, Vec<(u64, u64)>, Vec<u64>) {
 
 /// Runs one pipeline over `stream` with the sinks `recorded` (sink `i` taking `delays[i]` per
 /// apply) and a source resumed from `confirmed`.
+#[allow(clippy::too_many_arguments)]
 fn run_once(
     stream: &MemoryStream,
     items: &[Batch],
@@ -613,16 +616,19 @@ fn adv_a_stop_ends_a_pipeline_blocked_publishing_a_snapshot() {
     let stream = MemoryStream::builder().capacity(2).sinks(["local", "remote"]).build().unwrap();
     stream
         .request_sender()
-        .publish(Request::backfill(crate::SinkName::new("local").unwrap(), vec![IndexName::new("t").unwrap()]))
+        .publish(Request::backfill(
+            crate::SinkName::new("local").unwrap(),
+            vec![IndexName::new("t").unwrap()],
+        ))
         .unwrap();
     let local = Recorded::default();
-    let pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).drain_timeout(Duration::ZERO).sink(
-        "local",
-        {
+    let pipeline = Pipeline::new(stream.clone())
+        .tick(Duration::from_millis(2))
+        .drain_timeout(Duration::ZERO)
+        .sink("local", {
             let r = local.clone();
             move || Ok::<_, std::io::Error>(Recorder(r.clone()))
-        },
-    );
+        });
     let stop = pipeline.stop_handle();
     let confirmed = Arc::new(Mutex::new(None));
     let mut source = Replaying::resume(&[], &confirmed, Halt::Never);
@@ -651,13 +657,13 @@ fn adv_a_stop_ends_a_pipeline_blocked_publishing_a_snapshot() {
 fn adv_a_stop_ends_a_pipeline_waiting_for_room_for_a_live_batch() {
     let stream = MemoryStream::builder().capacity(2).sinks(["local", "remote"]).build().unwrap();
     let local = Recorded::default();
-    let pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).drain_timeout(Duration::ZERO).sink(
-        "local",
-        {
+    let pipeline = Pipeline::new(stream.clone())
+        .tick(Duration::from_millis(2))
+        .drain_timeout(Duration::ZERO)
+        .sink("local", {
             let r = local.clone();
             move || Ok::<_, std::io::Error>(Recorder(r.clone()))
-        },
-    );
+        });
     let stop = pipeline.stop_handle();
     let confirmed = Arc::new(Mutex::new(None));
     let (items, _, positions) = workload();
@@ -809,13 +815,62 @@ fn adverse_restarts(cfg: &Adverse, halts: &[usize]) {
 fn adv_restarts_with_tight_rings_big_runs_forgetful_sources_rechunking_and_failing_commits() {
     let slow = [Duration::ZERO, Duration::from_millis(2)];
     let cases = [
-        Adverse { capacity: 1, max_run: 1, forgetful: false, later: workload().0, fail_every: 0, delays: slow },
-        Adverse { capacity: 16, max_run: 256, forgetful: false, later: workload().0, fail_every: 0, delays: slow },
-        Adverse { capacity: 8, max_run: 3, forgetful: true, later: workload().0, fail_every: 0, delays: slow },
-        Adverse { capacity: 8, max_run: 2, forgetful: false, later: rechunked(true), fail_every: 0, delays: slow },
-        Adverse { capacity: 8, max_run: 2, forgetful: true, later: rechunked(false), fail_every: 0, delays: slow },
-        Adverse { capacity: 4, max_run: 2, forgetful: false, later: workload().0, fail_every: 3, delays: slow },
-        Adverse { capacity: 8, max_run: 256, forgetful: true, later: rechunked(false), fail_every: 4, delays: slow },
+        Adverse {
+            capacity: 1,
+            max_run: 1,
+            forgetful: false,
+            later: workload().0,
+            fail_every: 0,
+            delays: slow,
+        },
+        Adverse {
+            capacity: 16,
+            max_run: 256,
+            forgetful: false,
+            later: workload().0,
+            fail_every: 0,
+            delays: slow,
+        },
+        Adverse {
+            capacity: 8,
+            max_run: 3,
+            forgetful: true,
+            later: workload().0,
+            fail_every: 0,
+            delays: slow,
+        },
+        Adverse {
+            capacity: 8,
+            max_run: 2,
+            forgetful: false,
+            later: rechunked(true),
+            fail_every: 0,
+            delays: slow,
+        },
+        Adverse {
+            capacity: 8,
+            max_run: 2,
+            forgetful: true,
+            later: rechunked(false),
+            fail_every: 0,
+            delays: slow,
+        },
+        Adverse {
+            capacity: 4,
+            max_run: 2,
+            forgetful: false,
+            later: workload().0,
+            fail_every: 3,
+            delays: slow,
+        },
+        Adverse {
+            capacity: 8,
+            max_run: 256,
+            forgetful: true,
+            later: rechunked(false),
+            fail_every: 4,
+            delays: slow,
+        },
     ];
     for (c, cfg) in cases.iter().enumerate() {
         for halts in [&[3][..], &[4], &[5], &[8], &[4, 2, 3], &[5, 6, 1, 9]] {
@@ -846,7 +901,7 @@ fn adv_p2_tables_joining_while_running_are_all_backfilled() {
 
 fn joining_tables(n: usize) {
     let stream = MemoryStream::builder().capacity(8).sinks(["a"]).build().unwrap();
-    let joined: Vec<IndexName> = (0..n).map(|i| IndexName::new(&format!("u{i}")).unwrap()).collect();
+    let joined: Vec<IndexName> = (0..n).map(|i| IndexName::new(format!("u{i}")).unwrap()).collect();
     let envelopes: Arc<[Envelope]> = joined
         .iter()
         .map(|index| Envelope {
@@ -888,7 +943,8 @@ fn joining_tables(n: usize) {
     assert!(state.owed.is_empty(), "{state:?}");
     let held = state.indexes.unwrap();
     assert!(joined.iter().all(|i| held.contains(i)), "every joined table held: {held:?}");
-    let completes = a.applied.lock().unwrap().iter().filter(|i| matches!(i, LaneItem::SnapshotComplete { .. })).count();
+    let completes =
+        a.applied.lock().unwrap().iter().filter(|i| matches!(i, LaneItem::SnapshotComplete { .. })).count();
     assert_eq!(completes, n);
 }
 
@@ -910,7 +966,7 @@ fn adv_p3_a_restart_owing_backfills_serves_them_all() {
 fn restart_owing(n: usize) {
     let stream = MemoryStream::builder().capacity(8).sinks(["a"]).build().unwrap();
     let t = IndexName::new("t").unwrap();
-    let joined: Vec<IndexName> = (0..n).map(|i| IndexName::new(&format!("u{i}")).unwrap()).collect();
+    let joined: Vec<IndexName> = (0..n).map(|i| IndexName::new(format!("u{i}")).unwrap()).collect();
     let mut state = SinkState::new();
     state.indexes = Some([t.clone()].into_iter().collect());
     for index in &joined {
@@ -997,7 +1053,10 @@ fn adv_an_ingest_restarted_under_running_sink_engines_feeds_each_every_envelope_
         }
         let report = ended.unwrap_or_else(|| {
             let mut source = Replaying::resume(&items, &confirmed, Halt::Never);
-            Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).run(&mut source).expect("the last run")
+            Pipeline::new(stream.clone())
+                .tick(Duration::from_millis(2))
+                .run(&mut source)
+                .expect("the last run")
         });
         assert_eq!(report.confirmed, Some(Position(100)), "{report:?}");
         for engine in engines {

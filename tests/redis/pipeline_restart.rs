@@ -133,7 +133,7 @@ fn run_once(
 
 fn crash_and_restart(url: &str, crashes: &[usize], delays: [Duration; 2]) {
     let items = workload();
-    let stream = RedisStream::builder(url, &unique_name("adv_restart"))
+    let stream = RedisStream::builder(url, unique_name("adv_restart"))
         .capacity(8)
         .request_capacity(4)
         .sinks(["first", "second"])
@@ -197,7 +197,7 @@ fn adv_redis_an_ingest_restarted_under_running_sink_engines_feeds_each_every_env
     let url = server!();
     for crashes in [&[3usize, 4, 5][..], &[1, 2, 6, 2], &[9, 1, 1, 1, 4]] {
         let items = workload();
-        let stream = RedisStream::builder(&url, &unique_name("adv_remote"))
+        let stream = RedisStream::builder(&url, unique_name("adv_remote"))
             .capacity(4)
             .request_capacity(4)
             .sinks(["first", "second"])
@@ -226,8 +226,13 @@ fn adv_redis_an_ingest_restarted_under_running_sink_engines_feeds_each_every_env
         let run = |crash_after: Option<usize>| {
             let c = *confirmed.lock().unwrap();
             let next = items.iter().position(|b| transaction_of(b) > c).unwrap_or(items.len());
-            let mut source =
-                Replaying { items: items.clone(), next, confirmed: confirmed.clone(), crash_after, handed: 0 };
+            let mut source = Replaying {
+                items: items.clone(),
+                next,
+                confirmed: confirmed.clone(),
+                crash_after,
+                handed: 0,
+            };
             Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).run(&mut source)
         };
         let mut ended = None;
