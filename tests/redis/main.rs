@@ -34,4 +34,5 @@ mod fanout_faults;
 mod fanout_publish_record;
 mod lane_faults;
 mod outages;
+mod pipeline_restart;
 mod server_restart;
