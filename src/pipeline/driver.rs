@@ -6,7 +6,9 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::{IndexName, SinkName, Stream, StreamFanout};
+use crate::{
+    IndexName, LaneConsumer, LaneDelivery, RecvTimeoutError, SinkName, Stream, StreamFanout, TryRecvError,
+};
 
 use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
 use super::error::{panic_message, PipelineError};
@@ -179,8 +181,9 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// - a positioned batch at `p` goes to the lanes whose last published position is below
     ///   `p`: with the one fan-out publish when every lane lacks it (always, once past what the
     ///   lanes held), with [`publish_to`](crate::StreamFanout::publish_to) to each of them when
-    ///   only some do (a blocking publish: it waits for room without confirming meanwhile), to
-    ///   none when every lane holds it ([`PipelineReport::skipped`]);
+    ///   only some do (waiting for room as the fan-out publish does: confirming, taking
+    ///   requests, and giving up at a stop), to none when every lane holds it
+    ///   ([`PipelineReport::skipped`]);
     /// - an unpositioned chunk of a large transaction goes, by its envelopes' position (the
     ///   transaction's commit position), to the lanes that lack that transaction: a lane that
     ///   holds some of its chunks but not its last batch gets them again, which its sink's
@@ -192,6 +195,15 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// The items a lane held are redelivered by the lane itself. (This crate's backends share
     /// one publish sequence across a stream's lanes, the in-memory ring and the Redis log, so
     /// there every lane lacks a batch or none does.)
+    ///
+    /// Requests pending on the request lane from before this run are taken before the local
+    /// engines get their plans: one for a backfill that a local engine's state owes is acked
+    /// unanswered ([`PipelineReport::requests_superseded`]), since that engine asks again from
+    /// its durable state, with the last snapshot row it made durable (serving both would send
+    /// the backfill twice, R2); the others (a sink whose engine runs elsewhere, a request no
+    /// state owes) are served first. An engine never waits to ask: what the request lane (a
+    /// bounded one) cannot take now is asked after its next run or receive timeout, and a
+    /// finite source's end waits for those asks before its last look at the request lane.
     ///
     /// # Errors
     /// The first failure: the source's, a sink engine's (named), the stream's, a refusal at start
@@ -262,11 +274,19 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
         // P1, P2: every local sink's durable state, then the source's start, then each engine's
         // plan. A refusal starts nothing: the engines end without touching their sinks.
         let started_up = start_up(source, &stream, &threads, &states, joiners, &backfills);
-        match started_up {
-            Ok(engine_plans) => {
+        // R2 across a restart: requests still pending from before this run, taken before the
+        // engines get their plans (and ask for what their states owe).
+        let started_up = started_up.and_then(|(plans, owed)| {
+            let owing: Vec<(&str, OwedLists)> =
+                threads.iter().map(|(name, _)| name.as_str()).zip(owed).collect();
+            left_over_requests(&mut requests, &owing).map(|left| (plans, left))
+        });
+        let (carried, superseded) = match started_up {
+            Ok((engine_plans, left)) => {
                 for (plan, engine_plan) in plans.iter().zip(engine_plans) {
                     let _ = plan.send(engine_plan);
                 }
+                left
             }
             Err(e) => {
                 drop(plans);
@@ -274,7 +294,7 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
                 // An engine that could not open its sink says why first.
                 return Err(joined.into_iter().find_map(Result::err).unwrap_or(e));
             }
-        }
+        };
         drop(plans);
         let mut ingest = Ingest {
             stream: &stream,
@@ -288,7 +308,15 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             metrics: metrics.clone(),
             next_lag: Instant::now(),
         };
-        let result = ingest.run(source, &stop, &threads, drain_timeout);
+        ingest.report.requests_superseded = superseded;
+        let mut result = Ok(());
+        for delivery in carried {
+            result = ingest.serve_request(delivery, source);
+            if result.is_err() {
+                break;
+            }
+        }
+        let result = result.and_then(|()| ingest.run(source, &stop, &threads, drain_timeout));
         ingest.update_metrics();
         let mut report = std::mem::take(&mut ingest.report);
         if result.is_ok() && !report.stopped {
@@ -334,9 +362,52 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     }
 }
 
+/// The index lists of the backfills a sink's state owes ([`OwedBackfill::indexes`](super::OwedBackfill::indexes)).
+type OwedLists = Vec<Vec<IndexName>>;
+
+/// Takes what the request lane holds at start, before the local engines ask. A request for a
+/// sink whose engine runs here, for a backfill that engine's state owes (its indexes end with
+/// the owed ones: the same backfill, maybe further on), is left over from before this run: the
+/// engine asks for it again from its durable state, with the last snapshot row it made durable
+/// ([P3](super::state#the-rules)), and serving the old request too would send the backfill
+/// twice and re-send rows the sink holds (R2); it is acked unanswered (the count is returned).
+/// Every other request (for a sink whose engine runs elsewhere, on a broker, or one no state
+/// owes, such as a request published by hand) is returned, to be served first.
+fn left_over_requests<C: LaneConsumer<crate::Request>>(
+    requests: &mut C,
+    owing: &[(&str, OwedLists)],
+) -> Result<(Vec<C::Delivery>, u64), PipelineError> {
+    let (mut carried, mut acked) = (Vec::new(), 0);
+    loop {
+        let delivery = match requests.try_recv() {
+            Ok(d) => d,
+            Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok((carried, acked)),
+            // P8: a broker's blip is retried within its budget (a deadline of now).
+            Err(TryRecvError::Backend(_)) => match requests.recv_timeout(Duration::ZERO) {
+                Ok(Some(d)) => d,
+                Ok(None) | Err(RecvTimeoutError::Timeout) => return Ok((carried, acked)),
+                Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
+            },
+            Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
+        };
+        let crate::Request::Backfill { sink, indexes, .. } = delivery.item();
+        let superseded = owing
+            .iter()
+            .any(|(name, owed)| *name == sink.as_str() && owed.iter().any(|o| indexes.ends_with(o)));
+        if superseded {
+            if delivery.ack().is_ok() {
+                acked += 1;
+            }
+        } else {
+            carried.push(delivery);
+        }
+    }
+}
+
 /// Reads every local sink's durable state (from its engine), starts the source with them, and
 /// makes each engine's plan: the origin to record, the indexes held, the backfills owed (a
-/// joiner's history, tables that joined while the pipeline was down, explicit ones).
+/// joiner's history, tables that joined while the pipeline was down, explicit ones); and, per
+/// engine, the index lists its state owes after the plan (see [`left_over_requests`]).
 fn start_up<Src: Source, St: Stream>(
     source: &mut Src,
     stream: &St,
@@ -344,7 +415,7 @@ fn start_up<Src: Source, St: Stream>(
     ready: &mpsc::Receiver<(usize, Option<SinkState>)>,
     joiners: Joiners,
     backfills: &[IndexName],
-) -> Result<Vec<EnginePlan>, PipelineError> {
+) -> Result<(Vec<EnginePlan>, Vec<OwedLists>), PipelineError> {
     let mut states: Vec<Option<Option<SinkState>>> = vec![None; engines.len()];
     while states.iter().any(Option::is_none) {
         match ready.recv_timeout(Duration::from_millis(50)) {
@@ -381,7 +452,13 @@ fn start_up<Src: Source, St: Stream>(
     for s in &sinks {
         plans.push(plan_for(s, &start, joiners, backfills)?);
     }
-    Ok(plans)
+    // What each engine's state owes once its plan is applied: what it asks for first.
+    let owed = plans
+        .iter()
+        .zip(&states)
+        .map(|(plan, state)| plan.apply(state.as_ref()).owed.into_iter().map(|o| o.indexes).collect())
+        .collect();
+    Ok((plans, owed))
 }
 
 /// One engine's plan (see [`start_up`]).

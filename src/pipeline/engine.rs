@@ -7,7 +7,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use crate::{IndexName, LaneConsumer, LaneItem, LaneRun, RequestPublisher, SinkName, Stream};
+use crate::{
+    IndexName, LaneConsumer, LaneItem, LaneRun, RequestPublisher, SinkName, Stream, TryPublishError,
+};
 
 use super::error::{panic_message, PipelineError};
 use super::metrics::{commit_micros, lock, unix_micros_now, MetricsHandle, SinkLive, SinkReport};
@@ -54,7 +56,7 @@ pub(crate) struct EnginePlan {
 
 impl EnginePlan {
     /// The state after this plan, from the durable one.
-    fn apply(&self, durable: Option<&SinkState>) -> SinkState {
+    pub(crate) fn apply(&self, durable: Option<&SinkState>) -> SinkState {
         let mut state = durable.cloned().unwrap_or_default();
         if state.origin.is_none() {
             state.origin.clone_from(&self.origin);
@@ -266,7 +268,10 @@ where
             }
             plan = None;
         }
-        ask(stream, &name, &state, &mut asked, &mut report).map_err(|e| give_up(failures, e))?;
+        // Owed backfills the request lane had no room for (asked at the next run or receive
+        // timeout).
+        let mut deferred =
+            ask(stream, &name, &state, &mut asked, &mut report, &live).map_err(|e| give_up(failures, e))? > 0;
         // The runs received for one apply (a backend's run may be shorter than `max_run`: the
         // memory backend's holds at most `MAX_RUN`), and per run its items' commit times and
         // changes (read before the ack, which gives the run up).
@@ -282,7 +287,14 @@ where
                     }
                     match consumer.recv_run_timeout(config.max_run, Duration::from_millis(100)) {
                         Ok(r) => break Ok(r),
-                        Err(e) if e.is_timeout() => {}
+                        Err(e) if e.is_timeout() => {
+                            // Owed backfills the full request lane could not take yet.
+                            if deferred {
+                                deferred = ask(stream, &name, &state, &mut asked, &mut report, &live)
+                                    .map_err(|e| give_up(failures, e))?
+                                    > 0;
+                            }
+                        }
                         Err(e) => break Err(e.to_string()),
                     }
                 },
@@ -336,9 +348,10 @@ where
                     committed = Some(state.clone());
                     // P3: the backfills a change made owed are durable now: ask for them (and
                     // forget the ones completed).
-                    if !prepared.asks.is_empty() || !asked.is_empty() {
-                        ask(stream, &name, &state, &mut asked, &mut report)
-                            .map_err(|e| give_up(failures, e))?;
+                    if !prepared.asks.is_empty() || !asked.is_empty() || deferred {
+                        deferred = ask(stream, &name, &state, &mut asked, &mut report, &live)
+                            .map_err(|e| give_up(failures, e))?
+                            > 0;
                     }
                     // C1: acked only now that the sink committed. One clock read for all: the
                     // runs are acked together.
@@ -393,24 +406,44 @@ where
 /// (one whose remaining indexes end a list asked before is in progress: asked). A list asked
 /// before that the state no longer owes is forgotten (its backfill completed), so that the same
 /// indexes owed again later are asked again.
+///
+/// Never waits: the request lane holds a bounded number of pending requests, each acked only
+/// when its `SnapshotComplete` is published (R2) into this engine's lane, which only this
+/// engine drains: waiting here for room would wait for itself. What the lane cannot take now
+/// (full, or a broker's blip) is asked at the next call, after the next run or receive timeout;
+/// it is owed durably meanwhile (P3).
+///
+/// Returns how many owed backfills it could not ask for now; the count also goes to `live`
+/// (`unasked`), where a pipeline's drain at the source's end waits for it to reach 0 before its
+/// last look at the request lane.
 fn ask<St: Stream>(
     stream: &St,
     sink: &SinkName,
     state: &SinkState,
     asked: &mut Vec<Vec<IndexName>>,
     report: &mut SinkReport,
-) -> Result<(), BoxError> {
+    live: &Mutex<SinkLive>,
+) -> Result<u64, BoxError> {
     asked.retain(|a| state.owed.iter().any(|o| a.ends_with(&o.indexes)));
+    let sender = stream.request_sender();
+    let mut unasked = 0;
     for owed in &state.owed {
         if asked.iter().any(|a| a.ends_with(&owed.indexes)) {
             continue;
         }
-        stream
-            .request_sender()
-            .publish(SinkState::request(sink, owed))
-            .map_err(|e| format!("asking for its backfill of {:?}: {e}", owed.indexes))?;
-        asked.push(owed.indexes.clone());
-        report.backfills_asked += 1;
+        if unasked == 0 {
+            match sender.try_publish(SinkState::request(sink, owed)) {
+                Ok(()) => {
+                    asked.push(owed.indexes.clone());
+                    report.backfills_asked += 1;
+                    continue;
+                }
+                Err(TryPublishError::Full(_) | TryPublishError::Backend { .. }) => {}
+                Err(e) => return Err(format!("asking for its backfill of {:?}: {e}", owed.indexes).into()),
+            }
+        }
+        unasked += 1;
     }
-    Ok(())
+    lock(live).unasked = unasked;
+    Ok(unasked)
 }

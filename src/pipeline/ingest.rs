@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     LaneConsumer, LaneDelivery, LaneItem, Position, PublishTimeoutError, RecvTimeoutError, SinkName, Stream,
-    StreamFanout, TryRecvError,
+    StreamFanout, TryPublishError, TryRecvError,
 };
 
 use super::error::PipelineError;
@@ -128,22 +128,33 @@ impl<St: Stream> Ingest<'_, St> {
                 },
                 Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
             };
-            let request = delivery.item().clone();
-            // `Request` has one kind today; a later kind gets its own arm here.
-            let sink = match &request {
-                crate::Request::Backfill { sink, .. } => sink.clone(),
-            };
-            if !self.stream.sinks().contains(&sink) {
-                // No lane to answer on: it could never be served, and left unacked it would
-                // come back for ever.
-                if delivery.ack().is_ok() {
-                    self.report.requests_refused += 1;
-                }
-                continue;
-            }
-            source.backfill(request).map_err(|e| PipelineError::Source(e.into()))?;
-            self.pending.entry(sink).or_default().push_back(delivery);
+            self.serve_request(delivery, source)?;
         }
+    }
+
+    /// Hands one request to the source and keeps its delivery until its `SnapshotComplete` is
+    /// published (R2); a request for a sink with no lane is acked unanswered.
+    pub(crate) fn serve_request<Src: Source>(
+        &mut self,
+        delivery: <St::RequestConsumer as LaneConsumer<crate::Request>>::Delivery,
+        source: &mut Src,
+    ) -> Result<(), PipelineError> {
+        let request = delivery.item().clone();
+        // `Request` has one kind today; a later kind gets its own arm here.
+        let sink = match &request {
+            crate::Request::Backfill { sink, .. } => sink.clone(),
+        };
+        if !self.stream.sinks().contains(&sink) {
+            // No lane to answer on: it could never be served, and left unacked it would
+            // come back for ever.
+            if delivery.ack().is_ok() {
+                self.report.requests_refused += 1;
+            }
+            return Ok(());
+        }
+        source.backfill(request).map_err(|e| PipelineError::Source(e.into()))?;
+        self.pending.entry(sink).or_default().push_back(delivery);
+        Ok(())
     }
 
     fn lane(&self, sink: &SinkName) -> Result<usize, PipelineError> {
@@ -185,6 +196,40 @@ impl<St: Stream> Ingest<'_, St> {
         }
     }
 
+    /// Publishes `item` to lane `lane` only, waiting for room as
+    /// [`publish_everywhere`](Self::publish_everywhere) does: confirming, taking requests and
+    /// checking the engines meanwhile, and giving up at a stop (`false`: not published). The
+    /// port has no deadline form of `publish_to`, so the wait is a sleep between tries, from
+    /// 1 ms doubling to the tick.
+    fn publish_to_lane<Src: Source>(
+        &mut self,
+        lane: usize,
+        mut item: LaneItem,
+        source: &mut Src,
+        stop: &StopHandle,
+        engines: &[(String, JoinHandle<Result<SinkReport, PipelineError>>)],
+    ) -> Result<bool, PipelineError> {
+        let mut pause = Duration::from_millis(1);
+        let mut next_housekeeping = Instant::now() + self.tick;
+        loop {
+            item = match self.fanout.try_publish_to(lane, item) {
+                Ok(()) => return Ok(true),
+                // Full, or a broker's blip (retried here, as the waiting forms do: P8).
+                Err(TryPublishError::Full(back)) | Err(TryPublishError::Backend { item: back, .. }) => back,
+                Err(e) => return Err(publish_error(timeout_form(e))),
+            };
+            if stop.is_stopped() {
+                return Ok(false);
+            }
+            if Instant::now() >= next_housekeeping {
+                next_housekeeping = Instant::now() + self.tick;
+                self.housekeeping(source, engines)?;
+            }
+            thread::sleep(pause);
+            pause = (pause * 2).min(self.tick.max(Duration::from_millis(1)));
+        }
+    }
+
     fn publish<Src: Source>(
         &mut self,
         item: SourceItem,
@@ -217,7 +262,10 @@ impl<St: Stream> Ingest<'_, St> {
                     // Some lanes hold it already: to the others only.
                     let targets: Vec<usize> = (0..lanes).filter(|&lane| lacks(lane)).collect();
                     for lane in targets {
-                        self.fanout.publish_to(lane, item.clone()).map_err(|e| publish_error(e.into()))?;
+                        if !self.publish_to_lane(lane, item.clone(), source, stop, engines)? {
+                            // Stopped: not confirmed past it; the source sends it again.
+                            return Ok(());
+                        }
                     }
                 } else {
                     // Every lane holds it: published by an earlier ingest, not acked yet.
@@ -248,7 +296,10 @@ impl<St: Stream> Ingest<'_, St> {
                     self.report.snapshot_batches += 1;
                     self.report.snapshot_envelopes += b.envelopes.len() as u64;
                 }
-                self.fanout.publish_to(lane, item).map_err(|e| publish_error(e.into()))?;
+                if !self.publish_to_lane(lane, item, source, stop, engines)? {
+                    // Stopped: its request stays unacked, and is served again after a restart.
+                    return Ok(());
+                }
                 if complete {
                     // R2: the request is acked only now that its SnapshotComplete is published.
                     if let Some(delivery) = self.pending.get_mut(&sink).and_then(VecDeque::pop_front) {
@@ -291,7 +342,20 @@ impl<St: Stream> Ingest<'_, St> {
                 None => true,
             };
             if caught_up && self.pending.values().all(VecDeque::is_empty) {
-                return Ok(());
+                if !serve {
+                    return Ok(());
+                }
+                // A finite source's end: every request asked before the acks just read is on
+                // the request lane by now (an engine asks before it acks the run whose commit
+                // made the backfill owed), and one the lane was too full to take is counted in
+                // `unasked` until asked. Done when none is waiting, after a last look.
+                if self.metrics.unasked() == 0 {
+                    self.take_requests(source)?;
+                    if self.pending.values().all(VecDeque::is_empty) {
+                        return Ok(());
+                    }
+                    continue;
+                }
             }
             if engines.iter().any(|(_, t)| t.is_finished()) {
                 return Err(PipelineError::Stream("a sink engine stopped (its error follows)".into()));
@@ -308,6 +372,19 @@ impl<St: Stream> Ingest<'_, St> {
                 thread::sleep(wait.saturating_duration_since(now));
             }
         }
+    }
+}
+
+/// A never-waiting publish's error in the waiting form's terms (`Full` is `Timeout`).
+fn timeout_form(e: TryPublishError<LaneItem>) -> PublishTimeoutError<LaneItem> {
+    match e {
+        TryPublishError::Full(item) => PublishTimeoutError::Timeout(item),
+        TryPublishError::Closed(item) => PublishTimeoutError::Closed(item),
+        TryPublishError::InvalidPosition(item) => PublishTimeoutError::InvalidPosition(item),
+        TryPublishError::PositionRegressed { item, position, last } => {
+            PublishTimeoutError::PositionRegressed { item, position, last }
+        }
+        TryPublishError::Backend { item, error } => PublishTimeoutError::Backend { item, error },
     }
 }
 

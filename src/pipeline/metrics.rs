@@ -168,6 +168,11 @@ pub struct PipelineReport {
     /// Backfill requests for a sink the stream has no lane for: acked unanswered (they could
     /// never be served), never handed to the source.
     pub requests_refused: u64,
+    /// Backfill requests left on the request lane from before this run, for a backfill the
+    /// state of a sink whose engine runs in this pipeline owes: acked unanswered at start, since
+    /// that engine asks again from its durable state (see [`Pipeline::run`](super::Pipeline::run),
+    /// "Resuming").
+    pub requests_superseded: u64,
     /// The last positioned batch published (or held by every lane already).
     pub last_position: Option<Position>,
     /// The last position confirmed to the source.
@@ -361,6 +366,8 @@ pub(crate) struct SinkLive {
     pub(crate) items_acked: u64,
     pub(crate) changes_acked: u64,
     pub(crate) latency: CommitLatency,
+    /// Backfills its state owes that the engine could not ask for yet (the request lane full).
+    pub(crate) unasked: u64,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -369,6 +376,12 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl MetricsHandle {
+    /// Backfills the local engines' states owe that they could not ask for yet (the request
+    /// lane was full), over all of them.
+    pub(crate) fn unasked(&self) -> u64 {
+        lock(&self.shared).sinks.iter().map(|s| lock(s).unasked).sum()
+    }
+
     /// The figures now.
     pub fn snapshot(&self) -> PipelineMetrics {
         let shared = lock(&self.shared);

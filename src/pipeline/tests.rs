@@ -537,7 +537,6 @@ fn adv_a_backfill_interrupted_by_a_crash_is_served_again_after_the_restart() {
 /// served as well as the restarted engine's (`after` its last row): rows the sink had made
 /// durable are sent again, and each sink gets two `SnapshotComplete`s.
 #[test]
-#[ignore = "fails: a restart serves a pending backfill twice, the stale request (after: None) re-sending durable rows (R2)"]
 fn adv_r2_a_backfill_resumed_after_a_crash_re_sends_no_row_the_sink_made_durable() {
     let (items, _, positions) = workload();
     let stream = MemoryStream::builder().capacity(8).sinks(["fast", "slow"]).build().unwrap();
@@ -611,7 +610,6 @@ fn adv_r2_a_backfill_resumed_after_a_crash_re_sends_no_row_the_sink_made_durable
 /// (ingest.rs, `SourceItem::Snapshot`) blocks with no deadline, so the stop is never seen and
 /// `run` never returns.
 #[test]
-#[ignore = "fails: a stop is not seen while a snapshot publish_to waits for room (ingest.rs publish, SourceItem::Snapshot)"]
 fn adv_a_stop_ends_a_pipeline_blocked_publishing_a_snapshot() {
     let stream = MemoryStream::builder().capacity(2).sinks(["local", "remote"]).build().unwrap();
     stream
@@ -888,7 +886,6 @@ fn adv_restarts_with_tight_rings_big_runs_forgetful_sources_rechunking_and_faili
 /// ring (8) fills with the first snapshot while the engine, blocked on the 65th ask, never acks
 /// its run: each waits for the other.
 #[test]
-#[ignore = "fails: deadlock, an engine blocked asking (request lane full of pending backfills) never acks, so the ingest's snapshot publish_to never gets room"]
 fn adv_p2_more_joining_tables_than_the_request_lane_holds_are_all_backfilled() {
     joining_tables(65);
 }
@@ -953,7 +950,6 @@ fn joining_tables(n: usize) {
 /// anything), blocks on the 65th, and the ingest's snapshot `publish_to` waits for room that
 /// engine never frees: every restart deadlocks again. Control: 40 owed.
 #[test]
-#[ignore = "fails: deadlock at start, an engine owing more backfills than the request lane holds blocks in ask() and never receives"]
 fn adv_p3_a_restart_owing_more_backfills_than_the_request_lane_holds_serves_them_all() {
     restart_owing(65);
 }
