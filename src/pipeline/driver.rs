@@ -6,13 +6,11 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::{
-    IndexName, LaneConsumer, LaneDelivery, RecvTimeoutError, SinkName, Stream, StreamFanout, TryRecvError,
-};
+use crate::{IndexName, LaneConsumer, LaneDelivery, SinkName, Stream, StreamFanout};
 
 use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
 use super::error::{panic_message, PipelineError};
-use super::ingest::Ingest;
+use super::ingest::{next_request, Ingest};
 use super::metrics::{MetricsHandle, PipelineReport, SinkReport};
 use super::sink::{RetryPolicy, Sink};
 use super::source::{SinkStart, Source, SourceStart};
@@ -378,18 +376,7 @@ fn left_over_requests<C: LaneConsumer<crate::Request>>(
     owing: &[(&str, OwedLists)],
 ) -> Result<(Vec<C::Delivery>, u64), PipelineError> {
     let (mut carried, mut acked) = (Vec::new(), 0);
-    loop {
-        let delivery = match requests.try_recv() {
-            Ok(d) => d,
-            Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok((carried, acked)),
-            // P8: a broker's blip is retried within its budget (a deadline of now).
-            Err(TryRecvError::Backend(_)) => match requests.recv_timeout(Duration::ZERO) {
-                Ok(Some(d)) => d,
-                Ok(None) | Err(RecvTimeoutError::Timeout) => return Ok((carried, acked)),
-                Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
-            },
-            Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
-        };
+    while let Some(delivery) = next_request(requests)? {
         let crate::Request::Backfill { sink, indexes, .. } = delivery.item();
         let superseded = owing
             .iter()
@@ -402,6 +389,7 @@ fn left_over_requests<C: LaneConsumer<crate::Request>>(
             carried.push(delivery);
         }
     }
+    Ok((carried, acked))
 }
 
 /// Reads every local sink's durable state (from its engine), starts the source with them, and

@@ -114,22 +114,10 @@ impl<St: Stream> Ingest<'_, St> {
     }
 
     fn take_requests<Src: Source>(&mut self, source: &mut Src) -> Result<(), PipelineError> {
-        loop {
-            let delivery = match self.requests.try_recv() {
-                Ok(d) => d,
-                Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok(()),
-                // P8: the never-waiting receive tries once; a backend error is tried again by a
-                // receive that retries within the backend's retry budget (a deadline of now: it
-                // waits for nothing else). Only an error past the budget stops the ingest.
-                Err(TryRecvError::Backend(_)) => match self.requests.recv_timeout(Duration::ZERO) {
-                    Ok(Some(d)) => d,
-                    Ok(None) | Err(RecvTimeoutError::Timeout) => return Ok(()),
-                    Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
-                },
-                Err(e) => return Err(PipelineError::Stream(format!("the request lane: {e}"))),
-            };
+        while let Some(delivery) = next_request(self.requests)? {
             self.serve_request(delivery, source)?;
         }
+        Ok(())
     }
 
     /// Hands one request to the source and keeps its delivery until its `SnapshotComplete` is
@@ -372,6 +360,28 @@ impl<St: Stream> Ingest<'_, St> {
                 thread::sleep(wait.saturating_duration_since(now));
             }
         }
+    }
+}
+
+/// The request lane's next request if one is there now; `None` when it is empty or closed.
+///
+/// # Errors
+/// The request lane's error past the backend's retry budget. (P8: the never-waiting receive
+/// tries once; a backend error is tried again by a receive that retries within the budget, with
+/// a deadline of now: it waits for nothing else.)
+pub(crate) fn next_request<C: LaneConsumer<crate::Request>>(
+    requests: &mut C,
+) -> Result<Option<C::Delivery>, PipelineError> {
+    let lane_error = |e: &dyn std::fmt::Display| PipelineError::Stream(format!("the request lane: {e}"));
+    match requests.try_recv() {
+        Ok(d) => Ok(Some(d)),
+        Err(TryRecvError::Empty | TryRecvError::Closed) => Ok(None),
+        Err(TryRecvError::Backend(_)) => match requests.recv_timeout(Duration::ZERO) {
+            Ok(d) => Ok(d),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(e) => Err(lane_error(&e)),
+        },
+        Err(e) => Err(lane_error(&e)),
     }
 }
 
