@@ -12,40 +12,12 @@
 #[path = "../../tests/redis/support/server.rs"]
 mod server;
 
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::pipeline::{Pipeline, Sink, SinkState};
+use lanestream::pipeline::{MemorySink, Pipeline};
 use lanestream::{IndexName, LaneItem, Position, RedisStream, Request, RequestPublisher, SinkName, Stream};
 use lanestream_log::{Event, EventLog, LogOptions, LogSource};
-
-/// What a sink applied, and its state (kept across instances, as a durable sink's).
-#[derive(Clone, Default)]
-struct Recorded {
-    applied: Arc<Mutex<Vec<LaneItem>>>,
-    state: Arc<Mutex<Option<SinkState>>>,
-}
-
-struct Recorder(Recorded);
-
-impl Sink for Recorder {
-    type Error = std::io::Error;
-
-    fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
-        Ok(self.0.state.lock().unwrap().clone())
-    }
-
-    fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
-        self.0.applied.lock().unwrap().extend_from_slice(items);
-        Ok(())
-    }
-
-    fn commit(&mut self, state: &SinkState) -> Result<(), Self::Error> {
-        *self.0.state.lock().unwrap() = Some(state.clone());
-        Ok(())
-    }
-}
 
 /// Appends `n` appends of one to three events; returns the head.
 fn append(log: &lanestream_log::WriteHandle, n: u64, from: u64) -> u64 {
@@ -71,15 +43,15 @@ fn the_log_feeds_a_redis_stream_through_the_driver_and_serves_a_backfill() {
     // More appends than a lane holds: the driver waits for the sinks' acks over Redis.
     let first = append(&log, 20, 0);
     let mut source = LogSource::builder(log.reader()).build(&stream).unwrap();
-    let (search, cache) = (Recorded::default(), Recorded::default());
+    let (search, cache) = (MemorySink::default(), MemorySink::default());
     let pipeline = Pipeline::new(stream.clone())
         .sink("search", {
             let r = search.clone();
-            move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+            move || Ok::<_, std::convert::Infallible>(r.clone())
         })
         .sink("cache", {
             let r = cache.clone();
-            move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+            move || Ok::<_, std::convert::Infallible>(r.clone())
         });
     // A guard: a wedged pipeline stops (and fails the assertions) instead of hanging the test.
     let stop = pipeline.stop_handle();
@@ -113,8 +85,8 @@ fn the_log_feeds_a_redis_stream_through_the_driver_and_serves_a_backfill() {
     assert_eq!(report.confirmed, Some(Position(head)));
     assert_eq!(stream.watermark(), Some(Position(head)));
 
-    let positions = |r: &Recorded| -> Vec<u64> {
-        r.applied.lock().unwrap().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
+    let positions = |r: &MemorySink| -> Vec<u64> {
+        r.applied().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
     };
     let appends: Vec<u64> = (1..=head)
         .filter(|p| {
@@ -127,7 +99,7 @@ fn the_log_feeds_a_redis_stream_through_the_driver_and_serves_a_backfill() {
     }
     // `search`: the snapshot is every event up to an append handed over before the request,
     // at least the first twenty, then its SnapshotComplete.
-    let applied = search.applied.lock().unwrap().clone();
+    let applied = search.applied().clone();
     let mut rows = Vec::new();
     for item in &applied {
         if let LaneItem::Batch(b) = item {
@@ -144,7 +116,7 @@ fn the_log_feeds_a_redis_stream_through_the_driver_and_serves_a_backfill() {
             .count(),
         1
     );
-    assert!(cache.applied.lock().unwrap().iter().all(|i| i.position().is_some()), "`cache` got no snapshot");
+    assert!(cache.applied().iter().all(|i| i.position().is_some()), "`cache` got no snapshot");
     drop(stream);
     drop(server);
 }

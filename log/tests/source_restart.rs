@@ -10,44 +10,14 @@
 #[path = "../../tests/redis/support/server.rs"]
 mod server;
 
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::pipeline::{Pipeline, PipelineReport, Sink, SinkState};
+use lanestream::pipeline::{MemorySink, Pipeline, PipelineReport};
 use lanestream::{
     IndexName, LaneItem, MemoryStream, Position, RedisStream, Request, RequestPublisher, SinkName, Stream,
 };
 use lanestream_log::{Event, EventLog, LogOptions, LogPosition, LogSource, WriteHandle};
-
-/// What a sink applied, and its state (kept across instances, as a durable sink's).
-#[derive(Clone, Default)]
-struct Recorded {
-    applied: Arc<Mutex<Vec<LaneItem>>>,
-    state: Arc<Mutex<Option<SinkState>>>,
-}
-
-/// A recording sink taking `.1` per apply.
-struct Slow(Recorded, Duration);
-
-impl Sink for Slow {
-    type Error = std::io::Error;
-
-    fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
-        Ok(self.0.state.lock().unwrap().clone())
-    }
-
-    fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
-        thread::sleep(self.1);
-        self.0.applied.lock().unwrap().extend_from_slice(items);
-        Ok(())
-    }
-
-    fn commit(&mut self, state: &SinkState) -> Result<(), Self::Error> {
-        *self.0.state.lock().unwrap() = Some(state.clone());
-        Ok(())
-    }
-}
 
 /// Appends `n` appends of one to three events; returns each append's last position.
 fn append(log: &WriteHandle, n: u64, from: u64) -> Vec<u64> {
@@ -66,7 +36,7 @@ fn append(log: &WriteHandle, n: u64, from: u64) -> Vec<u64> {
 fn start<St: Stream + Clone + Send + 'static>(
     stream: &St,
     log: &WriteHandle,
-    recorded: &[Recorded; 2],
+    recorded: &[MemorySink; 2],
 ) -> (lanestream::pipeline::StopHandle, thread::JoinHandle<Result<PipelineReport, String>>) {
     let mut source = LogSource::builder(log.reader()).build(stream).unwrap();
     let mut pipeline =
@@ -75,7 +45,8 @@ fn start<St: Stream + Clone + Send + 'static>(
         ["fast", "slow"].into_iter().zip(recorded.iter().zip([Duration::ZERO, Duration::from_millis(3)]))
     {
         let r = r.clone();
-        pipeline = pipeline.sink(sink, move || Ok::<_, std::io::Error>(Slow(r.clone(), delay)));
+        pipeline =
+            pipeline.sink(sink, move || Ok::<_, std::convert::Infallible>(r.clone().with_delay(delay)));
     }
     let stop = pipeline.stop_handle();
     let guard = stop.clone();
@@ -100,9 +71,9 @@ fn wait(what: &str, mut done: impl FnMut() -> bool) {
 /// backfill served after the restart (its request was pending across it).
 fn stop_and_restart<St: Stream + Clone + Send + 'static>(stream: St) {
     let log = EventLog::in_memory(LogOptions::default()).unwrap();
-    let recorded = [Recorded::default(), Recorded::default()];
-    let positions = |r: &Recorded| -> Vec<u64> {
-        r.applied.lock().unwrap().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
+    let recorded = [MemorySink::default(), MemorySink::default()];
+    let positions = |r: &MemorySink| -> Vec<u64> {
+        r.applied().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
     };
     let mut appends = append(&log, 40, 0);
     let (stop, first) = start(&stream, &log, &recorded);
@@ -134,9 +105,7 @@ fn stop_and_restart<St: Stream + Clone + Send + 'static>(stream: St) {
     for (sink, r) in ["fast", "slow"].iter().zip(&recorded) {
         assert_eq!(positions(r), appends, "{sink}: every append applied once, in order");
         let live: Vec<u64> = r
-            .applied
-            .lock()
-            .unwrap()
+            .applied()
             .iter()
             .filter(|i| i.position().is_some())
             .flat_map(|i| match i {
@@ -145,11 +114,11 @@ fn stop_and_restart<St: Stream + Clone + Send + 'static>(stream: St) {
             })
             .collect();
         assert_eq!(live, (1..=head).collect::<Vec<_>>(), "{sink}: every event once, in order");
-        assert_eq!(r.state.lock().unwrap().as_ref().unwrap().position, Some(Position(head)));
+        assert_eq!(r.committed().as_ref().unwrap().position, Some(Position(head)));
     }
     // `slow`: its snapshot covers every event up to an append handed over before it was served
     // (at least the watermark at the restart), then its SnapshotComplete; `fast` gets none.
-    let applied = recorded[1].applied.lock().unwrap().clone();
+    let applied = recorded[1].applied().clone();
     let mut rows = Vec::new();
     for item in &applied {
         if let LaneItem::Batch(b) = item {
@@ -169,7 +138,7 @@ fn stop_and_restart<St: Stream + Clone + Send + 'static>(stream: St) {
     let completes =
         applied.iter().filter(|i| **i == LaneItem::SnapshotComplete { indexes: vec![events.clone()] });
     assert_eq!(completes.count(), 1);
-    assert!(recorded[0].applied.lock().unwrap().iter().all(|i| i.position().is_some()));
+    assert!(recorded[0].applied().iter().all(|i| i.position().is_some()));
     assert!(stream.is_idle());
 }
 
@@ -202,9 +171,9 @@ fn adv_a_log_source_stopped_and_restarted_over_a_redis_stream_applies_every_appe
 /// once, in order, on both sinks.
 fn cycles<St: Stream + Clone + Send + 'static>(stream: St) {
     let log = EventLog::in_memory(LogOptions::default()).unwrap();
-    let recorded = [Recorded::default(), Recorded::default()];
-    let applied_positions = |r: &Recorded| -> Vec<u64> {
-        r.applied.lock().unwrap().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
+    let recorded = [MemorySink::default(), MemorySink::default()];
+    let applied_positions = |r: &MemorySink| -> Vec<u64> {
+        r.applied().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
     };
     let appender = {
         let log = log.clone();

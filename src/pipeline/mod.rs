@@ -138,7 +138,7 @@ pub use metrics::{
     peak_rss_bytes, CommitLatency, LatencySummary, MetricsHandle, PipelineMetrics, PipelineReport,
     SinkMetrics, SinkReport,
 };
-pub use sink::{RetryPolicy, Sink};
+pub use sink::{MemorySink, RetryPolicy, Sink};
 pub use source::{SinkStart, Source, SourceItem, SourceStart};
 pub use state::{InTransaction, OwedBackfill, SinkState, StateError, Uncovered};
 pub use stop::StopHandle;

@@ -1,11 +1,15 @@
-//! The sink side: what a user implements ([`Sink`]) and how a failing sink is retried
-//! ([`RetryPolicy`]). The crate `lanestream-postgres` has a ready durable one (`DurableNdjson`,
-//! an NDJSON file with its checkpoint).
+//! The sink side: what a user implements ([`Sink`]), how a failing sink is retried
+//! ([`RetryPolicy`]), and an in-memory sink for tests and examples ([`MemorySink`]). The crate
+//! `lanestream-postgres` has a ready durable one (`DurableNdjson`, an NDJSON file with its
+//! checkpoint).
 
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::LaneItem;
 
+use super::metrics::lock;
 use super::state::SinkState;
 use super::BoxError;
 
@@ -95,5 +99,81 @@ impl RetryPolicy {
     pub fn backoff(&self, failures: u32) -> Duration {
         let doublings = failures.saturating_sub(1).min(30);
         self.initial_backoff.saturating_mul(1 << doublings).min(self.max_backoff)
+    }
+}
+
+/// An in-memory [`Sink`] for tests and examples: it records every item applied, in order, and
+/// the state of its last commit. Clones share both, and both outlive an instance, as a durable
+/// sink's data and checkpoint would: hand a clone to [`Pipeline::sink`](super::Pipeline::sink)'s
+/// open function, and a restarted engine (or a second pipeline run) resumes from the committed
+/// state while the test reads what was applied. Applied items are kept even when their commit
+/// fails (unlike a durable sink's, which its next instance would not see): tests of failing
+/// commits wrap it.
+///
+/// ```
+/// use lanestream::pipeline::{MemorySink, Pipeline};
+/// use lanestream::MemoryStream;
+///
+/// let stream = MemoryStream::builder().sinks(["search"]).build().unwrap();
+/// let search = MemorySink::new();
+/// let pipeline = Pipeline::new(stream).sink("search", {
+///     let search = search.clone();
+///     move || Ok::<_, std::convert::Infallible>(search.clone())
+/// });
+/// # let _ = pipeline;
+/// assert!(search.applied().is_empty() && search.committed().is_none());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct MemorySink {
+    applied: Arc<Mutex<Vec<LaneItem>>>,
+    committed: Arc<Mutex<Option<SinkState>>>,
+    delay: Duration,
+}
+
+impl MemorySink {
+    /// An empty sink: nothing applied, no state (a new sink).
+    pub fn new() -> Self {
+        MemorySink::default()
+    }
+
+    /// This sink (sharing what it holds) taking `delay` per [`apply`](Sink::apply): a slow
+    /// sink, whose lane fills while it applies.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// The items applied so far, in order, over every instance; locked while the guard lives
+    /// (the engine's `apply` waits for it).
+    pub fn applied(&self) -> MutexGuard<'_, Vec<LaneItem>> {
+        lock(&self.applied)
+    }
+
+    /// The state of the last commit (`None` before the first), which the next instance's
+    /// [`state`](Sink::state) returns; locked while the guard lives. Set it to start a sink
+    /// from a state of your own.
+    pub fn committed(&self) -> MutexGuard<'_, Option<SinkState>> {
+        lock(&self.committed)
+    }
+}
+
+impl Sink for MemorySink {
+    type Error = Infallible;
+
+    fn state(&mut self) -> Result<Option<SinkState>, Infallible> {
+        Ok(self.committed().clone())
+    }
+
+    fn apply(&mut self, items: &[LaneItem]) -> Result<(), Infallible> {
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        self.applied().extend_from_slice(items);
+        Ok(())
+    }
+
+    fn commit(&mut self, state: &SinkState) -> Result<(), Infallible> {
+        *self.committed() = Some(state.clone());
+        Ok(())
     }
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Pipeline, PipelineReport, Sink, SinkStart, SinkState, Source, SourceItem, SourceStart};
+use super::{
+    MemorySink, Pipeline, PipelineReport, Sink, SinkStart, SinkState, Source, SourceItem, SourceStart,
+};
 use crate::{Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Request, Stream};
 
 /// Hands over its items, then the end.
@@ -37,23 +39,17 @@ impl Source for Items {
     }
 }
 
-/// What a sink applied, and its state (kept across instances, as a durable sink's).
-#[derive(Clone, Default)]
-struct Recorded {
-    applied: Arc<Mutex<Vec<LaneItem>>>,
-    state: Arc<Mutex<Option<SinkState>>>,
-}
-
-impl Recorded {
+// The sinks are `MemorySink`s: what they applied and their state outlive an instance.
+impl MemorySink {
     /// The transactions applied (their positions), in order.
     fn transactions(&self) -> Vec<u64> {
-        self.applied.lock().unwrap().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
+        self.applied().iter().filter_map(|i| i.position()).map(|p| p.0).collect()
     }
 
     /// Envelopes applied, as `(commit position, offset in the transaction)`.
     fn envelopes(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
-        for item in self.applied.lock().unwrap().iter() {
+        for item in self.applied().iter() {
             if let LaneItem::Batch(b) = item {
                 for (k, e) in b.envelopes.iter().enumerate() {
                     out.push((e.position.unwrap().0, b.offset + k as u64));
@@ -61,26 +57,6 @@ impl Recorded {
             }
         }
         out
-    }
-}
-
-struct Recorder(Recorded);
-
-impl Sink for Recorder {
-    type Error = std::io::Error;
-
-    fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
-        Ok(self.0.state.lock().unwrap().clone())
-    }
-
-    fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
-        self.0.applied.lock().unwrap().extend_from_slice(items);
-        Ok(())
-    }
-
-    fn commit(&mut self, state: &SinkState) -> Result<(), Self::Error> {
-        *self.0.state.lock().unwrap() = Some(state.clone());
-        Ok(())
     }
 }
 
@@ -105,13 +81,13 @@ fn txn(p: u64) -> Batch {
 }
 
 /// Runs a pipeline with a recording sink engine per lane over `items`.
-fn run(stream: &MemoryStream, items: Vec<Batch>) -> (PipelineReport, Vec<Recorded>) {
+fn run(stream: &MemoryStream, items: Vec<Batch>) -> (PipelineReport, Vec<MemorySink>) {
     let mut pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2));
     let mut recorded = Vec::new();
     for sink in stream.sinks() {
-        let r = Recorded::default();
+        let r = MemorySink::default();
         recorded.push(r.clone());
-        pipeline = pipeline.sink(sink.as_str(), move || Ok::<_, std::io::Error>(Recorder(r.clone())));
+        pipeline = pipeline.sink(sink.as_str(), move || Ok::<_, std::convert::Infallible>(r.clone()));
     }
     let mut source = Items(items.into_iter().map(SourceItem::Change).collect());
     (pipeline.run(&mut source).expect("the pipeline runs"), recorded)
@@ -306,28 +282,6 @@ impl Source for Replaying {
     }
 }
 
-/// A recording sink that takes `delay` per apply (slow acks).
-struct Slow(Recorded, Duration);
-
-impl Sink for Slow {
-    type Error = std::io::Error;
-
-    fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
-        Ok(self.0.state.lock().unwrap().clone())
-    }
-
-    fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
-        std::thread::sleep(self.1);
-        self.0.applied.lock().unwrap().extend_from_slice(items);
-        Ok(())
-    }
-
-    fn commit(&mut self, state: &SinkState) -> Result<(), Self::Error> {
-        *self.0.state.lock().unwrap() = Some(state.clone());
-        Ok(())
-    }
-}
-
 /// Ten transactions, 30 and 60 large (three chunks of 2, 2, 1 envelopes), the others of one
 /// or two envelopes.
 fn workload() -> (Vec<Batch>, Vec<(u64, u64)>, Vec<u64>) {
@@ -355,7 +309,7 @@ fn run_once(
     stream: &MemoryStream,
     items: &[Batch],
     confirmed: &Arc<Mutex<Option<Position>>>,
-    recorded: &[Recorded],
+    recorded: &[MemorySink],
     delays: &[Duration],
     halt: impl FnOnce(StopHandle) -> Halt,
     configure: impl FnOnce(Pipeline<MemoryStream>) -> Pipeline<MemoryStream>,
@@ -365,7 +319,8 @@ fn run_once(
         Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).max_run(2).drain_timeout(Duration::ZERO);
     for ((sink, r), delay) in stream.sinks().iter().zip(recorded).zip(delays) {
         let (r, delay) = (r.clone(), *delay);
-        pipeline = pipeline.sink(sink.as_str(), move || Ok::<_, std::io::Error>(Slow(r.clone(), delay)));
+        pipeline = pipeline
+            .sink(sink.as_str(), move || Ok::<_, std::convert::Infallible>(r.clone().with_delay(delay)));
     }
     let pipeline = configure(pipeline);
     let mut source = Replaying::resume(items, confirmed, halt(pipeline.stop_handle()));
@@ -382,7 +337,7 @@ fn run_once(
 fn restarts(halts: &[usize], stop: bool, delays: [Duration; 2]) {
     let (items, whole, positions) = workload();
     let stream = MemoryStream::builder().capacity(8).sinks(["fast", "slow"]).build().unwrap();
-    let recorded = [Recorded::default(), Recorded::default()];
+    let recorded = [MemorySink::default(), MemorySink::default()];
     let confirmed = Arc::new(Mutex::new(None));
     let mut ended = None;
     for &n in halts {
@@ -422,7 +377,7 @@ fn restarts(halts: &[usize], stop: bool, delays: [Duration; 2]) {
     for (sink, r) in ["fast", "slow"].iter().zip(&recorded) {
         assert_eq!(r.envelopes(), whole, "{sink}: every envelope applied once, in order (halts {halts:?})");
         assert_eq!(r.transactions(), positions, "{sink}: every transaction once, in order");
-        assert_eq!(r.state.lock().unwrap().as_ref().unwrap().position, Some(Position(100)));
+        assert_eq!(r.committed().as_ref().unwrap().position, Some(Position(100)));
     }
     assert!(stream.is_idle());
 }
@@ -462,10 +417,10 @@ fn items_len() -> usize {
 /// A backfill (explicit, `Pipeline::backfill`) whose serving the ingest crashes in: its request
 /// is unacked (R2), so the restarted ingest gets it again; every sink ends with every row, one
 /// `SnapshotComplete` at least, owing nothing, and every transaction once in order.
-fn backfill_restart(crash_after_snapshot: usize) -> (Vec<Request>, Vec<Recorded>, PipelineReport) {
+fn backfill_restart(crash_after_snapshot: usize) -> (Vec<Request>, Vec<MemorySink>, PipelineReport) {
     let (items, whole, positions) = workload();
     let stream = MemoryStream::builder().capacity(8).sinks(["fast", "slow"]).build().unwrap();
-    let recorded = vec![Recorded::default(), Recorded::default()];
+    let recorded = vec![MemorySink::default(), MemorySink::default()];
     let confirmed = Arc::new(Mutex::new(None));
     let delays = [Duration::ZERO, Duration::from_millis(2)];
     let t = IndexName::new("t").unwrap();
@@ -484,7 +439,7 @@ fn backfill_restart(crash_after_snapshot: usize) -> (Vec<Request>, Vec<Recorded>
     requests.extend(more);
     let report = last.expect("the restarted pipeline ends");
     for (sink, r) in ["fast", "slow"].iter().zip(&recorded) {
-        let applied = r.applied.lock().unwrap().clone();
+        let applied = r.applied().clone();
         let live: Vec<(u64, u64)> = r.envelopes_of(&applied, true);
         assert_eq!(live, whole, "{sink}: every change once, in order");
         assert_eq!(r.transactions(), positions);
@@ -499,14 +454,14 @@ fn backfill_restart(crash_after_snapshot: usize) -> (Vec<Request>, Vec<Recorded>
         assert_eq!(rows, ["r0", "r1", "r2", "r3", "r4"], "{sink}: every snapshot row at least once");
         let completes = applied.iter().filter(|i| matches!(i, LaneItem::SnapshotComplete { .. })).count();
         assert!(completes >= 1, "{sink}: its SnapshotComplete");
-        let state = r.state.lock().unwrap().clone().unwrap();
+        let state = r.committed().clone().unwrap();
         assert!(state.owed.is_empty(), "{sink}: owes nothing: {state:?}");
     }
     assert!(stream.is_idle(), "every request acked");
     (requests, recorded, report)
 }
 
-impl Recorded {
+impl MemorySink {
     /// `(commit position, offset)` of the change envelopes of `items` (`changes`: those with a
     /// position).
     fn envelopes_of(&self, items: &[LaneItem], changes: bool) -> Vec<(u64, u64)> {
@@ -540,7 +495,7 @@ fn adv_a_backfill_interrupted_by_a_crash_is_served_again_after_the_restart() {
 fn adv_r2_a_backfill_resumed_after_a_crash_re_sends_no_row_the_sink_made_durable() {
     let (items, _, positions) = workload();
     let stream = MemoryStream::builder().capacity(8).sinks(["fast", "slow"]).build().unwrap();
-    let recorded = vec![Recorded::default(), Recorded::default()];
+    let recorded = vec![MemorySink::default(), MemorySink::default()];
     let confirmed = Arc::new(Mutex::new(None));
     let delays = [Duration::ZERO, Duration::from_millis(2)];
     let t = IndexName::new("t").unwrap();
@@ -557,30 +512,30 @@ fn adv_r2_a_backfill_resumed_after_a_crash_re_sends_no_row_the_sink_made_durable
         5,
     );
     assert!(matches!(first, Err(super::PipelineError::Source(_))), "{first:?}");
-    let split: Vec<usize> = recorded.iter().map(|r| r.applied.lock().unwrap().len()).collect();
+    let split: Vec<usize> = recorded.iter().map(|r| r.applied().len()).collect();
     let durable: Vec<Option<u64>> = recorded
         .iter()
         .map(|r| {
-            let state = r.state.lock().unwrap().clone().unwrap();
+            let state = r.committed().clone().unwrap();
             state.owed.first().and_then(|o| o.after.as_ref()).map(|id| id[1..].parse().unwrap())
         })
         .collect();
     assert!(
         durable.iter().any(Option::is_some),
         "some rows were durable at the crash: {durable:?} {:?} {:?}",
-        recorded.iter().map(|r| r.state.lock().unwrap().clone()).collect::<Vec<_>>(),
-        recorded.iter().map(|r| r.applied.lock().unwrap().clone()).collect::<Vec<_>>()
+        recorded.iter().map(|r| r.committed().clone()).collect::<Vec<_>>(),
+        recorded.iter().map(|r| r.applied().clone()).collect::<Vec<_>>()
     );
     let (last, requests) =
         run_once(&stream, &items, &confirmed, &recorded, &delays, |_| Halt::Never, |p| p, 5);
     last.expect("the restarted pipeline ends");
     for (i, r) in recorded.iter().enumerate() {
         assert_eq!(r.transactions(), positions);
-        assert!(r.state.lock().unwrap().as_ref().unwrap().owed.is_empty());
+        assert!(r.committed().as_ref().unwrap().owed.is_empty());
         if durable[i].is_none() {
             continue; // its backfill completed before the crash
         }
-        let applied = r.applied.lock().unwrap()[split[i]..].to_vec();
+        let applied = r.applied()[split[i]..].to_vec();
         let again: Vec<String> = applied
             .iter()
             .filter_map(|item| match item {
@@ -619,13 +574,13 @@ fn adv_a_stop_ends_a_pipeline_blocked_publishing_a_snapshot() {
             vec![IndexName::new("t").unwrap()],
         ))
         .unwrap();
-    let local = Recorded::default();
+    let local = MemorySink::default();
     let pipeline = Pipeline::new(stream.clone())
         .tick(Duration::from_millis(2))
         .drain_timeout(Duration::ZERO)
         .sink("local", {
             let r = local.clone();
-            move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+            move || Ok::<_, std::convert::Infallible>(r.clone())
         });
     let stop = pipeline.stop_handle();
     let confirmed = Arc::new(Mutex::new(None));
@@ -637,7 +592,7 @@ fn adv_a_stop_ends_a_pipeline_blocked_publishing_a_snapshot() {
     });
     // The snapshot's first rows reach `local`; then the ring is full.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while local.applied.lock().unwrap().len() < 2 {
+    while local.applied().len() < 2 {
         assert!(std::time::Instant::now() < deadline, "the backfill's first rows never arrived");
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -654,13 +609,13 @@ fn adv_a_stop_ends_a_pipeline_blocked_publishing_a_snapshot() {
 #[test]
 fn adv_a_stop_ends_a_pipeline_waiting_for_room_for_a_live_batch() {
     let stream = MemoryStream::builder().capacity(2).sinks(["local", "remote"]).build().unwrap();
-    let local = Recorded::default();
+    let local = MemorySink::default();
     let pipeline = Pipeline::new(stream.clone())
         .tick(Duration::from_millis(2))
         .drain_timeout(Duration::ZERO)
         .sink("local", {
             let r = local.clone();
-            move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+            move || Ok::<_, std::convert::Infallible>(r.clone())
         });
     let stop = pipeline.stop_handle();
     let confirmed = Arc::new(Mutex::new(None));
@@ -672,7 +627,7 @@ fn adv_a_stop_ends_a_pipeline_waiting_for_room_for_a_live_batch() {
         let _ = done.send(pipeline.run(&mut source));
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while local.applied.lock().unwrap().len() < 2 {
+    while local.applied().len() < 2 {
         assert!(std::time::Instant::now() < deadline, "the first batches never arrived");
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -692,7 +647,7 @@ fn adv_a_stop_ends_a_pipeline_waiting_for_room_for_a_live_batch() {
 /// state durable together (or fails, every `fail_every`-th commit across instances, keeping
 /// nothing: the engine reopens it and the run is redelivered).
 struct Transactional {
-    rec: Recorded,
+    rec: MemorySink,
     staged: Vec<LaneItem>,
     delay: Duration,
     commits: Arc<std::sync::atomic::AtomicUsize>,
@@ -704,7 +659,7 @@ impl Sink for Transactional {
 
     fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
         self.staged.clear();
-        Ok(self.rec.state.lock().unwrap().clone())
+        Ok(self.rec.committed().clone())
     }
 
     fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
@@ -719,8 +674,8 @@ impl Sink for Transactional {
             self.staged.clear();
             return Err(std::io::Error::other("the sink's commit failed"));
         }
-        self.rec.applied.lock().unwrap().append(&mut self.staged);
-        *self.rec.state.lock().unwrap() = Some(state.clone());
+        self.rec.applied().append(&mut self.staged);
+        *self.rec.committed() = Some(state.clone());
         Ok(())
     }
 }
@@ -756,7 +711,7 @@ struct Adverse {
 fn adverse_restarts(cfg: &Adverse, halts: &[usize]) {
     let (first_items, whole, positions) = workload();
     let stream = MemoryStream::builder().capacity(cfg.capacity).sinks(["fast", "slow"]).build().unwrap();
-    let recorded = [Recorded::default(), Recorded::default()];
+    let recorded = [MemorySink::default(), MemorySink::default()];
     let confirmed = Arc::new(Mutex::new(None));
     let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let run = |items: &[Batch], halt: Halt| {
@@ -911,10 +866,10 @@ fn joining_tables(n: usize) {
         })
         .collect();
     let items = vec![Batch::new(Some(Position(10)), envelopes)];
-    let a = Recorded::default();
+    let a = MemorySink::default();
     let pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).sink("a", {
         let r = a.clone();
-        move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+        move || Ok::<_, std::convert::Infallible>(r.clone())
     });
     let stop = pipeline.stop_handle();
     let confirmed = Arc::new(Mutex::new(None));
@@ -930,18 +885,17 @@ fn joining_tables(n: usize) {
             stop.stop();
             panic!(
                 "no end in 20 s: the sink applied {} items, its state {:?}",
-                a.applied.lock().unwrap().len(),
-                a.state.lock().unwrap()
+                a.applied().len(),
+                a.committed()
             );
         }
     };
     assert_eq!(report.backfills_served, n as u64, "{report:?}");
-    let state = a.state.lock().unwrap().clone().unwrap();
+    let state = a.committed().clone().unwrap();
     assert!(state.owed.is_empty(), "{state:?}");
     let held = state.indexes.unwrap();
     assert!(joined.iter().all(|i| held.contains(i)), "every joined table held: {held:?}");
-    let completes =
-        a.applied.lock().unwrap().iter().filter(|i| matches!(i, LaneItem::SnapshotComplete { .. })).count();
+    let completes = a.applied().iter().filter(|i| matches!(i, LaneItem::SnapshotComplete { .. })).count();
     assert_eq!(completes, n);
 }
 
@@ -969,11 +923,11 @@ fn restart_owing(n: usize) {
         state.owe(std::slice::from_ref(index), true);
     }
     assert_eq!(state.owed.len(), n);
-    let a = Recorded::default();
-    *a.state.lock().unwrap() = Some(state);
+    let a = MemorySink::default();
+    *a.committed() = Some(state);
     let pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).sink("a", {
         let r = a.clone();
-        move || Ok::<_, std::io::Error>(Recorder(r.clone()))
+        move || Ok::<_, std::convert::Infallible>(r.clone())
     });
     let stop = pipeline.stop_handle();
     let confirmed = Arc::new(Mutex::new(None));
@@ -987,14 +941,14 @@ fn restart_owing(n: usize) {
         Ok(r) => r.expect("the pipeline ends"),
         Err(_) => {
             stop.stop();
-            panic!("no end in 20 s: the sink applied {} items", a.applied.lock().unwrap().len());
+            panic!("no end in 20 s: the sink applied {} items", a.applied().len());
         }
     };
     assert_eq!(report.backfills_served, n as u64, "{report:?}");
-    let state = a.state.lock().unwrap().clone().unwrap();
+    let state = a.committed().clone().unwrap();
     assert!(state.owed.is_empty(), "{state:?}");
     assert_eq!(state.position, Some(Position(10)));
-    let applied = a.applied.lock().unwrap().clone();
+    let applied = a.applied().clone();
     assert_eq!(applied.iter().filter(|i| matches!(i, LaneItem::SnapshotComplete { .. })).count(), n);
     let rows = applied
         .iter()
@@ -1014,7 +968,7 @@ fn adv_an_ingest_restarted_under_running_sink_engines_feeds_each_every_envelope_
     for crashes in [&[3usize, 4, 5][..], &[1, 2, 6, 2], &[9, 1, 1, 1, 4], &[0, 0, 13]] {
         let (items, whole, positions) = workload();
         let stream = MemoryStream::builder().capacity(4).sinks(["fast", "slow"]).build().unwrap();
-        let recorded = [Recorded::default(), Recorded::default()];
+        let recorded = [MemorySink::default(), MemorySink::default()];
         let engines: Vec<_> = ["fast", "slow"]
             .into_iter()
             .zip(recorded.iter().cloned())
@@ -1025,7 +979,7 @@ fn adv_an_ingest_restarted_under_running_sink_engines_feeds_each_every_envelope_
                     super::run_sink(
                         &stream,
                         sink,
-                        move || Ok::<_, std::io::Error>(Slow(r.clone(), delay)),
+                        move || Ok::<_, std::convert::Infallible>(r.clone().with_delay(delay)),
                         super::RetryPolicy::default(),
                         2,
                         &StopHandle::new(),

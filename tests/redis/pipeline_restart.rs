@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lanestream::pipeline::{
-    Pipeline, PipelineError, PipelineReport, Sink, SinkStart, SinkState, Source, SourceItem, SourceStart,
+    MemorySink, Pipeline, PipelineError, PipelineReport, SinkStart, Source, SourceItem, SourceStart,
 };
 use lanestream::{Batch, Envelope, IndexName, LaneItem, Op, Position, RedisStream, Request};
 
@@ -84,45 +84,19 @@ impl Source for Replaying {
     }
 }
 
-#[derive(Clone, Default)]
-struct Recorded {
-    applied: Arc<Mutex<Vec<LaneItem>>>,
-    state: Arc<Mutex<Option<SinkState>>>,
-}
-
-struct Slow(Recorded, Duration);
-
-impl Sink for Slow {
-    type Error = std::io::Error;
-
-    fn state(&mut self) -> Result<Option<SinkState>, Self::Error> {
-        Ok(self.0.state.lock().unwrap().clone())
-    }
-
-    fn apply(&mut self, items: &[LaneItem]) -> Result<(), Self::Error> {
-        std::thread::sleep(self.1);
-        self.0.applied.lock().unwrap().extend_from_slice(items);
-        Ok(())
-    }
-
-    fn commit(&mut self, state: &SinkState) -> Result<(), Self::Error> {
-        *self.0.state.lock().unwrap() = Some(state.clone());
-        Ok(())
-    }
-}
-
 fn run_once(
     stream: &RedisStream,
     items: &[Batch],
     confirmed: &Arc<Mutex<Option<Position>>>,
-    recorded: &[Recorded; 2],
+    recorded: &[MemorySink; 2],
     delays: [Duration; 2],
     crash_after: Option<usize>,
 ) -> Result<PipelineReport, PipelineError> {
     let mut pipeline = Pipeline::new(stream.clone()).tick(Duration::from_millis(2)).max_run(2);
     for ((sink, r), delay) in ["first", "second"].into_iter().zip(recorded).zip(delays) {
         let r = r.clone();
-        pipeline = pipeline.sink(sink, move || Ok::<_, std::io::Error>(Slow(r.clone(), delay)));
+        pipeline =
+            pipeline.sink(sink, move || Ok::<_, std::convert::Infallible>(r.clone().with_delay(delay)));
     }
     let c = *confirmed.lock().unwrap();
     let next = items.iter().position(|b| transaction_of(b) > c).unwrap_or(items.len());
@@ -139,7 +113,7 @@ fn crash_and_restart(url: &str, crashes: &[usize], delays: [Duration; 2]) {
         .sinks(["first", "second"])
         .build()
         .unwrap();
-    let recorded = [Recorded::default(), Recorded::default()];
+    let recorded = [MemorySink::default(), MemorySink::default()];
     let confirmed = Arc::new(Mutex::new(None));
     let mut ended = None;
     for &n in crashes {
@@ -163,7 +137,7 @@ fn crash_and_restart(url: &str, crashes: &[usize], delays: [Duration; 2]) {
     }
     let positions: Vec<u64> = items.iter().filter_map(|b| b.position).map(|p| p.0).collect();
     for (sink, r) in ["first", "second"].iter().zip(&recorded) {
-        let applied = r.applied.lock().unwrap().clone();
+        let applied = r.applied().clone();
         let mut envelopes = Vec::new();
         for item in &applied {
             if let LaneItem::Batch(b) = item {
@@ -203,7 +177,7 @@ fn adv_redis_an_ingest_restarted_under_running_sink_engines_feeds_each_every_env
             .sinks(["first", "second"])
             .build()
             .unwrap();
-        let recorded = [Recorded::default(), Recorded::default()];
+        let recorded = [MemorySink::default(), MemorySink::default()];
         let engines: Vec<_> = ["first", "second"]
             .into_iter()
             .zip(recorded.iter().cloned())
@@ -214,7 +188,7 @@ fn adv_redis_an_ingest_restarted_under_running_sink_engines_feeds_each_every_env
                     lanestream::pipeline::run_sink(
                         &stream,
                         sink,
-                        move || Ok::<_, std::io::Error>(Slow(r.clone(), delay)),
+                        move || Ok::<_, std::convert::Infallible>(r.clone().with_delay(delay)),
                         lanestream::pipeline::RetryPolicy::default(),
                         2,
                         &lanestream::pipeline::StopHandle::new(),
@@ -261,7 +235,7 @@ fn adv_redis_an_ingest_restarted_under_running_sink_engines_feeds_each_every_env
         }
         for (sink, r) in ["first", "second"].iter().zip(&recorded) {
             let mut envelopes = Vec::new();
-            for item in r.applied.lock().unwrap().iter() {
+            for item in r.applied().iter() {
                 if let LaneItem::Batch(b) = item {
                     for (k, e) in b.envelopes.iter().enumerate() {
                         envelopes.push((e.position.unwrap().0, b.offset + k as u64));
