@@ -205,6 +205,15 @@ where
         }
         PipelineError::Sink { sink: name.clone(), attempts: failures, error }
     };
+    // One more failure in a row: give up after the policy's attempts, else wait its backoff.
+    let failed = |failures: &mut u32, error: BoxError| -> Result<(), PipelineError> {
+        *failures += 1;
+        if *failures >= config.retry.attempts.max(1) {
+            return Err(give_up(*failures, error));
+        }
+        thread::sleep(config.retry.backoff(*failures));
+        Ok(())
+    };
     'engine: loop {
         // A new engine: first a re-attach, which takes back every unacked delivery of the
         // previous one (L8) and, on a broker, fences an older engine of the lane still running;
@@ -221,11 +230,7 @@ where
                 Ok(Err(e)) => e.into(),
                 Err(panic) => format!("opening the sink panicked: {}", panic_message(&*panic)).into(),
             };
-            failures += 1;
-            if failures >= config.retry.attempts.max(1) {
-                return Err(give_up(failures, error));
-            }
-            thread::sleep(config.retry.backoff(failures));
+            failed(&mut failures, error)?;
         };
         if let Some(g) = gate.take() {
             // The driver reads every sink's state before the source starts; a closed channel:
@@ -256,12 +261,8 @@ where
                 if let Err(error) = result {
                     drop(consumer);
                     drop(sink);
-                    failures += 1;
                     report.retries += 1;
-                    if failures >= config.retry.attempts.max(1) {
-                        return Err(give_up(failures, error));
-                    }
-                    thread::sleep(config.retry.backoff(failures));
+                    failed(&mut failures, error)?;
                     continue 'engine;
                 }
                 committed = Some(state.clone());
@@ -391,12 +392,8 @@ where
             runs.clear();
             drop(consumer);
             drop(sink);
-            failures += 1;
             report.retries += 1;
-            if failures >= config.retry.attempts.max(1) {
-                return Err(give_up(failures, error));
-            }
-            thread::sleep(config.retry.backoff(failures));
+            failed(&mut failures, error)?;
             continue 'engine;
         }
     }
