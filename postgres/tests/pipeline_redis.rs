@@ -20,6 +20,8 @@ mod server;
 
 use std::collections::VecDeque;
 use std::io;
+// SeqCst on the test's one flag (the source waits until the test lets it go): no data rides
+// on it but the go-ahead itself, so Relaxed would do; the strongest ordering keeps it obvious.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};

@@ -183,6 +183,8 @@ fn index_identity_keys_rows_by_the_index_columns_when_told() {
         ]
     );
     // The same through a lookup (what the live source does with the catalog), asked once.
+    // Relaxed throughout these tests: the look-up runs on this thread, inside the builder's
+    // calls; the atomics are there only because the look-up must be `Send`, and order nothing.
     let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let counter = asked.clone();
     let mut b = TransactionBuilder::new().with_key_lookup(Box::new(move |schema, table| {
