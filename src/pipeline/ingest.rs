@@ -202,9 +202,12 @@ impl<St: Stream> Ingest<'_, St> {
         loop {
             item = match self.fanout.try_publish_to(lane, item) {
                 Ok(()) => return Ok(true),
-                // Full, or a broker's blip (retried here, as the waiting forms do: P8).
-                Err(TryPublishError::Full(back)) | Err(TryPublishError::Backend { item: back, .. }) => back,
-                Err(e) => return Err(publish_error(timeout_form(e))),
+                // A broker's blip: tried again, as the waiting forms do (P8).
+                Err(TryPublishError::Backend { item: back, .. }) => back,
+                Err(e) => match e.into_waitable() {
+                    Ok(back) => back, // full
+                    Err(e) => return Err(publish_error(e.into())),
+                },
             };
             if stop.is_stopped() {
                 return Ok(false);
@@ -382,19 +385,6 @@ pub(crate) fn next_request<C: LaneConsumer<crate::Request>>(
             Err(e) => Err(lane_error(&e)),
         },
         Err(e) => Err(lane_error(&e)),
-    }
-}
-
-/// A never-waiting publish's error in the waiting form's terms (`Full` is `Timeout`).
-fn timeout_form(e: TryPublishError<LaneItem>) -> PublishTimeoutError<LaneItem> {
-    match e {
-        TryPublishError::Full(item) => PublishTimeoutError::Timeout(item),
-        TryPublishError::Closed(item) => PublishTimeoutError::Closed(item),
-        TryPublishError::InvalidPosition(item) => PublishTimeoutError::InvalidPosition(item),
-        TryPublishError::PositionRegressed { item, position, last } => {
-            PublishTimeoutError::PositionRegressed { item, position, last }
-        }
-        TryPublishError::Backend { item, error } => PublishTimeoutError::Backend { item, error },
     }
 }
 
