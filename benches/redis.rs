@@ -55,6 +55,9 @@ fn envelopes() -> Arc<[Envelope]> {
                 r#"{{"id":{i},"name":"user {i}","email":"user{i}@example.com","n":{i}}}"#
             )),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect()
 }

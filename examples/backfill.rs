@@ -102,6 +102,9 @@ fn snapshot_chunk(index: &IndexName, ids: std::ops::RangeInclusive<u32>) -> Lane
             position: None, // snapshot rows have no position
             document: Bytes::from(format!(r#"{{"id":{id}}}"#)),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     LaneItem::Batch(Batch::new(None, Arc::from(rows)))

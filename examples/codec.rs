@@ -31,6 +31,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         position: Some(Position(0x16B_3748)),
         document: Bytes::from_static(document),
         built_at_micros: None,
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
     };
     let envelopes =
         vec![change("42", Op::Upsert, br#"{"id":42,"name":"Ada"}"#), change("7", Op::Delete, b"")];

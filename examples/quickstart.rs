@@ -57,6 +57,9 @@ fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
             position: Some(position),
             document: Bytes::from(format!(r#"{{"id":{txn},"name":"user {txn}"}}"#)),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         };
         let batch = LaneItem::Batch(Batch::new(Some(position), Arc::from(vec![envelope])));
         // Written once, read in place by every lane; waits while a lane is full (capacity 4 here).

@@ -16,7 +16,7 @@
                              with applied < c < confirmed (an idle slot is confirmed past the last
                              commit, up to where it decoded: no violation while no commit lies
                              between); prints "reads violations"
-  replay NDJSON TABLEDUMP    replay a sink's output (upserts merge, deletes, truncates) and compare
+  replay NDJSON TABLEDUMP    replay a sink's output (the sink rules: upserts replace but keep unchanged columns, deletes, truncates) and compare
                              with the table contents (TABLEDUMP: lines "index<TAB>row json")
   positions NDJSON           check the output holds each transaction once, in commit order
   applied CHECKPOINT         print where a durable sink's data stands (its state's LSN, or -)
@@ -203,7 +203,12 @@ def replay(ndjson, tabledump):
             e = json.loads(line)
             rows = state.setdefault(e["index"], {})
             if e["op"] == "upsert":
-                rows.setdefault(e["id"], {}).update(e["document"])  # merge: TOAST left out
+                # The sink rules: replace, keeping a partial update's unchanged columns from
+                # the row held at its old id (a key change) or its id.
+                held = rows.get(e.get("old_id") or e["id"], {})
+                row = {c: held[c] for c in e.get("unchanged", []) if c in held}
+                row.update(e["document"])
+                rows[e["id"]] = row
             elif e["op"] == "delete":
                 rows.pop(e["id"], None)
             elif e["op"] == "truncate":

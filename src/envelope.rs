@@ -1,9 +1,12 @@
 //! [`Envelope`]: one document change, and its [`Op`].
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use crate::name::IndexName;
 use crate::position::Position;
+use crate::relation::Relation;
 
 /// What a change does to its document.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,6 +36,9 @@ pub enum Op {
 ///     position: Some(Position(7)),
 ///     document: Bytes::from_static(br#"{"id":42}"#),
 ///     built_at_micros: None,
+///     relation: None,
+///     old_id: None,
+///     unchanged: Vec::new(),
 /// };
 /// assert_eq!(e.op, Op::Upsert);
 /// ```
@@ -60,6 +66,36 @@ pub struct Envelope {
     /// commit time. Every envelope of one transaction carries the same value.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub built_at_micros: Option<u64>,
+    /// The shape of the change's table: its name, its columns with their types, which columns
+    /// make [`id`](Self::id) ([`Relation`]). A source shares one `Arc` between the changes of one
+    /// shape (a reference count per envelope, no allocation); a relation that differs (`!=`) from
+    /// the one before for the same [`Relation::id`] is a new shape (DDL: a column added, dropped,
+    /// renamed or retyped; a table renamed), in order with the changes. Compare by value: a batch
+    /// decoded from the wire ([`codec`](crate::codec)) has `Arc`s of its own. `None` when the
+    /// source gives no shape (a hand-built envelope, a source that does not know it).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub relation: Option<Arc<Relation>>,
+    /// For an [`Op::Upsert`] that moves a row from another id (an update that changed the
+    /// row's key): that old id. The row's values the document leaves out
+    /// ([`unchanged`](Self::unchanged)) are the old row's; an [`Op::Delete`] of the old id
+    /// follows in the same batch. `None` otherwise.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub old_id: Option<String>,
+    /// For a **partial update** (an [`Op::Upsert`] whose document leaves out values the source
+    /// did not send because they did not change, e.g. PostgreSQL's unchanged TOASTed values):
+    /// the names of the columns it leaves out, in the table's order. A sink keeps those values
+    /// from the row it holds (at [`old_id`](Self::old_id) if set, else at `id`) and takes every
+    /// other column from the document. Empty for a whole row (replace what is held).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub unchanged: Vec<String>,
+}
+
+impl Envelope {
+    /// Whether this is a partial update: its document leaves out the columns named in
+    /// [`unchanged`](Self::unchanged).
+    pub fn is_partial(&self) -> bool {
+        !self.unchanged.is_empty()
+    }
 }
 
 /// Serde for [`Envelope::document`]: a string when the format is human-readable and the bytes are
@@ -130,6 +166,9 @@ mod tests {
             position: Some(Position(9)),
             document,
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         }
     }
 

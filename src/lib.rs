@@ -66,7 +66,7 @@
 //! | `backend/redis/` | the Redis Streams backend (feature `redis`; its guide is the `redis` module page) |
 //! | `wait.rs` | [`wait`]: the one wait list (spin, then park the thread or register the waker) |
 //! | `sync.rs` | the shim: `std`, or loom under `--cfg lanestream_loom` |
-//! | `item.rs`, `envelope.rs`, `name.rs`, `position.rs`, `error.rs` | the vocabulary: [`LaneItem`], [`Batch`], [`Request`], [`Envelope`], names, [`Position`], the error enums |
+//! | `item.rs`, `envelope.rs`, `relation.rs`, `name.rs`, `position.rs`, `error.rs` | the vocabulary: [`LaneItem`], [`Batch`], [`Request`], [`Envelope`] and its [`Relation`], names, [`Position`], the error enums |
 //! | `codec/` | the rkyv wire form (feature `codec`) |
 //! | `pipeline/` | the one ingest driver (feature `pipeline`, on by default; see [`pipeline`]): `source.rs` (the [`Source`](pipeline::Source) trait), `driver.rs` ([`Pipeline`](pipeline::Pipeline): a source into any [`Stream`] into sink engines; the start-up checks), `ingest.rs` (its ingest loop: publishing per lane, confirms, the request lane, the drain), `engine.rs` (the sink engine, [`run_sink`](pipeline::run_sink)), `sink.rs` ([`Sink`](pipeline::Sink), [`RetryPolicy`](pipeline::RetryPolicy), [`MemorySink`](pipeline::MemorySink)), `state.rs` ([`SinkState`](pipeline::SinkState)), `error.rs` ([`PipelineError`](pipeline::PipelineError)), `stop.rs` ([`StopHandle`](pipeline::StopHandle)), `metrics.rs` (figures while it runs, [`PipelineReport`](pipeline::PipelineReport) after) |
 //! | `contract.rs`, `docs/` | the contract and the memory-ordering chapter, as doc-only modules |
@@ -95,6 +95,7 @@ mod name;
 pub mod pipeline;
 mod port;
 mod position;
+mod relation;
 mod sync;
 pub mod wait;
 
@@ -112,6 +113,7 @@ pub use lane::{
 };
 pub use name::{IndexName, NameError, SinkName, MAX_NAME_LEN};
 pub use position::{ParseLsnError, Position};
+pub use relation::{Relation, RelationColumn};
 // The Redis backend never runs under loom (its mutexes are std's): left out of loom builds.
 #[cfg(all(feature = "redis", not(lanestream_loom)))]
 pub use backend::redis::{

@@ -82,6 +82,9 @@ fn envelopes(n: usize) -> Arc<[Envelope]> {
             position: Some(Position(1)),
             document: Bytes::from_static(br#"{"id":1}"#),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect::<Vec<_>>()
         .into()

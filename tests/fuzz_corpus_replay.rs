@@ -50,6 +50,9 @@ fn write_codec_seeds() {
         position: Some(Position(0x1_0000_0010)),
         document: Bytes::from_static(document),
         built_at_micros: Some(1_700_000_000_000_000),
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
     };
     let items = [
         LaneItem::Batch(Batch::new(Some(Position(7)), Vec::new().into())),

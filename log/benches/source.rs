@@ -110,6 +110,9 @@ fn via_hand_loop(log: &ReadHandle, appends: u64) -> Duration {
                         position,
                         document: e.event.data().clone(),
                         built_at_micros: None,
+                        relation: None,
+                        old_id: None,
+                        unchanged: Vec::new(),
                     };
                     producer
                         .publish(LaneItem::Batch(Batch::new(position, Arc::from(vec![envelope]))))

@@ -363,6 +363,9 @@ impl LogSource {
                         position,
                         document: event.data().clone(),
                         built_at_micros: None,
+                        relation: None,
+                        old_id: None,
+                        unchanged: Vec::new(),
                     });
                 }
             }
@@ -386,6 +389,9 @@ impl LogSource {
                 position: None,
                 document: e.event.data().clone(),
                 built_at_micros: None,
+                relation: None,
+                old_id: None,
+                unchanged: Vec::new(),
             }));
             match events.last() {
                 Some(e) if more => b.cursor = e.position.get(),

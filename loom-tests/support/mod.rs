@@ -76,6 +76,9 @@ pub fn batch(pos: u64) -> LaneItem {
         position: Some(Position(pos)),
         document: document(pos),
         built_at_micros: None,
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
     };
     LaneItem::Batch(Batch::new(Some(Position(pos)), StdArc::from(vec![envelope])))
 }

@@ -328,8 +328,12 @@ fn parse_first_form(first: &str, backfill: Option<&str>) -> Option<(u64, SinkSta
 }
 
 /// Appends one envelope's output line to `line`:
-/// `{"position":"X/Y"|null,"index":…,"id":…,"op":"upsert"|"delete"|"truncate","document":<the row JSON or null>}\n`.
-/// The document is written as it is (the readers of this crate hand out validated JSON).
+/// `{"position":"X/Y"|null,"index":…,"id":…,"op":"upsert"|"delete"|"truncate","document":<the row JSON or null>}\n`,
+/// with `"old_id":…` after the id when the upsert moved its row from another id
+/// ([`Envelope::old_id`]) and `"unchanged":[…]` after the op for a partial update
+/// ([`Envelope::unchanged`]: the columns the document leaves out, whose values are the held
+/// row's). The relation ([`Envelope::relation`]) is not written. The document is written as it
+/// is (the readers of this crate hand out validated JSON).
 pub fn write_line(line: &mut Vec<u8>, e: &Envelope) {
     line.extend_from_slice(b"{\"position\":");
     match e.position {
@@ -341,8 +345,16 @@ pub fn write_line(line: &mut Vec<u8>, e: &Envelope) {
     line.extend_from_slice(b"\",\"id\":");
     // A String and an Op always serialize.
     serde_json::to_writer(&mut *line, &e.id).expect("a string serializes");
+    if let Some(old_id) = &e.old_id {
+        line.extend_from_slice(b",\"old_id\":");
+        serde_json::to_writer(&mut *line, old_id).expect("a string serializes");
+    }
     line.extend_from_slice(b",\"op\":");
     serde_json::to_writer(&mut *line, &e.op).expect("an op serializes");
+    if e.is_partial() {
+        line.extend_from_slice(b",\"unchanged\":");
+        serde_json::to_writer(&mut *line, &e.unchanged).expect("strings serialize");
+    }
     line.extend_from_slice(b",\"document\":");
     if e.document.is_empty() {
         line.extend_from_slice(b"null");
@@ -368,6 +380,9 @@ mod tests {
             position,
             document: format!("{{\"id\":{id}}}").into_bytes().into(),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         }
     }
 

@@ -25,6 +25,9 @@ fn batch(lsn: u64, envelopes: usize) -> Batch {
             position: Some(Position(lsn)),
             document: format!("{{\"id\":{i}}}").into_bytes().into(),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     Batch::new(Some(Position(lsn)), Arc::from(envelopes))
@@ -39,6 +42,9 @@ fn snapshot_batch(rows: usize) -> LaneItem {
             position: None,
             document: b"{}".as_slice().into(),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     LaneItem::Batch(Batch::new(None, Arc::from(envelopes)))
@@ -281,6 +287,9 @@ fn c1_a_sink_that_keeps_no_state_gets_the_rest_of_a_transaction_after_a_failed_r
         position: Some(p),
         document: b"{}".as_slice().into(),
         built_at_micros: None,
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
     };
     for (k, offset) in [0u64, 2, 4, 6, 8].into_iter().enumerate() {
         let envelopes: Arc<[Envelope]> = (offset..offset + 2).map(envelope).collect();

@@ -43,6 +43,9 @@ fn batch(position: u64) -> Batch {
         position: Some(Position(position)),
         document: format!("{{\"id\":{position}}}").into_bytes().into(),
         built_at_micros: None,
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
     };
     Batch::new(Some(Position(position)), Arc::from(vec![envelope]))
 }

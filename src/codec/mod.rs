@@ -11,14 +11,17 @@
 //!   deserializing: a [`BatchView`]'s envelopes hand out `&str` and `&[u8]` borrowed from the buffer.
 //!
 //! # Format
-//! The root is a small frame: a 4-byte magic (`LSI2` for a lane item, `LSR2` for a request; the
-//! digit is the format version: `LSI2` added [`Batch::offset`] and `LSR2` added
-//! [`Request::Backfill`]'s `after`, so `LSI1` and `LSR1` bytes are refused rather than misread: a
-//! validation error, or [`CodecError::WrongMagic`]; requests still queued in a lane of the old
-//! format are not read, so drain a Redis request lane before upgrading) and the value, in rkyv
+//! The root is a small frame: a 4-byte magic (`LSI3` for a lane item, `LSR2` for a request; the
+//! digit is the format version: `LSI2` added [`Batch::offset`], `LSI3` the envelopes'
+//! [`relation`](Envelope::relation), [`old_id`](Envelope::old_id) and
+//! [`unchanged`](Envelope::unchanged), and `LSR2` added [`Request::Backfill`]'s `after`, so older
+//! bytes are refused rather than misread: a validation error, or [`CodecError::WrongMagic`];
+//! items and requests still queued in a Redis stream of an old format are not read, so drain it
+//! before upgrading) and the value, in rkyv
 //! 0.8's default layout (little-endian, 32-bit
 //! relative pointers, aligned). Names travel as strings and are re-validated on read; positions as
-//! `u64`; an envelope's document as a byte vector. The buffer must start at an address aligned to
+//! `u64`; an envelope's document as a byte vector; each distinct [`Relation`] of a batch once, in a
+//! table the envelopes point into (decoding gives the envelopes of one relation one shared `Arc`). The buffer must start at an address aligned to
 //! [`REQUIRED_ALIGN`] bytes (an [`AlignedVec`] is); copy unaligned input into an [`AlignedVec`]
 //! first.
 //!
@@ -40,6 +43,9 @@
 //!     position: Some(Position(7)),
 //!     document: Bytes::from_static(br#"{"id":42}"#),
 //!     built_at_micros: None,
+//!     relation: None,
+//!     old_id: None,
+//!     unchanged: Vec::new(),
 //! };
 //! let item = LaneItem::Batch(Batch::new(Some(Position(7)), vec![envelope].into()));
 //! let bytes = encode_item(&item)?;
@@ -70,13 +76,14 @@ use crate::envelope::{Envelope, Op};
 use crate::item::{Batch, LaneItem, Request};
 use crate::name::{IndexName, NameError, SinkName};
 use crate::position::Position;
+use crate::relation::{Relation, RelationColumn};
 
 /// The alignment, in bytes, the start of an encoded buffer must have. [`AlignedVec`] has it.
 pub const REQUIRED_ALIGN: usize = 8;
 
-/// Magic of an encoded [`LaneItem`] (`LSI2`, format version 2: version 1 had no
-/// [`Batch::offset`]).
-const ITEM_MAGIC: u32 = u32::from_le_bytes(*b"LSI2");
+/// Magic of an encoded [`LaneItem`] (`LSI3`, format version 3: version 1 had no
+/// [`Batch::offset`], version 2 no relations, old ids or unchanged columns).
+const ITEM_MAGIC: u32 = u32::from_le_bytes(*b"LSI3");
 /// Magic of an encoded [`Request`] (`LSR2`, format version 2: version 1 had no
 /// `Request::Backfill::after`).
 const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"LSR2");
@@ -124,6 +131,14 @@ pub enum CodecError {
         #[source]
         source: NameError,
     },
+    /// An envelope points at a relation the batch does not have.
+    #[error("an archived envelope names relation {index} of a batch with {relations}")]
+    BadRelation {
+        /// The index the envelope names.
+        index: u32,
+        /// How many relations the batch has.
+        relations: usize,
+    },
     /// [`view_batch`] was given a `SnapshotComplete`.
     #[error("archived lane item is a snapshot_complete, not a batch")]
     NotABatch,
@@ -160,7 +175,25 @@ struct WireBatch {
     position: Option<u64>,
     changes: u64,
     offset: u64,
+    relations: Vec<WireRelation>,
     envelopes: Vec<WireEnvelope>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct WireRelation {
+    id: u32,
+    namespace: String,
+    name: String,
+    columns: Vec<WireColumn>,
+    key: Vec<u16>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct WireColumn {
+    name: String,
+    type_id: u32,
+    type_name: String,
+    type_modifier: i32,
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize)]
@@ -171,6 +204,10 @@ struct WireEnvelope {
     position: Option<u64>,
     document: Bytes,
     built_at_micros: Option<u64>,
+    /// An index into the batch's `relations`.
+    relation: Option<u32>,
+    old_id: Option<String>,
+    unchanged: Vec<String>,
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize)]
@@ -206,7 +243,7 @@ fn wire_op(op: Op) -> WireOp {
     }
 }
 
-fn wire_envelope(e: &Envelope) -> WireEnvelope {
+fn wire_envelope(e: &Envelope, relation: Option<u32>) -> WireEnvelope {
     WireEnvelope {
         index: e.index.as_str().to_owned(),
         id: e.id.clone(),
@@ -214,6 +251,63 @@ fn wire_envelope(e: &Envelope) -> WireEnvelope {
         position: e.position.map(|p| p.0),
         document: e.document.clone(), // a reference count; the bytes are written from it
         built_at_micros: e.built_at_micros,
+        relation,
+        old_id: e.old_id.clone(),
+        unchanged: e.unchanged.clone(),
+    }
+}
+
+fn wire_relation(r: &Relation) -> WireRelation {
+    WireRelation {
+        id: r.id,
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
+        columns: r
+            .columns
+            .iter()
+            .map(|c| WireColumn {
+                name: c.name.clone(),
+                type_id: c.type_id,
+                type_name: c.type_name.clone(),
+                type_modifier: c.type_modifier,
+            })
+            .collect(),
+        key: r.key.clone(),
+    }
+}
+
+/// A batch's wire form: each distinct relation once (by `Arc`, then by value), the envelopes
+/// pointing into that table.
+fn wire_batch(b: &Batch) -> WireBatch {
+    let mut relations: Vec<(&Arc<Relation>, WireRelation)> = Vec::new();
+    let mut last: Option<(&Arc<Relation>, u32)> = None;
+    let envelopes = b
+        .envelopes
+        .iter()
+        .map(|e| {
+            let at = e.relation.as_ref().map(|r| match last {
+                Some((l, i)) if Arc::ptr_eq(l, r) => i,
+                _ => {
+                    let i = match relations.iter().position(|(k, _)| Arc::ptr_eq(k, r) || k == &r) {
+                        Some(i) => i as u32,
+                        None => {
+                            relations.push((r, wire_relation(r)));
+                            (relations.len() - 1) as u32
+                        }
+                    };
+                    last = Some((r, i));
+                    i
+                }
+            });
+            wire_envelope(e, at)
+        })
+        .collect();
+    WireBatch {
+        position: b.position.map(|p| p.0),
+        changes: b.changes,
+        offset: b.offset,
+        relations: relations.into_iter().map(|(_, w)| w).collect(),
+        envelopes,
     }
 }
 
@@ -225,12 +319,7 @@ fn wire_envelope(e: &Envelope) -> WireEnvelope {
 /// [`CodecError::Encode`] only if the archive would not fit rkyv's 32-bit relative pointers.
 pub fn encode_item(item: &LaneItem) -> Result<AlignedVec, CodecError> {
     let item = match item {
-        LaneItem::Batch(b) => WireItem::Batch(WireBatch {
-            position: b.position.map(|p| p.0),
-            changes: b.changes,
-            offset: b.offset,
-            envelopes: b.envelopes.iter().map(wire_envelope).collect(),
-        }),
+        LaneItem::Batch(b) => WireItem::Batch(wire_batch(b)),
         LaneItem::SnapshotComplete { indexes } => WireItem::SnapshotComplete { indexes: wire_names(indexes) },
     };
     rkyv::to_bytes::<rancor::Error>(&ItemFrame { magic: ITEM_MAGIC, item }).map_err(CodecError::Encode)
@@ -309,8 +398,14 @@ fn access_item(bytes: &[u8]) -> Result<&ArchivedWireItem, CodecError> {
     }
     match &frame.item {
         ArchivedWireItem::Batch(b) => {
+            let relations = b.relations.len();
             for e in b.envelopes.iter() {
                 index_name(&e.index)?;
+                if let Some(i) = e.relation.as_ref().map(|i| i.to_native()) {
+                    if i as usize >= relations {
+                        return Err(CodecError::BadRelation { index: i, relations });
+                    }
+                }
             }
         }
         ArchivedWireItem::SnapshotComplete { indexes } => {
@@ -363,6 +458,7 @@ pub fn decode_item(bytes: &[u8]) -> Result<LaneItem, CodecError> {
                 documents.extend_from_slice(e.document.as_slice());
             }
             let documents = Bytes::from(documents);
+            let relations: Vec<Arc<Relation>> = b.relations.iter().map(owned_relation).collect();
             let mut at = 0;
             let envelopes = b
                 .envelopes
@@ -378,6 +474,10 @@ pub fn decode_item(bytes: &[u8]) -> Result<LaneItem, CodecError> {
                         position: e.position.as_ref().map(|p| Position(p.to_native())),
                         document,
                         built_at_micros: e.built_at_micros.as_ref().map(|t| t.to_native()),
+                        // In range: checked by `access_item`.
+                        relation: e.relation.as_ref().and_then(|i| relations.get(i.to_native() as usize).cloned()),
+                        old_id: e.old_id.as_ref().map(|s| s.as_str().to_owned()),
+                        unchanged: e.unchanged.iter().map(|s| s.as_str().to_owned()).collect(),
                     })
                 })
                 .collect::<Result<Arc<[Envelope]>, CodecError>>()?;
@@ -407,6 +507,25 @@ pub fn decode_request(bytes: &[u8]) -> Result<Request, CodecError> {
             after: after.as_ref().map(|a| a.as_str().to_owned()),
         }),
     }
+}
+
+fn owned_relation(r: &ArchivedWireRelation) -> Arc<Relation> {
+    Arc::new(Relation {
+        id: r.id.to_native(),
+        namespace: r.namespace.as_str().to_owned(),
+        name: r.name.as_str().to_owned(),
+        columns: r
+            .columns
+            .iter()
+            .map(|c| RelationColumn {
+                name: c.name.as_str().to_owned(),
+                type_id: c.type_id.to_native(),
+                type_name: c.type_name.as_str().to_owned(),
+                type_modifier: c.type_modifier.to_native(),
+            })
+            .collect(),
+        key: r.key.iter().map(|k| k.to_native()).collect(),
+    })
 }
 
 fn op_of(op: ArchivedWireOp) -> Op {
@@ -543,6 +662,16 @@ impl<'a> EnvelopeView<'a> {
     pub fn built_at_micros(&self) -> Option<u64> {
         self.envelope.built_at_micros.as_ref().map(|t| t.to_native())
     }
+
+    /// The id an upsert moved its row from ([`Envelope::old_id`]).
+    pub fn old_id(&self) -> Option<&'a str> {
+        self.envelope.old_id.as_ref().map(|s| s.as_str())
+    }
+
+    /// The columns a partial update leaves out ([`Envelope::unchanged`]).
+    pub fn unchanged(&self) -> impl ExactSizeIterator<Item = &'a str> + 'a {
+        self.envelope.unchanged.iter().map(|s| s.as_str())
+    }
 }
 
 impl fmt::Debug for EnvelopeView<'_> {
@@ -598,6 +727,9 @@ mod tests {
             position: position.map(Position),
             document: Bytes::from_static(document),
             built_at_micros: position.map(|p| p * 10),
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         }
     }
 
@@ -610,7 +742,12 @@ mod tests {
                 changes: 2,
                 offset: 5,
                 envelopes: vec![
-                    envelope("public_users", "42", Op::Upsert, Some(9), br#"{"id":42,"name":"x"}"#),
+                    Envelope {
+                        relation: Some(users(vec![0])),
+                        old_id: Some("40".into()),
+                        unchanged: vec!["bio".into()],
+                        ..envelope("public_users", "42", Op::Upsert, Some(9), br#"{"id":42,"name":"x"}"#)
+                    },
                     envelope("public_users", "41", Op::Delete, Some(9), b""),
                     envelope("public_orders", "", Op::Truncate, Some(9), b""),
                 ]
@@ -648,6 +785,93 @@ mod tests {
         assert_eq!(decode_request(&bytes).unwrap(), request());
         let fresh = Request::backfill(SinkName::new("search").unwrap(), vec![]);
         assert_eq!(decode_request(&encode_request(&fresh).unwrap()).unwrap(), fresh);
+    }
+
+    fn users(key: Vec<u16>) -> Arc<Relation> {
+        let col = |name: &str, type_id, type_name: &str| RelationColumn {
+            name: name.into(),
+            type_id,
+            type_name: type_name.into(),
+            type_modifier: -1,
+        };
+        Arc::new(Relation {
+            id: 16384,
+            namespace: "public".into(),
+            name: "Users".into(),
+            columns: vec![col("id", 23, "int4"), col("bio", 25, "text")],
+            key,
+        })
+    }
+
+    /// P5, P6 on the wire: relations, old ids and unchanged columns round-trip; the envelopes of
+    /// one relation share one decoded `Arc`, and each relation is written once per batch.
+    #[test]
+    fn p6_relations_old_ids_and_unchanged_columns_round_trip_shared() {
+        let (a, b) = (users(vec![0]), users(vec![1]));
+        let mut moved = envelope("public_users", "2", Op::Upsert, Some(9), br#"{"id":2}"#);
+        moved.relation = Some(a.clone());
+        moved.old_id = Some("1".into());
+        moved.unchanged = vec!["bio".into()];
+        let mut gone = envelope("public_users", "1", Op::Delete, Some(9), br#"{"id":1}"#);
+        gone.relation = Some(a.clone());
+        let mut other = envelope("public_users", "x", Op::Upsert, Some(9), br#"{"id":3,"bio":"x"}"#);
+        other.relation = Some(b);
+        let same_value = Envelope { relation: Some(users(vec![0])), ..gone.clone() };
+        let envelopes: Arc<[Envelope]> = vec![moved, gone, other, same_value].into();
+        let item = LaneItem::Batch(Batch { position: Some(Position(9)), changes: 3, offset: 0, envelopes });
+        let bytes = encode_item(&item).unwrap();
+        let LaneItem::Batch(back) = decode_item(&bytes).unwrap() else { panic!("a batch") };
+        assert_eq!(LaneItem::Batch(back.clone()), item);
+        let rel = |i: usize| back.envelopes[i].relation.clone().unwrap();
+        assert!(Arc::ptr_eq(&rel(0), &rel(1)) && Arc::ptr_eq(&rel(0), &rel(3)), "one relation, one Arc");
+        assert!(!Arc::ptr_eq(&rel(0), &rel(2)));
+        let view = view_batch(&bytes).unwrap();
+        let e = view.envelope(0).unwrap();
+        assert_eq!((e.old_id(), e.unchanged().collect::<Vec<_>>()), (Some("1"), vec!["bio"]));
+        // Written once each: two relations in the table, not four.
+        let ArchivedWireItem::Batch(wire) = access_item(&bytes).unwrap() else { panic!("a batch") };
+        assert_eq!(wire.relations.len(), 2);
+    }
+
+    /// A lane item of format version 2 (`LSI2`, no relations) is refused, never misread.
+    #[test]
+    fn i3_version_2_items_are_refused_never_misread() {
+        #[derive(rkyv::Archive, rkyv::Serialize)]
+        struct V2Envelope {
+            index: String,
+            id: String,
+            op: WireOp,
+            position: Option<u64>,
+            document: Vec<u8>,
+            built_at_micros: Option<u64>,
+        }
+        #[derive(rkyv::Archive, rkyv::Serialize)]
+        enum V2Item {
+            Batch { position: Option<u64>, changes: u64, offset: u64, envelopes: Vec<V2Envelope> },
+        }
+        #[derive(rkyv::Archive, rkyv::Serialize)]
+        struct V2Frame {
+            magic: u32,
+            item: V2Item,
+        }
+        let e = V2Envelope {
+            index: "public_users".into(),
+            id: "1".into(),
+            op: WireOp::Upsert,
+            position: Some(9),
+            document: b"{}".to_vec(),
+            built_at_micros: None,
+        };
+        let v2 = V2Frame {
+            magic: u32::from_le_bytes(*b"LSI2"),
+            item: V2Item::Batch { position: Some(9), changes: 1, offset: 0, envelopes: vec![e] },
+        };
+        let bytes = rkyv::to_bytes::<rancor::Error>(&v2).unwrap();
+        let err = decode_item(&bytes).unwrap_err();
+        assert!(
+            matches!(err, CodecError::Invalid { .. } | CodecError::WrongMagic { expected: "lane item", .. }),
+            "{err}"
+        );
     }
 
     /// A request of format version 1 (`LSR1`, no `after`) is refused, never misread.

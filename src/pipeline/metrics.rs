@@ -266,6 +266,9 @@ mod tests {
             position: Some(Position(9)),
             document: Bytes::new(),
             built_at_micros: at,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         }
     }
 

@@ -376,6 +376,9 @@ mod tests {
             position,
             document: bytes::Bytes::from(format!("{{\"id\":{id}}}")),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         }
     }
 

@@ -71,6 +71,9 @@ fn batch(p: u64, offset: u64, n: u64, last: bool) -> Batch {
             position: Some(Position(p)),
             document: Bytes::new(),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     Batch { position: last.then_some(Position(p)), changes: n, offset, envelopes }
@@ -265,6 +268,9 @@ impl Source for Replaying {
                     position: None,
                     document: Bytes::new(),
                     built_at_micros: None,
+                    relation: None,
+                    old_id: None,
+                    unchanged: Vec::new(),
                 })
                 .collect();
             self.snapshots.push_back(SourceItem::Snapshot {
@@ -863,6 +869,9 @@ fn joining_tables(n: usize) {
             position: Some(Position(10)),
             document: Bytes::new(),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     let items = vec![Batch::new(Some(Position(10)), envelopes)];

@@ -43,6 +43,9 @@ pub fn envelope(index: &str, id: &str, position: Option<u64>, document: &'static
         position: position.map(Position),
         document: Bytes::from_static(document),
         built_at_micros: None,
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
     }
 }
 

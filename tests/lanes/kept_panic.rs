@@ -528,6 +528,9 @@ fn m3_a_kept_payload_that_panics_when_dropped_is_discarded_while_unwinding_witho
             position: Some(Position(1)),
             document: Bytes::from_owner(NastyBomb(payload_drops.clone())),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         }]
         .into(),
     ));

@@ -744,6 +744,9 @@ fn huge(position: u64, envelopes: usize, doc: &'static [u8]) -> LaneItem {
             position: Some(Position(position)),
             document: bytes::Bytes::from_static(doc),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     LaneItem::Batch(Batch::new(Some(Position(position)), env.into()))

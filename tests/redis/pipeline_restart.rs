@@ -24,6 +24,9 @@ fn batch(p: u64, offset: u64, n: u64, last: bool) -> Batch {
             position: Some(Position(p)),
             document: bytes::Bytes::from_static(b"{}"),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     Batch { position: last.then_some(Position(p)), changes: n, offset, envelopes }

@@ -81,6 +81,9 @@ impl Tracker {
             position: Some(Position(p)),
             document: Bytes::from_owner(canary),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
         };
         LaneItem::Batch(Batch::new(Some(Position(p)), vec![envelope].into()))
     }

@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use lanestream::{Envelope, IndexName, Op};
+use lanestream::{Envelope, IndexName, Op, Relation, RelationColumn};
 use postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use super::snapshot::XidSnapshot;
@@ -22,6 +22,11 @@ pub(crate) struct PlanColumn {
     pub(crate) type_oid: u32,
     /// `format_type(...)`, to cast key literals.
     pub(crate) type_sql: String,
+    /// `pg_type.typname` (qualified by its schema outside `pg_catalog` and `public`), as the
+    /// live stream names it ([`Relation`]).
+    pub(crate) type_name: String,
+    /// `atttypmod`.
+    pub(crate) type_modifier: i32,
 }
 
 /// How to read one table.
@@ -44,6 +49,38 @@ pub(crate) struct TablePlan {
     pub(crate) id_key: Vec<String>,
     /// `pg_class.reltuples` (-1: never analysed).
     pub(crate) estimated_rows: i64,
+    /// The table's shape as the snapshot rows carry it (P6): as the live stream's, but only the
+    /// published columns.
+    pub(crate) relation: Arc<Relation>,
+}
+
+/// The shape snapshot rows carry: the published `columns`, keyed by `id_key` (column order, as
+/// the stream's ids).
+pub(crate) fn plan_relation(
+    oid: u32,
+    schema: &str,
+    table: &str,
+    columns: &[PlanColumn],
+    id_key: &[String],
+) -> Arc<Relation> {
+    Arc::new(Relation {
+        id: oid,
+        namespace: schema.to_owned(),
+        name: table.to_owned(),
+        columns: columns
+            .iter()
+            .map(|c| RelationColumn {
+                name: c.name.clone(),
+                type_id: c.type_oid,
+                type_name: c.type_name.clone(),
+                type_modifier: c.type_modifier,
+            })
+            .collect(),
+        key: id_key
+            .iter()
+            .filter_map(|k| columns.iter().position(|c| c.name == *k).and_then(|i| u16::try_from(i).ok()))
+            .collect(),
+    })
 }
 
 fn quote_ident(name: &str) -> String {
@@ -115,12 +152,23 @@ impl TablePlan {
         };
         let columns: Vec<PlanColumn> = client
             .query(
-                "SELECT attname::text, atttypid, format_type(atttypid, atttypmod) FROM pg_attribute \
-                 WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                "SELECT a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod), \
+                 CASE WHEN tn.nspname IN ('pg_catalog', 'public') THEN t.typname::text \
+                 ELSE tn.nspname || '.' || t.typname END, a.atttypmod \
+                 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+                 JOIN pg_namespace tn ON tn.oid = t.typnamespace \
+                 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
+                 ORDER BY a.attnum",
                 &[&oid],
             )?
             .iter()
-            .map(|r| PlanColumn { name: r.get(0), type_oid: r.get(1), type_sql: r.get(2) })
+            .map(|r| PlanColumn {
+                name: r.get(0),
+                type_oid: r.get(1),
+                type_sql: r.get(2),
+                type_name: r.get(3),
+                type_modifier: r.get(4),
+            })
             // P4: a column the publication's column list leaves out never leaves the database.
             .filter(|c: &PlanColumn| published_columns.as_ref().is_none_or(|list| list.contains(&c.name)))
             .collect();
@@ -139,7 +187,8 @@ impl TablePlan {
         }
         let mut by_position = order.clone();
         by_position.sort_unstable();
-        let id_key = by_position.iter().map(|&i| columns[i].name.clone()).collect();
+        let id_key: Vec<String> = by_position.iter().map(|&i| columns[i].name.clone()).collect();
+        let relation = plan_relation(oid, &schema, &table, &columns, &id_key);
         Ok(Ok(TablePlan {
             index: index.clone(),
             table: name,
@@ -149,6 +198,7 @@ impl TablePlan {
             order,
             id_key,
             estimated_rows,
+            relation,
         }))
     }
 
@@ -326,6 +376,9 @@ pub(crate) fn chunk_rows(plan: &TablePlan, rows: &[SimpleQueryRow]) -> Result<Ar
             position: None,
             document: docs.slice(range),
             built_at_micros: None,
+            relation: Some(plan.relation.clone()),
+            old_id: None,
+            unchanged: Vec::new(),
         })
         .collect();
     Ok(envelopes)

@@ -2,7 +2,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::table::PlanColumn;
+use super::table::{plan_relation, PlanColumn};
 use super::*;
 use crate::batch::{decode_id, snapshot_row, Column};
 
@@ -18,6 +18,9 @@ fn env(ix: &str, id: &str, op: Op) -> Envelope {
         position: None,
         document: Bytes::from(format!("{{\"id\":{id}}}")),
         built_at_micros: None,
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
     }
 }
 
@@ -74,20 +77,29 @@ fn a_truncate_empties_the_chunk_and_unknown_xids_count_as_not_visible() {
     assert!(b.envelopes.is_empty() && b.position.is_none());
 }
 
+fn col(name: &str, type_oid: u32, type_sql: &str, type_name: &str) -> PlanColumn {
+    PlanColumn {
+        name: name.into(),
+        type_oid,
+        type_sql: type_sql.into(),
+        type_name: type_name.into(),
+        type_modifier: -1,
+    }
+}
+
 fn plan(name: &str) -> TablePlan {
+    let columns = vec![col("a", 25, "text", "text"), col("b", 23, "integer", "int4"), col("c", 17, "bytea", "bytea")];
+    let id_key = vec!["a".to_owned(), "b".to_owned()];
     TablePlan {
+        relation: plan_relation(16384, "public", name, &columns, &id_key),
         index: index(name),
         table: format!("public.{name}"),
         quoted: format!("\"public\".\"{name}\""),
-        columns: vec![
-            PlanColumn { name: "a".into(), type_oid: 25, type_sql: "text".into() },
-            PlanColumn { name: "b".into(), type_oid: 23, type_sql: "integer".into() },
-            PlanColumn { name: "c".into(), type_oid: 17, type_sql: "bytea".into() },
-        ],
+        columns,
         filter: None,
         // PRIMARY KEY (b, a): the key index's order, while ids are in column order (a:b).
         order: vec![1, 0],
-        id_key: vec!["a".into(), "b".into()],
+        id_key,
         estimated_rows: 10,
     }
 }

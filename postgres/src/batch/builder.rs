@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use lanestream::{Batch, Envelope, IndexName, Op, ParseLsnError, Position};
+use lanestream::{Batch, Envelope, IndexName, Op, ParseLsnError, Position, Relation};
 
 use super::error::{BuildError, BuildErrorKind};
 use super::keys::{KeyLookup, Tables};
@@ -22,6 +22,9 @@ struct Pending {
     id: String,
     op: Op,
     doc: Range<usize>,
+    relation: Option<Arc<Relation>>,
+    old_id: Option<String>,
+    unchanged: Vec<String>,
 }
 
 /// The open transaction: what it gathered, and what it lost.
@@ -110,6 +113,9 @@ impl OpenTxn {
                     docs.slice(p.doc)
                 },
                 built_at_micros: self.commit_micros,
+                relation: p.relation,
+                old_id: p.old_id,
+                unchanged: p.unchanged,
             })
             .collect()
     }
@@ -156,6 +162,10 @@ pub struct TransactionBuilder {
     discarded: u64,
     /// The last batch's envelopes and document bytes: the next transaction's buffer sizes.
     hint: (usize, usize),
+    /// Relations whose key the builder keys by other columns than the decoder flagged (a key
+    /// looked up under `REPLICA IDENTITY FULL`, columns given with `set_key_columns`): the
+    /// decoder's `Arc` and the one with the key used (see [`keyed`]).
+    rekeyed: Vec<(Arc<Relation>, Arc<Relation>)>,
 }
 
 impl fmt::Debug for TransactionBuilder {
@@ -186,6 +196,7 @@ impl TransactionBuilder {
             max_batch_changes: None,
             discarded: 0,
             hint: (0, 0),
+            rekeyed: Vec::new(),
         }
     }
 
@@ -379,6 +390,20 @@ impl TransactionBuilder {
             e => e,
         };
         let row_id = |row: &[Column<'_>], side| row_id(row, key, side).map_err(named);
+        let relation = c.relation.map(|r| keyed(&mut self.rekeyed, r, key));
+        // P5: the new row's columns the change left out (unchanged TOASTed values) that the
+        // old row did not fill in.
+        let unchanged: Vec<String> = match (action, relation.as_deref(), columns) {
+            ('U', Some(rel), Some(row)) if !c.unchanged.is_empty() => c
+                .unchanged
+                .iter()
+                .filter_map(|&i| rel.columns.get(i))
+                .filter(|col| !row.iter().any(|have| have.name == col.name.as_str()))
+                .map(|col| col.name.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut moved_from = None;
         let mut out: [Planned<'_, '_>; 2] = [None, None];
         match action {
             'T' => out[0] = Some((String::new(), Op::Truncate, None)),
@@ -394,13 +419,16 @@ impl TransactionBuilder {
                 let new =
                     columns.ok_or(BuildErrorKind::MissingField { action, field: "columns", hint: "" })?;
                 let new_id = row_id(new, "columns")?;
+                // P5: a key change is the upsert of the new id naming the old one (a sink moves
+                // the old row's unchanged values), then the delete of the old id.
                 if let (Some(old), 'U') = (identity, action) {
                     let old_id = row_id(old, "identity")?;
                     if old_id != new_id {
-                        out[0] = Some((old_id, Op::Delete, Some(old)));
+                        moved_from = Some(old_id.clone());
+                        out[1] = Some((old_id, Op::Delete, Some(old)));
                     }
                 }
-                out[1] = Some((new_id, Op::Upsert, Some(new)));
+                out[0] = Some((new_id, Op::Upsert, Some(new)));
             }
         }
         let max = self.max_batch_changes;
@@ -414,15 +442,20 @@ impl TransactionBuilder {
         }
         // The index (an `Arc`) moves into the last envelope: one count change less per change.
         let planned = match out {
-            [Some(a), Some(b)] => [Some((a, index.clone())), Some((b, index))],
-            [a, b] => [a.or(b).map(|p| (p, index)), None],
+            [Some(a), Some(b)] => [Some((a, index.clone(), relation.clone())), Some((b, index, relation))],
+            [a, b] => [a.or(b).map(|p| (p, index, relation)), None],
         };
-        for ((id, op, row), index) in planned.into_iter().flatten() {
+        let mut unchanged = Some(unchanged);
+        for ((id, op, row), index, relation) in planned.into_iter().flatten() {
             let doc = match row {
                 Some(row) => write_row(&mut txn.docs, row),
                 None => txn.docs.len()..txn.docs.len(),
             };
-            txn.pending.push(Pending { index, id, op, doc });
+            let (old_id, unchanged) = match op {
+                Op::Upsert => (moved_from.take(), unchanged.take().unwrap_or_default()),
+                _ => (None, Vec::new()),
+            };
+            txn.pending.push(Pending { index, id, op, doc, relation, old_id, unchanged });
         }
         if max.is_some_and(|m| txn.changes >= m) {
             self.hint = (txn.pending.len(), txn.docs.len());
@@ -473,4 +506,45 @@ impl TransactionBuilder {
         self.transactions += 1;
         Ok(Some(Batch { position: Some(position), changes: txn.changes, offset: txn.offset, envelopes }))
     }
+}
+
+/// `relation` with [`Relation::key`] naming the columns the id was built from (`key`; empty for
+/// every column): the decoder's own `Arc` when its flagged columns are those (the common case:
+/// a count, no allocation), else one made once per relation and key and kept in `rekeyed`.
+fn keyed(
+    rekeyed: &mut Vec<(Arc<Relation>, Arc<Relation>)>,
+    relation: &Arc<Relation>,
+    key: KeyRef<'_, '_>,
+) -> Arc<Relation> {
+    // Compared in place: no allocation on the common path.
+    let len = match key {
+        KeyRef::Named(names) => names.len(),
+        KeyRef::Pk(pk) => pk.len(),
+        KeyRef::All => 0,
+    };
+    let name = |at: usize| match key {
+        KeyRef::Named(names) => names[at].as_str(),
+        KeyRef::Pk(pk) => pk[at].name.as_ref(),
+        KeyRef::All => "",
+    };
+    let same = |r: &Relation| {
+        r.key.len() == len
+            && r.key.iter().enumerate().all(|(at, &i)| r.columns.get(usize::from(i)).is_some_and(|c| c.name == name(at)))
+    };
+    if same(relation) {
+        return relation.clone();
+    }
+    if let Some((_, k)) = rekeyed.iter().find(|(from, k)| Arc::ptr_eq(from, relation) && same(k)) {
+        return k.clone();
+    }
+    if rekeyed.len() >= 64 {
+        rekeyed.clear();
+    }
+    let mut k = Relation::clone(relation);
+    k.key = (0..len)
+        .filter_map(|at| k.columns.iter().position(|c| c.name == name(at)).and_then(|i| u16::try_from(i).ok()))
+        .collect();
+    let k = Arc::new(k);
+    rekeyed.push((relation.clone(), k.clone()));
+    k
 }

@@ -4,8 +4,9 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
-use lanestream::IndexName;
+use lanestream::{IndexName, Relation};
 
 use super::error::BuildErrorKind;
 use super::value::{json_str, push_json_string};
@@ -33,6 +34,12 @@ pub(crate) struct Change<'r, 'a> {
     /// The change's own LSN as JSON text (a wal2json line's `lsn`, unescaped only if an error
     /// names it), if it has one: named in a [`BuildErrorKind::NullKey`].
     pub(crate) lsn: Option<&'r str>,
+    /// The table's shape, when the decoder knows it (pgoutput's Relation message): every
+    /// envelope of the change carries it.
+    pub(crate) relation: Option<&'r Arc<Relation>>,
+    /// The new row's columns left out as unchanged (pgoutput's `u` values): indexes into
+    /// `relation`'s columns.
+    pub(crate) unchanged: &'r [usize],
 }
 
 /// One column of a row: its name and its value as JSON text (`1`, `"text"`, `null`, `true`).

@@ -82,7 +82,7 @@ fn maps_each_action() {
 }
 
 #[test]
-fn key_change_is_delete_then_upsert_and_one_change() {
+fn p5_key_change_is_an_upsert_naming_the_old_id_then_its_delete_and_one_change() {
     let u = format!(
         r#"{{"action":"U","schema":"public","table":"users","columns":[{{"name":"id","type":"integer","value":7}},{{"name":"v","type":"text","value":"x"}}],"identity":[{{"name":"id","type":"integer","value":3}}],{PK_ID}}}"#
     );
@@ -90,8 +90,10 @@ fn key_change_is_delete_then_upsert_and_one_change() {
     assert_eq!(batch.changes, 1);
     let e = &batch.envelopes;
     assert_eq!(e.len(), 2);
-    assert_eq!((e[0].op, e[0].id.as_str(), doc(&e[0])), (Op::Delete, "3", r#"{"id":3}"#));
-    assert_eq!((e[1].op, e[1].id.as_str(), doc(&e[1])), (Op::Upsert, "7", r#"{"id":7,"v":"x"}"#));
+    assert_eq!((e[0].op, e[0].id.as_str(), doc(&e[0])), (Op::Upsert, "7", r#"{"id":7,"v":"x"}"#));
+    assert_eq!(e[0].old_id.as_deref(), Some("3"));
+    assert_eq!((e[1].op, e[1].id.as_str(), doc(&e[1])), (Op::Delete, "3", r#"{"id":3}"#));
+    assert_eq!(e[1].old_id, None);
 }
 
 #[test]
@@ -121,7 +123,7 @@ fn tables_without_a_key_use_every_value() {
     let ids: Vec<_> = batch.envelopes.iter().map(|e| (e.op, e.id.as_str())).collect();
     assert_eq!(
         ids,
-        [(Op::Upsert, r"t1:\N"), (Op::Delete, r"t1:\N"), (Op::Upsert, "t1:2"), (Op::Delete, "t1:2")]
+        [(Op::Upsert, r"t1:\N"), (Op::Upsert, "t1:2"), (Op::Delete, r"t1:\N"), (Op::Delete, "t1:2")]
     );
     assert_eq!(batch.changes, 3);
 }
@@ -177,8 +179,8 @@ fn index_identity_keys_rows_by_the_index_columns_when_told() {
         [
             (Op::Upsert, s("a@x"), s(r#"{"email":"a@x","name":"Ann","balance":10}"#)),
             (Op::Upsert, s("a@x"), s(r#"{"email":"a@x","name":"Ann","balance":20}"#)),
-            (Op::Delete, s("a@x"), s(r#"{"email":"a@x"}"#)),
             (Op::Upsert, s("b@x"), s(r#"{"email":"b@x","name":"Ann","balance":20}"#)),
+            (Op::Delete, s("a@x"), s(r#"{"email":"a@x"}"#)),
             (Op::Delete, s("b@x"), s(r#"{"email":"b@x"}"#)),
         ]
     );
@@ -218,7 +220,7 @@ fn index_identity_not_told_fails_loudly_then_uses_the_index() {
     // From then on the index columns are the key.
     let rest: Vec<&str> = lines[6..].iter().map(String::as_str).collect();
     let got: Vec<_> = ops(&batches(&mut b, &rest).unwrap()).into_iter().map(|(op, id, _)| (op, id)).collect();
-    assert_eq!(got, [(Op::Delete, "a@x".into()), (Op::Upsert, "b@x".into()), (Op::Delete, "b@x".into())]);
+    assert_eq!(got, [(Op::Upsert, "b@x".into()), (Op::Delete, "a@x".into()), (Op::Delete, "b@x".into())]);
 }
 
 /// An insert into `public.t` with columns `(name, value)` and `pk` names.
@@ -309,7 +311,7 @@ fn a_failed_key_lookup_fails_the_transaction_and_never_keys_by_every_column() {
     let rest: Vec<&str> = lines[3..].iter().map(String::as_str).collect();
     let ids: Vec<String> =
         ops(&batches(&mut b, &rest).expect("ok")).into_iter().map(|(_, id, _)| id).collect();
-    assert_eq!(ids, ["a@x", "a@x", "b@x", "b@x"]);
+    assert_eq!(ids, ["a@x", "b@x", "a@x", "b@x"]);
 }
 
 #[test]
@@ -375,8 +377,8 @@ fn full_identity_without_a_key_keeps_one_id_and_fills_toasted_columns() {
         ops(&batches(&mut TransactionBuilder::new(), &lines).unwrap()),
         [
             (Op::Upsert, s("k:BIG:1"), s(r#"{"k":"k","big":"BIG","v":1}"#)),
-            (Op::Delete, s("k:BIG:1"), s(r#"{"k":"k","big":"BIG","v":1}"#)),
             (Op::Upsert, s("k:BIG:2"), s(r#"{"k":"k","big":"BIG","v":2}"#)),
+            (Op::Delete, s("k:BIG:1"), s(r#"{"k":"k","big":"BIG","v":1}"#)),
             (Op::Delete, s("k:BIG:2"), s(r#"{"k":"k","big":"BIG","v":2}"#)),
         ]
     );
@@ -414,8 +416,8 @@ fn null_and_the_text_null_get_different_ids() {
         [
             (Op::Upsert, s(r"\N:1")),
             (Op::Upsert, s("null:1")),
-            (Op::Delete, s(r"\N:1")),
             (Op::Upsert, s(r"\N:2")),
+            (Op::Delete, s(r"\N:1")),
             (Op::Delete, s("null:1")),
             (Op::Upsert, s(r"\\N:\N")),
             (Op::Upsert, s(r"null:a\:b")),
@@ -450,7 +452,7 @@ fn huge_transactions_come_in_chunks_and_only_the_last_is_positioned() {
         [
             (None, 2, 0, vec![(Op::Upsert, "1", p), (Op::Upsert, "2", p)]),
             (None, 2, 2, vec![(Op::Upsert, "3", p), (Op::Upsert, "4", p)]),
-            (p, 1, 4, vec![(Op::Delete, "5", p), (Op::Upsert, "9", p)]),
+            (p, 1, 4, vec![(Op::Upsert, "9", p), (Op::Delete, "5", p)]),
         ]
     );
     assert_eq!(b.transactions(), 1);

@@ -206,3 +206,11 @@ pub(crate) fn json_str(text: &str) -> Option<Cow<'_, str>> {
         Some(Cow::Borrowed(inner))
     }
 }
+
+/// The `pg_type.typname` of a built-in type (`int4`, `text`, `_int4` for `int4[]`,
+/// `timestamptz`...), from the `postgres` crate's table of PostgreSQL's built-in types; empty
+/// for a type that is not built in (a source names those from the catalog or from pgoutput's
+/// Type messages).
+pub(crate) fn type_name(type_oid: u32) -> String {
+    postgres::types::Type::from_oid(type_oid).map(|t| t.name().to_owned()).unwrap_or_default()
+}

@@ -17,6 +17,8 @@ use crate::mark::{Mark, MARK_PREFIX};
 pub struct PgOutputDecoder {
     builder: TransactionBuilder,
     relations: HashMap<u32, Relation>,
+    /// The names of the types not built in, from Type messages (`schema.name`).
+    types: HashMap<u32, String>,
     messages: u64,
     resume_after: Option<Position>,
     /// Inside a transaction being skipped (see [`PgOutputDecoder::resume_after`]).
@@ -30,6 +32,8 @@ pub struct PgOutputDecoder {
     /// (empty between changes; see [`recycle`]).
     values: Vec<(usize, Val<'static>)>,
     columns: Vec<Column<'static>>,
+    /// The columns of the change's new row left out as unchanged TOASTed values (indexes).
+    unchanged: Vec<usize>,
     /// Backfill marks read and not yet taken ([`PgOutputDecoder::take_mark`]).
     marks: std::collections::VecDeque<Mark>,
 }
@@ -65,6 +69,7 @@ impl PgOutputDecoder {
         PgOutputDecoder {
             builder,
             relations: HashMap::new(),
+            types: HashMap::new(),
             messages: 0,
             resume_after: None,
             skipping: false,
@@ -73,6 +78,7 @@ impl PgOutputDecoder {
             scratch: String::new(),
             values: Vec::new(),
             columns: Vec::new(),
+            unchanged: Vec::new(),
             marks: std::collections::VecDeque::new(),
         }
     }
@@ -249,7 +255,7 @@ impl PgOutputDecoder {
                 self.on_commit(seq, lsn).map_err(Fail::Builder)
             }
             b'R' => {
-                let parsed = read_relation(&mut f);
+                let parsed = read_relation(&mut f, &self.types);
                 match parsed {
                     Ok((oid, rel)) => {
                         self.relations.insert(oid, rel);
@@ -264,10 +270,16 @@ impl PgOutputDecoder {
                 }
             }
             b'Y' => {
-                let _oid = f.u32("type OID")?;
-                let _schema = f.cstr("type's schema")?;
-                let _name = f.cstr("type's name")?;
+                let oid = f.u32("type OID")?;
+                let schema = f.cstr("type's schema")?;
+                let name = f.cstr("type's name")?;
                 f.end()?;
+                // Named as `format_type` would: qualified unless in pg_catalog or public.
+                let name = match schema {
+                    "" | "pg_catalog" | "public" => name.to_owned(),
+                    _ => format!("{schema}.{name}"),
+                };
+                self.types.insert(oid, name);
                 Ok(None)
             }
             b'O' => {
@@ -310,6 +322,8 @@ impl PgOutputDecoder {
                         identity: None,
                         key_from_stream: false,
                         lsn: None,
+                        relation: Some(&rel.shape),
+                        unchanged: &[],
                     };
                     // A chunk may fill in the middle of a multi-table truncate: return the last
                     // one (with max_batch_changes >= 2 only one can fill per message... but a
@@ -329,7 +343,7 @@ impl PgOutputDecoder {
 
     fn change(&mut self, seq: u64, tag: u8, mut f: Fields<'_>) -> Result<Option<Batch>, Fail> {
         let oid = f.u32("relation OID")?;
-        let Self { relations, builder, skipping, scratch, values, columns, .. } = self;
+        let Self { relations, builder, skipping, scratch, values, columns, unchanged, .. } = self;
         let Some(rel) = relations.get(&oid) else {
             return Err(PgOutputErrorKind::UnknownRelation(oid).into());
         };
@@ -337,6 +351,7 @@ impl PgOutputDecoder {
         // The values are slices of the message: checked as UTF-8 once, not one by one.
         f.text = simdutf8::basic::from_utf8(f.buf).ok();
         let mut vals: Vec<(usize, Val<'_>)> = recycle(std::mem::take(values));
+        unchanged.clear();
         let mut marker = f.u8("tuple marker")?;
         let old_kind = |marker: u8| if marker == b'K' { TupleKind::Key } else { TupleKind::Row };
         // `vals` holds the old tuple's values (if any) before `split`, the new one's after.
@@ -345,27 +360,27 @@ impl PgOutputDecoder {
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'I', marker }.into());
                 }
-                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals)?;
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals, unchanged)?;
                 (0, false, true)
             }
             b'U' => {
                 let has_old = marker == b'K' || marker == b'O';
                 if has_old {
-                    read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals)?;
+                    read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals, &mut Vec::new())?;
                     marker = f.u8("tuple marker")?;
                 }
                 if marker != b'N' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'U', marker }.into());
                 }
                 let split = vals.len();
-                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals)?;
+                read_tuple(&mut f, rel, TupleKind::Row, scratch, &mut vals, unchanged)?;
                 (split, has_old, true)
             }
             _ => {
                 if marker != b'K' && marker != b'O' {
                     return Err(PgOutputErrorKind::BadTupleMarker { tag: 'D', marker }.into());
                 }
-                read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals)?;
+                read_tuple(&mut f, rel, old_kind(marker), scratch, &mut vals, &mut Vec::new())?;
                 (vals.len(), true, false)
             }
         };
@@ -388,6 +403,8 @@ impl PgOutputDecoder {
             identity: has_old.then_some(old),
             key_from_stream: rel.key.is_some(),
             lsn: None,
+            relation: Some(&rel.shape),
+            unchanged: has_new.then_some(unchanged.as_slice()).unwrap_or(&[]),
         };
         let out = builder.push_change(seq, &change).map_err(Fail::Builder);
         *columns = recycle(cols);

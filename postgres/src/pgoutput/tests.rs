@@ -162,8 +162,8 @@ fn each_change_maps_as_the_wal2json_reader_maps_it() {
         [
             (Op::Upsert, "1".into(), r#"{"id":1,"name":"Ann"}"#.into()),
             (Op::Upsert, "1".into(), r#"{"id":1,"name":"Anna"}"#.into()),
-            (Op::Delete, "1".into(), r#"{"id":1}"#.into()),
             (Op::Upsert, "2".into(), r#"{"id":2,"name":"Anna"}"#.into()),
+            (Op::Delete, "1".into(), r#"{"id":1}"#.into()),
             (Op::Delete, "2".into(), r#"{"id":2}"#.into()),
             (Op::Truncate, String::new(), String::new()),
         ]
@@ -703,7 +703,14 @@ fn pgoutput_batches_as_decoded(max: Option<u64>) -> (usize, Vec<Batch>) {
                         .iter()
                         .fold(text.clone(), |t, s| t.replace(&format!("\":\"{s}\""), "\":null"));
                     specials += usize::from(nulled != text);
-                    lanestream::Envelope { document: nulled.into_bytes().into(), ..e.clone() }
+                    // wal2json's lines carry no shape and no unchanged columns (P5, P6 are
+                    // pgoutput's: checked in `p6_...` below).
+                    lanestream::Envelope {
+                        document: nulled.into_bytes().into(),
+                        relation: None,
+                        unchanged: Vec::new(),
+                        ..e.clone()
+                    }
                 })
                 .collect();
             b.envelopes = envelopes.into();
@@ -834,4 +841,43 @@ fn numbers_keep_their_digits_even_past_the_range_of_f64() {
     let raw: &serde_json::value::RawValue =
         serde_json::from_str(document).expect("valid JSON by the grammar");
     assert!(raw.get().starts_with('{'));
+}
+
+/// P5, P6 on the real capture: every change carries its table's shape (schema, name, columns
+/// with their types, key), a shape changed by DDL reaches the changes after it in order, and the
+/// update that left a TOASTed value unchanged names it.
+#[test]
+fn p6_the_captured_pgoutput_types_every_change_and_p5_names_unchanged_toast() {
+    let batches = pgoutput_batches_raw(None);
+    let all: Vec<&lanestream::Envelope> = batches.iter().flat_map(|b| b.envelopes.iter()).collect();
+    assert!(all.iter().all(|e| e.relation.is_some()), "every change has its shape");
+    let rel = |e: &lanestream::Envelope| e.relation.clone().expect("a shape");
+    let items = rel(all.iter().find(|e| e.index.as_str() == "public_items").expect("items"));
+    assert_eq!((items.namespace.as_str(), items.name.as_str()), ("public", "items"));
+    let types: Vec<(&str, u32, &str)> =
+        items.columns.iter().map(|c| (c.name.as_str(), c.type_id, c.type_name.as_str())).collect();
+    assert_eq!(types[0], ("id", 23, "int4"));
+    assert!(types.contains(&("n", 20, "int8")) && types.contains(&("ok", 16, "bool")), "{types:?}");
+    assert_eq!(items.key_columns().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["id"]);
+    // Ids are the key's values: the key column of a document holds the id.
+    for e in all.iter().filter(|e| e.index.as_str() == "public_items" && !e.document.is_empty()) {
+        let doc: serde_json::Value = serde_json::from_slice(&e.document).unwrap();
+        assert_eq!(doc["id"].to_string(), e.id);
+    }
+    // DDL between rows (`pair` gains `bonus`): the changes after it carry the new shape.
+    let pair: Vec<_> = all.iter().filter(|e| e.index.as_str() == "public_pair").collect();
+    let with_bonus = pair.iter().position(|e| doc(e).contains("\"bonus\"")).expect("a row with bonus");
+    assert!(rel(pair[with_bonus]).column("bonus").is_some());
+    assert!(pair[..with_bonus].iter().any(|e| rel(e).column("bonus").is_none()), "the old shape came first");
+    // The unchanged TOAST value: named, and left out of the document.
+    let partial: Vec<_> = all.iter().filter(|e| e.is_partial()).collect();
+    assert!(!partial.is_empty(), "the capture holds an update with an unchanged TOAST value");
+    for e in partial {
+        assert_eq!(e.op, Op::Upsert);
+        let doc: serde_json::Value = serde_json::from_slice(&e.document).unwrap();
+        for col in &e.unchanged {
+            assert!(doc.get(col).is_none(), "{col} is left out of {doc}");
+            assert!(rel(e).column(col).is_some());
+        }
+    }
 }

@@ -3,8 +3,11 @@
 //! typed by the one value codec ([`crate::batch`]'s `value.rs`).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
-use crate::batch::value::{json_value, plain, JsonType, Val};
+use ahash::AHashMap as HashMap;
+
+use crate::batch::value::{json_value, plain, type_name, JsonType, Val};
 use crate::batch::{Column, Key};
 
 use super::error::PgOutputErrorKind;
@@ -34,6 +37,8 @@ pub(super) struct Relation {
     /// IDENTITY FULL` (every column is flagged there): `None`, so the builder asks its key
     /// look-up for the primary key.
     pub(super) key: Option<Vec<Key<'static>>>,
+    /// The shape the envelopes carry ([`lanestream::Relation`]): one `Arc` per Relation message.
+    pub(super) shape: Arc<lanestream::Relation>,
 }
 
 /// Reads a message's fields, big-endian as the protocol has them.
@@ -152,13 +157,15 @@ pub(super) enum TupleKind {
 }
 
 /// Reads a tuple of `rel`, appending to `out` (column index, value): NULL as `null`, unchanged
-/// TOASTed values (`u`) left out, strings written into `scratch`.
+/// TOASTed values (`u`) left out and their column indexes appended to `unchanged`, strings
+/// written into `scratch`.
 pub(super) fn read_tuple<'m>(
     f: &mut Fields<'m>,
     rel: &Relation,
     kind: TupleKind,
     scratch: &mut String,
     out: &mut Vec<(usize, Val<'m>)>,
+    unchanged: &mut Vec<usize>,
 ) -> Result<(), PgOutputErrorKind> {
     let n = f.count16("tuple's column count")?;
     if n != rel.columns.len() {
@@ -199,7 +206,10 @@ pub(super) fn read_tuple<'m>(
                 })
             }
         };
-        let Some(value) = value else { continue };
+        let Some(value) = value else {
+            unchanged.push(i);
+            continue;
+        };
         if kind == TupleKind::Key && !col.key {
             continue;
         }
@@ -222,8 +232,13 @@ pub(super) fn column<'a>(rel: &'a Relation, (i, v): (usize, Val<'a>), scratch: &
     Column { name, value }
 }
 
-/// A Relation message's fields (after its tag): the relation's OID and shape.
-pub(super) fn read_relation(f: &mut Fields<'_>) -> Result<(u32, Relation), PgOutputErrorKind> {
+/// A Relation message's fields (after its tag): the relation's OID and shape. Column types are
+/// named from `types` (the Type messages read so far, for types not built in) or PostgreSQL's
+/// built-in types.
+pub(super) fn read_relation(
+    f: &mut Fields<'_>,
+    types: &HashMap<u32, String>,
+) -> Result<(u32, Relation), PgOutputErrorKind> {
     let oid = f.u32("relation OID")?;
     let schema = f.cstr("schema")?;
     // pgoutput writes an empty namespace for pg_catalog.
@@ -236,16 +251,37 @@ pub(super) fn read_relation(f: &mut Fields<'_>) -> Result<(u32, Relation), PgOut
         let flags = f.u8("column flags")?;
         let name = f.cstr("column name")?;
         let type_oid = f.u32("column type OID")?;
-        let _typmod = f.u32("column type modifier")?;
-        columns.push(RelColumn {
-            name: name.to_owned(),
-            plain: plain(name),
-            type_oid,
-            json: JsonType::of(type_oid),
-            key: flags & 1 != 0,
-        });
+        let typmod = f.u32("column type modifier")? as i32;
+        columns.push((
+            RelColumn {
+                name: name.to_owned(),
+                plain: plain(name),
+                type_oid,
+                json: JsonType::of(type_oid),
+                key: flags & 1 != 0,
+            },
+            typmod,
+        ));
     }
     f.end()?;
+    let shape = Arc::new(lanestream::Relation {
+        id: oid,
+        namespace: schema.to_owned(),
+        name: table.to_owned(),
+        columns: columns
+            .iter()
+            .map(|(c, typmod)| lanestream::RelationColumn {
+                name: c.name.clone(),
+                type_id: c.type_oid,
+                type_name: types.get(&c.type_oid).cloned().unwrap_or_else(|| type_name(c.type_oid)),
+                type_modifier: *typmod,
+            })
+            .collect(),
+        // The flagged columns (the identity), as the builder keys by them; under `FULL` the
+        // builder sets the key it looked up.
+        key: columns.iter().enumerate().filter(|(_, (c, _))| c.key).map(|(i, _)| i as u16).collect(),
+    });
+    let columns: Vec<RelColumn> = columns.into_iter().map(|(c, _)| c).collect();
     let key = (identity != b'f').then(|| {
         columns.iter().filter(|c| c.key).map(|c| Key { name: Cow::Owned(c.name.clone()) }).collect()
     });
@@ -257,6 +293,7 @@ pub(super) fn read_relation(f: &mut Fields<'_>) -> Result<(u32, Relation), PgOut
             table: table.to_owned(),
             columns,
             key,
+            shape,
         },
     ))
 }

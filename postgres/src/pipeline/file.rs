@@ -193,6 +193,9 @@ where
                     position: None,
                     document: document.clone(),
                     built_at_micros: None,
+                    relation: None,
+                    old_id: None,
+                    unchanged: Vec::new(),
                 })
                 .collect();
             for chunk in envelopes.chunks(SNAPSHOT_BATCH_ROWS) {

@@ -8,6 +8,33 @@
 //!   `Source` of its own.
 //! - `impl Sink for` [`DurableNdjson`]: the durable NDJSON file sink, ready to use.
 //!
+//! # Applying changes
+//! Every envelope of the live source and the backfill carries its table's shape
+//! ([`Envelope::relation`](lanestream::Envelope::relation): schema and name, the columns with
+//! their PostgreSQL type OIDs and `typname`s, the key columns in id order), and its document is
+//! the row as a JSON object. A sink that applies them by these rules ends **equal to the table**,
+//! under `REPLICA IDENTITY DEFAULT` as under `FULL` (P5, P6):
+//!
+//! 1. **Upsert**: the row at `id` becomes the document, *replacing* what is held (so a dropped or
+//!    renamed column's old value goes with the next change of the row) — except the columns named
+//!    in [`unchanged`](lanestream::Envelope::unchanged) (a **partial update**: PostgreSQL did
+//!    not send TOASTed values the update left unchanged), whose values are kept from the row
+//!    held at [`old_id`](lanestream::Envelope::old_id) if set (the update changed the key: the
+//!    row moved), else at `id`. If the sink holds no such row (it never saw the table's earlier
+//!    rows), those values are unknown: the envelope names them; never write them as NULL.
+//! 2. An upsert with an `old_id` is followed, in the same batch, by a **delete** of `old_id`;
+//!    **delete** removes the row at `id`; **truncate** empties the index.
+//! 3. **Shape**: the columns a row has are its relation's. A relation that differs from the last
+//!    one of the same [`Relation::id`](lanestream::Relation::id) is DDL, seen at the first change
+//!    after it: columns added hold NULL in the rows held (PostgreSQL's `ADD COLUMN` without a
+//!    default; a default or a rewrite fills existing rows without streaming them, so backfill the
+//!    table after such DDL); a column gone was dropped; a column renamed keeps its place in the
+//!    column order (compare the two shapes by position); a retyped column keeps its name and
+//!    changes its type OID. A table renamed keeps its `Relation::id`.
+//! 4. **Typed keys**: the key's values are the document's values of the relation's
+//!    [`key_columns`](lanestream::Relation::key_columns); [`Envelope::id`](lanestream::Envelope::id)
+//!    is those values joined ([`crate::batch`], *Ids*), for sinks that key by one string.
+//!
 //! ```
 //! use std::time::Duration;
 //! use lanestream::{MemoryStream, Stream};

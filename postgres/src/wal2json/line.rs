@@ -152,6 +152,8 @@ impl TransactionBuilder {
                     columns: f.columns.as_deref(),
                     identity: f.identity.as_deref(),
                     key_from_stream: false,
+                    relation: None,
+                    unchanged: &[],
                     lsn: f.lsn,
                 };
                 Ok(self.push_change(line_no, &change)?)

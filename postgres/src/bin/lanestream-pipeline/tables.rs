@@ -7,9 +7,10 @@
 //! Independent of the decoder: a table's values are read as PostgreSQL's text (`col::text`), an
 //! output's values taken from the document's JSON as it was written (a number's digits, a
 //! string unescaped, `true` / `false`), and rows compared as multisets per table (ids are not
-//! used). A `bytea`'s text loses its `\x`, as the decoder writes it. Upserts are merged into the
-//! row they replace (an update leaves unchanged TOASTed columns out), deletes remove it, a
-//! truncate empties its index.
+//! used). A `bytea`'s text loses its `\x`, as the decoder writes it. The output is replayed by
+//! the sink rules of `lanestream_postgres::pipeline` (*Applying changes*): an upsert replaces the
+//! row, except a partial update's `unchanged` columns, kept from the row held at its `old_id` (a
+//! key change) or its id; deletes remove it, a truncate empties its index.
 
 use serde_json::value::RawValue;
 
@@ -105,6 +106,10 @@ fn replay(path: &Path) -> Result<Replayed, BoxError> {
         index: String,
         id: String,
         op: String,
+        #[serde(default)]
+        old_id: Option<String>,
+        #[serde(default)]
+        unchanged: Vec<String>,
         #[serde(borrow)]
         document: Option<HashMap<String, &'a RawValue>>,
     }
@@ -122,10 +127,18 @@ fn replay(path: &Path) -> Result<Replayed, BoxError> {
         let rows = indexes.entry(line.index).or_default();
         match line.op.as_str() {
             "upsert" => {
-                let row = rows.entry(line.id).or_default();
+                let mut row = HashMap::new();
+                let held = rows.get(line.old_id.as_ref().unwrap_or(&line.id));
+                for column in &line.unchanged {
+                    // A value the sink does not hold stays missing: the comparison names it.
+                    if let Some(value) = held.and_then(|h| h.get(column)) {
+                        row.insert(column.clone(), value.clone());
+                    }
+                }
                 for (column, value) in line.document.unwrap_or_default() {
                     row.insert(column, value.get().to_owned());
                 }
+                rows.insert(line.id, row);
             }
             "delete" => {
                 rows.remove(&line.id);
