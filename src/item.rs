@@ -73,6 +73,38 @@ impl Batch {
     pub fn new(position: Option<Position>, envelopes: Arc<[Envelope]>) -> Batch {
         Batch { position, changes: envelopes.len() as u64, offset: 0, envelopes }
     }
+
+    /// Which of the three a batch is: a whole transaction (or a large one's last part), a chunk of
+    /// a large transaction, or snapshot rows. Told from the positions: only a transaction's batch
+    /// is positioned; a chunk's envelopes carry their transaction's commit position, snapshot
+    /// rows none.
+    ///
+    /// ```
+    /// use lanestream::{Batch, BatchKind, Position};
+    /// assert_eq!(Batch::new(Some(Position(9)), vec![].into()).kind(), BatchKind::Transaction);
+    /// assert_eq!(Batch::new(None, vec![].into()).kind(), BatchKind::Snapshot);
+    /// ```
+    pub fn kind(&self) -> BatchKind {
+        match (self.position, self.envelopes.first().and_then(|e| e.position)) {
+            (Some(_), _) => BatchKind::Transaction,
+            (None, Some(_)) => BatchKind::Chunk,
+            (None, None) => BatchKind::Snapshot,
+        }
+    }
+}
+
+/// What a [`Batch`] is ([`Batch::kind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BatchKind {
+    /// A committed transaction, or the last part of a large one: positioned; acking it moves the
+    /// watermark.
+    Transaction,
+    /// An unpositioned chunk of a large transaction ([`Batch::offset`] says where it starts);
+    /// its envelopes carry the transaction's commit position.
+    Chunk,
+    /// Snapshot (backfill) rows: upserts, applied at least once, no position anywhere.
+    Snapshot,
 }
 
 /// What travels on a sink's lane. Serde form: externally tagged, snake_case

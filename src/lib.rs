@@ -104,7 +104,7 @@ pub use error::{
     AckError, BackendError, BuildError, ErrorCode, PublishError, PublishTimeoutError, RecvError,
     RecvTimeoutError, ServerReason, StreamError, TryPublishError, TryRecvError,
 };
-pub use item::{Batch, Item, LaneItem, Request, ENVELOPE_OVERHEAD};
+pub use item::{Batch, BatchKind, Item, LaneItem, Request, ENVELOPE_OVERHEAD};
 #[cfg(feature = "futures")]
 pub use lane::ConsumerStream;
 pub use lane::{

@@ -38,6 +38,10 @@
 #![deny(missing_debug_implementations)]
 #![forbid(unsafe_code)]
 
+/// The core crate, re-exported whole: a sink needs one dependency (`lanestream_postgres::lanestream::Envelope`,
+/// `lanestream_postgres::lanestream::MemoryStream`...).
+pub use lanestream;
+
 pub mod backfill;
 pub mod batch;
 pub mod live;
