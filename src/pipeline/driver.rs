@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::{IndexName, LaneConsumer, LaneDelivery, SinkName, Stream, StreamFanout};
+use crate::{IndexName, LaneConsumer, LaneDelivery, MemoryStream, SinkName, Stream, StreamBuilder, StreamFanout};
 
 use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
 use super::error::{panic_message, PipelineError};
@@ -18,6 +18,13 @@ use super::state::SinkState;
 use super::stop::StopHandle;
 
 type EngineFn<St> = Box<dyn FnOnce(St, EngineConfig, Gate) -> Result<SinkReport, PipelineError> + Send>;
+
+/// The stream a pipeline publishes into: given, or built at [`Pipeline::run`] with one lane per
+/// local sink engine ([`Pipeline::in_memory`]).
+enum StreamOf<St> {
+    Given(St),
+    FromSinks(Box<dyn FnOnce(&[String]) -> Result<St, PipelineError> + Send>),
+}
 
 /// What a pipeline does with a **joiner**: a sink that starts with no state (a new sink, or one
 /// whose storage was reset) on a source with history ([`SourceStart::history`]: a replication
@@ -44,7 +51,7 @@ pub enum Joiners {
 
 /// A source → stream → sink engines pipeline; see the [module docs](super).
 pub struct Pipeline<St: Stream + Clone + 'static> {
-    stream: St,
+    stream: StreamOf<St>,
     engines: Vec<(String, EngineFn<St>)>,
     joiners: Joiners,
     backfills: Vec<IndexName>,
@@ -68,10 +75,44 @@ impl<St: Stream + Clone + 'static> std::fmt::Debug for Pipeline<St> {
     }
 }
 
+impl Pipeline<MemoryStream> {
+    /// A pipeline on an in-process [`MemoryStream`] whose lanes are its local sink engines:
+    /// each sink is named once, by [`sink`](Self::sink), and the stream is built by
+    /// [`run`](Self::run) from `builder` (its capacity, memory budget...) with one lane per sink,
+    /// in the order they were added (sinks already on `builder` stay, first).
+    ///
+    /// ```
+    /// use lanestream::pipeline::{MemorySink, Pipeline};
+    /// use lanestream::MemoryStream;
+    /// let search = MemorySink::new();
+    /// let pipeline = Pipeline::in_memory(MemoryStream::builder().capacity(64)).sink("search", {
+    ///     let search = search.clone();
+    ///     move || Ok::<_, std::convert::Infallible>(search.clone())
+    /// });
+    /// # let _ = pipeline;
+    /// ```
+    ///
+    /// # Errors
+    /// [`run`](Self::run) returns [`PipelineError::Stream`] when the stream cannot be built (an
+    /// invalid or repeated sink name, a capacity of 0: [`StreamBuilder::build`]).
+    pub fn in_memory(builder: StreamBuilder) -> Self {
+        Self::with(StreamOf::FromSinks(Box::new(move |names: &[String]| {
+            builder.sinks(names.iter().cloned()).build().map_err(|e| PipelineError::Stream(e.to_string()))
+        })))
+    }
+}
+
 impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// A pipeline publishing into `stream`, with no local sink engine yet (lanes without one
-    /// are served elsewhere: another process on a broker).
+    /// are served elsewhere: another process on a broker). Every local engine's sink
+    /// ([`sink`](Self::sink)) must be one of the stream's lanes ([`run`](Self::run) refuses
+    /// otherwise, before it starts anything); [`in_memory`](Pipeline::in_memory) makes the lanes
+    /// from the engines instead.
     pub fn new(stream: St) -> Self {
+        Self::with(StreamOf::Given(stream))
+    }
+
+    fn with(stream: StreamOf<St>) -> Self {
         Pipeline {
             stream,
             engines: Vec::new(),
@@ -226,6 +267,18 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
             metrics,
         } = self;
         let started = Instant::now();
+        let names: Vec<String> = engines.iter().map(|(name, _)| name.clone()).collect();
+        let stream = match stream {
+            StreamOf::Given(stream) => stream,
+            StreamOf::FromSinks(build) => build(&names)?,
+        };
+        if let Some(name) = names.iter().find(|n| !stream.sinks().iter().any(|s| s.as_str() == n.as_str())) {
+            let lanes: Vec<&str> = stream.sinks().iter().map(|s| s.as_str()).collect();
+            return Err(PipelineError::Stream(format!(
+                "Pipeline::sink({name:?}) names no lane of the stream (its lanes: {lanes:?}); name it when \
+                 building the stream, or let Pipeline::in_memory make the lanes from the sinks"
+            )));
+        }
         metrics.start();
         let mut fanout = stream.fanout()?;
         // Each lane's last published position, read once the fan-out is ours (its claim fences

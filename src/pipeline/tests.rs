@@ -1027,3 +1027,39 @@ fn adv_an_ingest_restarted_under_running_sink_engines_feeds_each_every_envelope_
         }
     }
 }
+
+/// A sink is named once: `Pipeline::in_memory` builds the stream's lanes from the sink engines,
+/// and every engine gets every transaction.
+#[test]
+fn in_memory_makes_one_lane_per_sink_named_once() {
+    let (search, cache) = (MemorySink::new(), MemorySink::new());
+    let mut pipeline = Pipeline::in_memory(MemoryStream::builder().capacity(4)).tick(Duration::from_millis(2));
+    for (name, sink) in [("search", &search), ("cache", &cache)] {
+        let sink = sink.clone();
+        pipeline = pipeline.sink(name, move || Ok::<_, std::convert::Infallible>(sink.clone()));
+    }
+    let mut source = Items((1..=10).map(|p| SourceItem::Change(txn(p))).collect());
+    let report = pipeline.run(&mut source).expect("the pipeline runs");
+    assert_eq!((report.transactions, report.confirmed), (10, Some(Position(10))));
+    for sink in [&search, &cache] {
+        let positions: Vec<_> = sink.applied().iter().filter_map(LaneItem::position).collect();
+        assert_eq!(positions, (1..=10).map(Position).collect::<Vec<_>>());
+    }
+}
+
+/// A sink engine whose name is no lane of the given stream is refused by `run` before anything
+/// starts, naming the sink and the lanes (before: the engine failed at attach, mid-start).
+#[test]
+fn a_sink_named_for_no_lane_of_the_stream_is_refused_before_anything_starts() {
+    let stream = MemoryStream::builder().sinks(["search"]).build().unwrap();
+    let typo = MemorySink::new();
+    let pipeline = Pipeline::new(stream.clone()).sink("serach", {
+        let typo = typo.clone();
+        move || Ok::<_, std::convert::Infallible>(typo.clone())
+    });
+    let mut source = Items([SourceItem::Change(txn(1))].into_iter().collect());
+    let e = pipeline.run(&mut source).unwrap_err();
+    assert!(e.to_string().contains("\"serach\"") && e.to_string().contains("[\"search\"]"), "{e}");
+    assert!(typo.applied().is_empty() && typo.committed().is_none());
+    assert_eq!(published(&stream, "search"), (0, None), "nothing was published");
+}
