@@ -46,6 +46,9 @@
 //!     position: Some(Position(0x10)),
 //!     document: br#"{"id":1}"#.as_slice().into(),
 //!     built_at_micros: None,
+//!     relation: None,
+//!     old_id: None,
+//!     unchanged: Vec::new(),
 //! };
 //! let item = LaneItem::Batch(Batch::new(Some(Position(0x10)), Arc::from(vec![envelope])));
 //! {
@@ -380,6 +383,9 @@ mod tests {
             position,
             document: format!("{{\"id\":{id}}}").into_bytes().into(),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
             relation: None,
             old_id: None,
             unchanged: Vec::new(),

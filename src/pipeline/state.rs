@@ -46,6 +46,9 @@
 //!     position: Some(Position(0x20)),
 //!     document: bytes::Bytes::from_static(b"{}"),
 //!     built_at_micros: None,
+//!     relation: None,
+//!     old_id: None,
+//!     unchanged: Vec::new(),
 //! };
 //! let txn = LaneItem::Batch(Batch::new(Some(Position(0x20)), vec![envelope("1"), envelope("2")].into()));
 //! let mut state = SinkState::new();
@@ -376,6 +379,9 @@ mod tests {
             position,
             document: bytes::Bytes::from(format!("{{\"id\":{id}}}")),
             built_at_micros: None,
+            relation: None,
+            old_id: None,
+            unchanged: Vec::new(),
             relation: None,
             old_id: None,
             unchanged: Vec::new(),
