@@ -382,9 +382,6 @@ mod tests {
             relation: None,
             old_id: None,
             unchanged: Vec::new(),
-            relation: None,
-            old_id: None,
-            unchanged: Vec::new(),
         }
     }
 
