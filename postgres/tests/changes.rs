@@ -352,10 +352,8 @@ fn p6_a_change_carries_its_table_columns_types_and_typed_key() {
     assert!(kinds.contains(&BatchKind::Snapshot) && kinds.contains(&BatchKind::Transaction), "{kinds:?}");
     let all = envelopes(&items);
     assert!(all.len() >= 2, "the backfilled rows and the inserted one");
-    let oid: u32 = c
-        .query_one("SELECT '\"P6 Mixed\".\"Stock Items\"'::regclass::oid", &[])
-        .expect("oid")
-        .get(0);
+    let oid: u32 =
+        c.query_one("SELECT '\"P6 Mixed\".\"Stock Items\"'::regclass::oid", &[]).expect("oid").get(0);
     let mood: u32 = c.query_one("SELECT 'p6_mood'::regtype::oid", &[]).expect("oid").get(0);
     for e in all {
         let rel = e.relation.as_ref().expect("a shape");
@@ -364,7 +362,13 @@ fn p6_a_change_carries_its_table_columns_types_and_typed_key() {
             rel.columns.iter().map(|c| (c.name.as_str(), c.type_id, c.type_name.as_str())).collect();
         assert_eq!(
             types,
-            [("code", 25, "text"), ("n", 23, "int4"), ("price", 1700, "numeric"), ("mood", mood, "p6_mood"), ("at", 1184, "timestamptz")],
+            [
+                ("code", 25, "text"),
+                ("n", 23, "int4"),
+                ("price", 1700, "numeric"),
+                ("mood", mood, "p6_mood"),
+                ("at", 1184, "timestamptz")
+            ],
             "{:?}",
             e.position
         );
@@ -375,7 +379,11 @@ fn p6_a_change_carries_its_table_columns_types_and_typed_key() {
         let values: Vec<&Value> = key.iter().map(|k| &doc[*k]).collect();
         let (code, n) = if doc["n"] == 1 { ("a:b\\c", 1) } else { ("x", 2) };
         assert_eq!(values, [&Value::from(code), &Value::from(n)]);
-        assert_eq!(e.id, format!("{}:{n}", code.replace('\\', "\\\\").replace(':', "\\:")), "the id joins them");
+        assert_eq!(
+            e.id,
+            format!("{}:{n}", code.replace('\\', "\\\\").replace(':', "\\:")),
+            "the id joins them"
+        );
         assert_eq!(rel.columns[2].type_modifier, (10 << 16) + 2 + 4, "numeric(10,2)");
     }
 }
@@ -402,7 +410,8 @@ fn p6_a_new_shape_reaches_the_sink_in_order_and_a_renamed_table_keeps_its_id() {
     });
     let stop = pipeline.stop_handle();
     let running = std::thread::spawn(move || pipeline.run(&mut source.until(None)));
-    let changes = |sink: &MemorySink| envelopes(&sink.applied()).iter().filter(|e| e.position.is_some()).count();
+    let changes =
+        |sink: &MemorySink| envelopes(&sink.applied()).iter().filter(|e| e.position.is_some()).count();
     c.execute("INSERT INTO p6_shape VALUES (0, 'zero')", &[]).expect("a first change");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while changes(&sink) < 1 {
@@ -418,7 +427,8 @@ fn p6_a_new_shape_reaches_the_sink_in_order_and_a_renamed_table_keeps_its_id() {
     )
     .expect("changes");
     // ...and the renamed table, a new index, is backfilled (P2).
-    let complete = |sink: &MemorySink| sink.applied().iter().any(|i| matches!(i, LaneItem::SnapshotComplete { .. }));
+    let complete =
+        |sink: &MemorySink| sink.applied().iter().any(|i| matches!(i, LaneItem::SnapshotComplete { .. }));
     while changes(&sink) < 5 || !complete(&sink) {
         assert!(std::time::Instant::now() < deadline, "the changes came");
         std::thread::sleep(Duration::from_millis(20));

@@ -475,7 +475,10 @@ pub fn decode_item(bytes: &[u8]) -> Result<LaneItem, CodecError> {
                         document,
                         built_at_micros: e.built_at_micros.as_ref().map(|t| t.to_native()),
                         // In range: checked by `access_item`.
-                        relation: e.relation.as_ref().and_then(|i| relations.get(i.to_native() as usize).cloned()),
+                        relation: e
+                            .relation
+                            .as_ref()
+                            .and_then(|i| relations.get(i.to_native() as usize).cloned()),
                         old_id: e.old_id.as_ref().map(|s| s.as_str().to_owned()),
                         unchanged: e.unchanged.iter().map(|s| s.as_str().to_owned()).collect(),
                     })

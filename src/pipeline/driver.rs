@@ -6,7 +6,9 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::{IndexName, LaneConsumer, LaneDelivery, MemoryStream, SinkName, Stream, StreamBuilder, StreamFanout};
+use crate::{
+    IndexName, LaneConsumer, LaneDelivery, MemoryStream, SinkName, Stream, StreamBuilder, StreamFanout,
+};
 
 use super::engine::{run_engine, EngineConfig, EnginePlan, Gate};
 use super::error::{panic_message, PipelineError};
@@ -23,8 +25,11 @@ type EngineFn<St> = Box<dyn FnOnce(St, EngineConfig, Gate) -> Result<SinkReport,
 /// local sink engine ([`Pipeline::in_memory`]).
 enum StreamOf<St> {
     Given(St),
-    FromSinks(Box<dyn FnOnce(&[String]) -> Result<St, PipelineError> + Send>),
+    FromSinks(BuildFn<St>),
 }
+
+/// Builds a pipeline's stream from its local sink engines' names.
+type BuildFn<St> = Box<dyn FnOnce(&[String]) -> Result<St, PipelineError> + Send>;
 
 /// What a pipeline does with a **joiner**: a sink that starts with no state (a new sink, or one
 /// whose storage was reset) on a source with history ([`SourceStart::history`]: a replication

@@ -1033,7 +1033,8 @@ fn adv_an_ingest_restarted_under_running_sink_engines_feeds_each_every_envelope_
 #[test]
 fn in_memory_makes_one_lane_per_sink_named_once() {
     let (search, cache) = (MemorySink::new(), MemorySink::new());
-    let mut pipeline = Pipeline::in_memory(MemoryStream::builder().capacity(4)).tick(Duration::from_millis(2));
+    let mut pipeline =
+        Pipeline::in_memory(MemoryStream::builder().capacity(4)).tick(Duration::from_millis(2));
     for (name, sink) in [("search", &search), ("cache", &cache)] {
         let sink = sink.clone();
         pipeline = pipeline.sink(name, move || Ok::<_, std::convert::Infallible>(sink.clone()));

@@ -88,7 +88,8 @@ fn col(name: &str, type_oid: u32, type_sql: &str, type_name: &str) -> PlanColumn
 }
 
 fn plan(name: &str) -> TablePlan {
-    let columns = vec![col("a", 25, "text", "text"), col("b", 23, "integer", "int4"), col("c", 17, "bytea", "bytea")];
+    let columns =
+        vec![col("a", 25, "text", "text"), col("b", 23, "integer", "int4"), col("c", 17, "bytea", "bytea")];
     let id_key = vec!["a".to_owned(), "b".to_owned()];
     TablePlan {
         relation: plan_relation(16384, "public", name, &columns, &id_key),

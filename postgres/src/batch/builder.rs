@@ -529,7 +529,10 @@ fn keyed(
     };
     let same = |r: &Relation| {
         r.key.len() == len
-            && r.key.iter().enumerate().all(|(at, &i)| r.columns.get(usize::from(i)).is_some_and(|c| c.name == name(at)))
+            && r.key
+                .iter()
+                .enumerate()
+                .all(|(at, &i)| r.columns.get(usize::from(i)).is_some_and(|c| c.name == name(at)))
     };
     if same(relation) {
         return relation.clone();
@@ -542,7 +545,9 @@ fn keyed(
     }
     let mut k = Relation::clone(relation);
     k.key = (0..len)
-        .filter_map(|at| k.columns.iter().position(|c| c.name == name(at)).and_then(|i| u16::try_from(i).ok()))
+        .filter_map(|at| {
+            k.columns.iter().position(|c| c.name == name(at)).and_then(|i| u16::try_from(i).ok())
+        })
         .collect();
     let k = Arc::new(k);
     rekeyed.push((relation.clone(), k.clone()));

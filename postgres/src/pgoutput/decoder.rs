@@ -404,7 +404,7 @@ impl PgOutputDecoder {
             key_from_stream: rel.key.is_some(),
             lsn: None,
             relation: Some(&rel.shape),
-            unchanged: has_new.then_some(unchanged.as_slice()).unwrap_or(&[]),
+            unchanged: if has_new { unchanged.as_slice() } else { &[] },
         };
         let out = builder.push_change(seq, &change).map_err(Fail::Builder);
         *columns = recycle(cols);
