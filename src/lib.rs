@@ -46,7 +46,7 @@
 //!
 //! | | blocking | never blocks | bounded wait | async |
 //! |---|---|---|---|---|
-//! | publish | `publish` → `PublishError` | `try_publish` → `TryPublishError` (adds `Full`) | `publish_timeout`, `publish_deadline` → `PublishTimeoutError` (adds `Timeout`) | `publish_async` |
+//! | publish | `publish` → `PublishError` | `try_publish` → `PublishError` (adds `Full`) | `publish_timeout`, `publish_deadline` → `PublishError` (adds `Timeout`) | `publish_async` |
 //! | receive | `recv` → `RecvError` | `try_recv` → `TryRecvError` (`Empty`, `Closed`, `Detached`) | `recv_timeout`, `recv_deadline` → `RecvTimeoutError` | `recv_async`, `poll_recv`, `into_stream` (feature `futures`) |
 //! | receive a run | `recv_run(max)` | `try_recv_run(max)` | `recv_run_timeout`, `recv_run_deadline` | `recv_run_async(max)` |
 //! | publish to every lane (`Stream::fanout()`) | `Fanout::publish`, `publish_run`, `publish_to` | `try_publish`, `try_publish_run`, `try_publish_to` | `publish_timeout`, `publish_deadline` | `publish_async` |
@@ -100,8 +100,8 @@ pub mod wait;
 
 pub use envelope::{Envelope, Op};
 pub use error::{
-    AckError, BackendError, BuildError, ErrorCode, PublishError, PublishTimeoutError, RecvError,
-    RecvTimeoutError, ServerReason, StreamError, TryPublishError, TryRecvError,
+    AckError, BackendError, BuildError, ErrorCode, PublishError, RecvError, RecvTimeoutError, ServerReason,
+    StreamError, TryRecvError,
 };
 pub use item::{Batch, Item, LaneItem, Request, ENVELOPE_OVERHEAD};
 #[cfg(feature = "futures")]

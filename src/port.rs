@@ -19,8 +19,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::error::{
-    AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
-    TryPublishError, TryRecvError,
+    AckError, BuildError, PublishError, RecvError, RecvTimeoutError, StreamError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
 use crate::lane::{check_capacity, LaneStats};
@@ -160,8 +159,8 @@ pub trait StreamFanout: Send {
     /// Publishes `item` to every lane if there is room now; never waits.
     ///
     /// # Errors
-    /// [`TryPublishError`]: `Full`, `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
-    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
+    /// [`PublishError`]: `Full`, `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
 
     /// Publishes `item` to every lane, waiting while some lane is full ([L3](crate::contract#l3)).
     ///
@@ -172,22 +171,14 @@ pub trait StreamFanout: Send {
     /// Publishes `item` to every lane, waiting until `deadline` at most.
     ///
     /// # Errors
-    /// [`PublishTimeoutError`]: `Timeout` or one of [`PublishError`]'s causes.
-    fn publish_deadline(
-        &mut self,
-        item: LaneItem,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>>;
+    /// [`PublishError`]: `Timeout` or one of [`PublishError`]'s causes.
+    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishError<LaneItem>>;
 
     /// Publishes `item` to every lane, waiting `timeout` at most.
     ///
     /// # Errors
     /// As [`publish_deadline`](StreamFanout::publish_deadline).
-    fn publish_timeout(
-        &mut self,
-        item: LaneItem,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishError<LaneItem>> {
         self.publish_deadline(item, Instant::now() + timeout)
     }
 
@@ -203,9 +194,9 @@ pub trait StreamFanout: Send {
     /// (>= 1; 0 for no items). Never waits.
     ///
     /// # Errors
-    /// When not even the first item can go: [`TryPublishError`] carrying 0 (how many were
+    /// When not even the first item can go: [`PublishError`] carrying 0 (how many were
     /// published); `items` is handed back untouched, the refused item first.
-    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>>;
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, PublishError<usize>>;
 
     /// Publishes every item of `items`, in order, waiting for room, moving them out of `items`
     /// as they go: empty on `Ok`.
@@ -233,7 +224,7 @@ pub trait StreamFanout: Send {
     ///
     /// # Panics
     /// If `lane` is not below [`lanes`](StreamFanout::lanes).
-    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
 
     /// Closes every lane ([L10](crate::contract#l10)); idempotent.
     fn close(&self);
@@ -485,8 +476,8 @@ pub trait RequestPublisher: Clone + Send + Sync {
     /// Publishes `request` if there is room now.
     ///
     /// # Errors
-    /// [`TryPublishError`]: `Full` or `Closed`, request handed back.
-    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>>;
+    /// [`PublishError`]: `Full` or `Closed`, request handed back.
+    fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>>;
 
     /// Publishes `request`, waiting while the lane is full.
     ///
@@ -497,22 +488,14 @@ pub trait RequestPublisher: Clone + Send + Sync {
     /// Publishes `request`, waiting until `deadline` at most.
     ///
     /// # Errors
-    /// [`PublishTimeoutError`]: `Timeout` or `Closed`.
-    fn publish_deadline(
-        &self,
-        request: Request,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<Request>>;
+    /// [`PublishError`]: `Timeout` or `Closed`.
+    fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishError<Request>>;
 
     /// Publishes `request`, waiting `timeout` at most.
     ///
     /// # Errors
     /// As [`publish_deadline`](RequestPublisher::publish_deadline).
-    fn publish_timeout(
-        &self,
-        request: Request,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<Request>> {
+    fn publish_timeout(&self, request: Request, timeout: Duration) -> Result<(), PublishError<Request>> {
         self.publish_deadline(request, Instant::now() + timeout)
     }
 

@@ -27,8 +27,8 @@ use bytes::Bytes;
 use crossbeam_utils::CachePadded;
 use disruptor::{BusySpin, Polling, Producer as _};
 use lanestream::{
-    Batch, Consumer, Envelope, Fanout, IndexName, LaneItem, MemoryStream, Op, Position, Stream,
-    TryPublishError, TryRecvError,
+    Batch, Consumer, Envelope, Fanout, IndexName, LaneItem, MemoryStream, Op, Position, PublishError, Stream,
+    TryRecvError,
 };
 
 /// Slots in every bounded queue, for every contender.
@@ -198,7 +198,7 @@ fn spin_publish(p: &mut Fanout, mut it: LaneItem) {
     loop {
         match p.try_publish(it) {
             Ok(()) => return,
-            Err(TryPublishError::Full(back)) => {
+            Err(PublishError::Full(back)) => {
                 it = back;
                 relax();
             }
@@ -824,7 +824,7 @@ impl LaneFanRun {
             } else {
                 match self.fanout.try_publish_run(&mut self.chunk) {
                     Ok(_) => {}
-                    Err(TryPublishError::Full(_)) => relax(),
+                    Err(PublishError::Full(_)) => relax(),
                     Err(e) => panic!("publish failed: {e}"),
                 }
             }
@@ -862,7 +862,7 @@ impl Fixture for LaneFanRun {
                     loop {
                         match self.fanout.try_publish(it) {
                             Ok(()) => break,
-                            Err(TryPublishError::Full(back)) => {
+                            Err(PublishError::Full(back)) => {
                                 it = back;
                                 relax();
                             }

@@ -4,9 +4,9 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::producer::Publish;
-use super::publisher::{Publisher, Stop};
+use super::publisher::Publisher;
 use super::ring::Cells;
-use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
+use crate::error::{PublishError, StreamError};
 use crate::item::LaneItem;
 use crate::lane::Lane;
 use crate::name::SinkName;
@@ -74,11 +74,11 @@ impl Fanout {
     /// never waits.
     ///
     /// # Errors
-    /// Hands `item` back, no lane got it: [`TryPublishError::Full`] if some lane has `capacity`
-    /// unacked items or the memory budget is spent, [`Closed`](TryPublishError::Closed) if a
-    /// lane is closed, [`PositionRegressed`](TryPublishError::PositionRegressed) and
-    /// [`InvalidPosition`](TryPublishError::InvalidPosition) ([L4](crate::contract#l4)).
-    pub fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    /// Hands `item` back, no lane got it: [`PublishError::Full`] if some lane has `capacity`
+    /// unacked items or the memory budget is spent, [`Closed`](PublishError::Closed) if a
+    /// lane is closed, [`PositionRegressed`](PublishError::PositionRegressed) and
+    /// [`InvalidPosition`](PublishError::InvalidPosition) ([L4](crate::contract#l4)).
+    pub fn try_publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         self.publisher.try_step(None, item).map_err(|(item, refusal)| refusal.error(item))
     }
 
@@ -88,19 +88,19 @@ impl Fanout {
     /// # Errors
     /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
     pub fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        self.publisher.publish_until(None, item, None).map_err(Stop::untimed)
+        self.publisher.publish_until(None, item, None)
     }
 
     /// As [`publish`](Fanout::publish), waiting at most `timeout`.
     ///
     /// # Errors
-    /// [`PublishTimeoutError::Timeout`] (item handed back, no lane got it), or a cause of
+    /// [`PublishError::Timeout`] (item handed back, no lane got it), or a cause of
     /// [`publish`](Fanout::publish).
     pub fn publish_timeout(
         &mut self,
         item: LaneItem,
         timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+    ) -> Result<(), PublishError<LaneItem>> {
         self.publish_deadline(item, Instant::now() + timeout)
     }
 
@@ -112,8 +112,8 @@ impl Fanout {
         &mut self,
         item: LaneItem,
         deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        self.publisher.publish_until(None, item, Some(deadline)).map_err(Stop::timed)
+    ) -> Result<(), PublishError<LaneItem>> {
+        self.publisher.publish_until(None, item, Some(deadline))
     }
 
     /// Publishes `item` to every lane, waiting asynchronously while some lane is full or the
@@ -133,11 +133,11 @@ impl Fanout {
     /// capacity, to be refilled for the next run.
     ///
     /// # Errors
-    /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
+    /// When not even the first item can go: `PublishError::<usize>::Full(0)`, `Closed(0)`,
     /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)` (the payload is how many were
     /// published, here always 0); `items` is handed back untouched, the refused item first. A
     /// prefix stops before an item that would be refused.
-    pub fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
+    pub fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, PublishError<usize>> {
         if items.is_empty() {
             return Ok(0);
         }
@@ -172,7 +172,7 @@ impl Fanout {
     /// If `lane` is not below [`lanes`](Fanout::lanes).
     pub fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         assert!(lane < self.lanes(), "publish_to: lane {lane} of {}", self.lanes());
-        self.publisher.publish_until(Some(lane), item, None).map_err(Stop::untimed)
+        self.publisher.publish_until(Some(lane), item, None)
     }
 
     /// As [`publish_to`](Fanout::publish_to), never waiting.
@@ -182,7 +182,7 @@ impl Fanout {
     ///
     /// # Panics
     /// If `lane` is not below [`lanes`](Fanout::lanes).
-    pub fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    pub fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         assert!(lane < self.lanes(), "try_publish_to: lane {lane} of {}", self.lanes());
         self.publisher.try_step(Some(lane), item).map_err(|(item, refusal)| refusal.error(item))
     }

@@ -13,8 +13,7 @@ mod requests;
 
 pub use self::requests::{RequestLane, RequestSender};
 use crate::error::{
-    AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
-    TryPublishError, TryRecvError,
+    AckError, BuildError, PublishError, RecvError, RecvTimeoutError, StreamError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
 use crate::lane::Marks;
@@ -450,7 +449,7 @@ impl StreamFanout for Fanout {
     }
 
     #[inline]
-    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         Fanout::try_publish(self, item)
     }
 
@@ -459,11 +458,7 @@ impl StreamFanout for Fanout {
         Fanout::publish(self, item)
     }
 
-    fn publish_deadline(
-        &mut self,
-        item: LaneItem,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishError<LaneItem>> {
         Fanout::publish_deadline(self, item, deadline)
     }
 
@@ -475,7 +470,7 @@ impl StreamFanout for Fanout {
     }
 
     #[inline]
-    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, PublishError<usize>> {
         Fanout::try_publish_run(self, items)
     }
 
@@ -488,7 +483,7 @@ impl StreamFanout for Fanout {
         Fanout::publish_to(self, lane, item)
     }
 
-    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         Fanout::try_publish_to(self, lane, item)
     }
 

@@ -4,10 +4,10 @@ use std::fmt;
 use std::sync::Arc as StdArc;
 use std::time::{Duration, Instant};
 
-use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
+use crate::error::{PublishError, StreamError};
 use crate::item::Request;
 use crate::lane::AckedMark;
-use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Stop, Target};
+use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Target};
 use crate::port::RequestPublisher;
 use crate::sync::{Arc, Mutex};
 
@@ -105,8 +105,8 @@ impl RequestSender {
     /// lock, held only for a non-blocking step).
     ///
     /// # Errors
-    /// Hands `request` back: [`TryPublishError::Full`] or [`TryPublishError::Closed`].
-    pub fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
+    /// Hands `request` back: [`PublishError::Full`] or [`PublishError::Closed`].
+    pub fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>> {
         self.target().step(request).map_err(|(request, refusal)| refusal.error(request))
     }
 
@@ -115,18 +115,14 @@ impl RequestSender {
     /// # Errors
     /// [`PublishError::Closed`], request handed back.
     pub fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        publish_until(&mut self.target(), request, None).map_err(Stop::untimed)
+        publish_until(&mut self.target(), request, None)
     }
 
     /// Publishes `request`, waiting at most `timeout` for room.
     ///
     /// # Errors
-    /// [`PublishTimeoutError::Timeout`] or [`PublishTimeoutError::Closed`], request handed back.
-    pub fn publish_timeout(
-        &self,
-        request: Request,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<Request>> {
+    /// [`PublishError::Timeout`] or [`PublishError::Closed`], request handed back.
+    pub fn publish_timeout(&self, request: Request, timeout: Duration) -> Result<(), PublishError<Request>> {
         self.publish_deadline(request, Instant::now() + timeout)
     }
 
@@ -134,12 +130,8 @@ impl RequestSender {
     ///
     /// # Errors
     /// As [`publish_timeout`](RequestSender::publish_timeout).
-    pub fn publish_deadline(
-        &self,
-        request: Request,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<Request>> {
-        publish_until(&mut self.target(), request, Some(deadline)).map_err(Stop::timed)
+    pub fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishError<Request>> {
+        publish_until(&mut self.target(), request, Some(deadline))
     }
 
     /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
@@ -163,7 +155,7 @@ impl fmt::Debug for RequestSender {
 }
 
 impl RequestPublisher for RequestSender {
-    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
+    fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>> {
         RequestSender::try_publish(self, request)
     }
 
@@ -171,11 +163,7 @@ impl RequestPublisher for RequestSender {
         RequestSender::publish(self, request)
     }
 
-    fn publish_deadline(
-        &self,
-        request: Request,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<Request>> {
+    fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishError<Request>> {
         RequestSender::publish_deadline(self, request, deadline)
     }
 
