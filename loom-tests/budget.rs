@@ -2,6 +2,7 @@
 //! budget is woken by the ack that lets the fan-out drop what held it, and a batch over the whole
 //! budget is admitted alone.
 
+use lanestream::prelude::*;
 use lanestream::{Item, MemoryStream, Position, PublishError, Stream};
 use loom::thread;
 

@@ -1,6 +1,7 @@
 //! Loom model 7: close racing the last publish, close waking waiters, and a close from another
 //! thread racing a publish (L3, L10).
 
+use lanestream::prelude::*;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -1,5 +1,6 @@
 //! Loom model 3: a consumer re-attach racing a late ack from the detached consumer (L8).
 
+use lanestream::prelude::*;
 use lanestream::{MemoryStream, Position, PublishError, Stream, TryRecvError};
 use loom::thread;
 

@@ -2,6 +2,7 @@
 //! a run's acks, one `released` count and one wake-up for a released run — and the fan-out
 //! producer (its run publish, and its wait for room seeing any lane's close).
 
+use lanestream::prelude::*;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

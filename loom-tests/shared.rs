@@ -2,6 +2,7 @@
 //! ack holds the consumer's seat and no stale handle lives) and the shared ring (one array of
 //! cells written once per item by the fan-out, read in place by every lane).
 
+use lanestream::prelude::*;
 use lanestream::{LaneItem, MemoryStream, Position, PublishError, Stream, TryRecvError};
 use loom::thread;
 

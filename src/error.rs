@@ -1,6 +1,7 @@
 //! Errors: one enum per operation, one variant per cause, only the causes that operation can
-//! meet. Each variant says what state it leaves, and every error of a publish hands the item back
-//! untouched ([`into_inner`](PublishError::into_inner)).
+//! meet; the publish forms share one, [`PublishError`], whose docs list the variants each form
+//! returns. Each variant says what state it leaves, and every error of a publish hands the item
+//! back untouched ([`into_inner`](PublishError::into_inner)).
 
 use std::fmt;
 
@@ -342,15 +343,6 @@ impl<T> PublishError<T> {
             PublishError::Backend { item, error } => PublishError::Backend { item: f(item), error },
         }
     }
-
-    /// Splits `Full` (which a waiting publish waits out) from the causes a waiting publish
-    /// would also meet.
-    pub(crate) fn into_waitable(self) -> Result<T, PublishError<T>> {
-        match self {
-            PublishError::Full(t) => Ok(t),
-            e => Err(e),
-        }
-    }
 }
 
 impl<T> fmt::Debug for PublishError<T> {
@@ -411,6 +403,16 @@ impl RecvTimeoutError {
     /// Whether a newer consumer detached this one.
     pub fn is_detached(&self) -> bool {
         matches!(self, RecvTimeoutError::Detached)
+    }
+
+    /// The error of a receive without a deadline (`recv`, `recv_run`: the deadline form with
+    /// `None`, which never times out).
+    pub(crate) fn untimed(self) -> RecvError {
+        match self {
+            RecvTimeoutError::Detached => RecvError::Detached,
+            RecvTimeoutError::Backend(e) => RecvError::Backend(e),
+            RecvTimeoutError::Timeout => unreachable!("a wait without a deadline never times out"),
+        }
     }
 }
 

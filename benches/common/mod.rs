@@ -16,6 +16,7 @@
 //! waiter is parked, or its task is pending in an idle runtime, when the message arrives).
 #![allow(dead_code)] // each bench binary uses part of the module
 
+use lanestream::prelude::*;
 use std::cell::Cell;
 use std::hint::{black_box, spin_loop};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -67,7 +67,7 @@ impl<T: Item> Producer<T> {
     /// # Errors
     /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
     pub fn publish(&mut self, item: T) -> Result<(), PublishError<T>> {
-        self.publisher.publish_until(None, item, None)
+        self.publish_deadline(item, None)
     }
 
     /// Publishes `item`, waiting at most `timeout` for room.
@@ -76,15 +76,18 @@ impl<T: Item> Producer<T> {
     /// [`PublishError::Timeout`] (item handed back) if the lane stayed full, or a cause
     /// of [`publish`](Producer::publish).
     pub fn publish_timeout(&mut self, item: T, timeout: Duration) -> Result<(), PublishError<T>> {
-        self.publish_deadline(item, Instant::now() + timeout)
+        self.publish_deadline(item, Some(Instant::now() + timeout))
     }
 
-    /// Publishes `item`, waiting until `deadline` at most for room.
+    /// Publishes `item`, waiting until `deadline` at most for room (`None`: for as long as it
+    /// takes; [`publish`](Producer::publish) and [`publish_timeout`](Producer::publish_timeout)
+    /// are this, as the port's forms over [`StreamFanout::publish_deadline`](crate::StreamFanout::publish_deadline)).
     ///
     /// # Errors
-    /// As [`publish_timeout`](Producer::publish_timeout).
-    pub fn publish_deadline(&mut self, item: T, deadline: Instant) -> Result<(), PublishError<T>> {
-        self.publisher.publish_until(None, item, Some(deadline))
+    /// As [`publish_timeout`](Producer::publish_timeout) with a deadline, as
+    /// [`publish`](Producer::publish) without.
+    pub fn publish_deadline(&mut self, item: T, deadline: Option<Instant>) -> Result<(), PublishError<T>> {
+        self.publisher.publish_until(None, item, deadline)
     }
 
     /// Publishes `item`, waiting asynchronously while the lane is full. Works on any executor.
@@ -147,7 +150,7 @@ impl<T> fmt::Debug for Producer<T> {
     }
 }
 
-/// The future of every async publish ([`Fanout::publish_async`](crate::Fanout::publish_async),
+/// The future of every async publish ([`Fanout::publish_async`](crate::StreamFanout::publish_async),
 /// [`Producer::publish_async`], the request lane's): tries to publish, and while refused with
 /// `Full` waits for the lane short of room with the task's waker registered (no thread, any
 /// executor). Dropping it drops the item it holds (nothing was published).

@@ -203,11 +203,8 @@ impl<St: Stream> Ingest<'_, St> {
             item = match self.fanout.try_publish_to(lane, item) {
                 Ok(()) => return Ok(true),
                 // A broker's blip: tried again, as the waiting forms do (P8).
-                Err(PublishError::Backend { item: back, .. }) => back,
-                Err(e) => match e.into_waitable() {
-                    Ok(back) => back, // full
-                    Err(e) => return Err(publish_error(e)),
-                },
+                Err(PublishError::Backend { item: back, .. } | PublishError::Full(back)) => back,
+                Err(e) => return Err(publish_error(e)),
             };
             if stop.is_stopped() {
                 return Ok(false);

@@ -3,6 +3,7 @@
 //! build time; a slot pinned by a stale delivery is visible; an item's drop panic never aborts.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

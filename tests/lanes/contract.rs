@@ -10,6 +10,7 @@
 //! (`tests/lanes/async_waits.rs`) and the long multi-threaded run (`tests/stress.rs`).
 
 use crate::{common, port_contract};
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::pin::pin;

@@ -2,6 +2,7 @@
 //! that publishes to every lane at once, named after the rule each test shows.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -9,6 +9,7 @@
 //! ends' `Send`/`Sync`.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::panic::{catch_unwind, panic_any, AssertUnwindSafe};
@@ -203,7 +204,8 @@ fn m3_a_timed_out_publish_hands_its_item_back_and_the_panic_waits_for_the_next_p
     };
     assert_eq!(Arc::strong_count(&refused), 2, "the item came back whole");
     // A deadline already passed, still refused: still kept, item back.
-    let attempt = catch_unwind(AssertUnwindSafe(|| p.publish_deadline(back, std::time::Instant::now())));
+    let attempt =
+        catch_unwind(AssertUnwindSafe(|| p.publish_deadline(back, Some(std::time::Instant::now()))));
     let back = match attempt {
         Ok(Err(PublishError::Timeout(back))) => back,
         other => panic!("expected Timeout with the item again, got {:?}", other.map(|r| r.map_err(|_| ()))),

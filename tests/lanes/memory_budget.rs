@@ -1,6 +1,7 @@
 //! The memory budget (M4) and prompt drops (M3): what a stream holds is what is unacked.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -9,6 +9,7 @@
 //! interleavings and a bounded multi-threaded stress.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};

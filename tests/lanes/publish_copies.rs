@@ -14,6 +14,7 @@
 //! [`Probe`] items own no heap memory, so a double drop shows as a count of 2, not as corruption.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};

@@ -6,6 +6,7 @@
 //! concurrent runs. Each test is named after the rule it attacks.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -1007,9 +1008,9 @@ fn runs_l12_a_past_deadline_returns_what_is_there_and_times_out_on_nothing() {
     let s = stream(4, &["a"]);
     let mut c = s.attach("a").unwrap();
     let past = Instant::now() - Duration::from_millis(10);
-    assert!(c.recv_run_deadline(4, past).unwrap_err().is_timeout());
+    assert!(c.recv_run_deadline(4, Some(past)).unwrap_err().is_timeout());
     publish_range(&s, 1..=2);
-    let run = c.recv_run_deadline(4, past).unwrap().unwrap();
+    let run = c.recv_run_deadline(4, Some(past)).unwrap().unwrap();
     assert_eq!(run_positions(&run), [1, 2]);
     assert!(c.recv_run_timeout(4, Duration::ZERO).unwrap_err().is_timeout());
     run.ack().unwrap();
@@ -1215,7 +1216,7 @@ fn fanout_l3_publish_deadline_hands_the_item_back_at_the_deadline() {
     let item = |p: u64| LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()));
     fan.publish(item(1)).unwrap();
     let start = Instant::now();
-    let err = fan.publish_deadline(item(2), start + Duration::from_millis(50)).unwrap_err();
+    let err = fan.publish_deadline(item(2), Some(start + Duration::from_millis(50))).unwrap_err();
     assert!(err.is_timeout(), "{err:?}");
     assert!(start.elapsed() >= Duration::from_millis(50));
     assert_eq!(err.into_inner().position(), Some(Position(2)));

@@ -11,6 +11,7 @@
 //! [M3]: lanestream::contract#m3
 
 use crate::{common, shared_model};
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -27,6 +27,7 @@
 //! once (L5/W1/W5); only its slot waits for the stale handle to end.
 #![allow(dead_code)]
 
+use lanestream::prelude::*;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;

@@ -18,7 +18,7 @@ use lanestream::{
     AckError, LaneConsumer, LaneDelivery, LaneItem, Position, PublishError, RedisDelivery, RedisStream,
     RequestPublisher, Stream, StreamError, StreamFanout, TryRecvError,
 };
-use port_contract::{port_contract_tests, Backend, WorkerHandle};
+use port_contract::{port_contract_tests, Backend};
 use redis_support::{delete_keys, keys_of, kill_connections, unique_name, url};
 
 /// Deletes every key of the streams it was given when dropped, also when the test panicked, so
@@ -108,7 +108,7 @@ impl Backend for Redis {
     }
 }
 
-impl WorkerHandle for RedisDelivery<LaneItem> {
+impl port_contract::WorkerHandle for RedisDelivery<LaneItem> {
     fn attempt(&self) -> u32 {
         LaneDelivery::attempt(self)
     }

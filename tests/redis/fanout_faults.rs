@@ -9,6 +9,7 @@
 #![cfg(feature = "redis")]
 
 use crate::{common, redis_support};
+use lanestream::prelude::*;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -18,6 +18,7 @@
 #![cfg(feature = "redis")]
 
 use crate::{common, redis_support};
+use lanestream::prelude::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};

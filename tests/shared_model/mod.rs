@@ -16,6 +16,7 @@
 //! [M3]: lanestream::contract#m3
 #![allow(dead_code)]
 
+use lanestream::prelude::*;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc as StdArc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::{PublishError, StreamError};
 use crate::item::Request;
@@ -24,7 +24,8 @@ struct RequestShared {
 /// Its acked position counts for no watermark. Cheap to clone.
 ///
 /// ```
-/// use lanestream::{IndexName, MemoryStream, Request, SinkName};
+/// use lanestream::prelude::*;
+/// use lanestream::{IndexName, MemoryStream, Request, RequestPublisher, SinkName};
 /// let stream = MemoryStream::builder().sink("search").build().unwrap();
 /// let sender = stream.requests().sender();
 /// sender.publish(Request::backfill(
@@ -94,54 +95,13 @@ impl fmt::Debug for RequestLane {
 }
 
 /// Publishes requests on the request lane; any number of senders, on any threads
-/// ([R1](crate::contract#r1)). Cheap to clone.
+/// ([R1](crate::contract#r1)). Cheap to clone. Its surface is the port's [`RequestPublisher`].
 #[derive(Clone)]
 pub struct RequestSender {
     shared: StdArc<RequestShared>,
 }
 
 impl RequestSender {
-    /// Publishes `request` if there is room now; never waits (it may briefly take the senders'
-    /// lock, held only for a non-blocking step).
-    ///
-    /// # Errors
-    /// Hands `request` back: [`PublishError::Full`] or [`PublishError::Closed`].
-    pub fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        self.target().step(request).map_err(|(request, refusal)| refusal.error(request))
-    }
-
-    /// Publishes `request`, waiting while the lane is full.
-    ///
-    /// # Errors
-    /// [`PublishError::Closed`], request handed back.
-    pub fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        publish_until(&mut self.target(), request, None)
-    }
-
-    /// Publishes `request`, waiting at most `timeout` for room.
-    ///
-    /// # Errors
-    /// [`PublishError::Timeout`] or [`PublishError::Closed`], request handed back.
-    pub fn publish_timeout(&self, request: Request, timeout: Duration) -> Result<(), PublishError<Request>> {
-        self.publish_deadline(request, Instant::now() + timeout)
-    }
-
-    /// Publishes `request`, waiting until `deadline` at most for room.
-    ///
-    /// # Errors
-    /// As [`publish_timeout`](RequestSender::publish_timeout).
-    pub fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishError<Request>> {
-        publish_until(&mut self.target(), request, Some(deadline))
-    }
-
-    /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
-    ///
-    /// # Errors
-    /// As [`publish`](RequestSender::publish).
-    pub fn publish_async(&self, request: Request) -> Publish<'_, Request> {
-        Publish::shared(&self.shared.publisher, &self.shared.ring, request)
-    }
-
     /// The shared publisher, stepped under its lock, waited for outside it.
     fn target(&self) -> Target<'_, Request> {
         Target::Shared(&self.shared.publisher, &self.shared.ring)
@@ -154,23 +114,39 @@ impl fmt::Debug for RequestSender {
     }
 }
 
+/// The memory backend's request sender: `publish` and `publish_timeout` are the port's, over
+/// `publish_deadline`.
 impl RequestPublisher for RequestSender {
+    /// Publishes `request` if there is room now; never waits (it may briefly take the senders'
+    /// lock, held only for a non-blocking step).
+    ///
+    /// # Errors
+    /// Hands `request` back: [`PublishError::Full`] or [`PublishError::Closed`].
     fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        RequestSender::try_publish(self, request)
+        self.target().step(request).map_err(|(request, refusal)| refusal.error(request))
     }
 
-    fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        RequestSender::publish(self, request)
-    }
-
-    fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishError<Request>> {
-        RequestSender::publish_deadline(self, request, deadline)
-    }
-
-    fn publish_async(
+    /// Publishes `request`, waiting while the lane is full, until `deadline` at most (`None`: for
+    /// as long as it takes).
+    ///
+    /// # Errors
+    /// [`PublishError::Timeout`] (with a deadline) or [`PublishError::Closed`], request handed
+    /// back.
+    fn publish_deadline(
         &self,
         request: Request,
-    ) -> impl std::future::Future<Output = Result<(), PublishError<Request>>> + Send + '_ {
-        RequestSender::publish_async(self, request)
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<Request>> {
+        publish_until(&mut self.target(), request, deadline)
+    }
+
+    /// Publishes `request`, waiting asynchronously while the lane is full; any executor. The
+    /// future is a [`Publish`], named here so that it can be stored.
+    ///
+    /// # Errors
+    /// [`PublishError::Closed`], request handed back.
+    #[allow(refining_impl_trait)]
+    fn publish_async(&self, request: Request) -> Publish<'_, Request> {
+        Publish::shared(&self.shared.publisher, &self.shared.ring, request)
     }
 }

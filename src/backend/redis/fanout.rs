@@ -586,12 +586,12 @@ impl StreamFanout for RedisFanout {
         self.step(None, item, Budget::Once).map_err(|(e, _)| e)
     }
 
-    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        self.until(None, item, None)
-    }
-
-    fn publish_deadline(&mut self, item: LaneItem, deadline: Instant) -> Result<(), PublishError<LaneItem>> {
-        self.until(None, item, Some(deadline))
+    fn publish_deadline(
+        &mut self,
+        item: LaneItem,
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<LaneItem>> {
+        self.until(None, item, deadline)
     }
 
     /// Waits as a task: the wait runs on a helper thread of this fan-out

@@ -133,12 +133,12 @@ impl RequestPublisher for RedisRequestSender {
         self.step(request, Budget::Once)
     }
 
-    fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        self.until(request, None)
-    }
-
-    fn publish_deadline(&self, request: Request, deadline: Instant) -> Result<(), PublishError<Request>> {
-        self.until(request, Some(deadline))
+    fn publish_deadline(
+        &self,
+        request: Request,
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<Request>> {
+        self.until(request, deadline)
     }
 
     fn publish_async(
