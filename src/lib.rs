@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use lanestream::prelude::*;
-//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+//! use lanestream::{Batch, LaneItem, MemoryStream, Position};
 //! use std::thread;
 //!
 //! let stream = MemoryStream::builder().capacity(64).sinks(["search", "cache"]).build()?;

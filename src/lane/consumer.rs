@@ -42,7 +42,7 @@ use crate::sync::Arc;
 ///
 /// ```
 /// use lanestream::prelude::*;
-/// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
+/// use lanestream::{MemoryStream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(4).sink("cache").build().unwrap();
 /// let lane = stream.lane("cache").unwrap();
 /// let mut producer = stream.fanout().unwrap();
@@ -202,7 +202,7 @@ impl<T: Item> Consumer<T> {
     ///
     /// ```
     /// use lanestream::prelude::*;
-    /// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, TryRecvError};
+    /// use lanestream::{Batch, LaneItem, MemoryStream, Position, TryRecvError};
     /// let stream = MemoryStream::builder().capacity(8).sink("s").build().unwrap();
     /// let lane = stream.lane("s").unwrap();
     /// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.attach().unwrap());

@@ -89,7 +89,7 @@ impl<T> fmt::Debug for AckHandle<T> {
 ///
 /// ```
 /// use lanestream::prelude::*;
-/// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
+/// use lanestream::{MemoryStream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(2).sink("s").build().unwrap();
 /// let lane = stream.lane("s").unwrap();
 /// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.reattach());

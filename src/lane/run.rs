@@ -39,7 +39,7 @@ pub const MAX_RUN: usize = 64;
 ///
 /// ```
 /// use lanestream::prelude::*;
-/// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+/// use lanestream::{Batch, LaneItem, MemoryStream, Position};
 /// let stream = MemoryStream::builder().capacity(8).sink("search").build().unwrap();
 /// let lane = stream.lane("search").unwrap();
 /// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.attach().unwrap());

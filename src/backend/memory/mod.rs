@@ -141,7 +141,7 @@ struct Inner {
 ///
 /// ```
 /// use lanestream::prelude::*;
-/// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
+/// use lanestream::{MemoryStream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(8).sinks(["search", "cache"]).build().unwrap();
 /// let batch = LaneItem::Batch(Batch::new(Some(Position(42)), Vec::new().into()));
 /// stream.fanout().unwrap().publish(batch).unwrap(); // written once, read by both lanes
