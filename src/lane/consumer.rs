@@ -40,6 +40,11 @@ use crate::sync::Arc;
 ///
 /// `Consumer<T>` is `Send` only when `T: Send + Sync`.
 ///
+/// Its own methods are the primitives (`try_recv`, `recv_deadline`, the runs', the async and
+/// poll forms); the blocking and timed forms (`recv`, `recv_timeout`, `recv_run`,
+/// `recv_run_timeout`) are the port's [`LaneConsumer`]'s, provided over the deadline forms, for
+/// items that are `Send + Sync` (`recv_deadline(None)` is `recv` for any item).
+///
 /// ```
 /// use lanestream::prelude::*;
 /// use lanestream::{MemoryStream, LaneItem, Batch, Position};
