@@ -24,6 +24,7 @@
 //! alone and nothing else, for the server's own accounting of one side (`CONFIG RESETSTAT`
 //! before, `INFO commandstats` and `INFO cpu` after).
 
+use lanestream::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

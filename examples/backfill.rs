@@ -19,6 +19,7 @@
 //! cargo run --example backfill
 //! ```
 
+use lanestream::prelude::*;
 use std::sync::Arc;
 
 use bytes::Bytes;

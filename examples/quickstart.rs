@@ -12,6 +12,7 @@
 //! cargo run --example quickstart
 //! ```
 
+use lanestream::prelude::*;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread;

@@ -13,6 +13,7 @@
 //! cargo run --example standalone_lane
 //! ```
 
+use lanestream::prelude::*;
 use std::thread;
 
 use lanestream::{Item, Lane, LaneStats, Position, PublishError, SinkName};

@@ -14,6 +14,7 @@
 //! cargo run --example tokio_sinks
 //! ```
 
+use lanestream::prelude::*;
 use std::process::ExitCode;
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! Loom model 6: async waits — a registered waker, a re-poll with a different waker, and a
 //! future dropped right after being woken.
 
+use lanestream::prelude::*;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

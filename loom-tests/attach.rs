@@ -1,6 +1,7 @@
 //! Loom model 10: a plain `attach` racing a consumer's drop and a `reattach` (L8): the seat's
 //! `ATTACHED` bit and the epoch-checked detach.
 
+use lanestream::prelude::*;
 use lanestream::{AckError, MemoryStream, Position, Stream, StreamError, TryRecvError};
 use loom::sync::Arc;
 use loom::thread;

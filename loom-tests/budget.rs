@@ -2,7 +2,8 @@
 //! budget is woken by the ack that lets the fan-out drop what held it, and a batch over the whole
 //! budget is admitted alone.
 
-use lanestream::{Item, MemoryStream, Position, Stream, TryPublishError};
+use lanestream::prelude::*;
+use lanestream::{Item, MemoryStream, Position, PublishError, Stream};
 use loom::thread;
 
 use crate::support::{self, batch, check};
@@ -79,7 +80,7 @@ fn a_batch_over_the_budget_is_admitted_alone() {
         loop {
             match fanout.try_publish(item) {
                 Ok(()) => break,
-                Err(TryPublishError::Full(back)) => {
+                Err(PublishError::Full(back)) => {
                     item = back;
                     thread::yield_now();
                 }

@@ -1,11 +1,12 @@
 //! Loom model 7: close racing the last publish, close waking waiters, and a close from another
 //! thread racing a publish (L3, L10).
 
+use lanestream::prelude::*;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use lanestream::{MemoryStream, Position, PublishError, Stream, TryPublishError};
+use lanestream::{MemoryStream, Position, PublishError, Stream};
 use loom::thread;
 
 use crate::support::{self, batch, check, Flag};
@@ -31,7 +32,7 @@ fn close_racing_the_last_publish() {
         let p = thread::spawn(move || {
             producer.publish(batch(1)).unwrap();
             producer.close();
-            assert!(matches!(producer.try_publish(batch(2)), Err(TryPublishError::Closed(_))));
+            assert!(matches!(producer.try_publish(batch(2)), Err(PublishError::Closed(_))));
         });
         let d = consumer.recv().unwrap().expect("item 1 is delivered before the end");
         check(&d, 1);

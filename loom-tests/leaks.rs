@@ -1,6 +1,7 @@
 //! Loom model 9: every item is dropped exactly once — once acked on every lane, by the fan-out's
 //! next publish, or when the last reference to the stream goes — with no leak (M3).
 
+use lanestream::prelude::*;
 use std::sync::Arc as StdArc;
 
 use lanestream::{LaneItem, MemoryStream, Stream};

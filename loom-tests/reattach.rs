@@ -1,6 +1,7 @@
 //! Loom model 3: a consumer re-attach racing a late ack from the detached consumer (L8).
 
-use lanestream::{MemoryStream, Position, Stream, TryPublishError, TryRecvError};
+use lanestream::prelude::*;
+use lanestream::{MemoryStream, Position, PublishError, Stream, TryRecvError};
 use loom::thread;
 
 use crate::support::{self, batch, check};
@@ -58,7 +59,7 @@ fn reattach_racing_a_late_ack() {
 
         match second {
             Ok(()) => {}
-            Err(TryPublishError::Full(item)) => producer.try_publish(item).unwrap(),
+            Err(PublishError::Full(item)) => producer.try_publish(item).unwrap(),
             Err(e) => panic!("publish: {e:?}"),
         }
         let d = new.try_recv().unwrap();

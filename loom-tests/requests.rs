@@ -1,5 +1,6 @@
 //! Loom model 8: the request lane — two senders, one consumer, with redelivery (R1, R2).
 
+use lanestream::prelude::*;
 use lanestream::{MemoryStream, Request, SinkName, Stream};
 use loom::thread;
 

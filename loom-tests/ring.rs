@@ -1,6 +1,7 @@
 //! Loom models 1 and 2: the ring itself — publish, receive and ack across a wrap, and acks out
 //! of order from two threads while the producer waits for room.
 
+use lanestream::prelude::*;
 use lanestream::{MemoryStream, Position, Stream};
 use loom::sync::Arc;
 use loom::thread;

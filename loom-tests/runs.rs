@@ -2,13 +2,13 @@
 //! a run's acks, one `released` count and one wake-up for a released run — and the fan-out
 //! producer (its run publish, and its wait for room seeing any lane's close).
 
+use lanestream::prelude::*;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use lanestream::{
-    Consumer, Fanout, Lane, LaneItem, MemoryStream, Position, PublishError, Run, Stream, TryPublishError,
-    TryRecvError,
+    Consumer, Fanout, Lane, LaneItem, MemoryStream, Position, PublishError, Run, Stream, TryRecvError,
 };
 use loom::sync::Arc;
 use loom::thread;
@@ -118,7 +118,7 @@ fn reattach_racing_a_runs_late_ack() {
         assert_eq!(lane.acked(), Some(Position(2)));
         match third {
             Ok(()) => {}
-            Err(TryPublishError::Full(item)) => producer.try_publish(item).unwrap(),
+            Err(PublishError::Full(item)) => producer.try_publish(item).unwrap(),
             Err(e) => panic!("publish: {e:?}"),
         }
         let r = new.try_recv_run(2).unwrap();
@@ -195,7 +195,7 @@ fn reattach_racing_a_plain_runs_partial_ack_and_release() {
         match third {
             // Published while the old run still ran: drained above, after the redeliveries.
             Ok(()) => assert_eq!(lane.acked(), Some(Position(3))),
-            Err(TryPublishError::Full(item)) => {
+            Err(PublishError::Full(item)) => {
                 let stats = lane.stats();
                 assert_eq!((stats.released, stats.in_flight, stats.acked_items), (0, 0, 2));
                 assert_eq!(lane.acked(), Some(Position(2)));

@@ -2,7 +2,8 @@
 //! ack holds the consumer's seat and no stale handle lives) and the shared ring (one array of
 //! cells written once per item by the fan-out, read in place by every lane).
 
-use lanestream::{LaneItem, MemoryStream, Position, Stream, TryPublishError, TryRecvError};
+use lanestream::prelude::*;
+use lanestream::{LaneItem, MemoryStream, Position, PublishError, Stream, TryRecvError};
 use loom::thread;
 
 use crate::support::{self, batch, check};
@@ -56,7 +57,7 @@ fn stale_handle_run() {
     fanout.try_publish(batch(2)).unwrap();
     match fanout.try_publish(batch(3)) {
         Ok(()) => {}
-        Err(TryPublishError::Full(_)) => panic!("item 1's slot was never emptied"),
+        Err(PublishError::Full(_)) => panic!("item 1's slot was never emptied"),
         Err(e) => panic!("publish: {e:?}"),
     }
     let r = new.try_recv_run(2).unwrap();
@@ -149,7 +150,7 @@ fn fanout_reuses_a_shared_cell_only_after_every_lane_emptied_it() {
         loop {
             match fanout.try_publish(item) {
                 Ok(()) => break,
-                Err(TryPublishError::Full(back)) => {
+                Err(PublishError::Full(back)) => {
                     item = back;
                     thread::yield_now();
                 }

@@ -2,6 +2,7 @@
 //! `shared.rs` are the first ones): a *blocking* fan-out publish waiting for a shared cell, and
 //! a run's seat-held ack racing its consumer's drop and the take-back of an immediate `attach`.
 
+use lanestream::prelude::*;
 use lanestream::{MemoryStream, Position, Stream, StreamError, TryRecvError};
 use loom::thread;
 

@@ -1,6 +1,7 @@
 //! Loom model 5: blocking waits without lost wake-ups (the "nobody is waiting" shortcut racing
 //! a thread about to park), for the consumer (items) and for the producer (room).
 
+use lanestream::prelude::*;
 use lanestream::{MemoryStream, Position, Stream};
 use loom::thread;
 

@@ -1,5 +1,6 @@
 //! Loom model 4: two lanes acking while a reader reads the watermark twice (W3, W4).
 
+use lanestream::prelude::*;
 use lanestream::{MemoryStream, Position, Stream};
 use loom::sync::Arc;
 use loom::thread;

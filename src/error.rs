@@ -1,6 +1,7 @@
 //! Errors: one enum per operation, one variant per cause, only the causes that operation can
-//! meet. Each variant says what state it leaves, and every error of a publish hands the item back
-//! untouched ([`into_inner`](PublishError::into_inner)).
+//! meet; the publish forms share one, [`PublishError`], whose docs list the variants each form
+//! returns. Each variant says what state it leaves, and every error of a publish hands the item
+//! back untouched ([`into_inner`](PublishError::into_inner)).
 
 use std::fmt;
 
@@ -251,64 +252,29 @@ pub enum StreamError {
     Backend(BackendError),
 }
 
-/// Implements the shared parts of the three publish errors: `into_inner`, the `is_*` helpers and
-/// a `Debug` that does not need `T: Debug`.
-macro_rules! publish_error_common {
-    ($name:ident { $($only:ident),* }) => {
-        impl<T> $name<T> {
-            /// The item that was not published.
-            pub fn into_inner(self) -> T {
-                match self {
-                    $($name::$only(t) |)* $name::Closed(t) | $name::InvalidPosition(t) => t,
-                    $name::PositionRegressed { item, .. } | $name::Backend { item, .. } => item,
-                }
-            }
-
-            /// Whether the lane was closed.
-            pub fn is_closed(&self) -> bool {
-                matches!(self, $name::Closed(_))
-            }
-
-            /// The same cause, carrying `f(item)` instead of the item (for a run's index).
-            pub fn map<U>(self, f: impl FnOnce(T) -> U) -> $name<U> {
-                match self {
-                    $($name::$only(t) => $name::$only(f(t)),)*
-                    $name::Closed(t) => $name::Closed(f(t)),
-                    $name::InvalidPosition(t) => $name::InvalidPosition(f(t)),
-                    $name::PositionRegressed { item, position, last } => {
-                        $name::PositionRegressed { item: f(item), position, last }
-                    }
-                    $name::Backend { item, error } => $name::Backend { item: f(item), error },
-                }
-            }
-        }
-
-        impl<T> fmt::Debug for $name<T> {
-            /// Shows the cause only; does not require `T: Debug`.
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                match self {
-                    $($name::$only(_) => f.write_str(concat!(stringify!($only), "(..)")),)*
-                    $name::Closed(_) => f.write_str("Closed(..)"),
-                    $name::InvalidPosition(_) => f.write_str("InvalidPosition(..)"),
-                    $name::PositionRegressed { position, last, .. } => f
-                        .debug_struct("PositionRegressed")
-                        .field("position", position)
-                        .field("last", last)
-                        .finish_non_exhaustive(),
-                    $name::Backend { error, .. } => {
-                        f.debug_struct("Backend").field("error", error).finish_non_exhaustive()
-                    }
-                }
-            }
-        }
-    };
-}
-
-/// Why a waiting publish (`publish`, `publish_async`) did not publish its item. Every variant
-/// holds the item, untouched; nothing was enqueued.
+/// Why a publish did not publish its item: the one error of every publish form, of every
+/// publishing end. Every variant holds the item, untouched; nothing was enqueued.
+///
+/// Each form returns only the causes it can meet:
+///
+/// | form | `Full` | `Timeout` | `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend` |
+/// |---|---|---|---|
+/// | `try_publish`, `try_publish_to`, `try_publish_run` (never waits) | yes | — | yes |
+/// | `publish_deadline(item, Some(deadline))`, `publish_timeout` | — | yes | yes |
+/// | `publish`, `publish_deadline(item, None)`, `publish_to`, `publish_run`, `publish_async` (wait for room) | — | — | yes |
+///
+/// For a run (`try_publish_run`, `publish_run`) the payload is how many items were published
+/// instead of the item: the refused items stay in the caller's `Vec`.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError<T> {
+    /// The lane holds `capacity` unacked items, or the memory budget is spent
+    /// ([L3](crate::contract#l3)); try again after an ack. Only from the forms that never wait.
+    #[error("lane is full")]
+    Full(T),
+    /// The deadline passed while the lane stayed full. Only from the forms with a deadline.
+    #[error("timed out waiting for room in the lane")]
+    Timeout(T),
     /// The lane was closed ([L10](crate::contract#l10)); it accepts nothing more.
     #[error("lane is closed")]
     Closed(T),
@@ -336,131 +302,65 @@ pub enum PublishError<T> {
         error: BackendError,
     },
 }
-publish_error_common!(PublishError {});
 
-/// Why `try_publish` did not publish its item: the lane was full, or a cause of
-/// [`PublishError`]. Every variant holds the item, untouched; nothing was enqueued.
-#[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum TryPublishError<T> {
-    /// The lane holds `capacity` unacked items ([L3](crate::contract#l3)); try again after an ack.
-    #[error("lane is full")]
-    Full(T),
-    /// As [`PublishError::Closed`].
-    #[error("lane is closed")]
-    Closed(T),
-    /// As [`PublishError::PositionRegressed`].
-    #[error("position {position} is not greater than the lane's last position {last}")]
-    PositionRegressed {
-        /// The refused item.
-        item: T,
-        /// Its position.
-        position: Position,
-        /// The last positioned item's position on the lane.
-        last: Position,
-    },
-    /// As [`PublishError::InvalidPosition`].
-    #[error("position u64::MAX is reserved")]
-    InvalidPosition(T),
-    /// The backend failed ([`BackendError`]); the item is handed back. After
-    /// [`BackendError::Connection`] it may have been published all the same (at least once).
-    #[error("backend: {error}")]
-    Backend {
-        /// The item, handed back.
-        item: T,
-        /// What failed.
-        error: BackendError,
-    },
-}
-publish_error_common!(TryPublishError { Full });
-
-impl<T> TryPublishError<T> {
-    /// Whether the lane was full.
-    pub fn is_full(&self) -> bool {
-        matches!(self, TryPublishError::Full(_))
-    }
-}
-
-/// Why `publish_timeout` / `publish_deadline` did not publish its item: the deadline passed, or
-/// a cause of [`PublishError`]. Every variant holds the item, untouched; nothing was enqueued.
-#[derive(Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PublishTimeoutError<T> {
-    /// The deadline passed while the lane stayed full.
-    #[error("timed out waiting for room in the lane")]
-    Timeout(T),
-    /// As [`PublishError::Closed`].
-    #[error("lane is closed")]
-    Closed(T),
-    /// As [`PublishError::PositionRegressed`].
-    #[error("position {position} is not greater than the lane's last position {last}")]
-    PositionRegressed {
-        /// The refused item.
-        item: T,
-        /// Its position.
-        position: Position,
-        /// The last positioned item's position on the lane.
-        last: Position,
-    },
-    /// As [`PublishError::InvalidPosition`].
-    #[error("position u64::MAX is reserved")]
-    InvalidPosition(T),
-    /// The backend failed ([`BackendError`]); the item is handed back. After
-    /// [`BackendError::Connection`] it may have been published all the same (at least once).
-    #[error("backend: {error}")]
-    Backend {
-        /// The item, handed back.
-        item: T,
-        /// What failed.
-        error: BackendError,
-    },
-}
-publish_error_common!(PublishTimeoutError { Timeout });
-
-impl<T> PublishTimeoutError<T> {
-    /// Whether the deadline passed.
-    pub fn is_timeout(&self) -> bool {
-        matches!(self, PublishTimeoutError::Timeout(_))
-    }
-}
-
-impl<T> From<PublishError<T>> for TryPublishError<T> {
-    fn from(e: PublishError<T>) -> Self {
-        match e {
-            PublishError::Closed(t) => TryPublishError::Closed(t),
-            PublishError::InvalidPosition(t) => TryPublishError::InvalidPosition(t),
-            PublishError::PositionRegressed { item, position, last } => {
-                TryPublishError::PositionRegressed { item, position, last }
-            }
-            PublishError::Backend { item, error } => TryPublishError::Backend { item, error },
-        }
-    }
-}
-
-impl<T> From<PublishError<T>> for PublishTimeoutError<T> {
-    fn from(e: PublishError<T>) -> Self {
-        match e {
-            PublishError::Closed(t) => PublishTimeoutError::Closed(t),
-            PublishError::InvalidPosition(t) => PublishTimeoutError::InvalidPosition(t),
-            PublishError::PositionRegressed { item, position, last } => {
-                PublishTimeoutError::PositionRegressed { item, position, last }
-            }
-            PublishError::Backend { item, error } => PublishTimeoutError::Backend { item, error },
-        }
-    }
-}
-
-impl<T> TryPublishError<T> {
-    /// Splits `Full` from the causes a waiting publish would also meet.
-    pub(crate) fn into_waitable(self) -> Result<T, PublishError<T>> {
+impl<T> PublishError<T> {
+    /// The item that was not published.
+    pub fn into_inner(self) -> T {
         match self {
-            TryPublishError::Full(t) => Ok(t),
-            TryPublishError::Closed(t) => Err(PublishError::Closed(t)),
-            TryPublishError::InvalidPosition(t) => Err(PublishError::InvalidPosition(t)),
-            TryPublishError::PositionRegressed { item, position, last } => {
-                Err(PublishError::PositionRegressed { item, position, last })
+            PublishError::Full(t)
+            | PublishError::Timeout(t)
+            | PublishError::Closed(t)
+            | PublishError::InvalidPosition(t) => t,
+            PublishError::PositionRegressed { item, .. } | PublishError::Backend { item, .. } => item,
+        }
+    }
+
+    /// Whether the lane was full (a form that never waits).
+    pub fn is_full(&self) -> bool {
+        matches!(self, PublishError::Full(_))
+    }
+
+    /// Whether the deadline passed (a form with a deadline).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, PublishError::Timeout(_))
+    }
+
+    /// Whether the lane was closed.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, PublishError::Closed(_))
+    }
+
+    /// The same cause, carrying `f(item)` instead of the item (for a run's index).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> PublishError<U> {
+        match self {
+            PublishError::Full(t) => PublishError::Full(f(t)),
+            PublishError::Timeout(t) => PublishError::Timeout(f(t)),
+            PublishError::Closed(t) => PublishError::Closed(f(t)),
+            PublishError::InvalidPosition(t) => PublishError::InvalidPosition(f(t)),
+            PublishError::PositionRegressed { item, position, last } => {
+                PublishError::PositionRegressed { item: f(item), position, last }
             }
-            TryPublishError::Backend { item, error } => Err(PublishError::Backend { item, error }),
+            PublishError::Backend { item, error } => PublishError::Backend { item: f(item), error },
+        }
+    }
+}
+
+impl<T> fmt::Debug for PublishError<T> {
+    /// Shows the cause only; does not require `T: Debug`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PublishError::Full(_) => f.write_str("Full(..)"),
+            PublishError::Timeout(_) => f.write_str("Timeout(..)"),
+            PublishError::Closed(_) => f.write_str("Closed(..)"),
+            PublishError::InvalidPosition(_) => f.write_str("InvalidPosition(..)"),
+            PublishError::PositionRegressed { position, last, .. } => f
+                .debug_struct("PositionRegressed")
+                .field("position", position)
+                .field("last", last)
+                .finish_non_exhaustive(),
+            PublishError::Backend { error, .. } => {
+                f.debug_struct("Backend").field("error", error).finish_non_exhaustive()
+            }
         }
     }
 }
@@ -503,6 +403,16 @@ impl RecvTimeoutError {
     /// Whether a newer consumer detached this one.
     pub fn is_detached(&self) -> bool {
         matches!(self, RecvTimeoutError::Detached)
+    }
+
+    /// The error of a receive without a deadline (`recv`, `recv_run`: the deadline form with
+    /// `None`, which never times out).
+    pub(crate) fn untimed(self) -> RecvError {
+        match self {
+            RecvTimeoutError::Detached => RecvError::Detached,
+            RecvTimeoutError::Backend(e) => RecvError::Backend(e),
+            RecvTimeoutError::Timeout => unreachable!("a wait without a deadline never times out"),
+        }
     }
 }
 

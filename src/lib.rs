@@ -13,7 +13,8 @@
 //! [`wait_watermark`]: Stream::wait_watermark
 //!
 //! ```
-//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+//! use lanestream::prelude::*;
+//! use lanestream::{Batch, LaneItem, MemoryStream, Position};
 //! use std::thread;
 //!
 //! let stream = MemoryStream::builder().capacity(64).sinks(["search", "cache"]).build()?;
@@ -44,12 +45,19 @@
 //! async one (any executor: the crate depends on no runtime). Every publish error hands the item
 //! back (`into_inner()`); nothing was enqueued.
 //!
+//! The ends' surface is the port's traits ([`StreamFanout`], [`LaneConsumer`], [`LaneDelivery`],
+//! [`LaneRun`], [`RequestPublisher`]; `use lanestream::prelude::*;` brings them into scope), the
+//! same on every backend. Each backend implements a few primitives (the `try_` form, the
+//! deadline form with `Option<Instant>`, the async form, the run pair); the blocking and timed
+//! forms are provided over the deadline form: `publish(item)` is
+//! `publish_deadline(item, None)`, `recv()` is `recv_deadline(None)`.
+//!
 //! | | blocking | never blocks | bounded wait | async |
 //! |---|---|---|---|---|
-//! | publish | `publish` → `PublishError` | `try_publish` → `TryPublishError` (adds `Full`) | `publish_timeout`, `publish_deadline` → `PublishTimeoutError` (adds `Timeout`) | `publish_async` |
-//! | receive | `recv` → `RecvError` | `try_recv` → `TryRecvError` (`Empty`, `Closed`, `Detached`) | `recv_timeout`, `recv_deadline` → `RecvTimeoutError` | `recv_async`, `poll_recv`, `into_stream` (feature `futures`) |
-//! | receive a run | `recv_run(max)` | `try_recv_run(max)` | `recv_run_timeout`, `recv_run_deadline` | `recv_run_async(max)` |
-//! | publish to every lane (`Stream::fanout()`) | `Fanout::publish`, `publish_run`, `publish_to` | `try_publish`, `try_publish_run`, `try_publish_to` | `publish_timeout`, `publish_deadline` | `publish_async` |
+//! | publish → [`PublishError`] | `publish` | `try_publish` (only it returns `Full`) | `publish_timeout`, `publish_deadline(item, Some(deadline))` (only they return `Timeout`) | `publish_async` |
+//! | receive | `recv` → `RecvError` | `try_recv` → `TryRecvError` (`Empty`, `Closed`, `Detached`) | `recv_timeout`, `recv_deadline(Some(deadline))` → `RecvTimeoutError` | `recv_async`, `poll_recv`, `into_stream` (feature `futures`) |
+//! | receive a run | `recv_run(max)` | `try_recv_run(max)` | `recv_run_timeout`, `recv_run_deadline(max, Some(deadline))` | `recv_run_async(max)` |
+//! | publish to every lane (`Stream::fanout()`) | `publish`, `publish_run`, `publish_to` | `try_publish`, `try_publish_run`, `try_publish_to` | `publish_timeout`, `publish_deadline` | `publish_async` |
 //! | wait for the watermark | `wait_watermark(at_least, None)` | `watermark()` | `wait_watermark(at_least, Some(deadline))` | `wait_watermark_async(at_least)` |
 //!
 //! **Runs are the fast path**: a run publishes or receives up to [`MAX_RUN`] items in one step
@@ -59,9 +67,9 @@
 //! # Layout
 //! | where | what |
 //! |---|---|
-//! | `lane/` | the engine and the ends users hold: `publisher.rs` (the one publishing engine behind [`Fanout`], [`Producer`] and the request senders; the one blocking body), `fanout.rs`, `producer.rs`, `consumer.rs`, `delivery.rs` ([`Delivery`], [`AckHandle`]), `run.rs` ([`Run`]), `marks.rs` (the acked marks and their lock-free minimum, the watermark), `stats.rs` ([`LaneStats`]), `adapter.rs` (the `futures` stream) |
+//! | `lane/` | the engine and the ends users hold: `publisher.rs` (the one publishing engine behind [`Fanout`], [`Producer`] and the request senders; the one blocking body), `fanout.rs` ([`Fanout`]: its `StreamFanout` impl is its surface), `producer.rs`, `consumer.rs`, `delivery.rs` ([`Delivery`], [`AckHandle`]), `run.rs` ([`Run`]), `marks.rs` (the acked marks and their lock-free minimum, the watermark), `stats.rs` ([`LaneStats`]), `adapter.rs` (the `futures` stream) |
 //! | `lane/ring/` | the cells every lane reads in place, one file per side: `slot.rs` (the state word, the cells and their cursor), `room.rs` (the lane's part in publishing), `receive.rs` (the consumer side and the seat), `ack.rs` (acks, nacks, the advancer), `take_run.rs` (runs), `counters.rs` (lock-free reads) |
-//! | `port.rs` | the backend-neutral port: [`Stream`], [`StreamFanout`], [`LaneConsumer`], [`LaneDelivery`], [`RequestPublisher`] |
+//! | `port.rs` | the backend-neutral port: [`Stream`], [`StreamFanout`], [`LaneConsumer`], [`LaneDelivery`], [`LaneRun`], [`RequestPublisher`] (each requires a few primitives and provides the other forms); [`prelude`] re-exports them |
 //! | `backend/memory/` | [`MemoryStream`] and its builder; `requests.rs`, the request lane |
 //! | `backend/redis/` | the Redis Streams backend (feature `redis`; its guide is the `redis` module page) |
 //! | `wait.rs` | [`wait`]: the one wait list (spin, then park the thread or register the waker) |
@@ -101,8 +109,8 @@ pub mod wait;
 
 pub use envelope::{Envelope, Op};
 pub use error::{
-    AckError, BackendError, BuildError, ErrorCode, PublishError, PublishTimeoutError, RecvError,
-    RecvTimeoutError, ServerReason, StreamError, TryPublishError, TryRecvError,
+    AckError, BackendError, BuildError, ErrorCode, PublishError, RecvError, RecvTimeoutError, ServerReason,
+    StreamError, TryRecvError,
 };
 pub use item::{Batch, BatchKind, Item, LaneItem, Request, ENVELOPE_OVERHEAD};
 #[cfg(feature = "futures")]
@@ -134,6 +142,13 @@ pub mod redis {
 }
 pub use backend::{MemoryStream, RequestLane, RequestSender, StreamBuilder};
 pub use port::{DeliveryRun, LaneConsumer, LaneDelivery, LaneRun, RequestPublisher, Stream, StreamFanout};
+
+/// The port's traits, whose methods are the ends' surface on every backend (`publish`, `recv`,
+/// `recv_run`, their timed and deadline forms...): `use lanestream::prelude::*;` brings them
+/// into scope.
+pub mod prelude {
+    pub use crate::port::{LaneConsumer, LaneDelivery, LaneRun, RequestPublisher, Stream, StreamFanout};
+}
 
 /// `Send`/`Sync` bounds and consume-on-ack, pinned by `compile_fail` doctests.
 #[cfg(doctest)]

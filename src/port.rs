@@ -11,6 +11,14 @@
 //! | receive a run ([`LaneRun`]) | `recv_run` | `try_recv_run` | `recv_run_timeout`, `recv_run_deadline` | — |
 //! | watermark | `wait_watermark(p, None)` | `watermark` | `wait_watermark(p, Some(deadline))` | `wait_watermark_async` |
 //!
+//! A backend implements a few primitives per end: the form that never waits (`try_`), the
+//! deadline form (`deadline: Option<Instant>`, `None` waiting for as long as it takes), the
+//! async form, and the run pair. Every other form is a provided method over them, the same on
+//! every backend (as crossbeam-channel's `send` and `send_timeout` over one
+//! `send(msg, Option<deadline>)`): `publish` is `publish_deadline(item, None)`,
+//! `publish_timeout(item, t)` is `publish_deadline(item, Some(now + t))`, `recv` is
+//! `recv_deadline(None)`, and so on. On a concrete end these are statically dispatched.
+//!
 //! Attaching a consumer comes in two forms: [`Stream::attach`] refuses while another consumer
 //! of the lane is attached ([`StreamError::ConsumerAttached`]); [`Stream::reattach`] detaches it
 //! and takes its unacked deliveries over ([L8](crate::contract#l8)).
@@ -19,8 +27,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::error::{
-    AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
-    TryPublishError, TryRecvError,
+    AckError, BuildError, PublishError, RecvError, RecvTimeoutError, StreamError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
 use crate::lane::{check_capacity, LaneStats};
@@ -152,7 +159,11 @@ pub trait Stream: Send + Sync {
 ///
 /// An item goes to every lane or to none. Every error hands the item back (for runs, the items
 /// not published stay in the caller's `Vec`, and the error carries how many were); nothing of
-/// it was enqueued.
+/// it was enqueued. Every form returns [`PublishError`], with the variants its table lists.
+///
+/// A backend implements the primitives (`lanes`, `try_publish`, `publish_deadline`,
+/// `publish_async`, the run pair, the one-lane pair, `close`); `publish` and `publish_timeout`
+/// are provided over `publish_deadline`.
 pub trait StreamFanout: Send {
     /// How many lanes it publishes to.
     fn lanes(&self) -> usize;
@@ -160,39 +171,46 @@ pub trait StreamFanout: Send {
     /// Publishes `item` to every lane if there is room now; never waits.
     ///
     /// # Errors
-    /// [`TryPublishError`]: `Full`, `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
-    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
+    /// [`PublishError`]: `Full` (some lane has `capacity` unacked items, or the memory budget is
+    /// spent), `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
 
-    /// Publishes `item` to every lane, waiting while some lane is full ([L3](crate::contract#l3)).
+    /// Publishes `item` to every lane, waiting while some lane is full ([L3](crate::contract#l3))
+    /// until `deadline` at most (`None`: for as long as it takes).
     ///
     /// # Errors
-    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
-    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
-
-    /// Publishes `item` to every lane, waiting until `deadline` at most.
-    ///
-    /// # Errors
-    /// [`PublishTimeoutError`]: `Timeout` or one of [`PublishError`]'s causes.
+    /// [`PublishError`]: `Timeout` (only with a deadline: it passed while a lane stayed full),
+    /// `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`. Never `Full`.
     fn publish_deadline(
         &mut self,
         item: LaneItem,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>>;
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<LaneItem>>;
 
-    /// Publishes `item` to every lane, waiting `timeout` at most.
+    /// Publishes `item` to every lane, waiting while some lane is full ([L3](crate::contract#l3)):
+    /// [`publish_deadline`](StreamFanout::publish_deadline) without a deadline.
     ///
     /// # Errors
-    /// As [`publish_deadline`](StreamFanout::publish_deadline).
-    fn publish_timeout(
-        &mut self,
-        item: LaneItem,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        self.publish_deadline(item, Instant::now() + timeout)
+    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`, `Backend`.
+    #[inline]
+    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+        self.publish_deadline(item, None)
+    }
+
+    /// Publishes `item` to every lane, waiting `timeout` at most:
+    /// [`publish_deadline`](StreamFanout::publish_deadline) with the deadline `now + timeout`.
+    ///
+    /// # Errors
+    /// As [`publish_deadline`](StreamFanout::publish_deadline) with a deadline.
+    fn publish_timeout(&mut self, item: LaneItem, timeout: Duration) -> Result<(), PublishError<LaneItem>> {
+        self.publish_deadline(item, Some(Instant::now() + timeout))
     }
 
     /// Publishes `item` to every lane, waiting asynchronously while some lane is full; any
     /// executor. Dropping the future drops the item it holds.
+    ///
+    /// # Errors
+    /// As [`publish`](StreamFanout::publish).
     fn publish_async(
         &mut self,
         item: LaneItem,
@@ -203,16 +221,18 @@ pub trait StreamFanout: Send {
     /// (>= 1; 0 for no items). Never waits.
     ///
     /// # Errors
-    /// When not even the first item can go: [`TryPublishError`] carrying 0 (how many were
-    /// published); `items` is handed back untouched, the refused item first.
-    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>>;
+    /// When not even the first item can go: as [`try_publish`](StreamFanout::try_publish),
+    /// carrying 0 (how many were published); `items` is handed back untouched, the refused
+    /// item first.
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, PublishError<usize>>;
 
     /// Publishes every item of `items`, in order, waiting for room, moving them out of `items`
     /// as they go: empty on `Ok`.
     ///
     /// # Errors
-    /// [`PublishError`] carrying how many items were published (they reached every lane);
-    /// `items` holds exactly the rest (none reached any lane), the refused one first.
+    /// As [`publish`](StreamFanout::publish), carrying how many items were published (they
+    /// reached every lane); `items` holds exactly the rest (none reached any lane), the refused
+    /// one first.
     fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>>;
 
     /// Publishes `item` to lane `lane` only (its index in [`Stream::sinks`] order), waiting for
@@ -233,13 +253,17 @@ pub trait StreamFanout: Send {
     ///
     /// # Panics
     /// If `lane` is not below [`lanes`](StreamFanout::lanes).
-    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>>;
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>>;
 
     /// Closes every lane ([L10](crate::contract#l10)); idempotent.
     fn close(&self);
 }
 
 /// The receiving end of a lane carrying `T`.
+///
+/// A backend implements the primitives (`try_recv`, `recv_deadline`, `recv_async`, the run
+/// pair `try_recv_run` and `recv_run_deadline`, and the two hints); `recv`, `recv_timeout`,
+/// `recv_run` and `recv_run_timeout` are provided over the deadline forms.
 pub trait LaneConsumer<T>: Send {
     /// One received item and the right to ack or nack it.
     type Delivery: LaneDelivery<T>;
@@ -249,31 +273,44 @@ pub trait LaneConsumer<T>: Send {
     /// Receives the next item if one is queued or released; never blocks ([L12](crate::contract#l12)).
     ///
     /// # Errors
-    /// [`TryRecvError`]: `Empty`, `Closed` (closed and drained), `Detached`.
+    /// [`TryRecvError`]: `Empty`, `Closed` (closed and drained), `Detached`, `Backend`.
     fn try_recv(&mut self) -> Result<Self::Delivery, TryRecvError>;
 
-    /// Receives the next item, waiting while the lane is empty; `Ok(None)` once it is closed and
-    /// drained ([L10](crate::contract#l10)).
+    /// Receives the next item, waiting while the lane is empty until `deadline` at most
+    /// (`None`: for as long as it takes); `Ok(None)` once it is closed and drained
+    /// ([L10](crate::contract#l10)).
     ///
     /// # Errors
-    /// [`RecvError::Detached`].
-    fn recv(&mut self) -> Result<Option<Self::Delivery>, RecvError>;
+    /// [`RecvTimeoutError`]: `Timeout` (only with a deadline; nothing changed), `Detached` (a
+    /// newer consumer took the lane, including while waiting), `Backend`.
+    fn recv_deadline(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Self::Delivery>, RecvTimeoutError>;
 
-    /// As [`recv`](LaneConsumer::recv), waiting until `deadline` at most.
+    /// Receives the next item, waiting while the lane is empty:
+    /// [`recv_deadline`](LaneConsumer::recv_deadline) without a deadline. `Ok(None)` once the
+    /// lane is closed and drained ([L10](crate::contract#l10)).
     ///
     /// # Errors
-    /// [`RecvTimeoutError`]: `Timeout` or `Detached`.
-    fn recv_deadline(&mut self, deadline: Instant) -> Result<Option<Self::Delivery>, RecvTimeoutError>;
+    /// [`RecvError`]: `Detached`, `Backend`.
+    #[inline]
+    fn recv(&mut self) -> Result<Option<Self::Delivery>, RecvError> {
+        self.recv_deadline(None).map_err(RecvTimeoutError::untimed)
+    }
 
     /// As [`recv`](LaneConsumer::recv), waiting `timeout` at most.
     ///
     /// # Errors
-    /// As [`recv_deadline`](LaneConsumer::recv_deadline).
+    /// As [`recv_deadline`](LaneConsumer::recv_deadline) with a deadline.
     fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Self::Delivery>, RecvTimeoutError> {
-        self.recv_deadline(Instant::now() + timeout)
+        self.recv_deadline(Some(Instant::now() + timeout))
     }
 
     /// As [`recv`](LaneConsumer::recv), waiting asynchronously; any executor.
+    ///
+    /// # Errors
+    /// As [`recv`](LaneConsumer::recv).
     fn recv_async(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, RecvError>> + Send + '_;
 
     /// The caught-up hint ([L11](crate::contract#l11)).
@@ -291,34 +328,39 @@ pub trait LaneConsumer<T>: Send {
     /// As [`try_recv`](LaneConsumer::try_recv), when not even one item is there.
     fn try_recv_run(&mut self, max: usize) -> Result<Self::Run, TryRecvError>;
 
-    /// Receives a run (as [`try_recv_run`](LaneConsumer::try_recv_run)), waiting while the lane is
-    /// empty; it returns as soon as one item is there, with what is queued then. `Ok(None)` once
-    /// the lane is closed and drained ([L10](crate::contract#l10)).
-    ///
-    /// # Errors
-    /// As [`recv`](LaneConsumer::recv).
-    fn recv_run(&mut self, max: usize) -> Result<Option<Self::Run>, RecvError>;
-
-    /// As [`recv_run`](LaneConsumer::recv_run), waiting until `deadline` at most.
+    /// Receives a run (as [`try_recv_run`](LaneConsumer::try_recv_run)), waiting while the lane
+    /// is empty until `deadline` at most (`None`: for as long as it takes); it returns as soon
+    /// as one item is there, with what is queued then. `Ok(None)` once the lane is closed and
+    /// drained ([L10](crate::contract#l10)).
     ///
     /// # Errors
     /// As [`recv_deadline`](LaneConsumer::recv_deadline).
     fn recv_run_deadline(
         &mut self,
         max: usize,
-        deadline: Instant,
+        deadline: Option<Instant>,
     ) -> Result<Option<Self::Run>, RecvTimeoutError>;
+
+    /// Receives a run, waiting while the lane is empty:
+    /// [`recv_run_deadline`](LaneConsumer::recv_run_deadline) without a deadline.
+    ///
+    /// # Errors
+    /// As [`recv`](LaneConsumer::recv).
+    #[inline]
+    fn recv_run(&mut self, max: usize) -> Result<Option<Self::Run>, RecvError> {
+        self.recv_run_deadline(max, None).map_err(RecvTimeoutError::untimed)
+    }
 
     /// As [`recv_run`](LaneConsumer::recv_run), waiting `timeout` at most.
     ///
     /// # Errors
-    /// As [`recv_deadline`](LaneConsumer::recv_deadline).
+    /// As [`recv_deadline`](LaneConsumer::recv_deadline) with a deadline.
     fn recv_run_timeout(
         &mut self,
         max: usize,
         timeout: Duration,
     ) -> Result<Option<Self::Run>, RecvTimeoutError> {
-        self.recv_run_deadline(max, Instant::now() + timeout)
+        self.recv_run_deadline(max, Some(Instant::now() + timeout))
     }
 }
 
@@ -392,13 +434,7 @@ impl<D> DeliveryRun<D> {
         C: LaneConsumer<T, Delivery = D> + ?Sized,
         D: LaneDelivery<T>,
     {
-        let first = match deadline {
-            Some(deadline) => consumer.recv_deadline(deadline)?,
-            None => consumer.recv().map_err(|e| match e {
-                RecvError::Detached => RecvTimeoutError::Detached,
-                RecvError::Backend(e) => RecvTimeoutError::Backend(e),
-            })?,
-        };
+        let first = consumer.recv_deadline(deadline)?;
         Ok(first.map(|first| Self::fill(consumer, first, max)))
     }
 
@@ -481,42 +517,49 @@ pub trait LaneDelivery<T>: Send {
 }
 
 /// Publishes [`Request`]s on the request lane; any number, concurrently ([R1](crate::contract#r1)).
+///
+/// A backend implements `try_publish`, `publish_deadline` and `publish_async`; `publish` and
+/// `publish_timeout` are provided over `publish_deadline`.
 pub trait RequestPublisher: Clone + Send + Sync {
-    /// Publishes `request` if there is room now.
+    /// Publishes `request` if there is room now; never waits.
     ///
     /// # Errors
-    /// [`TryPublishError`]: `Full` or `Closed`, request handed back.
-    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>>;
+    /// [`PublishError`]: `Full`, `Closed`, `Backend`; the request handed back.
+    fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>>;
 
-    /// Publishes `request`, waiting while the lane is full.
+    /// Publishes `request`, waiting while the lane is full until `deadline` at most (`None`:
+    /// for as long as it takes).
     ///
     /// # Errors
-    /// [`PublishError::Closed`], request handed back.
-    fn publish(&self, request: Request) -> Result<(), PublishError<Request>>;
-
-    /// Publishes `request`, waiting until `deadline` at most.
-    ///
-    /// # Errors
-    /// [`PublishTimeoutError`]: `Timeout` or `Closed`.
+    /// [`PublishError`]: `Timeout` (only with a deadline), `Closed`, `Backend`; the request
+    /// handed back.
     fn publish_deadline(
         &self,
         request: Request,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<Request>>;
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<Request>>;
+
+    /// Publishes `request`, waiting while the lane is full:
+    /// [`publish_deadline`](RequestPublisher::publish_deadline) without a deadline.
+    ///
+    /// # Errors
+    /// [`PublishError`]: `Closed`, `Backend`; the request handed back.
+    fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
+        self.publish_deadline(request, None)
+    }
 
     /// Publishes `request`, waiting `timeout` at most.
     ///
     /// # Errors
-    /// As [`publish_deadline`](RequestPublisher::publish_deadline).
-    fn publish_timeout(
-        &self,
-        request: Request,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<Request>> {
-        self.publish_deadline(request, Instant::now() + timeout)
+    /// As [`publish_deadline`](RequestPublisher::publish_deadline) with a deadline.
+    fn publish_timeout(&self, request: Request, timeout: Duration) -> Result<(), PublishError<Request>> {
+        self.publish_deadline(request, Some(Instant::now() + timeout))
     }
 
     /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
+    ///
+    /// # Errors
+    /// As [`publish`](RequestPublisher::publish).
     fn publish_async(
         &self,
         request: Request,

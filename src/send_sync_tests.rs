@@ -150,7 +150,7 @@
 //! not compile. The single ack does:
 //!
 //! ```
-//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, StreamFanout};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
@@ -159,7 +159,7 @@
 //! ```
 //!
 //! ```compile_fail,E0382
-//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, StreamFanout};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
@@ -169,7 +169,7 @@
 //! ```
 //!
 //! ```compile_fail,E0382
-//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, StreamFanout};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();
@@ -179,7 +179,7 @@
 //! ```
 //!
 //! ```compile_fail,E0599
-//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+//! use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, StreamFanout};
 //! let stream = MemoryStream::builder().capacity(1).sink("s").build().unwrap();
 //! let lane = stream.lane("s").unwrap();
 //! stream.fanout().unwrap().publish(LaneItem::Batch(Batch::new(Some(Position(1)), Vec::new().into()))).unwrap();

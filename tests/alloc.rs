@@ -6,6 +6,7 @@
 //! const thread-local, which itself never allocates), so tests running in parallel in this
 //! binary do not see each other's allocations. Each measured section runs on one thread.
 
+use lanestream::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::future::Future;

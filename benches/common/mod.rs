@@ -16,6 +16,7 @@
 //! waiter is parked, or its task is pending in an idle runtime, when the message arrives).
 #![allow(dead_code)] // each bench binary uses part of the module
 
+use lanestream::prelude::*;
 use std::cell::Cell;
 use std::hint::{black_box, spin_loop};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,8 +28,8 @@ use bytes::Bytes;
 use crossbeam_utils::CachePadded;
 use disruptor::{BusySpin, Polling, Producer as _};
 use lanestream::{
-    Batch, Consumer, Envelope, Fanout, IndexName, LaneItem, MemoryStream, Op, Position, Stream,
-    TryPublishError, TryRecvError,
+    Batch, Consumer, Envelope, Fanout, IndexName, LaneItem, MemoryStream, Op, Position, PublishError, Stream,
+    TryRecvError,
 };
 
 /// Slots in every bounded queue, for every contender.
@@ -201,7 +202,7 @@ fn spin_publish(p: &mut Fanout, mut it: LaneItem) {
     loop {
         match p.try_publish(it) {
             Ok(()) => return,
-            Err(TryPublishError::Full(back)) => {
+            Err(PublishError::Full(back)) => {
                 it = back;
                 relax();
             }
@@ -827,7 +828,7 @@ impl LaneFanRun {
             } else {
                 match self.fanout.try_publish_run(&mut self.chunk) {
                     Ok(_) => {}
-                    Err(TryPublishError::Full(_)) => relax(),
+                    Err(PublishError::Full(_)) => relax(),
                     Err(e) => panic!("publish failed: {e}"),
                 }
             }
@@ -865,7 +866,7 @@ impl Fixture for LaneFanRun {
                     loop {
                         match self.fanout.try_publish(it) {
                             Ok(()) => break,
-                            Err(TryPublishError::Full(back)) => {
+                            Err(PublishError::Full(back)) => {
                                 it = back;
                                 relax();
                             }

@@ -19,6 +19,7 @@
 //!
 //! `cargo bench -p lanestream-log --bench source [-- --rounds N --appends M]`
 
+use lanestream::prelude::*;
 use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};

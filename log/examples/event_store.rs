@@ -22,6 +22,7 @@
 //! `--dir DIR` keeps the log on disk (durable: each reply after its fsync); by default it lives
 //! in memory.
 
+use lanestream::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::sync::Arc;

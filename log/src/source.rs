@@ -256,6 +256,7 @@ struct Backfill {
 /// Publishing waits while a lane is full (backpressure from the slowest sink).
 ///
 /// ```
+/// use lanestream::prelude::*;
 /// use lanestream_log::{Event, EventLog, LogOptions, LogSource};
 /// use lanestream::pipeline::Pipeline;
 /// use lanestream::{LaneItem, MemoryStream, Position, Stream};

@@ -37,6 +37,7 @@
 //!
 //! `INGEST_CPU=5 cargo bench -p lanestream-postgres --bench ingest`
 
+use lanestream::prelude::*;
 use std::hint::black_box;
 use std::io::Read;
 use std::thread;

@@ -20,6 +20,7 @@ use crate::item::Item;
 ///
 /// ```
 /// use futures_core::Stream;
+/// use lanestream::prelude::*;
 /// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream as _};
 /// use std::pin::pin;
 ///

@@ -12,6 +12,8 @@ use super::delivery::{AckHandle, Delivery};
 use super::ring::{Ring, Take, TakeRun};
 use super::run::{Run, MAX_RUN};
 use crate::error::{RecvError, RecvTimeoutError, TryRecvError};
+#[cfg(doc)]
+use crate::port::LaneConsumer;
 
 /// How long a receive blocked by the holder bound parks before it looks again.
 const BLOCKED_BACKOFF: Duration = Duration::from_millis(1);
@@ -38,8 +40,14 @@ use crate::sync::Arc;
 ///
 /// `Consumer<T>` is `Send` only when `T: Send + Sync`.
 ///
+/// Its own methods are the primitives (`try_recv`, `recv_deadline`, the runs', the async and
+/// poll forms); the blocking and timed forms (`recv`, `recv_timeout`, `recv_run`,
+/// `recv_run_timeout`) are the port's [`LaneConsumer`]'s, provided over the deadline forms, for
+/// items that are `Send + Sync` (`recv_deadline(None)` is `recv` for any item).
+///
 /// ```
-/// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
+/// use lanestream::prelude::*;
+/// use lanestream::{MemoryStream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(4).sink("cache").build().unwrap();
 /// let lane = stream.lane("cache").unwrap();
 /// let mut producer = stream.fanout().unwrap();
@@ -104,45 +112,26 @@ impl<T: Item> Consumer<T> {
         })
     }
 
-    /// Receives the next item, waiting (spin, then park) while the lane is empty. `Ok(None)`
-    /// once the lane is closed and nothing queued or released is left ([L10](crate::contract#l10)). `None` is not
-    /// final while deliveries are outstanding: one nacked (or dropped) after it is released and
-    /// comes back from the next receive, so a consumer that wants everything acked keeps
-    /// receiving until it holds no delivery.
+    /// Receives the next item, waiting (spin, then park) while the lane is empty, until
+    /// `deadline` at most (`None`: for as long as it takes; the port's
+    /// [`recv`](LaneConsumer::recv) and [`recv_timeout`](LaneConsumer::recv_timeout) are this).
+    /// `Ok(None)` once the lane is closed and nothing queued or released is left
+    /// ([L10](crate::contract#l10)). `None` is not final while deliveries are outstanding: one
+    /// nacked (or dropped) after it is released and comes back from the next receive, so a
+    /// consumer that wants everything acked keeps receiving until it holds no delivery.
     ///
     /// One case waits by polling instead of parking: when the next redelivery's item already has
     /// [65,535 live deliveries](crate::contract#l8) (each left alive by a re-attach), it is
     /// redelivered only once one of them ends, and the wait looks again every millisecond.
     ///
     /// # Errors
-    /// [`RecvError::Detached`] if a newer consumer took the lane, including while waiting.
-    pub fn recv(&mut self) -> Result<Option<Delivery<T>>, RecvError> {
-        match self.recv_until(None) {
-            Ok(d) => Ok(d),
-            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
-            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
-            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
-        }
-    }
-
-    /// As [`recv`](Consumer::recv), waiting at most `timeout`.
-    ///
-    /// # Errors
-    /// [`RecvTimeoutError::Timeout`] if nothing arrived in time (nothing changed),
-    /// [`RecvTimeoutError::Detached`] as for `recv`.
-    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
-        self.recv_until(Some(Instant::now() + timeout))
-    }
-
-    /// As [`recv`](Consumer::recv), waiting until `deadline` at most.
-    ///
-    /// # Errors
-    /// As [`recv_timeout`](Consumer::recv_timeout).
-    pub fn recv_deadline(&mut self, deadline: Instant) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
-        self.recv_until(Some(deadline))
-    }
-
-    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
+    /// [`RecvTimeoutError::Timeout`] (only with a deadline) if nothing arrived in time (nothing
+    /// changed); [`RecvTimeoutError::Detached`] if a newer consumer took the lane, including
+    /// while waiting.
+    pub fn recv_deadline(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
         self.wait_for(deadline, Consumer::step)
     }
 
@@ -187,7 +176,7 @@ impl<T: Item> Consumer<T> {
     }
 
     /// One poll of an asynchronous receive, for hand-written futures and `Stream` adapters:
-    /// `Ready` as [`recv`](Consumer::recv) would return, or `Pending` with `cx`'s waker
+    /// `Ready` as [`recv`](LaneConsumer::recv) would return, or `Pending` with `cx`'s waker
     /// registered. A consumer keeps one registration, replaced on every poll (so re-polling with
     /// a new waker never grows a list); it is cancelled when the consumer is dropped or a poll
     /// returns `Ready`.
@@ -202,7 +191,7 @@ impl<T: Item> Consumer<T> {
     }
 
     /// Receives the next item, waiting asynchronously; works on any executor. Same results as
-    /// [`recv`](Consumer::recv). Dropping the future loses nothing: an item is taken only when
+    /// [`recv`](LaneConsumer::recv). Dropping the future loses nothing: an item is taken only when
     /// the future completes.
     pub fn recv_async(&mut self) -> Recv<'_, T> {
         Recv { consumer: self, key: None }
@@ -217,7 +206,8 @@ impl<T: Item> Consumer<T> {
     /// As [`try_recv`](Consumer::try_recv).
     ///
     /// ```
-    /// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream, TryRecvError};
+    /// use lanestream::prelude::*;
+    /// use lanestream::{Batch, LaneItem, MemoryStream, Position, TryRecvError};
     /// let stream = MemoryStream::builder().capacity(8).sink("s").build().unwrap();
     /// let lane = stream.lane("s").unwrap();
     /// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.attach().unwrap());
@@ -239,48 +229,25 @@ impl<T: Item> Consumer<T> {
     }
 
     /// Receives a [`Run`] of up to `max` items (as [`try_recv_run`](Consumer::try_recv_run)),
-    /// waiting (spin, then park) while the lane is empty; `Ok(None)` once the lane is closed and
-    /// drained, with the same caveats as [`recv`](Consumer::recv) ([L10](crate::contract#l10)).
-    /// It does not wait for a run to fill: it returns as soon as one item is there.
+    /// waiting (spin, then park) while the lane is empty, until `deadline` at most (`None`: for
+    /// as long as it takes; the port's [`recv_run`](LaneConsumer::recv_run) and
+    /// [`recv_run_timeout`](LaneConsumer::recv_run_timeout) are this). `Ok(None)` once the lane
+    /// is closed and drained, with the same caveats as
+    /// [`recv_deadline`](Consumer::recv_deadline) ([L10](crate::contract#l10)). It does not wait
+    /// for a run to fill: it returns as soon as one item is there.
     ///
     /// # Errors
-    /// [`RecvError::Detached`] if a newer consumer took the lane, including while waiting.
-    pub fn recv_run(&mut self, max: usize) -> Result<Option<Run<T>>, RecvError> {
-        match self.wait_for(None, |c| c.step_run(max)) {
-            Ok(r) => Ok(r),
-            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
-            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
-            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
-        }
-    }
-
-    /// As [`recv_run`](Consumer::recv_run), waiting at most `timeout`.
-    ///
-    /// # Errors
-    /// [`RecvTimeoutError::Timeout`] if nothing arrived in time (nothing changed),
-    /// [`RecvTimeoutError::Detached`] as for `recv_run`.
-    pub fn recv_run_timeout(
-        &mut self,
-        max: usize,
-        timeout: Duration,
-    ) -> Result<Option<Run<T>>, RecvTimeoutError> {
-        self.recv_run_deadline(max, Instant::now() + timeout)
-    }
-
-    /// As [`recv_run`](Consumer::recv_run), waiting until `deadline` at most.
-    ///
-    /// # Errors
-    /// As [`recv_run_timeout`](Consumer::recv_run_timeout).
+    /// As [`recv_deadline`](Consumer::recv_deadline).
     pub fn recv_run_deadline(
         &mut self,
         max: usize,
-        deadline: Instant,
+        deadline: Option<Instant>,
     ) -> Result<Option<Run<T>>, RecvTimeoutError> {
-        self.wait_for(Some(deadline), |c| c.step_run(max))
+        self.wait_for(deadline, |c| c.step_run(max))
     }
 
     /// Receives a [`Run`] of up to `max` items, waiting asynchronously; works on any executor.
-    /// Same results as [`recv_run`](Consumer::recv_run). Dropping the future loses nothing: the
+    /// Same results as [`recv_run`](LaneConsumer::recv_run). Dropping the future loses nothing: the
     /// items are taken only when it completes.
     pub fn recv_run_async(&mut self, max: usize) -> RecvRun<'_, T> {
         RecvRun { consumer: self, max, key: None }
@@ -406,7 +373,7 @@ fn poll_with<T: Item, R>(
             Err(Miss::Closed) => Ok(None),
             Err(Miss::Detached) => Err(RecvError::Detached),
             Err(Miss::Blocked) => {
-                // As in `recv_until`: nothing will wake us, so ask to be polled again and yield
+                // As in `wait_for`: nothing will wake us, so ask to be polled again and yield
                 // to the executor (whose other tasks may hold the blocking deliveries).
                 consumer.ring.cancel_readable(key);
                 cx.waker().wake_by_ref();

@@ -6,7 +6,6 @@ use std::ops::Deref;
 use super::ring::{attempt, Ring};
 use crate::error::AckError;
 use crate::item::Item;
-use crate::position::Position;
 use crate::sync::Arc;
 
 /// The right to ack or nack one delivery. Acking consumes it, so acking twice is impossible
@@ -89,7 +88,8 @@ impl<T> fmt::Debug for AckHandle<T> {
 /// in the lane's slot: no copy, no reference count.
 ///
 /// ```
-/// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
+/// use lanestream::prelude::*;
+/// use lanestream::{MemoryStream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(2).sink("s").build().unwrap();
 /// let lane = stream.lane("s").unwrap();
 /// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.reattach());
@@ -116,11 +116,6 @@ impl<T: Item> Delivery<T> {
         // SAFETY: the handle is live (it is only taken by consuming `self`), so the item stays
         // initialised in its slot until the handle ends.
         unsafe { self.handle.ring().item(self.handle.index) }
-    }
-
-    /// The item's position ([I1](crate::contract#i1)): `Some` for a positioned batch.
-    pub fn position(&self) -> Option<Position> {
-        self.item().position()
     }
 
     /// Which delivery of the item this is: 1 for the first (see [`AckHandle::attempt`]).

@@ -1,15 +1,16 @@
 //! [`Fanout`]: the one publisher of a stream's lanes, and [`MemoryStats`].
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::producer::Publish;
-use super::publisher::{Publisher, Stop};
+use super::publisher::Publisher;
 use super::ring::Cells;
-use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
+use crate::error::{PublishError, StreamError};
 use crate::item::LaneItem;
 use crate::lane::Lane;
 use crate::name::SinkName;
+use crate::port::StreamFanout;
 use crate::sync::Arc;
 
 /// The one publisher of a stream's lanes ([`Stream::fanout`](crate::Stream::fanout)): writes
@@ -23,15 +24,18 @@ use crate::sync::Arc;
 /// item in place ([M2](crate::contract#m2)); an item is dropped once every lane has acked it, at
 /// the latest on the fan-out's next publish ([M3](crate::contract#m3)).
 ///
-/// **Runs are the fast path** ([`publish_run`](Fanout::publish_run)); [`publish`](Fanout::publish)
-/// is the run of one. An item goes to every lane or to none: a publish waits (or `try_` refuses
+/// Its surface is the port's [`StreamFanout`] (bring it into scope, or
+/// `use lanestream::prelude::*`). **Runs are the fast path**
+/// ([`publish_run`](StreamFanout::publish_run)); [`publish`](StreamFanout::publish) is the run of
+/// one. An item goes to every lane or to none: a publish waits (or `try_` refuses
 /// with `Full`) until every lane has room for it and the [memory
 /// budget](crate::StreamBuilder::memory_budget) allows it, and checks its position
 /// ([L4](crate::contract#l4)) before it writes anything. A close of any lane stops the fan-out:
 /// the publish returns `Closed` with the item, on every lane alike.
 ///
 /// ```
-/// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+/// use lanestream::prelude::*;
+/// use lanestream::{Batch, LaneItem, MemoryStream, Position};
 /// let stream = MemoryStream::builder().capacity(4).sinks(["search", "cache"]).build().unwrap();
 /// let mut consumers: Vec<_> = stream.lanes().map(|lane| lane.attach().unwrap()).collect();
 /// let mut fanout = stream.fanout().unwrap();
@@ -51,7 +55,8 @@ pub struct Fanout {
     publisher: Publisher<LaneItem>,
 }
 
-/// The future of [`Fanout::publish_async`] (the one async publish, [`Publish`]).
+/// The future of the fan-out's [`publish_async`](StreamFanout::publish_async) (the one async
+/// publish, [`Publish`]).
 pub type FanoutPublish<'a> = Publish<'a, LaneItem>;
 
 impl Fanout {
@@ -65,8 +70,22 @@ impl Fanout {
         })
     }
 
-    /// How many lanes it publishes to.
-    pub fn lanes(&self) -> usize {
+    /// Whether the stream was closed (some lane was).
+    pub fn is_closed(&self) -> bool {
+        self.publisher.is_closed()
+    }
+
+    /// The items published and not dropped yet, and the bytes they are charged against the
+    /// memory budget (0 without a budget): see [`MemoryStream::memory`](crate::MemoryStream::memory).
+    pub fn memory(&self) -> MemoryStats {
+        MemoryStats::of(self.publisher.cells())
+    }
+}
+
+/// The memory backend's fan-out: each primitive is one step of the stream's one publisher;
+/// `publish` and `publish_timeout` are the port's, over `publish_deadline`.
+impl StreamFanout for Fanout {
+    fn lanes(&self) -> usize {
         self.publisher.lanes()
     }
 
@@ -74,55 +93,36 @@ impl Fanout {
     /// never waits.
     ///
     /// # Errors
-    /// Hands `item` back, no lane got it: [`TryPublishError::Full`] if some lane has `capacity`
-    /// unacked items or the memory budget is spent, [`Closed`](TryPublishError::Closed) if a
-    /// lane is closed, [`PositionRegressed`](TryPublishError::PositionRegressed) and
-    /// [`InvalidPosition`](TryPublishError::InvalidPosition) ([L4](crate::contract#l4)).
-    pub fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    /// Hands `item` back, no lane got it: [`PublishError::Full`] if some lane has `capacity`
+    /// unacked items or the memory budget is spent, [`Closed`](PublishError::Closed) if a
+    /// lane is closed, [`PositionRegressed`](PublishError::PositionRegressed) and
+    /// [`InvalidPosition`](PublishError::InvalidPosition) ([L4](crate::contract#l4)).
+    #[inline]
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         self.publisher.try_step(None, item).map_err(|(item, refusal)| refusal.error(item))
     }
 
     /// Publishes `item` to every lane, waiting (spin, then park) while some lane is full or the
-    /// budget is spent ([L3](crate::contract#l3)).
+    /// budget is spent ([L3](crate::contract#l3)), until `deadline` at the latest (`None`: for as
+    /// long as it takes).
     ///
     /// # Errors
-    /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
-    pub fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        self.publisher.publish_until(None, item, None).map_err(Stop::untimed)
-    }
-
-    /// As [`publish`](Fanout::publish), waiting at most `timeout`.
-    ///
-    /// # Errors
-    /// [`PublishTimeoutError::Timeout`] (item handed back, no lane got it), or a cause of
-    /// [`publish`](Fanout::publish).
-    pub fn publish_timeout(
+    /// [`PublishError`]: `Timeout` (with a deadline: item handed back, no lane got it),
+    /// `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
+    #[inline]
+    fn publish_deadline(
         &mut self,
         item: LaneItem,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        self.publish_deadline(item, Instant::now() + timeout)
-    }
-
-    /// As [`publish`](Fanout::publish), waiting until `deadline` at the latest.
-    ///
-    /// # Errors
-    /// As [`publish_timeout`](Fanout::publish_timeout).
-    pub fn publish_deadline(
-        &mut self,
-        item: LaneItem,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        self.publisher.publish_until(None, item, Some(deadline)).map_err(Stop::timed)
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<LaneItem>> {
+        self.publisher.publish_until(None, item, deadline)
     }
 
     /// Publishes `item` to every lane, waiting asynchronously while some lane is full or the
     /// budget is spent; works on any executor. Dropping the future drops the item it holds (no
-    /// lane got it).
-    ///
-    /// # Errors
-    /// As [`publish`](Fanout::publish).
-    pub fn publish_async(&mut self, item: LaneItem) -> FanoutPublish<'_> {
+    /// lane got it). The future is a [`FanoutPublish`], named here so that it can be stored.
+    #[allow(refining_impl_trait)]
+    fn publish_async(&mut self, item: LaneItem) -> FanoutPublish<'_> {
         Publish::own(&mut self.publisher, None, item)
     }
 
@@ -133,11 +133,12 @@ impl Fanout {
     /// capacity, to be refilled for the next run.
     ///
     /// # Errors
-    /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
+    /// When not even the first item can go: `PublishError::<usize>::Full(0)`, `Closed(0)`,
     /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)` (the payload is how many were
     /// published, here always 0); `items` is handed back untouched, the refused item first. A
     /// prefix stops before an item that would be refused.
-    pub fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
+    #[inline]
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, PublishError<usize>> {
         if items.is_empty() {
             return Ok(0);
         }
@@ -149,10 +150,11 @@ impl Fanout {
     /// moved out of `items` as they go: on `Ok` it is empty (its capacity kept).
     ///
     /// # Errors
-    /// [`PublishError`] whose payload is how many items were published (they reached every
-    /// lane); `items` holds exactly the rest, none of which reached any lane, the refused one
-    /// first.
-    pub fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>> {
+    /// [`PublishError`] (`Closed`, `PositionRegressed`, `InvalidPosition`) whose payload is how
+    /// many items were published (they reached every lane); `items` holds exactly the rest,
+    /// none of which reached any lane, the refused one first.
+    #[inline]
+    fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>> {
         self.publisher.publish_run(items)
     }
 
@@ -166,41 +168,30 @@ impl Fanout {
     /// if the item has one, must grow past the last published ([L4](crate::contract#l4)).
     ///
     /// # Errors
-    /// As [`publish`](Fanout::publish).
+    /// As [`publish`](StreamFanout::publish).
     ///
     /// # Panics
-    /// If `lane` is not below [`lanes`](Fanout::lanes).
-    pub fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
+    /// If `lane` is not below [`lanes`](StreamFanout::lanes).
+    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         assert!(lane < self.lanes(), "publish_to: lane {lane} of {}", self.lanes());
-        self.publisher.publish_until(Some(lane), item, None).map_err(Stop::untimed)
+        self.publisher.publish_until(Some(lane), item, None)
     }
 
-    /// As [`publish_to`](Fanout::publish_to), never waiting.
+    /// As [`publish_to`](StreamFanout::publish_to), never waiting.
     ///
     /// # Errors
-    /// As [`try_publish`](Fanout::try_publish).
+    /// As [`try_publish`](StreamFanout::try_publish).
     ///
     /// # Panics
-    /// If `lane` is not below [`lanes`](Fanout::lanes).
-    pub fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    /// If `lane` is not below [`lanes`](StreamFanout::lanes).
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         assert!(lane < self.lanes(), "try_publish_to: lane {lane} of {}", self.lanes());
         self.publisher.try_step(Some(lane), item).map_err(|(item, refusal)| refusal.error(item))
     }
 
     /// Closes every lane ([L10](crate::contract#l10)).
-    pub fn close(&self) {
+    fn close(&self) {
         self.publisher.close();
-    }
-
-    /// Whether the stream was closed (some lane was).
-    pub fn is_closed(&self) -> bool {
-        self.publisher.is_closed()
-    }
-
-    /// The items published and not dropped yet, and the bytes they are charged against the
-    /// memory budget (0 without a budget): see [`MemoryStream::memory`](crate::MemoryStream::memory).
-    pub fn memory(&self) -> MemoryStats {
-        MemoryStats::of(self.publisher.cells())
     }
 }
 

@@ -33,7 +33,7 @@ pub use self::delivery::{AckHandle, Delivery};
 pub use self::fanout::{Fanout, FanoutPublish, MemoryStats};
 pub(crate) use self::marks::{AckedMark, Marks};
 pub use self::producer::{Producer, Publish};
-pub(crate) use self::publisher::{publish_until, Publisher, Stop, Target};
+pub(crate) use self::publisher::{publish_until, Publisher, Target};
 pub(crate) use self::ring::{Cells, Ring};
 pub use self::run::{Run, RunIter, MAX_RUN};
 pub use self::stats::LaneStats;

@@ -7,9 +7,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::publisher::{cancel_room, poll_room, Publisher, Refusal, Stop, Target};
+use super::publisher::{cancel_room, poll_room, Publisher, Refusal, Target};
 use super::ring::Ring;
-use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
+use crate::error::PublishError;
 use crate::item::Item;
 use crate::sync::Mutex;
 
@@ -52,12 +52,12 @@ impl<T: Item> Producer<T> {
     /// Publishes `item` if there is room now; never waits.
     ///
     /// # Errors
-    /// Hands `item` back, nothing enqueued: [`TryPublishError::Full`] if the lane has `capacity`
-    /// unacked items, [`Closed`](TryPublishError::Closed) after [`close`](Producer::close),
-    /// [`PositionRegressed`](TryPublishError::PositionRegressed) if the item's position is not
+    /// Hands `item` back, nothing enqueued: [`PublishError::Full`] if the lane has `capacity`
+    /// unacked items, [`Closed`](PublishError::Closed) after [`close`](Producer::close),
+    /// [`PositionRegressed`](PublishError::PositionRegressed) if the item's position is not
     /// greater than the last positioned item's ([L4](crate::contract#l4)),
-    /// [`InvalidPosition`](TryPublishError::InvalidPosition) for `Position(u64::MAX)`.
-    pub fn try_publish(&mut self, item: T) -> Result<(), TryPublishError<T>> {
+    /// [`InvalidPosition`](PublishError::InvalidPosition) for `Position(u64::MAX)`.
+    pub fn try_publish(&mut self, item: T) -> Result<(), PublishError<T>> {
         self.publisher.try_step(None, item).map_err(|(item, refusal)| refusal.error(item))
     }
 
@@ -67,24 +67,27 @@ impl<T: Item> Producer<T> {
     /// # Errors
     /// [`PublishError`]: `Closed`, `PositionRegressed`, `InvalidPosition`; the item handed back.
     pub fn publish(&mut self, item: T) -> Result<(), PublishError<T>> {
-        self.publisher.publish_until(None, item, None).map_err(Stop::untimed)
+        self.publish_deadline(item, None)
     }
 
     /// Publishes `item`, waiting at most `timeout` for room.
     ///
     /// # Errors
-    /// [`PublishTimeoutError::Timeout`] (item handed back) if the lane stayed full, or a cause
+    /// [`PublishError::Timeout`] (item handed back) if the lane stayed full, or a cause
     /// of [`publish`](Producer::publish).
-    pub fn publish_timeout(&mut self, item: T, timeout: Duration) -> Result<(), PublishTimeoutError<T>> {
-        self.publish_deadline(item, Instant::now() + timeout)
+    pub fn publish_timeout(&mut self, item: T, timeout: Duration) -> Result<(), PublishError<T>> {
+        self.publish_deadline(item, Some(Instant::now() + timeout))
     }
 
-    /// Publishes `item`, waiting until `deadline` at most for room.
+    /// Publishes `item`, waiting until `deadline` at most for room (`None`: for as long as it
+    /// takes; [`publish`](Producer::publish) and [`publish_timeout`](Producer::publish_timeout)
+    /// are this, as the port's forms over [`StreamFanout::publish_deadline`](crate::StreamFanout::publish_deadline)).
     ///
     /// # Errors
-    /// As [`publish_timeout`](Producer::publish_timeout).
-    pub fn publish_deadline(&mut self, item: T, deadline: Instant) -> Result<(), PublishTimeoutError<T>> {
-        self.publisher.publish_until(None, item, Some(deadline)).map_err(Stop::timed)
+    /// As [`publish_timeout`](Producer::publish_timeout) with a deadline, as
+    /// [`publish`](Producer::publish) without.
+    pub fn publish_deadline(&mut self, item: T, deadline: Option<Instant>) -> Result<(), PublishError<T>> {
+        self.publisher.publish_until(None, item, deadline)
     }
 
     /// Publishes `item`, waiting asynchronously while the lane is full. Works on any executor.
@@ -101,11 +104,11 @@ impl<T: Item> Producer<T> {
     /// out of the front of `items` (no clone, no allocation): `items` keeps the rest, in order.
     ///
     /// # Errors
-    /// When not even the first item can go: `TryPublishError::<usize>::Full(0)`, `Closed(0)`,
+    /// When not even the first item can go: `PublishError::<usize>::Full(0)`, `Closed(0)`,
     /// `PositionRegressed { item: 0, .. }`, `InvalidPosition(0)` (the payload is how many were
     /// published); `items` is handed back untouched. A prefix stops before an item that would be
     /// refused.
-    pub fn try_publish_run(&mut self, items: &mut Vec<T>) -> Result<usize, TryPublishError<usize>> {
+    pub fn try_publish_run(&mut self, items: &mut Vec<T>) -> Result<usize, PublishError<usize>> {
         if items.is_empty() {
             return Ok(0);
         }
@@ -147,7 +150,7 @@ impl<T> fmt::Debug for Producer<T> {
     }
 }
 
-/// The future of every async publish ([`Fanout::publish_async`](crate::Fanout::publish_async),
+/// The future of every async publish ([`Fanout::publish_async`](crate::StreamFanout::publish_async),
 /// [`Producer::publish_async`], the request lane's): tries to publish, and while refused with
 /// `Full` waits for the lane short of room with the task's waker registered (no thread, any
 /// executor). Dropping it drops the item it holds (nothing was published).
@@ -187,7 +190,7 @@ impl<T: Item> Future for Publish<'_, T> {
                         return Poll::Pending;
                     }
                 }
-                Err((back, refusal)) => return this.finish(Err(refusal.refused(back))),
+                Err((back, refusal)) => return this.finish(Err(refusal.error(back))),
             }
         }
     }

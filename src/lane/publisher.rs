@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use super::ring::{Cells, Ring, NO_POSITION};
 use super::{discard_panic, keep_first_panic, CaughtPanic, MAX_RUN};
-use crate::error::{PublishError, PublishTimeoutError, TryPublishError};
+use crate::error::PublishError;
 use crate::item::Item;
 use crate::position::Position;
 use crate::sync::{lock, Arc, Mutex, Ordering};
@@ -43,48 +43,16 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
-    /// The error a `try_` form returns, carrying `value`.
-    pub(crate) fn error<V>(self, value: V) -> TryPublishError<V> {
+    /// The error of a publish refused for this reason, carrying `value` (a waiting publish waits
+    /// out `Full` and never asks for it).
+    pub(crate) fn error<V>(self, value: V) -> PublishError<V> {
         match self {
-            Refusal::Full { .. } => TryPublishError::Full(value),
-            Refusal::Closed => TryPublishError::Closed(value),
+            Refusal::Full { .. } => PublishError::Full(value),
+            Refusal::Closed => PublishError::Closed(value),
             Refusal::Regressed { position, last } => {
-                TryPublishError::PositionRegressed { item: value, position, last }
+                PublishError::PositionRegressed { item: value, position, last }
             }
-            Refusal::Invalid => TryPublishError::InvalidPosition(value),
-        }
-    }
-
-    /// The error a waiting form returns (never `Full`, which it waits out).
-    pub(crate) fn refused<V>(self, value: V) -> PublishError<V> {
-        match self.error(value).into_waitable() {
-            Err(e) => e,
-            Ok(_) => unreachable!("a waiting publish waits out Full"),
-        }
-    }
-}
-
-/// Why the blocking body stopped without publishing.
-pub(crate) enum Stop<T> {
-    /// The deadline passed while the item was refused with `Full`.
-    Timeout(T),
-    Refused(PublishError<T>),
-}
-
-impl<T> Stop<T> {
-    /// For a publish without a deadline (which never times out).
-    pub(crate) fn untimed(self) -> PublishError<T> {
-        match self {
-            Stop::Refused(e) => e,
-            Stop::Timeout(_) => unreachable!("a publish without a deadline never times out"),
-        }
-    }
-
-    /// For a publish with a deadline.
-    pub(crate) fn timed(self) -> PublishTimeoutError<T> {
-        match self {
-            Stop::Refused(e) => e.into(),
-            Stop::Timeout(item) => PublishTimeoutError::Timeout(item),
+            Refusal::Invalid => PublishError::InvalidPosition(value),
         }
     }
 }
@@ -417,7 +385,7 @@ impl<T> Publisher<T> {
         to: Option<usize>,
         item: T,
         deadline: Option<Instant>,
-    ) -> Result<(), Stop<T>>
+    ) -> Result<(), PublishError<T>>
     where
         T: Item,
     {
@@ -438,7 +406,7 @@ impl<T> Publisher<T> {
                 Err(Refusal::Full { lane, need }) => {
                     self.wait(lane, need, None);
                 }
-                Err(refusal) => return Err(refusal.refused(done)),
+                Err(refusal) => return Err(refusal.error(done)),
             }
         }
         Ok(())
@@ -496,17 +464,17 @@ pub(crate) fn publish_until<T: Item>(
     target: &mut Target<'_, T>,
     mut item: T,
     deadline: Option<Instant>,
-) -> Result<(), Stop<T>> {
+) -> Result<(), PublishError<T>> {
     loop {
         match target.step(item) {
             Ok(()) => return Ok(()),
             Err((back, Refusal::Full { lane, need })) => {
                 item = back;
                 if !wait_room(target.ring(lane), need, deadline) {
-                    return Err(Stop::Timeout(item));
+                    return Err(PublishError::Timeout(item));
                 }
             }
-            Err((back, refusal)) => return Err(Stop::Refused(refusal.refused(back))),
+            Err((back, refusal)) => return Err(refusal.error(back)),
         }
     }
 }

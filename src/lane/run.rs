@@ -17,7 +17,7 @@ use crate::sync::Arc;
 pub const MAX_RUN: usize = 64;
 
 /// A run of deliveries from one lane, received in one step by
-/// [`Consumer::recv_run`](crate::Consumer::recv_run) and its siblings: consecutive items of
+/// [`Consumer::recv_run`](crate::LaneConsumer::recv_run) and its siblings: consecutive items of
 /// the lane (sequences `first..first + len`), each read in place in its slot.
 ///
 /// A run is the fast path for sinks that apply items in order: receiving it takes the
@@ -38,7 +38,8 @@ pub const MAX_RUN: usize = 64;
 /// another thread and acked there. `Run<T>` is `Send` and `Sync` only when `T: Send + Sync`.
 ///
 /// ```
-/// use lanestream::{Batch, LaneItem, MemoryStream, Position, Stream};
+/// use lanestream::prelude::*;
+/// use lanestream::{Batch, LaneItem, MemoryStream, Position};
 /// let stream = MemoryStream::builder().capacity(8).sink("search").build().unwrap();
 /// let lane = stream.lane("search").unwrap();
 /// let (mut producer, mut consumer) = (stream.fanout().unwrap(), lane.attach().unwrap());

@@ -7,9 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use crate::{
-    IndexName, LaneConsumer, LaneItem, LaneRun, RequestPublisher, SinkName, Stream, TryPublishError,
-};
+use crate::{IndexName, LaneConsumer, LaneItem, LaneRun, PublishError, RequestPublisher, SinkName, Stream};
 
 use super::error::{panic_message, PipelineError};
 use super::metrics::{commit_micros, lock, unix_micros_now, MetricsHandle, SinkLive, SinkReport};
@@ -435,7 +433,7 @@ fn ask<St: Stream>(
                     report.backfills_asked += 1;
                     continue;
                 }
-                Err(TryPublishError::Full(_) | TryPublishError::Backend { .. }) => {}
+                Err(PublishError::Full(_) | PublishError::Backend { .. }) => {}
                 Err(e) => return Err(format!("asking for its backfill of {:?}: {e}", owed.indexes).into()),
             }
         }

@@ -8,8 +8,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crate::{
-    LaneConsumer, LaneDelivery, LaneItem, Position, PublishTimeoutError, RecvTimeoutError, SinkName, Stream,
-    StreamFanout, TryPublishError, TryRecvError,
+    LaneConsumer, LaneDelivery, LaneItem, Position, PublishError, RecvTimeoutError, SinkName, Stream,
+    StreamFanout, TryRecvError,
 };
 
 use super::error::PipelineError;
@@ -172,7 +172,7 @@ impl<St: Stream> Ingest<'_, St> {
         loop {
             match self.fanout.publish_timeout(item, self.tick.max(Duration::from_millis(50))) {
                 Ok(()) => return Ok(true),
-                Err(PublishTimeoutError::Timeout(back)) => {
+                Err(PublishError::Timeout(back)) => {
                     item = back;
                     self.housekeeping(source, engines)?;
                     if stop.is_stopped() {
@@ -203,11 +203,8 @@ impl<St: Stream> Ingest<'_, St> {
             item = match self.fanout.try_publish_to(lane, item) {
                 Ok(()) => return Ok(true),
                 // A broker's blip: tried again, as the waiting forms do (P8).
-                Err(TryPublishError::Backend { item: back, .. }) => back,
-                Err(e) => match e.into_waitable() {
-                    Ok(back) => back, // full
-                    Err(e) => return Err(publish_error(e.into())),
-                },
+                Err(PublishError::Backend { item: back, .. } | PublishError::Full(back)) => back,
+                Err(e) => return Err(publish_error(e)),
             };
             if stop.is_stopped() {
                 return Ok(false);
@@ -388,9 +385,9 @@ pub(crate) fn next_request<C: LaneConsumer<crate::Request>>(
     }
 }
 
-fn publish_error(e: PublishTimeoutError<LaneItem>) -> PipelineError {
+fn publish_error(e: PublishError<LaneItem>) -> PipelineError {
     match e {
-        PublishTimeoutError::Closed(_) => {
+        PublishError::Closed(_) => {
             PipelineError::Stream("a lane was closed (its sink engine stopped: its error follows)".into())
         }
         e => PipelineError::Stream(format!("publish: {e}")),

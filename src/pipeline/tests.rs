@@ -5,6 +5,7 @@
 //! `publish_to` is a gap for the other lanes, and moves every lane's last published position),
 //! so its lanes never differ in what they hold: the tests here are the restarts it can have.
 
+use crate::prelude::*;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! wakers that count, and a watchdog so a lost wake-up fails a test instead of hanging CI.
 #![allow(dead_code)]
 
+use lanestream::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::task::{Wake, Waker};
@@ -217,7 +218,7 @@ pub fn drain_try<T: Item>(consumer: &mut Consumer<T>) -> Vec<Option<u64>> {
 
 /// Receives with `recv` until it returns `None` (closed and drained), acking each delivery;
 /// returns the positions and attempts in delivery order.
-pub fn drain_closed<T: Item>(consumer: &mut Consumer<T>) -> Vec<(Option<u64>, u32)> {
+pub fn drain_closed<T: Item + Send + Sync>(consumer: &mut Consumer<T>) -> Vec<(Option<u64>, u32)> {
     let mut got = Vec::new();
     while let Some(d) = consumer.recv().unwrap() {
         got.push((d.item().position().map(|p| p.0), d.attempt()));

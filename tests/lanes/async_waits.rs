@@ -4,6 +4,7 @@
 //! re-attach waking async waiters.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::pin::{pin, Pin};

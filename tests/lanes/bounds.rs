@@ -3,6 +3,7 @@
 //! build time; a slot pinned by a stale delivery is visible; an item's drop panic never aborts.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use common::{batch, stream, Tick};
 use lanestream::{
-    BuildError, Item, Lane, MemoryStream, Position, SinkName, Stream, StreamError, TryPublishError,
+    BuildError, Item, Lane, MemoryStream, Position, PublishError, SinkName, Stream, StreamError,
     TryRecvError, MAX_CAPACITY,
 };
 
@@ -101,7 +102,7 @@ fn l10_close_in_the_middle_of_a_publish_hands_the_item_back() {
         thread::spawn(move || {
             let mut producer = lane.producer().unwrap();
             match producer.try_publish(Gate { position: 1, entered: entered_tx, release }) {
-                Err(TryPublishError::Closed(item)) => item.position,
+                Err(PublishError::Closed(item)) => item.position,
                 other => panic!("publish racing a close: {:?}", other.map_err(|e| e.to_string())),
             }
         })
@@ -137,7 +138,7 @@ fn l10_close_racing_a_publish_loop_never_loses_nor_resurrects_an_item() {
                             published.store(lsn, Ordering::Release);
                             lsn += 1;
                         }
-                        Err(TryPublishError::Full(_)) => thread::yield_now(),
+                        Err(PublishError::Full(_)) => thread::yield_now(),
                         Err(e) => {
                             assert!(e.is_closed());
                             return;

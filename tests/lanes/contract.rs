@@ -10,6 +10,7 @@
 //! (`tests/lanes/async_waits.rs`) and the long multi-threaded run (`tests/stress.rs`).
 
 use crate::{common, port_contract};
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::pin::pin;
@@ -21,7 +22,7 @@ use std::thread;
 use common::{backfill, batch, complete, envelope, pos, shared_envelopes, snapshot, stream, tracked};
 use lanestream::{
     AckError, AckHandle, Batch, BuildError, Delivery, Envelope, IndexName, LaneItem, MemoryStream, NameError,
-    Op, Position, Request, SinkName, Stream, StreamError, TryPublishError, TryRecvError,
+    Op, Position, PublishError, Request, SinkName, Stream, StreamError, TryRecvError,
 };
 use port_contract::{port_contract_tests, Backend, WorkerHandle};
 
@@ -271,7 +272,7 @@ fn l8_slot_is_not_reused_while_a_detached_delivery_still_reads_it() {
     let mut c2 = lane.reattach();
     c2.try_recv().unwrap().ack().unwrap();
     // Acked, but the detached delivery still reads the item in place: the slot stays taken.
-    assert!(matches!(p.try_publish(batch(2)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(2)), Err(PublishError::Full(_))));
     assert_eq!(stale.item(), &tracked(Some(1), &env));
     // Only the slot waits for the stale reader: the ack counts at once (L5, W1, W5).
     assert_eq!(lane.acked(), Some(Position(1)), "an acked item moves the acked position at once");
@@ -357,7 +358,7 @@ fn m1_lane_memory_is_fixed_at_build_and_repolling_keeps_one_waker() {
     for i in 3_001..=3_003 {
         p.try_publish(batch(i)).unwrap();
     }
-    assert!(matches!(p.try_publish(batch(3_004)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(3_004)), Err(PublishError::Full(_))));
     assert_eq!(lane.stats().capacity, 3);
     let drained: Vec<_> = (0..3).map(|_| c.try_recv().unwrap()).collect();
     drained.into_iter().for_each(|d| d.ack().unwrap());

@@ -7,6 +7,7 @@
 //! stream lanes carry [`LaneItem`]s whose shared envelopes' `Arc::strong_count` counts live copies.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,6 +2,7 @@
 //! that publishes to every lane at once, named after the rule each test shows.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::{batch, shared_envelopes, snapshot, stream, tracked, within};
-use lanestream::{LaneItem, Position, PublishError, Stream, TryPublishError, TryRecvError};
+use lanestream::{LaneItem, Position, PublishError, Stream, TryRecvError};
 
 #[test]
 fn fanout_l2_publishes_each_item_to_every_lane_in_order() {
@@ -45,7 +46,7 @@ fn fanout_l3_an_item_goes_to_every_lane_or_none_full_hands_it_back() {
     assert_eq!(err.into_inner().position(), Some(Position(3)));
     assert_eq!(s.stats("a").unwrap().published, 2);
     // A run publishes the prefix every lane has room for: none here.
-    assert_eq!(fanout.try_publish_run(&mut vec![batch(3), batch(4)]), Err(TryPublishError::Full(0)));
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(3), batch(4)]), Err(PublishError::Full(0)));
     // The blocking publish waits for lane "b".
     let sb = s.clone();
     let acker = thread::spawn(move || {
@@ -104,11 +105,8 @@ fn fanout_l4_positions_are_checked_against_every_lane_before_anything_is_written
     let mut fanout = s.fanout().unwrap();
     fanout.publish(batch(5)).unwrap();
     let err = fanout.try_publish(batch(5)).unwrap_err();
-    assert!(matches!(
-        err,
-        TryPublishError::PositionRegressed { position: Position(5), last: Position(5), .. }
-    ));
-    assert!(matches!(fanout.try_publish(batch(u64::MAX)), Err(TryPublishError::InvalidPosition(_))));
+    assert!(matches!(err, PublishError::PositionRegressed { position: Position(5), last: Position(5), .. }));
+    assert!(matches!(fanout.try_publish(batch(u64::MAX)), Err(PublishError::InvalidPosition(_))));
     // A run stops before the first item that would be refused, which stays in the caller's
     // `Vec` with the rest; an error's payload is how many were published.
     let at = |v: &Vec<LaneItem>| v.iter().map(|i| i.position().unwrap().0).collect::<Vec<_>>();
@@ -117,7 +115,7 @@ fn fanout_l4_positions_are_checked_against_every_lane_before_anything_is_written
     assert_eq!(at(&run), [7, 8]);
     assert!(matches!(
         fanout.try_publish_run(&mut run),
-        Err(TryPublishError::PositionRegressed { item: 0, position: Position(7), last: Position(7) })
+        Err(PublishError::PositionRegressed { item: 0, position: Position(7), last: Position(7) })
     ));
     assert_eq!(at(&run), [7, 8], "handed back untouched");
     let mut run = vec![batch(8), batch(3), batch(9)];
@@ -135,7 +133,7 @@ fn fanout_l10_close_refuses_on_every_lane_and_consumers_drain() {
     fanout.publish(batch(1)).unwrap();
     s.close("b").unwrap();
     let err = fanout.try_publish(batch(2)).unwrap_err();
-    assert!(matches!(err, TryPublishError::Closed(_)));
+    assert!(matches!(err, PublishError::Closed(_)));
     assert_eq!(err.into_inner().position(), Some(Position(2)));
     assert_eq!(s.stats("a").unwrap().published, 1, "a refused item reached lane a");
     assert_eq!(fanout.publish_run(&mut vec![batch(2)]), Err(PublishError::Closed(0)));
@@ -225,11 +223,11 @@ fn fanout_l3_the_slowest_lane_holds_every_lanes_room() {
     fanout.publish_run(&mut vec![batch(1), batch(2)]).unwrap();
     a.try_recv_run(2).unwrap().ack().unwrap();
     // Lane "a" acked both, lane "b" none: no cell is free.
-    assert!(matches!(fanout.try_publish(batch(3)), Err(TryPublishError::Full(_))));
+    assert!(matches!(fanout.try_publish(batch(3)), Err(PublishError::Full(_))));
     let run = b.try_recv_run(1).unwrap();
     run.ack().unwrap();
     fanout.try_publish(batch(3)).unwrap();
-    assert!(matches!(fanout.try_publish(batch(4)), Err(TryPublishError::Full(_))));
+    assert!(matches!(fanout.try_publish(batch(4)), Err(PublishError::Full(_))));
     // Each lane reads its items in place, the reused cell included.
     let got: Vec<_> = b.try_recv_run(4).unwrap().iter().map(|i| i.position().unwrap().0).collect();
     assert_eq!(got, [2, 3]);
@@ -287,7 +285,7 @@ fn fanout_l8_a_stale_run_keeps_reading_its_item_while_the_other_lane_moves_on() 
     b.try_recv().unwrap().ack().unwrap();
     a2.try_recv().unwrap().ack().unwrap();
     // Both lanes acked item 1, but the stale run still reads it: its cell is not reused.
-    assert!(matches!(fanout.try_publish(batch(2)), Err(TryPublishError::Full(_))));
+    assert!(matches!(fanout.try_publish(batch(2)), Err(PublishError::Full(_))));
     assert_eq!(stale.get(0).unwrap().position(), Some(Position(1)));
     assert_eq!(stale.ack(), Err(lanestream::AckError::Detached));
     fanout.try_publish(batch(2)).unwrap();

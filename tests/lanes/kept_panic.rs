@@ -9,6 +9,7 @@
 //! ends' `Send`/`Sync`.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::panic::{catch_unwind, panic_any, AssertUnwindSafe};
@@ -22,8 +23,8 @@ use bytes::Bytes;
 use common::{bomb, bomb_with, payload, shared_envelopes, tracked, CountingWaker};
 use lanestream::{
     Batch, Consumer, Delivery, Envelope, Fanout, FanoutPublish, IndexName, Item, Lane, LaneItem,
-    MemoryStream, Op, Position, Producer, Publish, PublishError, PublishTimeoutError, Request, RequestLane,
-    RequestSender, SinkName, Stream, TryPublishError,
+    MemoryStream, Op, Position, Producer, Publish, PublishError, Request, RequestLane, RequestSender,
+    SinkName, Stream,
 };
 
 /// `k` copies of one envelope: a batch of them is charged about `k` times a batch of one.
@@ -112,7 +113,7 @@ fn m3_a_publish_refused_in_the_step_that_caught_a_drop_panic_hands_its_item_back
     let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish(item)));
     assert_eq!(dropped.load(Ordering::SeqCst), 1, "the step dropped the acked bomb");
     let back = match attempt {
-        Ok(Err(TryPublishError::Full(back))) => back,
+        Ok(Err(PublishError::Full(back))) => back,
         Ok(other) => panic!("expected Full with the item, got {other:?}"),
         Err(_) => panic!("the drop panic was resumed by a refused publish: its item was lost"),
     };
@@ -138,7 +139,7 @@ fn m3_a_run_refused_in_the_step_that_caught_a_drop_panic_stays_in_its_vec() {
     let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish_run(&mut run)));
     assert_eq!(dropped.load(Ordering::SeqCst), 1);
     assert!(
-        matches!(attempt, Ok(Err(TryPublishError::Full(0)))),
+        matches!(attempt, Ok(Err(PublishError::Full(0)))),
         "expected Full(0) with the run kept, got a panic or {:?}",
         attempt.as_ref().ok()
     );
@@ -155,7 +156,7 @@ fn m3_a_drop_panic_kept_by_a_refused_publish_surfaces_when_the_fanout_is_dropped
     let sp = spent();
     let item = sp.big(3);
     let Spent { s, mut p, dropped, .. } = sp;
-    assert!(matches!(p.try_publish(item), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(item), Err(PublishError::Full(_))));
     let dropping = catch_unwind(AssertUnwindSafe(|| drop(p)));
     assert_eq!(payload(&dropping.expect_err("the kept panic surfaces at the drop")), "one");
     // The role was given back before the panic: a new fan-out can be made.
@@ -197,21 +198,22 @@ fn m3_a_timed_out_publish_hands_its_item_back_and_the_panic_waits_for_the_next_p
     let attempt = catch_unwind(AssertUnwindSafe(|| p.publish_timeout(item, Duration::from_millis(30))));
     assert_eq!(dropped.load(Ordering::SeqCst), 1, "the first step dropped the bomb");
     let back = match attempt {
-        Ok(Err(PublishTimeoutError::Timeout(back))) => back,
+        Ok(Err(PublishError::Timeout(back))) => back,
         Ok(other) => panic!("expected Timeout with the item, got {other:?}"),
         Err(_) => panic!("the kept panic surfaced from a publish that timed out: its item is lost"),
     };
     assert_eq!(Arc::strong_count(&refused), 2, "the item came back whole");
     // A deadline already passed, still refused: still kept, item back.
-    let attempt = catch_unwind(AssertUnwindSafe(|| p.publish_deadline(back, std::time::Instant::now())));
+    let attempt =
+        catch_unwind(AssertUnwindSafe(|| p.publish_deadline(back, Some(std::time::Instant::now()))));
     let back = match attempt {
-        Ok(Err(PublishTimeoutError::Timeout(back))) => back,
+        Ok(Err(PublishError::Timeout(back))) => back,
         other => panic!("expected Timeout with the item again, got {:?}", other.map(|r| r.map_err(|_| ()))),
     };
     // A step refused before the drop pass (a regressed position) hands its item back too, and
     // keeps the panic.
     let regressed = catch_unwind(AssertUnwindSafe(|| p.try_publish(tracked(Some(1), &shared_envelopes(1)))));
-    assert!(matches!(regressed, Ok(Err(TryPublishError::PositionRegressed { .. }))));
+    assert!(matches!(regressed, Ok(Err(PublishError::PositionRegressed { .. }))));
     held.ack().unwrap();
     let again = catch_unwind(AssertUnwindSafe(|| p.publish_timeout(back, Duration::from_millis(500))));
     assert_eq!(payload(&again.expect_err("the kept panic surfaces once the publish goes")), "one");
@@ -269,7 +271,7 @@ fn m3_publish_to_refused_after_a_drop_panic_hands_its_item_back() {
     let Spent { s, mut p, held, dropped, refused, .. } = sp;
     let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish_to(0, item)));
     let back = match attempt {
-        Ok(Err(TryPublishError::Full(back))) => back,
+        Ok(Err(PublishError::Full(back))) => back,
         Ok(other) => panic!("expected Full with the item, got {other:?}"),
         Err(_) => panic!("the drop panic surfaced from a refused try_publish_to"),
     };
@@ -296,7 +298,7 @@ fn m3_a_run_partly_published_in_the_step_that_caught_a_drop_panic_surfaces_it_wi
     assert_eq!(Arc::strong_count(&small), 3, "each item alive once: one in the lane, one in the Vec");
     assert_eq!(run[0].position(), Some(Position(4)));
     // The rest is refused Full now (budget spent), with no panic left.
-    assert!(matches!(p.try_publish_run(&mut run), Err(TryPublishError::Full(0))));
+    assert!(matches!(p.try_publish_run(&mut run), Err(PublishError::Full(0))));
     assert_eq!(run.len(), 1);
 }
 
@@ -345,14 +347,14 @@ fn m3_two_drop_panics_kept_by_two_refused_publishes_only_the_first_surfaces() {
 
     let first = catch_unwind(AssertUnwindSafe(|| p.try_publish(huge)));
     let huge = match first {
-        Ok(Err(TryPublishError::Full(back))) => back,
+        Ok(Err(PublishError::Full(back))) => back,
         other => panic!("expected Full, got {:?}", other.map(|r| r.map_err(|_| ()))),
     };
     assert_eq!(one.load(Ordering::SeqCst), 1);
     d2.ack().unwrap();
     let second = catch_unwind(AssertUnwindSafe(|| p.try_publish(huge)));
     let huge = match second {
-        Ok(Err(TryPublishError::Full(back))) => back,
+        Ok(Err(PublishError::Full(back))) => back,
         other => panic!("expected Full, got {:?}", other.map(|r| r.map_err(|_| ()))),
     };
     assert_eq!(two.load(Ordering::SeqCst), 1);
@@ -387,7 +389,7 @@ fn m3_a_fanout_refused_closed_by_a_drop_that_closes_the_stream_hands_its_item_ba
     let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish(tracked(Some(2), &envs))));
     assert_eq!(dropped.load(Ordering::SeqCst), 1, "the step dropped the bomb");
     let back = match attempt {
-        Ok(Err(TryPublishError::Closed(back))) => back,
+        Ok(Err(PublishError::Closed(back))) => back,
         Ok(other) => panic!("expected Closed with the item, got {other:?}"),
         Err(_) => panic!("the drop panic surfaced from a publish refused Closed: its item is lost"),
     };
@@ -448,7 +450,7 @@ fn m3_a_producer_refused_closed_after_a_drop_panic_hands_its_item_back_and_surfa
     let attempt = catch_unwind(AssertUnwindSafe(|| p.try_publish(closer(1, &drops))));
     assert_eq!(drops[0].load(Ordering::SeqCst), 1, "the step dropped the acked item");
     let back = match attempt {
-        Ok(Err(TryPublishError::Closed(back))) => back,
+        Ok(Err(PublishError::Closed(back))) => back,
         Ok(Err(other)) => panic!("expected Closed, got {:?}", other.to_string()),
         Ok(Ok(())) => panic!("published on a closed lane"),
         Err(_) => panic!("the drop panic surfaced from a publish refused Closed: its item is lost"),
@@ -456,7 +458,7 @@ fn m3_a_producer_refused_closed_after_a_drop_panic_hands_its_item_back_and_surfa
     assert_eq!((back.id, drops[1].load(Ordering::SeqCst)), (1, 0), "handed back, not dropped");
     // Every other form is refused too, each item handed back.
     let mut run = vec![back, closer(2, &drops)];
-    assert!(matches!(p.try_publish_run(&mut run), Err(TryPublishError::Closed(0))));
+    assert!(matches!(p.try_publish_run(&mut run), Err(PublishError::Closed(0))));
     assert!(matches!(p.publish_run(&mut run), Err(PublishError::Closed(0))));
     assert_eq!(run.len(), 2);
     drop(run);
@@ -474,7 +476,7 @@ fn m3_a_kept_panic_is_discarded_when_the_fanout_is_dropped_while_unwinding() {
     let item = sp.big(3);
     let Spent { s, mut p, c, held, dropped, refused } = sp;
     let back = match p.try_publish(item) {
-        Err(TryPublishError::Full(back)) => back,
+        Err(PublishError::Full(back)) => back,
         other => panic!("expected Full, got {other:?}"),
     };
     drop(back);
@@ -543,7 +545,7 @@ fn m3_a_kept_payload_that_panics_when_dropped_is_discarded_while_unwinding_witho
     c.try_recv().unwrap().ack().unwrap();
     let _held = c.try_recv().unwrap();
     let refused = envelopes(2, 3);
-    assert!(matches!(p.try_publish(tracked(Some(3), &refused)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(tracked(Some(3), &refused)), Err(PublishError::Full(_))));
     assert_eq!(payload_drops.load(Ordering::SeqCst), 0, "the payload is kept");
     let outer = catch_unwind(AssertUnwindSafe(move || {
         let _p = p;
@@ -560,7 +562,7 @@ fn m3_a_kept_panic_at_the_drop_of_the_last_reference_drops_every_item_once_witho
     // them, whose panic is then caught and discarded.
     let TwoBombs { s, mut p, c, one, two, second: held } = two_bombs();
     let refused = envelopes(2, 3);
-    assert!(matches!(p.try_publish(tracked(Some(3), &refused)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(tracked(Some(3), &refused)), Err(PublishError::Full(_))));
     assert_eq!((one.load(Ordering::SeqCst), two.load(Ordering::SeqCst)), (1, 0));
     assert_eq!(Arc::strong_count(&refused), 1, "the refused item came back and was dropped");
     drop(held);
@@ -586,7 +588,7 @@ fn m3_the_ends_stay_send_and_sync_with_a_panic_kept() {
     // And a fan-out whose publisher keeps a panic still moves to another thread and publishes.
     let Spent { s, mut p, held, dropped, refused, .. } = spent();
     let back = match p.try_publish(tracked(Some(3), &refused)) {
-        Err(TryPublishError::Full(back)) => back,
+        Err(PublishError::Full(back)) => back,
         other => panic!("expected Full, got {other:?}"),
     };
     held.ack().unwrap();
@@ -604,7 +606,7 @@ fn m3_a_drop_panic_caught_by_the_publish_that_goes_is_discarded_when_an_earlier_
     let TwoBombs { s, mut p, mut c, one, two, second: d2 } = two_bombs();
     let refused = envelopes(2, 3);
     let back = match p.try_publish(tracked(Some(3), &refused)) {
-        Err(TryPublishError::Full(back)) => back,
+        Err(PublishError::Full(back)) => back,
         other => panic!("expected Full, got {other:?}"),
     };
     d2.ack().unwrap();
@@ -626,7 +628,7 @@ fn m3_a_fanout_dropped_by_the_unwinding_of_its_kept_panic_gives_the_role_back() 
     let outcome = catch_unwind(AssertUnwindSafe(move || {
         let mut p = p;
         let back = match p.try_publish(tracked(Some(3), &refused)) {
-            Err(TryPublishError::Full(back)) => back,
+            Err(PublishError::Full(back)) => back,
             other => panic!("expected Full, got {other:?}"),
         };
         held.ack().unwrap();

@@ -1,6 +1,7 @@
 //! The memory budget (M4) and prompt drops (M3): what a stream holds is what is unacked.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,8 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{batch, envelope, within, CountingWaker};
 use lanestream::{
-    Batch, BuildError, Envelope, Item, LaneItem, MemoryStream, Position, PublishTimeoutError, Stream,
-    TryPublishError, ENVELOPE_OVERHEAD, MAX_BUDGET,
+    Batch, BuildError, Envelope, Item, LaneItem, MemoryStream, Position, PublishError, Stream,
+    ENVELOPE_OVERHEAD, MAX_BUDGET,
 };
 
 /// A positioned batch of `n` envelopes whose documents are `size` bytes each.
@@ -64,7 +65,7 @@ fn m4_a_spent_budget_refuses_with_full_while_slots_are_free_and_hands_the_item_b
     let mut fanout = stream.fanout().unwrap();
     fanout.try_publish(sized(1, 1, 1000)).unwrap();
     match fanout.try_publish(sized(2, 1, 1000)) {
-        Err(TryPublishError::Full(back)) => assert_eq!(back.position(), Some(Position(2))),
+        Err(PublishError::Full(back)) => assert_eq!(back.position(), Some(Position(2))),
         other => panic!("expected Full, got {other:?}"),
     }
     assert_eq!(stream.stats("a").unwrap().published, 1);
@@ -125,7 +126,7 @@ fn m4_a_publish_that_can_never_fit_times_out_with_its_item() {
     let mut fanout = stream.fanout().unwrap();
     fanout.publish(sized(1, 1, 100)).unwrap();
     match fanout.publish_timeout(sized(2, 1, 100), Duration::from_millis(30)) {
-        Err(PublishTimeoutError::Timeout(back)) => assert_eq!(back.position(), Some(Position(2))),
+        Err(PublishError::Timeout(back)) => assert_eq!(back.position(), Some(Position(2))),
         other => panic!("expected Timeout, got {other:?}"),
     }
 }

@@ -9,6 +9,7 @@
 //! interleavings and a bounded multi-threaded stress.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -20,7 +21,7 @@ use common::{
     Counted,
 };
 use lanestream::{
-    AckError, Consumer, Delivery, Lane, LaneItem, Position, Run, SinkName, Stream, TryPublishError,
+    AckError, Consumer, Delivery, Lane, LaneItem, Position, PublishError, Run, SinkName, Stream,
     TryRecvError, MAX_RUN,
 };
 use rand::rngs::StdRng;
@@ -160,7 +161,7 @@ fn walk(seed: u64, capacity: usize, steps: usize) -> (u64, u64) {
                         assert!(fits, "publish past the room: {}", ctx(&log));
                         m.items.push(ModelItem { st: St::Queued, deliveries: 0, stale: 0 });
                     }
-                    Err(TryPublishError::Full(item)) => {
+                    Err(PublishError::Full(item)) => {
                         assert!(!fits, "Full with room left: {}", ctx(&log));
                         // Handed back untouched (L3): dropped here, then its id is reused.
                         drop(item);
@@ -768,7 +769,7 @@ fn l8_l3_reattach_between_a_plain_runs_partial_ack_and_its_drop_pins_only_what_i
     }
     assert!((0..4).all(|i| drops[i].load(Ordering::SeqCst) == 1), "freed items dropped by the publish");
     assert!((4..6).all(|i| drops[i].load(Ordering::SeqCst) == 0), "pinned items kept");
-    assert!(matches!(producer.try_publish(Counted::new(10, &drops)), Err(TryPublishError::Full(_))));
+    assert!(matches!(producer.try_publish(Counted::new(10, &drops)), Err(PublishError::Full(_))));
     drops[10].store(0, Ordering::SeqCst);
     drop(run); // releases nothing more
     let st = lane.stats();

@@ -14,6 +14,7 @@
 //! [`Probe`] items own no heap memory, so a double drop shows as a count of 2, not as corruption.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -25,7 +26,6 @@ use std::thread;
 use common::{batch, hunt};
 use lanestream::{
     Consumer, Item, Lane, LaneItem, MemoryStream, Position, Producer, PublishError, Run, SinkName, Stream,
-    TryPublishError,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -153,7 +153,7 @@ fn l10_m3_a_close_inside_the_publish_hands_back_the_item_and_the_run_intact() {
         }
     });
     let back = match producer.try_publish(b) {
-        Err(TryPublishError::Closed(back)) => back,
+        Err(PublishError::Closed(back)) => back,
         other => panic!("expected Closed with the item, got {other:?}"),
     };
     unhook();
@@ -363,7 +363,7 @@ fn m4_a_budgeted_publish_run_keeps_what_does_not_fit_in_the_vec_in_order() {
     assert_eq!(fanout.try_publish_run(&mut items).unwrap(), 3);
     assert_eq!(positions(&items), [4, 5, 6]);
     assert_eq!((stream.memory().held_items, stream.memory().held_bytes), (3, 3 * charge));
-    assert!(matches!(fanout.try_publish_run(&mut items), Err(TryPublishError::Full(0))));
+    assert!(matches!(fanout.try_publish_run(&mut items), Err(PublishError::Full(0))));
     assert_eq!(positions(&items), [4, 5, 6], "a refused step leaves the Vec as it was");
     let mut run = consumer.try_recv_run(64).unwrap();
     assert_eq!(run.ack_through_position(Position(2)).unwrap(), 2);
@@ -494,9 +494,9 @@ fn walk(seed: u64, steps: usize) {
                         let first = pos[0];
                         let regressed = first.is_some_and(|p| last.is_some_and(|l| p <= l));
                         match &e {
-                            TryPublishError::InvalidPosition(_) => assert_eq!(first, Some(u64::MAX), "{ctx}"),
-                            TryPublishError::PositionRegressed { .. } => assert!(regressed, "{ctx}"),
-                            TryPublishError::Full(_) => {
+                            PublishError::InvalidPosition(_) => assert_eq!(first, Some(u64::MAX), "{ctx}"),
+                            PublishError::PositionRegressed { .. } => assert!(regressed, "{ctx}"),
+                            PublishError::Full(_) => {
                                 assert!(first != Some(u64::MAX) && !regressed, "{ctx}: positions come first")
                             }
                             _ => panic!("{ctx}: unexpected refusal {e:?}"),
@@ -787,7 +787,7 @@ fn fanout_race(seed: u64, n: u64) {
             let r = match to {
                 Some(to) if kind == 1 => fanout.publish_to(to, batch(p + 1)),
                 Some(to) => match fanout.try_publish_to(to, batch(p + 1)) {
-                    Err(TryPublishError::Full(item)) => fanout.publish_to(to, item),
+                    Err(PublishError::Full(item)) => fanout.publish_to(to, item),
                     Err(e) => {
                         assert!(e.is_closed(), "seed {seed}: {e:?}");
                         Err(PublishError::Closed(e.into_inner()))

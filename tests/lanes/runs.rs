@@ -2,6 +2,7 @@
 //! its un-acked remainder, one test per rule (named after it, as in `tests/lanes/contract.rs`).
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -6,6 +6,7 @@
 //! concurrent runs. Each test is named after the rule it attacks.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -17,8 +18,8 @@ use common::{
     batch, pos, publish_range, run_positions, shared_envelopes, snapshot, stream, tracked, within, Tick,
 };
 use lanestream::{
-    AckError, Item, Lane, LaneItem, Position, PublishError, PublishTimeoutError, Run, SinkName, Stream,
-    StreamError, TryPublishError, TryRecvError, MAX_RUN,
+    AckError, Item, Lane, LaneItem, Position, PublishError, Run, SinkName, Stream, StreamError, TryRecvError,
+    MAX_RUN,
 };
 use rand::{Rng, SeedableRng};
 
@@ -493,7 +494,7 @@ fn runs_l10_close_with_a_run_outstanding_and_a_recv_run_blocked() {
     assert_eq!(none, None);
     let mut c = c;
     let refused = producer.try_publish(batch(4)).unwrap_err();
-    assert!(matches!(refused, TryPublishError::Closed(_)));
+    assert!(matches!(refused, PublishError::Closed(_)));
     assert_eq!(refused.into_inner().position(), Some(Position(4)));
     let mut out = out;
     assert_eq!(out.ack_through_position(Position(1)), Ok(1));
@@ -530,7 +531,7 @@ fn fanout_l3_one_full_lane_keeps_the_item_from_every_lane_and_hands_it_back() {
     let back = back.into_inner();
     assert_eq!(Arc::strong_count(&envelopes), 2, "the item came back and no lane kept a copy");
     let timed = fanout.publish_timeout(back, Duration::from_millis(20)).unwrap_err();
-    let PublishTimeoutError::Timeout(back) = timed else { panic!("{timed:?}") };
+    let PublishError::Timeout(back) = timed else { panic!("{timed:?}") };
     assert_eq!(Arc::strong_count(&envelopes), 2);
     drop(back);
     for sink in ["a", "b", "c"] {
@@ -561,7 +562,7 @@ fn fanout_l10_a_closed_lane_refuses_the_publish_even_while_another_lane_is_full(
     let started = Instant::now();
     let r = fanout.publish_timeout(batch(2), Duration::from_millis(500));
     assert!(
-        matches!(r, Err(PublishTimeoutError::Closed(_))),
+        matches!(r, Err(PublishError::Closed(_))),
         "publish_timeout with lane a full and lane b closed gave {r:?} after {:?}",
         started.elapsed()
     );
@@ -602,10 +603,10 @@ fn fanout_l10_a_closed_lane_refuses_for_every_lane_nothing_reaches_the_open_ones
     fanout.publish(batch(1)).unwrap();
     s.lane("c").unwrap().close();
     let r = fanout.try_publish(tracked(Some(2), &envelopes));
-    assert!(matches!(r, Err(TryPublishError::Closed(_))), "{r:?}");
+    assert!(matches!(r, Err(PublishError::Closed(_))), "{r:?}");
     drop(r);
     assert_eq!(fanout.publish(batch(2)).unwrap_err().into_inner().position(), Some(Position(2)));
-    assert_eq!(fanout.try_publish_run(&mut vec![batch(2), batch(3)]), Err(TryPublishError::Closed(0)));
+    assert_eq!(fanout.try_publish_run(&mut vec![batch(2), batch(3)]), Err(PublishError::Closed(0)));
     assert_eq!(fanout.publish_run(&mut vec![batch(2), batch(3)]), Err(PublishError::Closed(0)));
     assert_eq!(Arc::strong_count(&envelopes), 1, "a refused copy was kept");
     for sink in ["a", "b", "c"] {
@@ -662,7 +663,7 @@ fn fanout_l4_a_refused_position_is_refused_on_every_lane_and_a_new_fanout_contin
     let mut fanout = s.fanout().unwrap();
     // 3 is past the first fan-out's last (2) but not the restarted one's (5).
     let r = fanout.try_publish(batch(3));
-    assert!(matches!(r, Err(TryPublishError::PositionRegressed { last: Position(5), .. })), "{r:?}");
+    assert!(matches!(r, Err(PublishError::PositionRegressed { last: Position(5), .. })), "{r:?}");
     assert_eq!(fanout.try_publish_run(&mut vec![batch(4), batch(6)]).unwrap_err().into_inner(), 0);
     assert_eq!(s.stats("b").unwrap().published, 3);
     assert_eq!(s.stats("a").unwrap().published, 3);
@@ -678,7 +679,7 @@ fn fanout_l4_a_refused_position_is_refused_on_every_lane_and_a_new_fanout_contin
     drop(fanout);
     // A new fan-out after the dropped one continues after 6.
     let mut again = s.fanout().unwrap();
-    assert!(matches!(again.try_publish(batch(6)), Err(TryPublishError::PositionRegressed { .. })));
+    assert!(matches!(again.try_publish(batch(6)), Err(PublishError::PositionRegressed { .. })));
     again.try_publish(batch(7)).unwrap();
     assert_eq!((s.stats("a").unwrap().published, s.stats("b").unwrap().published), (5, 5));
 }
@@ -1007,9 +1008,9 @@ fn runs_l12_a_past_deadline_returns_what_is_there_and_times_out_on_nothing() {
     let s = stream(4, &["a"]);
     let mut c = s.attach("a").unwrap();
     let past = Instant::now() - Duration::from_millis(10);
-    assert!(c.recv_run_deadline(4, past).unwrap_err().is_timeout());
+    assert!(c.recv_run_deadline(4, Some(past)).unwrap_err().is_timeout());
     publish_range(&s, 1..=2);
-    let run = c.recv_run_deadline(4, past).unwrap().unwrap();
+    let run = c.recv_run_deadline(4, Some(past)).unwrap().unwrap();
     assert_eq!(run_positions(&run), [1, 2]);
     assert!(c.recv_run_timeout(4, Duration::ZERO).unwrap_err().is_timeout());
     run.ack().unwrap();
@@ -1173,8 +1174,8 @@ fn fanout_l10_a_close_racing_publish_runs_loses_no_item_reported_as_published() 
                     let mut items: Vec<_> = (p..p + 3).map(batch).collect();
                     match fanout.try_publish_run(&mut items) {
                         Ok(n) => p += n as u64,
-                        Err(TryPublishError::Closed(0)) => return p - 1,
-                        Err(TryPublishError::Full(0)) => return p - 1,
+                        Err(PublishError::Closed(0)) => return p - 1,
+                        Err(PublishError::Full(0)) => return p - 1,
                         Err(e) => panic!("{e:?}"),
                     }
                 }
@@ -1215,7 +1216,7 @@ fn fanout_l3_publish_deadline_hands_the_item_back_at_the_deadline() {
     let item = |p: u64| LaneItem::Batch(Batch::new(Some(Position(p)), Vec::new().into()));
     fan.publish(item(1)).unwrap();
     let start = Instant::now();
-    let err = fan.publish_deadline(item(2), start + Duration::from_millis(50)).unwrap_err();
+    let err = fan.publish_deadline(item(2), Some(start + Duration::from_millis(50))).unwrap_err();
     assert!(err.is_timeout(), "{err:?}");
     assert!(start.elapsed() >= Duration::from_millis(50));
     assert_eq!(err.into_inner().position(), Some(Position(2)));

@@ -11,6 +11,7 @@
 //! races run a few seeds; `LANESTREAM_HUNT=N` runs N seeds each (use `--release`).
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

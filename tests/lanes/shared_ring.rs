@@ -11,6 +11,7 @@
 //! [M3]: lanestream::contract#m3
 
 use crate::{common, shared_model};
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,8 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::{batch, run_positions, within};
 use lanestream::{
-    AckError, Batch, Envelope, LaneItem, Position, PublishError, Run, Stream, TryPublishError, TryRecvError,
-    MAX_RUN,
+    AckError, Batch, Envelope, LaneItem, Position, PublishError, Run, Stream, TryRecvError, MAX_RUN,
 };
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -85,7 +85,7 @@ fn shared_m3_each_item_dropped_once_at_the_publish_after_its_last_ack_never_whil
             // nothing.
             if slow_held.len() as u64 == cap {
                 let before: Vec<usize> = (1..p).map(|q| t.drops(q)).collect();
-                assert!(matches!(fanout.try_publish(t.item(p)), Err(TryPublishError::Full(_))));
+                assert!(matches!(fanout.try_publish(t.item(p)), Err(PublishError::Full(_))));
                 assert_eq!(t.drops(p), 1, "the refused item is handed back (and dropped by us)");
                 t.drops[p as usize].store(0, Ordering::SeqCst);
                 assert_eq!(before, (1..p).map(|q| t.drops(q)).collect::<Vec<_>>(), "Full dropped something");
@@ -203,7 +203,7 @@ fn shared_m3_items_in_every_state_are_dropped_once_whatever_goes_last() {
                 // A half-way close, then everything but the stale handle goes first.
                 held.5.as_ref().unwrap().lane("b").unwrap().close();
                 let r = held.0.as_mut().unwrap().try_publish(t.item(7));
-                assert!(matches!(r, Err(TryPublishError::Closed(_))));
+                assert!(matches!(r, Err(PublishError::Closed(_))));
                 drop(r);
                 assert_eq!(t.drops(7), 1, "refused before anything was written");
                 t.drops[7].store(0, Ordering::SeqCst); // the handed-back item, dropped by us
@@ -268,7 +268,7 @@ fn shared_l8_m3_a_stale_handle_pins_its_cell_for_every_lane() {
         assert_eq!(lanes[0].stats().pinned, 2, "item 1 pinned, item 2 behind it");
         // Item 1's cell is pinned by lane a's stale handle.
         let refused = fanout.try_publish(t.item(3));
-        assert!(matches!(refused, Err(TryPublishError::Full(_))), "{refused:?}");
+        assert!(matches!(refused, Err(PublishError::Full(_))), "{refused:?}");
         drop(refused);
         t.drops[3].store(0, Ordering::SeqCst);
         assert_eq!(t.drops(1), 0, "the refused publish dropped an item a stale handle reads");
@@ -329,7 +329,7 @@ fn shared_l8_seat_held_acks_around_a_live_stale_handle_keep_holder_counts() {
     r1.ack().unwrap();
     assert_eq!(lane.acked(), Some(Position(4)));
     assert_eq!(lane.stats().pinned, 4, "item 1 pinned by the stale handle, 2..=4 behind it");
-    assert!(matches!(fanout.try_publish(t.item(5)), Err(TryPublishError::Full(_))));
+    assert!(matches!(fanout.try_publish(t.item(5)), Err(PublishError::Full(_))));
     t.drops[5].store(0, Ordering::SeqCst);
     assert_eq!(read_alive(&t, &stale), 1);
     drop(stale); // a nack of a stale handle: ends it, releases nothing
@@ -528,11 +528,11 @@ fn shared_l4_a_refused_position_writes_no_cell_and_drops_nothing() {
     let r = fanout.try_publish(t.item_at(5, 2));
     assert!(matches!(
         r,
-        Err(TryPublishError::PositionRegressed { position: Position(2), last: Position(2), .. })
+        Err(PublishError::PositionRegressed { position: Position(2), last: Position(2), .. })
     ));
     drop(r);
     let huge = LaneItem::Batch(Batch::new(Some(Position(u64::MAX)), Vec::new().into()));
-    assert!(matches!(fanout.try_publish(huge), Err(TryPublishError::InvalidPosition(_))));
+    assert!(matches!(fanout.try_publish(huge), Err(PublishError::InvalidPosition(_))));
     assert_eq!(t.not_dropped(1..=2, 0), vec![], "a refused publish reused a cell");
     let mut run = vec![t.item(3), t.item_at(6, 3)];
     assert_eq!(fanout.try_publish_run(&mut run), Ok(1));
@@ -588,7 +588,7 @@ fn shared_l3_m3_a_publish_that_gives_up_writes_no_cell() {
     cs[1].try_recv().unwrap().ack().unwrap();
     let held = cs[0].try_recv().unwrap();
     match fanout.publish_timeout(t.item(2), Duration::from_millis(20)) {
-        Err(lanestream::PublishTimeoutError::Timeout(back)) => {
+        Err(lanestream::PublishError::Timeout(back)) => {
             assert_eq!(back.position(), Some(Position(2)));
             assert_eq!(t.drops(2), 0);
         }
@@ -652,7 +652,7 @@ fn shared_l10_m3_a_close_racing_publishes_refuses_the_item_on_every_lane_and_los
                         thread::yield_now();
                     }
                     let r = fanout.try_publish(t.item(MAX + 1));
-                    assert!(matches!(r, Err(TryPublishError::Closed(_))), "{r:?}");
+                    assert!(matches!(r, Err(PublishError::Closed(_))), "{r:?}");
                     MAX + 1
                 })
             };

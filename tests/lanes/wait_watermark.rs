@@ -1,6 +1,7 @@
 //! W6: a watermark you can wait on, blocking and async.
 
 use crate::common;
+use lanestream::prelude::*;
 
 use std::future::Future;
 use std::task::Context;

@@ -27,6 +27,7 @@
 //! once (L5/W1/W5); only its slot waits for the stale handle to end.
 #![allow(dead_code)]
 
+use lanestream::prelude::*;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,8 +35,7 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use lanestream::{
     AckError, Batch, Consumer, Delivery, Fanout, IndexName, Lane, LaneItem, LaneStats, MemoryStream,
-    Position, PublishError, PublishTimeoutError, RecvTimeoutError, Stream, StreamError, TryPublishError,
-    TryRecvError,
+    Position, PublishError, RecvTimeoutError, Stream, StreamError, TryRecvError,
 };
 
 /// The capacities a scenario may pick: powers of two and not (the contract's hazards: 1, 2, 3, 5).
@@ -206,7 +206,7 @@ pub enum Outcome {
     Skipped,
     /// Published.
     Published,
-    /// `TryPublishError::Full`, with the item's serial handed back.
+    /// `PublishError::Full`, with the item's serial handed back.
     Full(u64),
     /// `PublishError::Closed`.
     Closed(u64),
@@ -214,7 +214,7 @@ pub enum Outcome {
     Regressed { serial: u64, position: u64, last: u64 },
     /// `PublishError::InvalidPosition`.
     InvalidPosition(u64),
-    /// `PublishTimeoutError::Timeout`.
+    /// `PublishError::Timeout`.
     Timeout(u64),
     /// A delivery: the item's serial, position and attempt.
     Delivered { serial: u64, position: Option<u64>, attempt: u32 },
@@ -547,9 +547,9 @@ fn make_item(spec: ItemSpec, last_published: Option<u64>, serial: u64) -> LaneIt
 /// A publish's result, whichever form made it: `Full` only from `try_publish`, `Timeout` only
 /// from the timed forms.
 enum Published {
-    Try(Result<(), TryPublishError<LaneItem>>),
+    Try(Result<(), PublishError<LaneItem>>),
     Wait(Result<(), PublishError<LaneItem>>),
-    Timed(Result<(), PublishTimeoutError<LaneItem>>),
+    Timed(Result<(), PublishError<LaneItem>>),
 }
 
 fn publish_outcome(r: Published) -> Outcome {
@@ -557,18 +557,18 @@ fn publish_outcome(r: Published) -> Outcome {
         Published::Try(Ok(())) | Published::Wait(Ok(())) | Published::Timed(Ok(())) => {
             return Outcome::Published
         }
-        Published::Try(Err(TryPublishError::Full(i))) => (Some(i), None, None),
+        Published::Try(Err(PublishError::Full(i))) => (Some(i), None, None),
         Published::Try(Err(e)) => (None, None, Some(e)),
-        Published::Wait(Err(e)) => (None, None, Some(e.into())),
-        Published::Timed(Err(PublishTimeoutError::Timeout(i))) => (None, Some(i), None),
+        Published::Wait(Err(e)) => (None, None, Some(e)),
+        Published::Timed(Err(PublishError::Timeout(i))) => (None, Some(i), None),
         Published::Timed(Err(e)) => (
             None,
             None,
             Some(match e {
-                PublishTimeoutError::Closed(i) => TryPublishError::Closed(i),
-                PublishTimeoutError::InvalidPosition(i) => TryPublishError::InvalidPosition(i),
-                PublishTimeoutError::PositionRegressed { item, position, last } => {
-                    TryPublishError::PositionRegressed { item, position, last }
+                PublishError::Closed(i) => PublishError::Closed(i),
+                PublishError::InvalidPosition(i) => PublishError::InvalidPosition(i),
+                PublishError::PositionRegressed { item, position, last } => {
+                    PublishError::PositionRegressed { item, position, last }
                 }
                 other => unreachable!("{other:?}"),
             }),
@@ -581,9 +581,9 @@ fn publish_outcome(r: Published) -> Outcome {
         return Outcome::Timeout(serial_of(&i));
     }
     match refused.expect("a refused publish") {
-        TryPublishError::Closed(i) => Outcome::Closed(serial_of(&i)),
-        TryPublishError::InvalidPosition(i) => Outcome::InvalidPosition(serial_of(&i)),
-        TryPublishError::PositionRegressed { item, position, last } => {
+        PublishError::Closed(i) => Outcome::Closed(serial_of(&i)),
+        PublishError::InvalidPosition(i) => Outcome::InvalidPosition(serial_of(&i)),
+        PublishError::PositionRegressed { item, position, last } => {
             Outcome::Regressed { serial: serial_of(&item), position: position.0, last: last.0 }
         }
         other => unreachable!("{other:?}"),

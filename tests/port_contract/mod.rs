@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 
 use lanestream::{
     AckError, Batch, Envelope, Item, LaneConsumer, LaneDelivery, LaneItem, LaneRun, Position, PublishError,
-    PublishTimeoutError, RecvError, RecvTimeoutError, Request, RequestPublisher, SinkName, Stream,
-    StreamError, StreamFanout, TryPublishError, TryRecvError,
+    RecvError, RecvTimeoutError, Request, RequestPublisher, SinkName, Stream, StreamError, StreamFanout,
+    TryRecvError,
 };
 
 use crate::common::{backfill, batch, complete, envelope, shared_envelopes, snapshot, tracked, within};
@@ -350,7 +350,7 @@ pub fn l3_try_publish_on_a_full_lane_hands_the_item_back_with_full<B: Backend>(b
     p.try_publish(batch(1)).unwrap();
     p.try_publish(batch(2)).unwrap();
     match p.try_publish(tracked(Some(3), &env)) {
-        Err(TryPublishError::Full(item)) => assert_eq!(item, tracked(Some(3), &env)),
+        Err(PublishError::Full(item)) => assert_eq!(item, tracked(Some(3), &env)),
         other => panic!("{}: expected Full, got {other:?}", b.name()),
     }
     assert_eq!(Arc::strong_count(&env), 1, "the handed-back item was dropped by us, not kept");
@@ -359,7 +359,7 @@ pub fn l3_try_publish_on_a_full_lane_hands_the_item_back_with_full<B: Backend>(b
         assert_eq!((st.published, st.queued, st.last_published), (2, 2, Some(Position(2))));
     }
     let err = p.publish_timeout(batch(3), Duration::from_millis(20)).unwrap_err();
-    assert!(matches!(err, PublishTimeoutError::Timeout(_)));
+    assert!(matches!(err, PublishError::Timeout(_)));
     assert_eq!(err.into_inner().position(), Some(Position(3)));
 }
 
@@ -400,21 +400,21 @@ pub fn l3_publishing_to_a_closed_lane_hands_the_item_back_with_closed<B: Backend
     let env = shared_envelopes(2);
     for result in [
         p.try_publish(tracked(Some(2), &env)),
-        p.publish(tracked(Some(2), &env)).map_err(Into::into),
+        p.publish(tracked(Some(2), &env)),
         p.publish_timeout(tracked(Some(2), &env), Duration::from_millis(1)).map_err(|e| {
             assert!(e.is_closed());
-            TryPublishError::Closed(e.into_inner())
+            PublishError::Closed(e.into_inner())
         }),
     ] {
         match result {
-            Err(TryPublishError::Closed(item)) => assert_eq!(item.position(), Some(Position(2))),
+            Err(PublishError::Closed(item)) => assert_eq!(item.position(), Some(Position(2))),
             other => panic!("{}: expected Closed, got {other:?}", b.name()),
         }
     }
     // Also for a later fan-out of the stream.
     drop(p);
     let mut p2 = s.fanout().unwrap();
-    assert!(matches!(p2.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(p2.try_publish(batch(3)), Err(PublishError::Closed(_))));
     assert_eq!(Arc::strong_count(&env), 1);
     {
         let st = s.stats("search").unwrap();
@@ -432,7 +432,7 @@ pub fn l4_publish_to_reaches_one_lane_and_panics_past_the_last<B: Backend>(b: &B
     f.publish(batch(1)).unwrap();
     f.publish_to(1, batch(2)).unwrap();
     f.try_publish_to(0, batch(3)).unwrap();
-    assert!(matches!(f.try_publish(batch(3)), Err(TryPublishError::PositionRegressed { .. })));
+    assert!(matches!(f.try_publish(batch(3)), Err(PublishError::PositionRegressed { .. })));
     f.publish(batch(4)).unwrap();
     assert_eq!(drain_try(&mut ca), [Some(1), Some(3), Some(4)]);
     assert_eq!(drain_try(&mut cb), [Some(1), Some(2), Some(4)]);
@@ -448,7 +448,7 @@ pub fn l4_regressed_position_is_refused_and_item_handed_back<B: Backend>(b: &B) 
     let env = shared_envelopes(0);
     for bad in [10, 9, 0] {
         match p.try_publish(tracked(Some(bad), &env)) {
-            Err(TryPublishError::PositionRegressed { item, position, last }) => {
+            Err(PublishError::PositionRegressed { item, position, last }) => {
                 assert_eq!(
                     (item.position(), position, last),
                     (Some(Position(bad)), Position(bad), Position(10))
@@ -783,7 +783,7 @@ pub fn l8_an_ack_counts_at_once_while_a_detached_delivery_still_holds_the_slot<B
         return;
     }
     // Acked, but the detached delivery still reads the item: its slot stays taken (L3).
-    assert!(matches!(p.try_publish(batch(2)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(2)), Err(PublishError::Full(_))));
     assert_eq!(stale.item(), &batch(1));
     // Only the slot waits for the stale reader: the ack counts at once (L5, W1, W5).
     assert_eq!(
@@ -864,7 +864,7 @@ pub fn l9_a_second_live_fanout_is_busy_and_a_restarted_fanout_continues<B: Backe
     let mut p2 = other.fanout().expect("a restarted producer gets the lane at once");
     assert!(matches!(
         p2.try_publish(batch(3)),
-        Err(TryPublishError::PositionRegressed { last: Position(3), .. })
+        Err(PublishError::PositionRegressed { last: Position(3), .. })
     ));
     p2.publish(batch(4)).unwrap();
     assert_eq!(drain_try(&mut c), [Some(1), Some(2), Some(3), Some(4)]);
@@ -954,7 +954,7 @@ pub fn l10_request_lane_close_refuses_senders_and_drains_then_ends<B: Backend>(b
     sender.publish(backfill("search", "users")).unwrap();
     s.close_requests();
     match sender.try_publish(backfill("search", "orders")) {
-        Err(TryPublishError::Closed(back)) => assert_eq!(back, backfill("search", "orders")),
+        Err(PublishError::Closed(back)) => assert_eq!(back, backfill("search", "orders")),
         other => panic!("{}: expected Closed with the request handed back, got {other:?}", b.name()),
     }
     let d = ingest.recv().unwrap().expect("the queued request is still delivered");
@@ -1327,7 +1327,7 @@ pub fn l3_runs_publish_what_fits_now_or_every_item_waiting_for_room<B: Backend>(
     assert_eq!(f.try_publish_run(&mut vec![]), Ok(0));
     assert_eq!(f.try_publish_run(&mut items), Ok(4), "{}: as many as every lane has room for", b.name());
     assert_eq!(at(&items), (5..=10).collect::<Vec<_>>(), "{}: the published prefix moved out", b.name());
-    assert_eq!(f.try_publish_run(&mut items), Err(TryPublishError::Full(0)));
+    assert_eq!(f.try_publish_run(&mut items), Err(PublishError::Full(0)));
     assert_eq!(at(&items), (5..=10).collect::<Vec<_>>(), "{}: a refusal hands every item back", b.name());
     ack_to(&mut ca, 1, 4);
     ack_to(&mut cb, 1, 2);
@@ -1336,7 +1336,7 @@ pub fn l3_runs_publish_what_fits_now_or_every_item_waiting_for_room<B: Backend>(
     let mut old = vec![batch(1), batch(2)];
     assert!(matches!(
         f.try_publish_run(&mut old),
-        Err(TryPublishError::PositionRegressed { item: 0, position: Position(1), last: Position(6) })
+        Err(PublishError::PositionRegressed { item: 0, position: Position(1), last: Position(6) })
     ));
     assert_eq!(at(&old), [1, 2], "{}: a regressed run is handed back whole", b.name());
     ack_to(&mut ca, 5, 6);

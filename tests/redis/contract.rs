@@ -16,9 +16,9 @@ use std::time::Duration;
 use common::{backfill, batch, snapshot};
 use lanestream::{
     AckError, LaneConsumer, LaneDelivery, LaneItem, Position, PublishError, RedisDelivery, RedisStream,
-    RequestPublisher, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
+    RequestPublisher, Stream, StreamError, StreamFanout, TryRecvError,
 };
-use port_contract::{port_contract_tests, Backend, WorkerHandle};
+use port_contract::{port_contract_tests, Backend};
 use redis_support::{delete_keys, keys_of, kill_connections, unique_name, url};
 
 /// Deletes every key of the streams it was given when dropped, also when the test panicked, so
@@ -108,7 +108,7 @@ impl Backend for Redis {
     }
 }
 
-impl WorkerHandle for RedisDelivery<LaneItem> {
+impl port_contract::WorkerHandle for RedisDelivery<LaneItem> {
     fn attempt(&self) -> u32 {
         LaneDelivery::attempt(self)
     }
@@ -848,12 +848,12 @@ fn redis_a_producer_publishing_on_known_room_keeps_the_bound_and_the_positions()
     for i in 1..=3 {
         p.try_publish(batch(i * 10)).unwrap(); // the first runs the script, which reports room for 3
     }
-    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(40)), Err(PublishError::Full(_))));
     let d1 = c.try_recv().unwrap();
-    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::Full(_))), "delivered is not acked");
+    assert!(matches!(p.try_publish(batch(40)), Err(PublishError::Full(_))), "delivered is not acked");
     d1.ack().unwrap();
     p.try_publish(batch(40)).unwrap();
-    assert!(matches!(p.try_publish(batch(50)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(50)), Err(PublishError::Full(_))));
     let st = s.stats("search").unwrap();
     assert_eq!(
         (st.published, st.acked_items, st.lag(), st.last_published),
@@ -863,9 +863,9 @@ fn redis_a_producer_publishing_on_known_room_keeps_the_bound_and_the_positions()
     for _ in 0..3 {
         c.try_recv().unwrap().ack().unwrap();
     }
-    assert!(matches!(p.try_publish(batch(40)), Err(TryPublishError::PositionRegressed { .. })));
+    assert!(matches!(p.try_publish(batch(40)), Err(PublishError::PositionRegressed { .. })));
     p.try_publish(snapshot()).unwrap();
-    assert!(matches!(p.try_publish(batch(35)), Err(TryPublishError::PositionRegressed { .. })));
+    assert!(matches!(p.try_publish(batch(35)), Err(PublishError::PositionRegressed { .. })));
     p.try_publish(batch(50)).unwrap();
     let got: Vec<_> = (0..2)
         .map(|_| {

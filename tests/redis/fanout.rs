@@ -9,6 +9,7 @@
 #![cfg(feature = "redis")]
 
 use crate::{common, redis_support};
+use lanestream::prelude::*;
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::batch;
 use lanestream::{
     AckError, BackendError, BuildError, LaneConsumer, LaneItem, Position, PublishError, RedisDelivery,
-    RedisStream, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
+    RedisStream, Stream, StreamError, StreamFanout, TryRecvError,
 };
 use redis_support::fanout::{firsts, open, setup, SINKS};
 use redis_support::{drain_ack, log_ids, pos};
@@ -114,7 +115,7 @@ fn redis_fanout_l3_the_slowest_lane_bounds_the_fanout_and_its_ack_wakes_a_waitin
     assert_eq!(drain_ack(&mut consumers[0]), firsts(1..=4));
     assert_eq!(drain_ack(&mut consumers[2]), firsts(1..=4));
     match fanout.try_publish(batch(5)) {
-        Err(TryPublishError::Full(item)) => assert_eq!(item.position(), Some(Position(5))),
+        Err(PublishError::Full(item)) => assert_eq!(item.position(), Some(Position(5))),
         other => panic!("a full lane: {other:?}"),
     }
     let slow = thread::spawn({
@@ -152,7 +153,7 @@ fn redis_fanout_l4_w5_publish_to_reaches_one_lane_and_the_others_pass_the_gap() 
     // Position 2 went to lane 1 only; the other lanes pass it at 2, so no lane may take 2 again.
     for lane in 0..3 {
         match fanout.try_publish_to(lane, batch(2)) {
-            Err(TryPublishError::PositionRegressed { position, last, .. }) => {
+            Err(PublishError::PositionRegressed { position, last, .. }) => {
                 assert_eq!((position, last), (Position(2), Position(2)), "lane {lane}")
             }
             other => panic!("a position not above the last, to lane {lane}: {other:?}"),
@@ -198,8 +199,8 @@ fn redis_fanout_l9_a_fanout_claimed_by_another_process_fences_the_old_one() {
     let _: i64 =
         redis::cmd("HSET").arg(format!("{{{name}}}:meta")).arg("fh").arg("").query(&mut admin).unwrap();
     let mut live = s2.fanout().unwrap();
-    let fenced = |r: Result<(), TryPublishError<LaneItem>>| {
-        matches!(r, Err(TryPublishError::Backend { error: BackendError::Fenced, .. }))
+    let fenced = |r: Result<(), PublishError<LaneItem>>| {
+        matches!(r, Err(PublishError::Backend { error: BackendError::Fenced, .. }))
     };
     assert!(fenced(old.try_publish(batch(6))), "the old fan-out at the fence");
     for p in 6..=70 {
@@ -235,7 +236,7 @@ fn redis_fanout_l4_l8_a_restarted_fanout_resumes_and_reattached_lanes_get_their_
     }
     let stream = open(&url, &name, 16);
     let mut fanout = stream.fanout().unwrap();
-    assert!(matches!(fanout.try_publish(batch(3)), Err(TryPublishError::PositionRegressed { .. })));
+    assert!(matches!(fanout.try_publish(batch(3)), Err(PublishError::PositionRegressed { .. })));
     fanout.publish(batch(4)).unwrap();
     let mut search = stream.reattach("search").unwrap();
     assert_eq!(drain_ack(&mut search), vec![(2, 2), (3, 1), (4, 1)]);
@@ -255,7 +256,7 @@ fn redis_fanout_l10_a_closed_lane_refuses_the_fanout_and_every_lane_drains() {
     fanout.publish(batch(1)).unwrap();
     fanout.publish(batch(2)).unwrap();
     stream.close("cache").unwrap();
-    assert!(matches!(fanout.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(fanout.try_publish(batch(3)), Err(PublishError::Closed(_))));
     assert!(matches!(fanout.publish_to(0, batch(3)), Err(PublishError::Closed(_))));
     let mut search = stream.attach("search").unwrap();
     assert_eq!(drain_ack(&mut search), firsts(1..=2));
@@ -265,7 +266,7 @@ fn redis_fanout_l10_a_closed_lane_refuses_the_fanout_and_every_lane_drains() {
     // A fan-out built again stays refused.
     drop(fanout);
     let mut again = stream.fanout().unwrap();
-    assert!(matches!(again.try_publish(batch(3)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(again.try_publish(batch(3)), Err(PublishError::Closed(_))));
 }
 
 fn drain_ack_until_closed(
@@ -332,7 +333,7 @@ fn redis_fanout_i1_l4_the_last_position_is_found_behind_many_unpositioned_entrie
     }
     let mut fanout = stream.fanout().unwrap();
     match fanout.try_publish(batch(5)) {
-        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(5)),
+        Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(5)),
         other => panic!("a position not above the last, behind 40 chunks: {other:?}"),
     }
     fanout.publish(chunk()).unwrap();
@@ -430,10 +431,7 @@ fn redis_fanout_l2_runs_publish_every_item_once_in_order_across_scripts_and_trim
     drop(fanout);
     let mut fanout = stream.fanout().unwrap();
     let mut old = vec![batch(151), batch(153)];
-    assert!(matches!(
-        fanout.try_publish_run(&mut old),
-        Err(TryPublishError::PositionRegressed { item: 0, .. })
-    ));
+    assert!(matches!(fanout.try_publish_run(&mut old), Err(PublishError::PositionRegressed { item: 0, .. })));
     assert_eq!(old.len(), 2, "a refused run is handed back whole");
     fanout.publish_run(&mut vec![batch(153), batch(154)]).unwrap();
     for c in &mut consumers {

@@ -9,6 +9,7 @@
 #![cfg(feature = "redis")]
 
 use crate::{common, redis_support};
+use lanestream::prelude::*;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -17,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::batch;
 use lanestream::{
-    BackendError, LaneConsumer, MemoryStream, Position, PublishError, PublishTimeoutError, RedisFanout,
-    RedisStream, Stream, StreamError, StreamFanout, TryPublishError, TryRecvError,
+    BackendError, LaneConsumer, MemoryStream, Position, PublishError, RedisFanout, RedisStream, Stream,
+    StreamError, StreamFanout, TryRecvError,
 };
 use redis_support::fanout::{firsts, open, open_sinks, setup, SINKS};
 use redis_support::{drain_ack, kill_connections, log_ids, pos};
@@ -51,8 +52,8 @@ fn assert_last_ids_equal(admin: &mut redis::Connection, name: &str, sinks: &[&st
     log
 }
 
-fn is_fenced<T: std::fmt::Debug>(r: &Result<(), TryPublishError<T>>) -> bool {
-    matches!(r, Err(TryPublishError::Backend { error: BackendError::Fenced, .. }))
+fn is_fenced<T: std::fmt::Debug>(r: &Result<(), PublishError<T>>) -> bool {
+    matches!(r, Err(PublishError::Backend { error: BackendError::Fenced, .. }))
 }
 
 // ----- a proxy that cuts one request ----------------------------------------------------------
@@ -91,7 +92,7 @@ fn l2_a_lost_publish_reply_then_the_same_or_another_item_lands_once_in_order() {
         proxy.heal();
         if refuse {
             assert!(
-                matches!(lost, Err(TryPublishError::Backend { error: BackendError::Connection, .. })),
+                matches!(lost, Err(PublishError::Backend { error: BackendError::Connection, .. })),
                 "{lost:?}"
             );
         } else {
@@ -144,7 +145,7 @@ fn l2_a_lost_gate_reply_neither_duplicates_nor_skips() {
     proxy.arm_refusing(GATE, true);
     let first = f.try_publish(batch(1));
     proxy.heal();
-    assert!(matches!(first, Err(TryPublishError::Backend { .. })), "the gate's reply was lost: {first:?}");
+    assert!(matches!(first, Err(PublishError::Backend { .. })), "the gate's reply was lost: {first:?}");
     assert_eq!(proxy.cuts(), 1);
     f.try_publish(batch(1)).unwrap();
     for p in 2..=63 {
@@ -226,18 +227,18 @@ fn l9_a_zombie_fanout_lands_nothing_at_any_edge() {
     live.publish(batch(5)).unwrap();
     assert!(is_fenced(&old.try_publish(batch(6))));
     match old.publish_timeout(batch(6), Duration::from_secs(3)) {
-        Err(PublishTimeoutError::Backend { error: BackendError::Fenced, .. }) => {}
+        Err(PublishError::Backend { error: BackendError::Fenced, .. }) => {}
         other => panic!("a waiting zombie publish: {other:?}"),
     }
     // Fill to the brim: the zombie's waiting publish must come back fenced, not wait.
     for p in 6..=8 {
         live.publish(batch(p)).unwrap();
     }
-    assert!(matches!(live.try_publish(batch(9)), Err(TryPublishError::Full(_))));
+    assert!(matches!(live.try_publish(batch(9)), Err(PublishError::Full(_))));
     let t = Instant::now();
     let r = old.publish_timeout(batch(9), Duration::from_secs(3));
     assert!(
-        matches!(r, Err(PublishTimeoutError::Backend { error: BackendError::Fenced, .. })),
+        matches!(r, Err(PublishError::Backend { error: BackendError::Fenced, .. })),
         "a zombie on a full stream: {r:?} after {:?}",
         t.elapsed()
     );
@@ -311,7 +312,7 @@ fn l9_a_fanout_claimed_after_killing_its_connections_fences_the_reconnecting_one
     };
     // The old one's 64th entry (a gate) and a publish_to.
     let r = old.try_publish(batch(64));
-    assert!(is_fenced(&r) || matches!(r, Err(TryPublishError::Backend { .. })), "{r:?}");
+    assert!(is_fenced(&r) || matches!(r, Err(PublishError::Backend { .. })), "{r:?}");
     assert!(is_fenced(&old.try_publish(batch(64))));
     assert!(is_fenced(&old.try_publish_to(2, batch(64))));
     live.publish(batch(64)).unwrap();
@@ -400,7 +401,7 @@ fn w5_a_fanout_of_one_lane_has_no_gaps() {
     }
     let s = open_sinks(&url, &name, 8, &["only"]);
     let mut f = s.fanout().unwrap();
-    assert!(matches!(f.try_publish_to(0, batch(71)), Err(TryPublishError::PositionRegressed { .. })));
+    assert!(matches!(f.try_publish_to(0, batch(71)), Err(PublishError::PositionRegressed { .. })));
     f.publish(batch(72)).unwrap();
     assert_eq!(drain_ack(&mut s.reattach("only").unwrap()), firsts(71..=72));
     assert!(log_ids(&mut admin, &name).first().is_some_and(|&n| n >= 64), "trimmed at entry 64");
@@ -420,7 +421,7 @@ fn l10_a_close_of_the_full_lane_wakes_a_waiting_publish() {
     let waiting = thread::spawn(move || {
         let t = Instant::now();
         let r = f.publish_timeout(batch(3), Duration::from_secs(5));
-        (matches!(r, Err(PublishTimeoutError::Closed(_))), t.elapsed())
+        (matches!(r, Err(PublishError::Closed(_))), t.elapsed())
     });
     thread::sleep(Duration::from_millis(100));
     s.close("search").unwrap();
@@ -507,12 +508,12 @@ fn l10_a_closed_lane_refuses_a_new_fanout_and_known_room() {
     let mut f = s.fanout().unwrap();
     f.publish(batch(1)).unwrap();
     s.close("archive").unwrap();
-    assert!(matches!(f.try_publish(batch(2)), Err(TryPublishError::Closed(_))));
-    assert!(matches!(f.try_publish_to(0, batch(2)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(f.try_publish(batch(2)), Err(PublishError::Closed(_))));
+    assert!(matches!(f.try_publish_to(0, batch(2)), Err(PublishError::Closed(_))));
     drop(f);
     let s2 = open(&url, &name, 64);
     let mut g = s2.fanout().unwrap();
-    assert!(matches!(g.try_publish_to(1, batch(2)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(g.try_publish_to(1, batch(2)), Err(PublishError::Closed(_))));
     assert_eq!(log_ids(&mut admin, &name), vec![1]);
     assert_eq!(assert_last_ids_equal(&mut admin, &name, &SINKS), "18446744073709551615-0");
 }
@@ -531,10 +532,10 @@ fn l3_l10_a_full_stream_with_a_closed_lane_refuses_as_closed() {
     f.publish(batch(2)).unwrap();
     s.close("cache").unwrap();
     let r = f.try_publish(batch(3));
-    assert!(matches!(r, Err(TryPublishError::Closed(_))), "try_publish: {r:?}");
+    assert!(matches!(r, Err(PublishError::Closed(_))), "try_publish: {r:?}");
     let t = Instant::now();
     let r = f.publish_timeout(batch(3), Duration::from_secs(2));
-    assert!(matches!(r, Err(PublishTimeoutError::Closed(_))), "publish: {r:?} after {:?}", t.elapsed());
+    assert!(matches!(r, Err(PublishError::Closed(_))), "publish: {r:?} after {:?}", t.elapsed());
 }
 
 /// A position that does not rise on lane 1 is refused at once by the in-memory fan-out, whatever
@@ -549,11 +550,11 @@ fn l4_a_full_lane_hides_a_regressed_position_on_a_later_lane() {
     f.publish(batch(1)).unwrap();
     f.publish_to(1, batch(5)).unwrap();
     let r = f.try_publish(batch(3));
-    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "try_publish: {r:?}");
+    assert!(matches!(r, Err(PublishError::PositionRegressed { .. })), "try_publish: {r:?}");
     let t = Instant::now();
     let r = f.publish_timeout(batch(3), Duration::from_secs(2));
     assert!(
-        matches!(r, Err(PublishTimeoutError::PositionRegressed { .. })),
+        matches!(r, Err(PublishError::PositionRegressed { .. })),
         "publish: {r:?} after {:?}",
         t.elapsed()
     );
@@ -676,13 +677,13 @@ fn l3_gaps_fill_every_lane_and_passing_them_makes_room_and_wakes() {
     for p in 1..=4 {
         f.try_publish_to(1, batch(p)).unwrap();
     }
-    assert!(matches!(f.try_publish(batch(5)), Err(TryPublishError::Full(_))));
-    assert!(matches!(f.try_publish_to(1, batch(5)), Err(TryPublishError::Full(_))));
+    assert!(matches!(f.try_publish(batch(5)), Err(PublishError::Full(_))));
+    assert!(matches!(f.try_publish_to(1, batch(5)), Err(PublishError::Full(_))));
     assert!(!s.is_idle());
     assert_eq!(drain_ack(&mut cs[1]), firsts(1..=4));
-    assert!(matches!(f.try_publish_to(1, batch(5)), Err(TryPublishError::Full(_))), "lanes 0, 2 hold gaps");
+    assert!(matches!(f.try_publish_to(1, batch(5)), Err(PublishError::Full(_))), "lanes 0, 2 hold gaps");
     assert!(matches!(cs[0].try_recv(), Err(TryRecvError::Empty)));
-    assert!(matches!(f.try_publish(batch(5)), Err(TryPublishError::Full(_))), "lane 2 holds gaps");
+    assert!(matches!(f.try_publish(batch(5)), Err(PublishError::Full(_))), "lane 2 holds gaps");
     // A publish waits for lane 2; lane 2's consumer only passes gaps. The wake must come from
     // the gap acks (not the wait slice of 500 ms).
     let stream = s.clone();
@@ -837,15 +838,15 @@ fn l4_a_restart_mid_way_resumes_and_keeps_the_last_position() {
     let mut f = s.fanout().unwrap();
     // The last position is 20 (lane search's), for every lane.
     match f.try_publish_to(0, batch(20)) {
-        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(20)),
+        Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(20)),
         other => panic!("{other:?}"),
     }
     match f.try_publish(batch(15)) {
-        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(20)),
+        Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(20)),
         other => panic!("{other:?}"),
     }
     match f.try_publish_to(2, batch(12)) {
-        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(20)),
+        Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(20)),
         other => panic!("{other:?}"),
     }
     f.try_publish_to(2, batch(22)).unwrap();
@@ -875,7 +876,7 @@ fn l4_publish_to_position_rule_matches_the_in_memory_fanout() {
     g.publish_to(1, batch(5)).unwrap();
     let mem = g.try_publish_to(0, batch(3));
     let red = f.try_publish_to(0, batch(3));
-    assert!(matches!(mem, Err(TryPublishError::PositionRegressed { .. })), "memory: {mem:?}");
+    assert!(matches!(mem, Err(PublishError::PositionRegressed { .. })), "memory: {mem:?}");
     assert_eq!(format!("{mem:?}"), format!("{red:?}"), "memory vs redis");
 }
 

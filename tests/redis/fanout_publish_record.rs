@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use common::{batch, snapshot};
 use lanestream::{
-    LaneConsumer, LaneDelivery, LaneItem, MemoryStream, Position, RedisDelivery, RedisFanout, RedisStream,
-    Stream, StreamFanout, TryPublishError, TryRecvError,
+    LaneConsumer, LaneDelivery, LaneItem, MemoryStream, Position, PublishError, RedisDelivery, RedisFanout,
+    RedisStream, Stream, StreamFanout, TryRecvError,
 };
 use proptest::prelude::*;
 use redis_support::fanout::{builder, firsts, open, open_sinks, setup, SINKS};
@@ -172,7 +172,7 @@ fn l4_w3_a_trim_below_unfolded_positions_keeps_the_last_position() {
     assert_eq!(s.watermark(), Some(Position(3)));
     let mut g = open(&url, &name, 8).fanout().unwrap();
     match g.try_publish(batch(2)) {
-        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(3)),
+        Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(3)),
         other => panic!("position 2 after 3: {other:?}"),
     }
     for c in &mut cs {
@@ -403,11 +403,11 @@ fn i1_l4_a_run_of_chunks_keeps_the_last_position_across_a_restart() {
         }
         let mut f = open(&url, &name, 128).fanout().unwrap();
         match f.try_publish(batch(7)) {
-            Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(7), "k {k}"),
+            Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(7), "k {k}"),
             other => panic!("k {k}: position 7 again: {other:?}"),
         }
         match f.try_publish_to(1, batch(6)) {
-            Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(7), "k {k}"),
+            Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(7), "k {k}"),
             other => panic!("k {k}: position 6 to one lane: {other:?}"),
         }
         f.try_publish(batch(8)).unwrap();
@@ -503,7 +503,7 @@ fn l5_the_64th_gate_trims_after_folding_and_a_restart_counts_on() {
     assert_eq!(log_ids(&mut admin, &name), vec![64]);
     let mut g = open(&url, &name, 128).fanout().unwrap();
     match g.try_publish(batch(64)) {
-        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(64)),
+        Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(64)),
         other => panic!("{other:?}"),
     }
     g.try_publish(batch(65)).unwrap();
@@ -655,7 +655,7 @@ fn per_lane_run(sinks: &[&str]) {
     let restarted = open_lanes(&url, &name, sinks);
     let mut f = restarted.fanout().unwrap();
     match f.try_publish(batch(129)) {
-        Err(TryPublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(129)),
+        Err(PublishError::PositionRegressed { last, .. }) => assert_eq!(last, Position(129)),
         other => panic!("position 129 again after a restart: {other:?}"),
     }
     f.try_publish(item(131)).unwrap();
@@ -756,16 +756,16 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// The outcome of a publish, as both sides tell it.
-fn published<T>(r: Result<(), TryPublishError<T>>) -> String {
+fn published<T>(r: Result<(), PublishError<T>>) -> String {
     match r {
         Ok(()) => "ok".into(),
-        Err(TryPublishError::Full(_)) => "full".into(),
-        Err(TryPublishError::Closed(_)) => "closed".into(),
-        Err(TryPublishError::PositionRegressed { position, last, .. }) => {
+        Err(PublishError::Full(_)) => "full".into(),
+        Err(PublishError::Closed(_)) => "closed".into(),
+        Err(PublishError::PositionRegressed { position, last, .. }) => {
             format!("regressed {position:?} {last:?}")
         }
-        Err(TryPublishError::InvalidPosition(_)) => "invalid".into(),
-        Err(TryPublishError::Backend { error, .. }) => format!("backend {error:?}"),
+        Err(PublishError::InvalidPosition(_)) => "invalid".into(),
+        Err(PublishError::Backend { error, .. }) => format!("backend {error:?}"),
         Err(_) => "another refusal".into(),
     }
 }

@@ -18,6 +18,7 @@
 #![cfg(feature = "redis")]
 
 use crate::{common, redis_support};
+use lanestream::prelude::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +28,7 @@ use std::time::Duration;
 use common::{backfill, batch, snapshot};
 use lanestream::{
     AckError, BackendError, Batch, Envelope, IndexName, LaneConsumer, LaneItem, Op, Position, PublishError,
-    RedisDelivery, RedisStream, RequestPublisher, Stream, StreamFanout, TryPublishError, TryRecvError,
+    RedisDelivery, RedisStream, RequestPublisher, Stream, StreamFanout, TryRecvError,
 };
 use proptest::prelude::*;
 use redis_support::{delete_keys, drain_ack, kill_connections, log_ids, pos, unique_name, url};
@@ -450,14 +451,14 @@ fn a_full_lane_refuses_until_the_acked_prefix_moves_and_positions_stay_contiguou
     for i in 1..=4 {
         p.try_publish(batch(i)).unwrap();
     }
-    assert!(matches!(p.try_publish(batch(5)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(5)), Err(PublishError::Full(_))));
     let mut held = hold(&mut c, 4);
     // Out-of-order acks make no room: the bound is over the acked prefix.
     for k in [2, 3, 4] {
         held.remove(&k).unwrap().ack().unwrap();
     }
     for _ in 0..3 {
-        assert!(matches!(p.try_publish(batch(5)), Err(TryPublishError::Full(_))));
+        assert!(matches!(p.try_publish(batch(5)), Err(PublishError::Full(_))));
     }
     assert_eq!(log_len(&mut admin, &name), 4, "a refused publish adds nothing");
     // A publisher blocked on the full lane gets through when 1 is acked.
@@ -473,7 +474,7 @@ fn a_full_lane_refuses_until_the_acked_prefix_moves_and_positions_stay_contiguou
     std::thread::sleep(Duration::from_millis(50));
     held.remove(&1).unwrap().ack().unwrap();
     let mut p = t.join().unwrap();
-    assert!(matches!(p.try_publish(batch(9)), Err(TryPublishError::Full(_))));
+    assert!(matches!(p.try_publish(batch(9)), Err(PublishError::Full(_))));
     assert_eq!(drain_ack(&mut c), [(5, 1), (6, 1), (7, 1), (8, 1)]);
     p.try_publish(batch(9)).unwrap();
     assert_eq!(drain_ack(&mut c), [(9, 1)]);
@@ -599,7 +600,7 @@ fn a_closed_lane_drains_its_unacked_entries_across_a_restart_then_reports_closed
     held.remove(&3).unwrap().ack().unwrap();
     held.remove(&2).unwrap().nack();
     p.close();
-    assert!(matches!(p.try_publish(batch(7)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(p.try_publish(batch(7)), Err(PublishError::Closed(_))));
     assert_eq!(log_len(&mut admin, &name), 6, "a refused publish adds nothing");
     std::mem::forget((held, c, p));
     std::mem::forget(s);
@@ -620,7 +621,7 @@ fn a_closed_lane_drains_its_unacked_entries_across_a_restart_then_reports_closed
     assert_eq!(got, [(1, 2), (2, 2), (4, 2), (5, 1), (6, 1)]);
     assert_eq!(s.acked("search").unwrap(), Some(Position(6)));
     let mut p = s.fanout().expect("free");
-    assert!(matches!(p.try_publish(batch(7)), Err(TryPublishError::Closed(_))));
+    assert!(matches!(p.try_publish(batch(7)), Err(PublishError::Closed(_))));
     assert_eq!(log_len(&mut admin, &name), 6);
 }
 
@@ -852,8 +853,8 @@ fn killed_connections_between_operations_give_clear_errors_then_nothing_twice() 
             }
             match p.try_publish(batch(published + 1)) {
                 Ok(()) => break,
-                Err(TryPublishError::Backend { error: BackendError::Connection, .. }) => errors += 1,
-                Err(TryPublishError::PositionRegressed { last, .. }) => {
+                Err(PublishError::Backend { error: BackendError::Connection, .. }) => errors += 1,
+                Err(PublishError::PositionRegressed { last, .. }) => {
                     // Landed by an attempt whose reply was lost: never a second time.
                     panic!("publish {} landed twice? last {last:?}", published + 1)
                 }
@@ -987,7 +988,7 @@ fn run_model(url: &str, actions: &[Action]) -> Result<(), TestCaseError> {
                     prop_assert!(r.is_ok(), "{a:?}: {r:?}");
                     m.published += 1;
                 } else {
-                    prop_assert!(matches!(r, Err(TryPublishError::Full(_))), "bound: {r:?}");
+                    prop_assert!(matches!(r, Err(PublishError::Full(_))), "bound: {r:?}");
                 }
             }
             Action::Recv => {
@@ -1260,7 +1261,7 @@ fn a_publish_whose_reply_was_lost_is_told_apart_from_the_next_item() {
         p.publish(batch(1)).unwrap();
         proxy.mode.store(1, Ordering::SeqCst);
         let lost = p.try_publish(batch(2));
-        assert!(matches!(lost, Err(TryPublishError::Backend { .. })), "the reply was lost: {lost:?}");
+        assert!(matches!(lost, Err(PublishError::Backend { .. })), "the reply was lost: {lost:?}");
         proxy.mode.store(0, Ordering::SeqCst);
         let next = if retry_same { 2 } else { 3 };
         p.publish(batch(next)).unwrap();
@@ -1288,8 +1289,8 @@ fn lane_key(name: &str) -> String {
     format!("{{{name}}}:l:search")
 }
 
-fn is_fenced<T: std::fmt::Debug>(r: &Result<(), TryPublishError<T>>) -> bool {
-    matches!(r, Err(TryPublishError::Backend { error: BackendError::Fenced, .. }))
+fn is_fenced<T: std::fmt::Debug>(r: &Result<(), PublishError<T>>) -> bool {
+    matches!(r, Err(PublishError::Backend { error: BackendError::Fenced, .. }))
 }
 
 /// A zombie producer that still "knows" it has room (its last gate reported plenty) publishes
@@ -1613,10 +1614,10 @@ fn a_close_from_another_process_racing_plain_publishes_keeps_exactly_the_ok_ones
             for k in 1..=3000u64 {
                 match p.try_publish(batch(k)) {
                     Ok(()) => ok.push(k),
-                    Err(TryPublishError::Closed(_)) => {
+                    Err(PublishError::Closed(_)) => {
                         // Closed is final: every later publish too.
                         for j in k + 1..k + 70 {
-                            assert!(matches!(p.try_publish(batch(j)), Err(TryPublishError::Closed(_))));
+                            assert!(matches!(p.try_publish(batch(j)), Err(PublishError::Closed(_))));
                         }
                         return ok;
                     }
@@ -1663,7 +1664,7 @@ fn the_room_proof_stops_exactly_at_capacity_and_a_plain_ack_frees_exactly_one_sl
         let mut p = s.fanout().unwrap();
         let mut c = s.reattach("search").unwrap();
         publish_all(&mut p, 1..=cap);
-        assert!(matches!(p.try_publish(batch(cap + 1)), Err(TryPublishError::Full(_))), "cap {cap}");
+        assert!(matches!(p.try_publish(batch(cap + 1)), Err(PublishError::Full(_))), "cap {cap}");
         let mut next = cap + 1;
         for k in 1..=3 * cap {
             let d = c.try_recv().unwrap();
@@ -1671,7 +1672,7 @@ fn the_room_proof_stops_exactly_at_capacity_and_a_plain_ack_frees_exactly_one_sl
             d.ack().unwrap();
             p.try_publish(batch(next)).unwrap_or_else(|e| panic!("cap {cap}, after ack {k}: {e:?}"));
             next += 1;
-            assert!(matches!(p.try_publish(batch(next)), Err(TryPublishError::Full(_))), "cap {cap} ack {k}");
+            assert!(matches!(p.try_publish(batch(next)), Err(PublishError::Full(_))), "cap {cap} ack {k}");
             let st = s.stats("search").unwrap();
             assert_eq!(st.published - st.acked_items, cap, "{st:?}");
         }
@@ -1802,7 +1803,7 @@ fn a_restart_with_unfolded_plain_records_keeps_counters_and_delivers_the_unacked
     let got = drain_ack(&mut c);
     assert_eq!(got, [(4, 2), (5, 2), (7, 2), (8, 1), (9, 1), (10, 1)]);
     let r = p.try_publish(batch(10));
-    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "L4 after the restart: {r:?}");
+    assert!(matches!(r, Err(PublishError::PositionRegressed { .. })), "L4 after the restart: {r:?}");
     p.publish(batch(11)).unwrap();
     assert_eq!(drain_ack(&mut c), [(11, 1)]);
     assert!(s.is_idle());
@@ -1917,7 +1918,7 @@ fn run_against_memory(url: &str, proxy: &ReplyLosingProxy, steps: &[Step]) -> Re
                 let m = mp.try_publish(batch(next));
                 match (&r, &m) {
                     (Ok(()), Ok(())) => next += 1,
-                    (Err(TryPublishError::Full(_)), Err(TryPublishError::Full(_))) => {}
+                    (Err(PublishError::Full(_)), Err(PublishError::Full(_))) => {}
                     _ => prop_assert!(false, "step {i} publish {next}: redis {r:?}, memory {m:?}"),
                 }
             }
@@ -2213,7 +2214,7 @@ fn unpositioned_items_on_the_plain_path_keep_the_positions_of_the_last_positione
     mp.publish(snapshot()).unwrap();
     check(&s, "a snapshot published after the restart");
     let r = p.try_publish(batch(3));
-    assert!(matches!(r, Err(TryPublishError::PositionRegressed { .. })), "L4 across the restart: {r:?}");
+    assert!(matches!(r, Err(PublishError::PositionRegressed { .. })), "L4 across the restart: {r:?}");
     loop {
         match (c.try_recv(), mc.try_recv()) {
             (Ok(r), Ok(m)) => {

@@ -10,13 +10,14 @@
 #![cfg(feature = "redis")]
 
 use crate::{common, redis_support};
+use lanestream::prelude::*;
 
 use std::thread;
 use std::time::Duration;
 
 use common::batch;
 use lanestream::{
-    AckError, BackendError, LaneConsumer, Position, RedisStream, Stream, StreamFanout, TryPublishError,
+    AckError, BackendError, LaneConsumer, Position, PublishError, RedisStream, Stream, StreamFanout,
 };
 use redis_support::cut_proxy::CutProxy;
 use redis_support::server::Server;
@@ -185,7 +186,7 @@ fn p8_an_ack_whose_reply_was_lost_is_retried_or_redelivered_so_the_lane_never_st
         proxy.heal();
         if !ran {
             assert!(
-                matches!(f.try_publish(batch(3)), Err(TryPublishError::Full(_))),
+                matches!(f.try_publish(batch(3)), Err(PublishError::Full(_))),
                 "round {round}: the lost ack did not land, so the lane is full"
             );
         }

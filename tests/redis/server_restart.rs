@@ -12,6 +12,7 @@
 #![cfg(feature = "redis")]
 
 use crate::{common, redis_support};
+use lanestream::prelude::*;
 
 use std::time::Duration;
 

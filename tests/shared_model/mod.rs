@@ -16,6 +16,7 @@
 //! [M3]: lanestream::contract#m3
 #![allow(dead_code)]
 
+use lanestream::prelude::*;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
 use lanestream::{
-    AckError, Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, Run, Stream, TryPublishError,
+    AckError, Batch, Envelope, IndexName, LaneItem, MemoryStream, Op, Position, PublishError, Run, Stream,
     TryRecvError, MAX_RUN,
 };
 
@@ -353,10 +354,10 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                 let n = if let SOp::Publish(_) = op {
                     let r = f.try_publish_run(&mut items);
                     let n = if model.iter().any(|m| m.closed) {
-                        assert_eq!(r, Err(TryPublishError::Closed(0)));
+                        assert_eq!(r, Err(PublishError::Closed(0)));
                         0
                     } else if room == 0 {
-                        assert_eq!(r, Err(TryPublishError::Full(0)));
+                        assert_eq!(r, Err(PublishError::Full(0)));
                         0
                     } else {
                         assert_eq!(r, Ok(room.min(k)));
@@ -370,10 +371,10 @@ pub fn shared_ops(lanes_n: usize, cap: usize, ops: &[SOp]) {
                         None => f.try_publish(items[0].clone()),
                     };
                     if model.iter().any(|m| m.closed) {
-                        assert!(matches!(r, Err(TryPublishError::Closed(_))), "{r:?}");
+                        assert!(matches!(r, Err(PublishError::Closed(_))), "{r:?}");
                         0
                     } else if room == 0 {
-                        assert!(matches!(r, Err(TryPublishError::Full(_))), "{r:?}");
+                        assert!(matches!(r, Err(PublishError::Full(_))), "{r:?}");
                         0
                     } else {
                         assert!(r.is_ok(), "{r:?}");

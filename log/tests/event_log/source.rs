@@ -6,6 +6,7 @@
 //! open).
 
 use crate::log_support;
+use lanestream::prelude::*;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
@@ -403,7 +404,7 @@ fn the_driver_wakes_for_a_request_and_for_an_append_and_ends_when_the_log_closes
     log.close();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut rest = Vec::new();
-    while let Some(d) = search.recv_deadline(deadline).unwrap() {
+    while let Some(d) = search.recv_deadline(Some(deadline)).unwrap() {
         rest.push(d.position().unwrap().0);
         d.ack().unwrap();
     }

@@ -8,14 +8,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::port::{checked_shape, LaneConsumer, LaneDelivery, LaneRun, Stream, StreamFanout};
+use crate::port::{checked_shape, LaneConsumer, LaneDelivery, LaneRun, Stream};
 mod requests;
 
 pub use self::requests::{RequestLane, RequestSender};
-use crate::error::{
-    AckError, BuildError, PublishError, PublishTimeoutError, RecvError, RecvTimeoutError, StreamError,
-    TryPublishError, TryRecvError,
-};
+use crate::error::{AckError, BuildError, RecvError, RecvTimeoutError, StreamError, TryRecvError};
 use crate::item::{Item, LaneItem, Request};
 use crate::lane::Marks;
 use crate::lane::{check_budget, Cells, Consumer, Delivery, Fanout, Lane, LaneStats, MemoryStats, Ring, Run};
@@ -143,7 +140,8 @@ struct Inner {
 /// count); every clone is the same stream.
 ///
 /// ```
-/// use lanestream::{MemoryStream, Stream, LaneItem, Batch, Position};
+/// use lanestream::prelude::*;
+/// use lanestream::{MemoryStream, LaneItem, Batch, Position};
 /// let stream = MemoryStream::builder().capacity(8).sinks(["search", "cache"]).build().unwrap();
 /// let batch = LaneItem::Batch(Batch::new(Some(Position(42)), Vec::new().into()));
 /// stream.fanout().unwrap().publish(batch).unwrap(); // written once, read by both lanes
@@ -310,7 +308,11 @@ impl fmt::Debug for MemoryStream {
     }
 }
 
-// The in-memory lane ends are the port's ends for every item type, statically dispatched.
+// The in-memory lane ends are the port's ends for every item type, statically dispatched. The
+// fan-out and the request sender implement their traits in place (`lane/fanout.rs`,
+// `requests.rs`): they have no surface of their own. The consumer, its deliveries and runs keep
+// their primitives as inherent methods, which the traits call (they serve a standalone lane of
+// any `Item`, one the port's `Send` bounds exclude too); the other forms are the port's.
 
 impl<T: Item + Send + Sync> LaneConsumer<T> for Consumer<T> {
     type Delivery = Delivery<T>;
@@ -322,11 +324,7 @@ impl<T: Item + Send + Sync> LaneConsumer<T> for Consumer<T> {
     }
 
     #[inline]
-    fn recv(&mut self) -> Result<Option<Delivery<T>>, RecvError> {
-        Consumer::recv(self)
-    }
-
-    fn recv_deadline(&mut self, deadline: Instant) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
+    fn recv_deadline(&mut self, deadline: Option<Instant>) -> Result<Option<Delivery<T>>, RecvTimeoutError> {
         Consumer::recv_deadline(self, deadline)
     }
 
@@ -348,14 +346,10 @@ impl<T: Item + Send + Sync> LaneConsumer<T> for Consumer<T> {
     }
 
     #[inline]
-    fn recv_run(&mut self, max: usize) -> Result<Option<Run<T>>, RecvError> {
-        Consumer::recv_run(self, max)
-    }
-
     fn recv_run_deadline(
         &mut self,
         max: usize,
-        deadline: Instant,
+        deadline: Option<Instant>,
     ) -> Result<Option<Run<T>>, RecvTimeoutError> {
         Consumer::recv_run_deadline(self, max, deadline)
     }
@@ -441,58 +435,5 @@ impl Future for WaitWatermark<'_> {
 impl Drop for WaitWatermark<'_> {
     fn drop(&mut self) {
         self.stream.marks.waiters().cancel(&mut self.key);
-    }
-}
-
-impl StreamFanout for Fanout {
-    fn lanes(&self) -> usize {
-        Fanout::lanes(self)
-    }
-
-    #[inline]
-    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
-        Fanout::try_publish(self, item)
-    }
-
-    #[inline]
-    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        Fanout::publish(self, item)
-    }
-
-    fn publish_deadline(
-        &mut self,
-        item: LaneItem,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        Fanout::publish_deadline(self, item, deadline)
-    }
-
-    fn publish_async(
-        &mut self,
-        item: LaneItem,
-    ) -> impl Future<Output = Result<(), PublishError<LaneItem>>> + Send + '_ {
-        Fanout::publish_async(self, item)
-    }
-
-    #[inline]
-    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
-        Fanout::try_publish_run(self, items)
-    }
-
-    #[inline]
-    fn publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<(), PublishError<usize>> {
-        Fanout::publish_run(self, items)
-    }
-
-    fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        Fanout::publish_to(self, lane, item)
-    }
-
-    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
-        Fanout::try_publish_to(self, lane, item)
-    }
-
-    fn close(&self) {
-        Fanout::close(self)
     }
 }

@@ -2,12 +2,12 @@
 
 use std::fmt;
 use std::sync::Arc as StdArc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::error::{PublishError, PublishTimeoutError, StreamError, TryPublishError};
+use crate::error::{PublishError, StreamError};
 use crate::item::Request;
 use crate::lane::AckedMark;
-use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Stop, Target};
+use crate::lane::{publish_until, Cells, Consumer, LaneStats, Publish, Publisher, Ring, Target};
 use crate::port::RequestPublisher;
 use crate::sync::{Arc, Mutex};
 
@@ -24,7 +24,8 @@ struct RequestShared {
 /// Its acked position counts for no watermark. Cheap to clone.
 ///
 /// ```
-/// use lanestream::{IndexName, MemoryStream, Request, SinkName};
+/// use lanestream::prelude::*;
+/// use lanestream::{IndexName, MemoryStream, Request, RequestPublisher, SinkName};
 /// let stream = MemoryStream::builder().sink("search").build().unwrap();
 /// let sender = stream.requests().sender();
 /// sender.publish(Request::backfill(
@@ -94,62 +95,13 @@ impl fmt::Debug for RequestLane {
 }
 
 /// Publishes requests on the request lane; any number of senders, on any threads
-/// ([R1](crate::contract#r1)). Cheap to clone.
+/// ([R1](crate::contract#r1)). Cheap to clone. Its surface is the port's [`RequestPublisher`].
 #[derive(Clone)]
 pub struct RequestSender {
     shared: StdArc<RequestShared>,
 }
 
 impl RequestSender {
-    /// Publishes `request` if there is room now; never waits (it may briefly take the senders'
-    /// lock, held only for a non-blocking step).
-    ///
-    /// # Errors
-    /// Hands `request` back: [`TryPublishError::Full`] or [`TryPublishError::Closed`].
-    pub fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
-        self.target().step(request).map_err(|(request, refusal)| refusal.error(request))
-    }
-
-    /// Publishes `request`, waiting while the lane is full.
-    ///
-    /// # Errors
-    /// [`PublishError::Closed`], request handed back.
-    pub fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        publish_until(&mut self.target(), request, None).map_err(Stop::untimed)
-    }
-
-    /// Publishes `request`, waiting at most `timeout` for room.
-    ///
-    /// # Errors
-    /// [`PublishTimeoutError::Timeout`] or [`PublishTimeoutError::Closed`], request handed back.
-    pub fn publish_timeout(
-        &self,
-        request: Request,
-        timeout: Duration,
-    ) -> Result<(), PublishTimeoutError<Request>> {
-        self.publish_deadline(request, Instant::now() + timeout)
-    }
-
-    /// Publishes `request`, waiting until `deadline` at most for room.
-    ///
-    /// # Errors
-    /// As [`publish_timeout`](RequestSender::publish_timeout).
-    pub fn publish_deadline(
-        &self,
-        request: Request,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<Request>> {
-        publish_until(&mut self.target(), request, Some(deadline)).map_err(Stop::timed)
-    }
-
-    /// Publishes `request`, waiting asynchronously while the lane is full; any executor.
-    ///
-    /// # Errors
-    /// As [`publish`](RequestSender::publish).
-    pub fn publish_async(&self, request: Request) -> Publish<'_, Request> {
-        Publish::shared(&self.shared.publisher, &self.shared.ring, request)
-    }
-
     /// The shared publisher, stepped under its lock, waited for outside it.
     fn target(&self) -> Target<'_, Request> {
         Target::Shared(&self.shared.publisher, &self.shared.ring)
@@ -162,27 +114,39 @@ impl fmt::Debug for RequestSender {
     }
 }
 
+/// The memory backend's request sender: `publish` and `publish_timeout` are the port's, over
+/// `publish_deadline`.
 impl RequestPublisher for RequestSender {
-    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
-        RequestSender::try_publish(self, request)
+    /// Publishes `request` if there is room now; never waits (it may briefly take the senders'
+    /// lock, held only for a non-blocking step).
+    ///
+    /// # Errors
+    /// Hands `request` back: [`PublishError::Full`] or [`PublishError::Closed`].
+    fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>> {
+        self.target().step(request).map_err(|(request, refusal)| refusal.error(request))
     }
 
-    fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        RequestSender::publish(self, request)
-    }
-
+    /// Publishes `request`, waiting while the lane is full, until `deadline` at most (`None`: for
+    /// as long as it takes).
+    ///
+    /// # Errors
+    /// [`PublishError::Timeout`] (with a deadline) or [`PublishError::Closed`], request handed
+    /// back.
     fn publish_deadline(
         &self,
         request: Request,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<Request>> {
-        RequestSender::publish_deadline(self, request, deadline)
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<Request>> {
+        publish_until(&mut self.target(), request, deadline)
     }
 
-    fn publish_async(
-        &self,
-        request: Request,
-    ) -> impl std::future::Future<Output = Result<(), PublishError<Request>>> + Send + '_ {
-        RequestSender::publish_async(self, request)
+    /// Publishes `request`, waiting asynchronously while the lane is full; any executor. The
+    /// future is a [`Publish`], named here so that it can be stored.
+    ///
+    /// # Errors
+    /// [`PublishError::Closed`], request handed back.
+    #[allow(refining_impl_trait)]
+    fn publish_async(&self, request: Request) -> Publish<'_, Request> {
+        Publish::shared(&self.shared.publisher, &self.shared.ring, request)
     }
 }

@@ -294,17 +294,11 @@ impl<T: RedisItem> LaneConsumer<T> for RedisConsumer<T> {
         self.step(Budget::Once)
     }
 
-    fn recv(&mut self) -> Result<Option<RedisDelivery<T>>, RecvError> {
-        match self.recv_until(None) {
-            Ok(d) => Ok(d),
-            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
-            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
-            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
-        }
-    }
-
-    fn recv_deadline(&mut self, deadline: Instant) -> Result<Option<RedisDelivery<T>>, RecvTimeoutError> {
-        self.recv_until(Some(deadline))
+    fn recv_deadline(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<RedisDelivery<T>>, RecvTimeoutError> {
+        self.recv_until(deadline)
     }
 
     fn recv_async(
@@ -328,21 +322,12 @@ impl<T: RedisItem> LaneConsumer<T> for RedisConsumer<T> {
         DeliveryRun::try_recv(self, max)
     }
 
-    fn recv_run(&mut self, max: usize) -> Result<Option<Self::Run>, RecvError> {
-        match DeliveryRun::recv_deadline(self, max, None) {
-            Ok(run) => Ok(run),
-            Err(RecvTimeoutError::Detached) => Err(RecvError::Detached),
-            Err(RecvTimeoutError::Backend(e)) => Err(RecvError::Backend(e)),
-            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without a deadline never times out"),
-        }
-    }
-
     fn recv_run_deadline(
         &mut self,
         max: usize,
-        deadline: Instant,
+        deadline: Option<Instant>,
     ) -> Result<Option<Self::Run>, RecvTimeoutError> {
-        DeliveryRun::recv_deadline(self, max, Some(deadline))
+        DeliveryRun::recv_deadline(self, max, deadline)
     }
 }
 
@@ -395,28 +380,36 @@ pub struct RedisDelivery<T> {
 }
 
 impl<T> RedisDelivery<T> {
-    /// The delivered item.
-    pub fn item(&self) -> &T {
-        &self.item
-    }
-
-    /// Which delivery of the item this is: 1 for the first.
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// The item's position ([I1](crate::contract#i1)).
-    pub fn position(&self) -> Option<Position>
-    where
-        T: RedisItem,
-    {
-        self.item.position()
-    }
-
     /// The entry number of the item in its lane's Redis stream (its entry id is `<n>-<epoch>`
     /// on the sink log, `<n>-0` on the request log).
     pub fn entry(&self) -> u64 {
         self.n
+    }
+
+    fn release(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        // Counted before the nack can reach Redis, so that a receive that starts after it sees
+        // the count changed and runs the script, which delivers released entries first
+        // (SeqCst: see `RedisConsumer::step`).
+        self.nacks.fetch_add(1, Ordering::SeqCst);
+        let (epoch, n, attempt) = (self.epoch, self.n, self.attempt);
+        if self.lane.nack(&self.shared.pool, Budget::Once, epoch, n, attempt).is_err() {
+            lock(&self.unsent).push(Settle::Nack { epoch, n, attempt });
+        }
+    }
+}
+
+/// The port's delivery is this backend's surface for one (with [`entry`](RedisDelivery::entry)).
+impl<T: RedisItem> LaneDelivery<T> for RedisDelivery<T> {
+    fn item(&self) -> &T {
+        &self.item
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
     }
 
     /// Acknowledges the item ([L5](crate::contract#l5)): one script that checks the epoch, so a
@@ -437,7 +430,7 @@ impl<T> RedisDelivery<T> {
     /// [`AckError::Detached`]; [`AckError::Backend`] if Redis could not be reached within the
     /// retry budget (with [`BackendError::Connection`] the outcome is unknown; the ack is kept
     /// and sent again as above: receive on).
-    pub fn ack(mut self) -> Result<(), AckError> {
+    fn ack(mut self) -> Result<(), AckError> {
         self.done = true;
         let budget = if lock(&self.unsent).is_empty() { Budget::Retry } else { Budget::Once };
         let (epoch, n, position, attempt) = (self.epoch, self.n, self.position, self.attempt);
@@ -456,45 +449,8 @@ impl<T> RedisDelivery<T> {
 
     /// Releases the item for redelivery before any new item ([L6](crate::contract#l6)). If
     /// Redis cannot be reached the release is retried by the consumer's next receive.
-    pub fn nack(mut self) {
+    fn nack(mut self) {
         self.release();
-    }
-
-    fn release(&mut self) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        // Counted before the nack can reach Redis, so that a receive that starts after it sees
-        // the count changed and runs the script, which delivers released entries first
-        // (SeqCst: see `RedisConsumer::step`).
-        self.nacks.fetch_add(1, Ordering::SeqCst);
-        let (epoch, n, attempt) = (self.epoch, self.n, self.attempt);
-        if self.lane.nack(&self.shared.pool, Budget::Once, epoch, n, attempt).is_err() {
-            lock(&self.unsent).push(Settle::Nack { epoch, n, attempt });
-        }
-    }
-}
-
-impl<T: RedisItem> LaneDelivery<T> for RedisDelivery<T> {
-    fn item(&self) -> &T {
-        &self.item
-    }
-
-    fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    fn position(&self) -> Option<Position> {
-        self.item.position()
-    }
-
-    fn ack(self) -> Result<(), AckError> {
-        RedisDelivery::ack(self)
-    }
-
-    fn nack(self) {
-        RedisDelivery::nack(self)
     }
 }
 

@@ -13,11 +13,11 @@ use super::conn::{Budget, Pool};
 use super::item::RedisItem;
 use super::lane::{int, items as parts, malformed, pad, published, scripts, text, unpad, Published};
 use super::scripts::LOG_FENCE_ID;
-use super::sender::{encoded, publish_until, waitable};
+use super::sender::{encoded, publish_until};
 use super::shared::Shared;
 use super::waiter::Waiter;
 use crate::codec::AlignedVec;
-use crate::error::{BackendError, PublishError, PublishTimeoutError, StreamError, TryPublishError};
+use crate::error::{BackendError, PublishError, StreamError};
 use crate::item::LaneItem;
 use crate::port::StreamFanout;
 use crate::position::Position;
@@ -198,17 +198,14 @@ impl RedisFanout {
         let Some(it) = item.take() else { return Poll::Ready(Ok(())) };
         match self.step(None, it, Budget::Retry) {
             Ok(()) => Poll::Ready(Ok(())),
-            Err((TryPublishError::Full(back), full)) => {
+            Err((PublishError::Full(back), full)) => {
                 *item = Some(back);
                 let bell = self.shared.lanes[full].pbell();
                 let shared = self.shared.clone();
                 self.waiter.get_or_insert_with(|| Waiter::new(shared, Waiter::PUBLISH)).arm(bell, cx.waker());
                 Poll::Pending
             }
-            Err((e, _)) => Poll::Ready(Err(match e.into_waitable() {
-                Ok(_) => unreachable!("Full is handled above"),
-                Err(e) => e,
-            })),
+            Err((e, _)) => Poll::Ready(Err(e)),
         }
     }
 
@@ -219,7 +216,7 @@ impl RedisFanout {
         to: Option<usize>,
         item: LaneItem,
         deadline: Option<Instant>,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
+    ) -> Result<(), PublishError<LaneItem>> {
         let shared = self.shared.clone();
         publish_until(&shared, item, deadline, |item| {
             self.step(to, item, Budget::Retry).map_err(|(e, full)| (e, shared.lanes[full].pbell()))
@@ -232,7 +229,7 @@ impl RedisFanout {
         to: Option<usize>,
         item: LaneItem,
         budget: Budget,
-    ) -> Result<(), (TryPublishError<LaneItem>, usize)> {
+    ) -> Result<(), (PublishError<LaneItem>, usize)> {
         let (item, encoded) = encoded(&self.shared, item).map_err(|e| (e, 0))?;
         if self.keys.hashes.is_empty() {
             return Ok(()); // to no lane: published to every lane there is
@@ -256,17 +253,17 @@ impl RedisFanout {
                     }
                     continue; // another item: it goes after the one that landed
                 }
-                Ok(Published::Full) => TryPublishError::Full(item),
-                Ok(Published::Closed) => TryPublishError::Closed(item),
-                Ok(Published::Regressed(last)) => TryPublishError::PositionRegressed {
+                Ok(Published::Full) => PublishError::Full(item),
+                Ok(Published::Closed) => PublishError::Closed(item),
+                Ok(Published::Regressed(last)) => PublishError::PositionRegressed {
                     position: position.expect("only positioned items regress"),
                     last,
                     item,
                 },
-                Ok(Published::Fenced) => TryPublishError::Backend { item, error: BackendError::Fenced },
+                Ok(Published::Fenced) => PublishError::Backend { item, error: BackendError::Fenced },
                 Err(error) => {
                     self.progress.failed(vec![encoded.bytes], to);
-                    return Err((TryPublishError::Backend { item, error }, 0));
+                    return Err((PublishError::Backend { item, error }, 0));
                 }
             };
             return Err((error, learnt.full.unwrap_or(0)));
@@ -448,7 +445,7 @@ impl RedisFanout {
         &mut self,
         items: &mut Vec<LaneItem>,
         budget: Budget,
-    ) -> Result<usize, (TryPublishError<usize>, usize)> {
+    ) -> Result<usize, (PublishError<usize>, usize)> {
         if items.is_empty() {
             return Ok(0);
         }
@@ -495,7 +492,7 @@ impl RedisFanout {
                 Err(error) => {
                     // Some of the run may have landed: the next publish tells (see `Progress`).
                     self.progress.failed(run.into_iter().map(|(_, b)| b).collect(), None);
-                    return Err((TryPublishError::Backend { item: 0, error }, 0));
+                    return Err((PublishError::Backend { item: 0, error }, 0));
                 }
             };
             let r = parts(&v);
@@ -531,27 +528,27 @@ impl RedisFanout {
                 }
                 Some(b"full") if r.len() == 2 => {
                     let lane = (int(&r[1]) as usize).saturating_sub(1);
-                    return Err((TryPublishError::Full(0), lane));
+                    return Err((PublishError::Full(0), lane));
                 }
-                Some(b"closed") => TryPublishError::Closed(0),
+                Some(b"closed") => PublishError::Closed(0),
                 Some(b"regressed") => match r.get(1).and_then(|v| unpad(text(v))) {
-                    Some(last) => TryPublishError::PositionRegressed {
+                    Some(last) => PublishError::PositionRegressed {
                         item: 0,
                         position: run[0].0.expect("only positioned items regress"),
                         last,
                     },
                     None => {
                         let error = malformed(&self.shared.pool, "publish run", &v);
-                        TryPublishError::Backend { item: 0, error }
+                        PublishError::Backend { item: 0, error }
                     }
                 },
                 Some(b"fenced") => match self.shared.pool.check_state(&self.keys.meta) {
-                    Ok(()) => TryPublishError::Backend { item: 0, error: BackendError::Fenced },
-                    Err(error) => TryPublishError::Backend { item: 0, error },
+                    Ok(()) => PublishError::Backend { item: 0, error: BackendError::Fenced },
+                    Err(error) => PublishError::Backend { item: 0, error },
                 },
                 _ => {
                     let error = malformed(&self.shared.pool, "publish run", &v);
-                    TryPublishError::Backend { item: 0, error }
+                    PublishError::Backend { item: 0, error }
                 }
             };
             return Err((refused, 0));
@@ -566,7 +563,7 @@ impl RedisFanout {
         &mut self,
         items: &mut Vec<LaneItem>,
         budget: Budget,
-    ) -> Result<usize, (TryPublishError<usize>, usize)> {
+    ) -> Result<usize, (PublishError<usize>, usize)> {
         let head = items.remove(0);
         self.step(None, head, budget).map(|()| 1).map_err(|(e, full)| (handed_back(e, items), full))
     }
@@ -581,24 +578,20 @@ impl StreamFanout for RedisFanout {
     /// reconnecting).
     ///
     /// # Errors
-    /// [`TryPublishError`]: `Full` (no lane got it), `Closed` (a lane is closed),
+    /// [`PublishError`]: `Full` (no lane got it), `Closed` (a lane is closed),
     /// `PositionRegressed`, `InvalidPosition`, `Backend` (`Fenced`: another fan-out was claimed
     /// since; `Connection`: the publish may have landed, and a next publish of the same item
     /// lands it once); the item handed back.
-    fn try_publish(&mut self, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    fn try_publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         self.step(None, item, Budget::Once).map_err(|(e, _)| e)
-    }
-
-    fn publish(&mut self, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
-        self.until(None, item, None).map_err(waitable)
     }
 
     fn publish_deadline(
         &mut self,
         item: LaneItem,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<LaneItem>> {
-        self.until(None, item, Some(deadline))
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<LaneItem>> {
+        self.until(None, item, deadline)
     }
 
     /// Waits as a task: the wait runs on a helper thread of this fan-out
@@ -614,7 +607,7 @@ impl StreamFanout for RedisFanout {
 
     /// One script and one round trip for up to 64 items (two or more; one item takes the single
     /// publish's path), one try.
-    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, TryPublishError<usize>> {
+    fn try_publish_run(&mut self, items: &mut Vec<LaneItem>) -> Result<usize, PublishError<usize>> {
         self.run_step(items, Budget::Once).map_err(|(e, _)| e)
     }
 
@@ -635,7 +628,7 @@ impl StreamFanout for RedisFanout {
                 });
             match waited {
                 Ok(()) => done += went,
-                Err(e) => return Err(shifted(waitable(e), done)),
+                Err(e) => return Err(e.map(|i| done + i)),
             }
         }
         Ok(())
@@ -643,10 +636,10 @@ impl StreamFanout for RedisFanout {
 
     fn publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         assert!(lane < self.lanes(), "publish_to: lane {lane} of {}", self.lanes());
-        self.until(Some(lane), item, None).map_err(waitable)
+        self.until(Some(lane), item, None)
     }
 
-    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), TryPublishError<LaneItem>> {
+    fn try_publish_to(&mut self, lane: usize, item: LaneItem) -> Result<(), PublishError<LaneItem>> {
         assert!(lane < self.lanes(), "try_publish_to: lane {lane} of {}", self.lanes());
         self.step(Some(lane), item, Budget::Once).map_err(|(e, _)| e)
     }
@@ -660,31 +653,14 @@ impl StreamFanout for RedisFanout {
 
 /// A run's error: `e`'s item put back in front of `items`, and 0 (none of this step's items
 /// published) in its place.
-fn handed_back(e: TryPublishError<LaneItem>, items: &mut Vec<LaneItem>) -> TryPublishError<usize> {
-    let (e, item) = match e {
-        TryPublishError::Full(item) => (TryPublishError::Full(0), item),
-        TryPublishError::Closed(item) => (TryPublishError::Closed(0), item),
-        TryPublishError::InvalidPosition(item) => (TryPublishError::InvalidPosition(0), item),
-        TryPublishError::PositionRegressed { item, position, last } => {
-            (TryPublishError::PositionRegressed { item: 0, position, last }, item)
-        }
-        TryPublishError::Backend { item, error } => (TryPublishError::Backend { item: 0, error }, item),
-    };
-    items.insert(0, item);
+fn handed_back(e: PublishError<LaneItem>, items: &mut Vec<LaneItem>) -> PublishError<usize> {
+    let mut item = None;
+    let e = e.map(|back| {
+        item = Some(back);
+        0
+    });
+    items.insert(0, item.expect("every publish error holds its item"));
     e
-}
-
-/// A run's error `e` about the rest of the run, about the whole run: its count moved up by
-/// `done`, the items published before the rest.
-fn shifted(e: PublishError<usize>, done: usize) -> PublishError<usize> {
-    match e {
-        PublishError::Closed(i) => PublishError::Closed(done + i),
-        PublishError::InvalidPosition(i) => PublishError::InvalidPosition(done + i),
-        PublishError::PositionRegressed { item, position, last } => {
-            PublishError::PositionRegressed { item: done + item, position, last }
-        }
-        PublishError::Backend { item, error } => PublishError::Backend { item: done + item, error },
-    }
 }
 
 /// What the fan-out knows between its publishes: what lets a publish skip the gate script, and

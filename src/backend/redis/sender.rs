@@ -14,7 +14,7 @@ use super::lane::{LaneDef, Published};
 use super::shared::Shared;
 use super::waiter::{wait_until, Waiter};
 use crate::codec::AlignedVec;
-use crate::error::{BackendError, PublishError, PublishTimeoutError, TryPublishError};
+use crate::error::{BackendError, PublishError};
 use crate::item::Request;
 use crate::port::RequestPublisher;
 use crate::position::Position;
@@ -43,23 +43,20 @@ fn encode<T: RedisItem>(shared: &Shared, item: &T) -> Result<Encoded, Option<Bac
 }
 
 /// [`encode`], mapping a refusal to the error that hands `item` back.
-pub(super) fn encoded<T: RedisItem>(shared: &Shared, item: T) -> Result<(T, Encoded), TryPublishError<T>> {
+pub(super) fn encoded<T: RedisItem>(shared: &Shared, item: T) -> Result<(T, Encoded), PublishError<T>> {
     match encode(shared, &item) {
         Ok(e) => Ok((item, e)),
-        Err(None) => Err(TryPublishError::InvalidPosition(item)),
-        Err(Some(error)) => Err(TryPublishError::Backend { item, error }),
+        Err(None) => Err(PublishError::InvalidPosition(item)),
+        Err(Some(error)) => Err(PublishError::Backend { item, error }),
     }
 }
 
 /// The error of a waiting publish for the never-waiting step's `e` (`Full` at the deadline is
 /// the timeout).
-pub(super) fn timeout_error<T>(e: TryPublishError<T>) -> PublishTimeoutError<T> {
+pub(super) fn timeout_error<T>(e: PublishError<T>) -> PublishError<T> {
     match e {
-        TryPublishError::Full(t) => PublishTimeoutError::Timeout(t),
-        other => match other.into_waitable() {
-            Ok(t) => PublishTimeoutError::Timeout(t),
-            Err(e) => e.into(),
-        },
+        PublishError::Full(t) => PublishError::Timeout(t),
+        other => other,
     }
 }
 
@@ -72,34 +69,20 @@ pub(super) fn publish_until<T>(
     shared: &Shared,
     item: T,
     deadline: Option<Instant>,
-    mut step: impl FnMut(T) -> Result<(), (TryPublishError<T>, String)>,
-) -> Result<(), PublishTimeoutError<T>> {
+    mut step: impl FnMut(T) -> Result<(), (PublishError<T>, String)>,
+) -> Result<(), PublishError<T>> {
     let mut waiting = Some(item);
     let answer = wait_until(shared, deadline, || {
         let item = waiting.take().expect("the item is back after every Full");
         match step(item) {
-            Err((TryPublishError::Full(back), bell)) => {
+            Err((PublishError::Full(back), bell)) => {
                 waiting = Some(back);
                 ControlFlow::Continue(Some(bell))
             }
             other => ControlFlow::Break(other.map_err(|(e, _)| timeout_error(e))),
         }
     });
-    answer.unwrap_or_else(|| Err(PublishTimeoutError::Timeout(waiting.take().expect("the item is back"))))
-}
-
-/// A waiting publish's error, from the bounded wait's (which never times out without a
-/// deadline).
-pub(super) fn waitable<T>(e: PublishTimeoutError<T>) -> PublishError<T> {
-    match e {
-        PublishTimeoutError::Timeout(_) => unreachable!("a wait without a deadline never times out"),
-        PublishTimeoutError::Closed(t) => PublishError::Closed(t),
-        PublishTimeoutError::InvalidPosition(t) => PublishError::InvalidPosition(t),
-        PublishTimeoutError::PositionRegressed { item, position, last } => {
-            PublishError::PositionRegressed { item, position, last }
-        }
-        PublishTimeoutError::Backend { item, error } => PublishError::Backend { item, error },
-    }
+    answer.unwrap_or_else(|| Err(PublishError::Timeout(waiting.take().expect("the item is back"))))
 }
 
 /// Publishes requests on the request lane over Redis; any number, in any process
@@ -118,26 +101,26 @@ impl RedisRequestSender {
         RedisRequestSender { shared, lane }
     }
 
-    fn step(&self, request: Request, budget: Budget) -> Result<(), TryPublishError<Request>> {
+    fn step(&self, request: Request, budget: Budget) -> Result<(), PublishError<Request>> {
         let (request, encoded) = encoded(&self.shared, request)?;
         let position = encoded.position;
         match self.lane.publish(&self.shared.pool, budget, &encoded.bytes, position) {
             Ok(Published::Done | Published::Duplicate) => Ok(()),
-            Ok(Published::Full) => Err(TryPublishError::Full(request)),
-            Ok(Published::Closed) => Err(TryPublishError::Closed(request)),
-            Ok(Published::Regressed(last)) => Err(TryPublishError::PositionRegressed {
+            Ok(Published::Full) => Err(PublishError::Full(request)),
+            Ok(Published::Closed) => Err(PublishError::Closed(request)),
+            Ok(Published::Regressed(last)) => Err(PublishError::PositionRegressed {
                 position: position.expect("only positioned items regress"),
                 last,
                 item: request,
             }),
             Ok(Published::Fenced) => {
-                Err(TryPublishError::Backend { item: request, error: BackendError::Fenced })
+                Err(PublishError::Backend { item: request, error: BackendError::Fenced })
             }
-            Err(error) => Err(TryPublishError::Backend { item: request, error }),
+            Err(error) => Err(PublishError::Backend { item: request, error }),
         }
     }
 
-    fn until(&self, request: Request, deadline: Option<Instant>) -> Result<(), PublishTimeoutError<Request>> {
+    fn until(&self, request: Request, deadline: Option<Instant>) -> Result<(), PublishError<Request>> {
         let bell = self.lane.pbell();
         publish_until(&self.shared, request, deadline, |r| {
             self.step(r, Budget::Retry).map_err(|e| (e, bell.clone()))
@@ -146,20 +129,16 @@ impl RedisRequestSender {
 }
 
 impl RequestPublisher for RedisRequestSender {
-    fn try_publish(&self, request: Request) -> Result<(), TryPublishError<Request>> {
+    fn try_publish(&self, request: Request) -> Result<(), PublishError<Request>> {
         self.step(request, Budget::Once)
-    }
-
-    fn publish(&self, request: Request) -> Result<(), PublishError<Request>> {
-        self.until(request, None).map_err(waitable)
     }
 
     fn publish_deadline(
         &self,
         request: Request,
-        deadline: Instant,
-    ) -> Result<(), PublishTimeoutError<Request>> {
-        self.until(request, Some(deadline))
+        deadline: Option<Instant>,
+    ) -> Result<(), PublishError<Request>> {
+        self.until(request, deadline)
     }
 
     fn publish_async(
@@ -173,7 +152,7 @@ impl RequestPublisher for RedisRequestSender {
             let Some(r) = request.take() else { return Poll::Ready(Ok(())) };
             match self.step(r, Budget::Retry) {
                 Ok(()) => Poll::Ready(Ok(())),
-                Err(TryPublishError::Full(back)) => {
+                Err(PublishError::Full(back)) => {
                     request = Some(back);
                     let shared = self.shared.clone();
                     waiter
@@ -181,10 +160,7 @@ impl RequestPublisher for RedisRequestSender {
                         .arm(self.lane.pbell(), cx.waker());
                     Poll::Pending
                 }
-                Err(e) => Poll::Ready(Err(match e.into_waitable() {
-                    Ok(_) => unreachable!("Full is handled above"),
-                    Err(e) => e,
-                })),
+                Err(e) => Poll::Ready(Err(e)),
             }
         })
     }

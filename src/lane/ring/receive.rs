@@ -305,7 +305,7 @@ impl<T> Ring<T> {
                         // The holder count is at its bound: detached consumers still hold
                         // `MAX_HOLDERS` live deliveries of this item. Redeliver it only once one
                         // of them ends; until then nothing is delivered, and no later item
-                        // overtakes it (L2). The consumer backs off (see `Consumer::recv`).
+                        // overtakes it (L2). The consumer backs off (see `Consumer::recv_deadline`).
                         return Some(Take::Blocked);
                     }
                     let new = delivered_word(word, attempt(word).saturating_add(1));

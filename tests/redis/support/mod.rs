@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses what it needs
 
+use lanestream::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[macro_use]

@@ -11,6 +11,7 @@ pub fn test_name(module_path: &str, name: &str) -> String {
     }
 }
 
+use lanestream::prelude::*;
 use std::path::Path;
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! The sinks the library's engines run: the library's durable NDJSON sink (or a plain NDJSON file, or nothing with --discard), with the harness's faults: --chaos (runs failed at random, so that the engine releases them, re-attaches and gets them again; one backfill request), --slow-sink, --kill-sink-after (the engine dies holding an applied, unacked run, and its new instance opens from the checkpoint after --sink-down-ms); and what the checks need: what each sink received.
 
+use lanestream::prelude::*;
 use lanestream_postgres::ndjson::NdjsonError;
 use lanestream_postgres::pipeline::{LatencySummary, Sink, SinkState};
 
