@@ -40,6 +40,7 @@ pg_start
 export PSQL=$PG_BIN/psql
 url="postgres://postgres@127.0.0.1:$PGPORT/postgres"
 db=$PG_TMP/replica.sqlite
+replica_log=${E2E_SQLITE_LOG:-$PG_TMP/replica.log}  # the replica's stderr, every instance
 helper="python3 $here/e2e_sqlite.py"
 tables="public.items public.accounts public.events"
 started=$(date +%s)
@@ -47,7 +48,7 @@ replica_pid=
 instance=0
 start_replica() { # [END-LSN]
     instance=$((instance + 1))
-    "$REPLICA" "$url" sqlite_pub sqlite_slot "$db" "$@" >>"$PG_TMP/replica.log" 2>&1 &
+    "$REPLICA" "$url" sqlite_pub sqlite_slot "$db" "$@" >>"$replica_log" 2>&1 &
     replica_pid=$!
     pg_log "replica #$instance started (pid $replica_pid)"
 }
@@ -64,7 +65,7 @@ stop_all() {
 trap stop_all EXIT
 fail() {
     pg_log "replica log tail:"
-    tail -n 20 "$PG_TMP/replica.log" >&2 || true
+    tail -n 20 "$replica_log" >&2 || true
     echo "FAIL: $*"
     exit 1
 }
@@ -90,32 +91,7 @@ toast=$(pg_psql -Atc "SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE
 ((toast > 0)) || fail "items.big is not stored out of line"
 pg_log "items: $(pg_psql -Atc "SELECT pg_size_pretty(pg_relation_size('items'))") of rows, $((toast >> 20)) MiB out of line"
 
-# ---- 2. the backfill, SIGKILLed once ------------------------------------------------------------
-start_replica
-for _ in $(seq 600); do
-    held=$($helper count "$db" public_items)
-    ((held >= rows / 10)) && break
-    sleep 0.05
-done
-state=$($helper state "$db")
-kill_replica KILL
-kills=1
-held=$($helper count "$db" public_items)
-[[ $state == *'"owed"'* && $held -lt $rows ]] ||
-    fail "the replica was not killed mid-backfill (held $held of $rows rows; state $state)"
-pg_log "killed mid-backfill: $held of $rows rows of items held, state $state"
-start_replica
-for _ in $(seq 1200); do
-    state=$($helper state "$db")
-    [[ -n $state && $state != *'"owed"'* ]] && break
-    sleep 0.1
-done
-[[ $state != *'"owed"'* ]] || fail "the backfill did not complete: $state"
-held=$($helper count "$db" public_items)
-[[ $held == "$rows" ]] || fail "backfill complete with $held of $rows rows of items"
-pg_log "backfill complete after the restart: $held rows of items ($(($(date +%s) - started)) s)"
-
-# ---- 3. the writer, the replica SIGKILLed halfway ------------------------------------------------
+# The writer (section 3), a transaction per iteration.
 pg_psql >/dev/null <<'SQL'
 CREATE PROCEDURE writer(secs int, rows int) LANGUAGE plpgsql AS $$
 DECLARE
@@ -157,6 +133,9 @@ BEGIN
         IF i % 250 = 0 THEN
             TRUNCATE events;
         END IF;
+        IF i % 500 = 0 THEN  -- a large transaction (2,000 partial updates): the replica takes it in parts
+            UPDATE accounts SET balance = balance + 0.5;
+        END IF;
         IF i % 300 = 0 THEN  -- DDL, each step followed by DML of the table (the next iterations)
             step := step + 1;
             IF step % 3 = 1 THEN
@@ -180,9 +159,43 @@ BEGIN
     RAISE NOTICE 'writer: % transactions, % DDL steps', i, step;
 END $$;
 SQL
-pg_log "writer: $writer_secs s"
-pg_psql -c "CALL writer($writer_secs, $rows)" >"$PG_TMP/writer.log" 2>&1 &
-writer_pid=$!
+start_writer() {
+    pg_log "writer: $writer_secs s"
+    pg_psql -c "CALL writer($writer_secs, $rows)" >"$PG_TMP/writer.log" 2>&1 &
+    writer_pid=$!
+}
+
+# ---- 2. the backfill, SIGKILLed once ------------------------------------------------------------
+start_replica
+for _ in $(seq 600); do
+    held=$($helper count "$db" public_items)
+    ((held >= rows / 10)) && break
+    sleep 0.05
+done
+state=$($helper state "$db")
+kill_replica KILL
+kills=1
+held=$($helper count "$db" public_items)
+[[ $state == *'"owed"'* && $held -lt $rows ]] ||
+    fail "the replica was not killed mid-backfill (held $held of $rows rows; state $state)"
+pg_log "killed mid-backfill: $held of $rows rows of items held, state $state"
+start_replica
+# E2E_SQLITE_OVERLAP=1: the writer starts now, while the backfill runs (partial updates of rows the
+# replica does not hold yet: see the report of issue 34).
+if [[ ${E2E_SQLITE_OVERLAP:-0} == 1 ]]; then start_writer; fi
+for _ in $(seq 1200); do
+    state=$($helper state "$db")
+    [[ -n $state && $state != *'"owed"'* ]] && break
+    kill -0 "$replica_pid" 2>/dev/null || fail "the replica stopped during the backfill"
+    sleep 0.1
+done
+[[ $state != *'"owed"'* ]] || fail "the backfill did not complete: $state"
+held=$($helper count "$db" public_items)
+[[ $held == "$rows" || -n ${writer_pid:-} ]] || fail "backfill complete with $held of $rows rows of items"
+pg_log "backfill complete after the restart: $held rows of items ($(($(date +%s) - started)) s)"
+
+# ---- 3. the writer, the replica SIGKILLed halfway ------------------------------------------------
+[[ -n ${writer_pid:-} ]] || start_writer
 sleep $((writer_secs / 2))
 kill_replica KILL
 kills=2
@@ -199,12 +212,13 @@ start_replica "$end"
 if ! timeout 300 tail --pid="$replica_pid" -f /dev/null; then fail "the final catch-up did not end"; fi
 wait "$replica_pid" || fail "the final catch-up failed"
 replica_pid=
-pg_log "caught up to $end: $(tail -n 1 "$PG_TMP/replica.log")"
-ddl=$(grep -c 'ALTER TABLE' "$PG_TMP/replica.log" || true)
+pg_log "caught up to $end"
+ddl=$(grep -c 'ALTER TABLE' "$replica_log" || true)
 
 # ---- 5. compare ---------------------------------------------------------------------------------------
 pg_log "the replica ran $ddl ALTER TABLE statements (a killed instance's uncommitted ones again); kills: $kills SIGKILL (one mid-backfill, one mid-stream)"
 # shellcheck disable=SC2086
 $helper compare "$db" $tables || rc=$?
+[[ ${rc:-0} == 0 ]] || tail -n 5 "$replica_log" >&2
 pg_log "runtime $(($(date +%s) - started)) s"
 exit "${rc:-0}"

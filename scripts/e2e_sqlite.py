@@ -116,6 +116,8 @@ def compare(path, tables):
                                     + "; ".join(f"{n}: pg {str(a)[:40]!r} sqlite {str(b)[:40]!r}"
                                                 for n, a, b in zip(names, row, held) if a != b))
         t_extra = sum(1 for key in sq if key not in pg)
+        problems.extend(f"{table} {key}: missing" for key in [k for k in pg if k not in sq][:3])
+        problems.extend(f"{table} {key}: extra" for key in [k for k in sq if k not in pg][:3])
         print(f"{table}: {len(pg)} rows, {len(names)} columns ({', '.join(names)}): "
               f"missing {t_missing}, wrong {t_wrong}, extra {t_extra}")
         missing, wrong, extra = missing + t_missing, wrong + t_wrong, extra + t_extra
