@@ -200,8 +200,8 @@ fn main() -> Result<(), BoxError> {
     config.create_slot = true;
     let chunks = TransactionBuilder::new().with_max_batch_changes(Some(1_000)); // a large transaction in parts
     let mut source = LiveSource::connect(config)?.with_builder(chunks).until(end);
-    let stream = MemoryStream::builder().sinks(["sqlite"]).build()?;
     let file = file.clone();
-    Pipeline::new(stream).sink("sqlite", move || Replica::open(&file)).run(&mut source)?;
+    let pipeline = Pipeline::in_memory(MemoryStream::builder()).sink("sqlite", move || Replica::open(&file));
+    pipeline.run(&mut source)?;
     Ok(())
 }
