@@ -24,9 +24,9 @@
 //! - With `<end-lsn>` it stops once everything committed before it is applied (a final catch-up);
 //!   without, it runs until killed.
 //! - A partial update (unchanged TOASTed values) of a row the replica does not hold stops it,
-//!   loudly (the pipeline gives up after its retries): it never writes those values as NULL. This
-//!   happens when such updates run *during* the backfill (the library's backfill does not carry
-//!   them yet: see `scripts/e2e-sqlite.sh`, `E2E_SQLITE_OVERLAP=1`).
+//!   loudly (the pipeline gives up after its retries): it never writes those values as NULL.
+//!   (While a table is owed a backfill, the live source hands its partial updates over whole:
+//!   `scripts/e2e-sqlite.sh` writes during the backfill.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

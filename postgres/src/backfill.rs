@@ -466,6 +466,17 @@ impl Backfiller {
     }
 
     /// The stream handed over `batch`, of the transaction `xid`.
+    /// The plan of `index` while its table is still to be backfilled (a table of a queued
+    /// request, or the current one or a later one of the request being served): a partial
+    /// update of it may reach the sink before its row does, so the live source fills it in
+    /// first (P5).
+    pub(crate) fn plan_of(&self, index: &IndexName) -> Option<&TablePlan> {
+        self.jobs.iter().enumerate().find_map(|(at, job)| {
+            let from = if at == 0 { job.current } else { 0 };
+            job.plans.get(from..)?.iter().find(|p| p.index == *index)
+        })
+    }
+
     pub(crate) fn observe(&mut self, xid: Option<u32>, batch: &Batch) {
         if self.jobs.is_empty() {
             return;

@@ -38,15 +38,23 @@
 //!     bytes if the change has none. An update that leaves a TOASTed value unchanged does not
 //!     carry that column: under `REPLICA IDENTITY FULL` the builder takes it from the update's
 //!     old row, so the document is the whole new row; under any other identity the document
-//!     lacks it, so sinks should merge updates into what they hold rather than replace.
+//!     lacks it and the envelope names it in [`unchanged`](lanestream::Envelope::unchanged) (a
+//!     **partial update**: pgoutput's `u` values; the wal2json reader cannot tell, and names
+//!     none), so a sink keeps those values from the row it holds (the sink rules:
+//!     [`crate::pipeline`], *Applying changes*).
+//!   - `relation`: the table's shape ([`lanestream::Relation`]) from the pgoutput decoder's
+//!     Relation messages (one `Arc` per message) with `key` the columns the id was built from
+//!     (below); `None` from the wal2json reader.
 //!
 //!   Every document of a transaction is written into one buffer, frozen into a
 //!   [`Bytes`](bytes::Bytes) at the commit; each envelope's document is a
 //!   [`Bytes::slice`](bytes::Bytes::slice) of it, so a transaction costs one allocation for all
 //!   its documents and lanes share them without copying.
 //! - An **update that changes the key** (its old row gives a different id than its new one)
-//!   yields two envelopes: an [`Op::Delete`](lanestream::Op::Delete) of the old id (document: the
-//!   old row) then an [`Op::Upsert`](lanestream::Op::Upsert) of the new id. It still counts as
+//!   yields two envelopes: an [`Op::Upsert`](lanestream::Op::Upsert) of the new id whose
+//!   [`old_id`](lanestream::Envelope::old_id) is the old id (a sink moves the old row's unchanged
+//!   values), then an [`Op::Delete`](lanestream::Op::Delete) of the old id (document: the old
+//!   key, or row). It still counts as
 //!   **one** change, so `changes` is always the number of changes while `envelopes.len()` may be
 //!   larger.
 //! - An **empty transaction** (a begin then a commit, e.g. a DDL-only transaction) gives a
@@ -82,7 +90,8 @@
 //! never keying rows by every column instead.
 //!
 //! The new row and the old one are keyed by the same columns, so a row keeps one id across
-//! insert, update and delete, and a key change gives a delete of the old id.
+//! insert, update and delete, and a key change gives a delete of the old id after the upsert of
+//! the new one.
 //!
 //! **How values are written.** A string value is its text with `\` written `\\` and `:` written
 //! `\:`; SQL NULL is `\N`; any other value (numbers, booleans) is its JSON text. A column's

@@ -458,3 +458,78 @@ fn p6_a_new_shape_reaches_the_sink_in_order_and_a_renamed_table_keeps_its_id() {
     let ids: Vec<u32> = envelopes(&items).iter().map(|e| e.relation.as_ref().map_or(0, |r| r.id)).collect();
     assert!(ids.iter().all(|&id| id == ids[0]), "one relation id across the rename: {ids:?}");
 }
+
+/// P5 during a backfill: partial updates (and key changes that move rows into the range already
+/// backfilled) of rows the backfill has not reached yet. The backfill leaves those rows out of
+/// its chunks (a newer change of them was handed over), so the updates must go out whole: the
+/// live source reads their unchanged values from the table. Before, the sink got a partial
+/// update of a row it did not hold (its value unknown) and the row never came: rows missing.
+#[test]
+fn p5_partial_updates_during_their_tables_backfill_go_out_whole() {
+    let url = server!("p5_partial_updates_during_their_tables_backfill_go_out_whole");
+    let _serial = serial();
+    let mut c = sql(&url);
+    // The rows are there before the slot: the sink gets them only from the backfill.
+    let ddl = format!(
+        "{} INSERT INTO p5_overlap SELECT g, {BIG}, g FROM generate_series(1, 3000) g;",
+        toast_table("p5_overlap")
+    );
+    let source = source(&url, &mut c, "p5_overlap", &ddl);
+    let sink = MemorySink::new().with_delay(Duration::from_millis(5));
+    let stream = MemoryStream::builder().sinks(["replica"]).build().expect("stream");
+    let pipeline = Pipeline::new(stream).sink("replica", {
+        let sink = sink.clone();
+        move || Ok::<_, std::convert::Infallible>(sink.clone())
+    });
+    let (stop, metrics) = (pipeline.stop_handle(), pipeline.metrics());
+    let running = std::thread::spawn(move || {
+        let mut source = source.until(None);
+        let report = pipeline.run(&mut source);
+        (report, source.metrics().expect("metrics"))
+    });
+    let complete =
+        |sink: &MemorySink| sink.applied().iter().any(|i| matches!(i, LaneItem::SnapshotComplete { .. }));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !sink.applied().iter().any(|i| matches!(i, LaneItem::Batch(b) if b.kind() == BatchKind::Snapshot)) {
+        assert!(std::time::Instant::now() < deadline, "the backfill started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // From the top of the key range down, while the backfill reads upwards: each update leaves
+    // big unchanged; every tenth moves its row below 1 (a key the backfill already passed).
+    let mut updated = 0;
+    for id in (2000..=3000).rev().step_by(7) {
+        if complete(&sink) {
+            break;
+        }
+        let sql = if id % 10 == 0 {
+            format!("UPDATE p5_overlap SET id = -id, v = 0 WHERE id = {id}")
+        } else {
+            format!("UPDATE p5_overlap SET v = v + 1 WHERE id = {id}")
+        };
+        c.batch_execute(&sql).expect("an update");
+        updated += 1;
+    }
+    assert!(updated > 10, "updates ran during the backfill ({updated})");
+    while !complete(&sink) {
+        assert!(std::time::Instant::now() < deadline, "the backfill completed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let end = wal(&mut c);
+    while metrics.snapshot().confirmed.is_none_or(|p| p < end) {
+        assert!(std::time::Instant::now() < deadline, "caught up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.stop();
+    let (report, live) = running.join().expect("joined");
+    report.expect("the pipeline runs");
+    let items = sink.applied().clone();
+    let expected = table(&mut c, "p5_overlap");
+    let replica = Replica::apply(&items);
+    assert_eq!(
+        (replica.unknown, compare(&replica.rows["public_p5_overlap"], &expected)),
+        (0, (0, 0, 0)),
+        "(partial updates of rows not held, (missing, wrong, extra)) of {} rows",
+        expected.len()
+    );
+    assert!(live.partial_filled > 0, "some updates were filled in: {live:?}");
+}

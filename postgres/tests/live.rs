@@ -697,7 +697,7 @@ fn a_slot_created_after_the_sinks_checkpoint_is_a_gap_refused_and_dropped() {
     let state = SinkState { position: Some(checkpoint), ..SinkState::new() };
     let start = |source: LiveSource, state: Option<&SinkState>| {
         let mut source = source;
-        source.start(&[SinkStart { sink: &sink, state }])
+        source.start(&[SinkStart { sink: &sink, state, joiners: Default::default() }])
     };
     // A slot that existed, confirmed no further than the sink: resumed.
     let source = LiveSource::connect(config("t_gap")).expect("source");

@@ -486,8 +486,11 @@ fn start_up<Src: Source, St: Stream>(
         .map(|(n, _)| SinkName::new(n).map_err(|e| PipelineError::Stream(format!("sink {n:?}: {e}"))))
         .collect::<Result<_, _>>()?;
     let states: Vec<Option<SinkState>> = states.into_iter().map(Option::unwrap_or_default).collect();
-    let sinks: Vec<SinkStart<'_>> =
-        names.iter().zip(&states).map(|(sink, state)| SinkStart { sink, state: state.as_ref() }).collect();
+    let sinks: Vec<SinkStart<'_>> = names
+        .iter()
+        .zip(&states)
+        .map(|(sink, state)| SinkStart { sink, state: state.as_ref(), joiners })
+        .collect();
     let start: SourceStart = source.start(&sinks).map_err(|e| PipelineError::Source(e.into()))?;
     for name in &names {
         if !stream.sinks().contains(name) {

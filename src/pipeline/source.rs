@@ -77,6 +77,11 @@ pub struct SinkStart<'a> {
     pub sink: &'a SinkName,
     /// Its durable state; `None` for a sink that never committed one.
     pub state: Option<&'a SinkState>,
+    /// What the pipeline does with it if it is a joiner (`state` is `None` on a source with
+    /// history): with [`Joiners::Backfill`](super::Joiners::Backfill) it will ask a backfill of
+    /// every index, so until then it holds no row (a source that treats changes of rows a sink
+    /// does not hold specially needs to know: the live PostgreSQL source's partial updates).
+    pub joiners: super::Joiners,
 }
 
 /// What a source says at start ([`Source::start`]).

@@ -217,6 +217,62 @@ impl TablePlan {
         Ok(cursor)
     }
 
+    /// The `SELECT` of `columns` (those this plan reads) of the row whose id is `id`, in text
+    /// format: a partial update's unchanged values, read while this table is backfilled (P5,
+    /// [`super::Backfiller::plan_of`]). `None` when a column is not one this plan reads.
+    ///
+    /// # Errors
+    /// `id` does not decode into the key (a sentence, as [`cursor_of_id`](Self::cursor_of_id)).
+    pub(crate) fn select_row(&self, id: &str, columns: &[String]) -> Result<Option<String>, String> {
+        let values = self.cursor_of_id(id)?;
+        if !columns.iter().all(|c| self.columns.iter().any(|p| p.name == *c)) {
+            return Ok(None);
+        }
+        let key: Vec<String> = self.order.iter().map(|&i| quote_ident(&self.columns[i].name)).collect();
+        let literals: Vec<String> = values
+            .iter()
+            .zip(&self.order)
+            .map(|(v, &i)| format!("{}::{}", quote_literal(v), self.columns[i].type_sql))
+            .collect();
+        let wanted: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
+        Ok(Some(format!(
+            "SELECT {} FROM {} WHERE ({}) = ({})",
+            wanted.join(", "),
+            self.quoted,
+            key.join(", "),
+            literals.join(", ")
+        )))
+    }
+
+    /// `document` (a JSON object) with `columns` added, their values the text-format `values`
+    /// read by [`select_row`](Self::select_row), typed as the decoder types them. `None` when a
+    /// value does not convert.
+    pub(crate) fn fill_document(
+        &self,
+        document: &[u8],
+        columns: &[String],
+        values: &SimpleQueryRow,
+    ) -> Option<Vec<u8>> {
+        let mut extra = String::new();
+        for (i, name) in columns.iter().enumerate() {
+            let col = self.columns.iter().find(|c| c.name == *name)?;
+            extra.push(',');
+            crate::batch::value::push_json_string(&mut extra, name);
+            extra.push(':');
+            match values.get(i) {
+                None => extra.push_str("null"),
+                Some(text) => push_json_value(col.type_oid, text, &mut extra).ok()?,
+            }
+        }
+        let body = document.strip_suffix(b"}")?;
+        let mut out = Vec::with_capacity(document.len() + extra.len());
+        out.extend_from_slice(body);
+        // `{` alone: the first column needs no comma.
+        out.extend_from_slice(if body == b"{" { &extra.as_bytes()[1..] } else { extra.as_bytes() });
+        out.push(b'}');
+        Some(out)
+    }
+
     /// The chunk's `SELECT`: rows after `cursor` (key values as text, in the key's order).
     pub(crate) fn select(&self, cursor: Option<&[String]>, rows: usize) -> String {
         let columns: Vec<String> = self.columns.iter().map(|c| quote_ident(&c.name)).collect();

@@ -194,6 +194,10 @@ pub struct LiveMetrics {
     /// chunk's marks, or in a transaction the chunk's snapshot did not see (the change reached
     /// the sink instead).
     pub snapshot_rows_dropped: u64,
+    /// Partial updates (unchanged TOASTed values) of tables being backfilled whose unchanged
+    /// values were read from the table so that they went out whole (P5: a sink may not hold the
+    /// row yet).
+    pub partial_filled: u64,
 }
 
 /// A pgoutput slot streamed with `START_REPLICATION`; see the [module docs](self).
@@ -229,6 +233,13 @@ pub struct LiveSource {
     open_xid: Option<u32>,
     /// Backfill requests, the chunk waiting for its high mark.
     backfiller: Backfiller,
+    /// P5: the indexes a local sink may not hold yet (a joiner's, a backfill its state owes,
+    /// tables that joined while it was down), by how many sinks, until their `SnapshotComplete`:
+    /// their partial updates go out whole ([`fill_partial`](LiveSource::fill_partial)), even
+    /// before the request is served.
+    unheld: ahash::AHashMap<lanestream::IndexName, u32>,
+    /// The plans of `unheld` indexes that are not being backfilled (`None`: not readable).
+    unheld_plans: ahash::AHashMap<lanestream::IndexName, Option<crate::backfill::TablePlan>>,
     /// The thread that reads backfill chunks (started with the first request).
     reader: Option<ChunkReader>,
     /// Items decoded and not yet returned, in stream order.
@@ -370,8 +381,22 @@ impl Source for LiveSource {
                 None => return Ok(None),
             },
         };
-        if let SourceItem::Change(Batch { position: Some(p), .. }) = &item {
-            self.published = self.published.max(Some(*p));
+        match &item {
+            SourceItem::Change(Batch { position: Some(p), .. }) => {
+                self.published = self.published.max(Some(*p))
+            }
+            SourceItem::Snapshot { item: lanestream::LaneItem::SnapshotComplete { indexes }, .. } => {
+                for index in indexes {
+                    if let Some(n) = self.unheld.get_mut(index) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.unheld.remove(index);
+                            self.unheld_plans.remove(index);
+                        }
+                    }
+                }
+            }
+            _ => {}
         }
         Ok(Some(item))
     }

@@ -13,6 +13,7 @@ use super::error::{classify, LiveError};
 use super::reader::instance_id;
 use super::side::{connect_one, lsn_of, origin_of, try_lock, Side};
 use super::{LiveConfig, LiveMetrics, LiveSource, SlotPositions, HEARTBEAT_PREFIX, SIDE_RETRY_BUDGET};
+use crate::pipeline::Joiners;
 use std::collections::VecDeque;
 
 use crate::backfill::Backfiller;
@@ -185,6 +186,8 @@ impl LiveSource {
             metrics: LiveMetrics::default(),
             open_xid: None,
             backfiller,
+            unheld: Default::default(),
+            unheld_plans: Default::default(),
             reader: None,
             out: VecDeque::new(),
             decoder: PgOutputDecoder::new(TransactionBuilder::new()),
@@ -313,6 +316,29 @@ impl LiveSource {
             }
         }
         let indexes = self.published_indexes()?;
+        // P5: what each local sink may not hold yet (its backfill is asked after this).
+        self.unheld.clear();
+        for s in sinks {
+            let mut missing: Vec<&IndexName> = match s.state {
+                None if s.joiners == Joiners::Backfill => indexes.iter().collect(),
+                None => Vec::new(),
+                Some(state) => state
+                    .owed
+                    .iter()
+                    .flat_map(|o| o.indexes.iter())
+                    .chain(
+                        indexes
+                            .iter()
+                            .filter(|i| state.indexes.as_ref().is_some_and(|held| !held.contains(*i))),
+                    )
+                    .collect(),
+            };
+            missing.sort_unstable();
+            missing.dedup();
+            for index in missing {
+                *self.unheld.entry(index.clone()).or_default() += 1;
+            }
+        }
         Ok(SourceStart::new(Some(self.origin.clone()), true, resumes_from, Some(indexes)))
     }
 

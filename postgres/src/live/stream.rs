@@ -123,10 +123,99 @@ impl LiveSource {
         }
     }
 
-    /// A batch decoded: the backfill sees it (its keys leave a waiting chunk), then it is queued.
-    fn hand_over(&mut self, batch: Batch) {
+    /// A batch decoded: its partial updates of tables being backfilled are filled in, the
+    /// backfill sees it (its keys leave a waiting chunk), then it is queued.
+    fn hand_over(&mut self, batch: Batch) -> Result<(), LiveError> {
+        let batch = self.fill_partial(batch)?;
         self.backfiller.observe(self.open_xid, &batch);
         self.out.push_back(SourceItem::Change(batch));
+        Ok(())
+    }
+
+    /// P5 during a backfill: a partial update (unchanged TOASTed values left out) of a table a
+    /// local sink may not hold yet — one still to be backfilled, or one a sink's state owes or
+    /// lacks ([`LiveSource::unheld`], from [`Source::start`](crate::pipeline::Source::start),
+    /// before its request is served) — may reach a sink that does not hold its row, and the
+    /// backfill then leaves that row out of its chunk (a newer change of it was handed over), or
+    /// has already passed its new key. So its unchanged values are read from the table, by the
+    /// row's key on the second connection, and the update goes out whole. The values read may
+    /// be newer than the update: every later change of the row follows it in the stream, so the
+    /// sink ends equal to the table. A row gone meanwhile (deleted later) or a value that does
+    /// not convert leaves the update partial.
+    pub(super) fn fill_partial(&mut self, batch: Batch) -> Result<Batch, LiveError> {
+        let wanted = |e: &lanestream::Envelope| {
+            e.is_partial()
+                && (self.unheld.contains_key(&e.index) || self.backfiller.plan_of(&e.index).is_some())
+        };
+        if !batch.envelopes.iter().any(wanted) {
+            return Ok(batch);
+        }
+        // The plans of unheld tables that are not being backfilled, looked up once.
+        let mut missing: Vec<lanestream::IndexName> = batch
+            .envelopes
+            .iter()
+            .filter(|e| {
+                e.is_partial()
+                    && self.unheld.contains_key(&e.index)
+                    && self.backfiller.plan_of(&e.index).is_none()
+                    && !self.unheld_plans.contains_key(&e.index)
+            })
+            .map(|e| e.index.clone())
+            .collect();
+        missing.dedup();
+        let publication = self.config.publication.clone();
+        for index in missing {
+            let plan = self.side()?.run(
+                super::SIDE_RETRY_BUDGET,
+                || format!("finding the table of index {index}"),
+                |c| crate::backfill::TablePlan::resolve(c, &publication, &index),
+            )?;
+            self.unheld_plans.insert(index, plan.ok());
+        }
+        let mut envelopes = batch.envelopes.to_vec();
+        let mut filled = 0;
+        let mut stale = Vec::new();
+        for e in &mut envelopes {
+            if !e.is_partial() {
+                continue;
+            }
+            let from_job = self.backfiller.plan_of(&e.index);
+            let Some(plan) = from_job.or_else(|| self.unheld_plans.get(&e.index).and_then(Option::as_ref))
+            else {
+                continue;
+            };
+            let sql = plan.select_row(&e.id, &e.unchanged).map_err(|reason| LiveError::BackfillRefused {
+                index: e.index.as_str().to_owned(),
+                reason,
+            })?;
+            let Some(sql) = sql else {
+                // A column the plan does not know: the table changed since (DDL); look it up
+                // again next time.
+                if from_job.is_none() {
+                    stale.push(e.index.clone());
+                }
+                continue;
+            };
+            let rows = self.side()?.run(
+                super::SIDE_RETRY_BUDGET,
+                || format!("reading the unchanged values of row {:?} of {}", e.id, plan.table),
+                |c| c.simple_query(&sql),
+            )?;
+            let row = rows.iter().find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            });
+            if let Some(document) = row.and_then(|r| plan.fill_document(&e.document, &e.unchanged, r)) {
+                e.document = document.into();
+                e.unchanged.clear();
+                filled += 1;
+            }
+        }
+        for index in stale {
+            self.unheld_plans.remove(&index);
+        }
+        self.metrics.partial_filled += filled;
+        Ok(Batch { envelopes: envelopes.into(), ..batch })
     }
 
     /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
@@ -182,7 +271,7 @@ impl LiveSource {
                 if let Some(chunk) = chunk {
                     self.chunks_out = true;
                     self.metrics.changes += chunk.changes;
-                    self.hand_over(chunk);
+                    self.hand_over(chunk)?;
                 }
             }
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {
@@ -193,7 +282,7 @@ impl LiveSource {
                     self.handed_over = b.position;
                     self.metrics.transactions += 1;
                     self.metrics.changes += b.changes;
-                    self.hand_over(b);
+                    self.hand_over(b)?;
                 }
                 self.open_xid = None;
                 idle(self, end_lsn.0);

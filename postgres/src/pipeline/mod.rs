@@ -22,6 +22,9 @@
 //!    held at [`old_id`](lanestream::Envelope::old_id) if set (the update changed the key: the
 //!    row moved), else at `id`. If the sink holds no such row (it never saw the table's earlier
 //!    rows), those values are unknown: the envelope names them; never write them as NULL.
+//!    While a table is being backfilled, the live source hands its partial updates over whole
+//!    (it reads their unchanged values from the table), since the sink may not hold the row yet
+//!    ([`LiveMetrics::partial_filled`](crate::live::LiveMetrics::partial_filled)).
 //! 2. An upsert with an `old_id` is followed, in the same batch, by a **delete** of `old_id`;
 //!    **delete** removes the row at `id`; **truncate** empties the index.
 //! 3. **Shape**: the columns a row has are its relation's. A relation that differs from the last
