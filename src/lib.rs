@@ -67,7 +67,7 @@
 //! # Layout
 //! | where | what |
 //! |---|---|
-//! | `lane/` | the engine and the ends users hold: `publisher.rs` (the one publishing engine behind [`Fanout`], [`Producer`] and the request senders; the one blocking body), `fanout.rs` ([`Fanout`]: its `StreamFanout` impl is its surface), `producer.rs`, `consumer.rs`, `delivery.rs` ([`Delivery`], [`AckHandle`]), `run.rs` ([`Run`]), `marks.rs` (the acked marks and their lock-free minimum, the watermark), `stats.rs` ([`LaneStats`]), `adapter.rs` (the `futures` stream) |
+//! | `lane/` | the engine and the ends users hold: `publisher.rs` (the one publishing engine behind [`Fanout`], [`Producer`] and the request senders; the one blocking body), `fanout.rs` ([`Fanout`]: its `StreamFanout` impl is its surface), `producer.rs`, `consumer.rs`, `delivery.rs` ([`Delivery`], [`AckHandle`]), `run.rs` ([`Run`]), `marks.rs` (the acked marks and their lock-free minimum, the watermark), `stats.rs` ([`LaneStats`]), `limits.rs` ([`MAX_CAPACITY`], [`MAX_BUDGET`] and their checks), `adapter.rs` (the `futures` stream) |
 //! | `lane/ring/` | the cells every lane reads in place, one file per side: `slot.rs` (the state word, the cells and their cursor), `room.rs` (the lane's part in publishing), `receive.rs` (the consumer side and the seat), `ack.rs` (acks, nacks, the advancer), `take_run.rs` (runs), `counters.rs` (lock-free reads) |
 //! | `port.rs` | the backend-neutral port: [`Stream`], [`StreamFanout`], [`LaneConsumer`], [`LaneDelivery`], [`LaneRun`], [`RequestPublisher`] (each requires a few primitives and provides the other forms); [`prelude`] re-exports them |
 //! | `backend/memory/` | [`MemoryStream`] and its builder; `requests.rs`, the request lane |

@@ -30,7 +30,8 @@ use crate::error::{
     AckError, BuildError, PublishError, RecvError, RecvTimeoutError, StreamError, TryRecvError,
 };
 use crate::item::{Item, LaneItem, Request};
-use crate::lane::{check_capacity, LaneStats};
+use crate::lane::limits::check_capacity;
+use crate::lane::stats::LaneStats;
 use crate::name::SinkName;
 use crate::position::Position;
 

@@ -17,12 +17,13 @@ mod adapter;
 mod consumer;
 mod delivery;
 mod fanout;
+pub(crate) mod limits;
 pub(crate) mod marks;
 mod producer;
 mod publisher;
 mod ring;
 mod run;
-mod stats;
+pub(crate) mod stats;
 
 use std::fmt;
 
@@ -31,6 +32,8 @@ pub use self::adapter::ConsumerStream;
 pub use self::consumer::{Consumer, Recv, RecvRun};
 pub use self::delivery::{AckHandle, Delivery};
 pub use self::fanout::{Fanout, FanoutPublish, MemoryStats};
+pub(crate) use self::limits::{check_budget, check_capacity};
+pub use self::limits::{MAX_BUDGET, MAX_CAPACITY};
 pub(crate) use self::marks::{AckedMark, Marks};
 pub use self::producer::{Producer, Publish};
 pub(crate) use self::publisher::{publish_until, Publisher, Target};
@@ -63,35 +66,6 @@ pub(crate) fn discard_panic(caught: CaughtPanic) {
     if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(caught))) {
         std::mem::forget(again);
     }
-}
-
-/// The most slots a lane may have: 2^24 (16,777,216). A slot takes at least one 64-byte cache
-/// line, so the largest lane holds 1 GiB of slots; larger capacities are refused at build time
-/// with [`BuildError::CapacityTooLarge`] rather than failing to allocate.
-pub const MAX_CAPACITY: usize = 1 << 24;
-
-/// The largest memory budget: 2^62 bytes (a budget counts bytes in a `u64` that must not
-/// overflow while one more item's charge is added).
-pub const MAX_BUDGET: u64 = 1 << 62;
-
-/// Checks a memory budget ([M4](crate::contract#m4)).
-pub(crate) fn check_budget(bytes: u64) -> Result<(), BuildError> {
-    match bytes {
-        0 => Err(BuildError::ZeroBudget),
-        b if b > MAX_BUDGET => Err(BuildError::BudgetTooLarge { bytes, max: MAX_BUDGET }),
-        _ => Ok(()),
-    }
-}
-
-/// Checks a capacity asked for `what`.
-pub(crate) fn check_capacity(capacity: usize, what: &'static str) -> Result<(), BuildError> {
-    if capacity == 0 {
-        return Err(BuildError::ZeroCapacity(what));
-    }
-    if capacity > MAX_CAPACITY {
-        return Err(BuildError::CapacityTooLarge { what, capacity, max: MAX_CAPACITY });
-    }
-    Ok(())
 }
 
 /// A handle on one lane: attach its [`Consumer`], close it, read its statistics (and, for a
