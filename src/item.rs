@@ -28,7 +28,7 @@ pub trait Item {
 }
 
 /// The fixed charge of one envelope against a memory budget, besides its id's and document's
-/// bytes: the envelope's own size in the batch's shared array (`size_of::<Envelope>()`, 120
+/// bytes: the envelope's own size in the batch's shared array (`size_of::<Envelope>()`, 168
 /// bytes on 64-bit targets), which covers its index name's and id's handles.
 pub const ENVELOPE_OVERHEAD: u64 = std::mem::size_of::<Envelope>() as u64;
 
