@@ -199,7 +199,8 @@ impl LiveSource {
         source.wait_until_free(deadline)?;
         // The decoder asks the catalog on the second connection for a table's key (REPLICA
         // IDENTITY FULL).
-        Ok(source.with_builder(TransactionBuilder::new()))
+        Ok(source
+            .with_builder(TransactionBuilder::new().with_max_batch_changes(Some(super::MAX_BATCH_CHANGES))))
     }
 
     /// Waits until no other client streams the slot (a killed predecessor's walsender may still

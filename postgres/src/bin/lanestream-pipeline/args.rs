@@ -138,7 +138,7 @@ pub(crate) struct Args {
     pub(crate) memory_budget: Option<u64>,
     /// A transaction of more changes than this is published as several batches (chunks); only
     /// the last one carries the commit position. 0: one batch per transaction.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = lanestream_postgres::live::MAX_BATCH_CHANGES)]
     pub(crate) max_batch_changes: u64,
     /// The last sink sleeps this long per batch (see --slow-sink-micros).
     #[arg(long)]
