@@ -340,8 +340,13 @@ check '((neighbour_ok)) && [[ $neighbour_status != lost* ]] && [[ $(field result
 check '[[ $changes -gt 1000 ]]' "the reference holds $changes changes in $commits transactions"
 chunks=$(field chunks_published "$ref/summary.json")
 check '[[ $chunks -gt 0 ]]' "large transactions were published in chunks ($chunks chunks at --max-batch-changes 2000)"
+without_unchanged() { sed -E 's/,"unchanged":\[[^]]*\]//' "$1"; }
 for s in ${sinks//,/ }; do
-    check 'cmp -s "$ref/$s.ndjson" "$out/$s.ndjson"' "sink $s: output == the reference, byte for byte ($(wc -l <"$out/$s.ndjson") envelopes: every change exactly once, in commit order)"
+    # The reference comes through wal2json, which does not say which columns an update left out
+    # (pgoutput does: `"unchanged":[...]`, P5): compared without that field, which the replay
+    # below applies by the sink rules.
+    partial=$(grep -c '"unchanged":\[' "$out/$s.ndjson" || true)
+    check 'cmp -s "$ref/$s.ndjson" <(without_unchanged "$out/$s.ndjson")' "sink $s: output == the reference, byte for byte but the $partial partial updates' unchanged columns, which wal2json does not name ($(wc -l <"$out/$s.ndjson") envelopes: every change exactly once, in commit order)"
     check '$helper positions "$out/$s.ndjson" >/dev/null' "sink $s: each transaction once, in commit order"
     check '$helper replay "$out/$s.ndjson" "$dump" >&2' "sink $s: output replayed == the table contents"
 done
