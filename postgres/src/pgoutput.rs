@@ -29,9 +29,14 @@
 //! tests check it on captures of one server through both plugins): one [`Batch`] per committed
 //! transaction at its commit LSN, chunks of large ones with
 //! [`TransactionBuilder::with_max_batch_changes`] (only the last carries the position), index
-//! names, ids and their encoding, key changes as a delete then an upsert. Two differences come
-//! from the plugin, not the decoder: pgoutput sends no empty transaction (PostgreSQL 15 skips
-//! transactions with nothing published), and only the tables of the publication.
+//! names, ids and their encoding, key changes as the upsert of the new id naming the old one
+//! (`old_id`) then the delete of the old id. The differences come from the plugin, not the
+//! decoder: pgoutput sends no empty transaction (PostgreSQL 15 skips transactions with nothing
+//! published), and only the tables of the publication; and only pgoutput says which columns an
+//! update left out unchanged ([`Envelope::unchanged`](lanestream::Envelope::unchanged)) and
+//! gives each change its table's shape ([`Envelope::relation`](lanestream::Envelope::relation):
+//! the Relation message's columns and type OIDs, type names from PostgreSQL's built-in types and
+//! the Type messages).
 //!
 //! **Documents** are JSON objects of the row, in the relation's column order, each text-format
 //! value typed by its column's type OID as wal2json does, by the one value codec the backfill
