@@ -21,8 +21,8 @@
 # Prints `PASS: ...` or `FAIL: ...` last; the exit status matches. REPLICA=path/to/sqlite_replica
 # runs a given build (else it is built here); E2E_SQLITE_LOG=FILE keeps the replica's stderr.
 #
-# The writer starts right after the restart, while the backfill runs (E2E_SQLITE_OVERLAP=0: after
-# it): its partial updates (the big column unchanged, so not sent) of rows the replica does not
+# E2E_SQLITE_OVERLAP=1 starts the writer right after the restart, while the backfill runs (by
+# default it starts after it): its partial updates (the big column unchanged, so not sent) of rows the replica does not
 # hold yet go out whole (the live source reads their unchanged values while their table is owed a
 # backfill: LiveMetrics::partial_filled); before, the replica got them with no row to take the
 # unchanged value from and stopped, loudly.
@@ -186,9 +186,9 @@ held=$($helper count "$db" public_items)
     fail "the replica was not killed mid-backfill (held $held of $rows rows; state $state)"
 pg_log "killed mid-backfill: $held of $rows rows of items held, state $state"
 start_replica
-# The writer starts now, while the backfill runs (partial updates of rows the replica does not
-# hold yet), unless E2E_SQLITE_OVERLAP=0.
-if [[ ${E2E_SQLITE_OVERLAP:-1} == 1 ]]; then start_writer; fi
+# E2E_SQLITE_OVERLAP=1: the writer starts now, while the backfill runs (partial updates of rows
+# the replica does not hold yet).
+if [[ ${E2E_SQLITE_OVERLAP:-0} == 1 ]]; then start_writer; fi
 for _ in $(seq 1200); do
     state=$($helper state "$db")
     [[ -n $state && $state != *'"owed"'* ]] && break

@@ -140,8 +140,9 @@ impl LiveSource {
     /// has already passed its new key. So its unchanged values are read from the table, by the
     /// row's key on the second connection, and the update goes out whole. The values read may
     /// be newer than the update: every later change of the row follows it in the stream, so the
-    /// sink ends equal to the table. A row gone meanwhile (deleted later) or a value that does
-    /// not convert leaves the update partial.
+    /// sink ends equal to the table. A row gone meanwhile (a later change deleted it or moved
+    /// it to another key) goes out as a delete of its id, which that later change agrees with;
+    /// a value that does not convert leaves the update partial.
     pub(super) fn fill_partial(&mut self, batch: Batch) -> Result<Batch, LiveError> {
         let wanted = |e: &lanestream::Envelope| {
             e.is_partial()
@@ -205,10 +206,23 @@ impl LiveSource {
                 postgres::SimpleQueryMessage::Row(r) => Some(r),
                 _ => None,
             });
-            if let Some(document) = row.and_then(|r| plan.fill_document(&e.document, &e.unchanged, r)) {
-                e.document = document.into();
-                e.unchanged.clear();
-                filled += 1;
+            match row {
+                Some(r) => {
+                    if let Some(document) = plan.fill_document(&e.document, &e.unchanged, r) {
+                        e.document = document.into();
+                        e.unchanged.clear();
+                        filled += 1;
+                    }
+                }
+                // Gone since: a later change in the stream deleted the row or moved it to
+                // another key. The sink must not hold it here then: a delete of its id (the
+                // move's own delete, if this was one, follows as before).
+                None => {
+                    e.op = lanestream::Op::Delete;
+                    e.old_id = None;
+                    e.unchanged.clear();
+                    filled += 1;
+                }
             }
         }
         for index in stale {
