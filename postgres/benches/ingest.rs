@@ -3,7 +3,7 @@
 //! group so that the ratios come from one run on this shared machine:
 //!
 //! - `bare_parse/*`: a bare loop parsing each line into a value tree and dropping it (sonic-rs,
-//!   a SIMD parser, and serde_json: peers, the reader has its own parser), and sonic-rs
+//!   a SIMD parser, and serde_json, which the reader parses with), and sonic-rs
 //!   validating each line without building anything (`LazyValue`: the floor of any validating
 //!   parse).
 //! - `reader`: the wal2json reader ([`TransactionBuilder::push_line`] over the same lines): the

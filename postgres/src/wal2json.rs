@@ -69,11 +69,10 @@
 //! position they applied (the pipeline example's checkpoints do).
 //!
 //! # Errors and recovery
-//! Each line is read by one parser made for wal2json's lines (`wal2json/scan.rs`), in one pass
-//! into the fields above, values kept as their raw text borrowed from the line. It accepts
-//! exactly the lines serde_json accepts into those fields, and refuses the others with the error
-//! serde_json gives, at the byte it names (tested on the capture, the fuzz corpus and damaged
-//! lines). Nothing here panics on any input, and no line can exhaust the stack.
+//! Each line is read by serde_json into the fields above, values kept as their raw text
+//! borrowed from the line (`serde_json::value::RawValue`); a line serde_json refuses is refused
+//! with its error, at the byte it names. Nothing here panics on any input, and no line can
+//! exhaust the stack (serde_json's recursion limit).
 //! Every error is a [`Wal2JsonError`] naming the line number and a [`Wal2JsonErrorKind`]: the
 //! reader's own (a line that is not JSON, an unknown action, a line over the length limit, I/O)
 //! or the builder's ([`Wal2JsonErrorKind::Build`]). After an error the [`TransactionBuilder`]
@@ -119,10 +118,9 @@
 //! [`BuildErrorKind::DamagedTransaction`]: crate::batch::BuildErrorKind::DamagedTransaction
 
 mod error;
-mod json;
 mod line;
+mod parse;
 mod reader;
-mod scan;
 
 pub use error::{Wal2JsonError, Wal2JsonErrorKind};
 pub use reader::{Wal2JsonReader, DEFAULT_MAX_LINE_LEN};

@@ -5,22 +5,18 @@ use std::borrow::Cow;
 use lanestream::{Batch, Position};
 
 use super::error::{Wal2JsonError, Wal2JsonErrorKind};
-use super::scan::{self, Line};
+use super::parse::{self, Line};
 use crate::batch::value::json_str;
 use crate::batch::{BuildError, BuildErrorKind, Change, Commit, TransactionBuilder};
 
-/// Parses one line into `out` (which must come in empty); `out` is meaningful only on `Ok`.
-/// (The parser writes the fields in place: a [`Line`] is a few hundred bytes, which moving out
-/// through each layer copied.)
-pub(super) fn parse_line_into<'a>(line: &'a [u8], out: &mut Line<'a>) -> Result<(), Wal2JsonErrorKind> {
-    scan::parse_into(object_text(line)?, out)
+/// Parses one line into its [`Line`].
+pub(super) fn parse_line(line: &[u8]) -> Result<Line<'_>, Wal2JsonErrorKind> {
+    parse::parse(object_text(line)?)
 }
 
 /// The line as text, if it is UTF-8 and starts like a JSON object.
 pub(super) fn object_text(line: &[u8]) -> Result<&str, Wal2JsonErrorKind> {
-    // simdutf8's fast check; std's names where invalid UTF-8 starts.
-    let text = simdutf8::basic::from_utf8(line)
-        .or_else(|_| std::str::from_utf8(line))
+    let text = std::str::from_utf8(line)
         .map_err(|e| Wal2JsonErrorKind::Malformed { offset: e.valid_up_to(), reason: "not valid UTF-8" })?;
     let start = text.find(|c| !matches!(c, ' ' | '\t' | '\n' | '\r')).unwrap_or(text.len());
     if !text[start..].starts_with('{') {
@@ -99,9 +95,8 @@ impl TransactionBuilder {
     /// stays usable (see the [module docs](crate::wal2json): a bad line inside a transaction makes
     /// the whole transaction fail at its `C`).
     pub fn push_line(&mut self, line_no: u64, line: &[u8]) -> Result<Option<Batch>, Wal2JsonError> {
-        let mut parsed = Line::default();
-        let pushed = match parse_line_into(line, &mut parsed) {
-            Ok(()) => self.apply(line_no, &parsed),
+        let pushed = match parse_line(line) {
+            Ok(parsed) => self.apply(line_no, &parsed),
             Err(kind) => Err(LineError::Line(kind)),
         };
         pushed.map_err(|e| match e {

@@ -1,11 +1,10 @@
-//! The reader's tests: its parser against serde_json, its errors, the bundled capture. (The
+//! The reader's tests: its line parse, its errors, the bundled capture. (The
 //! builder's behaviour on wal2json lines is tested in `batch/tests.rs`.)
 
 use lanestream::{Batch, Op, Position};
 use proptest::strategy::Strategy;
 
-use super::line::{object_text, parse_line_into};
-use super::scan::Line;
+use super::parse::Line;
 use super::*;
 use crate::batch::tests::{doc as document, insert_id, PK_ID};
 use crate::batch::{BuildErrorKind, TransactionBuilder};
@@ -339,359 +338,61 @@ fn bundled_capture_parses_completely() {
     );
 }
 
-/// The reader's parse of `line`, into a fresh [`Line`].
+/// The reader's parse of `line`.
 fn parse_line(line: &[u8]) -> Result<Line<'_>, Wal2JsonErrorKind> {
-    let mut parsed = Line::default();
-    parse_line_into(line, &mut parsed).map(|()| parsed)
-}
-
-/// The reader's parse gives exactly what serde_json gives (reading the line into the same
-/// fields, and naming its errors as the reader did when serde_json was its parser: see
-/// [`serde_reference`]): the same fields, or the same error. So the reader never lets through
-/// bytes that serde_json refuses (they would end up in documents), and never refuses a line
-/// serde_json reads.
-fn parsers_agree(text: &str) -> Result<(), String> {
-    let got = format!("{:?}", parse_line(text.as_bytes()));
-    let want = format!("{:?}", object_text(text.as_bytes()).and_then(serde_reference::parse));
-    if got == want {
-        Ok(())
-    } else {
-        Err(format!("{text:?}: read {got}, serde_json alone {want}"))
-    }
+    super::line::parse_line(line)
 }
 
 #[test]
-fn fast_path_reads_every_line_as_serde_json_does() {
-    let mut lines: Vec<String> = Vec::new();
-    // The bundled capture.
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/wal2json-sample.jsonl.gz");
-    let file = std::fs::File::open(path).expect("data/wal2json-sample.jsonl.gz");
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text).expect("gunzip");
-    let capture: Vec<&str> = text.lines().collect();
-    lines.extend(capture.iter().map(|l| l.to_string()));
-    // The fuzz corpus, line by line.
-    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/wal2json_lines");
-    for entry in std::fs::read_dir(corpus).expect("the fuzz corpus").flatten() {
-        let bytes = std::fs::read(entry.path()).expect("a corpus file");
-        lines.extend(
-            bytes.split(|&b| b == b'\n').filter_map(|l| std::str::from_utf8(l).ok()).map(str::to_owned),
-        );
-    }
-    // What JSON parsers disagree on, in a value that would be copied into a document.
-    let head = r#"{"action":"I","schema":"s","table":"t","columns":[{"name":"a","value":"#;
-    for value in [
-        r#""ok""#, r#""\q""#, r#""\u12""#, r#""\ud800""#, r#""\udc00\ud800""#, r#""\ud83d\ude00""#,
-        "\"\u{1}\"", "\"\t\"", "\"\u{7f}\"", r#""\/""#, "01", "-", "1.", ".5", "1e", "1e+", "-0", "1E400",
-        "+1", "0x10", "NaN", "Infinity", "tru", "nul", "truex", "[1,]", "[,1]", "{\"a\":1,}", "{\"a\"}",
-        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
-        "1 ", " 1", "\"a\"\u{0}", "'a'", "\"a\" \"b\"",
-    ] {
-        lines.push(format!("{head}{value}}}]}}"));
-        lines.push(format!(r#"{{"action":"B","timestamp":{value}}}"#));
-        lines.push(format!(r#"{{"action":{value},"lsn":"0/1"}}"#));
-        lines.push(format!(r#"{{"action":"I","columns":[{{"name":{value},"value":1}}]}}"#));
-        // The same in the objects as wal2json writes them (the scanner's fixed-token path).
-        let col = |name: &str, ty: &str, v: &str| format!(r#"{{"name":{name},"type":{ty},"value":{v}}}"#);
-        for c in [col("\"a\"", "\"t\"", value), col("\"a\"", value, "1"), col(value, "\"t\"", "1")] {
-            lines.push(format!(r#"{{"action":"I","columns":[{c},{}]}}"#, col("\"b\"", "\"t\"", "2")));
-            lines.push(format!(r#"{{"action":"U","identity":[{c}],"columns":[{c}]}}"#));
-        }
-        for k in [format!(r#"{{"name":{value},"type":"t"}}"#), format!(r#"{{"name":"a","type":{value}}}"#)] {
-            lines.push(format!(r#"{{"action":"I","columns":[{}],"pk":[{k}]}}"#, col("\"a\"", "\"t\"", "1")));
-        }
-    }
-    for extra in [
-        r#"{"action":"B","action":"C"}"#,
-        r#"{"action":"B","x":1,"x":2}"#,
-        r#"{"act\u0069on":"B"}"#,
-        r#"{"action":"B"} x"#,
-        r#"{"action":"B"}}"#,
-        "{\"action\":\"B\"}\u{0}",
-        " {\"action\":\"B\"} ",
-        r#"{"action":"I","columns":[{"name":"a","value":1,"name":"b"}]}"#,
-        r#"{"action":"I","columns":[{"name":"a\u0000","value":1}]}"#,
-        r#"{"action":"I","columns":[{"value":1}]}"#,
-        r#"{"action":"I","pk":[{"type":"int"}]}"#,
-        r#"{"action":"I","columns":{}}"#,
-        r#"{"action":"I","columns":null}"#,
-        r#"{"action":null}"#,
-        // Near misses of the written forms: whitespace, another member, another order.
-        r#"{"action":"I","columns":[{"name":"a","type":"t","value":1 }]}"#,
-        r#"{"action":"I","columns":[ {"name" :"a","type":"t","value":1}]}"#,
-        r#"{"action":"I","columns":[{"name":"a","type":"t","value":1,"x":2}]}"#,
-        r#"{"action":"I","columns":[{"name":"a","type":"t","value":1,"name":"b"}]}"#,
-        r#"{"action":"I","columns":[{"type":"t","name":"a","value":1}]}"#,
-        r#"{"action":"I","columns":[{"name":"a","type":"t","value":1}],"pk":[{"name":"a","type":"t","x":1}]}"#,
-        r#"{"action":"I","columns":[{"name":"a","type":"t\"","value":"x\u0041"}],"pk":[{"name":"a","type":"t\n"}]}"#,
-        r#"{"action":"I","columns":[{"name":"a","type":"t","value":1}"#,
-        r#"{"action":"I","columns":[{"name":"a","type":"t","value":"#,
-        r#"{"action":"I","columns":[{"name":"a","type":"t""#,
-        r#"{"action":"I","columns":[{"name":"a"#,
-        r#"{"actio":"I","n":1,"nam":2,"t":3,"ta":4,"pkk":5,"schem":6}"#,
-    ] {
-        lines.push(extra.to_owned());
-    }
-    let failures: Vec<String> = lines.iter().filter_map(|l| parsers_agree(l).err()).collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} lines: {:#?}",
-        failures.len(),
-        lines.len(),
-        &failures[..failures.len().min(10)]
-    );
-    // The capture reads whole.
-    assert!(capture.iter().all(|l| parse_line(l.as_bytes()).is_ok()), "a capture line refused");
-    // Lines off the paths made for what wal2json writes (escaped keys and names, nested values,
-    // a field twice, a column without its value, trailing bytes): read as serde_json reads them,
-    // or refused with its error.
-    for line in [
-        r#"{"act\u0069on":"B"}"#,
-        r#"{"action":"I","columns":[{"name":"a\"b","value":1}]}"#,
-        r#"{"action":"B","timestamp":[1]}"#,
-        r#"{"action":"B","action":"C"}"#,
-        r#"{"action":"I","columns":[{"value":1}]}"#,
-        r#"{"action":"B"} x"#,
-        r#"{"action":"I","columns":[["a",1],{"value":[1,{"b":null}],"name":"b"}],"pk":[["a"]]}"#,
-        r#"{"action":"I","columns":[{"name":"\ud83d\ude00","value":"\ud800"}]}"#,
-        r#"{"action":"I","columns":[["a"]]}"#,
-        r#"{"action":"I","pk":[["a",1]]}"#,
-    ] {
-        assert_eq!(parsers_agree(line), Ok(()));
-    }
-    // A column given as an array, a nested value kept as its text, an escaped name unescaped.
-    let line = br#"{"action":"I","columns":[["a",1],{"value":[1, {}],"name":"\u00e9"}],"pk":[["a"]]}"#;
-    let read = parse_line(line).expect("serde_json reads it");
+fn lines_are_read_into_their_fields_as_wal2json_and_other_writers_write_them() {
+    // A column given as an array, a nested value kept as its text, an escaped name unescaped,
+    // other members skipped.
+    let line = br#"{"action":"I","x":[1,{"y":2}],"columns":[["a",1],{"value":[1, {}],"type":"t","name":"\u00e9"}],"pk":[["a"]]}"#;
+    let read = parse_line(line).expect("well-formed");
     let columns: Vec<_> = read.columns.iter().flatten().map(|c| (c.name.as_ref(), c.value)).collect();
     assert_eq!(columns, [("a", "1"), ("\u{e9}", "[1, {}]")]);
-    assert_eq!(read.pk.map(|k| k.len()), Some(1));
-    assert_eq!(
-        parse_line(b" {\"action\" : \"B\" , \"xid\":-0.5E+3}\r\n").map(|l| (l.action, l.xid)).ok(),
-        Some((Some("\"B\""), Some("-0.5E+3")))
-    );
+    assert_eq!(read.pk.map(|k| k.iter().map(|k| k.name.to_string()).collect::<Vec<_>>()), Some(vec!["a".into()]));
+    // Scalars kept raw, whitespace around the object and its tokens allowed, null is present.
+    let read = parse_line(b" {\"action\" : \"B\" , \"xid\":-0.5E+3, \"lsn\":null}\r\n").expect("well-formed");
+    assert_eq!((read.action, read.xid, read.lsn, read.schema), (Some("\"B\""), Some("-0.5E+3"), Some("null"), None));
 }
 
 #[test]
-fn deep_nesting_is_read_as_serde_json_reads_it_without_overflowing() {
-    for depth in [3, 64, 65, 200, 100_000] {
+fn malformed_lines_are_refused_at_the_byte_with_the_reason() {
+    let malformed = |line: &str| match parse_line(line.as_bytes()) {
+        Err(Wal2JsonErrorKind::Malformed { offset, reason }) => (offset, reason),
+        other => panic!("{line}: {other:?}"),
+    };
+    assert_eq!(malformed(r#"{"action":"B"} x"#), (15, "trailing characters"));
+    assert_eq!(malformed(r#"{"action":"B","action":"C"}"#).1, "duplicate field");
+    assert_eq!(malformed(r#"{"action":"I","columns":[{"name":"a","value":01}]}"#).1, "invalid number");
+    assert_eq!(malformed(r#"{"action":"\q"}"#).1, "invalid escape");
+    assert_eq!(malformed("{\"action\":\"\u{1}\"}").1, "control character (\\u0000-\\u001F) found while parsing a string");
+    assert_eq!(malformed(r#"{"action":"I","columns":[{"name":"a"#).1, "EOF while parsing a string");
+    assert_eq!(malformed(r#"["action"]"#), (0, "expected a JSON object"));
+    // Deep nesting is skipped or kept whole without recursing: no stack overflow.
+    for depth in [200, 100_000] {
         let nested = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
-        let in_ignored = format!(r#"{{"action":"B","timestamp":{nested}}}"#);
-        let in_value = format!(
-            r#"{{"action":"I","schema":"s","table":"t","columns":[{{"name":"a","value":{nested}}}]}}"#
-        );
-        let in_string = format!(r#"{{"action":"B","timestamp":"{}"}}"#, "[".repeat(depth));
-        // Whatever serde_json says (it skips nested values without recursing).
-        for line in [&in_ignored, &in_value, &in_string] {
-            assert_eq!(parse_line(line.as_bytes()).ok(), serde_reference::parse(line).ok(), "depth {depth}");
-        }
+        assert!(parse_line(format!(r#"{{"action":"B","timestamp":{nested}}}"#).as_bytes()).is_ok());
+        let value = format!(r#"{{"action":"I","columns":[{{"name":"a","value":{nested}}}]}}"#);
+        let read = parse_line(value.as_bytes()).expect("a nested value");
+        assert_eq!(read.columns.as_ref().map(|c| c[0].value.len()), Some(nested.len()));
+        assert_eq!(malformed(&value[..value.len() - 4]).1, "EOF while parsing a list");
     }
+    // Shallow nesting is a value like any other.
+    assert!(parse_line(format!(r#"{{"action":"B","t":{}1{}}}"#, "[".repeat(64), "]".repeat(64)).as_bytes()).is_ok());
 }
 
-proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
-
-    /// Capture-like lines with bytes replaced: the parsers still agree.
-    #[test]
-    fn parsers_agree_on_damaged_lines(
-        at in 0usize..400,
-        bytes in proptest::collection::vec(proptest::prop_oneof![
-            proptest::sample::select(b"\"\\{}[],:0123456789.eE+-tfnulx \t\x01\x7f".to_vec()),
-            proptest::num::u8::ANY,
-        ], 1..4),
-    ) {
-        let base = r#"{"action":"U","xid":725,"lsn":"0/1524B20","schema":"public","table":"t","columns":[{"name":"id","type":"integer","value":1},{"name":"n","type":"numeric","value":-1.5e3},{"name":"s","type":"text","value":"a\"b\\c\u00e9"},{"name":"b","type":"boolean","value":false},{"name":"z","type":"text","value":null}],"identity":[{"name":"id","type":"integer","value":1}],"pk":[{"name":"id","type":"integer"}]}"#;
-        let mut line = base.as_bytes().to_vec();
-        let at = at % line.len();
-        let end = (at + bytes.len()).min(line.len());
-        line.splice(at..end, bytes);
-        if let Ok(text) = std::str::from_utf8(&line) {
-            if let Err(e) = parsers_agree(text) {
-                proptest::prop_assert!(false, "{}", e);
-            }
-        }
-    }
-}
-
-/// The reference the reader's parser is held to: serde_json reading the line into the same
-/// fields (values as `RawValue`s, so kept as their raw text), and naming its errors as the reader
-/// did when serde_json was its parser — the fields of the wrong shape found by reading the line
-/// again into their raw text.
-mod serde_reference {
-    use std::borrow::Cow;
-
-    use serde::{Deserialize, Deserializer};
-    use serde_json::value::RawValue;
-
-    use super::super::scan::Line;
-    use super::super::Wal2JsonErrorKind;
-    use crate::batch::{BuildErrorKind, Column, Key};
-
-    /// A field that is present is `Some`, `null` included (a plain `Option` would make it
-    /// `None`).
-    fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-        T::deserialize(d).map(Some)
-    }
-
-    #[derive(Deserialize)]
-    struct RefLine<'a> {
-        #[serde(borrow, default, deserialize_with = "present")]
-        action: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        xid: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        lsn: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        schema: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        table: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        columns: Option<Vec<RefColumn<'a>>>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        identity: Option<Vec<RefColumn<'a>>>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        pk: Option<Vec<RefKey<'a>>>,
-    }
-
-    #[derive(Deserialize)]
-    struct RefColumn<'a> {
-        #[serde(borrow)]
-        name: Cow<'a, str>,
-        #[serde(borrow)]
-        value: &'a RawValue,
-    }
-
-    #[derive(Deserialize)]
-    struct RefKey<'a> {
-        #[serde(borrow)]
-        name: Cow<'a, str>,
-    }
-
-    fn columns(c: Option<Vec<RefColumn<'_>>>) -> Option<Vec<Column<'_>>> {
-        c.map(|c| c.into_iter().map(|c| Column { name: c.name, value: c.value.get() }).collect())
-    }
-
-    /// Parses `text` (a JSON object's text) with serde_json.
-    pub(super) fn parse(text: &str) -> Result<Line<'_>, Wal2JsonErrorKind> {
-        let l: RefLine<'_> = serde_json::from_str(text).map_err(|e| {
-            let shape = if e.is_data() { shape_error(text) } else { None };
-            shape.map(Wal2JsonErrorKind::Build).unwrap_or_else(|| Wal2JsonErrorKind::Malformed {
-                offset: byte_offset(text, e.line(), e.column()),
-                reason: reason(&e),
-            })
-        })?;
-        Ok(Line {
-            action: l.action.map(RawValue::get),
-            xid: l.xid.map(RawValue::get),
-            lsn: l.lsn.map(RawValue::get),
-            schema: l.schema.map(RawValue::get),
-            table: l.table.map(RawValue::get),
-            columns: columns(l.columns),
-            identity: columns(l.identity),
-            pk: l.pk.map(|k| k.into_iter().map(|k| Key { name: k.name }).collect()),
-        })
-    }
-
-    /// The byte offset of serde_json's 1-based line and column.
-    fn byte_offset(text: &str, line: usize, column: usize) -> usize {
-        let line_start: usize = text.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
-        (line_start + column.saturating_sub(1)).min(text.len())
-    }
-
-    /// serde_json's description of an error, as one of its fixed messages.
-    fn reason(e: &serde_json::Error) -> &'static str {
-        const REASONS: [&str; 21] = [
-            "EOF while parsing a list",
-            "EOF while parsing an object",
-            "EOF while parsing a string",
-            "EOF while parsing a value",
-            "expected `:`",
-            "expected `,` or `]`",
-            "expected `,` or `}`",
-            "expected ident",
-            "expected value",
-            "expected `\"`",
-            "invalid escape",
-            "invalid number",
-            "number out of range",
-            "invalid unicode code point",
-            "control character (\\u0000-\\u001F) found while parsing a string",
-            "key must be a string",
-            "lone leading surrogate in hex escape",
-            "trailing comma",
-            "trailing characters",
-            "unexpected end of hex escape",
-            "recursion limit exceeded",
-        ];
-        let message = e.to_string();
-        if let Some(r) = REASONS.iter().find(|r| message.starts_with(**r)) {
-            return r;
-        }
-        match e.classify() {
-            serde_json::error::Category::Eof => "unexpected end of line",
-            serde_json::error::Category::Data if message.starts_with("duplicate field") => "duplicate field",
-            _ => "invalid JSON",
-        }
-    }
-
-    /// `columns`, `identity` and `pk` as raw JSON, to find which one is misshapen.
-    #[derive(Deserialize)]
-    struct Shape<'a> {
-        #[serde(borrow, default, deserialize_with = "present")]
-        columns: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        identity: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        pk: Option<&'a RawValue>,
-    }
-
-    /// An element of `columns`, `identity` or `pk` with its members as raw JSON.
-    #[derive(Deserialize)]
-    struct ElementShape<'a> {
-        #[serde(borrow, default, deserialize_with = "present")]
-        name: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "present")]
-        value: Option<&'a RawValue>,
-    }
-
-    /// The elements of an array of objects; `None` if `raw` is not one.
-    fn objects<'a>(raw: &'a RawValue) -> Option<Vec<ElementShape<'a>>> {
-        let elements: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
-        elements
-            .into_iter()
-            .map(|e| e.get().starts_with('{').then(|| serde_json::from_str(e.get()).ok()).flatten())
-            .collect()
-    }
-
-    /// Why a syntactically valid line did not deserialize: the field with the wrong shape, or
-    /// `None` (e.g. a duplicate key).
-    fn shape_error(text: &str) -> Option<BuildErrorKind> {
-        let shape: Shape<'_> = serde_json::from_str(text).ok()?;
-        let is_str = |v: &RawValue| v.get().starts_with('"');
-        for (field, raw) in [("columns", shape.columns), ("identity", shape.identity)] {
-            let Some(raw) = raw else { continue };
-            let Some(elements) = objects(raw) else {
-                return Some(BuildErrorKind::WrongType { field, expected: "an array of column objects" });
-            };
-            for e in elements {
-                let missing = |what| BuildErrorKind::MissingField { action: '?', field: what, hint: "" };
-                match (e.name, e.value) {
-                    (None, _) => return Some(missing("a column name")),
-                    (_, None) => return Some(missing("a column value")),
-                    (Some(name), _) if !is_str(name) => {
-                        return Some(BuildErrorKind::WrongType {
-                            field,
-                            expected: "columns with a string name",
-                        })
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let pk = shape.pk?;
-        let named = objects(pk).is_some_and(|keys| keys.iter().all(|k| k.name.is_some_and(is_str)));
-        (!named).then_some(BuildErrorKind::WrongType {
-            field: "pk",
-            expected: "an array of {\"name\":…} objects",
-        })
-    }
+#[test]
+fn misshapen_lists_name_their_field() {
+    let build = |line: &str| match parse_line(line.as_bytes()) {
+        Err(Wal2JsonErrorKind::Build(kind)) => kind.to_string(),
+        other => panic!("{line}: {other:?}"),
+    };
+    assert!(build(r#"{"action":"I","columns":{}}"#).contains("columns"));
+    assert!(build(r#"{"action":"I","columns":null}"#).contains("columns"));
+    assert!(build(r#"{"action":"I","identity":[{"name":1,"value":1}]}"#).contains("identity"));
+    assert!(build(r#"{"action":"I","columns":[{"value":1}]}"#).contains("column name"));
+    assert!(build(r#"{"action":"I","columns":[{"name":"a"}]}"#).contains("column value"));
+    assert!(build(r#"{"action":"I","pk":[{"type":"int"}]}"#).contains("pk"));
 }
