@@ -194,9 +194,9 @@ pub struct LiveMetrics {
     /// chunk's marks, or in a transaction the chunk's snapshot did not see (the change reached
     /// the sink instead).
     pub snapshot_rows_dropped: u64,
-    /// Partial updates (unchanged TOASTed values) of tables being backfilled whose unchanged
-    /// values were read from the table so that they went out whole (P5: a sink may not hold the
-    /// row yet).
+    /// Partial updates (unchanged TOASTed values) of tables being backfilled or owed to a local
+    /// sink whose unchanged values were read from the table so that they went out whole (P5: a
+    /// sink may not hold the row yet), or that went out as a delete (the row gone since).
     pub partial_filled: u64,
 }
 
@@ -238,6 +238,12 @@ pub struct LiveSource {
     /// their partial updates go out whole ([`fill_partial`](LiveSource::fill_partial)), even
     /// before the request is served.
     unheld: ahash::AHashMap<lanestream::IndexName, u32>,
+    /// P5 for tables that join while running: the indexes published at
+    /// [`Source::start`](crate::pipeline::Source::start) and those seen since, and how many
+    /// local sinks started. A change of an index not among them (a table added to the
+    /// publication or renamed) makes every local sink owe its backfill at that change, so the
+    /// index is `unheld` by all of them from there on (`None`: not started by a pipeline).
+    seen: Option<(ahash::AHashSet<lanestream::IndexName>, u32)>,
     /// The plans of `unheld` indexes that are not being backfilled (`None`: not readable).
     unheld_plans: ahash::AHashMap<lanestream::IndexName, Option<crate::backfill::TablePlan>>,
     /// The thread that reads backfill chunks (started with the first request).

@@ -187,6 +187,7 @@ impl LiveSource {
             open_xid: None,
             backfiller,
             unheld: Default::default(),
+            seen: None,
             unheld_plans: Default::default(),
             reader: None,
             out: VecDeque::new(),
@@ -340,6 +341,8 @@ impl LiveSource {
                 *self.unheld.entry(index.clone()).or_default() += 1;
             }
         }
+        let local = u32::try_from(sinks.len()).unwrap_or(u32::MAX);
+        self.seen = (local > 0).then(|| (indexes.iter().cloned().collect(), local));
         Ok(SourceStart::new(Some(self.origin.clone()), true, resumes_from, Some(indexes)))
     }
 

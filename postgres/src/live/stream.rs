@@ -126,16 +126,35 @@ impl LiveSource {
     /// A batch decoded: its partial updates of tables being backfilled are filled in, the
     /// backfill sees it (its keys leave a waiting chunk), then it is queued.
     fn hand_over(&mut self, batch: Batch) -> Result<(), LiveError> {
+        self.note_joined(&batch);
         let batch = self.fill_partial(batch)?;
         self.backfiller.observe(self.open_xid, &batch);
         self.out.push_back(SourceItem::Change(batch));
         Ok(())
     }
 
+    /// A table that joined while running (its index neither published at start nor seen
+    /// since): every local sink owes its backfill from this change on (the sink engines detect
+    /// it, P2), so its partial updates go out whole until each sink's backfill of it completes.
+    fn note_joined(&mut self, batch: &Batch) {
+        let Some((seen, sinks)) = &mut self.seen else { return };
+        let mut last = None;
+        for e in batch.envelopes.iter() {
+            if last == Some(&e.index) {
+                continue; // a batch's envelopes mostly share their index: one look-up each
+            }
+            last = Some(&e.index);
+            if !seen.contains(&e.index) {
+                seen.insert(e.index.clone());
+                *self.unheld.entry(e.index.clone()).or_default() += *sinks;
+            }
+        }
+    }
+
     /// P5 during a backfill: a partial update (unchanged TOASTed values left out) of a table a
-    /// local sink may not hold yet — one still to be backfilled, or one a sink's state owes or
+    /// local sink may not hold yet — one still to be backfilled, one a sink's state owes or
     /// lacks ([`LiveSource::unheld`], from [`Source::start`](crate::pipeline::Source::start),
-    /// before its request is served) — may reach a sink that does not hold its row, and the
+    /// before its request is served), or one that joined while running — may reach a sink that does not hold its row, and the
     /// backfill then leaves that row out of its chunk (a newer change of it was handed over), or
     /// has already passed its new key. So its unchanged values are read from the table, by the
     /// row's key on the second connection, and the update goes out whole. The values read may

@@ -22,8 +22,10 @@
 //!    held at [`old_id`](lanestream::Envelope::old_id) if set (the update changed the key: the
 //!    row moved), else at `id`. If the sink holds no such row (it never saw the table's earlier
 //!    rows), those values are unknown: the envelope names them; never write them as NULL.
-//!    While a table is being backfilled, the live source hands its partial updates over whole
-//!    (it reads their unchanged values from the table), since the sink may not hold the row yet
+//!    While a table is being backfilled or owed to a local sink (a new sink, a table that
+//!    joined the publication while the pipeline was down or while it runs), the live source
+//!    hands its partial updates over whole (it reads their unchanged values from the table),
+//!    since the sink may not hold the row yet
 //!    ([`LiveMetrics::partial_filled`](crate::live::LiveMetrics::partial_filled)).
 //! 2. An upsert with an `old_id` is followed, in the same batch, by a **delete** of `old_id`;
 //!    **delete** removes the row at `id`; **truncate** empties the index.
