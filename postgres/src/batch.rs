@@ -142,4 +142,6 @@ pub use row::{decode_id, index_name};
 pub(crate) use row::{snapshot_row, Change, Column, Key};
 
 #[cfg(test)]
+mod change_tests;
+#[cfg(test)]
 pub(crate) mod tests;

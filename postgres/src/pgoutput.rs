@@ -139,4 +139,6 @@ pub use error::{PgOutputError, PgOutputErrorKind};
 pub use file::PgOutputReader;
 
 #[cfg(test)]
+mod decoder_tests;
+#[cfg(test)]
 mod tests;

@@ -547,6 +547,79 @@ fn numbers_are_checked_against_the_json_grammar() {
     }
 }
 
+#[test]
+fn text_values_become_json_by_their_columns_type() {
+    use super::value::push_json_value;
+    // (type OID, text, JSON or what it should have been)
+    let cases: [(u32, &str, Result<&str, &str>); 14] = [
+        (16, "t", Ok("true")),
+        (16, "f", Ok("false")),
+        (16, "true", Err("a bool (t or f)")),
+        // The specials are matched without regard to case, and written as PostgreSQL spells them.
+        (1700, "nan", Ok(r#""NaN""#)),
+        (701, "-INFINITY", Ok(r#""-Infinity""#)),
+        (700, "inf", Err("a number")),
+        (20, "1_000", Err("a number")),
+        (21, "", Err("a number")),
+        (26, "4294967295", Ok("4294967295")),
+        // bytea: hex digits without `\x`; the escape format's text is kept as it is.
+        (17, r"\x0aFF", Ok(r#""0aFF""#)),
+        (17, r"ab\000", Ok(r#""ab\\000""#)),
+        (25, "a\"b", Ok(r#""a\"b""#)),
+        (3802, r#"{"k":[1]}"#, Ok(r#""{\"k\":[1]}""#)),
+        // A type the codec does not know (a user-defined one): its text.
+        (16_400, "happy", Ok(r#""happy""#)),
+    ];
+    for (type_oid, text, expected) in cases {
+        let mut out = String::from("[");
+        let got = push_json_value(type_oid, text, &mut out).map(|()| &out[1..]);
+        assert_eq!(got, expected, "{type_oid} {text:?}");
+        if expected.is_err() {
+            assert_eq!(out, "[", "nothing written for {text:?}");
+        }
+    }
+}
+
+#[test]
+fn json_str_reads_a_strings_text_borrowing_it_unless_it_has_escapes() {
+    use super::value::json_str;
+    use std::borrow::Cow;
+    assert!(matches!(json_str(r#""a:b""#), Some(Cow::Borrowed("a:b"))));
+    assert!(matches!(json_str(r#""a\nb\u00e9""#), Some(Cow::Owned(s)) if s == "a\nbé"));
+    // Not strings, or strings that do not unescape.
+    for text in ["1", "null", r#""a"#, "a\"", r#""\ud800""#, r#""\q""#] {
+        assert_eq!(json_str(text), None, "{text}");
+    }
+}
+
+#[test]
+fn a_damaged_transaction_says_to_drop_its_chunks_only_when_some_were_returned() {
+    let damaged = |chunks| BuildErrorKind::DamagedTransaction {
+        begun: 1,
+        lsn: "0/10".into(),
+        first_bad: 3,
+        bad_lines: 1,
+        changes: 4,
+        chunks,
+    };
+    assert!(!damaged(0).to_string().contains("chunks"), "{}", damaged(0));
+    assert!(damaged(2)
+        .to_string()
+        .ends_with("(2 chunks of it were already returned unpositioned: drop them)"));
+    // Which kinds discard the open transaction (a caller drops its chunks on them).
+    let kinds: [(BuildErrorKind, bool); 5] = [
+        (damaged(0), true),
+        (BuildErrorKind::Truncated { begun: 1 }, true),
+        (BuildErrorKind::XidMismatch { begin: 1, commit: 2 }, true),
+        (BuildErrorKind::OutsideTransaction { action: 'I' }, false),
+        (BuildErrorKind::MissingKeyColumn { column: "id".into(), side: "columns" }, false),
+    ];
+    for (kind, discards) in kinds {
+        let text = kind.to_string();
+        assert_eq!(BuildError::new(1, kind).open_transaction_discarded(), discards, "{text}");
+    }
+}
+
 proptest::proptest! {
     #[test]
     fn any_string_is_written_as_the_json_string_of_itself(s in ".*") {

@@ -11,7 +11,7 @@ use crate::wal2json::Wal2JsonReader;
 
 // --- messages built by hand (the protocol's layout, protocol version 1) -----------------------
 
-fn begin(lsn: u64, xid: u32) -> Vec<u8> {
+pub(super) fn begin(lsn: u64, xid: u32) -> Vec<u8> {
     let mut m = vec![b'B'];
     m.extend(lsn.to_be_bytes());
     m.extend(0i64.to_be_bytes());
@@ -19,7 +19,7 @@ fn begin(lsn: u64, xid: u32) -> Vec<u8> {
     m
 }
 
-fn commit(lsn: u64) -> Vec<u8> {
+pub(super) fn commit(lsn: u64) -> Vec<u8> {
     let mut m = vec![b'C', 0];
     m.extend(lsn.to_be_bytes());
     m.extend((lsn + 0x30).to_be_bytes());
@@ -28,7 +28,13 @@ fn commit(lsn: u64) -> Vec<u8> {
 }
 
 /// A Relation message: `columns` as (key flag, name, type OID).
-fn relation(oid: u32, schema: &str, table: &str, identity: u8, columns: &[(bool, &str, u32)]) -> Vec<u8> {
+pub(super) fn relation(
+    oid: u32,
+    schema: &str,
+    table: &str,
+    identity: u8,
+    columns: &[(bool, &str, u32)],
+) -> Vec<u8> {
     let mut m = vec![b'R'];
     m.extend(oid.to_be_bytes());
     for s in [schema, table] {
@@ -48,7 +54,7 @@ fn relation(oid: u32, schema: &str, table: &str, identity: u8, columns: &[(bool,
 }
 
 /// A tuple: `Some(text)` a text value, `None` NULL, `Some("\u{0}u")` an unchanged TOAST value.
-fn tuple(m: &mut Vec<u8>, values: &[Option<&str>]) {
+pub(super) fn tuple(m: &mut Vec<u8>, values: &[Option<&str>]) {
     m.extend((values.len() as u16).to_be_bytes());
     for v in values {
         match v {
@@ -63,7 +69,7 @@ fn tuple(m: &mut Vec<u8>, values: &[Option<&str>]) {
     }
 }
 
-fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
+pub(super) fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
     let mut m = vec![b'I'];
     m.extend(oid.to_be_bytes());
     m.push(b'N');
@@ -71,7 +77,7 @@ fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
     m
 }
 
-fn update(oid: u32, old: Option<(u8, &[Option<&str>])>, new: &[Option<&str>]) -> Vec<u8> {
+pub(super) fn update(oid: u32, old: Option<(u8, &[Option<&str>])>, new: &[Option<&str>]) -> Vec<u8> {
     let mut m = vec![b'U'];
     m.extend(oid.to_be_bytes());
     if let Some((marker, old)) = old {
@@ -83,7 +89,7 @@ fn update(oid: u32, old: Option<(u8, &[Option<&str>])>, new: &[Option<&str>]) ->
     m
 }
 
-fn delete(oid: u32, marker: u8, old: &[Option<&str>]) -> Vec<u8> {
+pub(super) fn delete(oid: u32, marker: u8, old: &[Option<&str>]) -> Vec<u8> {
     let mut m = vec![b'D'];
     m.extend(oid.to_be_bytes());
     m.push(marker);
@@ -91,7 +97,7 @@ fn delete(oid: u32, marker: u8, old: &[Option<&str>]) -> Vec<u8> {
     m
 }
 
-fn truncate(oids: &[u32]) -> Vec<u8> {
+pub(super) fn truncate(oids: &[u32]) -> Vec<u8> {
     let mut m = vec![b'T'];
     m.extend((oids.len() as u32).to_be_bytes());
     m.push(0);
@@ -101,14 +107,14 @@ fn truncate(oids: &[u32]) -> Vec<u8> {
     m
 }
 
-const INT4: u32 = 23;
-const TEXT: u32 = 25;
+pub(super) const INT4: u32 = 23;
+pub(super) const TEXT: u32 = 25;
 
-fn users() -> Vec<u8> {
+pub(super) fn users() -> Vec<u8> {
     relation(1, "public", "users", b'd', &[(true, "id", INT4), (false, "name", TEXT)])
 }
 
-fn run(d: &mut PgOutputDecoder, messages: &[Vec<u8>]) -> Result<Vec<Batch>, PgOutputError> {
+pub(super) fn run(d: &mut PgOutputDecoder, messages: &[Vec<u8>]) -> Result<Vec<Batch>, PgOutputError> {
     let mut out = Vec::new();
     for m in messages {
         if let Some(b) = d.decode(m)? {
@@ -118,15 +124,15 @@ fn run(d: &mut PgOutputDecoder, messages: &[Vec<u8>]) -> Result<Vec<Batch>, PgOu
     Ok(out)
 }
 
-fn decoder() -> PgOutputDecoder {
+pub(super) fn decoder() -> PgOutputDecoder {
     PgOutputDecoder::new(TransactionBuilder::new())
 }
 
-fn doc(e: &lanestream::Envelope) -> &str {
+pub(super) fn doc(e: &lanestream::Envelope) -> &str {
     std::str::from_utf8(&e.document).expect("utf-8 document")
 }
 
-fn ops(batches: &[Batch]) -> Vec<(Op, String, String)> {
+pub(super) fn ops(batches: &[Batch]) -> Vec<(Op, String, String)> {
     batches.iter().flat_map(|b| b.envelopes.iter()).map(|e| (e.op, e.id.clone(), doc(e).to_owned())).collect()
 }
 
@@ -531,7 +537,7 @@ fn every_envelope_carries_its_transactions_commit_time_in_unix_micros() {
 
 // --- errors -------------------------------------------------------------------------------------
 
-fn kind_of(r: Result<Option<Batch>, PgOutputError>) -> PgOutputErrorKind {
+pub(super) fn kind_of(r: Result<Option<Batch>, PgOutputError>) -> PgOutputErrorKind {
     *r.expect_err("an error").kind
 }
 
