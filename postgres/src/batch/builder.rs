@@ -215,7 +215,9 @@ impl TransactionBuilder {
     /// the begin's LSN, which is the commit LSN), and at the commit the positioned batch with the
     /// rest. So memory stays bounded by what the lanes hold, and since only the last batch
     /// carries the position, the watermark cannot pass a half-delivered transaction. `None` (the
-    /// default) or 0: one batch per transaction.
+    /// default) or 0: one batch per transaction. A transaction whose begin gave no LSN (a
+    /// wal2json `B` line without `lsn`: run wal2json with `include-lsn=true`) is held whole, since
+    /// its chunks could not be positioned.
     pub fn with_max_batch_changes(mut self, max: Option<u64>) -> Self {
         self.max_batch_changes = max.filter(|&m| m > 0);
         self
@@ -457,7 +459,9 @@ impl TransactionBuilder {
             };
             txn.pending.push(Pending { index, id, op, doc, relation, old_id, unchanged });
         }
-        if max.is_some_and(|m| txn.changes >= m) {
+        // A chunk's envelopes are positioned at the begin's LSN: without it (a wal2json `B` line
+        // without `lsn`) they would read as snapshot rows, so such a transaction is held whole.
+        if max.is_some_and(|m| txn.changes >= m) && txn.begin_lsn.is_some() {
             self.hint = (txn.pending.len(), txn.docs.len());
             let envelopes = txn.take_envelopes(txn.begin_lsn);
             // The next chunk is likely as large as this one (bounded by `max`): its documents'
