@@ -346,21 +346,41 @@ impl LiveSource {
     }
 
     /// An empty positioned batch just below where the server says it sent everything, when one
-    /// is due (see the module docs, *How it confirms*): at most once a status interval, and only
-    /// past the last positioned batch handed over. After a reconnect the decoder skips what is at
-    /// or before it.
+    /// is due ([`idle_position`]; see the module docs, *How it confirms*). After a reconnect the
+    /// decoder skips what is at or before it.
     fn idle_batch(&mut self) -> Option<Batch> {
-        let at = Position(self.sent?.0.checked_sub(1)?);
-        if self.published.is_some_and(|p| at <= p) {
-            return None;
-        }
-        if self.last_idle.is_some_and(|t| t.elapsed() < self.config.status_interval) {
-            return None;
-        }
+        let at = idle_position(
+            self.sent,
+            self.published,
+            self.decoder.in_transaction(),
+            self.last_idle.map(|t| t.elapsed()),
+            self.config.status_interval,
+        )?;
         self.last_idle = Some(Instant::now());
         self.handed_over = self.handed_over.max(Some(at));
         Some(Batch::new(Some(at), Arc::from(Vec::new())))
     }
+}
+
+/// Where an idle batch goes, if one is due: just below `sent` (where the server said it sent
+/// everything), past the last positioned batch handed over (`published`), at most once an
+/// `interval` (`since_last`: the time since the last one), and **never while a transaction is
+/// open**: its chunks may be out, and a positioned batch between them would end the transaction
+/// for the sinks (their state's in-transaction count goes with it), which then refuse its next
+/// chunk (a 2M-row transaction under load did: `sent` had come from a keepalive while the server
+/// was still reading the transaction's WAL, before its Begin).
+fn idle_position(
+    sent: Option<Position>,
+    published: Option<Position>,
+    in_transaction: bool,
+    since_last: Option<Duration>,
+    interval: Duration,
+) -> Option<Position> {
+    let at = Position(sent?.0.checked_sub(1)?);
+    let due = !in_transaction
+        && published.is_none_or(|p| at > p)
+        && since_last.is_none_or(|elapsed| elapsed >= interval);
+    due.then_some(at)
 }
 
 /// The live source as a pipeline's [`Source`]: opened at the first [`next`](Source::next),

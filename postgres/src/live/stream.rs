@@ -502,6 +502,26 @@ mod tests {
 
     use super::*;
 
+    /// An idle batch goes just below where the server said it sent everything, past the last
+    /// positioned batch, once an interval, and never inside an open transaction (between its
+    /// chunks it would end the transaction for the sinks, which then refuse its next chunk).
+    #[test]
+    fn an_idle_batch_is_never_handed_over_inside_a_transaction() {
+        use super::super::idle_position;
+        let (p, second) = (|n: u64| Some(Position(n)), Duration::from_secs(1));
+        let due = |sent, published, open, since: Option<Duration>| idle_position(sent, published, open, since, second);
+        assert_eq!(due(p(100), p(50), false, None), p(99));
+        assert_eq!(due(p(100), p(50), false, Some(second)), p(99), "an interval since the last");
+        assert_eq!(due(p(100), None, false, None), p(99), "nothing handed over yet");
+        // The case a 2M-row transaction met: `sent` (from a keepalive before its Begin) is past
+        // the last commit, and the stream pauses between the transaction's chunks.
+        assert_eq!(due(p(100), p(50), true, None), None, "a transaction is open");
+        assert_eq!(due(p(100), p(99), false, None), None, "not past what was handed over");
+        assert_eq!(due(p(100), p(50), false, Some(second / 2)), None, "within the interval");
+        assert_eq!(due(None, p(50), false, None), None, "the server said nothing yet");
+        assert_eq!(due(p(0), None, false, None), None, "nothing below 0");
+    }
+
     #[test]
     fn server_errors_give_their_sqlstate() {
         assert_eq!(sqlstate("server error: FATAL: terminating connection (SQLSTATE 57P01)"), Some("57P01"));
