@@ -14,7 +14,8 @@
 # Each case checks that every sink's file holds at least the rows written (the e2e scripts check
 # contents; this one measures). Not run by CI (it takes minutes); run it by hand.
 #
-# Usage: scripts/memory.sh [backfill|txn]... (default: both)   Env: ROWS, PROBE_RATE, TXN_ROWS.
+# Usage: scripts/memory.sh [backfill|txn]... (default: both)
+# Env: ROWS, PROBE_RATE, TXN_ROWS; MEMORY_BUDGET (bytes: the harness's --memory-budget).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -46,7 +47,8 @@ start_pipeline() {
     rm -rf "$PG_TMP/out"
     pg_psql -Atc "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots" >/dev/null
     "$pipeline" --source "$url" --slot lanestream --joiners "$1" --create-slot --sinks 3 \
-        --out "$PG_TMP/out" --quiet --summary-json "$PG_TMP/$2.json" >"$PG_TMP/$2.out" 2>&1 &
+        --out "$PG_TMP/out" --quiet --summary-json "$PG_TMP/$2.json" \
+        ${MEMORY_BUDGET:+--memory-budget "$MEMORY_BUDGET"} >"$PG_TMP/$2.out" 2>&1 &
     pid=$!
     local i
     for i in $(seq 1 300); do
@@ -82,7 +84,7 @@ finish() {
 backfill() {
     local rows=${ROWS:-1000000} rate=${PROBE_RATE:-500}
     pg_psql >/dev/null <<SQL
-DROP TABLE IF EXISTS big, probe;
+DROP TABLE IF EXISTS big, probe; DROP PUBLICATION IF EXISTS lanestream;
 CREATE TABLE big (id int8 PRIMARY KEY, n int, t text, x numeric, b bool);
 INSERT INTO big SELECT g, g % 1000, md5(g::text), g / 7.0, g % 2 = 0 FROM generate_series(1, $rows) g;
 CREATE TABLE probe (id bigserial PRIMARY KEY, v int);
@@ -102,7 +104,7 @@ SQL
 
 txn() {
     local rows=${TXN_ROWS:-2000000}
-    pg_psql -c "DROP TABLE IF EXISTS big, probe; CREATE TABLE big (id int8 PRIMARY KEY, n int, t text)" >/dev/null
+    pg_psql -c "DROP TABLE IF EXISTS big, probe; DROP PUBLICATION IF EXISTS lanestream; CREATE TABLE big (id int8 PRIMARY KEY, n int, t text)" >/dev/null
     start_pipeline live-only txn
     pg_log "txn: one transaction of $rows inserts to 3 sinks"
     pg_psql -c "INSERT INTO big SELECT g, g % 1000, md5(g::text) FROM generate_series(1, $rows) g" >/dev/null
