@@ -118,3 +118,49 @@ impl Replica {
         }
     }
 }
+
+/// A pipeline with one in-memory sink (`replica`) over `source`, running in a thread until
+/// [`stop`](Running::stop)ped.
+pub struct Running {
+    pub stop: lanestream::pipeline::StopHandle,
+    pub metrics: lanestream::pipeline::MetricsHandle,
+    thread: std::thread::JoinHandle<
+        Result<lanestream::pipeline::PipelineReport, lanestream::pipeline::PipelineError>,
+    >,
+}
+
+impl Running {
+    pub fn start(source: LiveSource, sink: &MemorySink, joiners: Joiners) -> Running {
+        let stream = MemoryStream::builder().sinks(["replica"]).build().expect("stream");
+        let pipeline = Pipeline::new(stream).joiners(joiners).sink("replica", {
+            let sink = sink.clone();
+            move || Ok::<_, std::convert::Infallible>(sink.clone())
+        });
+        let (stop, metrics) = (pipeline.stop_handle(), pipeline.metrics());
+        let thread = std::thread::spawn(move || pipeline.run(&mut source.until(None)));
+        Running { stop, metrics, thread }
+    }
+
+    /// Waits until the sink acked everything committed before `end`, then stops.
+    pub fn stop_at(
+        self,
+        end: Position,
+    ) -> Result<lanestream::pipeline::PipelineReport, lanestream::pipeline::PipelineError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.metrics.snapshot().confirmed.is_none_or(|p| p < end) && !self.thread.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "the pipeline did not catch up with {end}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.stop.stop();
+        self.thread.join().expect("the pipeline thread")
+    }
+}
+
+/// Waits (up to `within`) until `done`.
+pub fn eventually(what: &str, within: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
