@@ -131,8 +131,20 @@ pub struct Running {
 
 impl Running {
     pub fn start(source: LiveSource, sink: &MemorySink, joiners: Joiners) -> Running {
-        let stream = MemoryStream::builder().sinks(["replica"]).build().expect("stream");
-        let pipeline = Pipeline::new(stream).joiners(joiners).sink("replica", {
+        Running::paced(source, sink, joiners, false)
+    }
+
+    /// [`start`](Running::start) at the sink's pace: with `paced`, a lane of 4 items and runs
+    /// of one item (a slow sink, [`MemorySink::with_delay`], is then slow per item, and the
+    /// source is read, the backfill served, no faster).
+    pub fn paced(source: LiveSource, sink: &MemorySink, joiners: Joiners, paced: bool) -> Running {
+        let builder = MemoryStream::builder().sinks(["replica"]);
+        let builder = if paced { builder.capacity(4) } else { builder };
+        let mut pipeline = Pipeline::new(builder.build().expect("stream")).joiners(joiners);
+        if paced {
+            pipeline = pipeline.max_run(1);
+        }
+        let pipeline = pipeline.sink("replica", {
             let sink = sink.clone();
             move || Ok::<_, std::convert::Infallible>(sink.clone())
         });
@@ -147,9 +159,14 @@ impl Running {
         end: Position,
     ) -> Result<lanestream::pipeline::PipelineReport, lanestream::pipeline::PipelineError> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut c = super::sql();
         while self.metrics.snapshot().confirmed.is_none_or(|p| p < end) && !self.thread.is_finished() {
             assert!(std::time::Instant::now() < deadline, "the pipeline did not catch up with {end}");
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            // A heartbeat (WAL the stream sends): the server then says it sent everything
+            // before it, without waiting for its next keepalive.
+            c.execute("SELECT pg_logical_emit_message(false, 'lanestream_heartbeat', '')", &[])
+                .expect("heartbeat");
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         self.stop.stop();
         self.thread.join().expect("the pipeline thread")
@@ -163,4 +180,9 @@ pub fn eventually(what: &str, within: std::time::Duration, mut done: impl FnMut(
         assert!(std::time::Instant::now() < deadline, "{what}: not within {within:?}");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+}
+
+/// Whether `sink` got a backfill's `SnapshotComplete`.
+pub fn complete(sink: &MemorySink) -> bool {
+    sink.applied().iter().any(|i| matches!(i, LaneItem::SnapshotComplete { .. }))
 }
