@@ -157,3 +157,29 @@ pub fn compare<V: PartialEq>(
     let extra = held.keys().filter(|k| !expected.contains_key(*k)).count();
     (missing, wrong, extra)
 }
+
+/// Sets a server setting (ALTER SYSTEM, reload) until dropped, waiting until a new session sees it.
+pub struct Setting(&'static str);
+
+impl Setting {
+    pub fn set(name: &'static str, value: &str) -> Setting {
+        let mut c = sql();
+        c.batch_execute(&format!("ALTER SYSTEM SET {name} = '{value}'")).expect("set");
+        c.batch_execute("SELECT pg_reload_conf()").expect("reload");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sql().query_one(&format!("SHOW {name}"), &[]).expect("SHOW").get::<_, String>(0) != value {
+            assert!(Instant::now() < deadline, "the server did not reload {name}");
+            thread::sleep(Duration::from_millis(20));
+        }
+        Setting(name)
+    }
+}
+
+impl Drop for Setting {
+    fn drop(&mut self) {
+        let mut c = sql();
+        let _ = c.batch_execute(&format!("ALTER SYSTEM RESET {}", self.0));
+        let _ = c.batch_execute("SELECT pg_reload_conf()");
+        thread::sleep(Duration::from_millis(200));
+    }
+}
