@@ -151,10 +151,11 @@ impl LiveSource {
         if !batch.envelopes.iter().any(wanted) {
             return Ok(batch);
         }
-        // PostgreSQL sends a transaction once its commit record is flushed, a moment before
-        // other sessions see it: read its rows only once it is visible, or a row it moved to a
-        // new key looks gone (and would go out as a delete).
-        if let (Some(xid), Some(_)) = (self.open_xid, batch.position) {
+        // PostgreSQL sends a transaction (with the protocol version 1 the source asks for: whole,
+        // its chunks too) once its commit record is flushed, a moment before other sessions see
+        // it: read its rows only once it is visible, or a row it moved to a new key looks gone
+        // (and would go out as a delete).
+        if let Some(xid) = self.open_xid {
             self.wait_visible(xid)?;
         }
         // The plans of unheld tables that are not being backfilled, looked up once.
