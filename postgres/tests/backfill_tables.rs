@@ -459,3 +459,57 @@ fn key_changes_of_a_chunked_transaction_streamed_before_it_is_visible_keep_their
     let (held, expected) = move_while_invisible(1961..=2000, Some(8));
     assert_eq!(compare(&held, &expected), (0, 0, 0), "(missing, wrong, extra) of {} rows", expected.len());
 }
+
+/// The backfill's reader and the source's second connection terminated again and again
+/// (`pg_terminate_backend`) while a table is backfilled and written: each reconnects within its
+/// budget and retries what it was doing (a chunk read, a fill, the lag), the pipeline never
+/// stops, and the sink ends equal to the table.
+#[test]
+fn a_backfill_whose_connections_are_terminated_reconnects_and_ends_equal_to_the_table() {
+    let Some(_server) = serial() else { return };
+    let mut c = sql();
+    drop_slot("bt_killed");
+    c.batch_execute(
+        "DROP TABLE IF EXISTS bt_killed; CREATE TABLE bt_killed (id int PRIMARY KEY, big text, v int);
+         ALTER TABLE bt_killed ALTER COLUMN big SET STORAGE EXTERNAL;
+         INSERT INTO bt_killed SELECT g, repeat(md5(g::text), 100), g FROM generate_series(1, 4000) g;
+         DROP PUBLICATION IF EXISTS bt_killed_pub; CREATE PUBLICATION bt_killed_pub FOR TABLE bt_killed;",
+    )
+    .expect("set-up");
+    let mut config = live_config(&url(), "bt_killed", "bt_killed_pub");
+    config.backfill_chunk_rows = 50;
+    let sink = MemorySink::new().with_delay(Duration::from_millis(2));
+    let running = Running::start(LiveSource::connect(config).expect("source"), &sink, Joiners::Backfill);
+    eventually("the backfill started", Duration::from_secs(20), || {
+        envelopes(&sink.applied()).iter().any(|e| e.position.is_none())
+    });
+    let mut terminated = 0;
+    for round in 0..30 {
+        if complete(&sink) || running.finished() {
+            break;
+        }
+        terminated += c
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = 'lanestream side' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .expect("terminate")
+            .get::<_, i64>(0);
+        // Partial updates (filled on the second connection) and moves, between the kills.
+        let id = 4000 - round * 37;
+        c.batch_execute(&format!(
+            "UPDATE bt_killed SET v = -v WHERE id = {id}; UPDATE bt_killed SET id = -id WHERE id = {}",
+            id - 1
+        ))
+        .expect("changes");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    eventually("the backfill completed", Duration::from_secs(30), || complete(&sink) || running.finished());
+    running.stop_at(wal(&mut c)).expect("the pipeline never stops");
+    assert!(terminated >= 4, "connections terminated during the backfill: {terminated}");
+    let replica = Replica::apply(&sink.applied());
+    let expected: Rows = pg_server::rows(&mut c, "bt_killed", "*", "");
+    assert_eq!((replica.unknown, compare(&replica.rows["public_bt_killed"], &expected)), (0, (0, 0, 0)));
+    drop_slot("bt_killed");
+}

@@ -153,6 +153,11 @@ impl Running {
         Running { stop, metrics, thread }
     }
 
+    /// Whether the pipeline ended (with an error: nothing stopped it).
+    pub fn finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
     /// Waits until the sink acked everything committed before `end`, then stops.
     pub fn stop_at(
         self,
