@@ -5,184 +5,34 @@
 //! `lanestream_postgres::pipeline` (*Applying changes*; [`Replica`] below) and compares the
 //! result with the table, row by row and value by value, under `REPLICA IDENTITY DEFAULT`.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::convert::Infallible;
 use std::time::Duration;
 
 use lanestream::pipeline::MemorySink;
-use lanestream::{BatchKind, Envelope, LaneItem, MemoryStream, Op, Position, Relation};
-use lanestream_postgres::live::{LiveConfig, LiveSource};
+use lanestream::{BatchKind, Envelope, LaneItem, MemoryStream, Op};
+use lanestream_postgres::live::LiveSource;
 use lanestream_postgres::pipeline::{Joiners, Pipeline};
-use postgres::{Client, NoTls};
+use postgres::Client;
 use serde_json::{Map, Value};
 
 mod pg_server;
-
-fn serial() -> MutexGuard<'static, ()> {
-    static SERVER: Mutex<()> = Mutex::new(());
-    SERVER.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-macro_rules! server {
-    ($test:literal) => {
-        match pg_server::temp::url_or_skip($test) {
-            Some(url) => url,
-            None => return,
-        }
-    };
-}
-
-fn sql(url: &str) -> Client {
-    Client::connect(url, NoTls).expect("connect")
-}
-
-fn wal(c: &mut Client) -> Position {
-    Position::from_lsn(
-        &c.query_one("SELECT pg_current_wal_lsn()::text", &[]).expect("lsn").get::<_, String>(0),
-    )
-    .expect("an LSN")
-}
+use pg_server::replica::{envelopes, run_to as run, Replica};
+use pg_server::{compare, drop_slot_on, live_config, serial, sql, url, wal};
 
 /// Sets up `table` (created by `ddl`) in publication `{name}_pub` on slot `{name}_slot` (both
 /// made anew) and returns a source on it.
 fn source(url: &str, c: &mut Client, name: &str, ddl: &str) -> LiveSource {
     let slot = format!("{name}_slot");
-    let _ = c.execute("SELECT pg_drop_replication_slot($1::text)", &[&slot]);
+    drop_slot_on(c, &slot);
     c.batch_execute(&format!("DROP PUBLICATION IF EXISTS {name}_pub; {ddl}")).expect("set-up");
-    let mut config = LiveConfig::new(url, &slot);
-    config.create_slot = true;
-    config.publication = format!("{name}_pub");
-    config.slot_wait = Duration::from_secs(5);
-    config.status_interval = Duration::from_millis(100);
+    let mut config = live_config(url, &slot, &format!("{name}_pub"));
     config.backfill_chunk_rows = 100;
     LiveSource::connect(config).expect("source")
 }
 
-/// Runs a pipeline with one new in-memory sink until everything committed before `end` is
-/// acked; returns what the sink applied. `joiners`: whether the sink gets the tables' rows as a
-/// backfill first ([`Joiners::Backfill`]) or only the changes ([`Joiners::LiveOnly`], so that a
-/// check sees what the changes alone give).
-fn run(source: LiveSource, sink: &MemorySink, end: Position, joiners: Joiners) -> Vec<LaneItem> {
-    let stream = MemoryStream::builder().sinks(["replica"]).build().expect("stream");
-    Pipeline::new(stream)
-        .joiners(joiners)
-        .sink("replica", {
-            let sink = sink.clone();
-            move || Ok::<_, std::convert::Infallible>(sink.clone())
-        })
-        .run(&mut source.until(Some(end)))
-        .expect("the pipeline runs");
-    sink.applied().clone()
-}
-
-fn envelopes(items: &[LaneItem]) -> Vec<&Envelope> {
-    items
-        .iter()
-        .filter_map(|i| match i {
-            LaneItem::Batch(b) => Some(b.envelopes.iter()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
-}
-
-/// A sink following the documented rules: index → id → row; the last shape per relation id.
-#[derive(Default)]
-struct Replica {
-    rows: BTreeMap<String, BTreeMap<String, Map<String, Value>>>,
-    shapes: BTreeMap<u32, Arc<Relation>>,
-    /// Partial updates whose unchanged values the replica did not hold.
-    unknown: usize,
-}
-
-impl Replica {
-    fn apply(items: &[LaneItem]) -> Replica {
-        let mut r = Replica::default();
-        for e in envelopes(items) {
-            r.change(e);
-        }
-        r
-    }
-
-    fn change(&mut self, e: &Envelope) {
-        if let Some(rel) = &e.relation {
-            self.shape(e.index.as_str(), rel);
-        }
-        let rows = self.rows.entry(e.index.as_str().to_owned()).or_default();
-        match e.op {
-            Op::Upsert => {
-                // Rule 1: replace, keeping the unchanged columns from the row held at `old_id`
-                // (a key change) or `id`.
-                let held = rows.get(e.old_id.as_ref().unwrap_or(&e.id));
-                let mut row = Map::new();
-                for col in &e.unchanged {
-                    match held.and_then(|h| h.get(col)) {
-                        Some(v) => {
-                            row.insert(col.clone(), v.clone());
-                        }
-                        None => self.unknown += 1,
-                    }
-                }
-                let doc: Map<String, Value> = serde_json::from_slice(&e.document).expect("a JSON object");
-                row.extend(doc);
-                rows.insert(e.id.clone(), row);
-            }
-            Op::Delete => {
-                rows.remove(&e.id);
-            }
-            _ => rows.clear(),
-        }
-    }
-
-    /// Rule 3: a shape that differs from the last of its relation is DDL: renamed columns keep
-    /// their position, columns gone are dropped, new ones added (NULL).
-    fn shape(&mut self, index: &str, rel: &Arc<Relation>) {
-        let Some(old) = self.shapes.insert(rel.id, rel.clone()) else { return };
-        if *old == **rel {
-            return;
-        }
-        let (old_names, new_names): (Vec<&str>, Vec<&str>) = (
-            old.columns.iter().map(|c| c.name.as_str()).collect(),
-            rel.columns.iter().map(|c| c.name.as_str()).collect(),
-        );
-        let renames: Vec<(&str, &str)> = old_names
-            .iter()
-            .zip(&new_names)
-            .filter(|(o, n)| !new_names.contains(o) && !old_names.contains(n))
-            .map(|(o, n)| (*o, *n))
-            .collect();
-        for row in self.rows.entry(index.to_owned()).or_default().values_mut() {
-            for (from, to) in &renames {
-                if let Some(v) = row.remove(*from) {
-                    row.insert((*to).to_owned(), v);
-                }
-            }
-            row.retain(|k, _| new_names.contains(&k.as_str()));
-            for name in &new_names {
-                row.entry((*name).to_owned()).or_insert(Value::Null);
-            }
-        }
-    }
-}
-
 /// The table's rows as JSON (`row_to_json`), by `id` as text.
-fn table(c: &mut Client, table: &str) -> BTreeMap<String, Map<String, Value>> {
-    c.query(&format!("SELECT id::text, row_to_json(t)::text FROM {table} t"), &[])
-        .expect("the table")
-        .iter()
-        .map(|r| (r.get::<_, String>(0), serde_json::from_str(&r.get::<_, String>(1)).expect("JSON")))
-        .collect()
-}
-
-/// (missing, wrong, extra) rows of `held` against `expected`.
-fn compare(
-    held: &BTreeMap<String, Map<String, Value>>,
-    expected: &BTreeMap<String, Map<String, Value>>,
-) -> (usize, usize, usize) {
-    let missing = expected.keys().filter(|k| !held.contains_key(*k)).count();
-    let wrong = expected.iter().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v)).count();
-    let extra = held.keys().filter(|k| !expected.contains_key(*k)).count();
-    (missing, wrong, extra)
+fn table(c: &mut Client, table: &str) -> std::collections::BTreeMap<String, Map<String, Value>> {
+    pg_server::rows(c, table, "*", "")
 }
 
 /// A TOASTed value (stored out of line: > 2 kB, `STORAGE EXTERNAL`).
@@ -201,9 +51,9 @@ fn toast_table(name: &str) -> String {
 /// envelope said nothing: a sink that replaced rows lost the value (every updated row wrong).
 #[test]
 fn p5_a_partial_update_names_its_unchanged_toast_column_and_the_rules_keep_it() {
-    let url = server!("p5_a_partial_update_names_its_unchanged_toast_column_and_the_rules_keep_it");
-    let _serial = serial();
-    let mut c = sql(&url);
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql();
     let source = source(&url, &mut c, "p5_partial", &toast_table("p5_partial"));
     c.batch_execute(&format!(
         "INSERT INTO p5_partial SELECT g, {BIG}, g FROM generate_series(1, 50) g;
@@ -236,9 +86,9 @@ fn p5_a_partial_update_names_its_unchanged_toast_column_and_the_rules_keep_it() 
 /// new row reached the sink without its value (the SQLite replica's 4 wrong rows).
 #[test]
 fn p5_a_key_change_keeps_the_unchanged_toast_value() {
-    let url = server!("p5_a_key_change_keeps_the_unchanged_toast_value");
-    let _serial = serial();
-    let mut c = sql(&url);
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql();
     let source = source(&url, &mut c, "p5_key", &toast_table("p5_key"));
     c.batch_execute(&format!(
         "INSERT INTO p5_key SELECT g, {BIG}, g FROM generate_series(1, 20) g;
@@ -275,9 +125,9 @@ fn p5_a_key_change_keeps_the_unchanged_toast_value() {
 /// ends equal to the table.
 #[test]
 fn p5_ddl_after_partial_updates_ends_equal_to_the_table() {
-    let url = server!("p5_ddl_after_partial_updates_ends_equal_to_the_table");
-    let _serial = serial();
-    let mut c = sql(&url);
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql();
     let source = source(&url, &mut c, "p5_ddl", &toast_table("p5_ddl"));
     c.batch_execute(&format!(
         "INSERT INTO p5_ddl SELECT g, {BIG}, g FROM generate_series(1, 30) g;
@@ -327,9 +177,9 @@ fn p5_ddl_after_partial_updates_ends_equal_to_the_table() {
 /// order, and the key's values as the document's values; the live stream and the backfill alike.
 #[test]
 fn p6_a_change_carries_its_table_columns_types_and_typed_key() {
-    let url = server!("p6_a_change_carries_its_table_columns_types_and_typed_key");
-    let _serial = serial();
-    let mut c = sql(&url);
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql();
     let ddl = "DROP TABLE IF EXISTS \"P6 Mixed\".\"Stock Items\"; DROP SCHEMA IF EXISTS \"P6 Mixed\";
          DROP TYPE IF EXISTS p6_mood; CREATE TYPE p6_mood AS ENUM ('sad', 'happy');
          CREATE SCHEMA \"P6 Mixed\";
@@ -393,9 +243,9 @@ fn p6_a_change_carries_its_table_columns_types_and_typed_key() {
 /// relation id under its new name.
 #[test]
 fn p6_a_new_shape_reaches_the_sink_in_order_and_a_renamed_table_keeps_its_id() {
-    let url = server!("p6_a_new_shape_reaches_the_sink_in_order_and_a_renamed_table_keeps_its_id");
-    let _serial = serial();
-    let mut c = sql(&url);
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql();
     let ddl = "DROP TABLE IF EXISTS p6_shape; DROP TABLE IF EXISTS p6_shape_renamed;
          CREATE TABLE p6_shape (id int PRIMARY KEY, a text);
          CREATE PUBLICATION p6_shape_pub FOR TABLE p6_shape;";
@@ -406,7 +256,7 @@ fn p6_a_new_shape_reaches_the_sink_in_order_and_a_renamed_table_keeps_its_id() {
     let stream = MemoryStream::builder().sinks(["replica"]).build().expect("stream");
     let pipeline = Pipeline::new(stream).joiners(Joiners::LiveOnly).sink("replica", {
         let sink = sink.clone();
-        move || Ok::<_, std::convert::Infallible>(sink.clone())
+        move || Ok::<_, Infallible>(sink.clone())
     });
     let stop = pipeline.stop_handle();
     let running = std::thread::spawn(move || pipeline.run(&mut source.until(None)));
@@ -466,9 +316,9 @@ fn p6_a_new_shape_reaches_the_sink_in_order_and_a_renamed_table_keeps_its_id() {
 /// update of a row it did not hold (its value unknown) and the row never came: rows missing.
 #[test]
 fn p5_partial_updates_during_their_tables_backfill_go_out_whole() {
-    let url = server!("p5_partial_updates_during_their_tables_backfill_go_out_whole");
-    let _serial = serial();
-    let mut c = sql(&url);
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql();
     // The rows are there before the slot: the sink gets them only from the backfill.
     let ddl = format!(
         "{} INSERT INTO p5_overlap SELECT g, {BIG}, g FROM generate_series(1, 3000) g;",
@@ -479,7 +329,7 @@ fn p5_partial_updates_during_their_tables_backfill_go_out_whole() {
     let stream = MemoryStream::builder().sinks(["replica"]).build().expect("stream");
     let pipeline = Pipeline::new(stream).sink("replica", {
         let sink = sink.clone();
-        move || Ok::<_, std::convert::Infallible>(sink.clone())
+        move || Ok::<_, Infallible>(sink.clone())
     });
     let (stop, metrics) = (pipeline.stop_handle(), pipeline.metrics());
     let running = std::thread::spawn(move || {

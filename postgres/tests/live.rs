@@ -20,7 +20,7 @@ use postgres::{Client, NoTls};
 
 mod pg_server;
 use lanestream_postgres::pipeline::{Source, SourceItem};
-use pg_server::{bin, config, drop_slot, restart_command, serial, sql, url, wrong_password_url};
+use pg_server::{bin, config, drop_slot, restart_command, serial, sql, url, wrong_password_url, Setting};
 
 /// The batches the stream brings until it has been quiet for 500 ms (and at least `want`
 /// positioned ones, waiting up to 20 s for them), confirming nothing; the idle source's empty
@@ -447,32 +447,6 @@ fn p9_nan_and_infinite_keys_give_one_id_each_never_null() {
     assert_eq!(ids_of(&batches, "public_t_nan"), ["NaN", "Infinity", "-Infinity"]);
     drop(source);
     drop_slot("t_nan");
-}
-
-/// Sets a server setting (ALTER SYSTEM, reload) until dropped, waiting until a new session sees it.
-struct Setting(&'static str);
-
-impl Setting {
-    fn set(name: &'static str, value: &str) -> Setting {
-        let mut c = sql();
-        c.batch_execute(&format!("ALTER SYSTEM SET {name} = '{value}'")).expect("set");
-        c.batch_execute("SELECT pg_reload_conf()").expect("reload");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while sql().query_one(&format!("SHOW {name}"), &[]).expect("SHOW").get::<_, String>(0) != value {
-            assert!(Instant::now() < deadline, "the server did not reload {name}");
-            thread::sleep(Duration::from_millis(20));
-        }
-        Setting(name)
-    }
-}
-
-impl Drop for Setting {
-    fn drop(&mut self) {
-        let mut c = sql();
-        let _ = c.batch_execute(&format!("ALTER SYSTEM RESET {}", self.0));
-        let _ = c.batch_execute("SELECT pg_reload_conf()");
-        thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn slot_state(c: &mut Client, slot: &str) -> (String, Option<Position>) {

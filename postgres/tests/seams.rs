@@ -4,72 +4,17 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lanestream::{IndexName, MemoryStream, Position};
-use lanestream_postgres::live::{LiveConfig, LiveError, LiveSource};
+use lanestream_postgres::live::{LiveError, LiveSource};
 use lanestream_postgres::ndjson::DurableNdjson;
 use lanestream_postgres::pipeline::{Joiners, Pipeline, PipelineError, PipelineReport, Source};
-use postgres::{Client, NoTls};
+use postgres::Client;
 use serde_json::Value;
 
 mod pg_server;
-
-/// One test at a time: they share the server, and some change its settings.
-fn serial() -> MutexGuard<'static, ()> {
-    static SERVER: Mutex<()> = Mutex::new(());
-    SERVER.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The server's connection string, or `None` (the test then says SKIPPED and returns).
-macro_rules! server {
-    ($test:literal) => {
-        match pg_server::temp::url_or_skip($test) {
-            Some(url) => url,
-            None => return,
-        }
-    };
-}
-
-fn sql(url: &str) -> Client {
-    Client::connect(url, NoTls).expect("connect")
-}
-
-fn config(url: &str, slot: &str, publication: &str) -> LiveConfig {
-    let mut c = LiveConfig::new(url, slot);
-    c.create_slot = true;
-    c.publication = publication.into();
-    c.slot_wait = Duration::from_secs(5);
-    c.status_interval = Duration::from_millis(100);
-    c.backfill_chunk_rows = 200;
-    c
-}
-
-/// Drops `slot`, waiting (up to 10 s) for a walsender that still holds it to let go (a source
-/// just dropped ends its stream a moment later).
-fn drop_slot(c: &mut Client, slot: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let left: i64 = c
-            .query_one("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1::text", &[&slot])
-            .expect("slots")
-            .get(0);
-        if left == 0 {
-            return;
-        }
-        let dropped = c.execute("SELECT pg_drop_replication_slot($1::text)", &[&slot]).is_ok();
-        assert!(dropped || std::time::Instant::now() < deadline, "slot {slot} was not let go in 10 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn wal(c: &mut Client) -> Position {
-    Position::from_lsn(
-        &c.query_one("SELECT pg_current_wal_lsn()::text", &[]).expect("lsn").get::<_, String>(0),
-    )
-    .expect("an LSN")
-}
+use pg_server::{compare, drop_slot_on as drop_slot, live_config as config, serial, sql_at as sql, url, wal};
 
 /// A pipeline of durable NDJSON sinks in `dir` over the slot, run until everything committed
 /// before `end` is published and acked (and the backfills asked meanwhile are served).
@@ -116,22 +61,7 @@ fn replay(dir: &Path, sink: &str) -> BTreeMap<String, BTreeMap<String, Value>> {
 
 /// A table's rows as the sinks should hold them: id (its `id` column as text) → the row as JSON.
 fn table(c: &mut Client, table: &str, columns: &str, filter: &str) -> BTreeMap<String, Value> {
-    c.query(
-        &format!("SELECT id::text, row_to_json(x)::text FROM (SELECT {columns} FROM {table} {filter}) x"),
-        &[],
-    )
-    .expect("the table")
-    .iter()
-    .map(|r| (r.get::<_, String>(0), serde_json::from_str(&r.get::<_, String>(1)).expect("JSON")))
-    .collect()
-}
-
-/// Each sink's index `index` against `expected`: (missing, wrong, extra) rows.
-fn compare(held: &BTreeMap<String, Value>, expected: &BTreeMap<String, Value>) -> (usize, usize, usize) {
-    let missing = expected.keys().filter(|k| !held.contains_key(*k)).count();
-    let wrong = expected.iter().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v)).count();
-    let extra = held.keys().filter(|k| !expected.contains_key(*k)).count();
-    (missing, wrong, extra)
+    pg_server::rows(c, table, columns, filter)
 }
 
 fn assert_equal(dir: &Path, sinks: &[&str], index: &str, expected: &BTreeMap<String, Value>) {
@@ -151,8 +81,8 @@ fn assert_equal(dir: &Path, sinks: &[&str], index: &str, expected: &BTreeMap<Str
 /// backfilled beside the stream, and holds every row; `Joiners::Refuse` names it instead.
 #[test]
 fn p2_a_sink_added_to_a_pipeline_with_history_gets_that_history() {
-    let url = server!("p2_a_sink_added_to_a_pipeline_with_history_gets_that_history");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     drop_slot(&mut c, "s_p2");
     c.batch_execute(
@@ -193,8 +123,8 @@ fn p2_a_sink_added_to_a_pipeline_with_history_gets_that_history() {
 /// reached the sinks (100 of 150 rows).
 #[test]
 fn p2_a_table_that_joins_the_publication_is_backfilled() {
-    let url = server!("p2_a_table_that_joins_the_publication_is_backfilled");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     drop_slot(&mut c, "s_p2t");
     c.batch_execute(
@@ -262,8 +192,8 @@ fn p2_a_table_that_joins_the_publication_is_backfilled() {
 /// user lost the row).
 #[test]
 fn p1_a_slot_that_resumes_past_a_sinks_state_is_refused_by_the_pipeline() {
-    let url = server!("p1_a_slot_that_resumes_past_a_sinks_state_is_refused_by_the_pipeline");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     drop_slot(&mut c, "s_p1");
     c.batch_execute(
@@ -311,8 +241,8 @@ fn p1_a_slot_that_resumes_past_a_sinks_state_is_refused_by_the_pipeline() {
 /// nothing asked again (40,791 of 85,073 rows missing in the run).
 #[test]
 fn p3_a_backfill_is_owed_durably_before_it_is_asked_and_asked_again_after_a_restart() {
-    let url = server!("p3_a_backfill_is_owed_durably_before_it_is_asked_and_asked_again_after_a_restart");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     drop_slot(&mut c, "s_p3");
     c.batch_execute(
@@ -361,8 +291,8 @@ fn p3_a_backfill_is_owed_durably_before_it_is_asked_and_asked_again_after_a_rest
 /// updates: the filter here is on the key.)
 #[test]
 fn p4_a_backfill_follows_the_publications_column_list_and_row_filter() {
-    let url = server!("p4_a_backfill_follows_the_publications_column_list_and_row_filter");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     drop_slot(&mut c, "s_p4");
     c.batch_execute(
@@ -405,8 +335,8 @@ fn p4_a_backfill_follows_the_publications_column_list_and_row_filter() {
 /// and PostgreSQL then refused the UPDATE.
 #[test]
 fn p9_a_publication_is_never_created_over_a_table_without_a_replica_identity() {
-    let url = server!("p9_a_publication_is_never_created_over_a_table_without_a_replica_identity");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     // The other tests' tables stay: this test's database is another one.
     c.batch_execute("DROP DATABASE IF EXISTS p9_db WITH (FORCE)").expect("drop");
@@ -446,8 +376,8 @@ fn p9_a_publication_is_never_created_over_a_table_without_a_replica_identity() {
 /// in a backfill; before, the pipeline stopped for good on "key column is null".
 #[test]
 fn p9_nan_and_infinite_keys_are_distinct_in_the_stream_and_the_backfill() {
-    let url = server!("p9_nan_and_infinite_keys_are_distinct_in_the_stream_and_the_backfill");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     drop_slot(&mut c, "s_p9n");
     c.batch_execute(
@@ -478,8 +408,8 @@ fn p9_nan_and_infinite_keys_are_distinct_in_the_stream_and_the_backfill() {
 /// an administrator terminated.
 #[test]
 fn a_slot_invalidated_while_attached_is_reported_as_invalidated() {
-    let url = server!("a_slot_invalidated_while_attached_is_reported_as_invalidated");
-    let _serial = serial();
+    let Some(_server) = serial() else { return };
+    let url = url();
     let mut c = sql(&url);
     drop_slot(&mut c, "s_inv");
     c.batch_execute(

@@ -170,6 +170,13 @@ impl LiveSource {
         if !batch.envelopes.iter().any(wanted) {
             return Ok(batch);
         }
+        // PostgreSQL sends a transaction (with the protocol version 1 the source asks for: whole,
+        // its chunks too) once its commit record is flushed, a moment before other sessions see
+        // it: read its rows only once it is visible, or a row it moved to a new key looks gone
+        // (and would go out as a delete).
+        if let Some(xid) = self.open_xid {
+            self.wait_visible(xid)?;
+        }
         // The plans of unheld tables that are not being backfilled, looked up once.
         let mut missing: Vec<lanestream::IndexName> = batch
             .envelopes
@@ -249,6 +256,24 @@ impl LiveSource {
         }
         self.metrics.partial_filled += filled;
         Ok(Batch { envelopes: envelopes.into(), ..batch })
+    }
+
+    /// Waits (up to [`SIDE_RETRY_BUDGET`](super::SIDE_RETRY_BUDGET)) until the committed
+    /// transaction `xid` is visible to a new snapshot of the second connection.
+    fn wait_visible(&mut self, xid: u32) -> Result<(), LiveError> {
+        let deadline = Instant::now() + super::SIDE_RETRY_BUDGET;
+        loop {
+            let snapshot: String = self.side()?.run(
+                super::SIDE_RETRY_BUDGET,
+                || "reading the current snapshot".into(),
+                |c| c.query_one("SELECT pg_current_snapshot()::text", &[]).map(|r| r.get(0)),
+            )?;
+            let visible = crate::backfill::XidSnapshot::parse(&snapshot).is_none_or(|s| s.visible(xid));
+            if visible || Instant::now() >= deadline {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
