@@ -7,8 +7,13 @@
 //!
 //! # Which table, which key
 //! An index is the live reader's `schema_table` name ([`index_name`]) of a table of the
-//! source's publication (`pg_publication_tables`); a name no published table has, or that two
-//! tables share after normalisation, is refused ([`LiveError::BackfillRefused`]). Rows are read
+//! source's publication (`pg_publication_tables`); a name that two tables share after
+//! normalisation is refused ([`LiveError::BackfillRefused`]). A name no published table has (any
+//! more: its table dropped, renamed or removed from the publication since a sink came to owe it)
+//! has nothing to backfill: it is left out of the request, whose `SnapshotComplete` still names
+//! it, so the sink stops owing it (a renamed table's new name is backfilled as a table of its
+//! own). A caller's explicit backfill of a name the source does not have is refused at start by
+//! the [`Pipeline`](crate::pipeline::Pipeline). Rows are read
 //! in the order of the table's **key index** — its replica identity index under `REPLICA
 //! IDENTITY USING INDEX`, else its primary key — and their ids are built from the same columns
 //! the live stream keys that table's changes by (in column order, the reader's one id encoding:

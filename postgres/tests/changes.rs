@@ -383,4 +383,3 @@ fn p5_partial_updates_during_their_tables_backfill_go_out_whole() {
     );
     assert!(live.partial_filled > 0, "some updates were filled in: {live:?}");
 }
-

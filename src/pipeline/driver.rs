@@ -159,7 +159,8 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
     /// the live stream): owed durably in each sink's state before it is asked, so that a crash
     /// asks again, after the last row applied. An index already owed is not asked twice; one
     /// the sink holds is backfilled again (pass it once: a later start with the same call
-    /// backfills it once more).
+    /// backfills it once more). An index the source does not have (by
+    /// [`SourceStart`]'s list, when the source gives one) is refused at start.
     pub fn backfill(mut self, indexes: impl IntoIterator<Item = IndexName>) -> Self {
         for index in indexes {
             if !self.backfills.contains(&index) {
@@ -495,6 +496,22 @@ fn start_up<Src: Source, St: Stream>(
     for name in &names {
         if !stream.sinks().contains(name) {
             return Err(PipelineError::Stream(format!("sink {name}: the stream has no lane of this name")));
+        }
+    }
+    // An explicit backfill of an index the source does not have is a mistake of the caller's:
+    // refused here, before anything is owed (an owed backfill of an index the source no longer
+    // has, its table dropped or renamed since, is the source's to complete with nothing).
+    if let Some(known) = &start.indexes {
+        if let Some(unknown) = backfills.iter().find(|i| !known.contains(i)) {
+            return Err(PipelineError::Source(
+                format!(
+                    "Pipeline::backfill names index {unknown}, which the source does not have (it has {} indexes{}): \
+                     name one of its indexes",
+                    known.len(),
+                    known.first().map(|i| format!(", e.g. {i}")).unwrap_or_default()
+                )
+                .into(),
+            ));
         }
     }
     let mut plans = Vec::with_capacity(sinks.len());

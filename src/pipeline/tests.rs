@@ -1065,3 +1065,26 @@ fn a_sink_named_for_no_lane_of_the_stream_is_refused_before_anything_starts() {
     assert!(typo.applied().is_empty() && typo.committed().is_none());
     assert_eq!(published(&stream, "search"), (0, None), "nothing was published");
 }
+
+/// `Pipeline::backfill` of an index the source does not have (by its `SourceStart` list) is
+/// refused at start, naming the index, before anything is owed: a typo must not be completed as
+/// "nothing to backfill" (which a source does for an owed index whose table went away).
+#[test]
+fn p2_an_explicit_backfill_of_an_index_the_source_does_not_have_is_refused_at_start() {
+    let stream = MemoryStream::builder().sinks(["a"]).build().unwrap();
+    let a = MemorySink::default();
+    let pipeline = Pipeline::new(stream)
+        .tick(Duration::from_millis(2))
+        .backfill([IndexName::new("public_typo").unwrap()])
+        .sink("a", {
+            let a = a.clone();
+            move || Ok::<_, std::convert::Infallible>(a.clone())
+        });
+    let confirmed = Arc::new(Mutex::new(None));
+    let mut source = Replaying::resume(&[txn(10)], &confirmed, Halt::Never);
+    source.indexes = Some(vec![IndexName::new("public_t").unwrap()]);
+    let e = pipeline.run(&mut source).expect_err("refused").to_string();
+    assert!(e.contains("public_typo") && e.contains("Pipeline::backfill"), "{e}");
+    assert!(source.requests.lock().unwrap().is_empty(), "nothing asked");
+    assert!(a.committed().as_ref().is_none_or(|s| s.owed.is_empty()), "nothing owed: {:?}", a.committed());
+}

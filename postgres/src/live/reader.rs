@@ -23,11 +23,15 @@ impl LiveSource {
     /// Starts serving a backfill request (see [`crate::backfill`]): its indexes' tables are
     /// found in the publication and checked now; their chunks then come out of
     /// [`next`](crate::pipeline::Source::next) as [`SourceItem::Snapshot`], interleaved with the changes,
-    /// then the request's `SnapshotComplete`. Requests are served one after the other.
+    /// then the request's `SnapshotComplete`. Requests are served one after the other. An index
+    /// no table of the publication has (any more: its table dropped, renamed or removed from the
+    /// publication since the backfill was owed) has nothing to backfill: it is left out, and the
+    /// `SnapshotComplete` still names it, so a sink's state stops owing it.
     ///
     /// # Errors
-    /// [`LiveError::BackfillRefused`] for a request that can never be served (the request is not
-    /// queued: ack it unanswered); [`LiveError::Side`] / [`LiveError::Db`] from the catalog
+    /// [`LiveError::BackfillRefused`] for a request that can never be served (a table without a
+    /// key, an `after` id that does not fit the key; the request is not queued: ack it
+    /// unanswered); [`LiveError::Side`] / [`LiveError::Db`] from the catalog
     /// look-up.
     pub(super) fn serve_backfill(&mut self, request: Request) -> Result<(), LiveError> {
         let Request::Backfill { sink, indexes, after } = request else {
@@ -37,8 +41,9 @@ impl LiveSource {
             });
         };
         let publication = self.config.publication.clone();
+        let published = self.published_indexes()?;
         let mut plans = Vec::with_capacity(indexes.len());
-        for index in &indexes {
+        for index in indexes.iter().filter(|i| published.contains(i)) {
             let plan = self.side()?.run(
                 SIDE_RETRY_BUDGET,
                 || format!("finding the table of index {index}"),
@@ -48,10 +53,14 @@ impl LiveSource {
                 .map_err(|reason| LiveError::BackfillRefused { index: index.as_str().to_owned(), reason })?;
             plans.push(plan);
         }
+        // `after` resumes the request's first index (left out when it is gone).
         let cursor = match (after, plans.first()) {
-            (Some(id), Some(first)) => Some(first.cursor_of_id(&id).map_err(|reason| {
-                LiveError::BackfillRefused { index: first.index.as_str().to_owned(), reason }
-            })?),
+            (Some(id), Some(first)) if Some(&first.index) == indexes.first() => {
+                Some(first.cursor_of_id(&id).map_err(|reason| LiveError::BackfillRefused {
+                    index: first.index.as_str().to_owned(),
+                    reason,
+                })?)
+            }
             _ => None,
         };
         self.backfiller.push(sink, indexes, plans, cursor);

@@ -534,7 +534,9 @@ mod tests {
     fn an_idle_batch_is_never_handed_over_inside_a_transaction() {
         use super::super::idle_position;
         let (p, second) = (|n: u64| Some(Position(n)), Duration::from_secs(1));
-        let due = |sent, published, open, since: Option<Duration>| idle_position(sent, published, open, since, second);
+        let due = |sent, published, open, since: Option<Duration>| {
+            idle_position(sent, published, open, since, second)
+        };
         assert_eq!(due(p(100), p(50), false, None), p(99));
         assert_eq!(due(p(100), p(50), false, Some(second)), p(99), "an interval since the last");
         assert_eq!(due(p(100), None, false, None), p(99), "nothing handed over yet");

@@ -206,5 +206,6 @@ fn shape_error(text: &str) -> Option<BuildErrorKind> {
         }
     }
     let named = objects(shape.pk?).is_some_and(|keys| keys.iter().all(|k| k.name.is_some_and(is_str)));
-    (!named).then_some(BuildErrorKind::WrongType { field: "pk", expected: "an array of {\"name\":…} objects" })
+    (!named)
+        .then_some(BuildErrorKind::WrongType { field: "pk", expected: "an array of {\"name\":…} objects" })
 }

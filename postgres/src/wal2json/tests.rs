@@ -351,10 +351,16 @@ fn lines_are_read_into_their_fields_as_wal2json_and_other_writers_write_them() {
     let read = parse_line(line).expect("well-formed");
     let columns: Vec<_> = read.columns.iter().flatten().map(|c| (c.name.as_ref(), c.value)).collect();
     assert_eq!(columns, [("a", "1"), ("\u{e9}", "[1, {}]")]);
-    assert_eq!(read.pk.map(|k| k.iter().map(|k| k.name.to_string()).collect::<Vec<_>>()), Some(vec!["a".into()]));
+    assert_eq!(
+        read.pk.map(|k| k.iter().map(|k| k.name.to_string()).collect::<Vec<_>>()),
+        Some(vec!["a".into()])
+    );
     // Scalars kept raw, whitespace around the object and its tokens allowed, null is present.
     let read = parse_line(b" {\"action\" : \"B\" , \"xid\":-0.5E+3, \"lsn\":null}\r\n").expect("well-formed");
-    assert_eq!((read.action, read.xid, read.lsn, read.schema), (Some("\"B\""), Some("-0.5E+3"), Some("null"), None));
+    assert_eq!(
+        (read.action, read.xid, read.lsn, read.schema),
+        (Some("\"B\""), Some("-0.5E+3"), Some("null"), None)
+    );
 }
 
 #[test]
@@ -367,7 +373,10 @@ fn malformed_lines_are_refused_at_the_byte_with_the_reason() {
     assert_eq!(malformed(r#"{"action":"B","action":"C"}"#).1, "duplicate field");
     assert_eq!(malformed(r#"{"action":"I","columns":[{"name":"a","value":01}]}"#).1, "invalid number");
     assert_eq!(malformed(r#"{"action":"\q"}"#).1, "invalid escape");
-    assert_eq!(malformed("{\"action\":\"\u{1}\"}").1, "control character (\\u0000-\\u001F) found while parsing a string");
+    assert_eq!(
+        malformed("{\"action\":\"\u{1}\"}").1,
+        "control character (\\u0000-\\u001F) found while parsing a string"
+    );
     assert_eq!(malformed(r#"{"action":"I","columns":[{"name":"a"#).1, "EOF while parsing a string");
     assert_eq!(malformed(r#"["action"]"#), (0, "expected a JSON object"));
     // Deep nesting is skipped or kept whole without recursing: no stack overflow.
@@ -380,7 +389,8 @@ fn malformed_lines_are_refused_at_the_byte_with_the_reason() {
         assert_eq!(malformed(&value[..value.len() - 4]).1, "EOF while parsing a list");
     }
     // Shallow nesting is a value like any other.
-    assert!(parse_line(format!(r#"{{"action":"B","t":{}1{}}}"#, "[".repeat(64), "]".repeat(64)).as_bytes()).is_ok());
+    assert!(parse_line(format!(r#"{{"action":"B","t":{}1{}}}"#, "[".repeat(64), "]".repeat(64)).as_bytes())
+        .is_ok());
 }
 
 #[test]
