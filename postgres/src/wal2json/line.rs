@@ -16,7 +16,9 @@ pub(super) fn parse_line(line: &[u8]) -> Result<Line<'_>, Wal2JsonErrorKind> {
 
 /// The line as text, if it is UTF-8 and starts like a JSON object.
 pub(super) fn object_text(line: &[u8]) -> Result<&str, Wal2JsonErrorKind> {
-    let text = std::str::from_utf8(line)
+    // simdutf8's fast check; std's names where invalid UTF-8 starts.
+    let text = simdutf8::basic::from_utf8(line)
+        .or_else(|_| std::str::from_utf8(line))
         .map_err(|e| Wal2JsonErrorKind::Malformed { offset: e.valid_up_to(), reason: "not valid UTF-8" })?;
     let start = text.find(|c| !matches!(c, ' ' | '\t' | '\n' | '\r')).unwrap_or(text.len());
     if !text[start..].starts_with('{') {
