@@ -154,14 +154,15 @@ impl LiveSource {
     /// P5 during a backfill: a partial update (unchanged TOASTed values left out) of a table a
     /// local sink may not hold yet — one still to be backfilled, one a sink's state owes or
     /// lacks ([`LiveSource::unheld`], from [`Source::start`](crate::pipeline::Source::start),
-    /// before its request is served), or one that joined while running — may reach a sink that does not hold its row, and the
-    /// backfill then leaves that row out of its chunk (a newer change of it was handed over), or
-    /// has already passed its new key. So its unchanged values are read from the table, by the
-    /// row's key on the second connection, and the update goes out whole. The values read may
-    /// be newer than the update: every later change of the row follows it in the stream, so the
-    /// sink ends equal to the table. A row gone meanwhile (a later change deleted it or moved
-    /// it to another key) goes out as a delete of its id, which that later change agrees with;
-    /// a value that does not convert leaves the update partial.
+    /// before its request is served), or one that joined while running — may reach a sink that
+    /// does not hold its row, and the backfill then leaves that row out of its chunk (a newer
+    /// change of it was handed over), or has already passed its new key. So its unchanged values
+    /// are read from the table, by the row's key on the second connection, once its transaction
+    /// is visible there, and the update goes out whole. The values read may be newer than the
+    /// update: every later change of the row follows it in the stream, so the sink ends equal to
+    /// the table. A row gone meanwhile (a later change deleted it or moved it to another key)
+    /// goes out as a delete of its id, which that later change agrees with; a value that does
+    /// not convert leaves the update partial.
     pub(super) fn fill_partial(&mut self, batch: Batch) -> Result<Batch, LiveError> {
         let wanted = |e: &lanestream::Envelope| {
             e.is_partial()
