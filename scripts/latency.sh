@@ -35,20 +35,14 @@ case "${1:-}" in
 esac
 
 pg_ensure_packages
-pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres, release)"
-(cd "$root" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
-target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-pipeline=$target_dir/release/lanestream-pipeline
+pipeline=$(pg_build_harness "$root")
 
 now_s() { date +%s.%N; }
 calc() { python3 -c "print($*)"; }
-load() { cut -d' ' -f1-3 /proc/loadavg; }
-# A field of the summary JSON ($1: file, $2: a Python expression on `s`).
-field() { python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
 pg_start
 url="postgres://postgres@127.0.0.1:$PGPORT/postgres"
-pg_log "load average at start (1, 5, 15 min): $(load) on $(nproc) cores"
+pg_log "load average at start (1, 5, 15 min): $(pg_load) on $(nproc) cores"
 
 latency() {
     local rate=${RATE:-5000} secs=${SECONDS_:-20} clients=${CLIENTS:-8} target=${P99_TARGET_MS:-50}
@@ -77,7 +71,7 @@ latency() {
         pg_die "pgbench failed"
     }
     local load_end end rows
-    load_end=$(load)
+    load_end=$(pg_load)
     end=$(pg_psql -Atc "SELECT pg_current_wal_lsn()")
     rows=$(pg_psql -Atc "SELECT count(*) FROM lat")
     # Wait until the slot confirmed everything (every sink acked it), then stop the pipeline.
@@ -91,15 +85,15 @@ latency() {
     grep -E "^(tps|latency average|rate limit schedule lag|number of transactions actually processed)" "$PG_TMP/pgbench.out" |
         sed 's/^/  pgbench: /' >&2
     local published p50 p99 max cps
-    published=$(field "$PG_TMP/latency.json" 's["transactions_published"]')
+    published=$(pg_summary_field "$PG_TMP/latency.json" 's["transactions_published"]')
     ((published >= rows)) || pg_die "the pipeline published $published transactions, pgbench committed $rows"
-    p50=$(field "$PG_TMP/latency.json" 's["commit_to_last_ack"]["p50_ms"]')
-    p99=$(field "$PG_TMP/latency.json" 's["commit_to_last_ack"]["p99_ms"]')
-    max=$(field "$PG_TMP/latency.json" 's["commit_to_last_ack"]["max_ms"]')
-    cps=$(field "$PG_TMP/latency.json" 's["changes_per_second"]')
-    field "$PG_TMP/latency.json" '"\n".join("  sink %s: p50 %.3f ms, p99 %.3f ms, max %.3f ms over %d transactions" % (k["name"], k["commit_to_ack"]["p50_ms"], k["commit_to_ack"]["p99_ms"], k["commit_to_ack"]["max_ms"], k["commit_to_ack"]["samples"]) for k in s["per_sink"])' >&2
-    pg_log "$published transactions ($rows rows) through 3 sinks; $cps changes/s over the run; peak RSS $(field "$PG_TMP/latency.json" '"%.1f MiB" % (s["peak_rss_bytes"] / 1048576)'); load average at the end of the load: $load_end"
-    field "$PG_TMP/latency.json" '"  of which commit -> decoded (the source: walsender, network, decoder): p50 %.3f ms, p99 %.3f ms, max %.3f ms" % (s["commit_to_decode"]["p50_ms"], s["commit_to_decode"]["p99_ms"], s["commit_to_decode"]["max_ms"])' >&2
+    p50=$(pg_summary_field "$PG_TMP/latency.json" 's["commit_to_last_ack"]["p50_ms"]')
+    p99=$(pg_summary_field "$PG_TMP/latency.json" 's["commit_to_last_ack"]["p99_ms"]')
+    max=$(pg_summary_field "$PG_TMP/latency.json" 's["commit_to_last_ack"]["max_ms"]')
+    cps=$(pg_summary_field "$PG_TMP/latency.json" 's["changes_per_second"]')
+    pg_summary_field "$PG_TMP/latency.json" '"\n".join("  sink %s: p50 %.3f ms, p99 %.3f ms, max %.3f ms over %d transactions" % (k["name"], k["commit_to_ack"]["p50_ms"], k["commit_to_ack"]["p99_ms"], k["commit_to_ack"]["max_ms"], k["commit_to_ack"]["samples"]) for k in s["per_sink"])' >&2
+    pg_log "$published transactions ($rows rows) through 3 sinks; $cps changes/s over the run; peak RSS $(pg_summary_field "$PG_TMP/latency.json" '"%.1f MiB" % (s["peak_rss_bytes"] / 1048576)'); load average at the end of the load: $load_end"
+    pg_summary_field "$PG_TMP/latency.json" '"  of which commit -> decoded (the source: walsender, network, decoder): p50 %.3f ms, p99 %.3f ms, max %.3f ms" % (s["commit_to_decode"]["p50_ms"], s["commit_to_decode"]["p99_ms"], s["commit_to_decode"]["max_ms"])' >&2
     pg_log "commit -> last sink's ack: p50 $p50 ms, p99 $p99 ms, max $max ms (target p99 <= $target ms)"
     if python3 -c "import sys; sys.exit(0 if $p99 <= $target else 1)"; then
         pg_log "PASS: p99 $p99 ms <= $target ms"
@@ -145,10 +139,10 @@ SQL
             --summary-json "$PG_TMP/slow.json" >"$PG_TMP/slow.out" 2>&1 || { cat "$PG_TMP/slow.out" >&2; pg_die "the slow run failed"; }
         slowt=$(calc "$(now_s) - $start")
         local f s
-        f=$(field "$PG_TMP/fast.json" 's["transactions_published"]')
-        s=$(field "$PG_TMP/slow.json" 's["transactions_published"]')
+        f=$(pg_summary_field "$PG_TMP/fast.json" 's["transactions_published"]')
+        s=$(pg_summary_field "$PG_TMP/slow.json" 's["transactions_published"]')
         ((f == txns && s == txns)) || pg_die "published $f (fast) and $s (slow) transactions, not $txns"
-        pg_log "round $round: fast drain $(printf %.2f "$fast") s, slow drain $(printf %.2f "$slowt") s ($txns transactions of $rows rows, load $(load))"
+        pg_log "round $round: fast drain $(printf %.2f "$fast") s, slow drain $(printf %.2f "$slowt") s ($txns transactions of $rows rows, load $(pg_load))"
         best_fast=$(calc "min($fast, ${best_fast:-$fast})")
         best_slow=$(calc "min($slowt, ${best_slow:-$slowt})")
     done

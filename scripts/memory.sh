@@ -30,17 +30,12 @@ for c in "${cases[@]}"; do
 done
 
 pg_ensure_packages
-pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres, release)"
-(cd "$root" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline --features cli)
-target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-pipeline=$target_dir/release/lanestream-pipeline
+pipeline=$(pg_build_harness "$root")
 
-load() { cut -d' ' -f1-3 /proc/loadavg; }
-field() { python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
 pg_start
 url="postgres://postgres@127.0.0.1:$PGPORT/postgres"
-pg_log "load average at start (1, 5, 15 min): $(load) on $(nproc) cores"
+pg_log "load average at start (1, 5, 15 min): $(pg_load) on $(nproc) cores"
 
 # Starts the harness on a new slot (args: the joiners policy, the case's name); sets $pid.
 start_pipeline() {
@@ -77,8 +72,8 @@ finish() {
     kill -TERM "$pid"
     wait "$pid" || { cat "$PG_TMP/$name.out" >&2; pg_die "the pipeline failed"; }
     local peak
-    peak=$(field "$PG_TMP/$name.json" '"%.1f" % (s["peak_rss_bytes"] / 1048576)')
-    pg_log "$name: peak RSS $peak MiB (target <= $target MiB); every sink holds >= $want lines; load $(load)"
+    peak=$(pg_summary_field "$PG_TMP/$name.json" '"%.1f" % (s["peak_rss_bytes"] / 1048576)')
+    pg_log "$name: peak RSS $peak MiB (target <= $target MiB); every sink holds >= $want lines; load $(pg_load)"
 }
 
 backfill() {

@@ -14,6 +14,9 @@
 #   pg_recvlogical_stream ENDPOS OUT
 #                           stream the slot in wal2json format-version 2 to OUT ("-" = stdout)
 #                           and stop at ENDPOS
+#   pg_build_harness ROOT   build the lanestream-pipeline harness (release), print its path
+#   pg_load, pg_summary_field FILE EXPR
+#                           the load average; a field of a harness summary JSON
 #
 # Everything runs on a unix socket inside the temp dir plus 127.0.0.1 on a free port, so a system
 # cluster (Debian's "15 main" on 5432) is never touched.
@@ -273,3 +276,18 @@ SELECT pg_logical_emit_message(true, 'lanestream', 'end-of-workload') \g /dev/nu
 COMMIT;
 SQL
 }
+
+# Builds the lanestream-pipeline harness of the checkout at $1 (release) and prints its path.
+pg_build_harness() {
+    pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres, release)"
+    (cd "$1" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
+    local target_dir
+    target_dir=$(cd "$1" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    echo "$target_dir/release/lanestream-pipeline"
+}
+
+# The load average (1, 5, 15 min).
+pg_load() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# A field of a harness summary JSON ($1: file, $2: a Python expression on `s`).
+pg_summary_field() { python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print($2)" "$1"; }

@@ -292,7 +292,7 @@ fn values_of_megabytes_reach_the_sink_whole_from_the_backfill_and_the_stream() {
 /// backfill again and stopped on `BackfillRefused`, and the other table never got its rows: 21
 /// of 21 missing until the sink was reset.)
 #[test]
-fn a_table_dropped_or_renamed_during_its_backfill_does_not_stop_the_pipeline_for_good() {
+fn p3_a_table_dropped_or_renamed_during_its_backfill_does_not_stop_the_pipeline_for_good() {
     let Some(_server) = serial() else { return };
     let mut c = sql();
     let mut outcomes = Vec::new();

@@ -223,7 +223,7 @@ fn a_truncate_during_the_tables_backfill_leaves_only_the_rows_written_after_it()
 /// sink partial (the rows ended equal only because the backfill re-read them; a strict sink such
 /// as the SQLite example stopped on them).
 #[test]
-fn a_partial_update_of_a_table_that_joined_while_running_goes_out_whole() {
+fn p5_a_partial_update_of_a_table_that_joined_while_running_goes_out_whole() {
     let Some(_server) = serial() else { return };
     let mut c = sql();
     let source = source(
