@@ -19,7 +19,8 @@
 #
 # Usage: scripts/latency.sh [--slow-sink]
 # Env: RATE, SECONDS_, CLIENTS, P99_TARGET_MS, DISCARD (latency); TXNS, ROWS_PER_TXN, SLOW_MICROS,
-# ROUNDS (slow sink: best of ROUNDS, default 2).
+# ROUNDS (slow sink: best of ROUNDS, default 2); PIPELINE (a harness built elsewhere, instead of
+# this checkout's); PG_TMPDIR (where the cluster and the sinks' output go, default /tmp).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

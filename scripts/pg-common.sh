@@ -6,15 +6,18 @@
 #
 # Source this file, then call:
 #   pg_ensure_packages      install postgresql-15 and postgresql-15-wal2json (apt-get) if missing
-#   pg_start                initdb + start a cluster in a fresh temp dir; sets PG* variables and
-#                           installs an EXIT/INT/TERM trap that stops it and removes the temp dir
+#   pg_start                initdb + start a cluster in a fresh temp dir (under PG_TMPDIR, default
+#                           /tmp: PG_TMPDIR=/dev/shm puts the cluster and the sinks' output on
+#                           tmpfs, out of the disk's way); sets PG* variables and installs an
+#                           EXIT/INT/TERM trap that stops it and removes the temp dir
 #   pg_create_slot          create the logical slot "$PG_SLOT" with the wal2json plugin
 #   pg_workload             run the workload (see the SQL below for what it covers)
 #   pg_end_lsn              print pg_current_wal_insert_lsn(), the --endpos to stream up to
 #   pg_recvlogical_stream ENDPOS OUT
 #                           stream the slot in wal2json format-version 2 to OUT ("-" = stdout)
 #                           and stop at ENDPOS
-#   pg_build_harness ROOT   build the lanestream-pipeline harness (release), print its path
+#   pg_build_harness ROOT   build the lanestream-pipeline harness (release), print its path (or
+#                           PIPELINE's, when set: a harness built elsewhere)
 #   pg_load, pg_summary_field FILE EXPR
 #                           the load average; a field of a harness summary JSON
 #
@@ -82,7 +85,7 @@ pg_cleanup() {
 }
 
 pg_start() {
-    PG_TMP=$(mktemp -d /tmp/lanestream-pg.XXXXXX)
+    PG_TMP=$(mktemp -d "${PG_TMPDIR:-/tmp}/lanestream-pg.XXXXXX")
     trap pg_cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
@@ -277,8 +280,13 @@ COMMIT;
 SQL
 }
 
-# Builds the lanestream-pipeline harness of the checkout at $1 (release) and prints its path.
+# Builds the lanestream-pipeline harness of the checkout at $1 (release) and prints its path;
+# with PIPELINE set, prints that instead (a harness built elsewhere: a before/after pair).
 pg_build_harness() {
+    if [[ -n ${PIPELINE:-} ]]; then
+        echo "$PIPELINE"
+        return
+    fi
     pg_log "building the pipeline harness, the lanestream-pipeline binary (lanestream-postgres, release)"
     (cd "$1" && cargo build --release --quiet -p lanestream-postgres --bin lanestream-pipeline)
     local target_dir

@@ -261,6 +261,8 @@ pub struct LiveSource {
     published: Option<Position>,
     /// When the last idle batch was handed over.
     last_idle: Option<Instant>,
+    /// Naps left before the stream's next wait parks (`poll`: the stream is busy while some are).
+    naps: u32,
 }
 
 impl std::fmt::Debug for LiveSource {

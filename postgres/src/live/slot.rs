@@ -194,6 +194,7 @@ impl LiveSource {
             decoder: PgOutputDecoder::new(TransactionBuilder::new()),
             opened: false,
             end: None,
+            naps: 0,
             published: None,
             last_idle: None,
         };
