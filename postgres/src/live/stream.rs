@@ -19,10 +19,10 @@ use crate::pipeline::SourceItem;
 
 /// How long the ingest thread sleeps when it finds the replication client's queue empty while
 /// the stream is busy, instead of parking until the client's worker wakes it. Parking costs a
-/// wake-up per event or few, on both threads: draining a backlog on a unix socket, about 360
-/// context switches per 1,000 changes, and 2.9 us of CPU per change (the worker's kernel time,
+/// wake-up per event or few, on both threads: draining a backlog on a unix socket, about 370
+/// context switches per 1,000 changes, and 2.95 us of CPU per change (the worker's kernel time,
 /// mostly scheduling). Napping lets events gather: about 30 switches per 1,000 and 2.3 us per
-/// change, the drain 0.80x -> 0.90x of `pg_recvlogical` at 2M changes, and the live p99 commit
+/// change, the drain 0.75x -> 0.86x of `pg_recvlogical` at 2M changes, and the live p99 commit
 /// -> ack latency at 5,000 transactions/s 15 -> 6 ms (2026-12-05, BENCHMARKS.md). A nap adds
 /// at most its length (about 120 us on Linux with the default timer slack) to an event that
 /// arrives during it.
