@@ -10,7 +10,8 @@
 # another table): the live stream's latency (commit to the source's next item, median) during the
 # backfill against the same during one idle second before it.
 #
-# Usage: scripts/backfill-bench.sh        Env: ROWS, CHUNK, RUNS (default 3 of each).
+# Usage: scripts/backfill-bench.sh        Env: ROWS, CHUNK, RUNS (default 3 of each); BENCH (a
+# backfill_throughput binary built elsewhere, instead of this checkout's).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,10 +24,14 @@ chunk=${CHUNK:-4096}
 runs=${RUNS:-3}
 [[ -x $PG_BIN/postgres ]] || pg_die "PostgreSQL 15 not found in $PG_BIN"
 
-pg_log "building the backfill_throughput example (release)"
-(cd "$root" && cargo build --release --quiet -p lanestream-postgres --example backfill_throughput)
-target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-bench=$target_dir/release/examples/backfill_throughput
+if [[ -n ${BENCH:-} ]]; then
+    bench=$BENCH
+else
+    pg_log "building the backfill_throughput example (release)"
+    (cd "$root" && cargo build --release --quiet -p lanestream-postgres --example backfill_throughput)
+    target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    bench=$target_dir/release/examples/backfill_throughput
+fi
 
 pg_start
 url="postgres://postgres@127.0.0.1:$PGPORT/postgres"

@@ -23,6 +23,11 @@ use lanestream_postgres::live::{LiveConfig, LiveSource};
 use lanestream_postgres::pgoutput::PgOutputDecoder;
 use lanestream_postgres::pipeline::{Source, SourceItem};
 
+// The allocator the harness and the benches run on (a dev-dependency of the crate): the backfill
+// allocates per row on one thread and frees on another, where the system allocator costs more.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(url), Some(index)) = (args.first(), args.get(1)) else {
