@@ -10,7 +10,7 @@
 # before either reader starts. Each reader runs ROUNDS times (default 3) per transport on a fresh
 # slot pair created at the same position (the backlog is written after the slots exist, so all
 # decode the same transactions); the best time of each is reported, with the ratio, and for the
-# pipeline its CPU time per change (user + system) and its context switches per 1,000 changes
+# pipeline (and pg_recvlogical, in parentheses) its CPU time per change (user + system) and its context switches per 1,000 changes
 # (voluntary + involuntary, /usr/bin/time), in the round of its best time.
 #
 # Usage: scripts/backlog-drain.sh
@@ -109,6 +109,6 @@ done
 for transport in $transports; do
     for reader in "${readers[@]}"; do
         key="$transport $reader"
-        pg_log "$changes inserts in $txns transactions over $transport, best of $rounds: pg_recvlogical $(printf %.2f "${best[$transport recv]}") s, $reader $(printf %.2f "${best[$key]}") s: $(calc "round(${best[$transport recv]} / ${best[$key]}, 2)")x of pg_recvlogical; $reader CPU $(calc "round(${best_cpu[$key]} * 1e6 / $changes, 2)") us per change, $(calc "round(${best_cs[$key]} * 1000 / $changes, 1)") context switches per 1,000 changes (pg_recvlogical: $(calc "round(${best_cs[$transport recv]} * 1000 / $changes, 1)")), peak RSS $((best_rss[$key] / 1024)) MiB"
+        pg_log "$changes inserts in $txns transactions over $transport, best of $rounds: pg_recvlogical $(printf %.2f "${best[$transport recv]}") s, $reader $(printf %.2f "${best[$key]}") s: $(calc "round(${best[$transport recv]} / ${best[$key]}, 2)")x of pg_recvlogical; $reader CPU $(calc "round(${best_cpu[$key]} * 1e6 / $changes, 2)") us per change, $(calc "round(${best_cs[$key]} * 1000 / $changes, 1)") context switches per 1,000 changes (pg_recvlogical: $(calc "round(${best_cpu[$transport recv]} * 1e6 / $changes, 2)") us, $(calc "round(${best_cs[$transport recv]} * 1000 / $changes, 1)")), peak RSS $((best_rss[$key] / 1024)) MiB"
     done
 done
