@@ -36,7 +36,9 @@ const TAKEN: u32 = 256;
 
 /// The reader's next chunk or the stream's next event if one is queued, without waiting: each
 /// is polled once (a Tokio channel; the replication client's `recv` is a channel receive, a
-/// future dropped unfinished loses nothing, as when the parking wait times out).
+/// future dropped unfinished loses nothing, as when the parking wait times out; except, once
+/// the client's worker ended, its result, which `classify_stream` then treats as a lost
+/// stream).
 fn take_queued(
     stream: &mut ReplicationClient,
     done: Option<&mut UnboundedReceiver<Result<ReadChunk, LiveError>>>,
@@ -569,6 +571,14 @@ pub(super) fn classify_stream(e: &PgWireError, config: &LiveConfig) -> StreamFau
     let fatal = |e| StreamFault::Fatal(e);
     match e {
         PgWireError::Io(_) | PgWireError::Task(_) => StreamFault::Lost { cause: message, admin: false },
+        // The client's worker ended, and the receive that was taking its result was dropped
+        // unfinished (`poll` gives up a receive that found nothing: `take_queued`, the wait's
+        // deadline), taking that result with it: what ended the worker is not known here, and
+        // opening the stream again finds out (an error that lasts is the open's, then).
+        PgWireError::Internal(m) if m.contains("already joined") => StreamFault::Lost {
+            cause: format!("the replication client's worker ended ({message})"),
+            admin: false,
+        },
         PgWireError::Auth(m) => fatal(LiveError::Auth(m.clone())),
         _ if code.starts_with("57P") || code.starts_with("08") => {
             StreamFault::Lost { admin: code == "57P01", cause: message }
@@ -649,6 +659,17 @@ mod tests {
         assert!(matches!(
             fault(PgWireError::Io(Arc::new(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)))),
             StreamFault::Lost { admin: false, .. }
+        ));
+        assert!(
+            matches!(
+                fault(PgWireError::Internal("replication worker already joined".into())),
+                StreamFault::Lost { admin: false, .. }
+            ),
+            "a worker whose result a dropped receive took: reconnect, not stop"
+        );
+        assert!(matches!(
+            fault(PgWireError::Internal("something else".into())),
+            StreamFault::Fatal(LiveError::Replication { .. })
         ));
         assert!(matches!(
             fault(server("ERROR: replication slot \"s\" is active for PID 7 (SQLSTATE 55006)")),
