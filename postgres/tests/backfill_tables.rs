@@ -383,8 +383,13 @@ fn key_changes_filled_during_the_backfill_keep_their_rows() {
 /// streamed a second before other sessions see it (PostgreSQL sends a transaction once its commit
 /// record is flushed, a moment before it is visible; here the committing session waits for a
 /// synchronous standby that never answers, until it is cancelled), the live source decoding it
-/// in chunks of `chunk` changes; returns the sink's rows and the table's.
-fn move_while_invisible(ids: std::ops::RangeInclusive<i32>, chunk: Option<u64>) -> (Rows, Rows) {
+/// in chunks of `chunk` changes, the commit held for `hold`; returns the sink's rows and the
+/// table's.
+fn move_while_invisible(
+    ids: std::ops::RangeInclusive<i32>,
+    chunk: Option<u64>,
+    hold: Duration,
+) -> (Rows, Rows) {
     let mut c = sql();
     drop_slot("bt_race");
     c.batch_execute(
@@ -418,7 +423,7 @@ fn move_while_invisible(ids: std::ops::RangeInclusive<i32>, chunk: Option<u64>) 
         ))
     });
     // The stream has the move well within a second; the mover still waits, invisible.
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(hold);
     let invisible: i64 = c.query_one("SELECT count(*) FROM bt_race WHERE id < 0", &[]).expect("rows").get(0);
     assert!(!complete(&sink), "still backfilling");
     c.execute("SELECT pg_cancel_backend($1)", &[&pid]).expect("cancel the wait");
@@ -442,7 +447,20 @@ fn move_while_invisible(ids: std::ops::RangeInclusive<i32>, chunk: Option<u64>) 
 #[test]
 fn a_key_change_streamed_before_it_is_visible_keeps_its_row() {
     let Some(_server) = serial() else { return };
-    let (held, expected) = move_while_invisible(1999..=1999, None);
+    let (held, expected) = move_while_invisible(1999..=1999, None, Duration::from_secs(1));
+    assert_eq!(held.get("-1999"), expected.get("-1999"), "the moved row");
+    assert_eq!(compare(&held, &expected), (0, 0, 0));
+}
+
+/// The same with the commit held past the second connection's retry budget
+/// ([`SIDE_RETRY_BUDGET`](lanestream_postgres::live::SIDE_RETRY_BUDGET), 10 s): the source
+/// waits as long as the commit is invisible (holding the stream up behind it), where it used to
+/// give up waiting after the budget and fill anyway, turning the move into a delete.
+#[test]
+fn a_key_change_invisible_for_longer_than_the_retry_budget_keeps_its_row() {
+    let Some(_server) = serial() else { return };
+    let hold = lanestream_postgres::live::SIDE_RETRY_BUDGET + Duration::from_secs(2);
+    let (held, expected) = move_while_invisible(1999..=1999, None, hold);
     assert_eq!(held.get("-1999"), expected.get("-1999"), "the moved row");
     assert_eq!(compare(&held, &expected), (0, 0, 0));
 }
@@ -452,7 +470,7 @@ fn a_key_change_streamed_before_it_is_visible_keeps_its_row() {
 #[test]
 fn key_changes_of_a_chunked_transaction_streamed_before_it_is_visible_keep_their_rows() {
     let Some(_server) = serial() else { return };
-    let (held, expected) = move_while_invisible(1961..=2000, Some(8));
+    let (held, expected) = move_while_invisible(1961..=2000, Some(8), Duration::from_secs(1));
     assert_eq!(compare(&held, &expected), (0, 0, 0), "(missing, wrong, extra) of {} rows", expected.len());
 }
 

@@ -268,6 +268,11 @@ pub struct LiveSource {
     last_idle: Option<Instant>,
     /// Naps left before the stream's next wait parks (`poll`: the stream is busy while some are).
     naps: u32,
+    /// A batch with partial updates to fill whose transaction (this xid) is not yet visible on
+    /// the second connection: it waits, holding up the stream after it, for as long as it takes
+    /// (a commit waiting for a synchronous standby is visible to nobody meanwhile), and `next`
+    /// returns `None` at each timeout, hands over no idle batch and does not end.
+    invisible: Option<(Batch, u32)>,
 }
 
 impl std::fmt::Debug for LiveSource {
@@ -416,6 +421,7 @@ impl Source for LiveSource {
         }
         let item = match self.poll(timeout)? {
             Some(item) => item,
+            None if self.invisible.is_some() => return Ok(None),
             None if self.end.is_some_and(|end| self.decoded.is_some_and(|d| d >= end)) => SourceItem::End,
             None => match self.idle_batch() {
                 Some(batch) => SourceItem::Change(batch),

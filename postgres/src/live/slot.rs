@@ -195,6 +195,7 @@ impl LiveSource {
             opened: false,
             end: None,
             naps: 0,
+            invisible: None,
             published: None,
             last_idle: None,
         };

@@ -34,6 +34,9 @@ const NAPS: u32 = 4;
 /// Queued events taken in a row without `poll`'s checks (the heartbeat, the deadline).
 const TAKEN: u32 = 256;
 
+/// How often `poll` looks again whether a waiting batch's transaction is visible.
+const INVISIBLE_RETRY: Duration = Duration::from_millis(2);
+
 /// The reader's next chunk or the stream's next event if one is queued, without waiting: each
 /// is polled once (a Tokio channel; the replication client's `recv` is a channel receive, a
 /// future dropped unfinished loses nothing, as when the parking wait times out; except, once
@@ -114,6 +117,22 @@ impl LiveSource {
         loop {
             if let Some(item) = self.out.pop_front() {
                 return Ok(Some(item));
+            }
+            // A batch waiting for its transaction to be visible holds the stream up (nothing
+            // after it is taken), within this call's timeout; the worker meanwhile answers the
+            // server's keepalives.
+            if let Some((_, xid)) = self.invisible {
+                if self.visible(xid)? {
+                    if let Some((batch, xid)) = self.invisible.take() {
+                        self.queue(batch, Some(xid))?;
+                    }
+                    continue;
+                }
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                thread::sleep(INVISIBLE_RETRY);
+                continue;
             }
             // While the stream is busy and no backfill chunk is being read, up to `TAKEN`
             // queued events in a row skip the checks below (which read the clock each).
@@ -203,11 +222,26 @@ impl LiveSource {
     }
 
     /// A batch decoded: its partial updates of tables being backfilled are filled in, the
-    /// backfill sees it (its keys leave a waiting chunk), then it is queued.
+    /// backfill sees it (its keys leave a waiting chunk), then it is queued. A batch with
+    /// updates to fill waits, whole, until its transaction is visible on the second connection
+    /// ([`LiveSource::invisible`]).
     fn hand_over(&mut self, batch: Batch) -> Result<(), LiveError> {
         self.note_joined(&batch);
+        let xid = self.open_xid;
+        if let Some(id) = xid.filter(|_| self.fills(&batch)) {
+            if !self.visible(id)? {
+                self.invisible = Some((batch, id));
+                return Ok(());
+            }
+        }
+        self.queue(batch, xid)
+    }
+
+    /// The rest of [`hand_over`](Self::hand_over), once the batch's transaction `xid` (the one
+    /// open when it was decoded) is visible.
+    fn queue(&mut self, batch: Batch, xid: Option<u32>) -> Result<(), LiveError> {
         let batch = self.fill_partial(batch)?;
-        self.backfiller.observe(self.open_xid, &batch);
+        self.backfiller.observe(xid, &batch);
         self.out.push_back(SourceItem::Change(batch));
         Ok(())
     }
@@ -242,20 +276,15 @@ impl LiveSource {
     /// the table. A row gone meanwhile (a later change deleted it or moved it to another key)
     /// goes out as a delete of its id, which that later change agrees with; a value that does
     /// not convert leaves the update partial.
+    ///
+    /// Called once the batch's transaction is visible there ([`hand_over`](Self::hand_over)):
+    /// PostgreSQL sends a transaction (with the protocol version 1 the source asks for: whole,
+    /// its chunks too) once its commit record is flushed, a moment before other sessions see it
+    /// (longer when its commit waits for a synchronous standby), and read before, a row it moved
+    /// to a new key would look gone (and go out as a delete).
     pub(super) fn fill_partial(&mut self, batch: Batch) -> Result<Batch, LiveError> {
-        let wanted = |e: &lanestream::Envelope| {
-            e.is_partial()
-                && (self.unheld.contains_key(&e.index) || self.backfiller.plan_of(&e.index).is_some())
-        };
-        if !batch.envelopes.iter().any(wanted) {
+        if !self.fills(&batch) {
             return Ok(batch);
-        }
-        // PostgreSQL sends a transaction (with the protocol version 1 the source asks for: whole,
-        // its chunks too) once its commit record is flushed, a moment before other sessions see
-        // it: read its rows only once it is visible, or a row it moved to a new key looks gone
-        // (and would go out as a delete).
-        if let Some(xid) = self.open_xid {
-            self.wait_visible(xid)?;
         }
         // The plans of unheld tables that are not being backfilled, looked up once.
         let mut missing: Vec<lanestream::IndexName> = batch
@@ -338,22 +367,23 @@ impl LiveSource {
         Ok(Batch { envelopes: envelopes.into(), ..batch })
     }
 
-    /// Waits (up to [`SIDE_RETRY_BUDGET`](super::SIDE_RETRY_BUDGET)) until the committed
-    /// transaction `xid` is visible to a new snapshot of the second connection.
-    fn wait_visible(&mut self, xid: u32) -> Result<(), LiveError> {
-        let deadline = Instant::now() + super::SIDE_RETRY_BUDGET;
-        loop {
-            let snapshot: String = self.side()?.run(
-                super::SIDE_RETRY_BUDGET,
-                || "reading the current snapshot".into(),
-                |c| c.query_one("SELECT pg_current_snapshot()::text", &[]).map(|r| r.get(0)),
-            )?;
-            let visible = crate::backfill::XidSnapshot::parse(&snapshot).is_none_or(|s| s.visible(xid));
-            if visible || Instant::now() >= deadline {
-                return Ok(());
-            }
-            thread::sleep(Duration::from_millis(2));
-        }
+    /// Whether `batch` has a partial update to fill ([`fill_partial`](Self::fill_partial)).
+    fn fills(&self, batch: &Batch) -> bool {
+        batch.envelopes.iter().any(|e| {
+            e.is_partial()
+                && (self.unheld.contains_key(&e.index) || self.backfiller.plan_of(&e.index).is_some())
+        })
+    }
+
+    /// Whether the committed transaction `xid` is visible to a new snapshot of the second
+    /// connection (one query).
+    fn visible(&mut self, xid: u32) -> Result<bool, LiveError> {
+        let snapshot: String = self.side()?.run(
+            super::SIDE_RETRY_BUDGET,
+            || "reading the current snapshot".into(),
+            |c| c.query_one("SELECT pg_current_snapshot()::text", &[]).map(|r| r.get(0)),
+        )?;
+        Ok(crate::backfill::XidSnapshot::parse(&snapshot).is_none_or(|s| s.visible(xid)))
     }
 
     /// The marks the decoder read reach the backfill, whose ready items are queued. A high mark
