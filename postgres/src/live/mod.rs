@@ -404,7 +404,10 @@ impl Source for LiveSource {
 
     /// The next transaction (or chunk, or idle batch), or an item of a backfill being served:
     /// a snapshot batch when the stream reaches its chunk's high mark, `SnapshotComplete` after
-    /// a request's last one; `Ok(None)` when nothing came within `timeout`; [`SourceItem::End`]
+    /// a request's last one; `Ok(None)` when nothing came within `timeout`, or while a
+    /// transaction with partial updates to fill is not yet visible to other sessions (a commit
+    /// waiting for a synchronous standby: it is handed over once it is, nothing after it before);
+    /// [`SourceItem::End`]
     /// at [`until`](LiveSource::until)'s position. Writes the heartbeat when it is due, and opens
     /// the stream again when it broke (see the module docs, *Reconnecting*).
     ///
