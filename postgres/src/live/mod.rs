@@ -268,6 +268,9 @@ pub struct LiveSource {
     last_idle: Option<Instant>,
     /// Naps left before the stream's next wait parks (`poll`: the stream is busy while some are).
     naps: u32,
+    /// The replication client's metrics (how many events its worker forwarded) and how many
+    /// events were taken from it: `poll` takes without waiting only what is queued.
+    forwarded: Option<(Arc<pgwire_replication::ReplicationMetrics>, u64)>,
     /// A batch with partial updates to fill whose transaction (this xid) is not yet visible on
     /// the second connection: it waits, holding up the stream after it, for as long as it takes
     /// (a commit waiting for a synchronous standby is visible to nobody meanwhile), and `next`

@@ -195,6 +195,7 @@ impl LiveSource {
             opened: false,
             end: None,
             naps: 0,
+            forwarded: None,
             invisible: None,
             published: None,
             last_idle: None,

@@ -2,12 +2,13 @@
 //! source hands over, confirmed, reopened after it broke.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::{Batch, Position};
-use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent, ReplicationMetrics};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::config::{replication_config, LiveConfig};
@@ -37,13 +38,19 @@ const TAKEN: u32 = 256;
 /// How often `poll` looks again whether a waiting batch's transaction is visible.
 const INVISIBLE_RETRY: Duration = Duration::from_millis(2);
 
-/// The reader's next chunk or the stream's next event if one is queued, without waiting: each
-/// is polled once (a Tokio channel; the replication client's `recv` is a channel receive, a
-/// future dropped unfinished loses nothing, as when the parking wait times out; except, once
-/// the client's worker ended, its result, which `classify_stream` then treats as a lost
-/// stream).
+/// The reader's next chunk if one is read, or the stream's next event if one is queued,
+/// without waiting (a no-op-waker poll of each).
+///
+/// The stream is polled only when its worker has forwarded more events than were taken
+/// (`forwarded`: the client's metrics and the count taken): then its channel holds one, and the
+/// receive is a channel receive that returns it. Polled with an empty channel, the receive would
+/// be dropped unfinished, which loses nothing while the channel is open, but once the worker
+/// ended and closed it, the receive has taken the worker's join handle and its result (why it
+/// ended: an administrator's termination, say) goes with it. The parking wait finds out that
+/// the worker ended.
 fn take_queued(
     stream: &mut ReplicationClient,
+    forwarded: &mut Option<(Arc<ReplicationMetrics>, u64)>,
     done: Option<&mut UnboundedReceiver<Result<ReadChunk, LiveError>>>,
 ) -> Option<Woken<Result<Option<ReplicationEvent>, PgWireError>>> {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -52,8 +59,17 @@ fn take_queued(
             return Some(Woken::Read(read));
         }
     }
+    let (metrics, taken) = forwarded.as_mut()?;
+    // Relaxed is enough: the worker counts an event after sending it, and the channel's own
+    // synchronisation hands the event over; a count read early only means a poll later.
+    if metrics.events_forwarded() <= *taken {
+        return None;
+    }
     match std::pin::pin!(stream.recv()).poll(&mut cx) {
-        Poll::Ready(event) => Some(Woken::Stream(event)),
+        Poll::Ready(event) => {
+            *taken += 1;
+            Some(Woken::Stream(event))
+        }
         Poll::Pending => None,
     }
 }
@@ -80,6 +96,7 @@ impl LiveSource {
         });
         match started {
             Ok(client) => {
+                self.forwarded = Some((client.metrics(), 0));
                 self.stream = Some(client);
                 self.opened = true;
                 Ok(())
@@ -137,7 +154,10 @@ impl LiveSource {
             // While the stream is busy and no backfill chunk is being read, up to `TAKEN`
             // queued events in a row skip the checks below (which read the clock each).
             if self.naps > 0 && self.reader.is_none() && taken < TAKEN {
-                if let Some(woken) = self.stream.as_mut().and_then(|stream| take_queued(stream, None)) {
+                let forwarded = &mut self.forwarded;
+                if let Some(woken) =
+                    self.stream.as_mut().and_then(|stream| take_queued(stream, forwarded, None))
+                {
                     taken += 1;
                     self.on_woken(woken)?;
                     continue;
@@ -164,7 +184,7 @@ impl LiveSource {
             // queued is taken without parking, and an empty queue is a nap (see `NAP`).
             let mut done = self.reader.as_mut().map(|r| &mut r.done);
             let woken = if self.naps > 0 {
-                match take_queued(stream, done) {
+                match take_queued(stream, &mut self.forwarded, done) {
                     Some(woken) => woken,
                     None => {
                         self.naps -= 1;
@@ -186,7 +206,14 @@ impl LiveSource {
                     tokio::time::timeout(left, next).await
                 });
                 match received {
-                    Ok(woken) => woken,
+                    Ok(woken) => {
+                        if let (Woken::Stream(Ok(Some(_))), Some((_, taken))) =
+                            (&woken, self.forwarded.as_mut())
+                        {
+                            *taken += 1;
+                        }
+                        woken
+                    }
                     Err(_elapsed) => return Ok(None),
                 }
             };
