@@ -585,3 +585,115 @@ fn a_stop_during_a_backfill_without_a_hold_is_prompt() {
     drop_slot("adv_stopbf");
     assert!(took < Duration::from_secs(5), "the stop took {took:?} (drain timed out: {})", report.drain_timed_out);
 }
+
+/// The source's second connection (which `poll` asks every 2 ms whether the held transaction
+/// is visible) terminated again and again while a batch is held: it reconnects within its
+/// budget, the pipeline never stops, and the sink ends equal to the table.
+#[test]
+fn the_second_connection_terminated_while_a_batch_is_held_reconnects_and_ends_equal() {
+    let Some(_server) = serial() else { return };
+    let mut c = sql();
+    let config = table(&mut c, "adv_side", 300);
+    let source = LiveSource::connect(config).expect("source");
+    let held = Held::start("UPDATE adv_side SET v = -v WHERE id <= 10; UPDATE adv_side SET id = -id WHERE id = 11".into());
+    for id in 2001..=2050 {
+        c.execute("INSERT INTO adv_side VALUES ($1, 'later', $1)", &[&id]).expect("insert");
+    }
+    let sink = MemorySink::new();
+    let pipe = Pipe::start(source, &sink, None);
+    let mut terminated = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        terminated += c
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = 'lanestream side' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .expect("terminate")
+            .get::<_, i64>(0);
+        thread::sleep(Duration::from_millis(100));
+    }
+    let before = positioned(&sink.applied());
+    let alive = !pipe.thread.is_finished();
+    held.cancel().expect("committed locally");
+    pipe.finish(&sink, &mut c).expect("the pipeline never stops");
+    assert!(alive);
+    assert!(terminated >= 3, "second connections terminated: {terminated}");
+    assert_eq!(before, [], "changes after the held transaction reached the sink before it");
+    assert_equal(&sink, &mut c, "adv_side");
+    drop_slot("adv_side");
+}
+
+/// The walsender terminated by an administrator while the stream is busy (small transactions
+/// written all along, the source napping between the queued events it takes with a no-op
+/// waker), round after round: the source must report the termination every time
+/// (`TerminatedByAdmin`) and never reconnect against it. A receive dropped unfinished after the
+/// client's worker ended loses the worker's result ("replication worker already joined"),
+/// which the source now takes for a lost stream and reconnects.
+#[test]
+fn a_walsender_terminated_while_the_stream_is_busy_is_never_reconnected() {
+    use lanestream_postgres::live::LiveError;
+    use lanestream_postgres::pipeline::Source;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(_server) = serial() else { return };
+    let mut c = sql();
+    drop_slot("adv_admin");
+    c.batch_execute(
+        "DROP TABLE IF EXISTS adv_admin; CREATE TABLE adv_admin (id bigserial PRIMARY KEY, v int);
+         DROP PUBLICATION IF EXISTS adv_admin_pub; CREATE PUBLICATION adv_admin_pub FOR TABLE adv_admin;",
+    )
+    .expect("set-up");
+    let config = live_config(&url(), "adv_admin", "adv_admin_pub");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writing = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut w = sql();
+            while !stop.load(Ordering::Relaxed) {
+                let _ = w.batch_execute("INSERT INTO adv_admin (v) VALUES (1)");
+            }
+        })
+    };
+    let mut outcomes: Vec<String> = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(35) && outcomes.len() < 600 {
+        let mut source = LiveSource::connect(config.clone()).expect("source");
+        source.open().expect("open");
+        let mut changes = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while changes < 20 {
+            assert!(Instant::now() < deadline, "the stream is not busy");
+            if let Some(lanestream_postgres::pipeline::SourceItem::Change(b)) =
+                source.next(Duration::from_millis(10)).expect("next")
+            {
+                changes += b.envelopes.len();
+            }
+        }
+        let pid: i32 = c
+            .query_one("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'adv_admin'", &[])
+            .expect("slot")
+            .get(0);
+        c.execute("SELECT pg_terminate_backend($1)", &[&pid]).expect("terminate");
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let outcome = loop {
+            match source.next(Duration::from_millis(10)) {
+                Err(LiveError::TerminatedByAdmin { .. }) => break "admin".to_owned(),
+                Err(e) => break format!("error: {e}"),
+                Ok(_) if Instant::now() > deadline => {
+                    break format!("no error within 3 s, reconnects {:?}", source.metrics().map(|m| m.reconnects))
+                }
+                Ok(_) => {}
+            }
+        };
+        outcomes.push(outcome);
+        drop(source);
+    }
+    stop.store(true, Ordering::Relaxed);
+    writing.join().expect("writer");
+    drop_slot("adv_admin");
+    let odd: Vec<&String> = outcomes.iter().filter(|o| *o != "admin").collect();
+    eprintln!("{} rounds, {} not reported as the administrator's: {odd:?}", outcomes.len(), odd.len());
+    assert!(odd.is_empty(), "of {} rounds: {odd:?}", outcomes.len());
+}
