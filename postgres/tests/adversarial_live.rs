@@ -785,3 +785,31 @@ fn a_stop_while_a_chunked_transaction_is_held_between_its_chunks_resumes_equal()
     assert_equal(&sink, &mut c, "adv_chstop");
     drop_slot("adv_chstop");
 }
+
+/// Small transactions written all along (before, during and after the hold: the stream busy,
+/// the source napping) with heartbeats every 100 ms, while a batch is held for 2 s and after it
+/// is let go: nothing after it goes out before it, and the sink ends equal to the table.
+#[test]
+fn a_hold_inside_a_busy_stream_with_heartbeats_ends_equal() {
+    let Some(_server) = serial() else { return };
+    let mut c = sql();
+    let mut config = table(&mut c, "adv_mid", 500);
+    config.heartbeat = Some(Duration::from_millis(100));
+    let source = LiveSource::connect(config).expect("source");
+    let held = Held::start("UPDATE adv_mid SET v = -v WHERE id <= 20; UPDATE adv_mid SET id = -id WHERE id = 21".into());
+    let writing = writer("adv_mid", 10_000, 20_000);
+    let sink = MemorySink::new();
+    let pipe = Pipe::start(source, &sink, None);
+    thread::sleep(Duration::from_secs(2));
+    let before = positioned(&sink.applied()).len();
+    held.cancel().expect("committed locally");
+    let written = writing.join().expect("writer");
+    pipe.finish(&sink, &mut c).expect("the pipeline runs");
+    eprintln!("{written} small transactions");
+    assert_eq!(before, 0, "positioned changes went out while the first transaction was held");
+    let all = sink.applied().clone();
+    let positions: Vec<Position> = positioned(&all).into_iter().map(|(p, _)| p).collect();
+    assert!(positions.windows(2).all(|w| w[0] <= w[1]), "commit order");
+    assert_equal(&sink, &mut c, "adv_mid");
+    drop_slot("adv_mid");
+}
