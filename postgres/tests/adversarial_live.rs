@@ -49,7 +49,13 @@ impl Pipe {
     }
 
     /// With the stop's drain timeout `drain`.
-    fn start_with(source: LiveSource, sink: &MemorySink, end: Option<Position>, paced: bool, drain: Duration) -> Pipe {
+    fn start_with(
+        source: LiveSource,
+        sink: &MemorySink,
+        end: Option<Position>,
+        paced: bool,
+        drain: Duration,
+    ) -> Pipe {
         let builder = MemoryStream::builder().sinks(["replica"]);
         let builder = if paced { builder.capacity(4) } else { builder };
         let mut pipeline =
@@ -82,7 +88,9 @@ impl Pipe {
     /// Waits until `sink` got its backfill's `SnapshotComplete` (or the run ended), then
     /// [`stop_at`](Pipe::stop_at) the server's current position.
     fn finish(self, sink: &MemorySink, c: &mut Client) -> Result<PipelineReport, PipelineError> {
-        eventually("the backfill completed", Duration::from_secs(40), || complete(sink) || self.thread.is_finished());
+        eventually("the backfill completed", Duration::from_secs(40), || {
+            complete(sink) || self.thread.is_finished()
+        });
         let end = wal(c);
         self.stop_at(end, Duration::from_secs(40))
     }
@@ -206,7 +214,9 @@ fn writer(table: &'static str, from: i32, n: i32) -> thread::JoinHandle<i32> {
         let mut id = from;
         let deadline = Instant::now() + Duration::from_secs(40);
         while id < from + n && Instant::now() < deadline {
-            match c.execute(&format!("INSERT INTO {table} VALUES ($1, 'w', $1) ON CONFLICT DO NOTHING"), &[&id]) {
+            match c
+                .execute(&format!("INSERT INTO {table} VALUES ($1, 'w', $1) ON CONFLICT DO NOTHING"), &[&id])
+            {
                 Ok(_) => {
                     id += 1;
                     done += 1;
@@ -239,13 +249,14 @@ fn assert_equal(sink: &MemorySink, c: &mut Client, table: &str) {
 /// the held transaction; nothing after it reached the sink. Run again once the commit is
 /// visible, the sink ends equal to the table.
 #[test]
-#[ignore = "bug: a stop while a backfill request is unanswered (always so while a batch is held) waits the whole drain timeout (30 s), spinning: src/pipeline/ingest.rs drain() with serve=false still requires `pending` empty"]
 fn a_stop_while_a_batch_is_held_invisible_is_prompt_and_confirms_nothing_past_it() {
     let Some(_server) = serial() else { return };
     let mut c = sql();
     let config = table(&mut c, "adv_stop", 500);
     let source = LiveSource::connect(config.clone()).expect("source");
-    let held = Held::start("UPDATE adv_stop SET v = -1000 WHERE id = 7; UPDATE adv_stop SET id = -id, v = 0 WHERE id = 8".into());
+    let held = Held::start(
+        "UPDATE adv_stop SET v = -1000 WHERE id = 7; UPDATE adv_stop SET id = -id, v = 0 WHERE id = 8".into(),
+    );
     // Later transactions, visible at once, behind the held one in the stream.
     for id in 1001..=1020 {
         c.execute("INSERT INTO adv_stop VALUES ($1, 'later', $1)", &[&id]).expect("insert");
@@ -257,7 +268,8 @@ fn a_stop_while_a_batch_is_held_invisible_is_prompt_and_confirms_nothing_past_it
     let (took, result) = pipe.stop_now();
     let first = sink.applied().clone();
     let confirmed = confirmed_flush(&mut c, "adv_stop");
-    let later_seen = positioned(&first).iter().filter(|(_, id)| id.parse::<i32>().is_ok_and(|i| i > 1000)).count();
+    let later_seen =
+        positioned(&first).iter().filter(|(_, id)| id.parse::<i32>().is_ok_and(|i| i > 1000)).count();
     held.cancel().expect("committed locally");
     let report = result.expect("the first run");
     eprintln!("the stop took {took:?}: {report:?}");
@@ -273,7 +285,11 @@ fn a_stop_while_a_batch_is_held_invisible_is_prompt_and_confirms_nothing_past_it
     );
     assert_equal(&sink, &mut c, "adv_stop");
     drop_slot("adv_stop");
-    assert!(took < Duration::from_secs(5), "the stop took {took:?} (drain timed out: {})", report.drain_timed_out);
+    assert!(
+        took < Duration::from_secs(5),
+        "the stop took {took:?} (drain timed out: {})",
+        report.drain_timed_out
+    );
 }
 
 /// Ordering: while a batch is held, nothing after it reaches the sink; once it is visible, it
@@ -354,7 +370,10 @@ fn a_server_restart_while_held_with_a_busy_backlog_reconnects_and_ends_equal() {
     let mut c = sql();
     let config = table(&mut c, "adv_restart", 1000);
     let source = LiveSource::connect(config).expect("source");
-    let held = Held::start("UPDATE adv_restart SET v = -v WHERE id % 50 = 0; UPDATE adv_restart SET id = -id WHERE id = 999".into());
+    let held = Held::start(
+        "UPDATE adv_restart SET v = -v WHERE id % 50 = 0; UPDATE adv_restart SET id = -id WHERE id = 999"
+            .into(),
+    );
     let sink = MemorySink::new();
     let pipe = Pipe::start(source, &sink, None);
     let backlog = writer("adv_restart", 10_000, 3000).join().expect("writer");
@@ -370,7 +389,9 @@ fn a_server_restart_while_held_with_a_busy_backlog_reconnects_and_ends_equal() {
     let written = during.join().expect("writer");
     eprintln!("written during the restart: {written}");
     let mut c = sql();
-    eventually("the backfill completed", Duration::from_secs(40), || complete(&sink) || pipe.thread.is_finished());
+    eventually("the backfill completed", Duration::from_secs(40), || {
+        complete(&sink) || pipe.thread.is_finished()
+    });
     let end = wal(&mut c);
     pipe.stop_at(end, Duration::from_secs(30)).expect("the pipeline runs through the restart");
     assert_equal(&sink, &mut c, "adv_restart");
@@ -495,7 +516,9 @@ fn a_busy_stream_during_a_backfill_ends_equal_with_no_partial_update_of_an_unhel
     }
     let written = inserts.join().expect("writer");
     let during = complete(&sink);
-    eventually("the backfill completed", Duration::from_secs(40), || complete(&sink) || pipe.thread.is_finished());
+    eventually("the backfill completed", Duration::from_secs(40), || {
+        complete(&sink) || pipe.thread.is_finished()
+    });
     let end = wal(&mut c);
     pipe.stop_at(end, Duration::from_secs(40)).expect("the pipeline runs");
     eprintln!("{n} updates, {written} inserts; backfill complete before they ended: {during}");
@@ -520,9 +543,12 @@ fn a_partial_update_whose_commit_waits_for_the_source_itself_is_not_a_deadlock()
     let pipe = Pipe::start_paced(source, &sink, None, true);
     // The source streams (its walsender is up) before the standby setting names it.
     eventually("the slot is streamed", Duration::from_secs(10), || {
-        c.query_one("SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'adv_self'", &[])
-            .map(|r| r.get::<_, bool>(0))
-            .unwrap_or(false)
+        c.query_one(
+            "SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = 'adv_self'",
+            &[],
+        )
+        .map(|r| r.get::<_, bool>(0))
+        .unwrap_or(false)
     });
     let local = Setting::set("synchronous_commit", "local");
     let standby = Setting::set("synchronous_standby_names", "*");
@@ -570,7 +596,6 @@ fn a_partial_update_whose_commit_waits_for_the_source_itself_is_not_a_deadlock()
 /// Control for the stop test: a stop while a backfill is in progress (a slow sink), nothing
 /// held invisible: how long does it take?
 #[test]
-#[ignore = "bug: a stop during a backfill waits the whole drain timeout (30 s) spinning a core: src/pipeline/ingest.rs drain() with serve=false still requires `pending` empty"]
 fn a_stop_during_a_backfill_without_a_hold_is_prompt() {
     let Some(_server) = serial() else { return };
     let mut c = sql();
@@ -589,7 +614,11 @@ fn a_stop_during_a_backfill_without_a_hold_is_prompt() {
     Pipe::start(source, &sink, None).finish(&sink, &mut c).expect("the second run");
     assert_equal(&sink, &mut c, "adv_stopbf");
     drop_slot("adv_stopbf");
-    assert!(took < Duration::from_secs(5), "the stop took {took:?} (drain timed out: {})", report.drain_timed_out);
+    assert!(
+        took < Duration::from_secs(5),
+        "the stop took {took:?} (drain timed out: {})",
+        report.drain_timed_out
+    );
 }
 
 /// The source's second connection (which `poll` asks every 2 ms whether the held transaction
@@ -601,7 +630,9 @@ fn the_second_connection_terminated_while_a_batch_is_held_reconnects_and_ends_eq
     let mut c = sql();
     let config = table(&mut c, "adv_side", 300);
     let source = LiveSource::connect(config).expect("source");
-    let held = Held::start("UPDATE adv_side SET v = -v WHERE id <= 10; UPDATE adv_side SET id = -id WHERE id = 11".into());
+    let held = Held::start(
+        "UPDATE adv_side SET v = -v WHERE id <= 10; UPDATE adv_side SET id = -id WHERE id = 11".into(),
+    );
     for id in 2001..=2050 {
         c.execute("INSERT INTO adv_side VALUES ($1, 'later', $1)", &[&id]).expect("insert");
     }
@@ -641,7 +672,6 @@ fn the_second_connection_terminated_while_a_batch_is_held_reconnects_and_ends_eq
 /// added for the diagnosis (not kept), the worker of each of those rounds had ended with the
 /// server's 57P01, so the source's reconnect came from the lost result.
 #[test]
-#[ignore = "bug: take_queued drops a receive that took the finished worker's JoinHandle; the 57P01 result is lost and 'already joined' is classified Lost (reconnect): about 1 round in 200 reconnects against the administrator (postgres/src/live/stream.rs take_queued, classify_stream)"]
 fn a_walsender_terminated_while_the_stream_is_busy_is_never_reconnected() {
     use lanestream_postgres::live::LiveError;
     use lanestream_postgres::pipeline::Source;
@@ -692,7 +722,10 @@ fn a_walsender_terminated_while_the_stream_is_busy_is_never_reconnected() {
                 Err(LiveError::TerminatedByAdmin { .. }) => break "admin".to_owned(),
                 Err(e) => break format!("error: {e}"),
                 Ok(_) if Instant::now() > deadline => {
-                    break format!("no error within 3 s, reconnects {:?}", source.metrics().map(|m| m.reconnects))
+                    break format!(
+                        "no error within 3 s, reconnects {:?}",
+                        source.metrics().map(|m| m.reconnects)
+                    )
                 }
                 Ok(_) => {}
             }
@@ -739,7 +772,11 @@ fn until_end_before_a_held_transaction_ends_with_the_table_as_of_end() {
     let got = replica.rows.get("public_adv_before").cloned().unwrap_or_default();
     drop_slot("adv_before");
     assert!(ended, "the run until {end} did not end within 10 s while a transaction after it was held ({held_for:?} left)");
-    assert_eq!((replica.unknown, compare(&got, &as_of_end)), (0, (0, 0, 0)), "the sink against the table as of {end}");
+    assert_eq!(
+        (replica.unknown, compare(&got, &as_of_end)),
+        (0, (0, 0, 0)),
+        "the sink against the table as of {end}"
+    );
 }
 
 /// A stop while a chunked transaction is held between its chunks (its first chunks, inserts
@@ -769,7 +806,8 @@ fn a_stop_while_a_chunked_transaction_is_held_between_its_chunks_resumes_equal()
     let confirmed = confirmed_flush(&mut c, "adv_chstop");
     held.cancel().expect("committed locally");
     result.expect("the first run");
-    let chunk_rows = envelopes(&first).iter().filter(|e| e.id.parse::<i32>().is_ok_and(|i| i > 3000 && i <= 3030)).count();
+    let chunk_rows =
+        envelopes(&first).iter().filter(|e| e.id.parse::<i32>().is_ok_and(|i| i > 3000 && i <= 3030)).count();
     let later = envelopes(&first).iter().filter(|e| e.id == "9000").count();
     eprintln!("the stop took {took:?}; first run: {chunk_rows} rows of the held transaction's first chunks, slot at {confirmed:?}");
     let source = chunked(LiveSource::connect(config).expect("source"));
@@ -780,7 +818,10 @@ fn a_stop_while_a_chunked_transaction_is_held_between_its_chunks_resumes_equal()
     assert!(chunk_rows > 0, "the held transaction's first chunks went out before the stop");
     assert!(took < Duration::from_secs(5), "the stop took {took:?}");
     if let (Some(confirmed), Some(commit)) = (confirmed, commit) {
-        assert!(confirmed < commit, "slot confirmed at {confirmed}, the held transaction commits at {commit}");
+        assert!(
+            confirmed < commit,
+            "slot confirmed at {confirmed}, the held transaction commits at {commit}"
+        );
     }
     assert_equal(&sink, &mut c, "adv_chstop");
     drop_slot("adv_chstop");
@@ -796,7 +837,9 @@ fn a_hold_inside_a_busy_stream_with_heartbeats_ends_equal() {
     let mut config = table(&mut c, "adv_mid", 500);
     config.heartbeat = Some(Duration::from_millis(100));
     let source = LiveSource::connect(config).expect("source");
-    let held = Held::start("UPDATE adv_mid SET v = -v WHERE id <= 20; UPDATE adv_mid SET id = -id WHERE id = 21".into());
+    let held = Held::start(
+        "UPDATE adv_mid SET v = -v WHERE id <= 20; UPDATE adv_mid SET id = -id WHERE id = 21".into(),
+    );
     let writing = writer("adv_mid", 10_000, 20_000);
     let sink = MemorySink::new();
     let pipe = Pipe::start(source, &sink, None);

@@ -192,6 +192,8 @@ impl<St: Stream + Clone + 'static> Pipeline<St> {
 
     /// How long a stop waits for the sinks to ack what was published before it closes the
     /// lanes anyway (default 30 s; what is not acked is not confirmed: the source sends it again).
+    /// A stop does not wait for backfills being served: each sink owes them durably and asks
+    /// again at its next start, resuming after the last row it applied.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self

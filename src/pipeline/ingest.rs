@@ -302,8 +302,9 @@ impl<St: Stream> Ingest<'_, St> {
         Ok(())
     }
 
-    /// Waits until the sinks acked everything published (the waitable watermark), serving the
-    /// backfills asked meanwhile when `serve` (a finite input's end), up to `deadline`.
+    /// Waits until the sinks acked everything published (the waitable watermark), up to
+    /// `deadline`; at a finite input's end (`serve`) it also serves the backfills asked
+    /// meanwhile until none is pending, at a stop it does not wait for them.
     fn drain<Src: Source>(
         &mut self,
         source: &mut Src,
@@ -329,10 +330,13 @@ impl<St: Stream> Ingest<'_, St> {
                 Some(last) => self.report.confirmed.is_some_and(|c| c >= last),
                 None => true,
             };
+            // A stop does not wait for the backfills being served: it reads the source no more,
+            // so they would never complete. Their requests stay unacked, and each sink owes them
+            // durably (P3), resuming after the last row it applied.
+            if caught_up && !serve {
+                return Ok(());
+            }
             if caught_up && self.pending.values().all(VecDeque::is_empty) {
-                if !serve {
-                    return Ok(());
-                }
                 // A finite source's end: every request asked before the acks just read is on
                 // the request lane by now (an engine asks before it acks the run whose commit
                 // made the backfill owed), and one the lane was too full to take is counted in
