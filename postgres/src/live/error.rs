@@ -138,6 +138,21 @@ pub enum LiveError {
     /// The stream carried a message the decoder refused (no server sends it: a bug to report).
     #[error("the replication stream: {0}")]
     Decode(#[from] PgOutputError),
+    /// The slot's own walsender is a synchronous standby (`synchronous_standby_names` names its
+    /// `application_name`, `lanestream`, or is `*`), and a transaction with a partial update the
+    /// source must fill (P5: a table a sink does not hold yet) waits for it: its commit is
+    /// visible to nobody until this source confirms it, and the source confirms it only after
+    /// handing it over, which needs it visible. Returned after the transaction stayed invisible
+    /// for [`SIDE_RETRY_BUDGET`](super::SIDE_RETRY_BUDGET); nothing of it was handed over.
+    #[error(
+        "the walsender of slot {slot:?} is a synchronous standby (synchronous_standby_names), and          transaction {xid} waits for this source to confirm it while the source waits for it to be          visible (to read the unchanged values of a partial update); leave application_name          'lanestream' out of synchronous_standby_names"
+    )]
+    SynchronousStandby {
+        /// The slot.
+        slot: String,
+        /// The transaction held.
+        xid: u32,
+    },
     /// Any other error of the replication connection, as the server or the client tells it.
     #[error("the replication stream of slot {slot:?}: {message}")]
     Replication {

@@ -272,10 +272,24 @@ pub struct LiveSource {
     /// events were taken from it: `poll` takes without waiting only what is queued.
     forwarded: Option<(Arc<pgwire_replication::ReplicationMetrics>, u64)>,
     /// A batch with partial updates to fill whose transaction (this xid) is not yet visible on
-    /// the second connection: it waits, holding up the stream after it, for as long as it takes
-    /// (a commit waiting for a synchronous standby is visible to nobody meanwhile), and `next`
-    /// returns `None` at each timeout, hands over no idle batch and does not end.
-    invisible: Option<(Batch, u32)>,
+    /// the second connection, and since when: it waits, holding up the stream after it, for as
+    /// long as it takes (a commit waiting for a synchronous standby is visible to nobody
+    /// meanwhile; [`LiveError::SynchronousStandby`] when that standby is this source's own
+    /// walsender), and `next` returns `None` at each timeout, hands over no idle batch and does
+    /// not end (but at an [`until`](LiveSource::until) position at or before its commit).
+    invisible: Option<Invisible>,
+}
+
+/// A batch waiting for its transaction to be visible ([`LiveSource::invisible`]).
+#[derive(Debug)]
+struct Invisible {
+    batch: Batch,
+    xid: u32,
+    /// When it began to wait.
+    since: Instant,
+    /// Its transaction's commit LSN (a chunk's, from its Begin), when known: an
+    /// [`until`](LiveSource::until) position at or before it ends the input without it.
+    commit: Option<Position>,
 }
 
 impl std::fmt::Debug for LiveSource {
@@ -308,7 +322,8 @@ impl LiveSource {
     }
 
     /// End ([`SourceItem::End`]) once every transaction committed before `end` was decoded and
-    /// no more arrive within one `next` timeout; `None` (the default): run until stopped.
+    /// no more arrive within one `next` timeout (or a transaction committed at or after `end`
+    /// waits to be visible: see [`next`](Source::next)); `None` (the default): run until stopped.
     pub fn until(mut self, end: Option<Position>) -> Self {
         self.end = end;
         self
@@ -409,7 +424,8 @@ impl Source for LiveSource {
     /// a snapshot batch when the stream reaches its chunk's high mark, `SnapshotComplete` after
     /// a request's last one; `Ok(None)` when nothing came within `timeout`, or while a
     /// transaction with partial updates to fill is not yet visible to other sessions (a commit
-    /// waiting for a synchronous standby: it is handed over once it is, nothing after it before);
+    /// waiting for a synchronous standby: it is handed over once it is, nothing after it before;
+    /// [`LiveError::SynchronousStandby`] when that standby is this source's own walsender);
     /// [`SourceItem::End`]
     /// at [`until`](LiveSource::until)'s position. Writes the heartbeat when it is due, and opens
     /// the stream again when it broke (see the module docs, *Reconnecting*).
@@ -427,6 +443,14 @@ impl Source for LiveSource {
         }
         let item = match self.poll(timeout)? {
             Some(item) => item,
+            // Held back: the input ends without it when it commits at or after `until`'s end
+            // (every transaction before that end came before it in the stream).
+            None if self.invisible.as_ref().is_some_and(|held| {
+                self.end.is_some_and(|end| held.commit.is_some_and(|commit| commit >= end))
+            }) =>
+            {
+                SourceItem::End
+            }
             None if self.invisible.is_some() => return Ok(None),
             None if self.end.is_some_and(|end| self.decoded.is_some_and(|d| d >= end)) => SourceItem::End,
             None => match self.idle_batch() {

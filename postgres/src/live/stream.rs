@@ -35,7 +35,8 @@ const NAPS: u32 = 4;
 /// Queued events taken in a row without `poll`'s checks (the heartbeat, the deadline).
 const TAKEN: u32 = 256;
 
-/// How often `poll` looks again whether a waiting batch's transaction is visible.
+/// How often `poll` looks again whether a waiting batch's transaction is visible (the first
+/// second; 25 times that after).
 const INVISIBLE_RETRY: Duration = Duration::from_millis(2);
 
 /// The reader's next chunk if one is read, or the stream's next event if one is queued,
@@ -138,17 +139,27 @@ impl LiveSource {
             // A batch waiting for its transaction to be visible holds the stream up (nothing
             // after it is taken), within this call's timeout; the worker meanwhile answers the
             // server's keepalives.
-            if let Some((_, xid)) = self.invisible {
+            if let Some((xid, since)) = self.invisible.as_ref().map(|held| (held.xid, held.since)) {
                 if self.visible(xid)? {
-                    if let Some((batch, xid)) = self.invisible.take() {
-                        self.queue(batch, Some(xid))?;
+                    if let Some(held) = self.invisible.take() {
+                        self.queue(held.batch, Some(held.xid))?;
                     }
                     continue;
+                }
+                let held = since.elapsed();
+                if held >= super::SIDE_RETRY_BUDGET && self.synchronous_standby()? {
+                    return Err(LiveError::SynchronousStandby { slot: self.config.slot.clone(), xid });
                 }
                 if Instant::now() >= deadline {
                     return Ok(None);
                 }
-                thread::sleep(INVISIBLE_RETRY);
+                // Every 2 ms at first (a commit's visibility usually follows its flush within
+                // one), then every 50 ms.
+                thread::sleep(if held < Duration::from_secs(1) {
+                    INVISIBLE_RETRY
+                } else {
+                    INVISIBLE_RETRY * 25
+                });
                 continue;
             }
             // While the stream is busy and no backfill chunk is being read, up to `TAKEN`
@@ -257,7 +268,8 @@ impl LiveSource {
         let xid = self.open_xid;
         if let Some(id) = xid.filter(|_| self.fills(&batch)) {
             if !self.visible(id)? {
-                self.invisible = Some((batch, id));
+                let commit = batch.position.or(self.open_commit);
+                self.invisible = Some(super::Invisible { batch, xid: id, since: Instant::now(), commit });
                 return Ok(());
             }
         }
@@ -400,6 +412,24 @@ impl LiveSource {
             e.is_partial()
                 && (self.unheld.contains_key(&e.index) || self.backfiller.plan_of(&e.index).is_some())
         })
+    }
+
+    /// Whether the slot's walsender is a synchronous standby now (`pg_stat_replication`'s
+    /// `sync_state` of the slot's active PID is `sync` or `quorum`; one query).
+    fn synchronous_standby(&mut self) -> Result<bool, LiveError> {
+        let slot = self.config.slot.clone();
+        let state: Option<String> = self.side()?.run(
+            super::SIDE_RETRY_BUDGET,
+            || "reading the slot's walsender's sync_state".into(),
+            |c| {
+                c.query_opt(
+                    "SELECT r.sync_state::text FROM pg_stat_replication r                      JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1::text",
+                    &[&slot],
+                )
+                .map(|row| row.map(|r| r.get(0)))
+            },
+        )?;
+        Ok(matches!(state.as_deref(), Some("sync" | "quorum")))
     }
 
     /// Whether the committed transaction `xid` is visible to a new snapshot of the second
