@@ -37,7 +37,8 @@
 //! `config.rs` how to reach the slot; `error.rs` what went wrong and how errors are told apart;
 //! `side.rs` the second connection and the catalog key look-up; `slot.rs` the slot at connect,
 //! the start-up check, reading it back; `stream.rs` the replication stream (open, poll, decode,
-//! reconnect, confirm); `reader.rs` the backfill's requests and reader threads.
+//! reconnect, confirm); `fill.rs` a decoded batch handed over, its partial updates filled once
+//! its transaction is visible (P5); `reader.rs` the backfill's requests and reader threads.
 //!
 //! # Which client, and why
 //! The stream runs on [`pgwire_replication`] (0.5), a Tokio client of the replication protocol
@@ -129,6 +130,7 @@
 
 mod config;
 mod error;
+mod fill;
 mod reader;
 mod side;
 mod slot;
