@@ -17,16 +17,18 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lanestream::pipeline::{MemorySink, MetricsHandle, PipelineError, PipelineReport, StopHandle};
-use lanestream::{LaneItem, MemoryStream, Position};
+use lanestream::{LaneItem, Position};
 use lanestream_postgres::batch::TransactionBuilder;
 use lanestream_postgres::live::{LiveConfig, LiveSource};
-use lanestream_postgres::pipeline::{Joiners, Pipeline};
+use lanestream_postgres::pipeline::Joiners;
 use postgres::Client;
 use serde_json::{Map, Value};
 
 mod pg_server;
-use pg_server::replica::{complete, envelopes, eventually, Replica};
-use pg_server::{compare, drop_slot, live_config, restart_command, serial, sql, url, wal, Setting};
+use pg_server::replica::{complete, envelopes, eventually, Replica, Running};
+use pg_server::{
+    compare, drop_slot, live_config, restart_command, serial, slot_confirmed, sql, url, wal, Setting,
+};
 
 type Rows = std::collections::BTreeMap<String, Map<String, Value>>;
 
@@ -56,19 +58,8 @@ impl Pipe {
         paced: bool,
         drain: Duration,
     ) -> Pipe {
-        let builder = MemoryStream::builder().sinks(["replica"]);
-        let builder = if paced { builder.capacity(4) } else { builder };
-        let mut pipeline =
-            Pipeline::new(builder.build().expect("stream")).joiners(Joiners::Backfill).drain_timeout(drain);
-        if paced {
-            pipeline = pipeline.max_run(1);
-        }
-        let pipeline = pipeline.sink("replica", {
-            let sink = sink.clone();
-            move || Ok::<_, std::convert::Infallible>(sink.clone())
-        });
-        let (stop, metrics) = (pipeline.stop_handle(), pipeline.metrics());
-        let thread = thread::spawn(move || pipeline.run(&mut source.until(end)));
+        let Running { stop, metrics, thread } =
+            Running::start_with(source, sink, Joiners::Backfill, paced, end, drain);
         Pipe { stop, metrics, thread }
     }
 
@@ -174,18 +165,6 @@ impl Drop for Held {
     }
 }
 
-/// The slot's `confirmed_flush_lsn`.
-fn confirmed_flush(c: &mut Client, slot: &str) -> Option<Position> {
-    let lsn: Option<String> = c
-        .query_one(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text",
-            &[&slot],
-        )
-        .expect("slot")
-        .get(0);
-    lsn.and_then(|l| Position::from_lsn(&l).ok())
-}
-
 /// The commit position of the transaction that brought the change of `id` whose document has
 /// `v` = `v` (the first such change in the sink's output).
 fn commit_of(items: &[LaneItem], id: &str, v: i64) -> Option<Position> {
@@ -249,7 +228,7 @@ fn assert_equal(sink: &MemorySink, c: &mut Client, table: &str) {
 /// the held transaction; nothing after it reached the sink. Run again once the commit is
 /// visible, the sink ends equal to the table.
 #[test]
-fn a_stop_while_a_batch_is_held_invisible_is_prompt_and_confirms_nothing_past_it() {
+fn p5_a_stop_while_a_batch_is_held_invisible_is_prompt_and_confirms_nothing_past_it() {
     let Some(_server) = serial() else { return };
     let mut c = sql();
     let config = table(&mut c, "adv_stop", 500);
@@ -267,7 +246,7 @@ fn a_stop_while_a_batch_is_held_invisible_is_prompt_and_confirms_nothing_past_it
     assert!(!pipe.thread.is_finished(), "the pipeline runs");
     let (took, result) = pipe.stop_now();
     let first = sink.applied().clone();
-    let confirmed = confirmed_flush(&mut c, "adv_stop");
+    let confirmed = slot_confirmed(&mut c, "adv_stop");
     let later_seen =
         positioned(&first).iter().filter(|(_, id)| id.parse::<i32>().is_ok_and(|i| i > 1000)).count();
     held.cancel().expect("committed locally");
@@ -596,7 +575,7 @@ fn a_partial_update_whose_commit_waits_for_the_source_itself_is_a_clear_error_no
 /// Control for the stop test: a stop while a backfill is in progress (a slow sink), nothing
 /// held invisible: how long does it take?
 #[test]
-fn a_stop_during_a_backfill_without_a_hold_is_prompt() {
+fn p3_a_stop_during_a_backfill_is_prompt() {
     let Some(_server) = serial() else { return };
     let mut c = sql();
     let config = table(&mut c, "adv_stopbf", 3000);
@@ -667,10 +646,11 @@ fn the_second_connection_terminated_while_a_batch_is_held_reconnects_and_ends_eq
 /// waker), round after round: the source must report the termination every time
 /// (`TerminatedByAdmin`) and never reconnect against it. A receive dropped unfinished after the
 /// client's worker ended loses the worker's result ("replication worker already joined"),
-/// which the source now takes for a lost stream and reconnects. Watched failing: 2, 4 and 3
-/// rounds of 600 reconnected (`reconnects` 1, no error) in three runs; with a tracing subscriber
-/// added for the diagnosis (not kept), the worker of each of those rounds had ended with the
-/// server's 57P01, so the source's reconnect came from the lost result.
+/// which the source takes for a lost stream and reconnects. Watched failing while the naps
+/// polled every empty queue: 2, 4 and 3 rounds of 600 reconnected (`reconnects` 1, no error) in
+/// three runs; with a tracing subscriber added for the diagnosis (not kept), the worker of each
+/// of those rounds had ended with the server's 57P01, so the reconnect came from the lost
+/// result. Now the naps poll only what the worker counted as forwarded, and it passes.
 #[test]
 fn a_walsender_terminated_while_the_stream_is_busy_is_never_reconnected() {
     use lanestream_postgres::live::LiveError;
@@ -765,7 +745,7 @@ fn a_stop_while_a_chunked_transaction_is_held_between_its_chunks_resumes_equal()
     thread::sleep(Duration::from_secs(2));
     let (took, result) = pipe.stop_now();
     let first = sink.applied().clone();
-    let confirmed = confirmed_flush(&mut c, "adv_chstop");
+    let confirmed = slot_confirmed(&mut c, "adv_chstop");
     held.cancel().expect("committed locally");
     result.expect("the first run");
     let chunk_rows =

@@ -457,7 +457,7 @@ fn a_key_change_streamed_before_it_is_visible_keeps_its_row() {
 /// waits as long as the commit is invisible (holding the stream up behind it), where it used to
 /// give up waiting after the budget and fill anyway, turning the move into a delete.
 #[test]
-fn a_key_change_invisible_for_longer_than_the_retry_budget_keeps_its_row() {
+fn p5_a_key_change_invisible_for_longer_than_the_retry_budget_keeps_its_row() {
     let Some(_server) = serial() else { return };
     let hold = lanestream_postgres::live::SIDE_RETRY_BUDGET + Duration::from_secs(2);
     let (held, expected) = move_while_invisible(1999..=1999, None, hold);

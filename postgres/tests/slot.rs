@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 mod pg_server;
 use pg_server::replica::{eventually, Replica};
-use pg_server::{compare, drop_slot, live_config, serial, sql, sql_at, url, wal};
+use pg_server::{compare, drop_slot, live_config, serial, slot_confirmed, sql, sql_at, url, wal};
 
 /// A sink whose data and state become durable together at `commit`, as the trait asks (what an
 /// instance applied and did not commit is lost with it); its store outlives its instances.
@@ -119,17 +119,6 @@ impl Running {
         self.stop.stop();
         self.thread.join().expect("the pipeline thread")
     }
-}
-
-/// The slot's `confirmed_flush_lsn`.
-fn slot_confirmed(c: &mut Client, slot: &str) -> Option<Position> {
-    c.query_one(
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text",
-        &[&slot],
-    )
-    .expect("the slot")
-    .get::<_, Option<String>>(0)
-    .map(|t| Position::from_lsn(&t).expect("an LSN"))
 }
 
 fn table(c: &mut Client, table: &str) -> std::collections::BTreeMap<String, Map<String, Value>> {

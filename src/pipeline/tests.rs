@@ -1088,3 +1088,76 @@ fn p2_an_explicit_backfill_of_an_index_the_source_does_not_have_is_refused_at_st
     assert!(source.requests.lock().unwrap().is_empty(), "nothing asked");
     assert!(a.committed().as_ref().is_none_or(|s| s.owed.is_empty()), "nothing owed: {:?}", a.committed());
 }
+
+/// Hands over its transactions, takes backfill requests and never serves them (a live
+/// source's backfill waits for its stream), then has nothing more.
+struct Unserved {
+    items: VecDeque<SourceItem>,
+    requests: Arc<Mutex<Vec<Request>>>,
+}
+
+impl Source for Unserved {
+    type Error = std::io::Error;
+
+    fn next(&mut self, timeout: Duration) -> Result<Option<SourceItem>, Self::Error> {
+        match self.items.pop_front() {
+            Some(item) => Ok(Some(item)),
+            None => {
+                std::thread::sleep(timeout);
+                Ok(None)
+            }
+        }
+    }
+
+    fn confirm(&mut self, _: Position) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn backfill(&mut self, request: Request) -> Result<(), Self::Error> {
+        self.requests.lock().unwrap().push(request);
+        Ok(())
+    }
+
+    fn start(&mut self, _: &[SinkStart<'_>]) -> Result<SourceStart, Self::Error> {
+        Ok(SourceStart::default())
+    }
+}
+
+/// P3 at a stop: a stop while a backfill is being served returns once everything published is
+/// acked, not at the drain timeout (it reads the source no more, so the backfill could never
+/// complete: before, it waited the whole timeout, spinning), and the sink still owes the
+/// backfill, durably, to ask for it again at its next start.
+#[test]
+fn p3_a_stop_while_a_backfill_is_served_returns_once_acked_and_the_backfill_stays_owed() {
+    let stream = MemoryStream::builder().sinks(["a"]).build().unwrap();
+    let a = MemorySink::default();
+    let t = IndexName::new("t").unwrap();
+    let pipeline = Pipeline::new(stream)
+        .tick(Duration::from_millis(2))
+        .drain_timeout(Duration::from_secs(20))
+        .backfill([t.clone()])
+        .sink("a", {
+            let a = a.clone();
+            move || Ok::<_, std::convert::Infallible>(a.clone())
+        });
+    let stop = pipeline.stop_handle();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let mut source = Unserved {
+        items: [txn(10), txn(20)].into_iter().map(SourceItem::Change).collect(),
+        requests: requests.clone(),
+    };
+    let running = std::thread::spawn(move || pipeline.run(&mut source));
+    let asked_by = std::time::Instant::now() + Duration::from_secs(10);
+    while requests.lock().unwrap().is_empty() || a.transactions() != [10, 20] {
+        assert!(std::time::Instant::now() < asked_by, "the backfill asked and both transactions applied");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let asked = std::time::Instant::now();
+    stop.stop();
+    let report = running.join().unwrap().expect("the pipeline stops");
+    assert!(asked.elapsed() < Duration::from_secs(5), "the stop took {:?}", asked.elapsed());
+    assert!(!report.drain_timed_out, "drained, not timed out");
+    let state = a.committed().clone().expect("a state");
+    assert_eq!(state.owed.len(), 1, "the backfill still owed: {state:?}");
+    assert_eq!(state.owed[0].indexes, [t]);
+}

@@ -60,6 +60,17 @@ pub fn sql_at(url: &str) -> Client {
     Client::connect(url, NoTls).expect("connect")
 }
 
+/// The slot's `confirmed_flush_lsn` (`None`: never confirmed).
+pub fn slot_confirmed(c: &mut Client, slot: &str) -> Option<Position> {
+    c.query_one(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text",
+        &[&slot],
+    )
+    .expect("the slot")
+    .get::<_, Option<String>>(0)
+    .map(|t| Position::from_lsn(&t).expect("an LSN"))
+}
+
 /// The server's current WAL position: everything committed before it is in the WAL.
 pub fn wal(c: &mut Client) -> Position {
     Position::from_lsn(

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lanestream::pipeline::MemorySink;
 use lanestream::{Envelope, LaneItem, MemoryStream, Op, Position, Relation};
@@ -124,7 +125,7 @@ impl Replica {
 pub struct Running {
     pub stop: lanestream::pipeline::StopHandle,
     pub metrics: lanestream::pipeline::MetricsHandle,
-    thread: std::thread::JoinHandle<
+    pub thread: std::thread::JoinHandle<
         Result<lanestream::pipeline::PipelineReport, lanestream::pipeline::PipelineError>,
     >,
 }
@@ -138,9 +139,23 @@ impl Running {
     /// of one item (a slow sink, [`MemorySink::with_delay`], is then slow per item, and the
     /// source is read, the backfill served, no faster).
     pub fn paced(source: LiveSource, sink: &MemorySink, joiners: Joiners, paced: bool) -> Running {
+        Running::start_with(source, sink, joiners, paced, None, Duration::from_secs(30))
+    }
+
+    /// [`paced`](Running::paced), the source ending at `end` ([`LiveSource::until`]), a stop
+    /// draining for up to `drain` ([`Pipeline::drain_timeout`]).
+    pub fn start_with(
+        source: LiveSource,
+        sink: &MemorySink,
+        joiners: Joiners,
+        paced: bool,
+        end: Option<Position>,
+        drain: Duration,
+    ) -> Running {
         let builder = MemoryStream::builder().sinks(["replica"]);
         let builder = if paced { builder.capacity(4) } else { builder };
-        let mut pipeline = Pipeline::new(builder.build().expect("stream")).joiners(joiners);
+        let mut pipeline =
+            Pipeline::new(builder.build().expect("stream")).joiners(joiners).drain_timeout(drain);
         if paced {
             pipeline = pipeline.max_run(1);
         }
@@ -149,7 +164,7 @@ impl Running {
             move || Ok::<_, std::convert::Infallible>(sink.clone())
         });
         let (stop, metrics) = (pipeline.stop_handle(), pipeline.metrics());
-        let thread = std::thread::spawn(move || pipeline.run(&mut source.until(None)));
+        let thread = std::thread::spawn(move || pipeline.run(&mut source.until(end)));
         Running { stop, metrics, thread }
     }
 
