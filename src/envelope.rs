@@ -19,6 +19,19 @@ pub enum Op {
     Delete,
     /// Empty the whole index; the envelope's id and document are empty.
     Truncate,
+    /// The index's rows come again ("re-sync", as Fivetran and Airbyte call a table's reload):
+    /// what the sink holds of it may be stale, so empty it, and backfill it. A source sends it
+    /// when the index's table rejoined what it publishes (a PostgreSQL table removed from the
+    /// publication and added again, or dropped and created again, or its row filter or
+    /// column list changed): changes made meanwhile never reached the stream. The id and
+    /// document are empty, as for [`Op::Truncate`].
+    ///
+    /// A sink behind a sink engine ([`Pipeline`](crate::pipeline::Pipeline),
+    /// [`run_sink`](crate::pipeline::run_sink)) never sees it: the engine hands the sink an
+    /// [`Op::Truncate`] in its place and, in the same commit, makes a backfill of the index
+    /// owed ([`SinkState::resync`](crate::pipeline::SinkState::resync), P2). A consumer of a
+    /// lane without an engine empties the index and asks for its backfill itself.
+    Resync,
 }
 
 /// One document change: which index, which document, what happens to it, and the document itself.
@@ -48,7 +61,7 @@ pub struct Envelope {
     /// The index the document belongs to.
     pub index: IndexName,
     /// The document's id within its index (for PostgreSQL input: the primary-key values joined
-    /// with `:`). Empty for [`Op::Truncate`].
+    /// with `:`). Empty for [`Op::Truncate`] and [`Op::Resync`].
     pub id: String,
     /// What the change does.
     pub op: Op,

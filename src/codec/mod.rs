@@ -216,6 +216,8 @@ enum WireOp {
     Upsert,
     Delete,
     Truncate,
+    // Appended: the variants before keep their discriminants.
+    Resync,
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize)]
@@ -240,6 +242,7 @@ fn wire_op(op: Op) -> WireOp {
         Op::Upsert => WireOp::Upsert,
         Op::Delete => WireOp::Delete,
         Op::Truncate => WireOp::Truncate,
+        Op::Resync => WireOp::Resync,
     }
 }
 
@@ -536,6 +539,7 @@ fn op_of(op: ArchivedWireOp) -> Op {
         ArchivedWireOp::Upsert => Op::Upsert,
         ArchivedWireOp::Delete => Op::Delete,
         ArchivedWireOp::Truncate => Op::Truncate,
+        ArchivedWireOp::Resync => Op::Resync,
     }
 }
 

@@ -7,7 +7,10 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use crate::{IndexName, LaneConsumer, LaneItem, LaneRun, PublishError, RequestPublisher, SinkName, Stream};
+use crate::{
+    Batch, Envelope, IndexName, LaneConsumer, LaneItem, LaneRun, Op, PublishError, RequestPublisher,
+    SinkName, Stream,
+};
 
 use super::error::{panic_message, PipelineError};
 use super::metrics::{commit_micros, lock, unix_micros_now, MetricsHandle, SinkLive, SinkReport};
@@ -122,13 +125,24 @@ struct Prepared {
     items: Vec<LaneItem>,
     next: SinkState,
     asks: Vec<Vec<IndexName>>,
+    /// The indexes resynced ([`Op::Resync`](crate::Op::Resync)), in order.
+    resynced: Vec<IndexName>,
     covered: u64,
 }
 
 /// The items of `runs` that `state` does not cover (cut where it covers their start), the state
-/// past them, and the backfills a change of an unknown index makes owed (`detect`).
+/// past them, and the backfills a change of an unknown index makes owed (`detect`). A
+/// transaction with [`Op::Resync`](crate::Op::Resync) envelopes reaches the sink with
+/// [`Op::Truncate`](crate::Op::Truncate) in their place, and makes their backfills owed
+/// ([`SinkState::resync`]), whatever `detect` says.
 fn prepare<R: LaneRun<LaneItem>>(runs: &[R], state: &SinkState, detect: bool) -> Result<Prepared, BoxError> {
-    let mut out = Prepared { items: Vec::new(), next: state.clone(), asks: Vec::new(), covered: 0 };
+    let mut out = Prepared {
+        items: Vec::new(),
+        next: state.clone(),
+        asks: Vec::new(),
+        resynced: Vec::new(),
+        covered: 0,
+    };
     for item in runs.iter().flat_map(|run| (0..run.len()).map_while(|i| run.get(i))) {
         let item = match out.next.uncovered(item)? {
             Uncovered::Nothing => {
@@ -156,6 +170,24 @@ fn prepare<R: LaneRun<LaneItem>>(runs: &[R], state: &SinkState, detect: bool) ->
             }
         }
         out.next.advance(&item);
+        let item = match item {
+            LaneItem::Batch(b) if b.position.is_some() && b.envelopes.iter().any(|e| e.op == Op::Resync) => {
+                let envelopes: Arc<[Envelope]> = b
+                    .envelopes
+                    .iter()
+                    .map(|e| match e.op {
+                        Op::Resync => {
+                            out.resynced.push(e.index.clone());
+                            out.asks.push(vec![e.index.clone()]);
+                            Envelope { op: Op::Truncate, ..e.clone() }
+                        }
+                        _ => e.clone(),
+                    })
+                    .collect();
+                LaneItem::Batch(Batch { envelopes, ..b })
+            }
+            item => item,
+        };
         out.items.push(item);
     }
     Ok(out)
@@ -345,6 +377,16 @@ where
                     report.covered += prepared.covered;
                     state = prepared.next;
                     committed = Some(state.clone());
+                    // A resynced index is owed on its own now (`SinkState::resync`): the lists
+                    // asked before lose it, as the state's owed backfills did, so that a
+                    // request still being served is known by what it has left, and the new
+                    // backfill is asked.
+                    for index in &prepared.resynced {
+                        for a in &mut asked {
+                            a.retain(|i| i != index);
+                        }
+                    }
+                    asked.retain(|a| !a.is_empty());
                     // P3: the backfills a change made owed are durable now: ask for them (and
                     // forget the ones completed).
                     if !prepared.asks.is_empty() || !asked.is_empty() || deferred {

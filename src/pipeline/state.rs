@@ -65,7 +65,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::{Batch, IndexName, LaneItem, Position, Request, SinkName};
+use crate::{Batch, IndexName, LaneItem, Op, Position, Request, SinkName};
 use serde::{Deserialize, Serialize};
 
 /// The version of [`SinkState::to_text`]'s form; [`SinkState::parse`] refuses others.
@@ -275,7 +275,8 @@ impl SinkState {
     }
 
     /// Records that the sink applied `item` (what [`uncovered`](Self::uncovered) left of it): a
-    /// transaction moves the position; a chunk the in-transaction count; a snapshot batch the
+    /// transaction moves the position (and its [`Op::Resync`] envelopes
+    /// [`resync`](Self::resync) their indexes); a chunk the in-transaction count; a snapshot batch the
     /// progress of the backfill it belongs to (a snapshot of an index no owed backfill names
     /// starts one, so that a crash resumes it); `SnapshotComplete` ends what it completes and
     /// adds its indexes to those held.
@@ -285,6 +286,9 @@ impl SinkState {
                 (Some(p), _) => {
                     self.position = self.position.max(Some(p));
                     self.in_transaction = None;
+                    for e in batch.envelopes.iter().filter(|e| e.op == Op::Resync) {
+                        self.resync(&e.index);
+                    }
                 }
                 (None, Some(p)) => {
                     let envelopes = batch.offset + batch.envelopes.len() as u64;
@@ -353,6 +357,34 @@ impl SinkState {
         Some(owed)
     }
 
+    /// P2: `index`'s rows come again ([`Op::Resync`]: its table rejoined the source, and the
+    /// sink emptied it, as for [`Op::Truncate`]). The sink no longer holds it; a backfill owed
+    /// with it leaves it out (and resumes its next index from that index's first row, when
+    /// `index` was the one in progress); a backfill of `index` alone, from its first row, is
+    /// owed last, and returned.
+    ///
+    /// Why a backfill of its own: a request asked before the resync may be served, partly or
+    /// whole, before the source saw the rejoin; rows of `index` it brought are emptied, and
+    /// its `SnapshotComplete` must not make the sink hold `index` again. A source that
+    /// resyncs an index drops it from the requests it serves at that point
+    /// and serves it whole in those it takes later (the PostgreSQL source does), so whichever
+    /// request names it next is the one that fills it.
+    pub fn resync(&mut self, index: &IndexName) -> OwedBackfill {
+        if let Some(held) = &mut self.indexes {
+            held.remove(index);
+        }
+        for owed in &mut self.owed {
+            if owed.indexes.first() == Some(index) {
+                owed.after = None;
+            }
+            owed.indexes.retain(|i| i != index);
+        }
+        self.owed.retain(|o| !o.indexes.is_empty());
+        let owed = OwedBackfill { indexes: vec![index.clone()], after: None };
+        self.owed.push(owed.clone());
+        owed
+    }
+
     /// The request that asks for `owed` for `sink`, resuming after its last row.
     pub fn request(sink: &SinkName, owed: &OwedBackfill) -> Request {
         Request::Backfill { sink: sink.clone(), indexes: owed.indexes.clone(), after: owed.after.clone() }
@@ -367,7 +399,7 @@ pub fn transaction_of(batch: &Batch) -> Option<Position> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Envelope, Op};
+    use crate::Envelope;
 
     use super::*;
 
@@ -460,6 +492,38 @@ mod tests {
         state.advance(&txn[0]);
         let e = state.uncovered(&txn[2]).unwrap_err();
         assert!(matches!(e, StateError::ChunkGap { offset: 4, applied: 2, .. }), "{e}");
+    }
+
+    /// P2: a resync ([`Op::Resync`]) in an applied transaction drops the index from what the
+    /// sink holds and from the backfills it is owed (the one in progress on it starts its next
+    /// index from the first row), and owes it alone, from its first row, last.
+    #[test]
+    fn p2_a_resync_owes_the_index_alone_from_its_first_row() {
+        let mut state = SinkState { indexes: Some(names(&["h"]).into_iter().collect()), ..SinkState::new() };
+        state.owe(&names(&["a", "b"]), true);
+        state.advance(&snapshot("a", 0..3));
+        state.owe(&names(&["c"]), true);
+        let resync = |index: &str| Envelope {
+            op: Op::Resync,
+            id: String::new(),
+            ..envelope(index, 0, Some(Position(9)))
+        };
+        state.advance(&LaneItem::Batch(Batch::new(Some(Position(9)), vec![resync("a"), resync("h")].into())));
+        assert_eq!(state.position, Some(Position(9)));
+        assert_eq!(
+            state.owed,
+            [
+                OwedBackfill { indexes: names(&["b"]), after: None },
+                OwedBackfill { indexes: names(&["c"]), after: None },
+                OwedBackfill { indexes: names(&["a"]), after: None },
+                OwedBackfill { indexes: names(&["h"]), after: None },
+            ]
+        );
+        assert_eq!(state.indexes, Some(BTreeSet::new()), "h is held no more");
+        // A request the source served without `a` after the resync completes: `a` stays owed.
+        state.advance(&LaneItem::SnapshotComplete { indexes: names(&["b"]) });
+        assert_eq!(state.owed.len(), 3);
+        assert!(!state.indexes.as_ref().unwrap().contains(&IndexName::new("a").unwrap()));
     }
 
     /// P3: snapshot rows move the owed backfill on (the indexes before theirs are done), a

@@ -1161,3 +1161,84 @@ fn p3_a_stop_while_a_backfill_is_served_returns_once_acked_and_the_backfill_stay
     assert_eq!(state.owed.len(), 1, "the backfill still owed: {state:?}");
     assert_eq!(state.owed[0].indexes, [t]);
 }
+
+/// P2, a table that rejoins the source: a transaction's [`Op::Resync`] envelopes reach the sink
+/// as truncates, and the commit that applies them owes each index a backfill of its own, from
+/// its first row: the index is no longer held, an owed backfill that named it goes on without
+/// it, and the engine asks for each new backfill once, and not again for the one it asked
+/// before (the last index of which was resynced: its asked list is known by what it has left).
+#[test]
+fn p2_a_resync_reaches_the_sink_as_a_truncate_and_is_owed_again_in_the_same_commit() {
+    use super::state::OwedBackfill;
+    let stream = MemoryStream::builder().sinks(["a"]).build().unwrap();
+    let a = MemorySink::default();
+    let [t, u, v] = ["t", "u", "v"].map(|n| IndexName::new(n).unwrap());
+    *a.committed() = Some(SinkState {
+        position: Some(Position(5)),
+        owed: vec![OwedBackfill { indexes: vec![u.clone(), t.clone()], after: Some("7".into()) }],
+        indexes: Some([v.clone()].into_iter().collect()),
+        ..SinkState::new()
+    });
+    let resync = |index: &IndexName| Envelope {
+        index: index.clone(),
+        id: String::new(),
+        op: Op::Resync,
+        position: Some(Position(20)),
+        document: Bytes::new(),
+        built_at_micros: None,
+        relation: None,
+        old_id: None,
+        unchanged: Vec::new(),
+    };
+    let pipeline = Pipeline::new(stream).tick(Duration::from_millis(2)).sink("a", {
+        let a = a.clone();
+        move || Ok::<_, std::convert::Infallible>(a.clone())
+    });
+    let stop = pipeline.stop_handle();
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let mut source = Unserved {
+        items: [txn(10), Batch::new(Some(Position(20)), vec![resync(&t), resync(&v)].into())]
+            .into_iter()
+            .map(SourceItem::Change)
+            .collect(),
+        requests: requests.clone(),
+    };
+    let running = std::thread::spawn(move || pipeline.run(&mut source));
+    let by = std::time::Instant::now() + Duration::from_secs(10);
+    while requests.lock().unwrap().len() < 3 || a.transactions() != [10, 20] {
+        assert!(
+            std::time::Instant::now() < by,
+            "asked {:?}, applied {:?}",
+            requests.lock().unwrap(),
+            a.transactions()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(50)); // a request asked twice would come by now
+    stop.stop();
+    running.join().unwrap().expect("the pipeline stops");
+    let applied = a.applied().clone();
+    let LaneItem::Batch(b) = applied.iter().find(|i| i.position() == Some(Position(20))).unwrap() else {
+        panic!("a batch")
+    };
+    let ops: Vec<(IndexName, Op)> = b.envelopes.iter().map(|e| (e.index.clone(), e.op)).collect();
+    assert_eq!(ops, [(t.clone(), Op::Truncate), (v.clone(), Op::Truncate)], "the sink sees truncates only");
+    let state = a.committed().clone().unwrap();
+    assert_eq!(state.position, Some(Position(20)));
+    assert_eq!(
+        state.owed,
+        [
+            OwedBackfill { indexes: vec![u.clone()], after: Some("7".into()) },
+            OwedBackfill { indexes: vec![t.clone()], after: None },
+            OwedBackfill { indexes: vec![v.clone()], after: None },
+        ]
+    );
+    assert_eq!(state.indexes, Some(Default::default()), "v is held no more");
+    let asked: Vec<(Vec<IndexName>, Option<String>)> = requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|Request::Backfill { indexes, after, .. }| (indexes.clone(), after.clone()))
+        .collect();
+    assert_eq!(asked, [(vec![u, t.clone()], Some("7".into())), (vec![t], None), (vec![v], None)]);
+}
