@@ -31,6 +31,13 @@ pub struct LiveConfig {
     pub status_interval: Duration,
     /// Write a heartbeat message (see the module docs) this often; `None`: none.
     pub heartbeat: Option<Duration>,
+    /// Read the publication's tables this often, to find a table that rejoined it — removed
+    /// and added again, dropped and created again, its row filter or column list changed —
+    /// whose rows the sinks then get again ([`Op::Resync`](lanestream::Op::Resync); see the
+    /// module docs, *A table that rejoins*). One catalog query on the second connection per
+    /// interval, and a transactional logical message when the tables changed. `None`: never
+    /// (a table that rejoins then keeps, in every sink, what it held when it left).
+    pub publication_check: Option<Duration>,
     /// How long to try to get the stream back after it broke (a server restart), with backoff.
     pub retry_budget: Duration,
     /// Rows per chunk of a backfill ([`crate::backfill`]): the source holds at most
@@ -41,8 +48,9 @@ pub struct LiveConfig {
 
 impl LiveConfig {
     /// A configuration with the defaults: publication `lanestream`, no slot creation, 30 s of
-    /// waiting for a busy slot, status updates every second, no heartbeat, 60 s of retries,
-    /// backfill chunks of [`DEFAULT_CHUNK_ROWS`] rows.
+    /// waiting for a busy slot, status updates every second, no heartbeat, the publication's
+    /// tables checked every 5 s, 60 s of retries, backfill chunks of [`DEFAULT_CHUNK_ROWS`]
+    /// rows.
     pub fn new(url: impl Into<String>, slot: impl Into<String>) -> Self {
         LiveConfig {
             url: url.into(),
@@ -52,6 +60,7 @@ impl LiveConfig {
             slot_wait: Duration::from_secs(30),
             status_interval: Duration::from_secs(1),
             heartbeat: None,
+            publication_check: Some(Duration::from_secs(5)),
             retry_budget: Duration::from_secs(60),
             backfill_chunk_rows: DEFAULT_CHUNK_ROWS,
         }
