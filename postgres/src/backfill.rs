@@ -217,7 +217,7 @@ impl PendingChunk {
             if e.index != self.index {
                 continue;
             }
-            if e.op == Op::Truncate {
+            if matches!(e.op, Op::Truncate | Op::Resync) {
                 for i in 0..self.rows.len() {
                     self.drop_row(i);
                 }
@@ -287,6 +287,9 @@ struct Job {
     started: bool,
     /// The current table's last chunk was read (it waits for its high mark).
     table_read: bool,
+    /// The current table was resynced while being read ([`Backfiller::resync`]): its chunks
+    /// still held are dropped, not published, and none is read after them.
+    discard: bool,
     /// Where the job's tables are in [`Backfiller::progress`].
     progress_at: usize,
 }
@@ -313,6 +316,9 @@ pub(crate) struct Backfiller {
     /// none): installing it publishes it at once.
     high_seen: u64,
     recent: Recent,
+    /// The indexes resynced so far ([`resync`](Self::resync)): a request taken later is served
+    /// each of them whole, whatever its `after`.
+    resynced: ahash::AHashSet<IndexName>,
     progress: Vec<BackfillProgress>,
     /// Items ready for the sinks, in order.
     pub(crate) out: VecDeque<(SinkName, LaneItem)>,
@@ -350,6 +356,7 @@ impl Backfiller {
             reading: VecDeque::new(),
             high_seen: 0,
             recent: Vec::new(),
+            resynced: Default::default(),
             progress: Vec::new(),
             out: VecDeque::new(),
             batches: 0,
@@ -382,6 +389,9 @@ impl Backfiller {
             self.out.push_back((sink, LaneItem::SnapshotComplete { indexes }));
             return;
         }
+        // A request asked before its first index was resynced resumes rows the sink emptied
+        // since: served whole (a request asked after it reads again at most what it had).
+        let cursor = cursor.filter(|_| !self.resynced.contains(&plans[0].index));
         let progress_at = self.progress.len();
         self.progress.extend(plans.iter().map(|p| BackfillProgress {
             sink: sink.clone(),
@@ -399,6 +409,7 @@ impl Backfiller {
             cursor,
             started: false,
             table_read: false,
+            discard: false,
             progress_at,
         });
     }
@@ -517,6 +528,11 @@ impl Backfiller {
                 // its own high mark first).
                 let Some(pending) = self.pending.remove(at) else { return };
                 let Some(job) = self.jobs.front() else { return };
+                if job.discard {
+                    self.dropped += pending.rows.len() as u64;
+                    self.finish_table_if_done();
+                    return;
+                }
                 self.dropped += pending.dropped();
                 let batch = pending.finish();
                 if !batch.envelopes.is_empty() {
@@ -527,6 +543,42 @@ impl Backfiller {
                 self.finish_table_if_done();
             }
         }
+    }
+
+    /// The stream handed over a resync of `index` ([`Op::Resync`]: its table rejoined the
+    /// publication, see [`crate::live`], *A table that rejoins*): every sink emptied it there and
+    /// owes a backfill of it alone ([`SinkState::resync`]). So no request served here may
+    /// complete `index` unless it serves it whole from now on: a request that served rows of
+    /// it before (or was resolved while it was gone) leaves it out of its `SnapshotComplete`
+    /// (the rows of its chunks still held are dropped, and the request goes on with its next
+    /// table); one that did not start it yet reads it from its first row; and a request
+    /// taken later reads it whole too ([`push`](Self::push)).
+    ///
+    /// [`SinkState::resync`]: lanestream::pipeline::SinkState::resync
+    pub(crate) fn resync(&mut self, index: &IndexName) {
+        self.resynced.insert(index.clone());
+        for (at, job) in self.jobs.iter_mut().enumerate() {
+            let current = if at == 0 { job.current } else { 0 };
+            let planned = job.plans.iter().position(|p| p.index == *index);
+            let whole = match planned {
+                Some(p) if p > current => true,
+                Some(p) if p == current && !job.started => {
+                    job.cursor = None;
+                    true
+                }
+                Some(p) if p == current => {
+                    // Being read: what is held of it is dropped, and nothing more is read.
+                    job.discard = true;
+                    job.table_read = true;
+                    false
+                }
+                _ => false,
+            };
+            if !whole {
+                job.indexes.retain(|i| i != index);
+            }
+        }
+        self.finish_table_if_done();
     }
 
     /// The request being served failed (a chunk could not be read): it is given up, with the
@@ -552,6 +604,7 @@ impl Backfiller {
         job.cursor = None;
         job.started = false;
         job.table_read = false;
+        job.discard = false;
         if job.current == job.plans.len() {
             if let Some(job) = self.jobs.pop_front() {
                 self.out.push_back((job.sink, LaneItem::SnapshotComplete { indexes: job.indexes }));

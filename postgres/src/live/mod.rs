@@ -38,7 +38,8 @@
 //! `side.rs` the second connection and the catalog key look-up; `slot.rs` the slot at connect,
 //! the start-up check, reading it back; `stream.rs` the replication stream (open, poll, decode,
 //! reconnect, confirm); `fill.rs` a decoded batch handed over, its partial updates filled once
-//! its transaction is visible (P5); `reader.rs` the backfill's requests and reader threads.
+//! its transaction is visible (P5); `reader.rs` the backfill's requests and reader threads;
+//! `rejoin.rs` the publication check, which finds a table that rejoined the publication.
 //!
 //! # Which client, and why
 //! The stream runs on [`pgwire_replication`] (0.5), a Tokio client of the replication protocol
@@ -119,6 +120,19 @@
 //! [`SourceItem::Snapshot`] from [`next`](Source::next)) once the stream reached
 //! its high mark, without the keys the stream changed meanwhile: see [`crate::backfill`].
 //!
+//! # A table that rejoins
+//! pgoutput sends a table's changes only while the table is in the publication. A table
+//! removed from it and added again, dropped and created again under its name, or whose row
+//! filter or column list changed, has a gap in the stream that no sink could see: rows deleted
+//! meanwhile would stay in the sinks, rows inserted never come. Every
+//! [`LiveConfig::publication_check`] (5 s by default) the source reads the publication's tables
+//! on its second connection; when one rejoined, it writes a transactional logical message,
+//! and at that message's commit in the stream hands over an [`Op::Resync`] of the index:
+//! every sink empties it and owes its backfill in the same commit (P2, P3), which this source
+//! serves like any other. Not seen: a table that rejoined while no source ran. See `rejoin.rs`.
+//!
+//! [`Op::Resync`]: lanestream::Op::Resync
+//!
 //! # Errors
 //! Every misconfiguration a user hits first has its own [`LiveError`] with what to do: a wrong
 //! password, `wal_level` not `logical`, a user without `REPLICATION`, the publication missing or
@@ -132,6 +146,7 @@ mod config;
 mod error;
 mod fill;
 mod reader;
+mod rejoin;
 mod side;
 mod slot;
 mod stream;
@@ -144,6 +159,7 @@ use lanestream::{Batch, Position, Request};
 
 pub use config::LiveConfig;
 pub use error::LiveError;
+pub use rejoin::REJOIN_PREFIX;
 
 use crate::backfill::Backfiller;
 use crate::batch::TransactionBuilder;
@@ -205,6 +221,9 @@ pub struct LiveMetrics {
     /// sink whose unchanged values were read from the table so that they went out whole (P5: a
     /// sink may not hold the row yet), or that went out as a delete (the row gone since).
     pub partial_filled: u64,
+    /// Indexes resynced ([`Op::Resync`](lanestream::Op::Resync)): their tables rejoined the
+    /// publication (see the module docs, *A table that rejoins*).
+    pub resyncs: u64,
 }
 
 /// A pgoutput slot streamed with `START_REPLICATION`; see the [module docs](self).
@@ -251,6 +270,10 @@ pub struct LiveSource {
     /// publication or renamed) makes every local sink owe its backfill at that change, so the
     /// index is `unheld` by all of them from there on (`None`: not started by a pipeline).
     seen: Option<(ahash::AHashSet<lanestream::IndexName>, u32)>,
+    /// The publication checks ([`LiveConfig::publication_check`]), from the first one.
+    rejoins: Option<rejoin::Rejoins>,
+    /// The number of the check whose message the open transaction carries.
+    open_check: Option<u64>,
     /// The plans of `unheld` indexes that are not being backfilled (`None`: not readable).
     unheld_plans: ahash::AHashMap<lanestream::IndexName, Option<crate::backfill::TablePlan>>,
     /// The thread that reads backfill chunks (started with the first request).

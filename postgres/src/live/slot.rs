@@ -188,6 +188,8 @@ impl LiveSource {
             backfiller,
             unheld: Default::default(),
             seen: None,
+            rejoins: None,
+            open_check: None,
             unheld_plans: Default::default(),
             reader: None,
             out: VecDeque::new(),

@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lanestream::Position;
+use lanestream::{Batch, Position};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent, ReplicationMetrics};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -15,7 +15,7 @@ use super::config::{replication_config, LiveConfig};
 use super::error::LiveError;
 use super::fill::Hold;
 use super::reader::{ChunkReader, Woken};
-use super::LiveSource;
+use super::{LiveSource, REJOIN_PREFIX};
 use crate::backfill::ReadChunk;
 use crate::pipeline::SourceItem;
 
@@ -154,6 +154,7 @@ impl LiveSource {
             }
             taken = 0;
             self.heartbeat_if_due()?;
+            self.check_publication_if_due()?;
             if self.stream.is_none() {
                 return Err(LiveError::Internal("LiveSource read before it was opened".into()));
             }
@@ -271,6 +272,9 @@ impl LiveSource {
                 sent(self, wal_end.0);
             }
             ReplicationEvent::Message { transactional, lsn, prefix, content } => {
+                if transactional && prefix == REJOIN_PREFIX {
+                    self.on_rejoin_message(&content);
+                }
                 self.decoder.message(lsn.0, &prefix, &content);
                 self.take_marks();
                 if !transactional {
@@ -296,6 +300,16 @@ impl LiveSource {
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {
                 self.open_commit = None;
                 let batch = self.decoder.commit(lsn.0)?;
+                // A publication check's transaction (handed over now, once): its resyncs.
+                let batch = match batch {
+                    Some(b) if self.open_check.is_some() => b
+                        .position
+                        .and_then(|p| self.rejoined_at(p))
+                        .map(|resync| Batch { changes: b.changes, ..resync })
+                        .or(Some(b)),
+                    batch => batch,
+                };
+                self.open_check = None;
                 if let Some(b) = batch {
                     self.chunks_out = false;
                     self.handed_over = b.position;
@@ -328,6 +342,8 @@ impl LiveSource {
             let _ = self.decoder.finish();
         }
         self.decoder.resume_after(self.handed_over);
+        // A check's message of a transaction not handed over comes again with it.
+        self.open_check = None;
         let slot = self.config.slot.clone();
         let budget = self.config.retry_budget;
         let deadline = Instant::now() + budget;

@@ -1,0 +1,208 @@
+//! A table that rejoins the publication (P2, P4): found by reading the publication's tables
+//! every [`LiveConfig::publication_check`](super::LiveConfig::publication_check), placed in
+//! the stream by a logical message, and handed over as [`Op::Resync`] there.
+//!
+//! Why it is needed: pgoutput publishes a table's changes only while the table is in the
+//! publication (as the WAL being decoded sees it). A table removed from the publication and
+//! added again has a gap in the stream: what changed meanwhile never comes. So has a table
+//! dropped and created again under the same name (its index is the same), and a table whose
+//! row filter or column list changed (rows the new filter admits were never sent; rows it
+//! leaves out, or a column the new list leaves out, would stay in the sinks). Every sink must
+//! then drop what it holds of the table and be backfilled ([`Op::Resync`]).
+//!
+//! How: each published table has a **token** — its relation OID, the OIDs of the
+//! `pg_publication_rel` (and, from PostgreSQL 15, `pg_publication_namespace`) rows that
+//! publish it, its column list and its row filter — read with the publication's OID. A check
+//! reads them all (one query on the second connection); when they differ from the last check's,
+//! it writes a **transactional** logical message ([`REJOIN_PREFIX`], content
+//! `<source id>:<check number>`), which commits after every catalog change the check saw. When
+//! the stream hands that message's transaction over, the tokens it carried are compared with
+//! those in force before it: each index whose token is new (or that was not published before)
+//! is resynced at that transaction's commit position, in the same positioned batch (one
+//! [`Op::Resync`] envelope each). Everything the stream sent of the table before that point —
+//! changes from before the gap included — is then emptied by the sinks, and the backfill
+//! reads the table after it, so every sink ends equal to the table as the publication
+//! publishes it. A catalog change the check's query did not see yet is found by the next one.
+//!
+//! What it does not see: a table that rejoined while no source ran (between the slot's
+//! confirmed position and the first check) — the tokens in force there are not known. Nor a
+//! rejoin undone before the next check (a table removed and added back within one interval is
+//! found: its `pg_publication_rel` row is new; a table removed and not yet added back has
+//! nothing to resync).
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use ahash::AHashMap;
+use lanestream::{Batch, Envelope, IndexName, Op, Position};
+
+use super::{LiveError, LiveSource, SIDE_RETRY_BUDGET};
+use crate::batch::index_name;
+
+/// The prefix of the check's logical messages.
+pub const REJOIN_PREFIX: &str = "lanestream.publication";
+
+/// Each published index's token (see the module docs).
+type Tokens = AHashMap<IndexName, String>;
+
+/// What the checks know.
+#[derive(Debug)]
+pub(super) struct Rejoins {
+    /// The tokens in force at the stream's position: read at the first check, then those of
+    /// the last message handed over.
+    in_force: Tokens,
+    /// Those of the last check that wrote a message (or the first): what the next check
+    /// compares with.
+    last_read: Tokens,
+    /// Messages written and not yet handed over: their number and tokens, in order.
+    written: VecDeque<(u64, Tokens)>,
+    next: u64,
+    checked: Instant,
+    /// `server_version_num`.
+    version: i32,
+}
+
+impl LiveSource {
+    /// Reads the publication's tables when the check is due
+    /// ([`LiveConfig::publication_check`](super::LiveConfig::publication_check)), and writes a
+    /// message when they changed.
+    pub(super) fn check_publication_if_due(&mut self) -> Result<(), LiveError> {
+        let Some(every) = self.config.publication_check else { return Ok(()) };
+        let version = match &self.rejoins {
+            Some(r) if r.checked.elapsed() < every => return Ok(()),
+            Some(r) => r.version,
+            None => {
+                let v: i32 = self.side()?.run(
+                    SIDE_RETRY_BUDGET,
+                    || "reading the server's version".into(),
+                    |c| {
+                        c.query_one("SELECT current_setting('server_version_num')::int", &[])
+                            .map(|r| r.get(0))
+                    },
+                )?;
+                v
+            }
+        };
+        let tokens = self.publication_tokens(version)?;
+        let Some(rejoins) = &mut self.rejoins else {
+            self.rejoins = Some(Rejoins {
+                in_force: tokens.clone(),
+                last_read: tokens,
+                written: VecDeque::new(),
+                next: 1,
+                checked: Instant::now(),
+                version,
+            });
+            return Ok(());
+        };
+        rejoins.checked = Instant::now();
+        if tokens == rejoins.last_read {
+            return Ok(());
+        }
+        let number = rejoins.next;
+        rejoins.next += 1;
+        rejoins.written.push_back((number, tokens.clone()));
+        rejoins.last_read = tokens;
+        let content = format!("{}:{number}", self.backfiller.source_id());
+        self.side()?.run(
+            SIDE_RETRY_BUDGET,
+            || "writing the publication check's message".into(),
+            |c| {
+                c.execute(
+                    "SELECT pg_logical_emit_message(true, $1::text, $2::text)",
+                    &[&REJOIN_PREFIX, &content],
+                )
+            },
+        )?;
+        Ok(())
+    }
+
+    /// The token of each table of the publication (see the module docs).
+    fn publication_tokens(&mut self, version: i32) -> Result<Tokens, LiveError> {
+        let publication = self.config.publication.clone();
+        // From 15: the column list and row filter, and the schemas a publication names.
+        let (list, schema) = if version >= 150000 {
+            (
+                "coalesce(r.prattrs::text, '') || ':' || coalesce(r.prqual::text, '')",
+                "coalesce((SELECT n.oid::text FROM pg_publication_namespace n \
+                 WHERE n.pnpubid = p.oid AND n.pnnspid = c.relnamespace), '')",
+            )
+        } else {
+            ("''", "''")
+        };
+        let sql = format!(
+            "SELECT t.schemaname::text, t.tablename::text, \
+             p.oid::text || ':' || c.oid::text || ':' || coalesce(r.oid::text, '') || ':' || {list} || ':' || {schema} \
+             FROM pg_publication p \
+             JOIN pg_publication_tables t ON t.pubname = p.pubname \
+             JOIN pg_namespace s ON s.nspname = t.schemaname \
+             JOIN pg_class c ON c.relnamespace = s.oid AND c.relname = t.tablename \
+             LEFT JOIN pg_publication_rel r ON r.prpubid = p.oid AND r.prrelid = c.oid \
+             WHERE p.pubname = $1::text"
+        );
+        let rows = self.side()?.run(
+            SIDE_RETRY_BUDGET,
+            || "reading the publication's tables".into(),
+            |c| c.query(sql.as_str(), &[&publication]),
+        )?;
+        Ok(rows.iter().map(|row| (index_name(row.get(0), row.get(1)), row.get::<_, String>(2))).collect())
+    }
+
+    /// A logical message of the open transaction with [`REJOIN_PREFIX`]: the number of a
+    /// check of this source, kept for its commit ([`rejoined_at`](Self::rejoined_at)).
+    pub(super) fn on_rejoin_message(&mut self, content: &[u8]) {
+        let Some(text) = std::str::from_utf8(content).ok() else { return };
+        let Some((source, number)) = text.rsplit_once(':') else { return };
+        if source != self.backfiller.source_id() {
+            return;
+        }
+        self.open_check = number.parse().ok();
+    }
+
+    /// The transaction of a check's message commits at `position` (its batch is handed over
+    /// now: the check's message, once): the batch of the indexes it resyncs, if any, each
+    /// already resynced in the backfills being served and `unheld` by every local sink (P5).
+    pub(super) fn rejoined_at(&mut self, position: Position) -> Option<Batch> {
+        let number = self.open_check.take()?;
+        let rejoins = self.rejoins.as_mut()?;
+        // Messages come in the order they were written; one not come is not coming (its
+        // transaction was handed over before this source saw it).
+        while rejoins.written.front().is_some_and(|(n, _)| *n < number) {
+            rejoins.written.pop_front();
+        }
+        let (_, tokens) = rejoins.written.pop_front().filter(|(n, _)| *n == number)?;
+        let mut resynced: Vec<IndexName> = tokens
+            .iter()
+            .filter(|(index, token)| rejoins.in_force.get(*index) != Some(*token))
+            .map(|(index, _)| index.clone())
+            .collect();
+        rejoins.in_force = tokens;
+        if resynced.is_empty() {
+            return None;
+        }
+        resynced.sort_unstable();
+        for index in &resynced {
+            self.backfiller.resync(index);
+            if let Some((seen, sinks)) = &mut self.seen {
+                seen.insert(index.clone());
+                *self.unheld.entry(index.clone()).or_default() += *sinks;
+            }
+        }
+        self.metrics.resyncs += resynced.len() as u64;
+        let envelopes: std::sync::Arc<[Envelope]> = resynced
+            .into_iter()
+            .map(|index| Envelope {
+                index,
+                id: String::new(),
+                op: Op::Resync,
+                position: Some(position),
+                document: bytes::Bytes::new(),
+                built_at_micros: None,
+                relation: None,
+                old_id: None,
+                unchanged: Vec::new(),
+            })
+            .collect();
+        Some(Batch::new(Some(position), envelopes))
+    }
+}
