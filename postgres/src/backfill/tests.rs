@@ -313,3 +313,51 @@ fn a_failed_request_is_given_up_with_its_chunks_and_the_next_starts_afresh() {
     let (to, item) = b.out.pop_front().unwrap();
     assert!(to == b2 && matches!(item, LaneItem::Batch(ref x) if ids(x) == ["8"]), "{item:?}");
 }
+
+/// A resync of `t` (its table rejoined: the sinks emptied it at that point of the stream): the
+/// request being read publishes nothing more of `t` (its chunk held and the one being read are
+/// dropped), goes on with its next table, and leaves `t` out of its `SnapshotComplete`; a
+/// queued request that resumes `t` after a row, and one taken later, read it whole; a request
+/// resolved while `t` was gone no longer names it.
+#[test]
+fn a_resync_drops_what_is_held_of_the_table_and_no_request_completes_it_unless_read_whole() {
+    let (s1, s2, s3) = ["s1", "s2", "s3"].map(|s| SinkName::new(s).unwrap()).into();
+    let mut b = Backfiller::new("src1".into(), 3);
+    b.push(s1.clone(), vec![index("t"), index("u")], vec![plan("t"), plan("u")], None);
+    b.push(s2.clone(), vec![index("t")], vec![plan("t")], Some(vec!["a".into(), "1".into()]));
+    b.push(s3.clone(), vec![index("t"), index("u")], vec![plan("u")], None);
+    let first = b.next_read().unwrap();
+    b.install(read(first.chunk, "100:100:", &["1", "2", "3"]));
+    let second = b.next_read().unwrap();
+    b.on_mark(&mark(&b, first.chunk, MarkKind::Low));
+    b.on_mark(&mark(&b, first.chunk, MarkKind::High));
+    assert!(matches!(b.out.pop_front(), Some((_, LaneItem::Batch(ref x))) if ids(x) == ["1", "2", "3"]));
+    b.install(read(second.chunk, "100:100:", &["4", "5", "6"]));
+    let third = b.next_read().unwrap();
+    b.resync(&index("t"));
+    assert!(b.next_read().is_none(), "no more of t is read");
+    for chunk in [second.chunk, third.chunk] {
+        if chunk == third.chunk {
+            b.install(read(chunk, "120:120:", &["7", "8", "9"]));
+        }
+        b.on_mark(&mark(&b, chunk, MarkKind::Low));
+        b.on_mark(&mark(&b, chunk, MarkKind::High));
+    }
+    assert!(b.out.is_empty(), "the chunks of t held at the resync are dropped: {:?}", b.out);
+    let next = b.next_read().unwrap();
+    assert_eq!((next.plan.index.clone(), next.from.clone()), (index("u"), ReadFrom::First(None)));
+    b.install(after_the_end(next.chunk));
+    assert_eq!(b.out.pop_front(), Some((s1, LaneItem::SnapshotComplete { indexes: vec![index("u")] })));
+    // The queued request resumed t after a row: read whole now.
+    let next = b.next_read().unwrap();
+    assert_eq!((next.plan.index.clone(), next.from.clone()), (index("t"), ReadFrom::First(None)));
+    b.install(after_the_end(next.chunk));
+    assert_eq!(b.out.pop_front(), Some((s2.clone(), LaneItem::SnapshotComplete { indexes: vec![index("t")] })));
+    // The one resolved while t was gone: without it.
+    let next = b.next_read().unwrap();
+    b.install(after_the_end(next.chunk));
+    assert_eq!(b.out.pop_front(), Some((s3, LaneItem::SnapshotComplete { indexes: vec![index("u")] })));
+    // A request taken after the resync that resumes t after a row: read whole.
+    b.push(s2, vec![index("t")], vec![plan("t")], Some(vec!["a".into(), "1".into()]));
+    assert_eq!(b.next_read().unwrap().from, ReadFrom::First(None));
+}
