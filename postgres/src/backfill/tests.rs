@@ -352,7 +352,10 @@ fn a_resync_drops_what_is_held_of_the_table_and_no_request_completes_it_unless_r
     let next = b.next_read().unwrap();
     assert_eq!((next.plan.index.clone(), next.from.clone()), (index("t"), ReadFrom::First(None)));
     b.install(after_the_end(next.chunk));
-    assert_eq!(b.out.pop_front(), Some((s2.clone(), LaneItem::SnapshotComplete { indexes: vec![index("t")] })));
+    assert_eq!(
+        b.out.pop_front(),
+        Some((s2.clone(), LaneItem::SnapshotComplete { indexes: vec![index("t")] }))
+    );
     // The one resolved while t was gone: without it.
     let next = b.next_read().unwrap();
     b.install(after_the_end(next.chunk));

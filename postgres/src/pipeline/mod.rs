@@ -28,7 +28,10 @@
 //!    since the sink may not hold the row yet
 //!    ([`LiveMetrics::partial_filled`](crate::live::LiveMetrics::partial_filled)).
 //! 2. An upsert with an `old_id` is followed, in the same batch, by a **delete** of `old_id`;
-//!    **delete** removes the row at `id`; **truncate** empties the index.
+//!    **delete** removes the row at `id`; **truncate** empties the index. A table that
+//!    rejoined the publication comes as a truncate too (its rows are then backfilled: a sink
+//!    engine hands it over in place of [`Op::Resync`](lanestream::Op::Resync), see
+//!    [`crate::live`], *A table that rejoins*).
 //! 3. **Shape**: the columns a row has are its relation's. A relation that differs from the last
 //!    one of the same [`Relation::id`](lanestream::Relation::id) is DDL, seen at the first change
 //!    after it: columns added hold NULL in the rows held (PostgreSQL's `ADD COLUMN` without a

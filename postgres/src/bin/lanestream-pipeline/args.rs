@@ -92,6 +92,12 @@ pub(crate) struct Args {
     /// follows the server's WAL even while nothing of this database changes.
     #[arg(long, value_name = "SECS", requires = "source")]
     pub(crate) heartbeat_secs: Option<u64>,
+    /// Live mode: read the publication's tables this often, to find a table that rejoined it
+    /// (removed and added again, dropped and created again, its row filter or column list
+    /// changed), which every sink then empties and gets backfilled
+    /// (`LiveConfig::publication_check`); 0: never.
+    #[arg(long, value_name = "MS", default_value_t = 5000, requires = "source")]
+    pub(crate) publication_check_ms: u64,
     /// Live mode: rows per chunk of a backfill a sink asks for (each chunk is read between a low
     /// and a high mark in the WAL; also the most a resumed backfill reads again). Default: the
     /// library's, 4096 rows (`lanestream_postgres::backfill::DEFAULT_CHUNK_ROWS`).

@@ -27,6 +27,8 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
             config.slot_wait = Duration::from_secs(args.slot_wait_secs);
             config.publication = args.publication.clone();
             config.heartbeat = args.heartbeat_secs.map(Duration::from_secs);
+            config.publication_check =
+                (args.publication_check_ms > 0).then(|| Duration::from_millis(args.publication_check_ms));
             config.status_interval = Duration::from_millis(args.status_interval_ms.max(1));
             if let Some(rows) = args.backfill_chunk_rows {
                 config.backfill_chunk_rows = usize::try_from(rows).unwrap_or(usize::MAX);
@@ -354,6 +356,7 @@ pub(crate) fn run(args: &Args) -> Result<bool, BoxError> {
         slot_lag_bytes: live_metrics.and_then(|m| m.slot_lag_bytes),
         reconnects: live_metrics.map(|m| m.reconnects),
         heartbeats: live_metrics.map(|m| m.heartbeats),
+        resyncs: live_metrics.map(|m| m.resyncs),
         output_dir: (!args.discard).then(|| args.out.display().to_string()),
         sink_count: args.sinks,
         discard: args.discard,

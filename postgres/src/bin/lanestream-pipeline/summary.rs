@@ -39,6 +39,9 @@ pub(crate) struct Summary {
     pub(crate) reconnects: Option<u64>,
     /// Live mode: heartbeat messages written (`--heartbeat-secs`).
     pub(crate) heartbeats: Option<u64>,
+    /// Live mode: indexes resynced, their tables having rejoined the publication
+    /// (`--publication-check-ms`).
+    pub(crate) resyncs: Option<u64>,
     /// The directory of the sinks' `<sink>.ndjson` files; `null` with `--discard`.
     pub(crate) output_dir: Option<String>,
     pub(crate) sink_count: u16,
@@ -315,11 +318,12 @@ impl std::fmt::Display for Summary {
         if s.slot_confirmed_lsn.is_some() {
             writeln!(
                 f,
-                "slot confirmed at LSN {}, slot lag {} bytes, {} reconnects, {} heartbeats",
+                "slot confirmed at LSN {}, slot lag {} bytes, {} reconnects, {} heartbeats, {} resyncs",
                 lsn_text(&s.slot_confirmed_lsn),
                 s.slot_lag_bytes.map_or_else(|| "-".to_owned(), |l| l.to_string()),
                 s.reconnects.unwrap_or(0),
                 s.heartbeats.unwrap_or(0),
+                s.resyncs.unwrap_or(0),
             )?;
         }
         writeln!(
