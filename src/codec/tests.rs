@@ -33,6 +33,7 @@ fn samples() -> Vec<LaneItem> {
                 },
                 envelope("public_users", "41", Op::Delete, Some(9), b""),
                 envelope("public_orders", "", Op::Truncate, Some(9), b""),
+                envelope("public_items", "", Op::Resync, Some(9), b""),
             ]
             .into(),
         }),
