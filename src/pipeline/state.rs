@@ -21,7 +21,8 @@
 //!   after a restart, resuming after that row.
 //! - [`indexes`](SinkState::indexes): the indexes the sink holds whole (backfilled, or followed
 //!   since before they had rows); a change of any other index makes the engine owe a backfill of
-//!   it (a table that joined the publication).
+//!   it (a table that joined the publication), and an [`Op::Resync`] of one it holds makes it
+//!   owe one again (a table that rejoined: [`SinkState::resync`]).
 //! - [`origin`](SinkState::origin): the source the sink was filled from (for a replication slot,
 //!   the database and the slot): a pipeline refuses to feed the sink from another.
 //!
@@ -29,8 +30,8 @@
 //! - **P1**: at start the pipeline reads every local sink's state and the source refuses to
 //!   resume past one (a slot re-created or advanced after the sink's position), naming both.
 //! - **P2**: a sink with no state on a source with history (a joiner), and a table that joins
-//!   later, get a backfill of what they miss before the pipeline relies on them, or the pipeline
-//!   refuses to start ([`Joiners`](super::Joiners)).
+//!   later (or rejoins: [`Op::Resync`]), get a backfill of what they miss before the pipeline
+//!   relies on them, or the pipeline refuses to start ([`Joiners`](super::Joiners)).
 //! - **P3**: a backfill is owed in the state, and the state committed, before its request is
 //!   published; a restarted engine asks again, after the last row applied.
 //! - **P7**: the state is this type, stored by the sink with its data in one atomic step.

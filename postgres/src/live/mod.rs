@@ -270,8 +270,8 @@ pub struct LiveSource {
     /// publication or renamed) makes every local sink owe its backfill at that change, so the
     /// index is `unheld` by all of them from there on (`None`: not started by a pipeline).
     seen: Option<(ahash::AHashSet<lanestream::IndexName>, u32)>,
-    /// The publication checks ([`LiveConfig::publication_check`]), from the first one.
-    rejoins: Option<rejoin::Rejoins>,
+    /// The publication checks ([`LiveConfig::publication_check`]).
+    rejoins: rejoin::Rejoins,
     /// The number of the check whose message the open transaction carries.
     open_check: Option<u64>,
     /// The plans of `unheld` indexes that are not being backfilled (`None`: not readable).

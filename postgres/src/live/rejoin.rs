@@ -31,12 +31,12 @@
 //! nothing to resync).
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ahash::AHashMap;
 use lanestream::{Batch, Envelope, IndexName, Op, Position};
 
-use super::{LiveError, LiveSource, SIDE_RETRY_BUDGET};
+use super::{LiveError, LiveSource};
 use crate::batch::index_name;
 
 /// The prefix of the check's logical messages.
@@ -46,66 +46,77 @@ pub const REJOIN_PREFIX: &str = "lanestream.publication";
 type Tokens = AHashMap<IndexName, String>;
 
 /// What the checks know.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Rejoins {
     /// The tokens in force at the stream's position: read at the first check, then those of
-    /// the last message handed over.
-    in_force: Tokens,
+    /// the last message handed over. `None` before the first check.
+    in_force: Option<Tokens>,
     /// Those of the last check that wrote a message (or the first): what the next check
     /// compares with.
     last_read: Tokens,
     /// Messages written and not yet handed over: their number and tokens, in order.
     written: VecDeque<(u64, Tokens)>,
+    /// The number of the next message.
     next: u64,
-    checked: Instant,
-    /// `server_version_num`.
-    version: i32,
+    /// When the last check was tried.
+    checked: Option<Instant>,
+    /// `server_version_num`, once read.
+    version: Option<i32>,
 }
 
 impl LiveSource {
-    /// Reads the publication's tables when the check is due
-    /// ([`LiveConfig::publication_check`](super::LiveConfig::publication_check)), and writes a
-    /// message when they changed.
+    /// Checks the publication's tables when due
+    /// ([`LiveConfig::publication_check`](super::LiveConfig::publication_check)).
+    ///
+    /// A check that finds the second connection lost (a server restart: the stream's
+    /// reconnect deals with it) is tried again at the next interval, without waiting here: a
+    /// rejoin is then found late, never missed, since each check compares with the tokens of
+    /// the last message written, and a message is counted as written only once it is.
     pub(super) fn check_publication_if_due(&mut self) -> Result<(), LiveError> {
         let Some(every) = self.config.publication_check else { return Ok(()) };
-        let version = match &self.rejoins {
-            Some(r) if r.checked.elapsed() < every => return Ok(()),
-            Some(r) => r.version,
+        if self.rejoins.checked.is_some_and(|at| at.elapsed() < every) {
+            return Ok(());
+        }
+        self.rejoins.checked = Some(Instant::now());
+        match self.check_publication() {
+            Err(LiveError::Side { .. }) => Ok(()),
+            checked => checked,
+        }
+    }
+
+    /// Reads the publication's tables, and writes a message when they changed since the last
+    /// one written.
+    fn check_publication(&mut self) -> Result<(), LiveError> {
+        let version = match self.rejoins.version {
+            Some(v) => v,
             None => {
                 let v: i32 = self.side()?.run(
-                    SIDE_RETRY_BUDGET,
+                    Duration::ZERO,
                     || "reading the server's version".into(),
                     |c| {
                         c.query_one("SELECT current_setting('server_version_num')::int", &[])
                             .map(|r| r.get(0))
                     },
                 )?;
+                self.rejoins.version = Some(v);
                 v
             }
         };
         let tokens = self.publication_tokens(version)?;
-        let Some(rejoins) = &mut self.rejoins else {
-            self.rejoins = Some(Rejoins {
-                in_force: tokens.clone(),
-                last_read: tokens,
-                written: VecDeque::new(),
-                next: 1,
-                checked: Instant::now(),
-                version,
-            });
+        let rejoins = &mut self.rejoins;
+        if rejoins.in_force.is_none() {
+            rejoins.in_force = Some(tokens.clone());
+            rejoins.last_read = tokens;
             return Ok(());
-        };
-        rejoins.checked = Instant::now();
+        }
         if tokens == rejoins.last_read {
             return Ok(());
         }
         let number = rejoins.next;
         rejoins.next += 1;
-        rejoins.written.push_back((number, tokens.clone()));
-        rejoins.last_read = tokens;
         let content = format!("{}:{number}", self.backfiller.source_id());
         self.side()?.run(
-            SIDE_RETRY_BUDGET,
+            Duration::ZERO,
             || "writing the publication check's message".into(),
             |c| {
                 c.execute(
@@ -114,6 +125,8 @@ impl LiveSource {
                 )
             },
         )?;
+        self.rejoins.written.push_back((number, tokens.clone()));
+        self.rejoins.last_read = tokens;
         Ok(())
     }
 
@@ -141,7 +154,7 @@ impl LiveSource {
              WHERE p.pubname = $1::text"
         );
         let rows = self.side()?.run(
-            SIDE_RETRY_BUDGET,
+            Duration::ZERO,
             || "reading the publication's tables".into(),
             |c| c.query(sql.as_str(), &[&publication]),
         )?;
@@ -164,7 +177,7 @@ impl LiveSource {
     /// already resynced in the backfills being served and `unheld` by every local sink (P5).
     pub(super) fn rejoined_at(&mut self, position: Position) -> Option<Batch> {
         let number = self.open_check.take()?;
-        let rejoins = self.rejoins.as_mut()?;
+        let rejoins = &mut self.rejoins;
         // Messages come in the order they were written; one not come is not coming (its
         // transaction was handed over before this source saw it).
         while rejoins.written.front().is_some_and(|(n, _)| *n < number) {
@@ -173,10 +186,12 @@ impl LiveSource {
         let (_, tokens) = rejoins.written.pop_front().filter(|(n, _)| *n == number)?;
         let mut resynced: Vec<IndexName> = tokens
             .iter()
-            .filter(|(index, token)| rejoins.in_force.get(*index) != Some(*token))
+            .filter(|(index, token)| {
+                rejoins.in_force.as_ref().is_some_and(|in_force| in_force.get(*index) != Some(*token))
+            })
             .map(|(index, _)| index.clone())
             .collect();
-        rejoins.in_force = tokens;
+        rejoins.in_force = Some(tokens);
         if resynced.is_empty() {
             return None;
         }

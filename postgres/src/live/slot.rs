@@ -188,7 +188,7 @@ impl LiveSource {
             backfiller,
             unheld: Default::default(),
             seen: None,
-            rejoins: None,
+            rejoins: Default::default(),
             open_check: None,
             unheld_plans: Default::default(),
             reader: None,
