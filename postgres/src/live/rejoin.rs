@@ -183,7 +183,10 @@ impl LiveSource {
         while rejoins.written.front().is_some_and(|(n, _)| *n < number) {
             rejoins.written.pop_front();
         }
-        let (_, tokens) = rejoins.written.pop_front().filter(|(n, _)| *n == number)?;
+        if rejoins.written.front().is_none_or(|(n, _)| *n != number) {
+            return None; // written by this source, but not counted: its write's reply was lost
+        }
+        let (_, tokens) = rejoins.written.pop_front()?;
         let mut resynced: Vec<IndexName> = tokens
             .iter()
             .filter(|(index, token)| {
