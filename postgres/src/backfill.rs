@@ -555,9 +555,15 @@ impl Backfiller {
     /// taken later reads it whole too ([`push`](Self::push)).
     ///
     /// [`SinkState::resync`]: lanestream::pipeline::SinkState::resync
-    pub(crate) fn resync(&mut self, index: &IndexName) {
+    ///
+    /// The requests of the sinks in `except` are left as they are: those sinks applied this
+    /// resync before (a check's message of an earlier source, sent again), so they skip it.
+    pub(crate) fn resync(&mut self, index: &IndexName, except: &[SinkName]) {
         self.resynced.insert(index.clone());
         for (at, job) in self.jobs.iter_mut().enumerate() {
+            if except.contains(&job.sink) {
+                continue;
+            }
             let current = if at == 0 { job.current } else { 0 };
             let planned = job.plans.iter().position(|p| p.index == *index);
             let whole = match planned {

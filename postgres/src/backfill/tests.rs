@@ -334,7 +334,7 @@ fn a_resync_drops_what_is_held_of_the_table_and_no_request_completes_it_unless_r
     assert!(matches!(b.out.pop_front(), Some((_, LaneItem::Batch(ref x))) if ids(x) == ["1", "2", "3"]));
     b.install(read(second.chunk, "100:100:", &["4", "5", "6"]));
     let third = b.next_read().unwrap();
-    b.resync(&index("t"));
+    b.resync(&index("t"), &[]);
     assert!(b.next_read().is_none(), "no more of t is read");
     for chunk in [second.chunk, third.chunk] {
         if chunk == third.chunk {

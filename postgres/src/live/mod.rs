@@ -121,15 +121,18 @@
 //! its high mark, without the keys the stream changed meanwhile: see [`crate::backfill`].
 //!
 //! # A table that rejoins
-//! pgoutput sends a table's changes only while the table is in the publication. A table
-//! removed from it and added again, dropped and created again under its name, or whose row
+//! pgoutput sends a table's changes only while the table is in the publication, and only what
+//! the WAL logs. A table removed from it and added again, dropped and created again under its
+//! name, renamed or moved away and back, set `UNLOGGED` and `LOGGED` again, or whose row
 //! filter or column list changed, has a gap in the stream that no sink could see: rows deleted
 //! meanwhile would stay in the sinks, rows inserted never come. Every
 //! [`LiveConfig::publication_check`] (5 s by default) the source reads the publication's tables
 //! on its second connection; when one rejoined, it writes a transactional logical message,
 //! and at that message's commit in the stream hands over an [`Op::Resync`] of the index:
 //! every sink empties it and owes its backfill in the same commit (P2, P3), which this source
-//! serves like any other. Not seen: a table that rejoined while no source ran. See `rejoin.rs`.
+//! serves like any other. Any other change of the table's `pg_class` row (a column added, a
+//! `GRANT`) resyncs it too: that is the price of finding a round trip within one interval. Not
+//! seen: a table that rejoined while no source ran. See `rejoin.rs`.
 //!
 //! [`Op::Resync`]: lanestream::Op::Resync
 //!
@@ -272,8 +275,8 @@ pub struct LiveSource {
     seen: Option<(ahash::AHashSet<lanestream::IndexName>, u32)>,
     /// The publication checks ([`LiveConfig::publication_check`]).
     rejoins: rejoin::Rejoins,
-    /// The number of the check whose message the open transaction carries.
-    open_check: Option<u64>,
+    /// The check whose message the open transaction carries.
+    open_check: Option<rejoin::Check>,
     /// The plans of `unheld` indexes that are not being backfilled (`None`: not readable).
     unheld_plans: ahash::AHashMap<lanestream::IndexName, Option<crate::backfill::TablePlan>>,
     /// The thread that reads backfill chunks (started with the first request).

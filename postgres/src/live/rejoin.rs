@@ -3,38 +3,46 @@
 //! the stream by a logical message, and handed over as [`Op::Resync`] there.
 //!
 //! Why it is needed: pgoutput publishes a table's changes only while the table is in the
-//! publication (as the WAL being decoded sees it). A table removed from the publication and
-//! added again has a gap in the stream: what changed meanwhile never comes. So has a table
-//! dropped and created again under the same name (its index is the same), and a table whose
-//! row filter or column list changed (rows the new filter admits were never sent; rows it
-//! leaves out, or a column the new list leaves out, would stay in the sinks). Every sink must
-//! then drop what it holds of the table and be backfilled ([`Op::Resync`]).
+//! publication, and only what the WAL logs. A table removed from the publication and added
+//! again has a gap in the stream: what changed meanwhile never comes. So has a table dropped
+//! and created again under the same name (its index is the same); a table renamed away and
+//! back (its changes meanwhile went to another index), or moved out of a published schema and
+//! back; a table set `UNLOGGED` and `LOGGED` again (a bulk load: nothing of it is in the WAL);
+//! and a table whose row filter or column list changed (rows the new filter admits were never
+//! sent; rows it leaves out, or a column the new list leaves out, would stay in the sinks).
+//! Every sink must then drop what it holds of the table and be backfilled ([`Op::Resync`]).
 //!
-//! How: each published table has a **token** — its relation OID, the OIDs of the
-//! `pg_publication_rel` (and, from PostgreSQL 15, `pg_publication_namespace`) rows that
-//! publish it, its column list and its row filter — read with the publication's OID. A check
-//! reads them all (one query on the second connection); when they differ from the last check's,
-//! it writes a **transactional** logical message ([`REJOIN_PREFIX`], content
-//! `<source id>:<check number>`), which commits after every catalog change the check saw. When
-//! the stream hands that message's transaction over, the tokens it carried are compared with
-//! those in force before it: each index whose token is new (or that was not published before)
-//! is resynced at that transaction's commit position, in the same positioned batch (one
-//! [`Op::Resync`] envelope each). Everything the stream sent of the table before that point —
-//! changes from before the gap included — is then emptied by the sinks, and the backfill
-//! reads the table after it, so every sink ends equal to the table as the publication
-//! publishes it. A catalog change the check's query did not see yet is found by the next one.
+//! How: each published table has a **token** — the publication's OID, the table's relation
+//! OID and the `xmin` of its `pg_class` row (the transaction that last changed the row: any
+//! `ALTER TABLE`, a `GRANT`), the OIDs of the `pg_publication_rel` (and, from PostgreSQL 15,
+//! `pg_publication_namespace`) rows that publish it, its column list and its row filter. A
+//! check reads them all (one query on the second connection); when they differ from the last
+//! check's, it writes a **transactional** logical message ([`REJOIN_PREFIX`], content
+//! `<slot>:<source id>:<check number>:<indexes changed>`), which commits after every catalog
+//! change the check saw. When the stream hands that message's transaction over, the tokens it
+//! carried are compared with those in force before it: each index whose token is new (or that
+//! was not published before) is resynced at that transaction's commit position, in the same
+//! positioned batch (one [`Op::Resync`] envelope each). Everything the stream sent of the table
+//! before that point — changes from before the gap included — is then emptied by the sinks,
+//! and the backfill reads the table after it, so every sink ends equal to the table as the
+//! publication publishes it. A catalog change the check's query did not see yet is found by
+//! the next one; a round trip within one interval is found by the `xmin`.
+//!
+//! The cost of being exact: a change of the table's `pg_class` row that loses nothing (a
+//! column added, a `GRANT`) resyncs it too: its rows are read again. (A column added with a
+//! default is one that does lose: PostgreSQL fills the rows held without streaming them.)
+//!
+//! A message of an earlier source of the same slot (it stopped before it handed its message
+//! over) is honoured with the indexes it names, by the sinks that did not apply it yet.
 //!
 //! What it does not see: a table that rejoined while no source ran (between the slot's
-//! confirmed position and the first check) — the tokens in force there are not known. Nor a
-//! rejoin undone before the next check (a table removed and added back within one interval is
-//! found: its `pg_publication_rel` row is new; a table removed and not yet added back has
-//! nothing to resync).
+//! confirmed position and the first check): the tokens in force there are not known.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use ahash::AHashMap;
-use lanestream::{Batch, Envelope, IndexName, Op, Position};
+use lanestream::{Batch, Envelope, IndexName, Op, Position, SinkName};
 
 use super::{LiveError, LiveSource};
 use crate::batch::index_name;
@@ -44,6 +52,15 @@ pub const REJOIN_PREFIX: &str = "lanestream.publication";
 
 /// Each published index's token (see the module docs).
 type Tokens = AHashMap<IndexName, String>;
+
+/// The check whose message the open transaction carries.
+#[derive(Debug)]
+pub(super) enum Check {
+    /// One of this source: its number.
+    Own(u64),
+    /// One of an earlier source of the same slot: the indexes it found changed.
+    Earlier(Vec<IndexName>),
+}
 
 /// What the checks know.
 #[derive(Debug, Default)]
@@ -62,6 +79,8 @@ pub(super) struct Rejoins {
     checked: Option<Instant>,
     /// `server_version_num`, once read.
     version: Option<i32>,
+    /// What each local sink had applied at [`Source::start`](crate::pipeline::Source::start).
+    pub(super) applied: Vec<(SinkName, Option<Position>)>,
 }
 
 impl LiveSource {
@@ -114,7 +133,14 @@ impl LiveSource {
         }
         let number = rejoins.next;
         rejoins.next += 1;
-        let content = format!("{}:{number}", self.backfiller.source_id());
+        let mut changed: Vec<&str> = tokens
+            .iter()
+            .filter(|(index, token)| rejoins.last_read.get(*index) != Some(*token))
+            .map(|(index, _)| index.as_str())
+            .collect();
+        changed.sort_unstable();
+        let content =
+            format!("{}:{}:{number}:{}", self.config.slot, self.backfiller.source_id(), changed.join(","));
         self.side()?.run(
             Duration::ZERO,
             || "writing the publication check's message".into(),
@@ -145,7 +171,8 @@ impl LiveSource {
         };
         let sql = format!(
             "SELECT t.schemaname::text, t.tablename::text, \
-             p.oid::text || ':' || c.oid::text || ':' || coalesce(r.oid::text, '') || ':' || {list} || ':' || {schema} \
+             p.oid::text || ':' || c.oid::text || ':' || c.xmin::text || ':' || coalesce(r.oid::text, '') \
+             || ':' || {list} || ':' || {schema} \
              FROM pg_publication p \
              JOIN pg_publication_tables t ON t.pubname = p.pubname \
              JOIN pg_namespace s ON s.nspname = t.schemaname \
@@ -161,22 +188,45 @@ impl LiveSource {
         Ok(rows.iter().map(|row| (index_name(row.get(0), row.get(1)), row.get::<_, String>(2))).collect())
     }
 
-    /// A logical message of the open transaction with [`REJOIN_PREFIX`]: the number of a
-    /// check of this source, kept for its commit ([`rejoined_at`](Self::rejoined_at)).
+    /// A logical message of the open transaction with [`REJOIN_PREFIX`], kept for its commit
+    /// ([`rejoined_at`](Self::rejoined_at)) when it is of this slot: a check of this source
+    /// (its number), or of an earlier source of the slot (the indexes it found changed: that
+    /// source stopped before it handed the message over).
     pub(super) fn on_rejoin_message(&mut self, content: &[u8]) {
         let Some(text) = std::str::from_utf8(content).ok() else { return };
-        let Some((source, number)) = text.rsplit_once(':') else { return };
-        if source != self.backfiller.source_id() {
+        let mut parts = text.splitn(4, ':');
+        let (Some(slot), Some(source), Some(number), Some(changed)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return;
+        };
+        if slot != self.config.slot {
             return;
         }
-        self.open_check = number.parse().ok();
+        self.open_check = if source == self.backfiller.source_id() {
+            number.parse().ok().map(Check::Own)
+        } else {
+            Some(Check::Earlier(changed.split(',').filter_map(|i| IndexName::new(i).ok()).collect()))
+        };
     }
 
     /// The transaction of a check's message commits at `position` (its batch is handed over
     /// now: the check's message, once): the batch of the indexes it resyncs, if any, each
     /// already resynced in the backfills being served and `unheld` by every local sink (P5).
     pub(super) fn rejoined_at(&mut self, position: Position) -> Option<Batch> {
-        let number = self.open_check.take()?;
+        let number = match self.open_check.take()? {
+            Check::Own(number) => number,
+            Check::Earlier(mut resynced) => {
+                resynced.sort_unstable();
+                resynced.dedup();
+                // The local sinks that applied it before skip it again: their backfills stay.
+                let applied: Vec<SinkName> = (self.rejoins.applied.iter())
+                    .filter(|(_, at)| at.is_some_and(|at| at >= position))
+                    .map(|(sink, _)| sink.clone())
+                    .collect();
+                return self.resync_at(position, resynced, &applied);
+            }
+        };
         let rejoins = &mut self.rejoins;
         // Messages come in the order they were written; one not come is not coming (its
         // transaction was handed over before this source saw it).
@@ -195,15 +245,28 @@ impl LiveSource {
             .map(|(index, _)| index.clone())
             .collect();
         rejoins.in_force = Some(tokens);
+        resynced.sort_unstable();
+        self.resync_at(position, resynced, &[])
+    }
+
+    /// The batch at `position` that resyncs `resynced` (`None` for none), each resynced in the
+    /// backfills being served but those of `applied` (sinks that applied it before: they skip
+    /// it) and `unheld` by every other local sink (P5).
+    fn resync_at(
+        &mut self,
+        position: Position,
+        resynced: Vec<IndexName>,
+        applied: &[SinkName],
+    ) -> Option<Batch> {
         if resynced.is_empty() {
             return None;
         }
-        resynced.sort_unstable();
+        let applied_count = u32::try_from(applied.len()).unwrap_or(u32::MAX);
         for index in &resynced {
-            self.backfiller.resync(index);
+            self.backfiller.resync(index, applied);
             if let Some((seen, sinks)) = &mut self.seen {
                 seen.insert(index.clone());
-                *self.unheld.entry(index.clone()).or_default() += *sinks;
+                *self.unheld.entry(index.clone()).or_default() += sinks.saturating_sub(applied_count);
             }
         }
         self.metrics.resyncs += resynced.len() as u64;

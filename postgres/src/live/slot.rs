@@ -346,6 +346,10 @@ impl LiveSource {
                 *self.unheld.entry(index.clone()).or_default() += 1;
             }
         }
+        // What each local sink applied: a check's message of an earlier source of the slot at
+        // or before it is one that sink applied already (see `rejoin.rs`).
+        self.rejoins.applied =
+            sinks.iter().map(|s| (s.sink.clone(), s.state.and_then(|state| state.applied()))).collect();
         let local = u32::try_from(sinks.len()).unwrap_or(u32::MAX);
         self.seen = (local > 0).then(|| (indexes.iter().cloned().collect(), local));
         Ok(SourceStart::new(Some(self.origin.clone()), true, resumes_from, Some(indexes)))
