@@ -893,3 +893,40 @@ fn p2_a_table_that_never_left_is_not_resynced_when_another_rejoins() {
     assert_eq!(truncates(&items, "public_rj_stay"), 0, "the table that never left was resynced");
     drop_slot_on(&mut c, name);
 }
+
+/// P2 from one source to the next: a rejoin found by an earlier source of the slot, which
+/// stopped before its check's message reached the sinks (written here by hand, with another
+/// source id: the table left, changed and rejoined while no source ran). The next source
+/// honours the message: the sink, which does not cover it, gets the resync and ends equal. A
+/// message of another slot is ignored (its index is not resynced: one truncate only).
+#[test]
+fn p2_a_check_message_of_an_earlier_source_of_the_slot_is_honoured_by_the_next() {
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql_at(&url);
+    let name = "rj_earlier";
+    plain_table(&mut c, name, 600);
+    let sink = MemorySink::new();
+    let sinks = [("search", &sink)];
+    let published = Published::whole(name);
+    let run = start(LiveSource::connect(config(&url, name)).expect("source"), &sinks, false);
+    wait_held(&sinks, &mut c, published);
+    let (_, outcomes) = finish(run, &sinks, &mut c, published);
+    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    // Stopped: the table leaves, changes and rejoins; the earlier source's message says so.
+    c.batch_execute(&format!("ALTER PUBLICATION {name}_pub DROP TABLE {name}")).expect("leave");
+    changes_while_out(&mut c, name, 600);
+    c.batch_execute(&format!("ALTER PUBLICATION {name}_pub ADD TABLE {name}")).expect("rejoin");
+    for slot in ["rj_other_slot", name] {
+        c.execute(
+            "SELECT pg_logical_emit_message(true, 'lanestream.publication', $1::text)",
+            &[&format!("{slot}:00000000deadbeef:3:public_{name}")],
+        )
+        .expect("the earlier source's message");
+    }
+    let run = start(LiveSource::connect(config(&url, name)).expect("source"), &sinks, false);
+    let (_, outcomes) = finish(run, &sinks, &mut c, published);
+    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    assert_eq!(outcomes[0].truncates, 1, "one resync: the other slot's message is not this one's");
+    drop_slot_on(&mut c, name);
+}
