@@ -930,3 +930,29 @@ fn p2_a_check_message_of_an_earlier_source_of_the_slot_is_honoured_by_the_next()
     assert_eq!(outcomes[0].truncates, 1, "one resync: the other slot's message is not this one's");
     drop_slot_on(&mut c, name);
 }
+
+/// What is not a rejoin: a `TRUNCATE` gives the table a new file (a new `pg_class` row), but
+/// the stream carries it and the sinks applied it, so the check does not resync the table (its
+/// rows are not read again): one truncate (the streamed one), one backfill (the first), and the
+/// sink ends equal.
+#[test]
+fn p2_a_truncate_while_running_is_not_a_rejoin() {
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql_at(&url);
+    let name = "rj_truncate";
+    plain_table(&mut c, name, 300);
+    let sink = MemorySink::new();
+    let sinks = [("search", &sink)];
+    let published = Published::whole(name);
+    let run = start(LiveSource::connect(config(&url, name)).expect("source"), &sinks, false);
+    wait_held(&sinks, &mut c, published);
+    c.batch_execute(&format!(
+        "TRUNCATE {name}; INSERT INTO {name} SELECT g, 'after', g FROM generate_series(1, 50) g"
+    ))
+    .expect("truncate");
+    let (report, outcomes) = finish(run, &sinks, &mut c, published);
+    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    assert_eq!((outcomes[0].truncates, report.backfills_served), (1, 1), "{report:?}");
+    drop_slot_on(&mut c, name);
+}

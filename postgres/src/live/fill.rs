@@ -66,6 +66,7 @@ impl LiveSource {
     /// ([`LiveSource::invisible`]).
     pub(super) fn hand_over(&mut self, batch: Batch) -> Result<(), LiveError> {
         self.note_joined(&batch);
+        self.note_truncates(&batch);
         let xid = self.open_xid;
         if !self.fills(&batch) {
             return self.queue(batch, xid, false);

@@ -30,7 +30,11 @@
 //!
 //! The cost of being exact: a change of the table's `pg_class` row that loses nothing (a
 //! column added, a `GRANT`) resyncs it too: its rows are read again. (A column added with a
-//! default is one that does lose: PostgreSQL fills the rows held without streaming them.)
+//! default is one that does lose: PostgreSQL fills the rows held without streaming them.) A
+//! `TRUNCATE` also gives the table a new `pg_class` row (a new file), but the stream carries
+//! it: a table whose file changed and that the stream truncated since the tokens in force is
+//! not resynced for that (a `SET UNLOGGED` / `LOGGED` round trip within the same interval is
+//! then not seen either).
 //!
 //! A message of an earlier source of the same slot (it stopped before it handed its message
 //! over) is honoured with the indexes it names, by the sinks that did not apply it yet.
@@ -50,8 +54,29 @@ use crate::batch::index_name;
 /// The prefix of the check's logical messages.
 pub const REJOIN_PREFIX: &str = "lanestream.publication";
 
-/// Each published index's token (see the module docs).
-type Tokens = AHashMap<IndexName, String>;
+/// A published table's token (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Token {
+    /// The publication's and the table's OIDs, the rows that publish it, its column list and
+    /// row filter.
+    membership: String,
+    /// The `xmin` of the table's `pg_class` row.
+    xmin: String,
+    /// Its `relfilenode` (a `TRUNCATE` gives the table a new file, and a new `xmin`).
+    file: String,
+}
+
+impl Token {
+    /// Whether the table rejoined between `self` (in force before) and `now`: a change of its
+    /// membership, or of its `pg_class` row — unless all that changed is its file and the
+    /// stream carried a `TRUNCATE` of it meanwhile (`truncated`), which the sinks applied.
+    fn rejoined(&self, now: &Token, truncated: bool) -> bool {
+        self.membership != now.membership || (self.xmin != now.xmin && !(truncated && self.file != now.file))
+    }
+}
+
+/// Each published index's token.
+type Tokens = AHashMap<IndexName, Token>;
 
 /// The check whose message the open transaction carries.
 #[derive(Debug)]
@@ -73,6 +98,8 @@ pub(super) struct Rejoins {
     last_read: Tokens,
     /// Messages written and not yet handed over: their number and tokens, in order.
     written: VecDeque<(u64, Tokens)>,
+    /// The indexes the stream truncated since the tokens in force.
+    truncated: ahash::AHashSet<IndexName>,
     /// The number of the next message.
     next: u64,
     /// When the last check was tried.
@@ -171,8 +198,8 @@ impl LiveSource {
         };
         let sql = format!(
             "SELECT t.schemaname::text, t.tablename::text, \
-             p.oid::text || ':' || c.oid::text || ':' || c.xmin::text || ':' || coalesce(r.oid::text, '') \
-             || ':' || {list} || ':' || {schema} \
+             p.oid::text || ':' || c.oid::text || ':' || coalesce(r.oid::text, '') || ':' || {list} || ':' || {schema}, \
+             c.xmin::text, c.relfilenode::text \
              FROM pg_publication p \
              JOIN pg_publication_tables t ON t.pubname = p.pubname \
              JOIN pg_namespace s ON s.nspname = t.schemaname \
@@ -185,7 +212,24 @@ impl LiveSource {
             || "reading the publication's tables".into(),
             |c| c.query(sql.as_str(), &[&publication]),
         )?;
-        Ok(rows.iter().map(|row| (index_name(row.get(0), row.get(1)), row.get::<_, String>(2))).collect())
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let token = Token { membership: row.get(2), xmin: row.get(3), file: row.get(4) };
+                (index_name(row.get(0), row.get(1)), token)
+            })
+            .collect())
+    }
+
+    /// The stream hands `batch` over: its truncates, which explain a new file of their table
+    /// at the next check's message ([`Token::rejoined`]).
+    pub(super) fn note_truncates(&mut self, batch: &Batch) {
+        if self.config.publication_check.is_none() {
+            return;
+        }
+        for e in batch.envelopes.iter().filter(|e| e.op == Op::Truncate) {
+            self.rejoins.truncated.insert(e.index.clone());
+        }
     }
 
     /// A logical message of the open transaction with [`REJOIN_PREFIX`], kept for its commit
@@ -240,11 +284,16 @@ impl LiveSource {
         let mut resynced: Vec<IndexName> = tokens
             .iter()
             .filter(|(index, token)| {
-                rejoins.in_force.as_ref().is_some_and(|in_force| in_force.get(*index) != Some(*token))
+                rejoins.in_force.as_ref().is_some_and(|in_force| {
+                    in_force
+                        .get(*index)
+                        .is_none_or(|old| old.rejoined(token, rejoins.truncated.contains(*index)))
+                })
             })
             .map(|(index, _)| index.clone())
             .collect();
         rejoins.in_force = Some(tokens);
+        rejoins.truncated.clear();
         resynced.sort_unstable();
         self.resync_at(position, resynced, &[])
     }
