@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use lanestream::pipeline::MemorySink;
-use lanestream::{BatchKind, LaneItem};
+use lanestream::{BatchKind, LaneItem, Op};
 use lanestream_postgres::live::LiveSource;
 use lanestream_postgres::pipeline::Joiners;
 use postgres::Client;
@@ -302,5 +302,11 @@ fn p2_a_table_that_leaves_the_publication_and_rejoins_it_ends_equal() {
     let report = running.stop_at(end).expect("the pipeline runs");
     assert_eq!(compare(&held(&sink.applied(), "public_pb_rejoin"), &expected), (0, 0, 0));
     assert_eq!(report.backfills_served, 2, "{report:?}");
+    // P6: the resync's truncate names its table's shape, as every change does.
+    let items = sink.applied().clone();
+    let truncates: Vec<_> = envelopes(&items).into_iter().filter(|e| e.op == Op::Truncate).collect();
+    assert_eq!(truncates.len(), 1);
+    let relation = truncates[0].relation.as_ref().expect("the truncate's relation");
+    assert_eq!((relation.namespace.as_str(), relation.name.as_str()), ("public", "pb_rejoin"));
     drop_slot(name);
 }

@@ -49,6 +49,7 @@ use ahash::AHashMap;
 use lanestream::{Batch, Envelope, IndexName, Op, Position, SinkName};
 
 use super::{LiveError, LiveSource};
+use crate::backfill::TablePlan;
 use crate::batch::index_name;
 
 /// The prefix of the check's logical messages.
@@ -311,6 +312,21 @@ impl LiveSource {
             return None;
         }
         let applied_count = u32::try_from(applied.len()).unwrap_or(u32::MAX);
+        // P6: each resync carries its table's shape, as every change does (a sink finds its
+        // table by it: the SQLite example does): the table as the backfill will read it.
+        let mut relations = Vec::with_capacity(resynced.len());
+        for index in &resynced {
+            let publication = self.config.publication.clone();
+            let plan = self.side().ok().and_then(|mut side| {
+                side.run(
+                    super::SIDE_RETRY_BUDGET,
+                    || format!("finding the table of index {index}"),
+                    |c| TablePlan::resolve(c, &publication, index),
+                )
+                .ok()
+            });
+            relations.push(plan.and_then(Result::ok).map(|plan| plan.relation));
+        }
         for index in &resynced {
             self.backfiller.resync(index, applied);
             if let Some((seen, sinks)) = &mut self.seen {
@@ -321,14 +337,15 @@ impl LiveSource {
         self.metrics.resyncs += resynced.len() as u64;
         let envelopes: std::sync::Arc<[Envelope]> = resynced
             .into_iter()
-            .map(|index| Envelope {
+            .zip(relations)
+            .map(|(index, relation)| Envelope {
                 index,
                 id: String::new(),
                 op: Op::Resync,
                 position: Some(position),
                 document: bytes::Bytes::new(),
                 built_at_micros: None,
-                relation: None,
+                relation,
                 old_id: None,
                 unchanged: Vec::new(),
             })
