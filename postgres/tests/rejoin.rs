@@ -956,3 +956,29 @@ fn p2_a_truncate_while_running_is_not_a_rejoin() {
     assert_eq!((outcomes[0].truncates, report.backfills_served), (1, 1), "{report:?}");
     drop_slot_on(&mut c, name);
 }
+
+/// Nor is DDL that stays: a column added and a `GRANT` change the table's `pg_class` row, but
+/// what the row says changed with it (the stream's relations carry the new shape), so the table
+/// is not resynced: no truncate, one backfill (the first), and the sink ends equal.
+#[test]
+fn p2_a_column_added_and_a_grant_while_running_are_not_a_rejoin() {
+    let Some(_server) = serial() else { return };
+    let url = url();
+    let mut c = sql_at(&url);
+    let name = "rj_ddl";
+    plain_table(&mut c, name, 300);
+    let sink = MemorySink::new();
+    let sinks = [("search", &sink)];
+    let published = Published::whole(name);
+    let run = start(LiveSource::connect(config(&url, name)).expect("source"), &sinks, false);
+    wait_held(&sinks, &mut c, published);
+    c.batch_execute(&format!(
+        "ALTER TABLE {name} ADD COLUMN extra int; GRANT SELECT ON {name} TO PUBLIC;
+         UPDATE {name} SET extra = id WHERE id <= 300"
+    ))
+    .expect("ddl");
+    let (report, outcomes) = finish(run, &sinks, &mut c, published);
+    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    assert_eq!((outcomes[0].truncates, report.backfills_served), (0, 1), "{report:?}");
+    drop_slot_on(&mut c, name);
+}

@@ -35,10 +35,11 @@ pub struct LiveConfig {
     /// and added again, dropped and created again, renamed or moved away and back, set
     /// `UNLOGGED` and `LOGGED` again, its row filter or column list changed — whose rows the
     /// sinks then get again ([`Op::Resync`](lanestream::Op::Resync); see the module docs, *A
-    /// table that rejoins*). Any other change of the table's `pg_class` row (a column added, a
-    /// `GRANT`) resyncs it too. One catalog query on the second connection per interval, and a
-    /// transactional logical message when the tables changed. `None`: never (a table that
-    /// rejoins then keeps, in every sink, what it held when it left).
+    /// table that rejoins*). A rewrite (`ALTER COLUMN ... TYPE`, `VACUUM FULL`) resyncs it
+    /// too; DDL that stays (a column added, a `GRANT`) and a `TRUNCATE` do not. One catalog
+    /// query on the second connection per interval, and a transactional logical message when
+    /// the tables changed. `None`: never (a table that rejoins then keeps, in every sink, what
+    /// it held when it left).
     pub publication_check: Option<Duration>,
     /// How long to try to get the stream back after it broke (a server restart), with backoff.
     pub retry_budget: Duration,

@@ -130,10 +130,10 @@
 //! on its second connection; when one rejoined, it writes a transactional logical message,
 //! and at that message's commit in the stream hands over an [`Op::Resync`] of the index:
 //! every sink empties it and owes its backfill in the same commit (P2, P3), which this source
-//! serves like any other. Any other change of the table's `pg_class` row (a column added, a
-//! `GRANT`; not a `TRUNCATE`, which the stream carries) resyncs it too: that is the price of
-//! finding a round trip within one interval. Not
-//! seen: a table that rejoined while no source ran. See `rejoin.rs`.
+//! serves like any other. A round trip within one interval is found by the table's `pg_class`
+//! row: changed, yet saying what it said before (or a new file no streamed `TRUNCATE`
+//! explains). DDL that stays (a column added, a `GRANT`) is not a rejoin. Not seen: a table
+//! that rejoined while no source ran. See `rejoin.rs`.
 //!
 //! [`Op::Resync`]: lanestream::Op::Resync
 //!

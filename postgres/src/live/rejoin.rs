@@ -12,29 +12,29 @@
 //! sent; rows it leaves out, or a column the new list leaves out, would stay in the sinks).
 //! Every sink must then drop what it holds of the table and be backfilled ([`Op::Resync`]).
 //!
-//! How: each published table has a **token** — the publication's OID, the table's relation
-//! OID and the `xmin` of its `pg_class` row (the transaction that last changed the row: any
-//! `ALTER TABLE`, a `GRANT`), the OIDs of the `pg_publication_rel` (and, from PostgreSQL 15,
-//! `pg_publication_namespace`) rows that publish it, its column list and its row filter. A
-//! check reads them all (one query on the second connection); when they differ from the last
-//! check's, it writes a **transactional** logical message ([`REJOIN_PREFIX`], content
-//! `<slot>:<source id>:<check number>:<indexes changed>`), which commits after every catalog
-//! change the check saw. When the stream hands that message's transaction over, the tokens it
-//! carried are compared with those in force before it: each index whose token is new (or that
-//! was not published before) is resynced at that transaction's commit position, in the same
-//! positioned batch (one [`Op::Resync`] envelope each). Everything the stream sent of the table
-//! before that point — changes from before the gap included — is then emptied by the sinks,
-//! and the backfill reads the table after it, so every sink ends equal to the table as the
-//! publication publishes it. A catalog change the check's query did not see yet is found by
-//! the next one; a round trip within one interval is found by the `xmin`.
+//! How: each published table has a **token**: its membership (the publication's OID, the
+//! table's relation OID, the OIDs of the `pg_publication_rel` and, from PostgreSQL 15,
+//! `pg_publication_namespace` rows that publish it, its column list and row filter), and its
+//! `pg_class` row's `xmin` (the transaction that last changed the row), what the row says
+//! (hashed), and its file (`relfilenode`). A check reads them all (one query on the second
+//! connection); when they differ from the last check's, it writes a **transactional** logical
+//! message ([`REJOIN_PREFIX`], content `<slot>:<source id>:<check number>:<indexes changed>`),
+//! which commits after every catalog change the check saw. When the stream hands that
+//! message's transaction over, the tokens it carried are compared with those in force before
+//! it: each index that rejoined (`Token::rejoined`: a new membership; a new file that no
+//! `TRUNCATE` in the stream explains; a row changed that says what it said before, the mark of
+//! a round trip), or that was not published before, is resynced at that transaction's commit
+//! position, in the same positioned batch (one [`Op::Resync`] envelope each, with the table's
+//! relation). Everything the stream sent of the table before that point — changes from before
+//! the gap included — is then emptied by the sinks, and the backfill reads the table after it,
+//! so every sink ends equal to the table as the publication publishes it. A catalog change the
+//! check's query did not see yet is found by the next one.
 //!
-//! The cost of being exact: a change of the table's `pg_class` row that loses nothing (a
-//! column added, a `GRANT`) resyncs it too: its rows are read again. (A column added with a
-//! default is one that does lose: PostgreSQL fills the rows held without streaming them.) A
-//! `TRUNCATE` also gives the table a new `pg_class` row (a new file), but the stream carries
-//! it: a table whose file changed and that the stream truncated since the tokens in force is
-//! not resynced for that (a `SET UNLOGGED` / `LOGGED` round trip within the same interval is
-//! then not seen either).
+//! Not a rejoin: DDL that stays (a column added, a `GRANT`: the stream's relations carry the
+//! new shape), a `TRUNCATE` (the stream carries it). The price: a round trip combined with a
+//! change that stays, in one interval (renamed away and back, and a column added), is not seen,
+//! nor a `SET UNLOGGED` / `LOGGED` round trip in the interval of a streamed `TRUNCATE` of the
+//! same table; a rewrite that loses nothing (`VACUUM FULL`, `CLUSTER`) resyncs the table.
 //!
 //! A message of an earlier source of the same slot (it stopped before it handed its message
 //! over) is honoured with the indexes it names, by the sinks that did not apply it yet.
@@ -61,18 +61,29 @@ struct Token {
     /// The publication's and the table's OIDs, the rows that publish it, its column list and
     /// row filter.
     membership: String,
-    /// The `xmin` of the table's `pg_class` row.
+    /// The `xmin` of the table's `pg_class` row: the transaction that last changed it.
     xmin: String,
-    /// Its `relfilenode` (a `TRUNCATE` gives the table a new file, and a new `xmin`).
+    /// What the row says (its name, schema, persistence, number of columns, owner, ACL,
+    /// options...; not its file or statistics), hashed.
+    row: String,
+    /// Its `relfilenode` (a `TRUNCATE` or a rewrite gives the table a new file).
     file: String,
 }
 
 impl Token {
-    /// Whether the table rejoined between `self` (in force before) and `now`: a change of its
-    /// membership, or of its `pg_class` row — unless all that changed is its file and the
-    /// stream carried a `TRUNCATE` of it meanwhile (`truncated`), which the sinks applied.
+    /// Whether the table rejoined between `self` (in force before) and `now`:
+    /// - its membership changed (removed and added again, dropped and created again, its row
+    ///   filter or column list changed);
+    /// - or it has a new file that no `TRUNCATE` in the stream explains (`truncated`: one was
+    ///   handed over meanwhile): set `UNLOGGED` and back, or rewritten (`ALTER COLUMN ... TYPE`
+    ///   converts every row without streaming it);
+    /// - or its `pg_class` row was changed and says what it said before: renamed away and
+    ///   back, or moved out of a published schema and back (a change that stays, such as a
+    ///   column added or a `GRANT`, is DDL whose new shape the stream's relations carry).
     fn rejoined(&self, now: &Token, truncated: bool) -> bool {
-        self.membership != now.membership || (self.xmin != now.xmin && !(truncated && self.file != now.file))
+        self.membership != now.membership
+            || (self.file != now.file && !truncated)
+            || (self.xmin != now.xmin && self.row == now.row && self.file == now.file)
     }
 }
 
@@ -200,7 +211,11 @@ impl LiveSource {
         let sql = format!(
             "SELECT t.schemaname::text, t.tablename::text, \
              p.oid::text || ':' || c.oid::text || ':' || coalesce(r.oid::text, '') || ':' || {list} || ':' || {schema}, \
-             c.xmin::text, c.relfilenode::text \
+             c.xmin::text, \
+             md5(row(c.relname, c.relnamespace, c.reltype, c.relowner, c.relam, c.relpersistence, \
+             c.relkind, c.relnatts, c.relchecks, c.relhasrules, c.relhastriggers, c.relrowsecurity, \
+             c.relforcerowsecurity, c.relreplident, c.relispartition, c.relacl, c.reloptions)::text), \
+             c.relfilenode::text \
              FROM pg_publication p \
              JOIN pg_publication_tables t ON t.pubname = p.pubname \
              JOIN pg_namespace s ON s.nspname = t.schemaname \
@@ -216,7 +231,8 @@ impl LiveSource {
         Ok(rows
             .iter()
             .map(|row| {
-                let token = Token { membership: row.get(2), xmin: row.get(3), file: row.get(4) };
+                let token =
+                    Token { membership: row.get(2), xmin: row.get(3), row: row.get(4), file: row.get(5) };
                 (index_name(row.get(0), row.get(1)), token)
             })
             .collect())
