@@ -169,9 +169,9 @@ fn prepare<R: LaneRun<LaneItem>>(runs: &[R], state: &SinkState, detect: bool) ->
                 }
             }
         }
-        out.next.advance(&item);
+        let resynced = out.next.advance_resyncing(&item);
         let item = match item {
-            LaneItem::Batch(b) if b.position.is_some() && b.envelopes.iter().any(|e| e.op == Op::Resync) => {
+            LaneItem::Batch(b) if resynced => {
                 let envelopes: Arc<[Envelope]> = b
                     .envelopes
                     .iter()

@@ -282,6 +282,13 @@ impl SinkState {
     /// starts one, so that a crash resumes it); `SnapshotComplete` ends what it completes and
     /// adds its indexes to those held.
     pub fn advance(&mut self, item: &LaneItem) {
+        self.advance_resyncing(item);
+    }
+
+    /// [`advance`](Self::advance), saying whether `item` resynced an index (the sink engine
+    /// then hands its sink truncates in their place: one look at the envelopes for both).
+    pub(crate) fn advance_resyncing(&mut self, item: &LaneItem) -> bool {
+        let mut resynced = false;
         match item {
             LaneItem::Batch(batch) => match (batch.position, transaction_of(batch)) {
                 (Some(p), _) => {
@@ -289,6 +296,7 @@ impl SinkState {
                     self.in_transaction = None;
                     for e in batch.envelopes.iter().filter(|e| e.op == Op::Resync) {
                         self.resync(&e.index);
+                        resynced = true;
                     }
                 }
                 (None, Some(p)) => {
@@ -304,6 +312,7 @@ impl SinkState {
             },
             LaneItem::SnapshotComplete { indexes } => self.complete(indexes),
         }
+        resynced
     }
 
     fn snapshot_row(&mut self, index: &IndexName, id: &str) {
