@@ -245,6 +245,27 @@ fn assert_equal(outcomes: &[Outcome], index: &str, expected: &Rows) {
     }
 }
 
+/// The shape most tests here share: one sink `search` (`sink`; with `paced`, see [`start`])
+/// over a source of `config`; once it holds `published` whole, `change` on `c`; then
+/// [`finish`], and the sink's whole content asserted equal to `published` ([`assert_equal`]).
+/// Returns the report and the sink's outcome, for the test's own assertions.
+fn held_then(
+    c: &mut Client,
+    config: LiveConfig,
+    sink: &MemorySink,
+    paced: bool,
+    published: Published,
+    change: impl FnOnce(&mut Client),
+) -> (PipelineReport, Outcome) {
+    let sinks = [("search", sink)];
+    let run = start(LiveSource::connect(config).expect("source"), &sinks, paced);
+    wait_held(&sinks, c, published);
+    change(c);
+    let (report, mut outcomes) = finish(run, &sinks, c, published);
+    assert_equal(&outcomes, &published.index(), &published.rows(c));
+    (report, outcomes.remove(0))
+}
+
 /// Changes to `table` (`id int PRIMARY KEY, v text, n int`, rows 1..=`rows`) for `during`, one
 /// small transaction at a time, `pause` after each: updates, deletes, inserts from
 /// `first_new`, key changes. Returns how many.
@@ -305,18 +326,14 @@ fn p2_a_table_removed_from_the_publication_and_added_again_ends_equal() {
     let mut c = sql_at(&url);
     let name = "rj_readd";
     plain_table(&mut c, name, 1000);
-    let source = LiveSource::connect(config(&url, name)).expect("source");
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
-    let run = start(source, &sinks, false);
     let published = Published::whole(name);
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(&format!("ALTER PUBLICATION {name}_pub DROP TABLE {name}")).expect("leave");
-    changes_while_out(&mut c, name, 1000);
-    thread::sleep(CHECK * 3); // a check sees it out
-    c.batch_execute(&format!("ALTER PUBLICATION {name}_pub ADD TABLE {name}")).expect("rejoin");
-    let (_, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    held_then(&mut c, config(&url, name), &sink, false, published, |c| {
+        c.batch_execute(&format!("ALTER PUBLICATION {name}_pub DROP TABLE {name}")).expect("leave");
+        changes_while_out(c, name, 1000);
+        thread::sleep(CHECK * 3); // a check sees it out
+        c.batch_execute(&format!("ALTER PUBLICATION {name}_pub ADD TABLE {name}")).expect("rejoin");
+    });
     drop_slot_on(&mut c, name);
 }
 
@@ -330,17 +347,13 @@ fn p2_a_table_removed_and_added_again_between_two_checks_ends_equal() {
     let mut c = sql_at(&url);
     let name = "rj_blink";
     plain_table(&mut c, name, 1000);
-    let source = LiveSource::connect(config(&url, name)).expect("source");
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
-    let run = start(source, &sinks, false);
     let published = Published::whole(name);
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(&format!("ALTER PUBLICATION {name}_pub DROP TABLE {name}")).expect("leave");
-    changes_while_out(&mut c, name, 1000);
-    c.batch_execute(&format!("ALTER PUBLICATION {name}_pub ADD TABLE {name}")).expect("rejoin");
-    let (_, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    held_then(&mut c, config(&url, name), &sink, false, published, |c| {
+        c.batch_execute(&format!("ALTER PUBLICATION {name}_pub DROP TABLE {name}")).expect("leave");
+        changes_while_out(c, name, 1000);
+        c.batch_execute(&format!("ALTER PUBLICATION {name}_pub ADD TABLE {name}")).expect("rejoin");
+    });
     drop_slot_on(&mut c, name);
 }
 
@@ -494,24 +507,20 @@ fn p2_a_table_removed_and_added_again_in_one_transaction_ends_equal() {
     let mut c = sql_at(&url);
     let name = "rj_onetx";
     plain_table(&mut c, name, 1000);
-    let source = LiveSource::connect(config(&url, name)).expect("source");
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
-    let run = start(source, &sinks, false);
     let published = Published::whole(name);
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(&format!(
-        "BEGIN;
-         ALTER PUBLICATION {name}_pub DROP TABLE {name};
-         UPDATE {name} SET v = 'changed while out', n = -n WHERE id % 5 = 0;
-         DELETE FROM {name} WHERE id % 7 = 0;
-         INSERT INTO {name} SELECT g, 'inserted while out', g FROM generate_series(1001, 1100) g;
-         ALTER PUBLICATION {name}_pub ADD TABLE {name};
-         COMMIT;"
-    ))
-    .expect("out and back in one transaction");
-    let (_, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    held_then(&mut c, config(&url, name), &sink, false, published, |c| {
+        c.batch_execute(&format!(
+            "BEGIN;
+             ALTER PUBLICATION {name}_pub DROP TABLE {name};
+             UPDATE {name} SET v = 'changed while out', n = -n WHERE id % 5 = 0;
+             DELETE FROM {name} WHERE id % 7 = 0;
+             INSERT INTO {name} SELECT g, 'inserted while out', g FROM generate_series(1001, 1100) g;
+             ALTER PUBLICATION {name}_pub ADD TABLE {name};
+             COMMIT;"
+        ))
+        .expect("out and back in one transaction");
+    });
     drop_slot_on(&mut c, name);
 }
 
@@ -520,7 +529,6 @@ fn p2_a_table_removed_and_added_again_in_one_transaction_ends_equal() {
 /// went to the other name's index), and came back with the same relation, the same
 /// publication row: the sink's index of the table must still end equal to it.
 #[test]
-
 fn p2_a_table_renamed_away_and_back_ends_equal() {
     let Some(_server) = serial() else { return };
     let url = url();
@@ -528,24 +536,20 @@ fn p2_a_table_renamed_away_and_back_ends_equal() {
     let name = "rj_rename";
     c.batch_execute("DROP TABLE IF EXISTS rj_rename_tmp").expect("clean");
     plain_table(&mut c, name, 1000);
-    let source = LiveSource::connect(config(&url, name)).expect("source");
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
-    let run = start(source, &sinks, false);
     let published = Published::whole(name);
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(
-        "BEGIN;
-         ALTER TABLE rj_rename RENAME TO rj_rename_tmp;
-         UPDATE rj_rename_tmp SET v = 'changed while renamed', n = -n WHERE id % 5 = 0;
-         DELETE FROM rj_rename_tmp WHERE id % 7 = 0;
-         INSERT INTO rj_rename_tmp SELECT g, 'inserted while renamed', g FROM generate_series(1001, 1100) g;
-         ALTER TABLE rj_rename_tmp RENAME TO rj_rename;
-         COMMIT;",
-    )
-    .expect("renamed away and back");
-    let (_, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    held_then(&mut c, config(&url, name), &sink, false, published, |c| {
+        c.batch_execute(
+            "BEGIN;
+             ALTER TABLE rj_rename RENAME TO rj_rename_tmp;
+             UPDATE rj_rename_tmp SET v = 'changed while renamed', n = -n WHERE id % 5 = 0;
+             DELETE FROM rj_rename_tmp WHERE id % 7 = 0;
+             INSERT INTO rj_rename_tmp SELECT g, 'inserted while renamed', g FROM generate_series(1001, 1100) g;
+             ALTER TABLE rj_rename_tmp RENAME TO rj_rename;
+             COMMIT;",
+        )
+        .expect("renamed away and back");
+    });
     drop_slot_on(&mut c, name);
 }
 
@@ -553,7 +557,6 @@ fn p2_a_table_renamed_away_and_back_ends_equal() {
 /// (one transaction), changed while away (not published there). It comes back with the same
 /// relation and the same `pg_publication_namespace` row: the sink must still end equal.
 #[test]
-
 fn p2_a_table_moved_out_of_a_published_schema_and_back_ends_equal() {
     let Some(_server) = serial() else { return };
     let url = url();
@@ -568,24 +571,20 @@ fn p2_a_table_moved_out_of_a_published_schema_and_back_ends_equal() {
          INSERT INTO rj_s.rj_moved SELECT g, 'v' || g, g FROM generate_series(1, 1000) g;
          CREATE PUBLICATION rj_moved_pub FOR TABLES IN SCHEMA rj_s;",
     );
-    let source = LiveSource::connect(config(&url, name)).expect("source");
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
-    let run = start(source, &sinks, false);
     let published = Published::whole("rj_s.rj_moved");
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(
-        "BEGIN;
-         ALTER TABLE rj_s.rj_moved SET SCHEMA rj_away;
-         UPDATE rj_away.rj_moved SET v = 'changed while away', n = -n WHERE id % 5 = 0;
-         DELETE FROM rj_away.rj_moved WHERE id % 7 = 0;
-         INSERT INTO rj_away.rj_moved SELECT g, 'inserted while away', g FROM generate_series(1001, 1100) g;
-         ALTER TABLE rj_away.rj_moved SET SCHEMA rj_s;
-         COMMIT;",
-    )
-    .expect("moved away and back");
-    let (_, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    held_then(&mut c, config(&url, name), &sink, false, published, |c| {
+        c.batch_execute(
+            "BEGIN;
+             ALTER TABLE rj_s.rj_moved SET SCHEMA rj_away;
+             UPDATE rj_away.rj_moved SET v = 'changed while away', n = -n WHERE id % 5 = 0;
+             DELETE FROM rj_away.rj_moved WHERE id % 7 = 0;
+             INSERT INTO rj_away.rj_moved SELECT g, 'inserted while away', g FROM generate_series(1001, 1100) g;
+             ALTER TABLE rj_away.rj_moved SET SCHEMA rj_s;
+             COMMIT;",
+        )
+        .expect("moved away and back");
+    });
     drop_slot_on(&mut c, name);
 }
 
@@ -593,7 +592,6 @@ fn p2_a_table_moved_out_of_a_published_schema_and_back_ends_equal() {
 /// not in the WAL), changed, and made `LOGGED` again (one transaction; a bulk-load pattern).
 /// Same relation, no publication row: the sink must still end equal.
 #[test]
-
 fn p2_a_table_set_unlogged_and_logged_again_under_for_all_tables_ends_equal() {
     let Some(_server) = serial() else { return };
     let url = url();
@@ -606,24 +604,20 @@ fn p2_a_table_set_unlogged_and_logged_again_under_for_all_tables_ends_equal() {
          CREATE PUBLICATION rj_unlogged_pub FOR ALL TABLES;",
     )
     .expect("set-up");
-    let source = LiveSource::connect(config(&url_db, name)).expect("source");
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
-    let run = start(source, &sinks, false);
     let published = Published::whole(name);
-    wait_held(&sinks, &mut d, published);
-    d.batch_execute(
-        "BEGIN;
-         ALTER TABLE rj_unlogged SET UNLOGGED;
-         UPDATE rj_unlogged SET v = 'changed while unlogged', n = -n WHERE id % 5 = 0;
-         DELETE FROM rj_unlogged WHERE id % 7 = 0;
-         INSERT INTO rj_unlogged SELECT g, 'inserted while unlogged', g FROM generate_series(1001, 1100) g;
-         ALTER TABLE rj_unlogged SET LOGGED;
-         COMMIT;",
-    )
-    .expect("unlogged and back");
-    let (_, outcomes) = finish(run, &sinks, &mut d, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut d));
+    held_then(&mut d, config(&url_db, name), &sink, false, published, |d| {
+        d.batch_execute(
+            "BEGIN;
+             ALTER TABLE rj_unlogged SET UNLOGGED;
+             UPDATE rj_unlogged SET v = 'changed while unlogged', n = -n WHERE id % 5 = 0;
+             DELETE FROM rj_unlogged WHERE id % 7 = 0;
+             INSERT INTO rj_unlogged SELECT g, 'inserted while unlogged', g FROM generate_series(1001, 1100) g;
+             ALTER TABLE rj_unlogged SET LOGGED;
+             COMMIT;",
+        )
+        .expect("unlogged and back");
+    });
     drop_slot_on(&mut d, name);
     drop(d);
     c.batch_execute(&format!("DROP DATABASE {name}_db WITH (FORCE)")).expect("drop");
@@ -650,27 +644,23 @@ fn p5_partial_updates_of_a_table_that_rejoined_go_out_whole_and_end_equal() {
     );
     let mut config = config(&url, name);
     config.backfill_chunk_rows = 50;
-    let source = LiveSource::connect(config).expect("source");
     let sink = MemorySink::new().with_delay(Duration::from_millis(2));
-    let sinks = [("search", &sink)];
-    let run = start(source, &sinks, true);
     let published = Published::whole(name);
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(
-        "ALTER PUBLICATION rj_toast_pub DROP TABLE rj_toast;
-         UPDATE rj_toast SET big = 'changed while out' WHERE id % 10 = 0;
-         DELETE FROM rj_toast WHERE id % 7 = 0;",
-    )
-    .expect("out");
-    thread::sleep(CHECK * 2);
-    c.batch_execute("ALTER PUBLICATION rj_toast_pub ADD TABLE rj_toast").expect("rejoin");
-    for k in 0..40 {
-        c.batch_execute(&format!("UPDATE rj_toast SET n = n + 1000 WHERE id % 40 = {k}"))
-            .expect("partial update");
-        thread::sleep(Duration::from_millis(25));
-    }
-    let (_, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
+    held_then(&mut c, config, &sink, true, published, |c| {
+        c.batch_execute(
+            "ALTER PUBLICATION rj_toast_pub DROP TABLE rj_toast;
+             UPDATE rj_toast SET big = 'changed while out' WHERE id % 10 = 0;
+             DELETE FROM rj_toast WHERE id % 7 = 0;",
+        )
+        .expect("out");
+        thread::sleep(CHECK * 2);
+        c.batch_execute("ALTER PUBLICATION rj_toast_pub ADD TABLE rj_toast").expect("rejoin");
+        for k in 0..40 {
+            c.batch_execute(&format!("UPDATE rj_toast SET n = n + 1000 WHERE id % 40 = {k}"))
+                .expect("partial update");
+            thread::sleep(Duration::from_millis(25));
+        }
+    });
     drop_slot_on(&mut c, name);
 }
 
@@ -943,17 +933,14 @@ fn p2_a_truncate_while_running_is_not_a_rejoin() {
     let name = "rj_truncate";
     plain_table(&mut c, name, 300);
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
     let published = Published::whole(name);
-    let run = start(LiveSource::connect(config(&url, name)).expect("source"), &sinks, false);
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(&format!(
-        "TRUNCATE {name}; INSERT INTO {name} SELECT g, 'after', g FROM generate_series(1, 50) g"
-    ))
-    .expect("truncate");
-    let (report, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
-    assert_eq!((outcomes[0].truncates, report.backfills_served), (1, 1), "{report:?}");
+    let (report, outcome) = held_then(&mut c, config(&url, name), &sink, false, published, |c| {
+        c.batch_execute(&format!(
+            "TRUNCATE {name}; INSERT INTO {name} SELECT g, 'after', g FROM generate_series(1, 50) g"
+        ))
+        .expect("truncate");
+    });
+    assert_eq!((outcome.truncates, report.backfills_served), (1, 1), "{report:?}");
     drop_slot_on(&mut c, name);
 }
 
@@ -968,17 +955,14 @@ fn p2_a_column_added_and_a_grant_while_running_are_not_a_rejoin() {
     let name = "rj_ddl";
     plain_table(&mut c, name, 300);
     let sink = MemorySink::new();
-    let sinks = [("search", &sink)];
     let published = Published::whole(name);
-    let run = start(LiveSource::connect(config(&url, name)).expect("source"), &sinks, false);
-    wait_held(&sinks, &mut c, published);
-    c.batch_execute(&format!(
-        "ALTER TABLE {name} ADD COLUMN extra int; GRANT SELECT ON {name} TO PUBLIC;
-         UPDATE {name} SET extra = id WHERE id <= 300"
-    ))
-    .expect("ddl");
-    let (report, outcomes) = finish(run, &sinks, &mut c, published);
-    assert_equal(&outcomes, &published.index(), &published.rows(&mut c));
-    assert_eq!((outcomes[0].truncates, report.backfills_served), (0, 1), "{report:?}");
+    let (report, outcome) = held_then(&mut c, config(&url, name), &sink, false, published, |c| {
+        c.batch_execute(&format!(
+            "ALTER TABLE {name} ADD COLUMN extra int; GRANT SELECT ON {name} TO PUBLIC;
+             UPDATE {name} SET extra = id WHERE id <= 300"
+        ))
+        .expect("ddl");
+    });
+    assert_eq!((outcome.truncates, report.backfills_served), (0, 1), "{report:?}");
     drop_slot_on(&mut c, name);
 }
